@@ -1,0 +1,1 @@
+/* parts/json.h */

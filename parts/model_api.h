@@ -1,0 +1,1 @@
+/* parts/model_api.h */

@@ -1,0 +1,1 @@
+/* parts/tokenizer_api.h */

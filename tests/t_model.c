@@ -1,0 +1,1 @@
+/* tests/t_model.c */

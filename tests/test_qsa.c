@@ -1,0 +1,103 @@
+/* test_qsa.c - the one test binary of qsa_runtime.
+ *
+ *   tests/test_qsa [--group cpu|jit|gpu|nccl]... [--filter SUBSTRING] [--list] [-v]
+ *
+ * Groups: cpu (always runs), jit (needs an NVRTC), gpu (needs a CUDA device), nccl (needs >= 2 GPUs
+ * and libnccl).  A test whose library or device is missing prints a SKIP line with the reason.
+ * The last line is always "N passed, M failed" (plus ", K skipped"); the exit status is non-zero
+ * when anything failed.  Fixture paths are relative to the repository root unless QSA_TEST_ROOT is set.
+ */
+#define QSA_RUNTIME_IMPLEMENTATION
+#include "../qsa_runtime.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct test_ctx {
+    int failed;   /* checks failed in the current test */
+    int skipped;  /* the current test called SKIP */
+    int verbose;
+} test_ctx;
+
+static test_ctx T_;
+
+#define CHECK(cond) do { if (!(cond)) { T_.failed++; \
+    printf("    CHECK failed %s:%d: %s\n", __FILE__, __LINE__, #cond); } } while (0)
+#define CHECKF(cond, ...) do { if (!(cond)) { T_.failed++; \
+    printf("    CHECK failed %s:%d: %s: ", __FILE__, __LINE__, #cond); printf(__VA_ARGS__); printf("\n"); } } while (0)
+#define CHECK_OK(expr) do { qsa_result r_ = (expr); if (r_ != QSA_OK) { T_.failed++; \
+    printf("    CHECK_OK failed %s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr, qsa_result_string(r_), qsa_last_error()); } } while (0)
+/* Expect a specific failure and that the error message contains `needle`. */
+#define CHECK_ERR(expr, code, needle) do { qsa_result r_ = (expr); \
+    if (r_ != (code) || !strstr(qsa_last_error(), (needle))) { T_.failed++; \
+    printf("    CHECK_ERR failed %s:%d: %s -> %s (want %s), message '%s' (want '%s')\n", __FILE__, __LINE__, \
+           #expr, qsa_result_string(r_), qsa_result_string(code), qsa_last_error(), (needle)); } } while (0)
+#define SKIP(...) do { T_.skipped = 1; printf("  SKIP "); printf(__VA_ARGS__); printf("\n"); return; } while (0)
+
+typedef void (*test_fn)(void);
+typedef struct test_case { const char *group, *name; test_fn fn; } test_case;
+
+#define TEST_MAX 1024
+static test_case g_tests[TEST_MAX];
+static int g_ntests;
+static void test_register(const char *group, const char *name, test_fn fn) {
+    if (g_ntests < TEST_MAX) { g_tests[g_ntests].group = group; g_tests[g_ntests].name = name; g_tests[g_ntests].fn = fn; g_ntests++; }
+}
+/* TEST(group, name) { body } registers itself before main runs. */
+#define TEST(group, name) \
+    static void test_##group##_##name(void); \
+    __attribute__((constructor)) static void reg_##group##_##name(void) { test_register(#group, #name, test_##group##_##name); } \
+    static void test_##group##_##name(void)
+
+/* Path of a repository file (fixtures, tools output). */
+static QSA__UNUSED const char *test_path(const char *rel) {
+    static char buf[4][4096];
+    static int k;
+    const char *root = getenv("QSA_TEST_ROOT");
+    k = (k + 1) & 3;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", root ? root : ".", rel);
+    return buf[k];
+}
+
+/* ---- test groups (one file each) ---- */
+#include "t_platform.c"
+#include "t_loader.c"
+#include "t_tokenizer.c"
+#include "t_jit.c"
+#include "t_model.c"
+
+int main(int argc, char **argv) {
+    const char *groups[8];
+    int ngroups = 0, list = 0;
+    const char *filter = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--group") && i + 1 < argc && ngroups < 8) groups[ngroups++] = argv[++i];
+        else if (!strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
+        else if (!strcmp(argv[i], "--list")) list = 1;
+        else if (!strcmp(argv[i], "-v")) T_.verbose = 1;
+        else { fprintf(stderr, "usage: %s [--group G]... [--filter S] [--list] [-v]\n", argv[0]); return 2; }
+    }
+    if (T_.verbose) qsa_set_logger(qsa_log_stderr, NULL, QSA_LOG_DEBUG);
+    int passed = 0, failed = 0, skipped = 0;
+    for (int i = 0; i < g_ntests; i++) {
+        test_case *t = &g_tests[i];
+        int want = ngroups == 0;
+        for (int g = 0; g < ngroups; g++) if (!strcmp(groups[g], t->group)) want = 1;
+        if (!want || (filter && !strstr(t->name, filter) && !strstr(t->group, filter))) continue;
+        if (list) { printf("%s/%s\n", t->group, t->name); continue; }
+        printf("[%s] %s\n", t->group, t->name);
+        fflush(stdout);
+        T_.failed = 0; T_.skipped = 0;
+        qsa_clear_error();
+        t->fn();
+        if (T_.failed) { failed++; printf("  FAIL %s/%s (%d checks)\n", t->group, t->name, T_.failed); }
+        else if (T_.skipped) skipped++;
+        else passed++;
+        fflush(stdout);
+    }
+    if (list) return 0;
+    if (skipped) printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+    else printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
