@@ -1462,3 +1462,181 @@ QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, co
     }
     return s->idx[n - 1];
 }
+
+/* ============================================================================================== */
+/* >>generate  prompt + decode loop, stop conditions, statistics                                  */
+/* ============================================================================================== */
+
+QSA_IMPL void qsa_generation_free(qsa_generation *g) {
+    if (!g) return;
+    qsa__free(g->tokens);
+    qsa__free(g->text);
+    memset(g, 0, sizeof *g);
+}
+
+/* Length of the longest suffix of text that is a proper prefix of some stop string: that much
+   text is held back from the callback because it may become a stop string. */
+QSA_PRIV size_t qsa__stop_holdback(const char *text, size_t len, const char *const *stops, int n) {
+    size_t best = 0;
+    for (int i = 0; i < n; i++) {
+        size_t sl = strlen(stops[i]);
+        for (size_t k = sl > 1 ? sl - 1 : 0; k > best; k--)
+            if (k <= len && memcmp(text + len - k, stops[i], k) == 0) { best = k; break; }
+    }
+    return best;
+}
+
+QSA_IMPL qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prompt, const qsa_generate_params *gp,
+                                 qsa_generation *out) {
+    if (!seq || !out || (n_prompt > 0 && !prompt) || n_prompt < 0)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_generate: NULL or negative argument");
+    memset(out, 0, sizeof *out);
+    qsa_generate_params p;
+    memset(&p, 0, sizeof p);
+    if (gp) p = *gp;
+    qsa_model *m = seq->m;
+    const qsa_tokenizer *tok = m->tok;
+    int V = m->cfg.vocab_size;
+    const int32_t *eos = p.eos_ids;
+    int n_eos = p.n_eos_ids;
+    if (!eos) {
+        if (m->gen.n_eos) { eos = m->gen.eos_token_ids; n_eos = m->gen.n_eos; }
+        else { eos = m->cfg.eos_token_ids; n_eos = m->cfg.n_eos; }
+    }
+    int room = seq->n_ctx - seq->pos - n_prompt;
+    if (room < 1)
+        return qsa__fail(QSA_ERR_CONTEXT_FULL, "qsa_generate: prompt of %d tokens at position %d leaves no room in the context of %d",
+                         n_prompt, seq->pos, seq->n_ctx);
+    if (n_prompt == 0 && seq->pos == 0)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_generate: empty prompt on an empty sequence");
+    int max_new = p.max_tokens > 0 && p.max_tokens < room + 1 ? p.max_tokens : room + 1;
+    qsa_sampler *smp = NULL;
+    QSA__TRY(qsa_sampler_create(&p.sampling, &smp));
+    float *logits = QSA__ALLOC(float, V);
+    out->tokens = QSA__ALLOC(int32_t, max_new);
+    qsa__buf text;
+    memset(&text, 0, sizeof text);
+    qsa_detok_stream ds;
+    memset(&ds, 0, sizeof ds);
+    if (tok) qsa_detok_stream_init(&ds, tok, QSA_DETOK_SKIP_SPECIAL);
+    size_t emitted = 0;
+    qsa_result r = QSA_OK;
+    if (!logits || !out->tokens || !qsa__buf_reserve(&text, 64)) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_generate: out of memory"); goto done; }
+    double t0 = qsa__now(), t_first = t0;
+    if (n_prompt > 0) r = qsa_seq_feed(seq, prompt, n_prompt, logits, 0);
+    else r = qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_generate: a prompt of at least one token is needed for logits");
+    if (r != QSA_OK) goto done;
+    out->stats.n_prompt = n_prompt;
+    out->stats.prefill_s = qsa__now() - t0;
+    for (;;) {
+        int32_t t = qsa_sampler_sample(smp, logits, V, seq->tokens, seq->pos);
+        out->tokens[out->n_tokens++] = t;
+        double now = qsa__now();
+        if (out->n_tokens == 1) { t_first = now; out->stats.ttft_s = now - t0; }
+        out->stats.decode_s = now - t_first;
+        int is_eos = 0;
+        for (int i = 0; i < n_eos; i++) is_eos |= eos[i] == t;
+        if (is_eos && !p.ignore_eos) { out->stop = QSA_STOP_EOS; break; }
+        if (tok) {
+            const char *piece;
+            size_t plen;
+            if ((r = qsa_detok_stream_push(&ds, t, &piece, &plen)) != QSA_OK) goto done;
+            if (!qsa__buf_put(&text, piece, plen)) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_generate: out of memory"); goto done; }
+        }
+        /* stop strings: cut the text at the earliest match */
+        int stopped = 0;
+        for (int i = 0; i < p.n_stop_strings && !stopped; i++) {
+            const char *hit = p.stop_strings[i][0] ? strstr(text.data, p.stop_strings[i]) : NULL;
+            if (hit) { text.len = (size_t)(hit - text.data); text.data[text.len] = 0; stopped = 1; }
+        }
+        size_t hold = stopped ? 0 : qsa__stop_holdback(text.data, text.len, p.stop_strings, p.n_stop_strings);
+        size_t upto = text.len > hold ? text.len - hold : 0;
+        if (p.on_token && upto >= emitted) {
+            if (p.on_token(p.user, t, text.data + emitted, upto - emitted)) { emitted = upto; out->stop = QSA_STOP_CALLBACK; break; }
+            emitted = upto;
+        }
+        if (stopped) { out->stop = QSA_STOP_STRING; break; }
+        if (out->n_tokens >= max_new) { out->stop = QSA_STOP_MAX_TOKENS; break; }
+        if ((r = qsa_seq_feed(seq, &t, 1, logits, 0)) != QSA_OK) goto done;
+    }
+    if (tok && out->stop != QSA_STOP_STRING && out->stop != QSA_STOP_CALLBACK) {
+        /* text held back for a stop string that never came, then any incomplete UTF-8 tail */
+        const char *piece;
+        size_t plen;
+        if (qsa_detok_stream_flush(&ds, &piece, &plen) == QSA_OK && plen) qsa__buf_put(&text, piece, plen);
+        if (p.on_token && text.len > emitted) p.on_token(p.user, -1, text.data + emitted, text.len - emitted);
+    }
+    out->stats.n_generated = out->n_tokens;
+    out->stats.prefill_tok_s = out->stats.prefill_s > 0 ? n_prompt / out->stats.prefill_s : 0;
+    out->stats.decode_tok_s = out->stats.decode_s > 0 ? (out->n_tokens - 1) / out->stats.decode_s : 0;
+    out->text = text.data ? text.data : qsa__strdup("");
+    out->text_len = text.len;
+    text.data = NULL;
+done:
+    if (tok) qsa_detok_stream_free(&ds);
+    qsa__buf_free(&text);
+    qsa__free(logits);
+    qsa_sampler_free(smp);
+    if (r != QSA_OK) qsa_generation_free(out);
+    return r;
+}
+
+/* ---- writing safetensors (tools: logits dumps, captures) ---- */
+
+typedef struct qsa__st_out {
+    const char *name;
+    qsa__dtype dtype;
+    int ndim;
+    int64_t shape[4];
+    const void *data;
+} qsa__st_out;
+
+/* Write tensors (in the given order) to `path` via a temporary file and rename. */
+QSA_PRIV qsa_result qsa__st_write(const char *path, const qsa__st_out *t, int n) {
+    static const char *dn[] = {"F32", "F16", "BF16", "F8_E4M3", "U8", "I64", "I32"};
+    qsa__buf h;
+    memset(&h, 0, sizeof h);
+    size_t off = 0;
+    int ok = qsa__buf_puts(&h, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int i = 0; i < n && ok; i++) {
+        size_t bytes = qsa__dtype_size(t[i].dtype);
+        char tmp[512];
+        for (int d = 0; d < t[i].ndim; d++) bytes *= (size_t)t[i].shape[d];
+        snprintf(tmp, sizeof tmp, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t[i].name, dn[t[i].dtype]);
+        ok &= qsa__buf_puts(&h, tmp);
+        for (int d = 0; d < t[i].ndim; d++) {
+            snprintf(tmp, sizeof tmp, "%s%lld", d ? "," : "", (long long)t[i].shape[d]);
+            ok &= qsa__buf_puts(&h, tmp);
+        }
+        snprintf(tmp, sizeof tmp, "],\"data_offsets\":[%zu,%zu]}", off, off + bytes);
+        ok &= qsa__buf_puts(&h, tmp);
+        off += bytes;
+    }
+    ok &= qsa__buf_puts(&h, "}");
+    while (ok && h.len % 8) ok &= qsa__buf_puts(&h, " ");
+    if (!ok) { qsa__buf_free(&h); return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "write '%s': out of memory", path); }
+    char *tmpname = QSA__ALLOC(char, strlen(path) + 8);
+    if (!tmpname) { qsa__buf_free(&h); return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "write '%s': out of memory", path); }
+    sprintf(tmpname, "%s.tmp", path);
+    FILE *f = fopen(tmpname, "wb");
+    qsa_result r = QSA_OK;
+    if (!f) r = qsa__fail(QSA_ERR_IO, "write '%s': %s", tmpname, strerror(errno));
+    else {
+        uint64_t hl = h.len;
+        uint8_t le[8];
+        for (int i = 0; i < 8; i++) le[i] = (uint8_t)(hl >> (8 * i));
+        int wok = fwrite(le, 1, 8, f) == 8 && fwrite(h.data, 1, h.len, f) == h.len;
+        for (int i = 0; i < n && wok; i++) {
+            size_t bytes = qsa__dtype_size(t[i].dtype);
+            for (int d = 0; d < t[i].ndim; d++) bytes *= (size_t)t[i].shape[d];
+            wok = !bytes || fwrite(t[i].data, 1, bytes, f) == bytes;
+        }
+        if (fclose(f) != 0) wok = 0;
+        if (!wok) r = qsa__fail(QSA_ERR_IO, "write '%s': %s", tmpname, strerror(errno));
+        else if (rename(tmpname, path) != 0) r = qsa__fail(QSA_ERR_IO, "rename '%s' -> '%s': %s", tmpname, path, strerror(errno));
+        if (r != QSA_OK) remove(tmpname);
+    }
+    qsa__free(tmpname);
+    qsa__buf_free(&h);
+    return r;
+}

@@ -1,0 +1,245 @@
+/* chat.c - interactive ChatML chat (streaming) with a Qwen4-Exp model, on qsa_runtime.
+ *
+ *   examples/chat [-m DIR] [options]                interactive: one user turn per line
+ *   examples/chat [-m DIR] -p "question" [-n 64]    one-shot: answer, stats on stderr, exit
+ *
+ * Turns are appended to one sequence, so history is never recomputed.  Type /reset to start over,
+ * /exit (or end of input) to quit.
+ */
+#define QSA_RUNTIME_IMPLEMENTATION
+#include "../qsa_runtime.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(const char *argv0) {
+    fprintf(stderr,
+            "usage: %s [options]\n"
+            "  -m, --model DIR         model directory (default: models/tiny)\n"
+            "  -p, --prompt TEXT       one-shot mode: answer TEXT and exit\n"
+            "  -f, --file FILE         one-shot mode with the prompt read from FILE\n"
+            "      --raw               one-shot prompt is raw text (no chat template)\n"
+            "  -sys, --system TEXT     system message\n"
+            "  -n, --n-predict N       max tokens per answer (default: 256; -1: until EOS / context)\n"
+            "  -c, --ctx-size N        context length in tokens (default: 4096, at most the model's)\n"
+            "      --temp F            temperature (default: generation_config.json, else 0.7; 0 = greedy)\n"
+            "      --top-k N           top-k (default: generation_config.json, else 0 = off)\n"
+            "      --top-p F           top-p (default: generation_config.json, else 1 = off)\n"
+            "      --min-p F           min-p (default 0 = off)\n"
+            "      --repeat-penalty F  repetition penalty (default 1 = off)\n"
+            "  -s, --seed N            sampling seed (default 0)\n"
+            "  -t, --threads N         CPU threads (default: all, at most 16)\n"
+            "      --backend B         cpu, cuda or auto (default auto)\n"
+            "      --no-stats          do not print the statistics line\n"
+            "  -v, --verbose           log loading details to stderr\n",
+            argv0);
+}
+
+typedef struct chat_opts {
+    const char *model, *prompt, *prompt_file, *system;
+    int raw, n_predict, n_ctx, threads, stats, verbose;
+    qsa_backend backend;
+    qsa_sampling_params sp;
+    int set_temp, set_top_k, set_top_p;
+} chat_opts;
+
+static int on_token(void *user, int32_t token, const char *text, size_t len) {
+    (void)user; (void)token;
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+    return 0;
+}
+
+static void print_stats(const qsa_stats *st) {
+    fprintf(stderr, "[prefill %d tok in %.3f s, %.1f tok/s | decode %d tok in %.3f s, %.1f tok/s | ttft %.3f s]\n",
+            st->n_prompt, st->prefill_s, st->prefill_tok_s, st->n_generated, st->decode_s, st->decode_tok_s, st->ttft_s);
+}
+
+static char *read_all(FILE *f, size_t *len) {
+    size_t cap = 4096, n = 0;
+    char *b = (char *)malloc(cap);
+    for (;;) {
+        if (n + 4096 > cap) b = (char *)realloc(b, cap *= 2);
+        size_t k = fread(b + n, 1, 4096, f);
+        n += k;
+        if (k == 0) break;
+    }
+    b[n] = 0;
+    *len = n;
+    return b;
+}
+
+/* One answer: feed `text` (special tokens parsed) after `pending` (the last token of the previous
+   answer, not yet fed; -1 if none), generate, stream. */
+static int answer(qsa_seq *seq, const qsa_tokenizer *tok, int32_t *pending, const char *text, const chat_opts *o) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (qsa_tokenize(tok, text, strlen(text), 1, &ids, &n) != QSA_OK) {
+        fprintf(stderr, "error: %s\n", qsa_last_error());
+        return 1;
+    }
+    int32_t *prompt = (int32_t *)malloc(sizeof(int32_t) * (n + 1));
+    int np = 0;
+    if (*pending >= 0) prompt[np++] = *pending;
+    memcpy(prompt + np, ids, sizeof(int32_t) * n);
+    np += (int)n;
+    qsa_free(ids);
+    qsa_generate_params gp;
+    memset(&gp, 0, sizeof gp);
+    gp.sampling = o->sp;
+    gp.max_tokens = o->n_predict > 0 ? o->n_predict : 0;
+    gp.on_token = on_token;
+    qsa_generation g;
+    qsa_result r = qsa_generate(seq, prompt, np, &gp, &g);
+    free(prompt);
+    if (r != QSA_OK) {
+        fprintf(stderr, "\nerror: %s: %s\n", qsa_result_string(r), qsa_last_error());
+        if (r == QSA_ERR_CONTEXT_FULL) fprintf(stderr, "(the conversation fills the context: /reset to start over)\n");
+        return 1;
+    }
+    printf("\n");
+    fflush(stdout);
+    *pending = g.n_tokens ? g.tokens[g.n_tokens - 1] : -1;
+    /* the next turn must close this one: after an EOS (<|im_end|>) a newline, else the end marker */
+    if (o->stats) print_stats(&g.stats);
+    int stopped_on_eos = g.stop == QSA_STOP_EOS;
+    qsa_generation_free(&g);
+    return stopped_on_eos ? 0 : 2;
+}
+
+int main(int argc, char **argv) {
+    chat_opts o;
+    memset(&o, 0, sizeof o);
+    o.model = "models/tiny";
+    o.n_predict = 256;
+    o.n_ctx = 4096;
+    o.stats = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define ARG(s1, s2) ((!strcmp(a, s1) || (s2 && !strcmp(a, s2))) && (v || (fprintf(stderr, "%s needs a value\n", a), exit(2), 0)) && ++i)
+        if (ARG("-m", "--model")) o.model = v;
+        else if (ARG("-p", "--prompt")) o.prompt = v;
+        else if (ARG("-f", "--file")) o.prompt_file = v;
+        else if (ARG("-sys", "--system")) o.system = v;
+        else if (ARG("-n", "--n-predict")) o.n_predict = atoi(v);
+        else if (ARG("-c", "--ctx-size")) o.n_ctx = atoi(v);
+        else if (ARG("--temp", NULL)) { o.sp.temperature = (float)atof(v); o.set_temp = 1; }
+        else if (ARG("--top-k", NULL)) { o.sp.top_k = atoi(v); o.set_top_k = 1; }
+        else if (ARG("--top-p", NULL)) { o.sp.top_p = (float)atof(v); o.set_top_p = 1; }
+        else if (ARG("--min-p", NULL)) o.sp.min_p = (float)atof(v);
+        else if (ARG("--repeat-penalty", NULL)) o.sp.repetition_penalty = (float)atof(v);
+        else if (ARG("-s", "--seed")) o.sp.seed = strtoull(v, NULL, 10);
+        else if (ARG("-t", "--threads")) o.threads = atoi(v);
+        else if (ARG("--backend", NULL)) {
+            if (!strcmp(v, "cpu")) o.backend = QSA_BACKEND_CPU;
+            else if (!strcmp(v, "cuda")) o.backend = QSA_BACKEND_CUDA;
+            else if (!strcmp(v, "auto")) o.backend = QSA_BACKEND_AUTO;
+            else { fprintf(stderr, "unknown backend '%s'\n", v); return 2; }
+        }
+        else if (!strcmp(a, "--raw")) o.raw = 1;
+        else if (!strcmp(a, "--no-stats")) o.stats = 0;
+        else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o.verbose = 1;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(argv[0]); return 0; }
+        else { fprintf(stderr, "unknown option '%s'\n", a); usage(argv[0]); return 2; }
+#undef ARG
+    }
+    qsa_set_logger(qsa_log_stderr, NULL, o.verbose ? QSA_LOG_DEBUG : QSA_LOG_WARN);
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.backend = o.backend;
+    mp.n_threads = o.threads;
+    qsa_model *model = NULL;
+    if (qsa_model_load(o.model, &mp, &model) != QSA_OK) {
+        fprintf(stderr, "error: cannot load model '%s': %s\n", o.model, qsa_last_error());
+        return 1;
+    }
+    const qsa_tokenizer *tok = qsa_model_get_tokenizer(model);
+    if (!tok) {
+        fprintf(stderr, "error: '%s' has no tokenizer.json: the chat needs one\n", o.model);
+        qsa_model_free(model);
+        return 1;
+    }
+    /* sampling defaults from generation_config.json where the user gave none */
+    const qsa_generation_config *gc = qsa_model_get_generation_config(model);
+    if (!o.set_temp) o.sp.temperature = gc->has_temperature ? (gc->has_do_sample && !gc->do_sample ? 0.0f : gc->temperature) : 0.7f;
+    if (!o.set_top_k && gc->has_top_k) o.sp.top_k = gc->top_k;
+    if (!o.set_top_p && gc->has_top_p) o.sp.top_p = gc->top_p;
+    const qsa_model_config *cfg = qsa_model_get_config(model);
+    qsa_seq_params sp;
+    memset(&sp, 0, sizeof sp);
+    sp.n_ctx = o.n_ctx > 0 && o.n_ctx < cfg->max_position_embeddings ? o.n_ctx : cfg->max_position_embeddings;
+    qsa_seq *seq = NULL;
+    if (qsa_seq_create(model, &sp, &seq) != QSA_OK) {
+        fprintf(stderr, "error: %s\n", qsa_last_error());
+        qsa_model_free(model);
+        return 1;
+    }
+    int rc = 0;
+    int32_t pending = -1;
+    int last_eos = 1; /* whether the previous answer ended with <|im_end|> */
+    qsa_chat_message msgs[2];
+    if (o.prompt || o.prompt_file) {
+        char *text = NULL;
+        size_t len = 0;
+        if (o.prompt_file) {
+            FILE *f = fopen(o.prompt_file, "rb");
+            if (!f) { fprintf(stderr, "error: cannot open '%s'\n", o.prompt_file); rc = 1; goto out; }
+            text = read_all(f, &len);
+            fclose(f);
+        } else text = strdup(o.prompt);
+        char *chat = NULL;
+        int nm = 0;
+        if (o.system) { msgs[nm].role = "system"; msgs[nm].content = o.system; nm++; }
+        msgs[nm].role = "user"; msgs[nm].content = text; nm++;
+        if (!o.raw && qsa_chat_apply_template(tok, msgs, (size_t)nm, 1, &chat) != QSA_OK) {
+            fprintf(stderr, "error: %s\n", qsa_last_error());
+            free(text);
+            rc = 1;
+            goto out;
+        }
+        int r = answer(seq, tok, &pending, o.raw ? text : chat, &o);
+        rc = r == 1;
+        qsa_free(chat);
+        free(text);
+        goto out;
+    }
+    fprintf(stderr, "qsa chat: %s (%d layers, vocab %d). One message per line; /reset, /exit.\n", o.model,
+            cfg->num_hidden_layers, cfg->vocab_size);
+    char line[65536];
+    int first = 1;
+    for (;;) {
+        fprintf(stderr, "> ");
+        fflush(stderr);
+        if (!fgets(line, sizeof line, stdin)) break;
+        size_t len = strlen(line);
+        while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
+        if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
+        if (!strcmp(line, "/reset")) { qsa_seq_reset(seq); pending = -1; first = 1; fprintf(stderr, "(history cleared)\n"); continue; }
+        if (!len) continue;
+        int nm = 0;
+        if (first && o.system) { msgs[nm].role = "system"; msgs[nm].content = o.system; nm++; }
+        msgs[nm].role = "user"; msgs[nm].content = line; nm++;
+        char *turn = NULL;
+        if (qsa_chat_apply_template(tok, msgs, (size_t)nm, 1, &turn) != QSA_OK) {
+            fprintf(stderr, "error: %s\n", qsa_last_error());
+            rc = 1;
+            break;
+        }
+        /* close the previous answer: after its <|im_end|> (pending) a newline, else the marker too */
+        size_t tl = strlen(turn) + 32;
+        char *text = (char *)malloc(tl);
+        snprintf(text, tl, "%s%s", first ? "" : last_eos ? "\n" : "<|im_end|>\n", turn);
+        qsa_free(turn);
+        int r = answer(seq, tok, &pending, text, &o);
+        free(text);
+        if (r == 1) { rc = 1; if (qsa_seq_pos(seq) == 0) break; continue; }
+        last_eos = r == 0;
+        first = 0;
+    }
+out:
+    qsa_seq_free(seq);
+    qsa_model_free(model);
+    return rc;
+}
