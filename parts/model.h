@@ -71,6 +71,137 @@ typedef struct qsa__layer_w {
     qsa__ple_w *ple;       /* NULL unless a PLE layer */
 } qsa__layer_w;
 
+
+/* ============================================================================================== */
+/* >>kv-pool  pages of K, V and indexer keys for the QSA layers                                    */
+/* ============================================================================================== */
+/* Fixed-size physical pages (any page size >= 1; non-powers of two are fine) and a free list.
+   A sequence maps logical page i (tokens i*page_size ...) to a physical page through its block
+   table.  Where a page sits is never an ordering key: see the planner below. */
+typedef struct qsa__pool {
+    int page_size, n_pages, n_qsa;
+    int kvd, ihd;           /* per token: nkv*hd values of K (and of V), ihd of raw indexer key */
+    int *slot;              /* [num_layers] index among the QSA layers, -1 for others */
+    float *k, *v, *ik;      /* CPU storage [n_qsa][n_pages][page_size][kvd | ihd] */
+    int32_t *free_pages;    /* stack of free physical pages (popped from the end) */
+    int n_free;
+} qsa__pool;
+
+QSA_PRIV float *qsa__pool_k(const qsa__pool *p, int slot, int32_t page, int off) {
+    return p->k + (((size_t)slot * p->n_pages + (size_t)page) * p->page_size + (size_t)off) * p->kvd;
+}
+QSA_PRIV float *qsa__pool_v(const qsa__pool *p, int slot, int32_t page, int off) {
+    return p->v + (((size_t)slot * p->n_pages + (size_t)page) * p->page_size + (size_t)off) * p->kvd;
+}
+QSA_PRIV float *qsa__pool_ik(const qsa__pool *p, int slot, int32_t page, int off) {
+    return p->ik + (((size_t)slot * p->n_pages + (size_t)page) * p->page_size + (size_t)off) * p->ihd;
+}
+
+/* Permute the free list with a seeded Fisher-Yates shuffle (tests and investigations: the next
+   allocations land on scattered pages). */
+QSA_PRIV void qsa__pool_shuffle(qsa__pool *p, uint64_t seed) {
+    for (int i = p->n_free - 1; i > 0; i--) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        int j = (int)((seed >> 33) % (uint64_t)(i + 1));
+        int32_t t = p->free_pages[i];
+        p->free_pages[i] = p->free_pages[j];
+        p->free_pages[j] = t;
+    }
+}
+
+/* Default page size (the hybrid rule): a page of one layer holds about as many bytes of attention
+   state as one GDN layer's recurrent state, rounded up to a multiple of 16 tokens. */
+QSA_PRIV int qsa__default_page_size(const qsa_model_config *c) {
+    double gdn = 4.0 * c->linear_num_value_heads * c->linear_key_head_dim * c->linear_value_head_dim;
+    double attn = 2.0 * 2.0 * c->num_key_value_heads * c->head_dim + (c->has_qsa ? 4.0 * c->indexer_head_dim : 0.0);
+    int pages = (int)ceil(gdn / (16.0 * attn));
+    return 16 * (pages < 1 ? 1 : pages);
+}
+
+/* ============================================================================================== */
+/* >>planner  QSA selections -> attention plans in logical order                                  */
+/* ============================================================================================== */
+/* A query's selection (complete blocks + tail tokens) becomes ascending logical token ranges, cut
+   at page boundaries into (physical page, offset, length) segments.  The attention reduces over the
+   selected tokens in plan order with split points fixed in *logical selected-token index* (every
+   QSA_ATTN_SPLIT tokens) and merges the partial (max, sum, out) triples left to right, so the result
+   depends only on logical positions, never on where the pages are.  physical_order = 1 sorts the
+   segments by physical address instead (debug: this is what breaks allocation invariance). */
+#define QSA_ATTN_SPLIT 256
+
+typedef struct qsa__seg {
+    int32_t page, offset, len; /* physical page, first slot, number of tokens */
+    int32_t logical;           /* logical position of the first token */
+} qsa__seg;
+
+typedef struct qsa__plan {
+    qsa__seg *seg;
+    int n_seg, cap;
+    int n_tokens;
+} qsa__plan;
+
+QSA_PRIV int qsa__plan_push(qsa__plan *pl, int32_t page, int32_t off, int32_t len, int32_t logical) {
+    if (pl->n_seg > 0) { /* extend the previous segment when this one continues it */
+        qsa__seg *last = &pl->seg[pl->n_seg - 1];
+        if (last->page == page && last->offset + last->len == off && last->logical + last->len == logical) {
+            last->len += len;
+            pl->n_tokens += len;
+            return 1;
+        }
+    }
+    if (pl->n_seg == pl->cap) {
+        int cap = pl->cap ? 2 * pl->cap : 64;
+        qsa__seg *s = (qsa__seg *)qsa__realloc(pl->seg, sizeof(qsa__seg) * (size_t)cap);
+        if (!s) return 0;
+        pl->seg = s;
+        pl->cap = cap;
+    }
+    qsa__seg *sg = &pl->seg[pl->n_seg++];
+    sg->page = page; sg->offset = off; sg->len = len; sg->logical = logical;
+    pl->n_tokens += len;
+    return 1;
+}
+
+/* Append the logical range [a, b) cut at page boundaries. */
+QSA_PRIV int qsa__plan_range(qsa__plan *pl, int64_t a, int64_t b, int page_size, const int32_t *bt) {
+    while (a < b) {
+        int64_t lp = a / page_size, off = a % page_size;
+        int64_t len = page_size - off < b - a ? page_size - off : b - a;
+        if (!qsa__plan_push(pl, bt[lp], (int32_t)off, (int32_t)len, (int32_t)a)) return 0;
+        a += len;
+    }
+    return 1;
+}
+
+QSA_PRIV int qsa__seg_phys_before(const qsa__seg *a, const qsa__seg *b) {
+    return a->page < b->page || (a->page == b->page && a->offset < b->offset);
+}
+
+/* Plan for the query at logical position pos: blocks[0..nsel) ascending (each of r tokens), then the
+   tail nb*r .. pos.  Adjacent blocks merge into one range. */
+QSA_PRIV qsa_result qsa__plan_build(qsa__plan *pl, const int32_t *blocks, int nsel, int nb, int r, int64_t pos,
+                                    int page_size, const int32_t *bt, int physical_order) {
+    pl->n_seg = 0;
+    pl->n_tokens = 0;
+    int ok = 1;
+    for (int i = 0; i < nsel && ok;) {
+        int j = i + 1;
+        while (j < nsel && blocks[j] == blocks[j - 1] + 1) j++;
+        ok = qsa__plan_range(pl, (int64_t)blocks[i] * r, (int64_t)(blocks[j - 1] + 1) * r, page_size, bt);
+        i = j;
+    }
+    if (ok) ok = qsa__plan_range(pl, (int64_t)nb * r, pos + 1, page_size, bt);
+    if (!ok) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "QSA planner: out of memory");
+    if (physical_order)
+        for (int i = 1; i < pl->n_seg; i++) {
+            qsa__seg x = pl->seg[i];
+            int j = i;
+            while (j > 0 && qsa__seg_phys_before(&x, &pl->seg[j - 1])) { pl->seg[j] = pl->seg[j - 1]; j--; }
+            pl->seg[j] = x;
+        }
+    return QSA_OK;
+}
+
 struct qsa_model {
     qsa_model_config cfg;
     qsa_generation_config gen;
@@ -82,6 +213,7 @@ struct qsa_model {
     qsa__gres final_hc;
     qsa__layer_w *layers;
     float *rope_inv_freq;  /* [rotary_dim / 2] */
+    qsa__pool pool;        /* KV pages of the QSA layers */
     /* owned fp32 copies of dense tensors */
     float **owned;
     int n_owned, cap_owned;
@@ -424,6 +556,37 @@ QSA_PRIV qsa_result qsa__model_bind(qsa_model *m) {
     return QSA_OK;
 }
 
+QSA_PRIV qsa_result qsa__pool_create(qsa_model *m) {
+    const qsa_model_config *c = &m->cfg;
+    qsa__pool *p = &m->pool;
+    p->page_size = m->params.kv_page_size > 0 ? m->params.kv_page_size : qsa__default_page_size(c);
+    if (m->params.kv_page_size > 0 && m->params.kv_page_size < 16)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "kv_page_size %d: expected at least 16 tokens", m->params.kv_page_size);
+    int64_t tokens = m->params.kv_pool_tokens > 0 ? m->params.kv_pool_tokens
+                                                  : (c->max_position_embeddings < 32768 ? c->max_position_embeddings : 32768);
+    p->n_pages = (int)((tokens + p->page_size - 1) / p->page_size);
+    p->kvd = c->num_key_value_heads * c->head_dim;
+    p->ihd = c->has_qsa ? c->indexer_head_dim : 0;
+    p->slot = QSA__ALLOC(int, c->num_hidden_layers);
+    p->free_pages = QSA__ALLOC(int32_t, p->n_pages);
+    if (!p->slot || !p->free_pages) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "KV pool: out of memory");
+    for (int l = 0; l < c->num_hidden_layers; l++) p->slot[l] = c->layer_types[l] == QSA_LAYER_QSA ? p->n_qsa++ : -1;
+    size_t slots = (size_t)p->n_qsa * p->n_pages * p->page_size;
+    if (p->n_qsa) {
+        p->k = QSA__ALLOC(float, slots * p->kvd);
+        p->v = QSA__ALLOC(float, slots * p->kvd);
+        p->ik = QSA__ALLOC(float, slots * p->ihd + 1);
+        if (!p->k || !p->v || !p->ik)
+            return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "KV pool: out of memory for %d pages of %d tokens", p->n_pages, p->page_size);
+    }
+    /* pages are handed out in ascending order by default */
+    for (int i = 0; i < p->n_pages; i++) p->free_pages[i] = p->n_pages - 1 - i;
+    p->n_free = p->n_pages;
+    qsa__log(QSA_LOG_INFO, "KV pool: %d pages of %d tokens (%.1f MiB on the host)", p->n_pages, p->page_size,
+             (double)slots * (2 * p->kvd + p->ihd) * 4 / 1048576.0);
+    return QSA_OK;
+}
+
 QSA_IMPL void qsa_model_free(qsa_model *m) {
     if (!m) return;
     if (m->layers) {
@@ -444,6 +607,11 @@ QSA_IMPL void qsa_model_free(qsa_model *m) {
     for (int i = 0; i < m->n_owned; i++) qsa__free(m->owned[i]);
     qsa__free(m->owned);
     qsa__free(m->rope_inv_freq);
+    qsa__free(m->pool.k);
+    qsa__free(m->pool.v);
+    qsa__free(m->pool.ik);
+    qsa__free(m->pool.slot);
+    qsa__free(m->pool.free_pages);
     if (m->tok) qsa_tokenizer_free(m->tok);
     qsa__st_close(&m->st);
     qsa__free(m);
@@ -480,6 +648,7 @@ QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *para
         r = qsa__fail(QSA_ERR_UNSUPPORTED, "qsa_model_load: the CUDA backend is not available in this build yet");
     if (r == QSA_OK) r = qsa__st_open_dir(dir, &m->st);
     if (r == QSA_OK) r = qsa__model_bind(m);
+    if (r == QSA_OK) r = qsa__pool_create(m);
     if (r == QSA_OK && !m->params.no_tokenizer) {
         char *tpath = qsa__path_join(dir, "tokenizer.json");
         if (tpath && qsa__file_exists(tpath)) r = qsa_tokenizer_load_dir(dir, &m->tok);
@@ -620,10 +789,8 @@ typedef struct qsa__seq_layer {
     /* Gated DeltaNet */
     float *conv;    /* [K-1][conv_dim]: the last K-1 inputs of the causal conv, oldest first */
     float *S;       /* [nv][dk][dv] recurrent state (fp32) */
-    /* QSA attention: caches grow with the sequence (capacity in tokens) */
-    float *k, *v;   /* [cap][nkv*hd] after k_norm and RoPE / raw v */
-    float *ikey;    /* [cap][ihd] raw indexer keys */
-    float *bkey;    /* [cap / r][ihd] keys of completed blocks (mean, k_layernorm, RoPE) */
+    /* QSA: K, V and raw indexer keys live in the page pool; block keys are logical, per sequence */
+    float *bkey;    /* [n_ctx / r][ihd] keys of completed blocks (mean, k_layernorm, RoPE) */
     int n_blocks;   /* completed blocks cached */
     /* PLE */
     int32_t *ple_ids; /* [ngram-1] previous token ids (EOS at the start) */
@@ -636,40 +803,32 @@ typedef void (*qsa__sel_hook)(void *user, int layer, int64_t pos, const int32_t 
 
 struct qsa_seq {
     qsa_model *m;
-    int pos, n_ctx, cap;
+    int pos, n_ctx;
     int32_t *tokens;            /* [n_ctx] every token fed */
+    int32_t *bt;                /* block table: logical page -> physical page of the pool */
+    int n_pages;                /* pages held */
     qsa__seq_layer *L;
     qsa__sel_hook sel_hook;
     void *sel_user;
     float *hidden_out;          /* if set: receives final hidden states [n][H] of the next feed */
 };
 
-QSA_PRIV qsa_result qsa__seq_grow(qsa_seq *s, int need) {
-    if (need <= s->cap) return QSA_OK;
-    const qsa_model_config *c = &s->m->cfg;
-    int cap = s->cap ? s->cap : 256;
-    while (cap < need) cap *= 2;
-    if (cap > s->n_ctx) cap = s->n_ctx;
-    int kvd = c->num_key_value_heads * c->head_dim;
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        if (c->layer_types[l] != QSA_LAYER_QSA) continue;
-        qsa__seq_layer *sl = &s->L[l];
-        float *k = (float *)qsa__realloc(sl->k, sizeof(float) * (size_t)cap * (size_t)kvd);
-        if (k) sl->k = k;
-        float *v = (float *)qsa__realloc(sl->v, sizeof(float) * (size_t)cap * (size_t)kvd);
-        if (v) sl->v = v;
-        if (!k || !v) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "sequence: out of memory for %d tokens of KV cache", cap);
-        if (c->has_qsa) {
-            int ihd = c->indexer_head_dim, r = c->indexer_compress_ratio;
-            float *ik = (float *)qsa__realloc(sl->ikey, sizeof(float) * (size_t)cap * (size_t)ihd);
-            if (ik) sl->ikey = ik;
-            float *bk = (float *)qsa__realloc(sl->bkey, sizeof(float) * (size_t)(cap / r + 1) * (size_t)ihd);
-            if (bk) sl->bkey = bk;
-            if (!ik || !bk) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "sequence: out of memory for %d indexer keys", cap);
-        }
-    }
-    s->cap = cap;
+/* Make sure the sequence holds the pages for `need` tokens; all or nothing. */
+QSA_PRIV qsa_result qsa__seq_reserve(qsa_seq *s, int need) {
+    qsa__pool *pl = &s->m->pool;
+    if (!pl->n_qsa) return QSA_OK;
+    int want = (need + pl->page_size - 1) / pl->page_size;
+    if (want <= s->n_pages) return QSA_OK;
+    if (want - s->n_pages > pl->n_free)
+        return qsa__fail(QSA_ERR_CONTEXT_FULL, "KV page pool: %d more pages of %d tokens needed, %d free of %d",
+                         want - s->n_pages, pl->page_size, pl->n_free, pl->n_pages);
+    while (s->n_pages < want) s->bt[s->n_pages++] = pl->free_pages[--pl->n_free];
     return QSA_OK;
+}
+
+QSA_PRIV void qsa__seq_release(qsa_seq *s) {
+    qsa__pool *pl = &s->m->pool;
+    while (s->n_pages > 0) pl->free_pages[pl->n_free++] = s->bt[--s->n_pages];
 }
 
 QSA_IMPL void qsa_seq_reset(qsa_seq *s) {
@@ -689,6 +848,7 @@ QSA_IMPL void qsa_seq_reset(qsa_seq *s) {
         if (sl->ple_conv)
             memset(sl->ple_conv, 0, sizeof(float) * (size_t)(c->ple_conv_kernel_size - 1) * (size_t)c->ngram_size * (size_t)hcH);
     }
+    qsa__seq_release(s);
     s->pos = 0;
 }
 
@@ -699,15 +859,14 @@ QSA_IMPL void qsa_seq_free(qsa_seq *s) {
             qsa__seq_layer *sl = &s->L[l];
             qsa__free(sl->conv);
             qsa__free(sl->S);
-            qsa__free(sl->k);
-            qsa__free(sl->v);
-            qsa__free(sl->ikey);
             qsa__free(sl->bkey);
             qsa__free(sl->ple_ids);
             qsa__free(sl->ple_conv);
         }
         qsa__free(s->L);
     }
+    qsa__seq_release(s);
+    qsa__free(s->bt);
     qsa__free(s->tokens);
     qsa__free(s);
 }
@@ -720,8 +879,9 @@ QSA_IMPL qsa_result qsa_seq_create(qsa_model *m, const qsa_seq_params *params, q
     s->m = m;
     s->n_ctx = params && params->n_ctx > 0 ? params->n_ctx : c->max_position_embeddings;
     s->tokens = QSA__ALLOC(int32_t, s->n_ctx);
+    s->bt = QSA__ALLOC(int32_t, s->n_ctx / m->pool.page_size + 1);
     s->L = QSA__CALLOC(qsa__seq_layer, c->num_hidden_layers);
-    int ok = s->tokens && s->L;
+    int ok = s->tokens && s->L && s->bt;
     int key_dim = c->linear_num_key_heads * c->linear_key_head_dim;
     int conv_dim = 2 * key_dim + c->linear_num_value_heads * c->linear_value_head_dim;
     int hcH = c->hc_count * c->hidden_size;
@@ -732,6 +892,10 @@ QSA_IMPL qsa_result qsa_seq_create(qsa_model *m, const qsa_seq_params *params, q
             sl->S = QSA__CALLOC(float, (size_t)c->linear_num_value_heads * (size_t)c->linear_key_head_dim *
                                            (size_t)c->linear_value_head_dim);
             ok = sl->S && (sl->conv || c->linear_conv_kernel_dim == 1);
+        }
+        if (ok && c->layer_types[l] == QSA_LAYER_QSA && c->has_qsa) {
+            sl->bkey = QSA__ALLOC(float, (size_t)(s->n_ctx / c->indexer_compress_ratio + 1) * (size_t)c->indexer_head_dim);
+            ok = sl->bkey != NULL;
         }
         if (ok && m->layers[l].ple) {
             sl->ple_ids = QSA__ALLOC(int32_t, c->ngram_size);
@@ -1078,14 +1242,14 @@ done:
     return r;
 }
 
-/* Block b's key: fp32 mean of its raw keys, k_layernorm, RoPE at the block's first position. */
-QSA_PRIV void qsa__block_key(const qsa_model *m, const qsa__attn_w *a, const float *ikeys, int b, float *out) {
+/* Block b's key from its r raw keys keys[r][ihd]: fp32 mean, k_layernorm, RoPE at position b*r. */
+QSA_PRIV void qsa__block_key(const qsa_model *m, const qsa__attn_w *a, const float *keys, int b, float *out) {
     const qsa_model_config *c = &m->cfg;
     int ihd = c->indexer_head_dim, r = c->indexer_compress_ratio;
     float mean[1024];
     for (int d = 0; d < ihd; d++) {
         float s = 0.0f;
-        for (int t = 0; t < r; t++) s += ikeys[(size_t)(b * r + t) * ihd + d];
+        for (int t = 0; t < r; t++) s += keys[(size_t)t * ihd + d];
         mean[d] = s / (float)r;
     }
     qsa__rmsnorm_1p(mean, a->idx_k_norm, out, ihd, ihd, c->rms_norm_eps);
@@ -1114,30 +1278,76 @@ QSA_PRIV int qsa__select_blocks(const float *scores, int nb, int k, int32_t *sel
     return n;
 }
 
+/* Attention of one query head over a plan: scores and softmax in fp32, reduced in plan order with
+   splits every QSA_ATTN_SPLIT selected tokens and a left-to-right merge of (max, sum, out). */
+QSA_PRIV void qsa__attn_head_plan(const qsa__pool *pool, int slot, const qsa__plan *pl, const float *q, int kh, int hd,
+                                  float *o, float *acc) {
+    float scale = 1.0f / sqrtf((float)hd);
+    float M = -INFINITY, Lsum = 0.0f, m = -INFINITY, l = 0.0f;
+    for (int d = 0; d < hd; d++) o[d] = 0.0f;
+    for (int d = 0; d < hd; d++) acc[d] = 0.0f;
+    int k = 0;
+    for (int si = 0; si < pl->n_seg; si++) {
+        const qsa__seg *sg = &pl->seg[si];
+        for (int j = 0; j < sg->len; j++, k++) {
+            const float *kk = qsa__pool_k(pool, slot, sg->page, sg->offset + j) + kh * hd;
+            const float *vv = qsa__pool_v(pool, slot, sg->page, sg->offset + j) + kh * hd;
+            float sc = 0.0f;
+            for (int d = 0; d < hd; d++) sc += q[d] * kk[d];
+            sc *= scale;
+            /* online softmax within the split */
+            if (sc > m) {
+                float f = expf(m - sc);
+                l *= f;
+                for (int d = 0; d < hd; d++) acc[d] *= f;
+                m = sc;
+            }
+            float e = expf(sc - m);
+            l += e;
+            for (int d = 0; d < hd; d++) acc[d] += e * vv[d];
+            if ((k + 1) % QSA_ATTN_SPLIT == 0 || k + 1 == pl->n_tokens) {
+                /* merge this split's (m, l, acc) into the running (M, Lsum, o) */
+                float Mn = m > M ? m : M, fa = expf(M - Mn), fb = expf(m - Mn);
+                Lsum = Lsum * fa + l * fb;
+                for (int d = 0; d < hd; d++) o[d] = o[d] * fa + acc[d] * fb;
+                M = Mn;
+                m = -INFINITY; l = 0.0f;
+                for (int d = 0; d < hd; d++) acc[d] = 0.0f;
+            }
+        }
+    }
+    for (int d = 0; d < hd; d++) o[d] /= Lsum;
+}
+
 QSA_PRIV qsa_result qsa__attn_fwd(qsa_seq *sq, int l, const float *inp, float *out, int n) {
     const qsa_model *m = sq->m;
     const qsa_model_config *c = &m->cfg;
     const qsa__attn_w *a = &m->layers[l].attn;
+    const qsa__pool *pool = &m->pool;
     qsa__seq_layer *sl = &sq->L[l];
     int H = c->hidden_size, nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim;
-    int kvd = nkv * hd, grp = nh / nkv, p0 = sq->pos;
-    int ih = c->indexer_n_heads, ihd = c->indexer_head_dim, r = c->indexer_compress_ratio;
+    int grp = nh / nkv, p0 = sq->pos, slot = pool->slot[l], ps = pool->page_size;
+    int ih = c->indexer_n_heads, ihd = c->indexer_head_dim, r = c->has_qsa ? c->indexer_compress_ratio : 1;
     int topk = c->has_qsa ? c->indexer_budget / r : 0;
     float *qg = QSA__ALLOC(float, (size_t)n * nh * hd * 2);
     float *iq = QSA__ALLOC(float, (size_t)n * (ih + 1) * ihd + 1);
-    float *att = QSA__ALLOC(float, (size_t)nh * hd);
-    float *scores = QSA__ALLOC(float, (size_t)(p0 + n) / (r ? r : 1) + 1);
-    float *probs = QSA__ALLOC(float, (size_t)(p0 + n));
-    int32_t *sel = QSA__ALLOC(int32_t, topk + 1), *toks = QSA__ALLOC(int32_t, (size_t)(p0 + n));
+    float *att = QSA__ALLOC(float, (size_t)nh * hd), *acc = QSA__ALLOC(float, hd);
+    float *scores = QSA__ALLOC(float, (size_t)(p0 + n) / r + 1);
+    int32_t *sel = QSA__ALLOC(int32_t, topk + 1);
+    float *ikeys = QSA__ALLOC(float, (size_t)r * ihd + 1);
+    qsa__plan plan;
+    memset(&plan, 0, sizeof plan);
     qsa_result res = QSA_OK;
-    if (!qg || !iq || !att || !scores || !probs || !sel || !toks) { res = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "attention: out of memory"); goto done; }
-    /* 1. projections for every token of the chunk; append K, V and raw indexer keys to the caches */
+    if (!qg || !iq || !att || !acc || !scores || !sel || !ikeys) { res = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "attention: out of memory"); goto done; }
+    /* 1. projections for every token of the chunk; K, V and raw indexer keys go to the token's page */
     for (int t = 0; t < n; t++) {
         const float *x = inp + (size_t)t * H;
         int64_t pos = p0 + t;
+        int32_t page = sq->bt[pos / ps];
+        int off = (int)(pos % ps);
         float *qt = qg + (size_t)t * nh * hd * 2;
         if ((res = qsa__matvec(m, &a->q, x, qt)) != QSA_OK) goto done;
-        float *kt = sl->k + (size_t)pos * kvd, *vt = sl->v + (size_t)pos * kvd;
+        float *kt = qsa__pool_k(pool, slot, page, off), *vt = qsa__pool_v(pool, slot, page, off);
         if ((res = qsa__matvec(m, &a->k, x, kt)) != QSA_OK) goto done;
         if ((res = qsa__matvec(m, &a->v, x, vt)) != QSA_OK) goto done;
         for (int h = 0; h < nh; h++) { /* q_norm then RoPE on the q half of [q | gate] */
@@ -1156,18 +1366,23 @@ QSA_PRIV qsa_result qsa__attn_fwd(qsa_seq *sq, int l, const float *inp, float *o
                 qsa__rmsnorm_1p(it + h * ihd, a->idx_q_norm, it + h * ihd, ihd, ihd, c->rms_norm_eps);
                 qsa__rope(m, it + h * ihd, pos);
             }
-            memcpy(sl->ikey + (size_t)pos * ihd, it + (size_t)ih * ihd, sizeof(float) * (size_t)ihd);
+            memcpy(qsa__pool_ik(pool, slot, page, off), it + (size_t)ih * ihd, sizeof(float) * (size_t)ihd);
         }
     }
-    /* 2. per query: select blocks + tail, attend over the selection in ascending token order */
+    /* 2. per query: select blocks + tail, plan, attend in plan order */
     for (int t = 0; t < n; t++) {
         int64_t pos = p0 + t;
-        int nvis = (int)pos + 1, ntok = 0;
+        int nvis = (int)pos + 1, nb = 0, ns = 0;
         if (c->has_qsa) {
-            int nb = nvis / r;
+            nb = nvis / r;
             /* cache keys of newly completed blocks (a completed block's key never changes) */
             while (sl->n_blocks < nb) {
-                qsa__block_key(m, a, sl->ikey, sl->n_blocks, sl->bkey + (size_t)sl->n_blocks * ihd);
+                int b = sl->n_blocks;
+                for (int j = 0; j < r; j++) {
+                    int64_t tp = (int64_t)b * r + j;
+                    memcpy(ikeys + (size_t)j * ihd, qsa__pool_ik(pool, slot, sq->bt[tp / ps], (int)(tp % ps)), sizeof(float) * (size_t)ihd);
+                }
+                qsa__block_key(m, a, ikeys, b, sl->bkey + (size_t)b * ihd);
                 sl->n_blocks++;
             }
             const float *it = iq + (size_t)t * (ih + 1) * ihd;
@@ -1181,42 +1396,22 @@ QSA_PRIV qsa_result qsa__attn_fwd(qsa_seq *sq, int l, const float *inp, float *o
                 }
                 scores[b] = s / sqrtf((float)ihd);
             }
-            int ns = qsa__select_blocks(scores, nb, topk, sel);
+            ns = qsa__select_blocks(scores, nb, topk, sel);
             if (sq->sel_hook) sq->sel_hook(sq->sel_user, l, pos, sel, ns, scores, nb);
-            for (int i = 0; i < ns; i++)
-                for (int j = 0; j < r; j++) toks[ntok++] = sel[i] * r + j;
-            for (int p = nb * r; p < nvis; p++) toks[ntok++] = p;
-        } else {
-            for (int p = 0; p < nvis; p++) toks[ntok++] = p;
         }
+        if ((res = qsa__plan_build(&plan, sel, ns, nb, r, pos, ps, sq->bt, m->params.debug_physical_order)) != QSA_OK) goto done;
         const float *qt = qg + (size_t)t * nh * hd * 2;
-        float scale = 1.0f / sqrtf((float)hd);
         for (int h = 0; h < nh; h++) {
             const float *qh = qt + (size_t)h * 2 * hd, *gate = qh + hd;
-            int kh = h / grp;
-            float mx = -INFINITY;
-            for (int i = 0; i < ntok; i++) {
-                const float *kk = sl->k + (size_t)toks[i] * kvd + kh * hd;
-                float s = 0.0f;
-                for (int d = 0; d < hd; d++) s += qh[d] * kk[d];
-                probs[i] = s * scale;
-                if (probs[i] > mx) mx = probs[i];
-            }
-            float sum = 0.0f;
-            for (int i = 0; i < ntok; i++) { probs[i] = expf(probs[i] - mx); sum += probs[i]; }
             float *oh = att + (size_t)h * hd;
-            for (int d = 0; d < hd; d++) oh[d] = 0.0f;
-            for (int i = 0; i < ntok; i++) {
-                const float *vv = sl->v + (size_t)toks[i] * kvd + kh * hd;
-                float w = probs[i] / sum;
-                for (int d = 0; d < hd; d++) oh[d] += w * vv[d];
-            }
+            qsa__attn_head_plan(pool, slot, &plan, qh, h / grp, hd, oh, acc);
             for (int d = 0; d < hd; d++) oh[d] *= qsa__sigmoid(gate[d]);
         }
         if ((res = qsa__matvec(m, &a->o, att, out + (size_t)t * H)) != QSA_OK) goto done;
     }
 done:
-    qsa__free(qg); qsa__free(iq); qsa__free(att); qsa__free(scores); qsa__free(probs); qsa__free(sel); qsa__free(toks);
+    qsa__free(qg); qsa__free(iq); qsa__free(att); qsa__free(acc); qsa__free(scores); qsa__free(sel); qsa__free(ikeys);
+    qsa__free(plan.seg);
     return res;
 }
 
@@ -1287,7 +1482,7 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
     for (int t = 0; t < n; t++)
         if (ids[t] < 0 || ids[t] >= V)
             return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed: token %d at index %d is outside the vocabulary [0, %d)", ids[t], t, V);
-    QSA__TRY(qsa__seq_grow(sq, sq->pos + n));
+    QSA__TRY(qsa__seq_reserve(sq, sq->pos + n));
     qsa__scratch sc;
     memset(&sc, 0, sizeof sc);
     float *X = QSA__ALLOC(float, (size_t)n * hcH);

@@ -9,6 +9,9 @@ typedef struct qsa_model_params {
     int gdn_chunked_prefill; /* 1: prefill Gated DeltaNet with the chunked (UT transform) form; 0: recurrence */
     int gdn_chunk_size;      /* chunk length of that form (0: 64, as the reference) */
     int no_tokenizer;        /* 1: do not load tokenizer files even if present */
+    int kv_page_size;        /* tokens per KV page (any value >= 16; 0: the hybrid rule of docs/DETERMINISM.md) */
+    int kv_pool_tokens;      /* KV pool capacity in tokens, shared by all sequences (0: min(context, 32768)) */
+    int debug_physical_order;/* 1: order attention plans by physical page (breaks allocation invariance; tests only) */
 } qsa_model_params;
 
 typedef struct qsa_model qsa_model;

@@ -225,8 +225,13 @@ static size_t seq_state_bytes(const qsa_seq *s, unsigned char *out) {
         if (sl->S) PUT(sl->S, sizeof(float) * (size_t)c->linear_num_value_heads * c->linear_key_head_dim * c->linear_value_head_dim);
         if (sl->ple_ids) PUT(sl->ple_ids, sizeof(int32_t) * (size_t)(c->ngram_size - 1));
         if (sl->ple_conv) PUT(sl->ple_conv, sizeof(float) * (size_t)(c->ple_conv_kernel_size - 1) * c->ngram_size * hcH);
-        if (sl->k) PUT(sl->k, sizeof(float) * (size_t)s->pos * c->num_key_value_heads * c->head_dim);
-        if (sl->v) PUT(sl->v, sizeof(float) * (size_t)s->pos * c->num_key_value_heads * c->head_dim);
+        if (c->layer_types[l] == QSA_LAYER_QSA) /* K and V of every token, read through the block table */
+            for (int p = 0; p < s->pos; p++) {
+                const qsa__pool *pl = &s->m->pool;
+                int32_t page = s->bt[p / pl->page_size];
+                PUT(qsa__pool_k(pl, pl->slot[l], page, p % pl->page_size), sizeof(float) * (size_t)pl->kvd);
+                PUT(qsa__pool_v(pl, pl->slot[l], page, p % pl->page_size), sizeof(float) * (size_t)pl->kvd);
+            }
         if (sl->bkey) PUT(sl->bkey, sizeof(float) * (size_t)sl->n_blocks * c->indexer_head_dim);
     }
 #undef PUT

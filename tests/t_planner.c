@@ -1,0 +1,261 @@
+/* tests/t_planner.c - page pool, QSA planner, allocation and page-size invariance (CPU).
+ *
+ * The determinism contract (docs/DETERMINISM.md): the same request gives bitwise-identical logits,
+ * final hidden states and tokens whatever physical pages it gets and whatever the page size.  The
+ * physical-order plan (debug switch) must change the plans - and, as it reorders the reductions,
+ * the bits.
+ */
+
+/* Reference planner: every selected token in logical order, mapped through the block table, grouped
+   into maximal runs (same page, consecutive offsets and positions). */
+static int ref_plan(const int32_t *blocks, int nsel, int nb, int r, int64_t pos, int ps, const int32_t *bt,
+                    qsa__seg *out, int max) {
+    int n = 0;
+    int64_t ntok = (int64_t)nsel * r + (pos + 1 - (int64_t)nb * r);
+    for (int64_t i = 0; i < ntok; i++) {
+        int64_t t = i < (int64_t)nsel * r ? (int64_t)blocks[i / r] * r + i % r : (int64_t)nb * r + (i - (int64_t)nsel * r);
+        int32_t page = bt[t / ps], off = (int32_t)(t % ps);
+        if (n && out[n - 1].page == page && out[n - 1].offset + out[n - 1].len == off && out[n - 1].logical + out[n - 1].len == t)
+            out[n - 1].len++;
+        else {
+            if (n == max) return -1;
+            out[n].page = page; out[n].offset = off; out[n].len = 1; out[n].logical = (int32_t)t;
+            n++;
+        }
+    }
+    return n;
+}
+
+static uint64_t lcg(uint64_t *s) { *s = *s * 6364136223846793005ull + 1442695040888963407ull; return *s >> 33; }
+
+TEST(cpu, planner_matches_reference_planner) {
+    static const int page_sizes[] = {16, 400, 784, 17};
+    static const int64_t lengths[] = {1, 3, 4, 5, 64, 1000, 8192, 262144};
+    uint64_t seed = 7;
+    qsa__plan pl;
+    memset(&pl, 0, sizeof pl);
+    int cases = 0;
+    for (int pi = 0; pi < 4; pi++)
+        for (int li = 0; li < 8; li++)
+            for (int r = 1; r <= 8; r *= 2)
+                for (int topk = 1; topk <= 512; topk *= 8) {
+                    int ps = page_sizes[pi];
+                    int64_t pos = lengths[li] - 1;
+                    int nb = (int)((pos + 1) / r);
+                    int npages = (int)(pos / ps) + 1;
+                    int32_t *bt = (int32_t *)malloc(sizeof(int32_t) * (size_t)npages);
+                    for (int i = 0; i < npages; i++) bt[i] = i;
+                    for (int i = npages - 1; i > 0; i--) { int j = (int)(lcg(&seed) % (uint64_t)(i + 1)); int32_t t = bt[i]; bt[i] = bt[j]; bt[j] = t; }
+                    /* a random ascending selection of min(topk, nb) blocks (sometimes adjacent runs) */
+                    int k = topk < nb ? topk : nb, nsel = 0;
+                    int32_t *blocks = (int32_t *)malloc(sizeof(int32_t) * (size_t)(k + 1));
+                    for (int b = 0; b < nb && nsel < k; b++)
+                        if ((int64_t)(lcg(&seed) % (uint64_t)nb) < (int64_t)k * 2 || nb - b <= k - nsel) blocks[nsel++] = b;
+                    int max = (int)(nsel * r + r + 8);
+                    qsa__seg *want = (qsa__seg *)malloc(sizeof(qsa__seg) * (size_t)max);
+                    int nw = ref_plan(blocks, nsel, nb, r, pos, ps, bt, want, max);
+                    CHECK_OK(qsa__plan_build(&pl, blocks, nsel, nb, r, pos, ps, bt, 0));
+                    int same = nw == pl.n_seg && pl.n_tokens == nsel * r + (int)(pos + 1 - (int64_t)nb * r);
+                    for (int i = 0; same && i < nw; i++)
+                        same = want[i].page == pl.seg[i].page && want[i].offset == pl.seg[i].offset &&
+                               want[i].len == pl.seg[i].len && want[i].logical == pl.seg[i].logical;
+                    CHECKF(same, "ps %d len %lld r %d topk %d: plan differs from the reference planner", ps, (long long)(pos + 1), r, topk);
+                    /* segments never cross a page and are in ascending logical order */
+                    for (int i = 0; i < pl.n_seg; i++) {
+                        CHECK(pl.seg[i].offset + pl.seg[i].len <= ps);
+                        if (i) CHECK(pl.seg[i].logical > pl.seg[i - 1].logical);
+                    }
+                    /* the physical-order plan has the same segments sorted by address */
+                    CHECK_OK(qsa__plan_build(&pl, blocks, nsel, nb, r, pos, ps, bt, 1));
+                    for (int i = 1; i < pl.n_seg; i++) CHECK(!qsa__seg_phys_before(&pl.seg[i], &pl.seg[i - 1]));
+                    CHECK(pl.n_tokens == nsel * r + (int)(pos + 1 - (int64_t)nb * r));
+                    free(bt); free(blocks); free(want);
+                    cases++;
+                }
+    free(pl.seg);
+    CHECK(cases == 4 * 8 * 4 * 4);
+}
+
+TEST(cpu, planner_edge_cases) {
+    qsa__plan pl;
+    memset(&pl, 0, sizeof pl);
+    int32_t bt[4] = {3, 1, 2, 0};
+    /* no complete block: tail only */
+    CHECK_OK(qsa__plan_build(&pl, NULL, 0, 0, 4, 2, 16, bt, 0));
+    CHECK(pl.n_seg == 1 && pl.seg[0].page == 3 && pl.seg[0].offset == 0 && pl.seg[0].len == 3 && pl.n_tokens == 3);
+    /* all blocks selected and contiguous: one range per page, cut at the page boundary */
+    int32_t all[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    CHECK_OK(qsa__plan_build(&pl, all, 8, 8, 4, 33, 16, bt, 0));
+    CHECK(pl.n_seg == 3 && pl.n_tokens == 34);
+    CHECK(pl.seg[0].page == 3 && pl.seg[0].len == 16 && pl.seg[1].page == 1 && pl.seg[1].len == 16 && pl.seg[2].page == 2 && pl.seg[2].len == 2);
+    CHECK_OK(qsa__plan_build(&pl, all, 8, 8, 4, 33, 16, bt, 1));
+    CHECK(pl.seg[0].page == 1 && pl.seg[1].page == 2 && pl.seg[2].page == 3);
+    free(pl.seg);
+}
+
+TEST(cpu, default_page_size_rule) {
+    qsa_model_config c;
+    memset(&c, 0, sizeof c);
+    /* Qwen3.8-Flash-Next-like: 48 value heads of 128x128 (fp32 state: 3 MiB per layer), 2 KV heads of
+       256 (fp16 K+V: 2 KiB per token) + a 128-wide fp32 indexer key (512 B) */
+    c.linear_num_value_heads = 48; c.linear_key_head_dim = 128; c.linear_value_head_dim = 128;
+    c.num_key_value_heads = 2; c.head_dim = 256; c.has_qsa = 1; c.indexer_head_dim = 128;
+    CHECK(qsa__default_page_size(&c) == 16 * 77); /* 16 * ceil(3145728 / (16 * 2560)) */
+    c.has_qsa = 0; c.linear_num_value_heads = 1; c.linear_key_head_dim = 8; c.linear_value_head_dim = 8;
+    CHECK(qsa__default_page_size(&c) == 16);      /* at least one group of 16 */
+}
+
+/* ---- allocation and page-size invariance on the CPU backend ---- */
+
+typedef struct inv_result {
+    float *logits;   /* [n][V] prefill + [steps][V] decode */
+    float *hidden;   /* [n][H] */
+    int32_t tokens[16];
+} inv_result;
+
+#define INV_STEPS 8
+
+/* Run prompt (fed in chunks of 37) + INV_STEPS greedy steps on `s`.  Between chunks `disturb` gets a
+   chance to allocate / free other sequences. */
+typedef void (*inv_disturb)(qsa_model *m, int step, void *state);
+
+static void inv_run(qsa_model *m, qsa_seq *s, const int32_t *ids, int n, inv_result *out, inv_disturb dist, void *st) {
+    int V = m->cfg.vocab_size;
+    for (int p = 0, step = 0; p < n; step++) {
+        int k = 37 < n - p ? 37 : n - p;
+        if (dist) dist(m, step, st);
+        s->hidden_out = out->hidden + (size_t)p * m->cfg.hidden_size;
+        CHECK_OK(qsa_seq_feed(s, ids + p, k, out->logits + (size_t)p * V, 1));
+        p += k;
+    }
+    s->hidden_out = NULL;
+    const float *last = out->logits + (size_t)(n - 1) * V;
+    for (int i = 0; i < INV_STEPS; i++) {
+        out->tokens[i] = qsa__argmax(last, V);
+        if (dist) dist(m, 100 + i, st);
+        CHECK_OK(qsa_seq_feed(s, &out->tokens[i], 1, out->logits + (size_t)(n + i) * V, 0));
+        last = out->logits + (size_t)(n + i) * V;
+    }
+}
+
+/* Other requests coming and going: a few sequences fed different prompts, some freed midway. */
+typedef struct inv_crowd { qsa_seq *other[8]; int n; uint64_t seed; int mode; } inv_crowd;
+
+static void inv_crowd_step(qsa_model *m, int step, void *state) {
+    inv_crowd *c = (inv_crowd *)state;
+    int32_t ids[64];
+    for (int i = 0; i < 64; i++) ids[i] = (int32_t)(lcg(&c->seed) % (uint64_t)m->cfg.vocab_size);
+    if (c->mode == 1 && c->n < 8) { /* interleave: a new request every step, fed a little */
+        if (qsa_seq_create(m, NULL, &c->other[c->n]) == QSA_OK) {
+            qsa_seq_feed(c->other[c->n], ids, 5 + (int)(lcg(&c->seed) % 40), NULL, 0);
+            c->n++;
+        }
+    }
+    if (c->mode == 1 && c->n > 2 && step % 2) { qsa_seq_free(c->other[0]); memmove(c->other, c->other + 1, sizeof(qsa_seq *) * (size_t)--c->n); }
+    if (c->mode == 2 && step % 3 == 0) qsa__pool_shuffle(&m->pool, c->seed + (uint64_t)step);
+}
+
+static void inv_crowd_free(inv_crowd *c) {
+    for (int i = 0; i < c->n; i++) qsa_seq_free(c->other[i]);
+    c->n = 0;
+}
+
+static int inv_same(const inv_result *a, const inv_result *b, int n, int V, int H) {
+    return !memcmp(a->logits, b->logits, sizeof(float) * (size_t)(n + INV_STEPS) * V) &&
+           !memcmp(a->hidden, b->hidden, sizeof(float) * (size_t)n * H) && !memcmp(a->tokens, b->tokens, sizeof(int32_t) * INV_STEPS);
+}
+
+/* One request, >= 20 allocations per page size, page sizes 16, 400 and 784: bitwise identical. */
+static int inv_allocations(const char *fixture, int physical_order, int *n_differ) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures"), fixture);
+    static const int page_sizes[] = {16, 400, 784};
+    inv_result ref, cur;
+    memset(&ref, 0, sizeof ref);
+    int n = 0, V = 0, H = 0, runs = 0;
+    int32_t *ids = NULL;
+    *n_differ = 0;
+    for (int pi = 0; pi < 3; pi++) {
+        qsa_model_params mp;
+        memset(&mp, 0, sizeof mp);
+        mp.backend = QSA_BACKEND_CPU;
+        mp.kv_page_size = page_sizes[pi];
+        mp.kv_pool_tokens = 8 * 784 * 4;
+        mp.debug_physical_order = physical_order;
+        qsa_model *m = NULL;
+        CHECK_OK(qsa_model_load(dir, &mp, &m));
+        if (!m) return runs;
+        if (!ids) {
+            V = m->cfg.vocab_size; H = m->cfg.hidden_size;
+            n = 8 * m->cfg.indexer_budget + 13; /* >= 8x the QSA budget, not a multiple of anything */
+            ids = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
+            uint64_t sd = 99;
+            for (int i = 0; i < n; i++) ids[i] = (int32_t)(lcg(&sd) % (uint64_t)V);
+            ref.logits = (float *)malloc(sizeof(float) * (size_t)(n + INV_STEPS) * V);
+            ref.hidden = (float *)malloc(sizeof(float) * (size_t)n * H);
+        }
+        cur.logits = (float *)malloc(sizeof(float) * (size_t)(n + INV_STEPS) * V);
+        cur.hidden = (float *)malloc(sizeof(float) * (size_t)n * H);
+        for (int a = 0; a < 21; a++) {
+            inv_crowd crowd;
+            memset(&crowd, 0, sizeof crowd);
+            crowd.seed = 1000 + (uint64_t)a;
+            qsa_seq *hold[64];
+            int nhold = 0;
+            /* allocation scenario a */
+            if (a >= 1 && a <= 6) qsa__pool_shuffle(&m->pool, (uint64_t)a);           /* shuffled free list */
+            if (a >= 7 && a <= 11) crowd.mode = 1;                                    /* requests interleaved and freed */
+            if (a >= 12 && a <= 16) {                                                 /* fragmented pool */
+                for (int i = 0; i < 16 && nhold < 64; i++) {
+                    if (qsa_seq_create(m, NULL, &hold[nhold]) != QSA_OK) break;
+                    int32_t few[40];
+                    for (int j = 0; j < 40; j++) few[j] = (int32_t)(j % V);
+                    qsa_seq_feed(hold[nhold], few, 1 + (int)((i * 7 + a) % 40), NULL, 0);
+                    nhold++;
+                }
+                for (int i = 0; i < nhold; i += 2) qsa_seq_free(hold[i]);               /* free every other */
+                for (int i = 1, j = 0; i < nhold; i += 2) hold[j++] = hold[i];
+                nhold /= 2;
+            }
+            if (a >= 17) { crowd.mode = 2; qsa__pool_shuffle(&m->pool, 77 + (uint64_t)a); } /* pages scattered as it grows */
+            qsa_seq *s = NULL;
+            CHECK_OK(qsa_seq_create(m, NULL, &s));
+            if (!s) break;
+            inv_run(m, s, ids, n, pi == 0 && a == 0 ? &ref : &cur, crowd.mode ? inv_crowd_step : NULL, &crowd);
+            if (!(pi == 0 && a == 0)) {
+                if (!inv_same(&ref, &cur, n, V, H)) (*n_differ)++;
+                runs++;
+            }
+            qsa_seq_free(s);
+            inv_crowd_free(&crowd);
+            for (int i = 0; i < nhold; i++) qsa_seq_free(hold[i]);
+        }
+        free(cur.logits); free(cur.hidden);
+        qsa_model_free(m);
+    }
+    free(ref.logits); free(ref.hidden); free(ids);
+    return runs;
+}
+
+TEST(cpu, allocation_and_page_size_invariance) {
+    int differ, runs = inv_allocations("qsa_hc4_ple_sharded", 0, &differ);
+    CHECKF(runs >= 60, "only %d runs", runs);
+    CHECKF(differ == 0, "%d of %d allocations/page sizes changed the bits", differ, runs);
+}
+
+/* The physical-order switch: plans differ whenever a query's pages are out of address order, and
+   the reordered reductions change the bits for some allocations. */
+TEST(cpu, physical_order_plan_breaks_invariance) {
+    qsa__plan a, b;
+    memset(&a, 0, sizeof a); memset(&b, 0, sizeof b);
+    int32_t bt[4] = {2, 0, 3, 1}, blocks[3] = {0, 5, 9};
+    CHECK_OK(qsa__plan_build(&a, blocks, 3, 12, 4, 60, 16, bt, 0));
+    CHECK_OK(qsa__plan_build(&b, blocks, 3, 12, 4, 60, 16, bt, 1));
+    int same = a.n_seg == b.n_seg;
+    for (int i = 0; same && i < a.n_seg; i++) same = a.seg[i].page == b.seg[i].page && a.seg[i].offset == b.seg[i].offset;
+    CHECK(!same);
+    free(a.seg); free(b.seg);
+    int differ, runs = inv_allocations("qsa_hc4_ple_sharded", 1, &differ);
+    printf("    physical-order plans: %d of %d allocations/page sizes changed the bits\n", differ, runs);
+    CHECKF(differ > 0, "the physical-order plan changed nothing in %d runs", runs);
+}
