@@ -444,6 +444,7 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
 #include "parts/tokenizer.h"
 #ifdef QSA__DEV_MODEL /* enabled once the loader and tokenizer parts exist */
 #include "parts/model.h"
+#include "parts/cuda.h"
 #endif
 
 #endif /* QSA_RUNTIME_IMPLEMENTATION_DONE */

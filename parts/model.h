@@ -214,6 +214,7 @@ struct qsa_model {
     qsa__layer_w *layers;
     float *rope_inv_freq;  /* [rotary_dim / 2] */
     qsa__pool pool;        /* KV pages of the QSA layers */
+    struct qsa__cuda *cuda; /* the CUDA backend, NULL on the CPU backend */
     /* owned fp32 copies of dense tensors */
     float **owned;
     int n_owned, cap_owned;
@@ -556,7 +557,27 @@ QSA_PRIV qsa_result qsa__model_bind(qsa_model *m) {
     return QSA_OK;
 }
 
-QSA_PRIV qsa_result qsa__pool_create(qsa_model *m) {
+#ifndef QSA_NO_CUDA
+struct qsa__cuda;
+struct qsa__cuda_seq;
+QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, struct qsa__cuda **out);
+QSA_PRIV void qsa__cuda_free(struct qsa__cuda *g);
+QSA_PRIV qsa_result qsa__cuda_seq_create(qsa_model *m, qsa_seq *s);
+QSA_PRIV qsa_result qsa__cuda_seq_reset(qsa_model *m, qsa_seq *s);
+QSA_PRIV void qsa__cuda_seq_destroy(qsa_model *m, qsa_seq *s);
+QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, float *logits, int all_logits);
+#endif
+
+QSA_PRIV void qsa__pool_destroy(qsa__pool *p) {
+    qsa__free(p->k);
+    qsa__free(p->v);
+    qsa__free(p->ik);
+    qsa__free(p->slot);
+    qsa__free(p->free_pages);
+    memset(p, 0, sizeof *p);
+}
+
+QSA_PRIV qsa_result qsa__pool_create(qsa_model *m, int host_storage) {
     const qsa_model_config *c = &m->cfg;
     qsa__pool *p = &m->pool;
     p->page_size = m->params.kv_page_size > 0 ? m->params.kv_page_size : qsa__default_page_size(c);
@@ -572,7 +593,7 @@ QSA_PRIV qsa_result qsa__pool_create(qsa_model *m) {
     if (!p->slot || !p->free_pages) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "KV pool: out of memory");
     for (int l = 0; l < c->num_hidden_layers; l++) p->slot[l] = c->layer_types[l] == QSA_LAYER_QSA ? p->n_qsa++ : -1;
     size_t slots = (size_t)p->n_qsa * p->n_pages * p->page_size;
-    if (p->n_qsa) {
+    if (p->n_qsa && host_storage) { /* on the CUDA backend the pages live on the device */
         p->k = QSA__ALLOC(float, slots * p->kvd);
         p->v = QSA__ALLOC(float, slots * p->kvd);
         p->ik = QSA__ALLOC(float, slots * p->ihd + 1);
@@ -582,13 +603,15 @@ QSA_PRIV qsa_result qsa__pool_create(qsa_model *m) {
     /* pages are handed out in ascending order by default */
     for (int i = 0; i < p->n_pages; i++) p->free_pages[i] = p->n_pages - 1 - i;
     p->n_free = p->n_pages;
-    qsa__log(QSA_LOG_INFO, "KV pool: %d pages of %d tokens (%.1f MiB on the host)", p->n_pages, p->page_size,
-             (double)slots * (2 * p->kvd + p->ihd) * 4 / 1048576.0);
+    qsa__log(QSA_LOG_INFO, "KV pool: %d pages of %d tokens", p->n_pages, p->page_size);
     return QSA_OK;
 }
 
 QSA_IMPL void qsa_model_free(qsa_model *m) {
     if (!m) return;
+#ifndef QSA_NO_CUDA
+    qsa__cuda_free(m->cuda);
+#endif
     if (m->layers) {
         for (int L = 0; L < m->cfg.num_hidden_layers; L++) {
             qsa__layer_w *lw = &m->layers[L];
@@ -607,11 +630,7 @@ QSA_IMPL void qsa_model_free(qsa_model *m) {
     for (int i = 0; i < m->n_owned; i++) qsa__free(m->owned[i]);
     qsa__free(m->owned);
     qsa__free(m->rope_inv_freq);
-    qsa__free(m->pool.k);
-    qsa__free(m->pool.v);
-    qsa__free(m->pool.ik);
-    qsa__free(m->pool.slot);
-    qsa__free(m->pool.free_pages);
+    qsa__pool_destroy(&m->pool);
     if (m->tok) qsa_tokenizer_free(m->tok);
     qsa__st_close(&m->st);
     qsa__free(m);
@@ -644,11 +663,24 @@ QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *para
         }
         qsa__free(gpath);
     }
-    if (r == QSA_OK && m->params.backend == QSA_BACKEND_CUDA)
-        r = qsa__fail(QSA_ERR_UNSUPPORTED, "qsa_model_load: the CUDA backend is not available in this build yet");
     if (r == QSA_OK) r = qsa__st_open_dir(dir, &m->st);
     if (r == QSA_OK) r = qsa__model_bind(m);
-    if (r == QSA_OK) r = qsa__pool_create(m);
+    if (r == QSA_OK && m->params.backend != QSA_BACKEND_CPU) {
+#ifdef QSA_NO_CUDA
+        if (m->params.backend == QSA_BACKEND_CUDA) r = qsa__fail(QSA_ERR_UNSUPPORTED, "qsa_model_load: built with QSA_NO_CUDA");
+#else
+        QSA__DEF(m->params.max_chunk, 512);
+        /* the pool's page size is needed by the device allocation: settle it first */
+        r = qsa__pool_create(m, 0);
+        if (r == QSA_OK) r = qsa__cuda_init(m, &m->cuda);
+        if (r != QSA_OK && m->params.backend == QSA_BACKEND_AUTO) {
+            qsa__log(QSA_LOG_INFO, "CUDA backend unavailable (%s): using the CPU backend", qsa_last_error());
+            qsa__pool_destroy(&m->pool);
+            r = QSA_OK;
+        }
+#endif
+    }
+    if (r == QSA_OK && !m->cuda) r = qsa__pool_create(m, 1);
     if (r == QSA_OK && !m->params.no_tokenizer) {
         char *tpath = qsa__path_join(dir, "tokenizer.json");
         if (tpath && qsa__file_exists(tpath)) r = qsa_tokenizer_load_dir(dir, &m->tok);
@@ -660,9 +692,9 @@ QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *para
         qsa_model_free(m);
         return qsa__fail(r, "%s", msg);
     }
-    qsa__log(QSA_LOG_INFO, "loaded %s: %d layers, hidden %d, %d experts, vocab %d in %.2f s (CPU backend, %d threads)",
-             dir, m->cfg.num_hidden_layers, m->cfg.hidden_size, m->cfg.num_experts, m->cfg.vocab_size,
-             qsa__now() - t0, m->n_threads);
+    qsa__log(QSA_LOG_INFO, "loaded %s: %d layers, hidden %d, %d experts, vocab %d in %.2f s (%s backend)", dir,
+             m->cfg.num_hidden_layers, m->cfg.hidden_size, m->cfg.num_experts, m->cfg.vocab_size, qsa__now() - t0,
+             m->cuda ? "CUDA" : "CPU");
     *out = m;
     return QSA_OK;
 }
@@ -811,6 +843,7 @@ struct qsa_seq {
     qsa__sel_hook sel_hook;
     void *sel_user;
     float *hidden_out;          /* if set: receives final hidden states [n][H] of the next feed */
+    struct qsa__cuda_seq *cuda; /* device state on the CUDA backend */
 };
 
 /* Make sure the sequence holds the pages for `need` tokens; all or nothing. */
@@ -850,6 +883,9 @@ QSA_IMPL void qsa_seq_reset(qsa_seq *s) {
     }
     qsa__seq_release(s);
     s->pos = 0;
+#ifndef QSA_NO_CUDA
+    if (s->cuda) qsa__cuda_seq_reset(s->m, s); /* a memset of device memory we own: cannot fail in practice */
+#endif
 }
 
 QSA_IMPL void qsa_seq_free(qsa_seq *s) {
@@ -866,6 +902,9 @@ QSA_IMPL void qsa_seq_free(qsa_seq *s) {
         qsa__free(s->L);
     }
     qsa__seq_release(s);
+#ifndef QSA_NO_CUDA
+    qsa__cuda_seq_destroy(s->m, s);
+#endif
     qsa__free(s->bt);
     qsa__free(s->tokens);
     qsa__free(s);
@@ -885,28 +924,35 @@ QSA_IMPL qsa_result qsa_seq_create(qsa_model *m, const qsa_seq_params *params, q
     int key_dim = c->linear_num_key_heads * c->linear_key_head_dim;
     int conv_dim = 2 * key_dim + c->linear_num_value_heads * c->linear_value_head_dim;
     int hcH = c->hc_count * c->hidden_size;
+    int host = m->cuda == NULL; /* recurrent state and block keys live on the device otherwise */
     for (int l = 0; ok && l < c->num_hidden_layers; l++) {
         qsa__seq_layer *sl = &s->L[l];
-        if (c->layer_types[l] == QSA_LAYER_LINEAR) {
+        if (host && c->layer_types[l] == QSA_LAYER_LINEAR) {
             sl->conv = QSA__CALLOC(float, (size_t)(c->linear_conv_kernel_dim - 1) * (size_t)conv_dim);
             sl->S = QSA__CALLOC(float, (size_t)c->linear_num_value_heads * (size_t)c->linear_key_head_dim *
                                            (size_t)c->linear_value_head_dim);
             ok = sl->S && (sl->conv || c->linear_conv_kernel_dim == 1);
         }
-        if (ok && c->layer_types[l] == QSA_LAYER_QSA && c->has_qsa) {
+        if (ok && host && c->layer_types[l] == QSA_LAYER_QSA && c->has_qsa) {
             sl->bkey = QSA__ALLOC(float, (size_t)(s->n_ctx / c->indexer_compress_ratio + 1) * (size_t)c->indexer_head_dim);
             ok = sl->bkey != NULL;
         }
         if (ok && m->layers[l].ple) {
             sl->ple_ids = QSA__ALLOC(int32_t, c->ngram_size);
-            sl->ple_conv = QSA__CALLOC(float, (size_t)(c->ple_conv_kernel_size - 1) * (size_t)c->ngram_size * (size_t)hcH + 1);
-            ok = sl->ple_ids && sl->ple_conv;
+            if (host) sl->ple_conv = QSA__CALLOC(float, (size_t)(c->ple_conv_kernel_size - 1) * (size_t)c->ngram_size * (size_t)hcH + 1);
+            ok = sl->ple_ids && (sl->ple_conv || !host);
         }
     }
     if (!ok) {
         qsa_seq_free(s);
         return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_seq_create: out of memory");
     }
+#ifndef QSA_NO_CUDA
+    if (m->cuda) {
+        qsa_result r = qsa__cuda_seq_create(m, s);
+        if (r != QSA_OK) { qsa_seq_free(s); return r; }
+    }
+#endif
     qsa_seq_reset(s);
     *out = s;
     return QSA_OK;
@@ -957,6 +1003,42 @@ QSA_PRIV void qsa__inject(const qsa_model_config *c, float *x, const float *inj,
         for (int j = 0; j < H; j++) x[s * H + j] += inj[s] * out[j];
 }
 
+/* The concatenated n-gram embedding rows e[D] of the token win[ctx] given the ctx tokens before it
+   (win[0..ctx), oldest first): per n-gram order and head, (XOR of token*multiplier) mod prime +
+   offset, with tokens beyond an EOS replaced by EOS. */
+QSA_PRIV void qsa__ple_embed(const qsa_model_config *c, const qsa__ple_w *p, const int32_t *win, float *e) {
+    int ctx = c->ngram_size - 1, hdim = c->ple_embed_dim / (ctx * c->heads_per_ngram);
+    int32_t eos = c->eos_token_ids[0];
+    /* shifted[j] = token j places back within the current EOS-delimited segment, else EOS */
+    int64_t shifted[16];
+    int blocked = 0;
+    shifted[0] = win[ctx];
+    for (int j = 1; j <= ctx; j++) {
+        if (win[ctx - j] == eos) blocked = 1;
+        shifted[j] = blocked ? eos : win[ctx - j];
+    }
+    for (int ng = 2; ng <= c->ngram_size; ng++) {
+        uint64_t mixed = (uint64_t)shifted[0] * (uint64_t)p->mult[0];
+        for (int j = 1; j < ng; j++) mixed ^= (uint64_t)shifted[j] * (uint64_t)p->mult[j];
+        int64_t mv = (int64_t)mixed;
+        for (int hh = 0; hh < c->heads_per_ngram; hh++) {
+            int head = (ng - 2) * c->heads_per_ngram + hh;
+            int64_t mod = mv % p->head_vocab[head];
+            if (mod < 0) mod += p->head_vocab[head];
+            const uint8_t *src = qsa__rows_view_row(&p->table, mod + p->head_offset[head]);
+            float *dst = e + (size_t)head * hdim;
+            for (int i = 0; i < hdim; i++) {
+                if (p->table.dtype == QSA__F32) memcpy(&dst[i], src + 4 * i, 4);
+                else {
+                    uint16_t u;
+                    memcpy(&u, src + 2 * i, 2);
+                    dst[i] = p->table.dtype == QSA__F16 ? qsa__f16_to_f32(u) : qsa__bf16_to_f32(u);
+                }
+            }
+        }
+    }
+}
+
 /* PLE: adds the hashed n-gram features of tokens ids[0..n) to the streams X[n][hcH]. */
 QSA_PRIV qsa_result qsa__ple_fwd(qsa_seq *sq, int l, const int32_t *ids, int n, float *X, qsa__scratch *sc) {
     const qsa_model *m = sq->m;
@@ -964,9 +1046,8 @@ QSA_PRIV qsa_result qsa__ple_fwd(qsa_seq *sq, int l, const int32_t *ids, int n, 
     const qsa__ple_w *p = m->layers[l].ple;
     qsa__seq_layer *sl = &sq->L[l];
     int H = c->hidden_size, hcH = c->hc_count * H, D = c->ple_embed_dim;
-    int ctx = c->ngram_size - 1, n_heads = ctx * c->heads_per_ngram, hdim = D / n_heads;
+    int ctx = c->ngram_size - 1;
     int K = c->ple_conv_kernel_size, dil = c->ngram_size, state_len = (K - 1) * dil;
-    int32_t eos = c->eos_token_ids[0];
     float *e = QSA__ALLOC(float, D), *key = QSA__ALLOC(float, hcH), *val = QSA__ALLOC(float, H);
     float *gv = QSA__ALLOC(float, (size_t)n * hcH), *gvn = QSA__ALLOC(float, (size_t)(state_len + n) * hcH);
     int32_t *hist = QSA__ALLOC(int32_t, ctx + n);
@@ -977,38 +1058,7 @@ QSA_PRIV qsa_result qsa__ple_fwd(qsa_seq *sq, int l, const int32_t *ids, int n, 
     for (int t = 0; t < n; t++) hist[ctx + t] = ids[t];
     if (state_len) memcpy(gvn, sl->ple_conv, sizeof(float) * (size_t)state_len * hcH);
     for (int t = 0; t < n; t++) {
-        int h = ctx + t;
-        /* shifted[j] = token j places back within the current EOS-delimited segment, else EOS */
-        int64_t shifted[16];
-        int blocked = 0;
-        shifted[0] = hist[h];
-        for (int j = 1; j <= ctx; j++) {
-            if (hist[h - j] == eos) blocked = 1;
-            shifted[j] = blocked ? eos : hist[h - j];
-        }
-        /* hash ids per head: (XOR of token*multiplier) mod prime + offset, concatenated rows */
-        for (int ng = 2; ng <= c->ngram_size; ng++) {
-            uint64_t mixed = (uint64_t)shifted[0] * (uint64_t)p->mult[0];
-            for (int j = 1; j < ng; j++) mixed ^= (uint64_t)shifted[j] * (uint64_t)p->mult[j];
-            int64_t mv = (int64_t)mixed;
-            for (int hh = 0; hh < c->heads_per_ngram; hh++) {
-                int head = (ng - 2) * c->heads_per_ngram + hh;
-                int64_t mod = mv % p->head_vocab[head];
-                if (mod < 0) mod += p->head_vocab[head];
-                int64_t row = mod + p->head_offset[head];
-                const uint8_t *src = qsa__rows_view_row(&p->table, row);
-                for (int i = 0; i < hdim; i++) {
-                    float v;
-                    if (p->table.dtype == QSA__F32) memcpy(&v, src + 4 * i, 4);
-                    else {
-                        uint16_t u;
-                        memcpy(&u, src + 2 * i, 2);
-                        v = p->table.dtype == QSA__F16 ? qsa__f16_to_f32(u) : qsa__bf16_to_f32(u);
-                    }
-                    e[head * hdim + i] = v;
-                }
-            }
-        }
+        qsa__ple_embed(c, p, hist + t, e);
         /* key per stream (group-normed), one shared value */
         if ((r = qsa__matvec(m, &p->key, e, sc->mw)) != QSA_OK) goto done;
         qsa__rmsnorm_1p(sc->mw, p->norm_key, key, hcH, H, c->rms_norm_eps);
@@ -1428,7 +1478,9 @@ QSA_PRIV qsa_result qsa__moe_fwd(const qsa_model *m, const qsa__moe_w *w, const 
     qsa_result r = QSA_OK;
     if (!logits || !a || !b || !y || !top || !topw) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "MoE: out of memory"); goto done; }
     if ((r = qsa__matvec(m, &w->router, x, logits)) != QSA_OK) goto done;
-    float mx = -INFINITY, sum = 0.0f;
+    float mx, sum;
+    mx = -INFINITY;
+    sum = 0.0f;
     for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
     for (int e = 0; e < E; e++) { logits[e] = expf(logits[e] - mx); sum += logits[e]; }
     for (int e = 0; e < E; e++) logits[e] /= sum;
@@ -1483,6 +1535,23 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
         if (ids[t] < 0 || ids[t] >= V)
             return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed: token %d at index %d is outside the vocabulary [0, %d)", ids[t], t, V);
     QSA__TRY(qsa__seq_reserve(sq, sq->pos + n));
+#ifndef QSA_NO_CUDA
+    if (m->cuda) {
+        for (int t0 = 0; t0 < n;) {
+            int k = n - t0 < m->params.max_chunk ? n - t0 : m->params.max_chunk;
+            float *lg = !logits ? NULL : all_logits ? logits + (size_t)t0 * V : (t0 + k == n ? logits : NULL);
+            float *hid = sq->hidden_out;
+            if (hid) sq->hidden_out = hid + (size_t)t0 * H;
+            qsa_result r = qsa__cuda_chunk(sq, ids + t0, k, lg, all_logits);
+            sq->hidden_out = hid;
+            if (r != QSA_OK) return r;
+            memcpy(sq->tokens + sq->pos, ids + t0, sizeof(int32_t) * (size_t)k);
+            sq->pos += k;
+            t0 += k;
+        }
+        return QSA_OK;
+    }
+#endif
     qsa__scratch sc;
     memset(&sc, 0, sizeof sc);
     float *X = QSA__ALLOC(float, (size_t)n * hcH);
@@ -1717,7 +1786,8 @@ QSA_IMPL qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prom
     size_t emitted = 0;
     qsa_result r = QSA_OK;
     if (!logits || !out->tokens || !qsa__buf_reserve(&text, 64)) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_generate: out of memory"); goto done; }
-    double t0 = qsa__now(), t_first = t0;
+    double t0, t_first;
+    t0 = t_first = qsa__now();
     if (n_prompt > 0) r = qsa_seq_feed(seq, prompt, n_prompt, logits, 0);
     else r = qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_generate: a prompt of at least one token is needed for logits");
     if (r != QSA_OK) goto done;

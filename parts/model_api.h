@@ -12,6 +12,11 @@ typedef struct qsa_model_params {
     int kv_page_size;        /* tokens per KV page (any value >= 16; 0: the hybrid rule of docs/DETERMINISM.md) */
     int kv_pool_tokens;      /* KV pool capacity in tokens, shared by all sequences (0: min(context, 32768)) */
     int debug_physical_order;/* 1: order attention plans by physical page (breaks allocation invariance; tests only) */
+    int device;              /* CUDA device ordinal */
+    const char *arch;        /* NVRTC target ("compute_70", "sm_90", ...; NULL: $QSA_ARCH, else compute_70 when the
+                                NVRTC supports it, else the device's own) */
+    int max_chunk;           /* most tokens per forward call on the GPU; longer feeds are split (0: 512) */
+    int gdn_state_f16;       /* 1: keep the GDN recurrent state in FP16 on the GPU (comparison option; default FP32) */
 } qsa_model_params;
 
 typedef struct qsa_model qsa_model;

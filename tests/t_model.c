@@ -102,6 +102,9 @@ static void check_selections(const char *fx, const qsa__st_set *g, const sel_rec
     }
 }
 
+static void run_golden_seq(const char *fx, const qsa__st_set *gs, qsa_model *m, qsa_seq *s, int32_t *ids, const int64_t *greedy,
+                           int n, int N, float *logits, float *hidden, sel_rec *rec, int chunk, int gdn_chunked);
+
 /* Full check of one fixture: prefill (optionally in chunks), greedy decode, selections. */
 static void run_golden(const char *fx, int chunk, int gdn_chunked) {
     char dir[512], gpath[600];
@@ -134,7 +137,18 @@ static void run_golden(const char *fx, int chunk, int gdn_chunked) {
     sel_rec *rec = (sel_rec *)calloc(1, sizeof(sel_rec));
     qsa_seq *s = NULL;
     CHECK_OK(qsa_seq_create(m, NULL, &s));
-    if (!s) goto out;
+    if (s) run_golden_seq(fx, &g, m, s, ids, greedy, n, N, logits, hidden, rec, chunk, gdn_chunked);
+    qsa_seq_free(s);
+    free(ids); free(greedy); free(logits); free(hidden); free(rec);
+    qsa_model_free(m);
+    qsa__st_close(&g);
+}
+
+static void run_golden_seq(const char *fx, const qsa__st_set *gs, qsa_model *m, qsa_seq *s, int32_t *ids, const int64_t *greedy,
+                           int n, int N, float *logits, float *hidden, sel_rec *rec, int chunk, int gdn_chunked) {
+    const qsa__st_set g = *gs;
+    const qsa_model_config *c = qsa_model_get_config(m);
+    int V = c->vocab_size, H = c->hidden_size;
     s->sel_hook = sel_hook;
     s->sel_user = rec;
     /* prefill, in chunks of `chunk` tokens (0: all at once) */
@@ -177,11 +191,6 @@ static void run_golden(const char *fx, int chunk, int gdn_chunked) {
     check_selections(fx, &g, rec, "dsel", 'S', n, &nsel);
     if (T_.verbose) printf("    %s: decode worst max|d| %.3g, %d selections compared\n", fx, worst, nsel);
     if (c->has_qsa) CHECKF(nsel > 0, "%s: no QSA selections compared", fx);
-out:
-    qsa_seq_free(s);
-    free(ids); free(greedy); free(logits); free(hidden); free(rec);
-    qsa_model_free(m);
-    qsa__st_close(&g);
 }
 
 TEST(cpu, golden_fixtures_match_reference) {
