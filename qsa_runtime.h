@@ -121,9 +121,7 @@ QSA_API void qsa_free(void *p);
 /* public declarations of the sections in parts/ (inlined here when they settle) */
 #include "parts/config_api.h"
 #include "parts/tokenizer_api.h"
-#ifdef QSA__DEV_MODEL
 #include "parts/model_api.h"
-#endif
 
 #ifdef __cplusplus
 }
@@ -174,7 +172,7 @@ QSA_API void qsa_free(void *p);
 #endif
 
 #ifdef QSA_STATIC
-#define QSA_IMPL static
+#define QSA_IMPL static QSA__UNUSED
 #else
 #define QSA_IMPL
 #endif
@@ -442,10 +440,8 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
 #include "parts/safetensors.h"
 #include "parts/unicode.h"
 #include "parts/tokenizer.h"
-#ifdef QSA__DEV_MODEL /* enabled once the loader and tokenizer parts exist */
 #include "parts/model.h"
 #include "parts/cuda.h"
-#endif
 
 #endif /* QSA_RUNTIME_IMPLEMENTATION_DONE */
 #endif /* QSA_RUNTIME_IMPLEMENTATION */

@@ -833,6 +833,14 @@ typedef struct qsa__seq_layer {
 typedef void (*qsa__sel_hook)(void *user, int layer, int64_t pos, const int32_t *blocks, int n_blocks,
                               const float *scores, int n_complete);
 
+/* Debug capture of one QSA layer (qsa_seq_capture_begin / _end): every query's q|gate, selection,
+   plan and gated attention output, in feed order. */
+typedef struct qsa__capture {
+    int layer;
+    int n;                          /* queries recorded */
+    qsa__buf pos, q, sel, nsel, out, seg, seg_off;
+} qsa__capture;
+
 struct qsa_seq {
     qsa_model *m;
     int pos, n_ctx;
@@ -844,6 +852,7 @@ struct qsa_seq {
     void *sel_user;
     float *hidden_out;          /* if set: receives final hidden states [n][H] of the next feed */
     struct qsa__cuda_seq *cuda; /* device state on the CUDA backend */
+    qsa__capture *cap;          /* debug capture, NULL when off */
 };
 
 /* Make sure the sequence holds the pages for `need` tokens; all or nothing. */
@@ -888,6 +897,15 @@ QSA_IMPL void qsa_seq_reset(qsa_seq *s) {
 #endif
 }
 
+QSA_PRIV void qsa__capture_free(qsa_seq *s) {
+    qsa__capture *c = s->cap;
+    if (!c) return;
+    qsa__buf *bufs[7] = {&c->pos, &c->q, &c->sel, &c->nsel, &c->out, &c->seg, &c->seg_off};
+    for (int i = 0; i < 7; i++) qsa__buf_free(bufs[i]);
+    qsa__free(c);
+    s->cap = NULL;
+}
+
 QSA_IMPL void qsa_seq_free(qsa_seq *s) {
     if (!s) return;
     if (s->L) {
@@ -902,6 +920,7 @@ QSA_IMPL void qsa_seq_free(qsa_seq *s) {
         qsa__free(s->L);
     }
     qsa__seq_release(s);
+    qsa__capture_free(s);
 #ifndef QSA_NO_CUDA
     qsa__cuda_seq_destroy(s->m, s);
 #endif
@@ -1369,6 +1388,20 @@ QSA_PRIV void qsa__attn_head_plan(const qsa__pool *pool, int slot, const qsa__pl
     for (int d = 0; d < hd; d++) o[d] /= Lsum;
 }
 
+/* Append one query to a capture. */
+QSA_PRIV qsa_result qsa__capture_query(qsa__capture *cp, int64_t pos, const float *q, int nq, const int32_t *sel, int ns,
+                                       int topk, const qsa__plan *pl, const float *out, int nout) {
+    int32_t pad = -1, off = (int32_t)(cp->seg.len / sizeof(int32_t) / 4), ns32 = ns;
+    int ok = qsa__buf_put(&cp->pos, &pos, 8) && qsa__buf_put(&cp->q, q, sizeof(float) * (size_t)nq) &&
+             qsa__buf_put(&cp->nsel, &ns32, 4) && qsa__buf_put(&cp->out, out, sizeof(float) * (size_t)nout) &&
+             qsa__buf_put(&cp->seg_off, &off, 4);
+    for (int i = 0; ok && i < topk; i++) ok = qsa__buf_put(&cp->sel, i < ns ? &sel[i] : &pad, 4);
+    for (int i = 0; ok && i < pl->n_seg; i++) ok = qsa__buf_put(&cp->seg, &pl->seg[i], sizeof(qsa__seg));
+    if (!ok) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "capture: out of memory");
+    cp->n++;
+    return QSA_OK;
+}
+
 QSA_PRIV qsa_result qsa__attn_fwd(qsa_seq *sq, int l, const float *inp, float *out, int n) {
     const qsa_model *m = sq->m;
     const qsa_model_config *c = &m->cfg;
@@ -1457,6 +1490,9 @@ QSA_PRIV qsa_result qsa__attn_fwd(qsa_seq *sq, int l, const float *inp, float *o
             qsa__attn_head_plan(pool, slot, &plan, qh, h / grp, hd, oh, acc);
             for (int d = 0; d < hd; d++) oh[d] *= qsa__sigmoid(gate[d]);
         }
+        if (sq->cap && sq->cap->layer == l &&
+            (res = qsa__capture_query(sq->cap, pos, qt, nh * hd * 2, sel, ns, topk, &plan, att, nh * hd)) != QSA_OK)
+            goto done;
         if ((res = qsa__matvec(m, &a->o, att, out + (size_t)t * H)) != QSA_OK) goto done;
     }
 done:
@@ -1903,5 +1939,182 @@ QSA_PRIV qsa_result qsa__st_write(const char *path, const qsa__st_out *t, int n)
     }
     qsa__free(tmpname);
     qsa__buf_free(&h);
+    return r;
+}
+
+/* ============================================================================================== */
+/* >>capture  capture and replay of one QSA layer                                                 */
+/* ============================================================================================== */
+
+QSA_IMPL qsa_result qsa_seq_capture_begin(qsa_seq *s, int layer) {
+    if (!s || layer < 0 || layer >= s->m->cfg.num_hidden_layers || s->m->cfg.layer_types[layer] != QSA_LAYER_QSA)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_capture_begin: layer %d is not a QSA layer", layer);
+    if (s->cuda) return qsa__fail(QSA_ERR_UNSUPPORTED, "qsa_seq_capture_begin: capture runs on the CPU backend");
+    qsa__capture_free(s);
+    s->cap = QSA__CALLOC(qsa__capture, 1);
+    if (!s->cap) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "capture: out of memory");
+    s->cap->layer = layer;
+    return QSA_OK;
+}
+
+QSA_IMPL qsa_result qsa_seq_capture_end(qsa_seq *s, const char *path) {
+    if (!s || !s->cap || !path) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_capture_end: no capture in progress");
+    const qsa_model_config *c = &s->m->cfg;
+    const qsa__pool *pl = &s->m->pool;
+    qsa__capture *cp = s->cap;
+    int slot = pl->slot[cp->layer], np = s->n_pages, n = cp->n, ps = pl->page_size;
+    int topk = c->has_qsa ? c->indexer_budget / c->indexer_compress_ratio : 0;
+    int64_t meta[12] = {cp->layer, ps, c->num_attention_heads, c->num_key_value_heads, c->head_dim,
+                        c->has_qsa ? c->indexer_compress_ratio : 1, topk, n, np, pl->kvd, QSA_ATTN_SPLIT,
+                        s->m->params.debug_physical_order};
+    size_t page_vals = (size_t)ps * pl->kvd;
+    float *k = QSA__ALLOC(float, (size_t)np * page_vals + 1), *v = QSA__ALLOC(float, (size_t)np * page_vals + 1);
+    int32_t end = (int32_t)(cp->seg.len / sizeof(qsa__seg));
+    qsa_result r = QSA_OK;
+    if (!k || !v || !qsa__buf_put(&cp->seg_off, &end, 4)) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "capture: out of memory");
+    if (r == QSA_OK) {
+        for (int i = 0; i < np; i++) {
+            memcpy(k + i * page_vals, qsa__pool_k(pl, slot, s->bt[i], 0), sizeof(float) * page_vals);
+            memcpy(v + i * page_vals, qsa__pool_v(pl, slot, s->bt[i], 0), sizeof(float) * page_vals);
+        }
+        qsa__st_out t[11];
+        memset(t, 0, sizeof t);
+#define QSA__T(i, nm, dt, nd, s0, s1, s2, ptr) \
+    do { t[i].name = nm; t[i].dtype = dt; t[i].ndim = nd; t[i].shape[0] = s0; t[i].shape[1] = s1; t[i].shape[2] = s2; t[i].data = ptr; } while (0)
+        QSA__T(0, "meta", QSA__I64, 1, 12, 0, 0, meta);
+        QSA__T(1, "pos", QSA__I64, 1, n, 0, 0, cp->pos.data);
+        QSA__T(2, "q", QSA__F32, 2, n, 2 * c->num_attention_heads * c->head_dim, 0, cp->q.data);
+        QSA__T(3, "sel", QSA__I32, 2, n, topk, 0, cp->sel.data);
+        QSA__T(4, "nsel", QSA__I32, 1, n, 0, 0, cp->nsel.data);
+        QSA__T(5, "out", QSA__F32, 2, n, c->num_attention_heads * c->head_dim, 0, cp->out.data);
+        QSA__T(6, "plan", QSA__I32, 2, end, 4, 0, cp->seg.data);
+        QSA__T(7, "plan_off", QSA__I32, 1, n + 1, 0, 0, cp->seg_off.data);
+        QSA__T(8, "bt", QSA__I32, 1, np, 0, 0, s->bt);
+        QSA__T(9, "k", QSA__F32, 3, np, ps, pl->kvd, k);
+        QSA__T(10, "v", QSA__F32, 3, np, ps, pl->kvd, v);
+#undef QSA__T
+        r = qsa__st_write(path, t, 11);
+    }
+    qsa__free(k);
+    qsa__free(v);
+    qsa__capture_free(s);
+    return r;
+}
+
+QSA_IMPL qsa_result qsa_replay_capture(const char *path, qsa_replay_mode mode, qsa_replay_report *rep) {
+    if (!path || !rep) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_replay_capture: NULL argument");
+    memset(rep, 0, sizeof *rep);
+    rep->first_query = rep->first_index = -1;
+    qsa__st_set st;
+    QSA__TRY(qsa__st_open_file(path, &st));
+    const qsa__tensor *T[11];
+    static const char *names[11] = {"meta", "pos", "q", "sel", "nsel", "out", "plan", "plan_off", "bt", "k", "v"};
+    qsa_result r = QSA_OK;
+    for (int i = 0; i < 11 && r == QSA_OK; i++)
+        if (!(T[i] = qsa__st_find(&st, names[i]))) r = qsa__fail(QSA_ERR_NOT_FOUND, "%s: tensor '%s' missing: not a capture file", path, names[i]);
+    int64_t meta[12];
+    if (r == QSA_OK && (T[0]->dtype != QSA__I64 || T[0]->nbytes != sizeof meta))
+        r = qsa__fail(QSA_ERR_FORMAT, "%s: 'meta' must be I64 [12]", path);
+    if (r != QSA_OK) { qsa__st_close(&st); return r; }
+    memcpy(meta, T[0]->data, sizeof meta);
+    int ps = (int)meta[1], nh = (int)meta[2], nkv = (int)meta[3], hd = (int)meta[4], rr = (int)meta[5], topk = (int)meta[6];
+    int n = (int)meta[7], np = (int)meta[8], kvd = (int)meta[9];
+    /* every tensor must have the size the meta data implies */
+    size_t want[11] = {sizeof meta, (size_t)n * 8, (size_t)n * 2 * nh * hd * 4, (size_t)n * topk * 4, (size_t)n * 4,
+                       (size_t)n * nh * hd * 4, 0, (size_t)(n + 1) * 4, (size_t)np * 4, (size_t)np * ps * kvd * 4,
+                       (size_t)np * ps * kvd * 4};
+    if (ps < 1 || nh < 1 || nkv < 1 || hd < 1 || rr < 1 || topk < 0 || n < 0 || np < 0 || kvd != nkv * hd || nh % nkv)
+        r = qsa__fail(QSA_ERR_FORMAT, "%s: inconsistent meta data", path);
+    for (int i = 0; i < 11 && r == QSA_OK; i++)
+        if (i != 6 && T[i]->nbytes != want[i])
+            r = qsa__fail(QSA_ERR_SHAPE, "%s: tensor '%s' has %zu bytes, expected %zu", path, names[i], T[i]->nbytes, want[i]);
+    qsa__pool pool;
+    memset(&pool, 0, sizeof pool);
+    int32_t *bt = NULL, *offs = NULL, *sel = NULL, *nsel = NULL;
+    float *acc = NULL, *o = NULL, *qh = NULL, *want_out = NULL;
+    qsa__plan plan;
+    memset(&plan, 0, sizeof plan);
+    if (r == QSA_OK) {
+        bt = QSA__ALLOC(int32_t, np + 1);
+        offs = QSA__ALLOC(int32_t, n + 1);
+        sel = QSA__ALLOC(int32_t, (size_t)n * topk + 1);
+        nsel = QSA__ALLOC(int32_t, n + 1);
+        acc = QSA__ALLOC(float, hd);
+        o = QSA__ALLOC(float, hd);
+        qh = QSA__ALLOC(float, 2 * hd);
+        want_out = QSA__ALLOC(float, hd);
+        if (!bt || !offs || !sel || !nsel || !acc || !o || !qh || !want_out) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "replay: out of memory");
+    }
+    if (r == QSA_OK) {
+        memcpy(bt, T[8]->data, (size_t)np * 4);
+        memcpy(offs, T[7]->data, (size_t)(n + 1) * 4);
+        memcpy(sel, T[3]->data, (size_t)n * topk * 4);
+        memcpy(nsel, T[4]->data, (size_t)n * 4);
+        /* a pool holding the captured pages at their captured physical places */
+        for (int i = 0; i < np; i++) {
+            if (bt[i] < 0 || bt[i] > (1 << 24)) { r = qsa__fail(QSA_ERR_FORMAT, "%s: bad page id %d", path, bt[i]); break; }
+            if (bt[i] + 1 > pool.n_pages) pool.n_pages = bt[i] + 1;
+        }
+    }
+    if (r == QSA_OK) {
+        pool.page_size = ps;
+        pool.kvd = kvd;
+        pool.n_qsa = 1;
+        pool.k = QSA__CALLOC(float, (size_t)pool.n_pages * ps * kvd + 1);
+        pool.v = QSA__CALLOC(float, (size_t)pool.n_pages * ps * kvd + 1);
+        if (!pool.k || !pool.v) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "replay: out of memory");
+        for (int i = 0; r == QSA_OK && i < np; i++) {
+            memcpy(qsa__pool_k(&pool, 0, bt[i], 0), T[9]->data + (size_t)i * ps * kvd * 4, (size_t)ps * kvd * 4);
+            memcpy(qsa__pool_v(&pool, 0, bt[i], 0), T[10]->data + (size_t)i * ps * kvd * 4, (size_t)ps * kvd * 4);
+        }
+    }
+    int nseg_total = r == QSA_OK ? (int)(T[6]->nbytes / sizeof(qsa__seg)) : 0;
+    for (int t = 0; r == QSA_OK && t < n; t++) {
+        int64_t pos;
+        memcpy(&pos, T[1]->data + 8 * (size_t)t, 8);
+        if (mode == QSA_REPLAY_FROZEN_PLAN) {
+            if (offs[t] < 0 || offs[t] > offs[t + 1] || offs[t + 1] > nseg_total) { r = qsa__fail(QSA_ERR_FORMAT, "%s: bad plan offsets", path); break; }
+            plan.n_seg = plan.n_tokens = 0;
+            for (int i = offs[t]; i < offs[t + 1]; i++) {
+                qsa__seg sg;
+                memcpy(&sg, T[6]->data + (size_t)i * sizeof sg, sizeof sg);
+                if (sg.page < 0 || sg.page >= pool.n_pages || sg.offset < 0 || sg.len < 0 || sg.offset + sg.len > ps) {
+                    r = qsa__fail(QSA_ERR_FORMAT, "%s: plan segment %d out of range", path, i);
+                    break;
+                }
+                if (!qsa__plan_push(&plan, sg.page, sg.offset, sg.len, sg.logical)) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "replay: out of memory");
+            }
+        } else {
+            int nb = (int)((pos + 1) / rr), ns = nsel[t];
+            if (ns < 0 || ns > topk || (pos + 1 + ps - 1) / ps > np) { r = qsa__fail(QSA_ERR_FORMAT, "%s: query %d does not fit the capture", path, t); break; }
+            r = qsa__plan_build(&plan, sel + (size_t)t * topk, ns, nb, rr, pos, ps, bt, mode == QSA_REPLAY_PHYSICAL_ORDER);
+        }
+        for (int h = 0; r == QSA_OK && h < nh; h++) {
+            /* copies: tensor data in a file need not be aligned */
+            memcpy(qh, T[2]->data + ((size_t)t * 2 * nh + (size_t)h * 2) * hd * 4, (size_t)2 * hd * 4);
+            memcpy(want_out, T[5]->data + ((size_t)t * nh + h) * hd * 4, (size_t)hd * 4);
+            const float *gate = qh + hd;
+            qsa__attn_head_plan(&pool, 0, &plan, qh, h / (nh / nkv), hd, o, acc);
+            for (int d = 0; d < hd; d++) {
+                float got = o[d] * qsa__sigmoid(gate[d]), w = want_out[d];
+                rep->n_values++;
+                if (memcmp(&got, &w, 4) != 0) {
+                    if (rep->n_differ++ == 0) {
+                        rep->first_query = t;
+                        rep->first_index = h * hd + d;
+                        rep->first_captured = w;
+                        rep->first_replayed = got;
+                    }
+                }
+            }
+        }
+        rep->n_queries++;
+    }
+    qsa__free(plan.seg);
+    qsa__free(pool.k);
+    qsa__free(pool.v);
+    qsa__free(bt); qsa__free(offs); qsa__free(sel); qsa__free(nsel); qsa__free(acc); qsa__free(o);
+    qsa__free(qh); qsa__free(want_out);
+    qsa__st_close(&st);
     return r;
 }

@@ -105,3 +105,26 @@ typedef struct qsa_generation {
 QSA_API qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prompt, const qsa_generate_params *params,
                                 qsa_generation *out);
 QSA_API void qsa_generation_free(qsa_generation *g);
+
+/* Capture/replay (debugging the determinism contract; see docs/DETERMINISM.md).  Record QSA layer
+   `layer` of a sequence from now on: each query's q|gate, block selection, attention plan and gated
+   output.  _end writes them with the layer's K/V pages and block table to a safetensors file. */
+QSA_API qsa_result qsa_seq_capture_begin(qsa_seq *seq, int layer);
+QSA_API qsa_result qsa_seq_capture_end(qsa_seq *seq, const char *path);
+
+typedef enum qsa_replay_mode {
+    QSA_REPLAY_FROZEN_PLAN = 0, /* the plan segments as captured */
+    QSA_REPLAY_PLANNER,         /* re-planned from the captured selections by today's planner */
+    QSA_REPLAY_PHYSICAL_ORDER   /* re-planned in physical page order (the debug switch) */
+} qsa_replay_mode;
+
+typedef struct qsa_replay_report {
+    int n_queries;
+    long long n_values, n_differ;    /* output values compared / not bitwise equal */
+    int first_query, first_index;    /* first differing value: query number, index in [nh*hd] (-1: none) */
+    float first_captured, first_replayed;
+} qsa_replay_report;
+
+/* Recompute a captured layer's attention on the CPU with `mode` and compare with the captured
+   output bit for bit. */
+QSA_API qsa_result qsa_replay_capture(const char *path, qsa_replay_mode mode, qsa_replay_report *report);

@@ -259,3 +259,41 @@ TEST(cpu, physical_order_plan_breaks_invariance) {
     printf("    physical-order plans: %d of %d allocations/page sizes changed the bits\n", differ, runs);
     CHECKF(differ > 0, "the physical-order plan changed nothing in %d runs", runs);
 }
+
+/* Capture a QSA layer on scattered pages, replay it: the frozen plan and today's planner reproduce
+   the output bit for bit, the physical-order plan does not. */
+TEST(cpu, capture_replay_reproduces_and_detects) {
+    char dir[600], path[700];
+    snprintf(dir, sizeof dir, "%s/qsa_hc4_ple_sharded", test_path("tests/fixtures"));
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.backend = QSA_BACKEND_CPU;
+    mp.kv_page_size = 16;
+    qsa_model *m = NULL;
+    CHECK_OK(qsa_model_load(dir, &mp, &m));
+    if (!m) return;
+    qsa__pool_shuffle(&m->pool, 5);
+    qsa_seq *s = NULL;
+    CHECK_OK(qsa_seq_create(m, NULL, &s));
+    int32_t ids[150];
+    for (int i = 0; i < 150; i++) ids[i] = (int32_t)((i * 37 + 11) % m->cfg.vocab_size);
+    CHECK_ERR(qsa_seq_capture_begin(s, 0), QSA_ERR_INVALID_ARGUMENT, "not a QSA layer");
+    CHECK_OK(qsa_seq_capture_begin(s, 1));
+    CHECK_OK(qsa_seq_feed(s, ids, 100, NULL, 0));
+    CHECK_OK(qsa_seq_feed(s, ids + 100, 50, NULL, 0));
+    snprintf(path, sizeof path, "/tmp/qsa_test_capture_%d.safetensors", (int)getpid());
+    CHECK_OK(qsa_seq_capture_end(s, path));
+    qsa_replay_report rep;
+    CHECK_OK(qsa_replay_capture(path, QSA_REPLAY_FROZEN_PLAN, &rep));
+    CHECK(rep.n_queries == 150 && rep.n_values == 150LL * m->cfg.num_attention_heads * m->cfg.head_dim && rep.n_differ == 0);
+    CHECK_OK(qsa_replay_capture(path, QSA_REPLAY_PLANNER, &rep));
+    CHECK(rep.n_queries == 150 && rep.n_differ == 0);
+    CHECK_OK(qsa_replay_capture(path, QSA_REPLAY_PHYSICAL_ORDER, &rep));
+    CHECK(rep.n_differ > 0 && rep.first_query >= 0);
+    /* a file that is not a capture is refused clearly */
+    CHECK_ERR(qsa_replay_capture(test_path("tests/fixtures/qsa_hc4_ple_sharded/golden.safetensors"), QSA_REPLAY_PLANNER, &rep),
+              QSA_ERR_NOT_FOUND, "not a capture file");
+    remove(path);
+    qsa_seq_free(s);
+    qsa_model_free(m);
+}

@@ -65,10 +65,8 @@ static QSA__UNUSED const char *test_path(const char *rel) {
 #include "t_loader.c"
 #include "t_tokenizer.c"
 #include "t_jit.c"
-#ifdef QSA__DEV_MODEL
 #include "t_model.c"
 #include "t_planner.c"
-#endif
 
 int main(int argc, char **argv) {
     const char *groups[8];
