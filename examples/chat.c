@@ -36,6 +36,13 @@ static void usage(const char *argv0) {
             argv0);
 }
 
+static int is_opt(const char *a, const char *s1, const char *s2) { return !strcmp(a, s1) || (s2 && !strcmp(a, s2)); }
+static int need_value(const char *a, const char *v) {
+    if (v) return 1;
+    fprintf(stderr, "%s needs a value\n", a);
+    exit(2);
+}
+
 typedef struct chat_opts {
     const char *model, *prompt, *prompt_file, *system;
     int raw, n_predict, n_ctx, threads, stats, verbose;
@@ -118,7 +125,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define ARG(s1, s2) ((!strcmp(a, s1) || (s2 && !strcmp(a, s2))) && (v || (fprintf(stderr, "%s needs a value\n", a), exit(2), 0)) && ++i)
+#define ARG(s1, s2) (is_opt(a, s1, s2) && need_value(a, v) && ++i)
         if (ARG("-m", "--model")) o.model = v;
         else if (ARG("-p", "--prompt")) o.prompt = v;
         else if (ARG("-f", "--file")) o.prompt_file = v;

@@ -3,6 +3,12 @@
 #define QSA_MAX_EOS 16
 
 typedef enum qsa_act { QSA_ACT_SILU = 0, QSA_ACT_SIGMOID = 1 } qsa_act;
+typedef enum qsa_quant_format {
+    QSA_QUANT_NONE = 0,
+    QSA_QUANT_MODELOPT,          /* <base>.weight U8, .weight_scale F8_E4M3, .weight_scale_2 F32, [.input_scale] */
+    QSA_QUANT_COMPRESSED_TENSORS /* <base>.weight_packed U8, .weight_scale F8_E4M3, .weight_global_scale F32 (= 1/scale_2) */
+} qsa_quant_format;
+#define QSA_QUANT_EXCLUDE_BYTES 8192
 typedef enum qsa_layer_type { QSA_LAYER_LINEAR = 0, QSA_LAYER_QSA = 1 } qsa_layer_type;
 
 /* Hyper-parameters of a Qwen4-Exp text model, as read from config.json (flat, or the nested
@@ -14,6 +20,7 @@ typedef struct qsa_model_config {
     int max_position_embeddings;
     float rms_norm_eps;
     qsa_act hidden_act;
+    char hidden_act_name[32];
     int attention_bias, tie_word_embeddings;
     /* RoPE */
     double rope_theta;
@@ -44,10 +51,15 @@ typedef struct qsa_model_config {
     /* special tokens (-1 when absent) */
     int n_eos;
     int32_t eos_token_ids[QSA_MAX_EOS];
-    int32_t bos_token_id, pad_token_id;
+    int32_t bos_token_id, pad_token_id; /* eos_token_ids[0] is the id PLE uses */
     /* quantisation: 1 when quantization_config / hf_quant_config.json announce NVFP4 */
     int nvfp4;
     int quant_group_size;              /* 16 for NVFP4 */
+    qsa_quant_format quant_format;
+    /* module-name patterns left unquantised (exclude_modules / ignore), NUL-separated; informative:
+       whether a linear is NVFP4 is decided by the presence of its weight_scale tensor */
+    int n_quant_exclude, quant_exclude_truncated;
+    char quant_exclude[QSA_QUANT_EXCLUDE_BYTES];
 } qsa_model_config;
 
 /* Generation defaults from generation_config.json (absent fields keep the zero/"unset" value). */
@@ -65,5 +77,8 @@ QSA_API qsa_result qsa_config_parse(const char *json, size_t len, const char *qu
                                     const char *source, qsa_model_config *out);
 /* Reads <dir>/config.json and, if present, <dir>/hf_quant_config.json. */
 QSA_API qsa_result qsa_config_load_dir(const char *dir, qsa_model_config *out);
+/* 1 when `module` (e.g. "model.layers.0.mlp.gate") matches one of the glob exclude patterns ("re:" patterns of
+   compressed-tensors are not evaluated). */
+QSA_API int qsa_config_quant_excluded(const qsa_model_config *c, const char *module);
 QSA_API qsa_result qsa_generation_config_parse(const char *json, size_t len, const char *source,
                                                qsa_generation_config *out);

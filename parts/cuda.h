@@ -187,8 +187,8 @@ QSA_PRIV char *qsa__cache_read(const char *path, uint64_t key, size_t *len) {
 }
 
 QSA_PRIV void qsa__cache_write(const char *path, uint64_t key, const char *img, size_t len) {
-    char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
+    char tmp[1200];
+    snprintf(tmp, sizeof tmp, "%.1100s.%ld.tmp", path, (long)getpid());
     FILE *f = fopen(tmp, "wb");
     if (!f) return;
     uint64_t n = len, sum = qsa__fnv(0xcbf29ce484222325ull, img, len);

@@ -1,0 +1,2 @@
+/* poisoned: the compile check proves qsa_runtime.h never includes CUDA headers */
+#error "poisoned nccl.h was included: qsa_runtime.h must not need CUDA headers"
