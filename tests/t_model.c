@@ -35,6 +35,10 @@ static int fixture_dirs(char names[][256], int max) {
     return n;
 }
 
+/* Tolerance of the backend under test: max |d| <= atol + rtol * max(1, max |reference|). */
+static float g_atol = 1e-5f, g_rtol = 1e-4f, g_sel_eps = QSA_SEL_EPS;
+static qsa_backend g_backend = QSA_BACKEND_CPU;
+
 /* max |a - b| over n values and the tolerance for reference values b */
 static float max_abs_diff(const float *a, const float *b, size_t n, float *tol) {
     float d = 0.0f, mx = 1.0f;
@@ -43,7 +47,7 @@ static float max_abs_diff(const float *a, const float *b, size_t n, float *tol) 
         if (!(e <= d)) d = e; /* NaN-propagating */
         if (fabsf(b[i]) > mx) mx = fabsf(b[i]);
     }
-    *tol = 1e-5f + 1e-4f * mx;
+    *tol = g_atol + g_rtol * mx;
     return d;
 }
 
@@ -95,7 +99,7 @@ static void check_selections(const char *fx, const qsa__st_set *g, const sel_rec
                 memcpy(&b, t->data + 8 * j, 8);
                 same = b == rec->e[k].blocks[j];
             }
-            CHECKF(same || (gap && *gap < QSA_SEL_EPS), "%s: selection %s differs (gap %g)", fx, t->name, gap ? *gap : -1.0f);
+            CHECKF(same || (gap && *gap < g_sel_eps), "%s: selection %s differs (gap %g)", fx, t->name, gap ? *gap : -1.0f);
             (*n_checked)++;
         }
         CHECKF(found, "%s: no selection observed for %s", fx, t->name);
@@ -118,7 +122,7 @@ static void run_golden(const char *fx, int chunk, int gdn_chunked) {
     if (r != QSA_OK) return;
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
-    mp.backend = QSA_BACKEND_CPU;
+    mp.backend = g_backend;
     mp.gdn_chunked_prefill = gdn_chunked;
     mp.gdn_chunk_size = 16;
     qsa_model *m = NULL;

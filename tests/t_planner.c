@@ -166,7 +166,7 @@ static int inv_same(const inv_result *a, const inv_result *b, int n, int V, int 
 }
 
 /* One request, >= 20 allocations per page size, page sizes 16, 400 and 784: bitwise identical. */
-static int inv_allocations(const char *fixture, int physical_order, int *n_differ) {
+static int inv_allocations(const char *fixture, qsa_backend backend, int physical_order, int *n_differ) {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures"), fixture);
     static const int page_sizes[] = {16, 400, 784};
@@ -178,7 +178,7 @@ static int inv_allocations(const char *fixture, int physical_order, int *n_diffe
     for (int pi = 0; pi < 3; pi++) {
         qsa_model_params mp;
         memset(&mp, 0, sizeof mp);
-        mp.backend = QSA_BACKEND_CPU;
+        mp.backend = backend;
         mp.kv_page_size = page_sizes[pi];
         mp.kv_pool_tokens = 8 * 784 * 4;
         mp.debug_physical_order = physical_order;
@@ -238,7 +238,7 @@ static int inv_allocations(const char *fixture, int physical_order, int *n_diffe
 }
 
 TEST(cpu, allocation_and_page_size_invariance) {
-    int differ, runs = inv_allocations("qsa_hc4_ple_sharded", 0, &differ);
+    int differ, runs = inv_allocations("qsa_hc4_ple_sharded", QSA_BACKEND_CPU, 0, &differ);
     CHECKF(runs >= 60, "only %d runs", runs);
     CHECKF(differ == 0, "%d of %d allocations/page sizes changed the bits", differ, runs);
 }
@@ -255,7 +255,7 @@ TEST(cpu, physical_order_plan_breaks_invariance) {
     for (int i = 0; same && i < a.n_seg; i++) same = a.seg[i].page == b.seg[i].page && a.seg[i].offset == b.seg[i].offset;
     CHECK(!same);
     free(a.seg); free(b.seg);
-    int differ, runs = inv_allocations("qsa_hc4_ple_sharded", 1, &differ);
+    int differ, runs = inv_allocations("qsa_hc4_ple_sharded", QSA_BACKEND_CPU, 1, &differ);
     printf("    physical-order plans: %d of %d allocations/page sizes changed the bits\n", differ, runs);
     CHECKF(differ > 0, "the physical-order plan changed nothing in %d runs", runs);
 }

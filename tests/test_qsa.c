@@ -67,6 +67,7 @@ static QSA__UNUSED const char *test_path(const char *rel) {
 #include "t_jit.c"
 #include "t_model.c"
 #include "t_planner.c"
+#include "t_gpu.c"
 
 int main(int argc, char **argv) {
     const char *groups[8];
