@@ -528,7 +528,7 @@ static void jit_gemv_case(int rows, int cols, int batch, int x_offset) {
             atol[(size_t)b * rows + r] = 1e-5 * mag + 1e-30;
         }
     jit_arena a = {{0}, 0};
-    CUdeviceptr dy, dy32, dw, dx;
+    CUdeviceptr dy = 0, dy32 = 0, dw = 0, dx = 0;
     qsa_result r = jit_dev(&a, &dy, NULL, ny * 2);
     if (r == QSA_OK) r = jit_dev(&a, &dy32, NULL, ny * 4);
     if (r == QSA_OK) r = jit_dev(&a, &dw, wh, nw * 2);

@@ -6,7 +6,8 @@
  * Encoding prints the ids as one JSON array on stdout.  The text is taken verbatim (raw bytes, no
  * newline added) from --text, --text-file or stdin.  --no-special treats special tokens such as
  * <|im_start|> as plain text.  --model reads only DIR/tokenizer.json and DIR/tokenizer_config.json.
- * --decode reads a JSON array of ids and prints the decoded text exactly (no newline added).
+ * --decode reads ids (a JSON array, or integers separated by spaces, commas or newlines) and prints
+ * the decoded text exactly (no newline added).
  * Errors go to stderr and the exit status is 1.
  */
 #define QSA_RUNTIME_IMPLEMENTATION
@@ -104,33 +105,59 @@ int main(int argc, char **argv) {
         }
         qsa_free(ids);
     } else {
+        /* a JSON array of ids, or plain integers separated by spaces/commas/newlines */
+        const char *p = buf, *end = buf + len;
+        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+        int32_t *ids = NULL;
+        size_t n = 0, cap = 0;
         qsa__json_doc doc;
         memset(&doc, 0, sizeof doc);
-        r = qsa__json_parse(buf, len, text_file ? text_file : text ? "--text" : "stdin", &doc);
-        if (r != QSA_OK) status = die(qsa_last_error());
-        else if (!doc.root || doc.root->type != QSA__JSON_ARRAY) status = die("--decode expects a JSON array of token ids");
-        else {
-            size_t n = doc.root->count, i = 0;
-            int32_t *ids = (int32_t *)malloc(sizeof(int32_t) * (n ? n : 1));
-            for (const qsa__json *e = doc.root->child; e && ids; e = e->next, i++) {
-                if (e->type != QSA__JSON_NUMBER || !e->is_int || e->i64 < INT32_MIN || e->i64 > INT32_MAX) {
-                    fprintf(stderr, "tokenize: element %zu of the id array is not an integer id\n", i);
+        if (p < end && *p == '[') {
+            r = qsa__json_parse(buf, len, text_file ? text_file : text ? "--text" : "stdin", &doc);
+            if (r != QSA_OK) status = die(qsa_last_error());
+            else if (!doc.root || doc.root->type != QSA__JSON_ARRAY) status = die("--decode expects a JSON array of token ids");
+            else {
+                cap = doc.root->count ? doc.root->count : 1;
+                ids = (int32_t *)malloc(sizeof(int32_t) * cap);
+                if (!ids) status = die("out of memory");
+                for (const qsa__json *e = doc.root->child; e && ids; e = e->next, n++) {
+                    if (e->type != QSA__JSON_NUMBER || !e->is_int || e->i64 < INT32_MIN || e->i64 > INT32_MAX) {
+                        fprintf(stderr, "tokenize: element %zu of the id array is not an integer id\n", n);
+                        status = 1;
+                        break;
+                    }
+                    ids[n] = (int32_t)e->i64;
+                }
+            }
+        } else {
+            while (!status) {
+                while (p < end && (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+                if (p >= end) break;
+                char *q;
+                long v = strtol(p, &q, 10);
+                if (q == p || q > end || v < INT32_MIN || v > INT32_MAX) {
+                    fprintf(stderr, "tokenize: --decode input is not a list of integer ids (at byte %zu)\n", (size_t)(p - buf));
                     status = 1;
                     break;
                 }
-                ids[i] = (int32_t)e->i64;
+                if (n == cap) {
+                    int32_t *ni = (int32_t *)realloc(ids, sizeof(int32_t) * (cap = cap ? 2 * cap : 64));
+                    if (!ni) { status = die("out of memory"); break; }
+                    ids = ni;
+                }
+                ids[n++] = (int32_t)v;
+                p = q;
             }
-            if (!ids) status = die("out of memory");
-            if (!status) {
-                char *out = NULL;
-                size_t olen = 0;
-                r = qsa_detokenize(tok, ids, n, skip_special ? QSA_DETOK_SKIP_SPECIAL : 0, &out, &olen);
-                if (r != QSA_OK) status = die(qsa_last_error());
-                else fwrite(out, 1, olen, stdout);
-                qsa_free(out);
-            }
-            free(ids);
         }
+        if (!status) {
+            char *out = NULL;
+            size_t olen = 0;
+            r = qsa_detokenize(tok, ids, n, skip_special ? QSA_DETOK_SKIP_SPECIAL : 0, &out, &olen);
+            if (r != QSA_OK) status = die(qsa_last_error());
+            else fwrite(out, 1, olen, stdout);
+            qsa_free(out);
+        }
+        free(ids);
         qsa__json_free(&doc);
     }
     free(buf);
