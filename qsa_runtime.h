@@ -53,7 +53,12 @@
  *   >>weights      binding checkpoint tensors to the model structure
  *   >>cpu-forward  the CPU reference forward pass
  *   >>sampler      greedy and seeded sampling
+ *   >>kv-pool      KV pages and the free list
+ *   >>planner      QSA selections -> attention plans in logical order
  *   >>generate     sequences, prefill/decode, stop conditions, statistics
+ *   >>capture      capture and replay of one QSA layer
+ *   >>cuda         the CUDA backend: kernel module, weights, device KV pool, forward
+ *   >>scheduler    requests, continuous batching, chunked prefill, KV-page admission
  */
 #ifndef QSA_RUNTIME_H
 #define QSA_RUNTIME_H
@@ -122,6 +127,7 @@ QSA_API void qsa_free(void *p);
 #include "parts/config_api.h"
 #include "parts/tokenizer_api.h"
 #include "parts/model_api.h"
+#include "parts/sched_api.h"
 
 #ifdef __cplusplus
 }
@@ -442,6 +448,7 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
 #include "parts/tokenizer.h"
 #include "parts/model.h"
 #include "parts/cuda.h"
+#include "parts/sched.h"
 
 #endif /* QSA_RUNTIME_IMPLEMENTATION_DONE */
 #endif /* QSA_RUNTIME_IMPLEMENTATION */

@@ -3,8 +3,9 @@
  *   examples/chat [-m DIR] [options]                interactive: one user turn per line
  *   examples/chat [-m DIR] -p "question" [-n 64]    one-shot: answer, stats on stderr, exit
  *
- * Turns are appended to one sequence, so history is never recomputed.  Type /reset to start over,
- * /exit (or end of input) to quit.
+ * Each answer is a request to the scheduler (qsa_sched) that continues one sequence
+ * (qsa_request_params.seq), so history is never recomputed.  Type /reset to start over, /exit (or
+ * end of input) to quit.
  */
 #define QSA_RUNTIME_IMPLEMENTATION
 #include "../qsa_runtime.h"
@@ -77,9 +78,11 @@ static char *read_all(FILE *f, size_t *len) {
     return b;
 }
 
-/* One answer: feed `text` (special tokens parsed) after `pending` (the last token of the previous
-   answer, not yet fed; -1 if none), generate, stream. */
-static int answer(qsa_seq *seq, const qsa_tokenizer *tok, int32_t *pending, const char *text, const chat_opts *o) {
+/* One answer through the scheduler: a request that continues `seq` with `text` (special tokens
+   parsed) after `pending` (the last token of the previous answer, not yet fed; -1 if none); its
+   tokens are streamed by on_token. */
+static int answer(qsa_sched *sched, qsa_seq *seq, int n_ctx, const qsa_tokenizer *tok, int32_t *pending, const char *text,
+                  const chat_opts *o) {
     int32_t *ids = NULL;
     size_t n = 0;
     if (qsa_tokenize(tok, text, strlen(text), 1, &ids, &n) != QSA_OK) {
@@ -92,26 +95,42 @@ static int answer(qsa_seq *seq, const qsa_tokenizer *tok, int32_t *pending, cons
     memcpy(prompt + np, ids, sizeof(int32_t) * n);
     np += (int)n;
     qsa_free(ids);
-    qsa_generate_params gp;
-    memset(&gp, 0, sizeof gp);
-    gp.sampling = o->sp;
-    gp.max_tokens = o->n_predict > 0 ? o->n_predict : 0;
-    gp.on_token = on_token;
-    qsa_generation g;
-    qsa_result r = qsa_generate(seq, prompt, np, &gp, &g);
+    qsa_request_params rp;
+    memset(&rp, 0, sizeof rp);
+    rp.prompt = prompt;
+    rp.n_prompt = np;
+    rp.seq = seq; /* continue the conversation: the history is never recomputed */
+    rp.sampling = o->sp;
+    rp.max_tokens = o->n_predict > 0 ? o->n_predict : 0;
+    /* an answer that would overflow the context stops when the context is full (the last token
+       is not fed: room + 1 tokens fit) */
+    int room = n_ctx - qsa_seq_pos(seq) - np;
+    if (room >= 1 && rp.max_tokens > room + 1) rp.max_tokens = room + 1;
+    rp.on_token = on_token;
+    int64_t id = 0;
+    qsa_result r = qsa_sched_submit(sched, &rp, &id);
     free(prompt);
+    qsa_request_result res;
+    memset(&res, 0, sizeof res);
+    if (r == QSA_OK) r = qsa_sched_run(sched);
+    if (r == QSA_OK) r = qsa_sched_poll(sched, id, &res);
+    if (r == QSA_OK && res.status != QSA_REQ_DONE) {
+        r = res.error != QSA_OK ? res.error : QSA_ERR_INTERNAL;
+        qsa__fail(r, "%s", res.message);
+    }
     if (r != QSA_OK) {
         fprintf(stderr, "\nerror: %s: %s\n", qsa_result_string(r), qsa_last_error());
         if (r == QSA_ERR_CONTEXT_FULL) fprintf(stderr, "(the conversation fills the context: /reset to start over)\n");
+        if (id) qsa_sched_release(sched, id);
         return 1;
     }
     printf("\n");
     fflush(stdout);
-    *pending = g.n_tokens ? g.tokens[g.n_tokens - 1] : -1;
+    *pending = res.n_tokens ? res.tokens[res.n_tokens - 1] : -1;
     /* the next turn must close this one: after an EOS (<|im_end|>) a newline, else the end marker */
-    if (o->stats) print_stats(&g.stats);
-    int stopped_on_eos = g.stop == QSA_STOP_EOS;
-    qsa_generation_free(&g);
+    if (o->stats) print_stats(&res.stats);
+    int stopped_on_eos = res.stop == QSA_STOP_EOS;
+    qsa_sched_release(sched, id);
     return stopped_on_eos ? 0 : 2;
 }
 
@@ -183,9 +202,22 @@ int main(int argc, char **argv) {
         qsa_model_free(model);
         return 1;
     }
+    /* one request at a time: a batch of one */
+    qsa_sched_params schp;
+    memset(&schp, 0, sizeof schp);
+    schp.max_batch = 1;
+    qsa_sched *sched = NULL;
+    if (qsa_sched_create(model, &schp, &sched) != QSA_OK) {
+        fprintf(stderr, "error: %s\n", qsa_last_error());
+        qsa_seq_free(seq);
+        qsa_model_free(model);
+        return 1;
+    }
     int rc = 0;
     int32_t pending = -1;
     int last_eos = 1; /* whether the previous answer ended with <|im_end|> */
+    int first = 1;    /* no answer yet since the start or /reset */
+    static char line[65536];
     qsa_chat_message msgs[2];
     if (o.prompt || o.prompt_file) {
         char *text = NULL;
@@ -206,7 +238,7 @@ int main(int argc, char **argv) {
             rc = 1;
             goto out;
         }
-        int r = answer(seq, tok, &pending, o.raw ? text : chat, &o);
+        int r = answer(sched, seq, sp.n_ctx, tok, &pending, o.raw ? text : chat, &o);
         rc = r == 1;
         qsa_free(chat);
         free(text);
@@ -214,8 +246,6 @@ int main(int argc, char **argv) {
     }
     fprintf(stderr, "qsa chat: %s (%d layers, vocab %d). One message per line; /reset, /exit.\n", o.model,
             cfg->num_hidden_layers, cfg->vocab_size);
-    char line[65536];
-    int first = 1;
     for (;;) {
         fprintf(stderr, "> ");
         fflush(stderr);
@@ -239,13 +269,14 @@ int main(int argc, char **argv) {
         char *text = (char *)malloc(tl);
         snprintf(text, tl, "%s%s", first ? "" : last_eos ? "\n" : "<|im_end|>\n", turn);
         qsa_free(turn);
-        int r = answer(seq, tok, &pending, text, &o);
+        int r = answer(sched, seq, sp.n_ctx, tok, &pending, text, &o);
         free(text);
         if (r == 1) { rc = 1; if (qsa_seq_pos(seq) == 0) break; continue; }
         last_eos = r == 0;
         first = 0;
     }
 out:
+    qsa_sched_free(sched);
     qsa_seq_free(seq);
     qsa_model_free(model);
     return rc;

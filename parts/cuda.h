@@ -13,9 +13,9 @@
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inj_weights) X(inject) X(to_f16) X(argmax)           \
     X(gemm_f16) X(gemm_nvfp4) X(router_topk) X(moe_gate_up) X(moe_down) X(shared_combine) X(act_mul)     \
-    X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_gates) X(gdn_recurrent) X(gdn_recurrent_f16state)          \
-    X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys) X(block_scores) X(topk_blocks)        \
-    X(sparse_attn)
+    X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_gates) X(gdn_recurrent)                  \
+    X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
+    X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)
 
 typedef enum qsa__kid {
 #define QSA__KID(n) QSA__K_##n,
@@ -73,7 +73,7 @@ typedef struct qsa__dscratch {
     CUdeviceptr ids, X, xn, xn16, low, low16, mw, inp, inp16, inj, out;
     CUdeviceptr big[6];         /* mixer / MoE / PLE temporaries, each sized for the largest use */
     CUdeviceptr big16[3];
-    CUdeviceptr sel, nsel, scores, logits, argmax;
+    CUdeviceptr sel, nsel, scores, logits, argmax, tokpos;
     size_t big_bytes, scores_bytes;
     int max_blocks, score_rows, logit_rows;
     float *host_e;              /* PLE rows gathered on the host [max_tokens][ple_embed_dim] */
@@ -405,6 +405,8 @@ QSA_PRIV qsa_result qsa__cuda_scratch(qsa_model *m, qsa__cuda *g, int T) {
     if (s->logit_rows > T) s->logit_rows = T;
     QSA__TRY(qsa__dalloc(g, &s->logits, (size_t)s->logit_rows * c->vocab_size * 4, cnt, "logits"));
     QSA__TRY(qsa__dalloc(g, &s->sel, (size_t)T * topk * 4, cnt, "scratch"));
+    if (m->params.debug_physical_order && c->has_qsa)
+        QSA__TRY(qsa__dalloc(g, &s->tokpos, (size_t)T * (topk + 1) * c->indexer_compress_ratio * 4, cnt, "scratch"));
     QSA__TRY(qsa__dalloc(g, &s->nsel, (size_t)T * 4, cnt, "scratch"));
     QSA__TRY(qsa__dalloc(g, &s->scores, s->scores_bytes, cnt, "scratch"));
     QSA__TRY(qsa__dalloc(g, &s->argmax, (size_t)T * 4, cnt, "scratch"));
@@ -644,12 +646,15 @@ QSA_PRIV qsa_result qsa__cuda_gdn(qsa_seq *sq, int l, int M) {
     CUdeviceptr Al = d->A_log, dtb = d->dt_bias;
     QSA__LAUNCH(g, gdn_gates, (n + 255) / 256, 1, 256, 0, &b, &a, &Al, &dtb, &beta, &gg, &n, &nv);
     CUdeviceptr cst = sq->cuda->conv[l], cw = d->conv_w;
-    QSA__LAUNCH(g, gdn_conv, (conv_dim + 255) / 256, 1, 256, 0, &qkv, &cst, &cw, &q, &k, &v, &M, &conv_dim, &key_dim, &Kc, &act, &nk, &dk);
+    QSA__LAUNCH(g, gdn_conv, M, 1, 256, 0, &qkv, &cst, &cw, &q, &k, &v, &M, &conv_dim, &key_dim, &Kc, &act, &nk, &dk);
+    QSA__LAUNCH(g, gdn_conv_state, (conv_dim + 255) / 256, 1, 256, 0, &qkv, &cst, &M, &conv_dim, &Kc);
+    /* one warp per 32 state columns of a value head, its slice of S in shared memory */
     CUdeviceptr S = sq->cuda->S[l];
+    unsigned ny = (unsigned)((dv + 31) / 32), smem = (unsigned)(4 * dk * 32);
     if (m->params.gdn_state_f16)
-        QSA__LAUNCH(g, gdn_recurrent_f16state, nv, 1, 256, 0, &S, &q, &k, &v, &beta, &gg, &o, &M, &nk, &nv, &dk, &dv);
+        QSA__LAUNCH(g, gdn_recurrent_f16state, nv, ny, 32, smem, &S, &q, &k, &v, &beta, &gg, &o, &M, &nk, &nv, &dk, &dv);
     else
-        QSA__LAUNCH(g, gdn_recurrent, nv, 1, 256, 0, &S, &q, &k, &v, &beta, &gg, &o, &M, &nk, &nv, &dk, &dv);
+        QSA__LAUNCH(g, gdn_recurrent, nv, ny, 32, smem, &S, &q, &k, &v, &beta, &gg, &o, &M, &nk, &nv, &dk, &dv);
     CUdeviceptr nw = d->gnorm_w, o16 = s->big16[0];
     QSA__LAUNCH(g, gdn_norm_gate, M * nv, 1, 128, 0, &o, &z, &nw, &o16, &nv, &dv, &eps, &gact);
     (void)value_dim;
@@ -681,7 +686,7 @@ QSA_PRIV qsa_result qsa__cuda_attn(qsa_seq *sq, int l, int M) {
     const qsa__pool *pool = &m->pool;
     qsa__seq_layer *sl = &sq->L[l];
     int nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim, rd = c->rotary_dim;
-    int ih = c->indexer_n_heads, ihd = c->indexer_head_dim, r = c->has_qsa ? c->indexer_compress_ratio : 1;
+    int ih = c->indexer_n_heads, ihd = c->indexer_head_dim, r = c->has_qsa ? c->indexer_compress_ratio : 0;
     int topk = c->has_qsa ? c->indexer_budget / r : 0, ps = pool->page_size, pos0 = sq->pos, split = QSA_ATTN_SPLIT;
     int phys = m->params.debug_physical_order, has_qsa = c->has_qsa;
     float eps = c->rms_norm_eps;
@@ -713,8 +718,15 @@ QSA_PRIV qsa_result qsa__cuda_attn(qsa_seq *sq, int l, int M) {
         }
         if (sq->sel_hook) QSA__TRY(qsa__cuda_report_selections(sq, l, M, topk));
     }
-    QSA__LAUNCH(g, sparse_attn, M, nh, 128, 0, &qg, &Kp, &Vp, &bt, &s->sel, &s->nsel, &att, &att16, &pos0, &M, &nh, &nkv, &hd, &r,
-                &topk, &ps, &split, &phys);
+    /* the attention visits the selection in logical order; the debug switch gives it the physical order */
+    CUdeviceptr tokpos = 0;
+    int ld_tok = topk * r + r;
+    if (phys && has_qsa) {
+        tokpos = s->tokpos;
+        QSA__LAUNCH(g, attn_phys_order, M, 1, 256, 0, &bt, &s->sel, &s->nsel, &tokpos, &pos0, &M, &r, &topk, &ps, &ld_tok);
+    }
+    QSA__LAUNCH(g, sparse_attn, M, nh, 256, 0, &qg, &Kp, &Vp, &bt, &s->sel, &s->nsel, &att, &att16, &pos0, &M, &nh, &nkv, &hd, &r,
+                &topk, &ps, &split, &tokpos, &ld_tok);
     return qsa__dgemm(g, att16, M, &d->o, s->out, 0);
 }
 

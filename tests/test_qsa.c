@@ -68,6 +68,7 @@ static QSA__UNUSED const char *test_path(const char *rel) {
 #include "t_model.c"
 #include "t_planner.c"
 #include "t_gpu.c"
+#include "t_sched.c"
 
 int main(int argc, char **argv) {
     const char *groups[8];

@@ -1,0 +1,1286 @@
+/* tests/t_gpu_k1.c - the forward-pass kernels of .dev/k1.cu (embedding, norms, hyper-connection
+ * mixing, GEMMs, MoE, PLE) against plain C references, on the GPU (group gpu).
+ *
+ * Each test: random inputs from a fixed seed; outputs poisoned (0xFF bytes: NaN in fp32 and fp16,
+ * -1 in int32) before every launch so an element a kernel forgets to write cannot pass; results
+ * compared with |gpu - ref| <= atol + rtol * |ref| (tolerances explained next to each check) or
+ * bitwise where both sides do the same IEEE operations; and batch invariance: a token computed
+ * alone (M = 1) gives the same bits as the same token inside a launch of M = 37 (and M = 100 for
+ * the GEMMs, whose tiling changes with M).
+ *
+ * Module: until .dev/k1.cu is merged into kernels.cu, the kernels are compiled from
+ * .dev/k1.cu (read from disk, relative to the repository root or $QSA_TEST_ROOT) with NVRTC and
+ * the runtime's own target choice; once the embedded kernels.cu contains them, from that.
+ * Skips (no failure) when there is no libcuda, no device or no NVRTC.
+ */
+#ifndef QSA_NO_CUDA
+
+/* ---------------------------------------------------------------------------------------------- */
+/* harness                                                                                         */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef struct k1_state {
+    int tried;
+    qsa_result status;
+    char why[2048];
+    CUcontext ctx;
+    CUmodule mod;
+    char arch[32];
+    const char *src;
+} k1_state;
+static k1_state K1_;
+
+static qsa_result k1_init_(void) {
+    CUdevice dev;
+    qsa__gpu_info gi;
+    char *src = NULL, *image = NULL, *log = NULL;
+    size_t len = 0, ilen = 0;
+    QSA__TRY(qsa__cuda_load());
+    QSA__TRY(qsa__nvrtc_load());
+    QSA__TRY(qsa__cu_device_info(0, &gi));
+    QSA__CU(qsa__cu.cuDeviceGet(&dev, 0));
+    QSA__CU(qsa__cu.cuDevicePrimaryCtxRetain(&K1_.ctx, dev));
+    QSA__CU(qsa__cu.cuCtxSetCurrent(K1_.ctx));
+    src = qsa__kernels_source();
+    if (src && strstr(src, "qsa_k_moe_plan(")) {
+        K1_.src = "kernels.cu (embedded)";
+    } else {
+        qsa_free(src);
+        src = NULL;
+        qsa_result rr = qsa__read_file(test_path(".dev/k1.cu"), &src, &len);
+        if (rr != QSA_OK)
+            return qsa__fail(QSA_ERR_NOT_FOUND, "k1 kernels are neither in kernels.cu nor readable at %s (%s)",
+                             test_path(".dev/k1.cu"), qsa_last_error());
+        K1_.src = ".dev/k1.cu";
+    }
+    static const char *const opts[] = {"--std=c++14", "-default-device"};
+    qsa_result r = qsa__nvrtc_pick_arch(NULL, gi.cc_major * 10 + gi.cc_minor, K1_.arch, sizeof K1_.arch);
+    if (r == QSA_OK) r = qsa__nvrtc_compile(src, strstr(K1_.src, "k1") ? "k1.cu" : "kernels.cu", opts, 2, K1_.arch,
+                                            &image, &ilen, &log);
+    if (r == QSA_OK && log && strstr(log, "warning"))
+        printf("    NVRTC warnings:\n%s\n", log);
+    if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuModuleLoadData(&K1_.mod, image));
+    if (r == QSA_OK)
+        printf("    GPU 0: %s (sm_%d%d); k1 kernels from %s built for %s by NVRTC %d.%d\n", gi.name, gi.cc_major,
+               gi.cc_minor, K1_.src, K1_.arch, qsa__nvrtc.major, qsa__nvrtc.minor);
+    qsa_free(src);
+    qsa_free(image);
+    qsa_free(log);
+    return r;
+}
+
+/* 1: ready; 0: no GPU stack (skip); -1: a GPU is there but the set-up failed (a real failure). */
+static int k1_state_get(void) {
+    if (!K1_.tried) {
+        K1_.tried = 1;
+        K1_.status = k1_init_();
+        snprintf(K1_.why, sizeof K1_.why, "%s", K1_.status == QSA_OK ? "" : qsa_last_error());
+        qsa_clear_error();
+    }
+    if (K1_.status == QSA_OK) qsa__cu.cuCtxSetCurrent(K1_.ctx);
+    return K1_.status == QSA_OK ? 1 : K1_.status == QSA_ERR_NO_DEVICE ? 0 : -1;
+}
+#define K1_NEED_GPU() do { int s_ = k1_state_get(); \
+    if (s_ == 0) SKIP("no GPU: %s", K1_.why); \
+    if (s_ < 0) { T_.failed++; printf("    k1 GPU set-up failed: %s\n", K1_.why); return; } } while (0)
+
+/* Device and host buffers of one test, freed together at `done:`. */
+#define K1_MAXBUF 96
+typedef struct k1_mem {
+    CUdeviceptr d[K1_MAXBUF];
+    int nd;
+    void *h[K1_MAXBUF];
+    int nh;
+} k1_mem;
+static void k1_free(k1_mem *m) {
+    for (int i = 0; i < m->nd; i++) qsa__cu.cuMemFree_v2(m->d[i]);
+    for (int i = 0; i < m->nh; i++) free(m->h[i]);
+    m->nd = m->nh = 0;
+}
+/* zeroed host memory owned by m (NULL when out of memory or out of slots) */
+static void *k1_host(k1_mem *m, size_t bytes) {
+    if (m->nh >= K1_MAXBUF) return NULL;
+    void *p = calloc(bytes ? bytes : 1, 1);
+    if (p) m->h[m->nh++] = p;
+    return p;
+}
+/* device memory owned by m: a copy of `host`, or poison (0xFF bytes) when host is NULL */
+static qsa_result k1_dev(k1_mem *m, CUdeviceptr *d, const void *host, size_t bytes) {
+    *d = 0;
+    if (m->nd >= K1_MAXBUF) return qsa__fail(QSA_ERR_INTERNAL, "k1 test: too many buffers");
+    QSA__CU(qsa__cu.cuMemAlloc_v2(d, bytes ? bytes : 1));
+    m->d[m->nd++] = *d;
+    if (host) QSA__CU(qsa__cu.cuMemcpyHtoD_v2(*d, host, bytes));
+    else QSA__CU(qsa__cu.cuMemsetD8_v2(*d, 0xFF, bytes ? bytes : 1));
+    return QSA_OK;
+}
+static qsa_result k1_put(CUdeviceptr d, const void *host, size_t bytes) {
+    QSA__CU(qsa__cu.cuMemcpyHtoD_v2(d, host, bytes));
+    return QSA_OK;
+}
+static qsa_result k1_get(void *host, CUdeviceptr d, size_t bytes) {
+    QSA__CU(qsa__cu.cuMemcpyDtoH_v2(host, d, bytes));
+    return QSA_OK;
+}
+static qsa_result k1_poison(CUdeviceptr d, size_t bytes) {
+    QSA__CU(qsa__cu.cuMemsetD8_v2(d, 0xFF, bytes));
+    return QSA_OK;
+}
+static qsa_result k1_launch(const char *name, unsigned gx, unsigned gy, unsigned block, void **args) {
+    CUfunction fn;
+    if (qsa__cu.cuModuleGetFunction(&fn, K1_.mod, name) != 0)
+        return qsa__fail(QSA_ERR_NOT_FOUND, "kernel %s is not in the k1 module", name);
+    QSA__TRY(qsa__cu_launch(fn, name, gx, gy, 1, block, 1, 1, 0, NULL, args));
+    QSA__CU(qsa__cu.cuCtxSynchronize());
+    return QSA_OK;
+}
+
+/* A failed set-up step fails the test and jumps to its cleanup. */
+#define K1_TRY(expr) do { qsa_result k1_r_ = (expr); if (k1_r_ != QSA_OK) { T_.failed++; \
+    printf("    %s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr, qsa_result_string(k1_r_), qsa_last_error()); \
+    goto done; } } while (0)
+#define K1_ALLOC(ptr, T, n) do { (ptr) = (T *)k1_host(&mem, sizeof(T) * (size_t)(n)); \
+    if (!(ptr)) { T_.failed++; printf("    %s:%d: out of host memory\n", __FILE__, __LINE__); goto done; } } while (0)
+
+/* Deterministic inputs: xorshift64*, reseeded by each test. */
+static uint64_t k1_rng = 1;
+static void k1_seed(uint64_t s) { k1_rng = s * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull; }
+static double k1_u(double lo, double hi) {
+    k1_rng ^= k1_rng >> 12;
+    k1_rng ^= k1_rng << 25;
+    k1_rng ^= k1_rng >> 27;
+    return lo + (hi - lo) * (double)((k1_rng * 2685821657736338717ull) >> 11) * (1.0 / 9007199254740992.0);
+}
+static void k1_fill(float *x, size_t n, double lo, double hi) {
+    for (size_t i = 0; i < n; i++) x[i] = (float)k1_u(lo, hi);
+}
+/* random fp16 values: bits in h (to the GPU), exact values in f (for the reference) */
+static void k1_fill16(uint16_t *h, float *f, size_t n, double lo, double hi) {
+    for (size_t i = 0; i < n; i++) {
+        h[i] = qsa__f32_to_f16((float)k1_u(lo, hi));
+        f[i] = qsa__f16_to_f32(h[i]);
+    }
+}
+
+/* Counts i with !(|got - want| <= atol_i + rtol |want|) (NaN fails), atol_i = atolv ? atolv[i] : atol;
+   prints the first five and, with -v, the worst |diff| / tol. */
+static int k1_cmp(const char *what, const float *got, const double *want, size_t n, const double *atolv, double atol,
+                  double rtol) {
+    int bad = 0;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double tol = (atolv ? atolv[i] : atol) + rtol * fabs(want[i]), err = fabs((double)got[i] - want[i]);
+        if (!(err <= tol)) {
+            if (bad < 5)
+                printf("    %s[%zu]: gpu %.9g, reference %.9g, |diff| %.3g > tol %.3g\n", what, i, (double)got[i], want[i],
+                       err, tol);
+            bad++;
+        }
+        if (tol > 0 && err / tol > worst) worst = err / tol;
+    }
+    if (bad) printf("    %s: %d of %zu values out of tolerance\n", what, bad, n);
+    if (T_.verbose) printf("    %s: %zu values, worst |diff|/tol %.3g\n", what, n, worst);
+    return bad;
+}
+/* Bitwise equality of two arrays of 4-byte (or, with word 2, 2-byte) elements; reports the first difference. */
+static int k1_same(const char *what, const void *a, const void *b, size_t n, int word) {
+    const unsigned char *x = (const unsigned char *)a, *y = (const unsigned char *)b;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(x + i * word, y + i * word, (size_t)word)) {
+            uint32_t u = 0, v = 0;
+            memcpy(&u, x + i * word, (size_t)word);
+            memcpy(&v, y + i * word, (size_t)word);
+            printf("    %s: element %zu differs (0x%08x vs 0x%08x) - must be bitwise identical\n", what, i, u, v);
+            return 1;
+        }
+    return 0;
+}
+static void k1_h2f(const uint16_t *h, float *f, size_t n) {
+    for (size_t i = 0; i < n; i++) f[i] = qsa__f16_to_f32(h[i]);
+}
+
+/* The host mirror of `struct qsa_expert_w` (kernels) = qsa__dexpert (parts/cuda.h): 88 bytes. */
+typedef struct k1_expert {
+    unsigned long long gate_q, gate_s, up_q, up_s, down_q, down_s, gate16, up16, down16;
+    float gate_s2, up_s2, down_s2, pad;
+} k1_expert;
+
+/* ---------------------------------------------------------------------------------------------- */
+/* embedding                                                                                       */
+/* ---------------------------------------------------------------------------------------------- */
+
+TEST(gpu, k1_embed) {
+    K1_NEED_GPU();
+    enum { V = 50, H = 72, HC = 4, M = 6 };
+    k1_mem mem = {{0}, 0, {0}, 0};
+    uint16_t *tab;
+    float *tf, *X, *want;
+    int ids[M] = {3, 0, 49, -1, 50, 17}; /* -1 and 50 are out of range: zero rows */
+    int h = H, hc = HC, v = V;
+    CUdeviceptr dt, di, dx;
+    K1_ALLOC(tab, uint16_t, V * H);
+    K1_ALLOC(tf, float, V * H);
+    K1_ALLOC(X, float, M * HC * H);
+    K1_ALLOC(want, float, M * HC * H);
+    k1_seed(1);
+    k1_fill16(tab, tf, V * H, -2, 2);
+    for (int t = 0; t < M; t++)
+        for (int s = 0; s < HC; s++)
+            for (int j = 0; j < H; j++)
+                want[(t * HC + s) * H + j] = ids[t] >= 0 && ids[t] < V ? tf[ids[t] * H + j] : 0.0f;
+    K1_TRY(k1_dev(&mem, &dt, tab, sizeof(uint16_t) * V * H));
+    K1_TRY(k1_dev(&mem, &di, ids, sizeof ids));
+    K1_TRY(k1_dev(&mem, &dx, NULL, sizeof(float) * M * HC * H));
+    {
+        void *args[] = {&dt, &di, &dx, &h, &hc, &v};
+        K1_TRY(k1_launch("qsa_k_embed", M, 1, 256, args));
+    }
+    K1_TRY(k1_get(X, dx, sizeof(float) * M * HC * H));
+    /* an fp16 -> fp32 copy is exact */
+    CHECK(!k1_same("embed", X, want, (size_t)M * HC * H, 4));
+done:
+    k1_free(&mem);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* rmsnorm                                                                                         */
+/* ---------------------------------------------------------------------------------------------- */
+
+static qsa_result k1_run_rmsnorm(const float *x, const float *w, float *y, uint16_t *y16, int M, int dim, int group,
+                                 float eps, int one_plus) {
+    k1_mem mem = {{0}, 0, {0}, 0};
+    CUdeviceptr dx, dw, dy, dy16;
+    size_t n = (size_t)M * dim;
+    qsa_result r = k1_dev(&mem, &dx, x, n * 4);
+    if (r == QSA_OK) r = k1_dev(&mem, &dw, w, (size_t)dim * 4);
+    if (r == QSA_OK) r = k1_dev(&mem, &dy, NULL, n * 4);
+    if (r == QSA_OK) r = k1_dev(&mem, &dy16, NULL, n * 2);
+    if (r == QSA_OK) {
+        void *args[] = {&dx, &dw, &dy, &dy16, &dim, &group, &eps, &one_plus};
+        r = k1_launch("qsa_k_rmsnorm", (unsigned)(M * (dim / group)), 1, 256, args);
+    }
+    if (r == QSA_OK) r = k1_get(y, dy, n * 4);
+    if (r == QSA_OK) r = k1_get(y16, dy16, n * 2);
+    k1_free(&mem);
+    return r;
+}
+
+TEST(gpu, k1_rmsnorm) {
+    K1_NEED_GPU();
+    enum { M = 37, DIM = 4 * 200, POS = 21 };
+    k1_mem mem = {{0}, 0, {0}, 0};
+    float *x, *w, *y, *y1, *ref, *x1;
+    uint16_t *y16, *y16b;
+    double *want;
+    float eps = 1e-6f;
+    K1_ALLOC(x, float, M * DIM);
+    K1_ALLOC(x1, float, DIM);
+    K1_ALLOC(w, float, DIM);
+    K1_ALLOC(y, float, M * DIM);
+    K1_ALLOC(y1, float, DIM);
+    K1_ALLOC(ref, float, M * DIM);
+    K1_ALLOC(y16, uint16_t, M * DIM);
+    K1_ALLOC(y16b, uint16_t, DIM);
+    K1_ALLOC(want, double, M * DIM);
+    k1_seed(2);
+    k1_fill(x, (size_t)M * DIM, -3, 3);
+    k1_fill(w, DIM, -0.5, 0.5);
+    for (int gi = 0; gi < 2; gi++) {
+        int group = gi == 0 ? 200 : DIM; /* hyper-connection groups of H, and a whole-row norm */
+        for (int one_plus = 0; one_plus < 2; one_plus++) {
+            char what[64];
+            snprintf(what, sizeof what, "rmsnorm group %d %s", group, one_plus ? "(1+w)" : "(w)");
+            K1_TRY(k1_run_rmsnorm(x, w, y, y16, M, DIM, group, eps, one_plus));
+            for (int t = 0; t < M; t++) {
+                if (one_plus) {
+                    qsa__rmsnorm_1p(x + (size_t)t * DIM, w, ref + (size_t)t * DIM, DIM, group, eps); /* the CPU backend */
+                } else {
+                    for (int g0 = 0; g0 < DIM; g0 += group) {
+                        const float *xr = x + (size_t)t * DIM + g0;
+                        float ss = 0.0f;
+                        for (int i = 0; i < group; i++) ss += xr[i] * xr[i];
+                        float inv = 1.0f / sqrtf(ss / (float)group + eps);
+                        for (int i = 0; i < group; i++) ref[(size_t)t * DIM + g0 + i] = xr[i] * inv * w[g0 + i];
+                    }
+                }
+            }
+            for (size_t i = 0; i < (size_t)M * DIM; i++) want[i] = ref[i];
+            /* The only difference from the CPU is the order of the sum of squares (a block tree instead
+               of a sequential sum): relative error of the sum <= group * 2^-24 in the worst case
+               (1.2e-5 / 4.8e-5 for groups of 200 / 800), typically sqrt(group) * 2^-24; the inverse square
+               root halves it.  rtol 2e-5 plus 1e-7 absolute for values near zero. */
+            CHECK(k1_cmp(what, y, want, (size_t)M * DIM, NULL, 1e-7, 2e-5) == 0);
+            /* the fp16 copy is the rounded fp32 output */
+            int mism = 0;
+            for (size_t i = 0; i < (size_t)M * DIM; i++) mism += y16[i] != qsa__f32_to_f16(y[i]);
+            CHECKF(mism == 0, "%s: %d fp16 outputs are not the rounded fp32 outputs", what, mism);
+            /* batch invariance: row POS alone */
+            memcpy(x1, x + (size_t)POS * DIM, sizeof(float) * DIM);
+            K1_TRY(k1_run_rmsnorm(x1, w, y1, y16b, 1, DIM, group, eps, one_plus));
+            CHECK(!k1_same(what, y1, y + (size_t)POS * DIM, DIM, 4));
+        }
+    }
+done:
+    k1_free(&mem);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* hyper-connection mixing and elementwise kernels                                                 */
+/* ---------------------------------------------------------------------------------------------- */
+
+TEST(gpu, k1_gres_mix) {
+    K1_NEED_GPU();
+    enum { M = 5, H = 300, HC = 4 };
+    k1_mem mem = {{0}, 0, {0}, 0};
+    float *mw, *xn, *inp;
+    uint16_t *inp16;
+    double *want, *atol;
+    int h = H, hc = HC;
+    CUdeviceptr dmw, dxn, dinp, dinp16;
+    K1_ALLOC(mw, float, M * HC * H);
+    K1_ALLOC(xn, float, M * HC * H);
+    K1_ALLOC(inp, float, M * H);
+    K1_ALLOC(inp16, uint16_t, M * H);
+    K1_ALLOC(want, double, M * H);
+    K1_ALLOC(atol, double, M * H);
+    k1_seed(3);
+    k1_fill(mw, (size_t)M * HC * H, -6, 6);
+    k1_fill(xn, (size_t)M * HC * H, -3, 3);
+    for (int t = 0; t < M; t++)
+        for (int j = 0; j < H; j++) {
+            float acc = 0.0f; /* the CPU backend's loop (qsa__gres_fwd) */
+            double mag = 0;
+            for (int s = 0; s < HC; s++) {
+                float p = qsa__sigmoid(mw[(t * HC + s) * H + j]) * xn[(t * HC + s) * H + j];
+                acc += p;
+                mag += fabs(p);
+            }
+            want[t * H + j] = acc / (float)HC;
+            /* same operations; only expf may differ by ~2 ulp between libm and CUDA: 1e-6 of the
+               magnitude of the terms */
+            atol[t * H + j] = 1e-6 * mag / HC + 1e-30;
+        }
+    K1_TRY(k1_dev(&mem, &dmw, mw, sizeof(float) * M * HC * H));
+    K1_TRY(k1_dev(&mem, &dxn, xn, sizeof(float) * M * HC * H));
+    K1_TRY(k1_dev(&mem, &dinp, NULL, sizeof(float) * M * H));
+    K1_TRY(k1_dev(&mem, &dinp16, NULL, sizeof(uint16_t) * M * H));
+    {
+        void *args[] = {&dmw, &dxn, &dinp, &dinp16, &h, &hc};
+        K1_TRY(k1_launch("qsa_k_gres_mix", M, 1, 256, args));
+    }
+    K1_TRY(k1_get(inp, dinp, sizeof(float) * M * H));
+    K1_TRY(k1_get(inp16, dinp16, sizeof(uint16_t) * M * H));
+    CHECK(k1_cmp("gres_mix", inp, want, (size_t)M * H, atol, 0, 0) == 0);
+    {
+        int mism = 0;
+        for (int i = 0; i < M * H; i++) mism += inp16[i] != qsa__f32_to_f16(inp[i]);
+        CHECKF(mism == 0, "%d fp16 outputs are not the rounded fp32 outputs", mism);
+    }
+done:
+    k1_free(&mem);
+}
+
+TEST(gpu, k1_elementwise) {
+    K1_NEED_GPU();
+    enum { N = 3001, M = 7, H = 130, HC = 4 };
+    k1_mem mem = {{0}, 0, {0}, 0};
+    float *x, *y, *inj, *out, *X, *Xw;
+    uint16_t *x16, *h16;
+    double *want;
+    int n = N, hc = HC, h = H;
+    float scale = 0.25f;
+    CUdeviceptr dx, dx16, dinj, dout, dX;
+    K1_ALLOC(x, float, N);
+    K1_ALLOC(y, float, N);
+    K1_ALLOC(x16, uint16_t, N);
+    K1_ALLOC(h16, uint16_t, N);
+    K1_ALLOC(want, double, N);
+    K1_ALLOC(inj, float, M * HC);
+    K1_ALLOC(out, float, M * H);
+    K1_ALLOC(X, float, M * HC * H);
+    K1_ALLOC(Xw, float, M * HC * H);
+    k1_seed(4);
+    k1_fill(x, N, -30, 30);
+    x[0] = -90.0f; /* silu underflows towards -0 */
+    x[1] = 0.0f;
+    /* silu_scale: x = silu(x * scale), in place, plus the fp16 copy */
+    K1_TRY(k1_dev(&mem, &dx, x, sizeof(float) * N));
+    K1_TRY(k1_dev(&mem, &dx16, NULL, sizeof(uint16_t) * N));
+    {
+        void *args[] = {&dx, &dx16, &n, &scale};
+        K1_TRY(k1_launch("qsa_k_silu_scale", (N + 255) / 256, 1, 256, args));
+    }
+    K1_TRY(k1_get(y, dx, sizeof(float) * N));
+    K1_TRY(k1_get(x16, dx16, sizeof(uint16_t) * N));
+    for (int i = 0; i < N; i++) want[i] = qsa__silu(x[i] / 4.0f); /* the CPU's silu(x / hc), hc = 4 */
+    /* x*0.25 == x/4 exactly; expf differs by <= 2 ulp between libm and CUDA, the division is exact
+       rounding on both: rtol 1e-6; atol covers results that underflow to (sub)normal tiny values */
+    CHECK(k1_cmp("silu_scale", y, want, N, NULL, 1e-37, 1e-6) == 0);
+    {
+        int mism = 0;
+        for (int i = 0; i < N; i++) mism += x16[i] != qsa__f32_to_f16(y[i]);
+        CHECKF(mism == 0, "silu_scale: %d fp16 outputs are not the rounded fp32 outputs", mism);
+    }
+    /* inj_weights: 2 * sigmoid(x / hc) */
+    K1_TRY(k1_put(dx, x, sizeof(float) * N));
+    {
+        void *args[] = {&dx, &n, &hc};
+        K1_TRY(k1_launch("qsa_k_inj_weights", (N + 255) / 256, 1, 256, args));
+    }
+    K1_TRY(k1_get(y, dx, sizeof(float) * N));
+    for (int i = 0; i < N; i++) want[i] = 2.0f * qsa__sigmoid(x[i] / (float)HC);
+    CHECK(k1_cmp("inj_weights", y, want, N, NULL, 1e-37, 1e-6) == 0); /* expf ulps, as above */
+    /* to_f16: round to nearest even, overflow to inf, subnormals: bitwise against the host's conversion */
+    x[2] = 70000.0f;
+    x[3] = -65520.0f; /* rounds to -inf */
+    x[4] = 65519.0f;  /* rounds to 65504 */
+    x[5] = 3e-6f;     /* fp16 subnormal */
+    x[6] = 1e-9f;     /* underflows to 0 */
+    x[7] = 2.9802322e-08f; /* exactly half the smallest subnormal: ties to even (0) */
+    K1_TRY(k1_put(dx, x, sizeof(float) * N));
+    K1_TRY(k1_poison(dx16, sizeof(uint16_t) * N));
+    {
+        void *args[] = {&dx, &dx16, &n};
+        K1_TRY(k1_launch("qsa_k_to_f16", (N + 255) / 256, 1, 256, args));
+    }
+    K1_TRY(k1_get(x16, dx16, sizeof(uint16_t) * N));
+    for (int i = 0; i < N; i++) h16[i] = qsa__f32_to_f16(x[i]);
+    CHECK(!k1_same("to_f16", x16, h16, N, 2));
+    /* inject: X[t][s*H+j] += inj[t][s] * out[t][j]: one IEEE multiply and one add on both sides, so
+       bitwise equal to the CPU backend's qsa__inject loop */
+    k1_fill(inj, M * HC, 0, 2);
+    k1_fill(out, (size_t)M * H, -4, 4);
+    k1_fill(X, (size_t)M * HC * H, -4, 4);
+    memcpy(Xw, X, sizeof(float) * M * HC * H);
+    for (int t = 0; t < M; t++)
+        for (int s = 0; s < HC; s++)
+            for (int j = 0; j < H; j++) Xw[(t * HC + s) * H + j] += inj[t * HC + s] * out[t * H + j];
+    K1_TRY(k1_dev(&mem, &dX, X, sizeof(float) * M * HC * H));
+    K1_TRY(k1_dev(&mem, &dinj, inj, sizeof(float) * M * HC));
+    K1_TRY(k1_dev(&mem, &dout, out, sizeof(float) * M * H));
+    {
+        void *args[] = {&dX, &dinj, &dout, &h, &hc};
+        K1_TRY(k1_launch("qsa_k_inject", M, 1, 256, args));
+    }
+    K1_TRY(k1_get(X, dX, sizeof(float) * M * HC * H));
+    CHECK(!k1_same("inject", X, Xw, (size_t)M * HC * H, 4));
+done:
+    k1_free(&mem);
+}
+
+TEST(gpu, k1_argmax) {
+    K1_NEED_GPU();
+    enum { M = 5, V = 5003 };
+    k1_mem mem = {{0}, 0, {0}, 0};
+    float *l;
+    int got[M], want[M], v = V;
+    CUdeviceptr dl, dout;
+    K1_ALLOC(l, float, M * V);
+    k1_seed(5);
+    k1_fill(l, (size_t)M * V, -10, 10);
+    l[0 * V + 4000] = 20.0f; /* row 0: a tie between 1234 and 4000: the lower index wins */
+    l[0 * V + 1234] = 20.0f;
+    for (int i = 0; i < V; i++) l[1 * V + i] = 1.5f; /* row 1: all equal: 0 */
+    for (int i = 0; i < V; i++) l[2 * V + i] = -INFINITY; /* row 2: all -inf: 0 */
+    l[2 * V + 77] = -1e30f;
+    l[3 * V + 5002] = 50.0f; /* row 3: the last element */
+    for (int t = 0; t < M; t++) want[t] = qsa__argmax(l + (size_t)t * V, V);
+    l[4 * V + 10] = NAN; /* row 4: NaNs never win (the CPU would keep index 0 if l[0] were NaN) */
+    l[4 * V + 0] = NAN;
+    {
+        int b = 1;
+        for (int i = 2; i < V; i++) if (l[4 * V + i] > l[4 * V + b]) b = i;
+        want[4] = b;
+    }
+    K1_TRY(k1_dev(&mem, &dl, l, sizeof(float) * M * V));
+    K1_TRY(k1_dev(&mem, &dout, NULL, sizeof got));
+    {
+        void *args[] = {&dl, &dout, &v};
+        K1_TRY(k1_launch("qsa_k_argmax", M, 1, 1024, args));
+    }
+    K1_TRY(k1_get(got, dout, sizeof got));
+    for (int t = 0; t < M; t++) CHECKF(got[t] == want[t], "argmax row %d: gpu %d, reference %d", t, got[t], want[t]);
+    CHECK(want[0] == 1234 && want[1] == 0 && want[2] == 77 && want[3] == 5002);
+done:
+    k1_free(&mem);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* GEMM                                                                                            */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* Blocks for the recommended launch of qsa_k_gemm_* (any grid is correct). */
+static unsigned k1_gemm_grid(int M, int N) {
+    return M <= 64 ? (unsigned)(((M + 15) / 16) * ((N + 15) / 16)) : (unsigned)(((M + 63) / 64) * ((N + 63) / 64));
+}
+
+/* Random NVFP4 weights [N][K]: q, s, s2, and the fp16-rounded dequantised values wf (what the
+   kernel feeds the tensor cores), dequantised by the CPU backend's qsa__lin_row. */
+static void k1_rand_nvfp4(uint8_t *q, uint8_t *s, float s2, float *wf, int N, int K) {
+    for (size_t i = 0; i < (size_t)N * K / 2; i++) q[i] = (uint8_t)k1_u(0, 256);
+    for (size_t i = 0; i < (size_t)N * K / 16; i++) {
+        unsigned e = 1 + (unsigned)k1_u(0, 14), m = (unsigned)k1_u(0, 8); /* normal, never NaN */
+        s[i] = (uint8_t)((e << 3) | m | (k1_u(0, 1) < 0.1 ? 0x80 : 0));
+    }
+    s[0] = 0x05; /* a subnormal scale */
+    qsa__lin l;
+    memset(&l, 0, sizeof l);
+    l.out = N;
+    l.in = K;
+    l.q = q;
+    l.qscale = s;
+    l.qscale2 = s2;
+    float *tmp = (float *)malloc(sizeof(float) * (size_t)K);
+    for (int n = 0; n < N && tmp; n++) {
+        const float *row = qsa__lin_row(&l, n, tmp);
+        for (int k = 0; k < K; k++) wf[(size_t)n * K + k] = qsa__f16_to_f32(qsa__f32_to_f16(row[k]));
+    }
+    free(tmp);
+}
+
+/* want = A W^T (+ bias) in double; atol = the accumulation bound times sum |a w|.
+ * Tolerance: the fp16 products are exact; the tensor cores accumulate in fp32 and may truncate
+ * rather than round (Volta), so the error can grow like K * 2^-23 * sum|a w| without cancelling;
+ * we allow max(1e-5, K * 2^-23) * sum|a w|.  A wrong index or layout is off by O(sum|a w|). */
+static void k1_ref_gemm(const float *a, const float *w, const float *bias, int M, int N, int K, double *want,
+                        double *atol) {
+    double c = (double)K * ldexp(1.0, -23);
+    if (c < 1e-5) c = 1e-5;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double s = 0, mag = 0;
+            for (int k = 0; k < K; k++) {
+                double p = (double)a[(size_t)m * K + k] * w[(size_t)n * K + k];
+                s += p;
+                mag += fabs(p);
+            }
+            want[(size_t)m * N + n] = s + (bias ? bias[n] : 0.0);
+            atol[(size_t)m * N + n] = c * mag + (bias ? 1e-7 * fabs(bias[n]) : 0.0) + 1e-30;
+        }
+}
+
+/* One GEMM shape, fp16 (nvfp4 = 0) or NVFP4 weights: reference, determinism, any grid,
+   accumulate, misaligned operands, and (NVFP4) equality with the fp16 GEMM on the same weights. */
+static void k1_gemm_case(int M, int N, int K, int nvfp4) {
+    k1_mem mem = {{0}, 0, {0}, 0};
+    uint16_t *a16, *w16 = NULL;
+    uint8_t *q = NULL, *s = NULL;
+    float *af, *wf, *bias = NULL, *Y, *Y2, *Y0;
+    double *want, *atol;
+    float s2 = 0.0173f;
+    int acc0 = 0, acc1 = 1;
+    char what[96];
+    size_t ny = (size_t)M * N;
+    CUdeviceptr dA, dA1, dW = 0, dq = 0, ds = 0, dq1 = 0, dB = 0, dY, dnull = 0;
+    snprintf(what, sizeof what, "gemm_%s M=%d N=%d K=%d", nvfp4 ? "nvfp4" : "f16", M, N, K);
+    K1_ALLOC(a16, uint16_t, (size_t)M * K + 8);
+    K1_ALLOC(af, float, (size_t)M * K);
+    K1_ALLOC(wf, float, (size_t)N * K);
+    K1_ALLOC(Y, float, ny);
+    K1_ALLOC(Y2, float, ny);
+    K1_ALLOC(Y0, float, ny);
+    K1_ALLOC(want, double, ny);
+    K1_ALLOC(atol, double, ny);
+    k1_seed(100 + (uint64_t)M * 7 + (uint64_t)N * 13 + (uint64_t)K + (uint64_t)nvfp4);
+    k1_fill16(a16, af, (size_t)M * K, -1, 1);
+    if (nvfp4) {
+        K1_ALLOC(q, uint8_t, (size_t)N * K / 2 + 8);
+        K1_ALLOC(s, uint8_t, (size_t)N * K / 16);
+        k1_rand_nvfp4(q, s, s2, wf, N, K);
+    } else {
+        K1_ALLOC(w16, uint16_t, (size_t)N * K);
+        K1_ALLOC(bias, float, N);
+        k1_fill16(w16, wf, (size_t)N * K, -1, 1);
+        k1_fill(bias, N, -2, 2);
+    }
+    k1_ref_gemm(af, wf, bias, M, N, K, want, atol);
+    K1_TRY(k1_dev(&mem, &dA, a16, sizeof(uint16_t) * M * K));
+    K1_TRY(k1_dev(&mem, &dY, NULL, sizeof(float) * ny));
+    if (nvfp4) {
+        K1_TRY(k1_dev(&mem, &dq, q, (size_t)N * K / 2));
+        K1_TRY(k1_dev(&mem, &ds, s, (size_t)N * K / 16));
+    } else {
+        K1_TRY(k1_dev(&mem, &dW, w16, sizeof(uint16_t) * N * K));
+        K1_TRY(k1_dev(&mem, &dB, bias, sizeof(float) * N));
+    }
+#define K1_GEMM(grid, dAx, dqx, accp) do { \
+        if (nvfp4) { void *args_[] = {&(dAx), &(dqx), &ds, &s2, &dY, &M, &N, &K, (accp)}; \
+            K1_TRY(k1_launch("qsa_k_gemm_nvfp4", (grid), 1, 256, args_)); } \
+        else { void *args_[] = {&(dAx), &dW, &dB, &dY, &M, &N, &K, (accp)}; \
+            K1_TRY(k1_launch("qsa_k_gemm_f16", (grid), 1, 256, args_)); } } while (0)
+    K1_GEMM(k1_gemm_grid(M, N), dA, dq, &acc0);
+    K1_TRY(k1_get(Y, dY, sizeof(float) * ny));
+    CHECK(k1_cmp(what, Y, want, ny, atol, 0, 0) == 0);
+    /* run to run: bitwise identical */
+    K1_TRY(k1_poison(dY, sizeof(float) * ny));
+    K1_GEMM(k1_gemm_grid(M, N), dA, dq, &acc0);
+    K1_TRY(k1_get(Y2, dY, sizeof(float) * ny));
+    CHECK(!k1_same("gemm: second run", Y, Y2, ny, 4));
+    /* any grid: 3 blocks looping over all tiles give the same bits */
+    K1_TRY(k1_poison(dY, sizeof(float) * ny));
+    K1_GEMM(3, dA, dq, &acc0);
+    K1_TRY(k1_get(Y2, dY, sizeof(float) * ny));
+    CHECK(!k1_same("gemm: grid of 3 blocks", Y, Y2, ny, 4));
+    /* accumulate: Y = Y0 + (the same result), one fp32 add */
+    k1_fill(Y0, ny, -5, 5);
+    K1_TRY(k1_put(dY, Y0, sizeof(float) * ny));
+    K1_GEMM(k1_gemm_grid(M, N), dA, dq, &acc1);
+    K1_TRY(k1_get(Y2, dY, sizeof(float) * ny));
+    for (size_t i = 0; i < ny; i++) Y0[i] = Y0[i] + Y[i];
+    CHECK(!k1_same("gemm: accumulate", Y0, Y2, ny, 4));
+    /* A one element off 16-byte alignment: scalar loads, same values, same bits */
+    memmove(a16 + 1, a16, sizeof(uint16_t) * M * K);
+    K1_TRY(k1_dev(&mem, &dA1, a16, sizeof(uint16_t) * ((size_t)M * K + 1)));
+    dA1 += 2;
+    K1_TRY(k1_poison(dY, sizeof(float) * ny));
+    K1_GEMM(k1_gemm_grid(M, N), dA1, dq, &acc0);
+    K1_TRY(k1_get(Y2, dY, sizeof(float) * ny));
+    CHECK(!k1_same("gemm: misaligned A", Y, Y2, ny, 4));
+    if (nvfp4) {
+        /* packed weights one byte off 4-byte alignment: byte loads, same bits */
+        memmove(q + 1, q, (size_t)N * K / 2);
+        K1_TRY(k1_dev(&mem, &dq1, q, (size_t)N * K / 2 + 1));
+        dq1 += 1;
+        K1_TRY(k1_poison(dY, sizeof(float) * ny));
+        K1_GEMM(k1_gemm_grid(M, N), dA, dq1, &acc0);
+        K1_TRY(k1_get(Y2, dY, sizeof(float) * ny));
+        CHECK(!k1_same("gemm_nvfp4: misaligned weights", Y, Y2, ny, 4));
+        /* the NVFP4 GEMM is the fp16 GEMM on the fp16-rounded dequantised weights, bit for bit */
+        K1_ALLOC(w16, uint16_t, (size_t)N * K);
+        for (size_t i = 0; i < (size_t)N * K; i++) w16[i] = qsa__f32_to_f16(wf[i]);
+        K1_TRY(k1_dev(&mem, &dW, w16, sizeof(uint16_t) * N * K));
+        K1_TRY(k1_poison(dY, sizeof(float) * ny));
+        {
+            void *args[] = {&dA, &dW, &dnull, &dY, &M, &N, &K, &acc0};
+            K1_TRY(k1_launch("qsa_k_gemm_f16", k1_gemm_grid(M, N), 1, 256, args));
+        }
+        K1_TRY(k1_get(Y2, dY, sizeof(float) * ny));
+        CHECK(!k1_same("gemm_nvfp4 vs gemm_f16 on the dequantised weights", Y, Y2, ny, 4));
+    }
+#undef K1_GEMM
+done:
+    k1_free(&mem);
+}
+
+TEST(gpu, k1_gemm_f16) {
+    K1_NEED_GPU();
+    k1_gemm_case(1, 300, 1024, 0);  /* decode: split-K, 4 segments, one round */
+    k1_gemm_case(5, 17, 48, 0);     /* N and M edges, K below one segment */
+    k1_gemm_case(37, 100, 2320, 0); /* 9 full segments + 16: two rounds, a one-chunk segment */
+    k1_gemm_case(64, 33, 272, 0);   /* the largest split-K M */
+    k1_gemm_case(100, 70, 528, 0);  /* tiled: partial 64x64 tiles, 3 segments */
+    k1_gemm_case(130, 129, 80, 0);  /* tiled: three M tiles, N edge, K % 32 == 16 */
+}
+
+TEST(gpu, k1_gemm_nvfp4) {
+    K1_NEED_GPU();
+    k1_gemm_case(1, 40, 512, 1);
+    k1_gemm_case(37, 33, 1040, 1);
+    k1_gemm_case(100, 70, 272, 1);
+}
+
+/* Batch invariance: one row of A computed with M = 1, 37, 64 (split-K), 65 and 100 (tiled), at
+   different positions inside its tile, gives the same bits. */
+static void k1_gemm_batch(int nvfp4) {
+    enum { N = 72, K = 784 }; /* 4 segments: 256, 256, 256, 16 */
+    static const int Ms[] = {1, 37, 64, 65, 100};
+    static const int pos[] = {0, 21, 63, 64, 70};
+    k1_mem mem = {{0}, 0, {0}, 0};
+    uint16_t *a16, *w16 = NULL, *row;
+    uint8_t *q = NULL, *s = NULL;
+    float *af, *wf, *Y, *first;
+    float s2 = 0.031f;
+    int acc0 = 0, n = N, k = K;
+    CUdeviceptr dA, dW = 0, dq = 0, ds = 0, dY, dB = 0;
+    K1_ALLOC(a16, uint16_t, 100 * K);
+    K1_ALLOC(af, float, 100 * K);
+    K1_ALLOC(row, uint16_t, K);
+    K1_ALLOC(wf, float, N * K);
+    K1_ALLOC(Y, float, 100 * N);
+    K1_ALLOC(first, float, N);
+    k1_seed(7 + (uint64_t)nvfp4);
+    k1_fill16(row, wf, K, -1, 1); /* wf as scratch for the row's values */
+    if (nvfp4) {
+        K1_ALLOC(q, uint8_t, N * K / 2);
+        K1_ALLOC(s, uint8_t, N * K / 16);
+        k1_rand_nvfp4(q, s, s2, wf, N, K);
+        K1_TRY(k1_dev(&mem, &dq, q, N * K / 2));
+        K1_TRY(k1_dev(&mem, &ds, s, N * K / 16));
+    } else {
+        K1_ALLOC(w16, uint16_t, N * K);
+        k1_fill16(w16, wf, N * K, -1, 1);
+        K1_TRY(k1_dev(&mem, &dW, w16, sizeof(uint16_t) * N * K));
+    }
+    K1_TRY(k1_dev(&mem, &dA, NULL, sizeof(uint16_t) * 100 * K));
+    K1_TRY(k1_dev(&mem, &dY, NULL, sizeof(float) * 100 * N));
+    for (int c = 0; c < 5; c++) {
+        int M = Ms[c];
+        k1_fill16(a16, af, (size_t)M * K, -1, 1);
+        memcpy(a16 + (size_t)pos[c] * K, row, sizeof(uint16_t) * K);
+        K1_TRY(k1_put(dA, a16, sizeof(uint16_t) * M * K));
+        K1_TRY(k1_poison(dY, sizeof(float) * 100 * N));
+        if (nvfp4) {
+            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &n, &k, &acc0};
+            K1_TRY(k1_launch("qsa_k_gemm_nvfp4", k1_gemm_grid(M, N), 1, 256, args));
+        } else {
+            void *args[] = {&dA, &dW, &dB, &dY, &M, &n, &k, &acc0};
+            K1_TRY(k1_launch("qsa_k_gemm_f16", k1_gemm_grid(M, N), 1, 256, args));
+        }
+        K1_TRY(k1_get(Y, dY, sizeof(float) * M * N));
+        if (c == 0) memcpy(first, Y, sizeof(float) * N);
+        else {
+            char what[96];
+            snprintf(what, sizeof what, "gemm_%s batch invariance: row %d of M=%d vs M=1", nvfp4 ? "nvfp4" : "f16",
+                     pos[c], M);
+            CHECK(!k1_same(what, first, Y + (size_t)pos[c] * N, N, 4));
+        }
+    }
+done:
+    k1_free(&mem);
+}
+
+TEST(gpu, k1_gemm_batch_invariance) {
+    K1_NEED_GPU();
+    k1_gemm_batch(0);
+    k1_gemm_batch(1);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* MoE                                                                                             */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* The CPU backend's router (qsa__moe_fwd): softmax, K repeated arg-maxes (ties: lower id),
+   optional renormalisation; then sorted by ascending id.  gap: p_K - p_{K+1} relative to p_K. */
+static void k1_ref_router(const float *logits, int E, int K, int norm, int *ids, float *w, double *gap) {
+    float *p = (float *)malloc(sizeof(float) * (size_t)E);
+    int top[64];
+    float topw[64];
+    float mx = -INFINITY, sum = 0.0f;
+    for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
+    for (int e = 0; e < E; e++) { p[e] = expf(logits[e] - mx); sum += p[e]; }
+    for (int e = 0; e < E; e++) p[e] /= sum;
+    for (int k = 0; k <= K && k < E; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int used = 0;
+            for (int j = 0; j < k; j++) used |= top[j] == e;
+            if (!used && (best < 0 || p[e] > p[best])) best = e;
+        }
+        top[k] = best;
+        topw[k] = p[best];
+    }
+    *gap = K < E ? (topw[K - 1] - topw[K]) / topw[K - 1] : 1.0;
+    if (norm) {
+        float s = 0.0f;
+        for (int k = 0; k < K; k++) s += topw[k];
+        for (int k = 0; k < K; k++) topw[k] /= s;
+    }
+    for (int i = 0; i < K; i++) { /* sort by id */
+        int b = i;
+        for (int j = i + 1; j < K; j++) if (top[j] < top[b]) b = j;
+        int ti = top[i]; top[i] = top[b]; top[b] = ti;
+        float tw = topw[i]; topw[i] = topw[b]; topw[b] = tw;
+        ids[i] = top[i];
+        w[i] = topw[i];
+    }
+    free(p);
+}
+
+static qsa_result k1_run_router(const float *logits, int M, int E, int K, int norm, int *ids, float *w) {
+    k1_mem mem = {{0}, 0, {0}, 0};
+    CUdeviceptr dl, di, dw;
+    qsa_result r = k1_dev(&mem, &dl, logits, sizeof(float) * (size_t)M * E);
+    if (r == QSA_OK) r = k1_dev(&mem, &di, NULL, sizeof(int) * (size_t)M * K);
+    if (r == QSA_OK) r = k1_dev(&mem, &dw, NULL, sizeof(float) * (size_t)M * K);
+    if (r == QSA_OK) {
+        void *args[] = {&dl, &di, &dw, &E, &K, &norm};
+        r = k1_launch("qsa_k_router_topk", (unsigned)M, 1, 256, args);
+    }
+    if (r == QSA_OK) r = k1_get(ids, di, sizeof(int) * (size_t)M * K);
+    if (r == QSA_OK) r = k1_get(w, dw, sizeof(float) * (size_t)M * K);
+    k1_free(&mem);
+    return r;
+}
+
+static void k1_router_case(int M, int E, int K, int norm) {
+    k1_mem mem = {{0}, 0, {0}, 0};
+    float *l, *w, *rw, *w1;
+    int *ids, *rid, *id1;
+    double *want, gap;
+    const int pos = M > 21 ? 21 : M - 1;
+    K1_ALLOC(l, float, M * E);
+    K1_ALLOC(w, float, M * K);
+    K1_ALLOC(rw, float, K);
+    K1_ALLOC(w1, float, K);
+    K1_ALLOC(ids, int, M * K);
+    K1_ALLOC(rid, int, K);
+    K1_ALLOC(id1, int, K);
+    K1_ALLOC(want, double, K);
+    k1_seed(11 + (uint64_t)E);
+    k1_fill(l, (size_t)M * E, -4, 4);
+    /* row 0: exact ties (equal logits give equal probabilities on both sides): lower ids first */
+    l[5] = l[9] = l[40 % E] = 5.0f;
+    l[7] = l[8] = 4.5f;
+    K1_TRY(k1_run_router(l, M, E, K, norm, ids, w));
+    for (int t = 0; t < M; t++) {
+        char what[64];
+        k1_ref_router(l + (size_t)t * E, E, K, norm, rid, rw, &gap);
+        snprintf(what, sizeof what, "router E=%d K=%d norm=%d token %d", E, K, norm, t);
+        int sorted = 1;
+        for (int k = 1; k < K; k++) sorted &= ids[t * K + k - 1] < ids[t * K + k];
+        CHECKF(sorted, "%s: ids not strictly ascending", what);
+        /* the selection may only differ where the reference's K-th and (K+1)-th probabilities are
+           within fp32 noise of each other (sum order, expf ulps) */
+        if (gap > 1e-5 || t == 0) {
+            CHECKF(!memcmp(ids + t * K, rid, sizeof(int) * K), "%s: selected experts differ (gap %.3g)", what, gap);
+            for (int k = 0; k < K; k++) want[k] = rw[k];
+            /* the softmax sum is a block tree instead of a sequential sum: each side is within
+               (E-1) * 2^-24 of the exact sum, so rtol 2 E 2^-24 + 1e-6 (expf ulps, the division) */
+            CHECK(k1_cmp(what, w + t * K, want, K, NULL, 0, 2.0 * E * ldexp(1.0, -24) + 1e-6) == 0);
+        }
+    }
+    CHECKF(ids[0] == 5 || ids[1] == 5, "row 0 must select expert 5");
+    /* batch invariance: row pos alone */
+    K1_TRY(k1_run_router(l + (size_t)pos * E, 1, E, K, norm, id1, w1));
+    CHECK(!k1_same("router batch invariance (ids)", id1, ids + pos * K, K, 4));
+    CHECK(!k1_same("router batch invariance (weights)", w1, w + pos * K, K, 4));
+done:
+    k1_free(&mem);
+}
+
+TEST(gpu, k1_router_topk) {
+    K1_NEED_GPU();
+    k1_router_case(37, 64, 6, 1);
+    k1_router_case(5, 300, 10, 0);
+    k1_router_case(3, 512, 10, 1);
+}
+
+/* Runs plan -> gate_up -> down -> combine for M tokens with the given routing; returns h16, y, out
+   and the plan (pairs, tiles, ntiles). */
+typedef struct k1_moe_dev {
+    CUdeviceptr ex;
+    int E, H, I;
+} k1_moe_dev;
+static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const int *ids, const float *tw, int M, int K,
+                             int act, uint16_t *h16, float *y, float *out, int *pairs, int *tiles, int *ntiles) {
+    k1_mem mem = {{0}, 0, {0}, 0};
+    int MK = M * K, E = md->E, H = md->H, I = md->I;
+    int max_tiles = (MK + 15) / 16 + (E < MK ? E : MK);
+    CUdeviceptr dx, di, dw, dp, dt, dn, dh, dy, dout, dex = md->ex;
+    qsa_result r = k1_dev(&mem, &dx, x16, sizeof(uint16_t) * (size_t)M * H);
+    if (r == QSA_OK) r = k1_dev(&mem, &di, ids, sizeof(int) * (size_t)MK);
+    if (r == QSA_OK) r = k1_dev(&mem, &dw, tw, sizeof(float) * (size_t)MK);
+    if (r == QSA_OK) r = k1_dev(&mem, &dp, NULL, sizeof(int) * (size_t)MK);
+    if (r == QSA_OK) r = k1_dev(&mem, &dt, NULL, sizeof(int) * 3 * (size_t)max_tiles);
+    if (r == QSA_OK) r = k1_dev(&mem, &dn, NULL, sizeof(int));
+    if (r == QSA_OK) r = k1_dev(&mem, &dh, NULL, sizeof(uint16_t) * (size_t)MK * I);
+    if (r == QSA_OK) r = k1_dev(&mem, &dy, NULL, sizeof(float) * (size_t)MK * H);
+    if (r == QSA_OK) r = k1_dev(&mem, &dout, NULL, sizeof(float) * (size_t)M * H);
+    if (r == QSA_OK) {
+        void *args[] = {&di, &MK, &E, &dp, &dt, &dn};
+        r = k1_launch("qsa_k_moe_plan", 1, 1, 1024, args);
+    }
+    if (r == QSA_OK) {
+        void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act};
+        r = k1_launch("qsa_k_moe_gate_up", (unsigned)max_tiles, (unsigned)(I + 15) / 16, 256, args);
+    }
+    if (r == QSA_OK) {
+        void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I};
+        r = k1_launch("qsa_k_moe_down", (unsigned)max_tiles, (unsigned)(H + 15) / 16, 256, args);
+    }
+    if (r == QSA_OK) {
+        void *args[] = {&dy, &dw, &dout, &H, &K};
+        r = k1_launch("qsa_k_moe_combine", (unsigned)M, 1, 256, args);
+    }
+    if (r == QSA_OK) r = k1_get(h16, dh, sizeof(uint16_t) * (size_t)MK * I);
+    if (r == QSA_OK) r = k1_get(y, dy, sizeof(float) * (size_t)MK * H);
+    if (r == QSA_OK) r = k1_get(out, dout, sizeof(float) * (size_t)M * H);
+    if (r == QSA_OK && pairs) r = k1_get(pairs, dp, sizeof(int) * (size_t)MK);
+    if (r == QSA_OK && tiles) r = k1_get(ntiles, dn, sizeof(int));
+    if (r == QSA_OK && tiles && *ntiles >= 0 && *ntiles <= max_tiles)
+        r = k1_get(tiles, dt, sizeof(int) * 3 * (size_t)*ntiles);
+    k1_free(&mem);
+    return r;
+}
+
+/* Experts: even ids dense fp16, odd ids NVFP4 (the kernels choose per matrix).  Checks the plan,
+   h = act(gate x) * up x, y = down h, the combine, and batch invariance (token `pos` alone). */
+static void k1_moe_case(int M, int E, int K, int H, int I, int act) {
+    k1_mem mem = {{0}, 0, {0}, 0};
+    int MK = M * K, pos = M > 21 ? 21 : M - 1;
+    int max_tiles = (MK + 15) / 16 + (E < MK ? E : MK);
+    uint16_t *x16, *h16, *h16b;
+    float *xf, *tw, *y, *out, *yb, *outb, *hf, *got, **wg, **wu, **wd, *cpu;
+    int *ids, *pairs, *tiles, ntiles = -1, nt1 = 0;
+    double *want, *atol;
+    k1_expert *ex;
+    k1_moe_dev md;
+    char what[96];
+    md.E = E;
+    md.H = H;
+    md.I = I;
+    K1_ALLOC(x16, uint16_t, M * H);
+    K1_ALLOC(xf, float, M * H);
+    K1_ALLOC(ids, int, MK);
+    K1_ALLOC(tw, float, MK);
+    K1_ALLOC(h16, uint16_t, (size_t)MK * I);
+    K1_ALLOC(h16b, uint16_t, (size_t)K * I);
+    K1_ALLOC(hf, float, (size_t)MK * I);
+    K1_ALLOC(y, float, (size_t)MK * H);
+    K1_ALLOC(yb, float, (size_t)K * H);
+    K1_ALLOC(out, float, M * H);
+    K1_ALLOC(outb, float, H);
+    K1_ALLOC(cpu, float, M * H);
+    K1_ALLOC(got, float, (size_t)MK * (I > H ? I : H));
+    K1_ALLOC(want, double, (size_t)MK * (I > H ? I : H));
+    K1_ALLOC(atol, double, (size_t)MK * (I > H ? I : H));
+    K1_ALLOC(pairs, int, MK);
+    K1_ALLOC(tiles, int, 3 * max_tiles);
+    K1_ALLOC(ex, k1_expert, E);
+    K1_ALLOC(wg, float *, E);
+    K1_ALLOC(wu, float *, E);
+    K1_ALLOC(wd, float *, E);
+    CHECKF(sizeof(k1_expert) == 88, "expert table entry is %zu bytes, the kernels expect 88", sizeof(k1_expert));
+    k1_seed(21 + (uint64_t)E * 3 + (uint64_t)act);
+    k1_fill16(x16, xf, (size_t)M * H, -1, 1);
+    for (int t = 0; t < M; t++) { /* K distinct ascending experts, positive weights */
+        int chosen = 0;
+        while (chosen < K) {
+            int e = (int)k1_u(0, E), dup = 0;
+            for (int j = 0; j < chosen; j++) dup |= ids[t * K + j] == e;
+            if (!dup) ids[t * K + chosen++] = e;
+        }
+        for (int i = 1; i < K; i++)
+            for (int j = i; j > 0 && ids[t * K + j - 1] > ids[t * K + j]; j--) {
+                int tmp = ids[t * K + j]; ids[t * K + j] = ids[t * K + j - 1]; ids[t * K + j - 1] = tmp;
+            }
+        for (int k = 0; k < K; k++) tw[t * K + k] = (float)k1_u(0.05, 1);
+    }
+    /* all experts' matrices in one host/device array per kind (gate, up, down) */
+    for (int m = 0; m < 3; m++) {
+        size_t n = (size_t)(m < 2 ? I : H) * (m < 2 ? H : I);
+        CUdeviceptr d16, dq, ds;
+        uint16_t *w16;
+        uint8_t *q, *s;
+        float *wall;
+        K1_ALLOC(wall, float, n * E);
+        K1_ALLOC(w16, uint16_t, n * E);
+        K1_ALLOC(q, uint8_t, n / 2 * E);
+        K1_ALLOC(s, uint8_t, n / 16 * E);
+        float s2 = 0.004f + 0.001f * (float)m;
+        for (int e = 0; e < E; e++) {
+            if (e % 2 == 0) k1_fill16(w16 + n * e, wall + n * e, n, -0.3, 0.3);
+            else k1_rand_nvfp4(q + n / 2 * e, s + n / 16 * e, s2, wall + n * e, m < 2 ? I : H, m < 2 ? H : I);
+        }
+        K1_TRY(k1_dev(&mem, &d16, w16, n * 2 * E));
+        K1_TRY(k1_dev(&mem, &dq, q, n / 2 * E));
+        K1_TRY(k1_dev(&mem, &ds, s, n / 16 * E));
+        for (int e = 0; e < E; e++) {
+            unsigned long long p16 = e % 2 == 0 ? d16 + n * 2 * e : 0, pq = e % 2 ? dq + n / 2 * e : 0,
+                               ps = e % 2 ? ds + n / 16 * e : 0;
+            float ps2 = e % 2 ? s2 : 0.0f;
+            if (m == 0) { ex[e].gate16 = p16; ex[e].gate_q = pq; ex[e].gate_s = ps; ex[e].gate_s2 = ps2; wg[e] = wall + n * e; }
+            if (m == 1) { ex[e].up16 = p16; ex[e].up_q = pq; ex[e].up_s = ps; ex[e].up_s2 = ps2; wu[e] = wall + n * e; }
+            if (m == 2) { ex[e].down16 = p16; ex[e].down_q = pq; ex[e].down_s = ps; ex[e].down_s2 = ps2; wd[e] = wall + n * e; }
+        }
+    }
+    K1_TRY(k1_dev(&mem, &md.ex, ex, sizeof(k1_expert) * (size_t)E));
+    K1_TRY(k1_run_moe(&md, x16, ids, tw, M, K, act, h16, y, out, pairs, tiles, &ntiles));
+    /* the plan: tiles in ascending expert order, consecutive, <= 16 pairs each, every pair once */
+    {
+        int ok = ntiles > 0 && ntiles <= max_tiles, next = 0, laste = -1;
+        for (int i = 0; ok && i < ntiles; i++) {
+            int e = tiles[3 * i], first = tiles[3 * i + 1], cnt = tiles[3 * i + 2];
+            ok = e >= laste && first == next && cnt >= 1 && cnt <= 16 && e < E;
+            for (int j = 0; ok && j < cnt; j++) {
+                int p = pairs[first + j];
+                ok = p >= 0 && p < MK && ids[p] == e && (j == 0 || pairs[first + j - 1] < p);
+            }
+            next = first + cnt;
+            laste = e;
+        }
+        CHECKF(ok && next == MK, "moe_plan: bad plan (%d tiles, %d of %d pairs covered)", ntiles, next, MK);
+    }
+    /* h: act(gate x) * up x from fp16 x and fp16(-rounded) weights, in double.  Tolerance: the GEMM
+       bound c * sum|x w| on each of g and u (see k1_ref_gemm), propagated through act(g) * u
+       (|silu'| <= 1.1, |sigmoid'| <= 0.25), plus the fp16 rounding of h (rtol 2^-11 -> 1e-3). */
+    {
+        double c = (double)H * ldexp(1.0, -23);
+        if (c < 1e-5) c = 1e-5;
+        for (int p = 0; p < MK; p++) {
+            int e = ids[p], t = p / K;
+            for (int i = 0; i < I; i++) {
+                double g = 0, u = 0, mg = 0, mu = 0;
+                for (int j = 0; j < H; j++) {
+                    double a = xf[(size_t)t * H + j];
+                    g += a * wg[e][(size_t)i * H + j];
+                    u += a * wu[e][(size_t)i * H + j];
+                    mg += fabs(a * wg[e][(size_t)i * H + j]);
+                    mu += fabs(a * wu[e][(size_t)i * H + j]);
+                }
+                double ag = act ? 1.0 / (1.0 + exp(-g)) : g / (1.0 + exp(-g));
+                want[(size_t)p * I + i] = ag * u;
+                atol[(size_t)p * I + i] = c * ((act ? 0.25 : 1.1) * mg * fabs(u) + fabs(ag) * mu) + 1e-7;
+            }
+        }
+        k1_h2f(h16, hf, (size_t)MK * I);
+        snprintf(what, sizeof what, "moe_gate_up E=%d H=%d I=%d act=%d", E, H, I, act);
+        CHECK(k1_cmp(what, hf, want, (size_t)MK * I, atol, 0, 1e-3) == 0);
+    }
+    /* y = down h, from the GPU's own h (fp16), in double; the GEMM tolerance over I terms */
+    {
+        double c = (double)I * ldexp(1.0, -23);
+        if (c < 1e-5) c = 1e-5;
+        for (int p = 0; p < MK; p++) {
+            int e = ids[p];
+            for (int j = 0; j < H; j++) {
+                double s = 0, mag = 0;
+                for (int i = 0; i < I; i++) {
+                    double v = (double)hf[(size_t)p * I + i] * wd[e][(size_t)j * I + i];
+                    s += v;
+                    mag += fabs(v);
+                }
+                want[(size_t)p * H + j] = s;
+                atol[(size_t)p * H + j] = c * mag + 1e-30;
+            }
+        }
+        snprintf(what, sizeof what, "moe_down E=%d H=%d I=%d", E, H, I);
+        CHECK(k1_cmp(what, y, want, (size_t)MK * H, atol, 0, 0) == 0);
+    }
+    /* combine: the CPU's `out[j] += y[j] * topw[k]` in slot order from 0, on the GPU's y: bitwise */
+    for (int t = 0; t < M; t++)
+        for (int j = 0; j < H; j++) {
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) acc += y[((size_t)t * K + k) * H + j] * tw[t * K + k];
+            cpu[(size_t)t * H + j] = acc;
+        }
+    CHECK(!k1_same("moe_combine vs the CPU expression", out, cpu, (size_t)M * H, 4));
+    /* batch invariance: token pos alone */
+    K1_TRY(k1_run_moe(&md, x16 + (size_t)pos * H, ids + pos * K, tw + pos * K, 1, K, act, h16b, yb, outb, NULL, NULL,
+                      &nt1));
+    CHECK(!k1_same("moe batch invariance (h16)", h16b, h16 + (size_t)pos * K * I, (size_t)K * I, 2));
+    CHECK(!k1_same("moe batch invariance (y)", yb, y + (size_t)pos * K * H, (size_t)K * H, 4));
+    CHECK(!k1_same("moe batch invariance (out)", outb, out + (size_t)pos * H, H, 4));
+done:
+    k1_free(&mem);
+}
+
+TEST(gpu, k1_moe) {
+    K1_NEED_GPU();
+    k1_moe_case(37, 5, 3, 320, 272, 0); /* ~22 pairs per expert: 2 tiles each; 2 segments on both GEMMs */
+    k1_moe_case(5, 3, 2, 64, 48, 1);    /* sigmoid act; small shapes */
+    k1_moe_case(1, 512, 10, 64, 32, 0); /* decode-like routing: 10 single-pair tiles among 512 experts */
+}
+
+TEST(gpu, k1_shared_combine) {
+    K1_NEED_GPU();
+    enum { M = 6, H = 200 };
+    k1_mem mem = {{0}, 0, {0}, 0};
+    float *out, *sh, *gl, *got;
+    double *want, *atol;
+    int h = H;
+    CUdeviceptr dout, dsh, dgl;
+    K1_ALLOC(out, float, M * H);
+    K1_ALLOC(sh, float, M * H);
+    K1_ALLOC(gl, float, M);
+    K1_ALLOC(got, float, M * H);
+    K1_ALLOC(want, double, M * H);
+    K1_ALLOC(atol, double, M * H);
+    k1_seed(31);
+    k1_fill(out, (size_t)M * H, -3, 3);
+    k1_fill(sh, (size_t)M * H, -3, 3);
+    k1_fill(gl, M, -5, 5);
+    for (int t = 0; t < M; t++)
+        for (int j = 0; j < H; j++) {
+            float g = qsa__sigmoid(gl[t]);
+            want[t * H + j] = out[t * H + j] + g * sh[t * H + j]; /* the CPU's out += sigmoid(gl) * y */
+            /* only the sigmoid's expf may differ (~2 ulp): 1e-6 of the magnitudes */
+            atol[t * H + j] = 1e-6 * (fabs(out[t * H + j]) + fabs(g * sh[t * H + j]));
+        }
+    K1_TRY(k1_dev(&mem, &dout, out, sizeof(float) * M * H));
+    K1_TRY(k1_dev(&mem, &dsh, sh, sizeof(float) * M * H));
+    K1_TRY(k1_dev(&mem, &dgl, gl, sizeof(float) * M));
+    {
+        void *args[] = {&dout, &dsh, &dgl, &h};
+        K1_TRY(k1_launch("qsa_k_shared_combine", M, 1, 256, args));
+    }
+    K1_TRY(k1_get(got, dout, sizeof(float) * M * H));
+    CHECK(k1_cmp("shared_combine", got, want, (size_t)M * H, atol, 0, 0) == 0);
+done:
+    k1_free(&mem);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* PLE                                                                                             */
+/* ---------------------------------------------------------------------------------------------- */
+
+static qsa_result k1_run_ple_gate(const float *keyp, const float *X, const float *valp, const float *nk,
+                                  const float *nq, const float *nc, float *gv, float *gvn, int M, int H, int hc,
+                                  float eps) {
+    k1_mem mem = {{0}, 0, {0}, 0};
+    size_t n = (size_t)M * hc * H;
+    CUdeviceptr dk, dX, dv, dnk, dnq, dnc, dgv, dgvn;
+    qsa_result r = k1_dev(&mem, &dk, keyp, n * 4);
+    if (r == QSA_OK) r = k1_dev(&mem, &dX, X, n * 4);
+    if (r == QSA_OK) r = k1_dev(&mem, &dv, valp, (size_t)M * H * 4);
+    if (r == QSA_OK) r = k1_dev(&mem, &dnk, nk, (size_t)hc * H * 4);
+    if (r == QSA_OK) r = k1_dev(&mem, &dnq, nq, (size_t)hc * H * 4);
+    if (r == QSA_OK) r = k1_dev(&mem, &dnc, nc, (size_t)hc * H * 4);
+    if (r == QSA_OK) r = k1_dev(&mem, &dgv, NULL, n * 4);
+    if (r == QSA_OK) r = k1_dev(&mem, &dgvn, NULL, n * 4);
+    if (r == QSA_OK) {
+        void *args[] = {&dk, &dX, &dv, &dnk, &dnq, &dnc, &dgv, &dgvn, &H, &hc, &eps};
+        r = k1_launch("qsa_k_ple_gate", (unsigned)M, 1, 256, args);
+    }
+    if (r == QSA_OK) r = k1_get(gv, dgv, n * 4);
+    if (r == QSA_OK) r = k1_get(gvn, dgvn, n * 4);
+    k1_free(&mem);
+    return r;
+}
+
+TEST(gpu, k1_ple_gate) {
+    K1_NEED_GPU();
+    enum { M = 37, H = 96, HC = 4, HCH = HC * H, POS = 21 };
+    k1_mem mem = {{0}, 0, {0}, 0};
+    float *keyp, *X, *valp, *nk, *nq, *nc, *gv, *gvn, *gv1, *gvn1, *key, *xn, *ref;
+    double *want, *atol;
+    float eps = 1e-6f;
+    K1_ALLOC(keyp, float, M * HCH);
+    K1_ALLOC(X, float, M * HCH);
+    K1_ALLOC(valp, float, M * H);
+    K1_ALLOC(nk, float, HCH);
+    K1_ALLOC(nq, float, HCH);
+    K1_ALLOC(nc, float, HCH);
+    K1_ALLOC(gv, float, M * HCH);
+    K1_ALLOC(gvn, float, M * HCH);
+    K1_ALLOC(gv1, float, HCH);
+    K1_ALLOC(gvn1, float, HCH);
+    K1_ALLOC(key, float, HCH);
+    K1_ALLOC(xn, float, HCH);
+    K1_ALLOC(ref, float, M * HCH);
+    K1_ALLOC(want, double, M * HCH);
+    K1_ALLOC(atol, double, M * HCH);
+    k1_seed(41);
+    k1_fill(keyp, (size_t)M * HCH, -2, 2);
+    k1_fill(X, (size_t)M * HCH, -2, 2);
+    k1_fill(valp, (size_t)M * H, -2, 2);
+    k1_fill(nk, HCH, -0.5, 0.5);
+    k1_fill(nq, HCH, -0.5, 0.5);
+    k1_fill(nc, HCH, -0.5, 0.5);
+    K1_TRY(k1_run_ple_gate(keyp, X, valp, nk, nq, nc, gv, gvn, M, H, HC, eps));
+    for (int t = 0; t < M; t++) {
+        /* the CPU backend's steps (qsa__ple_fwd) */
+        qsa__rmsnorm_1p(keyp + (size_t)t * HCH, nk, key, HCH, H, eps);
+        qsa__rmsnorm_1p(X + (size_t)t * HCH, nq, xn, HCH, H, eps);
+        for (int s = 0; s < HC; s++) {
+            float dot = 0.0f;
+            double mag = 0;
+            for (int j = 0; j < H; j++) {
+                dot += key[s * H + j] * xn[s * H + j];
+                mag += fabs((double)key[s * H + j] * xn[s * H + j]);
+            }
+            float gate = dot / sqrtf((float)H);
+            float m = sqrtf(fmaxf(fabsf(gate), 1e-6f));
+            gate = gate > 0 ? m : gate < 0 ? -m : 0.0f;
+            float sg = qsa__sigmoid(gate);
+            /* error budget: the dot product (sum order, and the two norms' sums) is within ~2e-6 of
+               sum|key q| (1e-5 with margin), divided by sqrt(H); sqrt(|g|) turns an error d into
+               d / (2 sqrt(max(|g|, 1e-6))); the sigmoid's slope is <= 1/4. */
+            double dg = 1e-5 * mag / sqrt((double)H) / (2.0 * sqrt(fmax(fabs((double)dot / sqrt((double)H)), 1e-6)));
+            for (int j = 0; j < H; j++) {
+                want[(size_t)t * HCH + s * H + j] = sg * valp[t * H + j];
+                atol[(size_t)t * HCH + s * H + j] = (0.25 * dg + 1e-6) * fabs(valp[t * H + j]) + 1e-30;
+            }
+        }
+        /* gvn from the GPU's own gv: only the norm's sum order differs (H = 96: rtol 2e-5) */
+        qsa__rmsnorm_1p(gv + (size_t)t * HCH, nc, ref + (size_t)t * HCH, HCH, H, eps);
+    }
+    CHECK(k1_cmp("ple_gate gv", gv, want, (size_t)M * HCH, atol, 0, 0) == 0);
+    for (size_t i = 0; i < (size_t)M * HCH; i++) want[i] = ref[i];
+    CHECK(k1_cmp("ple_gate gvn", gvn, want, (size_t)M * HCH, NULL, 1e-7, 2e-5) == 0);
+    /* batch invariance */
+    K1_TRY(k1_run_ple_gate(keyp + (size_t)POS * HCH, X + (size_t)POS * HCH, valp + (size_t)POS * H, nk, nq, nc, gv1,
+                           gvn1, 1, H, HC, eps));
+    CHECK(!k1_same("ple_gate batch invariance (gv)", gv1, gv + (size_t)POS * HCH, HCH, 4));
+    CHECK(!k1_same("ple_gate batch invariance (gvn)", gvn1, gvn + (size_t)POS * HCH, HCH, 4));
+done:
+    k1_free(&mem);
+}
+
+TEST(gpu, k1_ple_conv) {
+    K1_NEED_GPU();
+    enum { M = 37, HCH = 200, KC = 4, DIL = 3, L = (KC - 1) * DIL };
+    k1_mem mem = {{0}, 0, {0}, 0};
+    float *X0, *X, *X2, *gv, *gvn, *st0, *st, *st2, *w, *hist, *wst;
+    double *want, *atol;
+    int m = M, hch = HCH, kc = KC, dil = DIL, m1 = 1, m36 = M - 1;
+    CUdeviceptr dX, dgv, dgvn, dst, dw, dgv1, dgvn1, dX1;
+    K1_ALLOC(X0, float, M * HCH);
+    K1_ALLOC(X, float, M * HCH);
+    K1_ALLOC(X2, float, M * HCH);
+    K1_ALLOC(gv, float, M * HCH);
+    K1_ALLOC(gvn, float, M * HCH);
+    K1_ALLOC(st0, float, L * HCH);
+    K1_ALLOC(st, float, L * HCH);
+    K1_ALLOC(st2, float, L * HCH);
+    K1_ALLOC(wst, float, L * HCH);
+    K1_ALLOC(w, float, HCH * KC);
+    K1_ALLOC(hist, float, (L + M) * HCH);
+    K1_ALLOC(want, double, M * HCH);
+    K1_ALLOC(atol, double, M * HCH);
+    k1_seed(51);
+    k1_fill(X0, (size_t)M * HCH, -2, 2);
+    k1_fill(gv, (size_t)M * HCH, -2, 2);
+    k1_fill(gvn, (size_t)M * HCH, -2, 2);
+    k1_fill(st0, (size_t)L * HCH, -2, 2);
+    k1_fill(w, (size_t)HCH * KC, -1, 1);
+    /* reference: the CPU backend's loop (qsa__ple_fwd) over history = state rows then gvn rows */
+    memcpy(hist, st0, sizeof(float) * L * HCH);
+    memcpy(hist + (size_t)L * HCH, gvn, sizeof(float) * M * HCH);
+    for (int t = 0; t < M; t++)
+        for (int c = 0; c < HCH; c++) {
+            float acc = 0.0f;
+            for (int k = 0; k < KC; k++) acc += w[c * KC + k] * hist[(size_t)(t + k * DIL) * HCH + c];
+            float sl = qsa__silu(acc);
+            want[(size_t)t * HCH + c] = X0[(size_t)t * HCH + c] + (gv[(size_t)t * HCH + c] + sl);
+            /* the same operations; only silu's expf may differ (~2 ulp): 1e-6 of the magnitudes */
+            atol[(size_t)t * HCH + c] = 1e-6 * (fabs(X0[(size_t)t * HCH + c]) + fabs(gv[(size_t)t * HCH + c]) + fabs(sl)) + 1e-30;
+        }
+    memcpy(wst, hist + (size_t)M * HCH, sizeof(float) * L * HCH);
+    K1_TRY(k1_dev(&mem, &dX, X0, sizeof(float) * M * HCH));
+    K1_TRY(k1_dev(&mem, &dgv, gv, sizeof(float) * M * HCH));
+    K1_TRY(k1_dev(&mem, &dgvn, gvn, sizeof(float) * M * HCH));
+    K1_TRY(k1_dev(&mem, &dst, st0, sizeof(float) * L * HCH));
+    K1_TRY(k1_dev(&mem, &dw, w, sizeof(float) * HCH * KC));
+    {
+        void *args[] = {&dX, &dgv, &dgvn, &dst, &dw, &m, &hch, &kc, &dil};
+        K1_TRY(k1_launch("qsa_k_ple_conv", (HCH + 255) / 256, 1, 256, args));
+    }
+    K1_TRY(k1_get(X, dX, sizeof(float) * M * HCH));
+    K1_TRY(k1_get(st, dst, sizeof(float) * L * HCH));
+    CHECK(k1_cmp("ple_conv X", X, want, (size_t)M * HCH, atol, 0, 0) == 0);
+    CHECK(!k1_same("ple_conv new state (a copy of the last rows)", st, wst, (size_t)L * HCH, 4));
+    /* chunking: 1 token then 36 (the first chunk is shorter than the state: in-place shift) gives
+       the same X and state bits as one pass */
+    K1_TRY(k1_put(dX, X0, sizeof(float) * M * HCH));
+    K1_TRY(k1_put(dst, st0, sizeof(float) * L * HCH));
+    {
+        void *args[] = {&dX, &dgv, &dgvn, &dst, &dw, &m1, &hch, &kc, &dil};
+        K1_TRY(k1_launch("qsa_k_ple_conv", (HCH + 255) / 256, 1, 256, args));
+    }
+    dX1 = dX + sizeof(float) * HCH;
+    dgv1 = dgv + sizeof(float) * HCH;
+    dgvn1 = dgvn + sizeof(float) * HCH;
+    {
+        void *args[] = {&dX1, &dgv1, &dgvn1, &dst, &dw, &m36, &hch, &kc, &dil};
+        K1_TRY(k1_launch("qsa_k_ple_conv", (HCH + 255) / 256, 1, 256, args));
+    }
+    K1_TRY(k1_get(X2, dX, sizeof(float) * M * HCH));
+    K1_TRY(k1_get(st2, dst, sizeof(float) * L * HCH));
+    CHECK(!k1_same("ple_conv chunked X", X2, X, (size_t)M * HCH, 4));
+    CHECK(!k1_same("ple_conv chunked state", st2, st, (size_t)L * HCH, 4));
+done:
+    k1_free(&mem);
+}
+
+#endif /* QSA_NO_CUDA */

@@ -1,0 +1,1044 @@
+/* tests/t_gpu_k2.c - the Gated DeltaNet and QSA kernels against the CPU reference of parts/model.h,
+ * and the determinism contract (SPEC section 4) on the GPU.  Group gpu: skips without libcuda, a
+ * device or an NVRTC.
+ *
+ * The kernels are compiled from the embedded kernels.cu when it already holds them (after the
+ * merge), else from kernels.cu + .dev/k2.cu (development; skipped when that file is missing).
+ *
+ * Tolerances: |gpu - cpu| <= atol + rtol * |cpu|, stated next to each comparison with the reason.
+ * Determinism checks are bitwise: chunking (GDN), batch composition, page placement and page size,
+ * block size (attention), and exact equality of the top-k selection with qsa__select_blocks.
+ */
+#ifndef QSA_NO_CUDA
+
+/* ---------------------------------------------------------------------------------------------- */
+/* device, module, buffers                                                                         */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef struct k2t_gpu {
+    int tried;
+    qsa_result status;
+    char why[1024];
+    CUcontext ctx;
+    CUmodule mod;
+    qsa__gpu_info info;
+    char arch[32];
+} k2t_gpu;
+static k2t_gpu K2G_;
+
+static qsa_result k2t_init_(void) {
+    CUdevice dev;
+    char *src = NULL, *k2 = NULL, *all = NULL, *image = NULL, *log = NULL;
+    size_t len = 0;
+    QSA__TRY(qsa__cuda_load());
+    QSA__TRY(qsa__nvrtc_load());
+    QSA__TRY(qsa__cu_device_info(0, &K2G_.info));
+    QSA__CU(qsa__cu.cuDeviceGet(&dev, 0));
+    QSA__CU(qsa__cu.cuDevicePrimaryCtxRetain(&K2G_.ctx, dev));
+    QSA__CU(qsa__cu.cuCtxSetCurrent(K2G_.ctx));
+    src = qsa__kernels_source();
+    if (!src) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "kernel source: out of memory");
+    if (strstr(src, "qsa_k_attn_phys_order(")) {
+        all = src; /* merged */
+        src = NULL;
+    } else {
+        size_t n = 0, ns = strlen(src);
+        if (qsa__read_file(test_path(".dev/k2.cu"), &k2, &n) != QSA_OK) {
+            qsa_free(src);
+            return qsa__fail(QSA_ERR_NO_DEVICE, "the GDN/QSA kernels are neither in kernels.cu nor in .dev/k2.cu");
+        }
+        const char *line = "\n#line 1 \"k2.cu\"\n";
+        all = QSA__ALLOC(char, ns + strlen(line) + n + 1);
+        if (all) {
+            memcpy(all, src, ns);
+            memcpy(all + ns, line, strlen(line));
+            memcpy(all + ns + strlen(line), k2, n + 1);
+        }
+        qsa_free(src);
+        qsa_free(k2);
+        if (!all) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "kernel source: out of memory");
+    }
+    qsa_result r = qsa__nvrtc_pick_arch(NULL, K2G_.info.cc_major * 10 + K2G_.info.cc_minor, K2G_.arch, sizeof K2G_.arch);
+    if (r == QSA_OK) r = qsa__nvrtc_compile(all, "kernels.cu", NULL, 0, K2G_.arch, &image, &len, &log);
+    if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuModuleLoadData(&K2G_.mod, image));
+    if (r == QSA_OK)
+        printf("    GPU 0: %s (sm_%d%d); GDN/QSA kernels built for %s by NVRTC %d.%d\n", K2G_.info.name,
+               K2G_.info.cc_major, K2G_.info.cc_minor, K2G_.arch, qsa__nvrtc.major, qsa__nvrtc.minor);
+    qsa_free(all);
+    qsa_free(image);
+    qsa_free(log);
+    return r;
+}
+
+/* 1: ready; 0: no GPU stack (skip); -1: a GPU is there but the set-up failed. */
+static int k2t_state(void) {
+    if (!K2G_.tried) {
+        K2G_.tried = 1;
+        K2G_.status = k2t_init_();
+        snprintf(K2G_.why, sizeof K2G_.why, "%s", K2G_.status == QSA_OK ? "" : qsa_last_error());
+    }
+    return K2G_.status == QSA_OK ? 1 : K2G_.status == QSA_ERR_NO_DEVICE ? 0 : -1;
+}
+#define K2_NEED_GPU() do { int s_ = k2t_state(); \
+    if (s_ == 0) SKIP("no GPU: %s", K2G_.why); \
+    if (s_ < 0) { T_.failed++; printf("    GPU set-up failed: %s\n", K2G_.why); return; } } while (0)
+
+/* Device buffers of one test, freed together.  A buffer without host data is poisoned with 0xFF
+   bytes (NaN in fp16 and fp32) so that an element a kernel forgot to write cannot pass. */
+typedef struct k2t_mem { CUdeviceptr p[48]; int n; } k2t_mem;
+static qsa_result k2t_dev(k2t_mem *a, CUdeviceptr *d, const void *host, size_t bytes) {
+    *d = 0;
+    if (a->n >= 48) return qsa__fail(QSA_ERR_INTERNAL, "test arena full");
+    QSA__CU(qsa__cu.cuMemAlloc_v2(d, bytes ? bytes : 4));
+    a->p[a->n++] = *d;
+    if (host) QSA__CU(qsa__cu.cuMemcpyHtoD_v2(*d, host, bytes));
+    else QSA__CU(qsa__cu.cuMemsetD8_v2(*d, 0xFF, bytes ? bytes : 4));
+    return QSA_OK;
+}
+static void k2t_free(k2t_mem *a) {
+    for (int i = 0; i < a->n; i++) qsa__cu.cuMemFree_v2(a->p[i]);
+    a->n = 0;
+}
+static qsa_result k2t_get(void *host, CUdeviceptr d, size_t bytes) {
+    QSA__CU(qsa__cu.cuMemcpyDtoH_v2(host, d, bytes));
+    return QSA_OK;
+}
+static qsa_result k2t_put(CUdeviceptr d, const void *host, size_t bytes) {
+    QSA__CU(qsa__cu.cuMemcpyHtoD_v2(d, host, bytes));
+    return QSA_OK;
+}
+static qsa_result k2t_poison(CUdeviceptr d, size_t bytes) {
+    QSA__CU(qsa__cu.cuMemsetD8_v2(d, 0xFF, bytes));
+    return QSA_OK;
+}
+static qsa_result k2t_launch(const char *name, unsigned gx, unsigned gy, unsigned bx, unsigned shmem, void **args) {
+    CUfunction fn;
+    QSA__CU(qsa__cu.cuModuleGetFunction(&fn, K2G_.mod, name));
+    if (shmem > 48 * 1024) QSA__CU(qsa__cu.cuFuncSetAttribute(fn, QSA__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)shmem));
+    QSA__TRY(qsa__cu_launch(fn, name, gx, gy, 1, bx, 1, 1, shmem, NULL, args));
+    QSA__CU(qsa__cu.cuCtxSynchronize());
+    return QSA_OK;
+}
+
+/* Deterministic inputs: xorshift64*, uniform in [lo, hi). */
+static uint64_t k2t_rng = 0x2545F4914F6CDD1Dull;
+static void k2t_seed(uint64_t s) { k2t_rng = s * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull; }
+static double k2t_uniform(double lo, double hi) {
+    k2t_rng ^= k2t_rng >> 12;
+    k2t_rng ^= k2t_rng << 25;
+    k2t_rng ^= k2t_rng >> 27;
+    uint64_t x = k2t_rng * 2685821657736338717ull;
+    return lo + (hi - lo) * (double)(x >> 11) * (1.0 / 9007199254740992.0);
+}
+static void k2t_fill(float *x, size_t n, double lo, double hi) {
+    for (size_t i = 0; i < n; i++) x[i] = (float)k2t_uniform(lo, hi);
+}
+static float k2t_f16_round(float x) { return qsa__f16_to_f32(qsa__f32_to_f16(x)); }
+
+/* Counts elements outside |got - want| <= atol + rtol*|want| (NaN counts); prints the first few. */
+static int k2t_compare(const char *what, const float *got, const float *want, size_t n, double atol, double rtol) {
+    int bad = 0;
+    double worst = 0, maxd = 0;
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - (double)want[i]), tol = atol + rtol * fabs((double)want[i]);
+        if (!(err <= tol)) {
+            if (bad < 5) printf("    %s[%zu]: gpu %.9g, cpu %.9g, |diff| %.3g > tol %.3g\n", what, i, got[i], want[i], err, tol);
+            bad++;
+        }
+        if (err / tol > worst) worst = err / tol;
+        if (err > maxd) maxd = err;
+    }
+    if (T_.verbose) printf("    %s: %zu values, max |diff| %.3g, worst |diff|/tol %.3f\n", what, n, maxd, worst);
+    return bad;
+}
+static int k2t_same_bits(const void *a, const void *b, size_t bytes) { return memcmp(a, b, bytes) == 0; }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Gated DeltaNet                                                                                  */
+/* ---------------------------------------------------------------------------------------------- */
+
+enum { K2T_NK = 2, K2T_NV = 4, K2T_DK = 128, K2T_DV = 128, K2T_KC = 4, K2T_M = 37 };
+
+/* CPU: the conv/act/split/L2 part of qsa__gdn_fwd on [state; qkv]; updates state. */
+static void k2t_cpu_conv(const float *qkv, float *state, const float *w, float *q, float *k, float *v, int M, int nk,
+                         int dk, int conv_dim, int Kc, qsa_act act) {
+    int key_dim = nk * dk, value_dim = conv_dim - 2 * key_dim;
+    float *x = QSA__ALLOC(float, (size_t)(Kc - 1 + M) * conv_dim);
+    memcpy(x, state, sizeof(float) * (size_t)(Kc - 1) * conv_dim);
+    memcpy(x + (size_t)(Kc - 1) * conv_dim, qkv, sizeof(float) * (size_t)M * conv_dim);
+    for (int t = 0; t < M; t++) {
+        for (int ch = 0; ch < conv_dim; ch++) {
+            float acc = 0.0f;
+            for (int j = 0; j < Kc; j++) acc += w[ch * Kc + j] * x[(size_t)(t + j) * conv_dim + ch];
+            float y = qsa__act(act, acc);
+            if (ch < key_dim) q[(size_t)t * key_dim + ch] = y;
+            else if (ch < 2 * key_dim) k[(size_t)t * key_dim + ch - key_dim] = y;
+            else v[(size_t)t * value_dim + ch - 2 * key_dim] = y;
+        }
+        for (int h = 0; h < nk; h++) {
+            float *qh = q + (size_t)t * key_dim + h * dk, *kh = k + (size_t)t * key_dim + h * dk;
+            qsa__l2norm(qh, dk);
+            qsa__l2norm(kh, dk);
+            float sc = 1.0f / sqrtf((float)dk);
+            for (int i = 0; i < dk; i++) qh[i] *= sc;
+        }
+    }
+    memcpy(state, x + (size_t)M * conv_dim, sizeof(float) * (size_t)(Kc - 1) * conv_dim);
+    qsa_free(x);
+}
+
+TEST(gpu, k2_gdn_conv_gates_norm) {
+    K2_NEED_GPU();
+    int nk = K2T_NK, nv = K2T_NV, dk = K2T_DK, dv = K2T_DV, Kc = K2T_KC, M = K2T_M;
+    int key_dim = nk * dk, value_dim = nv * dv, conv_dim = 2 * key_dim + value_dim;
+    size_t nqkv = (size_t)M * conv_dim, nst = (size_t)(Kc - 1) * conv_dim;
+    float *qkv = QSA__ALLOC(float, nqkv), *st = QSA__ALLOC(float, nst), *st0 = QSA__ALLOC(float, nst),
+          *w = QSA__ALLOC(float, (size_t)conv_dim * Kc);
+    float *q = QSA__ALLOC(float, (size_t)M * key_dim), *k = QSA__ALLOC(float, (size_t)M * key_dim),
+          *v = QSA__ALLOC(float, (size_t)M * value_dim);
+    float *gq = QSA__ALLOC(float, (size_t)M * key_dim), *gk = QSA__ALLOC(float, (size_t)M * key_dim),
+          *gv = QSA__ALLOC(float, (size_t)M * value_dim), *gst = QSA__ALLOC(float, nst);
+    float *gq2 = QSA__ALLOC(float, (size_t)M * key_dim), *gk2 = QSA__ALLOC(float, (size_t)M * key_dim),
+          *gv2 = QSA__ALLOC(float, (size_t)M * value_dim), *gst2 = QSA__ALLOC(float, nst);
+    k2t_seed(11);
+    k2t_fill(qkv, nqkv, -2, 2);
+    k2t_fill(st0, nst, -2, 2);
+    k2t_fill(w, (size_t)conv_dim * Kc, -0.7, 0.7);
+    for (int act = 0; act < 2; act++) {
+        memcpy(st, st0, sizeof(float) * nst);
+        k2t_cpu_conv(qkv, st, w, q, k, v, M, nk, dk, conv_dim, Kc, act ? QSA_ACT_SIGMOID : QSA_ACT_SILU);
+        k2t_mem a = {{0}, 0};
+        CUdeviceptr dqkv, dst, dw, dq, dk_, dv_;
+        qsa_result r = k2t_dev(&a, &dqkv, qkv, nqkv * 4);
+        if (r == QSA_OK) r = k2t_dev(&a, &dst, st0, nst * 4);
+        if (r == QSA_OK) r = k2t_dev(&a, &dw, w, (size_t)conv_dim * Kc * 4);
+        if (r == QSA_OK) r = k2t_dev(&a, &dq, NULL, (size_t)M * key_dim * 4);
+        if (r == QSA_OK) r = k2t_dev(&a, &dk_, NULL, (size_t)M * key_dim * 4);
+        if (r == QSA_OK) r = k2t_dev(&a, &dv_, NULL, (size_t)M * value_dim * 4);
+        /* one launch of M tokens, then the state update */
+        if (r == QSA_OK) {
+            void *args[] = {&dqkv, &dst, &dw, &dq, &dk_, &dv_, &M, &conv_dim, &key_dim, &Kc, &act, &nk, &dk};
+            r = k2t_launch("qsa_k_gdn_conv", (unsigned)M, 1, 256, 0, args);
+        }
+        if (r == QSA_OK) {
+            void *args[] = {&dqkv, &dst, &M, &conv_dim, &Kc};
+            r = k2t_launch("qsa_k_gdn_conv_state", (unsigned)(conv_dim + 255) / 256, 1, 256, 0, args);
+        }
+        if (r == QSA_OK) r = k2t_get(gq, dq, (size_t)M * key_dim * 4);
+        if (r == QSA_OK) r = k2t_get(gk, dk_, (size_t)M * key_dim * 4);
+        if (r == QSA_OK) r = k2t_get(gv, dv_, (size_t)M * value_dim * 4);
+        if (r == QSA_OK) r = k2t_get(gst, dst, nst * 4);
+        /* the same tokens fed in chunks of 1, 2, 5, 29 (state carried): bitwise equal */
+        if (r == QSA_OK) r = k2t_put(dst, st0, nst * 4);
+        if (r == QSA_OK) r = k2t_poison(dq, (size_t)M * key_dim * 4);
+        if (r == QSA_OK) r = k2t_poison(dk_, (size_t)M * key_dim * 4);
+        if (r == QSA_OK) r = k2t_poison(dv_, (size_t)M * value_dim * 4);
+        static const int chunks[] = {1, 2, 5, 29};
+        for (int c = 0, t0 = 0; c < 4 && r == QSA_OK; t0 += chunks[c], c++) {
+            int mc = chunks[c];
+            CUdeviceptr x = dqkv + (size_t)t0 * conv_dim * 4, qo = dq + (size_t)t0 * key_dim * 4,
+                        ko = dk_ + (size_t)t0 * key_dim * 4, vo = dv_ + (size_t)t0 * value_dim * 4;
+            void *args[] = {&x, &dst, &dw, &qo, &ko, &vo, &mc, &conv_dim, &key_dim, &Kc, &act, &nk, &dk};
+            r = k2t_launch("qsa_k_gdn_conv", (unsigned)mc, 1, 256, 0, args);
+            void *args2[] = {&x, &dst, &mc, &conv_dim, &Kc};
+            if (r == QSA_OK) r = k2t_launch("qsa_k_gdn_conv_state", (unsigned)(conv_dim + 255) / 256, 1, 256, 0, args2);
+        }
+        if (r == QSA_OK) r = k2t_get(gq2, dq, (size_t)M * key_dim * 4);
+        if (r == QSA_OK) r = k2t_get(gk2, dk_, (size_t)M * key_dim * 4);
+        if (r == QSA_OK) r = k2t_get(gv2, dv_, (size_t)M * value_dim * 4);
+        if (r == QSA_OK) r = k2t_get(gst2, dst, nst * 4);
+        k2t_free(&a);
+        CHECK_OK(r);
+        if (r != QSA_OK) break;
+        /* conv: 4 products (fma vs mul+add: <= 4 ulp of sum|w x|); act and the L2 norm add a few
+           ulp; q, k are unit-scale: atol 2e-6, rtol 1e-5 */
+        CHECK(k2t_compare("gdn_conv q", gq, q, (size_t)M * key_dim, 2e-6, 1e-5) == 0);
+        CHECK(k2t_compare("gdn_conv k", gk, k, (size_t)M * key_dim, 2e-6, 1e-5) == 0);
+        CHECK(k2t_compare("gdn_conv v", gv, v, (size_t)M * value_dim, 2e-6, 1e-5) == 0);
+        CHECKF(k2t_same_bits(gst, st, nst * 4), "conv state: must be the exact last Kc-1 inputs");
+        CHECKF(k2t_same_bits(gq, gq2, (size_t)M * key_dim * 4) && k2t_same_bits(gk, gk2, (size_t)M * key_dim * 4) &&
+                   k2t_same_bits(gv, gv2, (size_t)M * value_dim * 4) && k2t_same_bits(gst, gst2, nst * 4),
+               "act %d: chunked conv differs from one launch (must be bitwise identical)", act);
+    }
+    /* gates and the gated norm */
+    {
+        int n = M * nv;
+        float eps = 1e-6f;
+        float *b = QSA__ALLOC(float, n), *aa = QSA__ALLOC(float, n), *Al = QSA__ALLOC(float, nv), *dtb = QSA__ALLOC(float, nv);
+        float *beta = QSA__ALLOC(float, n), *g = QSA__ALLOC(float, n), *gb = QSA__ALLOC(float, n), *gg = QSA__ALLOC(float, n);
+        float *o = QSA__ALLOC(float, (size_t)M * value_dim), *z = QSA__ALLOC(float, (size_t)M * value_dim),
+              *nw = QSA__ALLOC(float, dv), *oref = QSA__ALLOC(float, (size_t)M * value_dim),
+              *og = QSA__ALLOC(float, (size_t)M * value_dim);
+        uint16_t *o16 = QSA__ALLOC(uint16_t, (size_t)M * value_dim);
+        k2t_fill(b, n, -6, 6);
+        k2t_fill(aa, n, -8, 8);
+        aa[3] = 30.0f; /* softplus past its threshold 20 */
+        k2t_fill(Al, nv, -2, 1);
+        k2t_fill(dtb, nv, -1, 1);
+        k2t_fill(o, (size_t)M * value_dim, -3, 3);
+        k2t_fill(z, (size_t)M * value_dim, -4, 4);
+        k2t_fill(nw, dv, 0.5, 1.5);
+        for (int i = 0; i < n; i++) {
+            beta[i] = qsa__sigmoid(b[i]);
+            g[i] = -expf(Al[i % nv]) * qsa__softplus(aa[i] + dtb[i % nv]);
+        }
+        for (int gact = 0; gact < 2; gact++) {
+            for (int rr = 0; rr < M * nv; rr++) {
+                const float *orow = o + (size_t)rr * dv, *zrow = z + (size_t)rr * dv;
+                float ss = 0.0f;
+                for (int j = 0; j < dv; j++) ss += orow[j] * orow[j];
+                float inv = 1.0f / sqrtf(ss / (float)dv + eps);
+                for (int j = 0; j < dv; j++)
+                    oref[(size_t)rr * dv + j] = nw[j] * (orow[j] * inv) * qsa__act(gact ? QSA_ACT_SIGMOID : QSA_ACT_SILU, zrow[j]);
+            }
+            k2t_mem a = {{0}, 0};
+            CUdeviceptr db, da, dAl, ddt, dbeta, dg, dO, dz, dnw, do16;
+            qsa_result r = k2t_dev(&a, &db, b, n * 4);
+            if (r == QSA_OK) r = k2t_dev(&a, &da, aa, n * 4);
+            if (r == QSA_OK) r = k2t_dev(&a, &dAl, Al, nv * 4);
+            if (r == QSA_OK) r = k2t_dev(&a, &ddt, dtb, nv * 4);
+            if (r == QSA_OK) r = k2t_dev(&a, &dbeta, NULL, n * 4);
+            if (r == QSA_OK) r = k2t_dev(&a, &dg, NULL, n * 4);
+            if (r == QSA_OK) r = k2t_dev(&a, &dO, o, (size_t)M * value_dim * 4);
+            if (r == QSA_OK) r = k2t_dev(&a, &dz, z, (size_t)M * value_dim * 4);
+            if (r == QSA_OK) r = k2t_dev(&a, &dnw, nw, dv * 4);
+            if (r == QSA_OK) r = k2t_dev(&a, &do16, NULL, (size_t)M * value_dim * 2);
+            if (r == QSA_OK) {
+                void *args[] = {&db, &da, &dAl, &ddt, &dbeta, &dg, &n, &nv};
+                r = k2t_launch("qsa_k_gdn_gates", (unsigned)(n + 255) / 256, 1, 256, 0, args);
+            }
+            if (r == QSA_OK) {
+                void *args[] = {&dO, &dz, &dnw, &do16, &nv, &dv, &eps, &gact};
+                r = k2t_launch("qsa_k_gdn_norm_gate", (unsigned)(M * nv), 1, 128, 0, args);
+            }
+            if (r == QSA_OK) r = k2t_get(gb, dbeta, n * 4);
+            if (r == QSA_OK) r = k2t_get(gg, dg, n * 4);
+            if (r == QSA_OK) r = k2t_get(og, dO, (size_t)M * value_dim * 4);
+            if (r == QSA_OK) r = k2t_get(o16, do16, (size_t)M * value_dim * 2);
+            k2t_free(&a);
+            CHECK_OK(r);
+            if (r != QSA_OK) break;
+            /* expf/log1pf of CUDA vs glibc: <= 2 ulp each, a few roundings: rtol 4e-6 */
+            CHECK(k2t_compare("gdn beta", gb, beta, n, 1e-7, 4e-6) == 0);
+            CHECK(k2t_compare("gdn g", gg, g, n, 1e-7, 4e-6) == 0);
+            /* a 128-term sum of squares (tree vs sequential), sqrt, act: rtol 1e-5 */
+            CHECK(k2t_compare("gdn norm_gate", og, oref, (size_t)M * value_dim, 1e-6, 1e-5) == 0);
+            int mism = 0;
+            for (size_t i = 0; i < (size_t)M * value_dim; i++) mism += o16[i] != qsa__f32_to_f16(og[i]);
+            CHECKF(mism == 0, "%d fp16 outputs are not the rounded fp32 outputs", mism);
+        }
+        qsa_free(b); qsa_free(aa); qsa_free(Al); qsa_free(dtb); qsa_free(beta); qsa_free(g); qsa_free(gb); qsa_free(gg);
+        qsa_free(o); qsa_free(z); qsa_free(nw); qsa_free(oref); qsa_free(og); qsa_free(o16);
+    }
+    qsa_free(qkv); qsa_free(st); qsa_free(st0); qsa_free(w); qsa_free(q); qsa_free(k); qsa_free(v);
+    qsa_free(gq); qsa_free(gk); qsa_free(gv); qsa_free(gst); qsa_free(gq2); qsa_free(gk2); qsa_free(gv2); qsa_free(gst2);
+}
+
+/* Runs the recurrence on the device: tokens [0, M) in launches of `chunk` tokens (0: one launch),
+   grid (nv, Y) block B, with the state slice in shared memory when `smem`.  S is in/out (fp32, or
+   fp16 bits when f16). */
+static qsa_result k2t_gdn_run(int f16, void *S, const float *q, const float *k, const float *v, const float *beta,
+                              const float *g, float *o, int M, int nk, int nv, int dk, int dv, int chunk, int Y, int B,
+                              int smem) {
+    k2t_mem a = {{0}, 0};
+    size_t ns = (size_t)nv * dk * dv * (f16 ? 2 : 4);
+    CUdeviceptr dS, dq, dk_, dv_, db, dg, dO;
+    qsa_result r = k2t_dev(&a, &dS, S, ns);
+    if (r == QSA_OK) r = k2t_dev(&a, &dq, q, (size_t)M * nk * dk * 4);
+    if (r == QSA_OK) r = k2t_dev(&a, &dk_, k, (size_t)M * nk * dk * 4);
+    if (r == QSA_OK) r = k2t_dev(&a, &dv_, v, (size_t)M * nv * dv * 4);
+    if (r == QSA_OK) r = k2t_dev(&a, &db, beta, (size_t)M * nv * 4);
+    if (r == QSA_OK) r = k2t_dev(&a, &dg, g, (size_t)M * nv * 4);
+    if (r == QSA_OK) r = k2t_dev(&a, &dO, NULL, (size_t)M * nv * dv * 4);
+    int ncols = (dv + Y * B - 1) / (Y * B);
+    unsigned shmem = smem ? (unsigned)(4 * dk * B * ncols) : 0;
+    if (chunk <= 0) chunk = M;
+    for (int t0 = 0; t0 < M && r == QSA_OK; t0 += chunk) {
+        int mc = M - t0 < chunk ? M - t0 : chunk;
+        CUdeviceptr qo = dq + (size_t)t0 * nk * dk * 4, ko = dk_ + (size_t)t0 * nk * dk * 4,
+                    vo = dv_ + (size_t)t0 * nv * dv * 4, bo = db + (size_t)t0 * nv * 4, go = dg + (size_t)t0 * nv * 4,
+                    oo = dO + (size_t)t0 * nv * dv * 4;
+        void *args[] = {&dS, &qo, &ko, &vo, &bo, &go, &oo, &mc, &nk, &nv, &dk, &dv};
+        r = k2t_launch(f16 ? "qsa_k_gdn_recurrent_f16state" : "qsa_k_gdn_recurrent", (unsigned)nv, (unsigned)Y,
+                       (unsigned)B, shmem, args);
+    }
+    if (r == QSA_OK) r = k2t_get(o, dO, (size_t)M * nv * dv * 4);
+    if (r == QSA_OK) r = k2t_get(S, dS, ns);
+    k2t_free(&a);
+    return r;
+}
+
+TEST(gpu, k2_gdn_recurrent) {
+    K2_NEED_GPU();
+    int nk = K2T_NK, nv = K2T_NV, dk = K2T_DK, dv = K2T_DV, M = K2T_M;
+    size_t nS = (size_t)nv * dk * dv, nq = (size_t)M * nk * dk, nvv = (size_t)M * nv * dv;
+    float *S0 = QSA__ALLOC(float, nS), *Sc = QSA__ALLOC(float, nS), *Sg = QSA__ALLOC(float, nS), *Sg2 = QSA__ALLOC(float, nS);
+    float *q = QSA__ALLOC(float, nq), *k = QSA__ALLOC(float, nq), *v = QSA__ALLOC(float, nvv);
+    float *beta = QSA__ALLOC(float, (size_t)M * nv), *g = QSA__ALLOC(float, (size_t)M * nv);
+    float *oc = QSA__ALLOC(float, nvv), *og = QSA__ALLOC(float, nvv), *og2 = QSA__ALLOC(float, nvv);
+    uint16_t *S16 = QSA__ALLOC(uint16_t, nS), *S16b = QSA__ALLOC(uint16_t, nS), *S16c = QSA__ALLOC(uint16_t, nS);
+    float *S16f = QSA__ALLOC(float, nS);
+    k2t_seed(23);
+    for (size_t i = 0; i < nS; i++) S0[i] = k2t_f16_round((float)k2t_uniform(-0.5, 0.5)); /* exact in fp16 too */
+    k2t_fill(q, nq, -1, 1);
+    k2t_fill(k, nq, -1, 1);
+    k2t_fill(v, nvv, -1, 1);
+    for (int t = 0; t < M; t++)
+        for (int h = 0; h < nk; h++) {
+            qsa__l2norm(q + ((size_t)t * nk + h) * dk, dk);
+            qsa__l2norm(k + ((size_t)t * nk + h) * dk, dk);
+            for (int i = 0; i < dk; i++) q[((size_t)t * nk + h) * dk + i] *= 1.0f / sqrtf((float)dk);
+        }
+    for (int i = 0; i < M * nv; i++) {
+        beta[i] = qsa__sigmoid((float)k2t_uniform(-4, 4));
+        g[i] = -expf((float)k2t_uniform(-3, 0.5)) * qsa__softplus((float)k2t_uniform(-4, 2));
+    }
+    qsa_model_config c;
+    memset(&c, 0, sizeof c);
+    c.linear_num_key_heads = nk;
+    c.linear_num_value_heads = nv;
+    c.linear_key_head_dim = dk;
+    c.linear_value_head_dim = dv;
+    /* fp32 state: CPU reference */
+    memcpy(Sc, S0, sizeof(float) * nS);
+    qsa__gdn_recurrent(&c, Sc, q, k, v, beta, g, oc, M);
+    /* recommended launch: one warp per 32 columns, state slice in shared memory */
+    memcpy(Sg, S0, sizeof(float) * nS);
+    qsa_result r = k2t_gdn_run(0, Sg, q, k, v, beta, g, og, M, nk, nv, dk, dv, 0, dv / 32, 32, 1);
+    CHECK_OK(r);
+    if (r == QSA_OK) {
+        /* per token and column: 2*dk fmas against the CPU's mul+add (<= 1 ulp each of the running
+           sum), expf within 2 ulp; 37 tokens of state carry these forward with |decay| < 1:
+           measured max |diff| ~1e-6 on O(1) values; atol 2e-5, rtol 1e-4 */
+        CHECK(k2t_compare("gdn_recurrent o", og, oc, nvv, 2e-5, 1e-4) == 0);
+        CHECK(k2t_compare("gdn_recurrent S", Sg, Sc, nS, 2e-5, 1e-4) == 0);
+    }
+    /* chunk invariance: one token per launch, and chunks of 5; other launch shapes (one block of
+       256 threads per head, working on global memory; 64-thread blocks; 4 columns per thread with
+       64 KB of shared memory) */
+    static const int shapes[5][4] = {{1, 4, 32, 1}, {5, 4, 32, 1}, {0, 1, 256, 0}, {7, 2, 64, 1}, {3, 1, 32, 1}}; /* chunk, Y, B, smem */
+    for (int s = 0; s < 5 && r == QSA_OK; s++) {
+        memcpy(Sg2, S0, sizeof(float) * nS);
+        r = k2t_gdn_run(0, Sg2, q, k, v, beta, g, og2, M, nk, nv, dk, dv, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3]);
+        CHECK_OK(r);
+        CHECKF(r != QSA_OK || (k2t_same_bits(og, og2, nvv * 4) && k2t_same_bits(Sg, Sg2, nS * 4)),
+               "chunk %d, grid y %d, block %d, smem %d: outputs/state differ from the single launch (must be bitwise)",
+               shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3]);
+    }
+    /* fp16 state: reference = the CPU recurrence one token at a time, state rounded to fp16 after
+       each token (o from the fp32 state before the rounding) */
+    memcpy(Sc, S0, sizeof(float) * nS);
+    for (int t = 0; t < M; t++) {
+        qsa__gdn_recurrent(&c, Sc, q + (size_t)t * nk * dk, k + (size_t)t * nk * dk, v + (size_t)t * nv * dv,
+                           beta + (size_t)t * nv, g + (size_t)t * nv, oc + (size_t)t * nv * dv, 1);
+        for (size_t i = 0; i < nS; i++) Sc[i] = k2t_f16_round(Sc[i]);
+    }
+    for (size_t i = 0; i < nS; i++) S16[i] = qsa__f32_to_f16(S0[i]);
+    memcpy(S16b, S16, nS * 2);
+    if (r == QSA_OK) r = k2t_gdn_run(1, S16, q, k, v, beta, g, og, M, nk, nv, dk, dv, 0, dv / 32, 32, 1);
+    CHECK_OK(r);
+    if (r == QSA_OK) {
+        for (size_t i = 0; i < nS; i++) S16f[i] = qsa__f16_to_f32(S16[i]);
+        /* a 1e-7 difference before a rounding can flip an fp16 rounding (4.9e-4 relative) and the
+           flip is carried to later tokens: atol 1e-3, rtol 2e-3 (two fp16 ulps) */
+        CHECK(k2t_compare("gdn_recurrent_f16state o", og, oc, nvv, 1e-3, 2e-3) == 0);
+        CHECK(k2t_compare("gdn_recurrent_f16state S", S16f, Sc, nS, 1e-3, 2e-3) == 0);
+        for (int s = 0; s < 3 && r == QSA_OK; s++) {
+            memcpy(S16c, S16b, nS * 2);
+            r = k2t_gdn_run(1, S16c, q, k, v, beta, g, og2, M, nk, nv, dk, dv, shapes[s][0], shapes[s][1], shapes[s][2],
+                            shapes[s][3]);
+            CHECK_OK(r);
+            CHECKF(r != QSA_OK || (k2t_same_bits(og, og2, nvv * 4) && k2t_same_bits(S16, S16c, nS * 2)),
+                   "fp16 state, chunk %d: differs from the single launch (must be bitwise)", shapes[s][0]);
+        }
+    }
+    qsa_free(S0); qsa_free(Sc); qsa_free(Sg); qsa_free(Sg2); qsa_free(q); qsa_free(k); qsa_free(v); qsa_free(beta);
+    qsa_free(g); qsa_free(oc); qsa_free(og); qsa_free(og2); qsa_free(S16); qsa_free(S16b); qsa_free(S16c); qsa_free(S16f);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* QSA: prep kernels, block keys, scores, top-k                                                    */
+/* ---------------------------------------------------------------------------------------------- */
+
+/* A model with just what qsa__rope / qsa__block_key read. */
+static qsa_model *k2t_fake_model(int rd, int ihd, int r, float eps) {
+    qsa_model *m = QSA__CALLOC(qsa_model, 1);
+    m->cfg.rotary_dim = rd;
+    m->cfg.indexer_head_dim = ihd;
+    m->cfg.indexer_compress_ratio = r;
+    m->cfg.rms_norm_eps = eps;
+    m->rope_inv_freq = QSA__ALLOC(float, rd / 2 + 1);
+    for (int i = 0; i < rd / 2; i++) m->rope_inv_freq[i] = 1.0f / (float)pow(1e7, (double)(2 * i) / rd);
+    return m;
+}
+static void k2t_fake_model_free(qsa_model *m) {
+    qsa_free(m->rope_inv_freq);
+    qsa_free(m);
+}
+
+/* A block table of `np` logical pages on random distinct physical pages of a pool of n_pages
+   (seed 0: identity). */
+static void k2t_block_table(int32_t *bt, int np, int n_pages, uint64_t seed) {
+    int32_t *all = QSA__ALLOC(int32_t, n_pages);
+    for (int i = 0; i < n_pages; i++) all[i] = i;
+    if (seed) {
+        k2t_seed(seed);
+        for (int i = n_pages - 1; i > 0; i--) {
+            int j = (int)k2t_uniform(0, i + 1);
+            int32_t x = all[i];
+            all[i] = all[j];
+            all[j] = x;
+        }
+    }
+    memcpy(bt, all, sizeof(int32_t) * (size_t)np);
+    qsa_free(all);
+}
+
+TEST(gpu, k2_attn_and_indexer_prep_block_keys) {
+    K2_NEED_GPU();
+    enum { NH = 4, NKV = 2, HD = 128, RD = 64, IH = 4, IHD = 128, R = 4, PS = 16, M = 37, POS0 = 100, NPAGES = 64 };
+    float eps = 1e-6f;
+    int nh = NH, nkv = NKV, hd = HD, rd = RD, ih = IH, ihd = IHD, r = R, ps = PS, Mq = M, pos0 = POS0;
+    int kvd = NKV * HD, ntok = POS0 + M, np = (ntok + PS - 1) / PS;
+    qsa_model *m = k2t_fake_model(RD, IHD, R, eps);
+    size_t nq = (size_t)M * NH * 2 * HD, nkvv = (size_t)M * kvd, niq = (size_t)M * (IH + 1) * IHD;
+    size_t slots = (size_t)NPAGES * PS;
+    float *q = QSA__ALLOC(float, nq), *qref = QSA__ALLOC(float, nq), *qg = QSA__ALLOC(float, nq);
+    float *kin = QSA__ALLOC(float, nkvv), *vin = QSA__ALLOC(float, nkvv), *qn = QSA__ALLOC(float, HD),
+          *kn = QSA__ALLOC(float, HD), *kref = QSA__ALLOC(float, nkvv), *kgot = QSA__ALLOC(float, nkvv);
+    float *iq = QSA__ALLOC(float, niq), *iqref = QSA__ALLOC(float, niq), *iqg = QSA__ALLOC(float, niq),
+          *qln = QSA__ALLOC(float, IHD), *kln = QSA__ALLOC(float, IHD);
+    uint16_t *Kp = QSA__ALLOC(uint16_t, slots * kvd), *Vp = QSA__ALLOC(uint16_t, slots * kvd);
+    float *Ip = QSA__ALLOC(float, slots * IHD), *Ipg = QSA__ALLOC(float, slots * IHD);
+    int32_t bt[64];
+    k2t_block_table(bt, np, NPAGES, 5);
+    k2t_seed(31);
+    k2t_fill(q, nq, -2, 2);
+    k2t_fill(kin, nkvv, -2, 2);
+    k2t_fill(vin, nkvv, -2, 2);
+    k2t_fill(qn, HD, -0.3, 0.3);
+    k2t_fill(kn, HD, -0.3, 0.3);
+    k2t_fill(iq, niq, -2, 2);
+    k2t_fill(qln, IHD, -0.3, 0.3);
+    k2t_fill(kln, IHD, -0.3, 0.3);
+    /* the raw keys of the earlier tokens are already in the pool (random), these M are written now */
+    for (size_t i = 0; i < slots * IHD; i++) Ip[i] = (float)k2t_uniform(-2, 2);
+    /* CPU reference */
+    memcpy(qref, q, sizeof(float) * nq);
+    memcpy(iqref, iq, sizeof(float) * niq);
+    for (int t = 0; t < M; t++) {
+        int64_t pos = POS0 + t;
+        for (int h = 0; h < NH; h++) {
+            float *qh = qref + ((size_t)t * NH + h) * 2 * HD;
+            qsa__rmsnorm_1p(qh, qn, qh, HD, HD, eps);
+            qsa__rope(m, qh, pos);
+        }
+        for (int h = 0; h < NKV; h++) {
+            float *kh = kref + (size_t)t * kvd + h * HD;
+            qsa__rmsnorm_1p(kin + (size_t)t * kvd + h * HD, kn, kh, HD, HD, eps);
+            qsa__rope(m, kh, pos);
+        }
+        for (int h = 0; h < IH; h++) {
+            float *ih_ = iqref + (size_t)t * (IH + 1) * IHD + h * IHD;
+            qsa__rmsnorm_1p(ih_, qln, ih_, IHD, IHD, eps);
+            qsa__rope(m, ih_, pos);
+        }
+        int64_t slot = (int64_t)bt[pos / PS] * PS + pos % PS;
+        memcpy(Ip + slot * IHD, iq + (size_t)t * (IH + 1) * IHD + IH * IHD, sizeof(float) * IHD);
+    }
+    int b0 = 3, b1 = ntok / R, nbk = b1 - b0;
+    float *bk = QSA__ALLOC(float, (size_t)b1 * IHD), *bkg = QSA__ALLOC(float, (size_t)b1 * IHD), keys[R * IHD];
+    qsa__attn_w aw;
+    memset(&aw, 0, sizeof aw);
+    aw.idx_k_norm = kln;
+    for (int b = b0; b < b1; b++) {
+        for (int j = 0; j < R; j++) {
+            int64_t p = (int64_t)b * R + j;
+            memcpy(keys + j * IHD, Ip + ((int64_t)bt[p / PS] * PS + p % PS) * IHD, sizeof(float) * IHD);
+        }
+        qsa__block_key(m, &aw, keys, b, bk + (size_t)b * IHD);
+    }
+    /* GPU: the raw keys of tokens < POS0 uploaded; the prep kernels add the new ones */
+    float *Ip_before = QSA__ALLOC(float, slots * IHD);
+    memcpy(Ip_before, Ip, sizeof(float) * slots * IHD);
+    for (int t = 0; t < M; t++) {
+        int64_t pos = POS0 + t, slot = (int64_t)bt[pos / PS] * PS + pos % PS;
+        for (int i = 0; i < IHD; i++) Ip_before[slot * IHD + i] = qsa__f16_to_f32(0x7e00); /* NaN: must be overwritten */
+    }
+    k2t_mem a = {{0}, 0};
+    CUdeviceptr dq, dk_, dv_, dqn, dkn, dinv, dbt, dK, dV, diq, dqln, dkln, dI, dbk;
+    qsa_result res = k2t_dev(&a, &dq, q, nq * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dk_, kin, nkvv * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dv_, vin, nkvv * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dqn, qn, HD * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dkn, kn, HD * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dinv, m->rope_inv_freq, RD / 2 * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dbt, bt, sizeof bt);
+    if (res == QSA_OK) res = k2t_dev(&a, &dK, NULL, slots * kvd * 2);
+    if (res == QSA_OK) res = k2t_dev(&a, &dV, NULL, slots * kvd * 2);
+    if (res == QSA_OK) res = k2t_dev(&a, &diq, iq, niq * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dqln, qln, IHD * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dkln, kln, IHD * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dI, Ip_before, slots * IHD * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dbk, NULL, (size_t)b1 * IHD * 4);
+    if (res == QSA_OK) {
+        void *args[] = {&dq, &dk_, &dv_, &dqn, &dkn, &dinv, &dbt, &dK, &dV, &pos0, &Mq, &nh, &nkv, &hd, &rd, &ps, &eps};
+        res = k2t_launch("qsa_k_attn_qk_prep", M, NH + NKV, 128, 0, args);
+    }
+    if (res == QSA_OK) {
+        void *args[] = {&diq, &dqln, &dinv, &dbt, &dI, &pos0, &Mq, &ih, &ihd, &rd, &ps, &eps};
+        res = k2t_launch("qsa_k_indexer_prep", M, 2, 128, 0, args); /* Y = 2 < ih + 1: heads loop */
+    }
+    if (res == QSA_OK) {
+        void *args[] = {&dI, &dbt, &dkln, &dinv, &dbk, &b0, &b1, &r, &ihd, &rd, &ps, &eps};
+        res = k2t_launch("qsa_k_block_keys", (unsigned)nbk, 1, 128, 0, args);
+    }
+    if (res == QSA_OK) res = k2t_get(qg, dq, nq * 4);
+    if (res == QSA_OK) res = k2t_get(Kp, dK, slots * kvd * 2);
+    if (res == QSA_OK) res = k2t_get(Vp, dV, slots * kvd * 2);
+    if (res == QSA_OK) res = k2t_get(iqg, diq, niq * 4);
+    if (res == QSA_OK) res = k2t_get(Ipg, dI, slots * IHD * 4);
+    if (res == QSA_OK) res = k2t_get(bkg, dbk, (size_t)b1 * IHD * 4);
+    /* the same q prep with one block per token (Y = 1): same bits */
+    float *qg1 = QSA__ALLOC(float, nq);
+    if (res == QSA_OK) res = k2t_put(dq, q, nq * 4);
+    if (res == QSA_OK) {
+        void *args[] = {&dq, &dk_, &dv_, &dqn, &dkn, &dinv, &dbt, &dK, &dV, &pos0, &Mq, &nh, &nkv, &hd, &rd, &ps, &eps};
+        res = k2t_launch("qsa_k_attn_qk_prep", M, 1, 128, 0, args);
+    }
+    if (res == QSA_OK) res = k2t_get(qg1, dq, nq * 4);
+    k2t_free(&a);
+    CHECK_OK(res);
+    if (res == QSA_OK) {
+        /* RMSNorm over 128 values (tree vs sequential sum: a few ulp), the RoPE rotation is
+           computed like the CPU (same cos/sin, unfused products): atol 1e-6, rtol 1e-5 */
+        CHECK(k2t_compare("attn_qk_prep q", qg, qref, nq, 1e-6, 1e-5) == 0);
+        CHECKF(k2t_same_bits(qg, qg1, nq * 4), "q prep with one block per token differs");
+        int badv = 0;
+        for (int t = 0; t < M; t++) {
+            int64_t pos = POS0 + t, slot = (int64_t)bt[pos / PS] * PS + pos % PS;
+            for (int i = 0; i < kvd; i++) {
+                kgot[(size_t)t * kvd + i] = qsa__f16_to_f32(Kp[slot * kvd + i]);
+                badv += Vp[slot * kvd + i] != qsa__f32_to_f16(vin[(size_t)t * kvd + i]);
+            }
+        }
+        /* K is stored in fp16: half an fp16 ulp (4.9e-4) plus the fp32 noise above */
+        CHECK(k2t_compare("attn_qk_prep K (fp16 page)", kgot, kref, nkvv, 1e-6, 1e-3) == 0);
+        CHECKF(badv == 0, "%d V values are not the fp16 rounding of v_in at the token's page slot", badv);
+        CHECK(k2t_compare("indexer_prep q", iqg, iqref, niq, 1e-6, 1e-5) == 0);
+        CHECKF(k2t_same_bits(Ipg, Ip, slots * IHD * 4), "raw indexer keys: not copied exactly to their page slots");
+        /* the mean is bitwise the CPU's; the norm adds a few ulp */
+        CHECK(k2t_compare("block_keys", bkg + (size_t)b0 * IHD, bk + (size_t)b0 * IHD, (size_t)nbk * IHD, 1e-6, 1e-5) == 0);
+    }
+    qsa_free(qg1); qsa_free(Ip_before);
+    qsa_free(q); qsa_free(qref); qsa_free(qg); qsa_free(kin); qsa_free(vin); qsa_free(qn); qsa_free(kn); qsa_free(kref);
+    qsa_free(kgot); qsa_free(iq); qsa_free(iqref); qsa_free(iqg); qsa_free(qln); qsa_free(kln); qsa_free(Kp); qsa_free(Vp);
+    qsa_free(Ip); qsa_free(Ipg); qsa_free(bk); qsa_free(bkg);
+    k2t_fake_model_free(m);
+}
+
+TEST(gpu, k2_block_scores) {
+    K2_NEED_GPU();
+    enum { IH = 4, IHD = 128, R = 4, M = 37, POS0 = 1000 };
+    int ih = IH, ihd = IHD, r = R, Mq = M, pos0 = POS0;
+    int maxb = (POS0 + M) / R, ld = maxb + 3;
+    size_t niq = (size_t)M * (IH + 1) * IHD;
+    float *iq = QSA__ALLOC(float, niq), *bk = QSA__ALLOC(float, (size_t)maxb * IHD);
+    float *ref = QSA__ALLOC(float, (size_t)M * ld), *tol = QSA__ALLOC(float, (size_t)M * ld),
+          *got = QSA__ALLOC(float, (size_t)M * ld), *got2 = QSA__ALLOC(float, (size_t)M * ld),
+          *got1 = QSA__ALLOC(float, (size_t)ld);
+    k2t_seed(41);
+    k2t_fill(iq, niq, -1.5, 1.5);
+    k2t_fill(bk, (size_t)maxb * IHD, -1.5, 1.5);
+    int bad = 0;
+    for (int t = 0; t < M; t++) {
+        int nb = (POS0 + t + 1) / R;
+        const float *it = iq + (size_t)t * (IH + 1) * IHD;
+        for (int b = 0; b < nb; b++) {
+            const float *kb = bk + (size_t)b * IHD;
+            float s = 0.0f;
+            double mag = 0;
+            for (int h = 0; h < IH; h++) {
+                float d = 0.0f;
+                for (int i = 0; i < IHD; i++) {
+                    d += it[h * IHD + i] * kb[i];
+                    mag += fabs((double)it[h * IHD + i] * kb[i]);
+                }
+                s += d > 0.0f ? d : 0.0f;
+            }
+            ref[(size_t)t * ld + b] = s / sqrtf((float)IHD);
+            /* a 128-term dot in another order: <= ~8 ulp of sum|q k| in practice; 1e-6 * sum|q k| */
+            tol[(size_t)t * ld + b] = (float)(1e-6 * mag / sqrt((double)IHD) + 1e-7);
+        }
+    }
+    k2t_mem a = {{0}, 0};
+    CUdeviceptr diq, dbk, dsc;
+    qsa_result res = k2t_dev(&a, &diq, iq, niq * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dbk, bk, (size_t)maxb * IHD * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dsc, NULL, (size_t)M * ld * 4);
+    if (res == QSA_OK) {
+        void *args[] = {&diq, &dbk, &dsc, &pos0, &Mq, &ih, &ihd, &r, &ld};
+        res = k2t_launch("qsa_k_block_scores", M, (unsigned)(maxb + 255) / 256, 256, 0, args);
+    }
+    if (res == QSA_OK) res = k2t_get(got, dsc, (size_t)M * ld * 4);
+    if (res == QSA_OK) res = k2t_poison(dsc, (size_t)M * ld * 4);
+    if (res == QSA_OK) { /* another grid: 3 blocks of 64 threads per query */
+        void *args[] = {&diq, &dbk, &dsc, &pos0, &Mq, &ih, &ihd, &r, &ld};
+        res = k2t_launch("qsa_k_block_scores", M, 3, 64, 0, args);
+    }
+    if (res == QSA_OK) res = k2t_get(got2, dsc, (size_t)M * ld * 4);
+    /* query 20 alone (M = 1) */
+    int t1 = 20, p1 = POS0 + t1, one = 1;
+    CUdeviceptr iq1 = diq + (size_t)t1 * (IH + 1) * IHD * 4;
+    if (res == QSA_OK) res = k2t_poison(dsc, (size_t)ld * 4);
+    if (res == QSA_OK) {
+        void *args[] = {&iq1, &dbk, &dsc, &p1, &one, &ih, &ihd, &r, &ld};
+        res = k2t_launch("qsa_k_block_scores", 1, 1, 256, 0, args);
+    }
+    if (res == QSA_OK) res = k2t_get(got1, dsc, (size_t)ld * 4);
+    k2t_free(&a);
+    CHECK_OK(res);
+    if (res == QSA_OK) {
+        int mism = 0, mism1 = 0;
+        for (int t = 0; t < M; t++) {
+            int nb = (POS0 + t + 1) / R;
+            for (int b = 0; b < nb; b++) {
+                size_t i = (size_t)t * ld + b;
+                double err = fabs((double)got[i] - ref[i]);
+                if (!(err <= tol[i])) {
+                    if (bad < 5) printf("    block_scores[%d][%d]: gpu %.9g cpu %.9g tol %.3g\n", t, b, got[i], ref[i], tol[i]);
+                    bad++;
+                }
+                mism += memcmp(&got[i], &got2[i], 4) != 0;
+                if (t == t1) mism1 += memcmp(&got[i], &got1[b], 4) != 0;
+            }
+        }
+        CHECKF(bad == 0, "%d scores out of tolerance", bad);
+        CHECKF(mism == 0, "%d scores differ with another launch shape (must be bitwise)", mism);
+        CHECKF(mism1 == 0, "%d scores of query %d differ between M=%d and M=1 (batch invariance)", mism1, t1, M);
+    }
+    qsa_free(iq); qsa_free(bk); qsa_free(ref); qsa_free(tol); qsa_free(got); qsa_free(got2); qsa_free(got1);
+}
+
+/* One top-k case: M queries at pos0.. with scores from `kind`; exact equality with qsa__select_blocks. */
+static void k2t_topk_case(const char *what, int kind, int pos0, int M, int r, int topk) {
+    int maxb = (pos0 + M) / r, ld = maxb + 1;
+    float *sc = QSA__ALLOC(float, (size_t)M * ld);
+    int32_t *want = QSA__ALLOC(int32_t, (size_t)topk + 1), *got = QSA__ALLOC(int32_t, (size_t)M * topk + 1);
+    int32_t *nsel = QSA__ALLOC(int32_t, M);
+    for (size_t i = 0; i < (size_t)M * ld; i++) {
+        double u = k2t_uniform(0, 1);
+        float x;
+        switch (kind) {
+        case 0: x = (float)k2t_uniform(0, 10); break;                     /* distinct (almost surely) */
+        case 1: x = (float)floor(u * 6) * 0.25f; break;                   /* six values: ties at the threshold */
+        case 2: x = 1.5f; break;                                          /* all equal */
+        case 3: x = u < 0.5 ? (u < 0.25 ? 0.0f : -0.0f) : (float)u; break; /* +0 and -0 are equal */
+        default: x = (float)k2t_uniform(-5, 5); break;                    /* negative scores */
+        }
+        sc[i] = x;
+    }
+    k2t_mem a = {{0}, 0};
+    CUdeviceptr dsc, dsel, dns;
+    qsa_result res = k2t_dev(&a, &dsc, sc, (size_t)M * ld * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dsel, NULL, (size_t)M * topk * 4 + 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dns, NULL, (size_t)M * 4);
+    if (res == QSA_OK) {
+        void *args[] = {&dsc, &dsel, &dns, &pos0, &M, &r, &topk, &ld};
+        res = k2t_launch("qsa_k_topk_blocks", (unsigned)M, 1, 1024, 0, args);
+    }
+    if (res == QSA_OK && topk) res = k2t_get(got, dsel, (size_t)M * topk * 4);
+    if (res == QSA_OK) res = k2t_get(nsel, dns, (size_t)M * 4);
+    k2t_free(&a);
+    CHECK_OK(res);
+    int bad = 0;
+    for (int t = 0; res == QSA_OK && t < M; t++) {
+        int nb = (pos0 + t + 1) / r;
+        int n = qsa__select_blocks(sc + (size_t)t * ld, nb, topk, want);
+        int same = nsel[t] == n;
+        for (int i = 0; same && i < n; i++) same = got[(size_t)t * topk + i] == want[i];
+        for (int i = n; same && i < topk; i++) same = got[(size_t)t * topk + i] == -1;
+        if (!same) {
+            if (bad < 3) printf("    topk %s: query %d (nb %d, k %d): gpu n=%d first %d, cpu n=%d first %d\n", what, t, nb, topk,
+                                nsel[t], topk ? got[(size_t)t * topk] : -1, n, n ? want[0] : -1);
+            bad++;
+        }
+    }
+    CHECKF(bad == 0, "topk %s: %d of %d queries select differently from qsa__select_blocks", what, bad, M);
+    qsa_free(sc); qsa_free(want); qsa_free(got); qsa_free(nsel);
+}
+
+TEST(gpu, k2_topk_blocks_exact) {
+    K2_NEED_GPU();
+    k2t_seed(53);
+    k2t_topk_case("65536 blocks, top 512", 0, 262144 - 3, 3, 4, 512);     /* nb = 65535, 65536, 65536 */
+    k2t_topk_case("ties", 1, 20000, 5, 4, 512);
+    k2t_topk_case("all equal", 2, 9000, 3, 4, 300);
+    k2t_topk_case("+0/-0", 3, 5000, 4, 4, 200);
+    k2t_topk_case("negative", 4, 3000, 4, 4, 100);
+    k2t_topk_case("k >= nb, nb = 0", 0, 0, 40, 4, 8);                    /* nb 0..10: all, then top 8 */
+    k2t_topk_case("r = 1, k = 1", 1, 700, 3, 1, 1);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* QSA sparse attention                                                                            */
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef struct k2t_attn {
+    int nh, nkv, hd, r, topk, M, pos0, ntok; /* ntok: tokens 0..ntok-1 hold K/V */
+    float *q;          /* [M][nh*2*hd] */
+    float *K, *V;      /* [ntok][kvd] logical, fp16-exact values */
+    int32_t *sel, *nsel; /* [M][topk], [M] */
+} k2t_attn;
+
+static void k2t_attn_init(k2t_attn *c, int nh, int nkv, int hd, int r, int topk, int M, int pos0, uint64_t seed) {
+    int kvd = nkv * hd;
+    memset(c, 0, sizeof *c);
+    c->nh = nh; c->nkv = nkv; c->hd = hd; c->r = r; c->topk = topk; c->M = M; c->pos0 = pos0; c->ntok = pos0 + M;
+    c->q = QSA__ALLOC(float, (size_t)M * nh * 2 * hd);
+    c->K = QSA__ALLOC(float, (size_t)c->ntok * kvd);
+    c->V = QSA__ALLOC(float, (size_t)c->ntok * kvd);
+    c->sel = QSA__ALLOC(int32_t, (size_t)M * (topk ? topk : 1));
+    c->nsel = QSA__ALLOC(int32_t, M);
+    k2t_seed(seed);
+    k2t_fill(c->q, (size_t)M * nh * 2 * hd, -1, 1);
+    for (size_t i = 0; i < (size_t)M * nh * 2 * hd; i++) if ((i / hd) % 2 == 0) c->q[i] *= 3.0f; /* sharper softmax */
+    for (size_t i = 0; i < (size_t)c->ntok * kvd; i++) {
+        c->K[i] = k2t_f16_round((float)k2t_uniform(-1, 1));
+        c->V[i] = k2t_f16_round((float)k2t_uniform(-1, 1));
+    }
+    float *sc = QSA__ALLOC(float, (size_t)(c->ntok / (r ? r : 1)) + 1);
+    for (int t = 0; t < M; t++) {
+        int nb = r ? (pos0 + t + 1) / r : 0;
+        for (int b = 0; b < nb; b++) sc[b] = (float)k2t_uniform(0, 1);
+        c->nsel[t] = r ? qsa__select_blocks(sc, nb, topk, c->sel + (size_t)t * topk) : 0;
+    }
+    qsa_free(sc);
+}
+static void k2t_attn_free(k2t_attn *c) {
+    qsa_free(c->q); qsa_free(c->K); qsa_free(c->V); qsa_free(c->sel); qsa_free(c->nsel);
+}
+
+/* CPU reference through the planner and qsa__attn_head_plan (pool filled from the logical K/V at
+   the block table's pages); physical_order as the debug switch. */
+static void k2t_attn_cpu(const k2t_attn *c, int ps, int n_pages, const int32_t *bt, int phys, float *out,
+                         int32_t *order /* [M][ld] visit order as logical positions, or NULL */, int ld) {
+    int kvd = c->nkv * c->hd, grp = c->nh / c->nkv;
+    qsa__pool pool;
+    memset(&pool, 0, sizeof pool);
+    pool.page_size = ps;
+    pool.n_pages = n_pages;
+    pool.n_qsa = 1;
+    pool.kvd = kvd;
+    pool.k = QSA__ALLOC(float, (size_t)n_pages * ps * kvd);
+    pool.v = QSA__ALLOC(float, (size_t)n_pages * ps * kvd);
+    for (size_t i = 0; i < (size_t)n_pages * ps * kvd; i++) pool.k[i] = pool.v[i] = qsa__f16_to_f32(0x7e00); /* NaN */
+    for (int p = 0; p < c->ntok; p++) {
+        memcpy(qsa__pool_k(&pool, 0, bt[p / ps], p % ps), c->K + (size_t)p * kvd, sizeof(float) * kvd);
+        memcpy(qsa__pool_v(&pool, 0, bt[p / ps], p % ps), c->V + (size_t)p * kvd, sizeof(float) * kvd);
+    }
+    qsa__plan pl;
+    memset(&pl, 0, sizeof pl);
+    float *acc = QSA__ALLOC(float, c->hd);
+    for (int t = 0; t < c->M; t++) {
+        int64_t pos = c->pos0 + t;
+        int nb = c->r ? (int)((pos + 1) / c->r) : 0;
+        qsa__plan_build(&pl, c->sel + (size_t)t * c->topk, c->nsel[t], nb, c->r ? c->r : 1, pos, ps, bt, phys);
+        if (order) {
+            int k = 0;
+            for (int s = 0; s < pl.n_seg; s++)
+                for (int j = 0; j < pl.seg[s].len; j++) order[(size_t)t * ld + k++] = pl.seg[s].logical + j;
+        }
+        for (int h = 0; h < c->nh; h++) {
+            const float *qh = c->q + ((size_t)t * c->nh + h) * 2 * c->hd, *gate = qh + c->hd;
+            float *oh = out + ((size_t)t * c->nh + h) * c->hd;
+            qsa__attn_head_plan(&pool, 0, &pl, qh, h / grp, c->hd, oh, acc);
+            for (int d = 0; d < c->hd; d++) oh[d] *= qsa__sigmoid(gate[d]);
+        }
+    }
+    qsa_free(acc);
+    qsa_free(pl.seg);
+    qsa__pool_destroy(&pool);
+}
+
+/* GPU: pages of `ps` tokens in a pool of n_pages, block table bt; queries [t0, t0+M) of the case
+   in one launch (block threads); phys: visit in physical order (qsa_k_attn_phys_order first,
+   whose list is returned in order [M][ld] when not NULL).  out [M][nh*hd]. */
+static qsa_result k2t_attn_gpu(const k2t_attn *c, int ps, int n_pages, const int32_t *bt, int t0, int M, int block,
+                               int phys, float *out, int32_t *order, int ld) {
+    int kvd = c->nkv * c->hd, np = (c->ntok + ps - 1) / ps;
+    size_t slots = (size_t)n_pages * ps;
+    uint16_t *Kp = QSA__ALLOC(uint16_t, slots * kvd), *Vp = QSA__ALLOC(uint16_t, slots * kvd);
+    uint16_t *o16 = QSA__ALLOC(uint16_t, (size_t)M * c->nh * c->hd);
+    if (!Kp || !Vp || !o16) {
+        qsa_free(Kp); qsa_free(Vp); qsa_free(o16);
+        return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "test: out of memory");
+    }
+    memset(Kp, 0xFF, slots * kvd * 2); /* NaN in the slots no token uses */
+    memset(Vp, 0xFF, slots * kvd * 2);
+    for (int p = 0; p < c->ntok; p++)
+        for (int i = 0; i < kvd; i++) {
+            size_t at = ((size_t)bt[p / ps] * ps + p % ps) * kvd + i;
+            Kp[at] = qsa__f32_to_f16(c->K[(size_t)p * kvd + i]);
+            Vp[at] = qsa__f32_to_f16(c->V[(size_t)p * kvd + i]);
+        }
+    k2t_mem a = {{0}, 0};
+    CUdeviceptr dq, dK, dV, dbt, dsel, dns, dout, do16, dtok = 0;
+    int topk = c->topk, nh = c->nh, nkv = c->nkv, hd = c->hd, r = c->r, split = QSA_ATTN_SPLIT, pos0 = c->pos0 + t0;
+    int ldt = ld > 0 ? ld : 1;
+    qsa_result res = k2t_dev(&a, &dq, c->q + (size_t)t0 * nh * 2 * hd, (size_t)M * nh * 2 * hd * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dK, Kp, slots * kvd * 2);
+    if (res == QSA_OK) res = k2t_dev(&a, &dV, Vp, slots * kvd * 2);
+    if (res == QSA_OK) res = k2t_dev(&a, &dbt, bt, (size_t)np * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dsel, c->sel + (size_t)t0 * topk, (size_t)M * (topk ? topk : 1) * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dns, c->nsel + t0, (size_t)M * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dout, NULL, (size_t)M * nh * hd * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &do16, NULL, (size_t)M * nh * hd * 2);
+    if (res == QSA_OK && phys) {
+        res = k2t_dev(&a, &dtok, NULL, (size_t)M * ldt * 4);
+        if (res == QSA_OK) {
+            void *args[] = {&dbt, &dsel, &dns, &dtok, &pos0, &M, &r, &topk, &ps, &ldt};
+            res = k2t_launch("qsa_k_attn_phys_order", (unsigned)M, 1, 256, 0, args);
+        }
+        if (res == QSA_OK && order) res = k2t_get(order, dtok, (size_t)M * ldt * 4);
+    }
+    if (res == QSA_OK) {
+        void *args[] = {&dq, &dK, &dV, &dbt, &dsel, &dns, &dout, &do16, &pos0, &M, &nh, &nkv, &hd, &r, &topk, &ps, &split,
+                        &dtok, &ldt};
+        res = k2t_launch("qsa_k_sparse_attn", (unsigned)M, (unsigned)nh, (unsigned)block, 0, args);
+    }
+    if (res == QSA_OK) res = k2t_get(out, dout, (size_t)M * nh * hd * 4);
+    if (res == QSA_OK) res = k2t_get(o16, do16, (size_t)M * nh * hd * 2);
+    k2t_free(&a);
+    if (res == QSA_OK) {
+        int mism = 0;
+        for (size_t i = 0; i < (size_t)M * nh * hd; i++) mism += o16[i] != qsa__f32_to_f16(out[i]);
+        if (mism) res = qsa__fail(QSA_ERR_INTERNAL, "sparse_attn: %d fp16 outputs are not the rounded fp32 outputs", mism);
+    }
+    qsa_free(Kp); qsa_free(Vp); qsa_free(o16);
+    return res;
+}
+
+/* Attention output tolerance: scores are 128-term dots of O(1) values in another order, expf within
+   2 ulp, fmas: relative errors ~1e-6 on weights of an average of values in [-1, 1]; measured max
+   |diff| ~1e-7.  atol 1e-5, rtol 1e-4. */
+#define K2T_ATTN_ATOL 1e-5
+#define K2T_ATTN_RTOL 1e-4
+
+/* GPU vs CPU for a case at one page size (random pages). */
+static void k2t_attn_vs_cpu(const char *what, const k2t_attn *c, int ps, int block) {
+    int np = (c->ntok + ps - 1) / ps, n_pages = 2 * np + 3;
+    int32_t *bt = QSA__ALLOC(int32_t, n_pages);
+    size_t no = (size_t)c->M * c->nh * c->hd;
+    float *ref = QSA__ALLOC(float, no), *got = QSA__ALLOC(float, no);
+    k2t_block_table(bt, np, n_pages, 77);
+    k2t_attn_cpu(c, ps, n_pages, bt, 0, ref, NULL, 0);
+    qsa_result r = k2t_attn_gpu(c, ps, n_pages, bt, 0, c->M, block, 0, got, NULL, 0);
+    CHECK_OK(r);
+    if (r == QSA_OK) CHECKF(k2t_compare(what, got, ref, no, K2T_ATTN_ATOL, K2T_ATTN_RTOL) == 0, "%s: out of tolerance", what);
+    qsa_free(bt); qsa_free(ref); qsa_free(got);
+}
+
+TEST(gpu, k2_sparse_attn_vs_cpu) {
+    K2_NEED_GPU();
+    k2t_attn c;
+    /* long context: 512 selected blocks of 4 = 2048 tokens + tail = 9 splits; GQA 4:2; hd 128 */
+    k2t_attn_init(&c, 4, 2, 128, 4, 512, 37, 4963, 61);
+    k2t_attn_vs_cpu("sparse_attn hd128 topk512", &c, 16, 256);
+    k2t_attn_vs_cpu("sparse_attn hd128 topk512 block128", &c, 400, 128);
+    k2t_attn_free(&c);
+    /* early positions: fewer blocks than topk (all selected), tails of 0..3 tokens; hd 64 */
+    k2t_attn_init(&c, 4, 1, 64, 4, 128, 37, 0, 62);
+    k2t_attn_vs_cpu("sparse_attn hd64 early", &c, 16, 256);
+    k2t_attn_free(&c);
+    /* hd 256 (8 dims per lane), 2 splits */
+    k2t_attn_init(&c, 2, 2, 256, 4, 100, 9, 2000, 63);
+    k2t_attn_vs_cpu("sparse_attn hd256", &c, 784, 256);
+    k2t_attn_free(&c);
+    /* hd 96 (3 dims per lane: scalar loads), r = 8 */
+    k2t_attn_init(&c, 3, 3, 96, 8, 64, 11, 1500, 64);
+    k2t_attn_vs_cpu("sparse_attn hd96 r8", &c, 400, 256);
+    k2t_attn_free(&c);
+    /* r = 0: no indexer, every token attended (dense causal), 2 splits */
+    k2t_attn_init(&c, 2, 1, 128, 0, 0, 13, 300, 65);
+    k2t_attn_vs_cpu("sparse_attn dense", &c, 16, 256);
+    k2t_attn_free(&c);
+}
+
+TEST(gpu, k2_sparse_attn_determinism) {
+    K2_NEED_GPU();
+    k2t_attn c;
+    k2t_attn_init(&c, 4, 2, 128, 4, 512, 37, 4963, 71);
+    size_t no = (size_t)c.M * c.nh * c.hd, per = (size_t)c.nh * c.hd;
+    float *base = QSA__ALLOC(float, no), *got = QSA__ALLOC(float, no), *ref = QSA__ALLOC(float, no),
+          *logical = QSA__ALLOC(float, no);
+    int32_t *bt = QSA__ALLOC(int32_t, 2 * c.ntok + 8);
+    int ld = c.topk * c.r + c.r, first = 1;
+    int32_t *order = QSA__ALLOC(int32_t, (size_t)c.M * ld), *order_cpu = QSA__ALLOC(int32_t, (size_t)c.M * ld);
+    static const int sizes[3] = {16, 400, 784};
+    qsa_result r = QSA_OK;
+    /* (1) allocation and page-size invariance: two random placements at each of three page sizes,
+       plus the identity placement, all bitwise equal */
+    for (int si = 0; si < 3 && r == QSA_OK; si++)
+        for (int perm = 0; perm < 3 && r == QSA_OK; perm++) {
+            int ps = sizes[si], np = (c.ntok + ps - 1) / ps, n_pages = 2 * np + 5;
+            k2t_block_table(bt, np, n_pages, perm ? (uint64_t)(100 * si + perm) : 0);
+            r = k2t_attn_gpu(&c, ps, n_pages, bt, 0, c.M, 256, 0, first ? base : got, NULL, 0);
+            CHECK_OK(r);
+            if (r == QSA_OK && !first)
+                CHECKF(k2t_same_bits(base, got, no * 4), "page size %d, placement %d: output bits differ", ps, perm);
+            first = 0;
+        }
+    /* block size does not matter */
+    if (r == QSA_OK) {
+        int np = (c.ntok + 16 - 1) / 16;
+        k2t_block_table(bt, np, 2 * np + 5, 1);
+        r = k2t_attn_gpu(&c, 16, 2 * np + 5, bt, 0, c.M, 128, 0, got, NULL, 0);
+        CHECK_OK(r);
+        CHECKF(r != QSA_OK || k2t_same_bits(base, got, no * 4), "block of 128 threads: output bits differ from 256");
+    }
+    /* (3) batch invariance: a query alone (M = 1) gives the bits it has inside M = 37 */
+    static const int alone[3] = {0, 17, 36};
+    for (int i = 0; i < 3 && r == QSA_OK; i++) {
+        int np = (c.ntok + 400 - 1) / 400;
+        k2t_block_table(bt, np, 2 * np + 5, 9);
+        r = k2t_attn_gpu(&c, 400, 2 * np + 5, bt, alone[i], 1, 256, 0, got, NULL, 0);
+        CHECK_OK(r);
+        CHECKF(r != QSA_OK || k2t_same_bits(base + (size_t)alone[i] * per, got, per * 4),
+               "query %d alone differs from the same query in a batch of %d", alone[i], c.M);
+    }
+    /* (2) the physical-order debug switch: its visit order is the CPU planner's physical order, its
+       output matches the CPU's physical-order output, and with scattered pages it changes the bits
+       (the test of allocation invariance can fail); with pages in logical order it changes nothing */
+    for (int perm = 0; perm < 2 && r == QSA_OK; perm++) {
+        int ps = 16, np = (c.ntok + ps - 1) / ps, n_pages = 2 * np + 5;
+        k2t_block_table(bt, np, n_pages, perm ? 4242 : 0);
+        memset(order, 0xFF, sizeof(int32_t) * (size_t)c.M * ld);
+        r = k2t_attn_gpu(&c, ps, n_pages, bt, 0, c.M, 256, 1, got, order, ld);
+        CHECK_OK(r);
+        if (r != QSA_OK) break;
+        k2t_attn_cpu(&c, ps, n_pages, bt, 1, ref, order_cpu, ld);
+        int bado = 0;
+        for (int t = 0; t < c.M; t++) {
+            int64_t pos = c.pos0 + t;
+            int nb = (int)((pos + 1) / c.r), ntok = c.nsel[t] * c.r + (int)(pos + 1 - (int64_t)nb * c.r);
+            for (int k = 0; k < ntok; k++) bado += order[(size_t)t * ld + k] != order_cpu[(size_t)t * ld + k];
+        }
+        CHECKF(bado == 0, "placement %d: %d tokens of the physical visit order differ from qsa__plan_build's", perm, bado);
+        CHECKF(k2t_compare("sparse_attn physical order", got, ref, no, K2T_ATTN_ATOL, K2T_ATTN_RTOL) == 0,
+               "physical order: out of tolerance against the CPU physical-order plan");
+        if (perm == 0) {
+            CHECKF(k2t_same_bits(got, base, no * 4), "pages in logical order: physical order must give the logical bits");
+            memcpy(logical, base, no * 4);
+        } else {
+            size_t diff = 0;
+            for (size_t i = 0; i < no; i++) diff += memcmp(&got[i], &logical[i], 4) != 0;
+            printf("    physical order on scattered pages: %zu of %zu outputs change bits (must be > 0)\n", diff, no);
+            CHECKF(diff > 0, "the physical-order switch did not change any output bit: the invariance test could not fail");
+        }
+    }
+    k2t_attn_free(&c);
+    qsa_free(base); qsa_free(got); qsa_free(ref); qsa_free(logical); qsa_free(bt); qsa_free(order); qsa_free(order_cpu);
+}
+
+#endif /* QSA_NO_CUDA */
