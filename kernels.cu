@@ -68,28 +68,7 @@ static __device__ float qsa_block_sum(float v, float *scratch) {
     return scratch[32];
 }
 
-/* Loads the 8 fp16 values p[0..7] as floats; values at or past `valid` read as zero.  A 16-byte
-   vector load is used when the whole chunk is valid and p is 16-byte aligned.  Both paths give
-   the same numbers, so callers' results do not depend on alignment. */
-static __device__ __forceinline__ void qsa_load8_f16(float *v, const qsa_f16 *p, int valid) {
-    if (valid >= 8 && (((qsa_u64)p) & 15u) == 0) {
-        uint4 u = *(const uint4 *)p;
-        qsa_u32 w[4] = {u.x, u.y, u.z, u.w};
-        for (int k = 0; k < 4; k++) {
-            v[2 * k] = qsa_f16_to_f32((qsa_f16)(w[k] & 0xffffu)); /* little endian: low half first */
-            v[2 * k + 1] = qsa_f16_to_f32((qsa_f16)(w[k] >> 16));
-        }
-    } else {
-        for (int k = 0; k < 8; k++) v[k] = k < valid ? qsa_f16_to_f32(p[k]) : 0.0f;
-    }
-}
 
-/* FP4 E2M1 code (bit 3 sign, bits 0-2 magnitude code) -> value.  Twice the magnitudes
-   0, 0.5, 1, 1.5, 2, 3, 4, 6 are 0, 1, 2, 3, 4, 6, 8, 12: one hex digit each of 0xC8643210. */
-static __device__ __forceinline__ float qsa_e2m1_to_f32(qsa_u32 code) {
-    float mag = 0.5f * (float)((0xC8643210u >> ((code & 7u) * 4u)) & 15u);
-    return (code & 8u) ? -mag : mag;
-}
 
 /* FP8 E4M3 ("fn": bias 7, no infinities, S.1111.111 is NaN) -> value. */
 static __device__ __forceinline__ float qsa_e4m3_to_f32(qsa_u32 b) {
@@ -101,199 +80,1822 @@ static __device__ __forceinline__ float qsa_e4m3_to_f32(qsa_u32 b) {
     return (b & 0x80u) ? -v : v;
 }
 
-/* ---------------------------------------------------------------------------------------------- */
-/* qsa_k_rmsnorm                                                                                   */
-/* ---------------------------------------------------------------------------------------------- */
+/* ============================================================================================== */
+/* helpers of this file                                                                            */
+/* ============================================================================================== */
 
-/* y[r,:] = x[r,:] * rsqrt(mean(x[r,:]^2) + eps) * (w_offset + w[:])       (rows of length n)
- *
- * The Qwen4-Exp norms use zero-centred weights (`1 + w`): pass w_offset = 1.  The GDN output norm
- * uses a plain weight: w_offset = 0.  Math is fp32 as in the reference (x.float(), then the cast
- * back to fp16 at the very end).  y may equal x (in place).  Group norms (the hyper-connection
- * norms over hidden_size-sized groups) are rows of length hidden_size.
- * Launch: grid (rows), block a multiple of 32 up to 1024 (256 recommended). */
-extern "C" __global__ void qsa_k_rmsnorm(qsa_f16 *y, const qsa_f16 *x, const qsa_f16 *__restrict__ w,
-                                         float w_offset, int n, float eps) {
-    __shared__ float scratch[33];
-    const qsa_f16 *xr = x + (qsa_i64)blockIdx.x * n;
-    qsa_f16 *yr = y + (qsa_i64)blockIdx.x * n;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = qsa_f16_to_f32(xr[i]);
-        ss = fmaf(v, v, ss);
+#define QSA_NEG_INF __int_as_float((int)0xff800000u)
+#define QSA_QNAN __int_as_float(0x7fc00000)
+
+/* The CPU reference's formulas (parts/model.h qsa__sigmoid / qsa__silu): expf and an IEEE
+   division (NVRTC's defaults: -prec-div=true, no fast math). */
+static __device__ __forceinline__ float qsa_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static __device__ __forceinline__ float qsa_silu(float x) { return x / (1.0f + expf(-x)); }
+/* act = 0: silu, 1: sigmoid (qsa_act: QSA_ACT_SILU = 0, QSA_ACT_SIGMOID = 1) */
+static __device__ __forceinline__ float qsa_act(int act, float x) { return act ? qsa_sigmoid(x) : qsa_silu(x); }
+
+/* Maximum over a block (multiple of 32 threads).  Max is exact, so the order does not matter;
+   NaN inputs are ignored (fmaxf).  `scratch` is 33 floats. */
+static __device__ float qsa_block_max(float v, float *scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(QSA_FULL_MASK, v, m));
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float t = lane < nwarps ? scratch[lane] : QSA_NEG_INF;
+        for (int m = 16; m > 0; m >>= 1) t = fmaxf(t, __shfl_xor_sync(QSA_FULL_MASK, t, m));
+        if (lane == 0) scratch[32] = t;
     }
-    float inv = rsqrtf(qsa_block_sum(ss, scratch) / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = qsa_f16_to_f32(xr[i]) * inv;
-        yr[i] = qsa_f32_to_f16(v * (w_offset + qsa_f16_to_f32(w[i])));
-    }
+    __syncthreads();
+    return scratch[32];
 }
 
-/* ---------------------------------------------------------------------------------------------- */
-/* qsa_k_embed_gather                                                                              */
-/* ---------------------------------------------------------------------------------------------- */
-
-/* out[t,:] = table[ids[t],:]     (fp16 rows of length dim; table has `vocab` rows)
- *
- * An id outside [0, vocab) gives a zero row: the host validates ids before launching, this only
- * keeps a bad id from reading out of bounds.  `table` may be host memory mapped into the device
- * address space (the huge PLE table), so each row is read exactly once.
- * Launch: grid (ceil(dim / blockDim.x), ntok), any block size (256 recommended). */
-extern "C" __global__ void qsa_k_embed_gather(qsa_f16 *__restrict__ out, const qsa_f16 *__restrict__ table,
-                                              const int *__restrict__ ids, int ntok, int dim, qsa_i64 vocab) {
-    int t = blockIdx.y;
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= ntok || j >= dim) return;
-    qsa_i64 id = ids[t];
-    out[(qsa_i64)t * dim + j] = (id >= 0 && id < vocab) ? table[id * dim + j] : (qsa_f16)0;
+/* (v2, i2) beats (v1, i1): larger value, ties to the lower index.  NaN never beats anything. */
+static __device__ __forceinline__ int qsa_better(float v2, int i2, float v1, int i1) {
+    return v2 > v1 || (v2 == v1 && i2 < i1);
 }
 
-/* ---------------------------------------------------------------------------------------------- */
-/* qsa_k_gemv_f16                                                                                  */
-/* ---------------------------------------------------------------------------------------------- */
-
-/* y[b,r] = sum_c W[r,c] * x[b,c]      W fp16 [rows, cols] row-major, x fp16 [batch, cols]
- *
- * Writes y (fp16 [batch, rows]) and/or y32 (fp32 [batch, rows]), whichever is non-null.
- * One warp per output row.  Fixed reduction order: lane L owns the 8-element chunks L, L+32,
- * L+64, ... of the row and accumulates them in ascending order with fmaf; then the warp butterfly
- * adds the 32 lane sums.  The order depends only on cols, never on alignment or timing.
- * Launch: grid (ceil(rows / 8), batch), block 256 (8 warps = 8 rows). */
-extern "C" __global__ void qsa_k_gemv_f16(qsa_f16 *__restrict__ y, float *__restrict__ y32,
-                                          const qsa_f16 *__restrict__ W, const qsa_f16 *__restrict__ x,
-                                          int rows, int cols) {
-    int lane = threadIdx.x & 31;
-    int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int b = blockIdx.y;
-    if (r >= rows) return; /* whole warps leave together */
-    const qsa_f16 *wr = W + (qsa_i64)r * cols;
-    const qsa_f16 *xb = x + (qsa_i64)b * cols;
-    float acc = 0.0f;
-    for (int c = lane * 8; c < cols; c += 32 * 8) {
-        float wv[8], xv[8];
-        qsa_load8_f16(wv, wr + c, cols - c);
-        qsa_load8_f16(xv, xb + c, cols - c);
-        for (int k = 0; k < 8; k++) acc = fmaf(wv[k], xv[k], acc);
+/* Arg-max over a block (multiple of 32 threads): the largest value, lowest index among equals.
+   Exact, so order-independent.  Every thread gets the winner; `sv`/`si` are 33 floats / ints. */
+static __device__ void qsa_block_argmax(float *v, int *i, float *sv, int *si) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    float bv = *v;
+    int bi = *i;
+    for (int m = 16; m > 0; m >>= 1) {
+        float ov = __shfl_xor_sync(QSA_FULL_MASK, bv, m);
+        int oi = __shfl_xor_sync(QSA_FULL_MASK, bi, m);
+        if (qsa_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
     }
-    acc = qsa_warp_sum(acc);
-    if (lane == 0) {
-        if (y) y[(qsa_i64)b * rows + r] = qsa_f32_to_f16(acc);
-        if (y32) y32[(qsa_i64)b * rows + r] = acc;
-    }
-}
-
-/* ---------------------------------------------------------------------------------------------- */
-/* qsa_k_nvfp4_gemv                                                                                */
-/* ---------------------------------------------------------------------------------------------- */
-
-/* y[b,r] = sum_c dq(W)[r,c] * x[b,c]     NVFP4 weights (ModelOpt), fp16 activations (W4A16)
- *
- *   wq     U8 [rows, cols/2]: element 2i is the low nibble of byte i, element 2i+1 the high one;
- *          a nibble is sign (bit 3) | E2M1 magnitude code (0, 0.5, 1, 1.5, 2, 3, 4, 6)
- *   scale  F8_E4M3 [rows, cols/16]: one scale per 16 consecutive elements of a row
- *   scale2 fp32: the tensor's global scale (weight_scale_2)
- *   dq(W)[r,c] = e2m1(wq[r,c]) * e4m3(scale[r, c/16]) * scale2
- *
- * cols must be a multiple of 16.  One warp per output row.  Fixed order: lane L owns the
- * 16-element groups L, L+32, ...; per group it sums e2m1 * x in element order (fp32), multiplies
- * by the group scale and adds to its accumulator; the warp butterfly adds the lanes; scale2 is
- * applied last.  Writes y (fp16) and/or y32 (fp32), whichever is non-null.
- * Launch: grid (ceil(rows / 8), batch), block 256 (8 warps = 8 rows). */
-extern "C" __global__ void qsa_k_nvfp4_gemv(qsa_f16 *__restrict__ y, float *__restrict__ y32,
-                                            const qsa_u8 *__restrict__ wq, const qsa_u8 *__restrict__ scale,
-                                            float scale2, const qsa_f16 *__restrict__ x, int rows, int cols) {
-    int lane = threadIdx.x & 31;
-    int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int b = blockIdx.y;
-    if (r >= rows) return;
-    int groups = cols / 16;
-    const qsa_u8 *qr = wq + (qsa_i64)r * (cols / 2);
-    const qsa_u8 *sr = scale + (qsa_i64)r * groups;
-    const qsa_f16 *xb = x + (qsa_i64)b * cols;
-    float acc = 0.0f;
-    for (int g = lane; g < groups; g += 32) {
-        const qsa_u8 *q = qr + g * 8;
-        qsa_u32 lo, hi; /* the group's 8 bytes = 16 nibbles, element order from the low nibble up */
-        if ((((qsa_u64)q) & 7u) == 0) {
-            uint2 u = *(const uint2 *)q;
-            lo = u.x;
-            hi = u.y;
-        } else {
-            lo = (qsa_u32)q[0] | ((qsa_u32)q[1] << 8) | ((qsa_u32)q[2] << 16) | ((qsa_u32)q[3] << 24);
-            hi = (qsa_u32)q[4] | ((qsa_u32)q[5] << 8) | ((qsa_u32)q[6] << 16) | ((qsa_u32)q[7] << 24);
+    __syncthreads();
+    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+    __syncthreads();
+    if (warp == 0) {
+        bv = lane < nwarps ? sv[lane] : QSA_NEG_INF;
+        bi = lane < nwarps ? si[lane] : 0x7fffffff;
+        for (int m = 16; m > 0; m >>= 1) {
+            float ov = __shfl_xor_sync(QSA_FULL_MASK, bv, m);
+            int oi = __shfl_xor_sync(QSA_FULL_MASK, bi, m);
+            if (qsa_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
         }
-        float xv[16];
-        qsa_load8_f16(xv, xb + g * 16, 8);
-        qsa_load8_f16(xv + 8, xb + g * 16 + 8, 8);
-        float gs = 0.0f;
-        for (int k = 0; k < 8; k++) gs = fmaf(qsa_e2m1_to_f32((lo >> (4 * k)) & 15u), xv[k], gs);
-        for (int k = 0; k < 8; k++) gs = fmaf(qsa_e2m1_to_f32((hi >> (4 * k)) & 15u), xv[8 + k], gs);
-        acc = fmaf(gs, qsa_e4m3_to_f32(sr[g]), acc);
+        if (lane == 0) { sv[32] = bv; si[32] = bi; }
     }
-    acc = qsa_warp_sum(acc) * scale2;
-    if (lane == 0) {
-        if (y) y[(qsa_i64)b * rows + r] = qsa_f32_to_f16(acc);
-        if (y32) y32[(qsa_i64)b * rows + r] = acc;
+    __syncthreads();
+    *v = sv[32];
+    *i = si[32];
+}
+
+/* ============================================================================================== */
+/* embedding, norms, hyper-connections, elementwise                                                */
+/* ============================================================================================== */
+
+/* X[t][s*H + j] = table[ids[t]][j] for every stream s < hc        (table fp16 [V][H], X fp32)
+ * The hyper-connection streams start as hc copies of the embedding.  An id outside [0, V) gives a
+ * zero row (the host validates ids; this only keeps a bad id from reading out of bounds).
+ * Launch: grid (M), block any multiple of 32 (256). */
+extern "C" __global__ void qsa_k_embed(const qsa_f16 *__restrict__ table, const int *__restrict__ ids,
+                                       float *__restrict__ X, int H, int hc, int V) {
+    qsa_i64 t = blockIdx.x;
+    int id = ids[t];
+    int ok = id >= 0 && id < V;
+    const qsa_f16 *row = table + (qsa_i64)(ok ? id : 0) * H;
+    float *x = X + t * hc * H;
+    for (int j = threadIdx.x; j < H; j += blockDim.x) {
+        float v = ok ? qsa_f16_to_f32(row[j]) : 0.0f;
+        for (int s = 0; s < hc; s++) x[s * H + j] = v;
+    }
+}
+
+/* RMSNorm per group: for group g of row t (values x[t][g*group .. g*group+group)):
+ *   y = x * (1 / sqrtf(mean(x^2) + eps)) * (one_plus ? 1 + w : w),   w indexed within the row
+ *   (w has `dim` entries, w[g*group + i]).
+ * The formula and its operation order are the CPU's (qsa__rmsnorm_1p); the sum of squares is a
+ * fixed-order block reduction (thread i sums elements i, i+256, ...; then qsa_block_sum), which
+ * depends only on `group` and the block size.  y (fp32) and/or y16 (fp16 copy) may be NULL; y may
+ * equal x (in place).  dim must be a multiple of group.
+ * Launch: grid (M * dim/group), block 256 (the bits depend on the block size: keep 256). */
+extern "C" __global__ void qsa_k_rmsnorm(const float *x, const float *__restrict__ w, float *y,
+                                         qsa_f16 *__restrict__ y16, int dim, int group, float eps, int one_plus) {
+    __shared__ float scratch[33];
+    int gpr = dim / group;
+    qsa_i64 row = blockIdx.x / gpr;
+    int g = blockIdx.x % gpr;
+    qsa_i64 base = row * dim + (qsa_i64)g * group;
+    const float *xr = x + base;
+    const float *wr = w + (qsa_i64)g * group;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < group; i += blockDim.x) ss += xr[i] * xr[i];
+    float inv = 1.0f / sqrtf(qsa_block_sum(ss, scratch) / (float)group + eps);
+    for (int i = threadIdx.x; i < group; i += blockDim.x) {
+        float v = xr[i] * inv * (one_plus ? 1.0f + wr[i] : wr[i]);
+        if (y) y[base + i] = v;
+        if (y16) y16[base + i] = qsa_f32_to_f16(v);
+    }
+}
+
+/* GatedResidual input mix:  inp[t][j] = (sum over s ascending of sigmoid(mw[t][s*H+j]) * xn[t][s*H+j]) / hc
+ * (the CPU's loop: acc += sigmoid * xn without fused multiply-add, then / hc).  inp (fp32) and/or
+ * inp16 (fp16) may be NULL.  Launch: grid (M), block any multiple of 32 (256). */
+extern "C" __global__ void qsa_k_gres_mix(const float *__restrict__ mw, const float *__restrict__ xn,
+                                          float *__restrict__ inp, qsa_f16 *__restrict__ inp16, int H, int hc) {
+    qsa_i64 t = blockIdx.x;
+    const float *m = mw + t * hc * H, *x = xn + t * hc * H;
+    for (int j = threadIdx.x; j < H; j += blockDim.x) {
+        float acc = 0.0f;
+        for (int s = 0; s < hc; s++) acc = __fadd_rn(acc, __fmul_rn(qsa_sigmoid(m[s * H + j]), x[s * H + j]));
+        float v = acc / (float)hc;
+        if (inp) inp[t * H + j] = v;
+        if (inp16) inp16[t * H + j] = qsa_f32_to_f16(v);
+    }
+}
+
+/* x[i] = silu(x[i] * scale) for i < n; x16 (optional) receives the fp16 copy.
+ * The CPU computes silu(x / hc); pass scale = 1/hc: identical bits when hc is a power of two
+ * (the model's hc_count = 4), otherwise within 1 ulp before the silu.
+ * Launch: grid (ceil(n / 256)), block 256 (any grid/block works: grid-stride loop). */
+extern "C" __global__ void qsa_k_silu_scale(float *x, qsa_f16 *__restrict__ x16, int n, float scale) {
+    for (qsa_i64 i = (qsa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (qsa_i64)gridDim.x * blockDim.x) {
+        float v = qsa_silu(x[i] * scale);
+        x[i] = v;
+        if (x16) x16[i] = qsa_f32_to_f16(v);
+    }
+}
+
+/* inj[i] = 2 * sigmoid(inj[i] / hc) for i < n (n = M * hc).
+ * Launch: grid (ceil(n / 256)), block 256 (grid-stride loop). */
+extern "C" __global__ void qsa_k_inj_weights(float *inj, int n, int hc) {
+    for (qsa_i64 i = (qsa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (qsa_i64)gridDim.x * blockDim.x)
+        inj[i] = 2.0f * qsa_sigmoid(inj[i] / (float)hc);
+}
+
+/* X[t][s*H + j] += inj[t][s] * out[t][j]     (the CPU's expression, no fused multiply-add:
+ * bitwise equal to qsa__inject).  Launch: grid (M), block any multiple of 32 (256). */
+extern "C" __global__ void qsa_k_inject(float *__restrict__ X, const float *__restrict__ inj,
+                                        const float *__restrict__ out, int H, int hc) {
+    qsa_i64 t = blockIdx.x;
+    float *x = X + t * hc * H;
+    const float *o = out + t * H;
+    for (int j = threadIdx.x; j < H; j += blockDim.x) {
+        float v = o[j];
+        for (int s = 0; s < hc; s++) x[s * H + j] = __fadd_rn(x[s * H + j], __fmul_rn(inj[t * hc + s], v));
+    }
+}
+
+/* y[i] = fp16(x[i]) (round to nearest even) for i < n.  Launch: grid (ceil(n / 256)), block 256. */
+extern "C" __global__ void qsa_k_to_f16(const float *__restrict__ x, qsa_f16 *__restrict__ y, int n) {
+    for (qsa_i64 i = (qsa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (qsa_i64)gridDim.x * blockDim.x)
+        y[i] = qsa_f32_to_f16(x[i]);
+}
+
+/* out[t] = index of the largest logits[t][0..V), the lowest index among equal maxima (the CPU's
+ * qsa__argmax).  NaNs never win; a row with no number gives 0.
+ * Launch: grid (M), block any multiple of 32 up to 1024 (1024). */
+extern "C" __global__ void qsa_k_argmax(const float *__restrict__ logits, int *__restrict__ out, int V) {
+    __shared__ float sv[33];
+    __shared__ int si[33];
+    const float *l = logits + (qsa_i64)blockIdx.x * V;
+    float bv = QSA_NEG_INF;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float v = l[i];
+        if (qsa_better(v, i, bv, bi)) { bv = v; bi = i; }
+    }
+    qsa_block_argmax(&bv, &bi, sv, si);
+    if (threadIdx.x == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+}
+
+/* ============================================================================================== */
+/* GEMM machinery: tensor cores through PTX wmma m16n16k16 (fp16 in, fp32 accumulate)             */
+/* ============================================================================================== */
+/*
+ * Canonical order (what makes the GEMMs batch invariant).  For every output element
+ * Y[m][n] = sum_k A[m][k] W[n][k], K (a multiple of 16) is cut into segments of QSA_SEG = 256
+ * (the last may be shorter); segment s gives P_s = a chain of wmma.mma over its 16-wide chunks in
+ * ascending k, starting from a zero accumulator; then T = ((0 + P_0) + P_1) + ... in fp32, in
+ * ascending s.  Finally y = T (+ bias[n]) and Y = y, or Y = Y + y when accumulating.
+ * Two tilings compute exactly this, chosen by M:
+ *   - "split-K" (M <= QSA_SPLITK_MAX_M, the decode regime): a block owns one 16x16 output tile;
+ *     its 8 warps compute the segments of a round (8 consecutive segments) in parallel, store the
+ *     P_s tiles in shared memory, and every thread adds its element's P_s in ascending s.  The
+ *     weight stream is read once per 16 rows of A, with 16-byte loads, by many blocks at once.
+ *   - "tiled" (larger M, prefill): a block owns a 64x64 tile; each warp a 16x32 sub-tile over the
+ *     whole K, adding its P_s fragment into its T fragment at each segment end (same fragment
+ *     layout, so it is the same element-wise fp32 add).
+ * A row's result depends only on that row of A (the tensor core computes each output element as
+ * its own dot product; padding rows are zero or never stored), so a token gives the same bits
+ * whatever M is and wherever it sits in the tile.
+ * Operands go through shared memory: global loads are 16-byte vectors when aligned (scalar
+ * otherwise: same values), rows past M or N and columns past K are zero-filled, stores are
+ * predicated.  Shared staging rows are 40 halves (80 bytes) long: 32 data + 8 padding, which keeps
+ * wmma.load free of bank conflicts and every fragment pointer 32-byte aligned.
+ * NVFP4 weights are dequantised on the way into shared memory exactly like the CPU
+ * (w = e2m1 * (e4m3 * s2) in fp32) and then ROUNDED TO FP16 (cvt.rn) for the tensor core; the
+ * GPU-vs-CPU comparison (tests/t_gpu_k1.c) mirrors that rounding.  A weight whose magnitude
+ * exceeds 65504 would become infinite; real NVFP4 weights are far smaller.
+ */
+
+#define QSA_GEMM_THREADS 256   /* 8 warps: required by every GEMM/MoE kernel */
+#define QSA_SEG 256            /* canonical K segment (elements) */
+#define QSA_ST 40              /* staging row stride in halves */
+#define QSA_SPLITK_MAX_M 64    /* M up to this: split-K tiling; above: 64x64 tiles */
+#define QSA_OST 68             /* fp32 output staging row stride (floats) in the tiled path */
+#define QSA_GEMM_SMEM 30720    /* bytes of shared staging (split-K with two weight matrices) */
+
+typedef struct { qsa_u32 x[8]; } qsa_frag_ab;
+typedef struct { float x[8]; } qsa_frag_c;
+
+static __device__ __forceinline__ void qsa_frag_zero(qsa_frag_c &c) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) c.x[i] = 0.0f;
+}
+
+/* A fragment: 16x16 fp16, row-major, ld halves between rows; p 32-byte aligned. */
+static __device__ __forceinline__ void qsa_wmma_load_a(qsa_frag_ab &f, const qsa_f16 *p, int ld) {
+    asm volatile("wmma.load.a.sync.aligned.row.m16n16k16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, [%8], %9;"
+                 : "=r"(f.x[0]), "=r"(f.x[1]), "=r"(f.x[2]), "=r"(f.x[3]), "=r"(f.x[4]), "=r"(f.x[5]),
+                   "=r"(f.x[6]), "=r"(f.x[7])
+                 : "l"(p), "r"(ld)
+                 : "memory");
+}
+/* B fragment: 16(k)x16(n) fp16 stored column-major, i.e. W rows (n) of 16 k values, ld halves apart. */
+static __device__ __forceinline__ void qsa_wmma_load_b(qsa_frag_ab &f, const qsa_f16 *p, int ld) {
+    asm volatile("wmma.load.b.sync.aligned.col.m16n16k16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, [%8], %9;"
+                 : "=r"(f.x[0]), "=r"(f.x[1]), "=r"(f.x[2]), "=r"(f.x[3]), "=r"(f.x[4]), "=r"(f.x[5]),
+                   "=r"(f.x[6]), "=r"(f.x[7])
+                 : "l"(p), "r"(ld)
+                 : "memory");
+}
+/* c = a * b + c, fp32 accumulate */
+static __device__ __forceinline__ void qsa_wmma_mma(qsa_frag_c &c, const qsa_frag_ab &a, const qsa_frag_ab &b) {
+    asm volatile("wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+                 "{%8, %9, %10, %11, %12, %13, %14, %15}, "
+                 "{%16, %17, %18, %19, %20, %21, %22, %23}, "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7};"
+                 : "+f"(c.x[0]), "+f"(c.x[1]), "+f"(c.x[2]), "+f"(c.x[3]), "+f"(c.x[4]), "+f"(c.x[5]),
+                   "+f"(c.x[6]), "+f"(c.x[7])
+                 : "r"(a.x[0]), "r"(a.x[1]), "r"(a.x[2]), "r"(a.x[3]), "r"(a.x[4]), "r"(a.x[5]), "r"(a.x[6]),
+                   "r"(a.x[7]), "r"(b.x[0]), "r"(b.x[1]), "r"(b.x[2]), "r"(b.x[3]), "r"(b.x[4]), "r"(b.x[5]),
+                   "r"(b.x[6]), "r"(b.x[7]));
+}
+/* Stores a 16x16 fp32 accumulator row-major (ld floats between rows; p 32-byte aligned). */
+static __device__ __forceinline__ void qsa_wmma_store(float *p, const qsa_frag_c &c, int ld) {
+    asm volatile("wmma.store.d.sync.aligned.row.m16n16k16.f32 [%0], {%1, %2, %3, %4, %5, %6, %7, %8}, %9;"
+                 :
+                 : "l"(p), "f"(c.x[0]), "f"(c.x[1]), "f"(c.x[2]), "f"(c.x[3]), "f"(c.x[4]), "f"(c.x[5]),
+                   "f"(c.x[6]), "f"(c.x[7]), "r"(ld)
+                 : "memory");
+}
+
+static __device__ __forceinline__ uint4 qsa_u4_zero() {
+    uint4 u;
+    u.x = u.y = u.z = u.w = 0u;
+    return u;
+}
+
+/* row[k .. k+8) as 8 fp16 bits; zero when row is NULL or k >= K.  vec: row + k is 16-byte aligned. */
+static __device__ __forceinline__ uint4 qsa_ld8_f16(const qsa_f16 *row, int k, int K, int vec) {
+    if (!row || k >= K) return qsa_u4_zero();
+    const qsa_f16 *p = row + k;
+    if (vec) return *(const uint4 *)p;
+    uint4 u;
+    u.x = (qsa_u32)p[0] | ((qsa_u32)p[1] << 16);
+    u.y = (qsa_u32)p[2] | ((qsa_u32)p[3] << 16);
+    u.z = (qsa_u32)p[4] | ((qsa_u32)p[5] << 16);
+    u.w = (qsa_u32)p[6] | ((qsa_u32)p[7] << 16);
+    return u;
+}
+
+/* E2M1 code (bit 3 sign, bits 0-2 magnitude) -> value with integer operations only (the same numbers as
+   kernels.cu's qsa_e2m1_to_f32, which needs an int->float conversion, a quarter-rate instruction that
+   bounded the NVFP4 GEMMs): magnitude codes
+   2..7 are the fp32 bits (code << 22) + 0x3F000000 (1, 1.5, 2, 3, 4, 6); code 1 is 0.5, code 0 is 0. */
+static __device__ __forceinline__ float qsa_e2m1_fast(qsa_u32 code) {
+    qsa_u32 mag = code & 7u;
+    qsa_u32 bits = mag >= 2u ? (mag << 22) + 0x3F000000u : (mag ? 0x3F000000u : 0u);
+    return __int_as_float((int)(bits | ((code & 8u) << 28)));
+}
+
+/* Two weights (low nibble first) of one byte, dequantised and rounded to fp16, packed low|high. */
+static __device__ __forceinline__ qsa_u32 qsa_nvfp4_pair(qsa_u32 byte, float scale) {
+    qsa_u32 lo = qsa_f32_to_f16(qsa_e2m1_fast(byte & 15u) * scale);
+    qsa_u32 hi = qsa_f32_to_f16(qsa_e2m1_fast((byte >> 4) & 15u) * scale);
+    return lo | (hi << 16);
+}
+
+/* One weight source: a dense fp16 matrix [N][K] or an NVFP4 one (q [N][K/2], s [N][K/16], s2). */
+typedef struct {
+    const qsa_f16 *w16;   /* dense, or NULL for NVFP4 */
+    const qsa_u8 *q, *s;
+    float s2;
+    int vec;              /* dense: w16 16-byte aligned; NVFP4: q 8-byte aligned (rows are K/2 = 8j bytes) */
+    int vec16;            /* NVFP4: q 16-byte aligned and K % 32 == 0, so 16-byte pieces of rows are aligned */
+} qsa_wsrc;
+
+static __device__ __forceinline__ qsa_wsrc qsa_wsrc_f16(const qsa_f16 *w) {
+    qsa_wsrc r;
+    r.w16 = w;
+    r.q = r.s = 0;
+    r.s2 = 0.0f;
+    r.vec = (((qsa_u64)w) & 15u) == 0;
+    r.vec16 = 0;
+    return r;
+}
+static __device__ __forceinline__ qsa_wsrc qsa_wsrc_nvfp4(const qsa_u8 *q, const qsa_u8 *s, float s2, int K) {
+    qsa_wsrc r;
+    r.w16 = 0;
+    r.q = q;
+    r.s = s;
+    r.s2 = s2;
+    r.vec = (((qsa_u64)q) & 7u) == 0;
+    r.vec16 = (((qsa_u64)q) & 15u) == 0 && (K & 31) == 0;
+    return r;
+}
+
+/* W[n][k .. k+8) as fp16 bits (k a multiple of 8; rows are K long); zero when n >= N or k >= kend.
+   NVFP4: dequantised in fp32 as the CPU does (scale = e4m3 * s2, then e2m1 * scale), rounded to fp16. */
+static __device__ __forceinline__ uint4 qsa_ld8_w(const qsa_wsrc &w, int n, int N, int k, int kend, int K) {
+    if (n >= N || k >= kend) return qsa_u4_zero();
+    if (w.w16) return qsa_ld8_f16(w.w16 + (qsa_i64)n * K, k, kend, w.vec);
+    const qsa_u8 *q = w.q + (qsa_i64)n * (K >> 1) + (k >> 1);
+    qsa_u32 b;
+    if (w.vec) b = *(const qsa_u32 *)q;
+    else b = (qsa_u32)q[0] | ((qsa_u32)q[1] << 8) | ((qsa_u32)q[2] << 16) | ((qsa_u32)q[3] << 24);
+    float scale = qsa_e4m3_to_f32(w.s[(qsa_i64)n * (K >> 4) + (k >> 4)]) * w.s2;
+    uint4 u;
+    u.x = qsa_nvfp4_pair(b & 0xffu, scale);
+    u.y = qsa_nvfp4_pair((b >> 8) & 0xffu, scale);
+    u.z = qsa_nvfp4_pair((b >> 16) & 0xffu, scale);
+    u.w = qsa_nvfp4_pair(b >> 24, scale);
+    return u;
+}
+
+/* NVFP4 in the split-K core: a lane owns weight row n0 + (lane >> 1) and, in every 32-element sub-step
+   j of the segment, the half (lane & 1): 16 weights = 8 bytes of q and their scale byte.  All 8
+   sub-steps are loaded when the segment starts (a warp then has 2 KB of packed weights in flight;
+   one sub-step alone would be 256 bytes).  Halves at or past kend (a multiple of 16) read as zero. */
+static __device__ __forceinline__ void qsa_ld_nvfp4_seg(const qsa_wsrc &w, int n, int N, int kbeg, int kend, int K,
+                                                        int half, uint2 *q8, qsa_u32 *sc) {
+#pragma unroll
+    for (int j = 0; j < QSA_SEG / 32; j++) q8[j].x = q8[j].y = 0u;
+    sc[0] = sc[1] = 0u;
+    if (n >= N) return;
+    const qsa_u8 *qr = w.q + (qsa_i64)n * (K >> 1), *sr = w.s + (qsa_i64)n * (K >> 4);
+#pragma unroll
+    for (int j = 0; j < QSA_SEG / 32; j++) {
+        const int k = kbeg + 32 * j + 16 * half;
+        if (k < kend) {
+            const qsa_u8 *p = qr + (k >> 1);
+            if (w.vec) {
+                q8[j] = *(const uint2 *)p;
+            } else {
+                q8[j].x = (qsa_u32)p[0] | ((qsa_u32)p[1] << 8) | ((qsa_u32)p[2] << 16) | ((qsa_u32)p[3] << 24);
+                q8[j].y = (qsa_u32)p[4] | ((qsa_u32)p[5] << 8) | ((qsa_u32)p[6] << 16) | ((qsa_u32)p[7] << 24);
+            }
+            sc[j >> 2] |= (qsa_u32)sr[k >> 4] << (8 * (j & 3));
+        }
+    }
+}
+
+/* 8 elements (one 32-bit word of q, low nibble first) dequantised like qsa_ld8_w. */
+static __device__ __forceinline__ uint4 qsa_dq8(qsa_u32 word, float scale) {
+    uint4 u;
+    u.x = qsa_nvfp4_pair(word & 0xffu, scale);
+    u.y = qsa_nvfp4_pair((word >> 8) & 0xffu, scale);
+    u.z = qsa_nvfp4_pair((word >> 16) & 0xffu, scale);
+    u.w = qsa_nvfp4_pair(word >> 24, scale);
+    return u;
+}
+
+/* Split-K core: one 16 x 16 output tile (NB weight matrices sharing the A rows, e.g. gate and up),
+ * the whole block (8 warps).  arow[16] (shared) are the A rows (NULL: padding), each K long, 16-byte
+ * aligned when avec.  Weight rows n0 .. n0+15 of each ws[b] (rows >= N are zero).  On return
+ * thread tid holds T[b] of element (tid / 16, tid % 16) in the canonical order.  `smem` is
+ * QSA_GEMM_SMEM bytes, 32-byte aligned.  Contains __syncthreads: every thread must call it. */
+template <int NB, bool NV>
+static __device__ void qsa_tile16_splitk(const qsa_f16 *const *arow, int avec, const qsa_wsrc *ws, int n0, int N,
+                                         int K, unsigned char *smem, float *T) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    /* per warp: A [16][QSA_ST] then NB x W [16][QSA_ST] halves */
+    qsa_f16 *sa = (qsa_f16 *)(smem + warp * (1 + NB) * 16 * QSA_ST * 2);
+    qsa_f16 *sw = sa + 16 * QSA_ST;
+    float *slots = (float *)smem; /* [8][NB][256] partial tiles, aliasing the staging between rounds */
+    const int nseg = (K + QSA_SEG - 1) / QSA_SEG;
+    /* this lane's two 8-element pieces of a 16 x 32 sub-step: piece c = lane + 32 i, row c / 4 */
+    const int r0 = lane >> 2, r1 = r0 + 8, kp = (lane & 3) * 8;
+    /* NVFP4: this lane's weight row and half of each sub-step */
+    const int nr = lane >> 1, nh = lane & 1;
+#pragma unroll
+    for (int b = 0; b < NB; b++) T[b] = 0.0f;
+    for (int round = 0; round < nseg; round += 8) {
+        const int seg = round + warp;
+        qsa_frag_c P[NB];
+#pragma unroll
+        for (int b = 0; b < NB; b++) qsa_frag_zero(P[b]);
+        if (seg < nseg) {
+            const int kbeg = seg * QSA_SEG, kend = min(K, kbeg + QSA_SEG);
+            const qsa_f16 *a0 = arow[r0], *a1 = arow[r1];
+            uint4 ra0, ra1, rw0[NB], rw1[NB];
+            uint2 q8[NV ? NB : 1][QSA_SEG / 32];
+            qsa_u32 sc[NV ? NB : 1][2];
+            ra0 = qsa_ld8_f16(a0, kbeg + kp, kend, avec);
+            ra1 = qsa_ld8_f16(a1, kbeg + kp, kend, avec);
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                if (NV) {
+                    qsa_ld_nvfp4_seg(ws[b], n0 + nr, N, kbeg, kend, K, nh, q8[NV ? b : 0], sc[NV ? b : 0]);
+                } else {
+                    rw0[b] = qsa_ld8_w(ws[b], n0 + r0, N, kbeg + kp, kend, K);
+                    rw1[b] = qsa_ld8_w(ws[b], n0 + r1, N, kbeg + kp, kend, K);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < QSA_SEG / 32; j++) {
+                const int k0 = kbeg + 32 * j;
+                if (k0 >= kend) break;
+                __syncwarp();
+                *(uint4 *)(sa + r0 * QSA_ST + kp) = ra0;
+                *(uint4 *)(sa + r1 * QSA_ST + kp) = ra1;
+                if (NV) { /* every lane dequantises its 16 weights of this sub-step */
+#pragma unroll
+                    for (int b = 0; b < NB; b++) {
+                        const uint2 qq = q8[NV ? b : 0][j];
+                        const float scl = qsa_e4m3_to_f32((sc[NV ? b : 0][j >> 2] >> (8 * (j & 3))) & 0xffu) * ws[b].s2;
+                        uint4 *dst = (uint4 *)(sw + b * 16 * QSA_ST + nr * QSA_ST + nh * 16);
+                        dst[0] = qsa_dq8(qq.x, scl);
+                        dst[1] = qsa_dq8(qq.y, scl);
+                    }
+                } else {
+#pragma unroll
+                    for (int b = 0; b < NB; b++) {
+                        *(uint4 *)(sw + b * 16 * QSA_ST + r0 * QSA_ST + kp) = rw0[b];
+                        *(uint4 *)(sw + b * 16 * QSA_ST + r1 * QSA_ST + kp) = rw1[b];
+                    }
+                }
+                __syncwarp();
+                const int kn = k0 + 32;
+                if (kn < kend) { /* prefetch the next sub-step while the tensor cores work */
+                    ra0 = qsa_ld8_f16(a0, kn + kp, kend, avec);
+                    ra1 = qsa_ld8_f16(a1, kn + kp, kend, avec);
+                    if (!NV) {
+#pragma unroll
+                        for (int b = 0; b < NB; b++) {
+                            rw0[b] = qsa_ld8_w(ws[b], n0 + r0, N, kn + kp, kend, K);
+                            rw1[b] = qsa_ld8_w(ws[b], n0 + r1, N, kn + kp, kend, K);
+                        }
+                    }
+                }
+                qsa_frag_ab fa, fb;
+                qsa_wmma_load_a(fa, sa, QSA_ST);
+#pragma unroll
+                for (int b = 0; b < NB; b++) {
+                    qsa_wmma_load_b(fb, sw + b * 16 * QSA_ST, QSA_ST);
+                    qsa_wmma_mma(P[b], fa, fb);
+                }
+                if (k0 + 16 < kend) {
+                    qsa_wmma_load_a(fa, sa + 16, QSA_ST);
+#pragma unroll
+                    for (int b = 0; b < NB; b++) {
+                        qsa_wmma_load_b(fb, sw + b * 16 * QSA_ST + 16, QSA_ST);
+                        qsa_wmma_mma(P[b], fa, fb);
+                    }
+                }
+            }
+        }
+        __syncthreads(); /* every warp is done with its staging: reuse it for the partial tiles */
+#pragma unroll
+        for (int b = 0; b < NB; b++) qsa_wmma_store(slots + (warp * NB + b) * 256, P[b], 16);
+        __syncthreads();
+        for (int w = 0; w < 8 && round + w < nseg; w++) {
+#pragma unroll
+            for (int b = 0; b < NB; b++) T[b] = T[b] + slots[(w * NB + b) * 256 + tid];
+        }
+        __syncthreads(); /* before the next round overwrites the slots */
+    }
+}
+
+/* Tiled core: the 64 x 64 tile (m0, n0) of Y = A W^T (+ bias), A dense [M][K].  Warp w owns rows
+ * 16 (w % 4) .. +16 and columns 32 (w / 4) .. +32 (two accumulator fragments). */
+static __device__ void qsa_tile64(const qsa_f16 *A, int avec, const qsa_wsrc &ws, const float *bias, float *Y, int M,
+                                  int N, int K, int accumulate, int m0, int n0, unsigned char *smem) {
+    const int tid = threadIdx.x, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
+    qsa_f16 *As = (qsa_f16 *)smem, *Ws = As + 64 * QSA_ST;
+    float *os = (float *)smem; /* [64][QSA_OST] output staging, after the K loop */
+    const int row = tid >> 2, kp = (tid & 3) * 8;
+    const qsa_f16 *arow = m0 + row < M ? A + (qsa_i64)(m0 + row) * K : 0;
+    qsa_frag_c T0, T1, P0, P1;
+    qsa_frag_zero(T0);
+    qsa_frag_zero(T1);
+    qsa_frag_zero(P0);
+    qsa_frag_zero(P1);
+    const int nsub = (K + 31) / 32;
+    uint4 ra = qsa_ld8_f16(arow, kp, K, avec), rw = qsa_ld8_w(ws, n0 + row, N, kp, K, K);
+    for (int j = 0; j < nsub; j++) {
+        const int k0 = j * 32;
+        __syncthreads();
+        *(uint4 *)(As + row * QSA_ST + kp) = ra;
+        *(uint4 *)(Ws + row * QSA_ST + kp) = rw;
+        __syncthreads();
+        if (j + 1 < nsub) {
+            ra = qsa_ld8_f16(arow, k0 + 32 + kp, K, avec);
+            rw = qsa_ld8_w(ws, n0 + row, N, k0 + 32 + kp, K, K);
+        }
+        qsa_frag_ab fa, fb;
+        for (int c = 0; c < 2 && k0 + 16 * c < K; c++) {
+            qsa_wmma_load_a(fa, As + wm * 16 * QSA_ST + 16 * c, QSA_ST);
+            qsa_wmma_load_b(fb, Ws + (wn * 32) * QSA_ST + 16 * c, QSA_ST);
+            qsa_wmma_mma(P0, fa, fb);
+            qsa_wmma_load_b(fb, Ws + (wn * 32 + 16) * QSA_ST + 16 * c, QSA_ST);
+            qsa_wmma_mma(P1, fa, fb);
+        }
+        if ((j & 7) == 7 || j + 1 == nsub) { /* segment end: T += P_s (element-wise, same layout) */
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                T0.x[i] = T0.x[i] + P0.x[i];
+                T1.x[i] = T1.x[i] + P1.x[i];
+                P0.x[i] = 0.0f;
+                P1.x[i] = 0.0f;
+            }
+        }
+    }
+    __syncthreads();
+    qsa_wmma_store(os + wm * 16 * QSA_OST + wn * 32, T0, QSA_OST);
+    qsa_wmma_store(os + wm * 16 * QSA_OST + wn * 32 + 16, T1, QSA_OST);
+    __syncthreads();
+    for (int e = tid; e < 64 * 64; e += QSA_GEMM_THREADS) {
+        int r = e >> 6, c = e & 63, m = m0 + r, n = n0 + c;
+        if (m < M && n < N) {
+            float y = os[r * QSA_OST + c];
+            if (bias) y = y + bias[n];
+            float *py = Y + (qsa_i64)m * N + n;
+            *py = accumulate ? *py + y : y;
+        }
+    }
+    __syncthreads(); /* the next tile reuses the staging */
+}
+
+/* Y (+)= A W^T (+ bias) for either weight kind: picks the tiling from M, loops over its tiles. */
+static __device__ void qsa_gemm(const qsa_f16 *A, const qsa_wsrc &ws, const float *bias, float *Y, int M, int N, int K,
+                                int accumulate) {
+    __shared__ __align__(128) unsigned char smem[QSA_GEMM_SMEM];
+    __shared__ const qsa_f16 *arow[16];
+    if (blockDim.x != QSA_GEMM_THREADS) __trap(); /* a launch error, never silently wrong results */
+    const qsa_i64 nblocks = (qsa_i64)gridDim.x * gridDim.y, bid = (qsa_i64)blockIdx.y * gridDim.x + blockIdx.x;
+    const int avec = (((qsa_u64)A) & 15u) == 0;
+    if (K <= 0 || (K & 15)) { /* unsupported K: poison the output rather than return garbage */
+        for (qsa_i64 i = bid * QSA_GEMM_THREADS + threadIdx.x; i < (qsa_i64)M * N; i += nblocks * QSA_GEMM_THREADS)
+            Y[i] = QSA_QNAN;
+        return;
+    }
+    if (M <= QSA_SPLITK_MAX_M) {
+        const int mt = (M + 15) / 16;
+        const qsa_i64 tiles = (qsa_i64)mt * ((N + 15) / 16);
+        for (qsa_i64 t = bid; t < tiles; t += nblocks) {
+            const int m0 = (int)(t % mt) * 16, n0 = (int)(t / mt) * 16; /* m fastest: neighbours share W */
+            __syncthreads(); /* arow of the previous tile is no longer read */
+            if (threadIdx.x < 16) arow[threadIdx.x] = m0 + (int)threadIdx.x < M ? A + (qsa_i64)(m0 + threadIdx.x) * K : 0;
+            __syncthreads();
+            float T[1];
+            if (ws.w16) qsa_tile16_splitk<1, false>(arow, avec, &ws, n0, N, K, smem, T);
+            else qsa_tile16_splitk<1, true>(arow, avec, &ws, n0, N, K, smem, T);
+            const int m = m0 + (threadIdx.x >> 4), n = n0 + (threadIdx.x & 15);
+            if (m < M && n < N) {
+                float y = T[0];
+                if (bias) y = y + bias[n];
+                float *py = Y + (qsa_i64)m * N + n;
+                *py = accumulate ? *py + y : y;
+            }
+        }
+    } else {
+        const int mt = (M + 63) / 64;
+        const qsa_i64 tiles = (qsa_i64)mt * ((N + 63) / 64);
+        for (qsa_i64 t = bid; t < tiles; t += nblocks)
+            qsa_tile64(A, avec, ws, bias, Y, M, N, K, accumulate, (int)(t % mt) * 64, (int)(t / mt) * 64, smem);
+    }
+}
+
+/* Y[m][n] = sum_k A[m][k] W[n][k] (+ bias[n]); with accumulate, Y[m][n] += that instead.
+ *   A fp16 [M][K] row-major, W fp16 [N][K] (the checkpoint's [out, in]), bias fp32 [N] or NULL,
+ *   Y fp32 [M][N].  Any M, N; K a multiple of 16 (else Y is filled with NaN).
+ * Canonical per-element order: see the GEMM machinery comment (segments of 256, fixed sum order).
+ * Launch: block 256 (required; another size traps); grid: any (the kernel loops over its tiles);
+ *   best: M <= 64: ceil(M/16) * ceil(N/16) blocks, else ceil(M/64) * ceil(N/64) blocks
+ *   (1-D or 2-D: blocks are numbered y * gridDim.x + x).  Static shared memory 30.9 KB. */
+extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_f16(const qsa_f16 *__restrict__ A,
+                                                                 const qsa_f16 *__restrict__ W,
+                                                                 const float *__restrict__ bias, float *Y, int M,
+                                                                 int N, int K, int accumulate) {
+    qsa_wsrc ws = qsa_wsrc_f16(W);
+    qsa_gemm(A, ws, bias, Y, M, N, K, accumulate);
+}
+
+/* The same with NVFP4 weights (W4A16): q u8 [N][K/2] (element 2j in the low nibble of byte j),
+ * s E4M3 [N][K/16], global scale s2; w = fp16(e2m1 * (e4m3 * s2)) (fp32 math, then rounded to fp16
+ * for the tensor core: the only difference from a dense fp16 GEMM).  No bias (NVFP4 linears have
+ * none).  Launch: as qsa_k_gemm_f16. */
+extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16 *__restrict__ A,
+                                                                   const qsa_u8 *__restrict__ q,
+                                                                   const qsa_u8 *__restrict__ s, float s2, float *Y,
+                                                                   int M, int N, int K, int accumulate) {
+    qsa_wsrc ws = qsa_wsrc_nvfp4(q, s, s2, K);
+    qsa_gemm(A, ws, 0, Y, M, N, K, accumulate);
+}
+
+/* ============================================================================================== */
+/* MoE                                                                                             */
+/* ============================================================================================== */
+
+/* Per-expert weights, addressed through a device array [E] (host mirror: qsa__dexpert in
+   parts/cuda.h, 88 bytes).  A matrix is dense fp16 when its *16 pointer is set, else NVFP4. */
+struct qsa_expert_w {
+    const qsa_u8 *gate_q, *gate_s, *up_q, *up_s, *down_q, *down_s; /* NVFP4 [I][H/2], [I][H/16], ...   */
+    const qsa_f16 *gate16, *up16, *down16;                        /* dense [I][H], [I][H], [H][I]     */
+    float gate_s2, up_s2, down_s2, pad;
+};
+
+/* Router: for token t, p = softmax(logits[t][0..E)) in fp32 (max, then e = expf(l - max), sum, e / sum:
+ * the CPU's formulas; the max and the sum are fixed-order block reductions), the K largest p
+ * (ties: lower expert id, as the CPU's repeated arg-max), optionally divided by their sum (summed
+ * in selection order, as the CPU), written sorted by ascending expert id:
+ *   topk_ids [M][K] int, topk_w [M][K] fp32.  1 <= K <= 64, K <= E.
+ * Launch: grid (M), block 256 (the sum's bits depend on the block size: keep 256). */
+extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, int *__restrict__ topk_ids,
+                                             float *__restrict__ topk_w, int E, int K, int norm) {
+    __shared__ float scratch[33];
+    __shared__ float sv[33];
+    __shared__ int si[33];
+    __shared__ int sel[64];
+    __shared__ float selw[64];
+    const float *l = logits + (qsa_i64)blockIdx.x * E;
+    if (K < 1 || K > 64 || K > E) { /* unsupported: ids 0 and NaN weights, never out of bounds */
+        for (int k = threadIdx.x; k < K; k += blockDim.x) {
+            topk_ids[(qsa_i64)blockIdx.x * K + k] = 0;
+            topk_w[(qsa_i64)blockIdx.x * K + k] = QSA_QNAN;
+        }
+        return;
+    }
+    float mx = QSA_NEG_INF;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, l[e]);
+    mx = qsa_block_max(mx, scratch);
+    float sum = 0.0f;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) sum += expf(l[e] - mx);
+    sum = qsa_block_sum(sum, scratch);
+    for (int k = 0; k < K; k++) {
+        float bv = QSA_NEG_INF;
+        int bi = 0x7fffffff;
+        for (int e = threadIdx.x; e < E; e += blockDim.x) {
+            int used = 0;
+            for (int j = 0; j < k; j++) used |= sel[j] == e;
+            float p = expf(l[e] - mx) / sum;
+            if (!used && qsa_better(p, e, bv, bi)) { bv = p; bi = e; }
+        }
+        qsa_block_argmax(&bv, &bi, sv, si);
+        if (threadIdx.x == 0) {
+            sel[k] = bi == 0x7fffffff ? 0 : bi;
+            selw[k] = bv;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        if (norm) {
+            float s = 0.0f;
+            for (int k = 0; k < K; k++) s += selw[k];
+            for (int k = 0; k < K; k++) selw[k] /= s;
+        }
+        for (int i = 1; i < K; i++) { /* insertion sort by expert id */
+            int id = sel[i];
+            float w = selw[i];
+            int j = i - 1;
+            while (j >= 0 && sel[j] > id) {
+                sel[j + 1] = sel[j];
+                selw[j + 1] = selw[j];
+                j--;
+            }
+            sel[j + 1] = id;
+            selw[j + 1] = w;
+        }
+        for (int k = 0; k < K; k++) {
+            topk_ids[(qsa_i64)blockIdx.x * K + k] = sel[k];
+            topk_w[(qsa_i64)blockIdx.x * K + k] = selw[k];
+        }
+    }
+}
+
+/* Groups the MK = M*K (token, slot) pairs by expert for the grouped expert GEMMs.
+ *   pairs [MK]: pair indices p = t*K + k, grouped by ascending expert, ascending p within one;
+ *   tiles [max_tiles][3]: (expert, first index into pairs, count <= 16), experts ascending;
+ *   *ntiles: number of tiles.  max_tiles = ceil(MK/16) + min(E, MK) always suffices.
+ * Deterministic (no atomics).  Ids outside [0, E) are skipped (their pairs are never computed).
+ * Launch: grid (1), block 1024 (any multiple of 32). */
+extern "C" __global__ void qsa_k_moe_plan(const int *__restrict__ topk_ids, int MK, int E, int *__restrict__ pairs,
+                                          int *__restrict__ tiles, int *__restrict__ ntiles) {
+    __shared__ int ids[4096];
+    __shared__ int scan[1024 + 1];
+    __shared__ int tscan[1024 + 1];
+    __shared__ int carry[2];
+    const int tid = threadIdx.x, nt = blockDim.x;
+    if (tid == 0) carry[0] = carry[1] = 0;
+    for (int e0 = 0; e0 < E; e0 += nt) {
+        const int e = e0 + tid;
+        int cnt = 0;
+        for (int c0 = 0; c0 < MK; c0 += 4096) { /* pass 1: count this expert's pairs */
+            int n = min(4096, MK - c0);
+            __syncthreads();
+            for (int i = tid; i < n; i += nt) ids[i] = topk_ids[c0 + i];
+            __syncthreads();
+            if (e < E)
+                for (int i = 0; i < n; i++) cnt += ids[i] == e;
+        }
+        /* inclusive scans (Hillis-Steele, exact integers) of the counts and of the tile counts */
+        __syncthreads();
+        scan[tid] = e < E ? cnt : 0;
+        tscan[tid] = e < E ? (cnt + 15) / 16 : 0;
+        __syncthreads();
+        for (int d = 1; d < nt; d <<= 1) {
+            int a = tid >= d ? scan[tid - d] : 0, b = tid >= d ? tscan[tid - d] : 0;
+            __syncthreads();
+            scan[tid] += a;
+            tscan[tid] += b;
+            __syncthreads();
+        }
+        const int off = carry[0] + scan[tid] - (e < E ? cnt : 0);
+        const int toff = carry[1] + tscan[tid] - (e < E ? (cnt + 15) / 16 : 0);
+        __syncthreads();
+        if (tid == nt - 1) {
+            carry[0] += scan[tid];
+            carry[1] += tscan[tid];
+        }
+        /* pass 2: place the pairs, write the tiles */
+        int placed = 0;
+        for (int c0 = 0; c0 < MK; c0 += 4096) {
+            int n = min(4096, MK - c0);
+            __syncthreads();
+            for (int i = tid; i < n; i += nt) ids[i] = topk_ids[c0 + i];
+            __syncthreads();
+            if (e < E && placed < cnt)
+                for (int i = 0; i < n; i++)
+                    if (ids[i] == e) pairs[off + placed++] = c0 + i;
+        }
+        if (e < E)
+            for (int j = 0; j * 16 < cnt; j++) {
+                int *tt = tiles + 3 * (qsa_i64)(toff + j);
+                tt[0] = e;
+                tt[1] = off + 16 * j;
+                tt[2] = min(16, cnt - 16 * j);
+            }
+        __syncthreads();
+    }
+    if (tid == 0) *ntiles = carry[1];
+}
+
+/* Routed experts, first half: for each pair p = t*K + k with expert e = topk_ids[p]:
+ *   h16[p][i] = fp16( act(gate_e x_t)[i] * (up_e x_t)[i] )      x16 fp16 [M][H], h16 fp16 [M*K][I]
+ * (act 0: silu, 1: sigmoid).  Block (tile, n-tile): the <= 16 pairs of tile blockIdx.x (from
+ * qsa_k_moe_plan; blocks past *ntiles exit) times 16 columns of I; gate and up in the canonical
+ * GEMM order (split-K core), so a pair's bits do not depend on which pairs share its tile.
+ * H, I multiples of 16.  Launch: grid (max_tiles, ceil(I/16)), block 256. */
+extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_gate_up(
+    const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
+    const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
+    int K, int act) {
+    __shared__ __align__(128) unsigned char smem[QSA_GEMM_SMEM];
+    __shared__ const qsa_f16 *arow[16];
+    __shared__ int prow[16];
+    if (blockDim.x != QSA_GEMM_THREADS) __trap();
+    if ((int)blockIdx.x >= *ntiles) return; /* the whole block leaves */
+    const int *tt = tiles + 3 * (qsa_i64)blockIdx.x;
+    const int e = tt[0], first = tt[1], cnt = tt[2], n0 = blockIdx.y * 16;
+    if (threadIdx.x < 16) {
+        int p = (int)threadIdx.x < cnt ? pairs[first + threadIdx.x] : -1;
+        prow[threadIdx.x] = p;
+        arow[threadIdx.x] = p >= 0 ? x16 + (qsa_i64)(p / K) * H : 0;
+    }
+    __syncthreads();
+    const int r = threadIdx.x >> 4, n = n0 + (threadIdx.x & 15);
+    if (H <= 0 || (H & 15)) { /* unsupported shape: poison rather than compute garbage */
+        if (r < cnt && n < I) h16[(qsa_i64)prow[r] * I + n] = qsa_f32_to_f16(QSA_QNAN);
+        return;
+    }
+    const qsa_expert_w &ex = experts[e];
+    qsa_wsrc ws[2];
+    ws[0] = ex.gate16 ? qsa_wsrc_f16(ex.gate16) : qsa_wsrc_nvfp4(ex.gate_q, ex.gate_s, ex.gate_s2, H);
+    ws[1] = ex.up16 ? qsa_wsrc_f16(ex.up16) : qsa_wsrc_nvfp4(ex.up_q, ex.up_s, ex.up_s2, H);
+    const int avec = (((qsa_u64)x16) & 15u) == 0 && (H & 7) == 0;
+    float T[2];
+    if (!ws[0].w16 && !ws[1].w16) qsa_tile16_splitk<2, true>(arow, avec, ws, n0, I, H, smem, T);
+    else if (ws[0].w16 && ws[1].w16) qsa_tile16_splitk<2, false>(arow, avec, ws, n0, I, H, smem, T);
+    else qsa_tile16_splitk<2, false>(arow, avec, ws, n0, I, H, smem, T); /* mixed kinds: generic loads, same bits */
+    if (r < cnt && n < I) h16[(qsa_i64)prow[r] * I + n] = qsa_f32_to_f16(qsa_act(act, T[0]) * T[1]);
+}
+
+/* Routed experts, second half: y[p][j] = (down_e h_p)[j]   h16 fp16 [M*K][I] -> y fp32 [M*K][H]
+ * (same tiles as qsa_k_moe_gate_up; canonical GEMM order).  The per-token sum over the K experts is
+ * qsa_k_moe_combine.  H, I multiples of 16.  Launch: grid (max_tiles, ceil(H/16)), block 256. */
+extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down(
+    const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
+    const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I) {
+    __shared__ __align__(128) unsigned char smem[QSA_GEMM_SMEM];
+    __shared__ const qsa_f16 *arow[16];
+    __shared__ int prow[16];
+    if (blockDim.x != QSA_GEMM_THREADS) __trap();
+    if ((int)blockIdx.x >= *ntiles) return;
+    const int *tt = tiles + 3 * (qsa_i64)blockIdx.x;
+    const int e = tt[0], first = tt[1], cnt = tt[2], n0 = blockIdx.y * 16;
+    if (threadIdx.x < 16) {
+        int p = (int)threadIdx.x < cnt ? pairs[first + threadIdx.x] : -1;
+        prow[threadIdx.x] = p;
+        arow[threadIdx.x] = p >= 0 ? h16 + (qsa_i64)p * I : 0;
+    }
+    __syncthreads();
+    const int r = threadIdx.x >> 4, n = n0 + (threadIdx.x & 15);
+    if (I <= 0 || (I & 15)) {
+        if (r < cnt && n < H) y[(qsa_i64)prow[r] * H + n] = QSA_QNAN;
+        return;
+    }
+    const qsa_expert_w &ex = experts[e];
+    qsa_wsrc ws = ex.down16 ? qsa_wsrc_f16(ex.down16) : qsa_wsrc_nvfp4(ex.down_q, ex.down_s, ex.down_s2, I);
+    const int avec = (((qsa_u64)h16) & 15u) == 0 && (I & 7) == 0;
+    float T[1];
+    if (ws.w16) qsa_tile16_splitk<1, false>(arow, avec, &ws, n0, H, I, smem, T);
+    else qsa_tile16_splitk<1, true>(arow, avec, &ws, n0, H, I, smem, T);
+    if (r < cnt && n < H) y[(qsa_i64)prow[r] * H + n] = T[0];
+}
+
+/* out[t][j] = sum over slots k ascending (= ascending expert id) of topk_w[t][k] * y[t*K+k][j],
+ * from 0, without fused multiply-add: the CPU's `out[j] += y[j] * topw[k]`.
+ * Launch: grid (M), block any multiple of 32 (256). */
+extern "C" __global__ void qsa_k_moe_combine(const float *__restrict__ y, const float *__restrict__ topk_w,
+                                             float *__restrict__ out, int H, int K) {
+    qsa_i64 t = blockIdx.x;
+    for (int j = threadIdx.x; j < H; j += blockDim.x) {
+        float acc = 0.0f;
+        for (int k = 0; k < K; k++) acc = __fadd_rn(acc, __fmul_rn(y[(t * K + k) * H + j], topk_w[t * K + k]));
+        out[t * H + j] = acc;
+    }
+}
+
+/* Shared-expert SwiGLU middle: out16[i] = fp16(act(a[i]) * b[i]) over n = M * I values (act 0: silu,
+   1: sigmoid), the CPU's `act(gate) * up` per element.  Launch: grid ceil(n/256), block 256 (grid-stride). */
+extern "C" __global__ void qsa_k_act_mul(const float *__restrict__ a, const float *__restrict__ b, qsa_f16 *__restrict__ out16,
+                                         int n, int act) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        out16[i] = qsa_f32_to_f16(qsa_act(act, a[i]) * b[i]);
+}
+
+/* out[t][j] += sigmoid(gate_logit[t]) * sh[t][j]   (shared expert; gate_logit [M], the N = 1 GEMM
+ * output; the CPU's expression without fused multiply-add).  Launch: grid (M), block 256. */
+extern "C" __global__ void qsa_k_shared_combine(float *__restrict__ out, const float *__restrict__ sh,
+                                                const float *__restrict__ gate_logit, int H) {
+    qsa_i64 t = blockIdx.x;
+    float g = qsa_sigmoid(gate_logit[t]);
+    for (int j = threadIdx.x; j < H; j += blockDim.x) out[t * H + j] = __fadd_rn(out[t * H + j], __fmul_rn(g, sh[t * H + j]));
+}
+
+/* ============================================================================================== */
+/* PLE (per-layer n-gram embeddings)                                                               */
+/* ============================================================================================== */
+
+/* Per token t (hcH = hc * H, groups of H per stream s):
+ *   key = groupRMSNorm(keyp[t], nk) (1 + w);  q = groupRMSNorm(X[t], nq) (1 + w)
+ *   g_s = <key_s, q_s> / sqrtf(H);  g_s = sign(g_s) * sqrtf(max(|g_s|, 1e-6))
+ *   gv[t][s*H + j] = sigmoid(g_s) * valp[t][j];  gvn[t] = groupRMSNorm(gv[t], nc) (1 + w)
+ * keyp [M][hcH], X [M][hcH] (streams before this PLE), valp [M][H]; gv, gvn [M][hcH].  Sums are
+ * fixed-order block reductions.  Launch: grid (M), block 256 (bits depend on it: keep 256). */
+extern "C" __global__ void qsa_k_ple_gate(const float *__restrict__ keyp, const float *__restrict__ X,
+                                          const float *__restrict__ valp, const float *__restrict__ nk,
+                                          const float *__restrict__ nq, const float *__restrict__ nc,
+                                          float *__restrict__ gv, float *__restrict__ gvn, int H, int hc, float eps) {
+    __shared__ float scratch[33];
+    const qsa_i64 t = blockIdx.x, hcH = (qsa_i64)hc * H;
+    for (int s = 0; s < hc; s++) {
+        const qsa_i64 o = t * hcH + (qsa_i64)s * H;
+        const float *kr = keyp + o, *xr = X + o;
+        const float *wk = nk + (qsa_i64)s * H, *wq = nq + (qsa_i64)s * H, *wc = nc + (qsa_i64)s * H;
+        float sk = 0.0f, sq = 0.0f;
+        for (int j = threadIdx.x; j < H; j += blockDim.x) {
+            sk += kr[j] * kr[j];
+            sq += xr[j] * xr[j];
+        }
+        float ik = 1.0f / sqrtf(qsa_block_sum(sk, scratch) / (float)H + eps);
+        float iq = 1.0f / sqrtf(qsa_block_sum(sq, scratch) / (float)H + eps);
+        float dot = 0.0f;
+        for (int j = threadIdx.x; j < H; j += blockDim.x)
+            dot += (kr[j] * ik * (1.0f + wk[j])) * (xr[j] * iq * (1.0f + wq[j]));
+        float gate = qsa_block_sum(dot, scratch) / sqrtf((float)H);
+        float mag = sqrtf(fmaxf(fabsf(gate), 1e-6f));
+        gate = gate > 0.0f ? mag : gate < 0.0f ? -mag : 0.0f;
+        float sg = qsa_sigmoid(gate);
+        float sv = 0.0f;
+        for (int j = threadIdx.x; j < H; j += blockDim.x) {
+            float v = sg * valp[t * H + j];
+            gv[o + j] = v;
+            sv += v * v;
+        }
+        float iv = 1.0f / sqrtf(qsa_block_sum(sv, scratch) / (float)H + eps);
+        for (int j = threadIdx.x; j < H; j += blockDim.x) gvn[o + j] = gv[o + j] * iv * (1.0f + wc[j]);
+    }
+}
+
+/* Causal dilated depthwise conv of the normed PLE values, plus the residual add, for the M tokens
+ * of ONE sequence in order.  Channel c (< hcH), history h = [state rows (L = (Kc-1)*dil, oldest
+ * first); gvn rows of this chunk]:
+ *   X[t][c] += gv[t][c] + silu(sum over k ascending of w[c][k] * h[t + k*dil][c])
+ * (the CPU's expressions, no fused multiply-add); then state = the last L rows of h.  Each channel
+ * is one thread walking the tokens in order, so splitting a prompt into chunks gives the same bits.
+ * Launch: grid (ceil(hcH / 256)), block 256 (any). */
+extern "C" __global__ void qsa_k_ple_conv(float *__restrict__ X, const float *__restrict__ gv,
+                                          const float *__restrict__ gvn, float *__restrict__ state,
+                                          const float *__restrict__ w, int M, int hcH, int Kc, int dil) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= hcH) return;
+    const int L = (Kc - 1) * dil;
+    const float *wc = w + (qsa_i64)c * Kc;
+    for (int t = 0; t < M; t++) {
+        float acc = 0.0f;
+        for (int k = 0; k < Kc; k++) {
+            int i = t + k * dil;
+            float h = i < L ? state[(qsa_i64)i * hcH + c] : gvn[(qsa_i64)(i - L) * hcH + c];
+            acc = __fadd_rn(acc, __fmul_rn(wc[k], h));
+        }
+        qsa_i64 o = (qsa_i64)t * hcH + c;
+        X[o] = __fadd_rn(X[o], __fadd_rn(gv[o], qsa_silu(acc)));
+    }
+    /* new state row i = h[M + i]: ascending i reads row M + i > i before it is overwritten */
+    for (int i = 0; i < L; i++) {
+        int src = M + i;
+        state[(qsa_i64)i * hcH + c] = src < L ? state[(qsa_i64)src * hcH + c] : gvn[(qsa_i64)(src - L) * hcH + c];
     }
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* qsa_k_gemm_f16_wmma                                                                             */
+/* Gated DeltaNet and QSA (sparse attention) kernels                                               */
 /* ---------------------------------------------------------------------------------------------- */
-
-/* C[M,N] = A[M,K] * B[N,K]^T on tensor cores (PTX wmma m16n16k16: fp16 in, fp32 accumulate)
+/* Written to follow kernels.cu (uses its qsa_f16 typedef and the qsa_f16_to_f32 / qsa_f32_to_f16
+ * conversions); every other helper of this part is prefixed k2_.  Contract: .dev/KERNELS.md.
  *
- * A: activations, row-major, row stride K.  B: weights in the checkpoint's [out, in] row-major
- * layout, which is B^T stored column-major: the "col" layout of the b operand, stride K.
- * Writes C32 (fp32, row stride N) and/or C16 (fp16, row stride N), whichever is non-null.
- * Requirements: M, N, K multiples of 16 (the host pads), A, B, C32, C16 32-byte aligned.
- * One warp per 16x16 tile of C; k runs in ascending order, so for a given GPU the result is fixed.
- * Launch: grid (ceil(N / 64), M / 16), block 128 (4 warps along N). */
-extern "C" __global__ void qsa_k_gemm_f16_wmma(float *__restrict__ C32, qsa_f16 *__restrict__ C16,
-                                               const qsa_f16 *__restrict__ A, const qsa_f16 *__restrict__ B,
-                                               int M, int N, int K) {
-    __shared__ __align__(32) float stage[4][16 * 16]; /* per-warp fp32 tile for the fp16 store; 1 KB each */
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int m0 = blockIdx.y * 16, n0 = (blockIdx.x * 4 + warp) * 16;
-    if (m0 >= M || n0 >= N) return; /* whole warps leave together */
-    float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f, d4 = 0.0f, d5 = 0.0f, d6 = 0.0f, d7 = 0.0f;
-    for (int k0 = 0; k0 < K; k0 += 16) {
-        const qsa_f16 *pa = A + (qsa_i64)m0 * K + k0;
-        const qsa_f16 *pb = B + (qsa_i64)n0 * K + k0;
-        qsa_u32 a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7;
-        asm volatile("wmma.load.a.sync.aligned.row.m16n16k16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, [%8], %9;"
-                     : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3), "=r"(a4), "=r"(a5), "=r"(a6), "=r"(a7)
-                     : "l"(pa), "r"(K)
-                     : "memory");
-        asm volatile("wmma.load.b.sync.aligned.col.m16n16k16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, [%8], %9;"
-                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3), "=r"(b4), "=r"(b5), "=r"(b6), "=r"(b7)
-                     : "l"(pb), "r"(K)
-                     : "memory");
-        asm volatile("wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32 "
-                     "{%0, %1, %2, %3, %4, %5, %6, %7}, "
-                     "{%8, %9, %10, %11, %12, %13, %14, %15}, "
-                     "{%16, %17, %18, %19, %20, %21, %22, %23}, "
-                     "{%0, %1, %2, %3, %4, %5, %6, %7};"
-                     : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3), "+f"(d4), "+f"(d5), "+f"(d6), "+f"(d7)
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(a4), "r"(a5), "r"(a6), "r"(a7),
-                       "r"(b0), "r"(b1), "r"(b2), "r"(b3), "r"(b4), "r"(b5), "r"(b6), "r"(b7));
+ * Determinism (SPEC section 4): no float atomics (the top-k histograms count with integer shared
+ * atomics, whose results do not depend on timing); every float reduction runs in an order fixed
+ * by the dimensions of ONE token/row (never by M, the launch size or where pages sit).  The sparse
+ * attention visits a query's selected tokens in ascending logical order, splits them every `split`
+ * selected tokens by logical index and merges the split partials left to right, exactly like the
+ * CPU qsa__attn_head_plan; the block table is only used to find where a token lives.
+ *
+ * RoPE: angle = fp32(pos * inv_freq[i]); cos/sin are computed in double precision of that fp32
+ * angle and rounded to fp32 (`(float)cos((double)angle)`, a builtin of NVRTC, no header needed),
+ * as the CPU reference does; the rotation products use __fmul_rn/__fadd_rn so they are not fused,
+ * which makes the rotation itself bitwise equal to the CPU's for equal inputs.
+ *
+ * Norms use the CPU formula `1.0f / sqrtf(mean + eps)` (IEEE sqrt and division, NVRTC defaults)
+ * rather than rsqrtf; sums of squares are fixed-order block/warp trees.
+ */
+
+#define K2_FULL 0xffffffffu
+#define K2_MAX_HD 1024 /* largest head (or indexer head) handled by the per-head prep kernels */
+
+/* The dynamic shared memory of the kernels below that take some (one declaration for all). */
+extern __shared__ float k2_dyn[];
+
+static __device__ __forceinline__ float k2_neg_inf(void) { return __int_as_float((int)0xff800000u); }
+
+/* Butterfly sum over the 32 lanes; every lane ends with the same bits (a+b == b+a in fp32). */
+static __device__ __forceinline__ float k2_warp_sum(float v) {
+    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(K2_FULL, v, m);
+    return v;
+}
+
+/* Fixed-order block sum (block size a multiple of 32): per-warp butterflies, then warp 0 adds the
+   warp partials in warp order.  `scratch` holds 33 floats of shared memory.  All threads get it. */
+static __device__ float k2_block_sum(float v, float *scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = k2_warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float s = k2_warp_sum(lane < nw ? scratch[lane] : 0.0f);
+        if (lane == 0) scratch[32] = s;
     }
-    if (C32) {
-        float *pc = C32 + (qsa_i64)m0 * N + n0;
-        asm volatile("wmma.store.d.sync.aligned.row.m16n16k16.f32 [%0], {%1, %2, %3, %4, %5, %6, %7, %8}, %9;"
-                     :
-                     : "l"(pc), "f"(d0), "f"(d1), "f"(d2), "f"(d3), "f"(d4), "f"(d5), "f"(d6), "f"(d7), "r"(N)
-                     : "memory");
+    __syncthreads();
+    return scratch[32];
+}
+
+static __device__ __forceinline__ float k2_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* act: 0 = silu, 1 = sigmoid (the values of qsa_act) */
+static __device__ __forceinline__ float k2_act(int act, float x) {
+    return act == 1 ? k2_sigmoid(x) : x / (1.0f + expf(-x));
+}
+
+/* Zero-centred RMSNorm of the n values xs[] (shared memory) in place: x * (1/sqrt(mean(x^2)+eps)) * (1+w). */
+static __device__ void k2_rmsnorm_1p_smem(float *xs, const float *w, int n, float eps, float *scratch) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xs[i], xs[i], ss);
+    float inv = 1.0f / sqrtf(k2_block_sum(ss, scratch) / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) xs[i] = __fmul_rn(__fmul_rn(xs[i], inv), 1.0f + w[i]);
+    __syncthreads();
+}
+
+/* rotate_half RoPE of the first rd values of xs[] (shared memory) at position pos, written to y[]
+   (all n values; the ones past rd are copied). */
+static __device__ void k2_rope_store(const float *xs, float *y, int n, int rd, const float *inv_freq, long long pos) {
+    int half = rd / 2;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float out;
+        if (i < rd) {
+            int p = i < half ? i : i - half;
+            float f = __fmul_rn((float)pos, inv_freq[p]);
+            float c = (float)cos((double)f), s = (float)sin((double)f);
+            float a = xs[p], b = xs[p + half];
+            out = i < half ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)) : __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+        } else {
+            out = xs[i];
+        }
+        y[i] = out;
     }
-    if (C16) {
-        /* The fragment's element-to-lane mapping is unspecified: go through shared memory. */
-        float *st = stage[warp];
-        asm volatile("wmma.store.d.sync.aligned.row.m16n16k16.f32 [%0], {%1, %2, %3, %4, %5, %6, %7, %8}, %9;"
-                     :
-                     : "l"(st), "f"(d0), "f"(d1), "f"(d2), "f"(d3), "f"(d4), "f"(d5), "f"(d6), "f"(d7), "r"(16)
-                     : "memory");
-        __syncwarp();
-        for (int i = lane; i < 256; i += 32)
-            C16[(qsa_i64)(m0 + i / 16) * N + n0 + i % 16] = qsa_f32_to_f16(st[i]);
+}
+
+/* ============================================================================================== */
+/* Gated DeltaNet                                                                                   */
+/* ============================================================================================== */
+
+/* Causal depthwise conv + activation + split + per-head L2 norm, for token t = blockIdx.x.
+ *
+ *   qkv    [M][conv_dim] fp32: the in_proj_qkv outputs (conv_dim = 2*key_dim + value_dim)
+ *   state  [Kc-1][conv_dim] fp32: the previous Kc-1 conv inputs, oldest first (read only here;
+ *          qsa_k_gdn_conv_state advances it afterwards)
+ *   w      [conv_dim][Kc] fp32 depthwise weights
+ *   q, k   [M][key_dim] out (key_dim = nk*dk): act(conv), L2-normalised per head
+ *          (x / sqrt(sum x^2 + 1e-6)), q also times dk^-0.5;   v [M][conv_dim - 2*key_dim] out: act(conv)
+ *   act    0 silu, 1 sigmoid
+ * conv: acc = sum_{j<Kc} w[ch][j] * x[t+j] over the concatenation [state; qkv] (j ascending, fmaf).
+ * Launch: grid (M), block 256 (any multiple of 32). */
+extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv(const float *__restrict__ qkv,
+                                                                 const float *__restrict__ state,
+                                                                 const float *__restrict__ w, float *q, float *k,
+                                                                 float *v, int M, int conv_dim, int key_dim, int Kc,
+                                                                 int act, int nk, int dk) {
+    int t = blockIdx.x;
+    if (t >= M) return;
+    int value_dim = conv_dim - 2 * key_dim;
+    for (int ch = threadIdx.x; ch < conv_dim; ch += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < Kc; j++) {
+            int src = t + j - (Kc - 1); /* < 0: carried state row Kc-1+src */
+            float x = src < 0 ? state[(long long)(Kc - 1 + src) * conv_dim + ch] : qkv[(long long)src * conv_dim + ch];
+            acc = fmaf(w[(long long)ch * Kc + j], x, acc);
+        }
+        float y = k2_act(act, acc);
+        if (ch < key_dim) q[(long long)t * key_dim + ch] = y;
+        else if (ch < 2 * key_dim) k[(long long)t * key_dim + ch - key_dim] = y;
+        else v[(long long)t * value_dim + ch - 2 * key_dim] = y;
+    }
+    __syncthreads(); /* the block's global writes are visible to the block after the barrier */
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float qscale = 1.0f / sqrtf((float)dk);
+    for (int hh = warp; hh < 2 * nk; hh += nw) {
+        float *x = hh < nk ? q + (long long)t * key_dim + hh * dk : k + (long long)t * key_dim + (hh - nk) * dk;
+        float ss = 0.0f;
+        for (int i = lane; i < dk; i += 32) ss = fmaf(x[i], x[i], ss);
+        float inv = 1.0f / sqrtf(k2_warp_sum(ss) + 1e-6f);
+        for (int i = lane; i < dk; i += 32) {
+            float y = __fmul_rn(x[i], inv);
+            x[i] = hh < nk ? __fmul_rn(y, qscale) : y;
+        }
+    }
+}
+
+/* Advances the conv state past the M tokens of qkv: state = the last Kc-1 rows of [state; qkv].
+ * Launch after qsa_k_gdn_conv (same stream): grid (ceil(conv_dim / 256)), block 256. */
+extern "C" __global__ void qsa_k_gdn_conv_state(const float *__restrict__ qkv, float *state, int M, int conv_dim,
+                                                int Kc) {
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= conv_dim) return;
+    /* ascending i reads row i+M >= i of the old state before anything at or after it is written */
+    for (int i = 0; i < Kc - 1; i++) {
+        int src = i + M; /* index in [state; qkv] */
+        float x = src < Kc - 1 ? state[(long long)src * conv_dim + ch] : qkv[(long long)(src - (Kc - 1)) * conv_dim + ch];
+        state[(long long)i * conv_dim + ch] = x;
+    }
+}
+
+/* beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias)  (softplus threshold 20, as torch)
+ *   b, a, beta, g [n = M*nv] (row-major [M][nv]); A_log, dt_bias [nv].
+ * Launch: grid (ceil(n / 256)), block 256. */
+extern "C" __global__ void qsa_k_gdn_gates(const float *__restrict__ b, const float *__restrict__ a,
+                                           const float *__restrict__ A_log, const float *__restrict__ dt_bias,
+                                           float *__restrict__ beta, float *__restrict__ g, int n, int nv) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int h = i % nv;
+    beta[i] = k2_sigmoid(b[i]);
+    float x = a[i] + dt_bias[h];
+    float sp = x > 20.0f ? x : log1pf(expf(x));
+    g[i] = -expf(A_log[h]) * sp;
+}
+
+/* Bytes of dynamic shared memory this launch was given. */
+static __device__ __forceinline__ unsigned k2_dyn_smem_bytes(void) {
+    unsigned n;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
+    return n;
+}
+
+#define K2_GDN_MAX_DK 512
+
+/* The recurrence for value head h = blockIdx.x.  A column j of S only ever meets itself (kv[j],
+ * d[j], o[j]), so each thread owns columns j = (blockIdx.y + c*gridDim.y)*blockDim.x + threadIdx.x
+ * and walks the tokens in order; per token and column the operations are those of the CPU
+ * qsa__gdn_recurrent in the same order (i ascending), with fmaf:
+ *   s_i = S[i][j]*exp(g);  kv = sum_i s_i k_i;  d = (v_j - kv)*beta;  S[i][j] = s_i + k_i d;  o_j = sum_i S[i][j] q_i.
+ * Nothing depends on M, on the grid/block shape or on where the state is kept: tokens fed one
+ * launch at a time or all at once give the same bits (outputs and state).
+ * F16: the state is fp16 between tokens (rounded once per token after the update; o uses the fp32
+ * value before that rounding).
+ * When the launch brings at least 4*dk*blockDim.x*ncols bytes of dynamic shared memory (ncols =
+ * columns per thread), the block's state slice stays in shared memory for the whole launch;
+ * otherwise the kernel works on global memory directly.  Same numbers either way. */
+template <bool F16>
+static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *__restrict__ q,
+                                        const float *__restrict__ k, const float *__restrict__ v,
+                                        const float *__restrict__ beta, const float *__restrict__ g, float *o, int M,
+                                        int nk, int nv, int dk, int dv) {
+    __shared__ float qs[K2_GDN_MAX_DK], ks[K2_GDN_MAX_DK];
+    if (dk > K2_GDN_MAX_DK) __trap(); /* the host validates dk */
+    int h = blockIdx.x, jl = threadIdx.x, B = blockDim.x;
+    int stride = gridDim.y * B, ncols = (dv + stride - 1) / stride;
+    int kh = h / (nv / nk);
+    bool smem = k2_dyn_smem_bytes() >= 4u * (unsigned)dk * (unsigned)B * (unsigned)ncols;
+    long long hbase = (long long)h * dk * dv;
+#define K2_SIDX(c, i) (((c) * dk + (i)) * B + jl)
+    if (smem)
+        for (int c = 0; c < ncols; c++) {
+            int j = (blockIdx.y + c * gridDim.y) * B + jl;
+            if (j < dv)
+                for (int i = 0; i < dk; i++) {
+                    long long gi = hbase + (long long)i * dv + j;
+                    k2_dyn[K2_SIDX(c, i)] = F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi];
+                }
+        }
+    for (int t = 0; t < M; t++) {
+        __syncthreads(); /* the previous token's q, k are no longer read */
+        for (int i = threadIdx.x; i < dk; i += B) {
+            qs[i] = q[((long long)t * nk + kh) * dk + i];
+            ks[i] = k[((long long)t * nk + kh) * dk + i];
+        }
+        __syncthreads();
+        float decay = expf(g[(long long)t * nv + h]), bt = beta[(long long)t * nv + h];
+        for (int c = 0; c < ncols; c++) {
+            int j = (blockIdx.y + c * gridDim.y) * B + jl;
+            if (j >= dv) break;
+            long long cb = hbase + j;
+            float vj = v[((long long)t * nv + h) * dv + j];
+            float kv = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                long long gi = cb + (long long)i * dv;
+                float s0 = smem ? k2_dyn[K2_SIDX(c, i)] : (F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi]);
+                kv = fmaf(__fmul_rn(s0, decay), ks[i], kv);
+            }
+            float d = __fmul_rn(vj - kv, bt);
+            float oj = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                long long gi = cb + (long long)i * dv;
+                float s0 = smem ? k2_dyn[K2_SIDX(c, i)] : (F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi]);
+                float sn = fmaf(ks[i], d, __fmul_rn(s0, decay));
+                if (F16) {
+                    qsa_f16 hs = qsa_f32_to_f16(sn);
+                    if (smem) k2_dyn[K2_SIDX(c, i)] = qsa_f16_to_f32(hs);
+                    else S16[gi] = hs;
+                } else {
+                    if (smem) k2_dyn[K2_SIDX(c, i)] = sn;
+                    else S32[gi] = sn;
+                }
+                oj = fmaf(sn, qs[i], oj);
+            }
+            o[((long long)t * nv + h) * dv + j] = oj;
+        }
+    }
+    if (smem)
+        for (int c = 0; c < ncols; c++) {
+            int j = (blockIdx.y + c * gridDim.y) * B + jl;
+            if (j < dv)
+                for (int i = 0; i < dk; i++) {
+                    long long gi = hbase + (long long)i * dv + j;
+                    if (F16) S16[gi] = qsa_f32_to_f16(k2_dyn[K2_SIDX(c, i)]);
+                    else S32[gi] = k2_dyn[K2_SIDX(c, i)];
+                }
+        }
+#undef K2_SIDX
+}
+
+/* S [nv][dk][dv] fp32 (in/out); q, k [M][nk*dk] (normalised, q scaled); v [M][nv*dv];
+ * beta, g [M][nv]; o [M][nv*dv] out.  Value head h uses key head h / (nv/nk).  dk <= 512.
+ * Launch: grid (nv, Y), block B (multiple of 32), optional dynamic shared memory (see above).
+ * Recommended: Y = ceil(dv/32), B = 32, 4*dk*32 bytes (16 KB for dk = 128): nv*dv/32 blocks.
+ * Any (Y, B, shared memory) gives the same bits. */
+extern "C" __global__ void qsa_k_gdn_recurrent(float *S, const float *__restrict__ q, const float *__restrict__ k,
+                                               const float *__restrict__ v, const float *__restrict__ beta,
+                                               const float *__restrict__ g, float *o, int M, int nk, int nv, int dk,
+                                               int dv) {
+    k2_gdn_recurrent<false>(S, 0, q, k, v, beta, g, o, M, nk, nv, dk, dv);
+}
+
+/* The same with the state stored as fp16 [nv][dk][dv] (the "fp16 state" comparison option). */
+extern "C" __global__ void qsa_k_gdn_recurrent_f16state(qsa_f16 *S, const float *__restrict__ q,
+                                                        const float *__restrict__ k, const float *__restrict__ v,
+                                                        const float *__restrict__ beta, const float *__restrict__ g,
+                                                        float *o, int M, int nk, int nv, int dk, int dv) {
+    k2_gdn_recurrent<true>(0, S, q, k, v, beta, g, o, M, nk, nv, dk, dv);
+}
+
+/* Gated RMSNorm per value head, in place: o = w * (o / sqrt(mean(o^2) + eps)) * act(z).
+ *   o [M][nv*dv] fp32 (in/out); z [M][nv*dv]; w [dv] plain weight; o16 (optional)
+ *   receives the fp16 copy for out_proj.  act: 0 silu, 1 sigmoid.
+ * Launch: grid (M*nv), block 128. */
+extern "C" __global__ void __launch_bounds__(128) qsa_k_gdn_norm_gate(float *o, const float *__restrict__ z,
+                                                                      const float *__restrict__ w, qsa_f16 *o16,
+                                                                      int nv, int dv, float eps, int act) {
+    __shared__ float scratch[33];
+    long long row = blockIdx.x;
+    float *orow = o + row * dv;
+    const float *zrow = z + row * dv;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dv; i += blockDim.x) ss = fmaf(orow[i], orow[i], ss);
+    float inv = 1.0f / sqrtf(k2_block_sum(ss, scratch) / (float)dv + eps);
+    for (int i = threadIdx.x; i < dv; i += blockDim.x) {
+        float y = __fmul_rn(__fmul_rn(w[i], __fmul_rn(orow[i], inv)), k2_act(act, zrow[i]));
+        orow[i] = y;
+        if (o16) o16[row * dv + i] = qsa_f32_to_f16(y);
+    }
+}
+
+/* ============================================================================================== */
+/* QSA: projections' epilogues, block keys, scores, selection                                      */
+/* ============================================================================================== */
+/* Paged pools of one QSA layer: K, V fp16 [n_pages][page_size][nkv*hd]; indexer raw keys fp32
+ * [n_pages][page_size][ihd].  The sequence's block table bt maps logical page -> physical page;
+ * token p lives at (bt[p / page_size], p % page_size).  page_size is any value >= 1. */
+
+/* Per head y of token t = blockIdx.x (heads y = blockIdx.y, blockIdx.y + gridDim.y, ...):
+ *   y <  nh : q half of q[t][y] ([q | gate] per head, row nh*2*hd): q_norm (1+w), RoPE at pos0+t, in place
+ *   y >= nh : KV head y-nh: K = RoPE(k_norm(k_in)), stored fp16 in Kpool; V stored fp16 in Vpool.
+ * k_in, v_in [M][nkv*hd]; qn, kn [hd] fp32 weights; inv_freq [rd/2]; rd <= hd <= 1024.
+ * Launch: grid (M, Y) with any Y (nh + nkv: one block per head), block 128. */
+extern "C" __global__ void __launch_bounds__(128) qsa_k_attn_qk_prep(
+    float *q, const float *__restrict__ k_in, const float *__restrict__ v_in, const float *__restrict__ qn,
+    const float *__restrict__ kn, const float *__restrict__ inv_freq, const int *__restrict__ bt, qsa_f16 *Kpool,
+    qsa_f16 *Vpool, int pos0, int M, int nh, int nkv, int hd, int rd, int page_size, float eps) {
+    __shared__ float xs[K2_MAX_HD];
+    __shared__ float scratch[33];
+    int t = blockIdx.x;
+    if (t >= M) return;
+    long long pos = (long long)pos0 + t;
+    int kvd = nkv * hd;
+    long long slot = (long long)bt[pos / page_size] * page_size + pos % page_size;
+    for (int y = blockIdx.y; y < nh + nkv; y += gridDim.y) {
+        __syncthreads(); /* xs of the previous head is no longer read */
+        if (y < nh) {
+            float *qh = q + ((long long)t * nh + y) * 2 * hd;
+            for (int i = threadIdx.x; i < hd; i += blockDim.x) xs[i] = qh[i];
+            __syncthreads();
+            k2_rmsnorm_1p_smem(xs, qn, hd, eps, scratch);
+            k2_rope_store(xs, qh, hd, rd, inv_freq, pos);
+            continue;
+        }
+        int h = y - nh;
+        const float *kin = k_in + (long long)t * kvd + h * hd;
+        const float *vin = v_in + (long long)t * kvd + h * hd;
+        qsa_f16 *kout = Kpool + slot * kvd + h * hd, *vout = Vpool + slot * kvd + h * hd;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            xs[i] = kin[i];
+            vout[i] = qsa_f32_to_f16(vin[i]);
+        }
+        __syncthreads();
+        k2_rmsnorm_1p_smem(xs, kn, hd, eps, scratch);
+        int half = rd / 2;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            float out = xs[i];
+            if (i < rd) {
+                int p = i < half ? i : i - half;
+                float f = __fmul_rn((float)pos, inv_freq[p]);
+                float c = (float)cos((double)f), s = (float)sin((double)f);
+                float a = xs[p], b = xs[p + half];
+                out = i < half ? __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)) : __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+            }
+            kout[i] = qsa_f32_to_f16(out);
+        }
+    }
+}
+
+/* Indexer epilogue for token t = blockIdx.x, row iq[t] = [ih query heads | 1 raw key] of ihd:
+ *   y < ih : q_layernorm (1+w, qln [ihd]) then RoPE (rd dims, rd <= ihd) at pos0+t, in place
+ *   y == ih: the raw (un-normed) key is copied to Ipool at the token's slot.
+ * Launch: grid (M, Y) with any Y (ih + 1: one block per head), block 128. */
+extern "C" __global__ void __launch_bounds__(128) qsa_k_indexer_prep(float *iq, const float *__restrict__ qln,
+                                                                     const float *__restrict__ inv_freq,
+                                                                     const int *__restrict__ bt, float *Ipool,
+                                                                     int pos0, int M, int ih, int ihd, int rd,
+                                                                     int page_size, float eps) {
+    __shared__ float xs[K2_MAX_HD];
+    __shared__ float scratch[33];
+    int t = blockIdx.x;
+    if (t >= M) return;
+    long long pos = (long long)pos0 + t;
+    for (int y = blockIdx.y; y <= ih; y += gridDim.y) {
+        __syncthreads();
+        float *row = iq + (long long)t * (ih + 1) * ihd + (long long)y * ihd;
+        if (y == ih) {
+            long long slot = (long long)bt[pos / page_size] * page_size + pos % page_size;
+            for (int i = threadIdx.x; i < ihd; i += blockDim.x) Ipool[slot * ihd + i] = row[i];
+            continue;
+        }
+        for (int i = threadIdx.x; i < ihd; i += blockDim.x) xs[i] = row[i];
+        __syncthreads();
+        k2_rmsnorm_1p_smem(xs, qln, ihd, eps, scratch);
+        k2_rope_store(xs, row, ihd, rd, inv_freq, pos);
+    }
+}
+
+/* Keys of the complete blocks b in [b0, b1): fp32 mean of the r raw keys (ascending, then / r, as
+ * the CPU), k_layernorm (1+w, kln [ihd]), RoPE at position b*r.  bkeys [max_blocks][ihd] is the
+ * sequence's logical block-key cache (a completed block's key never changes).
+ * Launch: grid (b1 - b0), block 128. */
+extern "C" __global__ void __launch_bounds__(128) qsa_k_block_keys(const float *__restrict__ Ipool,
+                                                                   const int *__restrict__ bt,
+                                                                   const float *__restrict__ kln,
+                                                                   const float *__restrict__ inv_freq, float *bkeys,
+                                                                   int b0, int b1, int r, int ihd, int rd,
+                                                                   int page_size, float eps) {
+    __shared__ float xs[K2_MAX_HD];
+    __shared__ float scratch[33];
+    long long b = (long long)b0 + blockIdx.x;
+    if (b >= b1) return;
+    for (int i = threadIdx.x; i < ihd; i += blockDim.x) {
+        float s = 0.0f;
+        for (int j = 0; j < r; j++) {
+            long long p = b * r + j;
+            s += Ipool[((long long)bt[p / page_size] * page_size + p % page_size) * ihd + i];
+        }
+        xs[i] = s / (float)r;
+    }
+    __syncthreads();
+    k2_rmsnorm_1p_smem(xs, kln, ihd, eps, scratch);
+    k2_rope_store(xs, bkeys + b * ihd, ihd, rd, inv_freq, b * r);
+}
+
+/* Block scores of query t = blockIdx.x (position pos0+t) against its complete blocks
+ * b < (pos0+t+1)/r:  score = (sum_h relu(q_h . key_b)) / sqrt(ihd), h ascending; each dot is a
+ * fixed lane split (lane owns dims lane, lane+32, ..., ascending) plus the warp butterfly.
+ *   iq [M][(ih+1)*ihd] (prepped queries), bkeys [*][ihd], scores [M][ld] out (entries at or past
+ *   the query's block count are not written).
+ * Launch: grid (M, Y) with any Y (ceil(max_blocks / 256) recommended), block 256 (a multiple of
+ * 32): the Y*8 warps of a query take blocks round robin.  Each score is independent of the launch. */
+extern "C" __global__ void __launch_bounds__(256) qsa_k_block_scores(const float *__restrict__ iq,
+                                                                     const float *__restrict__ bkeys,
+                                                                     float *__restrict__ scores, int pos0, int M,
+                                                                     int ih, int ihd, int r, int ld) {
+    int t = blockIdx.x;
+    if (t >= M) return;
+    int nb = (int)(((long long)pos0 + t + 1) / r);
+    int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    int w0 = blockIdx.y * nw + (threadIdx.x >> 5), W = gridDim.y * nw;
+    const float *qt = iq + (long long)t * (ih + 1) * ihd;
+    float root = sqrtf((float)ihd);
+    /* four blocks per warp at a time: four independent dot/butterfly chains (same math per score) */
+    for (int b0 = w0; b0 < nb; b0 += 4 * W) {
+        const float *kb[4];
+        float kr[4][8], s[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int b = b0 + u * W < nb ? b0 + u * W : b0; /* past the end: recompute b0, not stored */
+            kb[u] = bkeys + (long long)b * ihd;
+            s[u] = 0.0f;
+#pragma unroll
+            for (int c = 0; c < 8; c++) kr[u][c] = lane + 32 * c < ihd ? kb[u][lane + 32 * c] : 0.0f;
+        }
+        for (int h = 0; h < ih; h++) {
+            const float *qh = qt + (long long)h * ihd;
+            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int c = 0; c < 8; c++) {
+                if (lane + 32 * c >= ihd) break;
+                float qv = qh[lane + 32 * c];
+#pragma unroll
+                for (int u = 0; u < 4; u++) p[u] = fmaf(qv, kr[u][c], p[u]);
+            }
+            for (int c = 8; lane + 32 * c < ihd; c++) { /* ihd > 256 */
+                float qv = qh[lane + 32 * c];
+#pragma unroll
+                for (int u = 0; u < 4; u++) p[u] = fmaf(qv, kb[u][lane + 32 * c], p[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                float d = k2_warp_sum(p[u]);
+                s[u] += d > 0.0f ? d : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (lane == 0 && b0 + u * W < nb) scores[(long long)t * ld + b0 + u * W] = s[u] / root;
+    }
+}
+
+/* Exclusive prefix sum of one int per thread in thread order (block size a multiple of 32);
+   `scratch` holds 33 ints of shared memory. */
+static __device__ int k2_block_excl_scan(int v, int *scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int x = v; /* inclusive scan within the warp */
+    for (int off = 1; off < 32; off <<= 1) {
+        int y = __shfl_up_sync(K2_FULL, x, off);
+        if (lane >= off) x += y;
+    }
+    __syncthreads(); /* scratch may still be read by a previous call */
+    if (lane == 31) scratch[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < nw ? scratch[lane] : 0;
+        for (int off = 1; off < 32; off <<= 1) {
+            int y = __shfl_up_sync(K2_FULL, w, off);
+            if (lane >= off) w += y;
+        }
+        scratch[lane] = w - (lane < nw ? scratch[lane] : 0); /* exclusive over warps */
+    }
+    __syncthreads();
+    return scratch[warp] + x - v;
+}
+
+/* Order-preserving map of a float to uint32 (a > b as floats <=> key(a) > key(b); -0 == +0). */
+static __device__ __forceinline__ unsigned k2_order_key(float f) {
+    unsigned u = f == 0.0f ? 0u : __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Top-k blocks of query t = blockIdx.x: k = min(topk, nb) blocks with nb = (pos0+t+1)/r, by score
+ * descending, ties to the lower block index (as the CPU qsa__select_blocks), written in ascending
+ * block order to sel[t][0..k) (sel[t][k..topk) = -1), nsel[t] = k.
+ * O(nb): radix select of the k-th largest key (4 passes of 8-bit digits, 256-bin shared histograms
+ * of per-warp integer-atomic counts; 2.6x faster than warp-aggregated __match_any_sync atomics
+ * on clustered scores), then a compaction in ascending index order (contiguous
+ * chunks per thread, two block-wide exclusive scans) taking every block above the threshold key and
+ * the lowest-index blocks equal to it.  Scores must not be NaN.
+ * Launch: grid (M), block 1024. */
+extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_topk_blocks(const float *__restrict__ scores, int *sel,
+                                                                     int *nsel, int pos0, int M, int r, int topk,
+                                                                     int ld) {
+    __shared__ int hist[256];
+    __shared__ int wcount[33];
+    __shared__ int whist[32 * 257]; /* per-warp histograms (rows padded against bank conflicts) */
+    __shared__ unsigned pick_prefix;
+    __shared__ int pick_need;
+    int t = blockIdx.x;
+    if (t >= M) return;
+    int nb = (int)(((long long)pos0 + t + 1) / r);
+    int k = topk < nb ? topk : nb;
+    const float *sc = scores + (long long)t * ld;
+    int *out = sel + (long long)t * topk;
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    for (int i = k + tid; i < topk; i += blockDim.x) out[i] = -1;
+    if (tid == 0) nsel[t] = k;
+    if (k == nb) { /* everything is selected */
+        for (int b = tid; b < nb; b += blockDim.x) out[b] = b;
+        return;
+    }
+    if (k <= 0) return;
+    /* radix select: after the passes, T is the k-th largest key and `need` the number of blocks
+       equal to T that belong to the selection (those above T all do) */
+    unsigned prefix = 0, mask = 0;
+    int need = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = tid; i < 32 * 257; i += blockDim.x) whist[i] = 0;
+        __syncthreads();
+        /* 8 loads in flight per thread; the trip count is uniform, so whole warps take part */
+        for (int base = 0; base < nb; base += 8 * blockDim.x) {
+            unsigned key[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int b = base + u * blockDim.x + tid;
+                key[u] = b < nb ? k2_order_key(sc[b]) : 0u;
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int b = base + u * blockDim.x + tid;
+                bool in = b < nb && (key[u] & mask) == prefix;
+                if (in) atomicAdd(&whist[warp * 257 + ((key[u] >> shift) & 255u)], 1); /* the warp's own copy */
+            }
+        }
+        __syncthreads();
+        for (int d = tid; d < 256; d += blockDim.x) { /* integer sums: any order gives the same counts */
+            int n = 0;
+            for (int w = 0; w < (int)(blockDim.x >> 5); w++) n += whist[w * 257 + d];
+            hist[d] = n;
+        }
+        __syncthreads();
+        if (warp == 0) { /* the digit d with (count above d) < need <= (count above d) + hist[d] */
+            int c[8], tot = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                c[i] = hist[lane * 8 + i];
+                tot += c[i];
+            }
+            int v = tot; /* suffix sum over lanes >= lane */
+            for (int off = 1; off < 32; off <<= 1) {
+                int x = __shfl_down_sync(K2_FULL, v, off);
+                if (lane + off < 32) v += x;
+            }
+            int cum = v - tot; /* keys in the digits of higher lanes */
+#pragma unroll
+            for (int i = 7; i >= 0; i--) {
+                if (cum < need && need <= cum + c[i]) {
+                    pick_prefix = prefix | ((unsigned)(lane * 8 + i) << shift);
+                    pick_need = need - cum;
+                }
+                cum += c[i];
+            }
+        }
+        __syncthreads();
+        prefix = pick_prefix;
+        need = pick_need;
+        mask |= 255u << shift;
+    }
+    unsigned T = prefix;
+    /* compaction: thread i owns the contiguous blocks [i*per, (i+1)*per), so thread order is block
+       order; two block-wide exclusive scans give each thread the number of equal keys and of taken
+       blocks before its chunk; a thread takes all its keys > T and its equal keys while fewer than
+       `need` equal keys precede them */
+    int per = (nb + blockDim.x - 1) / blockDim.x, c0 = tid * per, c1 = c0 + per < nb ? c0 + per : nb;
+    int n_gt = 0, n_eq = 0;
+    for (int b0 = c0; b0 < c1; b0 += 8) {
+        unsigned key[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) key[u] = b0 + u < c1 ? k2_order_key(sc[b0 + u]) : 0u;
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            n_gt += b0 + u < c1 && key[u] > T;
+            n_eq += b0 + u < c1 && key[u] == T;
+        }
+    }
+    int eq_before = k2_block_excl_scan(n_eq, wcount);
+    int take_eq = need - eq_before < 0 ? 0 : (need - eq_before < n_eq ? need - eq_before : n_eq);
+    int at = k2_block_excl_scan(n_gt + take_eq, wcount);
+    for (int b = c0; b < c1; b++) {
+        unsigned key = k2_order_key(sc[b]);
+        if (key > T) out[at++] = b;
+        else if (key == T && take_eq > 0) {
+            out[at++] = b;
+            take_eq--;
+        }
+    }
+}
+
+/* ============================================================================================== */
+/* QSA sparse attention                                                                            */
+/* ============================================================================================== */
+
+/* Debug (SPEC 4.5): the selected tokens of query t = blockIdx.x listed in PHYSICAL order, i.e.
+ * sorted by (physical page, offset), as logical positions: tokpos[t][0..ntok).  Passed to
+ * qsa_k_sparse_attn, this is the plan order that must break allocation invariance.  Slow by design
+ * (O(units^2) ranking in shared memory).  Units are the pieces of each selected range (a block of
+ * r tokens, then the tail) within one page; at most K2_PHYS_MAX_UNITS per query: with r <=
+ * page_size that is (topk + 1) * 2 <= 2560 (topk <= 1279).  The kernel traps when exceeded.
+ * Launch: grid (M), block 256. */
+#define K2_PHYS_MAX_UNITS 2560
+extern "C" __global__ void __launch_bounds__(256) qsa_k_attn_phys_order(const int *__restrict__ bt,
+                                                                        const int *__restrict__ sel,
+                                                                        const int *__restrict__ nsel, int *tokpos,
+                                                                        int pos0, int M, int r, int topk,
+                                                                        int page_size, int ld_tok) {
+    __shared__ long long ustart[K2_PHYS_MAX_UNITS]; /* physical slot of the unit's first token */
+    __shared__ int ulog[K2_PHYS_MAX_UNITS];         /* logical position of its first token */
+    __shared__ int ulen[K2_PHYS_MAX_UNITS];
+    __shared__ int cnt[257];
+    int t = blockIdx.x;
+    if (t >= M) return;
+    long long pos = (long long)pos0 + t;
+    int nb = r > 0 ? (int)((pos + 1) / r) : 0;
+    int ns = (r > 0 && nsel) ? nsel[t] : 0;
+    int nr = ns + 1; /* ranges: ns blocks, then the tail */
+    int per = (nr + blockDim.x - 1) / blockDim.x;
+    int r0 = threadIdx.x * per, r1 = r0 + per < nr ? r0 + per : nr;
+    /* pieces of this thread's ranges */
+    int mine = 0;
+    for (int i = r0; i < r1; i++) {
+        long long a = i < ns ? (long long)sel[(long long)t * topk + i] * r : (long long)nb * r;
+        long long e = i < ns ? a + r : pos + 1;
+        if (e > a) mine += (int)((e - 1) / page_size - a / page_size + 1);
+    }
+    cnt[threadIdx.x] = mine;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int s = 0;
+        for (int i = 0; i < (int)blockDim.x; i++) {
+            int c = cnt[i];
+            cnt[i] = s;
+            s += c;
+        }
+        cnt[256] = s;
+    }
+    __syncthreads();
+    int nunits = cnt[256];
+    if (nunits > K2_PHYS_MAX_UNITS) __trap();
+    int u = cnt[threadIdx.x];
+    for (int i = r0; i < r1; i++) {
+        long long a = i < ns ? (long long)sel[(long long)t * topk + i] * r : (long long)nb * r;
+        long long e = i < ns ? a + r : pos + 1;
+        while (a < e) {
+            long long lp = a / page_size, off = a % page_size;
+            long long len = page_size - off < e - a ? page_size - off : e - a;
+            ustart[u] = (long long)bt[lp] * page_size + off;
+            ulog[u] = (int)a;
+            ulen[u] = (int)len;
+            u++;
+            a += len;
+        }
+    }
+    __syncthreads();
+    int *outp = tokpos + (long long)t * ld_tok;
+    for (int x = threadIdx.x; x < nunits; x += blockDim.x) {
+        long long key = ustart[x];
+        int before = 0;
+        for (int y = 0; y < nunits; y++) before += ustart[y] < key ? ulen[y] : 0;
+        for (int j = 0; j < ulen[x]; j++) outp[before + j] = ulog[x] + j;
+    }
+}
+
+#ifndef K2_ATTN_G
+#define K2_ATTN_G 4 /* tokens loaded ahead per warp (8: ~15% faster decode, 1.5x slower prefill, 166 registers on sm_70) */
+#endif
+
+/* Loads C consecutive fp16 values (vector loads when VEC: p is then 2*C-byte aligned). */
+template <int C, bool VEC>
+static __device__ __forceinline__ void k2_load_f16(float *f, const qsa_f16 *p) {
+    if (VEC && C == 8) {
+        uint4 u = *(const uint4 *)p;
+        unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[(2 * i) % C] = qsa_f16_to_f32((qsa_f16)(w[i] & 0xffffu));
+            f[(2 * i + 1) % C] = qsa_f16_to_f32((qsa_f16)(w[i] >> 16));
+        }
+    } else if (VEC && C == 4) {
+        uint2 u = *(const uint2 *)p;
+        f[0] = qsa_f16_to_f32((qsa_f16)(u.x & 0xffffu));
+        f[1 % C] = qsa_f16_to_f32((qsa_f16)(u.x >> 16));
+        f[2 % C] = qsa_f16_to_f32((qsa_f16)(u.y & 0xffffu));
+        f[3 % C] = qsa_f16_to_f32((qsa_f16)(u.y >> 16));
+    } else if (VEC && C == 2) {
+        unsigned u = *(const unsigned *)p;
+        f[0] = qsa_f16_to_f32((qsa_f16)(u & 0xffffu));
+        f[1 % C] = qsa_f16_to_f32((qsa_f16)(u >> 16));
+    } else {
+#pragma unroll
+        for (int c = 0; c < C; c++) f[c] = qsa_f16_to_f32(p[c]);
+    }
+}
+
+/* One warp: the online softmax over the selected tokens k0..k1-1 (visit order) of one query head,
+ * token after token exactly as the CPU (K/V loads and scores run K2_ATTN_G tokens ahead; that
+ * changes no arithmetic).  Lane owns dims lane*C .. lane*C+C-1 (hd = 32*C).  Writes slot = [m, l, acc[hd]]. */
+template <int C, bool VEC>
+static __device__ __forceinline__ void k2_attn_split(const float *__restrict__ qh, const qsa_f16 *__restrict__ Kp,
+                                     const qsa_f16 *__restrict__ Vp, const int *__restrict__ bt,
+                                     const int *__restrict__ selq, const int *__restrict__ tokq, int kvd, int kvoff,
+                                     int ps, int r, int nb, int ns, int k0, int k1, float scale, float *slot) {
+    int lane = threadIdx.x & 31;
+    float qr[C], acc[C];
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        qr[c] = qh[lane * C + c];
+        acc[c] = 0.0f;
+    }
+    float m = k2_neg_inf(), l = 0.0f;
+    int nsr = ns * r;
+    for (int k = k0; k < k1; k += K2_ATTN_G) {
+        int n = k1 - k < K2_ATTN_G ? k1 - k : K2_ATTN_G;
+        long long base[K2_ATTN_G];
+#pragma unroll
+        for (int g = 0; g < K2_ATTN_G; g++) {
+            int kk = k + (g < n ? g : 0);
+            long long lp = tokq ? (long long)tokq[kk]
+                                : (kk < nsr ? (long long)selq[kk / r] * r + kk % r : (long long)nb * r + (kk - nsr));
+            base[g] = ((long long)bt[lp / ps] * ps + lp % ps) * kvd + kvoff + lane * C;
+        }
+        float sc[K2_ATTN_G], vf[K2_ATTN_G][C];
+#pragma unroll
+        for (int g = 0; g < K2_ATTN_G; g++) {
+            float kf[C];
+            k2_load_f16<C, VEC>(kf, Kp + base[g]);
+            k2_load_f16<C, VEC>(vf[g], Vp + base[g]);
+            float p = 0.0f;
+#pragma unroll
+            for (int c = 0; c < C; c++) p = fmaf(qr[c], kf[c], p);
+            sc[g] = k2_warp_sum(p) * scale;
+        }
+#pragma unroll
+        for (int g = 0; g < K2_ATTN_G; g++) {
+            if (g >= n) break;
+            float s = sc[g];
+            if (s > m) { /* online softmax within the split, as qsa__attn_head_plan */
+                float f = expf(m - s);
+                l *= f;
+#pragma unroll
+                for (int c = 0; c < C; c++) acc[c] *= f;
+                m = s;
+            }
+            float e = expf(s - m);
+            l += e;
+#pragma unroll
+            for (int c = 0; c < C; c++) acc[c] = fmaf(e, vf[g][c], acc[c]);
+        }
+    }
+    if (lane == 0) {
+        slot[0] = m;
+        slot[1] = l;
+    }
+#pragma unroll
+    for (int c = 0; c < C; c++) slot[2 + lane * C + c] = acc[c];
+}
+
+/* Gated sparse attention of query t = blockIdx.x (position pos0+t), query head h = blockIdx.y.
+ *
+ *   q      [M][nh*2*hd] prepped ([q | gate] per head); out [M][nh*hd] fp32 and/or out16 (fp16)
+ *   Kpool, Vpool  this layer's fp16 pages; bt the sequence's block table
+ *   sel    [M][topk] ascending selected blocks, nsel [M] their number (qsa_k_topk_blocks);
+ *          r = 0 means no indexer: every token 0..pos is attended (sel/nsel not read)
+ *   tokpos NULL: logical order (the selected blocks, r tokens each, then the tail nb*r..pos);
+ *          else [M][ld_tok] the visit order as logical positions (qsa_k_attn_phys_order: debug)
+ * The visit list is cut every `split` (QSA_ATTN_SPLIT = 256) tokens by visit index.  In rounds of
+ * nw = blockDim.x/32 splits, warp w computes split round*nw + w ((max, sum, acc) with the CPU's
+ * online softmax, scale hd^-0.5) into shared memory, and warp 0 merges them into its running
+ * (M, Lsum, o) strictly left to right, as qsa__attn_head_plan; at the end o / Lsum * sigmoid(gate).
+ * Nothing depends on other queries, on M, on the block size or on which physical pages hold the
+ * tokens.  Requires hd % 32 == 0 and hd <= 256 (else trap; the host validates).
+ * GQA: query head h reads KV head h / (nh/nkv).
+ * Launch: grid (M, nh), block 256 (any multiple of 32 up to 256; 128 works, fewer splits at once). */
+#define K2_ATTN_MAX_WARPS 8
+extern "C" __global__ void __launch_bounds__(256, 1) qsa_k_sparse_attn(
+    const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
+    const int *__restrict__ bt, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
+    qsa_f16 *out16, int pos0, int M, int nh, int nkv, int hd, int r, int topk, int page_size, int split,
+    const int *__restrict__ tokpos, int ld_tok) {
+    __shared__ float slots[K2_ATTN_MAX_WARPS][256 + 2];
+    int t = blockIdx.x, h = blockIdx.y;
+    if (t >= M || h >= nh) return;
+    if (hd % 32 != 0 || hd > 256 || blockDim.x > 32 * K2_ATTN_MAX_WARPS) __trap();
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    long long pos = (long long)pos0 + t;
+    int nb = r > 0 ? (int)((pos + 1) / r) : 0;
+    int ns = r > 0 ? nsel[t] : 0;
+    int ntok = (int)(ns * (long long)r + (pos + 1 - (long long)nb * r));
+    int nsplit = (ntok + split - 1) / split;
+    int kvh = h / (nh / nkv), kvd = nkv * hd;
+    const float *qh = q + ((long long)t * nh + h) * 2 * hd;
+    const int *selq = r > 0 ? sel + (long long)t * topk : sel;
+    const int *tokq = tokpos ? tokpos + (long long)t * ld_tok : tokpos;
+    float scale = 1.0f / sqrtf((float)hd);
+    int C = hd / 32;
+    float Mx = k2_neg_inf(), Ls = 0.0f, o[8];
+#pragma unroll
+    for (int c = 0; c < 8; c++) o[c] = 0.0f;
+    for (int s0 = 0; s0 < nsplit; s0 += nw) {
+        int s = s0 + warp;
+        if (s < nsplit) {
+            int k0 = s * split, k1 = k0 + split < ntok ? k0 + split : ntok;
+            float *slot = slots[warp];
+#define K2_SPLIT(CC, V) k2_attn_split<CC, V>(qh, Kpool, Vpool, bt, selq, tokq, kvd, kvh * hd, page_size, r, nb, ns, k0, k1, scale, slot)
+            switch (C) {
+            case 1: K2_SPLIT(1, true); break;
+            case 2: K2_SPLIT(2, true); break;
+            case 3: K2_SPLIT(3, false); break;
+            case 4: K2_SPLIT(4, true); break;
+            case 5: K2_SPLIT(5, false); break;
+            case 6: K2_SPLIT(6, false); break;
+            case 7: K2_SPLIT(7, false); break;
+            default: K2_SPLIT(8, true); break;
+            }
+#undef K2_SPLIT
+        }
+        __syncthreads();
+        if (warp == 0) { /* merge this round's splits left to right: (M, Lsum, o) as qsa__attn_head_plan */
+            int n = nsplit - s0 < nw ? nsplit - s0 : nw;
+            for (int i = 0; i < n; i++) {
+                const float *sl = slots[i];
+                float m = sl[0], l = sl[1];
+                float Mn = m > Mx ? m : Mx, fa = expf(Mx - Mn), fb = expf(m - Mn);
+                Ls = Ls * fa + l * fb;
+#pragma unroll
+                for (int c = 0; c < 8; c++)
+                    if (lane + 32 * c < hd) o[c] = o[c] * fa + sl[2 + lane + 32 * c] * fb;
+                Mx = Mn;
+            }
+        }
+        __syncthreads(); /* the slots are free again */
+    }
+    if (warp != 0) return;
+#pragma unroll
+    for (int c = 0; c < 8; c++) {
+        int d = lane + 32 * c;
+        if (d >= hd) break;
+        float y = __fmul_rn(o[c] / Ls, k2_sigmoid(qh[hd + d]));
+        long long at = ((long long)t * nh + h) * hd + d;
+        if (out) out[at] = y;
+        if (out16) out16[at] = qsa_f32_to_f16(y);
     }
 }

@@ -12,7 +12,8 @@
 
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inj_weights) X(inject) X(to_f16) X(argmax)           \
-    X(gemm_f16) X(gemm_nvfp4) X(router_topk) X(moe_gate_up) X(moe_down) X(shared_combine) X(act_mul)     \
+    X(gemm_f16) X(gemm_nvfp4) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_combine)       \
+    X(shared_combine) X(act_mul)                                                                         \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_gates) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)
@@ -74,6 +75,8 @@ typedef struct qsa__dscratch {
     CUdeviceptr big[6];         /* mixer / MoE / PLE temporaries, each sized for the largest use */
     CUdeviceptr big16[3];
     CUdeviceptr sel, nsel, scores, logits, argmax, tokpos;
+    int moe_tokens;             /* tokens per MoE sub-chunk */
+    CUdeviceptr moe_pairs, moe_tiles, moe_ntiles, moe_h16, moe_y;
     size_t big_bytes, scores_bytes;
     int max_blocks, score_rows, logit_rows;
     float *host_e;              /* PLE rows gathered on the host [max_tokens][ple_embed_dim] */
@@ -410,6 +413,17 @@ QSA_PRIV qsa_result qsa__cuda_scratch(qsa_model *m, qsa__cuda *g, int T) {
     QSA__TRY(qsa__dalloc(g, &s->nsel, (size_t)T * 4, cnt, "scratch"));
     QSA__TRY(qsa__dalloc(g, &s->scores, s->scores_bytes, cnt, "scratch"));
     QSA__TRY(qsa__dalloc(g, &s->argmax, (size_t)T * 4, cnt, "scratch"));
+    /* MoE pair scratch for sub-chunks of at most 256 tokens */
+    s->moe_tokens = T < 256 ? T : 256;
+    {
+        size_t MK = (size_t)s->moe_tokens * c->num_experts_per_tok;
+        size_t tiles = (MK + 15) / 16 + ((size_t)c->num_experts < MK ? (size_t)c->num_experts : MK);
+        QSA__TRY(qsa__dalloc(g, &s->moe_pairs, MK * 4, cnt, "MoE scratch"));
+        QSA__TRY(qsa__dalloc(g, &s->moe_tiles, tiles * 3 * 4, cnt, "MoE scratch"));
+        QSA__TRY(qsa__dalloc(g, &s->moe_ntiles, 4, cnt, "MoE scratch"));
+        QSA__TRY(qsa__dalloc(g, &s->moe_h16, MK * c->moe_intermediate_size * 2, cnt, "MoE scratch"));
+        QSA__TRY(qsa__dalloc(g, &s->moe_y, MK * c->hidden_size * 4, cnt, "MoE scratch"));
+    }
     s->host_e = QSA__ALLOC(float, (size_t)T * (c->ple_embed_dim ? c->ple_embed_dim : 1));
     if (!s->host_e) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
     return QSA_OK;
@@ -549,14 +563,15 @@ QSA_PRIV void qsa__cuda_seq_destroy(qsa_model *m, qsa_seq *s) {
 /* Y[M][out] (+)= A16[M][in] W^T (+ bias) */
 QSA_PRIV qsa_result qsa__dgemm(qsa__cuda *g, CUdeviceptr A16, int M, const qsa__dlin *w, CUdeviceptr Y, int accumulate) {
     int N = w->out, K = w->in;
-    unsigned gx = (unsigned)((N + 63) / 64), gy = (unsigned)((M + 15) / 16);
+    /* 16x16 split-K tiles for small M, 64x64 tiles otherwise: the same bits either way */
+    unsigned gx = M <= 64 ? (unsigned)(((M + 15) / 16) * ((N + 15) / 16)) : (unsigned)(((M + 63) / 64) * ((N + 63) / 64));
     if (w->w16) {
         CUdeviceptr W = w->w16, B = w->bias;
-        QSA__LAUNCH(g, gemm_f16, gx, gy, 128, 0, &A16, &W, &B, &Y, &M, &N, &K, &accumulate);
+        QSA__LAUNCH(g, gemm_f16, gx, 1, 256, 0, &A16, &W, &B, &Y, &M, &N, &K, &accumulate);
     } else {
         CUdeviceptr q = w->q, s = w->s;
         float s2 = w->s2;
-        QSA__LAUNCH(g, gemm_nvfp4, gx, gy, 128, 0, &A16, &q, &s, &s2, &Y, &M, &N, &K, &accumulate);
+        QSA__LAUNCH(g, gemm_nvfp4, gx, 1, 256, 0, &A16, &q, &s, &s2, &Y, &M, &N, &K, &accumulate);
     }
     return QSA_OK;
 }
@@ -730,20 +745,32 @@ QSA_PRIV qsa_result qsa__cuda_attn(qsa_seq *sq, int l, int M) {
     return qsa__dgemm(g, att16, M, &d->o, s->out, 0);
 }
 
+/* MoE: router, grouped expert GEMMs over (token, slot) pairs, combine in ascending expert id, then
+   the shared expert.  Run over sub-chunks of moe_tokens tokens to bound the [M*K][H] scratch;
+   a token's bits do not depend on its sub-chunk. */
 QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
     const qsa_model_config *c = &m->cfg;
     qsa__cuda *g = m->cuda;
     qsa__dscratch *s = &g->sc;
     const qsa__dlayer *d = &g->layers[l];
     int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size;
-    int Is = c->shared_expert_intermediate_size, norm = c->norm_topk_prob, act = c->hidden_act == QSA_ACT_SIGMOID;
-    int nv4 = d->experts_nvfp4, n;
-    CUdeviceptr rl = s->big[0], tw = s->big[1], tid = s->big[2], h16 = s->big16[0], sa = s->big[3], sb = s->big[4],
-                sh = s->big[5], sa16 = s->big16[1], gl = s->low, ex = d->experts;
+    int Is = c->shared_expert_intermediate_size, norm = c->norm_topk_prob, act = c->hidden_act == QSA_ACT_SIGMOID, n;
+    CUdeviceptr rl = s->big[0], tw = s->big[1], tid = s->big[2], sa = s->big[3], sb = s->big[4], sh = s->big[5],
+                sa16 = s->big16[1], gl = s->low, ex = d->experts;
     QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->router, rl, 0));
     QSA__LAUNCH(g, router_topk, M, 1, 256, 0, &rl, &tid, &tw, &E, &K, &norm);
-    QSA__LAUNCH(g, moe_gate_up, M * K, (I + 63) / 64, 128, 0, &s->inp16, &tid, &ex, &h16, &H, &I, &K, &act, &nv4);
-    QSA__LAUNCH(g, moe_down, M, (H + 63) / 64, 128, 0, &h16, &tid, &tw, &ex, &s->out, &H, &I, &K, &nv4);
+    for (int t0 = 0; t0 < M; t0 += s->moe_tokens) {
+        int mt = M - t0 < s->moe_tokens ? M - t0 : s->moe_tokens, MK = mt * K;
+        int max_tiles = (MK + 15) / 16 + (E < MK ? E : MK);
+        CUdeviceptr x16 = s->inp16 + (size_t)t0 * H * 2, ids = tid + (size_t)t0 * K * 4, w = tw + (size_t)t0 * K * 4;
+        CUdeviceptr outp = s->out + (size_t)t0 * H * 4;
+        QSA__LAUNCH(g, moe_plan, 1, 1, 1024, 0, &ids, &MK, &E, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles);
+        QSA__LAUNCH(g, moe_gate_up, max_tiles, (I + 15) / 16, 256, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
+                    &s->moe_h16, &H, &I, &K, &act);
+        QSA__LAUNCH(g, moe_down, max_tiles, (H + 15) / 16, 256, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles,
+                    &ex, &s->moe_y, &H, &I);
+        QSA__LAUNCH(g, moe_combine, mt, 1, 256, 0, &s->moe_y, &w, &outp, &H, &K);
+    }
     QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->sh_gate, sa, 0));
     QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->sh_up, sb, 0));
     n = M * Is;
@@ -769,7 +796,7 @@ QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, floa
     }
     QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(s->ids, ids, (size_t)M * 4, g->stream));
     CUdeviceptr table = g->embed16;
-    QSA__LAUNCH(g, embed, M, 1, 256, 0, &table, &s->ids, &s->X, &H, &hc);
+    QSA__LAUNCH(g, embed, M, 1, 256, 0, &table, &s->ids, &s->X, &H, &hc, &V);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         if (m->layers[l].ple) QSA__TRY(qsa__cuda_ple(sq, l, ids, M));
         QSA__TRY(qsa__cuda_gres(m, &g->layers[l].attn_hc, s->X, M, 1));

@@ -65,6 +65,8 @@ static QSA__UNUSED const char *test_path(const char *rel) {
 #include "t_loader.c"
 #include "t_tokenizer.c"
 #include "t_jit.c"
+#include "t_gpu_k1.c"
+#include "t_gpu_k2.c"
 #include "t_model.c"
 #include "t_planner.c"
 #include "t_gpu.c"

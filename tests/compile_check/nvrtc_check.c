@@ -40,6 +40,12 @@ int main(int argc, char **argv) {
     const char *key = "extern \"C\" __global__ void ";
     for (const char *p = src ? strstr(src, key) : NULL; p; p = strstr(p + 1, key)) {
         const char *s = p + strlen(key);
+        if (!strncmp(s, "__launch_bounds__(", 18)) { /* skip the attribute: the name follows it */
+            s = strchr(s, ')');
+            if (!s) break;
+            s++;
+            while (*s == ' ') s++;
+        }
         size_t k = 0;
         char name[128], needle[160];
         while (k < sizeof name - 1 && (s[k] == '_' || (s[k] >= 'a' && s[k] <= 'z') || (s[k] >= '0' && s[k] <= '9'))) k++;
