@@ -357,12 +357,17 @@ static __device__ __forceinline__ uint4 qsa_u4_zero() {
 static __device__ __forceinline__ uint4 qsa_ld8_f16(const qsa_f16 *row, int k, int K, int vec) {
     if (!row || k >= K) return qsa_u4_zero();
     const qsa_f16 *p = row + k;
-    if (vec) return *(const uint4 *)p;
+    if (vec && k + 8 <= K) return *(const uint4 *)p;
+    /* scalar path; values at or past K read as zero (a K that is not a multiple of 8 or 16 is
+       zero-padded: zero products leave every sum unchanged) */
+    qsa_u32 e[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) e[i] = k + i < K ? (qsa_u32)p[i] : 0u;
     uint4 u;
-    u.x = (qsa_u32)p[0] | ((qsa_u32)p[1] << 16);
-    u.y = (qsa_u32)p[2] | ((qsa_u32)p[3] << 16);
-    u.z = (qsa_u32)p[4] | ((qsa_u32)p[5] << 16);
-    u.w = (qsa_u32)p[6] | ((qsa_u32)p[7] << 16);
+    u.x = e[0] | (e[1] << 16);
+    u.y = e[2] | (e[3] << 16);
+    u.z = e[4] | (e[5] << 16);
+    u.w = e[6] | (e[7] << 16);
     return u;
 }
 
@@ -416,7 +421,7 @@ static __device__ __forceinline__ qsa_wsrc qsa_wsrc_nvfp4(const qsa_u8 *q, const
    NVFP4: dequantised in fp32 as the CPU does (scale = e4m3 * s2, then e2m1 * scale), rounded to fp16. */
 static __device__ __forceinline__ uint4 qsa_ld8_w(const qsa_wsrc &w, int n, int N, int k, int kend, int K) {
     if (n >= N || k >= kend) return qsa_u4_zero();
-    if (w.w16) return qsa_ld8_f16(w.w16 + (qsa_i64)n * K, k, kend, w.vec);
+    if (w.w16) return qsa_ld8_f16(w.w16 + (qsa_i64)n * K, k, kend, w.vec && !(K & 7)); /* rows 16-byte aligned */
     const qsa_u8 *q = w.q + (qsa_i64)n * (K >> 1) + (k >> 1);
     qsa_u32 b;
     if (w.vec) b = *(const qsa_u32 *)q;
@@ -641,8 +646,8 @@ static __device__ void qsa_gemm(const qsa_f16 *A, const qsa_wsrc &ws, const floa
     __shared__ const qsa_f16 *arow[16];
     if (blockDim.x != QSA_GEMM_THREADS) __trap(); /* a launch error, never silently wrong results */
     const qsa_i64 nblocks = (qsa_i64)gridDim.x * gridDim.y, bid = (qsa_i64)blockIdx.y * gridDim.x + blockIdx.x;
-    const int avec = (((qsa_u64)A) & 15u) == 0;
-    if (K <= 0 || (K & 15)) { /* unsupported K: poison the output rather than return garbage */
+    const int avec = (((qsa_u64)A) & 15u) == 0 && !(K & 7); /* every row 16-byte aligned */
+    if (K <= 0 || (!ws.w16 && (K & 15))) { /* NVFP4 needs whole groups of 16: poison rather than guess */
         for (qsa_i64 i = bid * QSA_GEMM_THREADS + threadIdx.x; i < (qsa_i64)M * N; i += nblocks * QSA_GEMM_THREADS)
             Y[i] = QSA_QNAN;
         return;
@@ -676,7 +681,7 @@ static __device__ void qsa_gemm(const qsa_f16 *A, const qsa_wsrc &ws, const floa
 
 /* Y[m][n] = sum_k A[m][k] W[n][k] (+ bias[n]); with accumulate, Y[m][n] += that instead.
  *   A fp16 [M][K] row-major, W fp16 [N][K] (the checkpoint's [out, in]), bias fp32 [N] or NULL,
- *   Y fp32 [M][N].  Any M, N; K a multiple of 16 (else Y is filled with NaN).
+ *   Y fp32 [M][N].  Any M, N, K >= 1 (a K that is not a multiple of 16 is zero-padded in the tiles).
  * Canonical per-element order: see the GEMM machinery comment (segments of 256, fixed sum order).
  * Launch: block 256 (required; another size traps); grid: any (the kernel loops over its tiles);
  *   best: M <= 64: ceil(M/16) * ceil(N/16) blocks, else ceil(M/64) * ceil(N/64) blocks
@@ -1757,12 +1762,13 @@ template <int C, bool VEC>
 static __device__ __forceinline__ void k2_attn_split(const float *__restrict__ qh, const qsa_f16 *__restrict__ Kp,
                                      const qsa_f16 *__restrict__ Vp, const int *__restrict__ bt,
                                      const int *__restrict__ selq, const int *__restrict__ tokq, int kvd, int kvoff,
-                                     int ps, int r, int nb, int ns, int k0, int k1, float scale, float *slot) {
+                                     int ps, int r, int nb, int ns, int k0, int k1, float scale, float *slot, int hd) {
     int lane = threadIdx.x & 31;
+    bool live = lane * C < hd; /* false only for lanes past a head narrower than a warp */
     float qr[C], acc[C];
 #pragma unroll
     for (int c = 0; c < C; c++) {
-        qr[c] = qh[lane * C + c];
+        qr[c] = live ? qh[lane * C + c] : 0.0f;
         acc[c] = 0.0f;
     }
     float m = k2_neg_inf(), l = 0.0f;
@@ -1781,8 +1787,13 @@ static __device__ __forceinline__ void k2_attn_split(const float *__restrict__ q
 #pragma unroll
         for (int g = 0; g < K2_ATTN_G; g++) {
             float kf[C];
-            k2_load_f16<C, VEC>(kf, Kp + base[g]);
-            k2_load_f16<C, VEC>(vf[g], Vp + base[g]);
+            if (live) {
+                k2_load_f16<C, VEC>(kf, Kp + base[g]);
+                k2_load_f16<C, VEC>(vf[g], Vp + base[g]);
+            } else {
+#pragma unroll
+                for (int c = 0; c < C; c++) kf[c] = vf[g][c] = 0.0f;
+            }
             float p = 0.0f;
 #pragma unroll
             for (int c = 0; c < C; c++) p = fmaf(qr[c], kf[c], p);
@@ -1809,8 +1820,9 @@ static __device__ __forceinline__ void k2_attn_split(const float *__restrict__ q
         slot[0] = m;
         slot[1] = l;
     }
+    if (live)
 #pragma unroll
-    for (int c = 0; c < C; c++) slot[2 + lane * C + c] = acc[c];
+        for (int c = 0; c < C; c++) slot[2 + lane * C + c] = acc[c];
 }
 
 /* Gated sparse attention of query t = blockIdx.x (position pos0+t), query head h = blockIdx.y.
@@ -1838,7 +1850,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) qsa_k_sparse_attn(
     __shared__ float slots[K2_ATTN_MAX_WARPS][256 + 2];
     int t = blockIdx.x, h = blockIdx.y;
     if (t >= M || h >= nh) return;
-    if (hd % 32 != 0 || hd > 256 || blockDim.x > 32 * K2_ATTN_MAX_WARPS) __trap();
+    if ((hd > 32 && hd % 32 != 0) || hd > 256 || blockDim.x > 32 * K2_ATTN_MAX_WARPS) __trap();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     long long pos = (long long)pos0 + t;
     int nb = r > 0 ? (int)((pos + 1) / r) : 0;
@@ -1850,7 +1862,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) qsa_k_sparse_attn(
     const int *selq = r > 0 ? sel + (long long)t * topk : sel;
     const int *tokq = tokpos ? tokpos + (long long)t * ld_tok : tokpos;
     float scale = 1.0f / sqrtf((float)hd);
-    int C = hd / 32;
+    int C = hd < 32 ? 1 : hd / 32; /* dims per lane; heads narrower than a warp leave lanes >= hd idle */
     float Mx = k2_neg_inf(), Ls = 0.0f, o[8];
 #pragma unroll
     for (int c = 0; c < 8; c++) o[c] = 0.0f;
@@ -1859,9 +1871,9 @@ extern "C" __global__ void __launch_bounds__(256, 1) qsa_k_sparse_attn(
         if (s < nsplit) {
             int k0 = s * split, k1 = k0 + split < ntok ? k0 + split : ntok;
             float *slot = slots[warp];
-#define K2_SPLIT(CC, V) k2_attn_split<CC, V>(qh, Kpool, Vpool, bt, selq, tokq, kvd, kvh * hd, page_size, r, nb, ns, k0, k1, scale, slot)
+#define K2_SPLIT(CC, V) k2_attn_split<CC, V>(qh, Kpool, Vpool, bt, selq, tokq, kvd, kvh * hd, page_size, r, nb, ns, k0, k1, scale, slot, hd)
             switch (C) {
-            case 1: K2_SPLIT(1, true); break;
+            case 1: if (hd < 32) K2_SPLIT(1, false); else K2_SPLIT(1, true); break;
             case 2: K2_SPLIT(2, true); break;
             case 3: K2_SPLIT(3, false); break;
             case 4: K2_SPLIT(4, true); break;

@@ -849,7 +849,8 @@ struct qsa_seq {
     int n_pages;                /* pages held */
     qsa__seq_layer *L;
     qsa__sel_hook sel_hook;
-    void *sel_user;
+    void (*route_hook)(void *user, int layer, int64_t pos, float margin); /* MoE routing margins (CPU) */
+    void *sel_user;                                                        /* user of both hooks */
     float *hidden_out;          /* if set: receives final hidden states [n][H] of the next feed */
     struct qsa__cuda_seq *cuda; /* device state on the CUDA backend */
     qsa__capture *cap;          /* debug capture, NULL when off */
@@ -1503,7 +1504,7 @@ done:
 
 /* MoE on one token: softmax router in fp32, top-k (ties: lower expert id), optional renormalisation,
    SwiGLU experts, plus the shared expert scaled by sigmoid(shared_expert_gate(x)). */
-QSA_PRIV qsa_result qsa__moe_fwd(const qsa_model *m, const qsa__moe_w *w, const float *x, float *out) {
+QSA_PRIV qsa_result qsa__moe_fwd(const qsa_model *m, const qsa__moe_w *w, const float *x, float *out, float *margin) {
     const qsa_model_config *c = &m->cfg;
     int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size,
         Is = c->shared_expert_intermediate_size;
@@ -1529,6 +1530,15 @@ QSA_PRIV qsa_result qsa__moe_fwd(const qsa_model *m, const qsa__moe_w *w, const 
         }
         top[k] = best;
         topw[k] = logits[best];
+    }
+    if (margin) { /* routing margin: the last chosen probability minus the best one left out */
+        float next = 0.0f;
+        for (int e = 0; e < E; e++) {
+            int used = 0;
+            for (int j = 0; j < K; j++) used |= top[j] == e;
+            if (!used && logits[e] > next) next = logits[e];
+        }
+        *margin = K < E ? topw[K - 1] - next : INFINITY;
     }
     if (c->norm_topk_prob) {
         float s = 0.0f;
@@ -1613,7 +1623,9 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
         for (int t = 0; t < n; t++) {
             float *x = X + (size_t)t * hcH;
             if ((r = qsa__gres_fwd(m, &lw->mlp_hc, x, sc.inp, sc.inj, &sc)) != QSA_OK) goto done;
-            if ((r = qsa__moe_fwd(m, &lw->moe, sc.inp, sc.out)) != QSA_OK) goto done;
+            float margin = INFINITY;
+            if ((r = qsa__moe_fwd(m, &lw->moe, sc.inp, sc.out, &margin)) != QSA_OK) goto done;
+            if (sq->route_hook) sq->route_hook(sq->sel_user, l, sq->pos + t, margin);
             qsa__inject(c, x, sc.inj, sc.out);
         }
     }

@@ -6,7 +6,10 @@
  * models, so logits must satisfy max |d| <= 2e-2 + 5e-3 * max(1, max |logit|).  Greedy tokens must
  * be equal (the goldens have top-1/top-2 gaps >= 0.011, checked by the generator).  QSA selections
  * may differ only where the reference's score gap is below 2e-3 (FP16 activations move indexer
- * scores by about that much).
+ * scores by about that much).  Logits rows of tokens whose MoE routing has a near-tie on the CPU
+ * (k-th and (k+1)-th expert probabilities within 1e-3 at some layer) are excused from the logits
+ * tolerance and counted: FP16 can pick the other expert there (the random golden models have a few
+ * such ties; tools/make_goldens.py reports the smallest margin).
  */
 
 static int gpu_model(const char *fixture, qsa_model_params *mp, qsa_model **m) {
@@ -27,12 +30,14 @@ static void gpu_tolerances(void) {
     g_atol = 2e-2f;
     g_rtol = 5e-3f;
     g_sel_eps = 2e-3f;
+    g_route_eps = 1e-3f;
 }
 static void cpu_tolerances(void) {
     g_backend = QSA_BACKEND_CPU;
     g_atol = 1e-5f;
     g_rtol = 1e-4f;
     g_sel_eps = QSA_SEL_EPS;
+    g_route_eps = 0.0f;
 }
 
 TEST(gpu, golden_fixtures_match_reference) {

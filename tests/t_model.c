@@ -37,7 +37,36 @@ static int fixture_dirs(char names[][256], int max) {
 
 /* Tolerance of the backend under test: max |d| <= atol + rtol * max(1, max |reference|). */
 static float g_atol = 1e-5f, g_rtol = 1e-4f, g_sel_eps = QSA_SEL_EPS;
-static qsa_backend g_backend = QSA_BACKEND_CPU;
+/* Tokens whose MoE routing has a near-tie (the k-th and (k+1)-th expert probabilities closer than
+   g_route_eps at some layer, measured by the CPU reference) are excused from the logits tolerance:
+   a backend with FP16 activations may legitimately pick the other expert there.  0: no excuses. */
+static float g_route_eps = 0.0f;
+static float *g_route_margin; /* [n_ctx] min margin per position, from the CPU */
+
+static void route_hook(void *user, int layer, int64_t pos, float margin) {
+    (void)user; (void)layer;
+    if (g_route_margin && margin < g_route_margin[pos]) g_route_margin[pos] = margin;
+}
+
+/* Routing margins of the CPU backend for the token sequence ids[0..n). */
+static void cpu_route_margins(const char *dir, const int32_t *ids, int n) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.backend = QSA_BACKEND_CPU;
+    qsa_model *m = NULL;
+    qsa_seq *s = NULL;
+    free(g_route_margin);
+    g_route_margin = (float *)malloc(sizeof(float) * (size_t)n);
+    for (int i = 0; i < n; i++) g_route_margin[i] = INFINITY;
+    CHECK_OK(qsa_model_load(dir, &mp, &m));
+    if (m) CHECK_OK(qsa_seq_create(m, NULL, &s));
+    if (s) {
+        s->route_hook = route_hook;
+        CHECK_OK(qsa_seq_feed(s, ids, n, NULL, 0));
+    }
+    qsa_seq_free(s);
+    qsa_model_free(m);
+}
 
 /* max |a - b| over n values and the tolerance for reference values b */
 static float max_abs_diff(const float *a, const float *b, size_t n, float *tol) {
@@ -50,6 +79,21 @@ static float max_abs_diff(const float *a, const float *b, size_t n, float *tol) 
     *tol = g_atol + g_rtol * mx;
     return d;
 }
+
+/* Logits rows [row0, row0 + rows) of positions pos0.. against the reference: the largest error over
+   rows not excused for a routing near-tie; *excused counts the others. */
+static float rows_max_diff(const float *a, const float *b, int rows, int V, int64_t pos0, float *tol, int *excused) {
+    float worst = 0.0f, worst_tol = g_atol + g_rtol;
+    for (int r = 0; r < rows; r++) {
+        float t, d = max_abs_diff(a + (size_t)r * V, b + (size_t)r * V, (size_t)V, &t);
+        if (g_route_eps > 0 && g_route_margin && g_route_margin[pos0 + r] < g_route_eps) { (*excused)++; continue; }
+        if (!(d - t <= worst - worst_tol)) { worst = d; worst_tol = t; }
+    }
+    *tol = worst_tol;
+    return worst;
+}
+static qsa_backend g_backend = QSA_BACKEND_CPU;
+
 
 static const float *golden_f32(const qsa__st_set *g, const char *name, size_t n) {
     const qsa__tensor *t = qsa__st_find(g, name);
@@ -139,6 +183,10 @@ static void run_golden(const char *fx, int chunk, int gdn_chunked) {
     float *logits = (float *)malloc(sizeof(float) * (size_t)n * V);
     float *hidden = (float *)malloc(sizeof(float) * (size_t)n * H);
     sel_rec *rec = (sel_rec *)calloc(1, sizeof(sel_rec));
+    if (g_route_eps > 0) {
+        for (int i = 0; i < N; i++) ids[n + i] = (int32_t)greedy[i];
+        cpu_route_margins(dir, ids, n + N);
+    }
     qsa_seq *s = NULL;
     CHECK_OK(qsa_seq_create(m, NULL, &s));
     if (s) run_golden_seq(fx, &g, m, s, ids, greedy, n, N, logits, hidden, rec, chunk, gdn_chunked);
@@ -166,8 +214,9 @@ static void run_golden_seq(const char *fx, const qsa__st_set *gs, qsa_model *m, 
     float tol, d;
     const float *gl = golden_f32(&g, "prefill_logits", (size_t)n * V);
     CHECK(gl != NULL);
+    int excused = 0;
     if (gl) {
-        d = max_abs_diff(logits, gl, (size_t)n * V, &tol);
+        d = rows_max_diff(logits, gl, n, V, 0, &tol, &excused);
         CHECKF(d <= tol, "%s chunk %d: prefill logits max |d| %g > tol %g", fx, chunk, d, tol);
         if (T_.verbose) printf("    %s chunk %d gdn_chunked %d: prefill max|d| %.3g (tol %.3g)\n", fx, chunk, gdn_chunked, d, tol);
     }
@@ -187,13 +236,15 @@ static void run_golden_seq(const char *fx, const qsa__st_set *gs, qsa_model *m, 
     for (int i = 0; gd && i < N; i++) {
         int32_t tk = (int32_t)greedy[i];
         CHECK_OK(qsa_seq_feed(s, &tk, 1, logits, 0));
-        d = max_abs_diff(logits, gd + (size_t)i * V, (size_t)V, &tol);
+        d = rows_max_diff(logits, gd + (size_t)i * V, 1, V, n + i, &tol, &excused);
         if (d > worst) worst = d;
         CHECKF(d <= tol, "%s: decode step %d logits max |d| %g > tol %g", fx, i, d, tol);
         if (i + 1 < N) CHECKF(qsa__argmax(logits, V) == greedy[i + 1], "%s: greedy token %d differs", fx, i + 1);
     }
     check_selections(fx, &g, rec, "dsel", 'S', n, &nsel);
-    if (T_.verbose) printf("    %s: decode worst max|d| %.3g, %d selections compared\n", fx, worst, nsel);
+    if (T_.verbose || excused)
+        printf("    %s: decode worst max|d| %.3g, %d selections compared, %d logits rows excused (routing near-tie)\n", fx, worst,
+               nsel, excused);
     if (c->has_qsa) CHECKF(nsel > 0, "%s: no QSA selections compared", fx);
 }
 
