@@ -9,7 +9,10 @@
  * scores by about that much).  Logits rows of tokens whose MoE routing has a near-tie on the CPU
  * (k-th and (k+1)-th expert probabilities within 1e-3 at some layer) are excused from the logits
  * tolerance and counted: FP16 can pick the other expert there (the random golden models have a few
- * such ties; tools/make_goldens.py reports the smallest margin).
+ * such ties; tools/make_goldens.py reports the smallest margin).  After the first such tie, rows that
+ * miss the tolerance are held to 0.1 * max(1, max |logit|) and counted (one token routed to another
+ * expert changes the GDN state and the keys of every later token); their QSA selections likewise.
+ * Greedy tokens must still be equal everywhere.
  */
 
 static int gpu_model(const char *fixture, qsa_model_params *mp, qsa_model **m) {
@@ -31,6 +34,7 @@ static void gpu_tolerances(void) {
     g_rtol = 5e-3f;
     g_sel_eps = 2e-3f;
     g_route_eps = 1e-3f;
+    g_after_tie_rtol = 0.1f;
 }
 static void cpu_tolerances(void) {
     g_backend = QSA_BACKEND_CPU;

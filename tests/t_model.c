@@ -37,6 +37,7 @@ static int fixture_dirs(char names[][256], int max) {
 
 /* Tolerance of the backend under test: max |d| <= atol + rtol * max(1, max |reference|). */
 static float g_atol = 1e-5f, g_rtol = 1e-4f, g_sel_eps = QSA_SEL_EPS;
+static qsa_backend g_backend = QSA_BACKEND_CPU;
 /* Tokens whose MoE routing has a near-tie (the k-th and (k+1)-th expert probabilities closer than
    g_route_eps at some layer, measured by the CPU reference) are excused from the logits tolerance:
    a backend with FP16 activations may legitimately pick the other expert there.  0: no excuses. */
@@ -80,20 +81,31 @@ static float max_abs_diff(const float *a, const float *b, size_t n, float *tol) 
     return d;
 }
 
-/* Logits rows [row0, row0 + rows) of positions pos0.. against the reference: the largest error over
-   rows not excused for a routing near-tie; *excused counts the others. */
-static float rows_max_diff(const float *a, const float *b, int rows, int V, int64_t pos0, float *tol, int *excused) {
-    float worst = 0.0f, worst_tol = g_atol + g_rtol;
+/* Logits rows [row0, row0 + rows) of positions pos0.. against the reference.  Rows at a routing
+   near-tie are excused (*excused counts them).  After the first near-tie of the sequence, a row
+   that misses the tolerance is held to g_after_tie_rtol * max(1, max |ref|) instead (*diverged counts
+   them): another expert for one token changes the recurrent state and the keys every later token
+   sees.  Returns the largest error beyond its tolerance (<= 0: all rows pass). */
+static float g_after_tie_rtol = 0.0f;
+static float rows_check(const float *a, const float *b, int rows, int V, int64_t pos0, float *err, int *excused,
+                        int *diverged) {
+    float excess = -INFINITY;
     for (int r = 0; r < rows; r++) {
+        int64_t pos = pos0 + r;
         float t, d = max_abs_diff(a + (size_t)r * V, b + (size_t)r * V, (size_t)V, &t);
-        if (g_route_eps > 0 && g_route_margin && g_route_margin[pos0 + r] < g_route_eps) { (*excused)++; continue; }
-        if (!(d - t <= worst - worst_tol)) { worst = d; worst_tol = t; }
+        if (g_route_eps > 0 && g_route_margin) {
+            if (g_route_margin[pos] < g_route_eps) { (*excused)++; continue; }
+            int after_tie = 0;
+            for (int64_t p = 0; p < pos && !after_tie; p++) after_tie = g_route_margin[p] < g_route_eps;
+            if (after_tie && !(d <= t)) {
+                (*diverged)++;
+                t = (t - g_atol) / g_rtol * g_after_tie_rtol; /* max(1, max|ref|) times the loose factor */
+            }
+        }
+        if (!(d - t <= excess)) { excess = d - t; *err = d; }
     }
-    *tol = worst_tol;
-    return worst;
+    return excess;
 }
-static qsa_backend g_backend = QSA_BACKEND_CPU;
-
 
 static const float *golden_f32(const qsa__st_set *g, const char *name, size_t n) {
     const qsa__tensor *t = qsa__st_find(g, name);
@@ -143,7 +155,9 @@ static void check_selections(const char *fx, const qsa__st_set *g, const sel_rec
                 memcpy(&b, t->data + 8 * j, 8);
                 same = b == rec->e[k].blocks[j];
             }
-            CHECKF(same || (gap && *gap < g_sel_eps), "%s: selection %s differs (gap %g)", fx, t->name, gap ? *gap : -1.0f);
+            int tie = 0; /* at or after a routing near-tie: see rows_check */
+            for (int64_t p = 0; g_route_eps > 0 && g_route_margin && p <= pos && !tie; p++) tie = g_route_margin[p] < g_route_eps;
+            CHECKF(same || tie || (gap && *gap < g_sel_eps), "%s: selection %s differs (gap %g)", fx, t->name, gap ? *gap : -1.0f);
             (*n_checked)++;
         }
         CHECKF(found, "%s: no selection observed for %s", fx, t->name);
@@ -214,10 +228,12 @@ static void run_golden_seq(const char *fx, const qsa__st_set *gs, qsa_model *m, 
     float tol, d;
     const float *gl = golden_f32(&g, "prefill_logits", (size_t)n * V);
     CHECK(gl != NULL);
-    int excused = 0;
+    int excused = 0, diverged = 0;
     if (gl) {
-        d = rows_max_diff(logits, gl, n, V, 0, &tol, &excused);
-        CHECKF(d <= tol, "%s chunk %d: prefill logits max |d| %g > tol %g", fx, chunk, d, tol);
+        float err = 0.0f, excess = rows_check(logits, gl, n, V, 0, &err, &excused, &diverged);
+        d = err;
+        tol = err - excess;
+        CHECKF(excess <= 0, "%s chunk %d: prefill logits max |d| %g > tol %g", fx, chunk, d, tol);
         if (T_.verbose) printf("    %s chunk %d gdn_chunked %d: prefill max|d| %.3g (tol %.3g)\n", fx, chunk, gdn_chunked, d, tol);
     }
     const float *gh = golden_f32(&g, "final_hidden", (size_t)n * H);
@@ -236,15 +252,16 @@ static void run_golden_seq(const char *fx, const qsa__st_set *gs, qsa_model *m, 
     for (int i = 0; gd && i < N; i++) {
         int32_t tk = (int32_t)greedy[i];
         CHECK_OK(qsa_seq_feed(s, &tk, 1, logits, 0));
-        d = rows_max_diff(logits, gd + (size_t)i * V, 1, V, n + i, &tol, &excused);
+        float err = 0.0f, excess = rows_check(logits, gd + (size_t)i * V, 1, V, n + i, &err, &excused, &diverged);
+        d = err;
         if (d > worst) worst = d;
-        CHECKF(d <= tol, "%s: decode step %d logits max |d| %g > tol %g", fx, i, d, tol);
+        CHECKF(excess <= 0, "%s: decode step %d logits max |d| %g beyond tolerance by %g", fx, i, d, excess);
         if (i + 1 < N) CHECKF(qsa__argmax(logits, V) == greedy[i + 1], "%s: greedy token %d differs", fx, i + 1);
     }
     check_selections(fx, &g, rec, "dsel", 'S', n, &nsel);
-    if (T_.verbose || excused)
-        printf("    %s: decode worst max|d| %.3g, %d selections compared, %d logits rows excused (routing near-tie)\n", fx, worst,
-               nsel, excused);
+    if (T_.verbose || excused || diverged)
+        printf("    %s: decode worst max|d| %.3g, %d selections compared; logits rows: %d at routing near-ties excused, "
+               "%d after one held to the loose tolerance\n", fx, worst, nsel, excused, diverged);
     if (c->has_qsa) CHECKF(nsel > 0, "%s: no QSA selections compared", fx);
 }
 
