@@ -1,4 +1,4 @@
-/* tests/t_gpu_k1.c - the forward-pass kernels of .dev/k1.cu (embedding, norms, hyper-connection
+/* tests/t_gpu_k1.c - the dense forward-pass kernels of kernels.cu (embedding, norms, hyper-connection
  * mixing, GEMMs, MoE, PLE) against plain C references, on the GPU (group gpu).
  *
  * Each test: random inputs from a fixed seed; outputs poisoned (0xFF bytes: NaN in fp32 and fp16,
@@ -8,9 +8,7 @@
  * alone (M = 1) gives the same bits as the same token inside a launch of M = 37 (and M = 100 for
  * the GEMMs, whose tiling changes with M).
  *
- * Module: until .dev/k1.cu is merged into kernels.cu, the kernels are compiled from
- * .dev/k1.cu (read from disk, relative to the repository root or $QSA_TEST_ROOT) with NVRTC and
- * the runtime's own target choice; once the embedded kernels.cu contains them, from that.
+ * Module: the embedded kernels.cu, compiled with NVRTC for the runtime's own target choice.
  * Skips (no failure) when there is no libcuda, no device or no NVRTC.
  */
 #ifndef QSA_NO_CUDA
@@ -34,7 +32,7 @@ static qsa_result k1_init_(void) {
     CUdevice dev;
     qsa__gpu_info gi;
     char *src = NULL, *image = NULL, *log = NULL;
-    size_t len = 0, ilen = 0;
+    size_t ilen = 0;
     QSA__TRY(qsa__cuda_load());
     QSA__TRY(qsa__nvrtc_load());
     QSA__TRY(qsa__cu_device_info(0, &gi));
@@ -42,21 +40,11 @@ static qsa_result k1_init_(void) {
     QSA__CU(qsa__cu.cuDevicePrimaryCtxRetain(&K1_.ctx, dev));
     QSA__CU(qsa__cu.cuCtxSetCurrent(K1_.ctx));
     src = qsa__kernels_source();
-    if (src && strstr(src, "qsa_k_moe_plan(")) {
-        K1_.src = "kernels.cu (embedded)";
-    } else {
-        qsa_free(src);
-        src = NULL;
-        qsa_result rr = qsa__read_file(test_path(".dev/k1.cu"), &src, &len);
-        if (rr != QSA_OK)
-            return qsa__fail(QSA_ERR_NOT_FOUND, "k1 kernels are neither in kernels.cu nor readable at %s (%s)",
-                             test_path(".dev/k1.cu"), qsa_last_error());
-        K1_.src = ".dev/k1.cu";
-    }
+    if (!src) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "kernels: out of memory");
+    K1_.src = "kernels.cu (embedded)";
     static const char *const opts[] = {"--std=c++14", "-default-device"};
     qsa_result r = qsa__nvrtc_pick_arch(NULL, gi.cc_major * 10 + gi.cc_minor, K1_.arch, sizeof K1_.arch);
-    if (r == QSA_OK) r = qsa__nvrtc_compile(src, strstr(K1_.src, "k1") ? "k1.cu" : "kernels.cu", opts, 2, K1_.arch,
-                                            &image, &ilen, &log);
+    if (r == QSA_OK) r = qsa__nvrtc_compile(src, "kernels.cu", opts, 2, K1_.arch, &image, &ilen, &log);
     if (r == QSA_OK && log && strstr(log, "warning"))
         printf("    NVRTC warnings:\n%s\n", log);
     if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuModuleLoadData(&K1_.mod, image));

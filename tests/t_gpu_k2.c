@@ -2,8 +2,7 @@
  * and the determinism contract (SPEC section 4) on the GPU.  Group gpu: skips without libcuda, a
  * device or an NVRTC.
  *
- * The kernels are compiled from the embedded kernels.cu when it already holds them (after the
- * merge), else from kernels.cu + .dev/k2.cu (development; skipped when that file is missing).
+ * The kernels are compiled from the embedded kernels.cu.
  *
  * Tolerances: |gpu - cpu| <= atol + rtol * |cpu|, stated next to each comparison with the reason.
  * Determinism checks are bitwise: chunking (GDN), batch composition, page placement and page size,
@@ -28,7 +27,7 @@ static k2t_gpu K2G_;
 
 static qsa_result k2t_init_(void) {
     CUdevice dev;
-    char *src = NULL, *k2 = NULL, *all = NULL, *image = NULL, *log = NULL;
+    char *src = NULL, *all = NULL, *image = NULL, *log = NULL;
     size_t len = 0;
     QSA__TRY(qsa__cuda_load());
     QSA__TRY(qsa__nvrtc_load());
@@ -38,26 +37,7 @@ static qsa_result k2t_init_(void) {
     QSA__CU(qsa__cu.cuCtxSetCurrent(K2G_.ctx));
     src = qsa__kernels_source();
     if (!src) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "kernel source: out of memory");
-    if (strstr(src, "qsa_k_attn_phys_order(")) {
-        all = src; /* merged */
-        src = NULL;
-    } else {
-        size_t n = 0, ns = strlen(src);
-        if (qsa__read_file(test_path(".dev/k2.cu"), &k2, &n) != QSA_OK) {
-            qsa_free(src);
-            return qsa__fail(QSA_ERR_NO_DEVICE, "the GDN/QSA kernels are neither in kernels.cu nor in .dev/k2.cu");
-        }
-        const char *line = "\n#line 1 \"k2.cu\"\n";
-        all = QSA__ALLOC(char, ns + strlen(line) + n + 1);
-        if (all) {
-            memcpy(all, src, ns);
-            memcpy(all + ns, line, strlen(line));
-            memcpy(all + ns + strlen(line), k2, n + 1);
-        }
-        qsa_free(src);
-        qsa_free(k2);
-        if (!all) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "kernel source: out of memory");
-    }
+    all = src;
     qsa_result r = qsa__nvrtc_pick_arch(NULL, K2G_.info.cc_major * 10 + K2G_.info.cc_minor, K2G_.arch, sizeof K2G_.arch);
     if (r == QSA_OK) r = qsa__nvrtc_compile(all, "kernels.cu", NULL, 0, K2G_.arch, &image, &len, &log);
     if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuModuleLoadData(&K2G_.mod, image));
