@@ -469,6 +469,9 @@ QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, qsa__cuda **out) {
         QSA__G(qsa__dalloc(g, &g->ipool, slots * p->ihd * 4, &g->bytes_kv, "KV pool (indexer keys)"));
     }
     QSA__G(qsa__cuda_scratch(m, g, m->params.max_chunk));
+    /* the uploads ran on the legacy stream (pageable copies may still be in flight when they return),
+       which the backend's non-blocking stream does not wait for: finish them before any kernel */
+    QSA__G(QSA__CU_R(qsa__cu.cuCtxSynchronize()));
 #undef QSA__G
     qsa__log(QSA_LOG_INFO, "cuda: %s (cc %d.%d), memory: weights %.1f MiB, KV pool %.1f MiB, scratch %.1f MiB", info.name,
              info.cc_major, info.cc_minor, g->bytes_weights / 1048576.0, g->bytes_kv / 1048576.0, g->bytes_scratch / 1048576.0);
@@ -543,7 +546,9 @@ QSA_PRIV qsa_result qsa__cuda_seq_create(qsa_model *m, qsa_seq *s) {
 QSA_PRIV qsa_result qsa__cuda_seq_reset(qsa_model *m, qsa_seq *s) {
     qsa__cuda_seq *cs = s->cuda;
     QSA__CU(qsa__cu.cuCtxSetCurrent(m->cuda->ctx));
-    QSA__CU(qsa__cu.cuMemsetD8_v2(cs->mem, 0, cs->mem_bytes));
+    /* on the backend's stream: a plain cuMemset runs on the legacy stream, which a non-blocking
+       stream does not wait for, so the first kernels could race with the zeroing */
+    QSA__CU(qsa__cu.cuMemsetD8Async(cs->mem, 0, cs->mem_bytes, m->cuda->stream));
     cs->bt_synced = 0;
     return QSA_OK;
 }
@@ -552,6 +557,7 @@ QSA_PRIV void qsa__cuda_seq_destroy(qsa_model *m, qsa_seq *s) {
     qsa__cuda_seq *cs = s->cuda;
     if (!cs) return;
     qsa__cu.cuCtxSetCurrent(m->cuda->ctx);
+    qsa__cu.cuStreamSynchronize(m->cuda->stream); /* no kernel may still use the memory */
     qsa__cu.cuMemFree_v2(cs->mem);
     m->cuda->bytes_state -= cs->mem_bytes;
     qsa__cuda_seq_free(cs);
