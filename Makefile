@@ -25,7 +25,7 @@ FUZZ_SECONDS ?= 30
 NVRTC_ARCH ?=
 
 # Everything that includes the header depends on all of it.
-HDRS := qsa_runtime.h $(wildcard parts/*.h) kernels.cu.inc
+HDRS := qsa_runtime.h kernels.cu.inc
 TEST_SRCS := $(wildcard tests/*.c)
 TOOLS := $(patsubst %.c,%,$(wildcard tools/tokenize.c tools/logits.c tools/replay.c tools/make_tiny_model.c))
 EXAMPLES := $(patsubst %.c,%,$(wildcard examples/chat.c examples/batch.c))

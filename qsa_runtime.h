@@ -123,11 +123,411 @@ QSA_API void qsa_log_stderr(void *user, qsa_log_level level, const char *message
 /* Frees memory the library returned to the caller (token arrays, strings). */
 QSA_API void qsa_free(void *p);
 
-/* public declarations of the sections in parts/ (inlined here when they settle) */
-#include "parts/config_api.h"
-#include "parts/tokenizer_api.h"
-#include "parts/model_api.h"
-#include "parts/sched_api.h"
+
+/* ---- model configuration (config.json) ---- */
+#define QSA_MAX_LAYERS 512
+#define QSA_MAX_EOS 16
+
+typedef enum qsa_act { QSA_ACT_SILU = 0, QSA_ACT_SIGMOID = 1 } qsa_act;
+typedef enum qsa_quant_format {
+    QSA_QUANT_NONE = 0,
+    QSA_QUANT_MODELOPT,          /* <base>.weight U8, .weight_scale F8_E4M3, .weight_scale_2 F32, [.input_scale] */
+    QSA_QUANT_COMPRESSED_TENSORS /* <base>.weight_packed U8, .weight_scale F8_E4M3, .weight_global_scale F32 (= 1/scale_2) */
+} qsa_quant_format;
+#define QSA_QUANT_EXCLUDE_BYTES 8192
+typedef enum qsa_layer_type { QSA_LAYER_LINEAR = 0, QSA_LAYER_QSA = 1 } qsa_layer_type;
+
+/* Hyper-parameters of a Qwen4-Exp text model, as read from config.json (flat, or the nested
+   text_config of a multimodal qwen4_exp config).  Field names follow the reference config class. */
+typedef struct qsa_model_config {
+    char model_type[32];               /* "qwen4_exp_text" after unwrapping */
+    int vocab_size, hidden_size, num_hidden_layers;
+    int num_attention_heads, num_key_value_heads, head_dim;
+    int max_position_embeddings;
+    float rms_norm_eps;
+    qsa_act hidden_act;
+    char hidden_act_name[32];
+    int attention_bias, tie_word_embeddings;
+    /* RoPE */
+    double rope_theta;
+    float partial_rotary_factor;
+    int rotary_dim;                    /* int(head_dim * partial_rotary_factor), even */
+    /* Gated DeltaNet */
+    int linear_conv_kernel_dim, linear_key_head_dim, linear_value_head_dim;
+    int linear_num_key_heads, linear_num_value_heads;
+    qsa_act output_gate_act;           /* output_gate_type, else hidden_act */
+    /* MoE */
+    int num_experts, num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size;
+    int norm_topk_prob;
+    /* hyper-connections */
+    int hc_count, hc_lowrank;
+    /* PLE (hashed n-gram embeddings) */
+    int n_ple_layers;
+    int ple_layer_ids[QSA_MAX_LAYERS]; /* one-indexed, sorted, unique */
+    int ple_embed_dim, ple_conv_kernel_size, ngram_size, heads_per_ngram;
+    int64_t ngram_vocab_size_base;
+    int make_ngram_vocab_size_divisible_by;
+    int64_t seed;
+    int split_ngram_parts;
+    /* QSA indexer (has_qsa = 0 when the indexer fields are absent) */
+    int has_qsa;
+    int indexer_n_heads, indexer_kv_heads, indexer_head_dim, indexer_budget, indexer_compress_ratio;
+    /* layers */
+    uint8_t layer_types[QSA_MAX_LAYERS]; /* qsa_layer_type */
+    /* special tokens (-1 when absent) */
+    int n_eos;
+    int32_t eos_token_ids[QSA_MAX_EOS];
+    int32_t bos_token_id, pad_token_id; /* eos_token_ids[0] is the id PLE uses */
+    /* quantisation: 1 when quantization_config / hf_quant_config.json announce NVFP4 */
+    int nvfp4;
+    int quant_group_size;              /* 16 for NVFP4 */
+    qsa_quant_format quant_format;
+    /* module-name patterns left unquantised (exclude_modules / ignore), NUL-separated; informative:
+       whether a linear is NVFP4 is decided by the presence of its weight_scale tensor */
+    int n_quant_exclude, quant_exclude_truncated;
+    char quant_exclude[QSA_QUANT_EXCLUDE_BYTES];
+} qsa_model_config;
+
+/* Generation defaults from generation_config.json (absent fields keep the zero/"unset" value). */
+typedef struct qsa_generation_config {
+    int has_temperature, has_top_p, has_top_k, has_min_p, has_repetition_penalty, has_do_sample;
+    float temperature, top_p, min_p, repetition_penalty;
+    int top_k, do_sample, max_new_tokens;
+    int n_eos;
+    int32_t eos_token_ids[QSA_MAX_EOS];
+} qsa_generation_config;
+
+/* Parse and validate config.json text (same rules as the reference config class).  `quant_json`
+   (may be NULL) is the text of hf_quant_config.json.  `source` names the file in error messages. */
+QSA_API qsa_result qsa_config_parse(const char *json, size_t len, const char *quant_json, size_t quant_len,
+                                    const char *source, qsa_model_config *out);
+/* Reads <dir>/config.json and, if present, <dir>/hf_quant_config.json. */
+QSA_API qsa_result qsa_config_load_dir(const char *dir, qsa_model_config *out);
+/* 1 when `module` (e.g. "model.layers.0.mlp.gate") matches one of the glob exclude patterns ("re:" patterns of
+   compressed-tensors are not evaluated). */
+QSA_API int qsa_config_quant_excluded(const qsa_model_config *c, const char *module);
+QSA_API qsa_result qsa_generation_config_parse(const char *json, size_t len, const char *source,
+                                               qsa_generation_config *out);
+
+/* ---- tokenizer: byte-level BPE from tokenizer.json, streaming detokenizer, ChatML ---- */
+
+/* A loaded tokenizer (read-only after load: may be shared between threads). */
+typedef struct qsa_tokenizer qsa_tokenizer;
+
+/* Load a Hugging Face `tokenizers` file (tokenizer.json): byte-level BPE model, added/special tokens,
+   NFC normaliser, the Qwen2/Qwen3 or Qwen3.5 Split regex + ByteLevel pre-tokenizer.  Anything else
+   (another model type, another regex, byte_fallback, ...) is refused with QSA_ERR_UNSUPPORTED. */
+QSA_API qsa_result qsa_tokenizer_load(const char *tokenizer_json_path, qsa_tokenizer **out);
+/* Load <dir>/tokenizer.json and, if present, <dir>/tokenizer_config.json (eos/bos/pad tokens). */
+QSA_API qsa_result qsa_tokenizer_load_dir(const char *model_dir, qsa_tokenizer **out);
+QSA_API void qsa_tokenizer_free(qsa_tokenizer *tok);
+
+/* Number of token ids: 1 + the largest id of the vocabulary and the added tokens (the model's
+   embedding table may be larger: it is padded). */
+QSA_API int32_t qsa_tokenizer_vocab_size(const qsa_tokenizer *tok);
+/* Id of a token given its text (an added token's content, or a vocabulary entry's bytes), or -1. */
+QSA_API int32_t qsa_tokenizer_find(const qsa_tokenizer *tok, const char *text);
+/* 1 when id is an added token marked "special" (e.g. <|im_end|>), else 0. */
+QSA_API int qsa_tokenizer_is_special(const qsa_tokenizer *tok, int32_t id);
+/* End-of-sequence ids: eos_token of tokenizer_config.json when it was read, else whichever of
+   <|im_end|> and <|endoftext|> exist.  Returns the count; *ids points into the tokenizer. */
+QSA_API int qsa_tokenizer_eos(const qsa_tokenizer *tok, const int32_t **ids);
+/* bos_token / pad_token of tokenizer_config.json, or -1. */
+QSA_API int32_t qsa_tokenizer_bos(const qsa_tokenizer *tok);
+QSA_API int32_t qsa_tokenizer_pad(const qsa_tokenizer *tok);
+
+/* Text -> ids, exactly as `tokenizers` Tokenizer.encode(text, add_special_tokens=False).  `text`
+   must be valid UTF-8 (else QSA_ERR_INVALID_ARGUMENT naming the byte offset).  parse_special = 0
+   treats special added tokens (special: true, e.g. <|im_start|>) as plain text, like
+   `split_special_tokens=True` in transformers; non-special added tokens are still matched.
+   *ids is allocated (free with qsa_free; NULL when *n == 0). */
+QSA_API qsa_result qsa_tokenize(const qsa_tokenizer *tok, const char *text, size_t len, int parse_special,
+                                int32_t **ids, size_t *n);
+
+/* Raw bytes of one token (byte-level decoded; may be an incomplete UTF-8 sequence).  *piece points
+   into the tokenizer and is not NUL-terminated. */
+QSA_API qsa_result qsa_token_to_piece(const qsa_tokenizer *tok, int32_t id, const char **piece, size_t *len);
+
+#define QSA_DETOK_SKIP_SPECIAL 1 /* leave out special added tokens (skip_special_tokens=True) */
+/* Ids -> text like `tokenizers` decode: pieces concatenated, invalid UTF-8 replaced by U+FFFD
+   (maximal subparts).  *text is allocated and NUL-terminated (free with qsa_free). */
+QSA_API qsa_result qsa_detokenize(const qsa_tokenizer *tok, const int32_t *ids, size_t n, int flags,
+                                  char **text, size_t *len);
+
+/* Streaming detokenizer: push ids one at a time and get back only complete UTF-8 text; a
+   multi-byte character split over several tokens is held back until complete.  Bytes that can
+   never become valid are replaced by U+FFFD at once; an incomplete tail becomes U+FFFD at flush.
+   The concatenation of all outputs equals qsa_detokenize of all ids.  Zero-initialise, then init;
+   returned text stays valid until the next call on the stream.  Free with qsa_detok_stream_free. */
+typedef struct qsa_detok_stream {
+    const qsa_tokenizer *tok;
+    int flags;                 /* QSA_DETOK_* */
+    unsigned char pending[4];  /* an incomplete UTF-8 sequence */
+    int n_pending;
+    char *buf;                 /* output buffer (owned) */
+    size_t cap;
+} qsa_detok_stream;
+QSA_API void qsa_detok_stream_init(qsa_detok_stream *s, const qsa_tokenizer *tok, int flags);
+QSA_API qsa_result qsa_detok_stream_push(qsa_detok_stream *s, int32_t id, const char **text, size_t *len);
+QSA_API qsa_result qsa_detok_stream_flush(qsa_detok_stream *s, const char **text, size_t *len);
+QSA_API void qsa_detok_stream_free(qsa_detok_stream *s);
+
+/* ChatML: "<|im_start|>ROLE\nCONTENT<|im_end|>\n" per message, then "<|im_start|>assistant\n" when
+   add_generation_prompt.  The marker strings are the tokenizer's own added tokens (QSA_ERR_NOT_FOUND
+   when it has none).  *out is allocated and NUL-terminated (free with qsa_free); tokenize it with
+   parse_special = 1. */
+typedef struct qsa_chat_message {
+    const char *role;
+    const char *content;
+} qsa_chat_message;
+QSA_API qsa_result qsa_chat_apply_template(const qsa_tokenizer *tok, const qsa_chat_message *msgs, size_t n,
+                                           int add_generation_prompt, char **out);
+
+/* ---- models, sequences, sampling, generation ---- */
+
+typedef enum qsa_backend { QSA_BACKEND_AUTO = 0, QSA_BACKEND_CPU, QSA_BACKEND_CUDA } qsa_backend;
+
+/* Zero-initialise, set what you need; qsa_model_load fills the rest with defaults. */
+typedef struct qsa_model_params {
+    qsa_backend backend;     /* AUTO: CUDA when usable, else CPU */
+    int n_threads;           /* CPU threads (0: number of online CPUs, at most 16) */
+    int gdn_chunked_prefill; /* 1: prefill Gated DeltaNet with the chunked (UT transform) form; 0: recurrence */
+    int gdn_chunk_size;      /* chunk length of that form (0: 64, as the reference) */
+    int no_tokenizer;        /* 1: do not load tokenizer files even if present */
+    int kv_page_size;        /* tokens per KV page (any value >= 16; 0: the hybrid rule of docs/DETERMINISM.md) */
+    int kv_pool_tokens;      /* KV pool capacity in tokens, shared by all sequences (0: min(context, 32768)) */
+    int debug_physical_order;/* 1: order attention plans by physical page (breaks allocation invariance; tests only) */
+    int device;              /* CUDA device ordinal */
+    const char *arch;        /* NVRTC target ("compute_70", "sm_90", ...; NULL: $QSA_ARCH, else compute_70 when the
+                                NVRTC supports it, else the device's own) */
+    int max_chunk;           /* most tokens per forward call on the GPU; longer feeds are split (0: 512) */
+    int gdn_state_f16;       /* 1: keep the GDN recurrent state in FP16 on the GPU (comparison option; default FP32) */
+} qsa_model_params;
+
+typedef struct qsa_model qsa_model;
+
+QSA_API qsa_result qsa_model_load(const char *model_dir, const qsa_model_params *params, qsa_model **out);
+QSA_API void qsa_model_free(qsa_model *model);
+QSA_API const qsa_model_config *qsa_model_get_config(const qsa_model *model);
+/* The tokenizer loaded from the model directory, or NULL when the directory has none. */
+QSA_API const qsa_tokenizer *qsa_model_get_tokenizer(const qsa_model *model);
+QSA_API const qsa_generation_config *qsa_model_get_generation_config(const qsa_model *model);
+
+/* A sequence: one request's recurrent state, KV cache and position.  Tokens are fed in order;
+   any split into chunks gives the same result as feeding them at once. */
+typedef struct qsa_seq qsa_seq;
+typedef struct qsa_seq_params {
+    int n_ctx;               /* maximum tokens (prompt + generated); 0: max_position_embeddings */
+} qsa_seq_params;
+
+QSA_API qsa_result qsa_seq_create(qsa_model *model, const qsa_seq_params *params, qsa_seq **out);
+QSA_API void qsa_seq_free(qsa_seq *seq);
+/* Forget everything fed so far (keeps the allocation). */
+QSA_API void qsa_seq_reset(qsa_seq *seq);
+QSA_API int qsa_seq_pos(const qsa_seq *seq); /* tokens fed so far */
+/* Feed n tokens.  logits (may be NULL): receives vocab_size floats for the last token, or
+   n * vocab_size floats (row i for token i) when all_logits is non-zero. */
+QSA_API qsa_result qsa_seq_feed(qsa_seq *seq, const int32_t *ids, int n, float *logits, int all_logits);
+
+/* Sampling.  Zero-initialised = greedy.  temperature 0 = greedy (argmax, lowest id on ties). */
+typedef struct qsa_sampling_params {
+    float temperature;        /* 0: greedy */
+    int top_k;                /* 0: off */
+    float top_p;              /* 0 or 1: off */
+    float min_p;              /* 0: off */
+    float repetition_penalty; /* 0 or 1: off (CTRL-style: logit/p if > 0 else logit*p) */
+    int penalty_last_n;       /* tokens looked back for the penalty (0: 64, -1: whole history) */
+    uint64_t seed;            /* RNG seed (same seed + same logits = same tokens) */
+} qsa_sampling_params;
+
+typedef struct qsa_sampler qsa_sampler;
+QSA_API qsa_result qsa_sampler_create(const qsa_sampling_params *params, qsa_sampler **out);
+QSA_API void qsa_sampler_free(qsa_sampler *s);
+/* Pick a token from logits[vocab] given the history (for the repetition penalty).  logits are
+   modified in place. */
+QSA_API int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, const int32_t *history, int n_history);
+
+/* Generation. */
+typedef struct qsa_stats {
+    int n_prompt, n_generated;
+    double prefill_s;     /* time to feed the prompt (and produce the first token's logits) */
+    double decode_s;      /* time from the first to the last generated token */
+    double ttft_s;        /* time to first token */
+    double prefill_tok_s; /* n_prompt / prefill_s */
+    double decode_tok_s;  /* (n_generated - 1) / decode_s */
+} qsa_stats;
+
+typedef enum qsa_stop_reason { QSA_STOP_NONE = 0, QSA_STOP_EOS, QSA_STOP_STRING, QSA_STOP_MAX_TOKENS, QSA_STOP_CALLBACK } qsa_stop_reason;
+
+/* Called for every generated token except an EOS with its decoded text (complete UTF-8 only; may
+   be empty; text that could be the start of a stop string is held back), and once more with
+   token -1 for text still held at the end.  Return non-zero to stop. */
+typedef int (*qsa_token_callback)(void *user, int32_t token, const char *text, size_t len);
+
+typedef struct qsa_generate_params {
+    qsa_sampling_params sampling;
+    int max_tokens;                   /* 0: until EOS or the context is full */
+    const char *const *stop_strings;  /* generation stops when the text ends with one of these */
+    int n_stop_strings;
+    const int32_t *eos_ids;           /* NULL: the model's EOS ids (generation_config, else config) */
+    int n_eos_ids;
+    int ignore_eos;
+    qsa_token_callback on_token;
+    void *user;
+} qsa_generate_params;
+
+typedef struct qsa_generation {
+    int32_t *tokens;          /* generated tokens (free with qsa_free) */
+    int n_tokens;
+    char *text;               /* their text, without a matched stop string (free with qsa_free) */
+    size_t text_len;
+    qsa_stop_reason stop;
+    qsa_stats stats;
+} qsa_generation;
+
+/* Feed the prompt, then sample and feed tokens until a stop condition.  The last generated
+   token is not fed to the sequence (the caller feeds it, e.g. as the start of the next turn). */
+QSA_API qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prompt, const qsa_generate_params *params,
+                                qsa_generation *out);
+QSA_API void qsa_generation_free(qsa_generation *g);
+
+/* Capture/replay (debugging the determinism contract; see docs/DETERMINISM.md).  Record QSA layer
+   `layer` of a sequence from now on: each query's q|gate, block selection, attention plan and gated
+   output.  _end writes them with the layer's K/V pages and block table to a safetensors file. */
+QSA_API qsa_result qsa_seq_capture_begin(qsa_seq *seq, int layer);
+QSA_API qsa_result qsa_seq_capture_end(qsa_seq *seq, const char *path);
+
+typedef enum qsa_replay_mode {
+    QSA_REPLAY_FROZEN_PLAN = 0, /* the plan segments as captured */
+    QSA_REPLAY_PLANNER,         /* re-planned from the captured selections by today's planner */
+    QSA_REPLAY_PHYSICAL_ORDER   /* re-planned in physical page order (the debug switch) */
+} qsa_replay_mode;
+
+typedef struct qsa_replay_report {
+    int n_queries;
+    long long n_values, n_differ;    /* output values compared / not bitwise equal */
+    int first_query, first_index;    /* first differing value: query number, index in [nh*hd] (-1: none) */
+    float first_captured, first_replayed;
+} qsa_replay_report;
+
+/* Recompute a captured layer's attention on the CPU with `mode` and compare with the captured
+   output bit for bit. */
+QSA_API qsa_result qsa_replay_capture(const char *path, qsa_replay_mode mode, qsa_replay_report *report);
+
+/* ---- scheduler: many requests, continuous batching, chunked prefill, KV-page admission ---- */
+
+/* A scheduler serves many requests on one model: requests join and leave between steps
+   (continuous batching); each step feeds at most one prompt chunk to every prefilling request and
+   one token to every decoding request, always in ascending request id order, so a run is
+   deterministic and a request's tokens do not depend on the others (batch invariance).
+   Admission is first come, first served and by memory: a request is admitted only when the
+   model's KV page pool can hold its whole budget, ceil((tokens already in its sequence + prompt +
+   max_tokens - 1) / page_size) pages (the last generated token is never fed), reserved at
+   admission, so running requests can never be starved of pages.  A request that can never fit is
+   refused at submit with QSA_ERR_CONTEXT_FULL; one that cannot fit yet waits (QUEUED).  Every
+   call runs on the caller's thread and callbacks are called from inside qsa_sched_step (they may
+   submit and cancel, not step, release or free).  One thread at a time per scheduler; use one
+   scheduler per model: reservations are the scheduler's own (sequences fed directly meanwhile
+   take pages it does not know about). */
+typedef struct qsa_sched qsa_sched;
+
+/* Zero-initialise, set what you need; qsa_sched_create fills the rest with defaults. */
+typedef struct qsa_sched_params {
+    int max_batch;     /* most requests running (prefilling or decoding) at once (0: 32) */
+    int prefill_chunk; /* most prompt tokens fed to one request in one step (0: 8192) */
+    int max_queued;    /* most requests waiting for admission; beyond, submit refuses (0: 1024) */
+    int n_ctx_default; /* context of a request that sets neither n_ctx nor max_tokens
+                          (0: min(4096, max_position_embeddings)) */
+} qsa_sched_params;
+
+typedef enum qsa_request_status {
+    QSA_REQ_QUEUED = 0, /* waiting for admission (memory or max_batch) */
+    QSA_REQ_PREFILL,    /* admitted, prompt being fed in chunks */
+    QSA_REQ_DECODE,     /* generating, one token per step */
+    QSA_REQ_DONE,       /* finished: see stop */
+    QSA_REQ_REFUSED,    /* could never be admitted (error, message say why) */
+    QSA_REQ_CANCELLED,  /* qsa_sched_cancel */
+    QSA_REQ_ERROR       /* a failure while running (error, message); other requests are unaffected */
+} qsa_request_status;
+
+typedef struct qsa_request_params {
+    /* The prompt: token ids, or text for the model's tokenizer, or a conversation. */
+    const int32_t *prompt;             /* ids (copied at submit) */
+    int n_prompt;
+    const char *text;                  /* used when prompt is NULL: UTF-8 text */
+    int chat;                          /* 1: text is one user message, wrapped in the ChatML template */
+    int parse_special;                 /* plain text: 1 matches special tokens (<|im_start|>, ...) */
+    const qsa_chat_message *messages;  /* used when prompt and text are NULL: ChatML template */
+    int n_messages;                    /* (with the assistant generation prompt appended) */
+    /* Generation, as qsa_generate_params. */
+    qsa_sampling_params sampling;      /* with its own seed */
+    int max_tokens;                    /* 0: until EOS or the context is full */
+    int n_ctx;                         /* context of a new sequence (0: max_position_embeddings when max_tokens
+                                          is set, else the scheduler's n_ctx_default) */
+    const char *const *stop_strings;   /* copied at submit */
+    int n_stop_strings;
+    const int32_t *eos_ids;            /* NULL: the model's EOS ids (copied at submit) */
+    int n_eos_ids;
+    int ignore_eos;
+    qsa_token_callback on_token;       /* streamed text, as in qsa_generate (called inside qsa_sched_step) */
+    void *user;
+    /* Continue a caller-owned sequence (multi-turn chat without recomputing history): the prompt
+       is fed after what the sequence holds, within its n_ctx.  NULL: a new sequence, owned and
+       freed by the scheduler.  The caller must not use the sequence while the request is live;
+       afterwards it holds everything fed (as with qsa_generate, not the last generated token). */
+    qsa_seq *seq;
+} qsa_request_params;
+
+typedef struct qsa_request_result {
+    qsa_request_status status;
+    qsa_result error;        /* REFUSED / ERROR: why; CANCELLED: QSA_ERR_CANCELLED; else QSA_OK */
+    const char *message;     /* REFUSED / ERROR: detail message ("" otherwise) */
+    const int32_t *tokens;   /* generated tokens so far (including an EOS that stopped it) */
+    int n_tokens;
+    const char *text;        /* their text (without a matched stop string; "" without a tokenizer) */
+    size_t text_len;
+    qsa_stop_reason stop;    /* DONE: why it stopped */
+    int n_prompt_fed;        /* prompt tokens fed so far */
+    qsa_stats stats;         /* ttft_s counts from submit (queueing included); prefill_s from admission
+                                to the first token; decode_s from the first to the last token */
+    double queue_s;          /* submit -> admission */
+    double total_s;          /* submit -> finished (or now) */
+} qsa_request_result;
+
+typedef struct qsa_sched_info {
+    int n_queued, n_prefill, n_decode;  /* live requests by state */
+    int n_finished;                     /* records kept until qsa_sched_release */
+    int pages_total, pages_free;        /* the model's KV page pool */
+    int pages_reserved;                 /* reserved by running requests, not yet taken from the pool */
+    int page_size;
+    long long n_steps, n_prefill_tokens, n_decode_tokens;
+} qsa_sched_info;
+
+QSA_API qsa_result qsa_sched_create(qsa_model *model, const qsa_sched_params *params, qsa_sched **out);
+/* Cancels every live request (caller-owned sequences keep what was fed), frees all records. */
+QSA_API void qsa_sched_free(qsa_sched *s);
+/* Queue a request.  *id (> 0) names it.  Refused at once, with no record: bad arguments
+   (QSA_ERR_INVALID_ARGUMENT), a prompt that does not tokenize, and a request that can never fit
+   (QSA_ERR_CONTEXT_FULL: longer than its context, more KV pages than the whole pool, or the queue
+   is full).  qsa_last_error() says why. */
+QSA_API qsa_result qsa_sched_submit(qsa_sched *s, const qsa_request_params *params, int64_t *id);
+/* Stop a queued or running request now: its sequence (if owned) and its pages go back to the
+   pool at once.  No effect on a finished request.  QSA_ERR_NOT_FOUND for an unknown id. */
+QSA_API qsa_result qsa_sched_cancel(qsa_sched *s, int64_t id);
+/* One step: admit, then one decode token for every request that was decoding, then one prompt
+   chunk for every prefilling request.  A request's failure is recorded in it (QSA_REQ_ERROR);
+   the return value is for failures of the scheduler itself. */
+QSA_API qsa_result qsa_sched_step(qsa_sched *s);
+/* Step until no request is queued or running. */
+QSA_API qsa_result qsa_sched_run(qsa_sched *s);
+/* State of a request.  Pointers in *out stay valid until the next step, cancel or release. */
+QSA_API qsa_result qsa_sched_poll(qsa_sched *s, int64_t id, qsa_request_result *out);
+/* Forget a request (a live one is cancelled first).  Not from inside a callback. */
+QSA_API qsa_result qsa_sched_release(qsa_sched *s, int64_t id);
+/* Queued + running requests. */
+QSA_API int qsa_sched_active(const qsa_sched *s);
+QSA_API void qsa_sched_get_info(const qsa_sched *s, qsa_sched_info *info);
+QSA_API const char *qsa_request_status_string(qsa_request_status st);
 
 #ifdef __cplusplus
 }
@@ -439,16 +839,8142 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
     return (uint16_t)(x >> 16);
 }
 
-/* ---- sections written in parts/ during development; inlined here when they settle ---- */
-#include "parts/dynload.h"
-#include "parts/json.h"
-#include "parts/config.h"
-#include "parts/safetensors.h"
-#include "parts/unicode.h"
-#include "parts/tokenizer.h"
-#include "parts/model.h"
-#include "parts/cuda.h"
-#include "parts/sched.h"
+
+/* ============================================================================================== */
+/* >>dynload  dlopen tables for libcuda / libnvrtc / libnccl                                       */
+/* ============================================================================================== */
+/* The GPU stack is never linked: libcuda.so.1, libnvrtc and libnccl.so.2 are opened with dlopen
+ * at first use and their entry points bound into function tables generated from X-macro lists
+ * `X(ret, name, args)`.  Table members carry the exported symbol names, including the `_v2`
+ * suffixes that cuda.h's macros would select (cuMemAlloc_v2, ...), so calls read as
+ * `qsa__cu.cuMemAlloc_v2(&p, n)`.  The few CUDA/NVRTC/NCCL types needed are declared here: no
+ * CUDA header is ever included, and the implementation must not be compiled in a translation unit
+ * that includes cuda.h, nvrtc.h or nccl.h (their names would clash).  A missing library, symbol,
+ * driver or device is an info log line plus QSA_ERR_NO_DEVICE, never a crash.
+ *
+ * Environment: QSA_CUDA_LIB, QSA_NVRTC_LIB, QSA_NCCL_LIB (a full path: only that file is tried),
+ * QSA_ARCH (NVRTC target, e.g. compute_70 or sm_90; see qsa__nvrtc_pick_arch). */
+#ifndef QSA_NO_CUDA
+
+#if defined(__cuda_cuda_h__) || defined(__NVRTC_H__) || defined(NCCL_H_)
+#error "qsa_runtime.h: compile the implementation in a file that does not include cuda.h/nvrtc.h/nccl.h"
+#endif
+
+/* ---- the foreign types (ABI-identical to the CUDA/NVRTC/NCCL headers) ---- */
+typedef int CUresult; /* CUDA_SUCCESS = 0 */
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream; /* also NCCL's cudaStream_t */
+typedef struct CUevent_st *CUevent;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
+
+typedef int nvrtcResult; /* NVRTC_SUCCESS = 0 */
+typedef struct _nvrtcProgram *nvrtcProgram;
+
+typedef int ncclResult_t; /* ncclSuccess = 0 */
+typedef int ncclDataType_t;
+typedef int ncclRedOp_t;
+typedef struct ncclComm *ncclComm_t;
+typedef struct { char internal[128]; } ncclUniqueId;
+
+/* the constants we use, under our own names (values from the CUDA 11-13 / NCCL 2 headers) */
+#define QSA__CUDA_ERROR_OUT_OF_MEMORY 2
+#define QSA__CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK 1
+#define QSA__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
+#define QSA__CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY 19
+#define QSA__CU_DEVICE_ATTRIBUTE_PCI_BUS_ID 33
+#define QSA__CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH 37
+#define QSA__CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE 38
+#define QSA__CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING 41
+#define QSA__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
+#define QSA__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
+#define QSA__CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR 81
+#define QSA__CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97
+#define QSA__CU_FUNC_ATTRIBUTE_NUM_REGS 4
+#define QSA__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
+#define QSA__CU_STREAM_NON_BLOCKING 0x1
+#define QSA__CU_EVENT_DISABLE_TIMING 0x2
+#define QSA__CU_MEMHOSTALLOC_PORTABLE 0x1
+#define QSA__CU_MEMHOSTALLOC_DEVICEMAP 0x2
+#define QSA__CU_MEMHOSTREGISTER_PORTABLE 0x1
+#define QSA__CU_MEMHOSTREGISTER_DEVICEMAP 0x2
+#define QSA__CU_MEMHOSTREGISTER_READ_ONLY 0x8
+#define QSA__CU_STREAM_CAPTURE_MODE_GLOBAL 0
+#define QSA__CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
+#define QSA__CU_STREAM_CAPTURE_MODE_RELAXED 2
+#define QSA__NCCL_INT8 0
+#define QSA__NCCL_UINT8 1
+#define QSA__NCCL_INT32 2
+#define QSA__NCCL_UINT32 3
+#define QSA__NCCL_INT64 4
+#define QSA__NCCL_UINT64 5
+#define QSA__NCCL_FLOAT16 6
+#define QSA__NCCL_FLOAT32 7
+#define QSA__NCCL_FLOAT64 8
+#define QSA__NCCL_SUM 0
+#define QSA__NCCL_MAX 2
+
+/* ---- the function lists ---- */
+/* Driver API.  Every entry exists in every driver that can run NVRTC 11.8 PTX (R520+):
+   cuGraphInstantiateWithFlags (11.4+) is what cuda.h 12+ calls cuGraphInstantiate;
+   cuEventElapsedTime is the v1 entry, still exported by 13.x drivers. */
+#define QSA__CU_FUNCS(X) \
+    X(CUresult, cuInit, (unsigned int flags)) \
+    X(CUresult, cuDriverGetVersion, (int *version)) \
+    X(CUresult, cuGetErrorName, (CUresult error, const char **name)) \
+    X(CUresult, cuGetErrorString, (CUresult error, const char **text)) \
+    X(CUresult, cuDeviceGetCount, (int *count)) \
+    X(CUresult, cuDeviceGet, (CUdevice *dev, int ordinal)) \
+    X(CUresult, cuDeviceGetName, (char *name, int len, CUdevice dev)) \
+    X(CUresult, cuDeviceGetAttribute, (int *value, int attrib, CUdevice dev)) \
+    X(CUresult, cuDeviceTotalMem_v2, (size_t *bytes, CUdevice dev)) \
+    X(CUresult, cuDeviceCanAccessPeer, (int *can_access, CUdevice dev, CUdevice peer)) \
+    X(CUresult, cuDevicePrimaryCtxRetain, (CUcontext *ctx, CUdevice dev)) \
+    X(CUresult, cuDevicePrimaryCtxRelease_v2, (CUdevice dev)) \
+    X(CUresult, cuCtxCreate_v2, (CUcontext *ctx, unsigned int flags, CUdevice dev)) \
+    X(CUresult, cuCtxDestroy_v2, (CUcontext ctx)) \
+    X(CUresult, cuCtxSetCurrent, (CUcontext ctx)) \
+    X(CUresult, cuCtxGetCurrent, (CUcontext *ctx)) \
+    X(CUresult, cuCtxSynchronize, (void)) \
+    X(CUresult, cuCtxEnablePeerAccess, (CUcontext peer, unsigned int flags)) \
+    X(CUresult, cuMemGetInfo_v2, (size_t *free_bytes, size_t *total_bytes)) \
+    X(CUresult, cuMemAlloc_v2, (CUdeviceptr *dptr, size_t bytes)) \
+    X(CUresult, cuMemFree_v2, (CUdeviceptr dptr)) \
+    X(CUresult, cuMemHostAlloc, (void **pp, size_t bytes, unsigned int flags)) \
+    X(CUresult, cuMemFreeHost, (void *p)) \
+    X(CUresult, cuMemHostGetDevicePointer_v2, (CUdeviceptr *dptr, void *p, unsigned int flags)) \
+    X(CUresult, cuMemHostRegister_v2, (void *p, size_t bytes, unsigned int flags)) \
+    X(CUresult, cuMemHostUnregister, (void *p)) \
+    X(CUresult, cuMemcpyHtoD_v2, (CUdeviceptr dst, const void *src, size_t bytes)) \
+    X(CUresult, cuMemcpyDtoH_v2, (void *dst, CUdeviceptr src, size_t bytes)) \
+    X(CUresult, cuMemcpyDtoD_v2, (CUdeviceptr dst, CUdeviceptr src, size_t bytes)) \
+    X(CUresult, cuMemcpyHtoDAsync_v2, (CUdeviceptr dst, const void *src, size_t bytes, CUstream s)) \
+    X(CUresult, cuMemcpyDtoHAsync_v2, (void *dst, CUdeviceptr src, size_t bytes, CUstream s)) \
+    X(CUresult, cuMemcpyDtoDAsync_v2, (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream s)) \
+    X(CUresult, cuMemcpyPeerAsync, (CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx, \
+                                    size_t bytes, CUstream s)) \
+    X(CUresult, cuMemsetD8_v2, (CUdeviceptr dst, unsigned char value, size_t n)) \
+    X(CUresult, cuMemsetD32_v2, (CUdeviceptr dst, unsigned int value, size_t n)) \
+    X(CUresult, cuMemsetD8Async, (CUdeviceptr dst, unsigned char value, size_t n, CUstream s)) \
+    X(CUresult, cuMemsetD32Async, (CUdeviceptr dst, unsigned int value, size_t n, CUstream s)) \
+    X(CUresult, cuModuleLoadData, (CUmodule *mod, const void *image)) \
+    X(CUresult, cuModuleLoadDataEx, (CUmodule *mod, const void *image, unsigned int nopts, int *opts, void **values)) \
+    X(CUresult, cuModuleUnload, (CUmodule mod)) \
+    X(CUresult, cuModuleGetFunction, (CUfunction *fn, CUmodule mod, const char *name)) \
+    X(CUresult, cuFuncSetAttribute, (CUfunction fn, int attrib, int value)) \
+    X(CUresult, cuFuncGetAttribute, (int *value, int attrib, CUfunction fn)) \
+    X(CUresult, cuLaunchKernel, (CUfunction fn, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, \
+                                 unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params, \
+                                 void **extra)) \
+    X(CUresult, cuStreamCreate, (CUstream *s, unsigned int flags)) \
+    X(CUresult, cuStreamDestroy_v2, (CUstream s)) \
+    X(CUresult, cuStreamSynchronize, (CUstream s)) \
+    X(CUresult, cuStreamWaitEvent, (CUstream s, CUevent e, unsigned int flags)) \
+    X(CUresult, cuEventCreate, (CUevent *e, unsigned int flags)) \
+    X(CUresult, cuEventRecord, (CUevent e, CUstream s)) \
+    X(CUresult, cuEventSynchronize, (CUevent e)) \
+    X(CUresult, cuEventElapsedTime, (float *ms, CUevent start, CUevent end)) \
+    X(CUresult, cuEventDestroy_v2, (CUevent e)) \
+    X(CUresult, cuStreamBeginCapture_v2, (CUstream s, int mode)) \
+    X(CUresult, cuStreamEndCapture, (CUstream s, CUgraph *graph)) \
+    X(CUresult, cuGraphInstantiateWithFlags, (CUgraphExec *exec, CUgraph graph, unsigned long long flags)) \
+    X(CUresult, cuGraphLaunch, (CUgraphExec exec, CUstream s)) \
+    X(CUresult, cuGraphExecDestroy, (CUgraphExec exec)) \
+    X(CUresult, cuGraphDestroy, (CUgraph graph))
+
+#define QSA__NVRTC_FUNCS(X) \
+    X(nvrtcResult, nvrtcVersion, (int *major, int *minor)) \
+    X(const char *, nvrtcGetErrorString, (nvrtcResult result)) \
+    X(nvrtcResult, nvrtcCreateProgram, (nvrtcProgram *prog, const char *src, const char *name, int nheaders, \
+                                        const char *const *headers, const char *const *include_names)) \
+    X(nvrtcResult, nvrtcCompileProgram, (nvrtcProgram prog, int nopts, const char *const *opts)) \
+    X(nvrtcResult, nvrtcGetPTXSize, (nvrtcProgram prog, size_t *size)) \
+    X(nvrtcResult, nvrtcGetPTX, (nvrtcProgram prog, char *ptx)) \
+    X(nvrtcResult, nvrtcGetProgramLogSize, (nvrtcProgram prog, size_t *size)) \
+    X(nvrtcResult, nvrtcGetProgramLog, (nvrtcProgram prog, char *log)) \
+    X(nvrtcResult, nvrtcDestroyProgram, (nvrtcProgram *prog))
+/* optional: NULL when the library predates them */
+#define QSA__NVRTC_FUNCS_OPT(X) \
+    X(nvrtcResult, nvrtcGetNumSupportedArchs, (int *count)) \
+    X(nvrtcResult, nvrtcGetSupportedArchs, (int *archs)) \
+    X(nvrtcResult, nvrtcGetCUBINSize, (nvrtcProgram prog, size_t *size)) \
+    X(nvrtcResult, nvrtcGetCUBIN, (nvrtcProgram prog, char *cubin))
+
+#define QSA__NCCL_FUNCS(X) \
+    X(ncclResult_t, ncclGetVersion, (int *version)) \
+    X(const char *, ncclGetErrorString, (ncclResult_t result)) \
+    X(ncclResult_t, ncclGetUniqueId, (ncclUniqueId *id)) \
+    X(ncclResult_t, ncclCommInitRank, (ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)) \
+    X(ncclResult_t, ncclCommInitAll, (ncclComm_t *comms, int ndev, const int *devlist)) \
+    X(ncclResult_t, ncclCommDestroy, (ncclComm_t comm)) \
+    X(ncclResult_t, ncclCommAbort, (ncclComm_t comm)) \
+    X(ncclResult_t, ncclCommCount, (const ncclComm_t comm, int *count)) \
+    X(ncclResult_t, ncclCommUserRank, (const ncclComm_t comm, int *rank)) \
+    X(ncclResult_t, ncclCommGetAsyncError, (ncclComm_t comm, ncclResult_t *async_error)) \
+    X(ncclResult_t, ncclAllReduce, (const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op, \
+                                    ncclComm_t comm, CUstream s)) \
+    X(ncclResult_t, ncclAllGather, (const void *send, void *recv, size_t send_count, ncclDataType_t type, \
+                                    ncclComm_t comm, CUstream s)) \
+    X(ncclResult_t, ncclBroadcast, (const void *send, void *recv, size_t count, ncclDataType_t type, int root, \
+                                    ncclComm_t comm, CUstream s)) \
+    X(ncclResult_t, ncclReduceScatter, (const void *send, void *recv, size_t recv_count, ncclDataType_t type, \
+                                        ncclRedOp_t op, ncclComm_t comm, CUstream s)) \
+    X(ncclResult_t, ncclGroupStart, (void)) \
+    X(ncclResult_t, ncclGroupEnd, (void))
+#define QSA__NCCL_FUNCS_OPT(X) \
+    X(ncclResult_t, ncclSend, (const void *send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, \
+                               CUstream s)) \
+    X(ncclResult_t, ncclRecv, (void *recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, CUstream s)) \
+    X(const char *, ncclGetLastError, (ncclComm_t comm))
+
+/* ---- expansion: typedefs, tables ---- */
+#define QSA__DL_TYPEDEF(ret, name, args) typedef ret(*qsa__pfn_##name) args;
+#define QSA__DL_MEMBER(ret, name, args) qsa__pfn_##name name;
+QSA__CU_FUNCS(QSA__DL_TYPEDEF)
+QSA__NVRTC_FUNCS(QSA__DL_TYPEDEF)
+QSA__NVRTC_FUNCS_OPT(QSA__DL_TYPEDEF)
+QSA__NCCL_FUNCS(QSA__DL_TYPEDEF)
+QSA__NCCL_FUNCS_OPT(QSA__DL_TYPEDEF)
+
+typedef struct qsa__cuda_api {
+    void *lib;
+    char path[256];     /* the name or path that was opened */
+    int driver_version; /* e.g. 12040 for 12.4 */
+    int device_count;
+    QSA__CU_FUNCS(QSA__DL_MEMBER)
+} qsa__cuda_api;
+
+typedef struct qsa__nvrtc_api {
+    void *lib, *builtins; /* builtins: libnvrtc-builtins preloaded from QSA_NVRTC_LIB's directory */
+    char path[512];
+    int major, minor;
+    int narchs;    /* 0 when nvrtcGetSupportedArchs is absent */
+    int archs[64]; /* e.g. 70, 75, 80, ... */
+    QSA__NVRTC_FUNCS(QSA__DL_MEMBER)
+    QSA__NVRTC_FUNCS_OPT(QSA__DL_MEMBER)
+} qsa__nvrtc_api;
+
+typedef struct qsa__nccl_api {
+    void *lib;
+    char path[512];
+    int version; /* e.g. 22105 for 2.21.5 */
+    QSA__NCCL_FUNCS(QSA__DL_MEMBER)
+    QSA__NCCL_FUNCS_OPT(QSA__DL_MEMBER)
+} qsa__nccl_api;
+
+/* One symbol to bind: its name and where its pointer goes in the table. */
+typedef struct qsa__dl_entry {
+    const char *name;
+    size_t offset;
+    int required;
+} qsa__dl_entry;
+
+#define QSA__CU_ENTRY(ret, name, args) {#name, offsetof(qsa__cuda_api, name), 1},
+#define QSA__NVRTC_ENTRY(ret, name, args) {#name, offsetof(qsa__nvrtc_api, name), 1},
+#define QSA__NVRTC_ENTRY_OPT(ret, name, args) {#name, offsetof(qsa__nvrtc_api, name), 0},
+#define QSA__NCCL_ENTRY(ret, name, args) {#name, offsetof(qsa__nccl_api, name), 1},
+#define QSA__NCCL_ENTRY_OPT(ret, name, args) {#name, offsetof(qsa__nccl_api, name), 0},
+static const qsa__dl_entry qsa__cu_entries[] = {QSA__CU_FUNCS(QSA__CU_ENTRY)};
+static const qsa__dl_entry qsa__nvrtc_entries[] = {QSA__NVRTC_FUNCS(QSA__NVRTC_ENTRY)
+                                                       QSA__NVRTC_FUNCS_OPT(QSA__NVRTC_ENTRY_OPT)};
+static const qsa__dl_entry qsa__nccl_entries[] = {QSA__NCCL_FUNCS(QSA__NCCL_ENTRY)
+                                                      QSA__NCCL_FUNCS_OPT(QSA__NCCL_ENTRY_OPT)};
+
+/* The process-wide tables, filled once by qsa__cuda_load / qsa__nvrtc_load / qsa__nccl_load. */
+static qsa__cuda_api qsa__cu;
+static qsa__nvrtc_api qsa__nvrtc;
+static qsa__nccl_api qsa__nccl;
+
+/* ---- loading ---- */
+
+/* Opens the first library of `names` that dlopen accepts, or only getenv(env) when that is set.
+   On failure records QSA_ERR_NO_DEVICE with every name tried and dlerror's reason. */
+QSA_PRIV void *qsa__dl_open_first(const char *what, const char *env, const char *const *names, int n, char *opened,
+                                  size_t cap) {
+    const char *forced = env ? getenv(env) : NULL;
+    const char *one[1];
+    if (forced && forced[0]) {
+        one[0] = forced;
+        names = one;
+        n = 1;
+    }
+    char tried[768];
+    size_t len = 0;
+    tried[0] = 0;
+    for (int i = 0; i < n; i++) {
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (h) {
+            snprintf(opened, cap, "%s", names[i]);
+            return h;
+        }
+        const char *why = dlerror();
+        if (len < sizeof tried) {
+            int k = snprintf(tried + len, sizeof tried - len, "%s%s", len ? "; " : "", why ? why : names[i]);
+            if (k > 0) len += (size_t)k;
+        }
+    }
+    if (forced && forced[0])
+        qsa__fail(QSA_ERR_NO_DEVICE, "%s: cannot open %s=%s (%s)", what, env, forced, tried);
+    else
+        qsa__fail(QSA_ERR_NO_DEVICE, "%s not found (%s)", what, tried);
+    return NULL;
+}
+
+/* Resolves every entry into `table`; a missing required symbol fails, a missing optional one
+   stays NULL.  dlsym's void* goes through memcpy: ISO C has no object-to-function pointer cast. */
+QSA_PRIV qsa_result qsa__dl_bind(void *lib, const char *path, void *table, const qsa__dl_entry *e, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        void *sym = dlsym(lib, e[i].name);
+        if (!sym && e[i].required)
+            return qsa__fail(QSA_ERR_NO_DEVICE, "%s: missing symbol %s (library too old?)", path, e[i].name);
+        memcpy((char *)table + e[i].offset, &sym, sizeof sym);
+    }
+    return QSA_OK;
+}
+
+/* Loads libcuda into *api from the first of `names` (or only getenv(env) when env names a set
+   variable), initialises the driver and counts devices.  No device or a stub/broken driver is
+   QSA_ERR_NO_DEVICE.  The qsa__*_load_from functions are the uncached loaders behind the
+   process-wide qsa__*_load (tests call them directly with env = NULL). */
+QSA_PRIV qsa_result qsa__cuda_load_from(const char *env, const char *const *names, int n, qsa__cuda_api *api) {
+    memset(api, 0, sizeof *api);
+    void *lib = qsa__dl_open_first("libcuda (NVIDIA driver)", env, names, n, api->path, sizeof api->path);
+    if (!lib) return QSA_ERR_NO_DEVICE;
+    qsa_result r = qsa__dl_bind(lib, api->path, api, qsa__cu_entries, sizeof qsa__cu_entries / sizeof qsa__cu_entries[0]);
+    if (r == QSA_OK) {
+        CUresult cr = api->cuInit(0);
+        if (cr != 0) {
+            const char *name = NULL;
+            if (api->cuGetErrorName(cr, &name) != 0 || !name) name = "?";
+            r = qsa__fail(QSA_ERR_NO_DEVICE, "%s: cuInit(0) failed: %s (%d): no usable driver or device", api->path,
+                          name, (int)cr);
+        }
+    }
+    if (r == QSA_OK && (api->cuDriverGetVersion(&api->driver_version) != 0 ||
+                        api->cuDeviceGetCount(&api->device_count) != 0 || api->device_count <= 0))
+        r = qsa__fail(QSA_ERR_NO_DEVICE, "%s: the driver reports no CUDA device", api->path);
+    if (r != QSA_OK) {
+        dlclose(lib);
+        memset(api, 0, sizeof *api);
+        return r;
+    }
+    api->lib = lib;
+    return QSA_OK;
+}
+
+/* Loads an NVRTC into *api from the first of `names` (or getenv(env)).  When the library is
+   given as a path, its libnvrtc-builtins.so.MAJOR.MINOR is preloaded from the same directory:
+   NVRTC dlopens it by soname at compile time, which would otherwise fail outside the loader path. */
+QSA_PRIV qsa_result qsa__nvrtc_load_from(const char *env, const char *const *names, int n, qsa__nvrtc_api *api) {
+    memset(api, 0, sizeof *api);
+    void *lib = qsa__dl_open_first("libnvrtc (CUDA runtime compiler)", env, names, n, api->path,
+                                   sizeof api->path);
+    if (!lib) return QSA_ERR_NO_DEVICE;
+    qsa_result r = qsa__dl_bind(lib, api->path, api, qsa__nvrtc_entries,
+                                sizeof qsa__nvrtc_entries / sizeof qsa__nvrtc_entries[0]);
+    if (r == QSA_OK && api->nvrtcVersion(&api->major, &api->minor) != 0)
+        r = qsa__fail(QSA_ERR_NO_DEVICE, "%s: nvrtcVersion failed", api->path);
+    if (r != QSA_OK) {
+        dlclose(lib);
+        memset(api, 0, sizeof *api);
+        return r;
+    }
+    api->lib = lib;
+    const char *slash = strrchr(api->path, '/');
+    if (slash) {
+        char b[600];
+        snprintf(b, sizeof b, "%.*s/libnvrtc-builtins.so.%d.%d", (int)(slash - api->path), api->path, api->major,
+                 api->minor);
+        api->builtins = dlopen(b, RTLD_NOW | RTLD_LOCAL);
+        if (!api->builtins) qsa__log(QSA_LOG_DEBUG, "nvrtc: no %s next to the library (NVRTC will search)", b);
+    }
+    int na = 0;
+    if (api->nvrtcGetNumSupportedArchs && api->nvrtcGetSupportedArchs && api->nvrtcGetNumSupportedArchs(&na) == 0 &&
+        na > 0 && na <= (int)(sizeof api->archs / sizeof api->archs[0]) && api->nvrtcGetSupportedArchs(api->archs) == 0)
+        api->narchs = na;
+    return QSA_OK;
+}
+
+/* Loads NCCL into *api from the first of `names` (or getenv(env)). */
+QSA_PRIV qsa_result qsa__nccl_load_from(const char *env, const char *const *names, int n, qsa__nccl_api *api) {
+    memset(api, 0, sizeof *api);
+    void *lib = qsa__dl_open_first("libnccl (NCCL)", env, names, n, api->path, sizeof api->path);
+    if (!lib) return QSA_ERR_NO_DEVICE;
+    qsa_result r = qsa__dl_bind(lib, api->path, api, qsa__nccl_entries,
+                                sizeof qsa__nccl_entries / sizeof qsa__nccl_entries[0]);
+    if (r == QSA_OK && api->ncclGetVersion(&api->version) != 0)
+        r = qsa__fail(QSA_ERR_NO_DEVICE, "%s: ncclGetVersion failed", api->path);
+    if (r != QSA_OK) {
+        dlclose(lib);
+        memset(api, 0, sizeof *api);
+        return r;
+    }
+    api->lib = lib;
+    return QSA_OK;
+}
+
+/* Process-wide, thread-safe, once: the outcome (and its message) is remembered and every later
+   call returns the same result and re-records the same message for the calling thread. */
+typedef struct qsa__dl_once {
+    pthread_once_t once;
+    qsa_result status;
+    char message[1024];
+} qsa__dl_once;
+static qsa__dl_once qsa__cu_once = {PTHREAD_ONCE_INIT, QSA_ERR_INTERNAL, ""};
+static qsa__dl_once qsa__nvrtc_once = {PTHREAD_ONCE_INIT, QSA_ERR_INTERNAL, ""};
+static qsa__dl_once qsa__nccl_once = {PTHREAD_ONCE_INIT, QSA_ERR_INTERNAL, ""};
+
+QSA_PRIV void qsa__dl_once_done(qsa__dl_once *o, qsa_result r, const char *what) {
+    o->status = r;
+    if (r != QSA_OK) {
+        snprintf(o->message, sizeof o->message, "%s", qsa__err_buf);
+        qsa__log(QSA_LOG_INFO, "%s unavailable: %s", what, o->message);
+    }
+}
+QSA_PRIV qsa_result qsa__dl_once_result(const qsa__dl_once *o) {
+    return o->status == QSA_OK ? QSA_OK : qsa__fail(o->status, "%s", o->message);
+}
+
+QSA_PRIV void qsa__cuda_load_once(void) {
+    static const char *const names[] = {"libcuda.so.1", "libcuda.so"};
+    qsa_result r = qsa__cuda_load_from("QSA_CUDA_LIB", names, 2, &qsa__cu);
+    qsa__dl_once_done(&qsa__cu_once, r, "CUDA backend");
+    if (r == QSA_OK)
+        qsa__log(QSA_LOG_INFO, "libcuda: %s, driver API %d.%d, %d device(s)", qsa__cu.path,
+                 qsa__cu.driver_version / 1000, qsa__cu.driver_version % 1000 / 10, qsa__cu.device_count);
+}
+QSA_PRIV void qsa__nvrtc_load_once(void) {
+    static const char *const names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so"};
+    qsa_result r = qsa__nvrtc_load_from("QSA_NVRTC_LIB", names, 4, &qsa__nvrtc);
+    qsa__dl_once_done(&qsa__nvrtc_once, r, "NVRTC");
+    if (r == QSA_OK) qsa__log(QSA_LOG_INFO, "nvrtc: %s, version %d.%d", qsa__nvrtc.path, qsa__nvrtc.major, qsa__nvrtc.minor);
+}
+QSA_PRIV void qsa__nccl_load_once(void) {
+    static const char *const names[] = {"libnccl.so.2", "libnccl.so"};
+    qsa_result r = qsa__nccl_load_from("QSA_NCCL_LIB", names, 2, &qsa__nccl);
+    qsa__dl_once_done(&qsa__nccl_once, r, "NCCL");
+    if (r == QSA_OK)
+        qsa__log(QSA_LOG_INFO, "nccl: %s, version %d", qsa__nccl.path, qsa__nccl.version);
+}
+
+/* Load (once per process) and report: QSA_OK, or QSA_ERR_NO_DEVICE with the reason. */
+QSA_PRIV qsa_result qsa__cuda_load(void) {
+    pthread_once(&qsa__cu_once.once, qsa__cuda_load_once);
+    return qsa__dl_once_result(&qsa__cu_once);
+}
+QSA_PRIV qsa_result qsa__nvrtc_load(void) {
+    pthread_once(&qsa__nvrtc_once.once, qsa__nvrtc_load_once);
+    return qsa__dl_once_result(&qsa__nvrtc_once);
+}
+QSA_PRIV qsa_result qsa__nccl_load(void) {
+    pthread_once(&qsa__nccl_once.once, qsa__nccl_load_once);
+    return qsa__dl_once_result(&qsa__nccl_once);
+}
+
+/* ---- error checks: one macro per foreign API ---- */
+/* QSA__CU(call) / QSA__NVRTC(call) / QSA__NCCL(call): on failure record the call text, the error
+   name and the line with qsa__fail and return the qsa_result from the enclosing function.
+   QSA__CU_R(call) etc. are the expression forms (for cleanup paths): they give QSA_OK or the
+   recorded failure. */
+QSA_PRIV const char *qsa__dl_call_text(const char *call, const char *prefix) {
+    size_t n = strlen(prefix);
+    return strncmp(call, prefix, n) == 0 ? call + n : call;
+}
+QSA_PRIV qsa_result qsa__cu_check(CUresult r, const char *call, int line) {
+    if (r == 0) return QSA_OK;
+    const char *name = NULL, *text = NULL;
+    if (qsa__cu.cuGetErrorName && qsa__cu.cuGetErrorName(r, &name) != 0) name = NULL;
+    if (qsa__cu.cuGetErrorString && qsa__cu.cuGetErrorString(r, &text) != 0) text = NULL;
+    return qsa__fail(r == QSA__CUDA_ERROR_OUT_OF_MEMORY ? QSA_ERR_OUT_OF_MEMORY : QSA_ERR_CUDA,
+                     "%s failed: %s (%d%s%s) at line %d", qsa__dl_call_text(call, "qsa__cu."),
+                     name ? name : "CUDA_ERROR", (int)r, text ? ": " : "", text ? text : "", line);
+}
+QSA_PRIV qsa_result qsa__nvrtc_check(nvrtcResult r, const char *call, int line) {
+    if (r == 0) return QSA_OK;
+    const char *name = qsa__nvrtc.nvrtcGetErrorString ? qsa__nvrtc.nvrtcGetErrorString(r) : NULL;
+    return qsa__fail(r == 1 ? QSA_ERR_OUT_OF_MEMORY : QSA_ERR_NVRTC, "%s failed: %s (%d) at line %d",
+                     qsa__dl_call_text(call, "qsa__nvrtc."), name ? name : "NVRTC_ERROR", (int)r, line);
+}
+QSA_PRIV const char *qsa__nccl_result_name(ncclResult_t r) {
+    static const char *const names[] = {"ncclSuccess",        "ncclUnhandledCudaError", "ncclSystemError",
+                                        "ncclInternalError",  "ncclInvalidArgument",    "ncclInvalidUsage",
+                                        "ncclRemoteError",    "ncclInProgress"};
+    return r >= 0 && r < (int)(sizeof names / sizeof names[0]) ? names[r] : "ncclError";
+}
+QSA_PRIV qsa_result qsa__nccl_check(ncclResult_t r, const char *call, int line) {
+    if (r == 0) return QSA_OK;
+    const char *text = qsa__nccl.ncclGetErrorString ? qsa__nccl.ncclGetErrorString(r) : NULL;
+    return qsa__fail(QSA_ERR_NCCL, "%s failed: %s (%d%s%s) at line %d", qsa__dl_call_text(call, "qsa__nccl."),
+                     qsa__nccl_result_name(r), (int)r, text ? ": " : "", text ? text : "", line);
+}
+#define QSA__CU_R(call) qsa__cu_check((call), #call, __LINE__)
+#define QSA__NVRTC_R(call) qsa__nvrtc_check((call), #call, __LINE__)
+#define QSA__NCCL_R(call) qsa__nccl_check((call), #call, __LINE__)
+#define QSA__CU(call) do { qsa_result qsa__cu_r_ = QSA__CU_R(call); if (qsa__cu_r_ != QSA_OK) return qsa__cu_r_; } while (0)
+#define QSA__NVRTC(call) do { qsa_result qsa__nv_r_ = QSA__NVRTC_R(call); if (qsa__nv_r_ != QSA_OK) return qsa__nv_r_; } while (0)
+#define QSA__NCCL(call) do { qsa_result qsa__nc_r_ = QSA__NCCL_R(call); if (qsa__nc_r_ != QSA_OK) return qsa__nc_r_; } while (0)
+
+/* Launch a kernel; the message names the kernel and the launch shape.  With QSA_DEBUG the stream
+   is synchronised afterwards so that a faulting kernel is reported at its own launch. */
+QSA_PRIV qsa_result qsa__cu_launch(CUfunction fn, const char *name, unsigned gx, unsigned gy, unsigned gz,
+                                   unsigned bx, unsigned by, unsigned bz, unsigned shmem, CUstream s, void **args) {
+    CUresult r = qsa__cu.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, shmem, s, args, NULL);
+#ifdef QSA_DEBUG
+    if (r == 0) r = qsa__cu.cuStreamSynchronize(s);
+#endif
+    if (r == 0) return QSA_OK;
+    char what[256];
+    snprintf(what, sizeof what, "launch %s grid (%u,%u,%u) block (%u,%u,%u) smem %u", name, gx, gy, gz, bx, by, bz,
+             shmem);
+    return qsa__cu_check(r, what, __LINE__);
+}
+
+/* What the runtime needs to know about a device. */
+typedef struct qsa__gpu_info {
+    int ordinal;
+    char name[128];
+    int cc_major, cc_minor; /* 7.0 for V100 */
+    int sm_count;
+    int smem_optin;         /* max shared memory per block with opt-in, bytes */
+    int smem_per_sm;
+    int unified_addressing, can_map_host;
+    size_t total_mem;
+} qsa__gpu_info;
+
+QSA_PRIV qsa_result qsa__cu_device_info(int ordinal, qsa__gpu_info *info) {
+    CUdevice dev;
+    memset(info, 0, sizeof *info);
+    QSA__TRY(qsa__cuda_load());
+    if (ordinal < 0 || ordinal >= qsa__cu.device_count)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "GPU %d does not exist (%d device(s))", ordinal, qsa__cu.device_count);
+    info->ordinal = ordinal;
+    QSA__CU(qsa__cu.cuDeviceGet(&dev, ordinal));
+    QSA__CU(qsa__cu.cuDeviceGetName(info->name, (int)sizeof info->name, dev));
+    QSA__CU(qsa__cu.cuDeviceGetAttribute(&info->cc_major, QSA__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
+    QSA__CU(qsa__cu.cuDeviceGetAttribute(&info->cc_minor, QSA__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
+    QSA__CU(qsa__cu.cuDeviceGetAttribute(&info->sm_count, QSA__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+    QSA__CU(qsa__cu.cuDeviceGetAttribute(&info->smem_optin, QSA__CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev));
+    QSA__CU(qsa__cu.cuDeviceGetAttribute(&info->smem_per_sm, QSA__CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, dev));
+    QSA__CU(qsa__cu.cuDeviceGetAttribute(&info->unified_addressing, QSA__CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, dev));
+    QSA__CU(qsa__cu.cuDeviceGetAttribute(&info->can_map_host, QSA__CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, dev));
+    QSA__CU(qsa__cu.cuDeviceTotalMem_v2(&info->total_mem, dev));
+    return QSA_OK;
+}
+
+/* ============================================================================================== */
+/* >>nvrtc  the embedded kernels and their compilation                                             */
+/* ============================================================================================== */
+
+/* kernels.cu, one string per line, after `#line 1 "kernels.cu"` (generated by make).  A list of
+   short literals rather than one long one: ISO C only promises 4095 characters per literal. */
+static const char *const qsa__kernel_lines[] = {
+#include "kernels.cu.inc"
+};
+
+/* The kernel source as one NUL-terminated string (caller frees), NULL when out of memory. */
+QSA_PRIV char *qsa__kernels_source(void) {
+    size_t n = sizeof qsa__kernel_lines / sizeof qsa__kernel_lines[0], len = 0;
+    for (size_t i = 0; i < n; i++) len += strlen(qsa__kernel_lines[i]);
+    char *s = QSA__ALLOC(char, len + 1);
+    if (!s) return NULL;
+    len = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t k = strlen(qsa__kernel_lines[i]);
+        memcpy(s + len, qsa__kernel_lines[i], k);
+        len += k;
+    }
+    s[len] = 0;
+    return s;
+}
+
+/* Does the loaded NVRTC accept compute_<sm>?  Its own list when it has one (11.2+); otherwise
+   NVRTC before 13 still targets Volta. */
+QSA_PRIV int qsa__nvrtc_supports(int sm) {
+    if (qsa__nvrtc.narchs > 0) {
+        for (int i = 0; i < qsa__nvrtc.narchs; i++)
+            if (qsa__nvrtc.archs[i] == sm) return 1;
+        return 0;
+    }
+    return sm >= 70 && qsa__nvrtc.major < 13;
+}
+
+/* "70" / "compute_70" / "sm_90" / "sm_90a" -> normalised into out; 0 when malformed. */
+QSA_PRIV int qsa__nvrtc_parse_arch(const char *s, char *out, size_t cap) {
+    const char *p = s;
+    const char *prefix = "compute_";
+    if (!strncmp(s, "compute_", 8)) p = s + 8;
+    else if (!strncmp(s, "sm_", 3)) { p = s + 3; prefix = "sm_"; }
+    size_t digits = 0;
+    while (p[digits] >= '0' && p[digits] <= '9') digits++;
+    if (digits < 2 || digits > 3) return 0;
+    if (p[digits] && !(p[digits] >= 'a' && p[digits] <= 'z' && !p[digits + 1])) return 0;
+    snprintf(out, cap, "%s%s", prefix, p);
+    return 1;
+}
+
+/* Chooses the NVRTC target.  In order: `want` (a parameter), $QSA_ARCH, compute_70 when the loaded
+   NVRTC supports it (the sm_70 path of SPEC section 6), else PTX for the device's own arch
+   `device_cc` (major*10+minor; the newest the NVRTC supports that does not exceed it), else
+   compute_90 when there is no device (compile checks).  The choice and the reason are logged. */
+QSA_PRIV qsa_result qsa__nvrtc_pick_arch(const char *want, int device_cc, char *arch, size_t cap) {
+    QSA__TRY(qsa__nvrtc_load());
+    const char *why;
+    if (!want || !want[0]) want = getenv("QSA_ARCH");
+    if (want && want[0]) {
+        if (!qsa__nvrtc_parse_arch(want, arch, cap))
+            return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "NVRTC target '%s': expected compute_NN, sm_NN or NN", want);
+        why = "requested (parameter or QSA_ARCH)";
+    } else if (qsa__nvrtc_supports(70)) {
+        snprintf(arch, cap, "compute_70");
+        why = "default: Volta PTX, runs on sm_70 and newer";
+    } else if (device_cc > 0) {
+        int best = device_cc;
+        if (qsa__nvrtc.narchs > 0) {
+            best = 0;
+            for (int i = 0; i < qsa__nvrtc.narchs; i++)
+                if (qsa__nvrtc.archs[i] <= device_cc && qsa__nvrtc.archs[i] > best) best = qsa__nvrtc.archs[i];
+            if (!best)
+                return qsa__fail(QSA_ERR_UNSUPPORTED,
+                                 "NVRTC %d.%d (%s) supports no target for a compute %d.%d device: point QSA_NVRTC_LIB "
+                                 "at an NVRTC 11.8-12.x",
+                                 qsa__nvrtc.major, qsa__nvrtc.minor, qsa__nvrtc.path, device_cc / 10, device_cc % 10);
+        }
+        snprintf(arch, cap, "compute_%d", best);
+        why = "this NVRTC cannot target compute_70: the device's own arch";
+    } else {
+        snprintf(arch, cap, "compute_90");
+        why = "this NVRTC cannot target compute_70 and there is no device";
+    }
+    qsa__log(QSA_LOG_INFO, "nvrtc: target %s (%s; NVRTC %d.%d)", arch, why, qsa__nvrtc.major, qsa__nvrtc.minor);
+    return QSA_OK;
+}
+
+/* Compiles `src` (named `name` in diagnostics) for `arch` ("compute_70": PTX; "sm_90": a CUBIN when
+ * the NVRTC can produce one, else PTX) with the extra options `opts`.  On success *image is the
+ * NUL-terminated PTX (or the CUBIN) for cuModuleLoadData and *image_len its size without the NUL;
+ * *log (when log is not NULL) receives NVRTC's log, possibly empty.  Both are freed with qsa_free.
+ * On a compilation error the message holds NVRTC's log, whose lines name `kernels.cu(LINE)`. */
+QSA_PRIV qsa_result qsa__nvrtc_compile(const char *src, const char *name, const char *const *opts, int nopts,
+                                       const char *arch, char **image, size_t *image_len, char **log) {
+    *image = NULL;
+    *image_len = 0;
+    if (log) *log = NULL;
+    QSA__TRY(qsa__nvrtc_load());
+    if (nopts < 0 || (nopts > 0 && !opts) || !src || !name || !arch)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa__nvrtc_compile: bad arguments");
+    const char **all = QSA__ALLOC(const char *, nopts + 1);
+    char archopt[64];
+    char *logbuf = NULL, *out = NULL;
+    size_t loglen = 0, outlen = 0;
+    nvrtcProgram prog = NULL;
+    qsa_result r = QSA_OK;
+    int cubin = !strncmp(arch, "sm_", 3) && qsa__nvrtc.nvrtcGetCUBINSize && qsa__nvrtc.nvrtcGetCUBIN;
+    double t0 = qsa__now();
+    if (!all) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "nvrtc: out of memory");
+    snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
+    all[0] = archopt;
+    for (int i = 0; i < nopts; i++) all[i + 1] = opts[i];
+
+    r = QSA__NVRTC_R(qsa__nvrtc.nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL));
+    if (r != QSA_OK) goto done;
+    {
+        nvrtcResult cr = qsa__nvrtc.nvrtcCompileProgram(prog, nopts + 1, all);
+        if (qsa__nvrtc.nvrtcGetProgramLogSize(prog, &loglen) == 0 && loglen > 0 &&
+            (logbuf = QSA__ALLOC(char, loglen + 1)) != NULL) {
+            if (qsa__nvrtc.nvrtcGetProgramLog(prog, logbuf) != 0) logbuf[0] = 0;
+            logbuf[loglen] = 0;
+        }
+        if (cr != 0) {
+            r = qsa__fail(QSA_ERR_NVRTC, "NVRTC %d.%d: compiling %s for %s failed (%s):\n%s", qsa__nvrtc.major,
+                          qsa__nvrtc.minor, name, arch, qsa__nvrtc.nvrtcGetErrorString(cr), logbuf ? logbuf : "");
+            goto done;
+        }
+    }
+    if (cubin) r = QSA__NVRTC_R(qsa__nvrtc.nvrtcGetCUBINSize(prog, &outlen));
+    else r = QSA__NVRTC_R(qsa__nvrtc.nvrtcGetPTXSize(prog, &outlen));
+    if (r != QSA_OK) goto done;
+    if (outlen == 0) {
+        r = qsa__fail(QSA_ERR_NVRTC, "NVRTC %d.%d: compiling %s for %s produced no %s", qsa__nvrtc.major,
+                      qsa__nvrtc.minor, name, arch, cubin ? "CUBIN" : "PTX");
+        goto done;
+    }
+    out = QSA__ALLOC(char, outlen + 1);
+    if (!out) {
+        r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "nvrtc: out of memory for %zu bytes of output", outlen);
+        goto done;
+    }
+    if (cubin) r = QSA__NVRTC_R(qsa__nvrtc.nvrtcGetCUBIN(prog, out));
+    else r = QSA__NVRTC_R(qsa__nvrtc.nvrtcGetPTX(prog, out));
+    if (r != QSA_OK) goto done;
+    out[outlen] = 0;
+    if (!cubin) outlen = strlen(out); /* the PTX size counts its NUL */
+    qsa__log(QSA_LOG_INFO, "nvrtc: compiled %s for %s in %.0f ms (%zu bytes of %s, NVRTC %d.%d)", name, arch,
+             1e3 * (qsa__now() - t0), outlen, cubin ? "CUBIN" : "PTX", qsa__nvrtc.major, qsa__nvrtc.minor);
+    *image = out;
+    *image_len = outlen;
+    out = NULL;
+done:
+    if (prog) qsa__nvrtc.nvrtcDestroyProgram(&prog);
+    if (log && logbuf) {
+        *log = logbuf;
+        logbuf = NULL;
+    }
+    qsa__free(logbuf);
+    qsa__free(out);
+    qsa__free((void *)all);
+    return r;
+}
+
+/* Compiles the embedded kernels (kernels.cu) for `arch` (NULL: qsa__nvrtc_pick_arch(NULL, device_cc)).
+   `arch_out` (may be NULL) receives the target used. */
+QSA_PRIV qsa_result qsa__kernels_compile(const char *arch, int device_cc, const char *const *opts, int nopts,
+                                         char **image, size_t *image_len, char **log, char *arch_out,
+                                         size_t arch_cap) {
+    char picked[32];
+    *image = NULL;
+    *image_len = 0;
+    if (log) *log = NULL;
+    QSA__TRY(qsa__nvrtc_pick_arch(arch, device_cc, picked, sizeof picked));
+    if (arch_out) snprintf(arch_out, arch_cap, "%s", picked);
+    char *src = qsa__kernels_source();
+    if (!src) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "kernels.cu: out of memory");
+    qsa_result r = qsa__nvrtc_compile(src, "kernels.cu", opts, nopts, picked, image, image_len, log);
+    qsa__free(src);
+    return r;
+}
+
+#endif /* QSA_NO_CUDA */
+
+/* ============================================================================================== */
+/* >>json  bounded, strict JSON parser (RFC 8259)                                                  */
+/* ============================================================================================== */
+/* The whole document is parsed into a tree of qsa__json nodes that live in an arena owned by the
+   qsa__json_doc (a few large blocks, no per-node allocation).  Strict: UTF-8 is validated
+   (overlongs, surrogates and code points above U+10FFFF are rejected), \u escapes are decoded
+   (surrogate pairs joined, lone surrogates rejected), no trailing commas, no leading zeros, no
+   trailing garbage, nesting bounded by QSA__JSON_MAX_DEPTH (the parser recurses at most that deep,
+   so hostile input cannot overflow the stack).  Errors are QSA_ERR_FORMAT with
+   "<source>: line L col C: <what>" (columns count bytes, from 1). */
+
+#define QSA__JSON_MAX_DEPTH 128
+
+typedef enum qsa__json_type {
+    QSA__JSON_NULL, QSA__JSON_FALSE, QSA__JSON_TRUE, QSA__JSON_NUMBER, QSA__JSON_STRING, QSA__JSON_ARRAY,
+    QSA__JSON_OBJECT
+} qsa__json_type;
+
+typedef struct qsa__json qsa__json;
+struct qsa__json {
+    qsa__json_type type;
+    const char *key;     /* member name when inside an object (decoded, NUL-terminated), else NULL */
+    size_t key_len;
+    const char *str;     /* decoded string value (NUL-terminated; may contain NULs from \u0000) */
+    size_t len;
+    double num;          /* number value (also set for integers) */
+    int64_t i64;         /* exact integer value when is_int */
+    int is_int;          /* integral and exactly representable in int64 */
+    qsa__json *child;    /* first element / member */
+    qsa__json *next;     /* next sibling */
+    size_t count;        /* number of children */
+};
+
+typedef struct qsa__json_block qsa__json_block;
+struct qsa__json_block {
+    qsa__json_block *prev;
+    size_t size, used;
+    /* data follows (aligned to 16) */
+};
+
+typedef struct qsa__json_doc {
+    qsa__json *root;
+    qsa__json_block *blocks; /* private: arena */
+    size_t total;            /* private: bytes reserved in all blocks */
+} qsa__json_doc;
+
+typedef struct qsa__json_parser {
+    const char *start, *p, *end;
+    const char *source;
+    qsa__json_doc *doc;
+    const char *err_at;
+    qsa_result err;
+} qsa__json_parser;
+
+QSA_PRIV void qsa__json_free(qsa__json_doc *doc) {
+    if (!doc) return;
+    qsa__json_block *b = doc->blocks;
+    while (b) {
+        qsa__json_block *prev = b->prev;
+        qsa__free(b);
+        b = prev;
+    }
+    memset(doc, 0, sizeof *doc);
+}
+
+#define QSA__JSON_HDR ((sizeof(qsa__json_block) + 15) & ~(size_t)15)
+
+/* n bytes from the arena, 8-aligned; NULL when out of memory */
+QSA_PRIV void *qsa__json_alloc(qsa__json_doc *doc, size_t n) {
+    n = (n + 7) & ~(size_t)7;
+    qsa__json_block *b = doc->blocks;
+    if (!b || b->size - b->used < n) {
+        size_t size = doc->total < ((size_t)64 << 10) ? ((size_t)64 << 10) : doc->total; /* doubling */
+        if (size < n) size = n;
+        if (size > SIZE_MAX - QSA__JSON_HDR) return NULL;
+        qsa__json_block *nb = (qsa__json_block *)qsa__malloc(QSA__JSON_HDR + size);
+        if (!nb) return NULL;
+        nb->prev = b;
+        nb->size = size;
+        nb->used = 0;
+        doc->blocks = nb;
+        doc->total += size;
+        b = nb;
+    }
+    void *p = (char *)b + QSA__JSON_HDR + b->used;
+    b->used += n;
+    return p;
+}
+
+QSA_PRIV qsa_result qsa__json_error(qsa__json_parser *ps, const char *at, const char *what) {
+    if (ps->err != QSA_OK) return ps->err; /* keep the first (innermost) error */
+    long line = 1, col = 1;
+    for (const char *q = ps->start; q < at && q < ps->end; q++) {
+        if (*q == '\n') { line++; col = 1; }
+        else col++;
+    }
+    ps->err_at = at;
+    ps->err = qsa__fail(QSA_ERR_FORMAT, "%s: line %ld col %ld: %s", ps->source, line, col, what);
+    return ps->err;
+}
+
+QSA_PRIV qsa_result qsa__json_oom(qsa__json_parser *ps) {
+    if (ps->err != QSA_OK) return ps->err;
+    ps->err = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "%s: out of memory while parsing JSON (%zu bytes)", ps->source,
+                        (size_t)(ps->end - ps->start));
+    return ps->err;
+}
+
+QSA_PRIV void qsa__json_skip_ws(qsa__json_parser *ps) {
+    const char *p = ps->p, *e = ps->end;
+    while (p < e && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
+    ps->p = p;
+}
+
+QSA_PRIV int qsa__json_hex4(const char *p, uint32_t *out) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = p[i];
+        v <<= 4;
+        if (c >= '0' && c <= '9') v |= (uint32_t)(c - '0');
+        else if (c >= 'a' && c <= 'f') v |= (uint32_t)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F') v |= (uint32_t)(c - 'A' + 10);
+        else return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* Length of the valid UTF-8 sequence at p (lead byte >= 0x80), 0 when invalid. */
+QSA_PRIV int qsa__utf8_valid_seq(const unsigned char *p, const unsigned char *e) {
+    unsigned c = p[0];
+    if (c >= 0xc2 && c <= 0xdf) return (e - p >= 2 && (p[1] & 0xc0) == 0x80) ? 2 : 0;
+    if (c >= 0xe0 && c <= 0xef) {
+        if (e - p < 3 || (p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80) return 0;
+        if (c == 0xe0 && p[1] < 0xa0) return 0;  /* overlong */
+        if (c == 0xed && p[1] >= 0xa0) return 0; /* UTF-16 surrogate */
+        return 3;
+    }
+    if (c >= 0xf0 && c <= 0xf4) {
+        if (e - p < 4 || (p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80 || (p[3] & 0xc0) != 0x80) return 0;
+        if (c == 0xf0 && p[1] < 0x90) return 0;  /* overlong */
+        if (c == 0xf4 && p[1] >= 0x90) return 0; /* > U+10FFFF */
+        return 4;
+    }
+    return 0; /* continuation byte, 0xc0/0xc1 overlong lead, 0xf5.. */
+}
+
+QSA_PRIV size_t qsa__utf8_put(char *d, uint32_t cp) {
+    if (cp < 0x80) { d[0] = (char)cp; return 1; }
+    if (cp < 0x800) { d[0] = (char)(0xc0 | (cp >> 6)); d[1] = (char)(0x80 | (cp & 0x3f)); return 2; }
+    if (cp < 0x10000) {
+        d[0] = (char)(0xe0 | (cp >> 12)); d[1] = (char)(0x80 | ((cp >> 6) & 0x3f)); d[2] = (char)(0x80 | (cp & 0x3f));
+        return 3;
+    }
+    d[0] = (char)(0xf0 | (cp >> 18)); d[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
+    d[2] = (char)(0x80 | ((cp >> 6) & 0x3f)); d[3] = (char)(0x80 | (cp & 0x3f));
+    return 4;
+}
+
+/* Parses the string starting at ps->p (on the opening quote) into arena memory. */
+QSA_PRIV qsa_result qsa__json_string(qsa__json_parser *ps, const char **out, size_t *out_len) {
+    const char *open = ps->p, *q = ps->p + 1, *e = ps->end;
+    /* pass 1: find the closing quote (escapes only shrink when decoded) */
+    unsigned plain = 1; /* only printable ASCII without escapes: copy as is */
+    while (q < e && *q != '"') {
+        unsigned char c = (unsigned char)*q;
+        plain &= (c >= 0x20) & (c < 0x80);
+        if (c == '\\') {
+            plain = 0;
+            if (e - q < 2) { q = e; break; }
+            q += 2;
+        } else q++;
+    }
+    if (q >= e) return qsa__json_error(ps, open, "unterminated string");
+    size_t raw = (size_t)(q - open - 1);
+    char *dst = (char *)qsa__json_alloc(ps->doc, raw + 1);
+    if (!dst) return qsa__json_oom(ps);
+    if (plain) {
+        memcpy(dst, open + 1, raw);
+        dst[raw] = 0;
+        *out = dst;
+        *out_len = raw;
+        ps->p = q + 1;
+        return QSA_OK;
+    }
+    /* pass 2: validate and decode */
+    const unsigned char *s = (const unsigned char *)open + 1, *se = (const unsigned char *)q;
+    const unsigned char *ue = (const unsigned char *)e;
+    char *d = dst;
+    while (s < se) {
+        unsigned c = *s;
+        if (c >= 0x20 && c < 0x80 && c != '\\') { *d++ = (char)c; s++; continue; }
+        if (c < 0x20) return qsa__json_error(ps, (const char *)s, "control character in string (must be escaped)");
+        if (c >= 0x80) {
+            int n = qsa__utf8_valid_seq(s, ue);
+            if (!n || s + n > se) return qsa__json_error(ps, (const char *)s, "invalid UTF-8 in string");
+            memcpy(d, s, (size_t)n);
+            d += n;
+            s += n;
+            continue;
+        }
+        /* escape */
+        const char *esc = (const char *)s;
+        s++;
+        switch (*s) {
+        case '"': *d++ = '"'; s++; break;
+        case '\\': *d++ = '\\'; s++; break;
+        case '/': *d++ = '/'; s++; break;
+        case 'b': *d++ = '\b'; s++; break;
+        case 'f': *d++ = '\f'; s++; break;
+        case 'n': *d++ = '\n'; s++; break;
+        case 'r': *d++ = '\r'; s++; break;
+        case 't': *d++ = '\t'; s++; break;
+        case 'u': {
+            uint32_t cp, lo;
+            if (se - s < 5 || !qsa__json_hex4((const char *)s + 1, &cp))
+                return qsa__json_error(ps, esc, "bad \\u escape (want 4 hex digits)");
+            s += 5;
+            if (cp >= 0xdc00 && cp <= 0xdfff) return qsa__json_error(ps, esc, "lone low surrogate in \\u escape");
+            if (cp >= 0xd800 && cp <= 0xdbff) {
+                if (se - s < 6 || s[0] != '\\' || s[1] != 'u' || !qsa__json_hex4((const char *)s + 2, &lo) ||
+                    lo < 0xdc00 || lo > 0xdfff)
+                    return qsa__json_error(ps, esc, "lone high surrogate in \\u escape (no low surrogate follows)");
+                s += 6;
+                cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+            }
+            d += qsa__utf8_put(d, cp);
+            break;
+        }
+        default: return qsa__json_error(ps, esc, "invalid escape in string");
+        }
+    }
+    *d = 0;
+    *out = dst;
+    *out_len = (size_t)(d - dst);
+    ps->p = q + 1;
+    return QSA_OK;
+}
+
+/* Decimal point of the C library's current locale (strtod honours it). */
+QSA_PRIV char qsa__json_decimal_point(void) {
+    char b[8];
+    snprintf(b, sizeof b, "%.1f", 1.5);
+    return b[1];
+}
+
+QSA_PRIV qsa_result qsa__json_number(qsa__json_parser *ps, qsa__json *n) {
+    const char *p = ps->p, *e = ps->end, *b = p;
+    int neg = 0, frac = 0, expo = 0;
+    if (p < e && *p == '-') { neg = 1; p++; }
+    if (p >= e || *p < '0' || *p > '9') return qsa__json_error(ps, b, "invalid number (digit expected)");
+    const char *ds = p;
+    if (*p == '0') {
+        p++;
+        if (p < e && *p >= '0' && *p <= '9') return qsa__json_error(ps, b, "invalid number (leading zero)");
+    } else {
+        while (p < e && *p >= '0' && *p <= '9') p++;
+    }
+    const char *de = p;
+    if (p < e && *p == '.') {
+        frac = 1;
+        p++;
+        if (p >= e || *p < '0' || *p > '9') return qsa__json_error(ps, b, "invalid number (digit expected after '.')");
+        while (p < e && *p >= '0' && *p <= '9') p++;
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        expo = 1;
+        p++;
+        if (p < e && (*p == '+' || *p == '-')) p++;
+        if (p >= e || *p < '0' || *p > '9') return qsa__json_error(ps, b, "invalid number (digit expected in exponent)");
+        while (p < e && *p >= '0' && *p <= '9') p++;
+    }
+    ps->p = p;
+    n->type = QSA__JSON_NUMBER;
+    if (!frac && !expo) {
+        /* exact integer from the digits */
+        uint64_t v = 0;
+        int ok = 1;
+        for (const char *q = ds; q < de; q++) {
+            unsigned dg = (unsigned)(*q - '0');
+            if (v > (UINT64_MAX - dg) / 10) { ok = 0; break; }
+            v = v * 10 + dg;
+        }
+        if (ok && (neg ? v <= (uint64_t)INT64_MAX + 1 : v <= (uint64_t)INT64_MAX)) {
+            n->is_int = 1;
+            n->i64 = neg ? (v == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)v) : (int64_t)v;
+            n->num = neg ? -(double)v : (double)v;
+            if (neg && v == 0) n->num = -0.0;
+            return QSA_OK; /* integer to double conversion rounds correctly */
+        }
+    }
+    /* general case: strtod on a NUL-terminated copy, with the locale's decimal point */
+    size_t len = (size_t)(p - b);
+    char small[128], *buf = small;
+    if (len >= sizeof small) {
+        buf = QSA__ALLOC(char, len + 1);
+        if (!buf) return qsa__json_oom(ps);
+    }
+    memcpy(buf, b, len);
+    buf[len] = 0;
+    char dp = qsa__json_decimal_point();
+    if (dp != '.')
+        for (size_t i = 0; i < len; i++) if (buf[i] == '.') buf[i] = dp;
+    n->num = strtod(buf, NULL);
+    if (buf != small) qsa__free(buf);
+    if (!n->is_int && (frac || expo) && n->num == floor(n->num) && fabs(n->num) <= 9007199254740992.0) {
+        n->is_int = 1; /* e.g. 1.0 or 1e3: integral and exact */
+        n->i64 = (int64_t)n->num;
+    }
+    return QSA_OK;
+}
+
+QSA_PRIV int qsa__json_lit(qsa__json_parser *ps, const char *word, size_t n) {
+    if ((size_t)(ps->end - ps->p) < n || memcmp(ps->p, word, n) != 0) return 0;
+    ps->p += n;
+    return 1;
+}
+
+QSA_PRIV qsa_result qsa__json_value(qsa__json_parser *ps, qsa__json *n, int depth);
+
+QSA_PRIV qsa_result qsa__json_container(qsa__json_parser *ps, qsa__json *n, int depth, int is_obj) {
+    const char *open = ps->p;
+    if (depth >= QSA__JSON_MAX_DEPTH) {
+        char what[96];
+        snprintf(what, sizeof what, "nesting depth exceeds %d", QSA__JSON_MAX_DEPTH);
+        return qsa__json_error(ps, open, what);
+    }
+    n->type = is_obj ? QSA__JSON_OBJECT : QSA__JSON_ARRAY;
+    ps->p++;
+    qsa__json_skip_ws(ps);
+    char close = is_obj ? '}' : ']';
+    if (ps->p < ps->end && *ps->p == close) { ps->p++; return QSA_OK; }
+    qsa__json *tail = NULL;
+    for (;;) {
+        qsa__json *c = (qsa__json *)qsa__json_alloc(ps->doc, sizeof(qsa__json));
+        if (!c) return qsa__json_oom(ps);
+        memset(c, 0, sizeof *c);
+        if (is_obj) {
+            if (ps->p >= ps->end) return qsa__json_error(ps, ps->p, "unexpected end of input in object (member name expected)");
+            if (*ps->p != '"') return qsa__json_error(ps, ps->p, "member name (string) expected in object");
+            QSA__TRY(qsa__json_string(ps, &c->key, &c->key_len));
+            qsa__json_skip_ws(ps);
+            if (ps->p >= ps->end || *ps->p != ':') return qsa__json_error(ps, ps->p, "':' expected after member name");
+            ps->p++;
+            qsa__json_skip_ws(ps);
+        }
+        QSA__TRY(qsa__json_value(ps, c, depth + 1));
+        if (tail) tail->next = c;
+        else n->child = c;
+        tail = c;
+        n->count++;
+        qsa__json_skip_ws(ps);
+        if (ps->p >= ps->end)
+            return qsa__json_error(ps, ps->p, is_obj ? "unexpected end of input in object (',' or '}' expected)"
+                                                     : "unexpected end of input in array (',' or ']' expected)");
+        if (*ps->p == close) { ps->p++; return QSA_OK; }
+        if (*ps->p != ',') return qsa__json_error(ps, ps->p, is_obj ? "',' or '}' expected in object" : "',' or ']' expected in array");
+        ps->p++;
+        qsa__json_skip_ws(ps);
+        if (ps->p < ps->end && *ps->p == close) return qsa__json_error(ps, ps->p, "trailing comma");
+    }
+}
+
+QSA_PRIV qsa_result qsa__json_value(qsa__json_parser *ps, qsa__json *n, int depth) {
+    if (ps->p >= ps->end) return qsa__json_error(ps, ps->p, "unexpected end of input (value expected)");
+    switch (*ps->p) {
+    case '{': return qsa__json_container(ps, n, depth, 1);
+    case '[': return qsa__json_container(ps, n, depth, 0);
+    case '"': n->type = QSA__JSON_STRING; return qsa__json_string(ps, &n->str, &n->len);
+    case 't': if (qsa__json_lit(ps, "true", 4)) { n->type = QSA__JSON_TRUE; return QSA_OK; } break;
+    case 'f': if (qsa__json_lit(ps, "false", 5)) { n->type = QSA__JSON_FALSE; return QSA_OK; } break;
+    case 'n': if (qsa__json_lit(ps, "null", 4)) { n->type = QSA__JSON_NULL; return QSA_OK; } break;
+    default:
+        if (*ps->p == '-' || (*ps->p >= '0' && *ps->p <= '9')) return qsa__json_number(ps, n);
+        break;
+    }
+    if ((unsigned char)*ps->p >= 0x80 && !qsa__utf8_valid_seq((const unsigned char *)ps->p, (const unsigned char *)ps->end))
+        return qsa__json_error(ps, ps->p, "invalid UTF-8");
+    return qsa__json_error(ps, ps->p, "unexpected character (value expected)");
+}
+
+/* Parse `len` bytes of `text` (need not be NUL-terminated).  `source` names the file in errors.
+   On failure the doc is left empty (nothing to free). */
+QSA_PRIV qsa_result qsa__json_parse(const char *text, size_t len, const char *source, qsa__json_doc *doc) {
+    memset(doc, 0, sizeof *doc);
+    qsa__json_parser ps;
+    memset(&ps, 0, sizeof ps);
+    ps.start = ps.p = text ? text : "";
+    ps.end = ps.start + (text ? len : 0);
+    ps.source = source ? source : "JSON";
+    ps.doc = doc;
+    /* a UTF-8 byte order mark is not JSON (RFC 8259 section 8.1: parsers MAY ignore it); we skip it */
+    if (ps.end - ps.p >= 3 && (unsigned char)ps.p[0] == 0xef && (unsigned char)ps.p[1] == 0xbb && (unsigned char)ps.p[2] == 0xbf)
+        ps.p += 3;
+    qsa__json *root = (qsa__json *)qsa__json_alloc(doc, sizeof(qsa__json));
+    if (!root) { qsa__json_oom(&ps); qsa__json_free(doc); return ps.err; }
+    memset(root, 0, sizeof *root);
+    qsa__json_skip_ws(&ps);
+    qsa_result r = qsa__json_value(&ps, root, 0);
+    if (r == QSA_OK) {
+        qsa__json_skip_ws(&ps);
+        if (ps.p != ps.end) r = qsa__json_error(&ps, ps.p, "trailing characters after the JSON value");
+    }
+    if (r != QSA_OK) { qsa__json_free(doc); return r; }
+    doc->root = root;
+    return QSA_OK;
+}
+
+/* Member `key` of an object (the last one if the name repeats, like Python's json); NULL if absent
+   or obj is not an object. */
+QSA_PRIV const qsa__json *qsa__json_get(const qsa__json *obj, const char *key) {
+    if (!obj || obj->type != QSA__JSON_OBJECT || !key) return NULL;
+    size_t kl = strlen(key);
+    const qsa__json *found = NULL;
+    for (const qsa__json *c = obj->child; c; c = c->next)
+        if (c->key_len == kl && memcmp(c->key, key, kl) == 0) found = c;
+    return found;
+}
+
+/* Small typed accessors used by the config and safetensors readers. */
+QSA_PRIV int qsa__json_is_str(const qsa__json *v, const char *s) {
+    return v && v->type == QSA__JSON_STRING && strlen(s) == v->len && memcmp(v->str, s, v->len) == 0;
+}
+QSA_PRIV const char *qsa__json_type_name(const qsa__json *v) {
+    if (!v) return "absent";
+    switch (v->type) {
+    case QSA__JSON_NULL: return "null";
+    case QSA__JSON_FALSE: case QSA__JSON_TRUE: return "boolean";
+    case QSA__JSON_NUMBER: return v->is_int ? "integer" : "number";
+    case QSA__JSON_STRING: return "string";
+    case QSA__JSON_ARRAY: return "array";
+    case QSA__JSON_OBJECT: return "object";
+    }
+    return "?";
+}
+
+/* ============================================================================================== */
+/* >>config  config.json / generation_config.json / quantisation config                           */
+/* ============================================================================================== */
+/* Mirrors transformers' Qwen4ExpTextConfig (configuration_qwen4_exp.py): the same defaults, the
+   same __post_init__ normalisation (ple_layer_ids sorted and unique, ple_embed_dim defaulting to
+   hidden_size, layer_types from full_attention_interval, "full_attention" meaning
+   "qwen_sparse_attention", legacy top-level rope_theta / partial_rotary_factor) and every rule of
+   validate_architecture, in the same order.  After them come bounds that protect the runtime
+   (positive sizes, divisibility of head counts, at most QSA_MAX_LAYERS layers, ...).
+   Error codes: QSA_ERR_FORMAT for malformed or invalid values, QSA_ERR_UNSUPPORTED for valid
+   configurations this runtime does not run (other model types, rope types, quantisation methods,
+   layer types, activations).  JSON null counts as "absent" (HF writes null for unset options). */
+
+typedef struct qsa__cfgr {
+    const qsa__json *obj;
+    const char *src; /* file name for messages */
+    const char *pfx; /* "" or "text_config." */
+} qsa__cfgr;
+
+/* short description of a JSON value for "found ..." in messages */
+QSA_PRIV const char *qsa__cfg_found(const qsa__json *v, char *buf, size_t n) {
+    if (!v) snprintf(buf, n, "nothing");
+    else if (v->type == QSA__JSON_NUMBER && v->is_int) snprintf(buf, n, "%lld", (long long)v->i64);
+    else if (v->type == QSA__JSON_NUMBER) snprintf(buf, n, "%.17g", v->num);
+    else if (v->type == QSA__JSON_STRING) snprintf(buf, n, "\"%.40s%s\"", v->str, v->len > 40 ? "..." : "");
+    else if (v->type == QSA__JSON_TRUE) snprintf(buf, n, "true");
+    else if (v->type == QSA__JSON_FALSE) snprintf(buf, n, "false");
+    else snprintf(buf, n, "%s", qsa__json_type_name(v));
+    return buf;
+}
+
+/* member `name`, NULL when absent or null */
+QSA_PRIV const qsa__json *qsa__cfg_node(const qsa__cfgr *r, const char *name) {
+    const qsa__json *v = qsa__json_get(r->obj, name);
+    return (v && v->type == QSA__JSON_NULL) ? NULL : v;
+}
+
+QSA_PRIV qsa_result qsa__cfg_type_error(const qsa__cfgr *r, const char *name, const char *want, const qsa__json *v) {
+    char f[96];
+    return qsa__fail(QSA_ERR_FORMAT, "%s: %s%s: expected %s, found %s", r->src, r->pfx, name, want, qsa__cfg_found(v, f, sizeof f));
+}
+
+QSA_PRIV qsa_result qsa__cfg_i64(const qsa__cfgr *r, const char *name, int64_t def, int64_t lo, int64_t hi, int64_t *out,
+                                 int *present) {
+    const qsa__json *v = qsa__cfg_node(r, name);
+    if (present) *present = v != NULL;
+    if (!v) { *out = def; return QSA_OK; }
+    if (v->type != QSA__JSON_NUMBER || !v->is_int) return qsa__cfg_type_error(r, name, "an integer", v);
+    if (v->i64 < lo || v->i64 > hi) {
+        char want[96];
+        snprintf(want, sizeof want, "an integer in [%lld, %lld]", (long long)lo, (long long)hi);
+        return qsa__cfg_type_error(r, name, want, v);
+    }
+    *out = v->i64;
+    return QSA_OK;
+}
+/* an int field; any value that fits a C int is read (the rules below judge it) */
+QSA_PRIV qsa_result qsa__cfg_int(const qsa__cfgr *r, const char *name, int def, int *out, int *present) {
+    int64_t v;
+    QSA__TRY(qsa__cfg_i64(r, name, def, INT32_MIN, INT32_MAX, &v, present));
+    *out = (int)v;
+    return QSA_OK;
+}
+QSA_PRIV qsa_result qsa__cfg_num(const qsa__cfgr *r, const char *name, double def, double *out) {
+    const qsa__json *v = qsa__cfg_node(r, name);
+    if (!v) { *out = def; return QSA_OK; }
+    if (v->type != QSA__JSON_NUMBER) return qsa__cfg_type_error(r, name, "a number", v);
+    *out = v->num;
+    return QSA_OK;
+}
+QSA_PRIV qsa_result qsa__cfg_bool(const qsa__cfgr *r, const char *name, int def, int *out) {
+    const qsa__json *v = qsa__cfg_node(r, name);
+    if (!v) { *out = def; return QSA_OK; }
+    if (v->type == QSA__JSON_TRUE || v->type == QSA__JSON_FALSE) { *out = v->type == QSA__JSON_TRUE; return QSA_OK; }
+    if (v->type == QSA__JSON_NUMBER && v->is_int && (v->i64 == 0 || v->i64 == 1)) { *out = (int)v->i64; return QSA_OK; }
+    return qsa__cfg_type_error(r, name, "a boolean", v);
+}
+/* string field: NULL when absent */
+QSA_PRIV qsa_result qsa__cfg_str(const qsa__cfgr *r, const char *name, const qsa__json **out) {
+    const qsa__json *v = qsa__cfg_node(r, name);
+    *out = NULL;
+    if (!v) return QSA_OK;
+    if (v->type != QSA__JSON_STRING) return qsa__cfg_type_error(r, name, "a string", v);
+    *out = v;
+    return QSA_OK;
+}
+
+QSA_PRIV int qsa__cfg_act(const qsa__json *s, qsa_act *out) {
+    if (qsa__json_is_str(s, "silu") || qsa__json_is_str(s, "swish")) { *out = QSA_ACT_SILU; return 1; }
+    if (qsa__json_is_str(s, "sigmoid")) { *out = QSA_ACT_SIGMOID; return 1; }
+    return 0;
+}
+
+/* eos_token_id: an integer or a list of integers (each in [0, 2^31)) */
+QSA_PRIV qsa_result qsa__cfg_eos(const qsa__cfgr *r, int *n_eos, int32_t *ids, int *present) {
+    const qsa__json *v = qsa__cfg_node(r, "eos_token_id");
+    *n_eos = 0;
+    *present = v != NULL;
+    if (!v) return QSA_OK;
+    const qsa__json *e = v->type == QSA__JSON_ARRAY ? v->child : v;
+    if (v->type == QSA__JSON_ARRAY && v->count > QSA_MAX_EOS) {
+        return qsa__fail(QSA_ERR_FORMAT, "%s: %seos_token_id: expected at most %d ids, found %zu", r->src, r->pfx,
+                         QSA_MAX_EOS, v->count);
+    }
+    for (; e; e = (v->type == QSA__JSON_ARRAY) ? e->next : NULL) {
+        if (e->type != QSA__JSON_NUMBER || !e->is_int || e->i64 < 0 || e->i64 > INT32_MAX)
+            return qsa__cfg_type_error(r, "eos_token_id", "a token id (integer in [0, 2^31)) or a list of them", e);
+        ids[(*n_eos)++] = (int32_t)e->i64;
+    }
+    return QSA_OK;
+}
+
+/* glob match with '*' and '?' (ModelOpt exclude patterns are fnmatch patterns) */
+QSA_PRIV int qsa__glob(const char *pat, const char *s) {
+    const char *star = NULL, *ss = NULL;
+    while (*s) {
+        if (*pat == '?' || *pat == *s) { pat++; s++; }
+        else if (*pat == '*') { star = pat++; ss = s; }
+        else if (star) { pat = star + 1; s = ++ss; }
+        else return 0;
+    }
+    while (*pat == '*') pat++;
+    return *pat == 0;
+}
+
+QSA_IMPL int qsa_config_quant_excluded(const qsa_model_config *c, const char *module) {
+    const char *p = c->quant_exclude;
+    for (int i = 0; i < c->n_quant_exclude; i++) {
+        if (strncmp(p, "re:", 3) != 0 && qsa__glob(p, module)) return 1;
+        p += strlen(p) + 1;
+    }
+    return 0;
+}
+
+/* appends the strings of a JSON array to out->quant_exclude */
+QSA_PRIV qsa_result qsa__cfg_add_excludes(qsa_model_config *out, const qsa__json *arr, const char *src, const char *field) {
+    if (!arr || arr->type == QSA__JSON_NULL) return QSA_OK;
+    if (arr->type != QSA__JSON_ARRAY)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: %s: expected a list of module name patterns, found %s", src, field,
+                         qsa__json_type_name(arr));
+    size_t used = 0;
+    for (int i = 0; i < out->n_quant_exclude; i++) used += strlen(out->quant_exclude + used) + 1;
+    for (const qsa__json *e = arr->child; e; e = e->next) {
+        if (e->type != QSA__JSON_STRING)
+            return qsa__fail(QSA_ERR_FORMAT, "%s: %s: expected strings, found %s", src, field, qsa__json_type_name(e));
+        if (strlen(e->str) != e->len) continue; /* embedded NUL: cannot match a module name */
+        int dup = 0;
+        for (size_t k = 0; k < used && !dup; k += strlen(out->quant_exclude + k) + 1) dup = !strcmp(out->quant_exclude + k, e->str);
+        if (dup) continue; /* the same list in quantization_config and hf_quant_config.json */
+        if (used + e->len + 1 > sizeof out->quant_exclude) {
+            if (!out->quant_exclude_truncated)
+                qsa__log(QSA_LOG_WARN, "%s: %s: more patterns than fit (%zu bytes); the rest are not kept (tensors "
+                         "without weight_scale are treated as unquantised anyway)", src, field, sizeof out->quant_exclude);
+            out->quant_exclude_truncated = 1;
+            return QSA_OK;
+        }
+        memcpy(out->quant_exclude + used, e->str, e->len + 1);
+        used += e->len + 1;
+        out->n_quant_exclude++;
+    }
+    return QSA_OK;
+}
+
+/* "NVFP4" (ok), "MIXED_PRECISION" with only NVFP4 layers (ok), anything else unsupported */
+QSA_PRIV qsa_result qsa__cfg_quant_algo(const qsa__json *q, const char *src, const char *where) {
+    const qsa__json *algo = qsa__json_get(q, "quant_algo");
+    char f[96];
+    if (qsa__json_is_str(algo, "NVFP4")) return QSA_OK;
+    if (qsa__json_is_str(algo, "MIXED_PRECISION")) {
+        const qsa__json *layers = qsa__json_get(q, "quantized_layers");
+        if (!layers || layers->type != QSA__JSON_OBJECT)
+            return qsa__fail(QSA_ERR_FORMAT, "%s: %s.quantized_layers: expected an object for MIXED_PRECISION, found %s",
+                             src, where, qsa__json_type_name(layers));
+        for (const qsa__json *l = layers->child; l; l = l->next) {
+            const qsa__json *a = qsa__json_get(l, "quant_algo");
+            if (!qsa__json_is_str(a, "NVFP4"))
+                return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: %s.quantized_layers.%s.quant_algo: only NVFP4 is supported, found %s",
+                                 src, where, l->key, qsa__cfg_found(a, f, sizeof f));
+        }
+        return QSA_OK;
+    }
+    return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: %s.quant_algo: only NVFP4 (ModelOpt) is supported, found %s", src, where,
+                     qsa__cfg_found(algo, f, sizeof f));
+}
+
+/* group size from `group_size` or config_groups.*.weights.group_size; 16 when absent */
+QSA_PRIV qsa_result qsa__cfg_group_size(const qsa__json *q, const char *src, const char *where, qsa_model_config *out) {
+    const qsa__json *g = qsa__json_get(q, "group_size");
+    const qsa__json *groups = qsa__json_get(q, "config_groups");
+    if ((!g || g->type == QSA__JSON_NULL) && groups && groups->type == QSA__JSON_OBJECT)
+        for (const qsa__json *grp = groups->child; grp; grp = grp->next) {
+            const qsa__json *w = qsa__json_get(grp, "weights");
+            const qsa__json *gs = qsa__json_get(w, "group_size");
+            if (gs && gs->type != QSA__JSON_NULL) { g = gs; break; }
+        }
+    if (!g || g->type == QSA__JSON_NULL) { out->quant_group_size = 16; return QSA_OK; }
+    if (g->type != QSA__JSON_NUMBER || !g->is_int || g->i64 != 16) {
+        char f[96];
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: %s group_size: NVFP4 needs 16, found %s", src, where, qsa__cfg_found(g, f, sizeof f));
+    }
+    out->quant_group_size = 16;
+    return QSA_OK;
+}
+
+/* quantization_config inside config.json */
+QSA_PRIV qsa_result qsa__cfg_quant_config(const qsa__json *qc, const char *src, qsa_model_config *out) {
+    char f[96];
+    if (qc->type != QSA__JSON_OBJECT)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: quantization_config: expected an object, found %s", src, qsa__json_type_name(qc));
+    const qsa__json *method = qsa__json_get(qc, "quant_method");
+    if (qsa__json_is_str(method, "modelopt") || qsa__json_is_str(method, "modelopt_fp4") || !method ||
+        method->type == QSA__JSON_NULL) {
+        /* ModelOpt: either flat {quant_algo, group_size, exclude_modules|ignore} or nested "quantization" */
+        const qsa__json *inner = qsa__json_get(qc, "quantization");
+        const qsa__json *q = (inner && inner->type == QSA__JSON_OBJECT) ? inner : qc;
+        if (!qsa__json_get(q, "quant_algo") && !method)
+            return qsa__fail(QSA_ERR_FORMAT, "%s: quantization_config: neither quant_method nor quant_algo is set", src);
+        QSA__TRY(qsa__cfg_quant_algo(q, src, "quantization_config"));
+        QSA__TRY(qsa__cfg_group_size(q, src, "quantization_config", out));
+        QSA__TRY(qsa__cfg_add_excludes(out, qsa__json_get(q, "exclude_modules"), src, "quantization_config.exclude_modules"));
+        QSA__TRY(qsa__cfg_add_excludes(out, qsa__json_get(q, "ignore"), src, "quantization_config.ignore"));
+        out->nvfp4 = 1;
+        if (out->quant_format != QSA_QUANT_COMPRESSED_TENSORS) out->quant_format = QSA_QUANT_MODELOPT;
+        return QSA_OK;
+    }
+    if (qsa__json_is_str(method, "compressed-tensors")) {
+        /* llm-compressor NVFP4: format "nvfp4-pack-quantized" (weight_packed, weight_scale, weight_global_scale) */
+        const qsa__json *fmt = qsa__json_get(qc, "format");
+        const qsa__json *groups = qsa__json_get(qc, "config_groups");
+        if (!qsa__json_is_str(fmt, "nvfp4-pack-quantized") && groups && groups->type == QSA__JSON_OBJECT)
+            for (const qsa__json *g = groups->child; g; g = g->next) {
+                const qsa__json *gf = qsa__json_get(g, "format");
+                if (gf && gf->type == QSA__JSON_STRING) { fmt = gf; break; }
+            }
+        if (!qsa__json_is_str(fmt, "nvfp4-pack-quantized"))
+            return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: quantization_config.format: only nvfp4-pack-quantized is supported "
+                             "for compressed-tensors, found %s", src, qsa__cfg_found(fmt, f, sizeof f));
+        QSA__TRY(qsa__cfg_group_size(qc, src, "quantization_config", out));
+        QSA__TRY(qsa__cfg_add_excludes(out, qsa__json_get(qc, "ignore"), src, "quantization_config.ignore"));
+        out->nvfp4 = 1;
+        out->quant_format = QSA_QUANT_COMPRESSED_TENSORS;
+        return QSA_OK;
+    }
+    return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: quantization_config.quant_method: only modelopt (NVFP4) and compressed-tensors "
+                     "(nvfp4-pack-quantized) are supported, found %s", src, qsa__cfg_found(method, f, sizeof f));
+}
+
+/* hf_quant_config.json: {"producer": {...}, "quantization": {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": [...]}} */
+QSA_PRIV qsa_result qsa__cfg_hf_quant(const char *text, size_t len, const char *src, qsa_model_config *out) {
+    qsa__json_doc doc;
+    QSA__TRY(qsa__json_parse(text, len, src, &doc));
+    qsa_result r = QSA_OK;
+    const qsa__json *q = qsa__json_get(doc.root, "quantization");
+    if (!q || q->type != QSA__JSON_OBJECT)
+        r = qsa__fail(QSA_ERR_FORMAT, "%s: quantization: expected an object, found %s", src, qsa__json_type_name(q));
+    if (r == QSA_OK) r = qsa__cfg_quant_algo(q, src, "quantization");
+    if (r == QSA_OK) r = qsa__cfg_group_size(q, src, "quantization", out);
+    if (r == QSA_OK) r = qsa__cfg_add_excludes(out, qsa__json_get(q, "exclude_modules"), src, "quantization.exclude_modules");
+    if (r == QSA_OK) {
+        out->nvfp4 = 1;
+        if (out->quant_format == QSA_QUANT_NONE) out->quant_format = QSA_QUANT_MODELOPT;
+    }
+    qsa__json_free(&doc);
+    return r;
+}
+
+static int qsa__cfg_cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* the text-config fields; r->obj is the (flat or nested) text config */
+QSA_PRIV qsa_result qsa__cfg_text(const qsa__cfgr *r, qsa_model_config *c) {
+    const char *src = r->src, *pfx = r->pfx;
+    /* ---- fields and defaults of Qwen4ExpTextConfig ---- */
+    QSA__TRY(qsa__cfg_int(r, "vocab_size", 248320, &c->vocab_size, NULL));
+    QSA__TRY(qsa__cfg_int(r, "hidden_size", 2048, &c->hidden_size, NULL));
+    QSA__TRY(qsa__cfg_int(r, "num_hidden_layers", 40, &c->num_hidden_layers, NULL));
+    QSA__TRY(qsa__cfg_int(r, "num_attention_heads", 16, &c->num_attention_heads, NULL));
+    QSA__TRY(qsa__cfg_int(r, "num_key_value_heads", 2, &c->num_key_value_heads, NULL));
+    QSA__TRY(qsa__cfg_int(r, "head_dim", 256, &c->head_dim, NULL));
+    QSA__TRY(qsa__cfg_int(r, "max_position_embeddings", 32768, &c->max_position_embeddings, NULL));
+    double eps;
+    QSA__TRY(qsa__cfg_num(r, "rms_norm_eps", 1e-6, &eps));
+    c->rms_norm_eps = (float)eps;
+    QSA__TRY(qsa__cfg_bool(r, "tie_word_embeddings", 0, &c->tie_word_embeddings));
+    QSA__TRY(qsa__cfg_bool(r, "attention_bias", 0, &c->attention_bias));
+    QSA__TRY(qsa__cfg_int(r, "linear_conv_kernel_dim", 4, &c->linear_conv_kernel_dim, NULL));
+    QSA__TRY(qsa__cfg_int(r, "linear_key_head_dim", 128, &c->linear_key_head_dim, NULL));
+    QSA__TRY(qsa__cfg_int(r, "linear_value_head_dim", 128, &c->linear_value_head_dim, NULL));
+    QSA__TRY(qsa__cfg_int(r, "linear_num_key_heads", 16, &c->linear_num_key_heads, NULL));
+    QSA__TRY(qsa__cfg_int(r, "linear_num_value_heads", 32, &c->linear_num_value_heads, NULL));
+    QSA__TRY(qsa__cfg_int(r, "moe_intermediate_size", 512, &c->moe_intermediate_size, NULL));
+    QSA__TRY(qsa__cfg_int(r, "shared_expert_intermediate_size", 512, &c->shared_expert_intermediate_size, NULL));
+    QSA__TRY(qsa__cfg_int(r, "num_experts_per_tok", 10, &c->num_experts_per_tok, NULL));
+    QSA__TRY(qsa__cfg_int(r, "num_experts", 512, &c->num_experts, NULL));
+    QSA__TRY(qsa__cfg_bool(r, "norm_topk_prob", 1, &c->norm_topk_prob));
+    QSA__TRY(qsa__cfg_int(r, "hc_count", 4, &c->hc_count, NULL));
+    QSA__TRY(qsa__cfg_int(r, "hc_lowrank", 320, &c->hc_lowrank, NULL));
+    int ple_embed_present;
+    QSA__TRY(qsa__cfg_int(r, "ple_embed_dim", 0, &c->ple_embed_dim, &ple_embed_present));
+    if (!ple_embed_present) c->ple_embed_dim = c->hidden_size;
+    QSA__TRY(qsa__cfg_int(r, "ple_conv_kernel_size", 4, &c->ple_conv_kernel_size, NULL));
+    QSA__TRY(qsa__cfg_int(r, "ngram_size", 3, &c->ngram_size, NULL));
+    QSA__TRY(qsa__cfg_int(r, "heads_per_ngram", 8, &c->heads_per_ngram, NULL));
+    QSA__TRY(qsa__cfg_i64(r, "ngram_vocab_size_base", 20000000, INT64_MIN, INT64_MAX, &c->ngram_vocab_size_base, NULL));
+    QSA__TRY(qsa__cfg_int(r, "make_ngram_vocab_size_divisible_by", 128, &c->make_ngram_vocab_size_divisible_by, NULL));
+    QSA__TRY(qsa__cfg_i64(r, "seed", 1234, INT64_MIN, INT64_MAX, &c->seed, NULL));
+    QSA__TRY(qsa__cfg_int(r, "split_ngram_parts", 512, &c->split_ngram_parts, NULL));
+    int64_t bos, pad;
+    QSA__TRY(qsa__cfg_i64(r, "bos_token_id", -1, INT64_MIN, INT64_MAX, &bos, NULL));
+    QSA__TRY(qsa__cfg_i64(r, "pad_token_id", -1, INT64_MIN, INT64_MAX, &pad, NULL));
+    c->bos_token_id = (bos >= 0 && bos <= INT32_MAX) ? (int32_t)bos : -1; /* HF tolerates e.g. -1: "absent" */
+    c->pad_token_id = (pad >= 0 && pad <= INT32_MAX) ? (int32_t)pad : -1;
+    int eos_present;
+    QSA__TRY(qsa__cfg_eos(r, &c->n_eos, c->eos_token_ids, &eos_present));
+
+    /* activations */
+    const qsa__json *act, *gate;
+    QSA__TRY(qsa__cfg_str(r, "hidden_act", &act));
+    QSA__TRY(qsa__cfg_str(r, "output_gate_type", &gate));
+    snprintf(c->hidden_act_name, sizeof c->hidden_act_name, "%s", act ? act->str : "silu");
+    int hidden_act_ok = act ? qsa__cfg_act(act, &c->hidden_act) : (c->hidden_act = QSA_ACT_SILU, 1);
+
+    /* RoPE: rope_parameters (or legacy rope_scaling), then legacy top-level rope_theta / partial_rotary_factor */
+    const qsa__json *rp = qsa__cfg_node(r, "rope_parameters");
+    if (!rp) rp = qsa__cfg_node(r, "rope_scaling");
+    if (rp && rp->type != QSA__JSON_OBJECT) return qsa__cfg_type_error(r, "rope_parameters", "an object", rp);
+    if (rp) { /* per-layer-type form: take the attention layers' parameters */
+        const qsa__json *per = qsa__json_get(rp, "qwen_sparse_attention");
+        if (!per) per = qsa__json_get(rp, "full_attention");
+        if (per && per->type == QSA__JSON_OBJECT) rp = per;
+    }
+    qsa__cfgr rr = *r;
+    char rpfx[64];
+    snprintf(rpfx, sizeof rpfx, "%srope_parameters.", pfx);
+    rr.obj = rp;
+    rr.pfx = rpfx;
+    double theta_legacy, prf_legacy;
+    QSA__TRY(qsa__cfg_num(r, "rope_theta", 10000.0, &theta_legacy));
+    QSA__TRY(qsa__cfg_num(r, "partial_rotary_factor", 1.0, &prf_legacy));
+    double prf = prf_legacy;
+    c->rope_theta = theta_legacy;
+    if (rp) {
+        QSA__TRY(qsa__cfg_num(&rr, "rope_theta", theta_legacy, &c->rope_theta));
+        QSA__TRY(qsa__cfg_num(&rr, "partial_rotary_factor", prf_legacy, &prf));
+        const qsa__json *type = qsa__json_get(rp, "rope_type");
+        if (!type || type->type == QSA__JSON_NULL) type = qsa__json_get(rp, "type");
+        if (type && type->type != QSA__JSON_NULL && !qsa__json_is_str(type, "default")) {
+            char f[96];
+            return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: %srope_parameters.rope_type: only \"default\" RoPE is supported, found %s",
+                             src, pfx, qsa__cfg_found(type, f, sizeof f));
+        }
+    }
+    c->partial_rotary_factor = (float)prf;
+    double rd = (double)c->head_dim * prf;
+    c->rotary_dim = (rd >= 0 && rd < 2147483647.0) ? (int)rd : -1;
+
+    /* QSA indexer (all or none) */
+    static const char *const qsa_names[5] = {"indexer_n_heads", "indexer_kv_heads", "indexer_head_dim", "indexer_budget",
+                                             "indexer_compress_ratio"};
+    int *qsa_vals[5];
+    qsa_vals[0] = &c->indexer_n_heads; qsa_vals[1] = &c->indexer_kv_heads; qsa_vals[2] = &c->indexer_head_dim;
+    qsa_vals[3] = &c->indexer_budget; qsa_vals[4] = &c->indexer_compress_ratio;
+    int qsa_present[5], n_qsa = 0;
+    for (int i = 0; i < 5; i++) {
+        QSA__TRY(qsa__cfg_int(r, qsa_names[i], 0, qsa_vals[i], &qsa_present[i]));
+        n_qsa += qsa_present[i];
+    }
+    c->has_qsa = n_qsa > 0;
+
+    /* ---- sizes the layer arrays depend on ---- */
+    if (c->num_hidden_layers < 1 || c->num_hidden_layers > QSA_MAX_LAYERS)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: %snum_hidden_layers: expected 1..%d (QSA_MAX_LAYERS), found %d", src, pfx,
+                         QSA_MAX_LAYERS, c->num_hidden_layers);
+    int L = c->num_hidden_layers;
+
+    /* layer_types, or every full_attention_interval-th layer */
+    const qsa__json *lt = qsa__cfg_node(r, "layer_types");
+    const char *bad_type = NULL;
+    char bad_buf[96];
+    if (lt) {
+        if (lt->type != QSA__JSON_ARRAY) return qsa__cfg_type_error(r, "layer_types", "a list of strings", lt);
+        int i = 0;
+        for (const qsa__json *e = lt->child; e; e = e->next, i++) {
+            if (e->type != QSA__JSON_STRING) return qsa__cfg_type_error(r, "layer_types", "a list of strings", e);
+            uint8_t t = QSA_LAYER_LINEAR;
+            if (qsa__json_is_str(e, "linear_attention")) t = QSA_LAYER_LINEAR;
+            else if (qsa__json_is_str(e, "qwen_sparse_attention") || qsa__json_is_str(e, "full_attention")) t = QSA_LAYER_QSA;
+            else if (!bad_type) bad_type = qsa__cfg_found(e, bad_buf, sizeof bad_buf);
+            if (i < QSA_MAX_LAYERS) c->layer_types[i] = t;
+        }
+    } else {
+        int interval;
+        QSA__TRY(qsa__cfg_int(r, "full_attention_interval", 4, &interval, NULL));
+        if (interval <= 0)
+            return qsa__fail(QSA_ERR_FORMAT, "%s: %sfull_attention_interval: expected a positive integer, found %d", src, pfx, interval);
+        for (int i = 0; i < L; i++) c->layer_types[i] = ((i + 1) % interval) ? QSA_LAYER_LINEAR : QSA_LAYER_QSA;
+    }
+
+    /* ple_layer_ids: sorted(set(...)) */
+    const qsa__json *pl = qsa__cfg_node(r, "ple_layer_ids");
+    int64_t bad_ple = 0;
+    int n_bad_ple = 0;
+    if (pl) {
+        if (pl->type != QSA__JSON_ARRAY) return qsa__cfg_type_error(r, "ple_layer_ids", "a list of integers", pl);
+        int64_t *ids = QSA__ALLOC(int64_t, pl->count);
+        if (!ids) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "%s: ple_layer_ids: out of memory", src);
+        size_t n = 0;
+        for (const qsa__json *e = pl->child; e; e = e->next) {
+            if (e->type != QSA__JSON_NUMBER || !e->is_int) {
+                qsa__free(ids);
+                return qsa__cfg_type_error(r, "ple_layer_ids", "a list of integers", e);
+            }
+            ids[n++] = e->i64;
+        }
+        if (n) qsort(ids, n, sizeof *ids, qsa__cfg_cmp_i64);
+        size_t u = 0;
+        for (size_t i = 0; i < n; i++)
+            if (u == 0 || ids[u - 1] != ids[i]) ids[u++] = ids[i];
+        c->n_ple_layers = 0;
+        for (size_t i = 0; i < u; i++) {
+            if (ids[i] < 1 || ids[i] > L) { if (!n_bad_ple++) bad_ple = ids[i]; continue; }
+            c->ple_layer_ids[c->n_ple_layers++] = (int)ids[i];
+        }
+        c->n_ple_layers += n_bad_ple; /* "PLE enabled" even if every id is invalid (reported below) */
+        qsa__free(ids);
+    }
+
+    /* ---- validate_architecture, in the reference's order ---- */
+    if (bad_type)
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: %slayer_types: unsupported Qwen4-Exp layer type %s (expected "
+                         "\"linear_attention\" or \"qwen_sparse_attention\"/\"full_attention\")", src, pfx, bad_type);
+    {
+        const qsa__json *g = gate ? gate : act;
+        if (g ? !qsa__cfg_act(g, &c->output_gate_act) : (c->output_gate_act = QSA_ACT_SILU, 0)) {
+            char f[96];
+            return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: %s%s: unsupported Qwen4-Exp output gate activation %s (expected \"silu\" or "
+                             "\"sigmoid\")", src, pfx, gate ? "output_gate_type" : "hidden_act", qsa__cfg_found(g, f, sizeof f));
+        }
+    }
+    if (c->hc_count <= 1)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: %shc_count: Qwen4-Exp requires hc_count > 1, found %d", src, pfx, c->hc_count);
+    if (c->num_experts <= 0)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: %snum_experts: must be > 0, found %d", src, pfx, c->num_experts);
+    if (c->num_experts_per_tok <= 0 || c->num_experts_per_tok > c->num_experts)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: %snum_experts_per_tok: must be in [1, num_experts=%d], found %d", src, pfx,
+                         c->num_experts, c->num_experts_per_tok);
+    if (c->moe_intermediate_size <= 0 || c->shared_expert_intermediate_size <= 0)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: %smoe_intermediate_size and shared_expert_intermediate_size must be > 0, found %d "
+                         "and %d", src, pfx, c->moe_intermediate_size, c->shared_expert_intermediate_size);
+    if (c->has_qsa) {
+        char missing[160] = "";
+        for (int i = 0; i < 5; i++)
+            if (!qsa_present[i]) {
+                size_t k = strlen(missing);
+                snprintf(missing + k, sizeof missing - k, "%s%s", k ? ", " : "", qsa_names[i]);
+            }
+        if (missing[0])
+            return qsa__fail(QSA_ERR_FORMAT, "%s: QSA config is missing required fields: %s (set all five indexer_* fields or none)",
+                             src, missing);
+        for (int i = 0; i < 5; i++)
+            if (*qsa_vals[i] <= 0)
+                return qsa__fail(QSA_ERR_FORMAT, "%s: %s%s: QSA config values must be positive, found %d", src, pfx, qsa_names[i],
+                                 *qsa_vals[i]);
+        if (c->indexer_kv_heads != 1)
+            return qsa__fail(QSA_ERR_FORMAT, "%s: %sindexer_kv_heads: Qwen4-Exp QSA requires 1, found %d", src, pfx, c->indexer_kv_heads);
+        if (c->indexer_budget % c->indexer_compress_ratio != 0)
+            return qsa__fail(QSA_ERR_FORMAT, "%s: %sindexer_budget (%d) must be divisible by indexer_compress_ratio (%d)", src, pfx,
+                             c->indexer_budget, c->indexer_compress_ratio);
+        if (c->rotary_dim > c->indexer_head_dim)
+            return qsa__fail(QSA_ERR_FORMAT, "%s: %sindexer_head_dim: attention RoPE dimensions must fit the QSA index head: "
+                             "rotary_dim=%d (head_dim %d * partial_rotary_factor %g) > indexer_head_dim=%d", src, pfx,
+                             c->rotary_dim, c->head_dim, prf, c->indexer_head_dim);
+    }
+    if (c->n_ple_layers) {
+        int64_t ngram_heads = ((int64_t)c->ngram_size - 1) * c->heads_per_ngram;
+        if (ngram_heads <= 0 || c->ple_embed_dim <= 0 || c->ple_embed_dim % ngram_heads != 0)
+            return qsa__fail(QSA_ERR_FORMAT, "%s: %sple_embed_dim: must be positive and divisible by the number of n-gram heads "
+                             "(ngram_size-1)*heads_per_ngram = %lld, found %d", src, pfx, (long long)ngram_heads, c->ple_embed_dim);
+        if (n_bad_ple)
+            return qsa__fail(QSA_ERR_FORMAT, "%s: %sple_layer_ids: must contain one-indexed ids in [1, %d], found %lld (%d invalid)",
+                             src, pfx, L, (long long)bad_ple, n_bad_ple);
+        for (int i = 0; i < c->n_ple_layers; i++)
+            if (c->layer_types[c->ple_layer_ids[i] - 1] != QSA_LAYER_LINEAR)
+                return qsa__fail(QSA_ERR_FORMAT, "%s: %sple_layer_ids: Qwen4-Exp PLE is only supported on linear_attention layers, "
+                                 "found PLE on layer %d (a qwen_sparse_attention layer)", src, pfx, c->ple_layer_ids[i]);
+        if (!eos_present || c->n_eos == 0)
+            return qsa__fail(QSA_ERR_FORMAT, "%s: %seos_token_id: must be set when Qwen4-Exp PLE layers are enabled", src, pfx);
+    }
+    /* PreTrainedConfig.validate_layer_type */
+    if (lt && lt->count != (size_t)L)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: %slayer_types: num_hidden_layers (%d) must equal the number of layer_types (%zu)",
+                         src, pfx, L, lt->count);
+
+    /* ---- bounds the runtime relies on ---- */
+#define QSA__CFG_POS(field, hi) do { if (c->field < 1 || c->field > (hi)) \
+        return qsa__fail(QSA_ERR_FORMAT, "%s: %s" #field ": expected 1..%d, found %d", src, pfx, (int)(hi), c->field); } while (0)
+    QSA__CFG_POS(vocab_size, INT32_MAX);
+    QSA__CFG_POS(hidden_size, 1 << 20);
+    QSA__CFG_POS(num_attention_heads, 1 << 12);
+    QSA__CFG_POS(num_key_value_heads, 1 << 12);
+    QSA__CFG_POS(head_dim, 1 << 14);
+    QSA__CFG_POS(max_position_embeddings, INT32_MAX);
+    QSA__CFG_POS(linear_conv_kernel_dim, 64);
+    QSA__CFG_POS(linear_key_head_dim, 1 << 14);
+    QSA__CFG_POS(linear_value_head_dim, 1 << 14);
+    QSA__CFG_POS(linear_num_key_heads, 1 << 12);
+    QSA__CFG_POS(linear_num_value_heads, 1 << 12);
+    QSA__CFG_POS(hc_count, 64);
+    QSA__CFG_POS(hc_lowrank, 1 << 20);
+    QSA__CFG_POS(num_experts, 1 << 16);
+    QSA__CFG_POS(moe_intermediate_size, 1 << 20);
+    QSA__CFG_POS(shared_expert_intermediate_size, 1 << 20);
+    if (c->num_attention_heads % c->num_key_value_heads)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: %snum_attention_heads (%d) must be a multiple of num_key_value_heads (%d)", src, pfx,
+                         c->num_attention_heads, c->num_key_value_heads);
+    if (c->linear_num_value_heads % c->linear_num_key_heads)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: %slinear_num_value_heads (%d) must be a multiple of linear_num_key_heads (%d)", src,
+                         pfx, c->linear_num_value_heads, c->linear_num_key_heads);
+    if (!(c->rms_norm_eps > 0) || !(c->rms_norm_eps < 1))
+        return qsa__fail(QSA_ERR_FORMAT, "%s: %srms_norm_eps: expected a value in (0, 1), found %g", src, pfx, (double)c->rms_norm_eps);
+    if (!(c->rope_theta > 0) || c->rope_theta > 1e30)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: %srope_parameters.rope_theta: expected a positive number, found %g", src, pfx, c->rope_theta);
+    if (!(prf > 0) || prf > 1)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: %srope_parameters.partial_rotary_factor: expected a value in (0, 1], found %g", src, pfx, prf);
+    if (c->rotary_dim < 2 || c->rotary_dim % 2)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: %srotary_dim = int(head_dim %d * partial_rotary_factor %g) = %d: expected an even "
+                         "number >= 2", src, pfx, c->head_dim, prf, c->rotary_dim);
+    if (!hidden_act_ok)
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: %shidden_act: the runtime supports \"silu\" (and \"sigmoid\"), found \"%s\"", src,
+                         pfx, c->hidden_act_name);
+    int n_qsa_layers = 0;
+    for (int i = 0; i < L; i++) n_qsa_layers += c->layer_types[i] == QSA_LAYER_QSA;
+    if (n_qsa_layers && !c->has_qsa)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: %slayer_types has %d qwen_sparse_attention layers but the QSA indexer fields "
+                         "(indexer_n_heads, ...) are missing", src, pfx, n_qsa_layers);
+    if (c->has_qsa) {
+        QSA__CFG_POS(indexer_n_heads, 1 << 12);
+        QSA__CFG_POS(indexer_head_dim, 1 << 14);
+        QSA__CFG_POS(indexer_compress_ratio, 1 << 20);
+        QSA__CFG_POS(indexer_budget, INT32_MAX);
+        if (c->indexer_head_dim % 2)
+            return qsa__fail(QSA_ERR_FORMAT, "%s: %sindexer_head_dim: expected an even number (RoPE), found %d", src, pfx, c->indexer_head_dim);
+    }
+    if (c->n_ple_layers) {
+        QSA__CFG_POS(ple_embed_dim, 1 << 20);
+        QSA__CFG_POS(ple_conv_kernel_size, 64);
+        QSA__CFG_POS(ngram_size, 64);
+        QSA__CFG_POS(heads_per_ngram, 1 << 12);
+        QSA__CFG_POS(make_ngram_vocab_size_divisible_by, 1 << 20);
+        QSA__CFG_POS(split_ngram_parts, 1 << 20);
+        if (c->ngram_size < 2)
+            return qsa__fail(QSA_ERR_FORMAT, "%s: %sngram_size: expected >= 2, found %d", src, pfx, c->ngram_size);
+        if (c->ngram_vocab_size_base < 2 || c->ngram_vocab_size_base > ((int64_t)1 << 40))
+            return qsa__fail(QSA_ERR_FORMAT, "%s: %sngram_vocab_size_base: expected 2..2^40, found %lld", src, pfx,
+                             (long long)c->ngram_vocab_size_base);
+    }
+#undef QSA__CFG_POS
+    return QSA_OK;
+}
+
+QSA_IMPL qsa_result qsa_config_parse(const char *json, size_t len, const char *quant_json, size_t quant_len,
+                                     const char *source, qsa_model_config *out) {
+    if (!out || (!json && len)) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_config_parse: NULL argument");
+    const char *src = source ? source : "config.json";
+    memset(out, 0, sizeof *out);
+    qsa__json_doc doc;
+    QSA__TRY(qsa__json_parse(json, len, src, &doc));
+    qsa_result r = QSA_OK;
+    const qsa__json *root = doc.root, *text = root;
+    qsa__cfgr rd;
+    rd.src = src;
+    rd.pfx = "";
+    if (root->type != QSA__JSON_OBJECT) {
+        r = qsa__fail(QSA_ERR_FORMAT, "%s: expected a JSON object at the top level, found %s", src, qsa__json_type_name(root));
+        goto done;
+    }
+    {
+        const qsa__json *mt = qsa__json_get(root, "model_type");
+        if (mt && mt->type == QSA__JSON_NULL) mt = NULL;
+        if (qsa__json_is_str(mt, "qwen4_exp")) {
+            const qsa__json *tc = qsa__json_get(root, "text_config");
+            static const qsa__json empty_obj = {QSA__JSON_OBJECT, NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0};
+            if (!tc || tc->type == QSA__JSON_NULL) text = &empty_obj; /* Qwen4ExpConfig: default text config */
+            else if (tc->type != QSA__JSON_OBJECT) {
+                r = qsa__fail(QSA_ERR_FORMAT, "%s: text_config: expected an object, found %s", src, qsa__json_type_name(tc));
+                goto done;
+            } else text = tc;
+            rd.pfx = "text_config.";
+            const qsa__json *tmt = qsa__json_get(text, "model_type");
+            if (tmt && tmt->type != QSA__JSON_NULL && !qsa__json_is_str(tmt, "qwen4_exp_text")) {
+                char f[96];
+                r = qsa__fail(QSA_ERR_UNSUPPORTED, "%s: text_config.model_type: expected \"qwen4_exp_text\", found %s", src,
+                              qsa__cfg_found(tmt, f, sizeof f));
+                goto done;
+            }
+        } else if (!qsa__json_is_str(mt, "qwen4_exp_text")) {
+            char f[96];
+            r = qsa__fail(mt ? QSA_ERR_UNSUPPORTED : QSA_ERR_FORMAT, "%s: model_type: expected \"qwen4_exp\" or \"qwen4_exp_text\", "
+                          "found %s", src, qsa__cfg_found(mt, f, sizeof f));
+            goto done;
+        }
+    }
+    snprintf(out->model_type, sizeof out->model_type, "qwen4_exp_text");
+    rd.obj = text;
+    r = qsa__cfg_text(&rd, out);
+    if (r != QSA_OK) goto done;
+    /* quantisation: quantization_config (top level, or in text_config), then hf_quant_config.json */
+    {
+        const qsa__json *qc = qsa__json_get(root, "quantization_config");
+        if (!qc || qc->type == QSA__JSON_NULL) qc = qsa__json_get(text, "quantization_config");
+        if (qc && qc->type != QSA__JSON_NULL) r = qsa__cfg_quant_config(qc, src, out);
+        if (r == QSA_OK && quant_json) r = qsa__cfg_hf_quant(quant_json, quant_len, "hf_quant_config.json", out);
+    }
+done:
+    qsa__json_free(&doc);
+    if (r != QSA_OK) {
+        memset(out, 0, sizeof *out);
+        return r;
+    }
+    return QSA_OK;
+}
+
+QSA_IMPL qsa_result qsa_config_load_dir(const char *dir, qsa_model_config *out) {
+    if (!dir || !out) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_config_load_dir: NULL argument");
+    char *cpath = qsa__path_join(dir, "config.json"), *qpath = qsa__path_join(dir, "hf_quant_config.json");
+    char *text = NULL, *qtext = NULL;
+    size_t len = 0, qlen = 0;
+    qsa_result r = QSA_OK;
+    if (!cpath || !qpath) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_config_load_dir: out of memory");
+    if (r == QSA_OK) r = qsa__read_file(cpath, &text, &len);
+    if (r == QSA_OK && qsa__file_exists(qpath)) r = qsa__read_file(qpath, &qtext, &qlen);
+    if (r == QSA_OK) {
+        r = qsa_config_parse(text, len, NULL, 0, cpath, out);
+        if (r == QSA_OK && qtext) r = qsa__cfg_hf_quant(qtext, qlen, qpath, out);
+        if (r != QSA_OK) memset(out, 0, sizeof *out);
+    }
+    qsa__free(text);
+    qsa__free(qtext);
+    qsa__free(cpath);
+    qsa__free(qpath);
+    return r;
+}
+
+QSA_IMPL qsa_result qsa_generation_config_parse(const char *json, size_t len, const char *source, qsa_generation_config *out) {
+    if (!out || (!json && len)) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_generation_config_parse: NULL argument");
+    const char *src = source ? source : "generation_config.json";
+    memset(out, 0, sizeof *out);
+    qsa__json_doc doc;
+    QSA__TRY(qsa__json_parse(json, len, src, &doc));
+    qsa_result r = QSA_OK;
+    qsa__cfgr rd;
+    rd.obj = doc.root;
+    rd.src = src;
+    rd.pfx = "";
+    if (doc.root->type != QSA__JSON_OBJECT) {
+        r = qsa__fail(QSA_ERR_FORMAT, "%s: expected a JSON object at the top level, found %s", src, qsa__json_type_name(doc.root));
+        goto done;
+    }
+    {
+        double v;
+        int present;
+#define QSA__GEN_NUM(field) \
+        if (r == QSA_OK && qsa__cfg_node(&rd, #field)) { \
+            r = qsa__cfg_num(&rd, #field, 0, &v); out->field = (float)v; out->has_##field = 1; }
+        QSA__GEN_NUM(temperature)
+        QSA__GEN_NUM(top_p)
+        QSA__GEN_NUM(min_p)
+        QSA__GEN_NUM(repetition_penalty)
+#undef QSA__GEN_NUM
+        if (r == QSA_OK) r = qsa__cfg_int(&rd, "top_k", 0, &out->top_k, &out->has_top_k);
+        if (r == QSA_OK && qsa__cfg_node(&rd, "do_sample")) {
+            r = qsa__cfg_bool(&rd, "do_sample", 0, &out->do_sample);
+            out->has_do_sample = 1;
+        }
+        if (r == QSA_OK) r = qsa__cfg_int(&rd, "max_new_tokens", 0, &out->max_new_tokens, &present);
+        if (r == QSA_OK) r = qsa__cfg_eos(&rd, &out->n_eos, out->eos_token_ids, &present);
+        if (r == QSA_OK && out->has_temperature && !(out->temperature >= 0))
+            r = qsa__fail(QSA_ERR_FORMAT, "%s: temperature: expected >= 0, found %g", src, (double)out->temperature);
+        if (r == QSA_OK && out->has_top_p && !(out->top_p >= 0 && out->top_p <= 1))
+            r = qsa__fail(QSA_ERR_FORMAT, "%s: top_p: expected a value in [0, 1], found %g", src, (double)out->top_p);
+        if (r == QSA_OK && out->has_min_p && !(out->min_p >= 0 && out->min_p <= 1))
+            r = qsa__fail(QSA_ERR_FORMAT, "%s: min_p: expected a value in [0, 1], found %g", src, (double)out->min_p);
+        if (r == QSA_OK && out->has_top_k && out->top_k < 0)
+            r = qsa__fail(QSA_ERR_FORMAT, "%s: top_k: expected >= 0, found %d", src, out->top_k);
+        if (r == QSA_OK && out->has_repetition_penalty && !(out->repetition_penalty > 0))
+            r = qsa__fail(QSA_ERR_FORMAT, "%s: repetition_penalty: expected > 0, found %g", src, (double)out->repetition_penalty);
+        if (r == QSA_OK && out->max_new_tokens < 0)
+            r = qsa__fail(QSA_ERR_FORMAT, "%s: max_new_tokens: expected >= 0, found %d", src, out->max_new_tokens);
+    }
+done:
+    qsa__json_free(&doc);
+    if (r != QSA_OK) memset(out, 0, sizeof *out);
+    return r;
+}
+
+/* ============================================================================================== */
+/* >>safetensors  safetensors files and sharded indexes                                           */
+/* ============================================================================================== */
+/* A safetensors file: 8-byte little-endian header length N, N bytes of JSON
+   {"name": {"dtype": "BF16", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {..}},
+   then the data (offsets are relative to its start).  Everything is checked before use: header
+   length against the file size (and a 100 MB cap, like the reference implementation), shapes
+   (non-negative, no overflow), offsets (begin <= end <= data size, end - begin == elements * dtype
+   size, no two tensors overlapping), dtypes (F32 F16 BF16 F8_E4M3 U8 I64 I32; others are
+   QSA_ERR_UNSUPPORTED), names unique across all shards.  Files are mapped read-only; tensors point
+   into the mappings.  Vision ("model.visual.*", "visual.*") and MTP ("mtp.*") tensors are checked
+   for structure but not indexed. */
+
+typedef enum qsa__dtype {
+    QSA__DTYPE_ANY = -1, /* "any dtype" for qsa__st_get */
+    QSA__F32 = 0, QSA__F16, QSA__BF16, QSA__F8_E4M3, QSA__U8, QSA__I64, QSA__I32, QSA__DTYPE_COUNT
+} qsa__dtype;
+
+/* One tensor of a mapped safetensors file.  `data` points into the mapping (not aligned in general:
+   read through memcpy or byte loads).  `name` is the full name as stored in the file. */
+typedef struct qsa__tensor {
+    const char *name;
+    qsa__dtype dtype;
+    int ndim;
+    int64_t shape[8];
+    const uint8_t *data;
+    size_t nbytes;
+    int file;           /* index of the file in the set */
+} qsa__tensor;
+
+/* All tensors of a model directory (single file or sharded index), sorted by name. */
+typedef struct qsa__st_set {
+    int nfiles;
+    qsa__map *files;
+    int ntensors;
+    qsa__tensor *tensors;
+    char *prefix;       /* "model.language_model." or "model." or "" as detected */
+    /* private */
+    int cap_tensors;
+    int nnames;
+    char **names;       /* one block of tensor names per file */
+    int borrowed;       /* files[] are not ours to unmap (qsa__st_open_memory) */
+} qsa__st_set;
+
+#define QSA__ST_MAX_HEADER ((uint64_t)100 << 20)
+
+QSA_PRIV const char *qsa__dtype_name(qsa__dtype t) {
+    switch (t) {
+    case QSA__F32: return "F32";
+    case QSA__F16: return "F16";
+    case QSA__BF16: return "BF16";
+    case QSA__F8_E4M3: return "F8_E4M3";
+    case QSA__U8: return "U8";
+    case QSA__I64: return "I64";
+    case QSA__I32: return "I32";
+    default: return "?";
+    }
+}
+QSA_PRIV size_t qsa__dtype_size(qsa__dtype t) {
+    switch (t) {
+    case QSA__F32: case QSA__I32: return 4;
+    case QSA__F16: case QSA__BF16: return 2;
+    case QSA__F8_E4M3: case QSA__U8: return 1;
+    case QSA__I64: return 8;
+    default: return 0;
+    }
+}
+QSA_PRIV int qsa__dtype_parse(const qsa__json *s, qsa__dtype *out) {
+    for (int t = 0; t < QSA__DTYPE_COUNT; t++)
+        if (qsa__json_is_str(s, qsa__dtype_name((qsa__dtype)t))) { *out = (qsa__dtype)t; return 1; }
+    return 0;
+}
+
+/* FP8 E4M3FN: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities, S.1111.111 is NaN. */
+QSA_PRIV float qsa__e4m3_to_f32(uint8_t v) {
+    int sign = v >> 7, e = (v >> 3) & 15, m = v & 7;
+    float f;
+    if (e == 15 && m == 7) return sign ? -NAN : NAN;
+    if (e == 0) f = ldexpf((float)m, -9); /* subnormal: m/8 * 2^-6 */
+    else f = ldexpf((float)(8 + m), e - 10);
+    return sign ? -f : f;
+}
+
+QSA_PRIV int qsa__st_ignored(const char *name) {
+    return !strncmp(name, "model.visual.", 13) || !strncmp(name, "visual.", 7) || !strncmp(name, "mtp.", 4);
+}
+
+static int qsa__st_cmp_tensor(const void *a, const void *b) {
+    return strcmp(((const qsa__tensor *)a)->name, ((const qsa__tensor *)b)->name);
+}
+
+typedef struct qsa__st_range { uint64_t begin, end; const char *name; } qsa__st_range;
+static int qsa__st_cmp_range(const void *a, const void *b) {
+    const qsa__st_range *x = (const qsa__st_range *)a, *y = (const qsa__st_range *)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return (x->end > y->end) - (x->end < y->end);
+}
+
+QSA_PRIV void qsa__st_close(qsa__st_set *set) {
+    if (!set) return;
+    if (set->files) {
+        for (int i = 0; i < set->nfiles; i++) {
+            if (set->borrowed) qsa__free(set->files[i].path);
+            else qsa__unmap(&set->files[i]);
+        }
+        qsa__free(set->files);
+    }
+    for (int i = 0; i < set->nnames; i++) qsa__free(set->names[i]);
+    qsa__free(set->names);
+    qsa__free(set->tensors);
+    qsa__free(set->prefix);
+    memset(set, 0, sizeof *set);
+}
+
+/* shape [a, b, ...] into buf */
+QSA_PRIV const char *qsa__shape_str(int ndim, const int64_t *shape, char *buf, size_t n) {
+    size_t k = 0;
+    k += (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && k < n; i++) k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+    return buf;
+}
+
+/* Parses the header of file `fi` (already in set->files) and appends its text tensors. */
+QSA_PRIV qsa_result qsa__st_parse_file(qsa__st_set *set, int fi) {
+    const qsa__map *m = &set->files[fi];
+    const char *path = m->path;
+    if (m->size < 8)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: file too short (%zu bytes) for the 8-byte safetensors header length", path, m->size);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | m->data[i];
+    if (hlen > m->size - 8)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: header length %llu exceeds the file size (%zu bytes): truncated or not a safetensors file",
+                         path, (unsigned long long)hlen, m->size);
+    if (hlen > QSA__ST_MAX_HEADER)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: header length %llu exceeds the 100 MB limit", path, (unsigned long long)hlen);
+    const uint8_t *base = m->data + 8 + hlen;
+    uint64_t data_size = (uint64_t)(m->size - 8 - hlen);
+    char where[600];
+    snprintf(where, sizeof where, "%s (safetensors header)", path);
+    qsa__json_doc doc;
+    QSA__TRY(qsa__json_parse((const char *)m->data + 8, (size_t)hlen, where, &doc));
+    qsa_result r = QSA_OK;
+    const qsa__json *root = doc.root;
+    qsa__st_range *ranges = NULL;
+    char *names = NULL;
+    size_t nr = 0;
+    char sb[128];
+    if (root->type != QSA__JSON_OBJECT) {
+        r = qsa__fail(QSA_ERR_FORMAT, "%s: header is not a JSON object (found %s)", path, qsa__json_type_name(root));
+        goto done;
+    }
+    {
+        /* room for every entry, and one block for the kept names */
+        size_t names_len = 0;
+        for (const qsa__json *e = root->child; e; e = e->next) names_len += e->key_len + 1;
+        ranges = QSA__ALLOC(qsa__st_range, root->count);
+        names = QSA__ALLOC(char, names_len);
+        size_t need = (size_t)set->ntensors + root->count;
+        if (need > (size_t)INT32_MAX) { r = qsa__fail(QSA_ERR_FORMAT, "%s: too many tensors", path); goto done; }
+        if ((int)need > set->cap_tensors) {
+            int cap = set->cap_tensors ? set->cap_tensors : 256;
+            while ((size_t)cap < need) cap = cap > INT32_MAX / 2 ? INT32_MAX : cap * 2;
+            qsa__tensor *nt = (qsa__tensor *)qsa__realloc(set->tensors, sizeof(qsa__tensor) * (size_t)cap);
+            if (nt) { set->tensors = nt; set->cap_tensors = cap; }
+            else need = 0;
+        }
+        char **nn = (char **)qsa__realloc(set->names, sizeof(char *) * (size_t)(set->nnames + 1));
+        if (nn) set->names = nn;
+        if (!ranges || !names || !nn || (need == 0 && root->count)) {
+            r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "%s: out of memory reading the header (%zu entries)", path, root->count);
+            goto done;
+        }
+        set->names[set->nnames++] = names; /* owned by the set from here on */
+        size_t name_off = 0;
+        for (const qsa__json *e = root->child; e; e = e->next) {
+            const char *name = e->key;
+            if (!strcmp(name, "__metadata__") && e->key_len == 12) {
+                if (e->type != QSA__JSON_OBJECT) {
+                    r = qsa__fail(QSA_ERR_FORMAT, "%s: __metadata__: expected an object, found %s", path, qsa__json_type_name(e));
+                    goto done;
+                }
+                continue;
+            }
+            if (strlen(name) != e->key_len) {
+                r = qsa__fail(QSA_ERR_FORMAT, "%s: a tensor name contains a NUL character ('%s...')", path, name);
+                goto done;
+            }
+            if (e->type != QSA__JSON_OBJECT) {
+                r = qsa__fail(QSA_ERR_FORMAT, "%s: tensor '%s': expected an object {dtype, shape, data_offsets}, found %s", path,
+                              name, qsa__json_type_name(e));
+                goto done;
+            }
+            const qsa__json *dt = qsa__json_get(e, "dtype"), *sh = qsa__json_get(e, "shape"), *off = qsa__json_get(e, "data_offsets");
+            if (!dt || dt->type != QSA__JSON_STRING) {
+                r = qsa__fail(QSA_ERR_FORMAT, "%s: tensor '%s': dtype: expected a string, found %s", path, name, qsa__json_type_name(dt));
+                goto done;
+            }
+            if (!sh || sh->type != QSA__JSON_ARRAY || sh->count > 8) {
+                r = qsa__fail(QSA_ERR_FORMAT, "%s: tensor '%s': shape: expected a list of at most 8 dimensions, found %s%s", path,
+                              name, qsa__json_type_name(sh), sh && sh->type == QSA__JSON_ARRAY ? " (too many dimensions)" : "");
+                goto done;
+            }
+            if (!off || off->type != QSA__JSON_ARRAY || off->count != 2 || off->child->type != QSA__JSON_NUMBER ||
+                off->child->next->type != QSA__JSON_NUMBER || !off->child->is_int || !off->child->next->is_int ||
+                off->child->i64 < 0 || off->child->next->i64 < 0) {
+                r = qsa__fail(QSA_ERR_FORMAT, "%s: tensor '%s': data_offsets: expected [begin, end] (two non-negative integers)", path, name);
+                goto done;
+            }
+            qsa__tensor t;
+            memset(&t, 0, sizeof t);
+            t.ndim = (int)sh->count;
+            uint64_t count = 1;
+            int overflow = 0, i = 0;
+            for (const qsa__json *d = sh->child; d; d = d->next, i++) {
+                if (d->type != QSA__JSON_NUMBER || !d->is_int || d->i64 < 0) {
+                    char f[96];
+                    r = qsa__fail(QSA_ERR_FORMAT, "%s: tensor '%s': shape[%d]: expected a non-negative integer, found %s", path, name,
+                                  i, qsa__cfg_found(d, f, sizeof f));
+                    goto done;
+                }
+                t.shape[i] = d->i64;
+                if (d->i64 && count > UINT64_MAX / (uint64_t)d->i64) overflow = 1;
+                else count *= (uint64_t)d->i64;
+            }
+            uint64_t b = (uint64_t)off->child->i64, en = (uint64_t)off->child->next->i64;
+            if (b > en || en > data_size) {
+                r = qsa__fail(QSA_ERR_FORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] out of range (data section is %llu bytes)",
+                              path, name, (unsigned long long)b, (unsigned long long)en, (unsigned long long)data_size);
+                goto done;
+            }
+            ranges[nr].begin = b;
+            ranges[nr].end = en;
+            ranges[nr].name = name;
+            nr++;
+            int ignored = qsa__st_ignored(name);
+            if (!qsa__dtype_parse(dt, &t.dtype)) {
+                if (ignored) continue; /* a vision/MTP tensor in a dtype we never read */
+                r = qsa__fail(QSA_ERR_UNSUPPORTED, "%s: tensor '%s': dtype %.32s is not supported (F32, F16, BF16, F8_E4M3, U8, I64, I32)",
+                              path, name, dt->str);
+                goto done;
+            }
+            size_t es = qsa__dtype_size(t.dtype);
+            if (overflow || count > UINT64_MAX / es || count * es != en - b) {
+                r = qsa__fail(QSA_ERR_FORMAT, "%s: tensor '%s': shape %s of %s needs %s%llu bytes but data_offsets [%llu, %llu] span %llu",
+                              path, name, qsa__shape_str(t.ndim, t.shape, sb, sizeof sb), qsa__dtype_name(t.dtype),
+                              overflow || count > UINT64_MAX / es ? "more than 2^64 (overflow), not " : "",
+                              (unsigned long long)(overflow || count > UINT64_MAX / es ? 0 : count * es), (unsigned long long)b,
+                              (unsigned long long)en, (unsigned long long)(en - b));
+                goto done;
+            }
+            if (ignored) continue;
+            memcpy(names + name_off, name, e->key_len + 1);
+            t.name = names + name_off;
+            name_off += e->key_len + 1;
+            t.data = base + b;
+            t.nbytes = (size_t)(en - b);
+            t.file = fi;
+            set->tensors[set->ntensors++] = t;
+        }
+        /* no two tensors may share bytes */
+        if (nr > 1) qsort(ranges, nr, sizeof *ranges, qsa__st_cmp_range);
+        uint64_t max_end = 0;
+        const char *max_name = NULL;
+        for (size_t k = 0; k < nr; k++) {
+            if (ranges[k].begin == ranges[k].end) continue;
+            if (max_name && ranges[k].begin < max_end) {
+                r = qsa__fail(QSA_ERR_FORMAT, "%s: tensors '%s' and '%s' overlap (data_offsets begin %llu < end %llu)", path, max_name,
+                              ranges[k].name, (unsigned long long)ranges[k].begin, (unsigned long long)max_end);
+                goto done;
+            }
+            max_end = ranges[k].end;
+            max_name = ranges[k].name;
+        }
+    }
+done:
+    qsa__free(ranges);
+    qsa__json_free(&doc); /* names were copied */
+    if (r != QSA_OK && names && (set->nnames == 0 || set->names[set->nnames - 1] != names)) qsa__free(names);
+    return r;
+}
+
+/* binary search for an exact full name */
+QSA_PRIV const qsa__tensor *qsa__st_find_exact(const qsa__st_set *set, const char *name) {
+    int lo = 0, hi = set->ntensors - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        int c = strcmp(set->tensors[mid].name, name);
+        if (c == 0) return &set->tensors[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return NULL;
+}
+/* index of the first tensor whose name is >= s */
+QSA_PRIV int qsa__st_lower_bound(const qsa__st_set *set, const char *s) {
+    int lo = 0, hi = set->ntensors;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (strcmp(set->tensors[mid].name, s) < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+QSA_PRIV int qsa__st_has_prefix(const qsa__st_set *set, const char *p) {
+    int i = qsa__st_lower_bound(set, p);
+    return i < set->ntensors && !strncmp(set->tensors[i].name, p, strlen(p));
+}
+
+/* sort, reject duplicate names, detect the key prefix */
+QSA_PRIV qsa_result qsa__st_finish(qsa__st_set *set) {
+    if (set->ntensors > 1) qsort(set->tensors, (size_t)set->ntensors, sizeof(qsa__tensor), qsa__st_cmp_tensor);
+    for (int i = 1; i < set->ntensors; i++)
+        if (!strcmp(set->tensors[i - 1].name, set->tensors[i].name)) {
+            const qsa__tensor *a = &set->tensors[i - 1], *b = &set->tensors[i];
+            return qsa__fail(QSA_ERR_FORMAT, "tensor '%s' is stored twice (in %s and %s)", a->name, set->files[a->file].path,
+                             set->files[b->file].path);
+        }
+    const char *p = qsa__st_has_prefix(set, "model.language_model.") ? "model.language_model."
+                  : qsa__st_has_prefix(set, "model.") ? "model." : "";
+    set->prefix = qsa__strdup(p);
+    if (!set->prefix) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "safetensors: out of memory");
+    return QSA_OK;
+}
+
+/* One safetensors image already in memory (not copied; must outlive the set).  Used by the fuzzer
+   and by callers that hold the bytes themselves. */
+QSA_PRIV qsa_result qsa__st_open_memory(const void *data, size_t size, const char *name, qsa__st_set *set) {
+    memset(set, 0, sizeof *set);
+    set->borrowed = 1;
+    set->files = QSA__CALLOC(qsa__map, 1);
+    if (!set->files || !(set->files[0].path = qsa__strdup(name ? name : "<memory>"))) {
+        qsa__st_close(set);
+        return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "safetensors: out of memory");
+    }
+    set->files[0].data = (const uint8_t *)data;
+    set->files[0].size = data ? size : 0;
+    set->nfiles = 1;
+    qsa_result r = qsa__st_parse_file(set, 0);
+    if (r == QSA_OK) r = qsa__st_finish(set);
+    if (r != QSA_OK) qsa__st_close(set);
+    return r;
+}
+
+QSA_PRIV qsa_result qsa__st_open_file(const char *path, qsa__st_set *set) {
+    memset(set, 0, sizeof *set);
+    set->files = QSA__CALLOC(qsa__map, 1);
+    if (!set->files) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "safetensors: out of memory");
+    qsa_result r = qsa__map_file(path, &set->files[0]);
+    if (r == QSA_OK) {
+        set->nfiles = 1;
+        r = qsa__st_parse_file(set, 0);
+    }
+    if (r == QSA_OK) r = qsa__st_finish(set);
+    if (r != QSA_OK) qsa__st_close(set);
+    return r;
+}
+
+static int qsa__st_cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* model.safetensors.index.json {"metadata": {...}, "weight_map": {"tensor": "shard file", ...}} */
+QSA_PRIV qsa_result qsa__st_open_index(const char *dir, const char *index_path, qsa__st_set *set) {
+    char *text = NULL;
+    size_t len = 0;
+    QSA__TRY(qsa__read_file(index_path, &text, &len));
+    qsa__json_doc doc;
+    qsa_result r = qsa__json_parse(text, len, index_path, &doc);
+    const char **shards = NULL;
+    size_t nshards = 0;
+    if (r != QSA_OK) { qsa__free(text); return r; }
+    const qsa__json *wm = qsa__json_get(doc.root, "weight_map");
+    if (!wm || wm->type != QSA__JSON_OBJECT) {
+        r = qsa__fail(QSA_ERR_FORMAT, "%s: weight_map: expected an object, found %s", index_path, qsa__json_type_name(wm));
+        goto done;
+    }
+    /* the distinct shard names, validated */
+    shards = QSA__ALLOC(const char *, wm->count);
+    if (!shards) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "%s: out of memory", index_path); goto done; }
+    for (const qsa__json *e = wm->child; e; e = e->next) {
+        if (e->type != QSA__JSON_STRING) {
+            r = qsa__fail(QSA_ERR_FORMAT, "%s: weight_map['%s']: expected a shard file name, found %s", index_path, e->key,
+                          qsa__json_type_name(e));
+            goto done;
+        }
+        if (e->len == 0 || strlen(e->str) != e->len || strchr(e->str, '/') || e->str[0] == '.') {
+            r = qsa__fail(QSA_ERR_FORMAT, "%s: weight_map['%s']: shard name '%s' must be a plain file name in the model directory",
+                          index_path, e->key, e->str);
+            goto done;
+        }
+        shards[nshards++] = e->str;
+    }
+    if (nshards > 1) qsort(shards, nshards, sizeof *shards, qsa__st_cmp_str);
+    {
+        size_t u = 0;
+        for (size_t i = 0; i < nshards; i++)
+            if (!u || strcmp(shards[u - 1], shards[i])) shards[u++] = shards[i];
+        nshards = u;
+    }
+    if (nshards == 0) { r = qsa__fail(QSA_ERR_FORMAT, "%s: weight_map is empty", index_path); goto done; }
+    if (nshards > 100000) { r = qsa__fail(QSA_ERR_FORMAT, "%s: too many shards (%zu)", index_path, nshards); goto done; }
+    set->files = QSA__CALLOC(qsa__map, nshards);
+    if (!set->files) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "%s: out of memory", index_path); goto done; }
+    for (size_t i = 0; i < nshards && r == QSA_OK; i++) {
+        char *p = qsa__path_join(dir, shards[i]);
+        if (!p) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "%s: out of memory", index_path); break; }
+        if (!qsa__file_exists(p)) r = qsa__fail(QSA_ERR_NOT_FOUND, "%s: shard '%s' named by weight_map is missing (%s)", index_path, shards[i], p);
+        else r = qsa__map_file(p, &set->files[i]);
+        qsa__free(p);
+        if (r != QSA_OK) break;
+        set->nfiles = (int)i + 1;
+        r = qsa__st_parse_file(set, (int)i);
+        if (nshards > 4) qsa__log(QSA_LOG_INFO, "safetensors: shard %zu/%zu %s", i + 1, nshards, shards[i]);
+    }
+    if (r == QSA_OK) r = qsa__st_finish(set);
+    /* every text tensor the index names must be in the shard it names */
+    for (const qsa__json *e = wm->child; e && r == QSA_OK; e = e->next) {
+        if (qsa__st_ignored(e->key)) continue;
+        const qsa__tensor *t = strlen(e->key) == e->key_len ? qsa__st_find_exact(set, e->key) : NULL;
+        const char *key = e->str;
+        const char **sh = (const char **)bsearch(&key, shards, nshards, sizeof *shards, qsa__st_cmp_str);
+        if (!t || !sh || t->file != (int)(sh - shards))
+            r = qsa__fail(QSA_ERR_FORMAT, "%s: tensor '%s' is listed for shard '%s' but that shard does not contain it", index_path,
+                          e->key, e->str);
+    }
+done:
+    qsa__free(shards);
+    qsa__json_free(&doc);
+    qsa__free(text);
+    return r;
+}
+
+QSA_PRIV qsa_result qsa__st_open_dir(const char *dir, qsa__st_set *set) {
+    memset(set, 0, sizeof *set);
+    char *index = qsa__path_join(dir, "model.safetensors.index.json"), *single = qsa__path_join(dir, "model.safetensors");
+    qsa_result r;
+    if (!index || !single) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "safetensors: out of memory");
+    else if (qsa__file_exists(index)) r = qsa__st_open_index(dir, index, set);
+    else if (qsa__file_exists(single)) r = qsa__st_open_file(single, set);
+    else r = qsa__fail(QSA_ERR_NOT_FOUND, "%s: neither model.safetensors nor model.safetensors.index.json exists", dir);
+    if (r != QSA_OK) qsa__st_close(set);
+    qsa__free(index);
+    qsa__free(single);
+    return r;
+}
+
+/* `name` relative to the text model ("layers.0.mlp.gate.weight"): tries prefix + name, then name. */
+QSA_PRIV const qsa__tensor *qsa__st_find(const qsa__st_set *set, const char *name) {
+    if (!set || !name || !set->ntensors) return NULL;
+    const char *pfx = set->prefix ? set->prefix : "";
+    if (pfx[0]) {
+        char small[512];
+        size_t a = strlen(pfx), b = strlen(name);
+        char *full = a + b + 1 <= sizeof small ? small : QSA__ALLOC(char, a + b + 1);
+        if (full) {
+            memcpy(full, pfx, a);
+            memcpy(full + a, name, b + 1);
+            const qsa__tensor *t = qsa__st_find_exact(set, full);
+            if (full != small) qsa__free(full);
+            if (t) return t;
+        }
+    }
+    return qsa__st_find_exact(set, name);
+}
+
+QSA_PRIV qsa_result qsa__st_get(const qsa__st_set *set, const char *name, qsa__dtype dtype_or_minus1, int ndim,
+                                const int64_t *shape, const qsa__tensor **out) {
+    const qsa__tensor *t = qsa__st_find(set, name);
+    char a[128], b[128];
+    if (out) *out = NULL;
+    if (!t)
+        return qsa__fail(QSA_ERR_NOT_FOUND, "tensor '%s%s' not found in the checkpoint (%d tensors)", set && set->prefix ? set->prefix : "",
+                         name, set ? set->ntensors : 0);
+    if ((int)dtype_or_minus1 >= 0 && t->dtype != dtype_or_minus1)
+        return qsa__fail(QSA_ERR_SHAPE, "tensor '%s': expected dtype %s, found %s", t->name, qsa__dtype_name(dtype_or_minus1),
+                         qsa__dtype_name(t->dtype));
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++)
+        if (shape && shape[i] >= 0 && shape[i] != t->shape[i]) ok = 0;
+    if (!ok) {
+        int64_t want[8];
+        for (int i = 0; i < ndim && i < 8; i++) want[i] = shape ? shape[i] : -1;
+        return qsa__fail(QSA_ERR_SHAPE, "tensor '%s': expected shape %s (-1 = any), found %s", t->name,
+                         qsa__shape_str(ndim < 8 ? ndim : 8, want, a, sizeof a), qsa__shape_str(t->ndim, t->shape, b, sizeof b));
+    }
+    if (out) *out = t;
+    return QSA_OK;
+}
+
+QSA_PRIV size_t qsa__tensor_numel(const qsa__tensor *t) {
+    size_t es = qsa__dtype_size(t->dtype);
+    return es ? t->nbytes / es : 0;
+}
+
+/* element i of F32/F16/BF16/F8_E4M3/U8/I64/I32 as float (NaN when i is out of range) */
+QSA_PRIV float qsa__tensor_f32(const qsa__tensor *t, size_t i) {
+    if (i >= qsa__tensor_numel(t)) return NAN;
+    const uint8_t *p = t->data + i * qsa__dtype_size(t->dtype);
+    switch (t->dtype) {
+    case QSA__F32: { float f; memcpy(&f, p, 4); return f; }
+    case QSA__F16: { uint16_t h; memcpy(&h, p, 2); return qsa__f16_to_f32(h); }
+    case QSA__BF16: { uint16_t h; memcpy(&h, p, 2); return qsa__bf16_to_f32(h); }
+    case QSA__F8_E4M3: return qsa__e4m3_to_f32(*p);
+    case QSA__U8: return (float)*p;
+    case QSA__I64: { int64_t v; memcpy(&v, p, 8); return (float)v; }
+    case QSA__I32: { int32_t v; memcpy(&v, p, 4); return (float)v; }
+    default: return NAN;
+    }
+}
+
+/* BF16/F32/F16 -> FP16 into dst (numel elements); *n_overflow counts finite values that became inf. */
+QSA_PRIV qsa_result qsa__tensor_to_f16(const qsa__tensor *t, uint16_t *dst, size_t *n_overflow) {
+    size_t n = qsa__tensor_numel(t), over = 0;
+    if (t->dtype == QSA__F16) {
+        if (n) memcpy(dst, t->data, n * 2);
+    } else if (t->dtype == QSA__BF16 || t->dtype == QSA__F32) {
+        for (size_t i = 0; i < n; i++) {
+            float f;
+            if (t->dtype == QSA__BF16) { uint16_t h; memcpy(&h, t->data + 2 * i, 2); f = qsa__bf16_to_f32(h); }
+            else memcpy(&f, t->data + 4 * i, 4);
+            uint16_t h = qsa__f32_to_f16(f);
+            if ((h & 0x7fff) == 0x7c00 && f == f && f - f == 0) over++; /* finite in, inf out */
+            dst[i] = h;
+        }
+    } else {
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "tensor '%s': cannot convert %s to FP16", t->name, qsa__dtype_name(t->dtype));
+    }
+    if (n_overflow) *n_overflow = over;
+    return QSA_OK;
+}
+
+/* ---- row views over tables split along dim 0 (PLE n-gram embeddings) ---- */
+
+typedef struct qsa__rows_view {
+    int nparts;
+    const qsa__tensor **parts;
+    int64_t *row_start;  /* nparts + 1 entries */
+    int64_t rows, cols;
+    qsa__dtype dtype;
+} qsa__rows_view;
+
+QSA_PRIV void qsa__rows_view_free(qsa__rows_view *v) {
+    if (!v) return;
+    qsa__free((void *)v->parts);
+    qsa__free(v->row_start);
+    memset(v, 0, sizeof *v);
+}
+
+/* `<base>.weight`, or `<base>.shard_0.weight` .. `<base>.shard_{n-1}.weight` concatenated along dim 0 */
+QSA_PRIV qsa_result qsa__st_rows_view(const qsa__st_set *set, const char *base, qsa__rows_view *out) {
+    memset(out, 0, sizeof *out);
+    size_t bl = strlen(base);
+    char *name = QSA__ALLOC(char, bl + 64);
+    if (!name) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "rows view '%s': out of memory", base);
+    qsa_result r = QSA_OK;
+    snprintf(name, bl + 64, "%s.weight", base);
+    const qsa__tensor *single = qsa__st_find(set, name);
+    int n = 0;
+    if (single) n = 1;
+    else {
+        snprintf(name, bl + 64, "%s.shard_0.weight", base);
+        const qsa__tensor *t0 = qsa__st_find(set, name);
+        if (!t0) {
+            qsa__free(name);
+            return qsa__fail(QSA_ERR_NOT_FOUND, "tensor '%s%s.weight' (or its shards %s.shard_{i}.weight) not found", set->prefix, base, base);
+        }
+        /* count all "<full base>.shard_*" names: they must be exactly shard_0..shard_{n-1} */
+        size_t fl = strlen(t0->name) - strlen("0.weight");
+        char *fullp = qsa__strndup(t0->name, fl);
+        if (!fullp) { qsa__free(name); return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "out of memory"); }
+        int count = 0;
+        for (int i = qsa__st_lower_bound(set, fullp); i < set->ntensors && !strncmp(set->tensors[i].name, fullp, fl); i++) count++;
+        for (n = 0; n < count; n++) {
+            snprintf(name, bl + 64, "%s.shard_%d.weight", base, n);
+            const qsa__tensor *t = qsa__st_find(set, name);
+            if (!t || strncmp(t->name, fullp, fl)) break;
+        }
+        if (n != count)
+            r = qsa__fail(QSA_ERR_FORMAT, "tensor '%sN.weight': %d names match but shard_%d is missing (shards must be numbered 0..n-1)",
+                          fullp, count, n);
+        qsa__free(fullp);
+    }
+    if (r == QSA_OK) {
+        out->parts = QSA__CALLOC(const qsa__tensor *, n);
+        out->row_start = QSA__CALLOC(int64_t, n + 1);
+        if (!out->parts || !out->row_start) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "rows view '%s': out of memory", base);
+    }
+    for (int i = 0; i < n && r == QSA_OK; i++) {
+        const qsa__tensor *t;
+        if (single) t = single;
+        else {
+            snprintf(name, bl + 64, "%s.shard_%d.weight", base, i);
+            t = qsa__st_find(set, name);
+        }
+        char sb[128];
+        if (t->ndim != 2) {
+            r = qsa__fail(QSA_ERR_SHAPE, "tensor '%s': expected 2 dimensions [rows, cols], found %s", t->name, qsa__shape_str(t->ndim, t->shape, sb, sizeof sb));
+            break;
+        }
+        if (i == 0) { out->cols = t->shape[1]; out->dtype = t->dtype; }
+        else if (t->shape[1] != out->cols || t->dtype != out->dtype) {
+            r = qsa__fail(QSA_ERR_SHAPE, "tensor '%s': expected [*, %lld] %s like shard 0, found %s %s", t->name, (long long)out->cols,
+                          qsa__dtype_name(out->dtype), qsa__shape_str(t->ndim, t->shape, sb, sizeof sb), qsa__dtype_name(t->dtype));
+            break;
+        }
+        out->parts[i] = t;
+        out->row_start[i + 1] = out->row_start[i] + t->shape[0];
+        out->nparts = i + 1;
+    }
+    qsa__free(name);
+    if (r != QSA_OK) { qsa__rows_view_free(out); return r; }
+    out->rows = out->row_start[n];
+    return QSA_OK;
+}
+
+/* bytes of row `row` (NULL when out of range) */
+QSA_PRIV const uint8_t *qsa__rows_view_row(const qsa__rows_view *v, int64_t row) {
+    if (!v || row < 0 || row >= v->rows) return NULL;
+    int lo = 0, hi = v->nparts - 1;
+    while (lo < hi) { /* last part with row_start <= row */
+        int mid = (lo + hi + 1) / 2;
+        if (v->row_start[mid] <= row) lo = mid;
+        else hi = mid - 1;
+    }
+    return v->parts[lo]->data + (size_t)(row - v->row_start[lo]) * (size_t)v->cols * qsa__dtype_size(v->dtype);
+}
+
+/* ---- NVFP4 linears ---- */
+/* ModelOpt: <base>.weight U8 [out, in/2] (element 2i in the low nibble), .weight_scale F8_E4M3 [out, in/16],
+   .weight_scale_2 F32 [] or [1], optional .input_scale.  compressed-tensors (nvfp4-pack-quantized):
+   .weight_packed, .weight_scale, .weight_global_scale (global_scale = 1 / weight_global_scale),
+   optional .input_global_scale.  Dequantised: w = e2m1 * e4m3(scale) * global_scale. */
+typedef struct qsa__nvfp4 {
+    const qsa__tensor *weight, *scale, *scale2, *input_scale;
+    int64_t out, in;
+    float global_scale;
+} qsa__nvfp4;
+
+QSA_PRIV const qsa__tensor *qsa__st_find_suffix(const qsa__st_set *set, const char *base, const char *suffix) {
+    char small[512];
+    size_t a = strlen(base), b = strlen(suffix);
+    char *n = a + b + 1 <= sizeof small ? small : QSA__ALLOC(char, a + b + 1);
+    if (!n) return NULL;
+    memcpy(n, base, a);
+    memcpy(n + a, suffix, b + 1);
+    const qsa__tensor *t = qsa__st_find(set, n);
+    if (n != small) qsa__free(n);
+    return t;
+}
+
+QSA_PRIV int qsa__st_is_nvfp4(const qsa__st_set *set, const char *base) {
+    return qsa__st_find_suffix(set, base, ".weight_scale") != NULL;
+}
+
+QSA_PRIV qsa_result qsa__st_nvfp4_scalar(const qsa__tensor *t, float *v) {
+    char sb[128];
+    if (t->dtype != QSA__F32 || !(t->ndim == 0 || (t->ndim == 1 && t->shape[0] == 1)))
+        return qsa__fail(QSA_ERR_SHAPE, "tensor '%s': expected an F32 scalar ([] or [1]), found %s %s", t->name,
+                         qsa__dtype_name(t->dtype), qsa__shape_str(t->ndim, t->shape, sb, sizeof sb));
+    *v = qsa__tensor_f32(t, 0);
+    if (!(*v > 0) || *v > 3.4e38f)
+        return qsa__fail(QSA_ERR_FORMAT, "tensor '%s': expected a positive finite scale, found %g", t->name, (double)*v);
+    return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__st_get_nvfp4(const qsa__st_set *set, const char *base, int64_t out, int64_t in, qsa__nvfp4 *q) {
+    memset(q, 0, sizeof *q);
+    if (out <= 0 || in <= 0 || in % 16)
+        return qsa__fail(QSA_ERR_SHAPE, "NVFP4 linear '%s': in_features %lld must be a positive multiple of 16 (out %lld)", base,
+                         (long long)in, (long long)out);
+    int compressed = qsa__st_find_suffix(set, base, ".weight_packed") != NULL;
+    const char *wname = compressed ? ".weight_packed" : ".weight", *gname = compressed ? ".weight_global_scale" : ".weight_scale_2";
+    size_t bl = strlen(base);
+    char *n = QSA__ALLOC(char, bl + 32);
+    if (!n) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "out of memory");
+    int64_t wshape[2], sshape[2];
+    wshape[0] = out; wshape[1] = in / 2;
+    sshape[0] = out; sshape[1] = in / 16;
+    qsa_result r;
+    snprintf(n, bl + 32, "%s%s", base, wname);
+    r = qsa__st_get(set, n, QSA__U8, 2, wshape, &q->weight);
+    if (r == QSA_OK) {
+        snprintf(n, bl + 32, "%s.weight_scale", base);
+        r = qsa__st_get(set, n, QSA__F8_E4M3, 2, sshape, &q->scale);
+    }
+    if (r == QSA_OK) {
+        snprintf(n, bl + 32, "%s%s", base, gname);
+        q->scale2 = qsa__st_find(set, n);
+        if (!q->scale2) r = qsa__fail(QSA_ERR_NOT_FOUND, "tensor '%s%s' (NVFP4 global scale) not found", set->prefix, n);
+    }
+    if (r == QSA_OK) r = qsa__st_nvfp4_scalar(q->scale2, &q->global_scale);
+    if (r == QSA_OK && compressed) q->global_scale = 1.0f / q->global_scale;
+    if (r == QSA_OK) q->input_scale = qsa__st_find_suffix(set, base, compressed ? ".input_global_scale" : ".input_scale");
+    qsa__free(n);
+    if (r != QSA_OK) {
+        memset(q, 0, sizeof *q);
+        return r;
+    }
+    q->out = out;
+    q->in = in;
+    return QSA_OK;
+}
+
+/* >>unicode-generated-begin (tools/gen_unicode.py --splice qsa_runtime.h rewrites this block) */
+/* ============================================================================================== */
+/* >>unicode  Unicode tables for the tokenizer: regex classes (Unicode 16.0.0) and NFC (Unicode 9.0) */
+/* GENERATED by tools/gen_unicode.py from unicodedata2 16.0.0; do not edit.                           */
+/* ============================================================================================== */
+
+#define QSA__UNI_L 1u  /* \p{L} */
+#define QSA__UNI_N 2u  /* \p{N} */
+#define QSA__UNI_M 4u  /* \p{M} */
+#define QSA__UNI_WS 8u /* \s (White_Space) */
+#define QSA__UNI_CLASS_VERSION "16.0.0"
+#define QSA__UNI_NFC_VERSION "9.0.0"
+
+/* {lo | flags << 24, hi}, sorted */
+static const uint32_t qsa__uni_cls[][2] = {
+    {0x8000009,0xd},{0x8000020,0x20},{0x2000030,0x39},{0x1000041,0x5a},{0x1000061,0x7a},{0x8000085,0x85},{0x80000a0,0xa0},{0x10000aa,0xaa},
+    {0x20000b2,0xb3},{0x10000b5,0xb5},{0x20000b9,0xb9},{0x10000ba,0xba},{0x20000bc,0xbe},{0x10000c0,0xd6},{0x10000d8,0xf6},{0x10000f8,0x2c1},
+    {0x10002c6,0x2d1},{0x10002e0,0x2e4},{0x10002ec,0x2ec},{0x10002ee,0x2ee},{0x4000300,0x36f},{0x1000370,0x374},{0x1000376,0x377},{0x100037a,0x37d},
+    {0x100037f,0x37f},{0x1000386,0x386},{0x1000388,0x38a},{0x100038c,0x38c},{0x100038e,0x3a1},{0x10003a3,0x3f5},{0x10003f7,0x481},{0x4000483,0x489},
+    {0x100048a,0x52f},{0x1000531,0x556},{0x1000559,0x559},{0x1000560,0x588},{0x4000591,0x5bd},{0x40005bf,0x5bf},{0x40005c1,0x5c2},{0x40005c4,0x5c5},
+    {0x40005c7,0x5c7},{0x10005d0,0x5ea},{0x10005ef,0x5f2},{0x4000610,0x61a},{0x1000620,0x64a},{0x400064b,0x65f},{0x2000660,0x669},{0x100066e,0x66f},
+    {0x4000670,0x670},{0x1000671,0x6d3},{0x10006d5,0x6d5},{0x40006d6,0x6dc},{0x40006df,0x6e4},{0x10006e5,0x6e6},{0x40006e7,0x6e8},{0x40006ea,0x6ed},
+    {0x10006ee,0x6ef},{0x20006f0,0x6f9},{0x10006fa,0x6fc},{0x10006ff,0x6ff},{0x1000710,0x710},{0x4000711,0x711},{0x1000712,0x72f},{0x4000730,0x74a},
+    {0x100074d,0x7a5},{0x40007a6,0x7b0},{0x10007b1,0x7b1},{0x20007c0,0x7c9},{0x10007ca,0x7ea},{0x40007eb,0x7f3},{0x10007f4,0x7f5},{0x10007fa,0x7fa},
+    {0x40007fd,0x7fd},{0x1000800,0x815},{0x4000816,0x819},{0x100081a,0x81a},{0x400081b,0x823},{0x1000824,0x824},{0x4000825,0x827},{0x1000828,0x828},
+    {0x4000829,0x82d},{0x1000840,0x858},{0x4000859,0x85b},{0x1000860,0x86a},{0x1000870,0x887},{0x1000889,0x88e},{0x4000897,0x89f},{0x10008a0,0x8c9},
+    {0x40008ca,0x8e1},{0x40008e3,0x903},{0x1000904,0x939},{0x400093a,0x93c},{0x100093d,0x93d},{0x400093e,0x94f},{0x1000950,0x950},{0x4000951,0x957},
+    {0x1000958,0x961},{0x4000962,0x963},{0x2000966,0x96f},{0x1000971,0x980},{0x4000981,0x983},{0x1000985,0x98c},{0x100098f,0x990},{0x1000993,0x9a8},
+    {0x10009aa,0x9b0},{0x10009b2,0x9b2},{0x10009b6,0x9b9},{0x40009bc,0x9bc},{0x10009bd,0x9bd},{0x40009be,0x9c4},{0x40009c7,0x9c8},{0x40009cb,0x9cd},
+    {0x10009ce,0x9ce},{0x40009d7,0x9d7},{0x10009dc,0x9dd},{0x10009df,0x9e1},{0x40009e2,0x9e3},{0x20009e6,0x9ef},{0x10009f0,0x9f1},{0x20009f4,0x9f9},
+    {0x10009fc,0x9fc},{0x40009fe,0x9fe},{0x4000a01,0xa03},{0x1000a05,0xa0a},{0x1000a0f,0xa10},{0x1000a13,0xa28},{0x1000a2a,0xa30},{0x1000a32,0xa33},
+    {0x1000a35,0xa36},{0x1000a38,0xa39},{0x4000a3c,0xa3c},{0x4000a3e,0xa42},{0x4000a47,0xa48},{0x4000a4b,0xa4d},{0x4000a51,0xa51},{0x1000a59,0xa5c},
+    {0x1000a5e,0xa5e},{0x2000a66,0xa6f},{0x4000a70,0xa71},{0x1000a72,0xa74},{0x4000a75,0xa75},{0x4000a81,0xa83},{0x1000a85,0xa8d},{0x1000a8f,0xa91},
+    {0x1000a93,0xaa8},{0x1000aaa,0xab0},{0x1000ab2,0xab3},{0x1000ab5,0xab9},{0x4000abc,0xabc},{0x1000abd,0xabd},{0x4000abe,0xac5},{0x4000ac7,0xac9},
+    {0x4000acb,0xacd},{0x1000ad0,0xad0},{0x1000ae0,0xae1},{0x4000ae2,0xae3},{0x2000ae6,0xaef},{0x1000af9,0xaf9},{0x4000afa,0xaff},{0x4000b01,0xb03},
+    {0x1000b05,0xb0c},{0x1000b0f,0xb10},{0x1000b13,0xb28},{0x1000b2a,0xb30},{0x1000b32,0xb33},{0x1000b35,0xb39},{0x4000b3c,0xb3c},{0x1000b3d,0xb3d},
+    {0x4000b3e,0xb44},{0x4000b47,0xb48},{0x4000b4b,0xb4d},{0x4000b55,0xb57},{0x1000b5c,0xb5d},{0x1000b5f,0xb61},{0x4000b62,0xb63},{0x2000b66,0xb6f},
+    {0x1000b71,0xb71},{0x2000b72,0xb77},{0x4000b82,0xb82},{0x1000b83,0xb83},{0x1000b85,0xb8a},{0x1000b8e,0xb90},{0x1000b92,0xb95},{0x1000b99,0xb9a},
+    {0x1000b9c,0xb9c},{0x1000b9e,0xb9f},{0x1000ba3,0xba4},{0x1000ba8,0xbaa},{0x1000bae,0xbb9},{0x4000bbe,0xbc2},{0x4000bc6,0xbc8},{0x4000bca,0xbcd},
+    {0x1000bd0,0xbd0},{0x4000bd7,0xbd7},{0x2000be6,0xbf2},{0x4000c00,0xc04},{0x1000c05,0xc0c},{0x1000c0e,0xc10},{0x1000c12,0xc28},{0x1000c2a,0xc39},
+    {0x4000c3c,0xc3c},{0x1000c3d,0xc3d},{0x4000c3e,0xc44},{0x4000c46,0xc48},{0x4000c4a,0xc4d},{0x4000c55,0xc56},{0x1000c58,0xc5a},{0x1000c5d,0xc5d},
+    {0x1000c60,0xc61},{0x4000c62,0xc63},{0x2000c66,0xc6f},{0x2000c78,0xc7e},{0x1000c80,0xc80},{0x4000c81,0xc83},{0x1000c85,0xc8c},{0x1000c8e,0xc90},
+    {0x1000c92,0xca8},{0x1000caa,0xcb3},{0x1000cb5,0xcb9},{0x4000cbc,0xcbc},{0x1000cbd,0xcbd},{0x4000cbe,0xcc4},{0x4000cc6,0xcc8},{0x4000cca,0xccd},
+    {0x4000cd5,0xcd6},{0x1000cdd,0xcde},{0x1000ce0,0xce1},{0x4000ce2,0xce3},{0x2000ce6,0xcef},{0x1000cf1,0xcf2},{0x4000cf3,0xcf3},{0x4000d00,0xd03},
+    {0x1000d04,0xd0c},{0x1000d0e,0xd10},{0x1000d12,0xd3a},{0x4000d3b,0xd3c},{0x1000d3d,0xd3d},{0x4000d3e,0xd44},{0x4000d46,0xd48},{0x4000d4a,0xd4d},
+    {0x1000d4e,0xd4e},{0x1000d54,0xd56},{0x4000d57,0xd57},{0x2000d58,0xd5e},{0x1000d5f,0xd61},{0x4000d62,0xd63},{0x2000d66,0xd78},{0x1000d7a,0xd7f},
+    {0x4000d81,0xd83},{0x1000d85,0xd96},{0x1000d9a,0xdb1},{0x1000db3,0xdbb},{0x1000dbd,0xdbd},{0x1000dc0,0xdc6},{0x4000dca,0xdca},{0x4000dcf,0xdd4},
+    {0x4000dd6,0xdd6},{0x4000dd8,0xddf},{0x2000de6,0xdef},{0x4000df2,0xdf3},{0x1000e01,0xe30},{0x4000e31,0xe31},{0x1000e32,0xe33},{0x4000e34,0xe3a},
+    {0x1000e40,0xe46},{0x4000e47,0xe4e},{0x2000e50,0xe59},{0x1000e81,0xe82},{0x1000e84,0xe84},{0x1000e86,0xe8a},{0x1000e8c,0xea3},{0x1000ea5,0xea5},
+    {0x1000ea7,0xeb0},{0x4000eb1,0xeb1},{0x1000eb2,0xeb3},{0x4000eb4,0xebc},{0x1000ebd,0xebd},{0x1000ec0,0xec4},{0x1000ec6,0xec6},{0x4000ec8,0xece},
+    {0x2000ed0,0xed9},{0x1000edc,0xedf},{0x1000f00,0xf00},{0x4000f18,0xf19},{0x2000f20,0xf33},{0x4000f35,0xf35},{0x4000f37,0xf37},{0x4000f39,0xf39},
+    {0x4000f3e,0xf3f},{0x1000f40,0xf47},{0x1000f49,0xf6c},{0x4000f71,0xf84},{0x4000f86,0xf87},{0x1000f88,0xf8c},{0x4000f8d,0xf97},{0x4000f99,0xfbc},
+    {0x4000fc6,0xfc6},{0x1001000,0x102a},{0x400102b,0x103e},{0x100103f,0x103f},{0x2001040,0x1049},{0x1001050,0x1055},{0x4001056,0x1059},{0x100105a,0x105d},
+    {0x400105e,0x1060},{0x1001061,0x1061},{0x4001062,0x1064},{0x1001065,0x1066},{0x4001067,0x106d},{0x100106e,0x1070},{0x4001071,0x1074},{0x1001075,0x1081},
+    {0x4001082,0x108d},{0x100108e,0x108e},{0x400108f,0x108f},{0x2001090,0x1099},{0x400109a,0x109d},{0x10010a0,0x10c5},{0x10010c7,0x10c7},{0x10010cd,0x10cd},
+    {0x10010d0,0x10fa},{0x10010fc,0x1248},{0x100124a,0x124d},{0x1001250,0x1256},{0x1001258,0x1258},{0x100125a,0x125d},{0x1001260,0x1288},{0x100128a,0x128d},
+    {0x1001290,0x12b0},{0x10012b2,0x12b5},{0x10012b8,0x12be},{0x10012c0,0x12c0},{0x10012c2,0x12c5},{0x10012c8,0x12d6},{0x10012d8,0x1310},{0x1001312,0x1315},
+    {0x1001318,0x135a},{0x400135d,0x135f},{0x2001369,0x137c},{0x1001380,0x138f},{0x10013a0,0x13f5},{0x10013f8,0x13fd},{0x1001401,0x166c},{0x100166f,0x167f},
+    {0x8001680,0x1680},{0x1001681,0x169a},{0x10016a0,0x16ea},{0x20016ee,0x16f0},{0x10016f1,0x16f8},{0x1001700,0x1711},{0x4001712,0x1715},{0x100171f,0x1731},
+    {0x4001732,0x1734},{0x1001740,0x1751},{0x4001752,0x1753},{0x1001760,0x176c},{0x100176e,0x1770},{0x4001772,0x1773},{0x1001780,0x17b3},{0x40017b4,0x17d3},
+    {0x10017d7,0x17d7},{0x10017dc,0x17dc},{0x40017dd,0x17dd},{0x20017e0,0x17e9},{0x20017f0,0x17f9},{0x400180b,0x180d},{0x400180f,0x180f},{0x2001810,0x1819},
+    {0x1001820,0x1878},{0x1001880,0x1884},{0x4001885,0x1886},{0x1001887,0x18a8},{0x40018a9,0x18a9},{0x10018aa,0x18aa},{0x10018b0,0x18f5},{0x1001900,0x191e},
+    {0x4001920,0x192b},{0x4001930,0x193b},{0x2001946,0x194f},{0x1001950,0x196d},{0x1001970,0x1974},{0x1001980,0x19ab},{0x10019b0,0x19c9},{0x20019d0,0x19da},
+    {0x1001a00,0x1a16},{0x4001a17,0x1a1b},{0x1001a20,0x1a54},{0x4001a55,0x1a5e},{0x4001a60,0x1a7c},{0x4001a7f,0x1a7f},{0x2001a80,0x1a89},{0x2001a90,0x1a99},
+    {0x1001aa7,0x1aa7},{0x4001ab0,0x1ace},{0x4001b00,0x1b04},{0x1001b05,0x1b33},{0x4001b34,0x1b44},{0x1001b45,0x1b4c},{0x2001b50,0x1b59},{0x4001b6b,0x1b73},
+    {0x4001b80,0x1b82},{0x1001b83,0x1ba0},{0x4001ba1,0x1bad},{0x1001bae,0x1baf},{0x2001bb0,0x1bb9},{0x1001bba,0x1be5},{0x4001be6,0x1bf3},{0x1001c00,0x1c23},
+    {0x4001c24,0x1c37},{0x2001c40,0x1c49},{0x1001c4d,0x1c4f},{0x2001c50,0x1c59},{0x1001c5a,0x1c7d},{0x1001c80,0x1c8a},{0x1001c90,0x1cba},{0x1001cbd,0x1cbf},
+    {0x4001cd0,0x1cd2},{0x4001cd4,0x1ce8},{0x1001ce9,0x1cec},{0x4001ced,0x1ced},{0x1001cee,0x1cf3},{0x4001cf4,0x1cf4},{0x1001cf5,0x1cf6},{0x4001cf7,0x1cf9},
+    {0x1001cfa,0x1cfa},{0x1001d00,0x1dbf},{0x4001dc0,0x1dff},{0x1001e00,0x1f15},{0x1001f18,0x1f1d},{0x1001f20,0x1f45},{0x1001f48,0x1f4d},{0x1001f50,0x1f57},
+    {0x1001f59,0x1f59},{0x1001f5b,0x1f5b},{0x1001f5d,0x1f5d},{0x1001f5f,0x1f7d},{0x1001f80,0x1fb4},{0x1001fb6,0x1fbc},{0x1001fbe,0x1fbe},{0x1001fc2,0x1fc4},
+    {0x1001fc6,0x1fcc},{0x1001fd0,0x1fd3},{0x1001fd6,0x1fdb},{0x1001fe0,0x1fec},{0x1001ff2,0x1ff4},{0x1001ff6,0x1ffc},{0x8002000,0x200a},{0x8002028,0x2029},
+    {0x800202f,0x202f},{0x800205f,0x205f},{0x2002070,0x2070},{0x1002071,0x2071},{0x2002074,0x2079},{0x100207f,0x207f},{0x2002080,0x2089},{0x1002090,0x209c},
+    {0x40020d0,0x20f0},{0x1002102,0x2102},{0x1002107,0x2107},{0x100210a,0x2113},{0x1002115,0x2115},{0x1002119,0x211d},{0x1002124,0x2124},{0x1002126,0x2126},
+    {0x1002128,0x2128},{0x100212a,0x212d},{0x100212f,0x2139},{0x100213c,0x213f},{0x1002145,0x2149},{0x100214e,0x214e},{0x2002150,0x2182},{0x1002183,0x2184},
+    {0x2002185,0x2189},{0x2002460,0x249b},{0x20024ea,0x24ff},{0x2002776,0x2793},{0x1002c00,0x2ce4},{0x1002ceb,0x2cee},{0x4002cef,0x2cf1},{0x1002cf2,0x2cf3},
+    {0x2002cfd,0x2cfd},{0x1002d00,0x2d25},{0x1002d27,0x2d27},{0x1002d2d,0x2d2d},{0x1002d30,0x2d67},{0x1002d6f,0x2d6f},{0x4002d7f,0x2d7f},{0x1002d80,0x2d96},
+    {0x1002da0,0x2da6},{0x1002da8,0x2dae},{0x1002db0,0x2db6},{0x1002db8,0x2dbe},{0x1002dc0,0x2dc6},{0x1002dc8,0x2dce},{0x1002dd0,0x2dd6},{0x1002dd8,0x2dde},
+    {0x4002de0,0x2dff},{0x1002e2f,0x2e2f},{0x8003000,0x3000},{0x1003005,0x3006},{0x2003007,0x3007},{0x2003021,0x3029},{0x400302a,0x302f},{0x1003031,0x3035},
+    {0x2003038,0x303a},{0x100303b,0x303c},{0x1003041,0x3096},{0x4003099,0x309a},{0x100309d,0x309f},{0x10030a1,0x30fa},{0x10030fc,0x30ff},{0x1003105,0x312f},
+    {0x1003131,0x318e},{0x2003192,0x3195},{0x10031a0,0x31bf},{0x10031f0,0x31ff},{0x2003220,0x3229},{0x2003248,0x324f},{0x2003251,0x325f},{0x2003280,0x3289},
+    {0x20032b1,0x32bf},{0x1003400,0x4dbf},{0x1004e00,0xa48c},{0x100a4d0,0xa4fd},{0x100a500,0xa60c},{0x100a610,0xa61f},{0x200a620,0xa629},{0x100a62a,0xa62b},
+    {0x100a640,0xa66e},{0x400a66f,0xa672},{0x400a674,0xa67d},{0x100a67f,0xa69d},{0x400a69e,0xa69f},{0x100a6a0,0xa6e5},{0x200a6e6,0xa6ef},{0x400a6f0,0xa6f1},
+    {0x100a717,0xa71f},{0x100a722,0xa788},{0x100a78b,0xa7cd},{0x100a7d0,0xa7d1},{0x100a7d3,0xa7d3},{0x100a7d5,0xa7dc},{0x100a7f2,0xa801},{0x400a802,0xa802},
+    {0x100a803,0xa805},{0x400a806,0xa806},{0x100a807,0xa80a},{0x400a80b,0xa80b},{0x100a80c,0xa822},{0x400a823,0xa827},{0x400a82c,0xa82c},{0x200a830,0xa835},
+    {0x100a840,0xa873},{0x400a880,0xa881},{0x100a882,0xa8b3},{0x400a8b4,0xa8c5},{0x200a8d0,0xa8d9},{0x400a8e0,0xa8f1},{0x100a8f2,0xa8f7},{0x100a8fb,0xa8fb},
+    {0x100a8fd,0xa8fe},{0x400a8ff,0xa8ff},{0x200a900,0xa909},{0x100a90a,0xa925},{0x400a926,0xa92d},{0x100a930,0xa946},{0x400a947,0xa953},{0x100a960,0xa97c},
+    {0x400a980,0xa983},{0x100a984,0xa9b2},{0x400a9b3,0xa9c0},{0x100a9cf,0xa9cf},{0x200a9d0,0xa9d9},{0x100a9e0,0xa9e4},{0x400a9e5,0xa9e5},{0x100a9e6,0xa9ef},
+    {0x200a9f0,0xa9f9},{0x100a9fa,0xa9fe},{0x100aa00,0xaa28},{0x400aa29,0xaa36},{0x100aa40,0xaa42},{0x400aa43,0xaa43},{0x100aa44,0xaa4b},{0x400aa4c,0xaa4d},
+    {0x200aa50,0xaa59},{0x100aa60,0xaa76},{0x100aa7a,0xaa7a},{0x400aa7b,0xaa7d},{0x100aa7e,0xaaaf},{0x400aab0,0xaab0},{0x100aab1,0xaab1},{0x400aab2,0xaab4},
+    {0x100aab5,0xaab6},{0x400aab7,0xaab8},{0x100aab9,0xaabd},{0x400aabe,0xaabf},{0x100aac0,0xaac0},{0x400aac1,0xaac1},{0x100aac2,0xaac2},{0x100aadb,0xaadd},
+    {0x100aae0,0xaaea},{0x400aaeb,0xaaef},{0x100aaf2,0xaaf4},{0x400aaf5,0xaaf6},{0x100ab01,0xab06},{0x100ab09,0xab0e},{0x100ab11,0xab16},{0x100ab20,0xab26},
+    {0x100ab28,0xab2e},{0x100ab30,0xab5a},{0x100ab5c,0xab69},{0x100ab70,0xabe2},{0x400abe3,0xabea},{0x400abec,0xabed},{0x200abf0,0xabf9},{0x100ac00,0xd7a3},
+    {0x100d7b0,0xd7c6},{0x100d7cb,0xd7fb},{0x100f900,0xfa6d},{0x100fa70,0xfad9},{0x100fb00,0xfb06},{0x100fb13,0xfb17},{0x100fb1d,0xfb1d},{0x400fb1e,0xfb1e},
+    {0x100fb1f,0xfb28},{0x100fb2a,0xfb36},{0x100fb38,0xfb3c},{0x100fb3e,0xfb3e},{0x100fb40,0xfb41},{0x100fb43,0xfb44},{0x100fb46,0xfbb1},{0x100fbd3,0xfd3d},
+    {0x100fd50,0xfd8f},{0x100fd92,0xfdc7},{0x100fdf0,0xfdfb},{0x400fe00,0xfe0f},{0x400fe20,0xfe2f},{0x100fe70,0xfe74},{0x100fe76,0xfefc},{0x200ff10,0xff19},
+    {0x100ff21,0xff3a},{0x100ff41,0xff5a},{0x100ff66,0xffbe},{0x100ffc2,0xffc7},{0x100ffca,0xffcf},{0x100ffd2,0xffd7},{0x100ffda,0xffdc},{0x1010000,0x1000b},
+    {0x101000d,0x10026},{0x1010028,0x1003a},{0x101003c,0x1003d},{0x101003f,0x1004d},{0x1010050,0x1005d},{0x1010080,0x100fa},{0x2010107,0x10133},{0x2010140,0x10178},
+    {0x201018a,0x1018b},{0x40101fd,0x101fd},{0x1010280,0x1029c},{0x10102a0,0x102d0},{0x40102e0,0x102e0},{0x20102e1,0x102fb},{0x1010300,0x1031f},{0x2010320,0x10323},
+    {0x101032d,0x10340},{0x2010341,0x10341},{0x1010342,0x10349},{0x201034a,0x1034a},{0x1010350,0x10375},{0x4010376,0x1037a},{0x1010380,0x1039d},{0x10103a0,0x103c3},
+    {0x10103c8,0x103cf},{0x20103d1,0x103d5},{0x1010400,0x1049d},{0x20104a0,0x104a9},{0x10104b0,0x104d3},{0x10104d8,0x104fb},{0x1010500,0x10527},{0x1010530,0x10563},
+    {0x1010570,0x1057a},{0x101057c,0x1058a},{0x101058c,0x10592},{0x1010594,0x10595},{0x1010597,0x105a1},{0x10105a3,0x105b1},{0x10105b3,0x105b9},{0x10105bb,0x105bc},
+    {0x10105c0,0x105f3},{0x1010600,0x10736},{0x1010740,0x10755},{0x1010760,0x10767},{0x1010780,0x10785},{0x1010787,0x107b0},{0x10107b2,0x107ba},{0x1010800,0x10805},
+    {0x1010808,0x10808},{0x101080a,0x10835},{0x1010837,0x10838},{0x101083c,0x1083c},{0x101083f,0x10855},{0x2010858,0x1085f},{0x1010860,0x10876},{0x2010879,0x1087f},
+    {0x1010880,0x1089e},{0x20108a7,0x108af},{0x10108e0,0x108f2},{0x10108f4,0x108f5},{0x20108fb,0x108ff},{0x1010900,0x10915},{0x2010916,0x1091b},{0x1010920,0x10939},
+    {0x1010980,0x109b7},{0x20109bc,0x109bd},{0x10109be,0x109bf},{0x20109c0,0x109cf},{0x20109d2,0x109ff},{0x1010a00,0x10a00},{0x4010a01,0x10a03},{0x4010a05,0x10a06},
+    {0x4010a0c,0x10a0f},{0x1010a10,0x10a13},{0x1010a15,0x10a17},{0x1010a19,0x10a35},{0x4010a38,0x10a3a},{0x4010a3f,0x10a3f},{0x2010a40,0x10a48},{0x1010a60,0x10a7c},
+    {0x2010a7d,0x10a7e},{0x1010a80,0x10a9c},{0x2010a9d,0x10a9f},{0x1010ac0,0x10ac7},{0x1010ac9,0x10ae4},{0x4010ae5,0x10ae6},{0x2010aeb,0x10aef},{0x1010b00,0x10b35},
+    {0x1010b40,0x10b55},{0x2010b58,0x10b5f},{0x1010b60,0x10b72},{0x2010b78,0x10b7f},{0x1010b80,0x10b91},{0x2010ba9,0x10baf},{0x1010c00,0x10c48},{0x1010c80,0x10cb2},
+    {0x1010cc0,0x10cf2},{0x2010cfa,0x10cff},{0x1010d00,0x10d23},{0x4010d24,0x10d27},{0x2010d30,0x10d39},{0x2010d40,0x10d49},{0x1010d4a,0x10d65},{0x4010d69,0x10d6d},
+    {0x1010d6f,0x10d85},{0x2010e60,0x10e7e},{0x1010e80,0x10ea9},{0x4010eab,0x10eac},{0x1010eb0,0x10eb1},{0x1010ec2,0x10ec4},{0x4010efc,0x10eff},{0x1010f00,0x10f1c},
+    {0x2010f1d,0x10f26},{0x1010f27,0x10f27},{0x1010f30,0x10f45},{0x4010f46,0x10f50},{0x2010f51,0x10f54},{0x1010f70,0x10f81},{0x4010f82,0x10f85},{0x1010fb0,0x10fc4},
+    {0x2010fc5,0x10fcb},{0x1010fe0,0x10ff6},{0x4011000,0x11002},{0x1011003,0x11037},{0x4011038,0x11046},{0x2011052,0x1106f},{0x4011070,0x11070},{0x1011071,0x11072},
+    {0x4011073,0x11074},{0x1011075,0x11075},{0x401107f,0x11082},{0x1011083,0x110af},{0x40110b0,0x110ba},{0x40110c2,0x110c2},{0x10110d0,0x110e8},{0x20110f0,0x110f9},
+    {0x4011100,0x11102},{0x1011103,0x11126},{0x4011127,0x11134},{0x2011136,0x1113f},{0x1011144,0x11144},{0x4011145,0x11146},{0x1011147,0x11147},{0x1011150,0x11172},
+    {0x4011173,0x11173},{0x1011176,0x11176},{0x4011180,0x11182},{0x1011183,0x111b2},{0x40111b3,0x111c0},{0x10111c1,0x111c4},{0x40111c9,0x111cc},{0x40111ce,0x111cf},
+    {0x20111d0,0x111d9},{0x10111da,0x111da},{0x10111dc,0x111dc},{0x20111e1,0x111f4},{0x1011200,0x11211},{0x1011213,0x1122b},{0x401122c,0x11237},{0x401123e,0x1123e},
+    {0x101123f,0x11240},{0x4011241,0x11241},{0x1011280,0x11286},{0x1011288,0x11288},{0x101128a,0x1128d},{0x101128f,0x1129d},{0x101129f,0x112a8},{0x10112b0,0x112de},
+    {0x40112df,0x112ea},{0x20112f0,0x112f9},{0x4011300,0x11303},{0x1011305,0x1130c},{0x101130f,0x11310},{0x1011313,0x11328},{0x101132a,0x11330},{0x1011332,0x11333},
+    {0x1011335,0x11339},{0x401133b,0x1133c},{0x101133d,0x1133d},{0x401133e,0x11344},{0x4011347,0x11348},{0x401134b,0x1134d},{0x1011350,0x11350},{0x4011357,0x11357},
+    {0x101135d,0x11361},{0x4011362,0x11363},{0x4011366,0x1136c},{0x4011370,0x11374},{0x1011380,0x11389},{0x101138b,0x1138b},{0x101138e,0x1138e},{0x1011390,0x113b5},
+    {0x10113b7,0x113b7},{0x40113b8,0x113c0},{0x40113c2,0x113c2},{0x40113c5,0x113c5},{0x40113c7,0x113ca},{0x40113cc,0x113d0},{0x10113d1,0x113d1},{0x40113d2,0x113d2},
+    {0x10113d3,0x113d3},{0x40113e1,0x113e2},{0x1011400,0x11434},{0x4011435,0x11446},{0x1011447,0x1144a},{0x2011450,0x11459},{0x401145e,0x1145e},{0x101145f,0x11461},
+    {0x1011480,0x114af},{0x40114b0,0x114c3},{0x10114c4,0x114c5},{0x10114c7,0x114c7},{0x20114d0,0x114d9},{0x1011580,0x115ae},{0x40115af,0x115b5},{0x40115b8,0x115c0},
+    {0x10115d8,0x115db},{0x40115dc,0x115dd},{0x1011600,0x1162f},{0x4011630,0x11640},{0x1011644,0x11644},{0x2011650,0x11659},{0x1011680,0x116aa},{0x40116ab,0x116b7},
+    {0x10116b8,0x116b8},{0x20116c0,0x116c9},{0x20116d0,0x116e3},{0x1011700,0x1171a},{0x401171d,0x1172b},{0x2011730,0x1173b},{0x1011740,0x11746},{0x1011800,0x1182b},
+    {0x401182c,0x1183a},{0x10118a0,0x118df},{0x20118e0,0x118f2},{0x10118ff,0x11906},{0x1011909,0x11909},{0x101190c,0x11913},{0x1011915,0x11916},{0x1011918,0x1192f},
+    {0x4011930,0x11935},{0x4011937,0x11938},{0x401193b,0x1193e},{0x101193f,0x1193f},{0x4011940,0x11940},{0x1011941,0x11941},{0x4011942,0x11943},{0x2011950,0x11959},
+    {0x10119a0,0x119a7},{0x10119aa,0x119d0},{0x40119d1,0x119d7},{0x40119da,0x119e0},{0x10119e1,0x119e1},{0x10119e3,0x119e3},{0x40119e4,0x119e4},{0x1011a00,0x11a00},
+    {0x4011a01,0x11a0a},{0x1011a0b,0x11a32},{0x4011a33,0x11a39},{0x1011a3a,0x11a3a},{0x4011a3b,0x11a3e},{0x4011a47,0x11a47},{0x1011a50,0x11a50},{0x4011a51,0x11a5b},
+    {0x1011a5c,0x11a89},{0x4011a8a,0x11a99},{0x1011a9d,0x11a9d},{0x1011ab0,0x11af8},{0x1011bc0,0x11be0},{0x2011bf0,0x11bf9},{0x1011c00,0x11c08},{0x1011c0a,0x11c2e},
+    {0x4011c2f,0x11c36},{0x4011c38,0x11c3f},{0x1011c40,0x11c40},{0x2011c50,0x11c6c},{0x1011c72,0x11c8f},{0x4011c92,0x11ca7},{0x4011ca9,0x11cb6},{0x1011d00,0x11d06},
+    {0x1011d08,0x11d09},{0x1011d0b,0x11d30},{0x4011d31,0x11d36},{0x4011d3a,0x11d3a},{0x4011d3c,0x11d3d},{0x4011d3f,0x11d45},{0x1011d46,0x11d46},{0x4011d47,0x11d47},
+    {0x2011d50,0x11d59},{0x1011d60,0x11d65},{0x1011d67,0x11d68},{0x1011d6a,0x11d89},{0x4011d8a,0x11d8e},{0x4011d90,0x11d91},{0x4011d93,0x11d97},{0x1011d98,0x11d98},
+    {0x2011da0,0x11da9},{0x1011ee0,0x11ef2},{0x4011ef3,0x11ef6},{0x4011f00,0x11f01},{0x1011f02,0x11f02},{0x4011f03,0x11f03},{0x1011f04,0x11f10},{0x1011f12,0x11f33},
+    {0x4011f34,0x11f3a},{0x4011f3e,0x11f42},{0x2011f50,0x11f59},{0x4011f5a,0x11f5a},{0x1011fb0,0x11fb0},{0x2011fc0,0x11fd4},{0x1012000,0x12399},{0x2012400,0x1246e},
+    {0x1012480,0x12543},{0x1012f90,0x12ff0},{0x1013000,0x1342f},{0x4013440,0x13440},{0x1013441,0x13446},{0x4013447,0x13455},{0x1013460,0x143fa},{0x1014400,0x14646},
+    {0x1016100,0x1611d},{0x401611e,0x1612f},{0x2016130,0x16139},{0x1016800,0x16a38},{0x1016a40,0x16a5e},{0x2016a60,0x16a69},{0x1016a70,0x16abe},{0x2016ac0,0x16ac9},
+    {0x1016ad0,0x16aed},{0x4016af0,0x16af4},{0x1016b00,0x16b2f},{0x4016b30,0x16b36},{0x1016b40,0x16b43},{0x2016b50,0x16b59},{0x2016b5b,0x16b61},{0x1016b63,0x16b77},
+    {0x1016b7d,0x16b8f},{0x1016d40,0x16d6c},{0x2016d70,0x16d79},{0x1016e40,0x16e7f},{0x2016e80,0x16e96},{0x1016f00,0x16f4a},{0x4016f4f,0x16f4f},{0x1016f50,0x16f50},
+    {0x4016f51,0x16f87},{0x4016f8f,0x16f92},{0x1016f93,0x16f9f},{0x1016fe0,0x16fe1},{0x1016fe3,0x16fe3},{0x4016fe4,0x16fe4},{0x4016ff0,0x16ff1},{0x1017000,0x187f7},
+    {0x1018800,0x18cd5},{0x1018cff,0x18d08},{0x101aff0,0x1aff3},{0x101aff5,0x1affb},{0x101affd,0x1affe},{0x101b000,0x1b122},{0x101b132,0x1b132},{0x101b150,0x1b152},
+    {0x101b155,0x1b155},{0x101b164,0x1b167},{0x101b170,0x1b2fb},{0x101bc00,0x1bc6a},{0x101bc70,0x1bc7c},{0x101bc80,0x1bc88},{0x101bc90,0x1bc99},{0x401bc9d,0x1bc9e},
+    {0x201ccf0,0x1ccf9},{0x401cf00,0x1cf2d},{0x401cf30,0x1cf46},{0x401d165,0x1d169},{0x401d16d,0x1d172},{0x401d17b,0x1d182},{0x401d185,0x1d18b},{0x401d1aa,0x1d1ad},
+    {0x401d242,0x1d244},{0x201d2c0,0x1d2d3},{0x201d2e0,0x1d2f3},{0x201d360,0x1d378},{0x101d400,0x1d454},{0x101d456,0x1d49c},{0x101d49e,0x1d49f},{0x101d4a2,0x1d4a2},
+    {0x101d4a5,0x1d4a6},{0x101d4a9,0x1d4ac},{0x101d4ae,0x1d4b9},{0x101d4bb,0x1d4bb},{0x101d4bd,0x1d4c3},{0x101d4c5,0x1d505},{0x101d507,0x1d50a},{0x101d50d,0x1d514},
+    {0x101d516,0x1d51c},{0x101d51e,0x1d539},{0x101d53b,0x1d53e},{0x101d540,0x1d544},{0x101d546,0x1d546},{0x101d54a,0x1d550},{0x101d552,0x1d6a5},{0x101d6a8,0x1d6c0},
+    {0x101d6c2,0x1d6da},{0x101d6dc,0x1d6fa},{0x101d6fc,0x1d714},{0x101d716,0x1d734},{0x101d736,0x1d74e},{0x101d750,0x1d76e},{0x101d770,0x1d788},{0x101d78a,0x1d7a8},
+    {0x101d7aa,0x1d7c2},{0x101d7c4,0x1d7cb},{0x201d7ce,0x1d7ff},{0x401da00,0x1da36},{0x401da3b,0x1da6c},{0x401da75,0x1da75},{0x401da84,0x1da84},{0x401da9b,0x1da9f},
+    {0x401daa1,0x1daaf},{0x101df00,0x1df1e},{0x101df25,0x1df2a},{0x401e000,0x1e006},{0x401e008,0x1e018},{0x401e01b,0x1e021},{0x401e023,0x1e024},{0x401e026,0x1e02a},
+    {0x101e030,0x1e06d},{0x401e08f,0x1e08f},{0x101e100,0x1e12c},{0x401e130,0x1e136},{0x101e137,0x1e13d},{0x201e140,0x1e149},{0x101e14e,0x1e14e},{0x101e290,0x1e2ad},
+    {0x401e2ae,0x1e2ae},{0x101e2c0,0x1e2eb},{0x401e2ec,0x1e2ef},{0x201e2f0,0x1e2f9},{0x101e4d0,0x1e4eb},{0x401e4ec,0x1e4ef},{0x201e4f0,0x1e4f9},{0x101e5d0,0x1e5ed},
+    {0x401e5ee,0x1e5ef},{0x101e5f0,0x1e5f0},{0x201e5f1,0x1e5fa},{0x101e7e0,0x1e7e6},{0x101e7e8,0x1e7eb},{0x101e7ed,0x1e7ee},{0x101e7f0,0x1e7fe},{0x101e800,0x1e8c4},
+    {0x201e8c7,0x1e8cf},{0x401e8d0,0x1e8d6},{0x101e900,0x1e943},{0x401e944,0x1e94a},{0x101e94b,0x1e94b},{0x201e950,0x1e959},{0x201ec71,0x1ecab},{0x201ecad,0x1ecaf},
+    {0x201ecb1,0x1ecb4},{0x201ed01,0x1ed2d},{0x201ed2f,0x1ed3d},{0x101ee00,0x1ee03},{0x101ee05,0x1ee1f},{0x101ee21,0x1ee22},{0x101ee24,0x1ee24},{0x101ee27,0x1ee27},
+    {0x101ee29,0x1ee32},{0x101ee34,0x1ee37},{0x101ee39,0x1ee39},{0x101ee3b,0x1ee3b},{0x101ee42,0x1ee42},{0x101ee47,0x1ee47},{0x101ee49,0x1ee49},{0x101ee4b,0x1ee4b},
+    {0x101ee4d,0x1ee4f},{0x101ee51,0x1ee52},{0x101ee54,0x1ee54},{0x101ee57,0x1ee57},{0x101ee59,0x1ee59},{0x101ee5b,0x1ee5b},{0x101ee5d,0x1ee5d},{0x101ee5f,0x1ee5f},
+    {0x101ee61,0x1ee62},{0x101ee64,0x1ee64},{0x101ee67,0x1ee6a},{0x101ee6c,0x1ee72},{0x101ee74,0x1ee77},{0x101ee79,0x1ee7c},{0x101ee7e,0x1ee7e},{0x101ee80,0x1ee89},
+    {0x101ee8b,0x1ee9b},{0x101eea1,0x1eea3},{0x101eea5,0x1eea9},{0x101eeab,0x1eebb},{0x201f100,0x1f10c},{0x201fbf0,0x1fbf9},{0x1020000,0x2a6df},{0x102a700,0x2b739},
+    {0x102b740,0x2b81d},{0x102b820,0x2cea1},{0x102ceb0,0x2ebe0},{0x102ebf0,0x2ee5d},{0x102f800,0x2fa1d},{0x1030000,0x3134a},{0x1031350,0x323af},{0x40e0100,0xe01ef},
+};
+#define QSA__UNI_CLS_N 1152
+
+/* {lo | ccc << 24, hi}, sorted; code points not listed have class 0 */
+static const uint32_t qsa__uni_ccc[][2] = {
+    {0xe6000300,0x314},{0xe8000315,0x315},{0xdc000316,0x319},{0xe800031a,0x31a},{0xd800031b,0x31b},{0xdc00031c,0x320},{0xca000321,0x322},{0xdc000323,0x326},
+    {0xca000327,0x328},{0xdc000329,0x333},{0x1000334,0x338},{0xdc000339,0x33c},{0xe600033d,0x344},{0xf0000345,0x345},{0xe6000346,0x346},{0xdc000347,0x349},
+    {0xe600034a,0x34c},{0xdc00034d,0x34e},{0xe6000350,0x352},{0xdc000353,0x356},{0xe6000357,0x357},{0xe8000358,0x358},{0xdc000359,0x35a},{0xe600035b,0x35b},
+    {0xe900035c,0x35c},{0xea00035d,0x35e},{0xe900035f,0x35f},{0xea000360,0x361},{0xe9000362,0x362},{0xe6000363,0x36f},{0xe6000483,0x487},{0xdc000591,0x591},
+    {0xe6000592,0x595},{0xdc000596,0x596},{0xe6000597,0x599},{0xde00059a,0x59a},{0xdc00059b,0x59b},{0xe600059c,0x5a1},{0xdc0005a2,0x5a7},{0xe60005a8,0x5a9},
+    {0xdc0005aa,0x5aa},{0xe60005ab,0x5ac},{0xde0005ad,0x5ad},{0xe40005ae,0x5ae},{0xe60005af,0x5af},{0xa0005b0,0x5b0},{0xb0005b1,0x5b1},{0xc0005b2,0x5b2},
+    {0xd0005b3,0x5b3},{0xe0005b4,0x5b4},{0xf0005b5,0x5b5},{0x100005b6,0x5b6},{0x110005b7,0x5b7},{0x120005b8,0x5b8},{0x130005b9,0x5ba},{0x140005bb,0x5bb},
+    {0x150005bc,0x5bc},{0x160005bd,0x5bd},{0x170005bf,0x5bf},{0x180005c1,0x5c1},{0x190005c2,0x5c2},{0xe60005c4,0x5c4},{0xdc0005c5,0x5c5},{0x120005c7,0x5c7},
+    {0xe6000610,0x617},{0x1e000618,0x618},{0x1f000619,0x619},{0x2000061a,0x61a},{0x1b00064b,0x64b},{0x1c00064c,0x64c},{0x1d00064d,0x64d},{0x1e00064e,0x64e},
+    {0x1f00064f,0x64f},{0x20000650,0x650},{0x21000651,0x651},{0x22000652,0x652},{0xe6000653,0x654},{0xdc000655,0x656},{0xe6000657,0x65b},{0xdc00065c,0x65c},
+    {0xe600065d,0x65e},{0xdc00065f,0x65f},{0x23000670,0x670},{0xe60006d6,0x6dc},{0xe60006df,0x6e2},{0xdc0006e3,0x6e3},{0xe60006e4,0x6e4},{0xe60006e7,0x6e8},
+    {0xdc0006ea,0x6ea},{0xe60006eb,0x6ec},{0xdc0006ed,0x6ed},{0x24000711,0x711},{0xe6000730,0x730},{0xdc000731,0x731},{0xe6000732,0x733},{0xdc000734,0x734},
+    {0xe6000735,0x736},{0xdc000737,0x739},{0xe600073a,0x73a},{0xdc00073b,0x73c},{0xe600073d,0x73d},{0xdc00073e,0x73e},{0xe600073f,0x741},{0xdc000742,0x742},
+    {0xe6000743,0x743},{0xdc000744,0x744},{0xe6000745,0x745},{0xdc000746,0x746},{0xe6000747,0x747},{0xdc000748,0x748},{0xe6000749,0x74a},{0xe60007eb,0x7f1},
+    {0xdc0007f2,0x7f2},{0xe60007f3,0x7f3},{0xe6000816,0x819},{0xe600081b,0x823},{0xe6000825,0x827},{0xe6000829,0x82d},{0xdc000859,0x85b},{0xe60008d4,0x8e1},
+    {0xdc0008e3,0x8e3},{0xe60008e4,0x8e5},{0xdc0008e6,0x8e6},{0xe60008e7,0x8e8},{0xdc0008e9,0x8e9},{0xe60008ea,0x8ec},{0xdc0008ed,0x8ef},{0x1b0008f0,0x8f0},
+    {0x1c0008f1,0x8f1},{0x1d0008f2,0x8f2},{0xe60008f3,0x8f5},{0xdc0008f6,0x8f6},{0xe60008f7,0x8f8},{0xdc0008f9,0x8fa},{0xe60008fb,0x8ff},{0x700093c,0x93c},
+    {0x900094d,0x94d},{0xe6000951,0x951},{0xdc000952,0x952},{0xe6000953,0x954},{0x70009bc,0x9bc},{0x90009cd,0x9cd},{0x7000a3c,0xa3c},{0x9000a4d,0xa4d},
+    {0x7000abc,0xabc},{0x9000acd,0xacd},{0x7000b3c,0xb3c},{0x9000b4d,0xb4d},{0x9000bcd,0xbcd},{0x9000c4d,0xc4d},{0x54000c55,0xc55},{0x5b000c56,0xc56},
+    {0x7000cbc,0xcbc},{0x9000ccd,0xccd},{0x9000d4d,0xd4d},{0x9000dca,0xdca},{0x67000e38,0xe39},{0x9000e3a,0xe3a},{0x6b000e48,0xe4b},{0x76000eb8,0xeb9},
+    {0x7a000ec8,0xecb},{0xdc000f18,0xf19},{0xdc000f35,0xf35},{0xdc000f37,0xf37},{0xd8000f39,0xf39},{0x81000f71,0xf71},{0x82000f72,0xf72},{0x84000f74,0xf74},
+    {0x82000f7a,0xf7d},{0x82000f80,0xf80},{0xe6000f82,0xf83},{0x9000f84,0xf84},{0xe6000f86,0xf87},{0xdc000fc6,0xfc6},{0x7001037,0x1037},{0x9001039,0x103a},
+    {0xdc00108d,0x108d},{0xe600135d,0x135f},{0x9001714,0x1714},{0x9001734,0x1734},{0x90017d2,0x17d2},{0xe60017dd,0x17dd},{0xe40018a9,0x18a9},{0xde001939,0x1939},
+    {0xe600193a,0x193a},{0xdc00193b,0x193b},{0xe6001a17,0x1a17},{0xdc001a18,0x1a18},{0x9001a60,0x1a60},{0xe6001a75,0x1a7c},{0xdc001a7f,0x1a7f},{0xe6001ab0,0x1ab4},
+    {0xdc001ab5,0x1aba},{0xe6001abb,0x1abc},{0xdc001abd,0x1abd},{0x7001b34,0x1b34},{0x9001b44,0x1b44},{0xe6001b6b,0x1b6b},{0xdc001b6c,0x1b6c},{0xe6001b6d,0x1b73},
+    {0x9001baa,0x1bab},{0x7001be6,0x1be6},{0x9001bf2,0x1bf3},{0x7001c37,0x1c37},{0xe6001cd0,0x1cd2},{0x1001cd4,0x1cd4},{0xdc001cd5,0x1cd9},{0xe6001cda,0x1cdb},
+    {0xdc001cdc,0x1cdf},{0xe6001ce0,0x1ce0},{0x1001ce2,0x1ce8},{0xdc001ced,0x1ced},{0xe6001cf4,0x1cf4},{0xe6001cf8,0x1cf9},{0xe6001dc0,0x1dc1},{0xdc001dc2,0x1dc2},
+    {0xe6001dc3,0x1dc9},{0xdc001dca,0x1dca},{0xe6001dcb,0x1dcc},{0xea001dcd,0x1dcd},{0xd6001dce,0x1dce},{0xdc001dcf,0x1dcf},{0xca001dd0,0x1dd0},{0xe6001dd1,0x1df5},
+    {0xe6001dfb,0x1dfb},{0xe9001dfc,0x1dfc},{0xdc001dfd,0x1dfd},{0xe6001dfe,0x1dfe},{0xdc001dff,0x1dff},{0xe60020d0,0x20d1},{0x10020d2,0x20d3},{0xe60020d4,0x20d7},
+    {0x10020d8,0x20da},{0xe60020db,0x20dc},{0xe60020e1,0x20e1},{0x10020e5,0x20e6},{0xe60020e7,0x20e7},{0xdc0020e8,0x20e8},{0xe60020e9,0x20e9},{0x10020ea,0x20eb},
+    {0xdc0020ec,0x20ef},{0xe60020f0,0x20f0},{0xe6002cef,0x2cf1},{0x9002d7f,0x2d7f},{0xe6002de0,0x2dff},{0xda00302a,0x302a},{0xe400302b,0x302b},{0xe800302c,0x302c},
+    {0xde00302d,0x302d},{0xe000302e,0x302f},{0x8003099,0x309a},{0xe600a66f,0xa66f},{0xe600a674,0xa67d},{0xe600a69e,0xa69f},{0xe600a6f0,0xa6f1},{0x900a806,0xa806},
+    {0x900a8c4,0xa8c4},{0xe600a8e0,0xa8f1},{0xdc00a92b,0xa92d},{0x900a953,0xa953},{0x700a9b3,0xa9b3},{0x900a9c0,0xa9c0},{0xe600aab0,0xaab0},{0xe600aab2,0xaab3},
+    {0xdc00aab4,0xaab4},{0xe600aab7,0xaab8},{0xe600aabe,0xaabf},{0xe600aac1,0xaac1},{0x900aaf6,0xaaf6},{0x900abed,0xabed},{0x1a00fb1e,0xfb1e},{0xe600fe20,0xfe26},
+    {0xdc00fe27,0xfe2d},{0xe600fe2e,0xfe2f},{0xdc0101fd,0x101fd},{0xdc0102e0,0x102e0},{0xe6010376,0x1037a},{0xdc010a0d,0x10a0d},{0xe6010a0f,0x10a0f},{0xe6010a38,0x10a38},
+    {0x1010a39,0x10a39},{0xdc010a3a,0x10a3a},{0x9010a3f,0x10a3f},{0xe6010ae5,0x10ae5},{0xdc010ae6,0x10ae6},{0x9011046,0x11046},{0x901107f,0x1107f},{0x90110b9,0x110b9},
+    {0x70110ba,0x110ba},{0xe6011100,0x11102},{0x9011133,0x11134},{0x7011173,0x11173},{0x90111c0,0x111c0},{0x70111ca,0x111ca},{0x9011235,0x11235},{0x7011236,0x11236},
+    {0x70112e9,0x112e9},{0x90112ea,0x112ea},{0x701133c,0x1133c},{0x901134d,0x1134d},{0xe6011366,0x1136c},{0xe6011370,0x11374},{0x9011442,0x11442},{0x7011446,0x11446},
+    {0x90114c2,0x114c2},{0x70114c3,0x114c3},{0x90115bf,0x115bf},{0x70115c0,0x115c0},{0x901163f,0x1163f},{0x90116b6,0x116b6},{0x70116b7,0x116b7},{0x901172b,0x1172b},
+    {0x9011c3f,0x11c3f},{0x1016af0,0x16af4},{0xe6016b30,0x16b36},{0x101bc9e,0x1bc9e},{0xd801d165,0x1d166},{0x101d167,0x1d169},{0xe201d16d,0x1d16d},{0xd801d16e,0x1d172},
+    {0xdc01d17b,0x1d182},{0xe601d185,0x1d189},{0xdc01d18a,0x1d18b},{0xe601d1aa,0x1d1ad},{0xe601d242,0x1d244},{0xe601e000,0x1e006},{0xe601e008,0x1e018},{0xe601e01b,0x1e021},
+    {0xe601e023,0x1e024},{0xe601e026,0x1e02a},{0xdc01e8d0,0x1e8d6},{0xe601e944,0x1e949},{0x701e94a,0x1e94a},
+};
+#define QSA__UNI_CCC_N 333
+
+/* {cp | primary_composite << 31, first, second (0 for a singleton)}, sorted by cp */
+static const uint32_t qsa__uni_dec[][3] = {
+    {0x800000c0,0x41,0x300},{0x800000c1,0x41,0x301},{0x800000c2,0x41,0x302},{0x800000c3,0x41,0x303},{0x800000c4,0x41,0x308},{0x800000c5,0x41,0x30a},
+    {0x800000c7,0x43,0x327},{0x800000c8,0x45,0x300},{0x800000c9,0x45,0x301},{0x800000ca,0x45,0x302},{0x800000cb,0x45,0x308},{0x800000cc,0x49,0x300},
+    {0x800000cd,0x49,0x301},{0x800000ce,0x49,0x302},{0x800000cf,0x49,0x308},{0x800000d1,0x4e,0x303},{0x800000d2,0x4f,0x300},{0x800000d3,0x4f,0x301},
+    {0x800000d4,0x4f,0x302},{0x800000d5,0x4f,0x303},{0x800000d6,0x4f,0x308},{0x800000d9,0x55,0x300},{0x800000da,0x55,0x301},{0x800000db,0x55,0x302},
+    {0x800000dc,0x55,0x308},{0x800000dd,0x59,0x301},{0x800000e0,0x61,0x300},{0x800000e1,0x61,0x301},{0x800000e2,0x61,0x302},{0x800000e3,0x61,0x303},
+    {0x800000e4,0x61,0x308},{0x800000e5,0x61,0x30a},{0x800000e7,0x63,0x327},{0x800000e8,0x65,0x300},{0x800000e9,0x65,0x301},{0x800000ea,0x65,0x302},
+    {0x800000eb,0x65,0x308},{0x800000ec,0x69,0x300},{0x800000ed,0x69,0x301},{0x800000ee,0x69,0x302},{0x800000ef,0x69,0x308},{0x800000f1,0x6e,0x303},
+    {0x800000f2,0x6f,0x300},{0x800000f3,0x6f,0x301},{0x800000f4,0x6f,0x302},{0x800000f5,0x6f,0x303},{0x800000f6,0x6f,0x308},{0x800000f9,0x75,0x300},
+    {0x800000fa,0x75,0x301},{0x800000fb,0x75,0x302},{0x800000fc,0x75,0x308},{0x800000fd,0x79,0x301},{0x800000ff,0x79,0x308},{0x80000100,0x41,0x304},
+    {0x80000101,0x61,0x304},{0x80000102,0x41,0x306},{0x80000103,0x61,0x306},{0x80000104,0x41,0x328},{0x80000105,0x61,0x328},{0x80000106,0x43,0x301},
+    {0x80000107,0x63,0x301},{0x80000108,0x43,0x302},{0x80000109,0x63,0x302},{0x8000010a,0x43,0x307},{0x8000010b,0x63,0x307},{0x8000010c,0x43,0x30c},
+    {0x8000010d,0x63,0x30c},{0x8000010e,0x44,0x30c},{0x8000010f,0x64,0x30c},{0x80000112,0x45,0x304},{0x80000113,0x65,0x304},{0x80000114,0x45,0x306},
+    {0x80000115,0x65,0x306},{0x80000116,0x45,0x307},{0x80000117,0x65,0x307},{0x80000118,0x45,0x328},{0x80000119,0x65,0x328},{0x8000011a,0x45,0x30c},
+    {0x8000011b,0x65,0x30c},{0x8000011c,0x47,0x302},{0x8000011d,0x67,0x302},{0x8000011e,0x47,0x306},{0x8000011f,0x67,0x306},{0x80000120,0x47,0x307},
+    {0x80000121,0x67,0x307},{0x80000122,0x47,0x327},{0x80000123,0x67,0x327},{0x80000124,0x48,0x302},{0x80000125,0x68,0x302},{0x80000128,0x49,0x303},
+    {0x80000129,0x69,0x303},{0x8000012a,0x49,0x304},{0x8000012b,0x69,0x304},{0x8000012c,0x49,0x306},{0x8000012d,0x69,0x306},{0x8000012e,0x49,0x328},
+    {0x8000012f,0x69,0x328},{0x80000130,0x49,0x307},{0x80000134,0x4a,0x302},{0x80000135,0x6a,0x302},{0x80000136,0x4b,0x327},{0x80000137,0x6b,0x327},
+    {0x80000139,0x4c,0x301},{0x8000013a,0x6c,0x301},{0x8000013b,0x4c,0x327},{0x8000013c,0x6c,0x327},{0x8000013d,0x4c,0x30c},{0x8000013e,0x6c,0x30c},
+    {0x80000143,0x4e,0x301},{0x80000144,0x6e,0x301},{0x80000145,0x4e,0x327},{0x80000146,0x6e,0x327},{0x80000147,0x4e,0x30c},{0x80000148,0x6e,0x30c},
+    {0x8000014c,0x4f,0x304},{0x8000014d,0x6f,0x304},{0x8000014e,0x4f,0x306},{0x8000014f,0x6f,0x306},{0x80000150,0x4f,0x30b},{0x80000151,0x6f,0x30b},
+    {0x80000154,0x52,0x301},{0x80000155,0x72,0x301},{0x80000156,0x52,0x327},{0x80000157,0x72,0x327},{0x80000158,0x52,0x30c},{0x80000159,0x72,0x30c},
+    {0x8000015a,0x53,0x301},{0x8000015b,0x73,0x301},{0x8000015c,0x53,0x302},{0x8000015d,0x73,0x302},{0x8000015e,0x53,0x327},{0x8000015f,0x73,0x327},
+    {0x80000160,0x53,0x30c},{0x80000161,0x73,0x30c},{0x80000162,0x54,0x327},{0x80000163,0x74,0x327},{0x80000164,0x54,0x30c},{0x80000165,0x74,0x30c},
+    {0x80000168,0x55,0x303},{0x80000169,0x75,0x303},{0x8000016a,0x55,0x304},{0x8000016b,0x75,0x304},{0x8000016c,0x55,0x306},{0x8000016d,0x75,0x306},
+    {0x8000016e,0x55,0x30a},{0x8000016f,0x75,0x30a},{0x80000170,0x55,0x30b},{0x80000171,0x75,0x30b},{0x80000172,0x55,0x328},{0x80000173,0x75,0x328},
+    {0x80000174,0x57,0x302},{0x80000175,0x77,0x302},{0x80000176,0x59,0x302},{0x80000177,0x79,0x302},{0x80000178,0x59,0x308},{0x80000179,0x5a,0x301},
+    {0x8000017a,0x7a,0x301},{0x8000017b,0x5a,0x307},{0x8000017c,0x7a,0x307},{0x8000017d,0x5a,0x30c},{0x8000017e,0x7a,0x30c},{0x800001a0,0x4f,0x31b},
+    {0x800001a1,0x6f,0x31b},{0x800001af,0x55,0x31b},{0x800001b0,0x75,0x31b},{0x800001cd,0x41,0x30c},{0x800001ce,0x61,0x30c},{0x800001cf,0x49,0x30c},
+    {0x800001d0,0x69,0x30c},{0x800001d1,0x4f,0x30c},{0x800001d2,0x6f,0x30c},{0x800001d3,0x55,0x30c},{0x800001d4,0x75,0x30c},{0x800001d5,0xdc,0x304},
+    {0x800001d6,0xfc,0x304},{0x800001d7,0xdc,0x301},{0x800001d8,0xfc,0x301},{0x800001d9,0xdc,0x30c},{0x800001da,0xfc,0x30c},{0x800001db,0xdc,0x300},
+    {0x800001dc,0xfc,0x300},{0x800001de,0xc4,0x304},{0x800001df,0xe4,0x304},{0x800001e0,0x226,0x304},{0x800001e1,0x227,0x304},{0x800001e2,0xc6,0x304},
+    {0x800001e3,0xe6,0x304},{0x800001e6,0x47,0x30c},{0x800001e7,0x67,0x30c},{0x800001e8,0x4b,0x30c},{0x800001e9,0x6b,0x30c},{0x800001ea,0x4f,0x328},
+    {0x800001eb,0x6f,0x328},{0x800001ec,0x1ea,0x304},{0x800001ed,0x1eb,0x304},{0x800001ee,0x1b7,0x30c},{0x800001ef,0x292,0x30c},{0x800001f0,0x6a,0x30c},
+    {0x800001f4,0x47,0x301},{0x800001f5,0x67,0x301},{0x800001f8,0x4e,0x300},{0x800001f9,0x6e,0x300},{0x800001fa,0xc5,0x301},{0x800001fb,0xe5,0x301},
+    {0x800001fc,0xc6,0x301},{0x800001fd,0xe6,0x301},{0x800001fe,0xd8,0x301},{0x800001ff,0xf8,0x301},{0x80000200,0x41,0x30f},{0x80000201,0x61,0x30f},
+    {0x80000202,0x41,0x311},{0x80000203,0x61,0x311},{0x80000204,0x45,0x30f},{0x80000205,0x65,0x30f},{0x80000206,0x45,0x311},{0x80000207,0x65,0x311},
+    {0x80000208,0x49,0x30f},{0x80000209,0x69,0x30f},{0x8000020a,0x49,0x311},{0x8000020b,0x69,0x311},{0x8000020c,0x4f,0x30f},{0x8000020d,0x6f,0x30f},
+    {0x8000020e,0x4f,0x311},{0x8000020f,0x6f,0x311},{0x80000210,0x52,0x30f},{0x80000211,0x72,0x30f},{0x80000212,0x52,0x311},{0x80000213,0x72,0x311},
+    {0x80000214,0x55,0x30f},{0x80000215,0x75,0x30f},{0x80000216,0x55,0x311},{0x80000217,0x75,0x311},{0x80000218,0x53,0x326},{0x80000219,0x73,0x326},
+    {0x8000021a,0x54,0x326},{0x8000021b,0x74,0x326},{0x8000021e,0x48,0x30c},{0x8000021f,0x68,0x30c},{0x80000226,0x41,0x307},{0x80000227,0x61,0x307},
+    {0x80000228,0x45,0x327},{0x80000229,0x65,0x327},{0x8000022a,0xd6,0x304},{0x8000022b,0xf6,0x304},{0x8000022c,0xd5,0x304},{0x8000022d,0xf5,0x304},
+    {0x8000022e,0x4f,0x307},{0x8000022f,0x6f,0x307},{0x80000230,0x22e,0x304},{0x80000231,0x22f,0x304},{0x80000232,0x59,0x304},{0x80000233,0x79,0x304},
+    {0x340,0x300,0x0},{0x341,0x301,0x0},{0x343,0x313,0x0},{0x344,0x308,0x301},{0x374,0x2b9,0x0},{0x37e,0x3b,0x0},
+    {0x80000385,0xa8,0x301},{0x80000386,0x391,0x301},{0x387,0xb7,0x0},{0x80000388,0x395,0x301},{0x80000389,0x397,0x301},{0x8000038a,0x399,0x301},
+    {0x8000038c,0x39f,0x301},{0x8000038e,0x3a5,0x301},{0x8000038f,0x3a9,0x301},{0x80000390,0x3ca,0x301},{0x800003aa,0x399,0x308},{0x800003ab,0x3a5,0x308},
+    {0x800003ac,0x3b1,0x301},{0x800003ad,0x3b5,0x301},{0x800003ae,0x3b7,0x301},{0x800003af,0x3b9,0x301},{0x800003b0,0x3cb,0x301},{0x800003ca,0x3b9,0x308},
+    {0x800003cb,0x3c5,0x308},{0x800003cc,0x3bf,0x301},{0x800003cd,0x3c5,0x301},{0x800003ce,0x3c9,0x301},{0x800003d3,0x3d2,0x301},{0x800003d4,0x3d2,0x308},
+    {0x80000400,0x415,0x300},{0x80000401,0x415,0x308},{0x80000403,0x413,0x301},{0x80000407,0x406,0x308},{0x8000040c,0x41a,0x301},{0x8000040d,0x418,0x300},
+    {0x8000040e,0x423,0x306},{0x80000419,0x418,0x306},{0x80000439,0x438,0x306},{0x80000450,0x435,0x300},{0x80000451,0x435,0x308},{0x80000453,0x433,0x301},
+    {0x80000457,0x456,0x308},{0x8000045c,0x43a,0x301},{0x8000045d,0x438,0x300},{0x8000045e,0x443,0x306},{0x80000476,0x474,0x30f},{0x80000477,0x475,0x30f},
+    {0x800004c1,0x416,0x306},{0x800004c2,0x436,0x306},{0x800004d0,0x410,0x306},{0x800004d1,0x430,0x306},{0x800004d2,0x410,0x308},{0x800004d3,0x430,0x308},
+    {0x800004d6,0x415,0x306},{0x800004d7,0x435,0x306},{0x800004da,0x4d8,0x308},{0x800004db,0x4d9,0x308},{0x800004dc,0x416,0x308},{0x800004dd,0x436,0x308},
+    {0x800004de,0x417,0x308},{0x800004df,0x437,0x308},{0x800004e2,0x418,0x304},{0x800004e3,0x438,0x304},{0x800004e4,0x418,0x308},{0x800004e5,0x438,0x308},
+    {0x800004e6,0x41e,0x308},{0x800004e7,0x43e,0x308},{0x800004ea,0x4e8,0x308},{0x800004eb,0x4e9,0x308},{0x800004ec,0x42d,0x308},{0x800004ed,0x44d,0x308},
+    {0x800004ee,0x423,0x304},{0x800004ef,0x443,0x304},{0x800004f0,0x423,0x308},{0x800004f1,0x443,0x308},{0x800004f2,0x423,0x30b},{0x800004f3,0x443,0x30b},
+    {0x800004f4,0x427,0x308},{0x800004f5,0x447,0x308},{0x800004f8,0x42b,0x308},{0x800004f9,0x44b,0x308},{0x80000622,0x627,0x653},{0x80000623,0x627,0x654},
+    {0x80000624,0x648,0x654},{0x80000625,0x627,0x655},{0x80000626,0x64a,0x654},{0x800006c0,0x6d5,0x654},{0x800006c2,0x6c1,0x654},{0x800006d3,0x6d2,0x654},
+    {0x80000929,0x928,0x93c},{0x80000931,0x930,0x93c},{0x80000934,0x933,0x93c},{0x958,0x915,0x93c},{0x959,0x916,0x93c},{0x95a,0x917,0x93c},
+    {0x95b,0x91c,0x93c},{0x95c,0x921,0x93c},{0x95d,0x922,0x93c},{0x95e,0x92b,0x93c},{0x95f,0x92f,0x93c},{0x800009cb,0x9c7,0x9be},
+    {0x800009cc,0x9c7,0x9d7},{0x9dc,0x9a1,0x9bc},{0x9dd,0x9a2,0x9bc},{0x9df,0x9af,0x9bc},{0xa33,0xa32,0xa3c},{0xa36,0xa38,0xa3c},
+    {0xa59,0xa16,0xa3c},{0xa5a,0xa17,0xa3c},{0xa5b,0xa1c,0xa3c},{0xa5e,0xa2b,0xa3c},{0x80000b48,0xb47,0xb56},{0x80000b4b,0xb47,0xb3e},
+    {0x80000b4c,0xb47,0xb57},{0xb5c,0xb21,0xb3c},{0xb5d,0xb22,0xb3c},{0x80000b94,0xb92,0xbd7},{0x80000bca,0xbc6,0xbbe},{0x80000bcb,0xbc7,0xbbe},
+    {0x80000bcc,0xbc6,0xbd7},{0x80000c48,0xc46,0xc56},{0x80000cc0,0xcbf,0xcd5},{0x80000cc7,0xcc6,0xcd5},{0x80000cc8,0xcc6,0xcd6},{0x80000cca,0xcc6,0xcc2},
+    {0x80000ccb,0xcca,0xcd5},{0x80000d4a,0xd46,0xd3e},{0x80000d4b,0xd47,0xd3e},{0x80000d4c,0xd46,0xd57},{0x80000dda,0xdd9,0xdca},{0x80000ddc,0xdd9,0xdcf},
+    {0x80000ddd,0xddc,0xdca},{0x80000dde,0xdd9,0xddf},{0xf43,0xf42,0xfb7},{0xf4d,0xf4c,0xfb7},{0xf52,0xf51,0xfb7},{0xf57,0xf56,0xfb7},
+    {0xf5c,0xf5b,0xfb7},{0xf69,0xf40,0xfb5},{0xf73,0xf71,0xf72},{0xf75,0xf71,0xf74},{0xf76,0xfb2,0xf80},{0xf78,0xfb3,0xf80},
+    {0xf81,0xf71,0xf80},{0xf93,0xf92,0xfb7},{0xf9d,0xf9c,0xfb7},{0xfa2,0xfa1,0xfb7},{0xfa7,0xfa6,0xfb7},{0xfac,0xfab,0xfb7},
+    {0xfb9,0xf90,0xfb5},{0x80001026,0x1025,0x102e},{0x80001b06,0x1b05,0x1b35},{0x80001b08,0x1b07,0x1b35},{0x80001b0a,0x1b09,0x1b35},{0x80001b0c,0x1b0b,0x1b35},
+    {0x80001b0e,0x1b0d,0x1b35},{0x80001b12,0x1b11,0x1b35},{0x80001b3b,0x1b3a,0x1b35},{0x80001b3d,0x1b3c,0x1b35},{0x80001b40,0x1b3e,0x1b35},{0x80001b41,0x1b3f,0x1b35},
+    {0x80001b43,0x1b42,0x1b35},{0x80001e00,0x41,0x325},{0x80001e01,0x61,0x325},{0x80001e02,0x42,0x307},{0x80001e03,0x62,0x307},{0x80001e04,0x42,0x323},
+    {0x80001e05,0x62,0x323},{0x80001e06,0x42,0x331},{0x80001e07,0x62,0x331},{0x80001e08,0xc7,0x301},{0x80001e09,0xe7,0x301},{0x80001e0a,0x44,0x307},
+    {0x80001e0b,0x64,0x307},{0x80001e0c,0x44,0x323},{0x80001e0d,0x64,0x323},{0x80001e0e,0x44,0x331},{0x80001e0f,0x64,0x331},{0x80001e10,0x44,0x327},
+    {0x80001e11,0x64,0x327},{0x80001e12,0x44,0x32d},{0x80001e13,0x64,0x32d},{0x80001e14,0x112,0x300},{0x80001e15,0x113,0x300},{0x80001e16,0x112,0x301},
+    {0x80001e17,0x113,0x301},{0x80001e18,0x45,0x32d},{0x80001e19,0x65,0x32d},{0x80001e1a,0x45,0x330},{0x80001e1b,0x65,0x330},{0x80001e1c,0x228,0x306},
+    {0x80001e1d,0x229,0x306},{0x80001e1e,0x46,0x307},{0x80001e1f,0x66,0x307},{0x80001e20,0x47,0x304},{0x80001e21,0x67,0x304},{0x80001e22,0x48,0x307},
+    {0x80001e23,0x68,0x307},{0x80001e24,0x48,0x323},{0x80001e25,0x68,0x323},{0x80001e26,0x48,0x308},{0x80001e27,0x68,0x308},{0x80001e28,0x48,0x327},
+    {0x80001e29,0x68,0x327},{0x80001e2a,0x48,0x32e},{0x80001e2b,0x68,0x32e},{0x80001e2c,0x49,0x330},{0x80001e2d,0x69,0x330},{0x80001e2e,0xcf,0x301},
+    {0x80001e2f,0xef,0x301},{0x80001e30,0x4b,0x301},{0x80001e31,0x6b,0x301},{0x80001e32,0x4b,0x323},{0x80001e33,0x6b,0x323},{0x80001e34,0x4b,0x331},
+    {0x80001e35,0x6b,0x331},{0x80001e36,0x4c,0x323},{0x80001e37,0x6c,0x323},{0x80001e38,0x1e36,0x304},{0x80001e39,0x1e37,0x304},{0x80001e3a,0x4c,0x331},
+    {0x80001e3b,0x6c,0x331},{0x80001e3c,0x4c,0x32d},{0x80001e3d,0x6c,0x32d},{0x80001e3e,0x4d,0x301},{0x80001e3f,0x6d,0x301},{0x80001e40,0x4d,0x307},
+    {0x80001e41,0x6d,0x307},{0x80001e42,0x4d,0x323},{0x80001e43,0x6d,0x323},{0x80001e44,0x4e,0x307},{0x80001e45,0x6e,0x307},{0x80001e46,0x4e,0x323},
+    {0x80001e47,0x6e,0x323},{0x80001e48,0x4e,0x331},{0x80001e49,0x6e,0x331},{0x80001e4a,0x4e,0x32d},{0x80001e4b,0x6e,0x32d},{0x80001e4c,0xd5,0x301},
+    {0x80001e4d,0xf5,0x301},{0x80001e4e,0xd5,0x308},{0x80001e4f,0xf5,0x308},{0x80001e50,0x14c,0x300},{0x80001e51,0x14d,0x300},{0x80001e52,0x14c,0x301},
+    {0x80001e53,0x14d,0x301},{0x80001e54,0x50,0x301},{0x80001e55,0x70,0x301},{0x80001e56,0x50,0x307},{0x80001e57,0x70,0x307},{0x80001e58,0x52,0x307},
+    {0x80001e59,0x72,0x307},{0x80001e5a,0x52,0x323},{0x80001e5b,0x72,0x323},{0x80001e5c,0x1e5a,0x304},{0x80001e5d,0x1e5b,0x304},{0x80001e5e,0x52,0x331},
+    {0x80001e5f,0x72,0x331},{0x80001e60,0x53,0x307},{0x80001e61,0x73,0x307},{0x80001e62,0x53,0x323},{0x80001e63,0x73,0x323},{0x80001e64,0x15a,0x307},
+    {0x80001e65,0x15b,0x307},{0x80001e66,0x160,0x307},{0x80001e67,0x161,0x307},{0x80001e68,0x1e62,0x307},{0x80001e69,0x1e63,0x307},{0x80001e6a,0x54,0x307},
+    {0x80001e6b,0x74,0x307},{0x80001e6c,0x54,0x323},{0x80001e6d,0x74,0x323},{0x80001e6e,0x54,0x331},{0x80001e6f,0x74,0x331},{0x80001e70,0x54,0x32d},
+    {0x80001e71,0x74,0x32d},{0x80001e72,0x55,0x324},{0x80001e73,0x75,0x324},{0x80001e74,0x55,0x330},{0x80001e75,0x75,0x330},{0x80001e76,0x55,0x32d},
+    {0x80001e77,0x75,0x32d},{0x80001e78,0x168,0x301},{0x80001e79,0x169,0x301},{0x80001e7a,0x16a,0x308},{0x80001e7b,0x16b,0x308},{0x80001e7c,0x56,0x303},
+    {0x80001e7d,0x76,0x303},{0x80001e7e,0x56,0x323},{0x80001e7f,0x76,0x323},{0x80001e80,0x57,0x300},{0x80001e81,0x77,0x300},{0x80001e82,0x57,0x301},
+    {0x80001e83,0x77,0x301},{0x80001e84,0x57,0x308},{0x80001e85,0x77,0x308},{0x80001e86,0x57,0x307},{0x80001e87,0x77,0x307},{0x80001e88,0x57,0x323},
+    {0x80001e89,0x77,0x323},{0x80001e8a,0x58,0x307},{0x80001e8b,0x78,0x307},{0x80001e8c,0x58,0x308},{0x80001e8d,0x78,0x308},{0x80001e8e,0x59,0x307},
+    {0x80001e8f,0x79,0x307},{0x80001e90,0x5a,0x302},{0x80001e91,0x7a,0x302},{0x80001e92,0x5a,0x323},{0x80001e93,0x7a,0x323},{0x80001e94,0x5a,0x331},
+    {0x80001e95,0x7a,0x331},{0x80001e96,0x68,0x331},{0x80001e97,0x74,0x308},{0x80001e98,0x77,0x30a},{0x80001e99,0x79,0x30a},{0x80001e9b,0x17f,0x307},
+    {0x80001ea0,0x41,0x323},{0x80001ea1,0x61,0x323},{0x80001ea2,0x41,0x309},{0x80001ea3,0x61,0x309},{0x80001ea4,0xc2,0x301},{0x80001ea5,0xe2,0x301},
+    {0x80001ea6,0xc2,0x300},{0x80001ea7,0xe2,0x300},{0x80001ea8,0xc2,0x309},{0x80001ea9,0xe2,0x309},{0x80001eaa,0xc2,0x303},{0x80001eab,0xe2,0x303},
+    {0x80001eac,0x1ea0,0x302},{0x80001ead,0x1ea1,0x302},{0x80001eae,0x102,0x301},{0x80001eaf,0x103,0x301},{0x80001eb0,0x102,0x300},{0x80001eb1,0x103,0x300},
+    {0x80001eb2,0x102,0x309},{0x80001eb3,0x103,0x309},{0x80001eb4,0x102,0x303},{0x80001eb5,0x103,0x303},{0x80001eb6,0x1ea0,0x306},{0x80001eb7,0x1ea1,0x306},
+    {0x80001eb8,0x45,0x323},{0x80001eb9,0x65,0x323},{0x80001eba,0x45,0x309},{0x80001ebb,0x65,0x309},{0x80001ebc,0x45,0x303},{0x80001ebd,0x65,0x303},
+    {0x80001ebe,0xca,0x301},{0x80001ebf,0xea,0x301},{0x80001ec0,0xca,0x300},{0x80001ec1,0xea,0x300},{0x80001ec2,0xca,0x309},{0x80001ec3,0xea,0x309},
+    {0x80001ec4,0xca,0x303},{0x80001ec5,0xea,0x303},{0x80001ec6,0x1eb8,0x302},{0x80001ec7,0x1eb9,0x302},{0x80001ec8,0x49,0x309},{0x80001ec9,0x69,0x309},
+    {0x80001eca,0x49,0x323},{0x80001ecb,0x69,0x323},{0x80001ecc,0x4f,0x323},{0x80001ecd,0x6f,0x323},{0x80001ece,0x4f,0x309},{0x80001ecf,0x6f,0x309},
+    {0x80001ed0,0xd4,0x301},{0x80001ed1,0xf4,0x301},{0x80001ed2,0xd4,0x300},{0x80001ed3,0xf4,0x300},{0x80001ed4,0xd4,0x309},{0x80001ed5,0xf4,0x309},
+    {0x80001ed6,0xd4,0x303},{0x80001ed7,0xf4,0x303},{0x80001ed8,0x1ecc,0x302},{0x80001ed9,0x1ecd,0x302},{0x80001eda,0x1a0,0x301},{0x80001edb,0x1a1,0x301},
+    {0x80001edc,0x1a0,0x300},{0x80001edd,0x1a1,0x300},{0x80001ede,0x1a0,0x309},{0x80001edf,0x1a1,0x309},{0x80001ee0,0x1a0,0x303},{0x80001ee1,0x1a1,0x303},
+    {0x80001ee2,0x1a0,0x323},{0x80001ee3,0x1a1,0x323},{0x80001ee4,0x55,0x323},{0x80001ee5,0x75,0x323},{0x80001ee6,0x55,0x309},{0x80001ee7,0x75,0x309},
+    {0x80001ee8,0x1af,0x301},{0x80001ee9,0x1b0,0x301},{0x80001eea,0x1af,0x300},{0x80001eeb,0x1b0,0x300},{0x80001eec,0x1af,0x309},{0x80001eed,0x1b0,0x309},
+    {0x80001eee,0x1af,0x303},{0x80001eef,0x1b0,0x303},{0x80001ef0,0x1af,0x323},{0x80001ef1,0x1b0,0x323},{0x80001ef2,0x59,0x300},{0x80001ef3,0x79,0x300},
+    {0x80001ef4,0x59,0x323},{0x80001ef5,0x79,0x323},{0x80001ef6,0x59,0x309},{0x80001ef7,0x79,0x309},{0x80001ef8,0x59,0x303},{0x80001ef9,0x79,0x303},
+    {0x80001f00,0x3b1,0x313},{0x80001f01,0x3b1,0x314},{0x80001f02,0x1f00,0x300},{0x80001f03,0x1f01,0x300},{0x80001f04,0x1f00,0x301},{0x80001f05,0x1f01,0x301},
+    {0x80001f06,0x1f00,0x342},{0x80001f07,0x1f01,0x342},{0x80001f08,0x391,0x313},{0x80001f09,0x391,0x314},{0x80001f0a,0x1f08,0x300},{0x80001f0b,0x1f09,0x300},
+    {0x80001f0c,0x1f08,0x301},{0x80001f0d,0x1f09,0x301},{0x80001f0e,0x1f08,0x342},{0x80001f0f,0x1f09,0x342},{0x80001f10,0x3b5,0x313},{0x80001f11,0x3b5,0x314},
+    {0x80001f12,0x1f10,0x300},{0x80001f13,0x1f11,0x300},{0x80001f14,0x1f10,0x301},{0x80001f15,0x1f11,0x301},{0x80001f18,0x395,0x313},{0x80001f19,0x395,0x314},
+    {0x80001f1a,0x1f18,0x300},{0x80001f1b,0x1f19,0x300},{0x80001f1c,0x1f18,0x301},{0x80001f1d,0x1f19,0x301},{0x80001f20,0x3b7,0x313},{0x80001f21,0x3b7,0x314},
+    {0x80001f22,0x1f20,0x300},{0x80001f23,0x1f21,0x300},{0x80001f24,0x1f20,0x301},{0x80001f25,0x1f21,0x301},{0x80001f26,0x1f20,0x342},{0x80001f27,0x1f21,0x342},
+    {0x80001f28,0x397,0x313},{0x80001f29,0x397,0x314},{0x80001f2a,0x1f28,0x300},{0x80001f2b,0x1f29,0x300},{0x80001f2c,0x1f28,0x301},{0x80001f2d,0x1f29,0x301},
+    {0x80001f2e,0x1f28,0x342},{0x80001f2f,0x1f29,0x342},{0x80001f30,0x3b9,0x313},{0x80001f31,0x3b9,0x314},{0x80001f32,0x1f30,0x300},{0x80001f33,0x1f31,0x300},
+    {0x80001f34,0x1f30,0x301},{0x80001f35,0x1f31,0x301},{0x80001f36,0x1f30,0x342},{0x80001f37,0x1f31,0x342},{0x80001f38,0x399,0x313},{0x80001f39,0x399,0x314},
+    {0x80001f3a,0x1f38,0x300},{0x80001f3b,0x1f39,0x300},{0x80001f3c,0x1f38,0x301},{0x80001f3d,0x1f39,0x301},{0x80001f3e,0x1f38,0x342},{0x80001f3f,0x1f39,0x342},
+    {0x80001f40,0x3bf,0x313},{0x80001f41,0x3bf,0x314},{0x80001f42,0x1f40,0x300},{0x80001f43,0x1f41,0x300},{0x80001f44,0x1f40,0x301},{0x80001f45,0x1f41,0x301},
+    {0x80001f48,0x39f,0x313},{0x80001f49,0x39f,0x314},{0x80001f4a,0x1f48,0x300},{0x80001f4b,0x1f49,0x300},{0x80001f4c,0x1f48,0x301},{0x80001f4d,0x1f49,0x301},
+    {0x80001f50,0x3c5,0x313},{0x80001f51,0x3c5,0x314},{0x80001f52,0x1f50,0x300},{0x80001f53,0x1f51,0x300},{0x80001f54,0x1f50,0x301},{0x80001f55,0x1f51,0x301},
+    {0x80001f56,0x1f50,0x342},{0x80001f57,0x1f51,0x342},{0x80001f59,0x3a5,0x314},{0x80001f5b,0x1f59,0x300},{0x80001f5d,0x1f59,0x301},{0x80001f5f,0x1f59,0x342},
+    {0x80001f60,0x3c9,0x313},{0x80001f61,0x3c9,0x314},{0x80001f62,0x1f60,0x300},{0x80001f63,0x1f61,0x300},{0x80001f64,0x1f60,0x301},{0x80001f65,0x1f61,0x301},
+    {0x80001f66,0x1f60,0x342},{0x80001f67,0x1f61,0x342},{0x80001f68,0x3a9,0x313},{0x80001f69,0x3a9,0x314},{0x80001f6a,0x1f68,0x300},{0x80001f6b,0x1f69,0x300},
+    {0x80001f6c,0x1f68,0x301},{0x80001f6d,0x1f69,0x301},{0x80001f6e,0x1f68,0x342},{0x80001f6f,0x1f69,0x342},{0x80001f70,0x3b1,0x300},{0x1f71,0x3ac,0x0},
+    {0x80001f72,0x3b5,0x300},{0x1f73,0x3ad,0x0},{0x80001f74,0x3b7,0x300},{0x1f75,0x3ae,0x0},{0x80001f76,0x3b9,0x300},{0x1f77,0x3af,0x0},
+    {0x80001f78,0x3bf,0x300},{0x1f79,0x3cc,0x0},{0x80001f7a,0x3c5,0x300},{0x1f7b,0x3cd,0x0},{0x80001f7c,0x3c9,0x300},{0x1f7d,0x3ce,0x0},
+    {0x80001f80,0x1f00,0x345},{0x80001f81,0x1f01,0x345},{0x80001f82,0x1f02,0x345},{0x80001f83,0x1f03,0x345},{0x80001f84,0x1f04,0x345},{0x80001f85,0x1f05,0x345},
+    {0x80001f86,0x1f06,0x345},{0x80001f87,0x1f07,0x345},{0x80001f88,0x1f08,0x345},{0x80001f89,0x1f09,0x345},{0x80001f8a,0x1f0a,0x345},{0x80001f8b,0x1f0b,0x345},
+    {0x80001f8c,0x1f0c,0x345},{0x80001f8d,0x1f0d,0x345},{0x80001f8e,0x1f0e,0x345},{0x80001f8f,0x1f0f,0x345},{0x80001f90,0x1f20,0x345},{0x80001f91,0x1f21,0x345},
+    {0x80001f92,0x1f22,0x345},{0x80001f93,0x1f23,0x345},{0x80001f94,0x1f24,0x345},{0x80001f95,0x1f25,0x345},{0x80001f96,0x1f26,0x345},{0x80001f97,0x1f27,0x345},
+    {0x80001f98,0x1f28,0x345},{0x80001f99,0x1f29,0x345},{0x80001f9a,0x1f2a,0x345},{0x80001f9b,0x1f2b,0x345},{0x80001f9c,0x1f2c,0x345},{0x80001f9d,0x1f2d,0x345},
+    {0x80001f9e,0x1f2e,0x345},{0x80001f9f,0x1f2f,0x345},{0x80001fa0,0x1f60,0x345},{0x80001fa1,0x1f61,0x345},{0x80001fa2,0x1f62,0x345},{0x80001fa3,0x1f63,0x345},
+    {0x80001fa4,0x1f64,0x345},{0x80001fa5,0x1f65,0x345},{0x80001fa6,0x1f66,0x345},{0x80001fa7,0x1f67,0x345},{0x80001fa8,0x1f68,0x345},{0x80001fa9,0x1f69,0x345},
+    {0x80001faa,0x1f6a,0x345},{0x80001fab,0x1f6b,0x345},{0x80001fac,0x1f6c,0x345},{0x80001fad,0x1f6d,0x345},{0x80001fae,0x1f6e,0x345},{0x80001faf,0x1f6f,0x345},
+    {0x80001fb0,0x3b1,0x306},{0x80001fb1,0x3b1,0x304},{0x80001fb2,0x1f70,0x345},{0x80001fb3,0x3b1,0x345},{0x80001fb4,0x3ac,0x345},{0x80001fb6,0x3b1,0x342},
+    {0x80001fb7,0x1fb6,0x345},{0x80001fb8,0x391,0x306},{0x80001fb9,0x391,0x304},{0x80001fba,0x391,0x300},{0x1fbb,0x386,0x0},{0x80001fbc,0x391,0x345},
+    {0x1fbe,0x3b9,0x0},{0x80001fc1,0xa8,0x342},{0x80001fc2,0x1f74,0x345},{0x80001fc3,0x3b7,0x345},{0x80001fc4,0x3ae,0x345},{0x80001fc6,0x3b7,0x342},
+    {0x80001fc7,0x1fc6,0x345},{0x80001fc8,0x395,0x300},{0x1fc9,0x388,0x0},{0x80001fca,0x397,0x300},{0x1fcb,0x389,0x0},{0x80001fcc,0x397,0x345},
+    {0x80001fcd,0x1fbf,0x300},{0x80001fce,0x1fbf,0x301},{0x80001fcf,0x1fbf,0x342},{0x80001fd0,0x3b9,0x306},{0x80001fd1,0x3b9,0x304},{0x80001fd2,0x3ca,0x300},
+    {0x1fd3,0x390,0x0},{0x80001fd6,0x3b9,0x342},{0x80001fd7,0x3ca,0x342},{0x80001fd8,0x399,0x306},{0x80001fd9,0x399,0x304},{0x80001fda,0x399,0x300},
+    {0x1fdb,0x38a,0x0},{0x80001fdd,0x1ffe,0x300},{0x80001fde,0x1ffe,0x301},{0x80001fdf,0x1ffe,0x342},{0x80001fe0,0x3c5,0x306},{0x80001fe1,0x3c5,0x304},
+    {0x80001fe2,0x3cb,0x300},{0x1fe3,0x3b0,0x0},{0x80001fe4,0x3c1,0x313},{0x80001fe5,0x3c1,0x314},{0x80001fe6,0x3c5,0x342},{0x80001fe7,0x3cb,0x342},
+    {0x80001fe8,0x3a5,0x306},{0x80001fe9,0x3a5,0x304},{0x80001fea,0x3a5,0x300},{0x1feb,0x38e,0x0},{0x80001fec,0x3a1,0x314},{0x80001fed,0xa8,0x300},
+    {0x1fee,0x385,0x0},{0x1fef,0x60,0x0},{0x80001ff2,0x1f7c,0x345},{0x80001ff3,0x3c9,0x345},{0x80001ff4,0x3ce,0x345},{0x80001ff6,0x3c9,0x342},
+    {0x80001ff7,0x1ff6,0x345},{0x80001ff8,0x39f,0x300},{0x1ff9,0x38c,0x0},{0x80001ffa,0x3a9,0x300},{0x1ffb,0x38f,0x0},{0x80001ffc,0x3a9,0x345},
+    {0x1ffd,0xb4,0x0},{0x2000,0x2002,0x0},{0x2001,0x2003,0x0},{0x2126,0x3a9,0x0},{0x212a,0x4b,0x0},{0x212b,0xc5,0x0},
+    {0x8000219a,0x2190,0x338},{0x8000219b,0x2192,0x338},{0x800021ae,0x2194,0x338},{0x800021cd,0x21d0,0x338},{0x800021ce,0x21d4,0x338},{0x800021cf,0x21d2,0x338},
+    {0x80002204,0x2203,0x338},{0x80002209,0x2208,0x338},{0x8000220c,0x220b,0x338},{0x80002224,0x2223,0x338},{0x80002226,0x2225,0x338},{0x80002241,0x223c,0x338},
+    {0x80002244,0x2243,0x338},{0x80002247,0x2245,0x338},{0x80002249,0x2248,0x338},{0x80002260,0x3d,0x338},{0x80002262,0x2261,0x338},{0x8000226d,0x224d,0x338},
+    {0x8000226e,0x3c,0x338},{0x8000226f,0x3e,0x338},{0x80002270,0x2264,0x338},{0x80002271,0x2265,0x338},{0x80002274,0x2272,0x338},{0x80002275,0x2273,0x338},
+    {0x80002278,0x2276,0x338},{0x80002279,0x2277,0x338},{0x80002280,0x227a,0x338},{0x80002281,0x227b,0x338},{0x80002284,0x2282,0x338},{0x80002285,0x2283,0x338},
+    {0x80002288,0x2286,0x338},{0x80002289,0x2287,0x338},{0x800022ac,0x22a2,0x338},{0x800022ad,0x22a8,0x338},{0x800022ae,0x22a9,0x338},{0x800022af,0x22ab,0x338},
+    {0x800022e0,0x227c,0x338},{0x800022e1,0x227d,0x338},{0x800022e2,0x2291,0x338},{0x800022e3,0x2292,0x338},{0x800022ea,0x22b2,0x338},{0x800022eb,0x22b3,0x338},
+    {0x800022ec,0x22b4,0x338},{0x800022ed,0x22b5,0x338},{0x2329,0x3008,0x0},{0x232a,0x3009,0x0},{0x2adc,0x2add,0x338},{0x8000304c,0x304b,0x3099},
+    {0x8000304e,0x304d,0x3099},{0x80003050,0x304f,0x3099},{0x80003052,0x3051,0x3099},{0x80003054,0x3053,0x3099},{0x80003056,0x3055,0x3099},{0x80003058,0x3057,0x3099},
+    {0x8000305a,0x3059,0x3099},{0x8000305c,0x305b,0x3099},{0x8000305e,0x305d,0x3099},{0x80003060,0x305f,0x3099},{0x80003062,0x3061,0x3099},{0x80003065,0x3064,0x3099},
+    {0x80003067,0x3066,0x3099},{0x80003069,0x3068,0x3099},{0x80003070,0x306f,0x3099},{0x80003071,0x306f,0x309a},{0x80003073,0x3072,0x3099},{0x80003074,0x3072,0x309a},
+    {0x80003076,0x3075,0x3099},{0x80003077,0x3075,0x309a},{0x80003079,0x3078,0x3099},{0x8000307a,0x3078,0x309a},{0x8000307c,0x307b,0x3099},{0x8000307d,0x307b,0x309a},
+    {0x80003094,0x3046,0x3099},{0x8000309e,0x309d,0x3099},{0x800030ac,0x30ab,0x3099},{0x800030ae,0x30ad,0x3099},{0x800030b0,0x30af,0x3099},{0x800030b2,0x30b1,0x3099},
+    {0x800030b4,0x30b3,0x3099},{0x800030b6,0x30b5,0x3099},{0x800030b8,0x30b7,0x3099},{0x800030ba,0x30b9,0x3099},{0x800030bc,0x30bb,0x3099},{0x800030be,0x30bd,0x3099},
+    {0x800030c0,0x30bf,0x3099},{0x800030c2,0x30c1,0x3099},{0x800030c5,0x30c4,0x3099},{0x800030c7,0x30c6,0x3099},{0x800030c9,0x30c8,0x3099},{0x800030d0,0x30cf,0x3099},
+    {0x800030d1,0x30cf,0x309a},{0x800030d3,0x30d2,0x3099},{0x800030d4,0x30d2,0x309a},{0x800030d6,0x30d5,0x3099},{0x800030d7,0x30d5,0x309a},{0x800030d9,0x30d8,0x3099},
+    {0x800030da,0x30d8,0x309a},{0x800030dc,0x30db,0x3099},{0x800030dd,0x30db,0x309a},{0x800030f4,0x30a6,0x3099},{0x800030f7,0x30ef,0x3099},{0x800030f8,0x30f0,0x3099},
+    {0x800030f9,0x30f1,0x3099},{0x800030fa,0x30f2,0x3099},{0x800030fe,0x30fd,0x3099},{0xf900,0x8c48,0x0},{0xf901,0x66f4,0x0},{0xf902,0x8eca,0x0},
+    {0xf903,0x8cc8,0x0},{0xf904,0x6ed1,0x0},{0xf905,0x4e32,0x0},{0xf906,0x53e5,0x0},{0xf907,0x9f9c,0x0},{0xf908,0x9f9c,0x0},
+    {0xf909,0x5951,0x0},{0xf90a,0x91d1,0x0},{0xf90b,0x5587,0x0},{0xf90c,0x5948,0x0},{0xf90d,0x61f6,0x0},{0xf90e,0x7669,0x0},
+    {0xf90f,0x7f85,0x0},{0xf910,0x863f,0x0},{0xf911,0x87ba,0x0},{0xf912,0x88f8,0x0},{0xf913,0x908f,0x0},{0xf914,0x6a02,0x0},
+    {0xf915,0x6d1b,0x0},{0xf916,0x70d9,0x0},{0xf917,0x73de,0x0},{0xf918,0x843d,0x0},{0xf919,0x916a,0x0},{0xf91a,0x99f1,0x0},
+    {0xf91b,0x4e82,0x0},{0xf91c,0x5375,0x0},{0xf91d,0x6b04,0x0},{0xf91e,0x721b,0x0},{0xf91f,0x862d,0x0},{0xf920,0x9e1e,0x0},
+    {0xf921,0x5d50,0x0},{0xf922,0x6feb,0x0},{0xf923,0x85cd,0x0},{0xf924,0x8964,0x0},{0xf925,0x62c9,0x0},{0xf926,0x81d8,0x0},
+    {0xf927,0x881f,0x0},{0xf928,0x5eca,0x0},{0xf929,0x6717,0x0},{0xf92a,0x6d6a,0x0},{0xf92b,0x72fc,0x0},{0xf92c,0x90ce,0x0},
+    {0xf92d,0x4f86,0x0},{0xf92e,0x51b7,0x0},{0xf92f,0x52de,0x0},{0xf930,0x64c4,0x0},{0xf931,0x6ad3,0x0},{0xf932,0x7210,0x0},
+    {0xf933,0x76e7,0x0},{0xf934,0x8001,0x0},{0xf935,0x8606,0x0},{0xf936,0x865c,0x0},{0xf937,0x8def,0x0},{0xf938,0x9732,0x0},
+    {0xf939,0x9b6f,0x0},{0xf93a,0x9dfa,0x0},{0xf93b,0x788c,0x0},{0xf93c,0x797f,0x0},{0xf93d,0x7da0,0x0},{0xf93e,0x83c9,0x0},
+    {0xf93f,0x9304,0x0},{0xf940,0x9e7f,0x0},{0xf941,0x8ad6,0x0},{0xf942,0x58df,0x0},{0xf943,0x5f04,0x0},{0xf944,0x7c60,0x0},
+    {0xf945,0x807e,0x0},{0xf946,0x7262,0x0},{0xf947,0x78ca,0x0},{0xf948,0x8cc2,0x0},{0xf949,0x96f7,0x0},{0xf94a,0x58d8,0x0},
+    {0xf94b,0x5c62,0x0},{0xf94c,0x6a13,0x0},{0xf94d,0x6dda,0x0},{0xf94e,0x6f0f,0x0},{0xf94f,0x7d2f,0x0},{0xf950,0x7e37,0x0},
+    {0xf951,0x964b,0x0},{0xf952,0x52d2,0x0},{0xf953,0x808b,0x0},{0xf954,0x51dc,0x0},{0xf955,0x51cc,0x0},{0xf956,0x7a1c,0x0},
+    {0xf957,0x7dbe,0x0},{0xf958,0x83f1,0x0},{0xf959,0x9675,0x0},{0xf95a,0x8b80,0x0},{0xf95b,0x62cf,0x0},{0xf95c,0x6a02,0x0},
+    {0xf95d,0x8afe,0x0},{0xf95e,0x4e39,0x0},{0xf95f,0x5be7,0x0},{0xf960,0x6012,0x0},{0xf961,0x7387,0x0},{0xf962,0x7570,0x0},
+    {0xf963,0x5317,0x0},{0xf964,0x78fb,0x0},{0xf965,0x4fbf,0x0},{0xf966,0x5fa9,0x0},{0xf967,0x4e0d,0x0},{0xf968,0x6ccc,0x0},
+    {0xf969,0x6578,0x0},{0xf96a,0x7d22,0x0},{0xf96b,0x53c3,0x0},{0xf96c,0x585e,0x0},{0xf96d,0x7701,0x0},{0xf96e,0x8449,0x0},
+    {0xf96f,0x8aaa,0x0},{0xf970,0x6bba,0x0},{0xf971,0x8fb0,0x0},{0xf972,0x6c88,0x0},{0xf973,0x62fe,0x0},{0xf974,0x82e5,0x0},
+    {0xf975,0x63a0,0x0},{0xf976,0x7565,0x0},{0xf977,0x4eae,0x0},{0xf978,0x5169,0x0},{0xf979,0x51c9,0x0},{0xf97a,0x6881,0x0},
+    {0xf97b,0x7ce7,0x0},{0xf97c,0x826f,0x0},{0xf97d,0x8ad2,0x0},{0xf97e,0x91cf,0x0},{0xf97f,0x52f5,0x0},{0xf980,0x5442,0x0},
+    {0xf981,0x5973,0x0},{0xf982,0x5eec,0x0},{0xf983,0x65c5,0x0},{0xf984,0x6ffe,0x0},{0xf985,0x792a,0x0},{0xf986,0x95ad,0x0},
+    {0xf987,0x9a6a,0x0},{0xf988,0x9e97,0x0},{0xf989,0x9ece,0x0},{0xf98a,0x529b,0x0},{0xf98b,0x66c6,0x0},{0xf98c,0x6b77,0x0},
+    {0xf98d,0x8f62,0x0},{0xf98e,0x5e74,0x0},{0xf98f,0x6190,0x0},{0xf990,0x6200,0x0},{0xf991,0x649a,0x0},{0xf992,0x6f23,0x0},
+    {0xf993,0x7149,0x0},{0xf994,0x7489,0x0},{0xf995,0x79ca,0x0},{0xf996,0x7df4,0x0},{0xf997,0x806f,0x0},{0xf998,0x8f26,0x0},
+    {0xf999,0x84ee,0x0},{0xf99a,0x9023,0x0},{0xf99b,0x934a,0x0},{0xf99c,0x5217,0x0},{0xf99d,0x52a3,0x0},{0xf99e,0x54bd,0x0},
+    {0xf99f,0x70c8,0x0},{0xf9a0,0x88c2,0x0},{0xf9a1,0x8aaa,0x0},{0xf9a2,0x5ec9,0x0},{0xf9a3,0x5ff5,0x0},{0xf9a4,0x637b,0x0},
+    {0xf9a5,0x6bae,0x0},{0xf9a6,0x7c3e,0x0},{0xf9a7,0x7375,0x0},{0xf9a8,0x4ee4,0x0},{0xf9a9,0x56f9,0x0},{0xf9aa,0x5be7,0x0},
+    {0xf9ab,0x5dba,0x0},{0xf9ac,0x601c,0x0},{0xf9ad,0x73b2,0x0},{0xf9ae,0x7469,0x0},{0xf9af,0x7f9a,0x0},{0xf9b0,0x8046,0x0},
+    {0xf9b1,0x9234,0x0},{0xf9b2,0x96f6,0x0},{0xf9b3,0x9748,0x0},{0xf9b4,0x9818,0x0},{0xf9b5,0x4f8b,0x0},{0xf9b6,0x79ae,0x0},
+    {0xf9b7,0x91b4,0x0},{0xf9b8,0x96b8,0x0},{0xf9b9,0x60e1,0x0},{0xf9ba,0x4e86,0x0},{0xf9bb,0x50da,0x0},{0xf9bc,0x5bee,0x0},
+    {0xf9bd,0x5c3f,0x0},{0xf9be,0x6599,0x0},{0xf9bf,0x6a02,0x0},{0xf9c0,0x71ce,0x0},{0xf9c1,0x7642,0x0},{0xf9c2,0x84fc,0x0},
+    {0xf9c3,0x907c,0x0},{0xf9c4,0x9f8d,0x0},{0xf9c5,0x6688,0x0},{0xf9c6,0x962e,0x0},{0xf9c7,0x5289,0x0},{0xf9c8,0x677b,0x0},
+    {0xf9c9,0x67f3,0x0},{0xf9ca,0x6d41,0x0},{0xf9cb,0x6e9c,0x0},{0xf9cc,0x7409,0x0},{0xf9cd,0x7559,0x0},{0xf9ce,0x786b,0x0},
+    {0xf9cf,0x7d10,0x0},{0xf9d0,0x985e,0x0},{0xf9d1,0x516d,0x0},{0xf9d2,0x622e,0x0},{0xf9d3,0x9678,0x0},{0xf9d4,0x502b,0x0},
+    {0xf9d5,0x5d19,0x0},{0xf9d6,0x6dea,0x0},{0xf9d7,0x8f2a,0x0},{0xf9d8,0x5f8b,0x0},{0xf9d9,0x6144,0x0},{0xf9da,0x6817,0x0},
+    {0xf9db,0x7387,0x0},{0xf9dc,0x9686,0x0},{0xf9dd,0x5229,0x0},{0xf9de,0x540f,0x0},{0xf9df,0x5c65,0x0},{0xf9e0,0x6613,0x0},
+    {0xf9e1,0x674e,0x0},{0xf9e2,0x68a8,0x0},{0xf9e3,0x6ce5,0x0},{0xf9e4,0x7406,0x0},{0xf9e5,0x75e2,0x0},{0xf9e6,0x7f79,0x0},
+    {0xf9e7,0x88cf,0x0},{0xf9e8,0x88e1,0x0},{0xf9e9,0x91cc,0x0},{0xf9ea,0x96e2,0x0},{0xf9eb,0x533f,0x0},{0xf9ec,0x6eba,0x0},
+    {0xf9ed,0x541d,0x0},{0xf9ee,0x71d0,0x0},{0xf9ef,0x7498,0x0},{0xf9f0,0x85fa,0x0},{0xf9f1,0x96a3,0x0},{0xf9f2,0x9c57,0x0},
+    {0xf9f3,0x9e9f,0x0},{0xf9f4,0x6797,0x0},{0xf9f5,0x6dcb,0x0},{0xf9f6,0x81e8,0x0},{0xf9f7,0x7acb,0x0},{0xf9f8,0x7b20,0x0},
+    {0xf9f9,0x7c92,0x0},{0xf9fa,0x72c0,0x0},{0xf9fb,0x7099,0x0},{0xf9fc,0x8b58,0x0},{0xf9fd,0x4ec0,0x0},{0xf9fe,0x8336,0x0},
+    {0xf9ff,0x523a,0x0},{0xfa00,0x5207,0x0},{0xfa01,0x5ea6,0x0},{0xfa02,0x62d3,0x0},{0xfa03,0x7cd6,0x0},{0xfa04,0x5b85,0x0},
+    {0xfa05,0x6d1e,0x0},{0xfa06,0x66b4,0x0},{0xfa07,0x8f3b,0x0},{0xfa08,0x884c,0x0},{0xfa09,0x964d,0x0},{0xfa0a,0x898b,0x0},
+    {0xfa0b,0x5ed3,0x0},{0xfa0c,0x5140,0x0},{0xfa0d,0x55c0,0x0},{0xfa10,0x585a,0x0},{0xfa12,0x6674,0x0},{0xfa15,0x51de,0x0},
+    {0xfa16,0x732a,0x0},{0xfa17,0x76ca,0x0},{0xfa18,0x793c,0x0},{0xfa19,0x795e,0x0},{0xfa1a,0x7965,0x0},{0xfa1b,0x798f,0x0},
+    {0xfa1c,0x9756,0x0},{0xfa1d,0x7cbe,0x0},{0xfa1e,0x7fbd,0x0},{0xfa20,0x8612,0x0},{0xfa22,0x8af8,0x0},{0xfa25,0x9038,0x0},
+    {0xfa26,0x90fd,0x0},{0xfa2a,0x98ef,0x0},{0xfa2b,0x98fc,0x0},{0xfa2c,0x9928,0x0},{0xfa2d,0x9db4,0x0},{0xfa2e,0x90de,0x0},
+    {0xfa2f,0x96b7,0x0},{0xfa30,0x4fae,0x0},{0xfa31,0x50e7,0x0},{0xfa32,0x514d,0x0},{0xfa33,0x52c9,0x0},{0xfa34,0x52e4,0x0},
+    {0xfa35,0x5351,0x0},{0xfa36,0x559d,0x0},{0xfa37,0x5606,0x0},{0xfa38,0x5668,0x0},{0xfa39,0x5840,0x0},{0xfa3a,0x58a8,0x0},
+    {0xfa3b,0x5c64,0x0},{0xfa3c,0x5c6e,0x0},{0xfa3d,0x6094,0x0},{0xfa3e,0x6168,0x0},{0xfa3f,0x618e,0x0},{0xfa40,0x61f2,0x0},
+    {0xfa41,0x654f,0x0},{0xfa42,0x65e2,0x0},{0xfa43,0x6691,0x0},{0xfa44,0x6885,0x0},{0xfa45,0x6d77,0x0},{0xfa46,0x6e1a,0x0},
+    {0xfa47,0x6f22,0x0},{0xfa48,0x716e,0x0},{0xfa49,0x722b,0x0},{0xfa4a,0x7422,0x0},{0xfa4b,0x7891,0x0},{0xfa4c,0x793e,0x0},
+    {0xfa4d,0x7949,0x0},{0xfa4e,0x7948,0x0},{0xfa4f,0x7950,0x0},{0xfa50,0x7956,0x0},{0xfa51,0x795d,0x0},{0xfa52,0x798d,0x0},
+    {0xfa53,0x798e,0x0},{0xfa54,0x7a40,0x0},{0xfa55,0x7a81,0x0},{0xfa56,0x7bc0,0x0},{0xfa57,0x7df4,0x0},{0xfa58,0x7e09,0x0},
+    {0xfa59,0x7e41,0x0},{0xfa5a,0x7f72,0x0},{0xfa5b,0x8005,0x0},{0xfa5c,0x81ed,0x0},{0xfa5d,0x8279,0x0},{0xfa5e,0x8279,0x0},
+    {0xfa5f,0x8457,0x0},{0xfa60,0x8910,0x0},{0xfa61,0x8996,0x0},{0xfa62,0x8b01,0x0},{0xfa63,0x8b39,0x0},{0xfa64,0x8cd3,0x0},
+    {0xfa65,0x8d08,0x0},{0xfa66,0x8fb6,0x0},{0xfa67,0x9038,0x0},{0xfa68,0x96e3,0x0},{0xfa69,0x97ff,0x0},{0xfa6a,0x983b,0x0},
+    {0xfa6b,0x6075,0x0},{0xfa6c,0x242ee,0x0},{0xfa6d,0x8218,0x0},{0xfa70,0x4e26,0x0},{0xfa71,0x51b5,0x0},{0xfa72,0x5168,0x0},
+    {0xfa73,0x4f80,0x0},{0xfa74,0x5145,0x0},{0xfa75,0x5180,0x0},{0xfa76,0x52c7,0x0},{0xfa77,0x52fa,0x0},{0xfa78,0x559d,0x0},
+    {0xfa79,0x5555,0x0},{0xfa7a,0x5599,0x0},{0xfa7b,0x55e2,0x0},{0xfa7c,0x585a,0x0},{0xfa7d,0x58b3,0x0},{0xfa7e,0x5944,0x0},
+    {0xfa7f,0x5954,0x0},{0xfa80,0x5a62,0x0},{0xfa81,0x5b28,0x0},{0xfa82,0x5ed2,0x0},{0xfa83,0x5ed9,0x0},{0xfa84,0x5f69,0x0},
+    {0xfa85,0x5fad,0x0},{0xfa86,0x60d8,0x0},{0xfa87,0x614e,0x0},{0xfa88,0x6108,0x0},{0xfa89,0x618e,0x0},{0xfa8a,0x6160,0x0},
+    {0xfa8b,0x61f2,0x0},{0xfa8c,0x6234,0x0},{0xfa8d,0x63c4,0x0},{0xfa8e,0x641c,0x0},{0xfa8f,0x6452,0x0},{0xfa90,0x6556,0x0},
+    {0xfa91,0x6674,0x0},{0xfa92,0x6717,0x0},{0xfa93,0x671b,0x0},{0xfa94,0x6756,0x0},{0xfa95,0x6b79,0x0},{0xfa96,0x6bba,0x0},
+    {0xfa97,0x6d41,0x0},{0xfa98,0x6edb,0x0},{0xfa99,0x6ecb,0x0},{0xfa9a,0x6f22,0x0},{0xfa9b,0x701e,0x0},{0xfa9c,0x716e,0x0},
+    {0xfa9d,0x77a7,0x0},{0xfa9e,0x7235,0x0},{0xfa9f,0x72af,0x0},{0xfaa0,0x732a,0x0},{0xfaa1,0x7471,0x0},{0xfaa2,0x7506,0x0},
+    {0xfaa3,0x753b,0x0},{0xfaa4,0x761d,0x0},{0xfaa5,0x761f,0x0},{0xfaa6,0x76ca,0x0},{0xfaa7,0x76db,0x0},{0xfaa8,0x76f4,0x0},
+    {0xfaa9,0x774a,0x0},{0xfaaa,0x7740,0x0},{0xfaab,0x78cc,0x0},{0xfaac,0x7ab1,0x0},{0xfaad,0x7bc0,0x0},{0xfaae,0x7c7b,0x0},
+    {0xfaaf,0x7d5b,0x0},{0xfab0,0x7df4,0x0},{0xfab1,0x7f3e,0x0},{0xfab2,0x8005,0x0},{0xfab3,0x8352,0x0},{0xfab4,0x83ef,0x0},
+    {0xfab5,0x8779,0x0},{0xfab6,0x8941,0x0},{0xfab7,0x8986,0x0},{0xfab8,0x8996,0x0},{0xfab9,0x8abf,0x0},{0xfaba,0x8af8,0x0},
+    {0xfabb,0x8acb,0x0},{0xfabc,0x8b01,0x0},{0xfabd,0x8afe,0x0},{0xfabe,0x8aed,0x0},{0xfabf,0x8b39,0x0},{0xfac0,0x8b8a,0x0},
+    {0xfac1,0x8d08,0x0},{0xfac2,0x8f38,0x0},{0xfac3,0x9072,0x0},{0xfac4,0x9199,0x0},{0xfac5,0x9276,0x0},{0xfac6,0x967c,0x0},
+    {0xfac7,0x96e3,0x0},{0xfac8,0x9756,0x0},{0xfac9,0x97db,0x0},{0xfaca,0x97ff,0x0},{0xfacb,0x980b,0x0},{0xfacc,0x983b,0x0},
+    {0xfacd,0x9b12,0x0},{0xface,0x9f9c,0x0},{0xfacf,0x2284a,0x0},{0xfad0,0x22844,0x0},{0xfad1,0x233d5,0x0},{0xfad2,0x3b9d,0x0},
+    {0xfad3,0x4018,0x0},{0xfad4,0x4039,0x0},{0xfad5,0x25249,0x0},{0xfad6,0x25cd0,0x0},{0xfad7,0x27ed3,0x0},{0xfad8,0x9f43,0x0},
+    {0xfad9,0x9f8e,0x0},{0xfb1d,0x5d9,0x5b4},{0xfb1f,0x5f2,0x5b7},{0xfb2a,0x5e9,0x5c1},{0xfb2b,0x5e9,0x5c2},{0xfb2c,0xfb49,0x5c1},
+    {0xfb2d,0xfb49,0x5c2},{0xfb2e,0x5d0,0x5b7},{0xfb2f,0x5d0,0x5b8},{0xfb30,0x5d0,0x5bc},{0xfb31,0x5d1,0x5bc},{0xfb32,0x5d2,0x5bc},
+    {0xfb33,0x5d3,0x5bc},{0xfb34,0x5d4,0x5bc},{0xfb35,0x5d5,0x5bc},{0xfb36,0x5d6,0x5bc},{0xfb38,0x5d8,0x5bc},{0xfb39,0x5d9,0x5bc},
+    {0xfb3a,0x5da,0x5bc},{0xfb3b,0x5db,0x5bc},{0xfb3c,0x5dc,0x5bc},{0xfb3e,0x5de,0x5bc},{0xfb40,0x5e0,0x5bc},{0xfb41,0x5e1,0x5bc},
+    {0xfb43,0x5e3,0x5bc},{0xfb44,0x5e4,0x5bc},{0xfb46,0x5e6,0x5bc},{0xfb47,0x5e7,0x5bc},{0xfb48,0x5e8,0x5bc},{0xfb49,0x5e9,0x5bc},
+    {0xfb4a,0x5ea,0x5bc},{0xfb4b,0x5d5,0x5b9},{0xfb4c,0x5d1,0x5bf},{0xfb4d,0x5db,0x5bf},{0xfb4e,0x5e4,0x5bf},{0x8001109a,0x11099,0x110ba},
+    {0x8001109c,0x1109b,0x110ba},{0x800110ab,0x110a5,0x110ba},{0x8001112e,0x11131,0x11127},{0x8001112f,0x11132,0x11127},{0x8001134b,0x11347,0x1133e},{0x8001134c,0x11347,0x11357},
+    {0x800114bb,0x114b9,0x114ba},{0x800114bc,0x114b9,0x114b0},{0x800114be,0x114b9,0x114bd},{0x800115ba,0x115b8,0x115af},{0x800115bb,0x115b9,0x115af},{0x1d15e,0x1d157,0x1d165},
+    {0x1d15f,0x1d158,0x1d165},{0x1d160,0x1d15f,0x1d16e},{0x1d161,0x1d15f,0x1d16f},{0x1d162,0x1d15f,0x1d170},{0x1d163,0x1d15f,0x1d171},{0x1d164,0x1d15f,0x1d172},
+    {0x1d1bb,0x1d1b9,0x1d165},{0x1d1bc,0x1d1ba,0x1d165},{0x1d1bd,0x1d1bb,0x1d16e},{0x1d1be,0x1d1bc,0x1d16e},{0x1d1bf,0x1d1bb,0x1d16f},{0x1d1c0,0x1d1bc,0x1d16f},
+    {0x2f800,0x4e3d,0x0},{0x2f801,0x4e38,0x0},{0x2f802,0x4e41,0x0},{0x2f803,0x20122,0x0},{0x2f804,0x4f60,0x0},{0x2f805,0x4fae,0x0},
+    {0x2f806,0x4fbb,0x0},{0x2f807,0x5002,0x0},{0x2f808,0x507a,0x0},{0x2f809,0x5099,0x0},{0x2f80a,0x50e7,0x0},{0x2f80b,0x50cf,0x0},
+    {0x2f80c,0x349e,0x0},{0x2f80d,0x2063a,0x0},{0x2f80e,0x514d,0x0},{0x2f80f,0x5154,0x0},{0x2f810,0x5164,0x0},{0x2f811,0x5177,0x0},
+    {0x2f812,0x2051c,0x0},{0x2f813,0x34b9,0x0},{0x2f814,0x5167,0x0},{0x2f815,0x518d,0x0},{0x2f816,0x2054b,0x0},{0x2f817,0x5197,0x0},
+    {0x2f818,0x51a4,0x0},{0x2f819,0x4ecc,0x0},{0x2f81a,0x51ac,0x0},{0x2f81b,0x51b5,0x0},{0x2f81c,0x291df,0x0},{0x2f81d,0x51f5,0x0},
+    {0x2f81e,0x5203,0x0},{0x2f81f,0x34df,0x0},{0x2f820,0x523b,0x0},{0x2f821,0x5246,0x0},{0x2f822,0x5272,0x0},{0x2f823,0x5277,0x0},
+    {0x2f824,0x3515,0x0},{0x2f825,0x52c7,0x0},{0x2f826,0x52c9,0x0},{0x2f827,0x52e4,0x0},{0x2f828,0x52fa,0x0},{0x2f829,0x5305,0x0},
+    {0x2f82a,0x5306,0x0},{0x2f82b,0x5317,0x0},{0x2f82c,0x5349,0x0},{0x2f82d,0x5351,0x0},{0x2f82e,0x535a,0x0},{0x2f82f,0x5373,0x0},
+    {0x2f830,0x537d,0x0},{0x2f831,0x537f,0x0},{0x2f832,0x537f,0x0},{0x2f833,0x537f,0x0},{0x2f834,0x20a2c,0x0},{0x2f835,0x7070,0x0},
+    {0x2f836,0x53ca,0x0},{0x2f837,0x53df,0x0},{0x2f838,0x20b63,0x0},{0x2f839,0x53eb,0x0},{0x2f83a,0x53f1,0x0},{0x2f83b,0x5406,0x0},
+    {0x2f83c,0x549e,0x0},{0x2f83d,0x5438,0x0},{0x2f83e,0x5448,0x0},{0x2f83f,0x5468,0x0},{0x2f840,0x54a2,0x0},{0x2f841,0x54f6,0x0},
+    {0x2f842,0x5510,0x0},{0x2f843,0x5553,0x0},{0x2f844,0x5563,0x0},{0x2f845,0x5584,0x0},{0x2f846,0x5584,0x0},{0x2f847,0x5599,0x0},
+    {0x2f848,0x55ab,0x0},{0x2f849,0x55b3,0x0},{0x2f84a,0x55c2,0x0},{0x2f84b,0x5716,0x0},{0x2f84c,0x5606,0x0},{0x2f84d,0x5717,0x0},
+    {0x2f84e,0x5651,0x0},{0x2f84f,0x5674,0x0},{0x2f850,0x5207,0x0},{0x2f851,0x58ee,0x0},{0x2f852,0x57ce,0x0},{0x2f853,0x57f4,0x0},
+    {0x2f854,0x580d,0x0},{0x2f855,0x578b,0x0},{0x2f856,0x5832,0x0},{0x2f857,0x5831,0x0},{0x2f858,0x58ac,0x0},{0x2f859,0x214e4,0x0},
+    {0x2f85a,0x58f2,0x0},{0x2f85b,0x58f7,0x0},{0x2f85c,0x5906,0x0},{0x2f85d,0x591a,0x0},{0x2f85e,0x5922,0x0},{0x2f85f,0x5962,0x0},
+    {0x2f860,0x216a8,0x0},{0x2f861,0x216ea,0x0},{0x2f862,0x59ec,0x0},{0x2f863,0x5a1b,0x0},{0x2f864,0x5a27,0x0},{0x2f865,0x59d8,0x0},
+    {0x2f866,0x5a66,0x0},{0x2f867,0x36ee,0x0},{0x2f868,0x36fc,0x0},{0x2f869,0x5b08,0x0},{0x2f86a,0x5b3e,0x0},{0x2f86b,0x5b3e,0x0},
+    {0x2f86c,0x219c8,0x0},{0x2f86d,0x5bc3,0x0},{0x2f86e,0x5bd8,0x0},{0x2f86f,0x5be7,0x0},{0x2f870,0x5bf3,0x0},{0x2f871,0x21b18,0x0},
+    {0x2f872,0x5bff,0x0},{0x2f873,0x5c06,0x0},{0x2f874,0x5f53,0x0},{0x2f875,0x5c22,0x0},{0x2f876,0x3781,0x0},{0x2f877,0x5c60,0x0},
+    {0x2f878,0x5c6e,0x0},{0x2f879,0x5cc0,0x0},{0x2f87a,0x5c8d,0x0},{0x2f87b,0x21de4,0x0},{0x2f87c,0x5d43,0x0},{0x2f87d,0x21de6,0x0},
+    {0x2f87e,0x5d6e,0x0},{0x2f87f,0x5d6b,0x0},{0x2f880,0x5d7c,0x0},{0x2f881,0x5de1,0x0},{0x2f882,0x5de2,0x0},{0x2f883,0x382f,0x0},
+    {0x2f884,0x5dfd,0x0},{0x2f885,0x5e28,0x0},{0x2f886,0x5e3d,0x0},{0x2f887,0x5e69,0x0},{0x2f888,0x3862,0x0},{0x2f889,0x22183,0x0},
+    {0x2f88a,0x387c,0x0},{0x2f88b,0x5eb0,0x0},{0x2f88c,0x5eb3,0x0},{0x2f88d,0x5eb6,0x0},{0x2f88e,0x5eca,0x0},{0x2f88f,0x2a392,0x0},
+    {0x2f890,0x5efe,0x0},{0x2f891,0x22331,0x0},{0x2f892,0x22331,0x0},{0x2f893,0x8201,0x0},{0x2f894,0x5f22,0x0},{0x2f895,0x5f22,0x0},
+    {0x2f896,0x38c7,0x0},{0x2f897,0x232b8,0x0},{0x2f898,0x261da,0x0},{0x2f899,0x5f62,0x0},{0x2f89a,0x5f6b,0x0},{0x2f89b,0x38e3,0x0},
+    {0x2f89c,0x5f9a,0x0},{0x2f89d,0x5fcd,0x0},{0x2f89e,0x5fd7,0x0},{0x2f89f,0x5ff9,0x0},{0x2f8a0,0x6081,0x0},{0x2f8a1,0x393a,0x0},
+    {0x2f8a2,0x391c,0x0},{0x2f8a3,0x6094,0x0},{0x2f8a4,0x226d4,0x0},{0x2f8a5,0x60c7,0x0},{0x2f8a6,0x6148,0x0},{0x2f8a7,0x614c,0x0},
+    {0x2f8a8,0x614e,0x0},{0x2f8a9,0x614c,0x0},{0x2f8aa,0x617a,0x0},{0x2f8ab,0x618e,0x0},{0x2f8ac,0x61b2,0x0},{0x2f8ad,0x61a4,0x0},
+    {0x2f8ae,0x61af,0x0},{0x2f8af,0x61de,0x0},{0x2f8b0,0x61f2,0x0},{0x2f8b1,0x61f6,0x0},{0x2f8b2,0x6210,0x0},{0x2f8b3,0x621b,0x0},
+    {0x2f8b4,0x625d,0x0},{0x2f8b5,0x62b1,0x0},{0x2f8b6,0x62d4,0x0},{0x2f8b7,0x6350,0x0},{0x2f8b8,0x22b0c,0x0},{0x2f8b9,0x633d,0x0},
+    {0x2f8ba,0x62fc,0x0},{0x2f8bb,0x6368,0x0},{0x2f8bc,0x6383,0x0},{0x2f8bd,0x63e4,0x0},{0x2f8be,0x22bf1,0x0},{0x2f8bf,0x6422,0x0},
+    {0x2f8c0,0x63c5,0x0},{0x2f8c1,0x63a9,0x0},{0x2f8c2,0x3a2e,0x0},{0x2f8c3,0x6469,0x0},{0x2f8c4,0x647e,0x0},{0x2f8c5,0x649d,0x0},
+    {0x2f8c6,0x6477,0x0},{0x2f8c7,0x3a6c,0x0},{0x2f8c8,0x654f,0x0},{0x2f8c9,0x656c,0x0},{0x2f8ca,0x2300a,0x0},{0x2f8cb,0x65e3,0x0},
+    {0x2f8cc,0x66f8,0x0},{0x2f8cd,0x6649,0x0},{0x2f8ce,0x3b19,0x0},{0x2f8cf,0x6691,0x0},{0x2f8d0,0x3b08,0x0},{0x2f8d1,0x3ae4,0x0},
+    {0x2f8d2,0x5192,0x0},{0x2f8d3,0x5195,0x0},{0x2f8d4,0x6700,0x0},{0x2f8d5,0x669c,0x0},{0x2f8d6,0x80ad,0x0},{0x2f8d7,0x43d9,0x0},
+    {0x2f8d8,0x6717,0x0},{0x2f8d9,0x671b,0x0},{0x2f8da,0x6721,0x0},{0x2f8db,0x675e,0x0},{0x2f8dc,0x6753,0x0},{0x2f8dd,0x233c3,0x0},
+    {0x2f8de,0x3b49,0x0},{0x2f8df,0x67fa,0x0},{0x2f8e0,0x6785,0x0},{0x2f8e1,0x6852,0x0},{0x2f8e2,0x6885,0x0},{0x2f8e3,0x2346d,0x0},
+    {0x2f8e4,0x688e,0x0},{0x2f8e5,0x681f,0x0},{0x2f8e6,0x6914,0x0},{0x2f8e7,0x3b9d,0x0},{0x2f8e8,0x6942,0x0},{0x2f8e9,0x69a3,0x0},
+    {0x2f8ea,0x69ea,0x0},{0x2f8eb,0x6aa8,0x0},{0x2f8ec,0x236a3,0x0},{0x2f8ed,0x6adb,0x0},{0x2f8ee,0x3c18,0x0},{0x2f8ef,0x6b21,0x0},
+    {0x2f8f0,0x238a7,0x0},{0x2f8f1,0x6b54,0x0},{0x2f8f2,0x3c4e,0x0},{0x2f8f3,0x6b72,0x0},{0x2f8f4,0x6b9f,0x0},{0x2f8f5,0x6bba,0x0},
+    {0x2f8f6,0x6bbb,0x0},{0x2f8f7,0x23a8d,0x0},{0x2f8f8,0x21d0b,0x0},{0x2f8f9,0x23afa,0x0},{0x2f8fa,0x6c4e,0x0},{0x2f8fb,0x23cbc,0x0},
+    {0x2f8fc,0x6cbf,0x0},{0x2f8fd,0x6ccd,0x0},{0x2f8fe,0x6c67,0x0},{0x2f8ff,0x6d16,0x0},{0x2f900,0x6d3e,0x0},{0x2f901,0x6d77,0x0},
+    {0x2f902,0x6d41,0x0},{0x2f903,0x6d69,0x0},{0x2f904,0x6d78,0x0},{0x2f905,0x6d85,0x0},{0x2f906,0x23d1e,0x0},{0x2f907,0x6d34,0x0},
+    {0x2f908,0x6e2f,0x0},{0x2f909,0x6e6e,0x0},{0x2f90a,0x3d33,0x0},{0x2f90b,0x6ecb,0x0},{0x2f90c,0x6ec7,0x0},{0x2f90d,0x23ed1,0x0},
+    {0x2f90e,0x6df9,0x0},{0x2f90f,0x6f6e,0x0},{0x2f910,0x23f5e,0x0},{0x2f911,0x23f8e,0x0},{0x2f912,0x6fc6,0x0},{0x2f913,0x7039,0x0},
+    {0x2f914,0x701e,0x0},{0x2f915,0x701b,0x0},{0x2f916,0x3d96,0x0},{0x2f917,0x704a,0x0},{0x2f918,0x707d,0x0},{0x2f919,0x7077,0x0},
+    {0x2f91a,0x70ad,0x0},{0x2f91b,0x20525,0x0},{0x2f91c,0x7145,0x0},{0x2f91d,0x24263,0x0},{0x2f91e,0x719c,0x0},{0x2f91f,0x243ab,0x0},
+    {0x2f920,0x7228,0x0},{0x2f921,0x7235,0x0},{0x2f922,0x7250,0x0},{0x2f923,0x24608,0x0},{0x2f924,0x7280,0x0},{0x2f925,0x7295,0x0},
+    {0x2f926,0x24735,0x0},{0x2f927,0x24814,0x0},{0x2f928,0x737a,0x0},{0x2f929,0x738b,0x0},{0x2f92a,0x3eac,0x0},{0x2f92b,0x73a5,0x0},
+    {0x2f92c,0x3eb8,0x0},{0x2f92d,0x3eb8,0x0},{0x2f92e,0x7447,0x0},{0x2f92f,0x745c,0x0},{0x2f930,0x7471,0x0},{0x2f931,0x7485,0x0},
+    {0x2f932,0x74ca,0x0},{0x2f933,0x3f1b,0x0},{0x2f934,0x7524,0x0},{0x2f935,0x24c36,0x0},{0x2f936,0x753e,0x0},{0x2f937,0x24c92,0x0},
+    {0x2f938,0x7570,0x0},{0x2f939,0x2219f,0x0},{0x2f93a,0x7610,0x0},{0x2f93b,0x24fa1,0x0},{0x2f93c,0x24fb8,0x0},{0x2f93d,0x25044,0x0},
+    {0x2f93e,0x3ffc,0x0},{0x2f93f,0x4008,0x0},{0x2f940,0x76f4,0x0},{0x2f941,0x250f3,0x0},{0x2f942,0x250f2,0x0},{0x2f943,0x25119,0x0},
+    {0x2f944,0x25133,0x0},{0x2f945,0x771e,0x0},{0x2f946,0x771f,0x0},{0x2f947,0x771f,0x0},{0x2f948,0x774a,0x0},{0x2f949,0x4039,0x0},
+    {0x2f94a,0x778b,0x0},{0x2f94b,0x4046,0x0},{0x2f94c,0x4096,0x0},{0x2f94d,0x2541d,0x0},{0x2f94e,0x784e,0x0},{0x2f94f,0x788c,0x0},
+    {0x2f950,0x78cc,0x0},{0x2f951,0x40e3,0x0},{0x2f952,0x25626,0x0},{0x2f953,0x7956,0x0},{0x2f954,0x2569a,0x0},{0x2f955,0x256c5,0x0},
+    {0x2f956,0x798f,0x0},{0x2f957,0x79eb,0x0},{0x2f958,0x412f,0x0},{0x2f959,0x7a40,0x0},{0x2f95a,0x7a4a,0x0},{0x2f95b,0x7a4f,0x0},
+    {0x2f95c,0x2597c,0x0},{0x2f95d,0x25aa7,0x0},{0x2f95e,0x25aa7,0x0},{0x2f95f,0x7aee,0x0},{0x2f960,0x4202,0x0},{0x2f961,0x25bab,0x0},
+    {0x2f962,0x7bc6,0x0},{0x2f963,0x7bc9,0x0},{0x2f964,0x4227,0x0},{0x2f965,0x25c80,0x0},{0x2f966,0x7cd2,0x0},{0x2f967,0x42a0,0x0},
+    {0x2f968,0x7ce8,0x0},{0x2f969,0x7ce3,0x0},{0x2f96a,0x7d00,0x0},{0x2f96b,0x25f86,0x0},{0x2f96c,0x7d63,0x0},{0x2f96d,0x4301,0x0},
+    {0x2f96e,0x7dc7,0x0},{0x2f96f,0x7e02,0x0},{0x2f970,0x7e45,0x0},{0x2f971,0x4334,0x0},{0x2f972,0x26228,0x0},{0x2f973,0x26247,0x0},
+    {0x2f974,0x4359,0x0},{0x2f975,0x262d9,0x0},{0x2f976,0x7f7a,0x0},{0x2f977,0x2633e,0x0},{0x2f978,0x7f95,0x0},{0x2f979,0x7ffa,0x0},
+    {0x2f97a,0x8005,0x0},{0x2f97b,0x264da,0x0},{0x2f97c,0x26523,0x0},{0x2f97d,0x8060,0x0},{0x2f97e,0x265a8,0x0},{0x2f97f,0x8070,0x0},
+    {0x2f980,0x2335f,0x0},{0x2f981,0x43d5,0x0},{0x2f982,0x80b2,0x0},{0x2f983,0x8103,0x0},{0x2f984,0x440b,0x0},{0x2f985,0x813e,0x0},
+    {0x2f986,0x5ab5,0x0},{0x2f987,0x267a7,0x0},{0x2f988,0x267b5,0x0},{0x2f989,0x23393,0x0},{0x2f98a,0x2339c,0x0},{0x2f98b,0x8201,0x0},
+    {0x2f98c,0x8204,0x0},{0x2f98d,0x8f9e,0x0},{0x2f98e,0x446b,0x0},{0x2f98f,0x8291,0x0},{0x2f990,0x828b,0x0},{0x2f991,0x829d,0x0},
+    {0x2f992,0x52b3,0x0},{0x2f993,0x82b1,0x0},{0x2f994,0x82b3,0x0},{0x2f995,0x82bd,0x0},{0x2f996,0x82e6,0x0},{0x2f997,0x26b3c,0x0},
+    {0x2f998,0x82e5,0x0},{0x2f999,0x831d,0x0},{0x2f99a,0x8363,0x0},{0x2f99b,0x83ad,0x0},{0x2f99c,0x8323,0x0},{0x2f99d,0x83bd,0x0},
+    {0x2f99e,0x83e7,0x0},{0x2f99f,0x8457,0x0},{0x2f9a0,0x8353,0x0},{0x2f9a1,0x83ca,0x0},{0x2f9a2,0x83cc,0x0},{0x2f9a3,0x83dc,0x0},
+    {0x2f9a4,0x26c36,0x0},{0x2f9a5,0x26d6b,0x0},{0x2f9a6,0x26cd5,0x0},{0x2f9a7,0x452b,0x0},{0x2f9a8,0x84f1,0x0},{0x2f9a9,0x84f3,0x0},
+    {0x2f9aa,0x8516,0x0},{0x2f9ab,0x273ca,0x0},{0x2f9ac,0x8564,0x0},{0x2f9ad,0x26f2c,0x0},{0x2f9ae,0x455d,0x0},{0x2f9af,0x4561,0x0},
+    {0x2f9b0,0x26fb1,0x0},{0x2f9b1,0x270d2,0x0},{0x2f9b2,0x456b,0x0},{0x2f9b3,0x8650,0x0},{0x2f9b4,0x865c,0x0},{0x2f9b5,0x8667,0x0},
+    {0x2f9b6,0x8669,0x0},{0x2f9b7,0x86a9,0x0},{0x2f9b8,0x8688,0x0},{0x2f9b9,0x870e,0x0},{0x2f9ba,0x86e2,0x0},{0x2f9bb,0x8779,0x0},
+    {0x2f9bc,0x8728,0x0},{0x2f9bd,0x876b,0x0},{0x2f9be,0x8786,0x0},{0x2f9bf,0x45d7,0x0},{0x2f9c0,0x87e1,0x0},{0x2f9c1,0x8801,0x0},
+    {0x2f9c2,0x45f9,0x0},{0x2f9c3,0x8860,0x0},{0x2f9c4,0x8863,0x0},{0x2f9c5,0x27667,0x0},{0x2f9c6,0x88d7,0x0},{0x2f9c7,0x88de,0x0},
+    {0x2f9c8,0x4635,0x0},{0x2f9c9,0x88fa,0x0},{0x2f9ca,0x34bb,0x0},{0x2f9cb,0x278ae,0x0},{0x2f9cc,0x27966,0x0},{0x2f9cd,0x46be,0x0},
+    {0x2f9ce,0x46c7,0x0},{0x2f9cf,0x8aa0,0x0},{0x2f9d0,0x8aed,0x0},{0x2f9d1,0x8b8a,0x0},{0x2f9d2,0x8c55,0x0},{0x2f9d3,0x27ca8,0x0},
+    {0x2f9d4,0x8cab,0x0},{0x2f9d5,0x8cc1,0x0},{0x2f9d6,0x8d1b,0x0},{0x2f9d7,0x8d77,0x0},{0x2f9d8,0x27f2f,0x0},{0x2f9d9,0x20804,0x0},
+    {0x2f9da,0x8dcb,0x0},{0x2f9db,0x8dbc,0x0},{0x2f9dc,0x8df0,0x0},{0x2f9dd,0x208de,0x0},{0x2f9de,0x8ed4,0x0},{0x2f9df,0x8f38,0x0},
+    {0x2f9e0,0x285d2,0x0},{0x2f9e1,0x285ed,0x0},{0x2f9e2,0x9094,0x0},{0x2f9e3,0x90f1,0x0},{0x2f9e4,0x9111,0x0},{0x2f9e5,0x2872e,0x0},
+    {0x2f9e6,0x911b,0x0},{0x2f9e7,0x9238,0x0},{0x2f9e8,0x92d7,0x0},{0x2f9e9,0x92d8,0x0},{0x2f9ea,0x927c,0x0},{0x2f9eb,0x93f9,0x0},
+    {0x2f9ec,0x9415,0x0},{0x2f9ed,0x28bfa,0x0},{0x2f9ee,0x958b,0x0},{0x2f9ef,0x4995,0x0},{0x2f9f0,0x95b7,0x0},{0x2f9f1,0x28d77,0x0},
+    {0x2f9f2,0x49e6,0x0},{0x2f9f3,0x96c3,0x0},{0x2f9f4,0x5db2,0x0},{0x2f9f5,0x9723,0x0},{0x2f9f6,0x29145,0x0},{0x2f9f7,0x2921a,0x0},
+    {0x2f9f8,0x4a6e,0x0},{0x2f9f9,0x4a76,0x0},{0x2f9fa,0x97e0,0x0},{0x2f9fb,0x2940a,0x0},{0x2f9fc,0x4ab2,0x0},{0x2f9fd,0x29496,0x0},
+    {0x2f9fe,0x980b,0x0},{0x2f9ff,0x980b,0x0},{0x2fa00,0x9829,0x0},{0x2fa01,0x295b6,0x0},{0x2fa02,0x98e2,0x0},{0x2fa03,0x4b33,0x0},
+    {0x2fa04,0x9929,0x0},{0x2fa05,0x99a7,0x0},{0x2fa06,0x99c2,0x0},{0x2fa07,0x99fe,0x0},{0x2fa08,0x4bce,0x0},{0x2fa09,0x29b30,0x0},
+    {0x2fa0a,0x9b12,0x0},{0x2fa0b,0x9c40,0x0},{0x2fa0c,0x9cfd,0x0},{0x2fa0d,0x4cce,0x0},{0x2fa0e,0x4ced,0x0},{0x2fa0f,0x9d67,0x0},
+    {0x2fa10,0x2a0ce,0x0},{0x2fa11,0x4cf8,0x0},{0x2fa12,0x2a105,0x0},{0x2fa13,0x2a20e,0x0},{0x2fa14,0x2a291,0x0},{0x2fa15,0x9ebb,0x0},
+    {0x2fa16,0x4d56,0x0},{0x2fa17,0x9ef9,0x0},{0x2fa18,0x9efe,0x0},{0x2fa19,0x9f05,0x0},{0x2fa1a,0x9f0f,0x0},{0x2fa1b,0x9f16,0x0},
+    {0x2fa1c,0x9f3b,0x0},{0x2fa1d,0x2a600,0x0},
+};
+#define QSA__UNI_DEC_N 2060
+
+/* indices into qsa__uni_dec of the primary composites, sorted by (first, second) */
+static const uint16_t qsa__uni_comp[] = {
+    912,909,913,0,1,2,3,53,55,238,4,572,5,165,208,210,
+    570,415,57,417,419,421,59,61,63,65,6,425,67,427,431,433,
+    429,7,8,9,598,69,71,73,10,596,77,212,214,594,240,75,
+    439,441,445,198,79,447,81,83,187,85,87,449,453,236,451,455,
+    457,11,12,13,89,91,93,97,14,610,167,216,218,612,95,459,
+    98,463,189,465,100,467,102,106,469,104,475,473,477,479,481,200,
+    108,15,483,112,485,110,489,487,16,17,18,19,114,116,246,20,
+    616,118,169,220,222,161,614,191,499,501,120,503,124,224,226,505,
+    122,509,126,128,511,132,513,232,130,521,136,523,234,134,527,525,
+    21,22,23,138,140,142,24,640,144,146,171,228,230,163,638,529,
+    148,533,531,539,541,543,545,150,549,547,551,553,555,652,25,152,
+    658,250,557,154,656,654,155,559,157,159,561,563,26,27,28,29,
+    54,56,239,30,573,31,166,209,211,571,416,58,418,420,422,60,
+    62,64,66,32,426,68,428,432,434,430,33,34,35,599,70,72,
+    74,36,597,78,213,215,595,241,76,440,442,446,199,80,448,82,
+    84,188,86,88,450,454,237,452,456,458,565,37,38,39,90,92,
+    94,40,611,168,217,219,613,96,460,99,197,464,190,466,101,468,
+    103,107,470,105,476,474,478,480,482,201,109,41,484,113,486,111,
+    490,488,42,43,44,45,115,117,247,46,617,119,170,221,223,162,
+    615,192,500,502,121,504,125,225,227,506,123,510,127,129,512,133,
+    514,233,131,522,566,137,524,235,135,528,526,47,48,49,139,141,
+    143,50,641,145,147,172,229,231,164,639,530,149,534,532,540,542,
+    544,546,151,550,548,567,552,554,556,653,51,153,659,251,558,52,
+    657,568,655,156,560,158,160,562,564,875,258,835,576,574,580,578,
+    181,202,204,185,423,602,600,606,604,461,620,618,624,622,491,244,
+    493,242,206,179,175,173,177,577,575,581,579,182,203,205,186,424,
+    603,601,607,605,462,621,619,625,623,492,245,494,243,207,180,176,
+    174,178,586,584,590,588,587,585,591,589,435,437,436,438,495,497,
+    496,498,515,516,517,518,535,536,537,538,569,630,628,634,632,636,
+    631,629,635,633,637,644,642,648,646,650,645,643,649,647,651,195,
+    193,194,183,184,443,444,248,249,196,831,259,830,829,668,669,833,
+    841,261,682,683,843,262,696,697,845,857,263,856,855,268,712,713,
+    883,264,726,727,874,872,265,871,870,269,740,885,266,752,753,887,
+    826,838,760,270,823,822,660,661,827,825,762,271,676,677,764,272,
+    688,689,839,837,766,273,850,849,275,704,705,853,768,277,720,721,
+    866,867,770,278,863,862,276,732,733,868,772,279,744,745,881,879,
+    851,267,854,864,274,869,880,280,281,285,302,304,284,282,306,283,
+    300,310,312,287,314,289,316,286,318,324,288,326,328,330,332,322,
+    303,305,293,291,307,292,301,311,313,296,315,290,317,295,319,325,
+    297,327,329,331,333,323,294,298,299,308,309,320,321,334,335,337,
+    336,338,340,341,339,342,343,344,353,354,365,364,366,369,370,372,
+    371,373,374,377,375,376,378,379,381,380,382,383,385,384,403,404,
+    405,406,407,408,409,410,411,412,413,414,471,472,507,508,519,520,
+    582,592,583,593,608,609,626,627,662,664,666,774,663,665,667,775,
+    776,777,778,779,780,781,670,672,674,782,671,673,675,783,784,785,
+    786,787,788,789,678,680,679,681,684,686,685,687,690,692,694,790,
+    691,693,695,791,792,793,794,795,796,797,698,700,702,798,699,701,
+    703,799,800,801,802,803,804,805,706,708,710,707,709,711,714,716,
+    718,715,717,719,722,724,723,725,728,730,729,731,734,736,738,735,
+    737,739,741,742,743,746,748,750,806,747,749,751,807,808,809,810,
+    811,812,813,754,756,758,814,755,757,759,815,816,817,818,819,820,
+    821,824,836,878,828,846,847,848,840,882,859,860,861,894,895,896,
+    897,899,898,900,901,902,903,904,905,906,907,908,911,910,914,915,
+    916,917,918,919,920,921,930,931,922,923,924,925,932,933,926,927,
+    928,929,934,935,936,937,966,941,942,943,944,945,946,947,948,949,
+    950,951,952,953,954,955,956,957,958,959,960,961,962,963,964,965,
+    967,993,968,969,970,971,972,973,974,975,976,977,978,979,980,981,
+    982,983,984,985,986,987,988,989,990,991,992,994,995,996,997,998,
+    1493,1494,1495,1496,1497,1498,1499,1501,1500,1502,1503,1504,
+};
+#define QSA__UNI_COMP_N 940
+
+/* class flags of a code point (binary search over the range table) */
+QSA_PRIV unsigned qsa__uni_class(uint32_t c) {
+    size_t lo = 0, hi = QSA__UNI_CLS_N;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if ((qsa__uni_cls[mid][0] & 0xffffffu) > c) hi = mid;
+        else if (qsa__uni_cls[mid][1] < c) lo = mid + 1;
+        else return qsa__uni_cls[mid][0] >> 24;
+    }
+    return 0;
+}
+
+/* canonical combining class (Unicode 9.0 data, like the tokenizers library's NFC) */
+QSA_PRIV unsigned qsa__uni_ccc_of(uint32_t c) {
+    if (c < 0x300) return 0;
+    size_t lo = 0, hi = QSA__UNI_CCC_N;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if ((qsa__uni_ccc[mid][0] & 0xffffffu) > c) hi = mid;
+        else if (qsa__uni_ccc[mid][1] < c) lo = mid + 1;
+        else return qsa__uni_ccc[mid][0] >> 24;
+    }
+    return 0;
+}
+
+/* index of c in qsa__uni_dec or -1 */
+QSA_PRIV int qsa__uni_dec_find(uint32_t c) {
+    size_t lo = 0, hi = QSA__UNI_DEC_N;
+    if (c < 0xc0) return -1;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        uint32_t m = qsa__uni_dec[mid][0] & 0x7fffffffu;
+        if (m > c) hi = mid;
+        else if (m < c) lo = mid + 1;
+        else return (int)mid;
+    }
+    return -1;
+}
+
+/* primary composite of (a, b) from the table (Hangul is handled by the caller), or 0 */
+QSA_PRIV uint32_t qsa__uni_compose(uint32_t a, uint32_t b) {
+    size_t lo = 0, hi = QSA__UNI_COMP_N;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        const uint32_t *e = qsa__uni_dec[qsa__uni_comp[mid]];
+        if (e[1] > a || (e[1] == a && e[2] > b)) hi = mid;
+        else if (e[1] < a || e[2] < b) lo = mid + 1;
+        else return e[0] & 0x7fffffffu;
+    }
+    return 0;
+}
+/* >>unicode-generated-end */
+
+/* ============================================================================================== */
+/* >>tokenizer  byte-level BPE (tokenizer.json), added tokens, NFC, Qwen split regex, ChatML       */
+/* ============================================================================================== */
+/* Conformance target: the Hugging Face `tokenizers` library (Rust), encode(add_special_tokens=False)
+   and decode().  The pipeline, in its order:
+     1. added tokens with normalized=false are cut out of the raw text (leftmost-longest match,
+        lstrip/rstrip/single_word honoured); special ones only when parse_special;
+     2. each remaining segment is NFC-normalised (tables of Unicode 9.0, like the library's
+        unicode-normalization-alignments crate), then added tokens with normalized=true are cut out;
+     3. the Split pre-tokenizer runs the Qwen regex (hand-written matcher below, Oniguruma semantics,
+        Unicode 16.0 classes like the library's Oniguruma), ByteLevel maps bytes to symbols;
+     4. each piece is merged by BPE exactly like the library's Word::merge_all (min-heap on
+        (rank, position), stale entries skipped). */
+
+/* ---- UTF-8 ---------------------------------------------------------------------------------- */
+
+/* The sequence at s (n >= 1 bytes available): returns its length 1..4 and *cp when well-formed
+   (Unicode table 3-7: no overlongs, no surrogates, <= U+10FFFF); 0 when ill-formed, with *sub =
+   length of the maximal subpart to replace by one U+FFFD; -k when the k remaining bytes are a valid
+   but truncated prefix. */
+QSA_PRIV int qsa__u8_next(const uint8_t *s, size_t n, uint32_t *cp, int *sub) {
+    uint8_t b = s[0], lo = 0x80, hi = 0xbf;
+    int len;
+    uint32_t c;
+    if (b < 0x80) { *cp = b; return 1; }
+    if (b >= 0xc2 && b <= 0xdf) { len = 2; c = b & 0x1fu; }
+    else if (b >= 0xe0 && b <= 0xef) { len = 3; c = b & 0x0fu; if (b == 0xe0) lo = 0xa0; else if (b == 0xed) hi = 0x9f; }
+    else if (b >= 0xf0 && b <= 0xf4) { len = 4; c = b & 0x07u; if (b == 0xf0) lo = 0x90; else if (b == 0xf4) hi = 0x8f; }
+    else { *sub = 1; return 0; }
+    for (int k = 1; k < len; k++) {
+        if ((size_t)k >= n) { *sub = k; return -k; }
+        uint8_t t = s[k];
+        if (t < lo || t > hi) { *sub = k; return 0; }
+        lo = 0x80; hi = 0xbf;
+        c = (c << 6) | (t & 0x3fu);
+    }
+    *cp = c;
+    return len;
+}
+
+QSA_PRIV int qsa__u8_put(char *d, uint32_t c) {
+    if (c < 0x80) { d[0] = (char)c; return 1; }
+    if (c < 0x800) { d[0] = (char)(0xc0 | (c >> 6)); d[1] = (char)(0x80 | (c & 0x3f)); return 2; }
+    if (c < 0x10000) {
+        d[0] = (char)(0xe0 | (c >> 12)); d[1] = (char)(0x80 | ((c >> 6) & 0x3f)); d[2] = (char)(0x80 | (c & 0x3f));
+        return 3;
+    }
+    d[0] = (char)(0xf0 | (c >> 18)); d[1] = (char)(0x80 | ((c >> 12) & 0x3f));
+    d[2] = (char)(0x80 | ((c >> 6) & 0x3f)); d[3] = (char)(0x80 | (c & 0x3f));
+    return 4;
+}
+
+/* QSA_OK when s is well-formed UTF-8, else QSA_ERR_INVALID_ARGUMENT naming the byte offset. */
+QSA_PRIV qsa_result qsa__u8_validate(const char *s, size_t n, const char *what) {
+    const uint8_t *u = (const uint8_t *)s;
+    size_t i = 0;
+    while (i < n) {
+        if (u[i] < 0x80) { i++; continue; }
+        uint32_t cp = 0;
+        int sub = 0, k = qsa__u8_next(u + i, n - i, &cp, &sub);
+        if (k > 0) { i += (size_t)k; continue; }
+        if (k < 0)
+            return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "%s: invalid UTF-8: truncated %d-byte sequence at byte offset %zu "
+                             "(lead byte 0x%02x, text ends after %d bytes of it)", what,
+                             u[i] >= 0xf0 ? 4 : u[i] >= 0xe0 ? 3 : 2, i, u[i], -k);
+        {
+            int lead_ok = u[i] >= 0xc2 && u[i] <= 0xf4;
+            size_t at = lead_ok ? i + (size_t)sub : i;
+            if (lead_ok)
+                return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "%s: invalid UTF-8 at byte offset %zu (byte 0x%02x does not "
+                                 "continue the sequence that starts at offset %zu with 0x%02x)", what, at, u[at], i, u[i]);
+            return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "%s: invalid UTF-8 at byte offset %zu (byte 0x%02x cannot start a "
+                             "character)", what, at, u[at]);
+        }
+    }
+    return QSA_OK;
+}
+
+/* Append s[0..n) to out (which has room for 3n + 1 bytes) with every ill-formed subsequence
+   replaced by U+FFFD (maximal subparts, like Rust's from_utf8_lossy and Python's errors="replace").
+   When !final a truncated sequence at the very end is left alone: returns its length. */
+QSA_PRIV size_t qsa__u8_lossy(char *out, size_t *olen, const uint8_t *s, size_t n, int final) {
+    size_t i = 0, o = *olen;
+    while (i < n) {
+        if (s[i] < 0x80) { out[o++] = (char)s[i++]; continue; }
+        uint32_t cp = 0;
+        int sub = 0, k = qsa__u8_next(s + i, n - i, &cp, &sub);
+        if (k > 0) {
+            memcpy(out + o, s + i, (size_t)k);
+            o += (size_t)k;
+            i += (size_t)k;
+            continue;
+        }
+        if (k < 0 && !final) break;
+        out[o++] = (char)0xef; out[o++] = (char)0xbf; out[o++] = (char)0xbd;
+        i += (size_t)sub;
+    }
+    *olen = o;
+    return n - i;
+}
+
+/* ---- growable arrays ---------------------------------------------------------------------- */
+
+typedef struct qsa__vec { void *p; size_t n, cap, elt; } qsa__vec;
+QSA_PRIV int qsa__vec_reserve(qsa__vec *v, size_t want) {
+    if (want <= v->cap) return 1;
+    size_t cap = v->cap ? v->cap : 16;
+    while (cap < want) cap *= 2;
+    if (cap > SIZE_MAX / v->elt) return 0;
+    void *p = qsa__realloc(v->p, cap * v->elt);
+    if (!p) return 0;
+    v->p = p;
+    v->cap = cap;
+    return 1;
+}
+#define QSA__VEC(T) { NULL, 0, 0, sizeof(T) }
+#define QSA__VEC_AT(v, T) ((T *)(v).p)
+QSA_PRIV int qsa__vec_push32(qsa__vec *v, uint32_t x) {
+    if (!qsa__vec_reserve(v, v->n + 1)) return 0;
+    ((uint32_t *)v->p)[v->n++] = x;
+    return 1;
+}
+QSA_PRIV void qsa__vec_free(qsa__vec *v) { qsa__free(v->p); v->p = NULL; v->n = v->cap = 0; }
+
+/* ---- NFC -------------------------------------------------------------------------------- */
+
+#define QSA__HANGUL_SBASE 0xAC00u
+#define QSA__HANGUL_LBASE 0x1100u
+#define QSA__HANGUL_VBASE 0x1161u
+#define QSA__HANGUL_TBASE 0x11A7u
+#define QSA__HANGUL_LCOUNT 19u
+#define QSA__HANGUL_VCOUNT 21u
+#define QSA__HANGUL_TCOUNT 28u
+#define QSA__HANGUL_NCOUNT (QSA__HANGUL_VCOUNT * QSA__HANGUL_TCOUNT)
+#define QSA__HANGUL_SCOUNT (QSA__HANGUL_LCOUNT * QSA__HANGUL_NCOUNT)
+
+/* full canonical decomposition of c appended to v (table depth is at most 4) */
+QSA_PRIV int qsa__nfc_decompose(uint32_t c, qsa__vec *v, int depth) {
+    if (c - QSA__HANGUL_SBASE < QSA__HANGUL_SCOUNT) {
+        uint32_t s = c - QSA__HANGUL_SBASE, t = s % QSA__HANGUL_TCOUNT;
+        if (!qsa__vec_push32(v, QSA__HANGUL_LBASE + s / QSA__HANGUL_NCOUNT)) return 0;
+        if (!qsa__vec_push32(v, QSA__HANGUL_VBASE + (s % QSA__HANGUL_NCOUNT) / QSA__HANGUL_TCOUNT)) return 0;
+        return t ? qsa__vec_push32(v, QSA__HANGUL_TBASE + t) : 1;
+    }
+    int k = depth < 8 ? qsa__uni_dec_find(c) : -1;
+    if (k < 0) return qsa__vec_push32(v, c);
+    if (!qsa__nfc_decompose(qsa__uni_dec[k][1], v, depth + 1)) return 0;
+    return qsa__uni_dec[k][2] ? qsa__nfc_decompose(qsa__uni_dec[k][2], v, depth + 1) : 1;
+}
+
+QSA_PRIV uint32_t qsa__nfc_pair(uint32_t a, uint32_t b) {
+    if (a - QSA__HANGUL_LBASE < QSA__HANGUL_LCOUNT && b - QSA__HANGUL_VBASE < QSA__HANGUL_VCOUNT)
+        return QSA__HANGUL_SBASE + ((a - QSA__HANGUL_LBASE) * QSA__HANGUL_VCOUNT + (b - QSA__HANGUL_VBASE)) * QSA__HANGUL_TCOUNT;
+    if (a - QSA__HANGUL_SBASE < QSA__HANGUL_SCOUNT && (a - QSA__HANGUL_SBASE) % QSA__HANGUL_TCOUNT == 0 &&
+        b - QSA__HANGUL_TBASE - 1 < QSA__HANGUL_TCOUNT - 1)
+        return a + (b - QSA__HANGUL_TBASE);
+    return qsa__uni_compose(a, b);
+}
+
+/* 1 when NFC cannot change s: every code point is below U+0300 (no combining marks, no
+   composition exclusions, no singletons there) */
+QSA_PRIV int qsa__nfc_trivial(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if ((uint8_t)s[i] >= 0xcc) return 0;
+    return 1;
+}
+
+/* NFC of the well-formed UTF-8 s[0..n), appended to out. */
+QSA_PRIV int qsa__nfc(const char *s, size_t n, qsa__buf *out) {
+    qsa__vec d = QSA__VEC(uint32_t);
+    int ok = 1;
+    const uint8_t *u = (const uint8_t *)s;
+    for (size_t i = 0; i < n && ok;) {
+        uint32_t cp = 0;
+        int sub = 0, k = qsa__u8_next(u + i, n - i, &cp, &sub);
+        if (k <= 0) { cp = 0xfffd; k = sub > 0 ? sub : 1; } /* callers validate first */
+        ok = qsa__nfc_decompose(cp, &d, 0);
+        i += (size_t)k;
+    }
+    uint32_t *c = QSA__VEC_AT(d, uint32_t);
+    size_t m = d.n;
+    /* canonical ordering: stable insertion sort of every run of non-starters by class */
+    for (size_t i = 1; ok && i < m; i++) {
+        unsigned ki = qsa__uni_ccc_of(c[i]);
+        if (!ki) continue;
+        uint32_t x = c[i];
+        size_t j = i;
+        while (j > 0) {
+            unsigned kj = qsa__uni_ccc_of(c[j - 1]);
+            if (kj == 0 || kj <= ki) break;
+            c[j] = c[j - 1];
+            j--;
+        }
+        c[j] = x;
+    }
+    /* canonical composition */
+    size_t o = 0;
+    long starter = -1;
+    unsigned last = 0;
+    for (size_t i = 0; ok && i < m; i++) {
+        uint32_t x = c[i];
+        unsigned k = qsa__uni_ccc_of(x);
+        if (starter >= 0) {
+            int adjacent = (size_t)starter == o - 1;
+            if (adjacent || (last != 0 && last < k)) {
+                uint32_t comp = qsa__nfc_pair(c[starter], x);
+                if (comp) { c[starter] = comp; continue; }
+            }
+        }
+        if (k == 0) starter = (long)o;
+        last = k;
+        c[o++] = x;
+    }
+    if (ok && !qsa__buf_reserve(out, 4 * o)) ok = 0;
+    for (size_t i = 0; ok && i < o; i++) out->len += (size_t)qsa__u8_put(out->data + out->len, c[i]);
+    if (ok && out->data) out->data[out->len] = 0;
+    qsa__vec_free(&d);
+    return ok;
+}
+
+/* ---- pre-tokenizer: the Qwen split regexes, matched by hand ------------------------------- */
+
+/* The pattern strings exactly as tokenizer.json carries them (after JSON unescaping). */
+static const char qsa__pat_qwen2[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+    "\\s+(?!\\S)|\\s+";
+static const char qsa__pat_qwen35[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+typedef enum qsa__pretok { QSA__PRETOK_QWEN2 = 1, QSA__PRETOK_QWEN35 = 2 } qsa__pretok;
+
+QSA_PRIV unsigned qsa__cls_of(uint32_t c) {
+    if (c < 0x80) {
+        if ((c | 0x20) - 'a' < 26) return QSA__UNI_L;
+        if (c - '0' < 10) return QSA__UNI_N;
+        if (c == ' ' || (c >= 9 && c <= 13)) return QSA__UNI_WS;
+        return 0;
+    }
+    return qsa__uni_class(c);
+}
+
+/* (?i:s) etc. under Oniguruma's Unicode case folding: U+017F LONG S folds to 's' */
+QSA_PRIV int qsa__ci(uint32_t c, char lower) {
+    return c == (uint32_t)lower || c == (uint32_t)(lower - 32) || (lower == 's' && c == 0x17f);
+}
+
+/* End (exclusive) of the regex match that starts at i, leftmost-first alternation and greedy
+   backtracking as in Oniguruma.  cp/cl: code points and their class flags; n: count.
+     A1 (?i:'s|'t|'re|'ve|'m|'ll|'d)      A2 [^\r\n\p{L}\p{N}]?LETTER+       A3 \p{N}
+     A4 ' '?[^\s\p{L}\p{N}(\p{M})]+[\r\n]*  A5 \s*[\r\n]+  A6 \s+(?!\S)  A7 \s+
+   where LETTER is \p{L} (Qwen2/3) or [\p{L}\p{M}] (Qwen3.5).  Every code point starts a match of
+   one of A2..A7, so the regex never leaves gaps. */
+QSA_PRIV size_t qsa__pretok_match(qsa__pretok kind, const uint32_t *cp, const uint8_t *cl, size_t n, size_t i) {
+    const unsigned letter = kind == QSA__PRETOK_QWEN35 ? (QSA__UNI_L | QSA__UNI_M) : QSA__UNI_L;
+    const unsigned notp = QSA__UNI_WS | QSA__UNI_L | QSA__UNI_N | (kind == QSA__PRETOK_QWEN35 ? QSA__UNI_M : 0u);
+    uint32_t c = cp[i];
+    size_t j;
+    /* A1 */
+    if (c == '\'' && i + 1 < n) {
+        uint32_t a = cp[i + 1];
+        if (qsa__ci(a, 's') || qsa__ci(a, 't') || qsa__ci(a, 'm') || qsa__ci(a, 'd')) return i + 2;
+        if (i + 2 < n) {
+            uint32_t b = cp[i + 2];
+            if ((qsa__ci(a, 'r') || qsa__ci(a, 'v')) && qsa__ci(b, 'e')) return i + 3;
+            if (qsa__ci(a, 'l') && qsa__ci(b, 'l')) return i + 3;
+        }
+    }
+    /* A2: a letter run, optionally preceded by one char that is not CR, LF, \p{L}, \p{N} */
+    if (cl[i] & letter) {
+        for (j = i + 1; j < n && (cl[j] & letter); j++) {}
+        return j;
+    }
+    if (c != '\r' && c != '\n' && !(cl[i] & (QSA__UNI_L | QSA__UNI_N)) && i + 1 < n && (cl[i + 1] & letter)) {
+        for (j = i + 2; j < n && (cl[j] & letter); j++) {}
+        return j;
+    }
+    /* A3 */
+    if (cl[i] & QSA__UNI_N) return i + 1;
+    /* A4 */
+    j = i;
+    if (c == ' ' && i + 1 < n && !(cl[i + 1] & notp)) j = i + 1;
+    if (!(cl[j] & notp)) {
+        for (j++; j < n && !(cl[j] & notp); j++) {}
+        while (j < n && (cp[j] == '\r' || cp[j] == '\n')) j++;
+        return j;
+    }
+    /* A5..A7: c is whitespace */
+    size_t e = i;
+    while (e < n && (cl[e] & QSA__UNI_WS)) e++;
+    if (e == i) return i + 1; /* unreachable: every class is covered above */
+    for (j = e; j > i; j--)
+        if (cp[j - 1] == '\r' || cp[j - 1] == '\n') return j; /* A5: last CR/LF of the run */
+    if (e == n) return e;              /* A6 at end of text */
+    if (e - i >= 2) return e - 1;      /* A6: leave the last space to the next word */
+    return e;                          /* A7 */
+}
+
+/* ---- the tokenizer ------------------------------------------------------------------------ */
+
+#define QSA__TOK_EXISTS 1u
+#define QSA__TOK_ADDED 2u
+#define QSA__TOK_SPECIAL 4u
+#define QSA__TOK_MAX_ID (1 << 24)
+
+typedef struct qsa__added_tok {
+    char *content;   /* as matched: NFC-normalised when normalized and the normaliser is NFC */
+    size_t len;
+    char *raw;       /* as in the file */
+    size_t raw_len;
+    int32_t id;
+    uint8_t special, lstrip, rstrip, single_word, normalized;
+} qsa__added_tok;
+
+typedef struct qsa__merge_slot {
+    uint64_t key;    /* (left id << 32) | right id; UINT64_MAX when empty */
+    uint32_t rank;
+    int32_t id;
+} qsa__merge_slot;
+
+struct qsa_tokenizer {
+    int32_t n_ids;            /* 1 + largest id */
+    uint8_t *flags;           /* per id: QSA__TOK_* */
+    uint32_t *piece_off, *piece_len; /* per id: decoded bytes in pieces */
+    char *pieces;
+    /* model vocabulary, byte-level strings as in tokenizer.json */
+    uint32_t *str_off, *str_len; /* per id (str_len 0 and str_off 0 when not a vocab entry) */
+    char *strs;
+    int32_t *vocab_hash;      /* open addressing, -1 empty */
+    size_t vocab_mask;
+    qsa__merge_slot *merges;
+    size_t merge_mask;
+    size_t n_merges;
+    int32_t byte_id[256];     /* vocab id of each single-byte symbol */
+    uint16_t byte_cp[256];    /* GPT-2 bytes_to_unicode */
+    int16_t cp_byte[324];     /* inverse (code points < 324), -1 outside the alphabet */
+    int ignore_merges;
+    int nfc;
+    qsa__pretok pretok;
+    qsa__added_tok *added;
+    size_t n_added;
+    int any_normalized_added;
+    int32_t eos[4];
+    int n_eos;
+    int32_t bos, pad;
+};
+
+QSA_PRIV uint64_t qsa__hash_bytes(const char *s, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) { h ^= (uint8_t)s[i]; h *= 1099511628211ull; }
+    return h ^ (h >> 29);
+}
+QSA_PRIV uint64_t qsa__hash_u64(uint64_t x) {
+    x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull; x ^= x >> 33;
+    return x;
+}
+
+/* vocabulary id of a byte-level string, or -1 */
+QSA_PRIV int32_t qsa__vocab_lookup(const qsa_tokenizer *t, const char *s, size_t n) {
+    if (!t->vocab_hash) return -1;
+    size_t h = (size_t)qsa__hash_bytes(s, n) & t->vocab_mask;
+    for (;;) {
+        int32_t id = t->vocab_hash[h];
+        if (id < 0) return -1;
+        if (t->str_len[id] == n && memcmp(t->strs + t->str_off[id], s, n) == 0) return id;
+        h = (h + 1) & t->vocab_mask;
+    }
+}
+
+QSA_PRIV const qsa__merge_slot *qsa__merge_lookup(const qsa_tokenizer *t, int32_t a, int32_t b) {
+    uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
+    size_t h = (size_t)qsa__hash_u64(key) & t->merge_mask;
+    for (;;) {
+        const qsa__merge_slot *s = &t->merges[h];
+        if (s->key == key) return s;
+        if (s->key == UINT64_MAX) return NULL;
+        h = (h + 1) & t->merge_mask;
+    }
+}
+
+QSA_PRIV void qsa__bytes_to_unicode(uint16_t byte_cp[256], int16_t cp_byte[324]) {
+    int n = 0;
+    for (int i = 0; i < 324; i++) cp_byte[i] = -1;
+    for (int b = 0; b < 256; b++) {
+        int printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+        byte_cp[b] = (uint16_t)(printable ? b : 256 + n++);
+        cp_byte[byte_cp[b]] = (int16_t)b;
+    }
+}
+
+/* the ByteLevel decoder's rule for one token string: every char in the byte alphabet -> those
+   bytes; otherwise the string's own UTF-8 bytes.  Writes at most n bytes to out. */
+QSA_PRIV size_t qsa__bytelevel_decode(const qsa_tokenizer *t, const char *s, size_t n, char *out) {
+    const uint8_t *u = (const uint8_t *)s;
+    size_t i = 0, o = 0;
+    while (i < n) {
+        uint32_t cp = 0;
+        int sub = 0, k = qsa__u8_next(u + i, n - i, &cp, &sub);
+        if (k <= 0 || cp >= 324 || t->cp_byte[cp] < 0) { memcpy(out, s, n); return n; }
+        out[o++] = (char)t->cp_byte[cp];
+        i += (size_t)k;
+    }
+    return o;
+}
+
+QSA_IMPL void qsa_tokenizer_free(qsa_tokenizer *t) {
+    if (!t) return;
+    qsa__free(t->flags);
+    qsa__free(t->piece_off);
+    qsa__free(t->piece_len);
+    qsa__free(t->pieces);
+    qsa__free(t->str_off);
+    qsa__free(t->str_len);
+    qsa__free(t->strs);
+    qsa__free(t->vocab_hash);
+    qsa__free(t->merges);
+    for (size_t i = 0; i < t->n_added; i++) {
+        qsa__free(t->added[i].content);
+        qsa__free(t->added[i].raw);
+    }
+    qsa__free(t->added);
+    qsa__free(t);
+}
+
+/* ---- loading ------------------------------------------------------------------------------ */
+
+QSA_PRIV int qsa__json_flag(const qsa__json *obj, const char *key) {
+    const qsa__json *v = qsa__json_get(obj, key);
+    return v && v->type == QSA__JSON_TRUE;
+}
+
+QSA_PRIV size_t qsa__pow2_at_least(size_t n) {
+    size_t c = 16;
+    while (c < n) c *= 2;
+    return c;
+}
+
+/* normalizer: null or NFC (possibly as a one-element Sequence) */
+QSA_PRIV qsa_result qsa__tok_load_normalizer(qsa_tokenizer *t, const qsa__json *nz, const char *src) {
+    if (!nz || nz->type == QSA__JSON_NULL) return QSA_OK;
+    const qsa__json *ty = qsa__json_get(nz, "type");
+    if (qsa__json_is_str(ty, "Sequence")) {
+        const qsa__json *seq = qsa__json_get(nz, "normalizers");
+        if (seq && seq->type == QSA__JSON_ARRAY && seq->count == 0) return QSA_OK;
+        if (seq && seq->type == QSA__JSON_ARRAY && seq->count == 1) return qsa__tok_load_normalizer(t, seq->child, src);
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: normalizer Sequence with %zu elements is not supported (only NFC)", src,
+                         seq ? seq->count : (size_t)0);
+    }
+    if (qsa__json_is_str(ty, "NFC")) { t->nfc = 1; return QSA_OK; }
+    return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: normalizer type '%s' is not supported (only NFC or null)", src,
+                     ty && ty->type == QSA__JSON_STRING ? ty->str : qsa__json_type_name(ty));
+}
+
+/* pre_tokenizer: Sequence[Split(known regex, Isolated), ByteLevel(add_prefix_space=false, use_regex=false)] */
+QSA_PRIV qsa_result qsa__tok_load_pretok(qsa_tokenizer *t, const qsa__json *pt, const char *src) {
+    const qsa__json *ty = qsa__json_get(pt, "type");
+    const qsa__json *seq = qsa__json_get(pt, "pretokenizers");
+    if (!qsa__json_is_str(ty, "Sequence") || !seq || seq->type != QSA__JSON_ARRAY || seq->count != 2)
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: pre_tokenizer must be a Sequence of Split (regex) and ByteLevel, found "
+                         "type '%s'%s", src, ty && ty->type == QSA__JSON_STRING ? ty->str : qsa__json_type_name(ty),
+                         qsa__json_is_str(ty, "Sequence") ? " with another element count" : "");
+    const qsa__json *split = seq->child, *bl = seq->child->next;
+    if (!qsa__json_is_str(qsa__json_get(split, "type"), "Split"))
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: pre_tokenizer[0] must be Split", src);
+    const qsa__json *pat = qsa__json_get(qsa__json_get(split, "pattern"), "Regex");
+    if (!pat || pat->type != QSA__JSON_STRING)
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: pre_tokenizer Split pattern must be {\"Regex\": ...} (a String pattern "
+                         "is not supported)", src);
+    if (pat->len == sizeof qsa__pat_qwen2 - 1 && memcmp(pat->str, qsa__pat_qwen2, pat->len) == 0) t->pretok = QSA__PRETOK_QWEN2;
+    else if (pat->len == sizeof qsa__pat_qwen35 - 1 && memcmp(pat->str, qsa__pat_qwen35, pat->len) == 0)
+        t->pretok = QSA__PRETOK_QWEN35;
+    else
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: pre_tokenizer Split regex is not one this runtime implements "
+                         "(Qwen2/Qwen3 or Qwen3.5): '%.600s'", src, pat->str);
+    if (!qsa__json_is_str(qsa__json_get(split, "behavior"), "Isolated") || qsa__json_flag(split, "invert"))
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: pre_tokenizer Split must have behavior Isolated and invert false", src);
+    if (!qsa__json_is_str(qsa__json_get(bl, "type"), "ByteLevel"))
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: pre_tokenizer[1] must be ByteLevel", src);
+    if (qsa__json_flag(bl, "add_prefix_space") || qsa__json_flag(bl, "use_regex"))
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: pre_tokenizer ByteLevel with add_prefix_space or use_regex true is not "
+                         "supported", src);
+    return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__tok_id_of(const qsa__json *v, const char *src, const char *what, int32_t *id) {
+    if (!v || v->type != QSA__JSON_NUMBER || !v->is_int || v->i64 < 0 || v->i64 >= QSA__TOK_MAX_ID)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: %s: id must be an integer in [0, %d), found %s", src, what, QSA__TOK_MAX_ID,
+                         qsa__json_type_name(v));
+    *id = (int32_t)v->i64;
+    return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__tok_oom(const char *src) {
+    return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "%s: out of memory while building the tokenizer", src);
+}
+
+/* one merge entry: "a b" or ["a", "b"] */
+QSA_PRIV qsa_result qsa__tok_merge_parts(const qsa__json *m, size_t idx, const char *src, const char **a, size_t *al,
+                                         const char **b, size_t *bl) {
+    if (m->type == QSA__JSON_STRING) {
+        const char *sp = (const char *)memchr(m->str, ' ', m->len);
+        if (!sp || memchr(sp + 1, ' ', m->len - (size_t)(sp + 1 - m->str)))
+            return qsa__fail(QSA_ERR_FORMAT, "%s: model.merges[%zu] '%.80s' is not two tokens separated by one space", src,
+                             idx, m->str);
+        *a = m->str; *al = (size_t)(sp - m->str);
+        *b = sp + 1; *bl = m->len - *al - 1;
+        return QSA_OK;
+    }
+    if (m->type == QSA__JSON_ARRAY && m->count == 2 && m->child->type == QSA__JSON_STRING &&
+        m->child->next->type == QSA__JSON_STRING) {
+        *a = m->child->str; *al = m->child->len;
+        *b = m->child->next->str; *bl = m->child->next->len;
+        return QSA_OK;
+    }
+    return qsa__fail(QSA_ERR_FORMAT, "%s: model.merges[%zu] must be a string \"a b\" or an array of two strings, found %s", src,
+                     idx, qsa__json_type_name(m));
+}
+
+QSA_PRIV qsa_result qsa__tok_build(qsa_tokenizer *t, const qsa__json *root, const char *src) {
+    if (!root || root->type != QSA__JSON_OBJECT)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: top level must be an object, found %s", src, qsa__json_type_name(root));
+    const qsa__json *model = qsa__json_get(root, "model");
+    if (!model || model->type != QSA__JSON_OBJECT)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: missing \"model\" object (found %s)", src, qsa__json_type_name(model));
+    const qsa__json *mt = qsa__json_get(model, "type");
+    if (mt && !qsa__json_is_str(mt, "BPE"))
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: model.type '%s' is not supported (only BPE)", src,
+                         mt->type == QSA__JSON_STRING ? mt->str : qsa__json_type_name(mt));
+    const qsa__json *vocab = qsa__json_get(model, "vocab"), *merges = qsa__json_get(model, "merges");
+    if (!vocab || vocab->type != QSA__JSON_OBJECT)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: model.vocab must be an object of token -> id, found %s", src,
+                         qsa__json_type_name(vocab));
+    if (!merges || merges->type != QSA__JSON_ARRAY)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: model.merges must be an array, found %s", src, qsa__json_type_name(merges));
+    const qsa__json *v;
+    if (qsa__json_flag(model, "byte_fallback"))
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: model.byte_fallback true is not supported", src);
+    v = qsa__json_get(model, "dropout");
+    if (v && v->type == QSA__JSON_NUMBER && v->num != 0.0)
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: model.dropout %g is not supported (inference needs null)", src, v->num);
+    v = qsa__json_get(model, "continuing_subword_prefix");
+    if (v && v->type == QSA__JSON_STRING && v->len)
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: model.continuing_subword_prefix '%s' is not supported", src, v->str);
+    v = qsa__json_get(model, "end_of_word_suffix");
+    if (v && v->type == QSA__JSON_STRING && v->len)
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: model.end_of_word_suffix '%s' is not supported", src, v->str);
+    t->ignore_merges = qsa__json_flag(model, "ignore_merges");
+    const qsa__json *added = qsa__json_get(root, "added_tokens");
+    if (added && added->type != QSA__JSON_ARRAY && added->type != QSA__JSON_NULL)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: added_tokens must be an array, found %s", src, qsa__json_type_name(added));
+
+    /* ids and sizes */
+    int32_t max_id = -1;
+    size_t str_total = 0, added_total = 0;
+    for (const qsa__json *e = vocab->child; e; e = e->next) {
+        int32_t id = -1;
+        char what[96];
+        snprintf(what, sizeof what, "model.vocab[\"%.40s\"]", e->key);
+        QSA__TRY(qsa__tok_id_of(e, src, what, &id));
+        if (id > max_id) max_id = id;
+        str_total += e->key_len;
+    }
+    if (added && added->type == QSA__JSON_ARRAY) {
+        size_t k = 0;
+        for (const qsa__json *e = added->child; e; e = e->next, k++) {
+            int32_t id = -1;
+            char what[64];
+            snprintf(what, sizeof what, "added_tokens[%zu]", k);
+            const qsa__json *c = qsa__json_get(e, "content");
+            if (!c || c->type != QSA__JSON_STRING || c->len == 0)
+                return qsa__fail(QSA_ERR_FORMAT, "%s: %s.content must be a non-empty string, found %s", src, what,
+                                 qsa__json_type_name(c));
+            QSA__TRY(qsa__tok_id_of(qsa__json_get(e, "id"), src, what, &id));
+            added_total += 4 * c->len + 1; /* room for its NFC form */
+        }
+    }
+    if (max_id < 0) return qsa__fail(QSA_ERR_FORMAT, "%s: model.vocab is empty", src);
+    QSA__TRY(qsa__tok_load_normalizer(t, qsa__json_get(root, "normalizer"), src));
+    QSA__TRY(qsa__tok_load_pretok(t, qsa__json_get(root, "pre_tokenizer"), src));
+    v = qsa__json_get(root, "decoder");
+    if (v && v->type != QSA__JSON_NULL && !qsa__json_is_str(qsa__json_get(v, "type"), "ByteLevel"))
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "%s: decoder must be ByteLevel (or null)", src);
+    /* ids of added tokens are assigned as the library does (see below): at most one past the larger
+       of the vocabulary's largest id and its size, plus one per added token */
+    size_t n_added_json = added && added->type == QSA__JSON_ARRAY ? added->count : 0;
+    size_t nid = (size_t)max_id + 1 > vocab->count ? (size_t)max_id + 1 : vocab->count;
+    nid += n_added_json;
+    t->n_ids = max_id + 1;
+    t->flags = QSA__CALLOC(uint8_t, nid);
+    t->piece_off = QSA__CALLOC(uint32_t, nid);
+    t->piece_len = QSA__CALLOC(uint32_t, nid);
+    t->str_off = QSA__CALLOC(uint32_t, nid);
+    t->str_len = QSA__CALLOC(uint32_t, nid);
+    t->strs = QSA__ALLOC(char, str_total + 1);
+    t->pieces = QSA__ALLOC(char, str_total + added_total + 1);
+    t->vocab_mask = qsa__pow2_at_least(2 * vocab->count + 2) - 1;
+    t->vocab_hash = QSA__ALLOC(int32_t, t->vocab_mask + 1);
+    if (!t->flags || !t->piece_off || !t->piece_len || !t->str_off || !t->str_len || !t->strs || !t->pieces || !t->vocab_hash)
+        return qsa__tok_oom(src);
+    if (str_total + added_total > UINT32_MAX) return qsa__fail(QSA_ERR_FORMAT, "%s: vocabulary too large", src);
+    memset(t->vocab_hash, 0xff, sizeof(int32_t) * (t->vocab_mask + 1));
+    qsa__bytes_to_unicode(t->byte_cp, t->cp_byte);
+
+    /* vocabulary: byte-level strings (hash) and decoded pieces */
+    size_t so = 0, po = 0;
+    for (const qsa__json *e = vocab->child; e; e = e->next) {
+        int32_t id = (int32_t)e->i64;
+        if (t->flags[id] & QSA__TOK_EXISTS)
+            return qsa__fail(QSA_ERR_FORMAT, "%s: model.vocab: id %d is used by '%.40s' and '%.40s'", src, id,
+                             t->strs + t->str_off[id], e->key);
+        size_t h = (size_t)qsa__hash_bytes(e->key, e->key_len) & t->vocab_mask;
+        while (t->vocab_hash[h] >= 0) {
+            int32_t o = t->vocab_hash[h];
+            if (t->str_len[o] == e->key_len && memcmp(t->strs + t->str_off[o], e->key, e->key_len) == 0)
+                return qsa__fail(QSA_ERR_FORMAT, "%s: model.vocab: token '%.40s' appears twice", src, e->key);
+            h = (h + 1) & t->vocab_mask;
+        }
+        t->vocab_hash[h] = id;
+        memcpy(t->strs + so, e->key, e->key_len);
+        t->str_off[id] = (uint32_t)so;
+        t->str_len[id] = (uint32_t)e->key_len;
+        so += e->key_len;
+        size_t pl = qsa__bytelevel_decode(t, e->key, e->key_len, t->pieces + po);
+        t->piece_off[id] = (uint32_t)po;
+        t->piece_len[id] = (uint32_t)pl;
+        po += pl;
+        t->flags[id] = QSA__TOK_EXISTS;
+    }
+    for (int b = 0; b < 256; b++) {
+        char s[4];
+        int k = qsa__u8_put(s, t->byte_cp[b]);
+        t->byte_id[b] = qsa__vocab_lookup(t, s, (size_t)k);
+        if (t->byte_id[b] < 0)
+            return qsa__fail(QSA_ERR_FORMAT, "%s: model.vocab has no token for byte 0x%02x ('%.*s'): not a byte-level BPE "
+                             "vocabulary", src, b, k, s);
+    }
+
+    /* merges: (left id, right id) -> (rank, merged id); a later duplicate wins, like the library */
+    t->n_merges = merges->count;
+    t->merge_mask = qsa__pow2_at_least(2 * merges->count + 2) - 1;
+    t->merges = QSA__ALLOC(qsa__merge_slot, t->merge_mask + 1);
+    if (!t->merges) return qsa__tok_oom(src);
+    for (size_t i = 0; i <= t->merge_mask; i++) t->merges[i].key = UINT64_MAX;
+    {
+        qsa__buf cat = {NULL, 0, 0};
+        size_t idx = 0;
+        for (const qsa__json *m = merges->child; m; m = m->next, idx++) {
+            const char *a = NULL, *b = NULL;
+            size_t al = 0, bl = 0;
+            qsa_result r = qsa__tok_merge_parts(m, idx, src, &a, &al, &b, &bl);
+            if (r != QSA_OK) { qsa__buf_free(&cat); return r; }
+            int32_t ia = qsa__vocab_lookup(t, a, al), ib = qsa__vocab_lookup(t, b, bl);
+            cat.len = 0;
+            if (!qsa__buf_put(&cat, a, al) || !qsa__buf_put(&cat, b, bl)) { qsa__buf_free(&cat); return qsa__tok_oom(src); }
+            int32_t ic = qsa__vocab_lookup(t, cat.data, cat.len);
+            if (ia < 0 || ib < 0 || ic < 0) {
+                const char *bad = ia < 0 ? a : ib < 0 ? b : cat.data;
+                int badl = (int)(ia < 0 ? al : ib < 0 ? bl : cat.len);
+                r = qsa__fail(QSA_ERR_FORMAT, "%s: model.merges[%zu] ('%.*s' '%.*s'): %s '%.*s' is not in model.vocab", src,
+                              idx, (int)(al > 40 ? 40 : al), a, (int)(bl > 40 ? 40 : bl), b,
+                              ia < 0 || ib < 0 ? "token" : "merged token", badl > 80 ? 80 : badl, bad);
+                qsa__buf_free(&cat);
+                return r;
+            }
+            uint64_t key = ((uint64_t)(uint32_t)ia << 32) | (uint32_t)ib;
+            size_t h = (size_t)qsa__hash_u64(key) & t->merge_mask;
+            while (t->merges[h].key != UINT64_MAX && t->merges[h].key != key) h = (h + 1) & t->merge_mask;
+            t->merges[h].key = key;
+            t->merges[h].rank = (uint32_t)idx;
+            t->merges[h].id = ic;
+        }
+        qsa__buf_free(&cat);
+    }
+
+    /* added tokens.  Like the library's AddedVocabulary::add_tokens, the id of an added token is
+       not the "id" of the file: it is the id of the same content when that is already an added token
+       or a vocabulary entry, else the next free id (vocabulary size for the first one, then one past
+       the largest added id).  For well-formed files the two agree; a difference is logged. */
+    if (n_added_json) {
+        t->added = QSA__CALLOC(qsa__added_tok, n_added_json);
+        if (!t->added) return qsa__tok_oom(src);
+        int32_t max_added = -1;
+        const int32_t vocab_size = (int32_t)vocab->count;
+        for (const qsa__json *e = added->child; e; e = e->next) {
+            const qsa__json *c = qsa__json_get(e, "content");
+            int32_t file_id = (int32_t)qsa__json_get(e, "id")->i64, id = -1;
+            qsa__added_tok *a = NULL;
+            for (size_t k = 0; k < t->n_added && !a; k++)
+                if (t->added[k].raw_len == c->len && memcmp(t->added[k].raw, c->str, c->len) == 0) a = &t->added[k];
+            if (a) { /* same content again: the later flags win */
+                id = a->id;
+                qsa__free(a->content);
+                qsa__free(a->raw);
+                a->content = a->raw = NULL;
+            } else {
+                a = &t->added[t->n_added++];
+                id = qsa__vocab_lookup(t, c->str, c->len);
+                if (id < 0) id = max_added < 0 ? vocab_size : (max_added >= vocab_size ? max_added + 1 : vocab_size);
+            }
+            if (id > max_added) max_added = id;
+            if (id != file_id)
+                qsa__log(QSA_LOG_WARN, "%s: added token '%.40s' has id %d in the file but gets id %d (as in the tokenizers "
+                         "library)", src, c->str, file_id, id);
+            a->id = id;
+            a->special = (uint8_t)qsa__json_flag(e, "special");
+            a->lstrip = (uint8_t)qsa__json_flag(e, "lstrip");
+            a->rstrip = (uint8_t)qsa__json_flag(e, "rstrip");
+            a->single_word = (uint8_t)qsa__json_flag(e, "single_word");
+            a->normalized = (uint8_t)qsa__json_flag(e, "normalized");
+            qsa_result r = qsa__u8_validate(c->str, c->len, "added token content");
+            if (r != QSA_OK) return qsa__fail(QSA_ERR_FORMAT, "%s: added_tokens id %d: %s", src, file_id, qsa_last_error());
+            a->raw = qsa__strndup(c->str, c->len);
+            a->raw_len = c->len;
+            if (!a->raw) return qsa__tok_oom(src);
+            qsa__buf nc = {NULL, 0, 0};
+            if (a->normalized && t->nfc && !qsa__nfc_trivial(c->str, c->len)) {
+                if (!qsa__nfc(c->str, c->len, &nc)) { qsa__buf_free(&nc); return qsa__tok_oom(src); }
+                a->content = nc.data;
+                a->len = nc.len;
+            } else {
+                a->content = qsa__strndup(c->str, c->len);
+                a->len = c->len;
+                if (!a->content) return qsa__tok_oom(src);
+            }
+            if (a->len == 0) return qsa__fail(QSA_ERR_FORMAT, "%s: added token id %d normalises to nothing", src, file_id);
+            if (a->normalized) t->any_normalized_added = 1;
+            if (id >= t->n_ids) t->n_ids = id + 1;
+            /* decoding: the ByteLevel decoder sees the content too */
+            size_t pl = qsa__bytelevel_decode(t, c->str, c->len, t->pieces + po);
+            t->piece_off[id] = (uint32_t)po;
+            t->piece_len[id] = (uint32_t)pl;
+            po += pl;
+            t->flags[id] = (uint8_t)(QSA__TOK_EXISTS | QSA__TOK_ADDED | (a->special ? QSA__TOK_SPECIAL : 0));
+        }
+    }
+    t->bos = t->pad = -1;
+    int32_t x = qsa_tokenizer_find(t, "<|im_end|>");
+    if (x >= 0) t->eos[t->n_eos++] = x;
+    x = qsa_tokenizer_find(t, "<|endoftext|>");
+    if (x >= 0) t->eos[t->n_eos++] = x;
+    return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__tokenizer_from_json(const char *text, size_t len, const char *src, qsa_tokenizer **out) {
+    *out = NULL;
+    qsa__json_doc doc;
+    memset(&doc, 0, sizeof doc);
+    QSA__TRY(qsa__json_parse(text, len, src, &doc));
+    qsa_tokenizer *t = QSA__CALLOC(qsa_tokenizer, 1);
+    if (!t) { qsa__json_free(&doc); return qsa__tok_oom(src); }
+    qsa_result r = qsa__tok_build(t, doc.root, src);
+    qsa__json_free(&doc);
+    if (r != QSA_OK) { qsa_tokenizer_free(t); return r; }
+    *out = t;
+    return QSA_OK;
+}
+
+QSA_IMPL qsa_result qsa_tokenizer_load(const char *path, qsa_tokenizer **out) {
+    if (!out) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_tokenizer_load: out is NULL");
+    *out = NULL;
+    if (!path) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_tokenizer_load: path is NULL");
+    char *text = NULL;
+    size_t len = 0;
+    QSA__TRY(qsa__read_file(path, &text, &len));
+    double t0 = qsa__now();
+    qsa_result r = qsa__tokenizer_from_json(text, len, path, out);
+    qsa__free(text);
+    if (r == QSA_OK)
+        qsa__log(QSA_LOG_INFO, "tokenizer '%s': %d ids, %zu merges, %zu added tokens, %s regex%s (%.0f ms)", path,
+                 (*out)->n_ids, (*out)->n_merges, (*out)->n_added,
+                 (*out)->pretok == QSA__PRETOK_QWEN35 ? "Qwen3.5" : "Qwen2/3", (*out)->nfc ? ", NFC" : "",
+                 1e3 * (qsa__now() - t0));
+    return r;
+}
+
+/* the token named by a tokenizer_config.json field (a string or {"content": ...}); -1 when absent */
+QSA_PRIV qsa_result qsa__tok_config_token(const qsa_tokenizer *t, const qsa__json *cfg, const char *key, const char *src,
+                                          int32_t *id) {
+    const qsa__json *v = qsa__json_get(cfg, key);
+    *id = -1;
+    if (v && v->type == QSA__JSON_OBJECT) v = qsa__json_get(v, "content");
+    if (!v || v->type == QSA__JSON_NULL) return QSA_OK;
+    if (v->type != QSA__JSON_STRING)
+        return qsa__fail(QSA_ERR_FORMAT, "%s: %s must be a string or {\"content\": string}, found %s", src, key,
+                         qsa__json_type_name(v));
+    *id = qsa_tokenizer_find(t, v->str);
+    if (*id < 0) return qsa__fail(QSA_ERR_FORMAT, "%s: %s '%.80s' is not a token of tokenizer.json", src, key, v->str);
+    return QSA_OK;
+}
+
+QSA_IMPL qsa_result qsa_tokenizer_load_dir(const char *dir, qsa_tokenizer **out) {
+    if (!out) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_tokenizer_load_dir: out is NULL");
+    *out = NULL;
+    if (!dir) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_tokenizer_load_dir: model_dir is NULL");
+    char *tj = qsa__path_join(dir, "tokenizer.json"), *tc = qsa__path_join(dir, "tokenizer_config.json");
+    qsa_result r = QSA_OK;
+    if (!tj || !tc) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_tokenizer_load_dir: out of memory");
+    if (r == QSA_OK) r = qsa_tokenizer_load(tj, out);
+    if (r == QSA_OK && qsa__file_exists(tc)) {
+        char *text = NULL;
+        size_t len = 0;
+        qsa__json_doc doc;
+        memset(&doc, 0, sizeof doc);
+        r = qsa__read_file(tc, &text, &len);
+        if (r == QSA_OK) r = qsa__json_parse(text, len, tc, &doc);
+        if (r == QSA_OK && (!doc.root || doc.root->type != QSA__JSON_OBJECT))
+            r = qsa__fail(QSA_ERR_FORMAT, "%s: top level must be an object", tc);
+        int32_t eos = -1, bos = -1, pad = -1;
+        if (r == QSA_OK) r = qsa__tok_config_token(*out, doc.root, "eos_token", tc, &eos);
+        if (r == QSA_OK) r = qsa__tok_config_token(*out, doc.root, "bos_token", tc, &bos);
+        if (r == QSA_OK) r = qsa__tok_config_token(*out, doc.root, "pad_token", tc, &pad);
+        if (r == QSA_OK) {
+            if (eos >= 0) { (*out)->eos[0] = eos; (*out)->n_eos = 1; }
+            (*out)->bos = bos;
+            (*out)->pad = pad;
+        }
+        qsa__json_free(&doc);
+        qsa__free(text);
+        if (r != QSA_OK) { qsa_tokenizer_free(*out); *out = NULL; }
+    }
+    qsa__free(tj);
+    qsa__free(tc);
+    return r;
+}
+
+/* ---- queries ------------------------------------------------------------------------------ */
+
+QSA_IMPL int32_t qsa_tokenizer_vocab_size(const qsa_tokenizer *t) { return t ? t->n_ids : 0; }
+
+QSA_IMPL int32_t qsa_tokenizer_find(const qsa_tokenizer *t, const char *text) {
+    if (!t || !text) return -1;
+    size_t n = strlen(text);
+    for (size_t i = 0; i < t->n_added; i++)
+        if (t->added[i].raw_len == n && memcmp(t->added[i].raw, text, n) == 0) return t->added[i].id;
+    /* a vocabulary entry: map the bytes to the byte-level alphabet */
+    qsa__buf s = {NULL, 0, 0};
+    if (!qsa__buf_reserve(&s, 2 * n + 1)) return -1;
+    for (size_t i = 0; i < n; i++) s.len += (size_t)qsa__u8_put(s.data + s.len, t->byte_cp[(uint8_t)text[i]]);
+    int32_t id = qsa__vocab_lookup(t, s.data, s.len);
+    qsa__buf_free(&s);
+    return id;
+}
+
+QSA_IMPL int qsa_tokenizer_is_special(const qsa_tokenizer *t, int32_t id) {
+    return t && id >= 0 && id < t->n_ids && (t->flags[id] & QSA__TOK_SPECIAL) != 0;
+}
+QSA_IMPL int qsa_tokenizer_eos(const qsa_tokenizer *t, const int32_t **ids) {
+    if (ids) *ids = t ? t->eos : NULL;
+    return t ? t->n_eos : 0;
+}
+QSA_IMPL int32_t qsa_tokenizer_bos(const qsa_tokenizer *t) { return t ? t->bos : -1; }
+QSA_IMPL int32_t qsa_tokenizer_pad(const qsa_tokenizer *t) { return t ? t->pad : -1; }
+
+/* ---- encoding ----------------------------------------------------------------------------- */
+
+typedef struct qsa__bpe_sym { int32_t id, prev, next, len; } qsa__bpe_sym;
+typedef struct qsa__bpe_merge { uint32_t rank, pos; int32_t id; } qsa__bpe_merge;
+
+/* scratch buffers of one qsa_tokenize call */
+typedef struct qsa__enc {
+    const qsa_tokenizer *t;
+    int parse_special;
+    qsa__vec ids;     /* int32 output */
+    qsa__vec cps, offs; /* code points of the segment being split, and their byte offsets */
+    qsa__vec cls;     /* uint8 class flags */
+    qsa__vec syms;    /* qsa__bpe_sym */
+    qsa__vec heap;    /* qsa__bpe_merge */
+    qsa__buf bl;      /* byte-level form of a piece (ignore_merges lookups) */
+} qsa__enc;
+
+QSA_PRIV int qsa__merge_less(const qsa__bpe_merge *a, const qsa__bpe_merge *b) {
+    return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos);
+}
+QSA_PRIV int qsa__heap_push(qsa__vec *h, qsa__bpe_merge m) {
+    if (!qsa__vec_reserve(h, h->n + 1)) return 0;
+    qsa__bpe_merge *a = QSA__VEC_AT(*h, qsa__bpe_merge);
+    size_t i = h->n++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!qsa__merge_less(&m, &a[p])) break;
+        a[i] = a[p];
+        i = p;
+    }
+    a[i] = m;
+    return 1;
+}
+QSA_PRIV qsa__bpe_merge qsa__heap_pop(qsa__vec *h) {
+    qsa__bpe_merge *a = QSA__VEC_AT(*h, qsa__bpe_merge);
+    qsa__bpe_merge top = a[0], last = a[--h->n];
+    size_t i = 0, n = h->n;
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        const qsa__bpe_merge *best = &last;
+        if (l < n && qsa__merge_less(&a[l], best)) { m = l; best = &a[l]; }
+        if (r < n && qsa__merge_less(&a[r], best)) { m = r; }
+        if (m == i) break;
+        a[i] = a[m];
+        i = m;
+    }
+    if (n) a[i] = last;
+    return top;
+}
+
+QSA_PRIV int qsa__enc_emit(qsa__enc *e, int32_t id) { return qsa__vec_push32(&e->ids, (uint32_t)id); }
+
+/* BPE of one pre-token (raw bytes), like the library's Word::merge_all */
+QSA_PRIV int qsa__bpe(qsa__enc *e, const uint8_t *s, size_t n) {
+    const qsa_tokenizer *t = e->t;
+    if (!n) return 1;
+    if (n == 1) return qsa__enc_emit(e, t->byte_id[s[0]]);
+    if (t->ignore_merges) {
+        e->bl.len = 0;
+        if (!qsa__buf_reserve(&e->bl, 2 * n)) return 0;
+        for (size_t i = 0; i < n; i++) e->bl.len += (size_t)qsa__u8_put(e->bl.data + e->bl.len, t->byte_cp[s[i]]);
+        int32_t id = qsa__vocab_lookup(t, e->bl.data, e->bl.len);
+        if (id >= 0) return qsa__enc_emit(e, id);
+    }
+    if (!qsa__vec_reserve(&e->syms, n)) return 0;
+    qsa__bpe_sym *sy = QSA__VEC_AT(e->syms, qsa__bpe_sym);
+    e->heap.n = 0;
+    for (size_t i = 0; i < n; i++) {
+        sy[i].id = t->byte_id[s[i]];
+        sy[i].prev = (int32_t)i - 1;
+        sy[i].next = i + 1 < n ? (int32_t)i + 1 : -1;
+        sy[i].len = 1;
+    }
+    for (size_t i = 0; i + 1 < n; i++) {
+        const qsa__merge_slot *m = qsa__merge_lookup(t, sy[i].id, sy[i + 1].id);
+        if (m) {
+            qsa__bpe_merge mm;
+            mm.rank = m->rank; mm.pos = (uint32_t)i; mm.id = m->id;
+            if (!qsa__heap_push(&e->heap, mm)) return 0;
+        }
+    }
+    while (e->heap.n) {
+        qsa__bpe_merge top = qsa__heap_pop(&e->heap);
+        qsa__bpe_sym *cur = &sy[top.pos];
+        if (cur->len == 0 || cur->next < 0) continue;
+        qsa__bpe_sym *right = &sy[cur->next];
+        const qsa__merge_slot *m = qsa__merge_lookup(t, cur->id, right->id);
+        if (!m || m->id != top.id) continue; /* stale entry */
+        cur->id = top.id;
+        cur->len += right->len;
+        right->len = 0;
+        int32_t rn = right->next;
+        cur->next = rn;
+        if (rn >= 0) sy[rn].prev = (int32_t)top.pos;
+        if (cur->prev >= 0) {
+            m = qsa__merge_lookup(t, sy[cur->prev].id, cur->id);
+            if (m) {
+                qsa__bpe_merge mm;
+                mm.rank = m->rank; mm.pos = (uint32_t)cur->prev; mm.id = m->id;
+                if (!qsa__heap_push(&e->heap, mm)) return 0;
+            }
+        }
+        if (rn >= 0) {
+            m = qsa__merge_lookup(t, cur->id, sy[rn].id);
+            if (m) {
+                qsa__bpe_merge mm;
+                mm.rank = m->rank; mm.pos = top.pos; mm.id = m->id;
+                if (!qsa__heap_push(&e->heap, mm)) return 0;
+            }
+        }
+    }
+    for (int32_t i = 0; i >= 0; i = sy[i].next)
+        if (!qsa__enc_emit(e, sy[i].id)) return 0;
+    return 1;
+}
+
+/* pre-tokenize a normalised segment and BPE every piece */
+QSA_PRIV int qsa__enc_split(qsa__enc *e, const char *s, size_t n) {
+    const uint8_t *u = (const uint8_t *)s;
+    e->cps.n = e->offs.n = e->cls.n = 0;
+    if (!qsa__vec_reserve(&e->cps, n + 1) || !qsa__vec_reserve(&e->offs, n + 1) || !qsa__vec_reserve(&e->cls, n + 1)) return 0;
+    uint32_t *cp = QSA__VEC_AT(e->cps, uint32_t), *off = QSA__VEC_AT(e->offs, uint32_t);
+    uint8_t *cl = QSA__VEC_AT(e->cls, uint8_t);
+    size_t m = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t c = 0;
+        int sub = 0, k = qsa__u8_next(u + i, n - i, &c, &sub);
+        if (k <= 0) return 0; /* validated before */
+        cp[m] = c;
+        off[m] = (uint32_t)i;
+        cl[m] = (uint8_t)qsa__cls_of(c);
+        m++;
+        i += (size_t)k;
+    }
+    off[m] = (uint32_t)n;
+    for (size_t i = 0; i < m;) {
+        size_t j = qsa__pretok_match(e->t->pretok, cp, cl, m, i);
+        if (!qsa__bpe(e, u + off[i], (size_t)(off[j] - off[i]))) return 0;
+        i = j;
+    }
+    return 1;
+}
+
+/* single_word: the library tests Rust regex's \w (Alphabetic, marks, Nd, Pc, Join_Control) next to the
+   match.  Approximated by letters, marks, numbers and '_' (differs for No such as U+00B2, other Pc,
+   ZWJ/ZWNJ and Other_Alphabetic symbols); Qwen files have no single_word tokens. */
+QSA_PRIV int qsa__is_word_char(uint32_t c) {
+    return c == '_' || (qsa__cls_of(c) & (QSA__UNI_L | QSA__UNI_N | QSA__UNI_M)) != 0;
+}
+
+/* the longest added token (of the given normalized-ness) matching at s[i], or NULL */
+QSA_PRIV const qsa__added_tok *qsa__added_at(const qsa_tokenizer *t, const char *s, size_t n, size_t i, int normalized) {
+    const qsa__added_tok *best = NULL;
+    for (size_t k = 0; k < t->n_added; k++) {
+        const qsa__added_tok *a = &t->added[k];
+        if (a->normalized != normalized || a->content[0] != s[i] || a->len > n - i) continue;
+        if ((!best || a->len > best->len) && memcmp(a->content, s + i, a->len) == 0) best = a;
+    }
+    return best;
+}
+
+QSA_PRIV int qsa__enc_segment(qsa__enc *e, const char *s, size_t n, int normalized);
+
+/* text without added tokens of this stage: the next stage (normalise + normalized tokens), or split */
+QSA_PRIV int qsa__enc_plain(qsa__enc *e, const char *s, size_t n, int normalized) {
+    if (!n) return 1;
+    if (normalized) return qsa__enc_split(e, s, n);
+    if (!e->t->nfc || qsa__nfc_trivial(s, n)) {
+        if (!e->t->any_normalized_added) return qsa__enc_split(e, s, n);
+        return qsa__enc_segment(e, s, n, 1);
+    }
+    qsa__buf nb = {NULL, 0, 0};
+    int ok = qsa__buf_reserve(&nb, n) && qsa__nfc(s, n, &nb);
+    if (ok) ok = e->t->any_normalized_added ? qsa__enc_segment(e, nb.data, nb.len, 1) : qsa__enc_split(e, nb.data, nb.len);
+    qsa__buf_free(&nb);
+    return ok;
+}
+
+/* cut the added tokens of one stage out of s (leftmost-longest, like the library's
+   AddedVocabulary::find_matches), encoding the text between them */
+QSA_PRIV int qsa__enc_segment(qsa__enc *e, const char *s, size_t n, int normalized) {
+    const qsa_tokenizer *t = e->t;
+    const uint8_t *u = (const uint8_t *)s;
+    size_t start = 0, i = 0;
+    while (i < n) {
+        const qsa__added_tok *a = t->n_added ? qsa__added_at(t, s, n, i, normalized) : NULL;
+        if (!a) { i++; continue; }
+        size_t ms = i, me = i + a->len;
+        i = me;
+        if (a->special && !e->parse_special) continue;
+        if (a->single_word) {
+            uint32_t c = 0;
+            int sub = 0;
+            if (ms > 0) { /* last char before the match */
+                size_t p = ms - 1;
+                while (p > 0 && (u[p] & 0xc0) == 0x80) p--;
+                if (qsa__u8_next(u + p, ms - p, &c, &sub) > 0 && qsa__is_word_char(c)) continue;
+            }
+            if (me < n && qsa__u8_next(u + me, n - me, &c, &sub) > 0 && qsa__is_word_char(c)) continue;
+        }
+        if (a->lstrip) { /* swallow whitespace on the left, not past the previous match */
+            while (ms > start) {
+                size_t p = ms - 1;
+                uint32_t c = 0;
+                int sub = 0;
+                while (p > start && (u[p] & 0xc0) == 0x80) p--;
+                if (qsa__u8_next(u + p, ms - p, &c, &sub) <= 0 || !(qsa__cls_of(c) & QSA__UNI_WS)) break;
+                ms = p;
+            }
+        }
+        if (a->rstrip) {
+            while (me < n) {
+                uint32_t c = 0;
+                int sub = 0, k = qsa__u8_next(u + me, n - me, &c, &sub);
+                if (k <= 0 || !(qsa__cls_of(c) & QSA__UNI_WS)) break;
+                me += (size_t)k;
+            }
+            i = me;
+        }
+        if (!qsa__enc_plain(e, s + start, ms - start, normalized)) return 0;
+        if (!qsa__enc_emit(e, a->id)) return 0;
+        start = me;
+    }
+    return qsa__enc_plain(e, s + start, n - start, normalized);
+}
+
+QSA_IMPL qsa_result qsa_tokenize(const qsa_tokenizer *t, const char *text, size_t len, int parse_special, int32_t **ids,
+                                 size_t *n) {
+    if (!ids || !n) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_tokenize: ids/n output pointers are NULL");
+    *ids = NULL;
+    *n = 0;
+    if (!t) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_tokenize: tokenizer is NULL");
+    if (!text && len) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_tokenize: text is NULL but len is %zu", len);
+    if (!len) return QSA_OK;
+    if (len > (size_t)UINT32_MAX - 1)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_tokenize: text of %zu bytes is too long (limit 4 GiB)", len);
+    QSA__TRY(qsa__u8_validate(text, len, "qsa_tokenize: text"));
+    qsa__enc e;
+    memset(&e, 0, sizeof e);
+    e.t = t;
+    e.parse_special = parse_special;
+    e.ids.elt = e.cps.elt = e.offs.elt = sizeof(uint32_t);
+    e.cls.elt = 1;
+    e.syms.elt = sizeof(qsa__bpe_sym);
+    e.heap.elt = sizeof(qsa__bpe_merge);
+    int ok = qsa__enc_segment(&e, text, len, 0);
+    qsa__vec_free(&e.cps);
+    qsa__vec_free(&e.offs);
+    qsa__vec_free(&e.cls);
+    qsa__vec_free(&e.syms);
+    qsa__vec_free(&e.heap);
+    qsa__buf_free(&e.bl);
+    if (!ok) {
+        qsa__vec_free(&e.ids);
+        return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_tokenize: out of memory (%zu bytes of text)", len);
+    }
+    *ids = (int32_t *)e.ids.p;
+    *n = e.ids.n;
+    if (!*n) { qsa__free(*ids); *ids = NULL; }
+    return QSA_OK;
+}
+
+/* ---- decoding ----------------------------------------------------------------------------- */
+
+QSA_IMPL qsa_result qsa_token_to_piece(const qsa_tokenizer *t, int32_t id, const char **piece, size_t *len) {
+    if (!t || !piece || !len) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_token_to_piece: NULL argument");
+    if (id < 0 || id >= t->n_ids || !(t->flags[id] & QSA__TOK_EXISTS))
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_token_to_piece: id %d is not a token (vocabulary has %d ids)", id,
+                         t->n_ids);
+    *piece = t->pieces + t->piece_off[id];
+    *len = t->piece_len[id];
+    return QSA_OK;
+}
+
+QSA_IMPL qsa_result qsa_detokenize(const qsa_tokenizer *t, const int32_t *ids, size_t n, int flags, char **text,
+                                   size_t *len) {
+    if (!text) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_detokenize: text is NULL");
+    *text = NULL;
+    if (len) *len = 0;
+    if (!t || (!ids && n)) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_detokenize: NULL tokenizer or ids");
+    qsa__buf raw = {NULL, 0, 0};
+    for (size_t i = 0; i < n; i++) {
+        const char *p = NULL;
+        size_t pl = 0;
+        qsa_result r = qsa_token_to_piece(t, ids[i], &p, &pl);
+        if (r != QSA_OK) {
+            qsa__buf_free(&raw);
+            return qsa__fail(r, "qsa_detokenize: ids[%zu] = %d is not a token (vocabulary has %d ids)", i, ids[i], t->n_ids);
+        }
+        if ((flags & QSA_DETOK_SKIP_SPECIAL) && (t->flags[ids[i]] & QSA__TOK_SPECIAL)) continue;
+        if (!qsa__buf_put(&raw, p, pl)) { qsa__buf_free(&raw); return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_detokenize: out of memory"); }
+    }
+    char *out = QSA__ALLOC(char, 3 * raw.len + 1);
+    if (!out) { qsa__buf_free(&raw); return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_detokenize: out of memory"); }
+    size_t o = 0;
+    qsa__u8_lossy(out, &o, (const uint8_t *)raw.data, raw.len, 1);
+    out[o] = 0;
+    qsa__buf_free(&raw);
+    *text = out;
+    if (len) *len = o;
+    return QSA_OK;
+}
+
+QSA_IMPL void qsa_detok_stream_init(qsa_detok_stream *s, const qsa_tokenizer *tok, int flags) {
+    if (!s) return;
+    s->tok = tok;
+    s->flags = flags;
+    s->n_pending = 0;
+}
+
+QSA_PRIV int qsa__detok_reserve(qsa_detok_stream *s, size_t need) {
+    if (need <= s->cap) return 1;
+    size_t cap = s->cap ? s->cap : 64;
+    while (cap < need) cap *= 2;
+    char *p = (char *)qsa__realloc(s->buf, cap);
+    if (!p) return 0;
+    s->buf = p;
+    s->cap = cap;
+    return 1;
+}
+
+QSA_IMPL qsa_result qsa_detok_stream_push(qsa_detok_stream *s, int32_t id, const char **text, size_t *len) {
+    if (!s || !s->tok || !text || !len) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_detok_stream_push: NULL argument "
+                                                         "(stream not initialised?)");
+    *text = "";
+    *len = 0;
+    const char *p = NULL;
+    size_t pl = 0;
+    QSA__TRY(qsa_token_to_piece(s->tok, id, &p, &pl));
+    if ((s->flags & QSA_DETOK_SKIP_SPECIAL) && (s->tok->flags[id] & QSA__TOK_SPECIAL)) pl = 0;
+    size_t np = (size_t)s->n_pending, tot = np + pl;
+    if (!qsa__detok_reserve(s, 4 * tot + 8))
+        return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_detok_stream_push: out of memory");
+    /* input = pending bytes + piece, placed after the output area of the buffer */
+    uint8_t *in = (uint8_t *)s->buf + 3 * tot + 4;
+    memcpy(in, s->pending, np);
+    if (pl) memcpy(in + np, p, pl);
+    size_t o = 0, rest = qsa__u8_lossy(s->buf, &o, in, tot, 0);
+    memmove(s->pending, in + tot - rest, rest); /* rest <= 3 */
+    s->n_pending = (int)rest;
+    s->buf[o] = 0;
+    *text = s->buf;
+    *len = o;
+    return QSA_OK;
+}
+
+QSA_IMPL qsa_result qsa_detok_stream_flush(qsa_detok_stream *s, const char **text, size_t *len) {
+    if (!s || !text || !len) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_detok_stream_flush: NULL argument");
+    *text = "";
+    *len = 0;
+    if (!qsa__detok_reserve(s, 16)) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_detok_stream_flush: out of memory");
+    size_t o = 0;
+    qsa__u8_lossy(s->buf, &o, s->pending, (size_t)s->n_pending, 1);
+    s->n_pending = 0;
+    s->buf[o] = 0;
+    *text = s->buf;
+    *len = o;
+    return QSA_OK;
+}
+
+QSA_IMPL void qsa_detok_stream_free(qsa_detok_stream *s) {
+    if (!s) return;
+    qsa__free(s->buf);
+    s->buf = NULL;
+    s->cap = 0;
+    s->n_pending = 0;
+}
+
+/* ---- chat template ------------------------------------------------------------------------ */
+
+QSA_IMPL qsa_result qsa_chat_apply_template(const qsa_tokenizer *t, const qsa_chat_message *msgs, size_t n,
+                                            int add_generation_prompt, char **out) {
+    if (!out) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_chat_apply_template: out is NULL");
+    *out = NULL;
+    if (!t || (!msgs && n)) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_chat_apply_template: NULL tokenizer or messages");
+    static const char *const marks[2] = {"<|im_start|>", "<|im_end|>"};
+    for (int k = 0; k < 2; k++) {
+        int32_t id = qsa_tokenizer_find(t, marks[k]);
+        if (id < 0 || !(t->flags[id] & QSA__TOK_ADDED))
+            return qsa__fail(QSA_ERR_NOT_FOUND, "qsa_chat_apply_template: the tokenizer has no %s added token (ChatML needs "
+                             "<|im_start|> and <|im_end|>)", marks[k]);
+    }
+    qsa__buf b = {NULL, 0, 0};
+    int ok = 1;
+    for (size_t i = 0; i < n && ok; i++) {
+        if (!msgs[i].role || !msgs[i].content) {
+            qsa__buf_free(&b);
+            return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_chat_apply_template: message %zu has a NULL %s", i,
+                             msgs[i].role ? "content" : "role");
+        }
+        ok = qsa__buf_puts(&b, marks[0]) && qsa__buf_puts(&b, msgs[i].role) && qsa__buf_puts(&b, "\n") &&
+             qsa__buf_puts(&b, msgs[i].content) && qsa__buf_puts(&b, marks[1]) && qsa__buf_puts(&b, "\n");
+    }
+    if (ok && add_generation_prompt) ok = qsa__buf_puts(&b, marks[0]) && qsa__buf_puts(&b, "assistant\n");
+    if (ok && !b.data) ok = qsa__buf_reserve(&b, 1);
+    if (!ok) { qsa__buf_free(&b); return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_chat_apply_template: out of memory"); }
+    b.data[b.len] = 0;
+    *out = b.data;
+    return QSA_OK;
+}
+
+/* ============================================================================================== */
+/* >>weights  binding checkpoint tensors to the model structure                                   */
+/* ============================================================================================== */
+
+/* A linear map y = W x with W [out, in].  Dense weights are held in fp32 (converted at load; the
+   CPU backend computes in fp32).  NVFP4 weights stay packed: row r, element i is
+   e2m1(nibble) * e4m3(scale[r][i/16]) * global_scale, element 2j in the low nibble of byte j. */
+typedef struct qsa__lin {
+    int out, in;
+    const float *w;        /* [out][in] fp32, or NULL for NVFP4 */
+    const float *bias;     /* [out] or NULL */
+    const uint8_t *q;      /* NVFP4 packed [out][in/2] */
+    const uint8_t *qscale; /* NVFP4 E4M3 block scales [out][in/16] */
+    float qscale2;         /* NVFP4 global scale */
+} qsa__lin;
+
+/* GatedResidual: the hyper-connection block before a mixer / MLP (and the final mixer). */
+typedef struct qsa__gres {
+    const float *norm_w; /* [hc*H] group RMSNorm weight (1 + w) */
+    qsa__lin down;       /* [hc_lowrank, hc*H] */
+    qsa__lin up;         /* [hc*H, hc_lowrank] */
+    qsa__lin inject;     /* [hc, hc*H]; out == 0 for the final mixer */
+} qsa__gres;
+
+typedef struct qsa__gdn_w {
+    qsa__lin in_qkv;       /* [2*key_dim + value_dim, H] */
+    qsa__lin in_z;         /* [value_dim, H] */
+    qsa__lin in_b, in_a;   /* [nv, H] */
+    qsa__lin out;          /* [H, value_dim] */
+    const float *conv_w;   /* [conv_dim][K] depthwise */
+    const float *A_log;    /* [nv] */
+    const float *dt_bias;  /* [nv] */
+    const float *norm_w;   /* [dv] plain weight */
+} qsa__gdn_w;
+
+typedef struct qsa__attn_w {
+    qsa__lin q;            /* [nh * 2 * hd, H]: per head [q | gate] */
+    qsa__lin k, v;         /* [nkv * hd, H] */
+    qsa__lin o;            /* [H, nh * hd] */
+    const float *q_norm, *k_norm;      /* [hd] */
+    qsa__lin idx_qk;       /* [(ih + 1) * ihd, H] */
+    const float *idx_q_norm, *idx_k_norm; /* [ihd] */
+} qsa__attn_w;
+
+typedef struct qsa__moe_w {
+    qsa__lin router;       /* [E, H] */
+    qsa__lin *gate, *up;   /* per expert [I, H] */
+    qsa__lin *down;        /* per expert [H, I] */
+    qsa__lin sh_gate, sh_up; /* [Is, H] */
+    qsa__lin sh_down;      /* [H, Is] */
+    qsa__lin sh_expert_gate; /* [1, H] */
+} qsa__moe_w;
+
+typedef struct qsa__ple_w {
+    int ple_index;                /* index of this layer in ple_layer_ids */
+    qsa__rows_view table;         /* [padded_vocab, D / n_heads] in host memory (mmap) */
+    int64_t mult[16];             /* hash multipliers per n-gram position */
+    int64_t *head_vocab, *head_offset; /* [n_heads] */
+    qsa__lin key;                 /* [hc*H, D] */
+    qsa__lin value;               /* [H, D] */
+    const float *norm_key, *norm_query, *norm_conv; /* [hc*H] */
+    const float *conv_w;          /* [hc*H][K] */
+} qsa__ple_w;
+
+typedef struct qsa__layer_w {
+    int type;              /* qsa_layer_type */
+    qsa__gres attn_hc, mlp_hc;
+    qsa__gdn_w gdn;
+    qsa__attn_w attn;
+    qsa__moe_w moe;
+    qsa__ple_w *ple;       /* NULL unless a PLE layer */
+} qsa__layer_w;
+
+
+/* ============================================================================================== */
+/* >>kv-pool  pages of K, V and indexer keys for the QSA layers                                    */
+/* ============================================================================================== */
+/* Fixed-size physical pages (any page size >= 1; non-powers of two are fine) and a free list.
+   A sequence maps logical page i (tokens i*page_size ...) to a physical page through its block
+   table.  Where a page sits is never an ordering key: see the planner below. */
+typedef struct qsa__pool {
+    int page_size, n_pages, n_qsa;
+    int kvd, ihd;           /* per token: nkv*hd values of K (and of V), ihd of raw indexer key */
+    int *slot;              /* [num_layers] index among the QSA layers, -1 for others */
+    float *k, *v, *ik;      /* CPU storage [n_qsa][n_pages][page_size][kvd | ihd] */
+    int32_t *free_pages;    /* stack of free physical pages (popped from the end) */
+    int n_free;
+} qsa__pool;
+
+QSA_PRIV float *qsa__pool_k(const qsa__pool *p, int slot, int32_t page, int off) {
+    return p->k + (((size_t)slot * p->n_pages + (size_t)page) * p->page_size + (size_t)off) * p->kvd;
+}
+QSA_PRIV float *qsa__pool_v(const qsa__pool *p, int slot, int32_t page, int off) {
+    return p->v + (((size_t)slot * p->n_pages + (size_t)page) * p->page_size + (size_t)off) * p->kvd;
+}
+QSA_PRIV float *qsa__pool_ik(const qsa__pool *p, int slot, int32_t page, int off) {
+    return p->ik + (((size_t)slot * p->n_pages + (size_t)page) * p->page_size + (size_t)off) * p->ihd;
+}
+
+/* Permute the free list with a seeded Fisher-Yates shuffle (tests and investigations: the next
+   allocations land on scattered pages). */
+QSA_PRIV void qsa__pool_shuffle(qsa__pool *p, uint64_t seed) {
+    for (int i = p->n_free - 1; i > 0; i--) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        int j = (int)((seed >> 33) % (uint64_t)(i + 1));
+        int32_t t = p->free_pages[i];
+        p->free_pages[i] = p->free_pages[j];
+        p->free_pages[j] = t;
+    }
+}
+
+/* Default page size (the hybrid rule): a page of one layer holds about as many bytes of attention
+   state as one GDN layer's recurrent state, rounded up to a multiple of 16 tokens. */
+QSA_PRIV int qsa__default_page_size(const qsa_model_config *c) {
+    double gdn = 4.0 * c->linear_num_value_heads * c->linear_key_head_dim * c->linear_value_head_dim;
+    double attn = 2.0 * 2.0 * c->num_key_value_heads * c->head_dim + (c->has_qsa ? 4.0 * c->indexer_head_dim : 0.0);
+    int pages = (int)ceil(gdn / (16.0 * attn));
+    return 16 * (pages < 1 ? 1 : pages);
+}
+
+/* ============================================================================================== */
+/* >>planner  QSA selections -> attention plans in logical order                                  */
+/* ============================================================================================== */
+/* A query's selection (complete blocks + tail tokens) becomes ascending logical token ranges, cut
+   at page boundaries into (physical page, offset, length) segments.  The attention reduces over the
+   selected tokens in plan order with split points fixed in *logical selected-token index* (every
+   QSA_ATTN_SPLIT tokens) and merges the partial (max, sum, out) triples left to right, so the result
+   depends only on logical positions, never on where the pages are.  physical_order = 1 sorts the
+   segments by physical address instead (debug: this is what breaks allocation invariance). */
+#define QSA_ATTN_SPLIT 256
+
+typedef struct qsa__seg {
+    int32_t page, offset, len; /* physical page, first slot, number of tokens */
+    int32_t logical;           /* logical position of the first token */
+} qsa__seg;
+
+typedef struct qsa__plan {
+    qsa__seg *seg;
+    int n_seg, cap;
+    int n_tokens;
+} qsa__plan;
+
+QSA_PRIV int qsa__plan_push(qsa__plan *pl, int32_t page, int32_t off, int32_t len, int32_t logical) {
+    if (pl->n_seg > 0) { /* extend the previous segment when this one continues it */
+        qsa__seg *last = &pl->seg[pl->n_seg - 1];
+        if (last->page == page && last->offset + last->len == off && last->logical + last->len == logical) {
+            last->len += len;
+            pl->n_tokens += len;
+            return 1;
+        }
+    }
+    if (pl->n_seg == pl->cap) {
+        int cap = pl->cap ? 2 * pl->cap : 64;
+        qsa__seg *s = (qsa__seg *)qsa__realloc(pl->seg, sizeof(qsa__seg) * (size_t)cap);
+        if (!s) return 0;
+        pl->seg = s;
+        pl->cap = cap;
+    }
+    qsa__seg *sg = &pl->seg[pl->n_seg++];
+    sg->page = page; sg->offset = off; sg->len = len; sg->logical = logical;
+    pl->n_tokens += len;
+    return 1;
+}
+
+/* Append the logical range [a, b) cut at page boundaries. */
+QSA_PRIV int qsa__plan_range(qsa__plan *pl, int64_t a, int64_t b, int page_size, const int32_t *bt) {
+    while (a < b) {
+        int64_t lp = a / page_size, off = a % page_size;
+        int64_t len = page_size - off < b - a ? page_size - off : b - a;
+        if (!qsa__plan_push(pl, bt[lp], (int32_t)off, (int32_t)len, (int32_t)a)) return 0;
+        a += len;
+    }
+    return 1;
+}
+
+QSA_PRIV int qsa__seg_phys_before(const qsa__seg *a, const qsa__seg *b) {
+    return a->page < b->page || (a->page == b->page && a->offset < b->offset);
+}
+
+/* Plan for the query at logical position pos: blocks[0..nsel) ascending (each of r tokens), then the
+   tail nb*r .. pos.  Adjacent blocks merge into one range. */
+QSA_PRIV qsa_result qsa__plan_build(qsa__plan *pl, const int32_t *blocks, int nsel, int nb, int r, int64_t pos,
+                                    int page_size, const int32_t *bt, int physical_order) {
+    pl->n_seg = 0;
+    pl->n_tokens = 0;
+    int ok = 1;
+    for (int i = 0; i < nsel && ok;) {
+        int j = i + 1;
+        while (j < nsel && blocks[j] == blocks[j - 1] + 1) j++;
+        ok = qsa__plan_range(pl, (int64_t)blocks[i] * r, (int64_t)(blocks[j - 1] + 1) * r, page_size, bt);
+        i = j;
+    }
+    if (ok) ok = qsa__plan_range(pl, (int64_t)nb * r, pos + 1, page_size, bt);
+    if (!ok) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "QSA planner: out of memory");
+    if (physical_order)
+        for (int i = 1; i < pl->n_seg; i++) {
+            qsa__seg x = pl->seg[i];
+            int j = i;
+            while (j > 0 && qsa__seg_phys_before(&x, &pl->seg[j - 1])) { pl->seg[j] = pl->seg[j - 1]; j--; }
+            pl->seg[j] = x;
+        }
+    return QSA_OK;
+}
+
+struct qsa_model {
+    qsa_model_config cfg;
+    qsa_generation_config gen;
+    qsa_model_params params;
+    qsa__st_set st;
+    qsa_tokenizer *tok;
+    const float *embed;    /* [vocab, H] */
+    qsa__lin lm_head;      /* [vocab, H] */
+    qsa__gres final_hc;
+    qsa__layer_w *layers;
+    float *rope_inv_freq;  /* [rotary_dim / 2] */
+    qsa__pool pool;        /* KV pages of the QSA layers */
+    struct qsa__cuda *cuda; /* the CUDA backend, NULL on the CPU backend */
+    /* owned fp32 copies of dense tensors */
+    float **owned;
+    int n_owned, cap_owned;
+    /* thread pool for the CPU matmuls */
+    int n_threads;
+};
+
+QSA_PRIV qsa_result qsa__own(qsa_model *m, float *p) {
+    if (m->n_owned == m->cap_owned) {
+        int cap = m->cap_owned ? 2 * m->cap_owned : 256;
+        float **o = (float **)qsa__realloc(m->owned, sizeof(float *) * (size_t)cap);
+        if (!o) { qsa__free(p); return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "model load: out of memory"); }
+        m->owned = o;
+        m->cap_owned = cap;
+    }
+    m->owned[m->n_owned++] = p;
+    return QSA_OK;
+}
+
+/* Tensor `name` (shape checked against ndim/shape, -1 = any) converted to a new fp32 array. */
+QSA_PRIV qsa_result qsa__load_f32(qsa_model *m, const char *name, int ndim, const int64_t *shape, const float **out) {
+    const qsa__tensor *t;
+    QSA__TRY(qsa__st_get(&m->st, name, (qsa__dtype)-1, ndim, shape, &t));
+    if (t->dtype != QSA__F32 && t->dtype != QSA__F16 && t->dtype != QSA__BF16)
+        return qsa__fail(QSA_ERR_SHAPE, "tensor '%s': dtype %s, expected F32, F16 or BF16", t->name, qsa__dtype_name(t->dtype));
+    size_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
+    float *p = QSA__ALLOC(float, n);
+    if (!p) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tensor '%s': out of memory for %zu floats", t->name, n);
+    for (size_t i = 0; i < n; i++) p[i] = qsa__tensor_f32(t, i);
+    QSA__TRY(qsa__own(m, p));
+    *out = p;
+    return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__load_vec(qsa_model *m, const char *name, int64_t n, const float **out) {
+    int64_t shape[1] = {n};
+    return qsa__load_f32(m, name, 1, shape, out);
+}
+
+/* A linear layer `<base>.weight` [out, in] (+ optional `<base>.bias`), dense or NVFP4. */
+QSA_PRIV qsa_result qsa__load_lin(qsa_model *m, const char *base, int out, int in, qsa__lin *l) {
+    char name[512];
+    memset(l, 0, sizeof *l);
+    l->out = out;
+    l->in = in;
+    if (qsa__st_is_nvfp4(&m->st, base)) {
+        qsa__nvfp4 q;
+        QSA__TRY(qsa__st_get_nvfp4(&m->st, base, out, in, &q));
+        l->q = q.weight->data;
+        l->qscale = q.scale->data;
+        l->qscale2 = q.global_scale;
+    } else {
+        int64_t shape[2] = {out, in};
+        snprintf(name, sizeof name, "%s.weight", base);
+        QSA__TRY(qsa__load_f32(m, name, 2, shape, &l->w));
+    }
+    snprintf(name, sizeof name, "%s.bias", base);
+    if (qsa__st_find(&m->st, name)) QSA__TRY(qsa__load_vec(m, name, out, &l->bias));
+    return QSA_OK;
+}
+
+/* Row block [row0, row0 + out) of a dense fp32 matrix with `in` columns, as a linear map. */
+QSA_PRIV qsa__lin qsa__lin_rows(const float *w, int row0, int out, int in) {
+    qsa__lin l;
+    memset(&l, 0, sizeof l);
+    l.out = out;
+    l.in = in;
+    l.w = w + (size_t)row0 * (size_t)in;
+    return l;
+}
+
+QSA_PRIV qsa_result qsa__load_gres(qsa_model *m, const char *base, int with_inject, qsa__gres *g) {
+    const qsa_model_config *c = &m->cfg;
+    int hcH = c->hc_count * c->hidden_size;
+    char name[512];
+    snprintf(name, sizeof name, "%s.hc_norm.weight", base);
+    QSA__TRY(qsa__load_vec(m, name, hcH, &g->norm_w));
+    snprintf(name, sizeof name, "%s.input_mix_weight_down", base);
+    QSA__TRY(qsa__load_lin(m, name, c->hc_lowrank, hcH, &g->down));
+    snprintf(name, sizeof name, "%s.input_mix_weight_up", base);
+    QSA__TRY(qsa__load_lin(m, name, hcH, c->hc_lowrank, &g->up));
+    memset(&g->inject, 0, sizeof g->inject);
+    if (with_inject) {
+        snprintf(name, sizeof name, "%s.block_inject_weight", base);
+        QSA__TRY(qsa__load_lin(m, name, c->hc_count, hcH, &g->inject));
+    }
+    return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__load_gdn(qsa_model *m, int L, qsa__gdn_w *g) {
+    const qsa_model_config *c = &m->cfg;
+    int H = c->hidden_size, nv = c->linear_num_value_heads;
+    int key_dim = c->linear_num_key_heads * c->linear_key_head_dim, value_dim = nv * c->linear_value_head_dim;
+    int conv_dim = 2 * key_dim + value_dim, K = c->linear_conv_kernel_dim;
+    char b[256], name[512];
+    snprintf(b, sizeof b, "layers.%d.linear_attn", L);
+    snprintf(name, sizeof name, "%s.in_proj_qkv", b);
+    QSA__TRY(qsa__load_lin(m, name, conv_dim, H, &g->in_qkv));
+    snprintf(name, sizeof name, "%s.in_proj_z", b);
+    QSA__TRY(qsa__load_lin(m, name, value_dim, H, &g->in_z));
+    snprintf(name, sizeof name, "%s.in_proj_b", b);
+    QSA__TRY(qsa__load_lin(m, name, nv, H, &g->in_b));
+    snprintf(name, sizeof name, "%s.in_proj_a", b);
+    QSA__TRY(qsa__load_lin(m, name, nv, H, &g->in_a));
+    snprintf(name, sizeof name, "%s.out_proj", b);
+    QSA__TRY(qsa__load_lin(m, name, H, value_dim, &g->out));
+    int64_t cshape[3] = {conv_dim, 1, K};
+    snprintf(name, sizeof name, "%s.conv1d.weight", b);
+    QSA__TRY(qsa__load_f32(m, name, 3, cshape, &g->conv_w));
+    snprintf(name, sizeof name, "%s.A_log", b);
+    QSA__TRY(qsa__load_vec(m, name, nv, &g->A_log));
+    snprintf(name, sizeof name, "%s.dt_bias", b);
+    QSA__TRY(qsa__load_vec(m, name, nv, &g->dt_bias));
+    snprintf(name, sizeof name, "%s.norm.weight", b);
+    QSA__TRY(qsa__load_vec(m, name, c->linear_value_head_dim, &g->norm_w));
+    return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__load_attn(qsa_model *m, int L, qsa__attn_w *a) {
+    const qsa_model_config *c = &m->cfg;
+    int H = c->hidden_size, nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim;
+    char b[256], name[512];
+    snprintf(b, sizeof b, "layers.%d.self_attn", L);
+    snprintf(name, sizeof name, "%s.q_proj", b);
+    QSA__TRY(qsa__load_lin(m, name, nh * hd * 2, H, &a->q));
+    snprintf(name, sizeof name, "%s.k_proj", b);
+    QSA__TRY(qsa__load_lin(m, name, nkv * hd, H, &a->k));
+    snprintf(name, sizeof name, "%s.v_proj", b);
+    QSA__TRY(qsa__load_lin(m, name, nkv * hd, H, &a->v));
+    snprintf(name, sizeof name, "%s.o_proj", b);
+    QSA__TRY(qsa__load_lin(m, name, H, nh * hd, &a->o));
+    snprintf(name, sizeof name, "%s.q_norm.weight", b);
+    QSA__TRY(qsa__load_vec(m, name, hd, &a->q_norm));
+    snprintf(name, sizeof name, "%s.k_norm.weight", b);
+    QSA__TRY(qsa__load_vec(m, name, hd, &a->k_norm));
+    if (!c->has_qsa) return QSA_OK;
+    int ih = c->indexer_n_heads, ihd = c->indexer_head_dim;
+    snprintf(name, sizeof name, "%s.indexer.index_qk_proj", b);
+    QSA__TRY(qsa__load_lin(m, name, (ih + c->indexer_kv_heads) * ihd, H, &a->idx_qk));
+    snprintf(name, sizeof name, "%s.indexer.q_layernorm.weight", b);
+    QSA__TRY(qsa__load_vec(m, name, ihd, &a->idx_q_norm));
+    snprintf(name, sizeof name, "%s.indexer.k_layernorm.weight", b);
+    QSA__TRY(qsa__load_vec(m, name, ihd, &a->idx_k_norm));
+    return QSA_OK;
+}
+
+/* Routed experts are stored either per expert (`experts.{e}.{gate,up,down}_proj`, dense or NVFP4)
+   or fused as the reference module holds them (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj`
+   [E, H, I]). */
+QSA_PRIV qsa_result qsa__load_moe(qsa_model *m, int L, qsa__moe_w *w) {
+    const qsa_model_config *c = &m->cfg;
+    int H = c->hidden_size, E = c->num_experts, I = c->moe_intermediate_size, Is = c->shared_expert_intermediate_size;
+    char b[256], name[512];
+    snprintf(b, sizeof b, "layers.%d.mlp", L);
+    snprintf(name, sizeof name, "%s.gate", b);
+    QSA__TRY(qsa__load_lin(m, name, E, H, &w->router));
+    w->gate = QSA__CALLOC(qsa__lin, E);
+    w->up = QSA__CALLOC(qsa__lin, E);
+    w->down = QSA__CALLOC(qsa__lin, E);
+    if (!w->gate || !w->up || !w->down) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "model load: out of memory");
+    snprintf(name, sizeof name, "%s.experts.gate_up_proj", b);
+    if (qsa__st_find(&m->st, name)) {
+        const float *gu, *dn;
+        int64_t s1[3] = {E, 2 * I, H}, s2[3] = {E, H, I};
+        QSA__TRY(qsa__load_f32(m, name, 3, s1, &gu));
+        snprintf(name, sizeof name, "%s.experts.down_proj", b);
+        QSA__TRY(qsa__load_f32(m, name, 3, s2, &dn));
+        for (int e = 0; e < E; e++) {
+            const float *ge = gu + (size_t)e * 2 * (size_t)I * (size_t)H;
+            w->gate[e] = qsa__lin_rows(ge, 0, I, H);
+            w->up[e] = qsa__lin_rows(ge, I, I, H);
+            w->down[e] = qsa__lin_rows(dn + (size_t)e * (size_t)H * (size_t)I, 0, H, I);
+        }
+    } else {
+        for (int e = 0; e < E; e++) {
+            snprintf(name, sizeof name, "%s.experts.%d.gate_proj", b, e);
+            QSA__TRY(qsa__load_lin(m, name, I, H, &w->gate[e]));
+            snprintf(name, sizeof name, "%s.experts.%d.up_proj", b, e);
+            QSA__TRY(qsa__load_lin(m, name, I, H, &w->up[e]));
+            snprintf(name, sizeof name, "%s.experts.%d.down_proj", b, e);
+            QSA__TRY(qsa__load_lin(m, name, H, I, &w->down[e]));
+        }
+    }
+    snprintf(name, sizeof name, "%s.shared_expert.gate_proj", b);
+    QSA__TRY(qsa__load_lin(m, name, Is, H, &w->sh_gate));
+    snprintf(name, sizeof name, "%s.shared_expert.up_proj", b);
+    QSA__TRY(qsa__load_lin(m, name, Is, H, &w->sh_up));
+    snprintf(name, sizeof name, "%s.shared_expert.down_proj", b);
+    QSA__TRY(qsa__load_lin(m, name, H, Is, &w->sh_down));
+    snprintf(name, sizeof name, "%s.shared_expert_gate", b);
+    QSA__TRY(qsa__load_lin(m, name, 1, H, &w->sh_expert_gate));
+    return QSA_OK;
+}
+
+/* ---- PLE hashing constants, computed from the config exactly as the reference does ---- */
+
+#define QSA__SPLITMIX_GAMMA 0x9E3779B97F4A7C15ull
+QSA_PRIV uint64_t qsa__splitmix64(uint64_t v) {
+    v += QSA__SPLITMIX_GAMMA;
+    v = (v ^ (v >> 30)) * 0xBF58476D1CE4E5B9ull;
+    v = (v ^ (v >> 27)) * 0x94D049BB133111EBull;
+    return v ^ (v >> 31);
+}
+
+/* multiplier j = 2 * (splitmix64(seed + 10007 * ple_index + GAMMA * (j + 1)) % half_bound) + 1 */
+QSA_PRIV void qsa__ple_multipliers(int64_t vocab, int ngram, int ple_index, int64_t seed, int64_t *mult) {
+    uint64_t max_long = 0x7fffffffffffffffull;
+    uint64_t mmax = max_long / (uint64_t)(vocab > 1 ? vocab : 1);
+    uint64_t half = mmax / 2 ? mmax / 2 : 1;
+    uint64_t base = (uint64_t)seed + 10007ull * (uint64_t)ple_index;
+    for (int j = 0; j < ngram; j++) {
+        uint64_t v = base + QSA__SPLITMIX_GAMMA * (uint64_t)(j + 1);
+        mult[j] = (int64_t)(2 * (qsa__splitmix64(v) % half) + 1);
+    }
+}
+
+QSA_PRIV int qsa__is_prime(int64_t v) {
+    if (v < 2) return 0;
+    if (v % 2 == 0) return v == 2;
+    for (int64_t d = 3; d * d <= v; d += 2)
+        if (v % d == 0) return 0;
+    return 1;
+}
+
+/* Per-head prime vocabularies: head h of PLE layer k uses the (k*n_heads + h + 1)-th prime after
+   base - 1; offsets are the running sums. */
+QSA_PRIV void qsa__ple_head_vocabs(int64_t base, int ple_index, int n_heads, int64_t *vocab, int64_t *offset,
+                                   int64_t *total) {
+    int64_t p = base - 1, sum = 0;
+    int skip = ple_index * n_heads;
+    for (int i = 0; i < skip + n_heads; i++) {
+        p++;
+        while (!qsa__is_prime(p)) p++;
+        if (i >= skip) {
+            vocab[i - skip] = p;
+            offset[i - skip] = sum;
+            sum += p;
+        }
+    }
+    *total = sum;
+}
+
+QSA_PRIV qsa_result qsa__load_ple(qsa_model *m, int L, int ple_index, qsa__ple_w *p) {
+    const qsa_model_config *c = &m->cfg;
+    int H = c->hidden_size, hcH = c->hc_count * H, D = c->ple_embed_dim;
+    int n_heads = (c->ngram_size - 1) * c->heads_per_ngram;
+    char b[256], name[512];
+    snprintf(b, sizeof b, "layers.%d.ple", L);
+    p->ple_index = ple_index;
+    p->head_vocab = QSA__CALLOC(int64_t, n_heads);
+    p->head_offset = QSA__CALLOC(int64_t, n_heads);
+    if (!p->head_vocab || !p->head_offset) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "model load: out of memory");
+    if (c->ngram_size > 16) return qsa__fail(QSA_ERR_UNSUPPORTED, "config: ngram_size %d > 16", c->ngram_size);
+    qsa__ple_multipliers(c->vocab_size, c->ngram_size, ple_index, c->seed, p->mult);
+    int64_t total;
+    qsa__ple_head_vocabs(c->ngram_vocab_size_base, ple_index, n_heads, p->head_vocab, p->head_offset, &total);
+    int64_t div = c->make_ngram_vocab_size_divisible_by > 0 ? c->make_ngram_vocab_size_divisible_by : 1;
+    int64_t padded = (total + div - 1) / div * div;
+    snprintf(name, sizeof name, "%s.ple_embedding.ngram_embedding", b);
+    QSA__TRY(qsa__st_rows_view(&m->st, name, &p->table));
+    if (p->table.rows != padded || p->table.cols != D / n_heads)
+        return qsa__fail(QSA_ERR_SHAPE, "tensor '%s': shape [%lld, %lld], expected [%lld, %d] from the config", name,
+                         (long long)p->table.rows, (long long)p->table.cols, (long long)padded, D / n_heads);
+    if (p->table.dtype != QSA__F32 && p->table.dtype != QSA__F16 && p->table.dtype != QSA__BF16)
+        return qsa__fail(QSA_ERR_SHAPE, "tensor '%s': dtype %s, expected F32, F16 or BF16", name,
+                         qsa__dtype_name(p->table.dtype));
+    /* The checkpoint may carry the hashing buffers: they must agree with what the config implies. */
+    snprintf(name, sizeof name, "%s.ple_embedding.layer_multipliers", b);
+    const qsa__tensor *t = qsa__st_find(&m->st, name);
+    if (t) {
+        if (t->dtype != QSA__I64 || t->ndim != 1 || t->shape[0] != c->ngram_size)
+            return qsa__fail(QSA_ERR_SHAPE, "tensor '%s': expected I64 [%d]", name, c->ngram_size);
+        for (int j = 0; j < c->ngram_size; j++) {
+            int64_t v;
+            memcpy(&v, t->data + 8 * j, 8);
+            if (v != p->mult[j])
+                return qsa__fail(QSA_ERR_FORMAT, "tensor '%s'[%d] = %lld, but the config (seed %lld) gives %lld", name, j,
+                                 (long long)v, (long long)c->seed, (long long)p->mult[j]);
+        }
+    }
+    snprintf(name, sizeof name, "%s.key_proj", b);
+    QSA__TRY(qsa__load_lin(m, name, hcH, D, &p->key));
+    snprintf(name, sizeof name, "%s.value_proj", b);
+    QSA__TRY(qsa__load_lin(m, name, H, D, &p->value));
+    snprintf(name, sizeof name, "%s.norm_key.weight", b);
+    QSA__TRY(qsa__load_vec(m, name, hcH, &p->norm_key));
+    snprintf(name, sizeof name, "%s.norm_query.weight", b);
+    QSA__TRY(qsa__load_vec(m, name, hcH, &p->norm_query));
+    snprintf(name, sizeof name, "%s.norm_conv.weight", b);
+    QSA__TRY(qsa__load_vec(m, name, hcH, &p->norm_conv));
+    int64_t cshape[3] = {hcH, 1, c->ple_conv_kernel_size};
+    snprintf(name, sizeof name, "%s.conv1d.weight", b);
+    QSA__TRY(qsa__load_f32(m, name, 3, cshape, &p->conv_w));
+    return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__model_bind(qsa_model *m) {
+    const qsa_model_config *c = &m->cfg;
+    int H = c->hidden_size;
+    int64_t eshape[2] = {c->vocab_size, H};
+    QSA__TRY(qsa__load_f32(m, "embed_tokens.weight", 2, eshape, &m->embed));
+    if (qsa__st_find(&m->st, "lm_head.weight") || qsa__st_is_nvfp4(&m->st, "lm_head"))
+        QSA__TRY(qsa__load_lin(m, "lm_head", c->vocab_size, H, &m->lm_head));
+    else if (c->tie_word_embeddings)
+        m->lm_head = qsa__lin_rows(m->embed, 0, c->vocab_size, H);
+    else
+        return qsa__fail(QSA_ERR_NOT_FOUND, "tensor 'lm_head.weight' not found and tie_word_embeddings is false");
+    QSA__TRY(qsa__load_gres(m, "hyper_connection_mixer", 0, &m->final_hc));
+    m->layers = QSA__CALLOC(qsa__layer_w, c->num_hidden_layers);
+    if (!m->layers) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "model load: out of memory");
+    for (int L = 0; L < c->num_hidden_layers; L++) {
+        qsa__layer_w *lw = &m->layers[L];
+        char name[256];
+        lw->type = c->layer_types[L];
+        snprintf(name, sizeof name, "layers.%d.attn_hyper_connection", L);
+        QSA__TRY(qsa__load_gres(m, name, 1, &lw->attn_hc));
+        snprintf(name, sizeof name, "layers.%d.mlp_hyper_connection", L);
+        QSA__TRY(qsa__load_gres(m, name, 1, &lw->mlp_hc));
+        if (lw->type == QSA_LAYER_LINEAR) QSA__TRY(qsa__load_gdn(m, L, &lw->gdn));
+        else QSA__TRY(qsa__load_attn(m, L, &lw->attn));
+        QSA__TRY(qsa__load_moe(m, L, &lw->moe));
+        for (int k = 0; k < c->n_ple_layers; k++) {
+            if (c->ple_layer_ids[k] != L + 1) continue;
+            lw->ple = QSA__CALLOC(qsa__ple_w, 1);
+            if (!lw->ple) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "model load: out of memory");
+            QSA__TRY(qsa__load_ple(m, L, k, lw->ple));
+        }
+        if (L % 8 == 7) qsa__log(QSA_LOG_DEBUG, "loaded layer %d/%d", L + 1, c->num_hidden_layers);
+    }
+    /* RoPE inverse frequencies in fp32, as the reference computes them */
+    int rd = c->rotary_dim;
+    m->rope_inv_freq = QSA__ALLOC(float, rd / 2 + 1);
+    if (!m->rope_inv_freq) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "model load: out of memory");
+    for (int i = 0; i < rd / 2; i++) {
+        float e = (float)(2 * i) / (float)rd;
+        float p = powf((float)c->rope_theta, e);
+        m->rope_inv_freq[i] = 1.0f / p;
+    }
+    return QSA_OK;
+}
+
+#ifndef QSA_NO_CUDA
+struct qsa__cuda;
+struct qsa__cuda_seq;
+QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, struct qsa__cuda **out);
+QSA_PRIV void qsa__cuda_free(struct qsa__cuda *g);
+QSA_PRIV qsa_result qsa__cuda_seq_create(qsa_model *m, qsa_seq *s);
+QSA_PRIV qsa_result qsa__cuda_seq_reset(qsa_model *m, qsa_seq *s);
+QSA_PRIV void qsa__cuda_seq_destroy(qsa_model *m, qsa_seq *s);
+QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, float *logits, int all_logits);
+#endif
+
+QSA_PRIV void qsa__pool_destroy(qsa__pool *p) {
+    qsa__free(p->k);
+    qsa__free(p->v);
+    qsa__free(p->ik);
+    qsa__free(p->slot);
+    qsa__free(p->free_pages);
+    memset(p, 0, sizeof *p);
+}
+
+QSA_PRIV qsa_result qsa__pool_create(qsa_model *m, int host_storage) {
+    const qsa_model_config *c = &m->cfg;
+    qsa__pool *p = &m->pool;
+    p->page_size = m->params.kv_page_size > 0 ? m->params.kv_page_size : qsa__default_page_size(c);
+    if (m->params.kv_page_size > 0 && m->params.kv_page_size < 16)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "kv_page_size %d: expected at least 16 tokens", m->params.kv_page_size);
+    int64_t tokens = m->params.kv_pool_tokens > 0 ? m->params.kv_pool_tokens
+                                                  : (c->max_position_embeddings < 32768 ? c->max_position_embeddings : 32768);
+    p->n_pages = (int)((tokens + p->page_size - 1) / p->page_size);
+    p->kvd = c->num_key_value_heads * c->head_dim;
+    p->ihd = c->has_qsa ? c->indexer_head_dim : 0;
+    p->slot = QSA__ALLOC(int, c->num_hidden_layers);
+    p->free_pages = QSA__ALLOC(int32_t, p->n_pages);
+    if (!p->slot || !p->free_pages) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "KV pool: out of memory");
+    for (int l = 0; l < c->num_hidden_layers; l++) p->slot[l] = c->layer_types[l] == QSA_LAYER_QSA ? p->n_qsa++ : -1;
+    size_t slots = (size_t)p->n_qsa * p->n_pages * p->page_size;
+    if (p->n_qsa && host_storage) { /* on the CUDA backend the pages live on the device */
+        p->k = QSA__ALLOC(float, slots * p->kvd);
+        p->v = QSA__ALLOC(float, slots * p->kvd);
+        p->ik = QSA__ALLOC(float, slots * p->ihd + 1);
+        if (!p->k || !p->v || !p->ik)
+            return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "KV pool: out of memory for %d pages of %d tokens", p->n_pages, p->page_size);
+    }
+    /* pages are handed out in ascending order by default */
+    for (int i = 0; i < p->n_pages; i++) p->free_pages[i] = p->n_pages - 1 - i;
+    p->n_free = p->n_pages;
+    qsa__log(QSA_LOG_INFO, "KV pool: %d pages of %d tokens", p->n_pages, p->page_size);
+    return QSA_OK;
+}
+
+QSA_IMPL void qsa_model_free(qsa_model *m) {
+    if (!m) return;
+#ifndef QSA_NO_CUDA
+    qsa__cuda_free(m->cuda);
+#endif
+    if (m->layers) {
+        for (int L = 0; L < m->cfg.num_hidden_layers; L++) {
+            qsa__layer_w *lw = &m->layers[L];
+            qsa__free(lw->moe.gate);
+            qsa__free(lw->moe.up);
+            qsa__free(lw->moe.down);
+            if (lw->ple) {
+                qsa__rows_view_free(&lw->ple->table);
+                qsa__free(lw->ple->head_vocab);
+                qsa__free(lw->ple->head_offset);
+                qsa__free(lw->ple);
+            }
+        }
+        qsa__free(m->layers);
+    }
+    for (int i = 0; i < m->n_owned; i++) qsa__free(m->owned[i]);
+    qsa__free(m->owned);
+    qsa__free(m->rope_inv_freq);
+    qsa__pool_destroy(&m->pool);
+    if (m->tok) qsa_tokenizer_free(m->tok);
+    qsa__st_close(&m->st);
+    qsa__free(m);
+}
+
+QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *params, qsa_model **out) {
+    if (!dir || !out) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_model_load: NULL argument");
+    *out = NULL;
+    qsa_model *m = QSA__CALLOC(qsa_model, 1);
+    if (!m) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_model_load: out of memory");
+    if (params) m->params = *params;
+    QSA__DEF(m->params.gdn_chunk_size, 64);
+    if (m->params.n_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        m->params.n_threads = n < 1 ? 1 : n > 16 ? 16 : (int)n;
+    }
+    m->n_threads = m->params.n_threads;
+    double t0 = qsa__now();
+    qsa_result r = qsa_config_load_dir(dir, &m->cfg);
+    if (r == QSA_OK) {
+        char *gpath = qsa__path_join(dir, "generation_config.json");
+        if (gpath && qsa__file_exists(gpath)) {
+            char *text;
+            size_t len;
+            r = qsa__read_file(gpath, &text, &len);
+            if (r == QSA_OK) {
+                r = qsa_generation_config_parse(text, len, gpath, &m->gen);
+                qsa__free(text);
+            }
+        }
+        qsa__free(gpath);
+    }
+    if (r == QSA_OK) r = qsa__st_open_dir(dir, &m->st);
+    if (r == QSA_OK) r = qsa__model_bind(m);
+    if (r == QSA_OK && m->params.backend != QSA_BACKEND_CPU) {
+#ifdef QSA_NO_CUDA
+        if (m->params.backend == QSA_BACKEND_CUDA) r = qsa__fail(QSA_ERR_UNSUPPORTED, "qsa_model_load: built with QSA_NO_CUDA");
+#else
+        QSA__DEF(m->params.max_chunk, 512);
+        /* the pool's page size is needed by the device allocation: settle it first */
+        r = qsa__pool_create(m, 0);
+        if (r == QSA_OK) r = qsa__cuda_init(m, &m->cuda);
+        if (r != QSA_OK && m->params.backend == QSA_BACKEND_AUTO) {
+            qsa__log(QSA_LOG_INFO, "CUDA backend unavailable (%s): using the CPU backend", qsa_last_error());
+            qsa__pool_destroy(&m->pool);
+            r = QSA_OK;
+        }
+#endif
+    }
+    if (r == QSA_OK && !m->cuda) r = qsa__pool_create(m, 1);
+    if (r == QSA_OK && !m->params.no_tokenizer) {
+        char *tpath = qsa__path_join(dir, "tokenizer.json");
+        if (tpath && qsa__file_exists(tpath)) r = qsa_tokenizer_load_dir(dir, &m->tok);
+        qsa__free(tpath);
+    }
+    if (r != QSA_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", qsa_last_error());
+        qsa_model_free(m);
+        return qsa__fail(r, "%s", msg);
+    }
+    qsa__log(QSA_LOG_INFO, "loaded %s: %d layers, hidden %d, %d experts, vocab %d in %.2f s (%s backend)", dir,
+             m->cfg.num_hidden_layers, m->cfg.hidden_size, m->cfg.num_experts, m->cfg.vocab_size, qsa__now() - t0,
+             m->cuda ? "CUDA" : "CPU");
+    *out = m;
+    return QSA_OK;
+}
+
+QSA_IMPL const qsa_model_config *qsa_model_get_config(const qsa_model *m) { return &m->cfg; }
+QSA_IMPL const qsa_tokenizer *qsa_model_get_tokenizer(const qsa_model *m) { return m->tok; }
+QSA_IMPL const qsa_generation_config *qsa_model_get_generation_config(const qsa_model *m) { return &m->gen; }
+
+/* ============================================================================================== */
+/* >>cpu-forward  the CPU reference forward pass (fp32, plain loops)                              */
+/* ============================================================================================== */
+
+QSA_PRIV float qsa__sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+QSA_PRIV float qsa__silu(float x) { return x / (1.0f + expf(-x)); }
+QSA_PRIV float qsa__act(qsa_act a, float x) { return a == QSA_ACT_SIGMOID ? qsa__sigmoid(x) : qsa__silu(x); }
+/* torch.nn.functional.softplus (beta 1, threshold 20) */
+QSA_PRIV float qsa__softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+QSA_PRIV const float qsa__e2m1_values[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+/* Row r of a linear map as fp32 (dense rows are returned in place; NVFP4 rows are dequantised into tmp). */
+QSA_PRIV const float *qsa__lin_row(const qsa__lin *l, int r, float *tmp) {
+    if (l->w) return l->w + (size_t)r * (size_t)l->in;
+    const uint8_t *q = l->q + (size_t)r * (size_t)(l->in / 2);
+    const uint8_t *s = l->qscale + (size_t)r * (size_t)(l->in / 16);
+    for (int g = 0; g < l->in / 16; g++) {
+        float scale = qsa__e4m3_to_f32(s[g]) * l->qscale2;
+        for (int j = 0; j < 8; j++) {
+            uint8_t b = q[g * 8 + j];
+            tmp[g * 16 + 2 * j] = qsa__e2m1_values[b & 15] * scale;
+            tmp[g * 16 + 2 * j + 1] = qsa__e2m1_values[b >> 4] * scale;
+        }
+    }
+    return tmp;
+}
+
+/* y[r] = sum_i W[r][i] x[i] for r in [r0, r1), fp32 accumulation in index order. */
+QSA_PRIV void qsa__matvec_rows(const qsa__lin *l, const float *x, float *y, int r0, int r1, float *tmp) {
+    for (int r = r0; r < r1; r++) {
+        const float *w = qsa__lin_row(l, r, tmp);
+        float acc = 0.0f;
+        for (int i = 0; i < l->in; i++) acc += w[i] * x[i];
+        y[r] = acc + (l->bias ? l->bias[r] : 0.0f);
+    }
+}
+
+typedef struct qsa__mv_job {
+    const qsa__lin *l;
+    const float *x;
+    float *y;
+    int r0, r1;
+} qsa__mv_job;
+
+QSA_PRIV void *qsa__mv_thread(void *arg) {
+    qsa__mv_job *j = (qsa__mv_job *)arg;
+    float *tmp = j->l->w ? NULL : QSA__ALLOC(float, j->l->in);
+    if (j->l->w || tmp) qsa__matvec_rows(j->l, j->x, j->y, j->r0, j->r1, tmp);
+    qsa__free(tmp);
+    return NULL;
+}
+
+/* y = W x.  Large maps are split over threads by rows; each row's sum is the same whatever the
+   split, so the result does not depend on the thread count. */
+QSA_PRIV qsa_result qsa__matvec(const qsa_model *m, const qsa__lin *l, const float *x, float *y) {
+    int nt = m->n_threads;
+    size_t work = (size_t)l->out * (size_t)l->in;
+    if (nt <= 1 || work < (1u << 18)) {
+        float *tmp = l->w ? NULL : QSA__ALLOC(float, l->in);
+        if (!l->w && !tmp) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "matvec: out of memory");
+        qsa__matvec_rows(l, x, y, 0, l->out, tmp);
+        qsa__free(tmp);
+        return QSA_OK;
+    }
+    if (nt > 16) nt = 16;
+    pthread_t th[16];
+    qsa__mv_job jobs[16];
+    int started = 0;
+    for (int t = 0; t < nt; t++) {
+        jobs[t].l = l;
+        jobs[t].x = x;
+        jobs[t].y = y;
+        jobs[t].r0 = (int)((int64_t)l->out * t / nt);
+        jobs[t].r1 = (int)((int64_t)l->out * (t + 1) / nt);
+        if (t == 0) continue;
+        if (pthread_create(&th[t], NULL, qsa__mv_thread, &jobs[t]) != 0) {
+            qsa__mv_thread(&jobs[t]);
+            jobs[t].r0 = -1;
+        }
+        started++;
+    }
+    qsa__mv_thread(&jobs[0]);
+    for (int t = 1; t < nt; t++)
+        if (jobs[t].r0 >= 0) pthread_join(th[t], NULL);
+    (void)started;
+    return QSA_OK;
+}
+
+/* RMSNorm over groups of `group` values: x * rsqrt(mean(x^2) + eps) * (1 + w) (zero-centred). */
+QSA_PRIV void qsa__rmsnorm_1p(const float *x, const float *w, float *y, int n, int group, float eps) {
+    for (int g0 = 0; g0 < n; g0 += group) {
+        float ss = 0.0f;
+        for (int i = 0; i < group; i++) ss += x[g0 + i] * x[g0 + i];
+        float inv = 1.0f / sqrtf(ss / (float)group + eps);
+        for (int i = 0; i < group; i++) y[g0 + i] = x[g0 + i] * inv * (1.0f + w[g0 + i]);
+    }
+}
+
+/* Rotate the first rd values of x (rotate_half convention) for position pos. */
+QSA_PRIV void qsa__rope(const qsa_model *m, float *x, int64_t pos) {
+    int half = m->cfg.rotary_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float f = (float)pos * m->rope_inv_freq[i];
+        float c = (float)cos((double)f), s = (float)sin((double)f);
+        float a = x[i], b = x[i + half];
+        x[i] = a * c - b * s;
+        x[i + half] = b * c + a * s;
+    }
+}
+
+/* ---- per-sequence state ---- */
+
+typedef struct qsa__seq_layer {
+    /* Gated DeltaNet */
+    float *conv;    /* [K-1][conv_dim]: the last K-1 inputs of the causal conv, oldest first */
+    float *S;       /* [nv][dk][dv] recurrent state (fp32) */
+    /* QSA: K, V and raw indexer keys live in the page pool; block keys are logical, per sequence */
+    float *bkey;    /* [n_ctx / r][ihd] keys of completed blocks (mean, k_layernorm, RoPE) */
+    int n_blocks;   /* completed blocks cached */
+    /* PLE */
+    int32_t *ple_ids; /* [ngram-1] previous token ids (EOS at the start) */
+    float *ple_conv;  /* [(K-1)*dilation][hc*H] previous normalised conv inputs, oldest first */
+} qsa__seq_layer;
+
+/* Observer of QSA selections (tests, capture tools). */
+typedef void (*qsa__sel_hook)(void *user, int layer, int64_t pos, const int32_t *blocks, int n_blocks,
+                              const float *scores, int n_complete);
+
+/* Debug capture of one QSA layer (qsa_seq_capture_begin / _end): every query's q|gate, selection,
+   plan and gated attention output, in feed order. */
+typedef struct qsa__capture {
+    int layer;
+    int n;                          /* queries recorded */
+    qsa__buf pos, q, sel, nsel, out, seg, seg_off;
+} qsa__capture;
+
+struct qsa_seq {
+    qsa_model *m;
+    int pos, n_ctx;
+    int32_t *tokens;            /* [n_ctx] every token fed */
+    int32_t *bt;                /* block table: logical page -> physical page of the pool */
+    int n_pages;                /* pages held */
+    qsa__seq_layer *L;
+    qsa__sel_hook sel_hook;
+    void (*route_hook)(void *user, int layer, int64_t pos, float margin); /* MoE routing margins (CPU) */
+    void *sel_user;                                                        /* user of both hooks */
+    float *hidden_out;          /* if set: receives final hidden states [n][H] of the next feed */
+    struct qsa__cuda_seq *cuda; /* device state on the CUDA backend */
+    qsa__capture *cap;          /* debug capture, NULL when off */
+};
+
+/* Make sure the sequence holds the pages for `need` tokens; all or nothing. */
+QSA_PRIV qsa_result qsa__seq_reserve(qsa_seq *s, int need) {
+    qsa__pool *pl = &s->m->pool;
+    if (!pl->n_qsa) return QSA_OK;
+    int want = (need + pl->page_size - 1) / pl->page_size;
+    if (want <= s->n_pages) return QSA_OK;
+    if (want - s->n_pages > pl->n_free)
+        return qsa__fail(QSA_ERR_CONTEXT_FULL, "KV page pool: %d more pages of %d tokens needed, %d free of %d",
+                         want - s->n_pages, pl->page_size, pl->n_free, pl->n_pages);
+    while (s->n_pages < want) s->bt[s->n_pages++] = pl->free_pages[--pl->n_free];
+    return QSA_OK;
+}
+
+QSA_PRIV void qsa__seq_release(qsa_seq *s) {
+    qsa__pool *pl = &s->m->pool;
+    while (s->n_pages > 0) pl->free_pages[pl->n_free++] = s->bt[--s->n_pages];
+}
+
+QSA_IMPL void qsa_seq_reset(qsa_seq *s) {
+    const qsa_model_config *c = &s->m->cfg;
+    int key_dim = c->linear_num_key_heads * c->linear_key_head_dim;
+    int conv_dim = 2 * key_dim + c->linear_num_value_heads * c->linear_value_head_dim;
+    int hcH = c->hc_count * c->hidden_size;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        qsa__seq_layer *sl = &s->L[l];
+        if (sl->conv) memset(sl->conv, 0, sizeof(float) * (size_t)(c->linear_conv_kernel_dim - 1) * (size_t)conv_dim);
+        if (sl->S)
+            memset(sl->S, 0, sizeof(float) * (size_t)c->linear_num_value_heads * (size_t)c->linear_key_head_dim *
+                                 (size_t)c->linear_value_head_dim);
+        sl->n_blocks = 0;
+        if (sl->ple_ids)
+            for (int j = 0; j < c->ngram_size - 1; j++) sl->ple_ids[j] = c->eos_token_ids[0];
+        if (sl->ple_conv)
+            memset(sl->ple_conv, 0, sizeof(float) * (size_t)(c->ple_conv_kernel_size - 1) * (size_t)c->ngram_size * (size_t)hcH);
+    }
+    qsa__seq_release(s);
+    s->pos = 0;
+#ifndef QSA_NO_CUDA
+    if (s->cuda) qsa__cuda_seq_reset(s->m, s); /* a memset of device memory we own: cannot fail in practice */
+#endif
+}
+
+QSA_PRIV void qsa__capture_free(qsa_seq *s) {
+    qsa__capture *c = s->cap;
+    if (!c) return;
+    qsa__buf *bufs[7] = {&c->pos, &c->q, &c->sel, &c->nsel, &c->out, &c->seg, &c->seg_off};
+    for (int i = 0; i < 7; i++) qsa__buf_free(bufs[i]);
+    qsa__free(c);
+    s->cap = NULL;
+}
+
+QSA_IMPL void qsa_seq_free(qsa_seq *s) {
+    if (!s) return;
+    if (s->L) {
+        for (int l = 0; l < s->m->cfg.num_hidden_layers; l++) {
+            qsa__seq_layer *sl = &s->L[l];
+            qsa__free(sl->conv);
+            qsa__free(sl->S);
+            qsa__free(sl->bkey);
+            qsa__free(sl->ple_ids);
+            qsa__free(sl->ple_conv);
+        }
+        qsa__free(s->L);
+    }
+    qsa__seq_release(s);
+    qsa__capture_free(s);
+#ifndef QSA_NO_CUDA
+    qsa__cuda_seq_destroy(s->m, s);
+#endif
+    qsa__free(s->bt);
+    qsa__free(s->tokens);
+    qsa__free(s);
+}
+
+QSA_IMPL qsa_result qsa_seq_create(qsa_model *m, const qsa_seq_params *params, qsa_seq **out) {
+    if (!m || !out) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_create: NULL argument");
+    const qsa_model_config *c = &m->cfg;
+    qsa_seq *s = QSA__CALLOC(qsa_seq, 1);
+    if (!s) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_seq_create: out of memory");
+    s->m = m;
+    s->n_ctx = params && params->n_ctx > 0 ? params->n_ctx : c->max_position_embeddings;
+    s->tokens = QSA__ALLOC(int32_t, s->n_ctx);
+    s->bt = QSA__ALLOC(int32_t, s->n_ctx / m->pool.page_size + 1);
+    s->L = QSA__CALLOC(qsa__seq_layer, c->num_hidden_layers);
+    int ok = s->tokens && s->L && s->bt;
+    int key_dim = c->linear_num_key_heads * c->linear_key_head_dim;
+    int conv_dim = 2 * key_dim + c->linear_num_value_heads * c->linear_value_head_dim;
+    int hcH = c->hc_count * c->hidden_size;
+    int host = m->cuda == NULL; /* recurrent state and block keys live on the device otherwise */
+    for (int l = 0; ok && l < c->num_hidden_layers; l++) {
+        qsa__seq_layer *sl = &s->L[l];
+        if (host && c->layer_types[l] == QSA_LAYER_LINEAR) {
+            sl->conv = QSA__CALLOC(float, (size_t)(c->linear_conv_kernel_dim - 1) * (size_t)conv_dim);
+            sl->S = QSA__CALLOC(float, (size_t)c->linear_num_value_heads * (size_t)c->linear_key_head_dim *
+                                           (size_t)c->linear_value_head_dim);
+            ok = sl->S && (sl->conv || c->linear_conv_kernel_dim == 1);
+        }
+        if (ok && host && c->layer_types[l] == QSA_LAYER_QSA && c->has_qsa) {
+            sl->bkey = QSA__ALLOC(float, (size_t)(s->n_ctx / c->indexer_compress_ratio + 1) * (size_t)c->indexer_head_dim);
+            ok = sl->bkey != NULL;
+        }
+        if (ok && m->layers[l].ple) {
+            sl->ple_ids = QSA__ALLOC(int32_t, c->ngram_size);
+            if (host) sl->ple_conv = QSA__CALLOC(float, (size_t)(c->ple_conv_kernel_size - 1) * (size_t)c->ngram_size * (size_t)hcH + 1);
+            ok = sl->ple_ids && (sl->ple_conv || !host);
+        }
+    }
+    if (!ok) {
+        qsa_seq_free(s);
+        return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_seq_create: out of memory");
+    }
+#ifndef QSA_NO_CUDA
+    if (m->cuda) {
+        qsa_result r = qsa__cuda_seq_create(m, s);
+        if (r != QSA_OK) { qsa_seq_free(s); return r; }
+    }
+#endif
+    qsa_seq_reset(s);
+    *out = s;
+    return QSA_OK;
+}
+
+QSA_IMPL int qsa_seq_pos(const qsa_seq *s) { return s->pos; }
+
+/* ---- layer math ---- */
+
+/* Scratch buffers for one chunk of n tokens. */
+typedef struct qsa__scratch {
+    float *xn, *mw, *low;   /* GatedResidual: normed streams [hcH], mix weights [hcH], low rank [r] */
+    float *inj;             /* [n][hc] injection weights */
+    float *inp, *out;       /* [n][H] layer input / output */
+    float *big, *big2;      /* mixer scratch (sized for the largest projection) */
+    float *tmp;             /* [max in] dequantised row */
+} qsa__scratch;
+
+/* GatedResidual on one token's streams x[hcH]: writes the mixed input inp[H] and inj[hc] (if any). */
+QSA_PRIV qsa_result qsa__gres_fwd(const qsa_model *m, const qsa__gres *g, const float *x, float *inp, float *inj,
+                                  qsa__scratch *sc) {
+    const qsa_model_config *c = &m->cfg;
+    int H = c->hidden_size, hc = c->hc_count, hcH = hc * H;
+    /* xn = group RMSNorm of the streams */
+    qsa__rmsnorm_1p(x, g->norm_w, sc->xn, hcH, H, c->rms_norm_eps);
+    /* w = sigmoid(up(silu(down(xn) / hc))) */
+    QSA__TRY(qsa__matvec(m, &g->down, sc->xn, sc->low));
+    for (int i = 0; i < c->hc_lowrank; i++) sc->low[i] = qsa__silu(sc->low[i] / (float)hc);
+    QSA__TRY(qsa__matvec(m, &g->up, sc->low, sc->mw));
+    /* input = mean over streams of w * xn */
+    for (int j = 0; j < H; j++) {
+        float acc = 0.0f;
+        for (int s = 0; s < hc; s++) acc += qsa__sigmoid(sc->mw[s * H + j]) * sc->xn[s * H + j];
+        inp[j] = acc / (float)hc;
+    }
+    /* injection = 2 * sigmoid(inject(xn) / hc) per stream */
+    if (inj) {
+        QSA__TRY(qsa__matvec(m, &g->inject, sc->xn, inj));
+        for (int s = 0; s < hc; s++) inj[s] = 2.0f * qsa__sigmoid(inj[s] / (float)hc);
+    }
+    return QSA_OK;
+}
+
+/* new stream s = old stream s + inj[s] * out */
+QSA_PRIV void qsa__inject(const qsa_model_config *c, float *x, const float *inj, const float *out) {
+    int H = c->hidden_size;
+    for (int s = 0; s < c->hc_count; s++)
+        for (int j = 0; j < H; j++) x[s * H + j] += inj[s] * out[j];
+}
+
+/* The concatenated n-gram embedding rows e[D] of the token win[ctx] given the ctx tokens before it
+   (win[0..ctx), oldest first): per n-gram order and head, (XOR of token*multiplier) mod prime +
+   offset, with tokens beyond an EOS replaced by EOS. */
+QSA_PRIV void qsa__ple_embed(const qsa_model_config *c, const qsa__ple_w *p, const int32_t *win, float *e) {
+    int ctx = c->ngram_size - 1, hdim = c->ple_embed_dim / (ctx * c->heads_per_ngram);
+    int32_t eos = c->eos_token_ids[0];
+    /* shifted[j] = token j places back within the current EOS-delimited segment, else EOS */
+    int64_t shifted[16];
+    int blocked = 0;
+    shifted[0] = win[ctx];
+    for (int j = 1; j <= ctx; j++) {
+        if (win[ctx - j] == eos) blocked = 1;
+        shifted[j] = blocked ? eos : win[ctx - j];
+    }
+    for (int ng = 2; ng <= c->ngram_size; ng++) {
+        uint64_t mixed = (uint64_t)shifted[0] * (uint64_t)p->mult[0];
+        for (int j = 1; j < ng; j++) mixed ^= (uint64_t)shifted[j] * (uint64_t)p->mult[j];
+        int64_t mv = (int64_t)mixed;
+        for (int hh = 0; hh < c->heads_per_ngram; hh++) {
+            int head = (ng - 2) * c->heads_per_ngram + hh;
+            int64_t mod = mv % p->head_vocab[head];
+            if (mod < 0) mod += p->head_vocab[head];
+            const uint8_t *src = qsa__rows_view_row(&p->table, mod + p->head_offset[head]);
+            float *dst = e + (size_t)head * hdim;
+            for (int i = 0; i < hdim; i++) {
+                if (p->table.dtype == QSA__F32) memcpy(&dst[i], src + 4 * i, 4);
+                else {
+                    uint16_t u;
+                    memcpy(&u, src + 2 * i, 2);
+                    dst[i] = p->table.dtype == QSA__F16 ? qsa__f16_to_f32(u) : qsa__bf16_to_f32(u);
+                }
+            }
+        }
+    }
+}
+
+/* PLE: adds the hashed n-gram features of tokens ids[0..n) to the streams X[n][hcH]. */
+QSA_PRIV qsa_result qsa__ple_fwd(qsa_seq *sq, int l, const int32_t *ids, int n, float *X, qsa__scratch *sc) {
+    const qsa_model *m = sq->m;
+    const qsa_model_config *c = &m->cfg;
+    const qsa__ple_w *p = m->layers[l].ple;
+    qsa__seq_layer *sl = &sq->L[l];
+    int H = c->hidden_size, hcH = c->hc_count * H, D = c->ple_embed_dim;
+    int ctx = c->ngram_size - 1;
+    int K = c->ple_conv_kernel_size, dil = c->ngram_size, state_len = (K - 1) * dil;
+    float *e = QSA__ALLOC(float, D), *key = QSA__ALLOC(float, hcH), *val = QSA__ALLOC(float, H);
+    float *gv = QSA__ALLOC(float, (size_t)n * hcH), *gvn = QSA__ALLOC(float, (size_t)(state_len + n) * hcH);
+    int32_t *hist = QSA__ALLOC(int32_t, ctx + n);
+    qsa_result r = QSA_OK;
+    if (!e || !key || !val || !gv || !gvn || !hist) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "PLE: out of memory"); goto done; }
+    /* token history: the previous ctx ids (EOS at the sequence start), then this chunk */
+    for (int j = 0; j < ctx; j++) hist[j] = sl->ple_ids[j];
+    for (int t = 0; t < n; t++) hist[ctx + t] = ids[t];
+    if (state_len) memcpy(gvn, sl->ple_conv, sizeof(float) * (size_t)state_len * hcH);
+    for (int t = 0; t < n; t++) {
+        qsa__ple_embed(c, p, hist + t, e);
+        /* key per stream (group-normed), one shared value */
+        if ((r = qsa__matvec(m, &p->key, e, sc->mw)) != QSA_OK) goto done;
+        qsa__rmsnorm_1p(sc->mw, p->norm_key, key, hcH, H, c->rms_norm_eps);
+        if ((r = qsa__matvec(m, &p->value, e, val)) != QSA_OK) goto done;
+        /* query = group-normed streams (before this layer's PLE) */
+        const float *x = X + (size_t)t * hcH;
+        qsa__rmsnorm_1p(x, p->norm_query, sc->xn, hcH, H, c->rms_norm_eps);
+        float *g = gv + (size_t)t * hcH;
+        for (int s = 0; s < c->hc_count; s++) {
+            float dot = 0.0f;
+            for (int j = 0; j < H; j++) dot += key[s * H + j] * sc->xn[s * H + j];
+            float gate = dot / sqrtf((float)H);
+            float mag = sqrtf(fmaxf(fabsf(gate), 1e-6f));
+            gate = gate > 0 ? mag : gate < 0 ? -mag : 0.0f;
+            float sg = qsa__sigmoid(gate);
+            for (int j = 0; j < H; j++) g[s * H + j] = sg * val[j];
+        }
+        qsa__rmsnorm_1p(g, p->norm_conv, gvn + (size_t)(state_len + t) * hcH, hcH, H, c->rms_norm_eps);
+    }
+    /* out = gv + silu(dilated causal depthwise conv of the normed values) */
+    for (int t = 0; t < n; t++) {
+        float *x = X + (size_t)t * hcH;
+        const float *g = gv + (size_t)t * hcH;
+        for (int ch = 0; ch < hcH; ch++) {
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) acc += p->conv_w[ch * K + k] * gvn[(size_t)(t + k * dil) * hcH + ch];
+            x[ch] += g[ch] + qsa__silu(acc);
+        }
+    }
+    /* carry the state: last ctx ids and last state_len normed columns */
+    for (int j = 0; j < ctx; j++) sl->ple_ids[j] = hist[n + j];
+    if (state_len) memcpy(sl->ple_conv, gvn + (size_t)n * hcH, sizeof(float) * (size_t)state_len * hcH);
+done:
+    qsa__free(e); qsa__free(key); qsa__free(val); qsa__free(gv); qsa__free(gvn); qsa__free(hist);
+    return r;
+}
+
+/* Gated DeltaNet core on the normalised q, k (per key head) and v, beta, g of n tokens, recurrent
+   form: S *= exp(g); kv = S^T k; d = (v - kv) * beta; S += k d^T; o = S^T q. */
+QSA_PRIV void qsa__gdn_recurrent(const qsa_model_config *c, float *S, const float *q, const float *k, const float *v,
+                                 const float *beta, const float *g, float *o, int n) {
+    int nk = c->linear_num_key_heads, nv = c->linear_num_value_heads, dk = c->linear_key_head_dim,
+        dv = c->linear_value_head_dim, rep = nv / nk;
+    float *kv = QSA__ALLOC(float, dv);
+    for (int t = 0; t < n; t++) {
+        for (int h = 0; h < nv; h++) {
+            float *Sh = S + (size_t)h * dk * dv;
+            const float *qt = q + ((size_t)t * nk + h / rep) * dk, *kt = k + ((size_t)t * nk + h / rep) * dk;
+            const float *vt = v + ((size_t)t * nv + h) * dv;
+            float decay = expf(g[t * nv + h]), b = beta[t * nv + h];
+            for (int i = 0; i < dk * dv; i++) Sh[i] *= decay;
+            for (int j = 0; j < dv; j++) kv[j] = 0.0f;
+            for (int i = 0; i < dk; i++)
+                for (int j = 0; j < dv; j++) kv[j] += Sh[i * dv + j] * kt[i];
+            for (int j = 0; j < dv; j++) kv[j] = (vt[j] - kv[j]) * b;
+            for (int i = 0; i < dk; i++)
+                for (int j = 0; j < dv; j++) Sh[i * dv + j] += kt[i] * kv[j];
+            float *ot = o + ((size_t)t * nv + h) * dv;
+            for (int j = 0; j < dv; j++) ot[j] = 0.0f;
+            for (int i = 0; i < dk; i++)
+                for (int j = 0; j < dv; j++) ot[j] += Sh[i * dv + j] * qt[i];
+        }
+    }
+    qsa__free(kv);
+}
+
+/* The same computation in the chunked form of the reference (UT transform within chunks of C tokens,
+   one state update per chunk).  Agrees with the recurrence within rounding. */
+QSA_PRIV qsa_result qsa__gdn_chunked(const qsa_model_config *c, float *S, const float *q, const float *k,
+                                     const float *v, const float *beta, const float *g, float *o, int n, int C) {
+    int nk = c->linear_num_key_heads, nv = c->linear_num_value_heads, dk = c->linear_key_head_dim,
+        dv = c->linear_value_head_dim, rep = nv / nk;
+    size_t need = (size_t)C * C * 2 + (size_t)C * dv * 2 + (size_t)C * dk * 2 + (size_t)C + (size_t)dk * dv;
+    float *buf = QSA__ALLOC(float, need);
+    if (!buf) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "GDN chunked prefill: out of memory");
+    float *A = buf, *QK = A + (size_t)C * C, *U = QK + (size_t)C * C, *W = U + (size_t)C * dv,
+          *Vn = W + (size_t)C * dk, *cum = Vn + (size_t)C * dv, *Kd = cum + C;
+    (void)Kd;
+    for (int h = 0; h < nv; h++) {
+        float *Sh = S + (size_t)h * dk * dv;
+        int kh = h / rep;
+        for (int c0 = 0; c0 < n; c0 += C) {
+            int L = n - c0 < C ? n - c0 : C;
+#define QQ(t) (q + ((size_t)(c0 + (t)) * nk + kh) * dk)
+#define KK(t) (k + ((size_t)(c0 + (t)) * nk + kh) * dk)
+#define VV(t) (v + ((size_t)(c0 + (t)) * nv + h) * dv)
+            /* cumulative log decay within the chunk */
+            float acc = 0.0f;
+            for (int t = 0; t < L; t++) { acc += g[(c0 + t) * nv + h]; cum[t] = acc; }
+            /* A[i][j] = beta_i (k_i . k_j) exp(cum_i - cum_j) for j < i (strictly lower) */
+            for (int i = 0; i < L; i++) {
+                float bi = beta[(c0 + i) * nv + h];
+                for (int j = 0; j < L; j++) {
+                    float kk = 0.0f, qk = 0.0f;
+                    if (j <= i) {
+                        for (int d = 0; d < dk; d++) { kk += KK(i)[d] * KK(j)[d]; qk += QQ(i)[d] * KK(j)[d]; }
+                    }
+                    float decay = j <= i ? expf(cum[i] - cum[j]) : 0.0f;
+                    A[i * C + j] = j < i ? bi * kk * decay : 0.0f;
+                    QK[i * C + j] = qk * decay;
+                }
+            }
+            /* solve (I + A) U = beta v and (I + A) W = beta k exp(cum) by forward substitution */
+            for (int i = 0; i < L; i++) {
+                float bi = beta[(c0 + i) * nv + h], ec = expf(cum[i]);
+                for (int d = 0; d < dv; d++) {
+                    float s = bi * VV(i)[d];
+                    for (int j = 0; j < i; j++) s -= A[i * C + j] * U[j * dv + d];
+                    U[i * dv + d] = s;
+                }
+                for (int d = 0; d < dk; d++) {
+                    float s = bi * KK(i)[d] * ec;
+                    for (int j = 0; j < i; j++) s -= A[i * C + j] * W[j * dk + d];
+                    W[i * dk + d] = s;
+                }
+            }
+            /* v_new = U - W S;  o = (q exp(cum)) S + QK v_new */
+            for (int i = 0; i < L; i++)
+                for (int d = 0; d < dv; d++) {
+                    float s = U[i * dv + d];
+                    for (int e = 0; e < dk; e++) s -= W[i * dk + e] * Sh[e * dv + d];
+                    Vn[i * dv + d] = s;
+                }
+            for (int i = 0; i < L; i++) {
+                float ec = expf(cum[i]);
+                float *ot = o + ((size_t)(c0 + i) * nv + h) * dv;
+                for (int d = 0; d < dv; d++) {
+                    float s = 0.0f;
+                    for (int e = 0; e < dk; e++) s += QQ(i)[e] * ec * Sh[e * dv + d];
+                    for (int j = 0; j <= i; j++) s += QK[i * C + j] * Vn[j * dv + d];
+                    ot[d] = s;
+                }
+            }
+            /* S = S exp(cum_last) + sum_i (k_i exp(cum_last - cum_i)) v_new_i^T */
+            float last = cum[L - 1], el = expf(last);
+            for (int e = 0; e < dk * dv; e++) Sh[e] *= el;
+            for (int i = 0; i < L; i++) {
+                float w = expf(last - cum[i]);
+                for (int e = 0; e < dk; e++) {
+                    float ke = KK(i)[e] * w;
+                    for (int d = 0; d < dv; d++) Sh[e * dv + d] += ke * Vn[i * dv + d];
+                }
+            }
+#undef QQ
+#undef KK
+#undef VV
+        }
+    }
+    qsa__free(buf);
+    return QSA_OK;
+}
+
+/* x * rsqrt(sum(x^2) + 1e-6) */
+QSA_PRIV void qsa__l2norm(float *x, int n) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float inv = 1.0f / sqrtf(ss + 1e-6f);
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+QSA_PRIV qsa_result qsa__gdn_fwd(qsa_seq *sq, int l, const float *inp, float *out, int n) {
+    const qsa_model *m = sq->m;
+    const qsa_model_config *c = &m->cfg;
+    const qsa__gdn_w *w = &m->layers[l].gdn;
+    qsa__seq_layer *sl = &sq->L[l];
+    int nk = c->linear_num_key_heads, nv = c->linear_num_value_heads, dk = c->linear_key_head_dim,
+        dv = c->linear_value_head_dim, K = c->linear_conv_kernel_dim, H = c->hidden_size;
+    int key_dim = nk * dk, value_dim = nv * dv, conv_dim = 2 * key_dim + value_dim;
+    float *qkv = QSA__ALLOC(float, (size_t)(K - 1 + n) * conv_dim);
+    float *q = QSA__ALLOC(float, (size_t)n * key_dim), *k = QSA__ALLOC(float, (size_t)n * key_dim);
+    float *v = QSA__ALLOC(float, (size_t)n * value_dim), *z = QSA__ALLOC(float, (size_t)n * value_dim);
+    float *o = QSA__ALLOC(float, (size_t)n * value_dim);
+    float *beta = QSA__ALLOC(float, (size_t)n * nv), *g = QSA__ALLOC(float, (size_t)n * nv);
+    qsa_result r = QSA_OK;
+    if (!qkv || !q || !k || !v || !z || !o || !beta || !g) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "GDN: out of memory"); goto done; }
+    /* projections; conv inputs are laid out after the K-1 carried columns */
+    if (K > 1) memcpy(qkv, sl->conv, sizeof(float) * (size_t)(K - 1) * conv_dim);
+    for (int t = 0; t < n; t++) {
+        const float *x = inp + (size_t)t * H;
+        if ((r = qsa__matvec(m, &w->in_qkv, x, qkv + (size_t)(K - 1 + t) * conv_dim)) != QSA_OK) goto done;
+        if ((r = qsa__matvec(m, &w->in_z, x, z + (size_t)t * value_dim)) != QSA_OK) goto done;
+        float bb[1024], aa[1024];
+        if (nv > 1024) { r = qsa__fail(QSA_ERR_UNSUPPORTED, "GDN: more than 1024 value heads"); goto done; }
+        if ((r = qsa__matvec(m, &w->in_b, x, bb)) != QSA_OK) goto done;
+        if ((r = qsa__matvec(m, &w->in_a, x, aa)) != QSA_OK) goto done;
+        for (int h = 0; h < nv; h++) {
+            beta[t * nv + h] = qsa__sigmoid(bb[h]);
+            g[t * nv + h] = -expf(w->A_log[h]) * qsa__softplus(aa[h] + w->dt_bias[h]);
+        }
+    }
+    /* causal depthwise conv (kernel K) + activation, then split into q, k, v */
+    for (int t = 0; t < n; t++) {
+        for (int ch = 0; ch < conv_dim; ch++) {
+            float acc = 0.0f;
+            for (int j = 0; j < K; j++) acc += w->conv_w[ch * K + j] * qkv[(size_t)(t + j) * conv_dim + ch];
+            float y = qsa__act(c->hidden_act, acc);
+            if (ch < key_dim) q[(size_t)t * key_dim + ch] = y;
+            else if (ch < 2 * key_dim) k[(size_t)t * key_dim + ch - key_dim] = y;
+            else v[(size_t)t * value_dim + ch - 2 * key_dim] = y;
+        }
+        /* L2-normalise q and k per head; scale q by dk^-0.5 */
+        for (int h = 0; h < nk; h++) {
+            float *qh = q + (size_t)t * key_dim + h * dk, *kh = k + (size_t)t * key_dim + h * dk;
+            qsa__l2norm(qh, dk);
+            qsa__l2norm(kh, dk);
+            float sc = 1.0f / sqrtf((float)dk);
+            for (int i = 0; i < dk; i++) qh[i] *= sc;
+        }
+    }
+    if (K > 1) memcpy(sl->conv, qkv + (size_t)n * conv_dim, sizeof(float) * (size_t)(K - 1) * conv_dim);
+    if (m->params.gdn_chunked_prefill && n > 1)
+        r = qsa__gdn_chunked(c, sl->S, q, k, v, beta, g, o, n, m->params.gdn_chunk_size);
+    else
+        qsa__gdn_recurrent(c, sl->S, q, k, v, beta, g, o, n);
+    if (r != QSA_OK) goto done;
+    /* gated RMSNorm per head: (o * rsqrt(mean(o^2) + eps)) * w * act(z), then out_proj */
+    for (int t = 0; t < n; t++) {
+        float *ot = o + (size_t)t * value_dim;
+        const float *zt = z + (size_t)t * value_dim;
+        for (int h = 0; h < nv; h++) {
+            float ss = 0.0f;
+            for (int j = 0; j < dv; j++) ss += ot[h * dv + j] * ot[h * dv + j];
+            float inv = 1.0f / sqrtf(ss / (float)dv + c->rms_norm_eps);
+            for (int j = 0; j < dv; j++)
+                ot[h * dv + j] = w->norm_w[j] * (ot[h * dv + j] * inv) * qsa__act(c->output_gate_act, zt[h * dv + j]);
+        }
+        if ((r = qsa__matvec(m, &w->out, ot, out + (size_t)t * H)) != QSA_OK) goto done;
+    }
+done:
+    qsa__free(qkv); qsa__free(q); qsa__free(k); qsa__free(v); qsa__free(z); qsa__free(o); qsa__free(beta); qsa__free(g);
+    return r;
+}
+
+/* Block b's key from its r raw keys keys[r][ihd]: fp32 mean, k_layernorm, RoPE at position b*r. */
+QSA_PRIV void qsa__block_key(const qsa_model *m, const qsa__attn_w *a, const float *keys, int b, float *out) {
+    const qsa_model_config *c = &m->cfg;
+    int ihd = c->indexer_head_dim, r = c->indexer_compress_ratio;
+    float mean[1024];
+    for (int d = 0; d < ihd; d++) {
+        float s = 0.0f;
+        for (int t = 0; t < r; t++) s += keys[(size_t)t * ihd + d];
+        mean[d] = s / (float)r;
+    }
+    qsa__rmsnorm_1p(mean, a->idx_k_norm, out, ihd, ihd, c->rms_norm_eps);
+    qsa__rope(m, out, (int64_t)b * r);
+}
+
+/* Top-k blocks by score: higher score first, then lower block index (the reference leaves ties
+   open; this is our definition).  Returns the selection sorted by ascending block index. */
+QSA_PRIV int qsa__select_blocks(const float *scores, int nb, int k, int32_t *sel) {
+    if (k > nb) k = nb;
+    int n = 0;
+    for (int b = 0; b < nb; b++) {
+        /* insertion into a list kept in (score desc, index asc) order, at most k long */
+        if (n == k && !(scores[b] > scores[sel[n - 1]])) continue;
+        int i = n < k ? n++ : k - 1;
+        while (i > 0 && scores[b] > scores[sel[i - 1]]) { sel[i] = sel[i - 1]; i--; }
+        sel[i] = b;
+    }
+    /* ascending block order */
+    for (int i = 1; i < n; i++) {
+        int32_t x = sel[i];
+        int j = i;
+        while (j > 0 && sel[j - 1] > x) { sel[j] = sel[j - 1]; j--; }
+        sel[j] = x;
+    }
+    return n;
+}
+
+/* Attention of one query head over a plan: scores and softmax in fp32, reduced in plan order with
+   splits every QSA_ATTN_SPLIT selected tokens and a left-to-right merge of (max, sum, out). */
+QSA_PRIV void qsa__attn_head_plan(const qsa__pool *pool, int slot, const qsa__plan *pl, const float *q, int kh, int hd,
+                                  float *o, float *acc) {
+    float scale = 1.0f / sqrtf((float)hd);
+    float M = -INFINITY, Lsum = 0.0f, m = -INFINITY, l = 0.0f;
+    for (int d = 0; d < hd; d++) o[d] = 0.0f;
+    for (int d = 0; d < hd; d++) acc[d] = 0.0f;
+    int k = 0;
+    for (int si = 0; si < pl->n_seg; si++) {
+        const qsa__seg *sg = &pl->seg[si];
+        for (int j = 0; j < sg->len; j++, k++) {
+            const float *kk = qsa__pool_k(pool, slot, sg->page, sg->offset + j) + kh * hd;
+            const float *vv = qsa__pool_v(pool, slot, sg->page, sg->offset + j) + kh * hd;
+            float sc = 0.0f;
+            for (int d = 0; d < hd; d++) sc += q[d] * kk[d];
+            sc *= scale;
+            /* online softmax within the split */
+            if (sc > m) {
+                float f = expf(m - sc);
+                l *= f;
+                for (int d = 0; d < hd; d++) acc[d] *= f;
+                m = sc;
+            }
+            float e = expf(sc - m);
+            l += e;
+            for (int d = 0; d < hd; d++) acc[d] += e * vv[d];
+            if ((k + 1) % QSA_ATTN_SPLIT == 0 || k + 1 == pl->n_tokens) {
+                /* merge this split's (m, l, acc) into the running (M, Lsum, o) */
+                float Mn = m > M ? m : M, fa = expf(M - Mn), fb = expf(m - Mn);
+                Lsum = Lsum * fa + l * fb;
+                for (int d = 0; d < hd; d++) o[d] = o[d] * fa + acc[d] * fb;
+                M = Mn;
+                m = -INFINITY; l = 0.0f;
+                for (int d = 0; d < hd; d++) acc[d] = 0.0f;
+            }
+        }
+    }
+    for (int d = 0; d < hd; d++) o[d] /= Lsum;
+}
+
+/* Append one query to a capture. */
+QSA_PRIV qsa_result qsa__capture_query(qsa__capture *cp, int64_t pos, const float *q, int nq, const int32_t *sel, int ns,
+                                       int topk, const qsa__plan *pl, const float *out, int nout) {
+    int32_t pad = -1, off = (int32_t)(cp->seg.len / sizeof(int32_t) / 4), ns32 = ns;
+    int ok = qsa__buf_put(&cp->pos, &pos, 8) && qsa__buf_put(&cp->q, q, sizeof(float) * (size_t)nq) &&
+             qsa__buf_put(&cp->nsel, &ns32, 4) && qsa__buf_put(&cp->out, out, sizeof(float) * (size_t)nout) &&
+             qsa__buf_put(&cp->seg_off, &off, 4);
+    for (int i = 0; ok && i < topk; i++) ok = qsa__buf_put(&cp->sel, i < ns ? &sel[i] : &pad, 4);
+    for (int i = 0; ok && i < pl->n_seg; i++) ok = qsa__buf_put(&cp->seg, &pl->seg[i], sizeof(qsa__seg));
+    if (!ok) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "capture: out of memory");
+    cp->n++;
+    return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__attn_fwd(qsa_seq *sq, int l, const float *inp, float *out, int n) {
+    const qsa_model *m = sq->m;
+    const qsa_model_config *c = &m->cfg;
+    const qsa__attn_w *a = &m->layers[l].attn;
+    const qsa__pool *pool = &m->pool;
+    qsa__seq_layer *sl = &sq->L[l];
+    int H = c->hidden_size, nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim;
+    int grp = nh / nkv, p0 = sq->pos, slot = pool->slot[l], ps = pool->page_size;
+    int ih = c->indexer_n_heads, ihd = c->indexer_head_dim, r = c->has_qsa ? c->indexer_compress_ratio : 1;
+    int topk = c->has_qsa ? c->indexer_budget / r : 0;
+    float *qg = QSA__ALLOC(float, (size_t)n * nh * hd * 2);
+    float *iq = QSA__ALLOC(float, (size_t)n * (ih + 1) * ihd + 1);
+    float *att = QSA__ALLOC(float, (size_t)nh * hd), *acc = QSA__ALLOC(float, hd);
+    float *scores = QSA__ALLOC(float, (size_t)(p0 + n) / r + 1);
+    int32_t *sel = QSA__ALLOC(int32_t, topk + 1);
+    float *ikeys = QSA__ALLOC(float, (size_t)r * ihd + 1);
+    qsa__plan plan;
+    memset(&plan, 0, sizeof plan);
+    qsa_result res = QSA_OK;
+    if (!qg || !iq || !att || !acc || !scores || !sel || !ikeys) { res = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "attention: out of memory"); goto done; }
+    /* 1. projections for every token of the chunk; K, V and raw indexer keys go to the token's page */
+    for (int t = 0; t < n; t++) {
+        const float *x = inp + (size_t)t * H;
+        int64_t pos = p0 + t;
+        int32_t page = sq->bt[pos / ps];
+        int off = (int)(pos % ps);
+        float *qt = qg + (size_t)t * nh * hd * 2;
+        if ((res = qsa__matvec(m, &a->q, x, qt)) != QSA_OK) goto done;
+        float *kt = qsa__pool_k(pool, slot, page, off), *vt = qsa__pool_v(pool, slot, page, off);
+        if ((res = qsa__matvec(m, &a->k, x, kt)) != QSA_OK) goto done;
+        if ((res = qsa__matvec(m, &a->v, x, vt)) != QSA_OK) goto done;
+        for (int h = 0; h < nh; h++) { /* q_norm then RoPE on the q half of [q | gate] */
+            float *qh = qt + (size_t)h * 2 * hd;
+            qsa__rmsnorm_1p(qh, a->q_norm, qh, hd, hd, c->rms_norm_eps);
+            qsa__rope(m, qh, pos);
+        }
+        for (int h = 0; h < nkv; h++) {
+            qsa__rmsnorm_1p(kt + h * hd, a->k_norm, kt + h * hd, hd, hd, c->rms_norm_eps);
+            qsa__rope(m, kt + h * hd, pos);
+        }
+        if (c->has_qsa) {
+            float *it = iq + (size_t)t * (ih + 1) * ihd;
+            if ((res = qsa__matvec(m, &a->idx_qk, x, it)) != QSA_OK) goto done;
+            for (int h = 0; h < ih; h++) { /* indexer queries: q_layernorm then RoPE */
+                qsa__rmsnorm_1p(it + h * ihd, a->idx_q_norm, it + h * ihd, ihd, ihd, c->rms_norm_eps);
+                qsa__rope(m, it + h * ihd, pos);
+            }
+            memcpy(qsa__pool_ik(pool, slot, page, off), it + (size_t)ih * ihd, sizeof(float) * (size_t)ihd);
+        }
+    }
+    /* 2. per query: select blocks + tail, plan, attend in plan order */
+    for (int t = 0; t < n; t++) {
+        int64_t pos = p0 + t;
+        int nvis = (int)pos + 1, nb = 0, ns = 0;
+        if (c->has_qsa) {
+            nb = nvis / r;
+            /* cache keys of newly completed blocks (a completed block's key never changes) */
+            while (sl->n_blocks < nb) {
+                int b = sl->n_blocks;
+                for (int j = 0; j < r; j++) {
+                    int64_t tp = (int64_t)b * r + j;
+                    memcpy(ikeys + (size_t)j * ihd, qsa__pool_ik(pool, slot, sq->bt[tp / ps], (int)(tp % ps)), sizeof(float) * (size_t)ihd);
+                }
+                qsa__block_key(m, a, ikeys, b, sl->bkey + (size_t)b * ihd);
+                sl->n_blocks++;
+            }
+            const float *it = iq + (size_t)t * (ih + 1) * ihd;
+            for (int b = 0; b < nb; b++) {
+                const float *bk = sl->bkey + (size_t)b * ihd;
+                float s = 0.0f;
+                for (int h = 0; h < ih; h++) {
+                    float d = 0.0f;
+                    for (int i = 0; i < ihd; i++) d += it[h * ihd + i] * bk[i];
+                    s += d > 0.0f ? d : 0.0f;
+                }
+                scores[b] = s / sqrtf((float)ihd);
+            }
+            ns = qsa__select_blocks(scores, nb, topk, sel);
+            if (sq->sel_hook) sq->sel_hook(sq->sel_user, l, pos, sel, ns, scores, nb);
+        }
+        if ((res = qsa__plan_build(&plan, sel, ns, nb, r, pos, ps, sq->bt, m->params.debug_physical_order)) != QSA_OK) goto done;
+        const float *qt = qg + (size_t)t * nh * hd * 2;
+        for (int h = 0; h < nh; h++) {
+            const float *qh = qt + (size_t)h * 2 * hd, *gate = qh + hd;
+            float *oh = att + (size_t)h * hd;
+            qsa__attn_head_plan(pool, slot, &plan, qh, h / grp, hd, oh, acc);
+            for (int d = 0; d < hd; d++) oh[d] *= qsa__sigmoid(gate[d]);
+        }
+        if (sq->cap && sq->cap->layer == l &&
+            (res = qsa__capture_query(sq->cap, pos, qt, nh * hd * 2, sel, ns, topk, &plan, att, nh * hd)) != QSA_OK)
+            goto done;
+        if ((res = qsa__matvec(m, &a->o, att, out + (size_t)t * H)) != QSA_OK) goto done;
+    }
+done:
+    qsa__free(qg); qsa__free(iq); qsa__free(att); qsa__free(acc); qsa__free(scores); qsa__free(sel); qsa__free(ikeys);
+    qsa__free(plan.seg);
+    return res;
+}
+
+/* MoE on one token: softmax router in fp32, top-k (ties: lower expert id), optional renormalisation,
+   SwiGLU experts, plus the shared expert scaled by sigmoid(shared_expert_gate(x)). */
+QSA_PRIV qsa_result qsa__moe_fwd(const qsa_model *m, const qsa__moe_w *w, const float *x, float *out, float *margin) {
+    const qsa_model_config *c = &m->cfg;
+    int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size,
+        Is = c->shared_expert_intermediate_size;
+    int mi = I > Is ? I : Is;
+    float *logits = QSA__ALLOC(float, E), *a = QSA__ALLOC(float, mi), *b = QSA__ALLOC(float, mi), *y = QSA__ALLOC(float, H);
+    int *top = QSA__ALLOC(int, K);
+    float *topw = QSA__ALLOC(float, K);
+    qsa_result r = QSA_OK;
+    if (!logits || !a || !b || !y || !top || !topw) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "MoE: out of memory"); goto done; }
+    if ((r = qsa__matvec(m, &w->router, x, logits)) != QSA_OK) goto done;
+    float mx, sum;
+    mx = -INFINITY;
+    sum = 0.0f;
+    for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
+    for (int e = 0; e < E; e++) { logits[e] = expf(logits[e] - mx); sum += logits[e]; }
+    for (int e = 0; e < E; e++) logits[e] /= sum;
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int used = 0;
+            for (int j = 0; j < k; j++) used |= top[j] == e;
+            if (!used && (best < 0 || logits[e] > logits[best])) best = e;
+        }
+        top[k] = best;
+        topw[k] = logits[best];
+    }
+    if (margin) { /* routing margin: the last chosen probability minus the best one left out */
+        float next = 0.0f;
+        for (int e = 0; e < E; e++) {
+            int used = 0;
+            for (int j = 0; j < K; j++) used |= top[j] == e;
+            if (!used && logits[e] > next) next = logits[e];
+        }
+        *margin = K < E ? topw[K - 1] - next : INFINITY;
+    }
+    if (c->norm_topk_prob) {
+        float s = 0.0f;
+        for (int k = 0; k < K; k++) s += topw[k];
+        for (int k = 0; k < K; k++) topw[k] /= s;
+    }
+    for (int j = 0; j < H; j++) out[j] = 0.0f;
+    /* experts in ascending id order, as the reference accumulates them */
+    for (int e = 0; e < E; e++) {
+        int k = -1;
+        for (int j = 0; j < K; j++) if (top[j] == e) k = j;
+        if (k < 0) continue;
+        if ((r = qsa__matvec(m, &w->gate[e], x, a)) != QSA_OK) goto done;
+        if ((r = qsa__matvec(m, &w->up[e], x, b)) != QSA_OK) goto done;
+        for (int i = 0; i < I; i++) a[i] = qsa__act(c->hidden_act, a[i]) * b[i];
+        if ((r = qsa__matvec(m, &w->down[e], a, y)) != QSA_OK) goto done;
+        for (int j = 0; j < H; j++) out[j] += y[j] * topw[k];
+    }
+    if ((r = qsa__matvec(m, &w->sh_gate, x, a)) != QSA_OK) goto done;
+    if ((r = qsa__matvec(m, &w->sh_up, x, b)) != QSA_OK) goto done;
+    for (int i = 0; i < Is; i++) a[i] = qsa__act(c->hidden_act, a[i]) * b[i];
+    if ((r = qsa__matvec(m, &w->sh_down, a, y)) != QSA_OK) goto done;
+    float gl;
+    if ((r = qsa__matvec(m, &w->sh_expert_gate, x, &gl)) != QSA_OK) goto done;
+    gl = qsa__sigmoid(gl);
+    for (int j = 0; j < H; j++) out[j] += gl * y[j];
+done:
+    qsa__free(logits); qsa__free(a); qsa__free(b); qsa__free(y); qsa__free(top); qsa__free(topw);
+    return r;
+}
+
+QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float *logits, int all_logits) {
+    qsa_model *m = sq->m;
+    const qsa_model_config *c = &m->cfg;
+    int H = c->hidden_size, hc = c->hc_count, hcH = hc * H, V = c->vocab_size;
+    if (n <= 0) return QSA_OK;
+    if (sq->pos + n > sq->n_ctx)
+        return qsa__fail(QSA_ERR_CONTEXT_FULL, "qsa_seq_feed: %d + %d tokens exceed the context of %d", sq->pos, n, sq->n_ctx);
+    for (int t = 0; t < n; t++)
+        if (ids[t] < 0 || ids[t] >= V)
+            return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed: token %d at index %d is outside the vocabulary [0, %d)", ids[t], t, V);
+    QSA__TRY(qsa__seq_reserve(sq, sq->pos + n));
+#ifndef QSA_NO_CUDA
+    if (m->cuda) {
+        for (int t0 = 0; t0 < n;) {
+            int k = n - t0 < m->params.max_chunk ? n - t0 : m->params.max_chunk;
+            float *lg = !logits ? NULL : all_logits ? logits + (size_t)t0 * V : (t0 + k == n ? logits : NULL);
+            float *hid = sq->hidden_out;
+            if (hid) sq->hidden_out = hid + (size_t)t0 * H;
+            qsa_result r = qsa__cuda_chunk(sq, ids + t0, k, lg, all_logits);
+            sq->hidden_out = hid;
+            if (r != QSA_OK) return r;
+            memcpy(sq->tokens + sq->pos, ids + t0, sizeof(int32_t) * (size_t)k);
+            sq->pos += k;
+            t0 += k;
+        }
+        return QSA_OK;
+    }
+#endif
+    qsa__scratch sc;
+    memset(&sc, 0, sizeof sc);
+    float *X = QSA__ALLOC(float, (size_t)n * hcH);
+    sc.xn = QSA__ALLOC(float, hcH);
+    sc.mw = QSA__ALLOC(float, hcH);
+    sc.low = QSA__ALLOC(float, c->hc_lowrank);
+    sc.inj = QSA__ALLOC(float, (size_t)n * hc);
+    sc.inp = QSA__ALLOC(float, (size_t)n * H);
+    sc.out = QSA__ALLOC(float, (size_t)n * H);
+    qsa_result r = QSA_OK;
+    if (!X || !sc.xn || !sc.mw || !sc.low || !sc.inj || !sc.inp || !sc.out) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_seq_feed: out of memory"); goto done; }
+    /* embedding, repeated into hc streams */
+    for (int t = 0; t < n; t++)
+        for (int s = 0; s < hc; s++) memcpy(X + (size_t)t * hcH + s * H, m->embed + (size_t)ids[t] * H, sizeof(float) * H);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const qsa__layer_w *lw = &m->layers[l];
+        if (lw->ple && (r = qsa__ple_fwd(sq, l, ids, n, X, &sc)) != QSA_OK) goto done;
+        for (int t = 0; t < n; t++)
+            if ((r = qsa__gres_fwd(m, &lw->attn_hc, X + (size_t)t * hcH, sc.inp + (size_t)t * H, sc.inj + t * hc, &sc)) != QSA_OK) goto done;
+        r = lw->type == QSA_LAYER_LINEAR ? qsa__gdn_fwd(sq, l, sc.inp, sc.out, n) : qsa__attn_fwd(sq, l, sc.inp, sc.out, n);
+        if (r != QSA_OK) goto done;
+        for (int t = 0; t < n; t++) qsa__inject(c, X + (size_t)t * hcH, sc.inj + t * hc, sc.out + (size_t)t * H);
+        for (int t = 0; t < n; t++) {
+            float *x = X + (size_t)t * hcH;
+            if ((r = qsa__gres_fwd(m, &lw->mlp_hc, x, sc.inp, sc.inj, &sc)) != QSA_OK) goto done;
+            float margin = INFINITY;
+            if ((r = qsa__moe_fwd(m, &lw->moe, sc.inp, sc.out, &margin)) != QSA_OK) goto done;
+            if (sq->route_hook) sq->route_hook(sq->sel_user, l, sq->pos + t, margin);
+            qsa__inject(c, x, sc.inj, sc.out);
+        }
+    }
+    /* final mixer and lm_head */
+    for (int t = 0; t < n; t++) {
+        if ((r = qsa__gres_fwd(m, &m->final_hc, X + (size_t)t * hcH, sc.inp, NULL, &sc)) != QSA_OK) goto done;
+        if (sq->hidden_out) memcpy(sq->hidden_out + (size_t)t * H, sc.inp, sizeof(float) * H);
+        if (logits && (all_logits || t == n - 1))
+            if ((r = qsa__matvec(m, &m->lm_head, sc.inp, logits + (all_logits ? (size_t)t * V : 0))) != QSA_OK) goto done;
+    }
+    memcpy(sq->tokens + sq->pos, ids, sizeof(int32_t) * (size_t)n);
+    sq->pos += n;
+done:
+    qsa__free(X); qsa__free(sc.xn); qsa__free(sc.mw); qsa__free(sc.low); qsa__free(sc.inj); qsa__free(sc.inp); qsa__free(sc.out);
+    return r;
+}
+
+QSA_IMPL qsa_result qsa_seq_feed(qsa_seq *seq, const int32_t *ids, int n, float *logits, int all_logits) {
+    if (!seq || (!ids && n > 0) || n < 0) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed: bad arguments");
+    return qsa__seq_feed(seq, ids, n, logits, all_logits);
+}
+
+/* ============================================================================================== */
+/* >>sampler  greedy and seeded sampling                                                          */
+/* ============================================================================================== */
+/* The RNG is xoshiro256** seeded through splitmix64 from the seed; one uniform double in [0, 1)
+   (53 bits) is drawn per sampled token, so the same seed and the same logits give the same tokens.
+   Order of operations: repetition penalty, temperature, top-k, softmax, top-p, min-p, draw. */
+
+struct qsa_sampler {
+    qsa_sampling_params p;
+    uint64_t s[4];
+    int cap;
+    int32_t *idx;
+    float *prob;
+};
+
+QSA_PRIV uint64_t qsa__rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+QSA_PRIV double qsa__rng_uniform(uint64_t *s) {
+    uint64_t r = qsa__rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3];
+    s[2] ^= t; s[3] = qsa__rotl(s[3], 45);
+    return (double)(r >> 11) * (1.0 / 9007199254740992.0);
+}
+
+QSA_IMPL qsa_result qsa_sampler_create(const qsa_sampling_params *params, qsa_sampler **out) {
+    if (!out) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sampler_create: NULL out");
+    qsa_sampler *s = QSA__CALLOC(qsa_sampler, 1);
+    if (!s) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sampler_create: out of memory");
+    if (params) s->p = *params;
+    qsa_sampling_params p = s->p;
+    if (p.temperature < 0 || p.top_p < 0 || p.top_p > 1 || p.min_p < 0 || p.min_p > 1 || p.repetition_penalty < 0 ||
+        p.top_k < 0) {
+        qsa__free(s);
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT,
+                         "qsa_sampler_create: temperature %g, top_k %d, top_p %g, min_p %g, repetition_penalty %g: "
+                         "expected temperature >= 0, top_k >= 0, top_p and min_p in [0, 1], penalty >= 0",
+                         p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty);
+    }
+    QSA__DEF(s->p.penalty_last_n, 64);
+    uint64_t x = s->p.seed;
+    for (int i = 0; i < 4; i++) { x += QSA__SPLITMIX_GAMMA; s->s[i] = qsa__splitmix64(x - QSA__SPLITMIX_GAMMA); }
+    *out = s;
+    return QSA_OK;
+}
+
+QSA_IMPL void qsa_sampler_free(qsa_sampler *s) {
+    if (!s) return;
+    qsa__free(s->idx);
+    qsa__free(s->prob);
+    qsa__free(s);
+}
+
+QSA_PRIV int32_t qsa__argmax(const float *x, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* sort candidate ids by logit descending, lower id first on ties (heap sort: O(n log n), no recursion) */
+QSA_PRIV int qsa__cand_before(const float *l, int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); }
+QSA_PRIV void qsa__cand_sift(const float *l, int32_t *v, int i, int n) {
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && qsa__cand_before(l, v[c], v[c + 1])) c++;
+        if (!qsa__cand_before(l, v[i], v[c])) return;
+        int32_t t = v[i]; v[i] = v[c]; v[c] = t;
+        i = c;
+    }
+}
+QSA_PRIV void qsa__cand_sort(const float *l, int32_t *v, int n) {
+    /* max-heap on "after" ordering, so popping gives descending order at the front */
+    for (int i = n / 2 - 1; i >= 0; i--) qsa__cand_sift(l, v, i, n);
+    for (int e = n - 1; e > 0; e--) {
+        int32_t t = v[0]; v[0] = v[e]; v[e] = t;
+        qsa__cand_sift(l, v, 0, e);
+    }
+}
+
+QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, const int32_t *hist, int n_hist) {
+    const qsa_sampling_params *p = &s->p;
+    if (p->repetition_penalty > 0 && p->repetition_penalty != 1.0f && hist) {
+        int from = p->penalty_last_n < 0 || p->penalty_last_n > n_hist ? 0 : n_hist - p->penalty_last_n;
+        for (int i = from; i < n_hist; i++) {
+            int32_t t = hist[i];
+            int seen = 0;
+            for (int j = from; j < i; j++) seen |= hist[j] == t;
+            if (seen || t < 0 || t >= vocab) continue;
+            logits[t] = logits[t] > 0 ? logits[t] / p->repetition_penalty : logits[t] * p->repetition_penalty;
+        }
+    }
+    if (p->temperature <= 0.0f) return qsa__argmax(logits, vocab);
+    if (s->cap < vocab) {
+        int32_t *idx = (int32_t *)qsa__realloc(s->idx, sizeof(int32_t) * (size_t)vocab);
+        if (idx) s->idx = idx;
+        float *prob = (float *)qsa__realloc(s->prob, sizeof(float) * (size_t)vocab);
+        if (prob) s->prob = prob;
+        if (!idx || !prob) return qsa__argmax(logits, vocab); /* cannot sample: degrade to greedy */
+        s->cap = vocab;
+    }
+    for (int i = 0; i < vocab; i++) logits[i] /= p->temperature;
+    int n = vocab;
+    for (int i = 0; i < vocab; i++) s->idx[i] = i;
+    qsa__cand_sort(logits, s->idx, n);
+    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+    double sum = 0.0, mx = logits[s->idx[0]];
+    for (int i = 0; i < n; i++) { s->prob[i] = (float)exp(logits[s->idx[i]] - mx); sum += s->prob[i]; }
+    for (int i = 0; i < n; i++) s->prob[i] = (float)(s->prob[i] / sum);
+    if (p->top_p > 0.0f && p->top_p < 1.0f) {
+        double c = 0.0;
+        for (int i = 0; i < n; i++) { c += s->prob[i]; if (c >= p->top_p) { n = i + 1; break; } }
+    }
+    if (p->min_p > 0.0f) {
+        float lim = p->min_p * s->prob[0];
+        int k = 1;
+        while (k < n && s->prob[k] >= lim) k++;
+        n = k;
+    }
+    sum = 0.0;
+    for (int i = 0; i < n; i++) sum += s->prob[i];
+    double u = qsa__rng_uniform(s->s) * sum, c = 0.0;
+    for (int i = 0; i < n; i++) {
+        c += s->prob[i];
+        if (u < c) return s->idx[i];
+    }
+    return s->idx[n - 1];
+}
+
+/* ============================================================================================== */
+/* >>generate  prompt + decode loop, stop conditions, statistics                                  */
+/* ============================================================================================== */
+
+QSA_IMPL void qsa_generation_free(qsa_generation *g) {
+    if (!g) return;
+    qsa__free(g->tokens);
+    qsa__free(g->text);
+    memset(g, 0, sizeof *g);
+}
+
+/* Length of the longest suffix of text that is a proper prefix of some stop string: that much
+   text is held back from the callback because it may become a stop string. */
+QSA_PRIV size_t qsa__stop_holdback(const char *text, size_t len, const char *const *stops, int n) {
+    size_t best = 0;
+    for (int i = 0; i < n; i++) {
+        size_t sl = strlen(stops[i]);
+        for (size_t k = sl > 1 ? sl - 1 : 0; k > best; k--)
+            if (k <= len && memcmp(text + len - k, stops[i], k) == 0) { best = k; break; }
+    }
+    return best;
+}
+
+QSA_IMPL qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prompt, const qsa_generate_params *gp,
+                                 qsa_generation *out) {
+    if (!seq || !out || (n_prompt > 0 && !prompt) || n_prompt < 0)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_generate: NULL or negative argument");
+    memset(out, 0, sizeof *out);
+    qsa_generate_params p;
+    memset(&p, 0, sizeof p);
+    if (gp) p = *gp;
+    qsa_model *m = seq->m;
+    const qsa_tokenizer *tok = m->tok;
+    int V = m->cfg.vocab_size;
+    const int32_t *eos = p.eos_ids;
+    int n_eos = p.n_eos_ids;
+    if (!eos) {
+        if (m->gen.n_eos) { eos = m->gen.eos_token_ids; n_eos = m->gen.n_eos; }
+        else { eos = m->cfg.eos_token_ids; n_eos = m->cfg.n_eos; }
+    }
+    int room = seq->n_ctx - seq->pos - n_prompt;
+    if (room < 1)
+        return qsa__fail(QSA_ERR_CONTEXT_FULL, "qsa_generate: prompt of %d tokens at position %d leaves no room in the context of %d",
+                         n_prompt, seq->pos, seq->n_ctx);
+    if (n_prompt == 0 && seq->pos == 0)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_generate: empty prompt on an empty sequence");
+    int max_new = p.max_tokens > 0 && p.max_tokens < room + 1 ? p.max_tokens : room + 1;
+    qsa_sampler *smp = NULL;
+    QSA__TRY(qsa_sampler_create(&p.sampling, &smp));
+    float *logits = QSA__ALLOC(float, V);
+    out->tokens = QSA__ALLOC(int32_t, max_new);
+    qsa__buf text;
+    memset(&text, 0, sizeof text);
+    qsa_detok_stream ds;
+    memset(&ds, 0, sizeof ds);
+    if (tok) qsa_detok_stream_init(&ds, tok, QSA_DETOK_SKIP_SPECIAL);
+    size_t emitted = 0;
+    qsa_result r = QSA_OK;
+    if (!logits || !out->tokens || !qsa__buf_reserve(&text, 64)) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_generate: out of memory"); goto done; }
+    double t0, t_first;
+    t0 = t_first = qsa__now();
+    if (n_prompt > 0) r = qsa_seq_feed(seq, prompt, n_prompt, logits, 0);
+    else r = qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_generate: a prompt of at least one token is needed for logits");
+    if (r != QSA_OK) goto done;
+    out->stats.n_prompt = n_prompt;
+    out->stats.prefill_s = qsa__now() - t0;
+    for (;;) {
+        int32_t t = qsa_sampler_sample(smp, logits, V, seq->tokens, seq->pos);
+        out->tokens[out->n_tokens++] = t;
+        double now = qsa__now();
+        if (out->n_tokens == 1) { t_first = now; out->stats.ttft_s = now - t0; }
+        out->stats.decode_s = now - t_first;
+        int is_eos = 0;
+        for (int i = 0; i < n_eos; i++) is_eos |= eos[i] == t;
+        if (is_eos && !p.ignore_eos) { out->stop = QSA_STOP_EOS; break; }
+        if (tok) {
+            const char *piece;
+            size_t plen;
+            if ((r = qsa_detok_stream_push(&ds, t, &piece, &plen)) != QSA_OK) goto done;
+            if (!qsa__buf_put(&text, piece, plen)) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_generate: out of memory"); goto done; }
+        }
+        /* stop strings: cut the text at the earliest match */
+        int stopped = 0;
+        for (int i = 0; i < p.n_stop_strings && !stopped; i++) {
+            const char *hit = p.stop_strings[i][0] ? strstr(text.data, p.stop_strings[i]) : NULL;
+            if (hit) { text.len = (size_t)(hit - text.data); text.data[text.len] = 0; stopped = 1; }
+        }
+        size_t hold = stopped ? 0 : qsa__stop_holdback(text.data, text.len, p.stop_strings, p.n_stop_strings);
+        size_t upto = text.len > hold ? text.len - hold : 0;
+        if (p.on_token && upto >= emitted) {
+            if (p.on_token(p.user, t, text.data + emitted, upto - emitted)) { emitted = upto; out->stop = QSA_STOP_CALLBACK; break; }
+            emitted = upto;
+        }
+        if (stopped) { out->stop = QSA_STOP_STRING; break; }
+        if (out->n_tokens >= max_new) { out->stop = QSA_STOP_MAX_TOKENS; break; }
+        if ((r = qsa_seq_feed(seq, &t, 1, logits, 0)) != QSA_OK) goto done;
+    }
+    if (tok && out->stop != QSA_STOP_STRING && out->stop != QSA_STOP_CALLBACK) {
+        /* text held back for a stop string that never came, then any incomplete UTF-8 tail */
+        const char *piece;
+        size_t plen;
+        if (qsa_detok_stream_flush(&ds, &piece, &plen) == QSA_OK && plen) qsa__buf_put(&text, piece, plen);
+        if (p.on_token && text.len > emitted) p.on_token(p.user, -1, text.data + emitted, text.len - emitted);
+    }
+    out->stats.n_generated = out->n_tokens;
+    out->stats.prefill_tok_s = out->stats.prefill_s > 0 ? n_prompt / out->stats.prefill_s : 0;
+    out->stats.decode_tok_s = out->stats.decode_s > 0 ? (out->n_tokens - 1) / out->stats.decode_s : 0;
+    out->text = text.data ? text.data : qsa__strdup("");
+    out->text_len = text.len;
+    text.data = NULL;
+done:
+    if (tok) qsa_detok_stream_free(&ds);
+    qsa__buf_free(&text);
+    qsa__free(logits);
+    qsa_sampler_free(smp);
+    if (r != QSA_OK) qsa_generation_free(out);
+    return r;
+}
+
+/* ---- writing safetensors (tools: logits dumps, captures) ---- */
+
+typedef struct qsa__st_out {
+    const char *name;
+    qsa__dtype dtype;
+    int ndim;
+    int64_t shape[4];
+    const void *data;
+} qsa__st_out;
+
+/* Write tensors (in the given order) to `path` via a temporary file and rename. */
+QSA_PRIV qsa_result qsa__st_write(const char *path, const qsa__st_out *t, int n) {
+    static const char *dn[] = {"F32", "F16", "BF16", "F8_E4M3", "U8", "I64", "I32"};
+    qsa__buf h;
+    memset(&h, 0, sizeof h);
+    size_t off = 0;
+    int ok = qsa__buf_puts(&h, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int i = 0; i < n && ok; i++) {
+        size_t bytes = qsa__dtype_size(t[i].dtype);
+        char tmp[512];
+        for (int d = 0; d < t[i].ndim; d++) bytes *= (size_t)t[i].shape[d];
+        snprintf(tmp, sizeof tmp, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t[i].name, dn[t[i].dtype]);
+        ok &= qsa__buf_puts(&h, tmp);
+        for (int d = 0; d < t[i].ndim; d++) {
+            snprintf(tmp, sizeof tmp, "%s%lld", d ? "," : "", (long long)t[i].shape[d]);
+            ok &= qsa__buf_puts(&h, tmp);
+        }
+        snprintf(tmp, sizeof tmp, "],\"data_offsets\":[%zu,%zu]}", off, off + bytes);
+        ok &= qsa__buf_puts(&h, tmp);
+        off += bytes;
+    }
+    ok &= qsa__buf_puts(&h, "}");
+    while (ok && h.len % 8) ok &= qsa__buf_puts(&h, " ");
+    if (!ok) { qsa__buf_free(&h); return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "write '%s': out of memory", path); }
+    char *tmpname = QSA__ALLOC(char, strlen(path) + 8);
+    if (!tmpname) { qsa__buf_free(&h); return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "write '%s': out of memory", path); }
+    sprintf(tmpname, "%s.tmp", path);
+    FILE *f = fopen(tmpname, "wb");
+    qsa_result r = QSA_OK;
+    if (!f) r = qsa__fail(QSA_ERR_IO, "write '%s': %s", tmpname, strerror(errno));
+    else {
+        uint64_t hl = h.len;
+        uint8_t le[8];
+        for (int i = 0; i < 8; i++) le[i] = (uint8_t)(hl >> (8 * i));
+        int wok = fwrite(le, 1, 8, f) == 8 && fwrite(h.data, 1, h.len, f) == h.len;
+        for (int i = 0; i < n && wok; i++) {
+            size_t bytes = qsa__dtype_size(t[i].dtype);
+            for (int d = 0; d < t[i].ndim; d++) bytes *= (size_t)t[i].shape[d];
+            wok = !bytes || fwrite(t[i].data, 1, bytes, f) == bytes;
+        }
+        if (fclose(f) != 0) wok = 0;
+        if (!wok) r = qsa__fail(QSA_ERR_IO, "write '%s': %s", tmpname, strerror(errno));
+        else if (rename(tmpname, path) != 0) r = qsa__fail(QSA_ERR_IO, "rename '%s' -> '%s': %s", tmpname, path, strerror(errno));
+        if (r != QSA_OK) remove(tmpname);
+    }
+    qsa__free(tmpname);
+    qsa__buf_free(&h);
+    return r;
+}
+
+/* ============================================================================================== */
+/* >>capture  capture and replay of one QSA layer                                                 */
+/* ============================================================================================== */
+
+QSA_IMPL qsa_result qsa_seq_capture_begin(qsa_seq *s, int layer) {
+    if (!s || layer < 0 || layer >= s->m->cfg.num_hidden_layers || s->m->cfg.layer_types[layer] != QSA_LAYER_QSA)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_capture_begin: layer %d is not a QSA layer", layer);
+    if (s->cuda) return qsa__fail(QSA_ERR_UNSUPPORTED, "qsa_seq_capture_begin: capture runs on the CPU backend");
+    qsa__capture_free(s);
+    s->cap = QSA__CALLOC(qsa__capture, 1);
+    if (!s->cap) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "capture: out of memory");
+    s->cap->layer = layer;
+    return QSA_OK;
+}
+
+QSA_IMPL qsa_result qsa_seq_capture_end(qsa_seq *s, const char *path) {
+    if (!s || !s->cap || !path) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_capture_end: no capture in progress");
+    const qsa_model_config *c = &s->m->cfg;
+    const qsa__pool *pl = &s->m->pool;
+    qsa__capture *cp = s->cap;
+    int slot = pl->slot[cp->layer], np = s->n_pages, n = cp->n, ps = pl->page_size;
+    int topk = c->has_qsa ? c->indexer_budget / c->indexer_compress_ratio : 0;
+    int64_t meta[12] = {cp->layer, ps, c->num_attention_heads, c->num_key_value_heads, c->head_dim,
+                        c->has_qsa ? c->indexer_compress_ratio : 1, topk, n, np, pl->kvd, QSA_ATTN_SPLIT,
+                        s->m->params.debug_physical_order};
+    size_t page_vals = (size_t)ps * pl->kvd;
+    float *k = QSA__ALLOC(float, (size_t)np * page_vals + 1), *v = QSA__ALLOC(float, (size_t)np * page_vals + 1);
+    int32_t end = (int32_t)(cp->seg.len / sizeof(qsa__seg));
+    qsa_result r = QSA_OK;
+    if (!k || !v || !qsa__buf_put(&cp->seg_off, &end, 4)) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "capture: out of memory");
+    if (r == QSA_OK) {
+        for (int i = 0; i < np; i++) {
+            memcpy(k + i * page_vals, qsa__pool_k(pl, slot, s->bt[i], 0), sizeof(float) * page_vals);
+            memcpy(v + i * page_vals, qsa__pool_v(pl, slot, s->bt[i], 0), sizeof(float) * page_vals);
+        }
+        qsa__st_out t[11];
+        memset(t, 0, sizeof t);
+#define QSA__T(i, nm, dt, nd, s0, s1, s2, ptr) \
+    do { t[i].name = nm; t[i].dtype = dt; t[i].ndim = nd; t[i].shape[0] = s0; t[i].shape[1] = s1; t[i].shape[2] = s2; t[i].data = ptr; } while (0)
+        QSA__T(0, "meta", QSA__I64, 1, 12, 0, 0, meta);
+        QSA__T(1, "pos", QSA__I64, 1, n, 0, 0, cp->pos.data);
+        QSA__T(2, "q", QSA__F32, 2, n, 2 * c->num_attention_heads * c->head_dim, 0, cp->q.data);
+        QSA__T(3, "sel", QSA__I32, 2, n, topk, 0, cp->sel.data);
+        QSA__T(4, "nsel", QSA__I32, 1, n, 0, 0, cp->nsel.data);
+        QSA__T(5, "out", QSA__F32, 2, n, c->num_attention_heads * c->head_dim, 0, cp->out.data);
+        QSA__T(6, "plan", QSA__I32, 2, end, 4, 0, cp->seg.data);
+        QSA__T(7, "plan_off", QSA__I32, 1, n + 1, 0, 0, cp->seg_off.data);
+        QSA__T(8, "bt", QSA__I32, 1, np, 0, 0, s->bt);
+        QSA__T(9, "k", QSA__F32, 3, np, ps, pl->kvd, k);
+        QSA__T(10, "v", QSA__F32, 3, np, ps, pl->kvd, v);
+#undef QSA__T
+        r = qsa__st_write(path, t, 11);
+    }
+    qsa__free(k);
+    qsa__free(v);
+    qsa__capture_free(s);
+    return r;
+}
+
+QSA_IMPL qsa_result qsa_replay_capture(const char *path, qsa_replay_mode mode, qsa_replay_report *rep) {
+    if (!path || !rep) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_replay_capture: NULL argument");
+    memset(rep, 0, sizeof *rep);
+    rep->first_query = rep->first_index = -1;
+    qsa__st_set st;
+    QSA__TRY(qsa__st_open_file(path, &st));
+    const qsa__tensor *T[11];
+    static const char *names[11] = {"meta", "pos", "q", "sel", "nsel", "out", "plan", "plan_off", "bt", "k", "v"};
+    qsa_result r = QSA_OK;
+    for (int i = 0; i < 11 && r == QSA_OK; i++)
+        if (!(T[i] = qsa__st_find(&st, names[i]))) r = qsa__fail(QSA_ERR_NOT_FOUND, "%s: tensor '%s' missing: not a capture file", path, names[i]);
+    int64_t meta[12];
+    if (r == QSA_OK && (T[0]->dtype != QSA__I64 || T[0]->nbytes != sizeof meta))
+        r = qsa__fail(QSA_ERR_FORMAT, "%s: 'meta' must be I64 [12]", path);
+    if (r != QSA_OK) { qsa__st_close(&st); return r; }
+    memcpy(meta, T[0]->data, sizeof meta);
+    int ps = (int)meta[1], nh = (int)meta[2], nkv = (int)meta[3], hd = (int)meta[4], rr = (int)meta[5], topk = (int)meta[6];
+    int n = (int)meta[7], np = (int)meta[8], kvd = (int)meta[9];
+    /* every tensor must have the size the meta data implies */
+    size_t want[11] = {sizeof meta, (size_t)n * 8, (size_t)n * 2 * nh * hd * 4, (size_t)n * topk * 4, (size_t)n * 4,
+                       (size_t)n * nh * hd * 4, 0, (size_t)(n + 1) * 4, (size_t)np * 4, (size_t)np * ps * kvd * 4,
+                       (size_t)np * ps * kvd * 4};
+    if (ps < 1 || nh < 1 || nkv < 1 || hd < 1 || rr < 1 || topk < 0 || n < 0 || np < 0 || kvd != nkv * hd || nh % nkv)
+        r = qsa__fail(QSA_ERR_FORMAT, "%s: inconsistent meta data", path);
+    for (int i = 0; i < 11 && r == QSA_OK; i++)
+        if (i != 6 && T[i]->nbytes != want[i])
+            r = qsa__fail(QSA_ERR_SHAPE, "%s: tensor '%s' has %zu bytes, expected %zu", path, names[i], T[i]->nbytes, want[i]);
+    qsa__pool pool;
+    memset(&pool, 0, sizeof pool);
+    int32_t *bt = NULL, *offs = NULL, *sel = NULL, *nsel = NULL;
+    float *acc = NULL, *o = NULL, *qh = NULL, *want_out = NULL;
+    qsa__plan plan;
+    memset(&plan, 0, sizeof plan);
+    if (r == QSA_OK) {
+        bt = QSA__ALLOC(int32_t, np + 1);
+        offs = QSA__ALLOC(int32_t, n + 1);
+        sel = QSA__ALLOC(int32_t, (size_t)n * topk + 1);
+        nsel = QSA__ALLOC(int32_t, n + 1);
+        acc = QSA__ALLOC(float, hd);
+        o = QSA__ALLOC(float, hd);
+        qh = QSA__ALLOC(float, 2 * hd);
+        want_out = QSA__ALLOC(float, hd);
+        if (!bt || !offs || !sel || !nsel || !acc || !o || !qh || !want_out) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "replay: out of memory");
+    }
+    if (r == QSA_OK) {
+        memcpy(bt, T[8]->data, (size_t)np * 4);
+        memcpy(offs, T[7]->data, (size_t)(n + 1) * 4);
+        memcpy(sel, T[3]->data, (size_t)n * topk * 4);
+        memcpy(nsel, T[4]->data, (size_t)n * 4);
+        /* a pool holding the captured pages at their captured physical places */
+        for (int i = 0; i < np; i++) {
+            if (bt[i] < 0 || bt[i] > (1 << 24)) { r = qsa__fail(QSA_ERR_FORMAT, "%s: bad page id %d", path, bt[i]); break; }
+            if (bt[i] + 1 > pool.n_pages) pool.n_pages = bt[i] + 1;
+        }
+    }
+    if (r == QSA_OK) {
+        pool.page_size = ps;
+        pool.kvd = kvd;
+        pool.n_qsa = 1;
+        pool.k = QSA__CALLOC(float, (size_t)pool.n_pages * ps * kvd + 1);
+        pool.v = QSA__CALLOC(float, (size_t)pool.n_pages * ps * kvd + 1);
+        if (!pool.k || !pool.v) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "replay: out of memory");
+        for (int i = 0; r == QSA_OK && i < np; i++) {
+            memcpy(qsa__pool_k(&pool, 0, bt[i], 0), T[9]->data + (size_t)i * ps * kvd * 4, (size_t)ps * kvd * 4);
+            memcpy(qsa__pool_v(&pool, 0, bt[i], 0), T[10]->data + (size_t)i * ps * kvd * 4, (size_t)ps * kvd * 4);
+        }
+    }
+    int nseg_total = r == QSA_OK ? (int)(T[6]->nbytes / sizeof(qsa__seg)) : 0;
+    for (int t = 0; r == QSA_OK && t < n; t++) {
+        int64_t pos;
+        memcpy(&pos, T[1]->data + 8 * (size_t)t, 8);
+        if (mode == QSA_REPLAY_FROZEN_PLAN) {
+            if (offs[t] < 0 || offs[t] > offs[t + 1] || offs[t + 1] > nseg_total) { r = qsa__fail(QSA_ERR_FORMAT, "%s: bad plan offsets", path); break; }
+            plan.n_seg = plan.n_tokens = 0;
+            for (int i = offs[t]; i < offs[t + 1]; i++) {
+                qsa__seg sg;
+                memcpy(&sg, T[6]->data + (size_t)i * sizeof sg, sizeof sg);
+                if (sg.page < 0 || sg.page >= pool.n_pages || sg.offset < 0 || sg.len < 0 || sg.offset + sg.len > ps) {
+                    r = qsa__fail(QSA_ERR_FORMAT, "%s: plan segment %d out of range", path, i);
+                    break;
+                }
+                if (!qsa__plan_push(&plan, sg.page, sg.offset, sg.len, sg.logical)) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "replay: out of memory");
+            }
+        } else {
+            int nb = (int)((pos + 1) / rr), ns = nsel[t];
+            if (ns < 0 || ns > topk || (pos + 1 + ps - 1) / ps > np) { r = qsa__fail(QSA_ERR_FORMAT, "%s: query %d does not fit the capture", path, t); break; }
+            r = qsa__plan_build(&plan, sel + (size_t)t * topk, ns, nb, rr, pos, ps, bt, mode == QSA_REPLAY_PHYSICAL_ORDER);
+        }
+        for (int h = 0; r == QSA_OK && h < nh; h++) {
+            /* copies: tensor data in a file need not be aligned */
+            memcpy(qh, T[2]->data + ((size_t)t * 2 * nh + (size_t)h * 2) * hd * 4, (size_t)2 * hd * 4);
+            memcpy(want_out, T[5]->data + ((size_t)t * nh + h) * hd * 4, (size_t)hd * 4);
+            const float *gate = qh + hd;
+            qsa__attn_head_plan(&pool, 0, &plan, qh, h / (nh / nkv), hd, o, acc);
+            for (int d = 0; d < hd; d++) {
+                float got = o[d] * qsa__sigmoid(gate[d]), w = want_out[d];
+                rep->n_values++;
+                if (memcmp(&got, &w, 4) != 0) {
+                    if (rep->n_differ++ == 0) {
+                        rep->first_query = t;
+                        rep->first_index = h * hd + d;
+                        rep->first_captured = w;
+                        rep->first_replayed = got;
+                    }
+                }
+            }
+        }
+        rep->n_queries++;
+    }
+    qsa__free(plan.seg);
+    qsa__free(pool.k);
+    qsa__free(pool.v);
+    qsa__free(bt); qsa__free(offs); qsa__free(sel); qsa__free(nsel); qsa__free(acc); qsa__free(o);
+    qsa__free(qh); qsa__free(want_out);
+    qsa__st_close(&st);
+    return r;
+}
+
+/* ============================================================================================== */
+/* >>cuda  the CUDA backend: context, kernel module and its disk cache, weights, forward          */
+/* ============================================================================================== */
+/* One GPU, one stream.  Weights: dense tensors in FP16 (BF16 converted at load, values that
+   overflow FP16 reported), NVFP4 experts packed with their scales, norms/conv/gates in FP32.
+   Activations between kernels: the residual streams and every reduction in FP32; GEMM operands in
+   FP16 (W4A16/W16A16 with FP32 accumulation).  The KV pages of the QSA layers live on the device
+   (K, V in FP16, raw indexer keys in FP32); the PLE tables stay in host memory and only the gathered
+   rows are copied.  Every kernel reduces in an order fixed by the problem shape of one token, so a
+   token's bits do not depend on the chunk it is fed in, on other tokens, or on page placement. */
+#ifndef QSA_NO_CUDA
+
+#define QSA__KERNEL_LIST(X)                                                                             \
+    X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inj_weights) X(inject) X(to_f16) X(argmax)           \
+    X(gemm_f16) X(gemm_nvfp4) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_combine)       \
+    X(shared_combine) X(act_mul)                                                                         \
+    X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_gates) X(gdn_recurrent)                  \
+    X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
+    X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)
+
+typedef enum qsa__kid {
+#define QSA__KID(n) QSA__K_##n,
+    QSA__KERNEL_LIST(QSA__KID)
+#undef QSA__KID
+    QSA__K_COUNT
+} qsa__kid;
+
+static const char *const qsa__kernel_names[] = {
+#define QSA__KNAME(n) "qsa_k_" #n,
+    QSA__KERNEL_LIST(QSA__KNAME)
+#undef QSA__KNAME
+};
+
+/* A linear map on the device: FP16 [out][in] or NVFP4 (q [out][in/2], s [out][in/16], s2). */
+typedef struct qsa__dlin {
+    int out, in;
+    CUdeviceptr w16, q, s, bias;
+    float s2;
+} qsa__dlin;
+
+typedef struct qsa__dgres {
+    CUdeviceptr norm_w;
+    qsa__dlin down, up, inject;
+} qsa__dgres;
+
+/* Device mirror of the per-expert weight pointers read by the MoE kernels (layout shared with
+   kernels.cu's struct qsa_expert_w). */
+typedef struct qsa__dexpert {
+    unsigned long long gate_q, gate_s, up_q, up_s, down_q, down_s;
+    unsigned long long gate16, up16, down16;
+    float gate_s2, up_s2, down_s2, pad;
+} qsa__dexpert;
+
+typedef struct qsa__dlayer {
+    qsa__dgres attn_hc, mlp_hc;
+    /* GDN */
+    qsa__dlin in_qkv, in_z, in_b, in_a, out;
+    CUdeviceptr conv_w, A_log, dt_bias, gnorm_w;
+    /* attention */
+    qsa__dlin q, k, v, o, idx_qk;
+    CUdeviceptr q_norm, k_norm, idx_q_norm, idx_k_norm;
+    /* MoE */
+    qsa__dlin router, sh_gate, sh_up, sh_down, sh_expert_gate;
+    CUdeviceptr experts;        /* qsa__dexpert [E] */
+    int experts_nvfp4;
+    /* PLE */
+    qsa__dlin ple_key, ple_value;
+    CUdeviceptr ple_nk, ple_nq, ple_nc, ple_conv_w;
+} qsa__dlayer;
+
+/* Scratch for one chunk of up to max_tokens tokens. */
+typedef struct qsa__dscratch {
+    int max_tokens;
+    CUdeviceptr ids, X, xn, xn16, low, low16, mw, inp, inp16, inj, out;
+    CUdeviceptr big[6];         /* mixer / MoE / PLE temporaries, each sized for the largest use */
+    CUdeviceptr big16[3];
+    CUdeviceptr sel, nsel, scores, logits, argmax, tokpos;
+    int moe_tokens;             /* tokens per MoE sub-chunk */
+    CUdeviceptr moe_pairs, moe_tiles, moe_ntiles, moe_h16, moe_y;
+    size_t big_bytes, scores_bytes;
+    int max_blocks, score_rows, logit_rows;
+    float *host_e;              /* PLE rows gathered on the host [max_tokens][ple_embed_dim] */
+} qsa__dscratch;
+
+typedef struct qsa__cuda {
+    int ordinal, cc;
+    CUdevice dev;
+    CUcontext ctx;
+    CUstream stream;
+    CUmodule mod;
+    CUfunction k[QSA__K_COUNT];
+    char arch[32];
+    double jit_seconds;         /* compile (or cache load) time of the module */
+    int jit_from_cache;
+    size_t bytes_weights, bytes_kv, bytes_state, bytes_scratch;
+    CUdeviceptr embed16, rope_inv_freq;
+    qsa__dlin lm_head;
+    qsa__dgres final_hc;
+    qsa__dlayer *layers;
+    /* KV pool on the device: per QSA slot [n_pages][page_size][kvd] fp16 and [..][ihd] fp32 */
+    CUdeviceptr kpool, vpool, ipool;
+    qsa__dscratch sc;
+    CUdeviceptr *allocs;        /* everything allocated, freed at unload */
+    int n_allocs, cap_allocs;
+} qsa__cuda;
+
+/* Per-sequence device state. */
+typedef struct qsa__cuda_seq {
+    CUdeviceptr mem;                           /* one allocation holding everything below */
+    size_t mem_bytes;
+    CUdeviceptr *conv, *S, *ple_conv, *bkeys; /* per layer (0 where unused) */
+    CUdeviceptr bt;                            /* block table copy [n_ctx / page_size + 1] */
+    int bt_synced;                             /* pages already copied */
+} qsa__cuda_seq;
+
+QSA_PRIV qsa_result qsa__dalloc(qsa__cuda *g, CUdeviceptr *p, size_t bytes, size_t *counter, const char *what) {
+    *p = 0;
+    if (bytes == 0) bytes = 16;
+    CUresult r = qsa__cu.cuMemAlloc_v2(p, bytes);
+    if (r != 0) {
+        size_t fr = 0, tot = 0;
+        qsa__cu.cuMemGetInfo_v2(&fr, &tot);
+        return qsa__fail(r == QSA__CUDA_ERROR_OUT_OF_MEMORY ? QSA_ERR_OUT_OF_MEMORY : QSA_ERR_CUDA,
+                         "cuda: allocating %zu bytes for %s failed (%zu of %zu MiB free)", bytes, what, fr >> 20, tot >> 20);
+    }
+    if (g->n_allocs == g->cap_allocs) {
+        int cap = g->cap_allocs ? 2 * g->cap_allocs : 1024;
+        CUdeviceptr *a = (CUdeviceptr *)qsa__realloc(g->allocs, sizeof(CUdeviceptr) * (size_t)cap);
+        if (!a) { qsa__cu.cuMemFree_v2(*p); *p = 0; return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "cuda: out of host memory"); }
+        g->allocs = a;
+        g->cap_allocs = cap;
+    }
+    g->allocs[g->n_allocs++] = *p;
+    if (counter) *counter += bytes;
+    return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__dupload(qsa__cuda *g, CUdeviceptr *p, const void *src, size_t bytes, const char *what) {
+    QSA__TRY(qsa__dalloc(g, p, bytes, &g->bytes_weights, what));
+    if (bytes) QSA__CU(qsa__cu.cuMemcpyHtoD_v2(*p, src, bytes));
+    return QSA_OK;
+}
+
+/* ---- the kernel module: NVRTC at first use, cached on disk ---- */
+
+/* FNV-1a 64 over several byte strings. */
+QSA_PRIV uint64_t qsa__fnv(uint64_t h, const void *p, size_t n) {
+    const uint8_t *b = (const uint8_t *)p;
+    for (size_t i = 0; i < n; i++) { h ^= b[i]; h *= 0x100000001b3ull; }
+    return h;
+}
+
+/* Cache directory: $QSA_CACHE_DIR, else $XDG_CACHE_HOME/qsa_runtime, else ~/.cache/qsa_runtime. */
+QSA_PRIV int qsa__cache_dir(char *out, size_t cap) {
+    const char *d = getenv("QSA_CACHE_DIR");
+    if (d && !strcmp(d, "off")) return 0;
+    if (d && d[0]) snprintf(out, cap, "%s", d);
+    else if ((d = getenv("XDG_CACHE_HOME")) && d[0]) snprintf(out, cap, "%s/qsa_runtime", d);
+    else if ((d = getenv("HOME")) && d[0]) snprintf(out, cap, "%s/.cache/qsa_runtime", d);
+    else return 0;
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", out);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') { *p = 0; mkdir(tmp, 0755); *p = '/'; }
+    mkdir(tmp, 0755);
+    return 1;
+}
+
+/* Cache file layout: "QSAK" magic, u64 key, u64 image length, image, u64 FNV of the image.  A file
+   that is short, has another key or a bad checksum is a miss (and gets rewritten). */
+QSA_PRIV char *qsa__cache_read(const char *path, uint64_t key, size_t *len) {
+    qsa__map m;
+    if (qsa__map_file(path, &m) != QSA_OK) { qsa_clear_error(); return NULL; }
+    char *img = NULL;
+    uint64_t k, n, sum;
+    if (m.size >= 28 && !memcmp(m.data, "QSAK", 4)) {
+        memcpy(&k, m.data + 4, 8);
+        memcpy(&n, m.data + 12, 8);
+        if (k == key && n <= m.size - 28) {
+            memcpy(&sum, m.data + 20 + n, 8);
+            if (sum == qsa__fnv(0xcbf29ce484222325ull, m.data + 20, (size_t)n) && (img = QSA__ALLOC(char, (size_t)n + 1))) {
+                memcpy(img, m.data + 20, (size_t)n);
+                img[n] = 0;
+                *len = (size_t)n;
+            }
+        }
+    }
+    qsa__unmap(&m);
+    return img;
+}
+
+QSA_PRIV void qsa__cache_write(const char *path, uint64_t key, const char *img, size_t len) {
+    char tmp[1200];
+    snprintf(tmp, sizeof tmp, "%.1100s.%ld.tmp", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return;
+    uint64_t n = len, sum = qsa__fnv(0xcbf29ce484222325ull, img, len);
+    int ok = fwrite("QSAK", 1, 4, f) == 4 && fwrite(&key, 8, 1, f) == 1 && fwrite(&n, 8, 1, f) == 1 &&
+             fwrite(img, 1, len, f) == len && fwrite(&sum, 8, 1, f) == 1;
+    if (fclose(f) != 0) ok = 0;
+    if (!ok || rename(tmp, path) != 0) remove(tmp); /* rename: readers see the old file or the new, never half */
+}
+
+QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
+    QSA__TRY(qsa__nvrtc_load());
+    char *src = qsa__kernels_source();
+    if (!src) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "kernels: out of memory");
+    char arch[32];
+    qsa_result r = qsa__nvrtc_pick_arch(want_arch, g->cc, arch, sizeof arch);
+    if (r != QSA_OK) { qsa__free(src); return r; }
+    snprintf(g->arch, sizeof g->arch, "%s", arch);
+    static const char *const opts[] = {"--std=c++14", "-default-device", "--use_fast_math=false"};
+    int nopts = 2;
+    /* key: source, options, NVRTC version, arch, driver version, library version */
+    uint64_t key = qsa__fnv(0xcbf29ce484222325ull, src, strlen(src));
+    for (int i = 0; i < nopts; i++) key = qsa__fnv(key, opts[i], strlen(opts[i]) + 1);
+    int ver[3] = {qsa__nvrtc.major * 100 + qsa__nvrtc.minor, qsa__cu.driver_version, QSA_VERSION_MAJOR * 10000 + QSA_VERSION_MINOR * 100 + QSA_VERSION_PATCH};
+    key = qsa__fnv(key, ver, sizeof ver);
+    key = qsa__fnv(key, arch, strlen(arch) + 1);
+    char dir[1024], path[1100];
+    int use_cache = qsa__cache_dir(dir, sizeof dir);
+    if (use_cache) snprintf(path, sizeof path, "%s/kernels-%016llx.%s", dir, (unsigned long long)key, strncmp(arch, "sm_", 3) ? "ptx" : "cubin");
+    double t0 = qsa__now();
+    size_t len = 0;
+    char *img = use_cache ? qsa__cache_read(path, key, &len) : NULL;
+    g->jit_from_cache = img != NULL;
+    if (!img) {
+        r = qsa__nvrtc_compile(src, "kernels.cu", opts, nopts, arch, &img, &len, NULL);
+        if (r == QSA_OK && use_cache) qsa__cache_write(path, key, img, len);
+    }
+    qsa__free(src);
+    if (r != QSA_OK) return r;
+    r = QSA__CU_R(qsa__cu.cuModuleLoadData(&g->mod, img));
+    qsa__free(img);
+    if (r != QSA_OK) return r;
+    g->jit_seconds = qsa__now() - t0;
+    qsa__log(QSA_LOG_INFO, "kernels: %s for %s in %.3f s (%s)", g->jit_from_cache ? "loaded from the disk cache" : "compiled",
+             arch, g->jit_seconds, use_cache ? path : "cache off");
+    for (int i = 0; i < QSA__K_COUNT; i++) {
+        CUresult cr = qsa__cu.cuModuleGetFunction(&g->k[i], g->mod, qsa__kernel_names[i]);
+        if (cr != 0) return qsa__fail(QSA_ERR_CUDA, "kernels: entry point %s not found in the module", qsa__kernel_names[i]);
+    }
+    return QSA_OK;
+}
+
+/* Launch helper: grid (gx, gy), block bx, dynamic shared memory sh. */
+#define QSA__LAUNCH(g, id, gx, gy, bx, sh, ...)                                                              \
+    do {                                                                                                   \
+        void *qsa__args_[] = {__VA_ARGS__};                                                                \
+        QSA__TRY(qsa__cu_launch((g)->k[QSA__K_##id], "qsa_k_" #id, (unsigned)(gx), (unsigned)(gy), 1,      \
+                                (unsigned)(bx), 1, 1, (unsigned)(sh), (g)->stream, qsa__args_));             \
+    } while (0)
+
+/* ---- weights ---- */
+
+QSA_PRIV qsa_result qsa__dvec(qsa__cuda *g, CUdeviceptr *p, const float *v, size_t n, const char *what) {
+    return qsa__dupload(g, p, v, n * sizeof(float), what);
+}
+
+/* Host fp32 weights -> device FP16 (counting values beyond the FP16 range). */
+QSA_PRIV qsa_result qsa__dlin_up(qsa__cuda *g, qsa__dlin *d, const qsa__lin *l, const char *what) {
+    memset(d, 0, sizeof *d);
+    d->out = l->out;
+    d->in = l->in;
+    if (l->bias) QSA__TRY(qsa__dvec(g, &d->bias, l->bias, (size_t)l->out, what));
+    if (!l->w) {
+        d->s2 = l->qscale2;
+        QSA__TRY(qsa__dupload(g, &d->q, l->q, (size_t)l->out * (size_t)(l->in / 2), what));
+        return qsa__dupload(g, &d->s, l->qscale, (size_t)l->out * (size_t)(l->in / 16), what);
+    }
+    size_t n = (size_t)l->out * (size_t)l->in, over = 0;
+    uint16_t *h = QSA__ALLOC(uint16_t, n);
+    if (!h) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
+    for (size_t i = 0; i < n; i++) {
+        h[i] = qsa__f32_to_f16(l->w[i]);
+        if ((h[i] & 0x7c00) == 0x7c00 && isfinite(l->w[i])) over++;
+    }
+    if (over) qsa__log(QSA_LOG_WARN, "%s: %zu of %zu values overflow FP16 (become inf)", what, over, n);
+    qsa_result r = qsa__dupload(g, &d->w16, h, n * 2, what);
+    qsa__free(h);
+    return r;
+}
+
+QSA_PRIV qsa_result qsa__dgres_up(qsa__cuda *g, qsa__dgres *d, const qsa__gres *w, int hcH) {
+    QSA__TRY(qsa__dvec(g, &d->norm_w, w->norm_w, (size_t)hcH, "hc_norm"));
+    QSA__TRY(qsa__dlin_up(g, &d->down, &w->down, "input_mix_weight_down"));
+    QSA__TRY(qsa__dlin_up(g, &d->up, &w->up, "input_mix_weight_up"));
+    if (w->inject.out) QSA__TRY(qsa__dlin_up(g, &d->inject, &w->inject, "block_inject_weight"));
+    return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__cuda_upload(qsa_model *m, qsa__cuda *g) {
+    const qsa_model_config *c = &m->cfg;
+    int H = c->hidden_size, hcH = c->hc_count * H;
+    qsa__lin emb = qsa__lin_rows(m->embed, 0, c->vocab_size, H);
+    qsa__dlin demb;
+    QSA__TRY(qsa__dlin_up(g, &demb, &emb, "embed_tokens"));
+    g->embed16 = demb.w16;
+    QSA__TRY(qsa__dlin_up(g, &g->lm_head, &m->lm_head, "lm_head"));
+    QSA__TRY(qsa__dgres_up(g, &g->final_hc, &m->final_hc, hcH));
+    QSA__TRY(qsa__dvec(g, &g->rope_inv_freq, m->rope_inv_freq, (size_t)(c->rotary_dim / 2 + 1), "rope"));
+    g->layers = QSA__CALLOC(qsa__dlayer, c->num_hidden_layers);
+    if (!g->layers) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const qsa__layer_w *w = &m->layers[l];
+        qsa__dlayer *d = &g->layers[l];
+        QSA__TRY(qsa__dgres_up(g, &d->attn_hc, &w->attn_hc, hcH));
+        QSA__TRY(qsa__dgres_up(g, &d->mlp_hc, &w->mlp_hc, hcH));
+        if (w->type == QSA_LAYER_LINEAR) {
+            int key_dim = c->linear_num_key_heads * c->linear_key_head_dim;
+            int conv_dim = 2 * key_dim + c->linear_num_value_heads * c->linear_value_head_dim;
+            QSA__TRY(qsa__dlin_up(g, &d->in_qkv, &w->gdn.in_qkv, "in_proj_qkv"));
+            QSA__TRY(qsa__dlin_up(g, &d->in_z, &w->gdn.in_z, "in_proj_z"));
+            QSA__TRY(qsa__dlin_up(g, &d->in_b, &w->gdn.in_b, "in_proj_b"));
+            QSA__TRY(qsa__dlin_up(g, &d->in_a, &w->gdn.in_a, "in_proj_a"));
+            QSA__TRY(qsa__dlin_up(g, &d->out, &w->gdn.out, "out_proj"));
+            QSA__TRY(qsa__dvec(g, &d->conv_w, w->gdn.conv_w, (size_t)conv_dim * c->linear_conv_kernel_dim, "conv1d"));
+            QSA__TRY(qsa__dvec(g, &d->A_log, w->gdn.A_log, (size_t)c->linear_num_value_heads, "A_log"));
+            QSA__TRY(qsa__dvec(g, &d->dt_bias, w->gdn.dt_bias, (size_t)c->linear_num_value_heads, "dt_bias"));
+            QSA__TRY(qsa__dvec(g, &d->gnorm_w, w->gdn.norm_w, (size_t)c->linear_value_head_dim, "norm"));
+        } else {
+            QSA__TRY(qsa__dlin_up(g, &d->q, &w->attn.q, "q_proj"));
+            QSA__TRY(qsa__dlin_up(g, &d->k, &w->attn.k, "k_proj"));
+            QSA__TRY(qsa__dlin_up(g, &d->v, &w->attn.v, "v_proj"));
+            QSA__TRY(qsa__dlin_up(g, &d->o, &w->attn.o, "o_proj"));
+            QSA__TRY(qsa__dvec(g, &d->q_norm, w->attn.q_norm, (size_t)c->head_dim, "q_norm"));
+            QSA__TRY(qsa__dvec(g, &d->k_norm, w->attn.k_norm, (size_t)c->head_dim, "k_norm"));
+            if (c->has_qsa) {
+                QSA__TRY(qsa__dlin_up(g, &d->idx_qk, &w->attn.idx_qk, "index_qk_proj"));
+                QSA__TRY(qsa__dvec(g, &d->idx_q_norm, w->attn.idx_q_norm, (size_t)c->indexer_head_dim, "q_layernorm"));
+                QSA__TRY(qsa__dvec(g, &d->idx_k_norm, w->attn.idx_k_norm, (size_t)c->indexer_head_dim, "k_layernorm"));
+            }
+        }
+        const qsa__moe_w *mw = &w->moe;
+        QSA__TRY(qsa__dlin_up(g, &d->router, &mw->router, "mlp.gate"));
+        QSA__TRY(qsa__dlin_up(g, &d->sh_gate, &mw->sh_gate, "shared_expert.gate_proj"));
+        QSA__TRY(qsa__dlin_up(g, &d->sh_up, &mw->sh_up, "shared_expert.up_proj"));
+        QSA__TRY(qsa__dlin_up(g, &d->sh_down, &mw->sh_down, "shared_expert.down_proj"));
+        QSA__TRY(qsa__dlin_up(g, &d->sh_expert_gate, &mw->sh_expert_gate, "shared_expert_gate"));
+        qsa__dexpert *ex = QSA__CALLOC(qsa__dexpert, c->num_experts);
+        if (!ex) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
+        d->experts_nvfp4 = mw->gate[0].w == NULL;
+        for (int e = 0; e < c->num_experts; e++) {
+            qsa__dlin gt, up, dn;
+            qsa_result r = qsa__dlin_up(g, &gt, &mw->gate[e], "experts.gate_proj");
+            if (r == QSA_OK) r = qsa__dlin_up(g, &up, &mw->up[e], "experts.up_proj");
+            if (r == QSA_OK) r = qsa__dlin_up(g, &dn, &mw->down[e], "experts.down_proj");
+            if (r == QSA_OK && (gt.w16 == 0) != d->experts_nvfp4)
+                r = qsa__fail(QSA_ERR_UNSUPPORTED, "layer %d: experts mix NVFP4 and dense weights", l);
+            if (r != QSA_OK) { qsa__free(ex); return r; }
+            ex[e].gate_q = gt.q; ex[e].gate_s = gt.s; ex[e].gate_s2 = gt.s2; ex[e].gate16 = gt.w16;
+            ex[e].up_q = up.q; ex[e].up_s = up.s; ex[e].up_s2 = up.s2; ex[e].up16 = up.w16;
+            ex[e].down_q = dn.q; ex[e].down_s = dn.s; ex[e].down_s2 = dn.s2; ex[e].down16 = dn.w16;
+        }
+        qsa_result r = qsa__dupload(g, &d->experts, ex, sizeof(qsa__dexpert) * (size_t)c->num_experts, "expert table");
+        qsa__free(ex);
+        QSA__TRY(r);
+        if (w->ple) {
+            QSA__TRY(qsa__dlin_up(g, &d->ple_key, &w->ple->key, "ple.key_proj"));
+            QSA__TRY(qsa__dlin_up(g, &d->ple_value, &w->ple->value, "ple.value_proj"));
+            QSA__TRY(qsa__dvec(g, &d->ple_nk, w->ple->norm_key, (size_t)hcH, "ple.norm_key"));
+            QSA__TRY(qsa__dvec(g, &d->ple_nq, w->ple->norm_query, (size_t)hcH, "ple.norm_query"));
+            QSA__TRY(qsa__dvec(g, &d->ple_nc, w->ple->norm_conv, (size_t)hcH, "ple.norm_conv"));
+            QSA__TRY(qsa__dvec(g, &d->ple_conv_w, w->ple->conv_w, (size_t)hcH * c->ple_conv_kernel_size, "ple.conv1d"));
+        }
+    }
+    return QSA_OK;
+}
+
+/* Scratch sized for chunks of `max_tokens`. */
+QSA_PRIV qsa_result qsa__cuda_scratch(qsa_model *m, qsa__cuda *g, int T) {
+    const qsa_model_config *c = &m->cfg;
+    qsa__dscratch *s = &g->sc;
+    int H = c->hidden_size, hc = c->hc_count, hcH = hc * H;
+    int key_dim = c->linear_num_key_heads * c->linear_key_head_dim, value_dim = c->linear_num_value_heads * c->linear_value_head_dim;
+    int conv_dim = 2 * key_dim + value_dim;
+    size_t w = (size_t)hcH;
+    size_t cand[] = {(size_t)conv_dim, (size_t)value_dim, (size_t)c->num_attention_heads * c->head_dim * 2,
+                     (size_t)(c->indexer_n_heads + 1) * (c->indexer_head_dim ? c->indexer_head_dim : 1),
+                     (size_t)c->num_experts_per_tok * c->moe_intermediate_size, (size_t)c->shared_expert_intermediate_size,
+                     (size_t)c->num_experts, (size_t)c->ple_embed_dim};
+    for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) if (cand[i] > w) w = cand[i];
+    s->max_tokens = T;
+    s->big_bytes = (size_t)T * w * sizeof(float);
+    size_t *cnt = &g->bytes_scratch;
+    QSA__TRY(qsa__dalloc(g, &s->ids, (size_t)T * 4, cnt, "scratch"));
+    QSA__TRY(qsa__dalloc(g, &s->X, (size_t)T * hcH * 4, cnt, "scratch"));
+    QSA__TRY(qsa__dalloc(g, &s->xn, (size_t)T * hcH * 4, cnt, "scratch"));
+    QSA__TRY(qsa__dalloc(g, &s->xn16, (size_t)T * hcH * 2, cnt, "scratch"));
+    QSA__TRY(qsa__dalloc(g, &s->low, (size_t)T * c->hc_lowrank * 4, cnt, "scratch"));
+    QSA__TRY(qsa__dalloc(g, &s->low16, (size_t)T * c->hc_lowrank * 2, cnt, "scratch"));
+    QSA__TRY(qsa__dalloc(g, &s->mw, (size_t)T * hcH * 4, cnt, "scratch"));
+    QSA__TRY(qsa__dalloc(g, &s->inp, (size_t)T * H * 4, cnt, "scratch"));
+    QSA__TRY(qsa__dalloc(g, &s->inp16, (size_t)T * H * 2, cnt, "scratch"));
+    QSA__TRY(qsa__dalloc(g, &s->inj, (size_t)T * hc * 4, cnt, "scratch"));
+    QSA__TRY(qsa__dalloc(g, &s->out, (size_t)T * H * 4, cnt, "scratch"));
+    for (int i = 0; i < 6; i++) QSA__TRY(qsa__dalloc(g, &s->big[i], s->big_bytes, cnt, "scratch"));
+    for (int i = 0; i < 3; i++) QSA__TRY(qsa__dalloc(g, &s->big16[i], s->big_bytes / 2, cnt, "scratch"));
+    int topk = c->has_qsa ? c->indexer_budget / c->indexer_compress_ratio : 1;
+    /* block scores and logits are produced for row groups small enough to bound their buffers */
+    s->max_blocks = c->has_qsa ? c->max_position_embeddings / c->indexer_compress_ratio + 1 : 1;
+    s->score_rows = (int)((64u << 20) / (size_t)s->max_blocks);
+    if (s->score_rows < 1) s->score_rows = 1;
+    if (s->score_rows > T) s->score_rows = T;
+    s->scores_bytes = (size_t)s->score_rows * s->max_blocks * 4;
+    s->logit_rows = (int)((64u << 20) / (size_t)c->vocab_size);
+    if (s->logit_rows < 1) s->logit_rows = 1;
+    if (s->logit_rows > T) s->logit_rows = T;
+    QSA__TRY(qsa__dalloc(g, &s->logits, (size_t)s->logit_rows * c->vocab_size * 4, cnt, "logits"));
+    QSA__TRY(qsa__dalloc(g, &s->sel, (size_t)T * topk * 4, cnt, "scratch"));
+    if (m->params.debug_physical_order && c->has_qsa)
+        QSA__TRY(qsa__dalloc(g, &s->tokpos, (size_t)T * (topk + 1) * c->indexer_compress_ratio * 4, cnt, "scratch"));
+    QSA__TRY(qsa__dalloc(g, &s->nsel, (size_t)T * 4, cnt, "scratch"));
+    QSA__TRY(qsa__dalloc(g, &s->scores, s->scores_bytes, cnt, "scratch"));
+    QSA__TRY(qsa__dalloc(g, &s->argmax, (size_t)T * 4, cnt, "scratch"));
+    /* MoE pair scratch for sub-chunks of at most 256 tokens */
+    s->moe_tokens = T < 256 ? T : 256;
+    {
+        size_t MK = (size_t)s->moe_tokens * c->num_experts_per_tok;
+        size_t tiles = (MK + 15) / 16 + ((size_t)c->num_experts < MK ? (size_t)c->num_experts : MK);
+        QSA__TRY(qsa__dalloc(g, &s->moe_pairs, MK * 4, cnt, "MoE scratch"));
+        QSA__TRY(qsa__dalloc(g, &s->moe_tiles, tiles * 3 * 4, cnt, "MoE scratch"));
+        QSA__TRY(qsa__dalloc(g, &s->moe_ntiles, 4, cnt, "MoE scratch"));
+        QSA__TRY(qsa__dalloc(g, &s->moe_h16, MK * c->moe_intermediate_size * 2, cnt, "MoE scratch"));
+        QSA__TRY(qsa__dalloc(g, &s->moe_y, MK * c->hidden_size * 4, cnt, "MoE scratch"));
+    }
+    s->host_e = QSA__ALLOC(float, (size_t)T * (c->ple_embed_dim ? c->ple_embed_dim : 1));
+    if (!s->host_e) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
+    return QSA_OK;
+}
+
+QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
+    if (!g) return;
+    if (g->ctx) qsa__cu.cuCtxSetCurrent(g->ctx);
+    for (int i = 0; i < g->n_allocs; i++) qsa__cu.cuMemFree_v2(g->allocs[i]);
+    qsa__free(g->allocs);
+    qsa__free(g->layers);
+    qsa__free(g->sc.host_e);
+    if (g->mod) qsa__cu.cuModuleUnload(g->mod);
+    if (g->stream) qsa__cu.cuStreamDestroy_v2(g->stream);
+    if (g->ctx) qsa__cu.cuDevicePrimaryCtxRelease_v2(g->dev);
+    qsa__free(g);
+}
+
+/* Bring up the backend for a loaded (CPU-side) model. */
+QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, qsa__cuda **out) {
+    *out = NULL;
+    QSA__TRY(qsa__cuda_load());
+    if (qsa__cu.device_count <= 0) return qsa__fail(QSA_ERR_NO_DEVICE, "cuda: no CUDA device");
+    qsa__cuda *g = QSA__CALLOC(qsa__cuda, 1);
+    if (!g) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
+    qsa_result r = QSA_OK;
+    g->ordinal = m->params.device;
+    qsa__gpu_info info;
+#define QSA__G(expr) do { if ((r = (expr)) != QSA_OK) goto fail; } while (0)
+    QSA__G(qsa__cu_device_info(g->ordinal, &info));
+    g->cc = info.cc_major * 10 + info.cc_minor;
+    QSA__G(QSA__CU_R(qsa__cu.cuDeviceGet(&g->dev, g->ordinal)));
+    QSA__G(QSA__CU_R(qsa__cu.cuDevicePrimaryCtxRetain(&g->ctx, g->dev)));
+    QSA__G(QSA__CU_R(qsa__cu.cuCtxSetCurrent(g->ctx)));
+    QSA__G(QSA__CU_R(qsa__cu.cuStreamCreate(&g->stream, QSA__CU_STREAM_NON_BLOCKING)));
+    QSA__G(qsa__cuda_module(g, m->params.arch));
+    QSA__G(qsa__cuda_upload(m, g));
+    {
+        const qsa__pool *p = &m->pool;
+        size_t slots = (size_t)p->n_qsa * p->n_pages * p->page_size;
+        QSA__G(qsa__dalloc(g, &g->kpool, slots * p->kvd * 2, &g->bytes_kv, "KV pool (K)"));
+        QSA__G(qsa__dalloc(g, &g->vpool, slots * p->kvd * 2, &g->bytes_kv, "KV pool (V)"));
+        QSA__G(qsa__dalloc(g, &g->ipool, slots * p->ihd * 4, &g->bytes_kv, "KV pool (indexer keys)"));
+    }
+    QSA__G(qsa__cuda_scratch(m, g, m->params.max_chunk));
+    /* the uploads ran on the legacy stream (pageable copies may still be in flight when they return),
+       which the backend's non-blocking stream does not wait for: finish them before any kernel */
+    QSA__G(QSA__CU_R(qsa__cu.cuCtxSynchronize()));
+#undef QSA__G
+    qsa__log(QSA_LOG_INFO, "cuda: %s (cc %d.%d), memory: weights %.1f MiB, KV pool %.1f MiB, scratch %.1f MiB", info.name,
+             info.cc_major, info.cc_minor, g->bytes_weights / 1048576.0, g->bytes_kv / 1048576.0, g->bytes_scratch / 1048576.0);
+    *out = g;
+    return QSA_OK;
+fail:
+    {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", qsa_last_error());
+        qsa__cuda_free(g);
+        return qsa__fail(r, "%s", msg);
+    }
+}
+
+/* ---- per-sequence device state ---- */
+
+QSA_PRIV void qsa__cuda_seq_free(qsa__cuda_seq *cs) {
+    if (!cs) return;
+    qsa__free(cs->conv);
+    qsa__free(cs->S);
+    qsa__free(cs->ple_conv);
+    qsa__free(cs->bkeys);
+    qsa__free(cs);
+}
+
+QSA_PRIV qsa_result qsa__cuda_seq_create(qsa_model *m, qsa_seq *s) {
+    const qsa_model_config *c = &m->cfg;
+    qsa__cuda *g = m->cuda;
+    int L = c->num_hidden_layers, hcH = c->hc_count * c->hidden_size;
+    int key_dim = c->linear_num_key_heads * c->linear_key_head_dim;
+    int conv_dim = 2 * key_dim + c->linear_num_value_heads * c->linear_value_head_dim;
+    size_t conv_b = (size_t)(c->linear_conv_kernel_dim - 1) * conv_dim * 4 + 16;
+    size_t S_b = (size_t)c->linear_num_value_heads * c->linear_key_head_dim * c->linear_value_head_dim * 4;
+    size_t ple_b = (size_t)(c->ple_conv_kernel_size - 1) * c->ngram_size * hcH * 4 + 16;
+    size_t bk_b = c->has_qsa ? (size_t)(s->n_ctx / c->indexer_compress_ratio + 1) * c->indexer_head_dim * 4 : 16;
+    size_t bt_b = (size_t)(s->n_ctx / m->pool.page_size + 1) * 4;
+    qsa__cuda_seq *cs = QSA__CALLOC(qsa__cuda_seq, 1);
+    if (!cs) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "sequence: out of host memory");
+    cs->conv = QSA__CALLOC(CUdeviceptr, L);
+    cs->S = QSA__CALLOC(CUdeviceptr, L);
+    cs->ple_conv = QSA__CALLOC(CUdeviceptr, L);
+    cs->bkeys = QSA__CALLOC(CUdeviceptr, L);
+    if (!cs->conv || !cs->S || !cs->ple_conv || !cs->bkeys) { qsa__cuda_seq_free(cs); return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "sequence: out of host memory"); }
+    size_t total = bt_b;
+    for (int l = 0; l < L; l++) {
+        if (c->layer_types[l] == QSA_LAYER_LINEAR) total += conv_b + S_b;
+        else total += bk_b;
+        if (m->layers[l].ple) total += ple_b;
+    }
+    qsa_result r = QSA_OK;
+    CUdeviceptr base = 0;
+    if ((r = QSA__CU_R(qsa__cu.cuCtxSetCurrent(g->ctx))) == QSA_OK && qsa__cu.cuMemAlloc_v2(&base, total) != 0)
+        r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "sequence: %zu bytes of GPU state (n_ctx %d) do not fit", total, s->n_ctx);
+    if (r != QSA_OK) { qsa__cuda_seq_free(cs); return r; }
+    cs->mem = base;
+    cs->mem_bytes = total;
+    size_t off = 0;
+#define QSA__CARVE(dst, b) do { (dst) = base + off; off += ((b) + 255) & ~(size_t)255; } while (0)
+    QSA__CARVE(cs->bt, bt_b);
+    for (int l = 0; l < L; l++) {
+        if (c->layer_types[l] == QSA_LAYER_LINEAR) { QSA__CARVE(cs->conv[l], conv_b); QSA__CARVE(cs->S[l], S_b); }
+        else QSA__CARVE(cs->bkeys[l], bk_b);
+        if (m->layers[l].ple) QSA__CARVE(cs->ple_conv[l], ple_b);
+    }
+#undef QSA__CARVE
+    (void)off;
+    g->bytes_state += total;
+    s->cuda = cs;
+    return qsa__cuda_seq_reset(m, s);
+}
+
+QSA_PRIV qsa_result qsa__cuda_seq_reset(qsa_model *m, qsa_seq *s) {
+    qsa__cuda_seq *cs = s->cuda;
+    QSA__CU(qsa__cu.cuCtxSetCurrent(m->cuda->ctx));
+    /* on the backend's stream: a plain cuMemset runs on the legacy stream, which a non-blocking
+       stream does not wait for, so the first kernels could race with the zeroing */
+    QSA__CU(qsa__cu.cuMemsetD8Async(cs->mem, 0, cs->mem_bytes, m->cuda->stream));
+    cs->bt_synced = 0;
+    return QSA_OK;
+}
+
+QSA_PRIV void qsa__cuda_seq_destroy(qsa_model *m, qsa_seq *s) {
+    qsa__cuda_seq *cs = s->cuda;
+    if (!cs) return;
+    qsa__cu.cuCtxSetCurrent(m->cuda->ctx);
+    qsa__cu.cuStreamSynchronize(m->cuda->stream); /* no kernel may still use the memory */
+    qsa__cu.cuMemFree_v2(cs->mem);
+    m->cuda->bytes_state -= cs->mem_bytes;
+    qsa__cuda_seq_free(cs);
+    s->cuda = NULL;
+}
+
+/* ---- forward ---- */
+
+/* Y[M][out] (+)= A16[M][in] W^T (+ bias) */
+QSA_PRIV qsa_result qsa__dgemm(qsa__cuda *g, CUdeviceptr A16, int M, const qsa__dlin *w, CUdeviceptr Y, int accumulate) {
+    int N = w->out, K = w->in;
+    /* 16x16 split-K tiles for small M, 64x64 tiles otherwise: the same bits either way */
+    unsigned gx = M <= 64 ? (unsigned)(((M + 15) / 16) * ((N + 15) / 16)) : (unsigned)(((M + 63) / 64) * ((N + 63) / 64));
+    if (w->w16) {
+        CUdeviceptr W = w->w16, B = w->bias;
+        QSA__LAUNCH(g, gemm_f16, gx, 1, 256, 0, &A16, &W, &B, &Y, &M, &N, &K, &accumulate);
+    } else {
+        CUdeviceptr q = w->q, s = w->s;
+        float s2 = w->s2;
+        QSA__LAUNCH(g, gemm_nvfp4, gx, 1, 256, 0, &A16, &q, &s, &s2, &Y, &M, &N, &K, &accumulate);
+    }
+    return QSA_OK;
+}
+
+/* GatedResidual on X [M][hcH]: inp/inp16 [M][H] and (when inj != 0) injection weights [M][hc]. */
+QSA_PRIV qsa_result qsa__cuda_gres(qsa_model *m, const qsa__dgres *w, CUdeviceptr X, int M, int with_inj) {
+    const qsa_model_config *c = &m->cfg;
+    qsa__cuda *g = m->cuda;
+    qsa__dscratch *s = &g->sc;
+    int H = c->hidden_size, hc = c->hc_count, hcH = hc * H, one = 1, n;
+    float eps = c->rms_norm_eps, scale = 1.0f / (float)hc;
+    CUdeviceptr nw = w->norm_w;
+    QSA__LAUNCH(g, rmsnorm, M * hc, 1, 256, 0, &X, &nw, &s->xn, &s->xn16, &hcH, &H, &eps, &one);
+    QSA__TRY(qsa__dgemm(g, s->xn16, M, &w->down, s->low, 0));
+    n = M * c->hc_lowrank;
+    QSA__LAUNCH(g, silu_scale, (n + 255) / 256, 1, 256, 0, &s->low, &s->low16, &n, &scale);
+    QSA__TRY(qsa__dgemm(g, s->low16, M, &w->up, s->mw, 0));
+    QSA__LAUNCH(g, gres_mix, M, 1, 256, 0, &s->mw, &s->xn, &s->inp, &s->inp16, &H, &hc);
+    if (with_inj) {
+        QSA__TRY(qsa__dgemm(g, s->xn16, M, &w->inject, s->inj, 0));
+        n = M * hc;
+        QSA__LAUNCH(g, inj_weights, (n + 255) / 256, 1, 256, 0, &s->inj, &n, &hc);
+    }
+    return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__cuda_inject(qsa_model *m, CUdeviceptr X, int M) {
+    qsa__cuda *g = m->cuda;
+    int H = m->cfg.hidden_size, hc = m->cfg.hc_count;
+    QSA__LAUNCH(g, inject, M, 1, 256, 0, &X, &g->sc.inj, &g->sc.out, &H, &hc);
+    return QSA_OK;
+}
+
+/* PLE: host hashes the ids and gathers the table rows; the device does the rest. */
+QSA_PRIV qsa_result qsa__cuda_ple(qsa_seq *sq, int l, const int32_t *ids, int M) {
+    qsa_model *m = sq->m;
+    const qsa_model_config *c = &m->cfg;
+    qsa__cuda *g = m->cuda;
+    qsa__dscratch *s = &g->sc;
+    const qsa__ple_w *p = m->layers[l].ple;
+    const qsa__dlayer *d = &g->layers[l];
+    qsa__seq_layer *sl = &sq->L[l];
+    int H = c->hidden_size, hc = c->hc_count, hcH = hc * H, D = c->ple_embed_dim;
+    int ctx = c->ngram_size - 1, nheads = ctx * c->heads_per_ngram, hdim = D / nheads;
+    int Kc = c->ple_conv_kernel_size, dil = c->ngram_size;
+    float eps = c->rms_norm_eps;
+    int32_t hist[32];
+    (void)nheads; (void)hdim;
+    for (int t = 0; t < M; t++) {
+        /* the same history and hashing as the CPU reference (ngram_size <= 16: checked at load) */
+        for (int j = 0; j < ctx; j++) hist[j] = t - ctx + j >= 0 ? ids[t - ctx + j] : sl->ple_ids[t + j];
+        hist[ctx] = ids[t];
+        qsa__ple_embed(c, p, hist, s->host_e + (size_t)t * D);
+    }
+    for (int j = 0; j < ctx; j++) sl->ple_ids[j] = M - ctx + j >= 0 ? ids[M - ctx + j] : sl->ple_ids[M + j];
+    CUdeviceptr e = s->big[0], e16 = s->big16[0], keyp = s->big[1], valp = s->big[2], gv = s->big[3], gvn = s->big[4];
+    int n = M * D;
+    QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(e, s->host_e, (size_t)n * 4, g->stream));
+    QSA__LAUNCH(g, to_f16, (n + 255) / 256, 1, 256, 0, &e, &e16, &n);
+    QSA__TRY(qsa__dgemm(g, e16, M, &d->ple_key, keyp, 0));
+    QSA__TRY(qsa__dgemm(g, e16, M, &d->ple_value, valp, 0));
+    CUdeviceptr nk = d->ple_nk, nq = d->ple_nq, nc = d->ple_nc, cw = d->ple_conv_w, st = sq->cuda->ple_conv[l], X = s->X;
+    QSA__LAUNCH(g, ple_gate, M, 1, 256, 0, &keyp, &X, &valp, &nk, &nq, &nc, &gv, &gvn, &H, &hc, &eps);
+    QSA__LAUNCH(g, ple_conv, (hcH + 255) / 256, 1, 256, 0, &X, &gv, &gvn, &st, &cw, &M, &hcH, &Kc, &dil);
+    return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__cuda_gdn(qsa_seq *sq, int l, int M) {
+    qsa_model *m = sq->m;
+    const qsa_model_config *c = &m->cfg;
+    qsa__cuda *g = m->cuda;
+    qsa__dscratch *s = &g->sc;
+    const qsa__dlayer *d = &g->layers[l];
+    int nk = c->linear_num_key_heads, nv = c->linear_num_value_heads, dk = c->linear_key_head_dim, dv = c->linear_value_head_dim;
+    int key_dim = nk * dk, value_dim = nv * dv, conv_dim = 2 * key_dim + value_dim, Kc = c->linear_conv_kernel_dim;
+    int act = c->hidden_act == QSA_ACT_SIGMOID, gact = c->output_gate_act == QSA_ACT_SIGMOID;
+    float eps = c->rms_norm_eps;
+    CUdeviceptr qkv = s->big[0], z = s->big[1], q = s->big[2], k = s->big[3], v = s->big[4], o = s->big[5];
+    CUdeviceptr b = s->out, a = s->mw, beta = s->low, gg = s->xn; /* small [M][nv] temporaries */
+    if ((size_t)M * nv * 4 > (size_t)M * c->hc_lowrank * 4)
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "GDN: %d value heads exceed the scratch sized by hc_lowrank %d", nv, c->hc_lowrank);
+    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->in_qkv, qkv, 0));
+    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->in_z, z, 0));
+    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->in_b, b, 0));
+    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->in_a, a, 0));
+    int n = M * nv;
+    CUdeviceptr Al = d->A_log, dtb = d->dt_bias;
+    QSA__LAUNCH(g, gdn_gates, (n + 255) / 256, 1, 256, 0, &b, &a, &Al, &dtb, &beta, &gg, &n, &nv);
+    CUdeviceptr cst = sq->cuda->conv[l], cw = d->conv_w;
+    QSA__LAUNCH(g, gdn_conv, M, 1, 256, 0, &qkv, &cst, &cw, &q, &k, &v, &M, &conv_dim, &key_dim, &Kc, &act, &nk, &dk);
+    QSA__LAUNCH(g, gdn_conv_state, (conv_dim + 255) / 256, 1, 256, 0, &qkv, &cst, &M, &conv_dim, &Kc);
+    /* one warp per 32 state columns of a value head, its slice of S in shared memory */
+    CUdeviceptr S = sq->cuda->S[l];
+    unsigned ny = (unsigned)((dv + 31) / 32), smem = (unsigned)(4 * dk * 32);
+    if (m->params.gdn_state_f16)
+        QSA__LAUNCH(g, gdn_recurrent_f16state, nv, ny, 32, smem, &S, &q, &k, &v, &beta, &gg, &o, &M, &nk, &nv, &dk, &dv);
+    else
+        QSA__LAUNCH(g, gdn_recurrent, nv, ny, 32, smem, &S, &q, &k, &v, &beta, &gg, &o, &M, &nk, &nv, &dk, &dv);
+    CUdeviceptr nw = d->gnorm_w, o16 = s->big16[0];
+    QSA__LAUNCH(g, gdn_norm_gate, M * nv, 1, 128, 0, &o, &z, &nw, &o16, &nv, &dv, &eps, &gact);
+    (void)value_dim;
+    return qsa__dgemm(g, o16, M, &d->out, s->out, 0);
+}
+
+/* Hand the selections of the last chunk to the test/capture hook (synchronous; hooks only). */
+QSA_PRIV qsa_result qsa__cuda_report_selections(qsa_seq *sq, int l, int M, int topk) {
+    qsa__cuda *g = sq->m->cuda;
+    int32_t *sel = QSA__ALLOC(int32_t, (size_t)M * topk + 1), *ns = QSA__ALLOC(int32_t, M);
+    qsa_result r = QSA_OK;
+    if (!sel || !ns) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "selections: out of memory");
+    if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuStreamSynchronize(g->stream));
+    if (r == QSA_OK && topk) r = QSA__CU_R(qsa__cu.cuMemcpyDtoH_v2(sel, g->sc.sel, (size_t)M * topk * 4));
+    if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuMemcpyDtoH_v2(ns, g->sc.nsel, (size_t)M * 4));
+    for (int t = 0; r == QSA_OK && t < M; t++)
+        sq->sel_hook(sq->sel_user, l, sq->pos + t, sel + (size_t)t * topk, ns[t], NULL, (sq->pos + t + 1) / sq->m->cfg.indexer_compress_ratio);
+    qsa__free(sel);
+    qsa__free(ns);
+    return r;
+}
+
+QSA_PRIV qsa_result qsa__cuda_attn(qsa_seq *sq, int l, int M) {
+    qsa_model *m = sq->m;
+    const qsa_model_config *c = &m->cfg;
+    qsa__cuda *g = m->cuda;
+    qsa__dscratch *s = &g->sc;
+    const qsa__dlayer *d = &g->layers[l];
+    const qsa__pool *pool = &m->pool;
+    qsa__seq_layer *sl = &sq->L[l];
+    int nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim, rd = c->rotary_dim;
+    int ih = c->indexer_n_heads, ihd = c->indexer_head_dim, r = c->has_qsa ? c->indexer_compress_ratio : 0;
+    int topk = c->has_qsa ? c->indexer_budget / r : 0, ps = pool->page_size, pos0 = sq->pos, split = QSA_ATTN_SPLIT;
+    int phys = m->params.debug_physical_order, has_qsa = c->has_qsa;
+    float eps = c->rms_norm_eps;
+    size_t slot_tokens = (size_t)pool->n_pages * ps;
+    CUdeviceptr Kp = g->kpool + (size_t)pool->slot[l] * slot_tokens * pool->kvd * 2;
+    CUdeviceptr Vp = g->vpool + (size_t)pool->slot[l] * slot_tokens * pool->kvd * 2;
+    CUdeviceptr Ip = g->ipool + (size_t)pool->slot[l] * slot_tokens * pool->ihd * 4;
+    CUdeviceptr bt = sq->cuda->bt, inv = g->rope_inv_freq, qn = d->q_norm, kn = d->k_norm;
+    CUdeviceptr qg = s->big[0], kin = s->big[1], vin = s->big[2], iq = s->big[3], att = s->big[4], att16 = s->big16[0];
+    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->q, qg, 0));
+    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->k, kin, 0));
+    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->v, vin, 0));
+    QSA__LAUNCH(g, attn_qk_prep, M, 1, 128, 0, &qg, &kin, &vin, &qn, &kn, &inv, &bt, &Kp, &Vp, &pos0, &M, &nh, &nkv, &hd, &rd, &ps, &eps);
+    if (has_qsa) {
+        CUdeviceptr qln = d->idx_q_norm, kln = d->idx_k_norm, bk = sq->cuda->bkeys[l];
+        QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->idx_qk, iq, 0));
+        QSA__LAUNCH(g, indexer_prep, M, 1, 128, 0, &iq, &qln, &inv, &bt, &Ip, &pos0, &M, &ih, &ihd, &rd, &ps, &eps);
+        /* keys of the blocks completed by this chunk */
+        int b0 = sl->n_blocks, b1 = (pos0 + M) / r;
+        if (b1 > b0) QSA__LAUNCH(g, block_keys, b1 - b0, 1, 128, 0, &Ip, &bt, &kln, &inv, &bk, &b0, &b1, &r, &ihd, &rd, &ps, &eps);
+        sl->n_blocks = b1;
+        /* scores and top-k for groups of queries (bounded scores buffer) */
+        for (int t0 = 0; t0 < M; t0 += s->score_rows) {
+            int mq = M - t0 < s->score_rows ? M - t0 : s->score_rows, p = pos0 + t0, ld = s->max_blocks;
+            CUdeviceptr iqt = iq + (size_t)t0 * (ih + 1) * ihd * 4, selt = s->sel + (size_t)t0 * topk * 4, nst = s->nsel + (size_t)t0 * 4;
+            int maxb = (p + mq) / r;
+            if (maxb > 0) QSA__LAUNCH(g, block_scores, mq, (maxb + 255) / 256, 256, 0, &iqt, &bk, &s->scores, &p, &mq, &ih, &ihd, &r, &ld);
+            QSA__LAUNCH(g, topk_blocks, mq, 1, 1024, 0, &s->scores, &selt, &nst, &p, &mq, &r, &topk, &ld);
+        }
+        if (sq->sel_hook) QSA__TRY(qsa__cuda_report_selections(sq, l, M, topk));
+    }
+    /* the attention visits the selection in logical order; the debug switch gives it the physical order */
+    CUdeviceptr tokpos = 0;
+    int ld_tok = topk * r + r;
+    if (phys && has_qsa) {
+        tokpos = s->tokpos;
+        QSA__LAUNCH(g, attn_phys_order, M, 1, 256, 0, &bt, &s->sel, &s->nsel, &tokpos, &pos0, &M, &r, &topk, &ps, &ld_tok);
+    }
+    QSA__LAUNCH(g, sparse_attn, M, nh, 256, 0, &qg, &Kp, &Vp, &bt, &s->sel, &s->nsel, &att, &att16, &pos0, &M, &nh, &nkv, &hd, &r,
+                &topk, &ps, &split, &tokpos, &ld_tok);
+    return qsa__dgemm(g, att16, M, &d->o, s->out, 0);
+}
+
+/* MoE: router, grouped expert GEMMs over (token, slot) pairs, combine in ascending expert id, then
+   the shared expert.  Run over sub-chunks of moe_tokens tokens to bound the [M*K][H] scratch;
+   a token's bits do not depend on its sub-chunk. */
+QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
+    const qsa_model_config *c = &m->cfg;
+    qsa__cuda *g = m->cuda;
+    qsa__dscratch *s = &g->sc;
+    const qsa__dlayer *d = &g->layers[l];
+    int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size;
+    int Is = c->shared_expert_intermediate_size, norm = c->norm_topk_prob, act = c->hidden_act == QSA_ACT_SIGMOID, n;
+    CUdeviceptr rl = s->big[0], tw = s->big[1], tid = s->big[2], sa = s->big[3], sb = s->big[4], sh = s->big[5],
+                sa16 = s->big16[1], gl = s->low, ex = d->experts;
+    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->router, rl, 0));
+    QSA__LAUNCH(g, router_topk, M, 1, 256, 0, &rl, &tid, &tw, &E, &K, &norm);
+    for (int t0 = 0; t0 < M; t0 += s->moe_tokens) {
+        int mt = M - t0 < s->moe_tokens ? M - t0 : s->moe_tokens, MK = mt * K;
+        int max_tiles = (MK + 15) / 16 + (E < MK ? E : MK);
+        CUdeviceptr x16 = s->inp16 + (size_t)t0 * H * 2, ids = tid + (size_t)t0 * K * 4, w = tw + (size_t)t0 * K * 4;
+        CUdeviceptr outp = s->out + (size_t)t0 * H * 4;
+        QSA__LAUNCH(g, moe_plan, 1, 1, 1024, 0, &ids, &MK, &E, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles);
+        QSA__LAUNCH(g, moe_gate_up, max_tiles, (I + 15) / 16, 256, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
+                    &s->moe_h16, &H, &I, &K, &act);
+        QSA__LAUNCH(g, moe_down, max_tiles, (H + 15) / 16, 256, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles,
+                    &ex, &s->moe_y, &H, &I);
+        QSA__LAUNCH(g, moe_combine, mt, 1, 256, 0, &s->moe_y, &w, &outp, &H, &K);
+    }
+    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->sh_gate, sa, 0));
+    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->sh_up, sb, 0));
+    n = M * Is;
+    QSA__LAUNCH(g, act_mul, (n + 255) / 256, 1, 256, 0, &sa, &sb, &sa16, &n, &act);
+    QSA__TRY(qsa__dgemm(g, sa16, M, &d->sh_down, sh, 0));
+    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->sh_expert_gate, gl, 0));
+    QSA__LAUNCH(g, shared_combine, M, 1, 256, 0, &s->out, &sh, &gl, &H);
+    return QSA_OK;
+}
+
+/* One chunk of M <= max_chunk tokens through the whole model. */
+QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, float *logits, int all_logits) {
+    qsa_model *m = sq->m;
+    const qsa_model_config *c = &m->cfg;
+    qsa__cuda *g = m->cuda;
+    qsa__dscratch *s = &g->sc;
+    int H = c->hidden_size, hc = c->hc_count, V = c->vocab_size;
+    /* block table: pages acquired since the last chunk */
+    if (sq->n_pages > sq->cuda->bt_synced) {
+        QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(sq->cuda->bt + (size_t)sq->cuda->bt_synced * 4, sq->bt + sq->cuda->bt_synced,
+                                             (size_t)(sq->n_pages - sq->cuda->bt_synced) * 4, g->stream));
+        sq->cuda->bt_synced = sq->n_pages;
+    }
+    QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(s->ids, ids, (size_t)M * 4, g->stream));
+    CUdeviceptr table = g->embed16;
+    QSA__LAUNCH(g, embed, M, 1, 256, 0, &table, &s->ids, &s->X, &H, &hc, &V);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        if (m->layers[l].ple) QSA__TRY(qsa__cuda_ple(sq, l, ids, M));
+        QSA__TRY(qsa__cuda_gres(m, &g->layers[l].attn_hc, s->X, M, 1));
+        if (c->layer_types[l] == QSA_LAYER_LINEAR) QSA__TRY(qsa__cuda_gdn(sq, l, M));
+        else QSA__TRY(qsa__cuda_attn(sq, l, M));
+        QSA__TRY(qsa__cuda_inject(m, s->X, M));
+        QSA__TRY(qsa__cuda_gres(m, &g->layers[l].mlp_hc, s->X, M, 1));
+        QSA__TRY(qsa__cuda_moe(m, l, M));
+        QSA__TRY(qsa__cuda_inject(m, s->X, M));
+    }
+    QSA__TRY(qsa__cuda_gres(m, &g->final_hc, s->X, M, 0));
+    if (sq->hidden_out) QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(sq->hidden_out, s->inp, (size_t)M * H * 4, g->stream));
+    if (logits) {
+        int first = all_logits ? 0 : M - 1;
+        for (int t0 = first; t0 < M; t0 += s->logit_rows) {
+            int rows = M - t0 < s->logit_rows ? M - t0 : s->logit_rows;
+            QSA__TRY(qsa__dgemm(g, s->inp16 + (size_t)t0 * H * 2, rows, &g->lm_head, s->logits, 0));
+            float *dst = logits + (all_logits ? (size_t)t0 * V : 0);
+            QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(dst, s->logits, (size_t)rows * V * 4, g->stream));
+            QSA__CU(qsa__cu.cuStreamSynchronize(g->stream)); /* the logits buffer is reused */
+        }
+    }
+    QSA__CU(qsa__cu.cuStreamSynchronize(g->stream));
+    return QSA_OK;
+}
+
+#endif /* QSA_NO_CUDA */
+
+/* ============================================================================================== */
+/* >>scheduler  requests, continuous batching, chunked prefill, admission by KV pages              */
+/* ============================================================================================== */
+/* Every request is an independent qsa_seq with its own sampler.  A step:
+     1. admit queued requests in id order (first come, first served: the first one that does not
+        fit stops admission, so a large request is never overtaken forever);
+     2. decode: feed every decoding request its last sampled token in one batch
+        (qsa__sched_decode_batch), sample the next one with the request's sampler, apply stops;
+     3. prefill: feed every prefilling request its next prompt chunk (at most prefill_chunk
+        tokens); after the last chunk sample the first token.
+   Everything runs in ascending id order, so a run is deterministic; each sequence is fed on its
+   own, so its logits cannot depend on its neighbours (batch invariance by construction).
+
+   Memory.  A request's budget is the tokens its sequence may hold: what it held at submit +
+   prompt + max_tokens - 1 (the last generated token is never fed, as in qsa_generate), or its
+   whole context when max_tokens is 0; that is ceil(budget / page_size) pages of the model's KV
+   pool.  Sequences take pages lazily as they are fed (qsa__seq_reserve), so the scheduler keeps
+   `reserved`: the pages admitted requests may still take.  A request is
+   admitted only when pool.n_free - reserved covers its pages, and every feed moves what its
+   sequence took from its reservation to the pool's count, so the free pages never drop below
+   what running requests were promised: admitted requests cannot run out of pages.  A request
+   needing more pages than the whole pool, or more tokens than its context, is refused at submit;
+   a queued one is refused when nothing is running and it still does not fit (the pages are held
+   by sequences outside the scheduler, and nothing the scheduler does will free them).  The
+   reservation protects requests from each other, not from sequences fed directly with
+   qsa_seq_feed meanwhile: use one scheduler per model. */
+
+typedef struct qsa__sched_req {
+    int64_t id;
+    qsa_request_status status;
+    qsa_result error;
+    char *message;
+    qsa_seq *seq;              /* NULL while queued (own) and once finished */
+    int own_seq;
+    int32_t *prompt;
+    int n_prompt, n_fed;
+    int pos0;                  /* tokens the sequence held at submit */
+    int budget;                /* tokens the sequence may hold: pos0 + prompt + max_tokens - 1, or its n_ctx */
+    int max_new;               /* most tokens generated */
+    int reserved;              /* pages reserved at admission, not yet taken by the sequence */
+    int pages_held;            /* seq->n_pages when last accounted */
+    qsa_sampler *smp;
+    char **stops;
+    int n_stops;
+    size_t max_stop;           /* longest stop string */
+    int32_t *eos;
+    int n_eos, ignore_eos;
+    qsa_token_callback on_token;
+    void *user;
+    int32_t *tokens;           /* generated */
+    int n_tokens, cap_tokens;
+    qsa__buf text;
+    size_t emitted;            /* text bytes given to on_token */
+    int has_ds;
+    qsa_detok_stream ds;
+    qsa_stop_reason stop;
+    double t_submit, t_admit, t_first, t_last, t_end;
+} qsa__sched_req;
+
+/* Observer of the logits each request samples from (tests: batch invariance). */
+typedef void (*qsa__sched_logits_hook)(void *user, int64_t id, int token_index, const float *logits, int vocab);
+
+struct qsa_sched {
+    qsa_model *m;
+    qsa_sched_params p;
+    qsa__sched_req **reqs;     /* every record, ascending id */
+    int n_reqs, cap_reqs;
+    int64_t next_id;
+    int reserved;              /* sum of the running requests' reserved pages */
+    int n_running;
+    int in_step;
+    float *logits;             /* [max_batch][vocab] */
+    qsa_seq **b_seq;           /* decode batch [max_batch] */
+    int32_t *b_tok;
+    qsa_result *b_res;
+    qsa__sched_req **b_req;
+    long long n_steps, n_prefill_tokens, n_decode_tokens;
+    qsa__sched_logits_hook logits_hook;
+    void *hook_user;
+};
+
+QSA_IMPL const char *qsa_request_status_string(qsa_request_status st) {
+    switch (st) {
+    case QSA_REQ_QUEUED: return "queued";
+    case QSA_REQ_PREFILL: return "prefill";
+    case QSA_REQ_DECODE: return "decode";
+    case QSA_REQ_DONE: return "done";
+    case QSA_REQ_REFUSED: return "refused";
+    case QSA_REQ_CANCELLED: return "cancelled";
+    case QSA_REQ_ERROR: return "error";
+    }
+    return "unknown";
+}
+
+QSA_PRIV int qsa__sched_live(const qsa__sched_req *q) {
+    return q->status == QSA_REQ_QUEUED || q->status == QSA_REQ_PREFILL || q->status == QSA_REQ_DECODE;
+}
+QSA_PRIV int qsa__sched_running(const qsa__sched_req *q) { return q->status == QSA_REQ_PREFILL || q->status == QSA_REQ_DECODE; }
+
+/* Pages of the pool that `tokens` tokens occupy (none when the model has no QSA layer). */
+QSA_PRIV int qsa__sched_pages(const qsa_sched *s, int64_t tokens) {
+    const qsa__pool *pl = &s->m->pool;
+    if (!pl->n_qsa || tokens <= 0) return 0;
+    return (int)((tokens + pl->page_size - 1) / pl->page_size);
+}
+
+QSA_PRIV void qsa__sched_fill_params(qsa_sched_params *p, const qsa_model *m) {
+    QSA__DEF(p->max_batch, 32);
+    QSA__DEF(p->prefill_chunk, 8192);
+    QSA__DEF(p->max_queued, 1024);
+    QSA__DEF(p->n_ctx_default, m->cfg.max_position_embeddings < 4096 ? m->cfg.max_position_embeddings : 4096);
+}
+
+QSA_IMPL qsa_result qsa_sched_create(qsa_model *m, const qsa_sched_params *params, qsa_sched **out) {
+    if (!m || !out) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_create: NULL argument");
+    *out = NULL;
+    qsa_sched_params p;
+    memset(&p, 0, sizeof p);
+    if (params) p = *params;
+    if (p.max_batch < 0 || p.prefill_chunk < 0 || p.max_queued < 0 || p.n_ctx_default < 0)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT,
+                         "qsa_sched_create: max_batch %d, prefill_chunk %d, max_queued %d, n_ctx_default %d: expected >= 0 "
+                         "(0: default)", p.max_batch, p.prefill_chunk, p.max_queued, p.n_ctx_default);
+    qsa__sched_fill_params(&p, m);
+    qsa_sched *s = QSA__CALLOC(qsa_sched, 1);
+    if (!s) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sched_create: out of memory");
+    s->m = m;
+    s->p = p;
+    s->next_id = 1;
+    s->logits = QSA__ALLOC(float, (size_t)p.max_batch * (size_t)m->cfg.vocab_size);
+    s->b_seq = QSA__ALLOC(qsa_seq *, p.max_batch);
+    s->b_tok = QSA__ALLOC(int32_t, p.max_batch);
+    s->b_res = QSA__ALLOC(qsa_result, p.max_batch);
+    s->b_req = QSA__ALLOC(qsa__sched_req *, p.max_batch);
+    if (!s->logits || !s->b_seq || !s->b_tok || !s->b_res || !s->b_req) {
+        qsa_sched_free(s);
+        return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sched_create: out of memory for a batch of %d x %d logits",
+                         p.max_batch, m->cfg.vocab_size);
+    }
+    *out = s;
+    return QSA_OK;
+}
+
+/* ---- request records ---- */
+
+QSA_PRIV qsa__sched_req *qsa__sched_find(const qsa_sched *s, int64_t id, int *index) {
+    int lo = 0, hi = s->n_reqs - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (s->reqs[mid]->id == id) { if (index) *index = mid; return s->reqs[mid]; }
+        if (s->reqs[mid]->id < id) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return NULL;
+}
+
+/* Give back what a running request holds: the rest of its reservation, its sequence (an owned
+   one is freed: its pages return to the pool now; a caller's is detached), its sampler and
+   stream.  Tokens, text and statistics stay for qsa_sched_poll. */
+QSA_PRIV void qsa__sched_leave(qsa_sched *s, qsa__sched_req *q, int was_running) {
+    if (was_running) s->n_running--;
+    s->reserved -= q->reserved;
+    q->reserved = 0;
+    if (q->seq && q->own_seq) qsa_seq_free(q->seq);
+    q->seq = NULL;
+    qsa_sampler_free(q->smp);
+    q->smp = NULL;
+    if (q->has_ds) qsa_detok_stream_free(&q->ds);
+    q->has_ds = 0;
+    qsa__free(q->prompt);
+    q->prompt = NULL;
+    q->t_end = qsa__now();
+}
+
+QSA_PRIV void qsa__sched_req_free(qsa__sched_req *q) {
+    if (!q) return;
+    if (q->seq && q->own_seq) qsa_seq_free(q->seq);
+    qsa_sampler_free(q->smp);
+    if (q->has_ds) qsa_detok_stream_free(&q->ds);
+    for (int i = 0; i < q->n_stops; i++) qsa__free(q->stops[i]);
+    qsa__free(q->stops);
+    qsa__free(q->eos);
+    qsa__free(q->prompt);
+    qsa__free(q->tokens);
+    qsa__buf_free(&q->text);
+    qsa__free(q->message);
+    qsa__free(q);
+}
+
+/* End a request with a failure (ERROR while running, REFUSED while queued); the message is
+   kept in the request. */
+QSA_PRIV void qsa__sched_end_failed(qsa_sched *s, qsa__sched_req *q, qsa_request_status st, qsa_result r, const char *msg) {
+    int was_running = qsa__sched_running(q);
+    q->status = st;
+    q->error = r;
+    qsa__free(q->message);
+    q->message = qsa__strdup(msg ? msg : "");
+    qsa__log(QSA_LOG_INFO, "request %lld %s: %s", (long long)q->id, qsa_request_status_string(st), msg ? msg : "");
+    qsa__sched_leave(s, q, was_running);
+}
+
+/* Move the pages the request's sequence took since the last look from its reservation to the
+   pool's own count. */
+QSA_PRIV void qsa__sched_account(qsa_sched *s, qsa__sched_req *q) {
+    if (!q->seq) return;
+    int taken = q->seq->n_pages - q->pages_held;
+    q->pages_held = q->seq->n_pages;
+    if (taken <= 0) return;
+    if (taken > q->reserved) taken = q->reserved; /* cannot happen: the budget bounds every feed */
+    q->reserved -= taken;
+    s->reserved -= taken;
+}
+
+/* ---- submit ---- */
+
+QSA_PRIV qsa_result qsa__sched_tokenize(qsa_sched *s, const qsa_request_params *p, int32_t **ids, int *n) {
+    const qsa_tokenizer *tok = s->m->tok;
+    *ids = NULL;
+    *n = 0;
+    if (p->prompt) {
+        if (p->n_prompt <= 0) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: n_prompt %d: expected > 0", p->n_prompt);
+        *ids = QSA__ALLOC(int32_t, p->n_prompt);
+        if (!*ids) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sched_submit: out of memory");
+        memcpy(*ids, p->prompt, sizeof(int32_t) * (size_t)p->n_prompt);
+        *n = p->n_prompt;
+        return QSA_OK;
+    }
+    if (!p->text && !p->messages)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: no prompt (set prompt, text or messages)");
+    if (!tok)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: a %s prompt needs a tokenizer and the model has none: "
+                         "pass token ids", p->text ? "text" : "messages");
+    char *chat = NULL;
+    const char *text = p->text;
+    int special = p->parse_special;
+    if (!p->text || p->chat) {
+        qsa_chat_message one;
+        one.role = "user";
+        one.content = p->text;
+        QSA__TRY(qsa_chat_apply_template(tok, p->text ? &one : p->messages, p->text ? 1 : (size_t)(p->n_messages > 0 ? p->n_messages : 0),
+                                         1, &chat));
+        text = chat;
+        special = 1;
+    }
+    size_t len = 0;
+    qsa_result r = qsa_tokenize(tok, text, strlen(text), special, ids, &len);
+    qsa__free(chat);
+    if (r != QSA_OK) return r;
+    if (len == 0 || len > (size_t)INT32_MAX) {
+        qsa__free(*ids);
+        *ids = NULL;
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: the prompt text gives %zu tokens: expected 1 .. 2^31-1", len);
+    }
+    *n = (int)len;
+    return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__sched_copy_stops(qsa__sched_req *q, const qsa_request_params *p) {
+    if (p->n_stop_strings <= 0) return QSA_OK;
+    if (!p->stop_strings) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: n_stop_strings %d with NULL stop_strings", p->n_stop_strings);
+    q->stops = QSA__CALLOC(char *, p->n_stop_strings);
+    if (!q->stops) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sched_submit: out of memory");
+    for (int i = 0; i < p->n_stop_strings; i++) {
+        if (!p->stop_strings[i]) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: stop string %d is NULL", i);
+        if (!p->stop_strings[i][0]) continue; /* an empty stop string never matches (as in qsa_generate) */
+        char *d = qsa__strdup(p->stop_strings[i]);
+        if (!d) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sched_submit: out of memory");
+        q->stops[q->n_stops++] = d;
+        if (strlen(d) > q->max_stop) q->max_stop = strlen(d);
+    }
+    return QSA_OK;
+}
+
+/* Check the request against its context and the pool and set its budget; the messages are the
+   refusals a caller sees. */
+QSA_PRIV qsa_result qsa__sched_budget(qsa_sched *s, qsa__sched_req *q, const qsa_request_params *p, int *n_ctx_out) {
+    const qsa_model_config *c = &s->m->cfg;
+    const qsa__pool *pl = &s->m->pool;
+    int n_ctx;
+    if (p->seq) n_ctx = p->seq->n_ctx;
+    else {
+        n_ctx = p->n_ctx > 0 ? p->n_ctx : p->max_tokens > 0 ? c->max_position_embeddings : s->p.n_ctx_default;
+        if (n_ctx > c->max_position_embeddings)
+            return qsa__fail(QSA_ERR_CONTEXT_FULL, "qsa_sched_submit: n_ctx %d exceeds the model's context of %d tokens "
+                             "(max_position_embeddings)", n_ctx, c->max_position_embeddings);
+    }
+    /* the last generated token is never fed: P prompt tokens and M new ones hold P + M - 1 */
+    int64_t want = (int64_t)q->pos0 + q->n_prompt + p->max_tokens - 1;
+    char held[64] = "";
+    if (q->pos0) snprintf(held, sizeof held, "%d tokens already in the sequence + ", q->pos0);
+    if ((int64_t)q->pos0 + q->n_prompt >= n_ctx) /* as qsa_generate: room for at least one token to be fed */
+        return qsa__fail(QSA_ERR_CONTEXT_FULL, "qsa_sched_submit: %sa prompt of %d tokens leaves no room to generate in the "
+                         "context of %d", held, q->n_prompt, n_ctx);
+    if (p->max_tokens > 0 && want > n_ctx)
+        return qsa__fail(QSA_ERR_CONTEXT_FULL, "qsa_sched_submit: %sa prompt of %d tokens + max_tokens %d need %lld tokens of "
+                         "context (the last generated token is not fed), more than the context of %d", held, q->n_prompt,
+                         p->max_tokens, (long long)want, n_ctx);
+    q->budget = p->max_tokens > 0 ? (int)want : n_ctx;
+    q->max_new = p->max_tokens > 0 ? p->max_tokens : n_ctx - q->pos0 - q->n_prompt + 1;
+    int pages = qsa__sched_pages(s, q->budget);
+    if (pages > pl->n_pages)
+        return qsa__fail(QSA_ERR_CONTEXT_FULL, "qsa_sched_submit: the request needs %d tokens = %d KV pages of %d tokens, the "
+                         "whole pool has %d pages (%d tokens: raise kv_pool_tokens or lower max_tokens)", q->budget, pages,
+                         pl->page_size, pl->n_pages, pl->n_pages * pl->page_size);
+    *n_ctx_out = n_ctx;
+    return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__sched_prepare(qsa_sched *s, qsa__sched_req *q, const qsa_request_params *p) {
+    const qsa_model_config *c = &s->m->cfg;
+    QSA__TRY(qsa__sched_tokenize(s, p, &q->prompt, &q->n_prompt));
+    for (int i = 0; i < q->n_prompt; i++)
+        if (q->prompt[i] < 0 || q->prompt[i] >= c->vocab_size)
+            return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: prompt token %d at index %d is outside the vocabulary "
+                             "[0, %d)", q->prompt[i], i, c->vocab_size);
+    if (p->seq) {
+        if (p->seq->m != s->m)
+            return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: the sequence belongs to another model");
+        for (int i = 0; i < s->n_reqs; i++) /* a record points to a caller's sequence only while live */
+            if (s->reqs[i]->seq == p->seq)
+                return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: the sequence is already used by live request %lld",
+                                 (long long)s->reqs[i]->id);
+        q->seq = p->seq;
+        q->pos0 = p->seq->pos;
+    } else q->own_seq = 1;
+    int n_ctx = 0;
+    QSA__TRY(qsa__sched_budget(s, q, p, &n_ctx));
+    QSA__TRY(qsa_sampler_create(&p->sampling, &q->smp));
+    QSA__TRY(qsa__sched_copy_stops(q, p));
+    const int32_t *eos = p->eos_ids;
+    int n_eos = p->n_eos_ids;
+    if (!eos) {
+        if (s->m->gen.n_eos) { eos = s->m->gen.eos_token_ids; n_eos = s->m->gen.n_eos; }
+        else { eos = c->eos_token_ids; n_eos = c->n_eos; }
+    }
+    if (n_eos < 0) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: n_eos_ids %d: expected >= 0", n_eos);
+    q->eos = QSA__ALLOC(int32_t, n_eos);
+    q->cap_tokens = q->max_new < 64 ? q->max_new : 64;
+    q->tokens = QSA__ALLOC(int32_t, q->cap_tokens);
+    if (!q->eos || !q->tokens || !qsa__buf_reserve(&q->text, 64))
+        return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sched_submit: out of memory");
+    if (n_eos) memcpy(q->eos, eos, sizeof(int32_t) * (size_t)n_eos);
+    q->n_eos = n_eos;
+    q->ignore_eos = p->ignore_eos;
+    q->on_token = p->on_token;
+    q->user = p->user;
+    if (s->m->tok) {
+        qsa_detok_stream_init(&q->ds, s->m->tok, QSA_DETOK_SKIP_SPECIAL);
+        q->has_ds = 1;
+    }
+    return QSA_OK;
+}
+
+QSA_IMPL qsa_result qsa_sched_submit(qsa_sched *s, const qsa_request_params *p, int64_t *id) {
+    if (id) *id = 0;
+    if (!s || !p || !id) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: NULL argument");
+    if (p->max_tokens < 0 || p->n_ctx < 0)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: max_tokens %d, n_ctx %d: expected >= 0", p->max_tokens, p->n_ctx);
+    int queued = 0;
+    for (int i = 0; i < s->n_reqs; i++) queued += s->reqs[i]->status == QSA_REQ_QUEUED;
+    if (queued >= s->p.max_queued)
+        return qsa__fail(QSA_ERR_CONTEXT_FULL, "qsa_sched_submit: the queue is full (%d requests waiting, max_queued %d)", queued,
+                         s->p.max_queued);
+    if (s->n_reqs == s->cap_reqs) {
+        int cap = s->cap_reqs ? 2 * s->cap_reqs : 16;
+        qsa__sched_req **r = (qsa__sched_req **)qsa__realloc(s->reqs, sizeof(qsa__sched_req *) * (size_t)cap);
+        if (!r) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sched_submit: out of memory");
+        s->reqs = r;
+        s->cap_reqs = cap;
+    }
+    qsa__sched_req *q = QSA__CALLOC(qsa__sched_req, 1);
+    if (!q) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sched_submit: out of memory");
+    qsa_result r = qsa__sched_prepare(s, q, p);
+    if (r != QSA_OK) {
+        q->seq = NULL; /* never the caller's to free */
+        qsa__sched_req_free(q);
+        return r;
+    }
+    /* q->seq: the caller's sequence, or NULL until admission creates the request's own */
+    q->id = s->next_id++;
+    q->status = QSA_REQ_QUEUED;
+    q->t_submit = qsa__now();
+    s->reqs[s->n_reqs++] = q;
+    *id = q->id;
+    return QSA_OK;
+}
+
+/* ---- one step ---- */
+
+/* Sample from logits (modified in place) with the request's sampler. */
+QSA_PRIV int32_t qsa__sched_sample(qsa_sched *s, qsa__sched_req *q, float *logits) {
+    int V = s->m->cfg.vocab_size;
+    if (s->logits_hook) s->logits_hook(s->hook_user, q->id, q->n_tokens, logits, V);
+    return qsa_sampler_sample(q->smp, logits, V, q->seq->tokens, q->seq->pos);
+}
+
+/* First position of needle in hay, or -1 (the text may hold NUL bytes). */
+QSA_PRIV int64_t qsa__memfind(const char *hay, size_t hl, const char *needle, size_t nl, size_t from) {
+    if (nl == 0 || hl < nl) return -1;
+    for (size_t i = from; i + nl <= hl; i++)
+        if (hay[i] == needle[0] && memcmp(hay + i, needle, nl) == 0) return (int64_t)i;
+    return -1;
+}
+
+/* Finish normally: text held back for a stop string that never came and an incomplete UTF-8
+   tail are flushed to the text and the callback (not after a stop string or a callback stop). */
+QSA_PRIV void qsa__sched_finish(qsa_sched *s, qsa__sched_req *q, qsa_stop_reason stop) {
+    if (q->has_ds && stop != QSA_STOP_STRING && stop != QSA_STOP_CALLBACK) {
+        const char *piece;
+        size_t plen;
+        if (qsa_detok_stream_flush(&q->ds, &piece, &plen) == QSA_OK && plen) qsa__buf_put(&q->text, piece, plen);
+    }
+    q->stop = stop;
+    q->status = QSA_REQ_DONE;
+    qsa__sched_leave(s, q, 1);
+    int flush = q->on_token && stop != QSA_STOP_STRING && stop != QSA_STOP_CALLBACK && q->text.len > q->emitted;
+    size_t from = q->emitted;
+    q->emitted = q->text.len;
+    if (flush) q->on_token(q->user, -1, q->text.data + from, q->text.len - from);
+}
+
+/* A sampled token: record it, stream its text, apply the stop conditions (as qsa_generate). */
+QSA_PRIV void qsa__sched_accept(qsa_sched *s, qsa__sched_req *q, int32_t t) {
+    if (q->n_tokens == q->cap_tokens) {
+        int cap = q->cap_tokens * 2 < q->max_new ? q->cap_tokens * 2 : q->max_new;
+        int32_t *nt = (int32_t *)qsa__realloc(q->tokens, sizeof(int32_t) * (size_t)cap);
+        if (!nt) {
+            qsa__fail(QSA_ERR_OUT_OF_MEMORY, "request %lld: out of memory for %d tokens", (long long)q->id, cap);
+            qsa__sched_end_failed(s, q, QSA_REQ_ERROR, QSA_ERR_OUT_OF_MEMORY, qsa_last_error());
+            return;
+        }
+        q->tokens = nt;
+        q->cap_tokens = cap;
+    }
+    q->tokens[q->n_tokens++] = t;
+    q->t_last = qsa__now();
+    if (q->n_tokens == 1) q->t_first = q->t_last;
+    int is_eos = 0;
+    for (int i = 0; i < q->n_eos; i++) is_eos |= q->eos[i] == t;
+    if (is_eos && !q->ignore_eos) { qsa__sched_finish(s, q, QSA_STOP_EOS); return; }
+    size_t old = q->text.len;
+    if (q->has_ds) {
+        const char *piece;
+        size_t plen;
+        qsa_result r = qsa_detok_stream_push(&q->ds, t, &piece, &plen);
+        if (r == QSA_OK && !qsa__buf_put(&q->text, piece, plen)) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "request %lld: out of memory", (long long)q->id);
+        if (r != QSA_OK) { qsa__sched_end_failed(s, q, QSA_REQ_ERROR, r, qsa_last_error()); return; }
+    }
+    /* a stop string ends in the new text: look from max_stop - 1 bytes before it; cut at the earliest */
+    int stopped = 0;
+    if (q->n_stops && q->text.len > old) {
+        size_t from = old > q->max_stop - 1 ? old - (q->max_stop - 1) : 0;
+        int64_t best = -1;
+        for (int i = 0; i < q->n_stops; i++) {
+            int64_t at = qsa__memfind(q->text.data, q->text.len, q->stops[i], strlen(q->stops[i]), from);
+            if (at >= 0 && (best < 0 || at < best)) best = at;
+        }
+        if (best >= 0) {
+            q->text.len = (size_t)best;
+            q->text.data[q->text.len] = 0;
+            stopped = 1;
+        }
+    }
+    size_t hold = stopped ? 0 : qsa__stop_holdback(q->text.data, q->text.len, (const char *const *)q->stops, q->n_stops);
+    size_t upto = q->text.len > hold ? q->text.len - hold : 0;
+    if (q->on_token && upto >= q->emitted) {
+        size_t from = q->emitted;
+        q->emitted = upto;
+        int stop_cb = q->on_token(q->user, t, q->text.data + from, upto - from);
+        if (q->status != QSA_REQ_DECODE) return; /* the callback cancelled this request */
+        if (stop_cb) { qsa__sched_finish(s, q, QSA_STOP_CALLBACK); return; }
+    }
+    if (stopped) { qsa__sched_finish(s, q, QSA_STOP_STRING); return; }
+    if (q->n_tokens >= q->max_new) { qsa__sched_finish(s, q, QSA_STOP_MAX_TOKENS); return; }
+}
+
+/* One decode step for n sequences: feed tokens[i] to seqs[i]; the logits of that token go to
+   logits_out + i * vocab; res[i] is sequence i's result and the return value the first failure.
+   Today a loop over qsa_seq_feed: each sequence is fed on its own, so its logits cannot depend on
+   the batch.  This is the one place to put a batched forward (one GPU pass for the batch). */
+QSA_PRIV qsa_result qsa__sched_decode_batch(qsa_sched *s, qsa_seq *const *seqs, const int32_t *tokens, int n, float *logits_out,
+                                            qsa_result *res) {
+    size_t V = (size_t)s->m->cfg.vocab_size;
+    qsa_result first = QSA_OK;
+    char msg[1024];
+    msg[0] = 0;
+    for (int i = 0; i < n; i++) {
+        res[i] = qsa_seq_feed(seqs[i], &tokens[i], 1, logits_out + (size_t)i * V, 0);
+        if (res[i] != QSA_OK && first == QSA_OK) {
+            first = res[i];
+            snprintf(msg, sizeof msg, "%s", qsa_last_error());
+        }
+    }
+    if (first != QSA_OK) qsa__fail(first, "%s", msg); /* the first failure's message, not a later one's */
+    return first;
+}
+
+/* Admit queued requests in id order while a batch slot and their pages are free. */
+QSA_PRIV void qsa__sched_admit(qsa_sched *s) {
+    const qsa__pool *pl = &s->m->pool;
+    for (int i = 0; i < s->n_reqs && s->n_running < s->p.max_batch; i++) {
+        qsa__sched_req *q = s->reqs[i];
+        if (q->status != QSA_REQ_QUEUED) continue;
+        int held = q->seq ? q->seq->n_pages : 0;
+        int need = qsa__sched_pages(s, q->budget) - held;
+        if (need < 0) need = 0;
+        int avail = pl->n_free - s->reserved;
+        if (need > avail) {
+            if (s->n_running > 0) break; /* first come, first served: wait for pages */
+            char msg[512];
+            snprintf(msg, sizeof msg, "request %lld needs %d more KV pages of %d tokens, %d of %d are free and no request is "
+                     "running that could free more (the rest are held by sequences outside the scheduler)",
+                     (long long)q->id, need, pl->page_size, avail, pl->n_pages);
+            qsa__sched_end_failed(s, q, QSA_REQ_REFUSED, QSA_ERR_CONTEXT_FULL, msg);
+            continue;
+        }
+        if (q->own_seq) {
+            qsa_seq_params sp;
+            memset(&sp, 0, sizeof sp);
+            sp.n_ctx = q->budget;
+            qsa_result r = qsa_seq_create(s->m, &sp, &q->seq);
+            if (r != QSA_OK) {
+                q->seq = NULL;
+                qsa__sched_end_failed(s, q, QSA_REQ_ERROR, r, qsa_last_error());
+                continue;
+            }
+        }
+        q->pages_held = q->seq->n_pages;
+        q->reserved = need;
+        s->reserved += need;
+        s->n_running++;
+        q->status = QSA_REQ_PREFILL;
+        q->t_admit = qsa__now();
+    }
+}
+
+/* One token for every request that was decoding when the step began. */
+QSA_PRIV void qsa__sched_decode(qsa_sched *s) {
+    int n = 0;
+    for (int i = 0; i < s->n_reqs && n < s->p.max_batch; i++) {
+        qsa__sched_req *q = s->reqs[i];
+        if (q->status != QSA_REQ_DECODE) continue;
+        s->b_req[n] = q;
+        s->b_seq[n] = q->seq;
+        s->b_tok[n] = q->tokens[q->n_tokens - 1];
+        n++;
+    }
+    if (!n) return;
+    qsa_result first = qsa__sched_decode_batch(s, s->b_seq, s->b_tok, n, s->logits, s->b_res);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", first != QSA_OK ? qsa_last_error() : "");
+    for (int i = 0; i < n; i++) qsa__sched_account(s, s->b_req[i]);
+    size_t V = (size_t)s->m->cfg.vocab_size;
+    for (int i = 0; i < n; i++) {
+        qsa__sched_req *q = s->b_req[i];
+        if (q->status != QSA_REQ_DECODE) continue; /* cancelled by an earlier request's callback */
+        if (s->b_res[i] != QSA_OK) { qsa__sched_end_failed(s, q, QSA_REQ_ERROR, s->b_res[i], msg); continue; }
+        s->n_decode_tokens++;
+        qsa__sched_accept(s, q, qsa__sched_sample(s, q, s->logits + (size_t)i * V));
+    }
+}
+
+/* One prompt chunk for every prefilling request; the first token after the last chunk. */
+QSA_PRIV void qsa__sched_prefill(qsa_sched *s) {
+    for (int i = 0; i < s->n_reqs; i++) {
+        qsa__sched_req *q = s->reqs[i];
+        if (q->status != QSA_REQ_PREFILL) continue;
+        int k = q->n_prompt - q->n_fed < s->p.prefill_chunk ? q->n_prompt - q->n_fed : s->p.prefill_chunk;
+        int last = q->n_fed + k == q->n_prompt;
+        qsa_result r = qsa_seq_feed(q->seq, q->prompt + q->n_fed, k, last ? s->logits : NULL, 0);
+        qsa__sched_account(s, q);
+        if (r != QSA_OK) { qsa__sched_end_failed(s, q, QSA_REQ_ERROR, r, qsa_last_error()); continue; }
+        q->n_fed += k;
+        s->n_prefill_tokens += k;
+        if (!last) continue;
+        q->status = QSA_REQ_DECODE;
+        qsa__sched_accept(s, q, qsa__sched_sample(s, q, s->logits));
+    }
+}
+
+QSA_IMPL qsa_result qsa_sched_step(qsa_sched *s) {
+    if (!s) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_step: NULL scheduler");
+    if (s->in_step) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_step: called from inside a step (a callback)");
+    s->in_step = 1;
+    s->n_steps++;
+    qsa__sched_admit(s);
+    qsa__sched_decode(s);
+    qsa__sched_prefill(s);
+    s->in_step = 0;
+    return QSA_OK;
+}
+
+QSA_IMPL int qsa_sched_active(const qsa_sched *s) {
+    int n = 0;
+    if (s)
+        for (int i = 0; i < s->n_reqs; i++) n += qsa__sched_live(s->reqs[i]);
+    return n;
+}
+
+QSA_IMPL qsa_result qsa_sched_run(qsa_sched *s) {
+    if (!s) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_run: NULL scheduler");
+    while (qsa_sched_active(s)) QSA__TRY(qsa_sched_step(s));
+    return QSA_OK;
+}
+
+/* ---- cancel, poll, release ---- */
+
+QSA_IMPL qsa_result qsa_sched_cancel(qsa_sched *s, int64_t id) {
+    if (!s) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_cancel: NULL scheduler");
+    qsa__sched_req *q = qsa__sched_find(s, id, NULL);
+    if (!q) return qsa__fail(QSA_ERR_NOT_FOUND, "qsa_sched_cancel: no request %lld", (long long)id);
+    if (!qsa__sched_live(q)) return QSA_OK;
+    int was_running = qsa__sched_running(q);
+    q->status = QSA_REQ_CANCELLED;
+    q->error = QSA_ERR_CANCELLED;
+    qsa__sched_leave(s, q, was_running);
+    return QSA_OK;
+}
+
+QSA_IMPL qsa_result qsa_sched_poll(qsa_sched *s, int64_t id, qsa_request_result *out) {
+    if (!s || !out) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_poll: NULL argument");
+    memset(out, 0, sizeof *out);
+    const qsa__sched_req *q = qsa__sched_find(s, id, NULL);
+    if (!q) return qsa__fail(QSA_ERR_NOT_FOUND, "qsa_sched_poll: no request %lld (never submitted, or released)", (long long)id);
+    out->status = q->status;
+    out->error = q->error;
+    out->message = q->message ? q->message : "";
+    out->tokens = q->tokens;
+    out->n_tokens = q->n_tokens;
+    out->text = q->text.data ? q->text.data : "";
+    out->text_len = q->text.len;
+    out->stop = q->stop;
+    out->n_prompt_fed = q->n_fed;
+    double now = qsa__sched_live(q) ? qsa__now() : q->t_end;
+    qsa_stats *st = &out->stats;
+    st->n_prompt = q->n_prompt;
+    st->n_generated = q->n_tokens;
+    int admitted = q->t_admit > 0;
+    out->queue_s = (admitted ? q->t_admit : now) - q->t_submit;
+    out->total_s = now - q->t_submit;
+    if (q->n_tokens > 0) {
+        st->ttft_s = q->t_first - q->t_submit;
+        st->prefill_s = q->t_first - q->t_admit;
+        st->decode_s = q->t_last - q->t_first;
+        st->prefill_tok_s = st->prefill_s > 0 ? q->n_prompt / st->prefill_s : 0;
+        st->decode_tok_s = st->decode_s > 0 ? (q->n_tokens - 1) / st->decode_s : 0;
+    } else if (admitted) st->prefill_s = now - q->t_admit;
+    return QSA_OK;
+}
+
+QSA_IMPL qsa_result qsa_sched_release(qsa_sched *s, int64_t id) {
+    if (!s) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_release: NULL scheduler");
+    if (s->in_step) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_release: not from inside a step (cancel instead)");
+    int idx = 0;
+    qsa__sched_req *q = qsa__sched_find(s, id, &idx);
+    if (!q) return qsa__fail(QSA_ERR_NOT_FOUND, "qsa_sched_release: no request %lld", (long long)id);
+    qsa_sched_cancel(s, id);
+    qsa__sched_req_free(q);
+    memmove(s->reqs + idx, s->reqs + idx + 1, sizeof(qsa__sched_req *) * (size_t)(s->n_reqs - idx - 1));
+    s->n_reqs--;
+    return QSA_OK;
+}
+
+QSA_IMPL void qsa_sched_get_info(const qsa_sched *s, qsa_sched_info *info) {
+    if (!info) return;
+    memset(info, 0, sizeof *info);
+    if (!s) return;
+    for (int i = 0; i < s->n_reqs; i++) {
+        qsa_request_status st = s->reqs[i]->status;
+        if (st == QSA_REQ_QUEUED) info->n_queued++;
+        else if (st == QSA_REQ_PREFILL) info->n_prefill++;
+        else if (st == QSA_REQ_DECODE) info->n_decode++;
+        else info->n_finished++;
+    }
+    const qsa__pool *pl = &s->m->pool;
+    info->pages_total = pl->n_pages;
+    info->pages_free = pl->n_free;
+    info->pages_reserved = s->reserved;
+    info->page_size = pl->page_size;
+    info->n_steps = s->n_steps;
+    info->n_prefill_tokens = s->n_prefill_tokens;
+    info->n_decode_tokens = s->n_decode_tokens;
+}
+
+QSA_IMPL void qsa_sched_free(qsa_sched *s) {
+    if (!s) return;
+    for (int i = 0; i < s->n_reqs; i++) qsa_sched_cancel(s, s->reqs[i]->id);
+    for (int i = 0; i < s->n_reqs; i++) qsa__sched_req_free(s->reqs[i]);
+    qsa__free(s->reqs);
+    qsa__free(s->logits);
+    qsa__free(s->b_seq);
+    qsa__free(s->b_tok);
+    qsa__free(s->b_res);
+    qsa__free(s->b_req);
+    qsa__free(s);
+}
 
 #endif /* QSA_RUNTIME_IMPLEMENTATION_DONE */
 #endif /* QSA_RUNTIME_IMPLEMENTATION */

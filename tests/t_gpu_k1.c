@@ -187,7 +187,7 @@ static void k1_h2f(const uint16_t *h, float *f, size_t n) {
     for (size_t i = 0; i < n; i++) f[i] = qsa__f16_to_f32(h[i]);
 }
 
-/* The host mirror of `struct qsa_expert_w` (kernels) = qsa__dexpert (parts/cuda.h): 88 bytes. */
+/* The host mirror of `struct qsa_expert_w` (kernels) = qsa__dexpert (qsa_runtime.h, >>cuda): 88 bytes. */
 typedef struct k1_expert {
     unsigned long long gate_q, gate_s, up_q, up_s, down_q, down_s, gate16, up16, down16;
     float gate_s2, up_s2, down_s2, pad;

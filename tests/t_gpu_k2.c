@@ -1,4 +1,4 @@
-/* tests/t_gpu_k2.c - the Gated DeltaNet and QSA kernels against the CPU reference of parts/model.h,
+/* tests/t_gpu_k2.c - the Gated DeltaNet and QSA kernels against the CPU reference in qsa_runtime.h,
  * and the determinism contract (SPEC section 4) on the GPU.  Group gpu: skips without libcuda, a
  * device or an NVRTC.
  *

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""gen_unicode.py - generate parts/unicode.h (the >>unicode section of qsa_runtime.h).
+"""gen_unicode.py - generate the >>unicode section of qsa_runtime.h (the generated block between
+the `>>unicode-generated-begin` and `>>unicode-generated-end` markers).
 
 The tokenizer must reproduce the Hugging Face `tokenizers` library bit for bit, and that library
 mixes two Unicode versions (measured on tokenizers 0.23.3 by probing every code point, see
@@ -15,7 +16,8 @@ stability policy).  Decomposition/composition stability makes this exactly Unico
 
     pip install unicodedata2==16.0.0          # category + normalization data
     apt-get install unicode-data              # /usr/share/unicode/DerivedAge.txt
-    python3 tools/gen_unicode.py > parts/unicode.h
+    python3 tools/gen_unicode.py --splice qsa_runtime.h   # rewrite the block in the header
+    python3 tools/gen_unicode.py > unicode.h              # or print it
     python3 tools/gen_unicode.py --verify     # compare with the installed `tokenizers`
 
 Without unicodedata2 the script falls back to the standard library's unicodedata (Unicode 14.0
@@ -346,13 +348,24 @@ def main():
     ap.add_argument("--derived-age", default="/usr/share/unicode/DerivedAge.txt")
     ap.add_argument("--allow-version-mismatch", action="store_true")
     ap.add_argument("--verify", action="store_true", help="compare with the tokenizers library instead of printing")
+    ap.add_argument("--splice", metavar="HEADER", help="replace the generated block of HEADER instead of printing")
     a = ap.parse_args()
     ud, src = load_ucd(a.allow_version_mismatch)
     ages = load_ages(a.derived_age)
     cls, ccc, dec = build(ud, ages)
     if a.verify:
         sys.exit(1 if verify(ud, cls, ccc, dec) else 0)
-    emit(sys.stdout, ud, src, cls, ccc, dec)
+    if not a.splice:
+        emit(sys.stdout, ud, src, cls, ccc, dec)
+        return
+    import io
+    buf = io.StringIO()
+    emit(buf, ud, src, cls, ccc, dec)
+    text = open(a.splice, encoding="utf-8").read()
+    begin, end = "/* >>unicode-generated-begin", "/* >>unicode-generated-end */"
+    i, j = text.index(begin), text.index(end)
+    i = text.index("\n", i) + 1
+    open(a.splice, "w", encoding="utf-8").write(text[:i] + buf.getvalue() + text[j:])
 
 
 if __name__ == "__main__":
