@@ -15,14 +15,30 @@
  *   QSA_DEBUG       extra checks; synchronise after every kernel launch.
  *
  * QUICK START
- *       qsa_model *m; qsa_model_params mp = {0};            // zero = defaults
- *       if (qsa_model_load("path/to/model_dir", &mp, &m) != QSA_OK) puts(qsa_last_error());
- *       ... see examples/chat.c and docs/API.md.
+ *       qsa_model *m;
+ *       qsa_model_params mp = {0};                        // zero = defaults (backend AUTO)
+ *       if (qsa_model_load("path/to/model_dir", &mp, &m) != QSA_OK) { puts(qsa_last_error()); ... }
+ *       qsa_seq *s;  qsa_seq_create(m, NULL, &s);         // one request's state
+ *       int32_t *ids; size_t n;
+ *       qsa_tokenize(qsa_model_get_tokenizer(m), "Hello", 5, 1, &ids, &n);
+ *       qsa_generate_params gp = {0};  gp.max_tokens = 64; // greedy
+ *       qsa_generation g;  qsa_generate(s, ids, (int)n, &gp, &g);  puts(g.text);
+ *       qsa_generation_free(&g); qsa_free(ids); qsa_seq_free(s); qsa_model_free(m);
+ *   Many requests at once: qsa_sched_* (continuous batching, chunked prefill, admission by KV
+ *   pages).  Full programs: examples/chat.c, examples/batch.c.
  *
  * MODEL FILES
  *   A Hugging Face directory: config.json (model_type qwen4_exp or qwen4_exp_text), model.safetensors
  *   or model.safetensors.index.json + shards, tokenizer.json, tokenizer_config.json, optionally
- *   generation_config.json and hf_quant_config.json (NVFP4 experts, ModelOpt format).
+ *   generation_config.json and hf_quant_config.json (NVFP4 experts, ModelOpt format).  Tensor names
+ *   may carry the `model.language_model.` or `model.` prefix; vision and MTP tensors are ignored.
+ *
+ * GPU REQUIREMENTS
+ *   An NVIDIA GPU of compute capability 7.0 (V100) or newer, the driver's libcuda.so.1 and an NVRTC
+ *   (libnvrtc.so.13/.12/.11.2, or $QSA_NVRTC_LIB).  Kernels are compiled for compute_70 PTX when the
+ *   NVRTC can (11.8 through 12.x), else for the device's own arch ($QSA_ARCH or
+ *   qsa_model_params.arch override).  Nothing CUDA is needed at build time; without a usable GPU the
+ *   AUTO backend logs why and runs on the CPU.
  *
  * ERRORS AND LOGGING
  *   Every fallible call returns a qsa_result.  qsa_last_error() (thread-local) gives a message that
@@ -31,33 +47,46 @@
  *   qsa_log_stderr is a ready-made callback.
  *
  * MEMORY
- *   Weights are memory-mapped and used in place by the CPU backend; per-sequence state is allocated
- *   when a sequence is created.  Every allocation goes through QSA_MALLOC/QSA_REALLOC/QSA_FREE.
+ *   Checkpoints are memory-mapped.  The CPU backend widens dense BF16/F16 weights to fp32 at load,
+ *   keeps NVFP4 experts packed and reads the PLE tables from the mapping.  The CUDA backend uploads
+ *   dense weights as FP16 (values beyond the FP16 range are reported), NVFP4 experts packed, and
+ *   leaves the PLE tables in host memory (only gathered rows travel).  KV pages come from one pool
+ *   per model (qsa_model_params.kv_pool_tokens); per-sequence recurrent state is allocated when a
+ *   sequence is created.  Host allocations go through QSA_MALLOC/QSA_REALLOC/QSA_FREE.
+ *
+ * KERNEL CACHE
+ *   Compiled kernel modules are cached in $QSA_CACHE_DIR (default ~/.cache/qsa_runtime; "off"
+ *   disables it), keyed by the kernel source, compile options, NVRTC version, target arch, driver
+ *   version and library version.  Files are written to a temporary name and renamed; a corrupt or
+ *   stale entry is a miss.
  *
  * THREAD SAFETY
- *   A model is read-only after load and may be shared between threads; a sequence/context must be
- *   used by one thread at a time.  The error message is per thread.
+ *   A model is read-only after load and may be shared between threads; a sequence or a scheduler
+ *   must be used by one thread at a time.  The error message is per thread.
  *
  * LIMITATIONS
- *   Text model only (vision and MTP weights are ignored).  See docs/ for what is implemented.
+ *   Text model only.  One GPU per model (tensor parallelism is not implemented yet); GPU decode
+ *   feeds sequences one at a time (no cross-request batching in one launch, no CUDA graphs yet).
+ *   See docs/ for what is implemented and measured.
  *
- * SECTIONS (grep for the tag)
+ * SECTIONS (grep for the tag), in the order data flows
  *   >>api          public declarations
- *   >>platform     allocation, errors, logging, files, clocks, threads
- *   >>dynload      dlopen tables for libcuda / libnvrtc / libnccl
+ *   >>platform     allocation, errors, logging, files, clocks, fp16/bf16
+ *   >>dynload      dlopen tables for libcuda / libnvrtc / libnccl, check macros
+ *   >>nvrtc        the embedded kernels (kernels.cu.inc) and their compilation, arch choice
  *   >>json         bounded, strict JSON parser
  *   >>config       config.json / generation_config.json / quantisation config
- *   >>safetensors  safetensors files and sharded indexes, dtype conversion
- *   >>unicode      Unicode tables (categories, NFC) for the tokenizer
- *   >>tokenizer    byte-level BPE, added tokens, chat template
+ *   >>safetensors  safetensors files and sharded indexes, dtype conversion, NVFP4 groups
+ *   >>unicode      Unicode tables (regex classes, NFC) for the tokenizer (generated)
+ *   >>tokenizer    byte-level BPE, added tokens, streaming decode, ChatML
  *   >>weights      binding checkpoint tensors to the model structure
- *   >>cpu-forward  the CPU reference forward pass
- *   >>sampler      greedy and seeded sampling
  *   >>kv-pool      KV pages and the free list
  *   >>planner      QSA selections -> attention plans in logical order
+ *   >>cpu-forward  the CPU reference forward pass
+ *   >>sampler      greedy and seeded sampling
  *   >>generate     sequences, prefill/decode, stop conditions, statistics
  *   >>capture      capture and replay of one QSA layer
- *   >>cuda         the CUDA backend: kernel module, weights, device KV pool, forward
+ *   >>cuda         the CUDA backend: kernel module + disk cache, weights, device KV pool, forward
  *   >>scheduler    requests, continuous batching, chunked prefill, KV-page admission
  */
 #ifndef QSA_RUNTIME_H
