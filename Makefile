@@ -142,3 +142,11 @@ fuzz:
 
 clean:
 	rm -rf build models/tiny tests/test_qsa tests/test_qsa_asan $(TOOLS) $(EXAMPLES) kernels.cu.inc.tmp
+
+# ---- an NVRTC 11.8 archive small enough to carry to a GPU machine (tools/gpu_tests.sh) ----
+.PHONY: nvrtc118-archive
+nvrtc118-archive: build/nvrtc-sm70.tar.xz
+build/nvrtc-sm70.tar.xz:
+	[ -f .nvrtc-sm70/libnvrtc.so.11.2 ] || bash ../shared/tools/get-nvrtc-sm70.sh .nvrtc-sm70
+	mkdir -p build
+	tar -cJf $@ .nvrtc-sm70
