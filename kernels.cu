@@ -68,8 +68,6 @@ static __device__ float qsa_block_sum(float v, float *scratch) {
     return scratch[32];
 }
 
-
-
 /* FP8 E4M3 ("fn": bias 7, no infinities, S.1111.111 is NaN) -> value. */
 static __device__ __forceinline__ float qsa_e4m3_to_f32(qsa_u32 b) {
     qsa_u32 e = (b >> 3) & 15u, m = b & 7u;
@@ -1054,47 +1052,16 @@ extern "C" __global__ void qsa_k_ple_conv(float *__restrict__ X, const float *__
  * rather than rsqrtf; sums of squares are fixed-order block/warp trees.
  */
 
-#define K2_FULL 0xffffffffu
 #define K2_MAX_HD 1024 /* largest head (or indexer head) handled by the per-head prep kernels */
 
 /* The dynamic shared memory of the kernels below that take some (one declaration for all). */
 extern __shared__ float k2_dyn[];
 
-static __device__ __forceinline__ float k2_neg_inf(void) { return __int_as_float((int)0xff800000u); }
-
-/* Butterfly sum over the 32 lanes; every lane ends with the same bits (a+b == b+a in fp32). */
-static __device__ __forceinline__ float k2_warp_sum(float v) {
-    for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(K2_FULL, v, m);
-    return v;
-}
-
-/* Fixed-order block sum (block size a multiple of 32): per-warp butterflies, then warp 0 adds the
-   warp partials in warp order.  `scratch` holds 33 floats of shared memory.  All threads get it. */
-static __device__ float k2_block_sum(float v, float *scratch) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = k2_warp_sum(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        float s = k2_warp_sum(lane < nw ? scratch[lane] : 0.0f);
-        if (lane == 0) scratch[32] = s;
-    }
-    __syncthreads();
-    return scratch[32];
-}
-
-static __device__ __forceinline__ float k2_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-/* act: 0 = silu, 1 = sigmoid (the values of qsa_act) */
-static __device__ __forceinline__ float k2_act(int act, float x) {
-    return act == 1 ? k2_sigmoid(x) : x / (1.0f + expf(-x));
-}
-
 /* Zero-centred RMSNorm of the n values xs[] (shared memory) in place: x * (1/sqrt(mean(x^2)+eps)) * (1+w). */
 static __device__ void k2_rmsnorm_1p_smem(float *xs, const float *w, int n, float eps, float *scratch) {
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xs[i], xs[i], ss);
-    float inv = 1.0f / sqrtf(k2_block_sum(ss, scratch) / (float)n + eps);
+    float inv = 1.0f / sqrtf(qsa_block_sum(ss, scratch) / (float)n + eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x) xs[i] = __fmul_rn(__fmul_rn(xs[i], inv), 1.0f + w[i]);
     __syncthreads();
 }
@@ -1148,7 +1115,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv(const float *__
             float x = src < 0 ? state[(long long)(Kc - 1 + src) * conv_dim + ch] : qkv[(long long)src * conv_dim + ch];
             acc = fmaf(w[(long long)ch * Kc + j], x, acc);
         }
-        float y = k2_act(act, acc);
+        float y = qsa_act(act, acc);
         if (ch < key_dim) q[(long long)t * key_dim + ch] = y;
         else if (ch < 2 * key_dim) k[(long long)t * key_dim + ch - key_dim] = y;
         else v[(long long)t * value_dim + ch - 2 * key_dim] = y;
@@ -1160,7 +1127,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv(const float *__
         float *x = hh < nk ? q + (long long)t * key_dim + hh * dk : k + (long long)t * key_dim + (hh - nk) * dk;
         float ss = 0.0f;
         for (int i = lane; i < dk; i += 32) ss = fmaf(x[i], x[i], ss);
-        float inv = 1.0f / sqrtf(k2_warp_sum(ss) + 1e-6f);
+        float inv = 1.0f / sqrtf(qsa_warp_sum(ss) + 1e-6f);
         for (int i = lane; i < dk; i += 32) {
             float y = __fmul_rn(x[i], inv);
             x[i] = hh < nk ? __fmul_rn(y, qscale) : y;
@@ -1191,7 +1158,7 @@ extern "C" __global__ void qsa_k_gdn_gates(const float *__restrict__ b, const fl
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     int h = i % nv;
-    beta[i] = k2_sigmoid(b[i]);
+    beta[i] = qsa_sigmoid(b[i]);
     float x = a[i] + dt_bias[h];
     float sp = x > 20.0f ? x : log1pf(expf(x));
     g[i] = -expf(A_log[h]) * sp;
@@ -1324,9 +1291,9 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_gdn_norm_gate(float *o, 
     const float *zrow = z + row * dv;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dv; i += blockDim.x) ss = fmaf(orow[i], orow[i], ss);
-    float inv = 1.0f / sqrtf(k2_block_sum(ss, scratch) / (float)dv + eps);
+    float inv = 1.0f / sqrtf(qsa_block_sum(ss, scratch) / (float)dv + eps);
     for (int i = threadIdx.x; i < dv; i += blockDim.x) {
-        float y = __fmul_rn(__fmul_rn(w[i], __fmul_rn(orow[i], inv)), k2_act(act, zrow[i]));
+        float y = __fmul_rn(__fmul_rn(w[i], __fmul_rn(orow[i], inv)), qsa_act(act, zrow[i]));
         orow[i] = y;
         if (o16) o16[row * dv + i] = qsa_f32_to_f16(y);
     }
@@ -1493,7 +1460,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_block_scores(const float
             }
 #pragma unroll
             for (int u = 0; u < 4; u++) {
-                float d = k2_warp_sum(p[u]);
+                float d = qsa_warp_sum(p[u]);
                 s[u] += d > 0.0f ? d : 0.0f;
             }
         }
@@ -1509,7 +1476,7 @@ static __device__ int k2_block_excl_scan(int v, int *scratch) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int x = v; /* inclusive scan within the warp */
     for (int off = 1; off < 32; off <<= 1) {
-        int y = __shfl_up_sync(K2_FULL, x, off);
+        int y = __shfl_up_sync(QSA_FULL_MASK, x, off);
         if (lane >= off) x += y;
     }
     __syncthreads(); /* scratch may still be read by a previous call */
@@ -1518,7 +1485,7 @@ static __device__ int k2_block_excl_scan(int v, int *scratch) {
     if (warp == 0) {
         int w = lane < nw ? scratch[lane] : 0;
         for (int off = 1; off < 32; off <<= 1) {
-            int y = __shfl_up_sync(K2_FULL, w, off);
+            int y = __shfl_up_sync(QSA_FULL_MASK, w, off);
             if (lane >= off) w += y;
         }
         scratch[lane] = w - (lane < nw ? scratch[lane] : 0); /* exclusive over warps */
@@ -1602,7 +1569,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_topk_blocks(const fl
             }
             int v = tot; /* suffix sum over lanes >= lane */
             for (int off = 1; off < 32; off <<= 1) {
-                int x = __shfl_down_sync(K2_FULL, v, off);
+                int x = __shfl_down_sync(QSA_FULL_MASK, v, off);
                 if (lane + off < 32) v += x;
             }
             int cum = v - tot; /* keys in the digits of higher lanes */
@@ -1771,7 +1738,7 @@ static __device__ __forceinline__ void k2_attn_split(const float *__restrict__ q
         qr[c] = live ? qh[lane * C + c] : 0.0f;
         acc[c] = 0.0f;
     }
-    float m = k2_neg_inf(), l = 0.0f;
+    float m = QSA_NEG_INF, l = 0.0f;
     int nsr = ns * r;
     for (int k = k0; k < k1; k += K2_ATTN_G) {
         int n = k1 - k < K2_ATTN_G ? k1 - k : K2_ATTN_G;
@@ -1797,7 +1764,7 @@ static __device__ __forceinline__ void k2_attn_split(const float *__restrict__ q
             float p = 0.0f;
 #pragma unroll
             for (int c = 0; c < C; c++) p = fmaf(qr[c], kf[c], p);
-            sc[g] = k2_warp_sum(p) * scale;
+            sc[g] = qsa_warp_sum(p) * scale;
         }
 #pragma unroll
         for (int g = 0; g < K2_ATTN_G; g++) {
@@ -1863,7 +1830,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) qsa_k_sparse_attn(
     const int *tokq = tokpos ? tokpos + (long long)t * ld_tok : tokpos;
     float scale = 1.0f / sqrtf((float)hd);
     int C = hd < 32 ? 1 : hd / 32; /* dims per lane; heads narrower than a warp leave lanes >= hd idle */
-    float Mx = k2_neg_inf(), Ls = 0.0f, o[8];
+    float Mx = QSA_NEG_INF, Ls = 0.0f, o[8];
 #pragma unroll
     for (int c = 0; c < 8; c++) o[c] = 0.0f;
     for (int s0 = 0; s0 < nsplit; s0 += nw) {
@@ -1905,7 +1872,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) qsa_k_sparse_attn(
     for (int c = 0; c < 8; c++) {
         int d = lane + 32 * c;
         if (d >= hd) break;
-        float y = __fmul_rn(o[c] / Ls, k2_sigmoid(qh[hd + d]));
+        float y = __fmul_rn(o[c] / Ls, qsa_sigmoid(qh[hd + d]));
         long long at = ((long long)t * nh + h) * hd + d;
         if (out) out[at] = y;
         if (out16) out16[at] = qsa_f32_to_f16(y);
