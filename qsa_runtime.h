@@ -65,8 +65,9 @@
  *   must be used by one thread at a time.  The error message is per thread.
  *
  * LIMITATIONS
- *   Text model only.  One GPU per model (tensor parallelism is not implemented yet); GPU decode
- *   feeds sequences one at a time (no cross-request batching in one launch, no CUDA graphs yet).
+ *   Text model only.  One GPU per model: the tensor-parallel sharding plan exists (qsa_tp_*,
+ *   docs/TP.md), the TP forward over NCCL does not yet.  GPU decode feeds sequences one at a time
+ *   (no cross-request batching in one launch, no CUDA graphs yet).
  *   See docs/ for what is implemented and measured.
  *
  * SECTIONS (grep for the tag), in the order data flows
@@ -86,6 +87,7 @@
  *   >>sampler      greedy and seeded sampling
  *   >>generate     sequences, prefill/decode, stop conditions, statistics
  *   >>capture      capture and replay of one QSA layer
+ *   >>tp-plan      how every tensor is split over TP ranks (the sharding plan; no TP forward yet)
  *   >>cuda         the CUDA backend: kernel module + disk cache, weights, device KV pool, forward
  *   >>scheduler    requests, continuous batching, chunked prefill, KV-page admission
  */
@@ -237,6 +239,66 @@ QSA_API qsa_result qsa_config_load_dir(const char *dir, qsa_model_config *out);
 QSA_API int qsa_config_quant_excluded(const qsa_model_config *c, const char *module);
 QSA_API qsa_result qsa_generation_config_parse(const char *json, size_t len, const char *source,
                                                qsa_generation_config *out);
+
+/* ---- tensor parallelism: the sharding plan (docs/TP.md; the TP forward itself is not implemented yet) ---- */
+
+#define QSA_TP_MAX 64      /* most ranks qsa_tp_check accepts */
+#define QSA_TP_MAX_RUNS 3
+
+/* How a tensor is split over the ranks.  Matrices are nn.Linear weights [out, in]. */
+typedef enum qsa_tp_kind {
+    QSA_TP_REPLICATED, /* every rank holds the whole tensor */
+    QSA_TP_ROWS,       /* split dim 0 (output rows): colwise */
+    QSA_TP_COLS        /* split dim 1 (input columns): rowwise */
+} qsa_tp_kind;
+
+/* One rank's slice of one checkpoint tensor.  The rank holds, along dimension `dim`, the indices
+   [run_begin[i], run_begin[i] + run_count[i]) for i < n_runs, in that order, and every index of the
+   other dimensions.  For NVFP4 tensors the runs are in the stored tensor's units: the packed weight
+   [out, in/2] and the block scales [out, in/16] of a column split cover exactly the logical columns
+   [2*begin, ...) and [16*begin, ...) of the matrix. */
+typedef struct qsa_tp_slice {
+    qsa_tp_kind kind;
+    int64_t begin, count;  /* along the split dim: the first run's start, and the indices held in all
+                              (the sum of run_count); 0, 0 when REPLICATED */
+    int64_t shape[3];      /* the rank's local shape (ndim entries, then 1s; a scalar is [1]) */
+    int64_t global[3];     /* the whole tensor's shape, same convention */
+    int ndim;              /* the tensor's rank: 0 (scalar), 1, 2 or 3 (conv1d [C, 1, K], fused experts) */
+    int dim;               /* index of the split dim in the shape (-1 when REPLICATED): 0 for ROWS of a
+                              matrix or vector, 1 for COLS; 1 / 2 for the fused [E, out, in] experts */
+    int copies;            /* ranks that hold this same slice: 1 for a split, tp when REPLICATED,
+                              tp / num_key_value_heads for k_proj / v_proj when tp > num_key_value_heads */
+    int n_runs;            /* 0 when REPLICATED; 2 for experts.gate_up_proj (gate rows, up rows); 3 for
+                              the GDN q | k | v channels (in_proj_qkv, conv1d) */
+    int64_t run_begin[QSA_TP_MAX_RUNS], run_count[QSA_TP_MAX_RUNS];
+} qsa_tp_slice;
+
+/* QSA_OK when the model can be split over `tp` ranks (1..QSA_TP_MAX; any count for which every split
+   below divides, not only powers of two).  Otherwise QSA_ERR_INVALID_ARGUMENT with a message naming
+   every config field that does not divide.  The rules: query heads split evenly and each rank's heads
+   use whole KV heads (num_key_value_heads % tp == 0) or share one (tp % num_key_value_heads == 0: the
+   KV head is replicated on tp / num_key_value_heads ranks); linear_num_key_heads % tp == 0 (value
+   heads follow their key heads); moe_intermediate_size and shared_expert_intermediate_size % tp == 0;
+   the PLE columns per n-gram head (ple_embed_dim / n_heads) % tp == 0; vocab_size >= tp (a remainder
+   goes to the last ranks); and every column-split linear that the config quantises to NVFP4 keeps
+   whole groups of quant_group_size (16) columns per rank. */
+QSA_API qsa_result qsa_tp_check(const qsa_model_config *c, int tp);
+/* The slice rank `rank` of `tp` holds of checkpoint tensor `tensor`, named relative to the text model
+   ("layers.3.self_attn.q_proj.weight", "lm_head.weight"; a "model." or "model.language_model."
+   prefix is accepted).  Covers every tensor the loader binds, dense or NVFP4 (ModelOpt .weight,
+   .weight_scale, .weight_scale_2, .input_scale; compressed-tensors .weight_packed,
+   .weight_global_scale, .input_global_scale), per-expert or fused experts, PLE tables whole or in
+   shards.  Whether a `.weight` is packed NVFP4 is decided from the config (quantization_config and
+   its exclude list).  QSA_ERR_NOT_FOUND for names the model does not have (unknown, wrong layer type,
+   layer or expert out of range), the qsa_tp_check error when tp does not fit. */
+QSA_API qsa_result qsa_tp_slice_for(const qsa_model_config *c, int tp, int rank, const char *tensor, qsa_tp_slice *out);
+/* Communication of one forward step per token that produces logits, per rank, under the runtime's
+   deterministic scheme: an all-gather of fp32 partial sums after each row-parallel block (2 per
+   layer: the mixer's o_proj / out_proj, and the MoE's expert + shared-expert down projections summed
+   locally), an all-gather of the PLE embedding columns per PLE layer, and an all-gather of the
+   vocab-parallel logits.  *bytes = bytes each rank sends (ring or direct all-gather:
+   (tp - 1) * its contribution), *collectives = collective calls.  Both 0 when tp == 1. */
+QSA_API qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int64_t *bytes, int *collectives);
 
 /* ---- tokenizer: byte-level BPE from tokenizer.json, streaming detokenizer, ChatML ---- */
 
@@ -7473,6 +7535,450 @@ QSA_IMPL qsa_result qsa_replay_capture(const char *path, qsa_replay_mode mode, q
     qsa__free(qh); qsa__free(want_out);
     qsa__st_close(&st);
     return r;
+}
+
+/* ============================================================================================== */
+/* >>tp-plan  how every tensor is split over TP ranks                                             */
+/* ============================================================================================== */
+/* The sharding plan of tensor parallelism (docs/TP.md has the table with the real model's shapes).
+   Megatron-style pairs: a column-parallel matrix (rows split, QSA_TP_ROWS) feeds a row-parallel one
+   (columns split, QSA_TP_COLS) with no communication in between; each row-parallel product leaves a
+   partial sum on every rank, which the ranks all-gather ([tp][H] fp32) and add in rank order 0..tp-1,
+   so every rank ends with the same bits whatever algorithm NCCL picks.
+     attention   q_proj rows by query head (whole [q | gate] heads of 2*head_dim rows), k/v_proj rows
+                 by KV head (replicated on tp / num_key_value_heads ranks when tp exceeds them),
+                 o_proj columns.  q_norm / k_norm replicated.
+     GDN         split by key-head groups: in_proj_qkv and conv1d channels in three runs (q, k, v;
+                 value heads follow their key heads), in_proj_z / in_proj_b / in_proj_a / A_log /
+                 dt_bias rows by value head, out_proj columns.  The recurrent state splits with them.
+     MoE         routed and shared experts along the intermediate dimension (gate/up rows, down
+                 columns; the fused gate_up_proj in two runs).  Router and shared_expert_gate
+                 replicated: every rank routes identically.
+     PLE         the n-gram tables by columns (each rank gathers its columns of every head's row),
+                 the embedding e all-gathered, key/value projections, norms and conv replicated.
+     lm_head     vocab rows; floor(V/tp) each, the last V % tp ranks one more; logits all-gathered.
+     replicated  embed_tokens (a lookup), every hyper-connection weight, the QSA indexer (its block
+                 selection is shared by all heads and must be identical on every rank; splitting it
+                 would need a reduction of every block score of every query), norms.
+   The reference's base_model_tp_plan gathers the output of the GDN projections and the indexer
+   (colwise_gather_output) and splits the HC down projections' input (rowwise_split_input): that
+   shards memory, not work, and costs one collective per projection per layer; these matrices are
+   small next to the experts, so the runtime replicates what it does not split by heads. */
+
+QSA_PRIV void qsa__tp_note(char *buf, size_t cap, size_t *len, int *n, const char *fmt, ...) QSA__PRINTF(5, 6);
+QSA_PRIV void qsa__tp_note(char *buf, size_t cap, size_t *len, int *n, const char *fmt, ...) {
+    va_list ap;
+    if (*len + 3 >= cap) return;
+    if ((*n)++) { memcpy(buf + *len, "; ", 3); *len += 2; }
+    va_start(ap, fmt);
+    int w = vsnprintf(buf + *len, cap - *len, fmt, ap);
+    va_end(ap);
+    if (w > 0) *len = *len + (size_t)w < cap ? *len + (size_t)w : cap - 1;
+}
+
+/* module name as the quantisation exclude patterns see it: "lm_head", else "model.<relative name>" */
+QSA_PRIV int qsa__tp_quantised(const qsa_model_config *c, const char *rel, size_t rel_len) {
+    char mod[320];
+    if (!c->nvfp4) return 0;
+    if (rel_len == 7 && !strncmp(rel, "lm_head", 7)) snprintf(mod, sizeof mod, "lm_head");
+    else snprintf(mod, sizeof mod, "model.%.*s", (int)rel_len, rel);
+    return !qsa_config_quant_excluded(c, mod);
+}
+
+QSA_PRIV int qsa__tp_group(const qsa_model_config *c) { return c->quant_group_size > 0 ? c->quant_group_size : 16; }
+
+QSA_IMPL qsa_result qsa_tp_check(const qsa_model_config *c, int tp) {
+    if (!c) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_tp_check: NULL config");
+    if (tp < 1 || tp > QSA_TP_MAX)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_tp_check: tp %d: expected 1..%d ranks", tp, QSA_TP_MAX);
+    char msg[900];
+    size_t len = 0;
+    int n = 0, n_lin = 0, n_qsa = 0, g = qsa__tp_group(c);
+    msg[0] = 0;
+    for (int L = 0; L < c->num_hidden_layers; L++) {
+        if (c->layer_types[L] == QSA_LAYER_QSA) n_qsa++;
+        else n_lin++;
+    }
+    int nh = c->num_attention_heads, nkv = c->num_key_value_heads;
+    if (n_qsa && nh % tp)
+        qsa__tp_note(msg, sizeof msg, &len, &n, "num_attention_heads %d is not divisible by tp (attention is split by query "
+                     "heads)", nh);
+    else if (n_qsa && (tp <= nkv ? nkv % tp : tp % nkv))
+        qsa__tp_note(msg, sizeof msg, &len, &n, "num_key_value_heads %d: a rank's %d query heads must use whole KV heads "
+                     "(num_key_value_heads divisible by tp) or share one (tp divisible by num_key_value_heads)", nkv, nh / tp);
+    if (n_lin && c->linear_num_key_heads % tp)
+        qsa__tp_note(msg, sizeof msg, &len, &n, "linear_num_key_heads %d is not divisible by tp (Gated DeltaNet is split by "
+                     "key-head groups)", c->linear_num_key_heads);
+    if (c->moe_intermediate_size % tp)
+        qsa__tp_note(msg, sizeof msg, &len, &n, "moe_intermediate_size %d is not divisible by tp (routed experts are split "
+                     "along their intermediate dimension)", c->moe_intermediate_size);
+    if (c->shared_expert_intermediate_size % tp)
+        qsa__tp_note(msg, sizeof msg, &len, &n, "shared_expert_intermediate_size %d is not divisible by tp",
+                     c->shared_expert_intermediate_size);
+    if (c->n_ple_layers) {
+        int heads = (c->ngram_size - 1) * c->heads_per_ngram, dh = heads > 0 ? c->ple_embed_dim / heads : 0;
+        if (dh % tp)
+            qsa__tp_note(msg, sizeof msg, &len, &n, "ple_embed_dim %d / %d n-gram heads = %d columns per head is not divisible "
+                         "by tp (the PLE tables are split by columns)", c->ple_embed_dim, heads, dh);
+    }
+    if (c->vocab_size < tp) qsa__tp_note(msg, sizeof msg, &len, &n, "vocab_size %d is smaller than tp", c->vocab_size);
+    /* NVFP4 block scales cover 16 consecutive input columns: a column split must not cut a group */
+    if (c->nvfp4) {
+        /* the column-split linears: o_proj, out_proj, routed and shared down_proj (local columns, divisible) */
+        int64_t ocols = (int64_t)nh * c->head_dim, gcols = (int64_t)c->linear_num_value_heads * c->linear_value_head_dim;
+        int64_t cols[4] = {ocols, gcols, c->moe_intermediate_size, c->shared_expert_intermediate_size};
+        int divides[4] = {nh % tp == 0, c->linear_num_key_heads % tp == 0, c->moe_intermediate_size % tp == 0,
+                          c->shared_expert_intermediate_size % tp == 0};
+        static const char *const fmt[4] = {"layers.%d.self_attn.o_proj", "layers.%d.linear_attn.out_proj",
+                                           "layers.%d.mlp.experts.0.down_proj", "layers.%d.mlp.shared_expert.down_proj"};
+        for (int k = 0; k < 4; k++) {
+            if (!divides[k] || (cols[k] / tp) % g == 0) continue;
+            for (int L = 0; L < c->num_hidden_layers; L++) {
+                char mod[96];
+                if ((k == 0 && c->layer_types[L] != QSA_LAYER_QSA) || (k == 1 && c->layer_types[L] != QSA_LAYER_LINEAR)) continue;
+                snprintf(mod, sizeof mod, fmt[k], L);
+                if (!qsa__tp_quantised(c, mod, strlen(mod))) continue;
+                qsa__tp_note(msg, sizeof msg, &len, &n, "%s is NVFP4: each rank's %lld input columns are not a multiple of the "
+                             "quantisation group %d", mod, (long long)(cols[k] / tp), g);
+                break;
+            }
+        }
+    }
+    if (n) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_tp_check: the model cannot be split over tp = %d ranks: %s", tp, msg);
+    return QSA_OK;
+}
+
+/* How the split dimension of one logical tensor is cut for a rank (before NVFP4 packing). */
+typedef struct qsa__tp_spec {
+    qsa_tp_kind kind;
+    int copies, n_runs;
+    int64_t rb[QSA_TP_MAX_RUNS], rc[QSA_TP_MAX_RUNS];
+} qsa__tp_spec;
+
+/* one qsa_tp_slice_for call */
+typedef struct qsa__tp_ctx {
+    const qsa_model_config *c;
+    int tp, rank;
+    const char *name; /* as the caller wrote it (messages) */
+    const char *rel;  /* without the model prefix */
+    qsa_tp_slice *out;
+} qsa__tp_ctx;
+
+QSA_PRIV qsa__tp_spec qsa__tp_repl(const qsa__tp_ctx *x) {
+    qsa__tp_spec s;
+    memset(&s, 0, sizeof s);
+    s.kind = QSA_TP_REPLICATED;
+    s.copies = x->tp;
+    return s;
+}
+
+/* one run [first, first + count) */
+QSA_PRIV qsa__tp_spec qsa__tp_run(qsa_tp_kind kind, int64_t first, int64_t count, int copies) {
+    qsa__tp_spec s;
+    memset(&s, 0, sizeof s);
+    s.kind = kind;
+    s.copies = copies;
+    s.n_runs = 1;
+    s.rb[0] = first;
+    s.rc[0] = count;
+    return s;
+}
+
+/* the rank's share of n indices split evenly (n % tp == 0: qsa_tp_check) */
+QSA_PRIV qsa__tp_spec qsa__tp_even(const qsa__tp_ctx *x, qsa_tp_kind kind, int64_t n) {
+    return qsa__tp_run(kind, n / x->tp * x->rank, n / x->tp, 1);
+}
+
+/* vocab-parallel rows: floor(V / tp) per rank, the last V % tp ranks one more */
+QSA_PRIV qsa__tp_spec qsa__tp_vocab(const qsa__tp_ctx *x) {
+    int64_t V = x->c->vocab_size, base = V / x->tp, first_big = x->tp - V % x->tp;
+    int64_t extra = x->rank > first_big ? x->rank - first_big : 0;
+    return qsa__tp_run(QSA_TP_ROWS, base * x->rank + extra, base + (x->rank >= first_big), 1);
+}
+
+/* Fills x->out for a tensor of shape g[ndim] cut by the spec along `dim`, the runs divided by `div`
+   (2 for packed NVFP4 columns, the group size for block scales). */
+QSA_PRIV qsa_result qsa__tp_make(const qsa__tp_ctx *x, int ndim, int64_t g0, int64_t g1, int64_t g2, int dim,
+                                 const qsa__tp_spec *sp, int64_t div) {
+    qsa_tp_slice *s = x->out;
+    memset(s, 0, sizeof *s);
+    s->ndim = ndim;
+    s->global[0] = ndim > 0 ? g0 : 1;
+    s->global[1] = ndim > 1 ? g1 : 1;
+    s->global[2] = ndim > 2 ? g2 : 1;
+    memcpy(s->shape, s->global, sizeof s->shape);
+    s->kind = sp->kind;
+    s->copies = sp->copies;
+    s->dim = -1;
+    if (sp->kind == QSA_TP_REPLICATED) return QSA_OK;
+    s->dim = dim;
+    s->n_runs = sp->n_runs;
+    for (int i = 0; i < sp->n_runs; i++) {
+        if (sp->rb[i] % div || sp->rc[i] % div)
+            return qsa__fail(QSA_ERR_SHAPE, "qsa_tp_slice_for: tensor '%s': rank %d of %d holds logical indices [%lld, %lld) "
+                             "along dim %d, which do not fall on whole units of %lld (NVFP4 packing or scale groups)", x->name,
+                             x->rank, x->tp, (long long)sp->rb[i], (long long)(sp->rb[i] + sp->rc[i]), dim, (long long)div);
+        s->run_begin[i] = sp->rb[i] / div;
+        s->run_count[i] = sp->rc[i] / div;
+        s->count += s->run_count[i];
+    }
+    s->begin = s->run_begin[0];
+    s->shape[dim] = s->count;
+    return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__tp_repl_tensor(const qsa__tp_ctx *x, int ndim, int64_t g0, int64_t g1, int64_t g2) {
+    qsa__tp_spec r = qsa__tp_repl(x);
+    return qsa__tp_make(x, ndim, g0, g1, g2, -1, &r, 1);
+}
+
+/* advances *p past `s` when *p starts with it */
+QSA_PRIV int qsa__tp_eat(const char **p, const char *s) {
+    size_t n = strlen(s);
+    if (strncmp(*p, s, n)) return 0;
+    *p += n;
+    return 1;
+}
+
+/* a decimal index without sign or leading zeros, then `dot` when given; -1 when absent */
+QSA_PRIV int64_t qsa__tp_index(const char **p, int dot) {
+    const char *q = *p;
+    int64_t v = 0;
+    if (*q < '0' || *q > '9' || (*q == '0' && q[1] >= '0' && q[1] <= '9')) return -1;
+    for (; *q >= '0' && *q <= '9'; q++) {
+        v = v * 10 + (*q - '0');
+        if (v > INT32_MAX) return -1;
+    }
+    if (dot && *q++ != '.') return -1;
+    *p = q;
+    return v;
+}
+
+QSA_PRIV qsa_result qsa__tp_unknown(const qsa__tp_ctx *x, const char *why) {
+    return qsa__fail(QSA_ERR_NOT_FOUND, "qsa_tp_slice_for: tensor '%s' is not a tensor of this model%s%s", x->name,
+                     why ? ": " : "", why ? why : "");
+}
+
+/* The tensors of a linear `<base>` with logical weight [out, in]; `sfx` points after "<base>." in
+   x->rel.  A ROWS spec cuts `out`, a COLS spec cuts `in`. */
+QSA_PRIV qsa_result qsa__tp_linear(const qsa__tp_ctx *x, const char *sfx, int64_t out, int64_t in, const qsa__tp_spec *sp) {
+    const qsa_model_config *c = x->c;
+    int dim = sp->kind == QSA_TP_COLS ? 1 : 0, g = qsa__tp_group(c);
+    int packed = -1; /* 1: NVFP4 [out, in/2] U8; 0: dense [out, in] */
+    if (!strcmp(sfx, "weight"))
+        packed = c->quant_format != QSA_QUANT_COMPRESSED_TENSORS && qsa__tp_quantised(c, x->rel, (size_t)(sfx - 1 - x->rel));
+    else if (!strcmp(sfx, "weight_packed")) packed = 1;
+    if (packed == 0) return qsa__tp_make(x, 2, out, in, 1, dim, sp, 1);
+    if (packed == 1 || !strcmp(sfx, "weight_scale")) {
+        if (in % g)
+            return qsa__fail(QSA_ERR_SHAPE, "qsa_tp_slice_for: tensor '%s': %lld input columns cannot be NVFP4 (groups of %d)",
+                             x->name, (long long)in, g);
+        if (packed == 1) return qsa__tp_make(x, 2, out, in / 2, 1, dim, sp, dim == 1 ? 2 : 1);
+        return qsa__tp_make(x, 2, out, in / g, 1, dim, sp, dim == 1 ? g : 1);
+    }
+    if (!strcmp(sfx, "weight_scale_2") || !strcmp(sfx, "input_scale") || !strcmp(sfx, "weight_global_scale") ||
+        !strcmp(sfx, "input_global_scale"))
+        return qsa__tp_repl_tensor(x, 0, 1, 1, 1);
+    if (!strcmp(sfx, "bias")) {
+        /* a column-split linear's bias is added once, after the reduction */
+        if (sp->kind == QSA_TP_ROWS) return qsa__tp_make(x, 1, out, 1, 1, 0, sp, 1);
+        return qsa__tp_repl_tensor(x, 1, out, 1, 1);
+    }
+    return qsa__tp_unknown(x, "not a tensor of a linear layer");
+}
+
+/* GatedResidual blocks: everything replicated (the streams are replicated on every rank) */
+QSA_PRIV qsa_result qsa__tp_gres(const qsa__tp_ctx *x, const char *p, int with_inject) {
+    const qsa_model_config *c = x->c;
+    int64_t hcH = (int64_t)c->hc_count * c->hidden_size;
+    qsa__tp_spec r = qsa__tp_repl(x);
+    if (!strcmp(p, "hc_norm.weight")) return qsa__tp_repl_tensor(x, 1, hcH, 1, 1);
+    if (qsa__tp_eat(&p, "input_mix_weight_down.")) return qsa__tp_linear(x, p, c->hc_lowrank, hcH, &r);
+    if (qsa__tp_eat(&p, "input_mix_weight_up.")) return qsa__tp_linear(x, p, hcH, c->hc_lowrank, &r);
+    if (with_inject && qsa__tp_eat(&p, "block_inject_weight.")) return qsa__tp_linear(x, p, c->hc_count, hcH, &r);
+    return qsa__tp_unknown(x, NULL);
+}
+
+/* Gated DeltaNet, split by key-head groups: the rank's key heads [r*nk/tp, (r+1)*nk/tp) and the value
+   heads that read them (value head h uses key head h / (nv/nk)), i.e. value heads [r*nv/tp, ...). */
+QSA_PRIV qsa_result qsa__tp_gdn(const qsa__tp_ctx *x, const char *p) {
+    const qsa_model_config *c = x->c;
+    int64_t H = c->hidden_size, nv = c->linear_num_value_heads, dk = c->linear_key_head_dim, dv = c->linear_value_head_dim;
+    int64_t kd = (int64_t)c->linear_num_key_heads * dk, vd = nv * dv, conv_dim = 2 * kd + vd;
+    int64_t kr = kd / x->tp, vr = vd / x->tp; /* the rank's key / value channels */
+    qsa__tp_spec qkv = qsa__tp_run(QSA_TP_ROWS, kr * x->rank, kr, 1);
+    qkv.n_runs = 3;
+    qkv.rb[1] = kd + kr * x->rank; qkv.rc[1] = kr;
+    qkv.rb[2] = 2 * kd + vr * x->rank; qkv.rc[2] = vr;
+    qsa__tp_spec vrows = qsa__tp_even(x, QSA_TP_ROWS, vd), vcols = qsa__tp_even(x, QSA_TP_COLS, vd);
+    qsa__tp_spec heads = qsa__tp_even(x, QSA_TP_ROWS, nv);
+    if (qsa__tp_eat(&p, "in_proj_qkv.")) return qsa__tp_linear(x, p, conv_dim, H, &qkv);
+    if (qsa__tp_eat(&p, "in_proj_z.")) return qsa__tp_linear(x, p, vd, H, &vrows);
+    if (qsa__tp_eat(&p, "in_proj_b.") || qsa__tp_eat(&p, "in_proj_a.")) return qsa__tp_linear(x, p, nv, H, &heads);
+    if (qsa__tp_eat(&p, "out_proj.")) return qsa__tp_linear(x, p, H, vd, &vcols);
+    if (!strcmp(p, "conv1d.weight")) return qsa__tp_make(x, 3, conv_dim, 1, c->linear_conv_kernel_dim, 0, &qkv, 1);
+    if (!strcmp(p, "A_log") || !strcmp(p, "dt_bias")) return qsa__tp_make(x, 1, nv, 1, 1, 0, &heads, 1);
+    if (!strcmp(p, "norm.weight")) return qsa__tp_repl_tensor(x, 1, dv, 1, 1);
+    return qsa__tp_unknown(x, NULL);
+}
+
+/* QSA attention, split by query heads; the indexer is replicated. */
+QSA_PRIV qsa_result qsa__tp_attn(const qsa__tp_ctx *x, const char *p) {
+    const qsa_model_config *c = x->c;
+    int64_t H = c->hidden_size, nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim;
+    int64_t qh = nh / x->tp; /* query heads per rank */
+    qsa__tp_spec q = qsa__tp_run(QSA_TP_ROWS, x->rank * qh * 2 * hd, qh * 2 * hd, 1); /* whole [q | gate] heads */
+    qsa__tp_spec o = qsa__tp_run(QSA_TP_COLS, x->rank * qh * hd, qh * hd, 1);
+    qsa__tp_spec kv;
+    if (x->tp <= nkv) kv = qsa__tp_even(x, QSA_TP_ROWS, nkv * hd);
+    else { /* tp / nkv ranks share KV head rank / (tp / nkv): their query heads all lie in its group */
+        int share = (int)(x->tp / nkv);
+        kv = qsa__tp_run(QSA_TP_ROWS, (x->rank / share) * hd, hd, share);
+    }
+    if (qsa__tp_eat(&p, "q_proj.")) return qsa__tp_linear(x, p, nh * 2 * hd, H, &q);
+    if (qsa__tp_eat(&p, "k_proj.") || qsa__tp_eat(&p, "v_proj.")) return qsa__tp_linear(x, p, nkv * hd, H, &kv);
+    if (qsa__tp_eat(&p, "o_proj.")) return qsa__tp_linear(x, p, H, nh * hd, &o);
+    if (!strcmp(p, "q_norm.weight") || !strcmp(p, "k_norm.weight")) return qsa__tp_repl_tensor(x, 1, hd, 1, 1);
+    if (c->has_qsa && qsa__tp_eat(&p, "indexer.")) {
+        qsa__tp_spec r = qsa__tp_repl(x);
+        int64_t ihd = c->indexer_head_dim;
+        if (qsa__tp_eat(&p, "index_qk_proj."))
+            return qsa__tp_linear(x, p, (int64_t)(c->indexer_n_heads + c->indexer_kv_heads) * ihd, H, &r);
+        if (!strcmp(p, "q_layernorm.weight") || !strcmp(p, "k_layernorm.weight")) return qsa__tp_repl_tensor(x, 1, ihd, 1, 1);
+    }
+    return qsa__tp_unknown(x, NULL);
+}
+
+/* MoE: routed and shared experts split along the intermediate dimension; router replicated. */
+QSA_PRIV qsa_result qsa__tp_moe(const qsa__tp_ctx *x, const char *p) {
+    const qsa_model_config *c = x->c;
+    int64_t H = c->hidden_size, E = c->num_experts, I = c->moe_intermediate_size, Is = c->shared_expert_intermediate_size;
+    qsa__tp_spec r = qsa__tp_repl(x);
+    qsa__tp_spec irows = qsa__tp_even(x, QSA_TP_ROWS, I), icols = qsa__tp_even(x, QSA_TP_COLS, I);
+    qsa__tp_spec srows = qsa__tp_even(x, QSA_TP_ROWS, Is), scols = qsa__tp_even(x, QSA_TP_COLS, Is);
+    if (qsa__tp_eat(&p, "gate.")) return qsa__tp_linear(x, p, E, H, &r);
+    if (qsa__tp_eat(&p, "shared_expert_gate.")) return qsa__tp_linear(x, p, 1, H, &r);
+    if (qsa__tp_eat(&p, "shared_expert.")) {
+        if (qsa__tp_eat(&p, "gate_proj.") || qsa__tp_eat(&p, "up_proj.")) return qsa__tp_linear(x, p, Is, H, &srows);
+        if (qsa__tp_eat(&p, "down_proj.")) return qsa__tp_linear(x, p, H, Is, &scols);
+        return qsa__tp_unknown(x, NULL);
+    }
+    if (!qsa__tp_eat(&p, "experts.")) return qsa__tp_unknown(x, NULL);
+    if (!strcmp(p, "gate_up_proj")) { /* fused [E, 2I, H], gate rows then up rows: two runs along dim 1 */
+        qsa__tp_spec gu = irows;
+        gu.n_runs = 2;
+        gu.rb[1] = I + irows.rb[0];
+        gu.rc[1] = irows.rc[0];
+        return qsa__tp_make(x, 3, E, 2 * I, H, 1, &gu, 1);
+    }
+    if (!strcmp(p, "down_proj")) return qsa__tp_make(x, 3, E, H, I, 2, &icols, 1); /* fused [E, H, I] */
+    int64_t e = qsa__tp_index(&p, 1);
+    if (e < 0) return qsa__tp_unknown(x, NULL);
+    if (e >= E) return qsa__tp_unknown(x, "expert index out of range");
+    if (qsa__tp_eat(&p, "gate_proj.") || qsa__tp_eat(&p, "up_proj.")) return qsa__tp_linear(x, p, I, H, &irows);
+    if (qsa__tp_eat(&p, "down_proj.")) return qsa__tp_linear(x, p, H, I, &icols);
+    return qsa__tp_unknown(x, NULL);
+}
+
+/* PLE: the n-gram table split by columns (every head's row keeps its columns [r*dh/tp, ...)); the
+   projections, norms and conv replicated (they act on the all-gathered embedding). */
+QSA_PRIV qsa_result qsa__tp_ple(const qsa__tp_ctx *x, const char *p, int ple_index) {
+    const qsa_model_config *c = x->c;
+    int64_t H = c->hidden_size, hcH = (int64_t)c->hc_count * H, D = c->ple_embed_dim;
+    int n_heads = (c->ngram_size - 1) * c->heads_per_ngram;
+    int64_t dh = D / n_heads;
+    qsa__tp_spec r = qsa__tp_repl(x);
+    if (qsa__tp_eat(&p, "ple_embedding.")) {
+        if (!strcmp(p, "layer_multipliers")) return qsa__tp_repl_tensor(x, 1, c->ngram_size, 1, 1);
+        if (!strcmp(p, "ngram_heads_offsets") || !strcmp(p, "ngram_heads_vocab_sizes")) return qsa__tp_repl_tensor(x, 1, n_heads, 1, 1);
+        if (!qsa__tp_eat(&p, "ngram_embedding.")) return qsa__tp_unknown(x, NULL);
+        int64_t shard = -1;
+        if (strcmp(p, "weight")) {
+            if (!qsa__tp_eat(&p, "shard_") || (shard = qsa__tp_index(&p, 1)) < 0 || strcmp(p, "weight")) return qsa__tp_unknown(x, NULL);
+        }
+        /* rows: the padded n-gram vocabulary (>>weights), in split_ngram_parts shards as torch.chunk cuts it */
+        int64_t *vocab = QSA__ALLOC(int64_t, 2 * (size_t)n_heads), total;
+        if (!vocab) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_tp_slice_for: out of memory");
+        qsa__ple_head_vocabs(c->ngram_vocab_size_base, ple_index, n_heads, vocab, vocab + n_heads, &total);
+        qsa__free(vocab);
+        int64_t div = c->make_ngram_vocab_size_divisible_by > 0 ? c->make_ngram_vocab_size_divisible_by : 1;
+        int64_t rows = (total + div - 1) / div * div;
+        if (shard >= 0) {
+            int64_t parts = c->split_ngram_parts > 0 ? c->split_ngram_parts : 1, chunk = (rows + parts - 1) / parts;
+            if (shard * chunk >= rows) return qsa__tp_unknown(x, "shard index out of range");
+            rows = rows - shard * chunk < chunk ? rows - shard * chunk : chunk;
+        }
+        qsa__tp_spec cols = qsa__tp_even(x, QSA_TP_COLS, dh);
+        return qsa__tp_make(x, 2, rows, dh, 1, 1, &cols, 1);
+    }
+    if (qsa__tp_eat(&p, "key_proj.")) return qsa__tp_linear(x, p, hcH, D, &r);
+    if (qsa__tp_eat(&p, "value_proj.")) return qsa__tp_linear(x, p, H, D, &r);
+    if (!strcmp(p, "norm_key.weight") || !strcmp(p, "norm_query.weight") || !strcmp(p, "norm_conv.weight"))
+        return qsa__tp_repl_tensor(x, 1, hcH, 1, 1);
+    if (!strcmp(p, "conv1d.weight")) return qsa__tp_repl_tensor(x, 3, hcH, 1, c->ple_conv_kernel_size);
+    return qsa__tp_unknown(x, NULL);
+}
+
+QSA_IMPL qsa_result qsa_tp_slice_for(const qsa_model_config *c, int tp, int rank, const char *tensor, qsa_tp_slice *out) {
+    if (!c || !tensor || !out) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_tp_slice_for: NULL argument");
+    memset(out, 0, sizeof *out);
+    QSA__TRY(qsa_tp_check(c, tp));
+    if (rank < 0 || rank >= tp)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_tp_slice_for: rank %d: expected 0..%d (tp = %d)", rank, tp - 1, tp);
+    qsa__tp_ctx x;
+    x.c = c;
+    x.tp = tp;
+    x.rank = rank;
+    x.name = tensor;
+    x.out = out;
+    const char *p = tensor;
+    if (!qsa__tp_eat(&p, "model.language_model.")) (void)qsa__tp_eat(&p, "model.");
+    x.rel = p;
+    int64_t H = c->hidden_size;
+    if (!strcmp(p, "embed_tokens.weight")) return qsa__tp_repl_tensor(&x, 2, c->vocab_size, H, 1);
+    if (qsa__tp_eat(&p, "lm_head.")) {
+        qsa__tp_spec v = qsa__tp_vocab(&x);
+        return qsa__tp_linear(&x, p, c->vocab_size, H, &v);
+    }
+    if (qsa__tp_eat(&p, "hyper_connection_mixer.")) return qsa__tp_gres(&x, p, 0);
+    if (!qsa__tp_eat(&p, "layers.")) return qsa__tp_unknown(&x, NULL);
+    int64_t L = qsa__tp_index(&p, 1);
+    if (L < 0) return qsa__tp_unknown(&x, NULL);
+    if (L >= c->num_hidden_layers) return qsa__tp_unknown(&x, "layer index out of range");
+    if (qsa__tp_eat(&p, "attn_hyper_connection.") || qsa__tp_eat(&p, "mlp_hyper_connection.")) return qsa__tp_gres(&x, p, 1);
+    if (qsa__tp_eat(&p, "linear_attn.")) {
+        if (c->layer_types[L] != QSA_LAYER_LINEAR) return qsa__tp_unknown(&x, "the layer is not a linear_attention layer");
+        return qsa__tp_gdn(&x, p);
+    }
+    if (qsa__tp_eat(&p, "self_attn.")) {
+        if (c->layer_types[L] != QSA_LAYER_QSA) return qsa__tp_unknown(&x, "the layer is not an attention layer");
+        return qsa__tp_attn(&x, p);
+    }
+    if (qsa__tp_eat(&p, "mlp.")) return qsa__tp_moe(&x, p);
+    if (qsa__tp_eat(&p, "ple.")) {
+        for (int k = 0; k < c->n_ple_layers; k++)
+            if (c->ple_layer_ids[k] == L + 1) return qsa__tp_ple(&x, p, k);
+        return qsa__tp_unknown(&x, "the layer has no PLE (ple_layer_ids)");
+    }
+    return qsa__tp_unknown(&x, NULL);
+}
+
+/* Per token and rank, each collective is an all-gather whose contribution is
+     mixer and MoE partial sums   2 per layer    H floats each
+     PLE embedding columns        1 per PLE layer ple_embed_dim / tp floats
+     vocab-parallel logits        1              ceil(vocab_size / tp) floats (short ranks pad)
+   all fp32; a ring (or direct) all-gather sends tp - 1 contributions from every rank. */
+QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int64_t *bytes, int *collectives) {
+    if (!c || !bytes || !collectives) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_tp_comm_per_token: NULL argument");
+    *bytes = 0;
+    *collectives = 0;
+    QSA__TRY(qsa_tp_check(c, tp));
+    if (tp == 1) return QSA_OK;
+    int64_t floats = 2 * (int64_t)c->num_hidden_layers * c->hidden_size + (int64_t)c->n_ple_layers * (c->ple_embed_dim / tp) +
+                     ((int64_t)c->vocab_size + tp - 1) / tp;
+    *bytes = (int64_t)(tp - 1) * floats * (int64_t)sizeof(float);
+    *collectives = 2 * c->num_hidden_layers + c->n_ple_layers + 1;
+    return QSA_OK;
 }
 
 /* ============================================================================================== */

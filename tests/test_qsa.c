@@ -69,6 +69,7 @@ static QSA__UNUSED const char *test_path(const char *rel) {
 #include "t_gpu_k2.c"
 #include "t_model.c"
 #include "t_planner.c"
+#include "t_tp.c"
 #include "t_gpu.c"
 #include "t_sched.c"
 
