@@ -6393,8 +6393,6 @@ typedef struct qsa__scratch {
     float *xn, *mw, *low;   /* GatedResidual: normed streams [hcH], mix weights [hcH], low rank [r] */
     float *inj;             /* [n][hc] injection weights */
     float *inp, *out;       /* [n][H] layer input / output */
-    float *big, *big2;      /* mixer scratch (sized for the largest projection) */
-    float *tmp;             /* [max in] dequantised row */
 } qsa__scratch;
 
 /* GatedResidual on one token's streams x[hcH]: writes the mixed input inp[H] and inj[hc] (if any). */
@@ -7994,7 +7992,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 #ifndef QSA_NO_CUDA
 
 #define QSA__KERNEL_LIST(X)                                                                             \
-    X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inj_weights) X(inject) X(to_f16) X(argmax)           \
+    X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inj_weights) X(inject) X(to_f16)                     \
     X(gemm_f16) X(gemm_nvfp4) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_combine)       \
     X(shared_combine) X(act_mul)                                                                         \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_gates) X(gdn_recurrent)                  \
@@ -8057,7 +8055,7 @@ typedef struct qsa__dscratch {
     CUdeviceptr ids, X, xn, xn16, low, low16, mw, inp, inp16, inj, out;
     CUdeviceptr big[6];         /* mixer / MoE / PLE temporaries, each sized for the largest use */
     CUdeviceptr big16[3];
-    CUdeviceptr sel, nsel, scores, logits, argmax, tokpos;
+    CUdeviceptr sel, nsel, scores, logits, tokpos;
     int moe_tokens;             /* tokens per MoE sub-chunk */
     CUdeviceptr moe_pairs, moe_tiles, moe_ntiles, moe_h16, moe_y;
     size_t big_bytes, scores_bytes;
@@ -8395,7 +8393,6 @@ QSA_PRIV qsa_result qsa__cuda_scratch(qsa_model *m, qsa__cuda *g, int T) {
         QSA__TRY(qsa__dalloc(g, &s->tokpos, (size_t)T * (topk + 1) * c->indexer_compress_ratio * 4, cnt, "scratch"));
     QSA__TRY(qsa__dalloc(g, &s->nsel, (size_t)T * 4, cnt, "scratch"));
     QSA__TRY(qsa__dalloc(g, &s->scores, s->scores_bytes, cnt, "scratch"));
-    QSA__TRY(qsa__dalloc(g, &s->argmax, (size_t)T * 4, cnt, "scratch"));
     /* MoE pair scratch for sub-chunks of at most 256 tokens */
     s->moe_tokens = T < 256 ? T : 256;
     {
