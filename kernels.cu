@@ -1006,7 +1006,7 @@ extern "C" __global__ void qsa_k_ple_gate(const float *__restrict__ keyp, const 
  * (the CPU's expressions, no fused multiply-add); then state = the last L rows of h.  Each channel
  * is one thread walking the tokens in order, so splitting a prompt into chunks gives the same bits.
  * Launch: grid (ceil(hcH / 256)), block 256 (any). */
-extern "C" __global__ void qsa_k_ple_conv(float *__restrict__ X, const float *__restrict__ gv,
+static __device__ __forceinline__ void qsa_ple_conv_body(float *__restrict__ X, const float *__restrict__ gv,
                                           const float *__restrict__ gvn, float *__restrict__ state,
                                           const float *__restrict__ w, int M, int hcH, int Kc, int dil) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -1028,6 +1028,11 @@ extern "C" __global__ void qsa_k_ple_conv(float *__restrict__ X, const float *__
         int src = M + i;
         state[(qsa_i64)i * hcH + c] = src < L ? state[(qsa_i64)src * hcH + c] : gvn[(qsa_i64)(src - L) * hcH + c];
     }
+}
+extern "C" __global__ void qsa_k_ple_conv(float *__restrict__ X, const float *__restrict__ gv,
+                                          const float *__restrict__ gvn, float *__restrict__ state,
+                                          const float *__restrict__ w, int M, int hcH, int Kc, int dil) {
+    qsa_ple_conv_body(X, gv, gvn, state, w, M, hcH, Kc, dil);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -1100,7 +1105,7 @@ static __device__ void k2_rope_store(const float *xs, float *y, int n, int rd, c
  *   act    0 silu, 1 sigmoid
  * conv: acc = sum_{j<Kc} w[ch][j] * x[t+j] over the concatenation [state; qkv] (j ascending, fmaf).
  * Launch: grid (M), block 256 (any multiple of 32). */
-extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv(const float *__restrict__ qkv,
+static __device__ __forceinline__ void qsa_gdn_conv_body(const float *__restrict__ qkv,
                                                                  const float *__restrict__ state,
                                                                  const float *__restrict__ w, float *q, float *k,
                                                                  float *v, int M, int conv_dim, int key_dim, int Kc,
@@ -1134,10 +1139,17 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv(const float *__
         }
     }
 }
+extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv(const float *__restrict__ qkv,
+                                                                 const float *__restrict__ state,
+                                                                 const float *__restrict__ w, float *q, float *k,
+                                                                 float *v, int M, int conv_dim, int key_dim, int Kc,
+                                                                 int act, int nk, int dk) {
+    qsa_gdn_conv_body(qkv, state, w, q, k, v, M, conv_dim, key_dim, Kc, act, nk, dk);
+}
 
 /* Advances the conv state past the M tokens of qkv: state = the last Kc-1 rows of [state; qkv].
  * Launch after qsa_k_gdn_conv (same stream): grid (ceil(conv_dim / 256)), block 256. */
-extern "C" __global__ void qsa_k_gdn_conv_state(const float *__restrict__ qkv, float *state, int M, int conv_dim,
+static __device__ __forceinline__ void qsa_gdn_conv_state_body(const float *__restrict__ qkv, float *state, int M, int conv_dim,
                                                 int Kc) {
     int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= conv_dim) return;
@@ -1147,6 +1159,10 @@ extern "C" __global__ void qsa_k_gdn_conv_state(const float *__restrict__ qkv, f
         float x = src < Kc - 1 ? state[(long long)src * conv_dim + ch] : qkv[(long long)(src - (Kc - 1)) * conv_dim + ch];
         state[(long long)i * conv_dim + ch] = x;
     }
+}
+extern "C" __global__ void qsa_k_gdn_conv_state(const float *__restrict__ qkv, float *state, int M, int conv_dim,
+                                                int Kc) {
+    qsa_gdn_conv_state_body(qkv, state, M, conv_dim, Kc);
 }
 
 /* beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias)  (softplus threshold 20, as torch)
@@ -1311,7 +1327,7 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_gdn_norm_gate(float *o, 
  *   y >= nh : KV head y-nh: K = RoPE(k_norm(k_in)), stored fp16 in Kpool; V stored fp16 in Vpool.
  * k_in, v_in [M][nkv*hd]; qn, kn [hd] fp32 weights; inv_freq [rd/2]; rd <= hd <= 1024.
  * Launch: grid (M, Y) with any Y (nh + nkv: one block per head), block 128. */
-extern "C" __global__ void __launch_bounds__(128) qsa_k_attn_qk_prep(
+static __device__ __forceinline__ void qsa_attn_qk_prep_body(
     float *q, const float *__restrict__ k_in, const float *__restrict__ v_in, const float *__restrict__ qn,
     const float *__restrict__ kn, const float *__restrict__ inv_freq, const int *__restrict__ bt, qsa_f16 *Kpool,
     qsa_f16 *Vpool, int pos0, int M, int nh, int nkv, int hd, int rd, int page_size, float eps) {
@@ -1356,12 +1372,18 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_attn_qk_prep(
         }
     }
 }
+extern "C" __global__ void __launch_bounds__(128) qsa_k_attn_qk_prep(
+    float *q, const float *__restrict__ k_in, const float *__restrict__ v_in, const float *__restrict__ qn,
+    const float *__restrict__ kn, const float *__restrict__ inv_freq, const int *__restrict__ bt, qsa_f16 *Kpool,
+    qsa_f16 *Vpool, int pos0, int M, int nh, int nkv, int hd, int rd, int page_size, float eps) {
+    qsa_attn_qk_prep_body(q, k_in, v_in, qn, kn, inv_freq, bt, Kpool, Vpool, pos0, M, nh, nkv, hd, rd, page_size, eps);
+}
 
 /* Indexer epilogue for token t = blockIdx.x, row iq[t] = [ih query heads | 1 raw key] of ihd:
  *   y < ih : q_layernorm (1+w, qln [ihd]) then RoPE (rd dims, rd <= ihd) at pos0+t, in place
  *   y == ih: the raw (un-normed) key is copied to Ipool at the token's slot.
  * Launch: grid (M, Y) with any Y (ih + 1: one block per head), block 128. */
-extern "C" __global__ void __launch_bounds__(128) qsa_k_indexer_prep(float *iq, const float *__restrict__ qln,
+static __device__ __forceinline__ void qsa_indexer_prep_body(float *iq, const float *__restrict__ qln,
                                                                      const float *__restrict__ inv_freq,
                                                                      const int *__restrict__ bt, float *Ipool,
                                                                      int pos0, int M, int ih, int ihd, int rd,
@@ -1385,12 +1407,19 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_indexer_prep(float *iq, 
         k2_rope_store(xs, row, ihd, rd, inv_freq, pos);
     }
 }
+extern "C" __global__ void __launch_bounds__(128) qsa_k_indexer_prep(float *iq, const float *__restrict__ qln,
+                                                                     const float *__restrict__ inv_freq,
+                                                                     const int *__restrict__ bt, float *Ipool,
+                                                                     int pos0, int M, int ih, int ihd, int rd,
+                                                                     int page_size, float eps) {
+    qsa_indexer_prep_body(iq, qln, inv_freq, bt, Ipool, pos0, M, ih, ihd, rd, page_size, eps);
+}
 
 /* Keys of the complete blocks b in [b0, b1): fp32 mean of the r raw keys (ascending, then / r, as
  * the CPU), k_layernorm (1+w, kln [ihd]), RoPE at position b*r.  bkeys [max_blocks][ihd] is the
  * sequence's logical block-key cache (a completed block's key never changes).
  * Launch: grid (b1 - b0), block 128. */
-extern "C" __global__ void __launch_bounds__(128) qsa_k_block_keys(const float *__restrict__ Ipool,
+static __device__ __forceinline__ void qsa_block_keys_body(const float *__restrict__ Ipool,
                                                                    const int *__restrict__ bt,
                                                                    const float *__restrict__ kln,
                                                                    const float *__restrict__ inv_freq, float *bkeys,
@@ -1412,6 +1441,14 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_block_keys(const float *
     k2_rmsnorm_1p_smem(xs, kln, ihd, eps, scratch);
     k2_rope_store(xs, bkeys + b * ihd, ihd, rd, inv_freq, b * r);
 }
+extern "C" __global__ void __launch_bounds__(128) qsa_k_block_keys(const float *__restrict__ Ipool,
+                                                                   const int *__restrict__ bt,
+                                                                   const float *__restrict__ kln,
+                                                                   const float *__restrict__ inv_freq, float *bkeys,
+                                                                   int b0, int b1, int r, int ihd, int rd,
+                                                                   int page_size, float eps) {
+    qsa_block_keys_body(Ipool, bt, kln, inv_freq, bkeys, b0, b1, r, ihd, rd, page_size, eps);
+}
 
 /* Block scores of query t = blockIdx.x (position pos0+t) against its complete blocks
  * b < (pos0+t+1)/r:  score = (sum_h relu(q_h . key_b)) / sqrt(ihd), h ascending; each dot is a
@@ -1420,7 +1457,7 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_block_keys(const float *
  *   the query's block count are not written).
  * Launch: grid (M, Y) with any Y (ceil(max_blocks / 256) recommended), block 256 (a multiple of
  * 32): the Y*8 warps of a query take blocks round robin.  Each score is independent of the launch. */
-extern "C" __global__ void __launch_bounds__(256) qsa_k_block_scores(const float *__restrict__ iq,
+static __device__ __forceinline__ void qsa_block_scores_body(const float *__restrict__ iq,
                                                                      const float *__restrict__ bkeys,
                                                                      float *__restrict__ scores, int pos0, int M,
                                                                      int ih, int ihd, int r, int ld) {
@@ -1469,6 +1506,12 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_block_scores(const float
             if (lane == 0 && b0 + u * W < nb) scores[(long long)t * ld + b0 + u * W] = s[u] / root;
     }
 }
+extern "C" __global__ void __launch_bounds__(256) qsa_k_block_scores(const float *__restrict__ iq,
+                                                                     const float *__restrict__ bkeys,
+                                                                     float *__restrict__ scores, int pos0, int M,
+                                                                     int ih, int ihd, int r, int ld) {
+    qsa_block_scores_body(iq, bkeys, scores, pos0, M, ih, ihd, r, ld);
+}
 
 /* Exclusive prefix sum of one int per thread in thread order (block size a multiple of 32);
    `scratch` holds 33 ints of shared memory. */
@@ -1509,7 +1552,7 @@ static __device__ __forceinline__ unsigned k2_order_key(float f) {
  * chunks per thread, two block-wide exclusive scans) taking every block above the threshold key and
  * the lowest-index blocks equal to it.  Scores must not be NaN.
  * Launch: grid (M), block 1024. */
-extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_topk_blocks(const float *__restrict__ scores, int *sel,
+static __device__ __forceinline__ void qsa_topk_blocks_body(const float *__restrict__ scores, int *sel,
                                                                      int *nsel, int pos0, int M, int r, int topk,
                                                                      int ld) {
     __shared__ int hist[256];
@@ -1615,6 +1658,11 @@ extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_topk_blocks(const fl
             take_eq--;
         }
     }
+}
+extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_topk_blocks(const float *__restrict__ scores, int *sel,
+                                                                     int *nsel, int pos0, int M, int r, int topk,
+                                                                     int ld) {
+    qsa_topk_blocks_body(scores, sel, nsel, pos0, M, r, topk, ld);
 }
 
 /* ============================================================================================== */
@@ -1809,7 +1857,7 @@ static __device__ __forceinline__ void k2_attn_split(const float *__restrict__ q
  * GQA: query head h reads KV head h / (nh/nkv).
  * Launch: grid (M, nh), block 256 (any multiple of 32 up to 256; 128 works, fewer splits at once). */
 #define K2_ATTN_MAX_WARPS 8
-extern "C" __global__ void __launch_bounds__(256, 1) qsa_k_sparse_attn(
+static __device__ __forceinline__ void qsa_sparse_attn_body(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
     const int *__restrict__ bt, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
     qsa_f16 *out16, int pos0, int M, int nh, int nkv, int hd, int r, int topk, int page_size, int split,
@@ -1878,3 +1926,138 @@ extern "C" __global__ void __launch_bounds__(256, 1) qsa_k_sparse_attn(
         if (out16) out16[at] = qsa_f32_to_f16(y);
     }
 }
+extern "C" __global__ void __launch_bounds__(256, 1) qsa_k_sparse_attn(
+    const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
+    const int *__restrict__ bt, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
+    qsa_f16 *out16, int pos0, int M, int nh, int nkv, int hd, int r, int topk, int page_size, int split,
+    const int *__restrict__ tokpos, int ld_tok) {
+    qsa_sparse_attn_body(q, Kpool, Vpool, bt, sel, nsel, out, out16, pos0, M, nh, nkv, hd, r, topk, page_size, split, tokpos, ld_tok);
+}
+
+/* ============================================================================================== */
+/* Batched decode: one token of each of B sequences in one launch                                  */
+/* ============================================================================================== */
+/* Sequence b = blockIdx.z (grid z = B).  Each kernel below runs, for its token, the body of the
+ * single-sequence kernel (the qsa_<op>_body functions above, shared with the qsa_k_<op> entry points)
+ * with M = 1, pos0 = pos[b], the sequence's block table / state, and pointers to row b of the
+ * per-token arrays: the arithmetic of every value is that of feeding the token alone, whatever the
+ * other sequences of the batch, their number or the token's slot (batch invariance, SPEC 4.3).
+ * Everything that changes from step to step (positions, block-table and state pointers) is read
+ * from device arrays, and every grid depends only on B and the model, so a captured CUDA graph
+ * stays valid while the host rewrites those arrays between replays.
+ *   pos  [B] int: the token's position (the sequence's length before this step)
+ *   bts  [B] device pointers (as 64-bit integers) to each sequence's block table (int [pages])
+ *   st   [B] device pointers to the sequence's state of this layer (conv, S, PLE conv or block keys)
+ * Per-token rows are those of the single-sequence kernels with t = b. */
+
+#define QSA_BPTR(T, arr) ((T *)(arr)[blockIdx.z])
+
+/* Launch: grid (1, Y, B) (Y as qsa_k_attn_qk_prep), block 128. */
+extern "C" __global__ void __launch_bounds__(128) qsa_k_attn_qk_prep_batch(
+    float *q, const float *__restrict__ k_in, const float *__restrict__ v_in, const float *__restrict__ qn,
+    const float *__restrict__ kn, const float *__restrict__ inv_freq, const unsigned long long *__restrict__ bts,
+    qsa_f16 *Kpool, qsa_f16 *Vpool, const int *__restrict__ pos, int nh, int nkv, int hd, int rd, int page_size,
+    float eps) {
+    const qsa_i64 b = blockIdx.z, kvd = (qsa_i64)nkv * hd;
+    qsa_attn_qk_prep_body(q + b * nh * 2 * hd, k_in + b * kvd, v_in + b * kvd, qn, kn, inv_freq, QSA_BPTR(const int, bts),
+                          Kpool, Vpool, pos[b], 1, nh, nkv, hd, rd, page_size, eps);
+}
+
+/* Launch: grid (1, Y, B) (Y = ih + 1 recommended), block 128. */
+extern "C" __global__ void __launch_bounds__(128) qsa_k_indexer_prep_batch(
+    float *iq, const float *__restrict__ qln, const float *__restrict__ inv_freq,
+    const unsigned long long *__restrict__ bts, float *Ipool, const int *__restrict__ pos, int ih, int ihd, int rd,
+    int page_size, float eps) {
+    const qsa_i64 b = blockIdx.z;
+    qsa_indexer_prep_body(iq + b * (ih + 1) * ihd, qln, inv_freq, QSA_BPTR(const int, bts), Ipool, pos[b], 1, ih, ihd,
+                          rd, page_size, eps);
+}
+
+/* The key of the block this token completes, if any: blocks [pos/r, (pos+1)/r) (at most one), as
+ * qsa_k_block_keys with b0 = the sequence's block count before the step.  bkeys: st of the layer.
+ * Launch: grid (1, 1, B), block 128. */
+extern "C" __global__ void __launch_bounds__(128) qsa_k_block_keys_batch(
+    const float *__restrict__ Ipool, const unsigned long long *__restrict__ bts, const float *__restrict__ kln,
+    const float *__restrict__ inv_freq, const unsigned long long *__restrict__ bkeys, const int *__restrict__ pos,
+    int r, int ihd, int rd, int page_size, float eps) {
+    const int p = pos[blockIdx.z];
+    qsa_block_keys_body(Ipool, QSA_BPTR(const int, bts), kln, inv_freq, QSA_BPTR(float, bkeys), p / r, (p + 1) / r, r,
+                        ihd, rd, page_size, eps);
+}
+
+/* scores [B][ld].  Launch: grid (1, Y, B) with any Y (ceil(max_blocks / 256): an upper bound fixed
+ * by the model, so the grid does not depend on the positions; warps past a query's blocks idle). */
+extern "C" __global__ void __launch_bounds__(256) qsa_k_block_scores_batch(
+    const float *__restrict__ iq, const unsigned long long *__restrict__ bkeys, float *__restrict__ scores,
+    const int *__restrict__ pos, int ih, int ihd, int r, int ld) {
+    const qsa_i64 b = blockIdx.z;
+    qsa_block_scores_body(iq + b * (ih + 1) * ihd, QSA_BPTR(const float, bkeys), scores + b * ld, pos[b], 1, ih, ihd, r,
+                          ld);
+}
+
+/* sel [B][topk], nsel [B].  Launch: grid (1, 1, B), block 1024. */
+extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_topk_blocks_batch(
+    const float *__restrict__ scores, int *sel, int *nsel, const int *__restrict__ pos, int r, int topk, int ld) {
+    const qsa_i64 b = blockIdx.z;
+    qsa_topk_blocks_body(scores + b * ld, sel + b * topk, nsel + b, pos[b], 1, r, topk, ld);
+}
+
+/* Logical visit order only (the physical-order debug switch is not batched).
+ * Launch: grid (1, nh, B), block 256. */
+extern "C" __global__ void __launch_bounds__(256, 1) qsa_k_sparse_attn_batch(
+    const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
+    const unsigned long long *__restrict__ bts, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
+    qsa_f16 *out16, const int *__restrict__ pos, int nh, int nkv, int hd, int r, int topk, int page_size, int split) {
+    const qsa_i64 b = blockIdx.z, o = b * nh * hd;
+    qsa_sparse_attn_body(q + b * nh * 2 * hd, Kpool, Vpool, QSA_BPTR(const int, bts), sel + b * topk, nsel + b,
+                         out ? out + o : out, out16 ? out16 + o : out16, pos[b], 1, nh, nkv, hd, r, topk, page_size,
+                         split, 0, 0);
+}
+
+/* conv state: st.  Launch: grid (1, 1, B), block 256. */
+extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv_batch(
+    const float *__restrict__ qkv, const unsigned long long *__restrict__ st, const float *__restrict__ w, float *q,
+    float *k, float *v, int conv_dim, int key_dim, int Kc, int act, int nk, int dk) {
+    const qsa_i64 b = blockIdx.z;
+    qsa_gdn_conv_body(qkv + b * conv_dim, QSA_BPTR(const float, st), w, q + b * key_dim, k + b * key_dim,
+                      v + b * (conv_dim - 2 * key_dim), 1, conv_dim, key_dim, Kc, act, nk, dk);
+}
+
+/* Launch after qsa_k_gdn_conv_batch: grid (ceil(conv_dim / 256), 1, B), block 256. */
+extern "C" __global__ void qsa_k_gdn_conv_state_batch(const float *__restrict__ qkv,
+                                                      const unsigned long long *__restrict__ st, int conv_dim, int Kc) {
+    qsa_gdn_conv_state_body(qkv + (qsa_i64)blockIdx.z * conv_dim, QSA_BPTR(float, st), 1, conv_dim, Kc);
+}
+
+/* S: st.  Launch: grid (nv, Y, B), block and dynamic shared memory as qsa_k_gdn_recurrent. */
+extern "C" __global__ void qsa_k_gdn_recurrent_batch(const unsigned long long *__restrict__ st,
+                                                     const float *__restrict__ q, const float *__restrict__ k,
+                                                     const float *__restrict__ v, const float *__restrict__ beta,
+                                                     const float *__restrict__ g, float *o, int nk, int nv, int dk,
+                                                     int dv) {
+    const qsa_i64 b = blockIdx.z, kd = (qsa_i64)nk * dk, vd = (qsa_i64)nv * dv;
+    k2_gdn_recurrent<false>(QSA_BPTR(float, st), 0, q + b * kd, k + b * kd, v + b * vd, beta + b * nv, g + b * nv,
+                            o + b * vd, 1, nk, nv, dk, dv);
+}
+
+extern "C" __global__ void qsa_k_gdn_recurrent_f16state_batch(const unsigned long long *__restrict__ st,
+                                                              const float *__restrict__ q, const float *__restrict__ k,
+                                                              const float *__restrict__ v,
+                                                              const float *__restrict__ beta,
+                                                              const float *__restrict__ g, float *o, int nk, int nv,
+                                                              int dk, int dv) {
+    const qsa_i64 b = blockIdx.z, kd = (qsa_i64)nk * dk, vd = (qsa_i64)nv * dv;
+    k2_gdn_recurrent<true>(0, QSA_BPTR(qsa_f16, st), q + b * kd, k + b * kd, v + b * vd, beta + b * nv, g + b * nv,
+                           o + b * vd, 1, nk, nv, dk, dv);
+}
+
+/* PLE conv state: st.  Launch: grid (ceil(hcH / 256), 1, B), block 256. */
+extern "C" __global__ void qsa_k_ple_conv_batch(float *__restrict__ X, const float *__restrict__ gv,
+                                                const float *__restrict__ gvn,
+                                                const unsigned long long *__restrict__ st,
+                                                const float *__restrict__ w, int hcH, int Kc, int dil) {
+    const qsa_i64 o = (qsa_i64)blockIdx.z * hcH;
+    qsa_ple_conv_body(X + o, gv + o, gvn + o, QSA_BPTR(float, st), w, 1, hcH, Kc, dil);
+}
+
+#undef QSA_BPTR

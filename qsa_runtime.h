@@ -67,7 +67,8 @@
  * LIMITATIONS
  *   Text model only.  One GPU per model: the tensor-parallel sharding plan exists (qsa_tp_*,
  *   docs/TP.md), the TP forward over NCCL does not yet.  GPU decode feeds sequences one at a time
- *   (no cross-request batching in one launch, no CUDA graphs yet).
+ *   by default; the batched decode step and its CUDA graphs (qsa_seq_feed_batch with
+ *   cuda_batch_decode / cuda_graphs) are written but have not run on a GPU yet, so they are off.
  *   See docs/ for what is implemented and measured.
  *
  * SECTIONS (grep for the tag), in the order data flows
@@ -393,6 +394,13 @@ typedef struct qsa_model_params {
                                 NVRTC supports it, else the device's own) */
     int max_chunk;           /* most tokens per forward call on the GPU; longer feeds are split (0: 512) */
     int gdn_state_f16;       /* 1: keep the GDN recurrent state in FP16 on the GPU (comparison option; default FP32) */
+    int max_batch;           /* most sequences per batched decode step on the GPU (qsa_seq_feed_batch; larger
+                                batches run in groups of this size; 0: 32).  Sizes the per-step device buffers */
+    int cuda_batch_decode;   /* 1: qsa_seq_feed_batch runs one batched forward for all its sequences on the GPU.
+                                Default 0 (sequences are fed one at a time): the batched path has NOT yet run on
+                                a GPU (docs/CUDA.md) */
+    int cuda_graphs;         /* 1 (with cuda_batch_decode): replay batched decode steps as CUDA graphs (one per batch
+                                size, captured at first use).  Default 0: NOT yet run on a GPU; ignored with QSA_DEBUG */
 } qsa_model_params;
 
 typedef struct qsa_model qsa_model;
@@ -419,6 +427,14 @@ QSA_API int qsa_seq_pos(const qsa_seq *seq); /* tokens fed so far */
 /* Feed n tokens.  logits (may be NULL): receives vocab_size floats for the last token, or
    n * vocab_size floats (row i for token i) when all_logits is non-zero. */
 QSA_API qsa_result qsa_seq_feed(qsa_seq *seq, const int32_t *ids, int n, float *logits, int all_logits);
+/* One decode step for n sequences of one model: tokens[i] is fed to seqs[i] (distinct sequences);
+   logits (may be NULL) receives n * vocab_size floats, row i for sequence i.  Bitwise the same as
+   qsa_seq_feed(seqs[i], &tokens[i], 1, row i, 0) for each i, whatever the other sequences and their
+   order (on the CPU backend it is that loop; on CUDA one forward pass for the batch).  Every
+   sequence is checked (context, vocabulary, KV pages) before anything changes: a refusal leaves all
+   of them as they were.  A failure during the forward pass (device error, out of memory) may leave
+   some sequences advanced (qsa_seq_pos tells which). */
+QSA_API qsa_result qsa_seq_feed_batch(qsa_seq **seqs, const int32_t *tokens, int n, float *logits);
 
 /* Sampling.  Zero-initialised = greedy.  temperature 0 = greedy (argmax, lowest id on ties). */
 typedef struct qsa_sampling_params {
@@ -988,6 +1004,7 @@ typedef struct { char internal[128]; } ncclUniqueId;
 #define QSA__CU_FUNC_ATTRIBUTE_NUM_REGS 4
 #define QSA__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
 #define QSA__CU_STREAM_NON_BLOCKING 0x1
+#define QSA__CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
 #define QSA__CU_EVENT_DISABLE_TIMING 0x2
 #define QSA__CU_MEMHOSTALLOC_PORTABLE 0x1
 #define QSA__CU_MEMHOSTALLOC_DEVICEMAP 0x2
@@ -5972,6 +5989,7 @@ QSA_PRIV qsa_result qsa__cuda_seq_create(qsa_model *m, qsa_seq *s);
 QSA_PRIV qsa_result qsa__cuda_seq_reset(qsa_model *m, qsa_seq *s);
 QSA_PRIV void qsa__cuda_seq_destroy(qsa_model *m, qsa_seq *s);
 QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, float *logits, int all_logits);
+QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int B, float *logits);
 #endif
 
 QSA_PRIV void qsa__pool_destroy(qsa__pool *p) {
@@ -6076,6 +6094,7 @@ QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *para
         if (m->params.backend == QSA_BACKEND_CUDA) r = qsa__fail(QSA_ERR_UNSUPPORTED, "qsa_model_load: built with QSA_NO_CUDA");
 #else
         QSA__DEF(m->params.max_chunk, 512);
+        QSA__DEF(m->params.max_batch, 32);
         /* the pool's page size is needed by the device allocation: settle it first */
         r = qsa__pool_create(m, 0);
         if (r == QSA_OK) r = qsa__cuda_init(m, &m->cuda);
@@ -6974,16 +6993,23 @@ done:
     return r;
 }
 
-QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float *logits, int all_logits) {
-    qsa_model *m = sq->m;
-    const qsa_model_config *c = &m->cfg;
-    int H = c->hidden_size, hc = c->hc_count, hcH = hc * H, V = c->vocab_size;
-    if (n <= 0) return QSA_OK;
+/* What qsa_seq_feed checks before anything changes: context room and token ids. */
+QSA_PRIV qsa_result qsa__seq_feed_check(const qsa_seq *sq, const int32_t *ids, int n) {
+    int V = sq->m->cfg.vocab_size;
     if (sq->pos + n > sq->n_ctx)
         return qsa__fail(QSA_ERR_CONTEXT_FULL, "qsa_seq_feed: %d + %d tokens exceed the context of %d", sq->pos, n, sq->n_ctx);
     for (int t = 0; t < n; t++)
         if (ids[t] < 0 || ids[t] >= V)
             return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed: token %d at index %d is outside the vocabulary [0, %d)", ids[t], t, V);
+    return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float *logits, int all_logits) {
+    qsa_model *m = sq->m;
+    const qsa_model_config *c = &m->cfg;
+    int H = c->hidden_size, hc = c->hc_count, hcH = hc * H, V = c->vocab_size;
+    if (n <= 0) return QSA_OK;
+    QSA__TRY(qsa__seq_feed_check(sq, ids, n));
     QSA__TRY(qsa__seq_reserve(sq, sq->pos + n));
 #ifndef QSA_NO_CUDA
     if (m->cuda) {
@@ -7050,6 +7076,63 @@ done:
 QSA_IMPL qsa_result qsa_seq_feed(qsa_seq *seq, const int32_t *ids, int n, float *logits, int all_logits) {
     if (!seq || (!ids && n > 0) || n < 0) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed: bad arguments");
     return qsa__seq_feed(seq, ids, n, logits, all_logits);
+}
+
+/* Give back the pages taken since n_pages was `had` (reverse order: the free list is restored exactly). */
+QSA_PRIV void qsa__seq_unreserve(qsa_seq *s, int had) {
+    qsa__pool *pl = &s->m->pool;
+    while (s->n_pages > had) pl->free_pages[pl->n_free++] = s->bt[--s->n_pages];
+}
+
+QSA_IMPL qsa_result qsa_seq_feed_batch(qsa_seq **seqs, const int32_t *tokens, int n, float *logits) {
+    if (n < 0 || (n > 0 && (!seqs || !tokens))) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed_batch: bad arguments");
+    if (n == 0) return QSA_OK;
+    qsa_model *m = seqs[0] ? seqs[0]->m : NULL;
+    for (int i = 0; i < n; i++) {
+        if (!seqs[i] || seqs[i]->m != m)
+            return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed_batch: sequence %d is NULL or of another model", i);
+        for (int j = 0; j < i; j++)
+            if (seqs[j] == seqs[i]) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed_batch: sequences %d and %d are the same", j, i);
+        QSA__TRY(qsa__seq_feed_check(seqs[i], &tokens[i], 1));
+    }
+    /* pages for every sequence, in order, all or nothing */
+    int *had = QSA__ALLOC(int, n);
+    if (!had) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_seq_feed_batch: out of memory");
+    qsa_result r = QSA_OK;
+    int i = 0;
+    for (; i < n; i++) {
+        had[i] = seqs[i]->n_pages;
+        if ((r = qsa__seq_reserve(seqs[i], seqs[i]->pos + 1)) != QSA_OK) break;
+    }
+    if (r != QSA_OK) {
+        char msg[1024];
+        int bad = i;
+        snprintf(msg, sizeof msg, "%s", qsa_last_error());
+        while (--i >= 0) qsa__seq_unreserve(seqs[i], had[i]);
+        qsa__free(had);
+        return qsa__fail(r, "qsa_seq_feed_batch: sequence %d: %s", bad, msg);
+    }
+    qsa__free(had);
+    size_t V = (size_t)m->cfg.vocab_size;
+    int batched = 0;
+#ifndef QSA_NO_CUDA
+    /* the hooks, hidden-state output and the physical-order debug switch are served by the
+       single-sequence path (bitwise the same for everything the batch path computes) */
+    batched = m->cuda != NULL && m->params.cuda_batch_decode && !m->params.debug_physical_order;
+    for (int k = 0; batched && k < n; k++)
+        if (seqs[k]->sel_hook || seqs[k]->hidden_out || seqs[k]->route_hook || seqs[k]->cap) batched = 0;
+    if (batched) {
+        int group = m->params.max_batch < m->params.max_chunk ? m->params.max_batch : m->params.max_chunk;
+        for (int t0 = 0; t0 < n; t0 += group) {
+            int B = n - t0 < group ? n - t0 : group;
+            QSA__TRY(qsa__cuda_decode_batch(m, seqs + t0, tokens + t0, B, logits ? logits + (size_t)t0 * V : NULL));
+        }
+        return QSA_OK;
+    }
+#endif
+    (void)batched;
+    for (int k = 0; k < n; k++) QSA__TRY(qsa__seq_feed(seqs[k], &tokens[k], 1, logits ? logits + (size_t)k * V : NULL, 0));
+    return QSA_OK;
 }
 
 /* ============================================================================================== */
@@ -7997,7 +8080,10 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
     X(shared_combine) X(act_mul)                                                                         \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_gates) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
-    X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)
+    X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
+    X(attn_qk_prep_batch) X(indexer_prep_batch) X(block_keys_batch) X(block_scores_batch)                \
+    X(topk_blocks_batch) X(sparse_attn_batch) X(gdn_conv_batch) X(gdn_conv_state_batch)                  \
+    X(gdn_recurrent_batch) X(gdn_recurrent_f16state_batch) X(ple_conv_batch)
 
 typedef enum qsa__kid {
 #define QSA__KID(n) QSA__K_##n,
@@ -8081,9 +8167,12 @@ typedef struct qsa__cuda {
     /* KV pool on the device: per QSA slot [n_pages][page_size][kvd] fp16 and [..][ihd] fp32 */
     CUdeviceptr kpool, vpool, ipool;
     qsa__dscratch sc;
+    struct qsa__dbatch *batch;  /* batched decode buffers and graphs, allocated at the first batched step */
     CUdeviceptr *allocs;        /* everything allocated, freed at unload */
     int n_allocs, cap_allocs;
 } qsa__cuda;
+
+QSA_PRIV void qsa__cuda_batch_free(qsa__cuda *g);
 
 /* Per-sequence device state. */
 typedef struct qsa__cuda_seq {
@@ -8416,6 +8505,7 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
     qsa__free(g->allocs);
     qsa__free(g->layers);
     qsa__free(g->sc.host_e);
+    qsa__cuda_batch_free(g);
     if (g->mod) qsa__cu.cuModuleUnload(g->mod);
     if (g->stream) qsa__cu.cuStreamDestroy_v2(g->stream);
     if (g->ctx) qsa__cu.cuDevicePrimaryCtxRelease_v2(g->dev);
@@ -8808,6 +8898,316 @@ QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, floa
     QSA__CU(qsa__cu.cuStreamSynchronize(g->stream));
     return QSA_OK;
 }
+
+/* ---- batched decode: one token of each of B sequences per forward pass, optionally a CUDA graph ----
+
+   NOT YET RUN ON A GPU (written without a device; docs/CUDA.md "Batched decode and CUDA graphs").
+
+   The step runs the chunk forward with M = B tokens: every per-token kernel (embedding, norms, mixers,
+   GEMMs, MoE, gates) is launched unchanged, and the kernels that need a sequence's position, block
+   table or state are their *_batch variants, which run the single-sequence body with M = 1 for
+   token b = blockIdx.z.  So token b's bits are those of qsa_seq_feed(seq_b, &tok_b, 1): they do not
+   depend on the batch size, on the other sequences or on b.
+
+   Everything that changes between steps lives in device buffers allocated once (addresses fixed):
+   `step` holds the token ids, positions and the per-sequence pointers (block table; conv, S, PLE conv
+   and block-key state per layer); `ple_e` the PLE rows the host gathers for every PLE layer (they
+   depend only on token ids).  The host rewrites both with cuMemcpyHtoDAsync on the stream before
+   the step's kernels (or the graph launch); those copies are never captured (their sources are
+   pageable host memory).  All launch grids depend only on B and the model (block scores use the
+   fixed upper bound ceil(max_blocks / 256) in y; the block-key kernel handles "no block completed"
+   on the device), so a graph captured for B stays valid as pages, selections and slots change.
+   Graphs are captured per exact B (1..max_batch) at first use, no padding. */
+typedef struct qsa__dbatch {
+    int max_batch, n_ple, L;
+    size_t step_bytes;
+    CUdeviceptr step;           /* ids int[mb], pos int[mb], then u64 [mb]: bt; [L][mb]: conv, S, ple, bkeys */
+    CUdeviceptr ids, pos, bt, conv, S, ple, bkeys;
+    CUdeviceptr ple_e;          /* [n_ple][mb][ple_embed_dim] fp32 */
+    CUdeviceptr scores;         /* [mb][max_blocks] */
+    CUdeviceptr logits;         /* [mb][V] */
+    unsigned char *host;        /* host image of step */
+    float *host_e;              /* host image of ple_e */
+    CUgraphExec *graphs;        /* [mb + 1], by B */
+} qsa__dbatch;
+
+QSA_PRIV void qsa__cuda_batch_free(qsa__cuda *g) {
+    qsa__dbatch *b = g->batch;
+    if (!b) return;
+    if (b->graphs)
+        for (int i = 0; i <= b->max_batch; i++)
+            if (b->graphs[i]) qsa__cu.cuGraphExecDestroy(b->graphs[i]);
+    qsa__free(b->graphs);
+    qsa__free(b->host);
+    qsa__free(b->host_e);
+    qsa__free(b); /* device buffers are in g->allocs */
+    g->batch = NULL;
+}
+
+QSA_PRIV qsa_result qsa__cuda_batch_alloc_(qsa_model *m) {
+    qsa__cuda *g = m->cuda;
+    const qsa_model_config *c = &m->cfg;
+    qsa__dbatch *b = QSA__CALLOC(qsa__dbatch, 1);
+    if (!b) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "batched decode: out of host memory");
+    g->batch = b;
+    int mb = m->params.max_batch, L = c->num_hidden_layers, D = c->ple_embed_dim ? c->ple_embed_dim : 1;
+    b->max_batch = mb;
+    b->L = L;
+    for (int l = 0; l < L; l++) b->n_ple += m->layers[l].ple != NULL;
+    b->step_bytes = (size_t)mb * 8 + (size_t)mb * 8 * (1 + 4 * (size_t)L);
+    size_t *cnt = &g->bytes_scratch;
+    b->host = QSA__CALLOC(unsigned char, b->step_bytes);
+    b->host_e = QSA__ALLOC(float, (size_t)(b->n_ple ? b->n_ple : 1) * mb * D);
+    b->graphs = QSA__CALLOC(CUgraphExec, mb + 1);
+    if (!b->host || !b->host_e || !b->graphs) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "batched decode: out of host memory");
+    QSA__TRY(qsa__dalloc(g, &b->step, b->step_bytes, cnt, "batched decode"));
+    b->ids = b->step;
+    b->pos = b->step + (size_t)mb * 4;
+    b->bt = b->step + (size_t)mb * 8;
+    b->conv = b->bt + (size_t)mb * 8;
+    b->S = b->conv + (size_t)L * mb * 8;
+    b->ple = b->S + (size_t)L * mb * 8;
+    b->bkeys = b->ple + (size_t)L * mb * 8;
+    QSA__TRY(qsa__dalloc(g, &b->ple_e, (size_t)(b->n_ple ? b->n_ple : 1) * mb * D * 4, cnt, "batched decode"));
+    QSA__TRY(qsa__dalloc(g, &b->scores, (size_t)mb * g->sc.max_blocks * 4, cnt, "batched decode"));
+    QSA__TRY(qsa__dalloc(g, &b->logits, (size_t)mb * c->vocab_size * 4, cnt, "batched decode"));
+    return QSA_OK;
+}
+
+/* All or nothing: a half-made set is dropped (its device buffers are freed at unload, with g->allocs). */
+QSA_PRIV qsa_result qsa__cuda_batch_alloc(qsa_model *m) {
+    if (m->cuda->batch) return QSA_OK;
+    qsa_result r = qsa__cuda_batch_alloc_(m);
+    if (r != QSA_OK) qsa__cuda_batch_free(m->cuda);
+    return r;
+}
+
+/* Launch helper with a z dimension (the batched kernels: z = sequence). */
+#define QSA__LAUNCH3(g, id, gx, gy, gz, bx, sh, ...)                                                         \
+    do {                                                                                                   \
+        void *qsa__args_[] = {__VA_ARGS__};                                                                \
+        QSA__TRY(qsa__cu_launch((g)->k[QSA__K_##id], "qsa_k_" #id, (unsigned)(gx), (unsigned)(gy),          \
+                                (unsigned)(gz), (unsigned)(bx), 1, 1, (unsigned)(sh), (g)->stream, qsa__args_)); \
+    } while (0)
+
+/* Per-layer pointer arrays of the step buffer: [L][mb] u64, row l. */
+#define QSA__BROW(b, arr, l) ((b)->arr + (size_t)(l) * (b)->max_batch * 8)
+
+QSA_PRIV qsa_result qsa__cuda_ple_batch(qsa_model *m, int l, int j, int B) {
+    const qsa_model_config *c = &m->cfg;
+    qsa__cuda *g = m->cuda;
+    qsa__dscratch *s = &g->sc;
+    qsa__dbatch *bb = g->batch;
+    const qsa__dlayer *d = &g->layers[l];
+    int H = c->hidden_size, hc = c->hc_count, hcH = hc * H, D = c->ple_embed_dim;
+    int Kc = c->ple_conv_kernel_size, dil = c->ngram_size, n = B * D;
+    float eps = c->rms_norm_eps;
+    CUdeviceptr e = bb->ple_e + (size_t)j * bb->max_batch * D * 4, e16 = s->big16[0], keyp = s->big[1], valp = s->big[2],
+                gv = s->big[3], gvn = s->big[4];
+    QSA__LAUNCH(g, to_f16, (n + 255) / 256, 1, 256, 0, &e, &e16, &n);
+    QSA__TRY(qsa__dgemm(g, e16, B, &d->ple_key, keyp, 0));
+    QSA__TRY(qsa__dgemm(g, e16, B, &d->ple_value, valp, 0));
+    CUdeviceptr nk = d->ple_nk, nq = d->ple_nq, nc = d->ple_nc, cw = d->ple_conv_w, st = QSA__BROW(bb, ple, l), X = s->X;
+    QSA__LAUNCH(g, ple_gate, B, 1, 256, 0, &keyp, &X, &valp, &nk, &nq, &nc, &gv, &gvn, &H, &hc, &eps);
+    QSA__LAUNCH3(g, ple_conv_batch, (hcH + 255) / 256, 1, B, 256, 0, &X, &gv, &gvn, &st, &cw, &hcH, &Kc, &dil);
+    return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__cuda_gdn_batch(qsa_model *m, int l, int B) {
+    const qsa_model_config *c = &m->cfg;
+    qsa__cuda *g = m->cuda;
+    qsa__dscratch *s = &g->sc;
+    const qsa__dlayer *d = &g->layers[l];
+    int nk = c->linear_num_key_heads, nv = c->linear_num_value_heads, dk = c->linear_key_head_dim, dv = c->linear_value_head_dim;
+    int key_dim = nk * dk, conv_dim = 2 * key_dim + nv * dv, Kc = c->linear_conv_kernel_dim;
+    int act = c->hidden_act == QSA_ACT_SIGMOID, gact = c->output_gate_act == QSA_ACT_SIGMOID;
+    float eps = c->rms_norm_eps;
+    CUdeviceptr qkv = s->big[0], z = s->big[1], q = s->big[2], k = s->big[3], v = s->big[4], o = s->big[5];
+    CUdeviceptr b = s->out, a = s->mw, beta = s->low, gg = s->xn;
+    if ((size_t)B * nv * 4 > (size_t)B * c->hc_lowrank * 4)
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "GDN: %d value heads exceed the scratch sized by hc_lowrank %d", nv, c->hc_lowrank);
+    QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->in_qkv, qkv, 0));
+    QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->in_z, z, 0));
+    QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->in_b, b, 0));
+    QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->in_a, a, 0));
+    int n = B * nv;
+    CUdeviceptr Al = d->A_log, dtb = d->dt_bias;
+    QSA__LAUNCH(g, gdn_gates, (n + 255) / 256, 1, 256, 0, &b, &a, &Al, &dtb, &beta, &gg, &n, &nv);
+    CUdeviceptr cst = QSA__BROW(g->batch, conv, l), cw = d->conv_w;
+    QSA__LAUNCH3(g, gdn_conv_batch, 1, 1, B, 256, 0, &qkv, &cst, &cw, &q, &k, &v, &conv_dim, &key_dim, &Kc, &act, &nk, &dk);
+    QSA__LAUNCH3(g, gdn_conv_state_batch, (conv_dim + 255) / 256, 1, B, 256, 0, &qkv, &cst, &conv_dim, &Kc);
+    CUdeviceptr S = QSA__BROW(g->batch, S, l);
+    unsigned ny = (unsigned)((dv + 31) / 32), smem = (unsigned)(4 * dk * 32);
+    if (m->params.gdn_state_f16)
+        QSA__LAUNCH3(g, gdn_recurrent_f16state_batch, nv, ny, B, 32, smem, &S, &q, &k, &v, &beta, &gg, &o, &nk, &nv, &dk, &dv);
+    else
+        QSA__LAUNCH3(g, gdn_recurrent_batch, nv, ny, B, 32, smem, &S, &q, &k, &v, &beta, &gg, &o, &nk, &nv, &dk, &dv);
+    CUdeviceptr nw = d->gnorm_w, o16 = s->big16[0];
+    QSA__LAUNCH(g, gdn_norm_gate, B * nv, 1, 128, 0, &o, &z, &nw, &o16, &nv, &dv, &eps, &gact);
+    return qsa__dgemm(g, o16, B, &d->out, s->out, 0);
+}
+
+QSA_PRIV qsa_result qsa__cuda_attn_batch(qsa_model *m, int l, int B) {
+    const qsa_model_config *c = &m->cfg;
+    qsa__cuda *g = m->cuda;
+    qsa__dscratch *s = &g->sc;
+    qsa__dbatch *bb = g->batch;
+    const qsa__dlayer *d = &g->layers[l];
+    const qsa__pool *pool = &m->pool;
+    int nh = c->num_attention_heads, nkv = c->num_key_value_heads, hd = c->head_dim, rd = c->rotary_dim;
+    int ih = c->indexer_n_heads, ihd = c->indexer_head_dim, r = c->has_qsa ? c->indexer_compress_ratio : 0;
+    int topk = c->has_qsa ? c->indexer_budget / r : 0, ps = pool->page_size, split = QSA_ATTN_SPLIT;
+    float eps = c->rms_norm_eps;
+    size_t slot_tokens = (size_t)pool->n_pages * ps;
+    CUdeviceptr Kp = g->kpool + (size_t)pool->slot[l] * slot_tokens * pool->kvd * 2;
+    CUdeviceptr Vp = g->vpool + (size_t)pool->slot[l] * slot_tokens * pool->kvd * 2;
+    CUdeviceptr Ip = g->ipool + (size_t)pool->slot[l] * slot_tokens * pool->ihd * 4;
+    CUdeviceptr bts = bb->bt, pos = bb->pos, inv = g->rope_inv_freq, qn = d->q_norm, kn = d->k_norm;
+    CUdeviceptr qg = s->big[0], kin = s->big[1], vin = s->big[2], iq = s->big[3], att = s->big[4], att16 = s->big16[0];
+    QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->q, qg, 0));
+    QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->k, kin, 0));
+    QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->v, vin, 0));
+    QSA__LAUNCH3(g, attn_qk_prep_batch, 1, 1, B, 128, 0, &qg, &kin, &vin, &qn, &kn, &inv, &bts, &Kp, &Vp, &pos, &nh, &nkv, &hd,
+                 &rd, &ps, &eps);
+    if (c->has_qsa) {
+        CUdeviceptr qln = d->idx_q_norm, kln = d->idx_k_norm, bk = QSA__BROW(bb, bkeys, l), sc = bb->scores;
+        int ld = s->max_blocks;
+        unsigned ys = (unsigned)((s->max_blocks + 255) / 256);
+        QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->idx_qk, iq, 0));
+        QSA__LAUNCH3(g, indexer_prep_batch, 1, 1, B, 128, 0, &iq, &qln, &inv, &bts, &Ip, &pos, &ih, &ihd, &rd, &ps, &eps);
+        QSA__LAUNCH3(g, block_keys_batch, 1, 1, B, 128, 0, &Ip, &bts, &kln, &inv, &bk, &pos, &r, &ihd, &rd, &ps, &eps);
+        QSA__LAUNCH3(g, block_scores_batch, 1, ys, B, 256, 0, &iq, &bk, &sc, &pos, &ih, &ihd, &r, &ld);
+        QSA__LAUNCH3(g, topk_blocks_batch, 1, 1, B, 1024, 0, &sc, &s->sel, &s->nsel, &pos, &r, &topk, &ld);
+    }
+    QSA__LAUNCH3(g, sparse_attn_batch, 1, nh, B, 256, 0, &qg, &Kp, &Vp, &bts, &s->sel, &s->nsel, &att, &att16, &pos, &nh, &nkv,
+                 &hd, &r, &topk, &ps, &split);
+    return qsa__dgemm(g, att16, B, &d->o, s->out, 0);
+}
+
+/* The kernels of one batched step (what a graph captures): reads only the step buffers. */
+QSA_PRIV qsa_result qsa__cuda_batch_forward(qsa_model *m, int B) {
+    const qsa_model_config *c = &m->cfg;
+    qsa__cuda *g = m->cuda;
+    qsa__dscratch *s = &g->sc;
+    int H = c->hidden_size, hc = c->hc_count, V = c->vocab_size;
+    CUdeviceptr table = g->embed16, ids = g->batch->ids;
+    QSA__LAUNCH(g, embed, B, 1, 256, 0, &table, &ids, &s->X, &H, &hc, &V);
+    for (int l = 0, j = 0; l < c->num_hidden_layers; l++) {
+        if (m->layers[l].ple) QSA__TRY(qsa__cuda_ple_batch(m, l, j++, B));
+        QSA__TRY(qsa__cuda_gres(m, &g->layers[l].attn_hc, s->X, B, 1));
+        if (c->layer_types[l] == QSA_LAYER_LINEAR) QSA__TRY(qsa__cuda_gdn_batch(m, l, B));
+        else QSA__TRY(qsa__cuda_attn_batch(m, l, B));
+        QSA__TRY(qsa__cuda_inject(m, s->X, B));
+        QSA__TRY(qsa__cuda_gres(m, &g->layers[l].mlp_hc, s->X, B, 1));
+        QSA__TRY(qsa__cuda_moe(m, l, B));
+        QSA__TRY(qsa__cuda_inject(m, s->X, B));
+    }
+    QSA__TRY(qsa__cuda_gres(m, &g->final_hc, s->X, B, 0));
+    /* one lm_head GEMM for the B rows (the GEMM's bits do not depend on M) */
+    return qsa__dgemm(g, s->inp16, B, &g->lm_head, g->batch->logits, 0);
+}
+
+/* Capture the step for B into a graph (once per B). */
+QSA_PRIV qsa_result qsa__cuda_batch_graph(qsa_model *m, int B, CUgraphExec *out) {
+    qsa__cuda *g = m->cuda;
+    CUgraph graph = NULL;
+    QSA__CU(qsa__cu.cuStreamBeginCapture_v2(g->stream, QSA__CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    qsa_result r = qsa__cuda_batch_forward(m, B);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", r != QSA_OK ? qsa_last_error() : "");
+    CUresult ce = qsa__cu.cuStreamEndCapture(g->stream, &graph); /* always leave capture mode */
+    if (r != QSA_OK) {
+        if (graph) qsa__cu.cuGraphDestroy(graph);
+        return qsa__fail(r, "capturing the batched decode graph (B = %d): %s", B, msg);
+    }
+    if (ce != 0) return QSA__CU_R(ce);
+    r = QSA__CU_R(qsa__cu.cuGraphInstantiateWithFlags(out, graph, 0));
+    qsa__cu.cuGraphDestroy(graph);
+    if (r == QSA_OK) qsa__log(QSA_LOG_INFO, "cuda: captured the batched decode step for %d sequences as a graph", B);
+    return r;
+}
+
+/* One decode step for B <= max_batch validated sequences of m (qsa_seq_feed_batch has checked the
+   context and vocabulary and reserved the pages). */
+QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int B, float *logits) {
+    const qsa_model_config *c = &m->cfg;
+    qsa__cuda *g = m->cuda;
+    int L = c->num_hidden_layers, V = c->vocab_size, D = c->ple_embed_dim;
+    if (B <= 0) return QSA_OK;
+    if (B > m->params.max_batch || B > g->sc.max_tokens)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "batched decode: %d sequences exceed max_batch %d / max_chunk %d", B,
+                         m->params.max_batch, g->sc.max_tokens);
+    QSA__CU(qsa__cu.cuCtxSetCurrent(g->ctx));
+    QSA__TRY(qsa__cuda_batch_alloc(m));
+    qsa__dbatch *bb = g->batch;
+    int mb = bb->max_batch;
+    int32_t *hids = (int32_t *)bb->host, *hpos = hids + mb;
+    unsigned long long *hbt = (unsigned long long *)(bb->host + (size_t)mb * 8), *hconv = hbt + mb, *hS = hconv + (size_t)L * mb,
+                       *hple = hS + (size_t)L * mb, *hbk = hple + (size_t)L * mb;
+    for (int i = 0; i < B; i++) {
+        qsa_seq *sq = seqs[i];
+        qsa__cuda_seq *cs = sq->cuda;
+        /* block table: pages acquired since the last step (as qsa__cuda_chunk) */
+        if (sq->n_pages > cs->bt_synced) {
+            QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(cs->bt + (size_t)cs->bt_synced * 4, sq->bt + cs->bt_synced,
+                                                 (size_t)(sq->n_pages - cs->bt_synced) * 4, g->stream));
+            cs->bt_synced = sq->n_pages;
+        }
+        hids[i] = tokens[i];
+        hpos[i] = sq->pos;
+        hbt[i] = cs->bt;
+        for (int l = 0; l < L; l++) {
+            hconv[(size_t)l * mb + i] = cs->conv[l];
+            hS[(size_t)l * mb + i] = cs->S[l];
+            hple[(size_t)l * mb + i] = cs->ple_conv[l];
+            hbk[(size_t)l * mb + i] = cs->bkeys[l];
+        }
+    }
+    /* PLE rows: hashed and gathered on the host per sequence (its own id history), as qsa__cuda_ple with M = 1 */
+    int ctx = c->ngram_size - 1;
+    for (int l = 0, j = 0; l < L; l++) {
+        const qsa__ple_w *p = m->layers[l].ple;
+        if (!p) continue;
+        for (int i = 0; i < B; i++) {
+            qsa__seq_layer *sl = &seqs[i]->L[l];
+            int32_t hist[32];
+            for (int k = 0; k < ctx; k++) hist[k] = sl->ple_ids[k];
+            hist[ctx] = tokens[i];
+            qsa__ple_embed(c, p, hist, bb->host_e + ((size_t)j * mb + i) * D);
+            for (int k = 0; k < ctx; k++) sl->ple_ids[k] = hist[k + 1];
+        }
+        j++;
+    }
+    /* per-step values: written into the fixed buffers before the kernels (never captured) */
+    QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(bb->step, bb->host, bb->step_bytes, g->stream));
+    if (bb->n_ple) QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(bb->ple_e, bb->host_e, (size_t)bb->n_ple * mb * D * 4, g->stream));
+#ifdef QSA_DEBUG
+    int graphs = 0; /* debug builds synchronise after each launch, which a capture forbids */
+#else
+    int graphs = m->params.cuda_graphs;
+#endif
+    if (graphs) {
+        if (!bb->graphs[B]) QSA__TRY(qsa__cuda_batch_graph(m, B, &bb->graphs[B]));
+        QSA__CU(qsa__cu.cuGraphLaunch(bb->graphs[B], g->stream));
+    } else {
+        QSA__TRY(qsa__cuda_batch_forward(m, B));
+    }
+    if (logits) QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(logits, bb->logits, (size_t)B * V * 4, g->stream));
+    QSA__CU(qsa__cu.cuStreamSynchronize(g->stream));
+    /* advance each sequence as qsa_seq_feed does */
+    int r = c->has_qsa ? c->indexer_compress_ratio : 0;
+    for (int i = 0; i < B; i++) {
+        qsa_seq *sq = seqs[i];
+        if (r)
+            for (int l = 0; l < L; l++)
+                if (c->layer_types[l] != QSA_LAYER_LINEAR) sq->L[l].n_blocks = (sq->pos + 1) / r;
+        sq->tokens[sq->pos] = tokens[i];
+        sq->pos++;
+    }
+    return QSA_OK;
+}
+
+#undef QSA__BROW
 
 #endif /* QSA_NO_CUDA */
 
@@ -9289,21 +9689,53 @@ QSA_PRIV void qsa__sched_accept(qsa_sched *s, qsa__sched_req *q, int32_t t) {
 
 /* One decode step for n sequences: feed tokens[i] to seqs[i]; the logits of that token go to
    logits_out + i * vocab; res[i] is sequence i's result and the return value the first failure.
-   Today a loop over qsa_seq_feed: each sequence is fed on its own, so its logits cannot depend on
-   the batch.  This is the one place to put a batched forward (one GPU pass for the batch). */
+   Each sequence is checked and given its pages first, in order (a refusal is that request's alone,
+   with qsa_seq_feed's status and message); the others go through qsa_seq_feed_batch together (on
+   CUDA one forward pass; on the CPU a loop over qsa_seq_feed: the same pages in the same order and
+   the same bits as feeding them one by one).  The batch is compacted in place (b_seq/b_tok of the
+   caller) and its logits rows moved back to their slots. */
 QSA_PRIV qsa_result qsa__sched_decode_batch(qsa_sched *s, qsa_seq *const *seqs, const int32_t *tokens, int n, float *logits_out,
                                             qsa_result *res) {
     size_t V = (size_t)s->m->cfg.vocab_size;
     qsa_result first = QSA_OK;
     char msg[1024];
     msg[0] = 0;
+    qsa_seq **ok_seq = QSA__ALLOC(qsa_seq *, n > 0 ? n : 1);
+    int32_t *ok_tok = QSA__ALLOC(int32_t, n > 0 ? n : 1);
+    int *ok_at = QSA__ALLOC(int, n > 0 ? n : 1), nok = 0;
+    if (!ok_seq || !ok_tok || !ok_at) {
+        qsa__free(ok_seq); qsa__free(ok_tok); qsa__free(ok_at);
+        for (int i = 0; i < n; i++) res[i] = QSA_ERR_OUT_OF_MEMORY;
+        return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "scheduler: out of memory");
+    }
     for (int i = 0; i < n; i++) {
-        res[i] = qsa_seq_feed(seqs[i], &tokens[i], 1, logits_out + (size_t)i * V, 0);
-        if (res[i] != QSA_OK && first == QSA_OK) {
+        res[i] = qsa__seq_feed_check(seqs[i], &tokens[i], 1);
+        if (res[i] == QSA_OK) res[i] = qsa__seq_reserve(seqs[i], seqs[i]->pos + 1);
+        if (res[i] == QSA_OK) {
+            ok_seq[nok] = seqs[i];
+            ok_tok[nok] = tokens[i];
+            ok_at[nok++] = i;
+        } else if (first == QSA_OK) {
             first = res[i];
             snprintf(msg, sizeof msg, "%s", qsa_last_error());
         }
     }
+    int32_t *before = QSA__ALLOC(int32_t, nok > 0 ? nok : 1);
+    qsa_result r = before ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "scheduler: out of memory");
+    for (int k = 0; r == QSA_OK && k < nok; k++) before[k] = ok_seq[k]->pos;
+    if (r == QSA_OK) r = qsa_seq_feed_batch(ok_seq, ok_tok, nok, logits_out);
+    if (r != QSA_OK && first == QSA_OK) {
+        first = r;
+        snprintf(msg, sizeof msg, "%s", qsa_last_error());
+    }
+    /* rows k -> slots ok_at[k] >= k, moved from the last so that no row is overwritten before it moves */
+    for (int k = nok - 1; k >= 0; k--) {
+        int i = ok_at[k];
+        if (r != QSA_OK && (!before || ok_seq[k]->pos == before[k])) res[i] = r; /* not advanced */
+        if (i != k) memmove(logits_out + (size_t)i * V, logits_out + (size_t)k * V, V * sizeof(float));
+    }
+    qsa__free(before);
+    qsa__free(ok_seq); qsa__free(ok_tok); qsa__free(ok_at);
     if (first != QSA_OK) qsa__fail(first, "%s", msg); /* the first failure's message, not a later one's */
     return first;
 }

@@ -194,3 +194,251 @@ TEST(gpu, jit_disk_cache_cold_warm) {
     CHECK(system(cmd) == 0);
     unsetenv("QSA_CACHE_DIR");
 }
+
+/* ============================================================================================== */
+/* Batched decode and CUDA graphs (issue 6).  NOT YET RUN ON A GPU: written without a device; the   */
+/* gpu tests below skip here and are meant for the next device run (one call:                       */
+/*   ./tests/test_qsa --group gpu --filter batch -v).                                                */
+/* Requests have prompts of different lengths (3..99 tokens); each is prefilled alone, then decoded */
+/* greedily BD_STEPS steps.  "Alone" = qsa_seq_feed one token at a time; every batched run must     */
+/* give every request the same logits and tokens, bit for bit, whatever its batch and slot.         */
+/* ============================================================================================== */
+#define BD_MAXREQ 40
+#define BD_STEPS 6
+
+static int bd_prompt(int q, int V, int32_t *ids) {
+    int n = 3 + (q * 29) % 97;
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)((q * 131 + i * 37 + 11) % V);
+    return n;
+}
+
+static int32_t bd_argmax(const float *x, int V) {
+    int b = 0;
+    for (int i = 1; i < V; i++) if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Runs requests reqs[0..nreq) (ids of bd_prompt) in that slot order; batched: qsa_seq_feed_batch
+   steps (else qsa_seq_feed per request).  Writes lg[req][step][V] and tok[req][step] by request id.
+   shuffle: permute the pool's free list with this seed first (0: no), and hold pages with a filler
+   sequence between the prefills (allocation invariance). */
+static void bd_run(qsa_model *m, const int *reqs, int nreq, int batched, uint64_t shuffle, float *lg, int32_t *tok) {
+    int V = m->cfg.vocab_size;
+    qsa_seq *seqs[BD_MAXREQ] = {0}, *filler = NULL;
+    int32_t cur[BD_MAXREQ], ids[128];
+    float *row = (float *)malloc(sizeof(float) * (size_t)V * BD_MAXREQ);
+    if (!row) { CHECK(row != NULL); return; }
+    if (shuffle) {
+        qsa__pool_shuffle(&m->pool, shuffle);
+        CHECK_OK(qsa_seq_create(m, NULL, &filler));
+    }
+    for (int k = 0; k < nreq; k++) {
+        CHECK_OK(qsa_seq_create(m, NULL, &seqs[k]));
+        if (!seqs[k]) goto done;
+        int n = bd_prompt(reqs[k], V, ids);
+        CHECK_OK(qsa_seq_feed(seqs[k], ids, n, row, 0));
+        cur[k] = bd_argmax(row, V);
+        if (filler) CHECK_OK(qsa_seq_feed(filler, ids, 1 + k % 5, NULL, 0)); /* pages taken between requests */
+    }
+    for (int st = 0; st < BD_STEPS && !T_.failed; st++) {
+        if (batched) CHECK_OK(qsa_seq_feed_batch(seqs, cur, nreq, row));
+        else
+            for (int k = 0; k < nreq; k++) CHECK_OK(qsa_seq_feed(seqs[k], &cur[k], 1, row + (size_t)k * V, 0));
+        for (int k = 0; k < nreq; k++) {
+            memcpy(lg + ((size_t)reqs[k] * BD_STEPS + st) * V, row + (size_t)k * V, sizeof(float) * (size_t)V);
+            cur[k] = tok[reqs[k] * BD_STEPS + st] = bd_argmax(row + (size_t)k * V, V);
+        }
+    }
+done:
+    for (int k = 0; k < nreq; k++) qsa_seq_free(seqs[k]);
+    qsa_seq_free(filler);
+    free(row);
+}
+
+/* Do requests reqs[0..n) have the same bits in (lg, tok) as in the reference? */
+static int bd_same(const qsa_model *m, const int *reqs, int n, const float *ref, const int32_t *rtok, const float *lg,
+                   const int32_t *tok) {
+    size_t V = (size_t)m->cfg.vocab_size;
+    for (int k = 0; k < n; k++) {
+        size_t o = (size_t)reqs[k] * BD_STEPS;
+        if (memcmp(lg + o * V, ref + o * V, sizeof(float) * V * BD_STEPS) || memcmp(tok + o, rtok + o, sizeof(int32_t) * BD_STEPS))
+            return 0;
+    }
+    return 1;
+}
+
+/* The batches of the acceptance test: B requests containing `target`, target in slot `slot`. */
+static int bd_batch(int B, int target, int slot, int *reqs) {
+    for (int k = 0, q = 0; k < B; k++) {
+        if (k == slot) { reqs[k] = target; continue; }
+        if (q == target) q++;
+        reqs[k] = q++;
+    }
+    return B;
+}
+
+/* Shared body of the batch tests: ref = every request alone. */
+static void bd_reference(qsa_model *m, int nreq, float **ref, int32_t **rtok) {
+    size_t V = (size_t)m->cfg.vocab_size;
+    *ref = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
+    *rtok = (int32_t *)calloc((size_t)BD_MAXREQ * BD_STEPS, sizeof(int32_t));
+    if (!*ref || !*rtok) { CHECK(0); return; }
+    for (int q = 0; q < nreq; q++) bd_run(m, &q, 1, 0, 0, *ref, *rtok);
+}
+
+/* (a) Issue 6 acceptance: a request's per-step logits and tokens are bitwise identical alone and in
+   batches of 1, 2, 7, 8, 31, 32 with requests of other lengths, in the first, a middle and the last slot. */
+TEST(gpu, batch_invariance_decode) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.cuda_batch_decode = 1; /* the batched path is opt-in until verified */
+    qsa_model *m = NULL;
+    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    size_t V = (size_t)m->cfg.vocab_size;
+    float *ref = NULL, *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
+    int32_t *rtok = NULL, tok[BD_MAXREQ * BD_STEPS];
+    bd_reference(m, 33, &ref, &rtok);
+    static const int sizes[] = {1, 2, 7, 8, 31, 32};
+    int runs = 0, differ = 0;
+    for (int si = 0; si < 6 && lg && ref && !T_.failed; si++) {
+        int B = sizes[si], slots[3] = {0, B / 2, B - 1};
+        for (int sj = 0; sj < 3; sj++) {
+            if (sj && slots[sj] == slots[sj - 1]) continue;
+            int reqs[BD_MAXREQ], target = 5;
+            bd_batch(B, target, slots[sj], reqs);
+            bd_run(m, reqs, B, 1, 0, lg, tok);
+            runs++;
+            if (!bd_same(m, &target, 1, ref, rtok, lg, tok)) { differ++; printf("    B %d slot %d: request %d differs\n", B, slots[sj], target); }
+            CHECKF(bd_same(m, reqs, B, ref, rtok, lg, tok), "B %d slot %d: some request's bits depend on the batch", B, slots[sj]);
+        }
+    }
+    printf("    batched decode: %d batches, the target differed in %d\n", runs, differ);
+    free(ref); free(rtok); free(lg);
+    qsa_model_free(m);
+}
+
+/* (b) Batched decode == single-sequence qsa_seq_feed, bitwise, for every token of 32 requests. */
+TEST(gpu, batch_decode_equals_single_feed) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.cuda_batch_decode = 1; /* the batched path is opt-in until verified */
+    qsa_model *m = NULL;
+    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    size_t V = (size_t)m->cfg.vocab_size;
+    float *ref = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float)), *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
+    int32_t rtok[BD_MAXREQ * BD_STEPS], tok[BD_MAXREQ * BD_STEPS];
+    int reqs[32];
+    for (int k = 0; k < 32; k++) reqs[k] = 31 - k;
+    if (ref && lg) {
+        bd_run(m, reqs, 32, 0, 0, ref, rtok); /* the same requests, fed one by one */
+        bd_run(m, reqs, 32, 1, 0, lg, tok);
+        CHECKF(bd_same(m, reqs, 32, ref, rtok, lg, tok), "batched decode differs from qsa_seq_feed");
+    }
+    free(ref); free(lg);
+    qsa_model_free(m);
+}
+
+/* (c) CUDA-graph decode gives the bits of eager decode (graphs captured at B's first step, then
+   replayed while positions, pages, selections and slots change; more than max_batch requests run
+   in groups). */
+TEST(gpu, batch_cuda_graphs_equal_eager) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.cuda_batch_decode = 1; /* the batched path is opt-in until verified */
+    qsa_model *m = NULL, *mg = NULL;
+    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    memset(&mp, 0, sizeof mp);
+    mp.cuda_batch_decode = 1; /* the batched path is opt-in until verified */
+    mp.cuda_graphs = 1;
+    mp.max_batch = 16;
+    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &mg);
+    size_t V = (size_t)m->cfg.vocab_size;
+    float *ref = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float)), *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
+    int32_t rtok[BD_MAXREQ * BD_STEPS], tok[BD_MAXREQ * BD_STEPS];
+    static const int sizes[] = {1, 7, 16, 7, 33};
+    for (int si = 0; si < 5 && ref && lg && !T_.failed; si++) {
+        int B = sizes[si], reqs[BD_MAXREQ];
+        for (int k = 0; k < B; k++) reqs[k] = (k * 7 + si) % 37;
+        for (int k = 1; k < B; k++) /* distinct request ids */
+            for (int j = 0; j < k; j++) if (reqs[j] == reqs[k]) { reqs[k] = (reqs[k] + 1) % 37; j = -1; }
+        bd_run(m, reqs, B, 1, 0, ref, rtok);
+        bd_run(mg, reqs, B, 1, 0, lg, tok);
+        CHECKF(bd_same(m, reqs, B, ref, rtok, lg, tok), "B %d: graph replay differs from eager batched decode", B);
+    }
+    free(ref); free(lg);
+    qsa_model_free(m);
+    qsa_model_free(mg);
+}
+
+/* (d) Allocation and page-size invariance still hold with batching: shuffled free lists with pages
+   taken between the requests, and page sizes 16 and 400, against each request alone. */
+TEST(gpu, batch_allocation_invariance) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.cuda_batch_decode = 1; /* the batched path is opt-in until verified */
+    qsa_model *m = NULL;
+    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    size_t V = (size_t)m->cfg.vocab_size;
+    float *ref = NULL, *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
+    int32_t *rtok = NULL, tok[BD_MAXREQ * BD_STEPS];
+    bd_reference(m, 8, &ref, &rtok);
+    int reqs[8] = {3, 0, 7, 1, 6, 2, 5, 4};
+    for (int seed = 1; seed <= 4 && lg && ref; seed++) {
+        bd_run(m, reqs, 8, 1, (uint64_t)seed, lg, tok);
+        CHECKF(bd_same(m, reqs, 8, ref, rtok, lg, tok), "shuffle seed %d: batched decode depends on the pages", seed);
+    }
+    static const int pages[] = {16, 400};
+    for (int pi = 0; pi < 2 && lg && ref; pi++) {
+        qsa_model *mp2 = NULL;
+        memset(&mp, 0, sizeof mp);
+        mp.cuda_batch_decode = 1; /* the batched path is opt-in until verified */
+        mp.kv_page_size = pages[pi];
+        if (!gpu_model("qsa_hc4_ple_sharded", &mp, &mp2)) break;
+        bd_run(mp2, reqs, 8, 1, 7, lg, tok);
+        CHECKF(bd_same(m, reqs, 8, ref, rtok, lg, tok), "page size %d: batched decode differs", pages[pi]);
+        qsa_model_free(mp2);
+    }
+    free(ref); free(rtok); free(lg);
+    qsa_model_free(m);
+}
+
+/* The CPU backend: qsa_seq_feed_batch is a loop over qsa_seq_feed (same bits), and a batch with one
+   sequence that cannot take its token is refused as a whole, leaving every sequence unchanged. */
+TEST(cpu, seq_feed_batch_equals_feed_and_refuses_whole) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures"), "qsa_hc4_ple_sharded");
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.backend = QSA_BACKEND_CPU;
+    qsa_model *m = NULL;
+    CHECK_OK(qsa_model_load(dir, &mp, &m));
+    if (!m) return;
+    size_t V = (size_t)m->cfg.vocab_size;
+    float *ref = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float)), *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
+    int32_t rtok[BD_MAXREQ * BD_STEPS], tok[BD_MAXREQ * BD_STEPS];
+    int reqs[3] = {2, 0, 1};
+    if (ref && lg) {
+        bd_run(m, reqs, 3, 0, 0, ref, rtok);
+        bd_run(m, reqs, 3, 1, 0, lg, tok);
+        CHECK(bd_same(m, reqs, 3, ref, rtok, lg, tok));
+    }
+    /* refusal: the second sequence is full */
+    qsa_seq_params sp = {4};
+    qsa_seq *a = NULL, *b = NULL;
+    CHECK_OK(qsa_seq_create(m, NULL, &a));
+    CHECK_OK(qsa_seq_create(m, &sp, &b));
+    int32_t ids[4] = {1, 2, 3, 4};
+    if (a && b) {
+        CHECK_OK(qsa_seq_feed(b, ids, 4, NULL, 0));
+        qsa_seq *both[2] = {a, b};
+        int free0 = m->pool.n_free;
+        CHECK_ERR(qsa_seq_feed_batch(both, ids, 2, lg), QSA_ERR_CONTEXT_FULL, "context");
+        CHECK(qsa_seq_pos(a) == 0 && qsa_seq_pos(b) == 4 && m->pool.n_free == free0);
+        both[1] = a;
+        CHECK_ERR(qsa_seq_feed_batch(both, ids, 2, lg), QSA_ERR_INVALID_ARGUMENT, "same");
+    }
+    qsa_seq_free(a);
+    qsa_seq_free(b);
+    free(ref); free(lg);
+    qsa_model_free(m);
+}
