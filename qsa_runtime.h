@@ -6751,22 +6751,58 @@ QSA_PRIV void qsa__block_key(const qsa_model *m, const qsa__attn_w *a, const flo
 
 /* Top-k blocks by score: higher score first, then lower block index (the reference leaves ties
    open; this is our definition).  Returns the selection sorted by ascending block index. */
+/* Block a ranks below block b: lower score, or the same score and a higher index. */
+QSA_PRIV int qsa__block_worse(const float *scores, int32_t a, int32_t b) {
+    return scores[a] < scores[b] || (scores[a] == scores[b] && a > b);
+}
+
+/* Sift down in a heap of n blocks whose root is the worst (a min-heap in ranking order). */
+QSA_PRIV void qsa__block_heap_down(const float *scores, int32_t *h, int i, int n) {
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && qsa__block_worse(scores, h[c + 1], h[c])) c++;
+        if (!qsa__block_worse(scores, h[c], h[i])) return;
+        int32_t t = h[i]; h[i] = h[c]; h[c] = t;
+        i = c;
+    }
+}
+
+/* Sift down in a max-heap of block indices (for the final ascending sort). */
+QSA_PRIV void qsa__index_heap_down(int32_t *h, int i, int n) {
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && h[c + 1] > h[c]) c++;
+        if (h[c] <= h[i]) return;
+        int32_t t = h[i]; h[i] = h[c]; h[c] = t;
+        i = c;
+    }
+}
+
 QSA_PRIV int qsa__select_blocks(const float *scores, int nb, int k, int32_t *sel) {
     if (k > nb) k = nb;
+    if (k <= 0) return 0;
+    /* the k best blocks in a heap whose root is the worst of them: O(nb log k) */
     int n = 0;
-    for (int b = 0; b < nb; b++) {
-        /* insertion into a list kept in (score desc, index asc) order, at most k long */
-        if (n == k && !(scores[b] > scores[sel[n - 1]])) continue;
-        int i = n < k ? n++ : k - 1;
-        while (i > 0 && scores[b] > scores[sel[i - 1]]) { sel[i] = sel[i - 1]; i--; }
-        sel[i] = b;
+    for (int32_t b = 0; b < nb; b++) {
+        if (n < k) {
+            int i = n++;
+            sel[i] = b;
+            while (i > 0 && qsa__block_worse(scores, sel[i], sel[(i - 1) / 2])) {
+                int32_t t = sel[i]; sel[i] = sel[(i - 1) / 2]; sel[(i - 1) / 2] = t;
+                i = (i - 1) / 2;
+            }
+        } else if (qsa__block_worse(scores, sel[0], b)) {
+            sel[0] = b;
+            qsa__block_heap_down(scores, sel, 0, n);
+        }
     }
-    /* ascending block order */
-    for (int i = 1; i < n; i++) {
-        int32_t x = sel[i];
-        int j = i;
-        while (j > 0 && sel[j - 1] > x) { sel[j] = sel[j - 1]; j--; }
-        sel[j] = x;
+    /* ascending block order (heap sort) */
+    for (int i = n / 2 - 1; i >= 0; i--) qsa__index_heap_down(sel, i, n);
+    for (int e = n - 1; e > 0; e--) {
+        int32_t t = sel[0]; sel[0] = sel[e]; sel[e] = t;
+        qsa__index_heap_down(sel, 0, e);
     }
     return n;
 }

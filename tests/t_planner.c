@@ -297,3 +297,43 @@ TEST(cpu, capture_replay_reproduces_and_detects) {
     qsa_seq_free(s);
     qsa_model_free(m);
 }
+
+/* Top-k block selection: the k best by (score desc, index asc), returned in ascending index order;
+   checked against a brute-force ranking with many ties, and at 65,536 blocks. */
+static int topk_ref_better(const float *s, int a, int b) { return s[a] > s[b] || (s[a] == s[b] && a < b); }
+
+TEST(cpu, select_blocks_matches_brute_force) {
+    static float scores[65536];
+    static int32_t sel[1024];
+    static unsigned char chosen[65536];
+    uint64_t seed = 11;
+    static const int nbs[] = {0, 1, 3, 4, 5, 17, 100, 1000, 65536};
+    static const int ks[] = {1, 4, 5, 64, 512};
+    for (int ni = 0; ni < 9; ni++)
+        for (int ki = 0; ki < 5; ki++)
+            for (int mode = 0; mode < 3; mode++) {
+                int nb = nbs[ni], k = ks[ki];
+                for (int b = 0; b < nb; b++) {
+                    uint64_t r = lcg(&seed);
+                    /* mode 0: continuous; 1: few distinct values (ties); 2: increasing (worst case for insertion) */
+                    scores[b] = mode == 0 ? (float)(r % 100000) / 1000.0f : mode == 1 ? (float)(r % 5) : (float)b * 0.5f;
+                    if (mode == 1 && r % 7 == 0) scores[b] = -0.0f;
+                }
+                int n = qsa__select_blocks(scores, nb, k, sel);
+                int want = k < nb ? k : nb;
+                CHECKF(n == want, "nb %d k %d: %d selected", nb, k, n);
+                memset(chosen, 0, (size_t)nb);
+                for (int i = 0; i < n; i++) {
+                    if (i) CHECK(sel[i] > sel[i - 1]);
+                    chosen[sel[i]] = 1;
+                }
+                /* every chosen block beats every unchosen one */
+                int worst = -1, best_out = -1;
+                for (int b = 0; b < nb; b++) {
+                    if (chosen[b] && (worst < 0 || topk_ref_better(scores, worst, b))) worst = b;
+                    if (!chosen[b] && (best_out < 0 || topk_ref_better(scores, b, best_out))) best_out = b;
+                }
+                if (worst >= 0 && best_out >= 0)
+                    CHECKF(topk_ref_better(scores, worst, best_out), "nb %d k %d mode %d: a better block was left out", nb, k, mode);
+            }
+}
