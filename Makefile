@@ -2,6 +2,7 @@
 #
 #   make                  kernels.cu.inc, tests/test_qsa, tools, examples/chat, models/tiny
 #   make test             build and run the test binary (GPU groups skip themselves without a GPU)
+#   make bench            build tools/bench and print how to run it (docs/PERFORMANCE.md; needs a GPU)
 #   make test-asan        the cpu group under AddressSanitizer + UBSan
 #   make compile-check    the header as C99/C11 (gcc, clang) and C++17 (g++, clang++), -pedantic;
 #                         QSA_STATIC in two TUs; QSA_NO_CUDA; with poisoned CUDA headers
@@ -27,12 +28,12 @@ NVRTC_ARCH ?=
 # Everything that includes the header depends on all of it.
 HDRS := qsa_runtime.h kernels.cu.inc
 TEST_SRCS := $(wildcard tests/*.c)
-TOOLS := $(patsubst %.c,%,$(wildcard tools/tokenize.c tools/logits.c tools/replay.c tools/make_tiny_model.c))
+TOOLS := $(patsubst %.c,%,$(wildcard tools/tokenize.c tools/logits.c tools/replay.c tools/make_tiny_model.c tools/bench.c))
 EXAMPLES := $(patsubst %.c,%,$(wildcard examples/chat.c examples/batch.c))
 TINY := $(if $(wildcard tools/make_tiny_model.c),models/tiny/config.json)
 FUZZERS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_json.c tests/fuzz/fuzz_safetensors.c tests/fuzz/fuzz_tokenizer.c))
 
-.PHONY: all test test-asan compile-check check-kernels nvrtc-check fuzz clean
+.PHONY: all test test-asan compile-check check-kernels nvrtc-check fuzz clean bench
 .DELETE_ON_ERROR:
 
 all: kernels.cu.inc tests/test_qsa $(TOOLS) $(EXAMPLES) $(TINY)
@@ -72,6 +73,12 @@ $(TOOLS): tools/%: tools/%.c $(HDRS)
 
 $(EXAMPLES): examples/%: examples/%.c $(HDRS)
 	$(CC) $(STD) $(WARN) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LDLIBS)
+
+bench: tools/bench
+	@echo "tools/bench built.  On a GPU machine (one call, < 10 minutes on an H200; docs/PERFORMANCE.md):"
+	@echo "  tools/bench --quick                        # smoke run on a small model with the same layer pattern"
+	@echo "  tools/bench --out build/bench.json         # the real Qwen3.8-Flash-Next shape, synthetic weights"
+	@echo "  tools/bench --help                         # options (--batches, --no-long, --graphs, --config FILE, ...)"
 
 models/tiny/config.json: tools/make_tiny_model
 	mkdir -p models/tiny
