@@ -173,29 +173,25 @@ def emit(out, ud, src, cls, ccc, dec):
     w(RUNTIME)
 
 
-RUNTIME = r"""/* class flags of a code point (binary search over the range table) */
-QSA_PRIV unsigned qsa__uni_class(uint32_t c) {
-    size_t lo = 0, hi = QSA__UNI_CLS_N;
+RUNTIME = r"""/* value (top 8 bits of the first word) of the range {lo | value << 24, hi} holding c, or 0:
+   binary search over a sorted range table */
+QSA_PRIV unsigned qsa__uni_range_value(const uint32_t (*t)[2], size_t n, uint32_t c) {
+    size_t lo = 0, hi = n;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if ((qsa__uni_cls[mid][0] & 0xffffffu) > c) hi = mid;
-        else if (qsa__uni_cls[mid][1] < c) lo = mid + 1;
-        else return qsa__uni_cls[mid][0] >> 24;
+        if ((t[mid][0] & 0xffffffu) > c) hi = mid;
+        else if (t[mid][1] < c) lo = mid + 1;
+        else return t[mid][0] >> 24;
     }
     return 0;
 }
 
+/* class flags of a code point */
+QSA_PRIV unsigned qsa__uni_class(uint32_t c) { return qsa__uni_range_value(qsa__uni_cls, QSA__UNI_CLS_N, c); }
+
 /* canonical combining class (Unicode 9.0 data, like the tokenizers library's NFC) */
 QSA_PRIV unsigned qsa__uni_ccc_of(uint32_t c) {
-    if (c < 0x300) return 0;
-    size_t lo = 0, hi = QSA__UNI_CCC_N;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if ((qsa__uni_ccc[mid][0] & 0xffffffu) > c) hi = mid;
-        else if (qsa__uni_ccc[mid][1] < c) lo = mid + 1;
-        else return qsa__uni_ccc[mid][0] >> 24;
-    }
-    return 0;
+    return c < 0x300 ? 0 : qsa__uni_range_value(qsa__uni_ccc, QSA__UNI_CCC_N, c);
 }
 
 /* index of c in qsa__uni_dec or -1 */
