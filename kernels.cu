@@ -150,7 +150,7 @@ static __device__ void qsa_block_argmax(float *v, int *i, float *sv, int *si) {
 /* X[t][s*H + j] = table[ids[t]][j] for every stream s < hc        (table fp16 [V][H], X fp32)
  * The hyper-connection streams start as hc copies of the embedding.  An id outside [0, V) gives a
  * zero row (the host validates ids; this only keeps a bad id from reading out of bounds).
- * Launch: grid (M), block any multiple of 32 (256). */
+ * Launch: grid (M, Y) with any Y (ceil(H / 256) for small M), block any multiple of 32 (256). */
 extern "C" __global__ void qsa_k_embed(const qsa_f16 *__restrict__ table, const int *__restrict__ ids,
                                        float *__restrict__ X, int H, int hc, int V) {
     qsa_i64 t = blockIdx.x;
@@ -158,7 +158,7 @@ extern "C" __global__ void qsa_k_embed(const qsa_f16 *__restrict__ table, const 
     int ok = id >= 0 && id < V;
     const qsa_f16 *row = table + (qsa_i64)(ok ? id : 0) * H;
     float *x = X + t * hc * H;
-    for (int j = threadIdx.x; j < H; j += blockDim.x) {
+    for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < H; j += gridDim.y * blockDim.x) {
         float v = ok ? qsa_f16_to_f32(row[j]) : 0.0f;
         for (int s = 0; s < hc; s++) x[s * H + j] = v;
     }
@@ -193,12 +193,13 @@ extern "C" __global__ void qsa_k_rmsnorm(const float *x, const float *__restrict
 
 /* GatedResidual input mix:  inp[t][j] = (sum over s ascending of sigmoid(mw[t][s*H+j]) * xn[t][s*H+j]) / hc
  * (the CPU's loop: acc += sigmoid * xn without fused multiply-add, then / hc).  inp (fp32) and/or
- * inp16 (fp16) may be NULL.  Launch: grid (M), block any multiple of 32 (256). */
+ * inp16 (fp16) may be NULL.  Launch: grid (M, Y) with any Y (ceil(H / 256) for small M), block any
+ * multiple of 32 (256). */
 extern "C" __global__ void qsa_k_gres_mix(const float *__restrict__ mw, const float *__restrict__ xn,
                                           float *__restrict__ inp, qsa_f16 *__restrict__ inp16, int H, int hc) {
     qsa_i64 t = blockIdx.x;
     const float *m = mw + t * hc * H, *x = xn + t * hc * H;
-    for (int j = threadIdx.x; j < H; j += blockDim.x) {
+    for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < H; j += gridDim.y * blockDim.x) {
         float acc = 0.0f;
         for (int s = 0; s < hc; s++) acc = __fadd_rn(acc, __fmul_rn(qsa_sigmoid(m[s * H + j]), x[s * H + j]));
         float v = acc / (float)hc;
@@ -227,13 +228,14 @@ extern "C" __global__ void qsa_k_inj_weights(float *inj, int n, int hc) {
 }
 
 /* X[t][s*H + j] += inj[t][s] * out[t][j]     (the CPU's expression, no fused multiply-add:
- * bitwise equal to qsa__inject).  Launch: grid (M), block any multiple of 32 (256). */
+ * bitwise equal to qsa__inject).  Launch: grid (M, Y) with any Y (ceil(H / 256) for small M), block any
+ * multiple of 32 (256). */
 extern "C" __global__ void qsa_k_inject(float *__restrict__ X, const float *__restrict__ inj,
                                         const float *__restrict__ out, int H, int hc) {
     qsa_i64 t = blockIdx.x;
     float *x = X + t * hc * H;
     const float *o = out + t * H;
-    for (int j = threadIdx.x; j < H; j += blockDim.x) {
+    for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < H; j += gridDim.y * blockDim.x) {
         float v = o[j];
         for (int s = 0; s < hc; s++) x[s * H + j] = __fadd_rn(x[s * H + j], __fmul_rn(inj[t * hc + s], v));
     }
@@ -474,10 +476,15 @@ static __device__ __forceinline__ uint4 qsa_dq8(qsa_u32 word, float scale) {
  * the whole block (8 warps).  arow[16] (shared) are the A rows (NULL: padding), each K long, 16-byte
  * aligned when avec.  Weight rows n0 .. n0+15 of each ws[b] (rows >= N are zero).  On return
  * thread tid holds T[b] of element (tid / 16, tid % 16) in the canonical order.  `smem` is
- * QSA_GEMM_SMEM bytes, 32-byte aligned.  Contains __syncthreads: every thread must call it. */
+ * QSA_GEMM_SMEM bytes, 32-byte aligned.  Contains __syncthreads: every thread must call it.
+ * Partial form (part != NULL, the cross-block GEMV): only segments [s0, s1) are computed, 8 at a
+ * time (s1 - s0 <= 8 keeps it one round), and instead of being added into T, the P_s tile of
+ * segment s goes to part[(s * NB + b) * prow * 16 + e] for the first prow rows (e = tid < prow*16);
+ * T is left untouched. */
 template <int NB, bool NV>
 static __device__ void qsa_tile16_splitk(const qsa_f16 *const *arow, int avec, const qsa_wsrc *ws, int n0, int N,
-                                         int K, unsigned char *smem, float *T) {
+                                         int K, unsigned char *smem, float *T, int s0 = 0, int s1 = 0x7fffffff,
+                                         float *part = 0, int prow = 16) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     /* per warp: A [16][QSA_ST] then NB x W [16][QSA_ST] halves */
     qsa_f16 *sa = (qsa_f16 *)(smem + warp * (1 + NB) * 16 * QSA_ST * 2);
@@ -488,17 +495,23 @@ static __device__ void qsa_tile16_splitk(const qsa_f16 *const *arow, int avec, c
     const int r0 = lane >> 2, r1 = r0 + 8, kp = (lane & 3) * 8;
     /* NVFP4: this lane's weight row and half of each sub-step */
     const int nr = lane >> 1, nh = lane & 1;
+    if (!part) {
 #pragma unroll
-    for (int b = 0; b < NB; b++) T[b] = 0.0f;
-    for (int round = 0; round < nseg; round += 8) {
+        for (int b = 0; b < NB; b++) T[b] = 0.0f;
+    }
+    const int send = s1 < nseg ? s1 : nseg;
+    for (int round = s0; round < send; round += 8) {
         const int seg = round + warp;
         qsa_frag_c P[NB];
 #pragma unroll
         for (int b = 0; b < NB; b++) qsa_frag_zero(P[b]);
-        if (seg < nseg) {
+        if (seg < send) {
             const int kbeg = seg * QSA_SEG, kend = min(K, kbeg + QSA_SEG);
             const qsa_f16 *a0 = arow[r0], *a1 = arow[r1];
-            uint4 ra0, ra1, rw0[NB], rw1[NB];
+            /* dense single matrix: the whole segment's weights are loaded when it starts (8 KB per
+               warp in flight, what a bandwidth-bound GEMV needs); otherwise one sub-step ahead */
+            enum { PF = (!NV && NB == 1) ? QSA_SEG / 32 : 1 };
+            uint4 ra0, ra1, rw0[PF][NB], rw1[PF][NB];
             uint2 q8[NV ? NB : 1][QSA_SEG / 32];
             qsa_u32 sc[NV ? NB : 1][2];
             ra0 = qsa_ld8_f16(a0, kbeg + kp, kend, avec);
@@ -508,8 +521,11 @@ static __device__ void qsa_tile16_splitk(const qsa_f16 *const *arow, int avec, c
                 if (NV) {
                     qsa_ld_nvfp4_seg(ws[b], n0 + nr, N, kbeg, kend, K, nh, q8[NV ? b : 0], sc[NV ? b : 0]);
                 } else {
-                    rw0[b] = qsa_ld8_w(ws[b], n0 + r0, N, kbeg + kp, kend, K);
-                    rw1[b] = qsa_ld8_w(ws[b], n0 + r1, N, kbeg + kp, kend, K);
+#pragma unroll
+                    for (int j = 0; j < PF; j++) {
+                        rw0[j][b] = qsa_ld8_w(ws[b], n0 + r0, N, kbeg + 32 * j + kp, kend, K);
+                        rw1[j][b] = qsa_ld8_w(ws[b], n0 + r1, N, kbeg + 32 * j + kp, kend, K);
+                    }
                 }
             }
 #pragma unroll
@@ -531,8 +547,8 @@ static __device__ void qsa_tile16_splitk(const qsa_f16 *const *arow, int avec, c
                 } else {
 #pragma unroll
                     for (int b = 0; b < NB; b++) {
-                        *(uint4 *)(sw + b * 16 * QSA_ST + r0 * QSA_ST + kp) = rw0[b];
-                        *(uint4 *)(sw + b * 16 * QSA_ST + r1 * QSA_ST + kp) = rw1[b];
+                        *(uint4 *)(sw + b * 16 * QSA_ST + r0 * QSA_ST + kp) = rw0[PF > 1 ? j : 0][b];
+                        *(uint4 *)(sw + b * 16 * QSA_ST + r1 * QSA_ST + kp) = rw1[PF > 1 ? j : 0][b];
                     }
                 }
                 __syncwarp();
@@ -540,11 +556,11 @@ static __device__ void qsa_tile16_splitk(const qsa_f16 *const *arow, int avec, c
                 if (kn < kend) { /* prefetch the next sub-step while the tensor cores work */
                     ra0 = qsa_ld8_f16(a0, kn + kp, kend, avec);
                     ra1 = qsa_ld8_f16(a1, kn + kp, kend, avec);
-                    if (!NV) {
+                    if (!NV && PF == 1) {
 #pragma unroll
                         for (int b = 0; b < NB; b++) {
-                            rw0[b] = qsa_ld8_w(ws[b], n0 + r0, N, kn + kp, kend, K);
-                            rw1[b] = qsa_ld8_w(ws[b], n0 + r1, N, kn + kp, kend, K);
+                            rw0[0][b] = qsa_ld8_w(ws[b], n0 + r0, N, kn + kp, kend, K);
+                            rw1[0][b] = qsa_ld8_w(ws[b], n0 + r1, N, kn + kp, kend, K);
                         }
                     }
                 }
@@ -569,9 +585,18 @@ static __device__ void qsa_tile16_splitk(const qsa_f16 *const *arow, int avec, c
 #pragma unroll
         for (int b = 0; b < NB; b++) qsa_wmma_store(slots + (warp * NB + b) * 256, P[b], 16);
         __syncthreads();
-        for (int w = 0; w < 8 && round + w < nseg; w++) {
+        if (part) {
+            if (tid < prow * 16)
+                for (int w = 0; w < 8 && round + w < send; w++) {
 #pragma unroll
-            for (int b = 0; b < NB; b++) T[b] = T[b] + slots[(w * NB + b) * 256 + tid];
+                    for (int b = 0; b < NB; b++)
+                        part[((qsa_i64)(round + w) * NB + b) * prow * 16 + tid] = slots[(w * NB + b) * 256 + tid];
+                }
+        } else {
+            for (int w = 0; w < 8 && round + w < send; w++) {
+#pragma unroll
+                for (int b = 0; b < NB; b++) T[b] = T[b] + slots[(w * NB + b) * 256 + tid];
+            }
         }
         __syncthreads(); /* before the next round overwrites the slots */
     }
@@ -702,6 +727,74 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16
                                                                    int M, int N, int K, int accumulate) {
     qsa_wsrc ws = qsa_wsrc_nvfp4(q, s, s2, K);
     qsa_gemm(A, ws, 0, Y, M, N, K, accumulate);
+}
+
+/* The split-K tiling spread over more blocks, for small M (decode) when a GEMM has few 16 x 16 tiles
+ * or a K that leaves warps idle: block (x, y) computes tile x's segments [y*spb, (y+1)*spb)
+ * (spb <= 8, one per warp) and stores their P_s tiles (only the rows < M) in part; the last block
+ * of the tile to finish (an integer ticket in count[x], taken after a __threadfence) adds all of
+ * them in ascending s, T = ((0 + P_0) + P_1) + ..., exactly the canonical order, writes Y and
+ * resets count[x] to 0 for the next launch (or graph replay).  Same bits as qsa_k_gemm_* for every
+ * M, N, K.  part: [tiles][nseg][prow][16] fp32 with prow = min(M, 16); count: [tiles] unsigned,
+ * zero before the first launch.  Launch: grid (ceil(M/16) * ceil(N/16), ceil(nseg / spb)),
+ * block 256, M <= QSA_SPLITK_MAX_M. */
+static __device__ void qsa_gemv_xblock(const qsa_f16 *A, const qsa_wsrc &ws, const float *bias, float *Y, int M, int N,
+                                       int K, int accumulate, float *part, unsigned *count, int spb) {
+    __shared__ __align__(128) unsigned char smem[QSA_GEMM_SMEM];
+    __shared__ const qsa_f16 *arow[16];
+    __shared__ int last;
+    if (blockDim.x != QSA_GEMM_THREADS || M > QSA_SPLITK_MAX_M) __trap();
+    const int mt = (M + 15) / 16, tile = blockIdx.x, m0 = (tile % mt) * 16, n0 = (tile / mt) * 16;
+    const int nseg = (K + QSA_SEG - 1) / QSA_SEG, prow = M < 16 ? M : 16, tid = threadIdx.x;
+    if (K <= 0 || (!ws.w16 && (K & 15)) || spb < 1 || spb > 8) { /* as qsa_gemm: poison, never guess */
+        if (blockIdx.y == 0 && m0 + (tid >> 4) < M && n0 + (tid & 15) < N) Y[(qsa_i64)(m0 + (tid >> 4)) * N + n0 + (tid & 15)] = QSA_QNAN;
+        return;
+    }
+    const int avec = (((qsa_u64)A) & 15u) == 0 && !(K & 7);
+    if (tid < 16) arow[tid] = m0 + tid < M ? A + (qsa_i64)(m0 + tid) * K : 0;
+    __syncthreads();
+    float *pt = part + (qsa_i64)tile * nseg * prow * 16;
+    const int s0 = blockIdx.y * spb;
+    float T[1];
+    if (ws.w16) qsa_tile16_splitk<1, false>(arow, avec, &ws, n0, N, K, smem, T, s0, s0 + spb, pt, prow);
+    else qsa_tile16_splitk<1, true>(arow, avec, &ws, n0, N, K, smem, T, s0, s0 + spb, pt, prow);
+    __threadfence(); /* this block's partials are visible device-wide before its ticket */
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&count[tile], 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int m = m0 + (tid >> 4), n = n0 + (tid & 15);
+    if (tid < prow * 16 && m < M) {
+        float t = 0.0f;
+        for (int sg = 0; sg < nseg; sg++) t = t + __ldcg(pt + (qsa_i64)sg * prow * 16 + tid);
+        if (n < N) {
+            float y = t;
+            if (bias) y = y + bias[n];
+            float *py = Y + (qsa_i64)m * N + n;
+            *py = accumulate ? *py + y : y;
+        }
+    }
+    if (tid == 0) count[tile] = 0u;
+}
+
+extern "C" __global__ void __launch_bounds__(256) qsa_k_gemv_f16(const qsa_f16 *__restrict__ A,
+                                                                 const qsa_f16 *__restrict__ W,
+                                                                 const float *__restrict__ bias, float *Y, int M,
+                                                                 int N, int K, int accumulate, float *part,
+                                                                 unsigned *count, int spb) {
+    qsa_wsrc ws = qsa_wsrc_f16(W);
+    qsa_gemv_xblock(A, ws, bias, Y, M, N, K, accumulate, part, count, spb);
+}
+
+/* The same with NVFP4 weights (see qsa_k_gemm_nvfp4).  Launch: as qsa_k_gemv_f16. */
+extern "C" __global__ void __launch_bounds__(256) qsa_k_gemv_nvfp4(const qsa_f16 *__restrict__ A,
+                                                                   const qsa_u8 *__restrict__ q,
+                                                                   const qsa_u8 *__restrict__ s, float s2, float *Y,
+                                                                   int M, int N, int K, int accumulate, float *part,
+                                                                   unsigned *count, int spb) {
+    qsa_wsrc ws = qsa_wsrc_nvfp4(q, s, s2, K);
+    qsa_gemv_xblock(A, ws, 0, Y, M, N, K, accumulate, part, count, spb);
 }
 
 /* ============================================================================================== */
@@ -926,11 +1019,11 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down(
 
 /* out[t][j] = sum over slots k ascending (= ascending expert id) of topk_w[t][k] * y[t*K+k][j],
  * from 0, without fused multiply-add: the CPU's `out[j] += y[j] * topw[k]`.
- * Launch: grid (M), block any multiple of 32 (256). */
+ * Launch: grid (M, Y) with any Y (ceil(H / 256) for small M), block any multiple of 32 (256). */
 extern "C" __global__ void qsa_k_moe_combine(const float *__restrict__ y, const float *__restrict__ topk_w,
                                              float *__restrict__ out, int H, int K) {
     qsa_i64 t = blockIdx.x;
-    for (int j = threadIdx.x; j < H; j += blockDim.x) {
+    for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < H; j += gridDim.y * blockDim.x) {
         float acc = 0.0f;
         for (int k = 0; k < K; k++) acc = __fadd_rn(acc, __fmul_rn(y[(t * K + k) * H + j], topk_w[t * K + k]));
         out[t * H + j] = acc;
@@ -946,12 +1039,13 @@ extern "C" __global__ void qsa_k_act_mul(const float *__restrict__ a, const floa
 }
 
 /* out[t][j] += sigmoid(gate_logit[t]) * sh[t][j]   (shared expert; gate_logit [M], the N = 1 GEMM
- * output; the CPU's expression without fused multiply-add).  Launch: grid (M), block 256. */
+ * output; the CPU's expression without fused multiply-add).  Launch: grid (M, Y) with any Y
+ * (ceil(H / 256) for small M), block 256. */
 extern "C" __global__ void qsa_k_shared_combine(float *__restrict__ out, const float *__restrict__ sh,
                                                 const float *__restrict__ gate_logit, int H) {
     qsa_i64 t = blockIdx.x;
     float g = qsa_sigmoid(gate_logit[t]);
-    for (int j = threadIdx.x; j < H; j += blockDim.x) out[t * H + j] = __fadd_rn(out[t * H + j], __fmul_rn(g, sh[t * H + j]));
+    for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < H; j += gridDim.y * blockDim.x) out[t * H + j] = __fadd_rn(out[t * H + j], __fmul_rn(g, sh[t * H + j]));
 }
 
 /* ============================================================================================== */
@@ -1104,7 +1198,11 @@ static __device__ void k2_rope_store(const float *xs, float *y, int n, int rd, c
  *          (x / sqrt(sum x^2 + 1e-6)), q also times dk^-0.5;   v [M][conv_dim - 2*key_dim] out: act(conv)
  *   act    0 silu, 1 sigmoid
  * conv: acc = sum_{j<Kc} w[ch][j] * x[t+j] over the concatenation [state; qkv] (j ascending, fmaf).
- * Launch: grid (M), block 256 (any multiple of 32). */
+ * The work of a token is cut into units: the 2*nk q and k heads (conv, then the head's L2 norm by
+ * one warp), then the v channels in pieces of 256; block y does units y, y + gridDim.y, ...  A
+ * channel's conv and a head's norm are computed the same way whatever the grid, so any Y gives the
+ * same bits; Y = 2*nk + ceil(value_dim / 256) (one unit per block) is the fastest for decode.
+ * Launch: grid (M, Y), block 256 (any multiple of 32). */
 static __device__ __forceinline__ void qsa_gdn_conv_body(const float *__restrict__ qkv,
                                                                  const float *__restrict__ state,
                                                                  const float *__restrict__ w, float *q, float *k,
@@ -1112,23 +1210,30 @@ static __device__ __forceinline__ void qsa_gdn_conv_body(const float *__restrict
                                                                  int act, int nk, int dk) {
     int t = blockIdx.x;
     if (t >= M) return;
-    int value_dim = conv_dim - 2 * key_dim;
-    for (int ch = threadIdx.x; ch < conv_dim; ch += blockDim.x) {
-        float acc = 0.0f;
-        for (int j = 0; j < Kc; j++) {
-            int src = t + j - (Kc - 1); /* < 0: carried state row Kc-1+src */
-            float x = src < 0 ? state[(long long)(Kc - 1 + src) * conv_dim + ch] : qkv[(long long)src * conv_dim + ch];
-            acc = fmaf(w[(long long)ch * Kc + j], x, acc);
+    int value_dim = conv_dim - 2 * key_dim, nhu = 2 * nk, units = nhu + (value_dim + 255) / 256;
+    for (int u = blockIdx.y; u < units; u += gridDim.y) {
+        int c0 = u < nhu ? u * dk : 2 * key_dim + (u - nhu) * 256;
+        int c1 = u < nhu ? c0 + dk : min(conv_dim, c0 + 256);
+        for (int ch = c0 + threadIdx.x; ch < c1; ch += blockDim.x) {
+            float acc = 0.0f;
+            for (int j = 0; j < Kc; j++) {
+                int src = t + j - (Kc - 1); /* < 0: carried state row Kc-1+src */
+                float x = src < 0 ? state[(long long)(Kc - 1 + src) * conv_dim + ch] : qkv[(long long)src * conv_dim + ch];
+                acc = fmaf(w[(long long)ch * Kc + j], x, acc);
+            }
+            float y = qsa_act(act, acc);
+            if (ch < key_dim) q[(long long)t * key_dim + ch] = y;
+            else if (ch < 2 * key_dim) k[(long long)t * key_dim + ch - key_dim] = y;
+            else v[(long long)t * value_dim + ch - 2 * key_dim] = y;
         }
-        float y = qsa_act(act, acc);
-        if (ch < key_dim) q[(long long)t * key_dim + ch] = y;
-        else if (ch < 2 * key_dim) k[(long long)t * key_dim + ch - key_dim] = y;
-        else v[(long long)t * value_dim + ch - 2 * key_dim] = y;
     }
     __syncthreads(); /* the block's global writes are visible to the block after the barrier */
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     float qscale = 1.0f / sqrtf((float)dk);
-    for (int hh = warp; hh < 2 * nk; hh += nw) {
+    /* the block's head units, one warp each */
+    int mine = blockIdx.y < nhu ? (nhu - 1 - (int)blockIdx.y) / (int)gridDim.y + 1 : 0;
+    for (int i = warp; i < mine; i += nw) {
+        int hh = blockIdx.y + i * gridDim.y;
         float *x = hh < nk ? q + (long long)t * key_dim + hh * dk : k + (long long)t * key_dim + (hh - nk) * dk;
         float ss = 0.0f;
         for (int i = lane; i < dk; i += 32) ss = fmaf(x[i], x[i], ss);
@@ -2023,7 +2128,8 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv_batch(
                       v + b * (conv_dim - 2 * key_dim), 1, conv_dim, key_dim, Kc, act, nk, dk);
 }
 
-/* Launch after qsa_k_gdn_conv_batch: grid (ceil(conv_dim / 256), 1, B), block 256. */
+/* Launch after qsa_k_gdn_conv_batch (grid (1, Y, B) with Y as qsa_k_gdn_conv):
+   grid (ceil(conv_dim / 256), 1, B), block 256. */
 extern "C" __global__ void qsa_k_gdn_conv_state_batch(const float *__restrict__ qkv,
                                                       const unsigned long long *__restrict__ st, int conv_dim, int Kc) {
     qsa_gdn_conv_state_body(qkv + (qsa_i64)blockIdx.z * conv_dim, QSA_BPTR(float, st), 1, conv_dim, Kc);

@@ -1426,11 +1426,121 @@ QSA_PRIV qsa_result qsa__nccl_check(ncclResult_t r, const char *call, int line) 
 #define QSA__NVRTC(call) do { qsa_result qsa__nv_r_ = QSA__NVRTC_R(call); if (qsa__nv_r_ != QSA_OK) return qsa__nv_r_; } while (0)
 #define QSA__NCCL(call) do { qsa_result qsa__nc_r_ = QSA__NCCL_R(call); if (qsa__nc_r_ != QSA_OK) return qsa__nc_r_; } while (0)
 
+/* ---- kernel profile: a CUDA event pair around every launch of this thread ----
+   For tools (tools/bench --profile): qsa__prof_begin() on the thread that drives a model,
+   qsa__prof_report() prints the time per kernel and launch shape, qsa__prof_end() frees.  Launches
+   inside a graph capture (qsa__prof_capturing) are not timed.  Per thread (TLS): TP ranks each
+   profile their own GPU.  The events serialise nothing, but their recording costs ~1 us per
+   launch of host time, so profiled runs are slower than real ones; the per-kernel times are GPU
+   times. */
+#define QSA__PROF_PAIRS 4096
+#define QSA__PROF_KEYS 512
+typedef struct qsa__prof_key {
+    const char *name;
+    unsigned gx, gy, gz, bx;
+    double ms;
+    long long calls;
+} qsa__prof_key;
+typedef struct qsa__prof_state {
+    CUevent ev[2 * QSA__PROF_PAIRS];
+    int key[QSA__PROF_PAIRS];
+    int n, created;
+    qsa__prof_key keys[QSA__PROF_KEYS];
+    int nkeys;
+} qsa__prof_state;
+static QSA__TLS qsa__prof_state *qsa__prof;
+static QSA__TLS int qsa__prof_capturing;
+
+/* Adds the finished pairs to their keys. */
+QSA_PRIV void qsa__prof_flush(void) {
+    qsa__prof_state *p = qsa__prof;
+    if (!p || !p->n) return;
+    qsa__cu.cuEventSynchronize(p->ev[2 * p->n - 1]);
+    for (int i = 0; i < p->n; i++) {
+        float ms = 0.0f;
+        if (qsa__cu.cuEventElapsedTime(&ms, p->ev[2 * i], p->ev[2 * i + 1]) == 0) p->keys[p->key[i]].ms += ms;
+        p->keys[p->key[i]].calls++;
+    }
+    p->n = 0;
+}
+
+QSA_PRIV void qsa__prof_end(void) {
+    qsa__prof_state *p = qsa__prof;
+    if (!p) return;
+    qsa__prof_flush();
+    for (int i = 0; i < p->created; i++) qsa__cu.cuEventDestroy_v2(p->ev[i]);
+    qsa__free(p);
+    qsa__prof = NULL;
+}
+
+QSA_PRIV qsa_result qsa__prof_begin(void) {
+    qsa__prof_end();
+    qsa__prof = QSA__CALLOC(qsa__prof_state, 1);
+    return qsa__prof ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "profile: out of host memory");
+}
+
+/* Forgets the times gathered so far (keeps the events). */
+QSA_PRIV void qsa__prof_reset(void) {
+    if (!qsa__prof) return;
+    qsa__prof_flush();
+    qsa__prof->nkeys = 0;
+}
+
+QSA_PRIV int qsa__prof_cmp(const void *a, const void *b) {
+    double x = ((const qsa__prof_key *)a)->ms, y = ((const qsa__prof_key *)b)->ms;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Prints the kernels by total time, per `steps` (e.g. decode steps), and returns the total ms per step. */
+QSA_PRIV double qsa__prof_report(FILE *f, int steps, int max_rows) {
+    qsa__prof_state *p = qsa__prof;
+    if (!p) return 0.0;
+    qsa__prof_flush();
+    if (steps < 1) steps = 1;
+    qsort(p->keys, (size_t)p->nkeys, sizeof p->keys[0], qsa__prof_cmp);
+    double total = 0.0;
+    for (int i = 0; i < p->nkeys; i++) total += p->keys[i].ms;
+    fprintf(f, "| kernel | grid | block | launches/step | us/step | us/launch | share |\n|---|---|---:|---:|---:|---:|---:|\n");
+    for (int i = 0; i < p->nkeys && i < max_rows; i++) {
+        const qsa__prof_key *k = &p->keys[i];
+        fprintf(f, "| %s | %u,%u,%u | %u | %.1f | %.1f | %.2f | %.1f%% |\n", k->name + (strncmp(k->name, "qsa_k_", 6) ? 0 : 6),
+                k->gx, k->gy, k->gz, k->bx, (double)k->calls / steps, 1000.0 * k->ms / steps, 1000.0 * k->ms / (double)k->calls,
+                100.0 * k->ms / (total > 0 ? total : 1));
+    }
+    fprintf(f, "| all kernels (%d shapes) | | | | %.1f | | 100%% |\n", p->nkeys, 1000.0 * total / steps);
+    return total / steps;
+}
+
 /* Launch a kernel; the message names the kernel and the launch shape.  With QSA_DEBUG the stream
    is synchronised afterwards so that a faulting kernel is reported at its own launch. */
 QSA_PRIV qsa_result qsa__cu_launch(CUfunction fn, const char *name, unsigned gx, unsigned gy, unsigned gz,
                                    unsigned bx, unsigned by, unsigned bz, unsigned shmem, CUstream s, void **args) {
+    qsa__prof_state *p = qsa__prof_capturing ? NULL : qsa__prof;
+    int slot = -1;
+    if (p) {
+        int k = 0;
+        while (k < p->nkeys && !(p->keys[k].name == name && p->keys[k].gx == gx && p->keys[k].gy == gy &&
+                                 p->keys[k].gz == gz && p->keys[k].bx == bx))
+            k++;
+        if (k == p->nkeys && k < QSA__PROF_KEYS) {
+            memset(&p->keys[k], 0, sizeof p->keys[k]);
+            p->keys[k].name = name;
+            p->keys[k].gx = gx;
+            p->keys[k].gy = gy;
+            p->keys[k].gz = gz;
+            p->keys[k].bx = bx;
+            p->nkeys++;
+        }
+        if (k < p->nkeys) {
+            if (p->n == QSA__PROF_PAIRS) qsa__prof_flush();
+            slot = p->n;
+            while (p->created < 2 * slot + 2 && qsa__cu.cuEventCreate(&p->ev[p->created], 0) == 0) p->created++;
+            if (p->created >= 2 * slot + 2 && qsa__cu.cuEventRecord(p->ev[2 * slot], s) == 0) p->key[slot] = k;
+            else slot = -1;
+        }
+    }
     CUresult r = qsa__cu.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, shmem, s, args, NULL);
+    if (slot >= 0 && qsa__cu.cuEventRecord(p->ev[2 * slot + 1], s) == 0) p->n++;
 #ifdef QSA_DEBUG
     if (r == 0) r = qsa__cu.cuStreamSynchronize(s);
 #endif
@@ -8108,7 +8218,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inj_weights) X(inject) X(to_f16)                     \
-    X(gemm_f16) X(gemm_nvfp4) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_combine)       \
+    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_combine)       \
     X(shared_combine) X(act_mul)                                                                         \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_gates) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
@@ -8168,6 +8278,9 @@ typedef struct qsa__dlayer {
 } qsa__dlayer;
 
 /* Scratch for one chunk of up to max_tokens tokens. */
+#define QSA__GEMV_PART_BYTES ((size_t)32 << 20) /* cross-block GEMV partial tiles (qsa__dgemm) */
+#define QSA__GEMV_TILES 65536                     /* and its tickets: at most this many tiles */
+
 typedef struct qsa__dscratch {
     int max_tokens;
     CUdeviceptr ids, X, xn, xn16, low, low16, mw, inp, inp16, inj, out;
@@ -8178,11 +8291,12 @@ typedef struct qsa__dscratch {
     CUdeviceptr moe_pairs, moe_tiles, moe_ntiles, moe_h16, moe_y;
     size_t big_bytes, scores_bytes;
     int max_blocks, score_rows, logit_rows;
+    CUdeviceptr gemv_part, gemv_count; /* cross-block GEMV partial tiles and tile tickets (qsa__dgemm) */
     float *host_e;              /* PLE rows gathered on the host [max_tokens][ple_embed_dim] */
 } qsa__dscratch;
 
 typedef struct qsa__cuda {
-    int ordinal, cc;
+    int ordinal, cc, sm_count;
     CUdevice dev;
     CUcontext ctx;
     CUstream stream;
@@ -8205,6 +8319,7 @@ typedef struct qsa__cuda {
 } qsa__cuda;
 
 QSA_PRIV void qsa__cuda_batch_free(qsa__cuda *g);
+QSA_PRIV void qsa__cuda_batch_drop_graphs(qsa__cuda *g);
 
 /* Per-sequence device state. */
 typedef struct qsa__cuda_seq {
@@ -8525,6 +8640,11 @@ QSA_PRIV qsa_result qsa__cuda_scratch(qsa_model *m, qsa__cuda *g, int T) {
         QSA__TRY(qsa__dalloc(g, &s->moe_h16, MK * c->moe_intermediate_size * 2, cnt, "MoE scratch"));
         QSA__TRY(qsa__dalloc(g, &s->moe_y, MK * c->hidden_size * 4, cnt, "MoE scratch"));
     }
+    /* cross-block GEMV (qsa__dgemm): partial tiles and one ticket per tile, zeroed once (every
+       launch leaves its tickets at zero) */
+    QSA__TRY(qsa__dalloc(g, &s->gemv_part, QSA__GEMV_PART_BYTES, cnt, "GEMV scratch"));
+    QSA__TRY(qsa__dalloc(g, &s->gemv_count, QSA__GEMV_TILES * 4, cnt, "GEMV scratch"));
+    QSA__CU(qsa__cu.cuMemsetD8Async(s->gemv_count, 0, QSA__GEMV_TILES * 4, g->stream));
     s->host_e = QSA__ALLOC(float, (size_t)T * (c->ple_embed_dim ? c->ple_embed_dim : 1));
     if (!s->host_e) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
     return QSA_OK;
@@ -8557,6 +8677,7 @@ QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, qsa__cuda **out) {
 #define QSA__G(expr) do { if ((r = (expr)) != QSA_OK) goto fail; } while (0)
     QSA__G(qsa__cu_device_info(g->ordinal, &info));
     g->cc = info.cc_major * 10 + info.cc_minor;
+    g->sm_count = info.sm_count;
     QSA__G(QSA__CU_R(qsa__cu.cuDeviceGet(&g->dev, g->ordinal)));
     QSA__G(QSA__CU_R(qsa__cu.cuDevicePrimaryCtxRetain(&g->ctx, g->dev)));
     QSA__G(QSA__CU_R(qsa__cu.cuCtxSetCurrent(g->ctx)));
@@ -8668,9 +8789,48 @@ QSA_PRIV void qsa__cuda_seq_destroy(qsa_model *m, qsa_seq *s) {
 
 /* ---- forward ---- */
 
+/* Blocks along H for the per-token element-wise kernels (grid (M, Y)): enough to fill the GPU when M
+   is small, one when M alone does. */
+QSA_PRIV unsigned qsa__ygrid(int M, int H) {
+    int y = M >= 64 ? 1 : (H + 255) / 256;
+    return (unsigned)(y < 1 ? 1 : y);
+}
+
+/* How qsa__dgemm spreads a small-M GEMM over blocks: 0 = one block per 16 x 16 tile (qsa_k_gemm_*),
+   else the segments per block of the cross-block form (qsa_k_gemv_*).  Both give the same bits; the
+   cross-block form is used when the tiles alone would leave the GPU idle (few tiles) or a block's
+   8 warps idle (K of more than 8 segments, e.g. 10 for K = 2560), aiming at >= 4 blocks per SM,
+   within the partial-tile scratch. */
+QSA_PRIV int qsa__gemv_spb(const qsa__cuda *g, int M, int N, int K) {
+    if (M > 64 || K <= 0) return 0;
+    long long tiles = (long long)((M + 15) / 16) * ((N + 15) / 16);
+    int nseg = (K + 255) / 256, prow = M < 16 ? M : 16;
+    if (tiles > QSA__GEMV_TILES || (size_t)(tiles * nseg * prow * 64) > QSA__GEMV_PART_BYTES) return 0;
+    long long want = 4LL * (g->sm_count > 0 ? g->sm_count : 80);
+    int R = (nseg + 7) / 8;
+    if (R == 1 && tiles >= want) return 0;
+    while (R < nseg && tiles * R < want) R++;
+    int spb = (nseg + R - 1) / R;
+    return spb;
+}
+
 /* Y[M][out] (+)= A16[M][in] W^T (+ bias) */
 QSA_PRIV qsa_result qsa__dgemm(qsa__cuda *g, CUdeviceptr A16, int M, const qsa__dlin *w, CUdeviceptr Y, int accumulate) {
     int N = w->out, K = w->in;
+    int spb = qsa__gemv_spb(g, M, N, K);
+    if (spb > 0) {
+        unsigned gx = (unsigned)(((M + 15) / 16) * ((N + 15) / 16)), gy = (unsigned)(((K + 255) / 256 + spb - 1) / spb);
+        CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
+        if (w->w16) {
+            CUdeviceptr W = w->w16, B = w->bias;
+            QSA__LAUNCH(g, gemv_f16, gx, gy, 256, 0, &A16, &W, &B, &Y, &M, &N, &K, &accumulate, &part, &cnt, &spb);
+        } else {
+            CUdeviceptr q = w->q, s = w->s;
+            float s2 = w->s2;
+            QSA__LAUNCH(g, gemv_nvfp4, gx, gy, 256, 0, &A16, &q, &s, &s2, &Y, &M, &N, &K, &accumulate, &part, &cnt, &spb);
+        }
+        return QSA_OK;
+    }
     /* 16x16 split-K tiles for small M, 64x64 tiles otherwise: the same bits either way */
     unsigned gx = M <= 64 ? (unsigned)(((M + 15) / 16) * ((N + 15) / 16)) : (unsigned)(((M + 63) / 64) * ((N + 63) / 64));
     if (w->w16) {
@@ -8697,7 +8857,7 @@ QSA_PRIV qsa_result qsa__cuda_gres(qsa_model *m, const qsa__dgres *w, CUdevicept
     n = M * c->hc_lowrank;
     QSA__LAUNCH(g, silu_scale, (n + 255) / 256, 1, 256, 0, &s->low, &s->low16, &n, &scale);
     QSA__TRY(qsa__dgemm(g, s->low16, M, &w->up, s->mw, 0));
-    QSA__LAUNCH(g, gres_mix, M, 1, 256, 0, &s->mw, &s->xn, &s->inp, &s->inp16, &H, &hc);
+    QSA__LAUNCH(g, gres_mix, M, qsa__ygrid(M, H), 256, 0, &s->mw, &s->xn, &s->inp, &s->inp16, &H, &hc);
     if (with_inj) {
         QSA__TRY(qsa__dgemm(g, s->xn16, M, &w->inject, s->inj, 0));
         n = M * hc;
@@ -8709,7 +8869,7 @@ QSA_PRIV qsa_result qsa__cuda_gres(qsa_model *m, const qsa__dgres *w, CUdevicept
 QSA_PRIV qsa_result qsa__cuda_inject(qsa_model *m, CUdeviceptr X, int M) {
     qsa__cuda *g = m->cuda;
     int H = m->cfg.hidden_size, hc = m->cfg.hc_count;
-    QSA__LAUNCH(g, inject, M, 1, 256, 0, &X, &g->sc.inj, &g->sc.out, &H, &hc);
+    QSA__LAUNCH(g, inject, M, qsa__ygrid(M, H), 256, 0, &X, &g->sc.inj, &g->sc.out, &H, &hc);
     return QSA_OK;
 }
 
@@ -8769,7 +8929,7 @@ QSA_PRIV qsa_result qsa__cuda_gdn(qsa_seq *sq, int l, int M) {
     CUdeviceptr Al = d->A_log, dtb = d->dt_bias;
     QSA__LAUNCH(g, gdn_gates, (n + 255) / 256, 1, 256, 0, &b, &a, &Al, &dtb, &beta, &gg, &n, &nv);
     CUdeviceptr cst = sq->cuda->conv[l], cw = d->conv_w;
-    QSA__LAUNCH(g, gdn_conv, M, 1, 256, 0, &qkv, &cst, &cw, &q, &k, &v, &M, &conv_dim, &key_dim, &Kc, &act, &nk, &dk);
+    QSA__LAUNCH(g, gdn_conv, M, 2 * nk + (value_dim + 255) / 256, 256, 0, &qkv, &cst, &cw, &q, &k, &v, &M, &conv_dim, &key_dim, &Kc, &act, &nk, &dk);
     QSA__LAUNCH(g, gdn_conv_state, (conv_dim + 255) / 256, 1, 256, 0, &qkv, &cst, &M, &conv_dim, &Kc);
     /* one warp per 32 state columns of a value head, its slice of S in shared memory */
     CUdeviceptr S = sq->cuda->S[l];
@@ -8822,11 +8982,11 @@ QSA_PRIV qsa_result qsa__cuda_attn(qsa_seq *sq, int l, int M) {
     QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->q, qg, 0));
     QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->k, kin, 0));
     QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->v, vin, 0));
-    QSA__LAUNCH(g, attn_qk_prep, M, 1, 128, 0, &qg, &kin, &vin, &qn, &kn, &inv, &bt, &Kp, &Vp, &pos0, &M, &nh, &nkv, &hd, &rd, &ps, &eps);
+    QSA__LAUNCH(g, attn_qk_prep, M, nh + nkv, 128, 0, &qg, &kin, &vin, &qn, &kn, &inv, &bt, &Kp, &Vp, &pos0, &M, &nh, &nkv, &hd, &rd, &ps, &eps);
     if (has_qsa) {
         CUdeviceptr qln = d->idx_q_norm, kln = d->idx_k_norm, bk = sq->cuda->bkeys[l];
         QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->idx_qk, iq, 0));
-        QSA__LAUNCH(g, indexer_prep, M, 1, 128, 0, &iq, &qln, &inv, &bt, &Ip, &pos0, &M, &ih, &ihd, &rd, &ps, &eps);
+        QSA__LAUNCH(g, indexer_prep, M, ih + 1, 128, 0, &iq, &qln, &inv, &bt, &Ip, &pos0, &M, &ih, &ihd, &rd, &ps, &eps);
         /* keys of the blocks completed by this chunk */
         int b0 = sl->n_blocks, b1 = (pos0 + M) / r;
         if (b1 > b0) QSA__LAUNCH(g, block_keys, b1 - b0, 1, 128, 0, &Ip, &bt, &kln, &inv, &bk, &b0, &b1, &r, &ihd, &rd, &ps, &eps);
@@ -8877,7 +9037,7 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
                     &s->moe_h16, &H, &I, &K, &act);
         QSA__LAUNCH(g, moe_down, max_tiles, (H + 15) / 16, 256, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles,
                     &ex, &s->moe_y, &H, &I);
-        QSA__LAUNCH(g, moe_combine, mt, 1, 256, 0, &s->moe_y, &w, &outp, &H, &K);
+        QSA__LAUNCH(g, moe_combine, mt, qsa__ygrid(mt, H), 256, 0, &s->moe_y, &w, &outp, &H, &K);
     }
     QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->sh_gate, sa, 0));
     QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->sh_up, sb, 0));
@@ -8885,7 +9045,7 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
     QSA__LAUNCH(g, act_mul, (n + 255) / 256, 1, 256, 0, &sa, &sb, &sa16, &n, &act);
     QSA__TRY(qsa__dgemm(g, sa16, M, &d->sh_down, sh, 0));
     QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->sh_expert_gate, gl, 0));
-    QSA__LAUNCH(g, shared_combine, M, 1, 256, 0, &s->out, &sh, &gl, &H);
+    QSA__LAUNCH(g, shared_combine, M, qsa__ygrid(M, H), 256, 0, &s->out, &sh, &gl, &H);
     return QSA_OK;
 }
 
@@ -8904,7 +9064,7 @@ QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, floa
     }
     QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(s->ids, ids, (size_t)M * 4, g->stream));
     CUdeviceptr table = g->embed16;
-    QSA__LAUNCH(g, embed, M, 1, 256, 0, &table, &s->ids, &s->X, &H, &hc, &V);
+    QSA__LAUNCH(g, embed, M, qsa__ygrid(M, H), 256, 0, &table, &s->ids, &s->X, &H, &hc, &V);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         if (m->layers[l].ple) QSA__TRY(qsa__cuda_ple(sq, l, ids, M));
         QSA__TRY(qsa__cuda_gres(m, &g->layers[l].attn_hc, s->X, M, 1));
@@ -8963,12 +9123,21 @@ typedef struct qsa__dbatch {
     CUgraphExec *graphs;        /* [mb + 1], by B */
 } qsa__dbatch;
 
+/* Destroys the captured graphs (they hold the addresses of the KV pool and the step buffers): the
+   next step of each B captures again. */
+QSA_PRIV void qsa__cuda_batch_drop_graphs(qsa__cuda *g) {
+    qsa__dbatch *b = g->batch;
+    if (!b || !b->graphs) return;
+    for (int i = 0; i <= b->max_batch; i++) {
+        if (b->graphs[i]) qsa__cu.cuGraphExecDestroy(b->graphs[i]);
+        b->graphs[i] = NULL;
+    }
+}
+
 QSA_PRIV void qsa__cuda_batch_free(qsa__cuda *g) {
     qsa__dbatch *b = g->batch;
     if (!b) return;
-    if (b->graphs)
-        for (int i = 0; i <= b->max_batch; i++)
-            if (b->graphs[i]) qsa__cu.cuGraphExecDestroy(b->graphs[i]);
+    qsa__cuda_batch_drop_graphs(g);
     qsa__free(b->graphs);
     qsa__free(b->host);
     qsa__free(b->host_e);
@@ -9066,7 +9235,7 @@ QSA_PRIV qsa_result qsa__cuda_gdn_batch(qsa_model *m, int l, int B) {
     CUdeviceptr Al = d->A_log, dtb = d->dt_bias;
     QSA__LAUNCH(g, gdn_gates, (n + 255) / 256, 1, 256, 0, &b, &a, &Al, &dtb, &beta, &gg, &n, &nv);
     CUdeviceptr cst = QSA__BROW(g->batch, conv, l), cw = d->conv_w;
-    QSA__LAUNCH3(g, gdn_conv_batch, 1, 1, B, 256, 0, &qkv, &cst, &cw, &q, &k, &v, &conv_dim, &key_dim, &Kc, &act, &nk, &dk);
+    QSA__LAUNCH3(g, gdn_conv_batch, 1, 2 * nk + (conv_dim - 2 * key_dim + 255) / 256, B, 256, 0, &qkv, &cst, &cw, &q, &k, &v, &conv_dim, &key_dim, &Kc, &act, &nk, &dk);
     QSA__LAUNCH3(g, gdn_conv_state_batch, (conv_dim + 255) / 256, 1, B, 256, 0, &qkv, &cst, &conv_dim, &Kc);
     CUdeviceptr S = QSA__BROW(g->batch, S, l);
     unsigned ny = (unsigned)((dv + 31) / 32), smem = (unsigned)(4 * dk * 32);
@@ -9099,14 +9268,14 @@ QSA_PRIV qsa_result qsa__cuda_attn_batch(qsa_model *m, int l, int B) {
     QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->q, qg, 0));
     QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->k, kin, 0));
     QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->v, vin, 0));
-    QSA__LAUNCH3(g, attn_qk_prep_batch, 1, 1, B, 128, 0, &qg, &kin, &vin, &qn, &kn, &inv, &bts, &Kp, &Vp, &pos, &nh, &nkv, &hd,
+    QSA__LAUNCH3(g, attn_qk_prep_batch, 1, nh + nkv, B, 128, 0, &qg, &kin, &vin, &qn, &kn, &inv, &bts, &Kp, &Vp, &pos, &nh, &nkv, &hd,
                  &rd, &ps, &eps);
     if (c->has_qsa) {
         CUdeviceptr qln = d->idx_q_norm, kln = d->idx_k_norm, bk = QSA__BROW(bb, bkeys, l), sc = bb->scores;
         int ld = s->max_blocks;
         unsigned ys = (unsigned)((s->max_blocks + 255) / 256);
         QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->idx_qk, iq, 0));
-        QSA__LAUNCH3(g, indexer_prep_batch, 1, 1, B, 128, 0, &iq, &qln, &inv, &bts, &Ip, &pos, &ih, &ihd, &rd, &ps, &eps);
+        QSA__LAUNCH3(g, indexer_prep_batch, 1, ih + 1, B, 128, 0, &iq, &qln, &inv, &bts, &Ip, &pos, &ih, &ihd, &rd, &ps, &eps);
         QSA__LAUNCH3(g, block_keys_batch, 1, 1, B, 128, 0, &Ip, &bts, &kln, &inv, &bk, &pos, &r, &ihd, &rd, &ps, &eps);
         QSA__LAUNCH3(g, block_scores_batch, 1, ys, B, 256, 0, &iq, &bk, &sc, &pos, &ih, &ihd, &r, &ld);
         QSA__LAUNCH3(g, topk_blocks_batch, 1, 1, B, 1024, 0, &sc, &s->sel, &s->nsel, &pos, &r, &topk, &ld);
@@ -9123,7 +9292,7 @@ QSA_PRIV qsa_result qsa__cuda_batch_forward(qsa_model *m, int B) {
     qsa__dscratch *s = &g->sc;
     int H = c->hidden_size, hc = c->hc_count, V = c->vocab_size;
     CUdeviceptr table = g->embed16, ids = g->batch->ids;
-    QSA__LAUNCH(g, embed, B, 1, 256, 0, &table, &ids, &s->X, &H, &hc, &V);
+    QSA__LAUNCH(g, embed, B, (H + 255) / 256, 256, 0, &table, &ids, &s->X, &H, &hc, &V);
     for (int l = 0, j = 0; l < c->num_hidden_layers; l++) {
         if (m->layers[l].ple) QSA__TRY(qsa__cuda_ple_batch(m, l, j++, B));
         QSA__TRY(qsa__cuda_gres(m, &g->layers[l].attn_hc, s->X, B, 1));
@@ -9144,7 +9313,9 @@ QSA_PRIV qsa_result qsa__cuda_batch_graph(qsa_model *m, int B, CUgraphExec *out)
     qsa__cuda *g = m->cuda;
     CUgraph graph = NULL;
     QSA__CU(qsa__cu.cuStreamBeginCapture_v2(g->stream, QSA__CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    qsa__prof_capturing = 1;
     qsa_result r = qsa__cuda_batch_forward(m, B);
+    qsa__prof_capturing = 0;
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", r != QSA_OK ? qsa_last_error() : "");
     CUresult ce = qsa__cu.cuStreamEndCapture(g->stream, &graph); /* always leave capture mode */

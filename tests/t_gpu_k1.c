@@ -733,6 +733,105 @@ TEST(gpu, k1_gemm_batch_invariance) {
     k1_gemm_batch(1);
 }
 
+/* The cross-block GEMV (qsa_k_gemv_*: segments spread over blocks, partial tiles summed by the last
+   block of each tile) against the one-block split-K GEMM: bitwise equal for every M <= 64, every
+   segments-per-block value, with bias and accumulation, and again on a second launch (the tickets
+   must have been reset to zero by the first). */
+static void k1_gemv_case(int M, int N, int K, int nvfp4, int spb) {
+    k1_mem mem = {{0}, 0, {0}, 0};
+    uint16_t *a16, *w16 = NULL;
+    uint8_t *q = NULL, *s = NULL;
+    float *af, *wf, *bias, *Y0, *Y1, *Yacc;
+    float s2 = 0.017f;
+    int acc0 = 0, acc1 = 1, nseg = (K + 255) / 256, prow = M < 16 ? M : 16;
+    int tiles = ((M + 15) / 16) * ((N + 15) / 16);
+    unsigned gy = (unsigned)((nseg + spb - 1) / spb);
+    CUdeviceptr dA, dW = 0, dq = 0, ds = 0, dB = 0, dnull = 0, dY, dpart, dcnt;
+    K1_ALLOC(a16, uint16_t, M * K);
+    K1_ALLOC(af, float, M * K);
+    K1_ALLOC(wf, float, N * K);
+    K1_ALLOC(bias, float, N);
+    K1_ALLOC(Y0, float, M * N);
+    K1_ALLOC(Y1, float, M * N);
+    K1_ALLOC(Yacc, float, M * N);
+    k1_seed(1000 + (uint64_t)(M * 7 + N * 13 + K + nvfp4 + spb * 31));
+    k1_fill16(a16, af, (size_t)M * K, -1, 1);
+    for (int n = 0; n < N; n++) bias[n] = (float)(n % 7) * 0.25f - 0.75f;
+    if (nvfp4) {
+        K1_ALLOC(q, uint8_t, N * K / 2);
+        K1_ALLOC(s, uint8_t, N * K / 16);
+        k1_rand_nvfp4(q, s, s2, wf, N, K);
+        K1_TRY(k1_dev(&mem, &dq, q, (size_t)N * K / 2));
+        K1_TRY(k1_dev(&mem, &ds, s, (size_t)N * K / 16));
+    } else {
+        K1_ALLOC(w16, uint16_t, N * K);
+        k1_fill16(w16, wf, (size_t)N * K, -1, 1);
+        K1_TRY(k1_dev(&mem, &dW, w16, sizeof(uint16_t) * N * K));
+        K1_TRY(k1_dev(&mem, &dB, bias, sizeof(float) * N));
+    }
+    K1_TRY(k1_dev(&mem, &dA, a16, sizeof(uint16_t) * M * K));
+    K1_TRY(k1_dev(&mem, &dY, NULL, sizeof(float) * M * N));
+    K1_TRY(k1_dev(&mem, &dpart, NULL, sizeof(float) * (size_t)tiles * nseg * prow * 16));
+    K1_TRY(k1_dev(&mem, &dcnt, NULL, sizeof(unsigned) * (size_t)tiles));
+    K1_TRY(QSA__CU_R(qsa__cu.cuMemsetD8_v2(dcnt, 0, sizeof(unsigned) * (size_t)tiles)));
+    /* reference: the one-block GEMM, then the same accumulating into its own output */
+    K1_TRY(k1_poison(dY, sizeof(float) * M * N));
+    if (nvfp4) {
+        void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc0};
+        K1_TRY(k1_launch("qsa_k_gemm_nvfp4", k1_gemm_grid(M, N), 1, 256, args));
+        K1_TRY(k1_get(Y0, dY, sizeof(float) * M * N));
+        void *args2[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc1};
+        K1_TRY(k1_launch("qsa_k_gemm_nvfp4", k1_gemm_grid(M, N), 1, 256, args2));
+    } else {
+        void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc0};
+        K1_TRY(k1_launch("qsa_k_gemm_f16", k1_gemm_grid(M, N), 1, 256, args));
+        K1_TRY(k1_get(Y0, dY, sizeof(float) * M * N));
+        void *args2[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc1};
+        K1_TRY(k1_launch("qsa_k_gemm_f16", k1_gemm_grid(M, N), 1, 256, args2));
+    }
+    K1_TRY(k1_get(Yacc, dY, sizeof(float) * M * N));
+    for (int rep = 0; rep < 2; rep++) {
+        char what[128];
+        K1_TRY(k1_poison(dY, sizeof(float) * M * N));
+        if (nvfp4) {
+            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc0, &dpart, &dcnt, &spb};
+            K1_TRY(k1_launch("qsa_k_gemv_nvfp4", (unsigned)tiles, gy, 256, args));
+        } else {
+            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc0, &dpart, &dcnt, &spb};
+            K1_TRY(k1_launch("qsa_k_gemv_f16", (unsigned)tiles, gy, 256, args));
+        }
+        K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
+        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d spb=%d launch %d vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K, spb, rep + 1);
+        CHECK(!k1_same(what, Y0, Y1, (size_t)M * N, 4));
+        if (nvfp4) {
+            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc1, &dpart, &dcnt, &spb};
+            K1_TRY(k1_launch("qsa_k_gemv_nvfp4", (unsigned)tiles, gy, 256, args));
+        } else {
+            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc1, &dpart, &dcnt, &spb};
+            K1_TRY(k1_launch("qsa_k_gemv_f16", (unsigned)tiles, gy, 256, args));
+        }
+        K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
+        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d spb=%d accumulate vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K, spb);
+        CHECK(!k1_same(what, Yacc, Y1, (size_t)M * N, 4));
+    }
+    (void)dnull;
+done:
+    k1_free(&mem);
+}
+
+TEST(gpu, k1_gemv_cross_block_equals_gemm) {
+    K1_NEED_GPU();
+    static const int shapes[][3] = {{1, 300, 1024}, {1, 4, 10240}, {1, 320, 2560}, {5, 17, 48},
+                                    {37, 100, 2320}, {64, 33, 272}, {16, 50, 6144}, {2, 2560, 640}};
+    static const int spbs[] = {1, 3, 5, 8};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (size_t j = 0; j < sizeof spbs / sizeof spbs[0]; j++)
+            for (int nv = 0; nv < 2; nv++) {
+                if (nv && shapes[i][2] % 16) continue;
+                k1_gemv_case(shapes[i][0], shapes[i][1], shapes[i][2], nv, spbs[j]);
+            }
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* MoE                                                                                             */
 /* ---------------------------------------------------------------------------------------------- */

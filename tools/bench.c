@@ -86,7 +86,7 @@ int main(void) {
 #define BENCH_MAX_ROWS 128
 
 typedef struct bench_opt {
-    int quick, no_long, graphs, verbose, keep_driver_cache, device, page_size;
+    int quick, no_long, graphs, verbose, keep_driver_cache, device, page_size, profile;
     int steps, warmup, prefill, ctx, prefill_reps;
     int batches[BENCH_MAX_BATCHES], n_batches;
     long long ple_base;
@@ -110,6 +110,8 @@ static void usage(FILE *f) {
             "  --steps N            timed decode steps per row (default 10; fewer when a row passes 4 s)\n"
             "  --warmup N           untimed decode steps before them (default 2)\n"
             "  --graphs             also measure batched decode replayed as CUDA graphs\n"
+            "  --profile            after each eager decode row and the prefill, time every kernel launch\n"
+            "                       (CUDA events; untimed extra steps) and print where the time goes\n"
             "  --ple-vocab-base N   ngram_vocab_size_base of the synthetic PLE table (default 100000; --quick 10000)\n"
             "  --page-size N        KV page size (default: the runtime's hybrid rule)\n"
             "  --seed N             weight/token seed (default 1)\n"
@@ -156,6 +158,7 @@ static int parse_args(int argc, char **argv, bench_opt *o) {
         if (!strcmp(a, "--quick")) { o->quick = 1; continue; }
         if (!strcmp(a, "--no-long")) { o->no_long = 1; continue; }
         if (!strcmp(a, "--graphs")) { o->graphs = 1; continue; }
+        if (!strcmp(a, "--profile")) { o->profile = 1; continue; }
         if (!strcmp(a, "--keep-driver-cache")) { o->keep_driver_cache = 1; continue; }
         if (!strcmp(a, "-v")) { o->verbose = 1; continue; }
         if (!v) { fprintf(stderr, "bench: %s needs a value (see --help)\n", a); return -1; }
@@ -842,6 +845,7 @@ static qsa_result bench_device_init(bench *b) {
     g->ordinal = b->o.device;
     QSA__TRY(qsa__cu_device_info(g->ordinal, &b->info));
     g->cc = b->info.cc_major * 10 + b->info.cc_minor;
+    g->sm_count = b->info.sm_count;
     QSA__CU(qsa__cu.cuDeviceGet(&g->dev, g->ordinal));
     QSA__CU(qsa__cu.cuDevicePrimaryCtxRetain(&g->ctx, g->dev));
     QSA__CU(qsa__cu.cuCtxSetCurrent(g->ctx));
@@ -1135,6 +1139,9 @@ static qsa_result bench_pool(bench *b, long long tokens) {
     for (int i = 0; i < 3; i++) if (b->pool_mem[i]) { qsa__cu.cuMemFree_v2(b->pool_mem[i]); b->pool_mem[i] = 0; }
     g->kpool = g->vpool = g->ipool = 0;
     g->bytes_kv = 0;
+    /* captured decode graphs hold the old pool's addresses and page count: drop them (the runtime
+       never reallocates its pool; only this tool does) */
+    qsa__cuda_batch_drop_graphs(g);
     qsa__pool_destroy(&m->pool);
     b->pool_tokens = 0;
     m->params.kv_pool_tokens = (int)(tokens < 2000000000 ? tokens : 2000000000);
@@ -1264,6 +1271,19 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
         if (r == QSA_OK && i >= b->o.warmup) { wall[n] = 1e3 * (qsa__now() - h0); t[n++] = ms; }
         if (r == QSA_OK && n >= 3 && qsa__now() - t0 > 4.0) break; /* enough for a median */
     }
+    if (r == QSA_OK && b->o.profile && mode < 2 && qsa__prof_begin() == QSA_OK) {
+        int steps = 3;
+        for (int i = 0; r == QSA_OK && i < steps; i++) {
+            for (int k = 0; k < B; k++) tok[k] = (int32_t)(rng_next(b) % (uint64_t)V);
+            r = mode == 0 ? qsa_seq_feed(seqs[0], tok, 1, logits, 0) : qsa_seq_feed_batch(seqs, tok, B, logits);
+        }
+        if (r == QSA_OK) {
+            printf("\nprofile: decode %s, per step (%d steps):\n", cfg, steps);
+            qsa__prof_report(stdout, steps, 40);
+            printf("\n");
+        }
+        qsa__prof_end();
+    }
     m->params.cuda_batch_decode = 0;
     m->params.cuda_graphs = 0;
     qsa__free(tok);
@@ -1320,6 +1340,16 @@ static qsa_result bench_prefill(bench *b, bench_plan *pl, float *logits) {
             (void)best;
         }
         if (qsa__now() - t_all > 60.0) break;
+    }
+    if (r == QSA_OK && b->o.profile && qsa__prof_begin() == QSA_OK) {
+        qsa_seq_reset(s);
+        r = qsa_seq_feed(s, ids, N, logits, 0);
+        if (r == QSA_OK) {
+            printf("\nprofile: prefill %s (one prefill):\n", cfg);
+            qsa__prof_report(stdout, 1, 40);
+            printf("\n");
+        }
+        qsa__prof_end();
     }
     qsa__free(ids);
     if (r != QSA_OK) {
