@@ -8738,11 +8738,14 @@ QSA_PRIV qsa_result qsa__cuda_seq_create(qsa_model *m, qsa_seq *s) {
     cs->ple_conv = QSA__CALLOC(CUdeviceptr, L);
     cs->bkeys = QSA__CALLOC(CUdeviceptr, L);
     if (!cs->conv || !cs->S || !cs->ple_conv || !cs->bkeys) { qsa__cuda_seq_free(cs); return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "sequence: out of host memory"); }
-    size_t total = bt_b;
+    /* every part starts on a 256-byte boundary: the allocation holds the parts rounded up (the
+       carving below advances by the rounded sizes, so unrounded sums would end short of the last part) */
+#define QSA__R256(b) (((b) + 255) & ~(size_t)255)
+    size_t total = QSA__R256(bt_b);
     for (int l = 0; l < L; l++) {
-        if (c->layer_types[l] == QSA_LAYER_LINEAR) total += conv_b + S_b;
-        else total += bk_b;
-        if (m->layers[l].ple) total += ple_b;
+        if (c->layer_types[l] == QSA_LAYER_LINEAR) total += QSA__R256(conv_b) + QSA__R256(S_b);
+        else total += QSA__R256(bk_b);
+        if (m->layers[l].ple) total += QSA__R256(ple_b);
     }
     qsa_result r = QSA_OK;
     CUdeviceptr base = 0;
@@ -8752,7 +8755,7 @@ QSA_PRIV qsa_result qsa__cuda_seq_create(qsa_model *m, qsa_seq *s) {
     cs->mem = base;
     cs->mem_bytes = total;
     size_t off = 0;
-#define QSA__CARVE(dst, b) do { (dst) = base + off; off += ((b) + 255) & ~(size_t)255; } while (0)
+#define QSA__CARVE(dst, b) do { (dst) = base + off; off += QSA__R256(b); } while (0)
     QSA__CARVE(cs->bt, bt_b);
     for (int l = 0; l < L; l++) {
         if (c->layer_types[l] == QSA_LAYER_LINEAR) { QSA__CARVE(cs->conv[l], conv_b); QSA__CARVE(cs->S[l], S_b); }
@@ -8760,6 +8763,7 @@ QSA_PRIV qsa_result qsa__cuda_seq_create(qsa_model *m, qsa_seq *s) {
         if (m->layers[l].ple) QSA__CARVE(cs->ple_conv[l], ple_b);
     }
 #undef QSA__CARVE
+#undef QSA__R256
     (void)off;
     g->bytes_state += total;
     s->cuda = cs;

@@ -6,21 +6,48 @@
  * same tokens bit for bit, whatever else ran beside it and whichever pages it got.
  * Models: the golden fixture qsa_first_no_ple (3 layers, 2 of them QSA, vocab 512, no tokenizer),
  * and models/tiny (built by `make`; has a tokenizer) for text, chat and stop strings.
+ *
+ * Every test body takes the backend: TEST(cpu, sched_X) runs it on the CPU reference, TEST(gpu,
+ * sched_X) the same body on the CUDA backend with the serving configuration (cuda_batch_decode = 1,
+ * cuda_graphs = 1: decode steps are batched forward passes replayed as CUDA graphs), skipped when
+ * there is no CUDA device.  On the GPU the oracle is qsa_generate on the GPU (same backend, one
+ * sequence at a time, the single-sequence path): the scheduler's batched decode must give the same
+ * tokens bit for bit.
  */
 
 #define TS_FIXTURE "tests/fixtures/qsa_first_no_ple"
 
-static qsa_model *ts_load(const char *rel, int page_size, int pool_tokens) {
+static qsa_result ts_load_status; /* of the last ts_load */
+
+static qsa_model *ts_load(qsa_backend be, const char *rel, int page_size, int pool_tokens) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
-    mp.backend = QSA_BACKEND_CPU;
+    mp.backend = be;
     mp.n_threads = 1;
     mp.kv_page_size = page_size;
     mp.kv_pool_tokens = pool_tokens;
+    if (be == QSA_BACKEND_CUDA) {
+        mp.cuda_batch_decode = 1;
+        mp.cuda_graphs = 1;
+    }
     qsa_model *m = NULL;
-    if (qsa_model_load(test_path(rel), &mp, &m) != QSA_OK) return NULL;
-    return m;
+    ts_load_status = qsa_model_load(test_path(rel), &mp, &m);
+    return ts_load_status == QSA_OK ? m : NULL;
 }
+
+/* A model that did not load: skip on the CPU (a missing fixture or models/tiny) and on the GPU
+   without a device; any other failure on the GPU fails the test. */
+#define TS_UNAVAILABLE(be, ...)                                                                               \
+    do {                                                                                                      \
+        if ((be) == QSA_BACKEND_CUDA && ts_load_status == QSA_ERR_NO_DEVICE) SKIP("no CUDA device: %s", qsa_last_error()); \
+        if ((be) == QSA_BACKEND_CUDA) { CHECKF(0, __VA_ARGS__); return; }                                     \
+        SKIP(__VA_ARGS__);                                                                                    \
+    } while (0)
+
+/* TEST(cpu, sched_X) and TEST(gpu, sched_X) running the body ts_X(backend). */
+#define TS_BOTH(name)                                                   \
+    TEST(cpu, sched_##name) { ts_##name(QSA_BACKEND_CPU); }             \
+    TEST(gpu, sched_##name) { ts_##name(QSA_BACKEND_CUDA); }
 
 /* a deterministic prompt of n ids in [6, vocab) (avoids the fixture's EOS id 5) */
 static void ts_prompt(int32_t *ids, int n, int salt, int vocab) {
@@ -66,10 +93,10 @@ static void ts_check_invariants(const qsa_sched *s, int max_batch) {
 
 /* 64 requests into a pool that holds a fraction of them: each completes exactly as alone, or is
    refused at submit with a status and a message; none is corrupted; the pool is whole at the end. */
-TEST(cpu, sched_memory_pressure) {
-    qsa_model *m = ts_load(TS_FIXTURE, 16, 160); /* 10 pages of 16 tokens */
-    qsa_model *ref = ts_load(TS_FIXTURE, 0, 0);
-    if (!m || !ref) { qsa_model_free(m); qsa_model_free(ref); SKIP("fixture %s: %s", TS_FIXTURE, qsa_last_error()); }
+static void ts_memory_pressure(qsa_backend be) {
+    qsa_model *m = ts_load(be, TS_FIXTURE, 16, 160); /* 10 pages of 16 tokens */
+    qsa_model *ref = ts_load(be, TS_FIXTURE, 0, 0);
+    if (!m || !ref) { qsa_model_free(m); qsa_model_free(ref); TS_UNAVAILABLE(be, "fixture %s: %s", TS_FIXTURE, qsa_last_error()); }
     int V = qsa_model_get_config(m)->vocab_size;
     qsa_sched_params sp;
     memset(&sp, 0, sizeof sp);
@@ -134,13 +161,14 @@ TEST(cpu, sched_memory_pressure) {
     qsa_model_free(m);
     qsa_model_free(ref);
 }
+TS_BOTH(memory_pressure)
 
 /* What can never fit is refused at once with a message; what cannot fit because pages are held
    outside the scheduler is refused when nothing running could free them; others are unaffected. */
-TEST(cpu, sched_refusals) {
-    qsa_model *m = ts_load(TS_FIXTURE, 16, 160);
-    qsa_model *ref = ts_load(TS_FIXTURE, 0, 0);
-    if (!m || !ref) { qsa_model_free(m); qsa_model_free(ref); SKIP("fixture %s: %s", TS_FIXTURE, qsa_last_error()); }
+static void ts_refusals(qsa_backend be) {
+    qsa_model *m = ts_load(be, TS_FIXTURE, 16, 160);
+    qsa_model *ref = ts_load(be, TS_FIXTURE, 0, 0);
+    if (!m || !ref) { qsa_model_free(m); qsa_model_free(ref); TS_UNAVAILABLE(be, "fixture %s: %s", TS_FIXTURE, qsa_last_error()); }
     int V = qsa_model_get_config(m)->vocab_size;
     qsa_sched_params sp;
     memset(&sp, 0, sizeof sp);
@@ -217,6 +245,7 @@ TEST(cpu, sched_refusals) {
     qsa_model_free(m);
     qsa_model_free(ref);
 }
+TS_BOTH(refusals)
 
 typedef struct ts_cb {
     qsa_sched *s;
@@ -235,10 +264,10 @@ static int ts_on_token(void *user, int32_t token, const char *text, size_t len) 
 }
 
 /* Cancelling a queued, a prefilling and a decoding request gives their pages back at once. */
-TEST(cpu, sched_cancel_frees_pages) {
-    qsa_model *m = ts_load(TS_FIXTURE, 16, 160);
-    qsa_model *ref = ts_load(TS_FIXTURE, 0, 0);
-    if (!m || !ref) { qsa_model_free(m); qsa_model_free(ref); SKIP("fixture %s: %s", TS_FIXTURE, qsa_last_error()); }
+static void ts_cancel_frees_pages(qsa_backend be) {
+    qsa_model *m = ts_load(be, TS_FIXTURE, 16, 160);
+    qsa_model *ref = ts_load(be, TS_FIXTURE, 0, 0);
+    if (!m || !ref) { qsa_model_free(m); qsa_model_free(ref); TS_UNAVAILABLE(be, "fixture %s: %s", TS_FIXTURE, qsa_last_error()); }
     int V = qsa_model_get_config(m)->vocab_size;
     qsa_sched_params sp;
     memset(&sp, 0, sizeof sp);
@@ -333,11 +362,12 @@ TEST(cpu, sched_cancel_frees_pages) {
     qsa_model_free(m);
     qsa_model_free(ref);
 }
+TS_BOTH(cancel_frees_pages)
 
 /* EOS (the model's or an override, and ignore_eos), max_tokens, stop strings; streamed text. */
-TEST(cpu, sched_stop_conditions) {
-    qsa_model *m = ts_load(TS_FIXTURE, 16, 0);
-    if (!m) SKIP("fixture %s: %s", TS_FIXTURE, qsa_last_error());
+static void ts_stop_conditions(qsa_backend be) {
+    qsa_model *m = ts_load(be, TS_FIXTURE, 16, 0);
+    if (!m) TS_UNAVAILABLE(be, "fixture %s: %s", TS_FIXTURE, qsa_last_error());
     int V = qsa_model_get_config(m)->vocab_size;
     qsa_sched *s = NULL;
     CHECK_OK(qsa_sched_create(m, NULL, &s));
@@ -377,8 +407,8 @@ TEST(cpu, sched_stop_conditions) {
     qsa_model_free(m);
 
     /* stop strings need text: models/tiny */
-    m = ts_load("models/tiny", 0, 0);
-    if (!m) SKIP("models/tiny (run make): %s", qsa_last_error());
+    m = ts_load(be, "models/tiny", 0, 0);
+    if (!m) TS_UNAVAILABLE(be, "models/tiny (run make): %s", qsa_last_error());
     CHECK_OK(qsa_sched_create(m, NULL, &s));
     if (!s) { qsa_model_free(m); return; }
     memset(&rp, 0, sizeof rp);
@@ -454,12 +484,13 @@ TEST(cpu, sched_stop_conditions) {
     qsa_sched_free(s);
     qsa_model_free(m);
 }
+TS_BOTH(stop_conditions)
 
 /* Same seed, same tokens (also beside each other in one batch); another seed, other tokens. */
-TEST(cpu, sched_seeds) {
-    qsa_model *m = ts_load(TS_FIXTURE, 16, 0);
-    qsa_model *ref = ts_load(TS_FIXTURE, 0, 0);
-    if (!m || !ref) { qsa_model_free(m); qsa_model_free(ref); SKIP("fixture %s: %s", TS_FIXTURE, qsa_last_error()); }
+static void ts_seeds(qsa_backend be) {
+    qsa_model *m = ts_load(be, TS_FIXTURE, 16, 0);
+    qsa_model *ref = ts_load(be, TS_FIXTURE, 0, 0);
+    if (!m || !ref) { qsa_model_free(m); qsa_model_free(ref); TS_UNAVAILABLE(be, "fixture %s: %s", TS_FIXTURE, qsa_last_error()); }
     int V = qsa_model_get_config(m)->vocab_size;
     qsa_sched *s = NULL;
     CHECK_OK(qsa_sched_create(m, NULL, &s));
@@ -490,11 +521,12 @@ TEST(cpu, sched_seeds) {
     qsa_model_free(m);
     qsa_model_free(ref);
 }
+TS_BOTH(seeds)
 
 /* Statistics: ttft <= total, prefill and decode rates as specified. */
-TEST(cpu, sched_statistics) {
-    qsa_model *m = ts_load(TS_FIXTURE, 16, 0);
-    if (!m) SKIP("fixture %s: %s", TS_FIXTURE, qsa_last_error());
+static void ts_statistics(qsa_backend be) {
+    qsa_model *m = ts_load(be, TS_FIXTURE, 16, 0);
+    if (!m) TS_UNAVAILABLE(be, "fixture %s: %s", TS_FIXTURE, qsa_last_error());
     int V = qsa_model_get_config(m)->vocab_size;
     qsa_sched_params sp;
     memset(&sp, 0, sizeof sp);
@@ -534,12 +566,13 @@ TEST(cpu, sched_statistics) {
     qsa_sched_free(s);
     qsa_model_free(m);
 }
+TS_BOTH(statistics)
 
 /* Continuing a caller's sequence: turn after turn without recomputing the history, exactly as
    qsa_generate on one sequence; a sequence serves one live request at a time. */
-TEST(cpu, sched_continue_sequence) {
-    qsa_model *m = ts_load(TS_FIXTURE, 16, 0);
-    if (!m) SKIP("fixture %s: %s", TS_FIXTURE, qsa_last_error());
+static void ts_continue_sequence(qsa_backend be) {
+    qsa_model *m = ts_load(be, TS_FIXTURE, 16, 0);
+    if (!m) TS_UNAVAILABLE(be, "fixture %s: %s", TS_FIXTURE, qsa_last_error());
     int V = qsa_model_get_config(m)->vocab_size;
     qsa_sched *s = NULL;
     CHECK_OK(qsa_sched_create(m, NULL, &s));
@@ -604,6 +637,7 @@ TEST(cpu, sched_continue_sequence) {
     CHECK(m->pool.n_free == m->pool.n_pages);
     qsa_model_free(m);
 }
+TS_BOTH(continue_sequence)
 
 /* Batch invariance (CPU): a request's logits and tokens are bitwise identical alone and with
    1..31 other requests of different lengths, whatever its slot in the batch. */
@@ -619,9 +653,9 @@ static void ts_logits_hook(void *user, int64_t id, int index, const float *logit
     memcpy(r->data + (size_t)index * vocab, logits, sizeof(float) * (size_t)vocab);
 }
 
-TEST(cpu, sched_batch_invariance) {
-    qsa_model *m = ts_load(TS_FIXTURE, 16, 0);
-    if (!m) SKIP("fixture %s: %s", TS_FIXTURE, qsa_last_error());
+static void ts_batch_invariance(qsa_backend be) {
+    qsa_model *m = ts_load(be, TS_FIXTURE, 16, 0);
+    if (!m) TS_UNAVAILABLE(be, "fixture %s: %s", TS_FIXTURE, qsa_last_error());
     int V = qsa_model_get_config(m)->vocab_size;
     enum { NT = 6 };
     int32_t target[23], others[32][64];
@@ -686,3 +720,4 @@ TEST(cpu, sched_batch_invariance) {
     free(got);
     qsa_model_free(m);
 }
+TS_BOTH(batch_invariance)

@@ -1,6 +1,9 @@
 /* make_tiny_model.c - writes the built-in tiny Qwen4-Exp checkpoint used by tests, examples and CI.
  *
- *   tools/make_tiny_model OUT_DIR [--seed N]
+ *   tools/make_tiny_model OUT_DIR [--seed N] [--max-position-embeddings N]
+ *
+ * --max-position-embeddings sets the context the config announces (default 4096; tools/long_context
+ * uses it for requests of 262,144 tokens).  Nothing else depends on it: the weights are the same.
  *
  * OUT_DIR receives config.json, generation_config.json, model.safetensors, tokenizer.json and
  * tokenizer_config.json. Nothing is downloaded: the tokenizer is a byte-level BPE learned here on an
@@ -1075,8 +1078,9 @@ static void tm_mkdir_p(const char *dir)
 
 static void tm_usage(void)
 {
-    fprintf(stderr, "usage: make_tiny_model OUT_DIR [--seed N]\n"
-                    "writes the built-in tiny Qwen4-Exp model (config, BF16 safetensors, BPE tokenizer)\n");
+    fprintf(stderr, "usage: make_tiny_model OUT_DIR [--seed N] [--max-position-embeddings N]\n"
+                    "writes the built-in tiny Qwen4-Exp model (config, BF16 safetensors, BPE tokenizer);\n"
+                    "--max-position-embeddings: the context in config.json (default 4096; the weights do not change)\n");
     exit(2);
 }
 
@@ -1084,11 +1088,17 @@ int main(int argc, char **argv)
 {
     const char *out_dir = NULL;
     unsigned long long seed = 1;
+    long max_pos = 0;
     for (int i = 1; i < argc; ++i) {
         if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
             char *end = NULL;
             seed = strtoull(argv[++i], &end, 0);
             if (!end || *end) die("--seed expects an integer", argv[i]);
+        } else if (strcmp(argv[i], "--max-position-embeddings") == 0 && i + 1 < argc) {
+            char *end = NULL;
+            max_pos = strtol(argv[++i], &end, 10);
+            if (!end || *end || max_pos < 16 || max_pos > 1L << 30)
+                die("--max-position-embeddings expects an integer in 16 .. 2^30", argv[i]);
         } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             tm_usage();
         } else if (!out_dir && argv[i][0] != '-') {
@@ -1114,6 +1124,7 @@ int main(int argc, char **argv)
 
     tm_config cfg;
     tm_config_init(&cfg);
+    if (max_pos) cfg.max_position_embeddings = (int)max_pos;
     const int target_vocab = 1024; /* including the 3 special tokens */
     tm_tokenizer tk;
     memset(&tk, 0, sizeof(tk));
@@ -1137,8 +1148,9 @@ int main(int argc, char **argv)
     size_t total = 0;
     for (int i = 0; i < ts.n; ++i) total += ts.t[i].nbytes;
     printf("make_tiny_model: wrote %s (vocab %d = 256 bytes + %d merges -> %d tokens + 3 special; %d layers; "
-           "%d tensors, %zu bytes of weights; seed %llu)\n",
-           out_dir, cfg.vocab_size, tk.n_merges, tk.n_tokens, cfg.num_hidden_layers, ts.n, total, seed);
+           "%d tensors, %zu bytes of weights; seed %llu; context %d)\n",
+           out_dir, cfg.vocab_size, tk.n_merges, tk.n_tokens, cfg.num_hidden_layers, ts.n, total, seed,
+           cfg.max_position_embeddings);
 
     for (int i = 0; i < ts.n; ++i) free(ts.t[i].data);
     free(ts.t);
