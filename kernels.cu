@@ -381,12 +381,6 @@ static __device__ __forceinline__ float qsa_e2m1_fast(qsa_u32 code) {
     return __int_as_float((int)(bits | ((code & 8u) << 28)));
 }
 
-/* Two weights (low nibble first) of one byte, dequantised and rounded to fp16, packed low|high. */
-static __device__ __forceinline__ qsa_u32 qsa_nvfp4_pair(qsa_u32 byte, float scale) {
-    qsa_u32 lo = qsa_f32_to_f16(qsa_e2m1_fast(byte & 15u) * scale);
-    qsa_u32 hi = qsa_f32_to_f16(qsa_e2m1_fast((byte >> 4) & 15u) * scale);
-    return lo | (hi << 16);
-}
 
 /* One weight source: a dense fp16 matrix [N][K] or an NVFP4 one (q [N][K/2], s [N][K/16], s2). */
 typedef struct {
@@ -417,24 +411,6 @@ static __device__ __forceinline__ qsa_wsrc qsa_wsrc_nvfp4(const qsa_u8 *q, const
     return r;
 }
 
-/* W[n][k .. k+8) as fp16 bits (k a multiple of 8; rows are K long); zero when n >= N or k >= kend.
-   NVFP4: dequantised in fp32 as the CPU does (scale = e4m3 * s2, then e2m1 * scale), rounded to fp16. */
-static __device__ __forceinline__ uint4 qsa_ld8_w(const qsa_wsrc &w, int n, int N, int k, int kend, int K) {
-    if (n >= N || k >= kend) return qsa_u4_zero();
-    if (w.w16) return qsa_ld8_f16(w.w16 + (qsa_i64)n * K, k, kend, w.vec && !(K & 7)); /* rows 16-byte aligned */
-    const qsa_u8 *q = w.q + (qsa_i64)n * (K >> 1) + (k >> 1);
-    qsa_u32 b;
-    if (w.vec) b = *(const qsa_u32 *)q;
-    else b = (qsa_u32)q[0] | ((qsa_u32)q[1] << 8) | ((qsa_u32)q[2] << 16) | ((qsa_u32)q[3] << 24);
-    float scale = qsa_e4m3_to_f32(w.s[(qsa_i64)n * (K >> 4) + (k >> 4)]) * w.s2;
-    uint4 u;
-    u.x = qsa_nvfp4_pair(b & 0xffu, scale);
-    u.y = qsa_nvfp4_pair((b >> 8) & 0xffu, scale);
-    u.z = qsa_nvfp4_pair((b >> 16) & 0xffu, scale);
-    u.w = qsa_nvfp4_pair(b >> 24, scale);
-    return u;
-}
-
 /* NVFP4 in the split-K core: a lane owns weight row n0 + (lane >> 1) and, in every 32-element sub-step
    j of the segment, the half (lane & 1): 16 weights = 8 bytes of q and their scale byte.  All 8
    sub-steps are loaded when the segment starts (a warp then has 2 KB of packed weights in flight;
@@ -462,14 +438,63 @@ static __device__ __forceinline__ void qsa_ld_nvfp4_seg(const qsa_wsrc &w, int n
     }
 }
 
-/* 8 elements (one 32-bit word of q, low nibble first) dequantised like qsa_ld8_w. */
-static __device__ __forceinline__ uint4 qsa_dq8(qsa_u32 word, float scale) {
+/* Dequantisation by table: the 8 magnitudes of one block scale, tab[m] = fp16(e2m1(m) * scale)
+ * (cvt.rn of the fp32 product: the CPU dequantisation, then the rounding for the tensor core) for
+ * the non-negative codes m, stored as their low bytes (lo0: m = 0..3, lo1: 4..7) and high bytes
+ * (hi0, hi1), so that prmt picks four entries at once (checked against the direct formula for
+ * random words and scales, overflow included, by an emulation of prmt during development).  A
+ * negative code 8 + m is the same entry with the fp16 sign bit flipped: IEEE multiplication and
+ * round-to-nearest-even are symmetric in the sign, so fp16(-e2m1(m) * scale) = -fp16(e2m1(m) *
+ * scale) bit for bit (zeros and infinities included; only a NaN scale, which no real checkpoint
+ * has, could differ in the NaN's sign).  Cost: 8 multiplies and 8 conversions per 16 weights
+ * instead of one of each per weight, and ~2 integer operations per weight for the look-ups. */
+typedef struct { qsa_u32 lo0, lo1, hi0, hi1; } qsa_fp4lut;
+
+static __device__ __forceinline__ qsa_u32 qsa_prmt(qsa_u32 a, qsa_u32 b, qsa_u32 sel) {
+    qsa_u32 d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+static __device__ __forceinline__ qsa_fp4lut qsa_fp4_lut(float scale) {
+    qsa_u32 h[8];
+#pragma unroll
+    for (int m = 0; m < 8; m++) h[m] = qsa_f32_to_f16(qsa_e2m1_fast((qsa_u32)m) * scale);
+    const qsa_u32 p01 = h[0] | (h[1] << 16), p23 = h[2] | (h[3] << 16), p45 = h[4] | (h[5] << 16), p67 = h[6] | (h[7] << 16);
+    qsa_fp4lut t;
+    t.lo0 = qsa_prmt(p01, p23, 0x6420u); /* bytes 0, 2, 4, 6: the low bytes of h[0..3] */
+    t.hi0 = qsa_prmt(p01, p23, 0x7531u);
+    t.lo1 = qsa_prmt(p45, p67, 0x6420u);
+    t.hi1 = qsa_prmt(p45, p67, 0x7531u);
+    return t;
+}
+
+/* 8 elements (one 32-bit word of q, low nibble first) dequantised like qsa_ld8_w, by table. */
+static __device__ __forceinline__ uint4 qsa_dq8_lut(qsa_u32 word, const qsa_fp4lut &t) {
+    const qsa_u32 mag = word & 0x77777777u, hsel = mag >> 16;
+    /* sign bits to bit 7 of bytes: even nibbles (bit 3 of each byte) and odd nibbles (bit 7) */
+    const qsa_u32 se = (word << 4) & 0x80808080u, so = word & 0x80808080u;
+    const qsa_u32 lo_a = qsa_prmt(t.lo0, t.lo1, mag), hi_a = qsa_prmt(t.hi0, t.hi1, mag) ^ qsa_prmt(se, so, 0x5140u);
+    const qsa_u32 lo_b = qsa_prmt(t.lo0, t.lo1, hsel), hi_b = qsa_prmt(t.hi0, t.hi1, hsel) ^ qsa_prmt(se, so, 0x7362u);
     uint4 u;
-    u.x = qsa_nvfp4_pair(word & 0xffu, scale);
-    u.y = qsa_nvfp4_pair((word >> 8) & 0xffu, scale);
-    u.z = qsa_nvfp4_pair((word >> 16) & 0xffu, scale);
-    u.w = qsa_nvfp4_pair(word >> 24, scale);
+    u.x = qsa_prmt(lo_a, hi_a, 0x5140u); /* elements 0, 1 */
+    u.y = qsa_prmt(lo_a, hi_a, 0x7362u); /* 2, 3 */
+    u.z = qsa_prmt(lo_b, hi_b, 0x5140u); /* 4, 5 */
+    u.w = qsa_prmt(lo_b, hi_b, 0x7362u); /* 6, 7 */
     return u;
+}
+
+/* W[n][k .. k+8) as fp16 bits (k a multiple of 8; rows are K long); zero when n >= N or k >= kend.
+   NVFP4: dequantised in fp32 as the CPU does (scale = e4m3 * s2, then e2m1 * scale), rounded to fp16. */
+static __device__ __forceinline__ uint4 qsa_ld8_w(const qsa_wsrc &w, int n, int N, int k, int kend, int K) {
+    if (n >= N || k >= kend) return qsa_u4_zero();
+    if (w.w16) return qsa_ld8_f16(w.w16 + (qsa_i64)n * K, k, kend, w.vec && !(K & 7)); /* rows 16-byte aligned */
+    const qsa_u8 *q = w.q + (qsa_i64)n * (K >> 1) + (k >> 1);
+    qsa_u32 b;
+    if (w.vec) b = *(const qsa_u32 *)q;
+    else b = (qsa_u32)q[0] | ((qsa_u32)q[1] << 8) | ((qsa_u32)q[2] << 16) | ((qsa_u32)q[3] << 24);
+    float scale = qsa_e4m3_to_f32(w.s[(qsa_i64)n * (K >> 4) + (k >> 4)]) * w.s2;
+    return qsa_dq8_lut(b, qsa_fp4_lut(scale));
 }
 
 /* Split-K core: one 16 x 16 output tile (NB weight matrices sharing the A rows, e.g. gate and up),
@@ -540,9 +565,10 @@ static __device__ void qsa_tile16_splitk(const qsa_f16 *const *arow, int avec, c
                     for (int b = 0; b < NB; b++) {
                         const uint2 qq = q8[NV ? b : 0][j];
                         const float scl = qsa_e4m3_to_f32((sc[NV ? b : 0][j >> 2] >> (8 * (j & 3))) & 0xffu) * ws[b].s2;
+                        const qsa_fp4lut lut = qsa_fp4_lut(scl);
                         uint4 *dst = (uint4 *)(sw + b * 16 * QSA_ST + nr * QSA_ST + nh * 16);
-                        dst[0] = qsa_dq8(qq.x, scl);
-                        dst[1] = qsa_dq8(qq.y, scl);
+                        dst[0] = qsa_dq8_lut(qq.x, lut);
+                        dst[1] = qsa_dq8_lut(qq.y, lut);
                     }
                 } else {
 #pragma unroll
