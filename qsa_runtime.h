@@ -8585,6 +8585,16 @@ QSA_PRIV qsa_result qsa__cuda_upload(qsa_model *m, qsa__cuda *g) {
 }
 
 /* Scratch sized for chunks of `max_tokens`. */
+/* The cross-block GEMV's partial tiles and tickets (once; the tickets start at zero and every launch
+   leaves them there). */
+QSA_PRIV qsa_result qsa__cuda_gemv_scratch(qsa__cuda *g) {
+    qsa__dscratch *s = &g->sc;
+    if (s->gemv_part) return QSA_OK;
+    QSA__TRY(qsa__dalloc(g, &s->gemv_count, QSA__GEMV_TILES * 4, &g->bytes_scratch, "GEMV scratch"));
+    QSA__CU(qsa__cu.cuMemsetD8Async(s->gemv_count, 0, QSA__GEMV_TILES * 4, g->stream));
+    return qsa__dalloc(g, &s->gemv_part, QSA__GEMV_PART_BYTES, &g->bytes_scratch, "GEMV scratch");
+}
+
 QSA_PRIV qsa_result qsa__cuda_scratch(qsa_model *m, qsa__cuda *g, int T) {
     const qsa_model_config *c = &m->cfg;
     qsa__dscratch *s = &g->sc;
@@ -8642,9 +8652,7 @@ QSA_PRIV qsa_result qsa__cuda_scratch(qsa_model *m, qsa__cuda *g, int T) {
     }
     /* cross-block GEMV (qsa__dgemm): partial tiles and one ticket per tile, zeroed once (every
        launch leaves its tickets at zero) */
-    QSA__TRY(qsa__dalloc(g, &s->gemv_part, QSA__GEMV_PART_BYTES, cnt, "GEMV scratch"));
-    QSA__TRY(qsa__dalloc(g, &s->gemv_count, QSA__GEMV_TILES * 4, cnt, "GEMV scratch"));
-    QSA__CU(qsa__cu.cuMemsetD8Async(s->gemv_count, 0, QSA__GEMV_TILES * 4, g->stream));
+    QSA__TRY(qsa__cuda_gemv_scratch(g));
     s->host_e = QSA__ALLOC(float, (size_t)T * (c->ple_embed_dim ? c->ple_embed_dim : 1));
     if (!s->host_e) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
     return QSA_OK;
@@ -8806,7 +8814,7 @@ QSA_PRIV unsigned qsa__ygrid(int M, int H) {
    8 warps idle (K of more than 8 segments, e.g. 10 for K = 2560), aiming at >= 4 blocks per SM,
    within the partial-tile scratch. */
 QSA_PRIV int qsa__gemv_spb(const qsa__cuda *g, int M, int N, int K) {
-    if (M > 64 || K <= 0) return 0;
+    if (M > 64 || K <= 0 || !g->sc.gemv_part) return 0; /* (no scratch yet: tools measuring bare GEMMs) */
     long long tiles = (long long)((M + 15) / 16) * ((N + 15) / 16);
     int nseg = (K + 255) / 256, prow = M < 16 ? M : 16;
     if (tiles > QSA__GEMV_TILES || (size_t)(tiles * nseg * prow * 64) > QSA__GEMV_PART_BYTES) return 0;

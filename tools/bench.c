@@ -930,7 +930,8 @@ static qsa_result bench_gemm(bench *b, const char *what, int M, int N, int K, in
     w.out = N;
     w.in = K;
     size_t wb = nvfp4 ? (size_t)N * K / 2 : (size_t)N * K * 2;
-    qsa_result r = QSA__CU_R(qsa__cu.cuMemAlloc_v2(&A, (size_t)M * K * 2));
+    qsa_result r = qsa__cuda_gemv_scratch(g); /* M <= 64 may take the cross-block GEMV, as in decode */
+    if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuMemAlloc_v2(&A, (size_t)M * K * 2));
     if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuMemAlloc_v2(&W, wb));
     if (r == QSA_OK && nvfp4) r = QSA__CU_R(qsa__cu.cuMemAlloc_v2(&S, (size_t)N * K / 16));
     if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuMemAlloc_v2(&Y, (size_t)M * N * 4));
