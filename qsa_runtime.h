@@ -66,10 +66,8 @@
  *
  * LIMITATIONS
  *   Text model only.  One GPU per model: the tensor-parallel sharding plan exists (qsa_tp_*,
- *   docs/TP.md), the TP forward over NCCL does not yet.  GPU decode feeds sequences one at a time
- *   by default; the batched decode step and its CUDA graphs (qsa_seq_feed_batch with
- *   cuda_batch_decode / cuda_graphs) are written but have not run on a GPU yet, so they are off.
- *   See docs/ for what is implemented and measured.
+ *   docs/TP.md), the TP forward over NCCL does not yet.  See docs/ for what is implemented and
+ *   measured (docs/PERFORMANCE.md: decode is far from the bandwidth limit today).
  *
  * SECTIONS (grep for the tag), in the order data flows
  *   >>api          public declarations
@@ -396,11 +394,12 @@ typedef struct qsa_model_params {
     int gdn_state_f16;       /* 1: keep the GDN recurrent state in FP16 on the GPU (comparison option; default FP32) */
     int max_batch;           /* most sequences per batched decode step on the GPU (qsa_seq_feed_batch; larger
                                 batches run in groups of this size; 0: 32).  Sizes the per-step device buffers */
-    int cuda_batch_decode;   /* 1: qsa_seq_feed_batch runs one batched forward for all its sequences on the GPU.
-                                Default 0 (sequences are fed one at a time): the batched path has NOT yet run on
-                                a GPU (docs/CUDA.md) */
-    int cuda_graphs;         /* 1 (with cuda_batch_decode): replay batched decode steps as CUDA graphs (one per batch
-                                size, captured at first use).  Default 0: NOT yet run on a GPU; ignored with QSA_DEBUG */
+    int cuda_batch_decode;   /* 0 or 1 (default: on): qsa_seq_feed_batch runs one batched forward for all its
+                                sequences on the GPU (same bits per sequence as feeding it alone: batch invariance,
+                                tests/t_gpu.c); -1: sequences are fed one at a time */
+    int cuda_graphs;         /* 0 or 1 (default: on, with cuda_batch_decode): replay batched decode steps as CUDA
+                                graphs (one per batch size, captured at first use; same bits as eager); -1: eager.
+                                Ignored with QSA_DEBUG */
 } qsa_model_params;
 
 typedef struct qsa_model qsa_model;
@@ -6201,6 +6200,9 @@ QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *para
 #else
         QSA__DEF(m->params.max_chunk, 512);
         QSA__DEF(m->params.max_batch, 32);
+        /* batched decode and its graphs: 0 means the default (on), a negative value off */
+        m->params.cuda_batch_decode = m->params.cuda_batch_decode >= 0;
+        m->params.cuda_graphs = m->params.cuda_graphs >= 0;
         /* the pool's page size is needed by the device allocation: settle it first */
         r = qsa__pool_create(m, 0);
         if (r == QSA_OK) r = qsa__cuda_init(m, &m->cuda);
@@ -9105,7 +9107,8 @@ QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, floa
 
 /* ---- batched decode: one token of each of B sequences per forward pass, optionally a CUDA graph ----
 
-   NOT YET RUN ON A GPU (written without a device; docs/CUDA.md "Batched decode and CUDA graphs").
+   Verified on an H200 (tests/t_gpu.c batch_*: batches of 1, 2, 7, 8, 31, 32 bitwise equal to feeding
+   each sequence alone, graphs equal to eager; tests/t_sched.c gpu/sched_*).
 
    The step runs the chunk forward with M = B tokens: every per-token kernel (embedding, norms, mixers,
    GEMMs, MoE, gates) is launched unchanged, and the kernels that need a sequence's position, block

@@ -291,7 +291,7 @@ static void bd_reference(qsa_model *m, int nreq, float **ref, int32_t **rtok) {
 TEST(gpu, batch_invariance_decode) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
-    mp.cuda_batch_decode = 1; /* the batched path is opt-in until verified */
+    mp.cuda_batch_decode = 1;
     qsa_model *m = NULL;
     GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
     size_t V = (size_t)m->cfg.vocab_size;
@@ -321,7 +321,7 @@ TEST(gpu, batch_invariance_decode) {
 TEST(gpu, batch_decode_equals_single_feed) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
-    mp.cuda_batch_decode = 1; /* the batched path is opt-in until verified */
+    mp.cuda_batch_decode = 1;
     qsa_model *m = NULL;
     GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
     size_t V = (size_t)m->cfg.vocab_size;
@@ -344,11 +344,11 @@ TEST(gpu, batch_decode_equals_single_feed) {
 TEST(gpu, batch_cuda_graphs_equal_eager) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
-    mp.cuda_batch_decode = 1; /* the batched path is opt-in until verified */
+    mp.cuda_batch_decode = 1;
     qsa_model *m = NULL, *mg = NULL;
     GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
     memset(&mp, 0, sizeof mp);
-    mp.cuda_batch_decode = 1; /* the batched path is opt-in until verified */
+    mp.cuda_batch_decode = 1;
     mp.cuda_graphs = 1;
     mp.max_batch = 16;
     GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &mg);
@@ -375,7 +375,7 @@ TEST(gpu, batch_cuda_graphs_equal_eager) {
 TEST(gpu, batch_allocation_invariance) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
-    mp.cuda_batch_decode = 1; /* the batched path is opt-in until verified */
+    mp.cuda_batch_decode = 1;
     qsa_model *m = NULL;
     GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
     size_t V = (size_t)m->cfg.vocab_size;
@@ -391,7 +391,7 @@ TEST(gpu, batch_allocation_invariance) {
     for (int pi = 0; pi < 2 && lg && ref; pi++) {
         qsa_model *mp2 = NULL;
         memset(&mp, 0, sizeof mp);
-        mp.cuda_batch_decode = 1; /* the batched path is opt-in until verified */
+        mp.cuda_batch_decode = 1;
         mp.kv_page_size = pages[pi];
         if (!gpu_model("qsa_hc4_ple_sharded", &mp, &mp2)) break;
         bd_run(mp2, reqs, 8, 1, 7, lg, tok);
