@@ -9389,11 +9389,13 @@ QSA_PRIV const void *qsa__tp_rows(qsa__tp_own *o, const void *base, size_t row_b
 }
 
 /* Columns of a row-major [rows][row_bytes] array: the runs of `sl`, in logical columns `per` times the
-   slice's units, where `per_elem` logical columns share one stored element of `esz` bytes. */
+   slice's units, where `per_elem` logical columns share one stored element of `esz` bytes; zero
+   columns after them up to pad_cols logical columns. */
 QSA_PRIV const void *qsa__tp_cols(qsa__tp_own *o, const void *base, int64_t rows, size_t row_bytes, const qsa_tp_slice *sl,
-                                  int per, int per_elem, size_t esz) {
-    size_t out_row = (size_t)(sl->count * per / per_elem) * esz;
-    char *d = (char *)qsa__tp_keep(o, qsa__malloc((size_t)rows * out_row));
+                                  int per, int per_elem, size_t esz, int64_t pad_cols) {
+    int64_t cols = sl->count * per > pad_cols ? sl->count * per : pad_cols;
+    size_t out_row = (size_t)(cols / per_elem) * esz;
+    char *d = (char *)qsa__tp_keep(o, qsa__calloc((size_t)rows, out_row));
     if (!d) return NULL;
     for (int64_t r = 0; r < rows; r++) {
         const char *src = (const char *)base + (size_t)r * row_bytes;
@@ -9410,10 +9412,12 @@ QSA_PRIV const void *qsa__tp_cols(qsa__tp_own *o, const void *base, int64_t rows
 #define QSA__TP_OOM(p) do { if (!(p)) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp: out of host memory for the slices of rank %d", rank); } while (0)
 
 /* Rank `rank`'s slice of the linear map `base` (a checkpoint name without ".weight").  ROWS: the
-   rank's output rows (the lm_head padded with zero rows to pad_rows); COLS: its input columns, the
-   bias kept by rank 0 only (it is added once, before the reduction). */
+   rank's output rows, padded with zero rows to `pad` (the lm_head to ceil(V/tp); expert gate/up to a
+   multiple of 16); COLS: its input columns, padded with zero columns to `pad` (expert down), the bias
+   kept by rank 0 only (it is added once, before the reduction).  Zero padding adds exact zeros. */
 QSA_PRIV qsa_result qsa__tp_lin(const qsa_model_config *c, int tp, int rank, qsa__tp_own *o, const char *base,
-                                const qsa__lin *full, int64_t pad_rows, qsa__lin *out) {
+                                const qsa__lin *full, int64_t pad, qsa__lin *out) {
+    int64_t pad_rows = pad;
     char name[320];
     qsa_tp_slice sl;
     *out = *full;
@@ -9437,12 +9441,12 @@ QSA_PRIV qsa_result qsa__tp_lin(const qsa_model_config *c, int tp, int rank, qsa
     int per = (int)(in / sl.global[1]);
     if (per < 1 || (int64_t)per * sl.global[1] != in)
         return qsa__fail(QSA_ERR_SHAPE, "tp: %s: %d input columns, the plan expects %lld", name, in, (long long)sl.global[1]);
-    out->in = (int)(sl.count * per);
-    if (full->w) QSA__TP_OOM(out->w = (const float *)qsa__tp_cols(o, full->w, full->out, (size_t)in * 4, &sl, per, 1, 4));
+    out->in = (int)(sl.count * per > pad ? sl.count * per : pad);
+    if (full->w) QSA__TP_OOM(out->w = (const float *)qsa__tp_cols(o, full->w, full->out, (size_t)in * 4, &sl, per, 1, 4, pad));
     else {
         if (out->in % 16) return qsa__fail(QSA_ERR_SHAPE, "tp: %s: %d NVFP4 columns per rank split a 16-column group", name, out->in);
-        QSA__TP_OOM(out->q = (const uint8_t *)qsa__tp_cols(o, full->q, full->out, (size_t)in / 2, &sl, per, 2, 1));
-        QSA__TP_OOM(out->qscale = (const uint8_t *)qsa__tp_cols(o, full->qscale, full->out, (size_t)in / 16, &sl, per, 16, 1));
+        QSA__TP_OOM(out->q = (const uint8_t *)qsa__tp_cols(o, full->q, full->out, (size_t)in / 2, &sl, per, 2, 1, pad));
+        QSA__TP_OOM(out->qscale = (const uint8_t *)qsa__tp_cols(o, full->qscale, full->out, (size_t)in / 16, &sl, per, 16, 1, pad));
     }
     if (rank != 0) out->bias = NULL;
     return QSA_OK;
@@ -9527,17 +9531,21 @@ QSA_PRIV qsa_result qsa__tp_view(const qsa_model *m, int tp, int rank, qsa__tp_o
             QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->attn.o, 0, &d->attn.o));
         }
         snprintf(b, sizeof b, "layers.%d.mlp", l);
+        /* the MoE kernels work on tiles of 16 intermediate columns (docs/CUDA.md): a rank's share that is not a
+           multiple of 16 (only in small models; NVFP4 experts always split into whole groups) is padded with
+           zero gate/up rows and zero down columns, whose products add exact zeros */
+        int64_t Ipad = (v->cfg.moe_intermediate_size + 15) / 16 * 16;
         d->moe.gate = (qsa__lin *)qsa__tp_keep(keep, qsa__calloc((size_t)E, sizeof(qsa__lin)));
         d->moe.up = (qsa__lin *)qsa__tp_keep(keep, qsa__calloc((size_t)E, sizeof(qsa__lin)));
         d->moe.down = (qsa__lin *)qsa__tp_keep(keep, qsa__calloc((size_t)E, sizeof(qsa__lin)));
         QSA__TP_OOM(d->moe.gate && d->moe.up && d->moe.down);
         for (int e = 0; e < E; e++) {
             snprintf(name, sizeof name, "%s.experts.%d.gate_proj", b, e);
-            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.gate[e], 0, &d->moe.gate[e]));
+            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.gate[e], Ipad, &d->moe.gate[e]));
             snprintf(name, sizeof name, "%s.experts.%d.up_proj", b, e);
-            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.up[e], 0, &d->moe.up[e]));
+            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.up[e], Ipad, &d->moe.up[e]));
             snprintf(name, sizeof name, "%s.experts.%d.down_proj", b, e);
-            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.down[e], 0, &d->moe.down[e]));
+            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.down[e], Ipad, &d->moe.down[e]));
         }
         snprintf(name, sizeof name, "%s.shared_expert.gate_proj", b);
         QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.sh_gate, 0, &d->moe.sh_gate));
@@ -9546,6 +9554,7 @@ QSA_PRIV qsa_result qsa__tp_view(const qsa_model *m, int tp, int rank, qsa__tp_o
         snprintf(name, sizeof name, "%s.shared_expert.down_proj", b);
         QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.sh_down, 0, &d->moe.sh_down));
     }
+    v->cfg.moe_intermediate_size = (v->cfg.moe_intermediate_size + 15) / 16 * 16;
     return QSA_OK;
 }
 

@@ -847,6 +847,12 @@ static qsa_result tp_run_prompt(qsa_model *m, float *out, int32_t *tokens, float
     return r;
 }
 
+static int tp_finite(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
 static int tp_load(const char *fx, int tp, int rank, const char *rdv, qsa_model **m) {
     char dir[600];
     qsa_model_params mp;
@@ -924,6 +930,7 @@ TEST(nccl, tp2_one_process) {
         }
         /* TP = 2 against TP = 1, prompt + greedy steps */
         CHECK_OK(tp_run_prompt(m2, l2, t2, h2));
+        CHECKF(tp_finite(l2, (size_t)rows * V) && tp_finite(l1, (size_t)rows * V), "%s: logits not finite", names[f]);
         float worst = 0.0f, scale = 1.0f, hw = 0.0f;
         for (size_t i = 0; i < (size_t)rows * V; i++) {
             float d = fabsf(l1[i] - l2[i]);
@@ -1001,6 +1008,7 @@ TEST(nccl, tp2_two_processes) {
         float *ref = (float *)malloc(sizeof(float) * nfl), *got[2];
         int32_t rtk[TP_STEPS], gtk[2][TP_STEPS];
         CHECK_OK(tp_run_prompt(m, ref, rtk, NULL));
+        CHECKF(tp_finite(ref, nfl), "%s: logits not finite", names[f]);
         qsa_model_free(m);
         char dir[] = "/tmp/qsa_tp2p_XXXXXX";
         if (!mkdtemp(dir)) { CHECK(0); free(ref); return; }
