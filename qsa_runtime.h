@@ -65,8 +65,10 @@
  *   must be used by one thread at a time.  The error message is per thread.
  *
  * LIMITATIONS
- *   Text model only.  One GPU per model: the tensor-parallel sharding plan exists (qsa_tp_*,
- *   docs/TP.md), the TP forward over NCCL does not yet.  GPU decode feeds sequences one at a time
+ *   Text model only.  Tensor parallelism over NCCL (qsa_model_params.tp, docs/TP.md): one process
+ *   driving several GPUs or one process per GPU; under TP sequences decode one at a time (no batched
+ *   step, no CUDA graphs) and a device failure in the middle of a step is fatal to the model (the
+ *   other ranks wait in their collectives).  GPU decode feeds sequences one at a time
  *   by default; the batched decode step and its CUDA graphs (qsa_seq_feed_batch with
  *   cuda_batch_decode / cuda_graphs) are written but have not run on a GPU yet, so they are off.
  *   See docs/ for what is implemented and measured.
@@ -88,8 +90,9 @@
  *   >>sampler      greedy and seeded sampling
  *   >>generate     sequences, prefill/decode, stop conditions, statistics
  *   >>capture      capture and replay of one QSA layer
- *   >>tp-plan      how every tensor is split over TP ranks (the sharding plan; no TP forward yet)
+ *   >>tp-plan      how every tensor is split over TP ranks (the sharding plan)
  *   >>cuda         the CUDA backend: kernel module + disk cache, weights, device KV pool, forward
+ *   >>tp           tensor-parallel ranks: per-rank model views, threads, NCCL group, reductions
  *   >>scheduler    requests, continuous batching, chunked prefill, KV-page admission
  */
 #ifndef QSA_RUNTIME_H

@@ -931,17 +931,26 @@ TEST(nccl, tp2_one_process) {
         /* TP = 2 against TP = 1, prompt + greedy steps */
         CHECK_OK(tp_run_prompt(m2, l2, t2, h2));
         CHECKF(tp_finite(l2, (size_t)rows * V) && tp_finite(l1, (size_t)rows * V), "%s: logits not finite", names[f]);
-        float worst = 0.0f, scale = 1.0f, hw = 0.0f;
-        for (size_t i = 0; i < (size_t)rows * V; i++) {
-            float d = fabsf(l1[i] - l2[i]);
-            worst = d > worst ? d : worst;
-            scale = fabsf(l1[i]) > scale ? fabsf(l1[i]) : scale;
-        }
+        /* the tolerance of t_gpu.c, with its excuse: TP 2 adds the partial sums in another order (a few ulp),
+           which can pick the other expert where the CPU sees an MoE routing near-tie (rows_check) */
+        float worst = 0.0f, hw = 0.0f, err = 0.0f, excess;
+        int excused = 0, diverged = 0;
+        char dir[600];
+        int32_t all[TP_N + TP_STEPS];
+        for (int i = 0; i < TP_N; i++) all[i] = ids[i];
+        for (int i = 0; i < TP_STEPS; i++) all[TP_N + i] = t1[i];
+        snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures"), names[f]);
+        gpu_tolerances();
+        cpu_route_margins(dir, all, rows);
+        excess = rows_check(l2, l1, rows, V, 0, &err, &excused, &diverged);
+        cpu_tolerances();
+        for (size_t i = 0; i < (size_t)rows * V; i++) worst = fabsf(l1[i] - l2[i]) > worst ? fabsf(l1[i] - l2[i]) : worst;
         for (size_t i = 0; i < (size_t)TP_N * H; i++) hw = fabsf(h1[i] - h2[i]) > hw ? fabsf(h1[i] - h2[i]) : hw;
-        CHECKF(worst <= 2e-2f + 5e-3f * scale, "%s: TP 2 vs TP 1 logits max |d| %g > %g", names[f], worst, 2e-2f + 5e-3f * scale);
+        CHECKF(excess <= 0, "%s: TP 2 vs TP 1 logits max |d| %g beyond the tolerance by %g", names[f], err, excess);
         CHECKF(!memcmp(t1, t2, sizeof t1), "%s: greedy tokens differ between TP 1 and TP 2", names[f]);
-        printf("    %s: TP 2 vs TP 1 (GPU): logits max |d| %.3g (scale %.3g), hidden max |d| %.3g, %d greedy tokens %s\n",
-               names[f], worst, scale, hw, TP_STEPS, memcmp(t1, t2, sizeof t1) ? "DIFFER" : "equal");
+        printf("    %s: TP 2 vs TP 1 (GPU): logits max |d| %.3g over all rows (%d rows at routing near-ties excused, %d after one "
+               "held to the loose tolerance), hidden max |d| %.3g, %d greedy tokens %s\n", names[f], worst, excused, diverged, hw,
+               TP_STEPS, memcmp(t1, t2, sizeof t1) ? "DIFFER" : "equal");
         free(l1); free(l2); free(h1); free(h2);
         qsa_model_free(m1);
         qsa_model_free(m2);
