@@ -29,7 +29,7 @@ NVRTC_ARCH ?=
 HDRS := qsa_runtime.h kernels.cu.inc
 TEST_SRCS := $(wildcard tests/*.c)
 TOOLS := $(patsubst %.c,%,$(wildcard tools/tokenize.c tools/logits.c tools/replay.c tools/make_tiny_model.c tools/bench.c tools/long_context.c))
-EXAMPLES := $(patsubst %.c,%,$(wildcard examples/chat.c examples/batch.c))
+EXAMPLES := $(patsubst %.c,%,$(wildcard examples/chat.c examples/batch.c examples/tp_launch.c))
 TINY := $(if $(wildcard tools/make_tiny_model.c),models/tiny/config.json)
 FUZZERS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_json.c tests/fuzz/fuzz_safetensors.c tests/fuzz/fuzz_tokenizer.c))
 

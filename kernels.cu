@@ -2193,3 +2193,31 @@ extern "C" __global__ void qsa_k_ple_conv_batch(float *__restrict__ X, const flo
 }
 
 #undef QSA_BPTR
+
+/* ============================================================================================== */
+/* Tensor parallelism (qsa_runtime.h >>tp): what the ranks do with all-gathered data.              */
+/* ============================================================================================== */
+
+/* The deterministic reduction of row-parallel partial sums: parts [tp][n] fp32 (rank r's partial
+ * sums at parts + r * n, as ncclAllGather leaves them), out[i] = ((p0 + p1) + p2) + ... in rank
+ * order, unfused adds.  Every rank runs it on the same bytes, so every rank gets the same bits,
+ * whatever algorithm NCCL used to move them.  Launch: grid any (ceil(n / 256)), block any (256). */
+extern "C" __global__ void qsa_k_tp_sum(const float *__restrict__ parts, float *__restrict__ out, int n, int tp) {
+    for (qsa_i64 i = (qsa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (qsa_i64)gridDim.x * blockDim.x) {
+        float s = parts[i];
+        for (int r = 1; r < tp; r++) s = __fadd_rn(s, parts[(qsa_i64)r * n + i]);
+        out[i] = s;
+    }
+}
+
+/* PLE rows: rank r gathered columns [r * dl, (r + 1) * dl) of every head's row, parts [tp][M][nh][dl];
+ * e [M][nh * tp * dl] is the full concatenated row (head h, column c = r * dl + j at h * tp * dl + c).
+ * A copy.  Launch: grid any (ceil(M * nh * tp * dl / 256)), block any (256). */
+extern "C" __global__ void qsa_k_tp_ple_unshard(const float *__restrict__ parts, float *__restrict__ e, int M, int nh,
+                                                int dl, int tp) {
+    const qsa_i64 D = (qsa_i64)nh * tp * dl, n = (qsa_i64)M * D;
+    for (qsa_i64 i = (qsa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (qsa_i64)gridDim.x * blockDim.x) {
+        qsa_i64 t = i / D, c = i % D, h = c / ((qsa_i64)tp * dl), w = c % ((qsa_i64)tp * dl), r = w / dl, j = w % dl;
+        e[i] = parts[((r * M + t) * nh + h) * dl + j];
+    }
+}

@@ -65,9 +65,11 @@
  *   must be used by one thread at a time.  The error message is per thread.
  *
  * LIMITATIONS
- *   Text model only.  One GPU per model: the tensor-parallel sharding plan exists (qsa_tp_*,
- *   docs/TP.md), the TP forward over NCCL does not yet.  See docs/ for what is implemented and
- *   measured (docs/PERFORMANCE.md: decode is far from the bandwidth limit today).
+ *   Text model only.  Tensor parallelism over NCCL (qsa_model_params.tp, docs/TP.md): one process
+ *   driving several GPUs or one process per GPU; under TP sequences decode one at a time (no batched
+ *   step, no CUDA graphs) and a device failure in the middle of a step is fatal to the model (the
+ *   other ranks wait in their collectives).  See docs/ for what is implemented and measured
+ *   (docs/PERFORMANCE.md: decode is far from the bandwidth limit today).
  *
  * SECTIONS (grep for the tag), in the order data flows
  *   >>api          public declarations
@@ -86,8 +88,9 @@
  *   >>sampler      greedy and seeded sampling
  *   >>generate     sequences, prefill/decode, stop conditions, statistics
  *   >>capture      capture and replay of one QSA layer
- *   >>tp-plan      how every tensor is split over TP ranks (the sharding plan; no TP forward yet)
+ *   >>tp-plan      how every tensor is split over TP ranks (the sharding plan)
  *   >>cuda         the CUDA backend: kernel module + disk cache, weights, device KV pool, forward
+ *   >>tp           tensor-parallel ranks: per-rank model views, threads, NCCL group, reductions
  *   >>scheduler    requests, continuous batching, chunked prefill, KV-page admission
  */
 #ifndef QSA_RUNTIME_H
@@ -239,7 +242,7 @@ QSA_API int qsa_config_quant_excluded(const qsa_model_config *c, const char *mod
 QSA_API qsa_result qsa_generation_config_parse(const char *json, size_t len, const char *source,
                                                qsa_generation_config *out);
 
-/* ---- tensor parallelism: the sharding plan (docs/TP.md; the TP forward itself is not implemented yet) ---- */
+/* ---- tensor parallelism: the sharding plan (docs/TP.md; the TP forward: qsa_model_params.tp) ---- */
 
 #define QSA_TP_MAX 64      /* most ranks qsa_tp_check accepts */
 #define QSA_TP_MAX_RUNS 3
@@ -400,6 +403,20 @@ typedef struct qsa_model_params {
     int cuda_graphs;         /* 0 or 1 (default: on, with cuda_batch_decode): replay batched decode steps as CUDA
                                 graphs (one per batch size, captured at first use; same bits as eager); -1: eager.
                                 Ignored with QSA_DEBUG */
+    /* Tensor parallelism over NCCL (docs/TP.md; CUDA backend).  tp ranks split the model; every rank ends
+       each step with bitwise-identical hidden states and logits.  Two ways to form the group:
+         one process:   tp GPUs of this process (tp_devices, else device, device+1, ...), one host thread
+                        per GPU, communicator from ncclCommInitAll.  Leave tp_rendezvous NULL.
+         one process per rank (several processes or hosts): set tp_rendezvous and tp_rank; this process is
+                        rank tp_rank on GPU `device`.  Every process must run the same requests in the same
+                        order (SPMD, like torchrun); each gets the same logits. */
+    int tp;                     /* ranks in the group (0 or 1: no tensor parallelism) */
+    const int *tp_devices;      /* one process: tp CUDA ordinals, rank i on tp_devices[i] (NULL: consecutive from `device`) */
+    const char *tp_rendezvous;  /* several processes: a file path every rank can see, new for each launch (rank 0
+                                   writes the NCCL unique id there and removes it once the group is formed; the
+                                   others wait for it).  NULL: one process drives all ranks */
+    int tp_rank;                /* with tp_rendezvous: this process's rank, 0 .. tp-1 */
+    int tp_timeout_s;           /* with tp_rendezvous: seconds a rank waits for the id file (0: 300) */
 } qsa_model_params;
 
 typedef struct qsa_model qsa_model;
@@ -410,6 +427,17 @@ QSA_API const qsa_model_config *qsa_model_get_config(const qsa_model *model);
 /* The tokenizer loaded from the model directory, or NULL when the directory has none. */
 QSA_API const qsa_tokenizer *qsa_model_get_tokenizer(const qsa_model *model);
 QSA_API const qsa_generation_config *qsa_model_get_generation_config(const qsa_model *model);
+
+/* Tensor-parallel state of a model and the runtime's count of its communication (docs/TP.md). */
+typedef struct qsa_tp_info {
+    int tp;                 /* ranks in the group (1 without tensor parallelism) */
+    int first_rank, n_local;/* the ranks this process drives: first_rank .. first_rank + n_local - 1 */
+    long long collectives;  /* NCCL collectives one rank issued since load or the last reset */
+    long long bytes_sent;   /* bytes one rank sent in them: (tp - 1) x its contribution to each all-gather */
+    long long bytes_contributed; /* bytes one rank contributed (the send buffers' sizes) */
+} qsa_tp_info;
+QSA_API void qsa_model_tp_info(const qsa_model *model, qsa_tp_info *out);
+QSA_API void qsa_model_tp_reset_counters(qsa_model *model);
 
 /* A sequence: one request's recurrent state, KV cache and position.  Tokens are fed in order;
    any split into chunks gives the same result as feeding them at once. */
@@ -5742,7 +5770,10 @@ struct qsa_model {
     qsa__layer_w *layers;
     float *rope_inv_freq;  /* [rotary_dim / 2] */
     qsa__pool pool;        /* KV pages of the QSA layers */
-    struct qsa__cuda *cuda; /* the CUDA backend, NULL on the CPU backend */
+    struct qsa__cuda *cuda; /* the CUDA backend, NULL on the CPU backend (under TP: local rank 0's backend) */
+    struct qsa__tp *tp;     /* tensor parallelism (>>tp): the ranks this process drives; NULL without TP */
+    struct qsa__tp_rank *tpr; /* set in a rank's view of the model (its local dims and weights): the forward's
+                                 reduction points talk to the other ranks through it; NULL otherwise */
     /* owned fp32 copies of dense tensors */
     float **owned;
     int n_owned, cap_owned;
@@ -6095,7 +6126,11 @@ QSA_PRIV qsa_result qsa__cuda_seq_reset(qsa_model *m, qsa_seq *s);
 QSA_PRIV void qsa__cuda_seq_destroy(qsa_model *m, qsa_seq *s);
 QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, float *logits, int all_logits);
 QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int B, float *logits);
+struct qsa__tp;
+QSA_PRIV qsa_result qsa__tp_init(qsa_model *m);
+QSA_PRIV void qsa__tp_free(qsa_model *m);
 #endif
+QSA_PRIV void qsa__tp_local_config(const qsa_model_config *c, int tp, qsa_model_config *lc);
 
 QSA_PRIV void qsa__pool_destroy(qsa__pool *p) {
     qsa__free(p->k);
@@ -6109,7 +6144,12 @@ QSA_PRIV void qsa__pool_destroy(qsa__pool *p) {
 QSA_PRIV qsa_result qsa__pool_create(qsa_model *m, int host_storage) {
     const qsa_model_config *c = &m->cfg;
     qsa__pool *p = &m->pool;
-    p->page_size = m->params.kv_page_size > 0 ? m->params.kv_page_size : qsa__default_page_size(c);
+    qsa_model_config local = *c; /* under TP the hybrid rule uses one rank's share of the state (docs/TP.md) */
+    if (m->params.tp > 1) {
+        if (qsa_tp_check(c, m->params.tp) == QSA_OK) qsa__tp_local_config(c, m->params.tp, &local);
+        else qsa_clear_error(); /* qsa__tp_init reports it */
+    }
+    p->page_size = m->params.kv_page_size > 0 ? m->params.kv_page_size : qsa__default_page_size(&local);
     if (m->params.kv_page_size > 0 && m->params.kv_page_size < 16)
         return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "kv_page_size %d: expected at least 16 tokens", m->params.kv_page_size);
     int64_t tokens = m->params.kv_pool_tokens > 0 ? m->params.kv_pool_tokens
@@ -6139,7 +6179,8 @@ QSA_PRIV qsa_result qsa__pool_create(qsa_model *m, int host_storage) {
 QSA_IMPL void qsa_model_free(qsa_model *m) {
     if (!m) return;
 #ifndef QSA_NO_CUDA
-    qsa__cuda_free(m->cuda);
+    if (m->tp) qsa__tp_free(m); /* every rank's backend, the communicators, the threads */
+    else qsa__cuda_free(m->cuda);
 #endif
     if (m->layers) {
         for (int L = 0; L < m->cfg.num_hidden_layers; L++) {
@@ -6194,6 +6235,8 @@ QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *para
     }
     if (r == QSA_OK) r = qsa__st_open_dir(dir, &m->st);
     if (r == QSA_OK) r = qsa__model_bind(m);
+    if (r == QSA_OK && m->params.tp > 1 && m->params.backend == QSA_BACKEND_CPU)
+        r = qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_model_load: tp = %d needs the CUDA backend", m->params.tp);
     if (r == QSA_OK && m->params.backend != QSA_BACKEND_CPU) {
 #ifdef QSA_NO_CUDA
         if (m->params.backend == QSA_BACKEND_CUDA) r = qsa__fail(QSA_ERR_UNSUPPORTED, "qsa_model_load: built with QSA_NO_CUDA");
@@ -6205,8 +6248,9 @@ QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *para
         m->params.cuda_graphs = m->params.cuda_graphs >= 0;
         /* the pool's page size is needed by the device allocation: settle it first */
         r = qsa__pool_create(m, 0);
-        if (r == QSA_OK) r = qsa__cuda_init(m, &m->cuda);
-        if (r != QSA_OK && m->params.backend == QSA_BACKEND_AUTO) {
+        if (r == QSA_OK) r = m->params.tp > 1 ? qsa__tp_init(m) : qsa__cuda_init(m, &m->cuda);
+        /* a rank of a multi-process group may not fall back: the others would wait for it */
+        if (r != QSA_OK && m->params.backend == QSA_BACKEND_AUTO && !(m->params.tp > 1 && m->params.tp_rendezvous)) {
             qsa__log(QSA_LOG_INFO, "CUDA backend unavailable (%s): using the CPU backend", qsa_last_error());
             qsa__pool_destroy(&m->pool);
             r = QSA_OK;
@@ -6385,7 +6429,8 @@ struct qsa_seq {
     void (*route_hook)(void *user, int layer, int64_t pos, float margin); /* MoE routing margins (CPU) */
     void *sel_user;                                                        /* user of both hooks */
     float *hidden_out;          /* if set: receives final hidden states [n][H] of the next feed */
-    struct qsa__cuda_seq *cuda; /* device state on the CUDA backend */
+    struct qsa__cuda_seq *cuda; /* device state on the CUDA backend (under TP: local rank 0's) */
+    struct qsa__tp_seq *tp;     /* under TP: every local rank's device state and host-side layer state */
     qsa__capture *cap;          /* debug capture, NULL when off */
 };
 
@@ -6557,8 +6602,17 @@ QSA_PRIV void qsa__inject(const qsa_model_config *c, float *x, const float *inj,
 /* The concatenated n-gram embedding rows e[D] of the token win[ctx] given the ctx tokens before it
    (win[0..ctx), oldest first): per n-gram order and head, (XOR of token*multiplier) mod prime +
    offset, with tokens beyond an EOS replaced by EOS. */
+QSA_PRIV void qsa__ple_embed_cols(const qsa_model_config *c, const qsa__ple_w *p, const int32_t *win, int col0, int ncols,
+                                   float *e);
 QSA_PRIV void qsa__ple_embed(const qsa_model_config *c, const qsa__ple_w *p, const int32_t *win, float *e) {
-    int ctx = c->ngram_size - 1, hdim = c->ple_embed_dim / (ctx * c->heads_per_ngram);
+    qsa__ple_embed_cols(c, p, win, 0, c->ple_embed_dim / ((c->ngram_size - 1) * c->heads_per_ngram), e);
+}
+
+/* The same for columns [col0, col0 + ncols) of every head's row (a tensor-parallel rank's share of the
+   table): e[head * ncols + i] = row[col0 + i]. */
+QSA_PRIV void qsa__ple_embed_cols(const qsa_model_config *c, const qsa__ple_w *p, const int32_t *win, int col0, int ncols,
+                                   float *e) {
+    int ctx = c->ngram_size - 1;
     int32_t eos = c->eos_token_ids[0];
     /* shifted[j] = token j places back within the current EOS-delimited segment, else EOS */
     int64_t shifted[16];
@@ -6577,8 +6631,9 @@ QSA_PRIV void qsa__ple_embed(const qsa_model_config *c, const qsa__ple_w *p, con
             int64_t mod = mv % p->head_vocab[head];
             if (mod < 0) mod += p->head_vocab[head];
             const uint8_t *src = qsa__rows_view_row(&p->table, mod + p->head_offset[head]);
-            float *dst = e + (size_t)head * hdim;
-            for (int i = 0; i < hdim; i++) {
+            float *dst = e + (size_t)head * ncols;
+            src += (size_t)col0 * (p->table.dtype == QSA__F32 ? 4 : 2);
+            for (int i = 0; i < ncols; i++) {
                 if (p->table.dtype == QSA__F32) memcpy(&dst[i], src + 4 * i, 4);
                 else {
                     uint16_t u;
@@ -7262,7 +7317,7 @@ QSA_IMPL qsa_result qsa_seq_feed_batch(qsa_seq **seqs, const int32_t *tokens, in
 #ifndef QSA_NO_CUDA
     /* the hooks, hidden-state output and the physical-order debug switch are served by the
        single-sequence path (bitwise the same for everything the batch path computes) */
-    batched = m->cuda != NULL && m->params.cuda_batch_decode && !m->params.debug_physical_order;
+    batched = m->cuda != NULL && !m->tp && m->params.cuda_batch_decode && !m->params.debug_physical_order;
     for (int k = 0; batched && k < n; k++)
         if (seqs[k]->sel_hook || seqs[k]->hidden_out || seqs[k]->route_hook || seqs[k]->cap) batched = 0;
     if (batched) {
@@ -8227,7 +8282,8 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
     X(attn_qk_prep_batch) X(indexer_prep_batch) X(block_keys_batch) X(block_scores_batch)                \
     X(topk_blocks_batch) X(sparse_attn_batch) X(gdn_conv_batch) X(gdn_conv_state_batch)                  \
-    X(gdn_recurrent_batch) X(gdn_recurrent_f16state_batch) X(ple_conv_batch)
+    X(gdn_recurrent_batch) X(gdn_recurrent_f16state_batch) X(ple_conv_batch)                             \
+    X(tp_sum) X(tp_ple_unshard)
 
 typedef enum qsa__kid {
 #define QSA__KID(n) QSA__K_##n,
@@ -8331,6 +8387,16 @@ typedef struct qsa__cuda_seq {
     CUdeviceptr bt;                            /* block table copy [n_ctx / page_size + 1] */
     int bt_synced;                             /* pages already copied */
 } qsa__cuda_seq;
+
+/* The tensor-parallel hooks (>>tp): without TP (m->tp and m->tpr NULL) the forward never calls them. */
+QSA_PRIV qsa_result qsa__tp_reduce(qsa_model *m, CUdeviceptr x, int n);
+QSA_PRIV void qsa__tp_ple_embed(const qsa_model *m, const qsa__ple_w *p, const int32_t *hist, float *host_e, int t);
+QSA_PRIV qsa_result qsa__tp_ple_rows(qsa_model *m, const float *host_e, CUdeviceptr e, int M);
+QSA_PRIV qsa_result qsa__tp_logits(qsa_model *m, CUdeviceptr dlogits, int rows, float *dst);
+QSA_PRIV qsa_result qsa__tp_chunk(qsa_seq *sq, const int32_t *ids, int M, float *logits, int all_logits);
+QSA_PRIV qsa_result qsa__tp_seq_create(qsa_model *m, qsa_seq *s);
+QSA_PRIV qsa_result qsa__tp_seq_reset(qsa_model *m, qsa_seq *s);
+QSA_PRIV void qsa__tp_seq_destroy(qsa_model *m, qsa_seq *s);
 
 QSA_PRIV qsa_result qsa__dalloc(qsa__cuda *g, CUdeviceptr *p, size_t bytes, size_t *counter, const char *what) {
     *p = 0;
@@ -8731,6 +8797,7 @@ QSA_PRIV void qsa__cuda_seq_free(qsa__cuda_seq *cs) {
 }
 
 QSA_PRIV qsa_result qsa__cuda_seq_create(qsa_model *m, qsa_seq *s) {
+    if (m->tp) return qsa__tp_seq_create(m, s);
     const qsa_model_config *c = &m->cfg;
     qsa__cuda *g = m->cuda;
     int L = c->num_hidden_layers, hcH = c->hc_count * c->hidden_size;
@@ -8781,6 +8848,7 @@ QSA_PRIV qsa_result qsa__cuda_seq_create(qsa_model *m, qsa_seq *s) {
 }
 
 QSA_PRIV qsa_result qsa__cuda_seq_reset(qsa_model *m, qsa_seq *s) {
+    if (m->tp) return qsa__tp_seq_reset(m, s);
     qsa__cuda_seq *cs = s->cuda;
     QSA__CU(qsa__cu.cuCtxSetCurrent(m->cuda->ctx));
     /* on the backend's stream: a plain cuMemset runs on the legacy stream, which a non-blocking
@@ -8791,6 +8859,7 @@ QSA_PRIV qsa_result qsa__cuda_seq_reset(qsa_model *m, qsa_seq *s) {
 }
 
 QSA_PRIV void qsa__cuda_seq_destroy(qsa_model *m, qsa_seq *s) {
+    if (m->tp) { qsa__tp_seq_destroy(m, s); return; }
     qsa__cuda_seq *cs = s->cuda;
     if (!cs) return;
     qsa__cu.cuCtxSetCurrent(m->cuda->ctx);
@@ -8906,12 +8975,14 @@ QSA_PRIV qsa_result qsa__cuda_ple(qsa_seq *sq, int l, const int32_t *ids, int M)
         /* the same history and hashing as the CPU reference (ngram_size <= 16: checked at load) */
         for (int j = 0; j < ctx; j++) hist[j] = t - ctx + j >= 0 ? ids[t - ctx + j] : sl->ple_ids[t + j];
         hist[ctx] = ids[t];
-        qsa__ple_embed(c, p, hist, s->host_e + (size_t)t * D);
+        if (m->tpr) qsa__tp_ple_embed(m, p, hist, s->host_e, t); /* TP: this rank's columns */
+        else qsa__ple_embed(c, p, hist, s->host_e + (size_t)t * D);
     }
     for (int j = 0; j < ctx; j++) sl->ple_ids[j] = M - ctx + j >= 0 ? ids[M - ctx + j] : sl->ple_ids[M + j];
     CUdeviceptr e = s->big[0], e16 = s->big16[0], keyp = s->big[1], valp = s->big[2], gv = s->big[3], gvn = s->big[4];
     int n = M * D;
-    QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(e, s->host_e, (size_t)n * 4, g->stream));
+    if (m->tpr) QSA__TRY(qsa__tp_ple_rows(m, s->host_e, e, M)); /* TP: all-gather the columns */
+    else QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(e, s->host_e, (size_t)n * 4, g->stream));
     QSA__LAUNCH(g, to_f16, (n + 255) / 256, 1, 256, 0, &e, &e16, &n);
     QSA__TRY(qsa__dgemm(g, e16, M, &d->ple_key, keyp, 0));
     QSA__TRY(qsa__dgemm(g, e16, M, &d->ple_value, valp, 0));
@@ -9065,6 +9136,7 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
 
 /* One chunk of M <= max_chunk tokens through the whole model. */
 QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, float *logits, int all_logits) {
+    if (sq->m->tp) return qsa__tp_chunk(sq, ids, M, logits, all_logits); /* every local rank runs this function */
     qsa_model *m = sq->m;
     const qsa_model_config *c = &m->cfg;
     qsa__cuda *g = m->cuda;
@@ -9084,9 +9156,11 @@ QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, floa
         QSA__TRY(qsa__cuda_gres(m, &g->layers[l].attn_hc, s->X, M, 1));
         if (c->layer_types[l] == QSA_LAYER_LINEAR) QSA__TRY(qsa__cuda_gdn(sq, l, M));
         else QSA__TRY(qsa__cuda_attn(sq, l, M));
+        QSA__TRY(qsa__tp_reduce(m, s->out, M * H)); /* TP: sum the ranks' partial sums (no-op on one GPU) */
         QSA__TRY(qsa__cuda_inject(m, s->X, M));
         QSA__TRY(qsa__cuda_gres(m, &g->layers[l].mlp_hc, s->X, M, 1));
         QSA__TRY(qsa__cuda_moe(m, l, M));
+        QSA__TRY(qsa__tp_reduce(m, s->out, M * H));
         QSA__TRY(qsa__cuda_inject(m, s->X, M));
     }
     QSA__TRY(qsa__cuda_gres(m, &g->final_hc, s->X, M, 0));
@@ -9097,6 +9171,7 @@ QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, floa
             int rows = M - t0 < s->logit_rows ? M - t0 : s->logit_rows;
             QSA__TRY(qsa__dgemm(g, s->inp16 + (size_t)t0 * H * 2, rows, &g->lm_head, s->logits, 0));
             float *dst = logits + (all_logits ? (size_t)t0 * V : 0);
+            if (m->tpr) { QSA__TRY(qsa__tp_logits(m, s->logits, rows, dst)); continue; } /* TP: gather the vocab */
             QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(dst, s->logits, (size_t)rows * V * 4, g->stream));
             QSA__CU(qsa__cu.cuStreamSynchronize(g->stream)); /* the logits buffer is reused */
         }
@@ -9352,6 +9427,7 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
     qsa__cuda *g = m->cuda;
     int L = c->num_hidden_layers, V = c->vocab_size, D = c->ple_embed_dim;
     if (B <= 0) return QSA_OK;
+    if (m->tp) return qsa__fail(QSA_ERR_UNSUPPORTED, "batched decode: not under tensor parallelism (qsa_seq_feed_batch feeds one at a time)");
     if (B > m->params.max_batch || B > g->sc.max_tokens)
         return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "batched decode: %d sequences exceed max_batch %d / max_chunk %d", B,
                          m->params.max_batch, g->sc.max_tokens);
@@ -9428,6 +9504,821 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
 #undef QSA__BROW
 
 #endif /* QSA_NO_CUDA */
+
+/* ============================================================================================== */
+/* >>tp  tensor-parallel ranks: each rank's view of the model, the NCCL group, the reductions     */
+/* ============================================================================================== */
+/* A rank runs the single-GPU forward of >>cuda unchanged on its *view* of the model: a qsa_model
+   whose config has the rank's local dimensions (query / KV heads, GDN key and value heads, expert
+   and shared-expert widths divided by tp) and whose weights are the rank's slices (qsa_tp_slice_for:
+   views into the loaded model where a slice is one run of rows, host copies otherwise).  The
+   forward leaves a partial sum at three kinds of points and calls a hook there (a no-op without
+   TP, so one GPU runs exactly as before):
+     qsa__tp_reduce    after the mixer's o_proj / out_proj and after the MoE (routed experts +
+                       gated shared expert, summed locally): ncclAllGather of the fp32 partials
+                       into [tp][M*H], then qsa_k_tp_sum adds them in rank order 0..tp-1;
+     qsa__tp_ple_rows  the PLE rows: each rank gathers its columns of every head's row from the
+                       host table, all-gathers them, qsa_k_tp_ple_unshard restores the row order;
+     qsa__tp_logits    the vocab-parallel lm_head: each rank's rows padded to ceil(V/tp), all-gathered,
+                       copied into the caller's [rows][V] in vocab order.
+   Everything else (embedding, hyper-connections, router, indexer, norms) is replicated and computed
+   identically on every rank, so every rank holds the same bits after every reduction.
+
+   One process: a host thread per local GPU (qsa__tp_worker), each with its own context and stream
+   (its view's backend); the communicators come from ncclCommInitAll.  Several processes: one rank
+   per process, the communicator from ncclCommInitRank with the unique id passed through a file. */
+
+/* Host copies made for a rank's slices. */
+typedef struct qsa__tp_own {
+    void **p;
+    int n, cap;
+} qsa__tp_own;
+
+QSA_PRIV void *qsa__tp_keep(qsa__tp_own *o, void *p) {
+    if (!p) return NULL;
+    if (o->n == o->cap) {
+        int cap = o->cap ? 2 * o->cap : 64;
+        void **a = (void **)qsa__realloc(o->p, sizeof(void *) * (size_t)cap);
+        if (!a) { qsa__free(p); return NULL; }
+        o->p = a;
+        o->cap = cap;
+    }
+    o->p[o->n++] = p;
+    return p;
+}
+
+QSA_PRIV void qsa__tp_own_free(qsa__tp_own *o) {
+    for (int i = 0; i < o->n; i++) qsa__free(o->p[i]);
+    qsa__free(o->p);
+    memset(o, 0, sizeof *o);
+}
+
+/* The config a rank sees: its share of every split dimension (qsa_tp_check has accepted tp). */
+QSA_PRIV void qsa__tp_local_config(const qsa_model_config *c, int tp, qsa_model_config *lc) {
+    *lc = *c;
+    lc->num_attention_heads = c->num_attention_heads / tp;
+    lc->num_key_value_heads = c->num_key_value_heads >= tp ? c->num_key_value_heads / tp : 1;
+    lc->linear_num_key_heads = c->linear_num_key_heads / tp;
+    lc->linear_num_value_heads = c->linear_num_value_heads / tp;
+    lc->moe_intermediate_size = c->moe_intermediate_size / tp;
+    lc->shared_expert_intermediate_size = c->shared_expert_intermediate_size / tp;
+}
+
+/* Rows of a row-major array (row_bytes each) listed by the runs of `sl`, padded with zero rows to
+   `pad_rows`: a view when that is one run and no padding, else a copy kept in `o`. */
+QSA_PRIV const void *qsa__tp_rows(qsa__tp_own *o, const void *base, size_t row_bytes, const qsa_tp_slice *sl, int64_t pad_rows) {
+    int64_t rows = sl->count > pad_rows ? sl->count : pad_rows;
+    if (sl->n_runs == 1 && rows == sl->count) return (const char *)base + (size_t)sl->run_begin[0] * row_bytes;
+    char *d = (char *)qsa__tp_keep(o, qsa__calloc((size_t)rows, row_bytes));
+    if (!d) return NULL;
+    for (int i = 0, at = 0; i < sl->n_runs; at += (int)sl->run_count[i], i++)
+        memcpy(d + (size_t)at * row_bytes, (const char *)base + (size_t)sl->run_begin[i] * row_bytes,
+               (size_t)sl->run_count[i] * row_bytes);
+    return d;
+}
+
+/* Columns of a row-major [rows][row_bytes] array: the runs of `sl`, in logical columns `per` times the
+   slice's units, where `per_elem` logical columns share one stored element of `esz` bytes; zero
+   columns after them up to pad_cols logical columns. */
+QSA_PRIV const void *qsa__tp_cols(qsa__tp_own *o, const void *base, int64_t rows, size_t row_bytes, const qsa_tp_slice *sl,
+                                  int per, int per_elem, size_t esz, int64_t pad_cols) {
+    int64_t cols = sl->count * per > pad_cols ? sl->count * per : pad_cols;
+    size_t out_row = (size_t)(cols / per_elem) * esz;
+    char *d = (char *)qsa__tp_keep(o, qsa__calloc((size_t)rows, out_row));
+    if (!d) return NULL;
+    for (int64_t r = 0; r < rows; r++) {
+        const char *src = (const char *)base + (size_t)r * row_bytes;
+        char *dst = d + (size_t)r * out_row;
+        for (int i = 0; i < sl->n_runs; i++) {
+            size_t b = (size_t)(sl->run_begin[i] * per / per_elem) * esz, n = (size_t)(sl->run_count[i] * per / per_elem) * esz;
+            memcpy(dst, src + b, n);
+            dst += n;
+        }
+    }
+    return d;
+}
+
+#define QSA__TP_OOM(p) do { if (!(p)) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp: out of host memory for the slices of rank %d", rank); } while (0)
+
+/* Rank `rank`'s slice of the linear map `base` (a checkpoint name without ".weight").  ROWS: the
+   rank's output rows, padded with zero rows to `pad` (the lm_head to ceil(V/tp); expert gate/up to a
+   multiple of 16); COLS: its input columns, padded with zero columns to `pad` (expert down), the bias
+   kept by rank 0 only (it is added once, before the reduction).  Zero padding adds exact zeros. */
+QSA_PRIV qsa_result qsa__tp_lin(const qsa_model_config *c, int tp, int rank, qsa__tp_own *o, const char *base,
+                                const qsa__lin *full, int64_t pad, qsa__lin *out) {
+    int64_t pad_rows = pad;
+    char name[320];
+    qsa_tp_slice sl;
+    *out = *full;
+    if (!full->out) return QSA_OK; /* absent (the final mixer has no injection) */
+    snprintf(name, sizeof name, "%s.weight", base);
+    QSA__TRY(qsa_tp_slice_for(c, tp, rank, name, &sl));
+    int in = full->in;
+    if (sl.kind == QSA_TP_REPLICATED) return QSA_OK;
+    if (sl.kind == QSA_TP_ROWS) {
+        out->out = (int)(sl.count > pad_rows ? sl.count : pad_rows);
+        if (full->w) QSA__TP_OOM(out->w = (const float *)qsa__tp_rows(o, full->w, (size_t)in * 4, &sl, pad_rows));
+        else {
+            QSA__TP_OOM(out->q = (const uint8_t *)qsa__tp_rows(o, full->q, (size_t)in / 2, &sl, pad_rows));
+            QSA__TP_OOM(out->qscale = (const uint8_t *)qsa__tp_rows(o, full->qscale, (size_t)in / 16, &sl, pad_rows));
+        }
+        if (full->bias) QSA__TP_OOM(out->bias = (const float *)qsa__tp_rows(o, full->bias, 4, &sl, pad_rows));
+        return QSA_OK;
+    }
+    /* COLS: the slice is in the units of the tensor as the config describes it (packed bytes when the
+       config quantises it): per = logical columns per unit */
+    int per = (int)(in / sl.global[1]);
+    if (per < 1 || (int64_t)per * sl.global[1] != in)
+        return qsa__fail(QSA_ERR_SHAPE, "tp: %s: %d input columns, the plan expects %lld", name, in, (long long)sl.global[1]);
+    out->in = (int)(sl.count * per > pad ? sl.count * per : pad);
+    if (full->w) QSA__TP_OOM(out->w = (const float *)qsa__tp_cols(o, full->w, full->out, (size_t)in * 4, &sl, per, 1, 4, pad));
+    else {
+        if (out->in % 16) return qsa__fail(QSA_ERR_SHAPE, "tp: %s: %d NVFP4 columns per rank split a 16-column group", name, out->in);
+        QSA__TP_OOM(out->q = (const uint8_t *)qsa__tp_cols(o, full->q, full->out, (size_t)in / 2, &sl, per, 2, 1, pad));
+        QSA__TP_OOM(out->qscale = (const uint8_t *)qsa__tp_cols(o, full->qscale, full->out, (size_t)in / 16, &sl, per, 16, 1, pad));
+    }
+    if (rank != 0) out->bias = NULL;
+    return QSA_OK;
+}
+
+/* Rows of a float tensor `name` of the plan (conv1d channels, A_log, dt_bias) with row_len floats per row. */
+QSA_PRIV qsa_result qsa__tp_vec(const qsa_model_config *c, int tp, int rank, qsa__tp_own *o, const char *name,
+                                const float *full, int row_len, const float **out) {
+    qsa_tp_slice sl;
+    QSA__TRY(qsa_tp_slice_for(c, tp, rank, name, &sl));
+    *out = full;
+    if (sl.kind == QSA_TP_REPLICATED) return QSA_OK;
+    if (sl.kind != QSA_TP_ROWS) return qsa__fail(QSA_ERR_INTERNAL, "tp: %s: expected a row split", name);
+    QSA__TP_OOM(*out = (const float *)qsa__tp_rows(o, full, (size_t)row_len * 4, &sl, 0));
+    return QSA_OK;
+}
+
+/* Rows (vocabulary entries) of the lm_head that `rank` holds: [*begin, *begin + *count). */
+QSA_PRIV qsa_result qsa__tp_vocab_rows(const qsa_model_config *c, int tp, int rank, int64_t *begin, int64_t *count) {
+    qsa_tp_slice sl;
+    QSA__TRY(qsa_tp_slice_for(c, tp, rank, "lm_head.weight", &sl));
+    *begin = sl.kind == QSA_TP_ROWS ? sl.begin : 0;
+    *count = sl.kind == QSA_TP_ROWS ? sl.count : c->vocab_size;
+    return QSA_OK;
+}
+
+/* Rank `rank`'s view of the loaded model m: local config, sliced weights (views into m or copies in
+   `copies`), its own KV-pool geometry; the tokenizer, checkpoint mapping, PLE tables and replicated
+   weights are m's, shared read-only.  `keep` receives the view's own arrays (layers, expert tables).
+   The view has no backend; it is never passed to qsa_model_free. */
+QSA_PRIV qsa_result qsa__tp_view(const qsa_model *m, int tp, int rank, qsa__tp_own *copies, qsa__tp_own *keep, qsa_model *v) {
+    const qsa_model_config *c = &m->cfg;
+    int L = c->num_hidden_layers, E = c->num_experts;
+    char b[96], name[200];
+    QSA__TRY(qsa_tp_check(c, tp));
+    if (rank < 0 || rank >= tp) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "tp: rank %d outside 0..%d", rank, tp - 1);
+    memcpy(v, m, sizeof *v);
+    v->cuda = NULL;
+    v->tp = NULL;
+    v->tpr = NULL;
+    v->owned = NULL;
+    v->n_owned = v->cap_owned = 0;
+    qsa__tp_local_config(c, tp, &v->cfg);
+    v->pool.kvd = v->cfg.num_key_value_heads * c->head_dim;
+    int64_t vmax = ((int64_t)c->vocab_size + tp - 1) / tp;
+    QSA__TRY(qsa__tp_lin(c, tp, rank, copies, "lm_head", &m->lm_head, vmax, &v->lm_head));
+    qsa__layer_w *lw = (qsa__layer_w *)qsa__tp_keep(keep, qsa__calloc((size_t)L, sizeof(qsa__layer_w)));
+    QSA__TP_OOM(lw);
+    v->layers = lw;
+    for (int l = 0; l < L; l++) {
+        const qsa__layer_w *f = &m->layers[l];
+        qsa__layer_w *d = &lw[l];
+        *d = *f; /* hyper-connections, PLE: replicated */
+        if (f->type == QSA_LAYER_LINEAR) {
+            int kc = c->linear_conv_kernel_dim;
+            snprintf(b, sizeof b, "layers.%d.linear_attn", l);
+            snprintf(name, sizeof name, "%s.in_proj_qkv", b);
+            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->gdn.in_qkv, 0, &d->gdn.in_qkv));
+            snprintf(name, sizeof name, "%s.in_proj_z", b);
+            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->gdn.in_z, 0, &d->gdn.in_z));
+            snprintf(name, sizeof name, "%s.in_proj_b", b);
+            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->gdn.in_b, 0, &d->gdn.in_b));
+            snprintf(name, sizeof name, "%s.in_proj_a", b);
+            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->gdn.in_a, 0, &d->gdn.in_a));
+            snprintf(name, sizeof name, "%s.out_proj", b);
+            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->gdn.out, 0, &d->gdn.out));
+            snprintf(name, sizeof name, "%s.conv1d.weight", b);
+            QSA__TRY(qsa__tp_vec(c, tp, rank, copies, name, f->gdn.conv_w, kc, &d->gdn.conv_w));
+            snprintf(name, sizeof name, "%s.A_log", b);
+            QSA__TRY(qsa__tp_vec(c, tp, rank, copies, name, f->gdn.A_log, 1, &d->gdn.A_log));
+            snprintf(name, sizeof name, "%s.dt_bias", b);
+            QSA__TRY(qsa__tp_vec(c, tp, rank, copies, name, f->gdn.dt_bias, 1, &d->gdn.dt_bias));
+        } else {
+            snprintf(b, sizeof b, "layers.%d.self_attn", l);
+            snprintf(name, sizeof name, "%s.q_proj", b);
+            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->attn.q, 0, &d->attn.q));
+            snprintf(name, sizeof name, "%s.k_proj", b);
+            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->attn.k, 0, &d->attn.k));
+            snprintf(name, sizeof name, "%s.v_proj", b);
+            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->attn.v, 0, &d->attn.v));
+            snprintf(name, sizeof name, "%s.o_proj", b);
+            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->attn.o, 0, &d->attn.o));
+        }
+        snprintf(b, sizeof b, "layers.%d.mlp", l);
+        /* the MoE kernels work on tiles of 16 intermediate columns (docs/CUDA.md): a rank's share that is not a
+           multiple of 16 (only in small models; NVFP4 experts always split into whole groups) is padded with
+           zero gate/up rows and zero down columns, whose products add exact zeros */
+        int64_t Ipad = (v->cfg.moe_intermediate_size + 15) / 16 * 16;
+        d->moe.gate = (qsa__lin *)qsa__tp_keep(keep, qsa__calloc((size_t)E, sizeof(qsa__lin)));
+        d->moe.up = (qsa__lin *)qsa__tp_keep(keep, qsa__calloc((size_t)E, sizeof(qsa__lin)));
+        d->moe.down = (qsa__lin *)qsa__tp_keep(keep, qsa__calloc((size_t)E, sizeof(qsa__lin)));
+        QSA__TP_OOM(d->moe.gate && d->moe.up && d->moe.down);
+        for (int e = 0; e < E; e++) {
+            snprintf(name, sizeof name, "%s.experts.%d.gate_proj", b, e);
+            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.gate[e], Ipad, &d->moe.gate[e]));
+            snprintf(name, sizeof name, "%s.experts.%d.up_proj", b, e);
+            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.up[e], Ipad, &d->moe.up[e]));
+            snprintf(name, sizeof name, "%s.experts.%d.down_proj", b, e);
+            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.down[e], Ipad, &d->moe.down[e]));
+        }
+        snprintf(name, sizeof name, "%s.shared_expert.gate_proj", b);
+        QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.sh_gate, 0, &d->moe.sh_gate));
+        snprintf(name, sizeof name, "%s.shared_expert.up_proj", b);
+        QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.sh_up, 0, &d->moe.sh_up));
+        snprintf(name, sizeof name, "%s.shared_expert.down_proj", b);
+        QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.sh_down, 0, &d->moe.sh_down));
+    }
+    v->cfg.moe_intermediate_size = (v->cfg.moe_intermediate_size + 15) / 16 * 16;
+    return QSA_OK;
+}
+
+/* Columns of every PLE head's row that `rank` gathers: [*col0, *col0 + *ncols) (0, dh without PLE layers). */
+QSA_PRIV qsa_result qsa__tp_ple_cols(const qsa_model_config *c, int tp, int rank, int *col0, int *ncols) {
+    *col0 = 0;
+    *ncols = 0;
+    if (!c->n_ple_layers) return QSA_OK;
+    char name[160];
+    qsa_tp_slice sl;
+    snprintf(name, sizeof name, "layers.%d.ple.ple_embedding.ngram_embedding.weight", c->ple_layer_ids[0] - 1);
+    QSA__TRY(qsa_tp_slice_for(c, tp, rank, name, &sl));
+    *col0 = sl.kind == QSA_TP_COLS ? (int)sl.begin : 0;
+    *ncols = (int)(sl.kind == QSA_TP_COLS ? sl.count : sl.global[1]);
+    return QSA_OK;
+}
+
+/* ---- the rendezvous file of a multi-process group: "QSATPID1" + the NCCL unique id ---- */
+
+/* Write `n` bytes of id to `path` atomically (a temporary name, then rename). */
+QSA_PRIV qsa_result qsa__tp_id_publish(const char *path, const void *id, size_t n) {
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%.1000s.%ld.tmp", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return qsa__fail(QSA_ERR_IO, "tp rendezvous: cannot create %s: %s", tmp, strerror(errno));
+    int ok = fwrite("QSATPID1", 1, 8, f) == 8 && fwrite(id, 1, n, f) == n;
+    if (fclose(f) != 0) ok = 0;
+    if (!ok || rename(tmp, path) != 0) {
+        remove(tmp);
+        return qsa__fail(QSA_ERR_IO, "tp rendezvous: cannot write %s: %s", path, strerror(errno));
+    }
+    return QSA_OK;
+}
+
+/* Wait up to timeout_s for `path` to hold an id of `n` bytes, then read it. */
+QSA_PRIV qsa_result qsa__tp_id_wait(const char *path, void *id, size_t n, double timeout_s) {
+    double t0 = qsa__now();
+    char buf[8 + 256];
+    if (n > 256) return qsa__fail(QSA_ERR_INTERNAL, "tp rendezvous: id of %zu bytes", n);
+    for (;;) {
+        FILE *f = fopen(path, "rb");
+        if (f) {
+            size_t got = fread(buf, 1, 8 + n + 1, f);
+            fclose(f);
+            if (got == 8 + n && !memcmp(buf, "QSATPID1", 8)) {
+                memcpy(id, buf + 8, n);
+                return QSA_OK;
+            }
+            if (got >= 8 && memcmp(buf, "QSATPID1", 8))
+                return qsa__fail(QSA_ERR_FORMAT, "tp rendezvous: %s is not a rendezvous file", path);
+        }
+        if (qsa__now() - t0 > timeout_s)
+            return qsa__fail(QSA_ERR_IO, "tp rendezvous: no id in %s after %.0f s (is rank 0 running, with the same path?)",
+                             path, timeout_s);
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+#ifndef QSA_NO_CUDA
+
+typedef struct qsa__tp qsa__tp;
+typedef struct qsa__tp_rank qsa__tp_rank;
+typedef qsa_result (*qsa__tp_job)(qsa__tp_rank *rk, void *arg);
+
+struct qsa__tp_rank {
+    qsa__tp *t;
+    int rank, local, device;
+    qsa_model view;             /* the model as this rank sees it; view.cuda is its backend (context, stream) */
+    qsa__tp_own copies, keep;   /* host slices (freed once uploaded) and the view's arrays */
+    ncclComm_t comm;
+    pthread_t thread;
+    int has_thread;
+    CUdeviceptr gather;         /* all-gather destination, gather_floats fp32 */
+    CUdeviceptr send;           /* this rank's PLE columns [max_chunk][n_heads * ple_ncols] */
+    size_t gather_floats;
+    float *host_gather;         /* the logits gather copied back [tp][logit_rows][vmax] */
+    float *logits, *hidden;     /* ranks other than the process's first: their logits / hidden states of the last
+                                   chunk (the caller receives the first rank's; tests compare them) */
+    size_t logits_cap, hidden_cap;
+    int ple_col0, ple_ncols;
+    long long n_coll, bytes_contrib;
+    qsa_result r;               /* the last job's result and message (errors are per thread) */
+    char msg[1024];
+};
+
+struct qsa__tp {
+    int tp, n_local, first_rank;
+    int64_t vmax, *vbegin, *vcount; /* lm_head rows per rank; vmax = ceil(V / tp) */
+    qsa__tp_rank *ranks;
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    unsigned gen;
+    int pending, quit, threads;
+    unsigned long long mask;
+    qsa__tp_job job;
+    void *arg;
+};
+
+/* Per sequence: every local rank's device state and its copy of the host-side layer state (block
+   counts, PLE id history), refreshed from the sequence before each chunk. */
+typedef struct qsa__tp_seq {
+    qsa__cuda_seq **cs;
+    qsa__seq_layer **L;
+    int32_t *ids;               /* storage of the copies' ple_ids */
+} qsa__tp_seq;
+
+QSA_PRIV void qsa__tp_do(qsa__tp_rank *rk, qsa__tp_job job, void *arg) {
+    qsa_clear_error();
+    rk->r = QSA_OK;
+    if (rk->view.cuda) rk->r = QSA__CU_R(qsa__cu.cuCtxSetCurrent(rk->view.cuda->ctx));
+    if (rk->r == QSA_OK) rk->r = job(rk, arg);
+    if (rk->r != QSA_OK) snprintf(rk->msg, sizeof rk->msg, "%s", qsa_last_error());
+}
+
+QSA_PRIV void *qsa__tp_worker(void *p) {
+    qsa__tp_rank *rk = (qsa__tp_rank *)p;
+    qsa__tp *t = rk->t;
+    unsigned seen = 0;
+    pthread_mutex_lock(&t->mu);
+    for (;;) {
+        while (t->gen == seen && !t->quit) pthread_cond_wait(&t->go, &t->mu);
+        if (t->quit) break;
+        seen = t->gen;
+        if (!(t->mask >> rk->local & 1)) continue;
+        qsa__tp_job job = t->job;
+        void *arg = t->arg;
+        pthread_mutex_unlock(&t->mu);
+        qsa__tp_do(rk, job, arg);
+        pthread_mutex_lock(&t->mu);
+        if (--t->pending == 0) pthread_cond_broadcast(&t->done);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+/* Run job on the local ranks in `mask` (each on its own thread, concurrently) and wait for all; the
+   first failure (in rank order) is returned with its message. */
+QSA_PRIV qsa_result qsa__tp_exec(qsa__tp *t, unsigned long long mask, qsa__tp_job job, void *arg) {
+    if (!t->threads) {
+        for (int i = 0; i < t->n_local; i++)
+            if (mask >> i & 1) qsa__tp_do(&t->ranks[i], job, arg);
+    } else {
+        pthread_mutex_lock(&t->mu);
+        t->job = job;
+        t->arg = arg;
+        t->mask = mask;
+        t->pending = 0;
+        for (int i = 0; i < t->n_local; i++) t->pending += (int)(mask >> i & 1);
+        t->gen++;
+        pthread_cond_broadcast(&t->go);
+        while (t->pending) pthread_cond_wait(&t->done, &t->mu);
+        pthread_mutex_unlock(&t->mu);
+    }
+    for (int i = 0; i < t->n_local; i++)
+        if ((mask >> i & 1) && t->ranks[i].r != QSA_OK)
+            return qsa__fail(t->ranks[i].r, "tp rank %d (GPU %d): %s", t->ranks[i].rank, t->ranks[i].device, t->ranks[i].msg);
+    return QSA_OK;
+}
+#define QSA__TP_ALL(t) ((t)->n_local >= 64 ? ~0ull : (1ull << (t)->n_local) - 1)
+
+/* ---- collectives (counted) and the three reduction points of the forward ---- */
+
+QSA_PRIV qsa_result qsa__tp_allgather(qsa__tp_rank *rk, CUdeviceptr send, CUdeviceptr recv, size_t n) {
+    if (n * (size_t)rk->t->tp > rk->gather_floats)
+        return qsa__fail(QSA_ERR_INTERNAL, "tp: all-gather of %zu floats per rank exceeds the buffer of %zu", n, rk->gather_floats);
+    QSA__NCCL(qsa__nccl.ncclAllGather((const void *)(uintptr_t)send, (void *)(uintptr_t)recv, n, QSA__NCCL_FLOAT32, rk->comm,
+                                      rk->view.cuda->stream));
+    rk->n_coll++;
+    rk->bytes_contrib += (long long)n * 4;
+    return QSA_OK;
+}
+
+/* x [n] fp32 holds this rank's partial sums: afterwards, their sum over the ranks in rank order. */
+QSA_PRIV qsa_result qsa__tp_reduce(qsa_model *m, CUdeviceptr x, int n) {
+    qsa__tp_rank *rk = m->tpr;
+    if (!rk) return QSA_OK;
+    qsa__cuda *g = m->cuda;
+    CUdeviceptr parts = rk->gather;
+    int tp = rk->t->tp;
+    QSA__TRY(qsa__tp_allgather(rk, x, parts, (size_t)n));
+    QSA__LAUNCH(g, tp_sum, (n + 255) / 256, 1, 256, 0, &parts, &x, &n, &tp);
+    return QSA_OK;
+}
+
+/* Token t's share of the PLE rows: this rank's columns of every head, at host_e[t][n_heads][ple_ncols]. */
+QSA_PRIV void qsa__tp_ple_embed(const qsa_model *m, const qsa__ple_w *p, const int32_t *hist, float *host_e, int t) {
+    const qsa_model_config *c = &m->cfg;
+    int nh = (c->ngram_size - 1) * c->heads_per_ngram;
+    qsa__ple_embed_cols(c, p, hist, m->tpr->ple_col0, m->tpr->ple_ncols, host_e + (size_t)t * nh * m->tpr->ple_ncols);
+}
+
+/* The PLE rows of M tokens: host_e holds this rank's columns [M][n_heads][ple_ncols]; e receives the
+   full rows [M][D]. */
+QSA_PRIV qsa_result qsa__tp_ple_rows(qsa_model *m, const float *host_e, CUdeviceptr e, int M) {
+    qsa__tp_rank *rk = m->tpr;
+    qsa__cuda *g = m->cuda;
+    const qsa_model_config *c = &m->cfg;
+    int nh = (c->ngram_size - 1) * c->heads_per_ngram, dl = rk->ple_ncols, tp = rk->t->tp, n = M * nh * dl * tp;
+    size_t local = (size_t)M * nh * dl;
+    CUdeviceptr parts = rk->gather;
+    QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(rk->send, host_e, local * 4, g->stream));
+    QSA__TRY(qsa__tp_allgather(rk, rk->send, parts, local));
+    QSA__LAUNCH(g, tp_ple_unshard, (n + 255) / 256, 1, 256, 0, &parts, &e, &M, &nh, &dl, &tp);
+    return QSA_OK;
+}
+
+/* Logits of `rows` tokens: dlogits [rows][vmax] holds this rank's vocabulary rows (zero-padded);
+   dst [rows][V] receives all of them in vocabulary order (synchronous). */
+QSA_PRIV qsa_result qsa__tp_logits(qsa_model *m, CUdeviceptr dlogits, int rows, float *dst) {
+    qsa__tp_rank *rk = m->tpr;
+    qsa__tp *t = rk->t;
+    qsa__cuda *g = m->cuda;
+    size_t n = (size_t)rows * (size_t)t->vmax, V = (size_t)m->cfg.vocab_size;
+    QSA__TRY(qsa__tp_allgather(rk, dlogits, rk->gather, n));
+    QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(rk->host_gather, rk->gather, n * (size_t)t->tp * 4, g->stream));
+    QSA__CU(qsa__cu.cuStreamSynchronize(g->stream));
+    for (int r = 0; r < t->tp; r++)
+        for (int i = 0; i < rows; i++)
+            memcpy(dst + (size_t)i * V + (size_t)t->vbegin[r], rk->host_gather + (size_t)r * n + (size_t)i * (size_t)t->vmax,
+                   (size_t)t->vcount[r] * 4);
+    return QSA_OK;
+}
+
+/* ---- sequences ---- */
+
+QSA_PRIV void qsa__tp_seq_free(qsa__tp *t, qsa__tp_seq *ts) {
+    if (!ts) return;
+    if (ts->L)
+        for (int i = 0; i < t->n_local; i++) qsa__free(ts->L[i]);
+    qsa__free(ts->L);
+    qsa__free(ts->cs);
+    qsa__free(ts->ids);
+    qsa__free(ts);
+}
+
+/* the sequence as rank rk sees it (its model view, device state and layer-state copy) */
+QSA_PRIV void qsa__tp_seq_view(qsa__tp_rank *rk, const qsa_seq *s, qsa_seq *v) {
+    *v = *s;
+    v->m = &rk->view;
+    v->tp = NULL;
+    v->cuda = s->tp ? s->tp->cs[rk->local] : NULL;
+    if (s->tp) v->L = s->tp->L[rk->local];
+}
+
+QSA_PRIV qsa_result qsa__tp_seq_create_job(qsa__tp_rank *rk, void *arg) {
+    qsa_seq *s = (qsa_seq *)arg, v;
+    qsa__tp_seq_view(rk, s, &v);
+    v.cuda = NULL;
+    QSA__TRY(qsa__cuda_seq_create(&rk->view, &v));
+    s->tp->cs[rk->local] = v.cuda;
+    return QSA_OK;
+}
+QSA_PRIV qsa_result qsa__tp_seq_reset_job(qsa__tp_rank *rk, void *arg) {
+    qsa_seq v;
+    qsa__tp_seq_view(rk, (qsa_seq *)arg, &v);
+    return v.cuda ? qsa__cuda_seq_reset(&rk->view, &v) : QSA_OK;
+}
+QSA_PRIV qsa_result qsa__tp_seq_destroy_job(qsa__tp_rank *rk, void *arg) {
+    qsa_seq *s = (qsa_seq *)arg, v;
+    qsa__tp_seq_view(rk, s, &v);
+    if (v.cuda) qsa__cuda_seq_destroy(&rk->view, &v);
+    s->tp->cs[rk->local] = NULL;
+    return QSA_OK;
+}
+
+QSA_PRIV void qsa__tp_seq_destroy(qsa_model *m, qsa_seq *s) {
+    if (!s->tp) return;
+    qsa__tp_exec(m->tp, QSA__TP_ALL(m->tp), qsa__tp_seq_destroy_job, s);
+    qsa__tp_seq_free(m->tp, s->tp);
+    s->tp = NULL;
+    s->cuda = NULL;
+}
+
+QSA_PRIV qsa_result qsa__tp_seq_create(qsa_model *m, qsa_seq *s) {
+    qsa__tp *t = m->tp;
+    const qsa_model_config *c = &m->cfg;
+    int L = c->num_hidden_layers, ng = c->ngram_size > 0 ? c->ngram_size : 1;
+    qsa__tp_seq *ts = QSA__CALLOC(qsa__tp_seq, 1);
+    if (!ts) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "sequence: out of host memory");
+    s->tp = ts;
+    ts->cs = QSA__CALLOC(qsa__cuda_seq *, t->n_local);
+    ts->L = QSA__CALLOC(qsa__seq_layer *, t->n_local);
+    ts->ids = QSA__CALLOC(int32_t, (size_t)t->n_local * L * ng);
+    int ok = ts->cs && ts->L && ts->ids;
+    for (int i = 0; ok && i < t->n_local; i++) {
+        ok = (ts->L[i] = QSA__CALLOC(qsa__seq_layer, L)) != NULL;
+        for (int l = 0; ok && l < L; l++)
+            if (m->layers[l].ple) ts->L[i][l].ple_ids = ts->ids + ((size_t)i * L + l) * ng;
+    }
+    qsa_result r = ok ? qsa__tp_exec(t, QSA__TP_ALL(t), qsa__tp_seq_create_job, s)
+                      : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "sequence: out of host memory");
+    if (r != QSA_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", qsa_last_error());
+        qsa__tp_seq_destroy(m, s);
+        return qsa__fail(r, "%s", msg);
+    }
+    s->cuda = ts->cs[0];
+    return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__tp_seq_reset(qsa_model *m, qsa_seq *s) {
+    return s->tp ? qsa__tp_exec(m->tp, QSA__TP_ALL(m->tp), qsa__tp_seq_reset_job, s) : QSA_OK;
+}
+
+/* ---- one chunk through the model on every local rank ---- */
+
+typedef struct qsa__tp_chunk_arg {
+    qsa_seq *sq;
+    const int32_t *ids;
+    int M, all_logits;
+    float *logits;
+} qsa__tp_chunk_arg;
+
+QSA_PRIV qsa_result qsa__tp_chunk_job(qsa__tp_rank *rk, void *arg) {
+    qsa__tp_chunk_arg *a = (qsa__tp_chunk_arg *)arg;
+    const qsa_model_config *c = &rk->view.cfg;
+    qsa_seq v;
+    qsa__tp_seq_view(rk, a->sq, &v);
+    for (int l = 0; l < c->num_hidden_layers; l++) { /* the host-side layer state, as the sequence holds it */
+        v.L[l].n_blocks = a->sq->L[l].n_blocks;
+        if (v.L[l].ple_ids) memcpy(v.L[l].ple_ids, a->sq->L[l].ple_ids, sizeof(int32_t) * (size_t)(c->ngram_size - 1));
+    }
+    float *lg = a->logits;
+    if (rk->local) { /* only the first local rank reports to the caller; the others keep their results */
+        size_t nl = a->logits ? (size_t)(a->all_logits ? a->M : 1) * c->vocab_size : 0, nh = a->sq->hidden_out ? (size_t)a->M * c->hidden_size : 0;
+        if (nl > rk->logits_cap) {
+            qsa__free(rk->logits);
+            rk->logits_cap = 0;
+            if (!(rk->logits = QSA__ALLOC(float, nl))) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp: out of host memory");
+            rk->logits_cap = nl;
+        }
+        if (nh > rk->hidden_cap) {
+            qsa__free(rk->hidden);
+            rk->hidden_cap = 0;
+            if (!(rk->hidden = QSA__ALLOC(float, nh))) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp: out of host memory");
+            rk->hidden_cap = nh;
+        }
+        lg = a->logits ? rk->logits : NULL;
+        v.hidden_out = a->sq->hidden_out ? rk->hidden : NULL;
+        v.sel_hook = NULL;
+        v.route_hook = NULL;
+    }
+    return qsa__cuda_chunk(&v, a->ids, a->M, lg, a->all_logits);
+}
+
+QSA_PRIV qsa_result qsa__tp_chunk(qsa_seq *sq, const int32_t *ids, int M, float *logits, int all_logits) {
+    qsa_model *m = sq->m;
+    qsa__tp_chunk_arg a;
+    a.sq = sq;
+    a.ids = ids;
+    a.M = M;
+    a.logits = logits;
+    a.all_logits = all_logits;
+    QSA__TRY(qsa__tp_exec(m->tp, QSA__TP_ALL(m->tp), qsa__tp_chunk_job, &a));
+    /* every rank advanced its copy of the layer state identically: take the first one's */
+    const qsa__seq_layer *L0 = sq->tp->L[0];
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        sq->L[l].n_blocks = L0[l].n_blocks;
+        if (sq->L[l].ple_ids) memcpy(sq->L[l].ple_ids, L0[l].ple_ids, sizeof(int32_t) * (size_t)(m->cfg.ngram_size - 1));
+    }
+    return QSA_OK;
+}
+
+/* ---- bring-up and tear-down ---- */
+
+QSA_PRIV qsa_result qsa__tp_rank_init_job(qsa__tp_rank *rk, void *arg) {
+    qsa_model *m = (qsa_model *)arg;
+    const qsa_model_config *c = &m->cfg;
+    qsa__tp *t = rk->t;
+    (void)m;
+    QSA__TRY(qsa__cuda_init(&rk->view, &rk->view.cuda));
+    qsa__cuda *g = rk->view.cuda;
+    int T = rk->view.params.max_chunk, nh = c->n_ple_layers ? (c->ngram_size - 1) * c->heads_per_ngram : 0;
+    size_t need = (size_t)t->tp * T * c->hidden_size;
+    size_t lg = (size_t)t->tp * g->sc.logit_rows * (size_t)t->vmax;
+    if (lg > need) need = lg;
+    if ((size_t)T * c->ple_embed_dim > need) need = (size_t)T * c->ple_embed_dim;
+    rk->gather_floats = need;
+    QSA__TRY(qsa__dalloc(g, &rk->gather, need * 4, &g->bytes_scratch, "TP all-gather buffer"));
+    QSA__TRY(qsa__dalloc(g, &rk->send, (size_t)T * (nh ? nh : 1) * (rk->ple_ncols ? rk->ple_ncols : 1) * 4, &g->bytes_scratch,
+                         "TP PLE columns"));
+    rk->host_gather = QSA__ALLOC(float, lg);
+    if (!rk->host_gather) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp: out of host memory");
+    QSA__CU(qsa__cu.cuCtxSynchronize());
+    qsa__tp_own_free(&rk->copies); /* the slices now live on the device */
+    return QSA_OK;
+}
+
+typedef struct qsa__tp_id_arg {
+    const char *path;
+    double timeout_s;
+} qsa__tp_id_arg;
+
+/* A multi-process rank: rank 0 makes the unique id and publishes it; the others read it; all join. */
+QSA_PRIV qsa_result qsa__tp_comm_rank_job(qsa__tp_rank *rk, void *arg) {
+    qsa__tp_id_arg *a = (qsa__tp_id_arg *)arg;
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (rk->rank == 0) {
+        QSA__NCCL(qsa__nccl.ncclGetUniqueId(&id));
+        QSA__TRY(qsa__tp_id_publish(a->path, &id, sizeof id));
+    } else {
+        QSA__TRY(qsa__tp_id_wait(a->path, &id, sizeof id, a->timeout_s));
+    }
+    QSA__NCCL(qsa__nccl.ncclCommInitRank(&rk->comm, rk->t->tp, id, rk->rank));
+    if (rk->rank == 0) remove(a->path); /* everyone has joined: the id is spent */
+    return QSA_OK;
+}
+
+/* ncclCommDestroy may wait for the other ranks of the node: every rank destroys its own at once */
+QSA_PRIV qsa_result qsa__tp_comm_destroy_job(qsa__tp_rank *rk, void *arg) {
+    (void)arg;
+    if (rk->comm) qsa__nccl.ncclCommDestroy(rk->comm);
+    rk->comm = NULL;
+    return QSA_OK;
+}
+
+QSA_PRIV void qsa__tp_free(qsa_model *m) {
+    qsa__tp *t = m->tp;
+    if (!t) return;
+    if (t->ranks) {
+        int comms = 0;
+        for (int i = 0; i < t->n_local; i++) comms |= t->ranks[i].comm != NULL;
+        if (comms) qsa__tp_exec(t, QSA__TP_ALL(t), qsa__tp_comm_destroy_job, NULL);
+    }
+    if (t->threads) {
+        pthread_mutex_lock(&t->mu);
+        t->quit = 1;
+        pthread_cond_broadcast(&t->go);
+        pthread_mutex_unlock(&t->mu);
+    }
+    for (int i = 0; t->ranks && i < t->n_local; i++) {
+        qsa__tp_rank *rk = &t->ranks[i];
+        if (rk->has_thread) pthread_join(rk->thread, NULL);
+        qsa__cuda_free(rk->view.cuda);
+        qsa__tp_own_free(&rk->copies);
+        qsa__tp_own_free(&rk->keep);
+        qsa__free(rk->host_gather);
+        qsa__free(rk->logits);
+        qsa__free(rk->hidden);
+    }
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->go);
+    pthread_cond_destroy(&t->done);
+    qsa__free(t->ranks);
+    qsa__free(t->vbegin);
+    qsa__free(t->vcount);
+    qsa__free(t);
+    m->tp = NULL;
+    m->cuda = NULL;
+}
+
+QSA_PRIV qsa_result qsa__tp_init_(qsa_model *m) {
+    const qsa_model_params *p = &m->params;
+    const qsa_model_config *c = &m->cfg;
+    int tp = p->tp, multi = p->tp_rendezvous != NULL;
+    QSA__TRY(qsa_tp_check(c, tp));
+    QSA__TRY(qsa__cuda_load());
+    QSA__TRY(qsa__nccl_load());
+    if (multi && (p->tp_rank < 0 || p->tp_rank >= tp))
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "tp: tp_rank %d outside 0..%d", p->tp_rank, tp - 1);
+    if (!multi && tp > 64) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "tp: one process drives at most 64 GPUs (tp = %d)", tp);
+    qsa__tp *t = QSA__CALLOC(qsa__tp, 1);
+    if (!t) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp: out of host memory");
+    m->tp = t;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->go, NULL);
+    pthread_cond_init(&t->done, NULL);
+    t->tp = tp;
+    t->n_local = multi ? 1 : tp;
+    t->first_rank = multi ? p->tp_rank : 0;
+    t->vmax = ((int64_t)c->vocab_size + tp - 1) / tp;
+    t->ranks = QSA__CALLOC(qsa__tp_rank, t->n_local);
+    t->vbegin = QSA__CALLOC(int64_t, tp);
+    t->vcount = QSA__CALLOC(int64_t, tp);
+    if (!t->ranks || !t->vbegin || !t->vcount) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp: out of host memory");
+    for (int r = 0; r < tp; r++) QSA__TRY(qsa__tp_vocab_rows(c, tp, r, &t->vbegin[r], &t->vcount[r]));
+    int *devs = QSA__CALLOC(int, t->n_local);
+    if (!devs) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp: out of host memory");
+    for (int i = 0; i < t->n_local; i++) devs[i] = multi ? p->device : p->tp_devices ? p->tp_devices[i] : p->device + i;
+    qsa_result r = QSA_OK;
+    for (int i = 0; r == QSA_OK && i < t->n_local; i++) {
+        qsa__tp_rank *rk = &t->ranks[i];
+        rk->t = t;
+        rk->local = i;
+        rk->rank = t->first_rank + i;
+        rk->device = devs[i];
+        if (devs[i] < 0 || devs[i] >= qsa__cu.device_count) {
+            r = qsa__fail(QSA_ERR_NO_DEVICE, "tp: rank %d needs GPU %d, the driver reports %d device(s)", rk->rank, devs[i],
+                          qsa__cu.device_count);
+            break;
+        }
+        for (int j = 0; j < i; j++)
+            if (devs[j] == devs[i]) r = qsa__fail(QSA_ERR_INVALID_ARGUMENT, "tp: ranks %d and %d on the same GPU %d", j, i, devs[i]);
+        if (r == QSA_OK) r = qsa__tp_view(m, tp, rk->rank, &rk->copies, &rk->keep, &rk->view);
+        if (r == QSA_OK) r = qsa__tp_ple_cols(c, tp, rk->rank, &rk->ple_col0, &rk->ple_ncols);
+        rk->view.params.device = devs[i];
+        rk->view.tpr = rk;
+    }
+    if (r == QSA_OK && t->n_local > 1) {
+        for (int i = 0; r == QSA_OK && i < t->n_local; i++) {
+            if (pthread_create(&t->ranks[i].thread, NULL, qsa__tp_worker, &t->ranks[i]) != 0)
+                r = qsa__fail(QSA_ERR_INTERNAL, "tp: cannot start the thread of rank %d", i);
+            else t->ranks[i].has_thread = 1;
+        }
+        t->threads = 1;
+    }
+    /* one rank at a time: the first compiles the kernels, the others find them in the cache */
+    for (int i = 0; r == QSA_OK && i < t->n_local; i++) r = qsa__tp_exec(t, 1ull << i, qsa__tp_rank_init_job, m);
+    if (r == QSA_OK && !multi) {
+        ncclComm_t *comms = QSA__CALLOC(ncclComm_t, tp);
+        CUcontext cur = NULL;
+        qsa__cu.cuCtxGetCurrent(&cur);
+        if (!comms) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp: out of host memory");
+        if (r == QSA_OK) r = QSA__NCCL_R(qsa__nccl.ncclCommInitAll(comms, tp, devs));
+        for (int i = 0; r == QSA_OK && i < tp; i++) t->ranks[i].comm = comms[i];
+        qsa__cu.cuCtxSetCurrent(cur); /* NCCL switched devices on this thread */
+        qsa__free(comms);
+    } else if (r == QSA_OK) {
+        qsa__tp_id_arg a;
+        a.path = p->tp_rendezvous;
+        a.timeout_s = p->tp_timeout_s > 0 ? p->tp_timeout_s : 300;
+        r = qsa__tp_exec(t, 1, qsa__tp_comm_rank_job, &a);
+    }
+    qsa__free(devs);
+    if (r != QSA_OK) return r;
+    m->cuda = t->ranks[0].view.cuda;
+    qsa__log(QSA_LOG_INFO, "tp: %d ranks (%s), this process drives ranks %d..%d; NCCL %d", tp,
+             multi ? "one per process, ncclCommInitRank" : "one process, ncclCommInitAll", t->first_rank,
+             t->first_rank + t->n_local - 1, qsa__nccl.version);
+    return QSA_OK;
+}
+
+/* Bring up tensor parallelism for a loaded model (m->params.tp > 1): all or nothing. */
+QSA_PRIV qsa_result qsa__tp_init(qsa_model *m) {
+    qsa_result r = qsa__tp_init_(m);
+    if (r != QSA_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", qsa_last_error());
+        qsa__tp_free(m);
+        return qsa__fail(r, "%s", msg);
+    }
+    return QSA_OK;
+}
+
+#endif /* QSA_NO_CUDA */
+
+QSA_IMPL void qsa_model_tp_info(const qsa_model *m, qsa_tp_info *out) {
+    memset(out, 0, sizeof *out);
+    out->tp = 1;
+    out->n_local = 1;
+    if (!m) return;
+#ifndef QSA_NO_CUDA
+    const qsa__tp *t = m->tp;
+    if (!t) return;
+    out->tp = t->tp;
+    out->first_rank = t->first_rank;
+    out->n_local = t->n_local;
+    out->collectives = t->ranks[0].n_coll;
+    out->bytes_contributed = t->ranks[0].bytes_contrib;
+    out->bytes_sent = (long long)(t->tp - 1) * t->ranks[0].bytes_contrib;
+#endif
+}
+
+QSA_IMPL void qsa_model_tp_reset_counters(qsa_model *m) {
+#ifndef QSA_NO_CUDA
+    if (!m || !m->tp) return;
+    for (int i = 0; i < m->tp->n_local; i++) m->tp->ranks[i].n_coll = m->tp->ranks[i].bytes_contrib = 0;
+#else
+    (void)m;
+#endif
+}
+
 
 /* ============================================================================================== */
 /* >>scheduler  requests, continuous batching, chunked prefill, admission by KV pages              */

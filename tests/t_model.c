@@ -38,6 +38,7 @@ static int fixture_dirs(char names[][256], int max) {
 /* Tolerance of the backend under test: max |d| <= atol + rtol * max(1, max |reference|). */
 static float g_atol = 1e-5f, g_rtol = 1e-4f, g_sel_eps = QSA_SEL_EPS;
 static qsa_backend g_backend = QSA_BACKEND_CPU;
+static int g_tp = 0; /* tensor-parallel ranks of the golden runs (t_tp.c runs them with 2) */
 /* Tokens whose MoE routing has a near-tie (the k-th and (k+1)-th expert probabilities closer than
    g_route_eps at some layer, measured by the CPU reference) are excused from the logits tolerance:
    a backend with FP16 activations may legitimately pick the other expert there.  0: no excuses. */
@@ -181,6 +182,7 @@ static void run_golden(const char *fx, int chunk, int gdn_chunked) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
     mp.backend = g_backend;
+    mp.tp = g_tp;
     mp.gdn_chunked_prefill = gdn_chunked;
     mp.gdn_chunk_size = 16;
     qsa_model *m = NULL;

@@ -69,11 +69,12 @@ static QSA__UNUSED const char *test_path(const char *rel) {
 #include "t_gpu_k2.c"
 #include "t_model.c"
 #include "t_planner.c"
-#include "t_tp.c"
 #include "t_gpu.c"
+#include "t_tp.c"
 #include "t_sched.c"
 
 int main(int argc, char **argv) {
+    if (getenv("QSA_TEST_TP_CHILD")) return tp_child_main(getenv("QSA_TEST_TP_CHILD")); /* a rank of nccl/tp2_two_processes */
     const char *groups[8];
     int ngroups = 0, list = 0;
     const char *filter = NULL;

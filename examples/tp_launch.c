@@ -1,0 +1,170 @@
+/* tp_launch.c - tensor-parallel generation over several processes (one GPU and one rank each), on qsa_runtime.
+ *
+ *   examples/tp_launch -n 2 [-m DIR] [-p TEXT] [-t TOKENS]         launcher: starts one process per GPU here
+ *   examples/tp_launch --rank R --world N --rendezvous FILE [--device D] [-m DIR] [-p TEXT] [-t TOKENS]
+ *                                                                   one rank (start one per GPU, on any host)
+ *   examples/tp_launch --one-process -n 2 [-m DIR] [-p TEXT]        for comparison: one process, N GPUs
+ *
+ * Every rank loads the model with qsa_model_params.tp = N, tp_rank = R and tp_rendezvous = FILE: rank 0
+ * writes the NCCL unique id to FILE, the others wait for it, then all join one communicator
+ * (ncclCommInitRank).  The ranks run the same program on the same prompt (SPMD, like torchrun): each
+ * holds its share of the weights, the ranks exchange partial sums after every row-parallel block, and
+ * every rank gets the same logits, bit for bit, so the same greedy tokens.  Each rank prints its text,
+ * a hash of its tokens (equal on all ranks) and the communication the runtime counted.
+ *
+ * Several hosts: FILE must be on a file system every host sees (NFS), new for each launch; start
+ * `tp_launch --rank R --world N --rendezvous FILE --device D` on each host (NCCL picks the network;
+ * NCCL_SOCKET_IFNAME etc. as usual).
+ */
+#define QSA_RUNTIME_IMPLEMENTATION
+#include "../qsa_runtime.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+static void usage(const char *argv0) {
+    fprintf(stderr,
+            "usage: %s [options]\n"
+            "  -n, --nproc N          launcher: start N ranks, one process per GPU 0..N-1 (default 2)\n"
+            "      --one-process      one process drives the N GPUs (ncclCommInitAll) instead\n"
+            "      --rank R           run one rank (with --world and --rendezvous)\n"
+            "      --world N          ranks in the group\n"
+            "      --rendezvous FILE  the id file shared by the ranks (new for each launch)\n"
+            "      --device D         this rank's GPU (default: R)\n"
+            "  -m, --model DIR        model directory (default models/tiny)\n"
+            "  -p, --prompt TEXT      prompt (chat template applied; default \"Tell me a story\")\n"
+            "  -t, --tokens N         tokens to generate (default 32)\n"
+            "  -v, --verbose          log to stderr\n",
+            argv0);
+}
+
+typedef struct opts {
+    int nproc, one_process, rank, world, device, tokens, verbose;
+    const char *rdv, *model, *prompt;
+} opts;
+
+/* One model (tp ranks in this process or one rank of a group): generate greedily and report. */
+static int run_rank(const opts *o) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.backend = QSA_BACKEND_CUDA;
+    mp.tp = o->world;
+    if (o->rdv) {
+        mp.tp_rendezvous = o->rdv;
+        mp.tp_rank = o->rank;
+        mp.device = o->device;
+    }
+    qsa_model *m = NULL;
+    if (qsa_model_load(o->model, &mp, &m) != QSA_OK) {
+        fprintf(stderr, "rank %d: %s\n", o->rank, qsa_last_error());
+        return 1;
+    }
+    const qsa_tokenizer *tok = qsa_model_get_tokenizer(m);
+    if (!tok) { fprintf(stderr, "rank %d: %s has no tokenizer\n", o->rank, o->model); qsa_model_free(m); return 1; }
+    qsa_chat_message msg = {"user", o->prompt};
+    char *text = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    qsa_seq *s = NULL;
+    qsa_generation g;
+    memset(&g, 0, sizeof g);
+    qsa_generate_params gp;
+    memset(&gp, 0, sizeof gp); /* greedy: every rank picks the same tokens from the same logits */
+    gp.max_tokens = o->tokens;
+    int rc = 1;
+    if (qsa_chat_apply_template(tok, &msg, 1, 1, &text) == QSA_OK && qsa_tokenize(tok, text, strlen(text), 1, &ids, &n) == QSA_OK &&
+        qsa_seq_create(m, NULL, &s) == QSA_OK && qsa_generate(s, ids, (int)n, &gp, &g) == QSA_OK) {
+        uint64_t h = 1469598103934665603ull;
+        for (int i = 0; i < g.n_tokens; i++) h = (h ^ (uint32_t)g.tokens[i]) * 1099511628211ull;
+        qsa_tp_info info;
+        qsa_model_tp_info(m, &info);
+        printf("rank %d of %d (ranks %d..%d in this process): %d tokens, hash %016llx, prefill %.1f ms, decode %.1f tok/s; "
+               "%lld collectives, %lld bytes sent per rank\n  %s\n",
+               info.first_rank, info.tp, info.first_rank, info.first_rank + info.n_local - 1, g.n_tokens, (unsigned long long)h,
+               g.stats.prefill_s * 1e3, g.stats.decode_tok_s, info.collectives, info.bytes_sent, g.text);
+        fflush(stdout);
+        rc = 0;
+    } else {
+        fprintf(stderr, "rank %d: %s\n", o->rank, qsa_last_error());
+    }
+    qsa_generation_free(&g);
+    qsa_seq_free(s);
+    qsa_free(ids);
+    qsa_free(text);
+    qsa_model_free(m);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    opts o;
+    memset(&o, 0, sizeof o);
+    o.nproc = 2;
+    o.rank = -1;
+    o.device = -1;
+    o.tokens = 32;
+    o.model = "models/tiny";
+    o.prompt = "Tell me a story";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if ((!strcmp(a, "-n") || !strcmp(a, "--nproc")) && v) o.nproc = atoi(argv[++i]);
+        else if (!strcmp(a, "--one-process")) o.one_process = 1;
+        else if (!strcmp(a, "--rank") && v) o.rank = atoi(argv[++i]);
+        else if (!strcmp(a, "--world") && v) o.world = atoi(argv[++i]);
+        else if (!strcmp(a, "--rendezvous") && v) o.rdv = argv[++i];
+        else if (!strcmp(a, "--device") && v) o.device = atoi(argv[++i]);
+        else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) o.model = argv[++i];
+        else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && v) o.prompt = argv[++i];
+        else if ((!strcmp(a, "-t") || !strcmp(a, "--tokens")) && v) o.tokens = atoi(argv[++i]);
+        else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o.verbose = 1;
+        else { usage(argv[0]); return 2; }
+    }
+    if (o.verbose) qsa_set_logger(qsa_log_stderr, NULL, QSA_LOG_INFO);
+    if (o.rank >= 0) { /* one rank of a group */
+        if (o.world < 1 || !o.rdv || o.rank >= o.world) { usage(argv[0]); return 2; }
+        if (o.device < 0) o.device = o.rank;
+        return run_rank(&o);
+    }
+    if (o.nproc < 1) { usage(argv[0]); return 2; }
+    o.world = o.nproc;
+    if (o.one_process) { o.rank = 0; return run_rank(&o); }
+    /* the launcher: a fresh rendezvous path, one process per GPU, wait for all */
+    char dir[] = "/tmp/qsa_tp_launch_XXXXXX", path[64], rs[16], ws[16];
+    if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
+    snprintf(path, sizeof path, "%s/nccl_id", dir);
+    snprintf(ws, sizeof ws, "%d", o.nproc);
+    pid_t *pids = (pid_t *)calloc((size_t)o.nproc, sizeof(pid_t));
+    for (int r = 0; r < o.nproc; r++) {
+        snprintf(rs, sizeof rs, "%d", r);
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            char *args[20];
+            int k = 0;
+            args[k++] = argv[0];
+            args[k++] = (char *)"--rank"; args[k++] = rs;
+            args[k++] = (char *)"--world"; args[k++] = ws;
+            args[k++] = (char *)"--rendezvous"; args[k++] = path;
+            args[k++] = (char *)"-m"; args[k++] = (char *)o.model;
+            args[k++] = (char *)"-p"; args[k++] = (char *)o.prompt;
+            char ts[16];
+            snprintf(ts, sizeof ts, "%d", o.tokens);
+            args[k++] = (char *)"-t"; args[k++] = ts;
+            if (o.verbose) args[k++] = (char *)"-v";
+            args[k] = NULL;
+            execv("/proc/self/exe", args);
+            perror("execv");
+            _exit(127);
+        }
+    }
+    int failed = 0;
+    for (int r = 0; r < o.nproc; r++) {
+        int st = 0;
+        if (pids[r] <= 0 || waitpid(pids[r], &st, 0) != pids[r] || !WIFEXITED(st) || WEXITSTATUS(st) != 0) failed++;
+    }
+    remove(path);
+    rmdir(dir);
+    free(pids);
+    if (failed) fprintf(stderr, "tp_launch: %d of %d ranks failed\n", failed, o.nproc);
+    return failed ? 1 : 0;
+}
