@@ -1870,7 +1870,9 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_attn_phys_order(const in
     }
 }
 
-#define K2_ATTN_G 8 /* tokens whose K (phase 1) or V (phase 2) rows a warp loads ahead */
+#ifndef K2_ATTN_G
+#define K2_ATTN_G 4 /* tokens loaded ahead per warp (8: ~15% faster decode, 1.5x slower prefill, 166 registers on sm_70) */
+#endif
 
 /* Loads C consecutive fp16 values (vector loads when VEC: p is then 2*C-byte aligned). */
 template <int C, bool VEC>
@@ -1899,89 +1901,62 @@ static __device__ __forceinline__ void k2_load_f16(float *f, const qsa_f16 *p) {
     }
 }
 
-/* Where visit index kk of a query's selection lives: the element offset of this lane's first value
- * in the K/V pool (logical order: the selected blocks, r tokens each, then the tail; or tokq). */
-static __device__ __forceinline__ long long k2_tok_at(int kk, const int *__restrict__ bt, const int *__restrict__ selq,
-                                                     const int *__restrict__ tokq, int ps, int r, int nb, int nsr,
-                                                     int kvd, int kvoff, int lane, int C) {
-    long long lp = tokq ? (long long)tokq[kk] : (kk < nsr ? (long long)selq[kk / r] * r + kk % r : (long long)nb * r + (kk - nsr));
-    return ((long long)bt[lp / ps] * ps + lp % ps) * kvd + kvoff + lane * C;
-}
-
-/* One round of the attention of one query head (all warps of the block; contains __syncthreads):
- * phase 1, the scores of the round's visit indices [t0, t1) into sc[0 .. t1-t0) (shared): warp w
- * takes runs of K2_ATTN_G tokens w, w + nw, ...; each score is the CPU's: fmaf over the lane's C
- * dims (lane owns dims lane*C .. +C-1, hd = 32*C or hd < 32 with idle lanes), the butterfly warp
- * sum, times scale - computed the same way whichever warp does it.  Phase 2: warp w runs the
- * online softmax of split s = t0/split + w over its tokens [k0, k1), token after token exactly as
- * the CPU (qsa__attn_head_plan): if s > m rescale l and acc by expf(m - s); e = expf(s - m);
- * l += e; acc = fmaf(e, v, acc) - with the scores from phase 1 and the V rows loaded K2_ATTN_G
- * tokens ahead, and writes slot = [m, l, acc[hd]].  Splitting the work this way changes no
- * arithmetic: the serial chain per split is only the softmax update, not the dot products. */
+/* One warp: the online softmax over the selected tokens k0..k1-1 (visit order) of one query head,
+ * token after token exactly as the CPU (K/V loads and scores run K2_ATTN_G tokens ahead; that
+ * changes no arithmetic).  Lane owns dims lane*C .. lane*C+C-1 (hd = 32*C).  Writes slot = [m, l, acc[hd]]. */
 template <int C, bool VEC>
-static __device__ __forceinline__ void k2_attn_round(const float *__restrict__ qh, const qsa_f16 *__restrict__ Kp,
-                                                     const qsa_f16 *__restrict__ Vp, const int *__restrict__ bt,
-                                                     const int *__restrict__ selq, const int *__restrict__ tokq, int kvd,
-                                                     int kvoff, int ps, int r, int nb, int ns, int t0, int t1, int split,
-                                                     float scale, float *sc, float *slot, int hd) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5, nsr = ns * r;
-    const bool live = lane * C < hd; /* false only for lanes past a head narrower than a warp */
-    {
-        float qr[C];
+static __device__ __forceinline__ void k2_attn_split(const float *__restrict__ qh, const qsa_f16 *__restrict__ Kp,
+                                     const qsa_f16 *__restrict__ Vp, const int *__restrict__ bt,
+                                     const int *__restrict__ selq, const int *__restrict__ tokq, int kvd, int kvoff,
+                                     int ps, int r, int nb, int ns, int k0, int k1, float scale, float *slot, int hd) {
+    int lane = threadIdx.x & 31;
+    bool live = lane * C < hd; /* false only for lanes past a head narrower than a warp */
+    float qr[C], acc[C];
 #pragma unroll
-        for (int c = 0; c < C; c++) qr[c] = live ? qh[lane * C + c] : 0.0f;
-        for (int k = t0 + warp * K2_ATTN_G; k < t1; k += nw * K2_ATTN_G) {
-            const int n = t1 - k < K2_ATTN_G ? t1 - k : K2_ATTN_G;
-            float kf[K2_ATTN_G][C];
-#pragma unroll
-            for (int g = 0; g < K2_ATTN_G; g++) {
-                long long at = k2_tok_at(k + (g < n ? g : 0), bt, selq, tokq, ps, r, nb, nsr, kvd, kvoff, lane, C);
-                if (live) k2_load_f16<C, VEC>(kf[g], Kp + at);
-                else
-#pragma unroll
-                    for (int c = 0; c < C; c++) kf[g][c] = 0.0f;
-            }
-#pragma unroll
-            for (int g = 0; g < K2_ATTN_G; g++) {
-                if (g >= n) break;
-                float p = 0.0f;
-#pragma unroll
-                for (int c = 0; c < C; c++) p = fmaf(qr[c], kf[g][c], p);
-                const float sg = qsa_warp_sum(p) * scale;
-                if (lane == 0) sc[k + g - t0] = sg;
-            }
-        }
+    for (int c = 0; c < C; c++) {
+        qr[c] = live ? qh[lane * C + c] : 0.0f;
+        acc[c] = 0.0f;
     }
-    __syncthreads(); /* every score of the round is in sc */
-    const int k0 = t0 + warp * split, k1 = k0 + split < t1 ? k0 + split : t1;
-    if (k0 >= t1) return; /* no split for this warp in this round */
-    float acc[C];
-#pragma unroll
-    for (int c = 0; c < C; c++) acc[c] = 0.0f;
     float m = QSA_NEG_INF, l = 0.0f;
+    int nsr = ns * r;
     for (int k = k0; k < k1; k += K2_ATTN_G) {
-        const int n = k1 - k < K2_ATTN_G ? k1 - k : K2_ATTN_G;
-        float vf[K2_ATTN_G][C];
+        int n = k1 - k < K2_ATTN_G ? k1 - k : K2_ATTN_G;
+        long long base[K2_ATTN_G];
 #pragma unroll
         for (int g = 0; g < K2_ATTN_G; g++) {
-            long long at = k2_tok_at(k + (g < n ? g : 0), bt, selq, tokq, ps, r, nb, nsr, kvd, kvoff, lane, C);
-            if (live) k2_load_f16<C, VEC>(vf[g], Vp + at);
-            else
+            int kk = k + (g < n ? g : 0);
+            long long lp = tokq ? (long long)tokq[kk]
+                                : (kk < nsr ? (long long)selq[kk / r] * r + kk % r : (long long)nb * r + (kk - nsr));
+            base[g] = ((long long)bt[lp / ps] * ps + lp % ps) * kvd + kvoff + lane * C;
+        }
+        float sc[K2_ATTN_G], vf[K2_ATTN_G][C];
 #pragma unroll
-                for (int c = 0; c < C; c++) vf[g][c] = 0.0f;
+        for (int g = 0; g < K2_ATTN_G; g++) {
+            float kf[C];
+            if (live) {
+                k2_load_f16<C, VEC>(kf, Kp + base[g]);
+                k2_load_f16<C, VEC>(vf[g], Vp + base[g]);
+            } else {
+#pragma unroll
+                for (int c = 0; c < C; c++) kf[c] = vf[g][c] = 0.0f;
+            }
+            float p = 0.0f;
+#pragma unroll
+            for (int c = 0; c < C; c++) p = fmaf(qr[c], kf[c], p);
+            sc[g] = qsa_warp_sum(p) * scale;
         }
 #pragma unroll
         for (int g = 0; g < K2_ATTN_G; g++) {
             if (g >= n) break;
-            const float sg = sc[k + g - t0];
-            if (sg > m) { /* online softmax within the split, as qsa__attn_head_plan */
-                float f = expf(m - sg);
+            float s = sc[g];
+            if (s > m) { /* online softmax within the split, as qsa__attn_head_plan */
+                float f = expf(m - s);
                 l *= f;
 #pragma unroll
                 for (int c = 0; c < C; c++) acc[c] *= f;
-                m = sg;
+                m = s;
             }
-            float e = expf(sg - m);
+            float e = expf(s - m);
             l += e;
 #pragma unroll
             for (int c = 0; c < C; c++) acc[c] = fmaf(e, vf[g][c], acc[c]);
@@ -2005,27 +1980,23 @@ static __device__ __forceinline__ void k2_attn_round(const float *__restrict__ q
  *   tokpos NULL: logical order (the selected blocks, r tokens each, then the tail nb*r..pos);
  *          else [M][ld_tok] the visit order as logical positions (qsa_k_attn_phys_order: debug)
  * The visit list is cut every `split` (QSA_ATTN_SPLIT = 256) tokens by visit index.  In rounds of
- * nw = blockDim.x/32 splits, all warps first compute the round's scores, then warp w computes split
- * round*nw + w ((max, sum, acc) with the CPU's online softmax, scale hd^-0.5; k2_attn_round) into
- * shared memory, and warp 0 merges them into its running
+ * nw = blockDim.x/32 splits, warp w computes split round*nw + w ((max, sum, acc) with the CPU's
+ * online softmax, scale hd^-0.5) into shared memory, and warp 0 merges them into its running
  * (M, Lsum, o) strictly left to right, as qsa__attn_head_plan; at the end o / Lsum * sigmoid(gate).
  * Nothing depends on other queries, on M, on the block size or on which physical pages hold the
  * tokens.  Requires hd % 32 == 0 and hd <= 256 (else trap; the host validates).
  * GQA: query head h reads KV head h / (nh/nkv).
  * Launch: grid (M, nh), block 256 (any multiple of 32 up to 256; 128 works, fewer splits at once). */
 #define K2_ATTN_MAX_WARPS 8
-#define K2_ATTN_MAX_SPLIT 256 /* the runtime's QSA_ATTN_SPLIT */
 static __device__ __forceinline__ void qsa_sparse_attn_body(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
     const int *__restrict__ bt, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
     qsa_f16 *out16, int pos0, int M, int nh, int nkv, int hd, int r, int topk, int page_size, int split,
     const int *__restrict__ tokpos, int ld_tok) {
     __shared__ float slots[K2_ATTN_MAX_WARPS][256 + 2];
-    __shared__ float scores[K2_ATTN_MAX_WARPS * K2_ATTN_MAX_SPLIT];
     int t = blockIdx.x, h = blockIdx.y;
     if (t >= M || h >= nh) return;
-    if ((hd > 32 && hd % 32 != 0) || hd > 256 || blockDim.x > 32 * K2_ATTN_MAX_WARPS || split < 1 || split > K2_ATTN_MAX_SPLIT)
-        __trap();
+    if ((hd > 32 && hd % 32 != 0) || hd > 256 || blockDim.x > 32 * K2_ATTN_MAX_WARPS) __trap();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     long long pos = (long long)pos0 + t;
     int nb = r > 0 ? (int)((pos + 1) / r) : 0;
@@ -2042,20 +2013,23 @@ static __device__ __forceinline__ void qsa_sparse_attn_body(
 #pragma unroll
     for (int c = 0; c < 8; c++) o[c] = 0.0f;
     for (int s0 = 0; s0 < nsplit; s0 += nw) {
-        const int t0 = s0 * split, t1 = (s0 + nw) * split < ntok ? (s0 + nw) * split : ntok;
-        float *slot = slots[warp];
-#define K2_ROUND(CC, V) k2_attn_round<CC, V>(qh, Kpool, Vpool, bt, selq, tokq, kvd, kvh * hd, page_size, r, nb, ns, t0, t1, split, scale, scores, slot, hd)
-        switch (C) {
-        case 1: if (hd < 32) K2_ROUND(1, false); else K2_ROUND(1, true); break;
-        case 2: K2_ROUND(2, true); break;
-        case 3: K2_ROUND(3, false); break;
-        case 4: K2_ROUND(4, true); break;
-        case 5: K2_ROUND(5, false); break;
-        case 6: K2_ROUND(6, false); break;
-        case 7: K2_ROUND(7, false); break;
-        default: K2_ROUND(8, true); break;
+        int s = s0 + warp;
+        if (s < nsplit) {
+            int k0 = s * split, k1 = k0 + split < ntok ? k0 + split : ntok;
+            float *slot = slots[warp];
+#define K2_SPLIT(CC, V) k2_attn_split<CC, V>(qh, Kpool, Vpool, bt, selq, tokq, kvd, kvh * hd, page_size, r, nb, ns, k0, k1, scale, slot, hd)
+            switch (C) {
+            case 1: if (hd < 32) K2_SPLIT(1, false); else K2_SPLIT(1, true); break;
+            case 2: K2_SPLIT(2, true); break;
+            case 3: K2_SPLIT(3, false); break;
+            case 4: K2_SPLIT(4, true); break;
+            case 5: K2_SPLIT(5, false); break;
+            case 6: K2_SPLIT(6, false); break;
+            case 7: K2_SPLIT(7, false); break;
+            default: K2_SPLIT(8, true); break;
+            }
+#undef K2_SPLIT
         }
-#undef K2_ROUND
         __syncthreads();
         if (warp == 0) { /* merge this round's splits left to right: (M, Lsum, o) as qsa__attn_head_plan */
             int n = nsplit - s0 < nw ? nsplit - s0 : nw;
