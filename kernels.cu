@@ -1986,8 +1986,9 @@ static __device__ __forceinline__ void k2_attn_split(const float *__restrict__ q
  * Nothing depends on other queries, on M, on the block size or on which physical pages hold the
  * tokens.  Requires hd % 32 == 0 and hd <= 256 (else trap; the host validates).
  * GQA: query head h reads KV head h / (nh/nkv).
- * Launch: grid (M, nh), block 256 (any multiple of 32 up to 256; 128 works, fewer splits at once). */
-#define K2_ATTN_MAX_WARPS 8
+ * Launch: grid (M, nh), block any multiple of 32 up to 512: 512 (16 splits at once: a decode query's
+ * 2048 + tail tokens in one round) for few queries, 256 for prefill (more blocks per SM). */
+#define K2_ATTN_MAX_WARPS 16
 static __device__ __forceinline__ void qsa_sparse_attn_body(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
     const int *__restrict__ bt, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
@@ -2057,7 +2058,7 @@ static __device__ __forceinline__ void qsa_sparse_attn_body(
         if (out16) out16[at] = qsa_f32_to_f16(y);
     }
 }
-extern "C" __global__ void __launch_bounds__(256, 1) qsa_k_sparse_attn(
+extern "C" __global__ void __launch_bounds__(512, 1) qsa_k_sparse_attn(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
     const int *__restrict__ bt, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
     qsa_f16 *out16, int pos0, int M, int nh, int nkv, int hd, int r, int topk, int page_size, int split,
@@ -2135,7 +2136,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_topk_blocks_batch(
 
 /* Logical visit order only (the physical-order debug switch is not batched).
  * Launch: grid (1, nh, B), block 256. */
-extern "C" __global__ void __launch_bounds__(256, 1) qsa_k_sparse_attn_batch(
+extern "C" __global__ void __launch_bounds__(512, 1) qsa_k_sparse_attn_batch(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
     const unsigned long long *__restrict__ bts, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
     qsa_f16 *out16, const int *__restrict__ pos, int nh, int nkv, int hd, int r, int topk, int page_size, int split) {

@@ -8872,6 +8872,10 @@ QSA_PRIV void qsa__cuda_seq_destroy(qsa_model *m, qsa_seq *s) {
 
 /* ---- forward ---- */
 
+/* Threads of a sparse-attention block: 16 warps (16 splits of 256 tokens at once, a decode query in
+   one round) when there are few queries, 8 for prefill.  The bits do not depend on it. */
+QSA_PRIV unsigned qsa__attn_threads(int M) { return M <= 64 ? 512u : 256u; }
+
 /* Blocks along H for the per-token element-wise kernels (grid (M, Y)): enough to fill the GPU when M
    is small, one when M alone does. */
 QSA_PRIV unsigned qsa__ygrid(int M, int H) {
@@ -9093,7 +9097,7 @@ QSA_PRIV qsa_result qsa__cuda_attn(qsa_seq *sq, int l, int M) {
         tokpos = s->tokpos;
         QSA__LAUNCH(g, attn_phys_order, M, 1, 256, 0, &bt, &s->sel, &s->nsel, &tokpos, &pos0, &M, &r, &topk, &ps, &ld_tok);
     }
-    QSA__LAUNCH(g, sparse_attn, M, nh, 256, 0, &qg, &Kp, &Vp, &bt, &s->sel, &s->nsel, &att, &att16, &pos0, &M, &nh, &nkv, &hd, &r,
+    QSA__LAUNCH(g, sparse_attn, M, nh, qsa__attn_threads(M), 0, &qg, &Kp, &Vp, &bt, &s->sel, &s->nsel, &att, &att16, &pos0, &M, &nh, &nkv, &hd, &r,
                 &topk, &ps, &split, &tokpos, &ld_tok);
     return qsa__dgemm(g, att16, M, &d->o, s->out, 0);
 }
@@ -9370,7 +9374,7 @@ QSA_PRIV qsa_result qsa__cuda_attn_batch(qsa_model *m, int l, int B) {
         QSA__LAUNCH3(g, block_scores_batch, 1, ys, B, 256, 0, &iq, &bk, &sc, &pos, &ih, &ihd, &r, &ld);
         QSA__LAUNCH3(g, topk_blocks_batch, 1, 1, B, 1024, 0, &sc, &s->sel, &s->nsel, &pos, &r, &topk, &ld);
     }
-    QSA__LAUNCH3(g, sparse_attn_batch, 1, nh, B, 256, 0, &qg, &Kp, &Vp, &bts, &s->sel, &s->nsel, &att, &att16, &pos, &nh, &nkv,
+    QSA__LAUNCH3(g, sparse_attn_batch, 1, nh, B, qsa__attn_threads(B), 0, &qg, &Kp, &Vp, &bts, &s->sel, &s->nsel, &att, &att16, &pos, &nh, &nkv,
                  &hd, &r, &topk, &ps, &split);
     return qsa__dgemm(g, att16, B, &d->o, s->out, 0);
 }

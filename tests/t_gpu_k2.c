@@ -926,6 +926,7 @@ TEST(gpu, k2_sparse_attn_vs_cpu) {
     k2t_attn_init(&c, 4, 2, 128, 4, 512, 37, 4963, 61);
     k2t_attn_vs_cpu("sparse_attn hd128 topk512", &c, 16, 256);
     k2t_attn_vs_cpu("sparse_attn hd128 topk512 block128", &c, 400, 128);
+    k2t_attn_vs_cpu("sparse_attn hd128 topk512 block512", &c, 400, 512);
     k2t_attn_free(&c);
     /* early positions: fewer blocks than topk (all selected), tails of 0..3 tokens; hd 64 */
     k2t_attn_init(&c, 4, 1, 64, 4, 128, 37, 0, 62);
@@ -976,6 +977,9 @@ TEST(gpu, k2_sparse_attn_determinism) {
         r = k2t_attn_gpu(&c, 16, 2 * np + 5, bt, 0, c.M, 128, 0, got, NULL, 0);
         CHECK_OK(r);
         CHECKF(r != QSA_OK || k2t_same_bits(base, got, no * 4), "block of 128 threads: output bits differ from 256");
+        if (r == QSA_OK) r = k2t_attn_gpu(&c, 16, 2 * np + 5, bt, 0, c.M, 512, 0, got, NULL, 0);
+        CHECK_OK(r);
+        CHECKF(r != QSA_OK || k2t_same_bits(base, got, no * 4), "block of 512 threads (the decode launch): output bits differ from 256");
     }
     /* (3) batch invariance: a query alone (M = 1) gives the bits it has inside M = 37 */
     static const int alone[3] = {0, 17, 36};
