@@ -954,6 +954,114 @@ TEST(cpu, tp_rank_host_bytes) {
     CHECKF(pairs >= 4, "only %d model/tp pairs split", pairs);
 }
 
+/* A copy of checkpoint `src` in `dst` with the routed experts fused as the reference module holds
+   them (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]); config.json copied. */
+static int tp_write_fused(const char *src, const char *dst) {
+    qsa__st_set st;
+    memset(&st, 0, sizeof st);
+    if (qsa__st_open_dir(src, &st) != QSA_OK) return 0;
+    qsa_model_config c;
+    int ok = qsa_config_load_dir(src, &c) == QSA_OK;
+    int L = c.num_hidden_layers, E = c.num_experts, I = c.moe_intermediate_size, H = c.hidden_size;
+    qsa__st_out *t = (qsa__st_out *)calloc((size_t)st.ntensors + 2 * (size_t)L, sizeof(qsa__st_out));
+    char (*names)[160] = (char (*)[160])calloc(2 * (size_t)L, 160);
+    void **bufs = (void **)calloc(2 * (size_t)L, sizeof(void *));
+    int n = 0;
+    for (int i = 0; ok && i < st.ntensors; i++)
+        if (!strstr(st.tensors[i].name, ".mlp.experts.")) {
+            const qsa__tensor *x = &st.tensors[i];
+            t[n].name = x->name;
+            t[n].dtype = x->dtype;
+            t[n].ndim = x->ndim;
+            for (int d = 0; d < x->ndim && d < 4; d++) t[n].shape[d] = x->shape[d];
+            t[n++].data = x->data;
+        }
+    for (int l = 0; ok && l < L; l++) {
+        const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
+        const qsa__tensor *w[3] = {NULL, NULL, NULL};
+        char nm[200];
+        snprintf(nm, sizeof nm, "layers.%d.mlp.experts.0.gate_proj.weight", l);
+        if (!qsa__st_find(&st, nm)) { ok = 0; break; }
+        size_t es = qsa__dtype_size(qsa__st_find(&st, nm)->dtype), mat = (size_t)I * H * es;
+        char *gu = (char *)malloc((size_t)E * 2 * mat), *dn = (char *)malloc((size_t)E * mat);
+        bufs[2 * l] = gu;
+        bufs[2 * l + 1] = dn;
+        for (int e = 0; ok && e < E; e++) {
+            for (int k = 0; k < 3; k++) {
+                snprintf(nm, sizeof nm, "layers.%d.mlp.experts.%d.%s.weight", l, e, proj[k]);
+                w[k] = qsa__st_find(&st, nm);
+                ok = ok && w[k] && w[k]->nbytes == mat && qsa__dtype_size(w[k]->dtype) == es;
+            }
+            if (!ok) break;
+            memcpy(gu + (size_t)e * 2 * mat, w[0]->data, mat);
+            memcpy(gu + (size_t)e * 2 * mat + mat, w[1]->data, mat);
+            memcpy(dn + (size_t)e * mat, w[2]->data, mat);
+        }
+        if (!ok || !w[0]) { ok = 0; break; }
+        snprintf(names[2 * l], 160, "%slayers.%d.mlp.experts.gate_up_proj", st.prefix ? st.prefix : "", l);
+        snprintf(names[2 * l + 1], 160, "%slayers.%d.mlp.experts.down_proj", st.prefix ? st.prefix : "", l);
+        qsa__st_out a = {names[2 * l], w[0]->dtype, 3, {E, 2 * I, H, 0}, gu}, b = {names[2 * l + 1], w[0]->dtype, 3, {E, H, I, 0}, dn};
+        t[n++] = a;
+        t[n++] = b;
+    }
+    char p[700], *cfg = NULL;
+    size_t len = 0;
+    if (ok && snprintf(p, sizeof p, "%s/model.safetensors", dst) < (int)sizeof p) ok = qsa__st_write(p, t, n) == QSA_OK;
+    if (ok && snprintf(p, sizeof p, "%s/config.json", src) < (int)sizeof p) ok = qsa__read_file(p, &cfg, &len) == QSA_OK;
+    if (ok && snprintf(p, sizeof p, "%s/config.json", dst) < (int)sizeof p) {
+        FILE *f = fopen(p, "wb");
+        ok = f && fwrite(cfg, 1, len, f) == len;
+        if (f && fclose(f)) ok = 0;
+    }
+    qsa__free(cfg);
+    for (int i = 0; i < 2 * L; i++) free(bufs[i]);
+    free(bufs);
+    free(names);
+    free(t);
+    qsa__st_close(&st);
+    return ok;
+}
+
+/* Fused dense experts: the views cut from the file (expert e at rows 2Ie.. of gate_up_proj and He.. of
+   down_proj) equal those of the whole model bit for bit, and the rank's bytes follow the formula. */
+TEST(cpu, tp_views_cut_from_fused_experts) {
+    char dir[] = "/tmp/qsa_tp_fused_XXXXXX", p[700];
+    if (!mkdtemp(dir)) { CHECK(0); return; }
+    snprintf(p, sizeof p, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
+    CHECK(tp_write_fused(p, dir));
+    qsa_model *whole = tp_host_model(dir, 0), *hm = whole ? tp_host_model(dir, 2) : NULL;
+    if (whole && hm) {
+        char gu[96];
+        snprintf(gu, sizeof gu, "layers.0.mlp.experts.gate_up_proj");
+        CHECK(qsa__st_find(&hm->st, gu) != NULL && hm->layers[0].moe.gate[0].w == NULL && whole->layers[0].moe.gate[0].w != NULL);
+        for (int r = 0; r < 2; r++) {
+            qsa_model va, vb;
+            qsa__tp_own ca, ka, cb, kb;
+            memset(&ca, 0, sizeof ca); memset(&ka, 0, sizeof ka); memset(&cb, 0, sizeof cb); memset(&kb, 0, sizeof kb);
+            CHECK_OK(qsa__tp_view(whole, 2, r, &ca, &ka, &va));
+            CHECK_OK(qsa__tp_view(hm, 2, r, &cb, &kb, &vb));
+            if (!T_.failed) {
+                tp_cmp k = {"fused experts", 0, 0};
+                tp_cmp_views(&k, &va, &vb);
+                CHECKF(k.diffs == 0, "rank %d: %d of %d tensors differ", r, k.diffs, k.tensors);
+                size_t repl, slices, split_whole;
+                tp_rank_formula(hm, 2, r, &repl, &slices, &split_whole);
+                CHECKF(hm->bytes_f32 == repl && cb.bytes == slices, "rank %d: %zu + %zu bytes, formula %zu + %zu", r, hm->bytes_f32,
+                       cb.bytes, repl, slices);
+                if (T_.verbose) printf("    fused experts tp 2 rank %d: %d tensors bitwise equal; %zu + %zu bytes\n", r, k.tensors, repl, slices);
+            }
+            qsa__tp_own_free(&ca); qsa__tp_own_free(&ka); qsa__tp_own_free(&cb); qsa__tp_own_free(&kb);
+        }
+    }
+    qsa_model_free(hm);
+    qsa_model_free(whole);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    remove(p);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    remove(p);
+    rmdir(dir);
+}
+
 /* Which loads bind for TP, and the CPU fallback of an AUTO load with tp = 2: it rebinds the whole model
    and computes exactly what a CPU load does. */
 TEST(cpu, tp_load_binds_slices_only_for_cuda) {
