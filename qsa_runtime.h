@@ -52,7 +52,9 @@
  *   dense weights as FP16 (values beyond the FP16 range are reported), NVFP4 experts packed, and
  *   leaves the PLE tables in host memory (only gathered rows travel).  KV pages come from one pool
  *   per model (qsa_model_params.kv_pool_tokens); per-sequence recurrent state is allocated when a
- *   sequence is created.  Host allocations go through QSA_MALLOC/QSA_REALLOC/QSA_FREE.
+ *   sequence is created.  Under tensor parallelism the host converts only the replicated dense
+ *   tensors whole; each rank's slices of the split ones are converted from the mapping and freed
+ *   once uploaded.  Host allocations go through QSA_MALLOC/QSA_REALLOC/QSA_FREE.
  *
  * KERNEL CACHE
  *   Compiled kernel modules are cached in $QSA_CACHE_DIR (default ~/.cache/qsa_runtime; "off"
@@ -9598,8 +9600,12 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
 /* ============================================================================================== */
 /* A rank runs the single-GPU forward of >>cuda unchanged on its *view* of the model: a qsa_model
    whose config has the rank's local dimensions (query / KV heads, GDN key and value heads, expert
-   and shared-expert widths divided by tp) and whose weights are the rank's slices (qsa_tp_slice_for:
-   views into the loaded model where a slice is one run of rows, host copies otherwise).  The
+   and shared-expert widths divided by tp) and whose weights are the rank's slices (qsa_tp_slice_for).
+   A TP load binds the host model for tp ranks (qsa_model.bind_tp): only the replicated tensors are
+   converted to fp32, and each rank's view converts its slices of the split dense tensors straight
+   from the mapped checkpoint into host copies, which rank bring-up uploads and frees; NVFP4 slices
+   are views into the mapping or copies of its bytes.  (A host model bound whole, as the tests build
+   it, is sliced in memory instead: the same bits.)  The
    forward leaves a partial sum at three kinds of points and calls a hook there (a no-op without
    TP, so one GPU runs exactly as before):
      qsa__tp_reduce    after the mixer's o_proj / out_proj and after the MoE (routed experts +
