@@ -52,7 +52,9 @@
  *   dense weights as FP16 (values beyond the FP16 range are reported), NVFP4 experts packed, and
  *   leaves the PLE tables in host memory (only gathered rows travel).  KV pages come from one pool
  *   per model (qsa_model_params.kv_pool_tokens); per-sequence recurrent state is allocated when a
- *   sequence is created.  Host allocations go through QSA_MALLOC/QSA_REALLOC/QSA_FREE.
+ *   sequence is created.  Under tensor parallelism the host converts only the replicated dense
+ *   tensors whole; each rank's slices of the split ones are converted from the mapping and freed
+ *   once uploaded.  Host allocations go through QSA_MALLOC/QSA_REALLOC/QSA_FREE.
  *
  * KERNEL CACHE
  *   Compiled kernel modules are cached in $QSA_CACHE_DIR (default ~/.cache/qsa_runtime; "off"
@@ -5777,6 +5779,9 @@ struct qsa_model {
     /* owned fp32 copies of dense tensors */
     float **owned;
     int n_owned, cap_owned;
+    size_t bytes_f32;      /* bytes of the dense tensors converted to fp32 (what `owned` holds, rope aside) */
+    int bind_tp;           /* > 1: the tensors the TP plan splits over bind_tp ranks were not converted; each
+                              rank's view cuts its slices from the mapped file (>>tp); 0: every tensor bound */
     /* thread pool for the CPU matmuls */
     int n_threads;
 };
@@ -5793,18 +5798,36 @@ QSA_PRIV qsa_result qsa__own(qsa_model *m, float *p) {
     return QSA_OK;
 }
 
-/* Tensor `name` (shape checked against ndim/shape, -1 = any) converted to a new fp32 array. */
+/* Whether the TP plan cuts tensor `name` over m->bind_tp ranks (then no rank needs it whole). */
+QSA_PRIV qsa_result qsa__bind_split(const qsa_model *m, const char *name, int *split) {
+    qsa_tp_slice sl;
+    *split = 0;
+    if (m->bind_tp <= 1) return QSA_OK;
+    QSA__TRY(qsa_tp_slice_for(&m->cfg, m->bind_tp, 0, name, &sl));
+    *split = sl.kind != QSA_TP_REPLICATED;
+    return QSA_OK;
+}
+
+/* Tensor `name` (shape checked against ndim/shape, -1 = any) converted to a new fp32 array.  With
+   m->bind_tp, a tensor the plan splits is checked but not converted: *out = NULL. */
 QSA_PRIV qsa_result qsa__load_f32(qsa_model *m, const char *name, int ndim, const int64_t *shape, const float **out) {
     const qsa__tensor *t;
+    int split;
     QSA__TRY(qsa__st_get(&m->st, name, (qsa__dtype)-1, ndim, shape, &t));
     if (t->dtype != QSA__F32 && t->dtype != QSA__F16 && t->dtype != QSA__BF16)
         return qsa__fail(QSA_ERR_SHAPE, "tensor '%s': dtype %s, expected F32, F16 or BF16", t->name, qsa__dtype_name(t->dtype));
+    QSA__TRY(qsa__bind_split(m, name, &split));
+    if (split) {
+        *out = NULL;
+        return QSA_OK;
+    }
     size_t n = 1;
     for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
     float *p = QSA__ALLOC(float, n);
     if (!p) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tensor '%s': out of memory for %zu floats", t->name, n);
     for (size_t i = 0; i < n; i++) p[i] = qsa__tensor_f32(t, i);
     QSA__TRY(qsa__own(m, p));
+    m->bytes_f32 += n * sizeof(float);
     *out = p;
     return QSA_OK;
 }
@@ -5942,11 +5965,17 @@ QSA_PRIV qsa_result qsa__load_moe(qsa_model *m, int L, qsa__moe_w *w) {
         QSA__TRY(qsa__load_f32(m, name, 3, s1, &gu));
         snprintf(name, sizeof name, "%s.experts.down_proj", b);
         QSA__TRY(qsa__load_f32(m, name, 3, s2, &dn));
-        for (int e = 0; e < E; e++) {
+        for (int e = 0; e < E && gu; e++) {
             const float *ge = gu + (size_t)e * 2 * (size_t)I * (size_t)H;
             w->gate[e] = qsa__lin_rows(ge, 0, I, H);
             w->up[e] = qsa__lin_rows(ge, I, I, H);
             w->down[e] = qsa__lin_rows(dn + (size_t)e * (size_t)H * (size_t)I, 0, H, I);
+        }
+        for (int e = 0; e < E && !gu; e++) { /* split under m->bind_tp: shapes only, the ranks cut the file */
+            w->gate[e].out = w->up[e].out = I;
+            w->gate[e].in = w->up[e].in = H;
+            w->down[e].out = H;
+            w->down[e].in = I;
         }
     } else {
         for (int e = 0; e < E; e++) {
@@ -6176,12 +6205,8 @@ QSA_PRIV qsa_result qsa__pool_create(qsa_model *m, int host_storage) {
     return QSA_OK;
 }
 
-QSA_IMPL void qsa_model_free(qsa_model *m) {
-    if (!m) return;
-#ifndef QSA_NO_CUDA
-    if (m->tp) qsa__tp_free(m); /* every rank's backend, the communicators, the threads */
-    else qsa__cuda_free(m->cuda);
-#endif
+/* Frees what qsa__model_bind made (the layers, the fp32 tensors, RoPE); the checkpoint stays open. */
+QSA_PRIV void qsa__model_unbind(qsa_model *m) {
     if (m->layers) {
         for (int L = 0; L < m->cfg.num_hidden_layers; L++) {
             qsa__layer_w *lw = &m->layers[L];
@@ -6200,14 +6225,45 @@ QSA_IMPL void qsa_model_free(qsa_model *m) {
     for (int i = 0; i < m->n_owned; i++) qsa__free(m->owned[i]);
     qsa__free(m->owned);
     qsa__free(m->rope_inv_freq);
+    m->layers = NULL;
+    m->owned = NULL;
+    m->n_owned = m->cap_owned = 0;
+    m->bytes_f32 = 0;
+    m->rope_inv_freq = NULL;
+    m->embed = NULL;
+    memset(&m->lm_head, 0, sizeof m->lm_head);
+    memset(&m->final_hc, 0, sizeof m->final_hc);
+}
+
+QSA_IMPL void qsa_model_free(qsa_model *m) {
+    if (!m) return;
+#ifndef QSA_NO_CUDA
+    if (m->tp) qsa__tp_free(m); /* every rank's backend, the communicators, the threads */
+    else qsa__cuda_free(m->cuda);
+#endif
+    qsa__model_unbind(m);
     qsa__pool_destroy(&m->pool);
     if (m->tok) qsa_tokenizer_free(m->tok);
     qsa__st_close(&m->st);
     qsa__free(m);
 }
 
-QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *params, qsa_model **out) {
-    if (!dir || !out) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_model_load: NULL argument");
+/* How many TP ranks the host model is bound for: m->params.tp when the CUDA backend may run it under
+   tensor parallelism (then no tensor the plan splits is converted whole: each rank's view cuts its
+   slices from the mapped file, >>tp), 0 otherwise (one GPU, the CPU backend: every tensor bound). */
+QSA_PRIV int qsa__load_bind_tp(const qsa_model_params *p) {
+#ifdef QSA_NO_CUDA
+    (void)p;
+    return 0;
+#else
+    return p->tp > 1 && p->backend != QSA_BACKEND_CPU ? p->tp : 0;
+#endif
+}
+
+/* The host model of `dir`: config, generation config, the mapped checkpoint and its tensors bound for
+   bind_tp ranks (qsa_model.bind_tp; 0 or a tp the model cannot be split over binds everything).
+   No backend, KV pool or tokenizer yet.  On failure *out is NULL and the error recorded. */
+QSA_PRIV qsa_result qsa__model_open(const char *dir, const qsa_model_params *params, int bind_tp, qsa_model **out) {
     *out = NULL;
     qsa_model *m = QSA__CALLOC(qsa_model, 1);
     if (!m) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_model_load: out of memory");
@@ -6218,7 +6274,6 @@ QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *para
         m->params.n_threads = n < 1 ? 1 : n > 16 ? 16 : (int)n;
     }
     m->n_threads = m->params.n_threads;
-    double t0 = qsa__now();
     qsa_result r = qsa_config_load_dir(dir, &m->cfg);
     if (r == QSA_OK) {
         char *gpath = qsa__path_join(dir, "generation_config.json");
@@ -6234,8 +6289,34 @@ QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *para
         qsa__free(gpath);
     }
     if (r == QSA_OK) r = qsa__st_open_dir(dir, &m->st);
+    if (r == QSA_OK && bind_tp > 1) {
+        if (qsa_tp_check(&m->cfg, bind_tp) == QSA_OK) m->bind_tp = bind_tp;
+        else qsa_clear_error(); /* qsa__tp_init reports it */
+    }
     if (r == QSA_OK) r = qsa__model_bind(m);
-    if (r == QSA_OK && m->params.tp > 1 && m->params.backend == QSA_BACKEND_CPU)
+    if (r == QSA_OK && m->bind_tp)
+        qsa__log(QSA_LOG_INFO, "host weights for tp = %d: %.1f MiB converted whole (replicated); each rank's slices are cut "
+                 "from the checkpoint", m->bind_tp, (double)m->bytes_f32 / 1048576.0);
+    if (r != QSA_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", qsa_last_error());
+        qsa_model_free(m);
+        return qsa__fail(r, "%s", msg);
+    }
+    *out = m;
+    return QSA_OK;
+}
+
+QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *params, qsa_model **out) {
+    if (!dir || !out) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_model_load: NULL argument");
+    *out = NULL;
+    double t0 = qsa__now();
+    qsa_model_params none;
+    memset(&none, 0, sizeof none);
+    qsa_model *m;
+    QSA__TRY(qsa__model_open(dir, params, qsa__load_bind_tp(params ? params : &none), &m));
+    qsa_result r = QSA_OK;
+    if (m->params.tp > 1 && m->params.backend == QSA_BACKEND_CPU)
         r = qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_model_load: tp = %d needs the CUDA backend", m->params.tp);
     if (r == QSA_OK && m->params.backend != QSA_BACKEND_CPU) {
 #ifdef QSA_NO_CUDA
@@ -6254,6 +6335,11 @@ QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *para
             qsa__log(QSA_LOG_INFO, "CUDA backend unavailable (%s): using the CPU backend", qsa_last_error());
             qsa__pool_destroy(&m->pool);
             r = QSA_OK;
+            if (m->bind_tp) { /* the CPU backend needs every tensor whole */
+                qsa__model_unbind(m);
+                m->bind_tp = 0;
+                r = qsa__model_bind(m);
+            }
         }
 #endif
     }
@@ -9514,8 +9600,12 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
 /* ============================================================================================== */
 /* A rank runs the single-GPU forward of >>cuda unchanged on its *view* of the model: a qsa_model
    whose config has the rank's local dimensions (query / KV heads, GDN key and value heads, expert
-   and shared-expert widths divided by tp) and whose weights are the rank's slices (qsa_tp_slice_for:
-   views into the loaded model where a slice is one run of rows, host copies otherwise).  The
+   and shared-expert widths divided by tp) and whose weights are the rank's slices (qsa_tp_slice_for).
+   A TP load binds the host model for tp ranks (qsa_model.bind_tp): only the replicated tensors are
+   converted to fp32, and each rank's view converts its slices of the split dense tensors straight
+   from the mapped checkpoint into host copies, which rank bring-up uploads and frees; NVFP4 slices
+   are views into the mapping or copies of its bytes.  (A host model bound whole, as the tests build
+   it, is sliced in memory instead: the same bits.)  The
    forward leaves a partial sum at three kinds of points and calls a hook there (a no-op without
    TP, so one GPU runs exactly as before):
      qsa__tp_reduce    after the mixer's o_proj / out_proj and after the MoE (routed experts +
@@ -9536,9 +9626,10 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
 typedef struct qsa__tp_own {
     void **p;
     int n, cap;
+    size_t bytes; /* their sizes, summed: a rank's host memory for weights, which the tests hold to the plan */
 } qsa__tp_own;
 
-QSA_PRIV void *qsa__tp_keep(qsa__tp_own *o, void *p) {
+QSA_PRIV void *qsa__tp_keep(qsa__tp_own *o, void *p, size_t bytes) {
     if (!p) return NULL;
     if (o->n == o->cap) {
         int cap = o->cap ? 2 * o->cap : 64;
@@ -9548,6 +9639,7 @@ QSA_PRIV void *qsa__tp_keep(qsa__tp_own *o, void *p) {
         o->cap = cap;
     }
     o->p[o->n++] = p;
+    o->bytes += bytes;
     return p;
 }
 
@@ -9573,7 +9665,7 @@ QSA_PRIV void qsa__tp_local_config(const qsa_model_config *c, int tp, qsa_model_
 QSA_PRIV const void *qsa__tp_rows(qsa__tp_own *o, const void *base, size_t row_bytes, const qsa_tp_slice *sl, int64_t pad_rows) {
     int64_t rows = sl->count > pad_rows ? sl->count : pad_rows;
     if (sl->n_runs == 1 && rows == sl->count) return (const char *)base + (size_t)sl->run_begin[0] * row_bytes;
-    char *d = (char *)qsa__tp_keep(o, qsa__calloc((size_t)rows, row_bytes));
+    char *d = (char *)qsa__tp_keep(o, qsa__calloc((size_t)rows, row_bytes), (size_t)rows * row_bytes);
     if (!d) return NULL;
     for (int i = 0, at = 0; i < sl->n_runs; at += (int)sl->run_count[i], i++)
         memcpy(d + (size_t)at * row_bytes, (const char *)base + (size_t)sl->run_begin[i] * row_bytes,
@@ -9588,7 +9680,7 @@ QSA_PRIV const void *qsa__tp_cols(qsa__tp_own *o, const void *base, int64_t rows
                                   int per, int per_elem, size_t esz, int64_t pad_cols) {
     int64_t cols = sl->count * per > pad_cols ? sl->count * per : pad_cols;
     size_t out_row = (size_t)(cols / per_elem) * esz;
-    char *d = (char *)qsa__tp_keep(o, qsa__calloc((size_t)rows, out_row));
+    char *d = (char *)qsa__tp_keep(o, qsa__calloc((size_t)rows, out_row), (size_t)rows * out_row);
     if (!d) return NULL;
     for (int64_t r = 0; r < rows; r++) {
         const char *src = (const char *)base + (size_t)r * row_bytes;
@@ -9602,31 +9694,101 @@ QSA_PRIV const void *qsa__tp_cols(qsa__tp_own *o, const void *base, int64_t rows
     return d;
 }
 
+/* The same two layouts converted to fp32 straight from a mapped checkpoint tensor `t` (F32/F16/BF16,
+   element by element as qsa__load_f32 converts it, so the bits equal a slice of the whole fp32
+   tensor), whose rows of `row_len` elements are counted from row `row0` (an expert of a fused tensor). */
+QSA_PRIV const float *qsa__tp_rows_st(qsa__tp_own *o, const qsa__tensor *t, int64_t row0, size_t row_len, const qsa_tp_slice *sl,
+                                      int64_t pad_rows) {
+    int64_t rows = sl->count > pad_rows ? sl->count : pad_rows;
+    size_t n_out = (size_t)rows * row_len, at = 0;
+    float *d = (float *)qsa__tp_keep(o, qsa__calloc(n_out, sizeof(float)), n_out * sizeof(float));
+    if (!d) return NULL;
+    for (int i = 0; i < sl->n_runs; i++) {
+        size_t src = (size_t)(row0 + sl->run_begin[i]) * row_len, n = (size_t)sl->run_count[i] * row_len;
+        for (size_t j = 0; j < n; j++) d[at + j] = qsa__tensor_f32(t, src + j);
+        at += n;
+    }
+    return d;
+}
+
+QSA_PRIV const float *qsa__tp_cols_st(qsa__tp_own *o, const qsa__tensor *t, int64_t row0, int64_t rows, size_t in,
+                                      const qsa_tp_slice *sl, int per, int64_t pad_cols) {
+    int64_t cols = sl->count * per > pad_cols ? sl->count * per : pad_cols;
+    size_t n_out = (size_t)rows * (size_t)cols;
+    float *d = (float *)qsa__tp_keep(o, qsa__calloc(n_out, sizeof(float)), n_out * sizeof(float));
+    if (!d) return NULL;
+    for (int64_t r = 0; r < rows; r++) {
+        size_t src = (size_t)(row0 + r) * in;
+        float *dst = d + (size_t)r * (size_t)cols;
+        for (int i = 0; i < sl->n_runs; i++) {
+            size_t b = (size_t)(sl->run_begin[i] * per), n = (size_t)(sl->run_count[i] * per);
+            for (size_t j = 0; j < n; j++) dst[j] = qsa__tensor_f32(t, src + b + j);
+            dst += n;
+        }
+    }
+    return d;
+}
+
+/* What one rank's slices are cut from.  Tensors of the host model are sliced in memory (views or
+   copies); a dense tensor that the host model did not convert because the plan splits it (the model
+   was bound for bind_tp == tp ranks, qsa_model.bind_tp) is converted slice by slice from the mapped
+   checkpoint `st`, so no process ever holds it whole. */
+typedef struct qsa__tp_cut {
+    const qsa_model_config *c;
+    int tp, rank, bind_tp;
+    const qsa__st_set *st;
+    qsa__tp_own *o; /* the rank's host copies */
+} qsa__tp_cut;
+
 #define QSA__TP_OOM(p) do { if (!(p)) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp: out of host memory for the slices of rank %d", rank); } while (0)
 
-/* Rank `rank`'s slice of the linear map `base` (a checkpoint name without ".weight").  ROWS: the
+/* Rank x->rank's slice of the linear map `base` (a checkpoint name without ".weight").  ROWS: the
    rank's output rows, padded with zero rows to `pad` (the lm_head to ceil(V/tp); expert gate/up to a
    multiple of 16); COLS: its input columns, padded with zero columns to `pad` (expert down), the bias
-   kept by rank 0 only (it is added once, before the reduction).  Zero padding adds exact zeros. */
-QSA_PRIV qsa_result qsa__tp_lin(const qsa_model_config *c, int tp, int rank, qsa__tp_own *o, const char *base,
-                                const qsa__lin *full, int64_t pad, qsa__lin *out) {
+   kept by rank 0 only (it is added once, before the reduction).  Zero padding adds exact zeros.
+   A dense weight the host model left in the file is read from `src` (rows counted from row0) when
+   given, else from "<base>.weight"; a row-split bias left there from "<base>.bias". */
+QSA_PRIV qsa_result qsa__tp_lin_at(const qsa__tp_cut *x, const char *base, const qsa__lin *full, const qsa__tensor *src,
+                                   int64_t row0, int64_t pad, qsa__lin *out) {
+    int rank = x->rank;
     int64_t pad_rows = pad;
     char name[320];
     qsa_tp_slice sl;
+    qsa__tp_own *o = x->o;
     *out = *full;
     if (!full->out) return QSA_OK; /* absent (the final mixer has no injection) */
     snprintf(name, sizeof name, "%s.weight", base);
-    QSA__TRY(qsa_tp_slice_for(c, tp, rank, name, &sl));
+    QSA__TRY(qsa_tp_slice_for(x->c, x->tp, rank, name, &sl));
     int in = full->in;
     if (sl.kind == QSA_TP_REPLICATED) return QSA_OK;
+    const qsa__tensor *bias_t = NULL;
+    if (x->bind_tp == x->tp && x->st) { /* what the host model did not convert is in the file */
+        char bn[320];
+        snprintf(bn, sizeof bn, "%s.bias", base);
+        if (!full->bias) bias_t = qsa__st_find(x->st, bn);
+        if (!full->w && !full->q && !src) {
+            src = qsa__st_find(x->st, name);
+            row0 = 0;
+        }
+    }
+    if (!full->w && !full->q) {
+        if (!src) return qsa__fail(QSA_ERR_INTERNAL, "tp: %s: not bound and not cut from the checkpoint (host model bound for "
+                                   "tp = %d, view for tp = %d)", name, x->bind_tp, x->tp);
+        if (qsa__tensor_numel(src) < (size_t)(row0 + full->out) * (size_t)in)
+            return qsa__fail(QSA_ERR_SHAPE, "tp: %s: tensor '%s' holds %zu values, fewer than rows %lld..%lld of %d", name,
+                             src->name, qsa__tensor_numel(src), (long long)row0, (long long)(row0 + full->out), in);
+    }
+    if (bias_t && qsa__tensor_numel(bias_t) != (size_t)full->out)
+        return qsa__fail(QSA_ERR_SHAPE, "tp: tensor '%s': %zu values, expected %d", bias_t->name, qsa__tensor_numel(bias_t), full->out);
     if (sl.kind == QSA_TP_ROWS) {
         out->out = (int)(sl.count > pad_rows ? sl.count : pad_rows);
         if (full->w) QSA__TP_OOM(out->w = (const float *)qsa__tp_rows(o, full->w, (size_t)in * 4, &sl, pad_rows));
-        else {
+        else if (full->q) {
             QSA__TP_OOM(out->q = (const uint8_t *)qsa__tp_rows(o, full->q, (size_t)in / 2, &sl, pad_rows));
             QSA__TP_OOM(out->qscale = (const uint8_t *)qsa__tp_rows(o, full->qscale, (size_t)in / 16, &sl, pad_rows));
-        }
+        } else QSA__TP_OOM(out->w = qsa__tp_rows_st(o, src, row0, (size_t)in, &sl, pad_rows));
         if (full->bias) QSA__TP_OOM(out->bias = (const float *)qsa__tp_rows(o, full->bias, 4, &sl, pad_rows));
+        else if (bias_t) QSA__TP_OOM(out->bias = qsa__tp_rows_st(o, bias_t, 0, 1, &sl, pad_rows));
         return QSA_OK;
     }
     /* COLS: the slice is in the units of the tensor as the config describes it (packed bytes when the
@@ -9636,24 +9798,38 @@ QSA_PRIV qsa_result qsa__tp_lin(const qsa_model_config *c, int tp, int rank, qsa
         return qsa__fail(QSA_ERR_SHAPE, "tp: %s: %d input columns, the plan expects %lld", name, in, (long long)sl.global[1]);
     out->in = (int)(sl.count * per > pad ? sl.count * per : pad);
     if (full->w) QSA__TP_OOM(out->w = (const float *)qsa__tp_cols(o, full->w, full->out, (size_t)in * 4, &sl, per, 1, 4, pad));
-    else {
+    else if (full->q) {
         if (out->in % 16) return qsa__fail(QSA_ERR_SHAPE, "tp: %s: %d NVFP4 columns per rank split a 16-column group", name, out->in);
         QSA__TP_OOM(out->q = (const uint8_t *)qsa__tp_cols(o, full->q, full->out, (size_t)in / 2, &sl, per, 2, 1, pad));
         QSA__TP_OOM(out->qscale = (const uint8_t *)qsa__tp_cols(o, full->qscale, full->out, (size_t)in / 16, &sl, per, 16, 1, pad));
-    }
+    } else QSA__TP_OOM(out->w = qsa__tp_cols_st(o, src, row0, full->out, (size_t)in, &sl, per, pad));
     if (rank != 0) out->bias = NULL;
     return QSA_OK;
 }
 
-/* Rows of a float tensor `name` of the plan (conv1d channels, A_log, dt_bias) with row_len floats per row. */
-QSA_PRIV qsa_result qsa__tp_vec(const qsa_model_config *c, int tp, int rank, qsa__tp_own *o, const char *name,
-                                const float *full, int row_len, const float **out) {
+QSA_PRIV qsa_result qsa__tp_lin(const qsa__tp_cut *x, const char *base, const qsa__lin *full, int64_t pad, qsa__lin *out) {
+    return qsa__tp_lin_at(x, base, full, NULL, 0, pad, out);
+}
+
+/* Rows of a float tensor `name` of the plan (conv1d channels, A_log, dt_bias) with row_len floats per
+   row; `full` NULL: the host model left it in the file. */
+QSA_PRIV qsa_result qsa__tp_vec(const qsa__tp_cut *x, const char *name, const float *full, int row_len, const float **out) {
+    int rank = x->rank;
     qsa_tp_slice sl;
-    QSA__TRY(qsa_tp_slice_for(c, tp, rank, name, &sl));
+    QSA__TRY(qsa_tp_slice_for(x->c, x->tp, rank, name, &sl));
     *out = full;
     if (sl.kind == QSA_TP_REPLICATED) return QSA_OK;
     if (sl.kind != QSA_TP_ROWS) return qsa__fail(QSA_ERR_INTERNAL, "tp: %s: expected a row split", name);
-    QSA__TP_OOM(*out = (const float *)qsa__tp_rows(o, full, (size_t)row_len * 4, &sl, 0));
+    if (full) {
+        QSA__TP_OOM(*out = (const float *)qsa__tp_rows(x->o, full, (size_t)row_len * 4, &sl, 0));
+        return QSA_OK;
+    }
+    const qsa__tensor *t = x->bind_tp == x->tp && x->st ? qsa__st_find(x->st, name) : NULL;
+    if (!t) return qsa__fail(QSA_ERR_INTERNAL, "tp: %s: not bound and not cut from the checkpoint", name);
+    if (qsa__tensor_numel(t) != (size_t)sl.global[0] * (size_t)row_len)
+        return qsa__fail(QSA_ERR_SHAPE, "tp: tensor '%s': %zu values, expected %lld x %d", t->name, qsa__tensor_numel(t),
+                         (long long)sl.global[0], row_len);
+    QSA__TP_OOM(*out = qsa__tp_rows_st(x->o, t, 0, (size_t)row_len, &sl, 0));
     return QSA_OK;
 }
 
@@ -9669,6 +9845,8 @@ QSA_PRIV qsa_result qsa__tp_vocab_rows(const qsa_model_config *c, int tp, int ra
 /* Rank `rank`'s view of the loaded model m: local config, sliced weights (views into m or copies in
    `copies`), its own KV-pool geometry; the tokenizer, checkpoint mapping, PLE tables and replicated
    weights are m's, shared read-only.  `keep` receives the view's own arrays (layers, expert tables).
+   A model bound for tp ranks (m->bind_tp == tp) holds only the replicated tensors: every slice is
+   then converted here from the mapped checkpoint, once per rank that holds it.
    The view has no backend; it is never passed to qsa_model_free. */
 QSA_PRIV qsa_result qsa__tp_view(const qsa_model *m, int tp, int rank, qsa__tp_own *copies, qsa__tp_own *keep, qsa_model *v) {
     const qsa_model_config *c = &m->cfg;
@@ -9676,6 +9854,13 @@ QSA_PRIV qsa_result qsa__tp_view(const qsa_model *m, int tp, int rank, qsa__tp_o
     char b[96], name[200];
     QSA__TRY(qsa_tp_check(c, tp));
     if (rank < 0 || rank >= tp) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "tp: rank %d outside 0..%d", rank, tp - 1);
+    qsa__tp_cut x;
+    x.c = c;
+    x.tp = tp;
+    x.rank = rank;
+    x.bind_tp = m->bind_tp;
+    x.st = &m->st;
+    x.o = copies;
     memcpy(v, m, sizeof *v);
     v->cuda = NULL;
     v->tp = NULL;
@@ -9685,8 +9870,8 @@ QSA_PRIV qsa_result qsa__tp_view(const qsa_model *m, int tp, int rank, qsa__tp_o
     qsa__tp_local_config(c, tp, &v->cfg);
     v->pool.kvd = v->cfg.num_key_value_heads * c->head_dim;
     int64_t vmax = ((int64_t)c->vocab_size + tp - 1) / tp;
-    QSA__TRY(qsa__tp_lin(c, tp, rank, copies, "lm_head", &m->lm_head, vmax, &v->lm_head));
-    qsa__layer_w *lw = (qsa__layer_w *)qsa__tp_keep(keep, qsa__calloc((size_t)L, sizeof(qsa__layer_w)));
+    QSA__TRY(qsa__tp_lin(&x, "lm_head", &m->lm_head, vmax, &v->lm_head));
+    qsa__layer_w *lw = (qsa__layer_w *)qsa__tp_keep(keep, qsa__calloc((size_t)L, sizeof(qsa__layer_w)), (size_t)L * sizeof(qsa__layer_w));
     QSA__TP_OOM(lw);
     v->layers = lw;
     for (int l = 0; l < L; l++) {
@@ -9697,55 +9882,65 @@ QSA_PRIV qsa_result qsa__tp_view(const qsa_model *m, int tp, int rank, qsa__tp_o
             int kc = c->linear_conv_kernel_dim;
             snprintf(b, sizeof b, "layers.%d.linear_attn", l);
             snprintf(name, sizeof name, "%s.in_proj_qkv", b);
-            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->gdn.in_qkv, 0, &d->gdn.in_qkv));
+            QSA__TRY(qsa__tp_lin(&x, name, &f->gdn.in_qkv, 0, &d->gdn.in_qkv));
             snprintf(name, sizeof name, "%s.in_proj_z", b);
-            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->gdn.in_z, 0, &d->gdn.in_z));
+            QSA__TRY(qsa__tp_lin(&x, name, &f->gdn.in_z, 0, &d->gdn.in_z));
             snprintf(name, sizeof name, "%s.in_proj_b", b);
-            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->gdn.in_b, 0, &d->gdn.in_b));
+            QSA__TRY(qsa__tp_lin(&x, name, &f->gdn.in_b, 0, &d->gdn.in_b));
             snprintf(name, sizeof name, "%s.in_proj_a", b);
-            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->gdn.in_a, 0, &d->gdn.in_a));
+            QSA__TRY(qsa__tp_lin(&x, name, &f->gdn.in_a, 0, &d->gdn.in_a));
             snprintf(name, sizeof name, "%s.out_proj", b);
-            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->gdn.out, 0, &d->gdn.out));
+            QSA__TRY(qsa__tp_lin(&x, name, &f->gdn.out, 0, &d->gdn.out));
             snprintf(name, sizeof name, "%s.conv1d.weight", b);
-            QSA__TRY(qsa__tp_vec(c, tp, rank, copies, name, f->gdn.conv_w, kc, &d->gdn.conv_w));
+            QSA__TRY(qsa__tp_vec(&x, name, f->gdn.conv_w, kc, &d->gdn.conv_w));
             snprintf(name, sizeof name, "%s.A_log", b);
-            QSA__TRY(qsa__tp_vec(c, tp, rank, copies, name, f->gdn.A_log, 1, &d->gdn.A_log));
+            QSA__TRY(qsa__tp_vec(&x, name, f->gdn.A_log, 1, &d->gdn.A_log));
             snprintf(name, sizeof name, "%s.dt_bias", b);
-            QSA__TRY(qsa__tp_vec(c, tp, rank, copies, name, f->gdn.dt_bias, 1, &d->gdn.dt_bias));
+            QSA__TRY(qsa__tp_vec(&x, name, f->gdn.dt_bias, 1, &d->gdn.dt_bias));
         } else {
             snprintf(b, sizeof b, "layers.%d.self_attn", l);
             snprintf(name, sizeof name, "%s.q_proj", b);
-            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->attn.q, 0, &d->attn.q));
+            QSA__TRY(qsa__tp_lin(&x, name, &f->attn.q, 0, &d->attn.q));
             snprintf(name, sizeof name, "%s.k_proj", b);
-            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->attn.k, 0, &d->attn.k));
+            QSA__TRY(qsa__tp_lin(&x, name, &f->attn.k, 0, &d->attn.k));
             snprintf(name, sizeof name, "%s.v_proj", b);
-            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->attn.v, 0, &d->attn.v));
+            QSA__TRY(qsa__tp_lin(&x, name, &f->attn.v, 0, &d->attn.v));
             snprintf(name, sizeof name, "%s.o_proj", b);
-            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->attn.o, 0, &d->attn.o));
+            QSA__TRY(qsa__tp_lin(&x, name, &f->attn.o, 0, &d->attn.o));
         }
         snprintf(b, sizeof b, "layers.%d.mlp", l);
         /* the MoE kernels work on tiles of 16 intermediate columns (docs/CUDA.md): a rank's share that is not a
            multiple of 16 (only in small models; NVFP4 experts always split into whole groups) is padded with
            zero gate/up rows and zero down columns, whose products add exact zeros */
-        int64_t Ipad = (v->cfg.moe_intermediate_size + 15) / 16 * 16;
-        d->moe.gate = (qsa__lin *)qsa__tp_keep(keep, qsa__calloc((size_t)E, sizeof(qsa__lin)));
-        d->moe.up = (qsa__lin *)qsa__tp_keep(keep, qsa__calloc((size_t)E, sizeof(qsa__lin)));
-        d->moe.down = (qsa__lin *)qsa__tp_keep(keep, qsa__calloc((size_t)E, sizeof(qsa__lin)));
+        int64_t Ipad = (v->cfg.moe_intermediate_size + 15) / 16 * 16, I = c->moe_intermediate_size, H = c->hidden_size;
+        size_t tbl = (size_t)E * sizeof(qsa__lin);
+        d->moe.gate = (qsa__lin *)qsa__tp_keep(keep, qsa__calloc((size_t)E, sizeof(qsa__lin)), tbl);
+        d->moe.up = (qsa__lin *)qsa__tp_keep(keep, qsa__calloc((size_t)E, sizeof(qsa__lin)), tbl);
+        d->moe.down = (qsa__lin *)qsa__tp_keep(keep, qsa__calloc((size_t)E, sizeof(qsa__lin)), tbl);
         QSA__TP_OOM(d->moe.gate && d->moe.up && d->moe.down);
+        /* fused experts left in the file: expert e is rows [2Ie, 2Ie + I) (gate), [2Ie + I, 2I(e+1)) (up) of
+           gate_up_proj [E, 2I, H] and rows [He, H(e+1)) of down_proj [E, H, I] */
+        const qsa__tensor *fgu = NULL, *fdn = NULL;
+        if (E > 0 && !f->moe.gate[0].w && !f->moe.gate[0].q && x.bind_tp == tp) {
+            snprintf(name, sizeof name, "%s.experts.gate_up_proj", b);
+            fgu = qsa__st_find(&m->st, name);
+            snprintf(name, sizeof name, "%s.experts.down_proj", b);
+            fdn = qsa__st_find(&m->st, name);
+        }
         for (int e = 0; e < E; e++) {
             snprintf(name, sizeof name, "%s.experts.%d.gate_proj", b, e);
-            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.gate[e], Ipad, &d->moe.gate[e]));
+            QSA__TRY(qsa__tp_lin_at(&x, name, &f->moe.gate[e], fgu, 2 * I * e, Ipad, &d->moe.gate[e]));
             snprintf(name, sizeof name, "%s.experts.%d.up_proj", b, e);
-            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.up[e], Ipad, &d->moe.up[e]));
+            QSA__TRY(qsa__tp_lin_at(&x, name, &f->moe.up[e], fgu, 2 * I * e + I, Ipad, &d->moe.up[e]));
             snprintf(name, sizeof name, "%s.experts.%d.down_proj", b, e);
-            QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.down[e], Ipad, &d->moe.down[e]));
+            QSA__TRY(qsa__tp_lin_at(&x, name, &f->moe.down[e], fdn, H * e, Ipad, &d->moe.down[e]));
         }
         snprintf(name, sizeof name, "%s.shared_expert.gate_proj", b);
-        QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.sh_gate, 0, &d->moe.sh_gate));
+        QSA__TRY(qsa__tp_lin(&x, name, &f->moe.sh_gate, 0, &d->moe.sh_gate));
         snprintf(name, sizeof name, "%s.shared_expert.up_proj", b);
-        QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.sh_up, 0, &d->moe.sh_up));
+        QSA__TRY(qsa__tp_lin(&x, name, &f->moe.sh_up, 0, &d->moe.sh_up));
         snprintf(name, sizeof name, "%s.shared_expert.down_proj", b);
-        QSA__TRY(qsa__tp_lin(c, tp, rank, copies, name, &f->moe.sh_down, 0, &d->moe.sh_down));
+        QSA__TRY(qsa__tp_lin(&x, name, &f->moe.sh_down, 0, &d->moe.sh_down));
     }
     v->cfg.moe_intermediate_size = (v->cfg.moe_intermediate_size + 15) / 16 * 16;
     return QSA_OK;

@@ -573,6 +573,18 @@ TEST(cpu, tp_slices_fixtures) {
 /* The TP forward's weight slices, emulated on the CPU (no GPU, no NCCL)                          */
 /* ============================================================================================== */
 
+/* A host model bound for bind_tp ranks as a TP load binds it (qsa__model_open; 0: whole, as the CPU
+   backend binds it), on the CPU backend. */
+static qsa_model *tp_host_model(const char *dir, int bind_tp) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.backend = QSA_BACKEND_CPU;
+    qsa_model *m = NULL;
+    CHECK_OK(qsa__model_open(dir, &mp, bind_tp, &m));
+    if (m) CHECKF(m->bind_tp == bind_tp, "%s: bound for %d ranks, asked %d", dir, m->bind_tp, bind_tp);
+    return m;
+}
+
 /* Prefill `n` tokens through tp rank views of the CPU model m, exactly as the TP forward combines
    them: every replicated step once, the mixer and the MoE per rank on the rank's view (its heads, GDN
    key groups, expert columns), their partial sums added in rank order 0..tp-1, the vocab-parallel
@@ -680,12 +692,425 @@ TEST(cpu, tp_views_reproduce_the_model) {
             CHECKF(d <= 1e-5f + 1e-4f * scale, "%s tp %d: emulated logits max |d| %g (scale %g)", names[f], tp, d, scale);
             if (T_.verbose) printf("    %s tp %d: emulated TP vs CPU logits max |d| %.3g (scale %.3g)\n", names[f], tp, d, scale);
             checked++;
+            /* the same views cut from the checkpoint by a host model bound for tp ranks: the same bits */
+            qsa_model *hm = tp_host_model(dir, tp);
+            if (!hm) continue;
+            float *lg2 = (float *)calloc((size_t)n * V, sizeof(float));
+            tp_emulate_prefill(hm, tp, ids, n, lg2);
+            CHECKF(!memcmp(lg, lg2, sizeof(float) * (size_t)n * V), "%s tp %d: views cut from the file give other logits", names[f], tp);
+            free(lg2);
+            qsa_model_free(hm);
         }
         free(ref);
         free(lg);
         qsa_model_free(m);
     }
     CHECKF(checked >= 3, "only %d fixture/tp pairs split", checked);
+}
+
+/* ---- views cut from the checkpoint (a host model bound for tp ranks) against views of the whole model ---- */
+
+/* both absent, or n equal values (bitwise) */
+static int tp_same_mem(const void *a, const void *b, size_t bytes) {
+    if (!a || !b) return a == b;
+    return !memcmp(a, b, bytes);
+}
+
+typedef struct tp_cmp {
+    const char *what; /* fixture, tp, rank (messages) */
+    int tensors, diffs;
+} tp_cmp;
+
+static void tp_cmp_mem(tp_cmp *k, const char *name, int l, const void *a, const void *b, size_t bytes) {
+    k->tensors++;
+    if (tp_same_mem(a, b, bytes)) return;
+    if (k->diffs++ < 8) printf("    %s: layer %d %s differs (%zu bytes)\n", k->what, l, name, bytes);
+}
+
+static void tp_cmp_lin(tp_cmp *k, const char *name, int l, const qsa__lin *a, const qsa__lin *b) {
+    size_t n = (size_t)a->out * (size_t)a->in;
+    if (a->out != b->out || a->in != b->in || memcmp(&a->qscale2, &b->qscale2, sizeof(float))) {
+        k->tensors++;
+        if (k->diffs++ < 8) printf("    %s: layer %d %s: [%d, %d] against [%d, %d]\n", k->what, l, name, a->out, a->in, b->out, b->in);
+        return;
+    }
+    tp_cmp_mem(k, name, l, a->w, b->w, n * 4);
+    tp_cmp_mem(k, name, l, a->bias, b->bias, (size_t)a->out * 4);
+    tp_cmp_mem(k, name, l, a->q, b->q, n / 2);
+    tp_cmp_mem(k, name, l, a->qscale, b->qscale, n / 16);
+}
+
+static void tp_cmp_gres(tp_cmp *k, const char *name, int l, const qsa__gres *a, const qsa__gres *b, int hcH) {
+    tp_cmp_mem(k, name, l, a->norm_w, b->norm_w, (size_t)hcH * 4);
+    tp_cmp_lin(k, name, l, &a->down, &b->down);
+    tp_cmp_lin(k, name, l, &a->up, &b->up);
+    tp_cmp_lin(k, name, l, &a->inject, &b->inject);
+}
+
+/* Every tensor the GPU upload reads from a rank's view (qsa__cuda_upload), and the view's config. */
+static void tp_cmp_views(tp_cmp *k, const qsa_model *a, const qsa_model *b) {
+    const qsa_model_config *c = &a->cfg; /* the rank's local config */
+    int H = c->hidden_size, hcH = c->hc_count * H, E = c->num_experts;
+    k->tensors++;
+    if (memcmp(&a->cfg, &b->cfg, sizeof a->cfg) || a->pool.kvd != b->pool.kvd) { k->diffs++; printf("    %s: local config differs\n", k->what); }
+    tp_cmp_mem(k, "embed_tokens", -1, a->embed, b->embed, (size_t)c->vocab_size * H * 4);
+    tp_cmp_lin(k, "lm_head", -1, &a->lm_head, &b->lm_head);
+    tp_cmp_gres(k, "hyper_connection_mixer", -1, &a->final_hc, &b->final_hc, hcH);
+    tp_cmp_mem(k, "rope_inv_freq", -1, a->rope_inv_freq, b->rope_inv_freq, (size_t)(c->rotary_dim / 2) * 4);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const qsa__layer_w *x = &a->layers[l], *y = &b->layers[l];
+        CHECK(x->type == y->type);
+        tp_cmp_gres(k, "attn_hyper_connection", l, &x->attn_hc, &y->attn_hc, hcH);
+        tp_cmp_gres(k, "mlp_hyper_connection", l, &x->mlp_hc, &y->mlp_hc, hcH);
+        if (x->type == QSA_LAYER_LINEAR) {
+            int conv_dim = 2 * c->linear_num_key_heads * c->linear_key_head_dim + c->linear_num_value_heads * c->linear_value_head_dim;
+            tp_cmp_lin(k, "in_proj_qkv", l, &x->gdn.in_qkv, &y->gdn.in_qkv);
+            tp_cmp_lin(k, "in_proj_z", l, &x->gdn.in_z, &y->gdn.in_z);
+            tp_cmp_lin(k, "in_proj_b", l, &x->gdn.in_b, &y->gdn.in_b);
+            tp_cmp_lin(k, "in_proj_a", l, &x->gdn.in_a, &y->gdn.in_a);
+            tp_cmp_lin(k, "out_proj", l, &x->gdn.out, &y->gdn.out);
+            tp_cmp_mem(k, "conv1d", l, x->gdn.conv_w, y->gdn.conv_w, (size_t)conv_dim * c->linear_conv_kernel_dim * 4);
+            tp_cmp_mem(k, "A_log", l, x->gdn.A_log, y->gdn.A_log, (size_t)c->linear_num_value_heads * 4);
+            tp_cmp_mem(k, "dt_bias", l, x->gdn.dt_bias, y->gdn.dt_bias, (size_t)c->linear_num_value_heads * 4);
+            tp_cmp_mem(k, "linear_attn.norm", l, x->gdn.norm_w, y->gdn.norm_w, (size_t)c->linear_value_head_dim * 4);
+        } else {
+            tp_cmp_lin(k, "q_proj", l, &x->attn.q, &y->attn.q);
+            tp_cmp_lin(k, "k_proj", l, &x->attn.k, &y->attn.k);
+            tp_cmp_lin(k, "v_proj", l, &x->attn.v, &y->attn.v);
+            tp_cmp_lin(k, "o_proj", l, &x->attn.o, &y->attn.o);
+            tp_cmp_mem(k, "q_norm", l, x->attn.q_norm, y->attn.q_norm, (size_t)c->head_dim * 4);
+            tp_cmp_mem(k, "k_norm", l, x->attn.k_norm, y->attn.k_norm, (size_t)c->head_dim * 4);
+            if (c->has_qsa) {
+                tp_cmp_lin(k, "index_qk_proj", l, &x->attn.idx_qk, &y->attn.idx_qk);
+                tp_cmp_mem(k, "indexer.q_layernorm", l, x->attn.idx_q_norm, y->attn.idx_q_norm, (size_t)c->indexer_head_dim * 4);
+                tp_cmp_mem(k, "indexer.k_layernorm", l, x->attn.idx_k_norm, y->attn.idx_k_norm, (size_t)c->indexer_head_dim * 4);
+            }
+        }
+        tp_cmp_lin(k, "mlp.gate", l, &x->moe.router, &y->moe.router);
+        for (int e = 0; e < E; e++) {
+            tp_cmp_lin(k, "experts.gate_proj", l, &x->moe.gate[e], &y->moe.gate[e]);
+            tp_cmp_lin(k, "experts.up_proj", l, &x->moe.up[e], &y->moe.up[e]);
+            tp_cmp_lin(k, "experts.down_proj", l, &x->moe.down[e], &y->moe.down[e]);
+        }
+        tp_cmp_lin(k, "shared_expert.gate_proj", l, &x->moe.sh_gate, &y->moe.sh_gate);
+        tp_cmp_lin(k, "shared_expert.up_proj", l, &x->moe.sh_up, &y->moe.sh_up);
+        tp_cmp_lin(k, "shared_expert.down_proj", l, &x->moe.sh_down, &y->moe.sh_down);
+        tp_cmp_lin(k, "shared_expert_gate", l, &x->moe.sh_expert_gate, &y->moe.sh_expert_gate);
+        k->tensors++;
+        if (!x->ple || !y->ple) {
+            if (x->ple != y->ple) { k->diffs++; printf("    %s: layer %d: PLE in one view only\n", k->what, l); }
+            continue;
+        }
+        const qsa__ple_w *p = x->ple, *q = y->ple;
+        int nh = (c->ngram_size - 1) * c->heads_per_ngram;
+        tp_cmp_lin(k, "ple.key_proj", l, &p->key, &q->key);
+        tp_cmp_lin(k, "ple.value_proj", l, &p->value, &q->value);
+        tp_cmp_mem(k, "ple.norm_key", l, p->norm_key, q->norm_key, (size_t)hcH * 4);
+        tp_cmp_mem(k, "ple.norm_query", l, p->norm_query, q->norm_query, (size_t)hcH * 4);
+        tp_cmp_mem(k, "ple.norm_conv", l, p->norm_conv, q->norm_conv, (size_t)hcH * 4);
+        tp_cmp_mem(k, "ple.conv1d", l, p->conv_w, q->conv_w, (size_t)hcH * c->ple_conv_kernel_size * 4);
+        tp_cmp_mem(k, "ple.hashing", l, p->mult, q->mult, sizeof p->mult);
+        tp_cmp_mem(k, "ple.head_vocab", l, p->head_vocab, q->head_vocab, (size_t)nh * 8);
+        tp_cmp_mem(k, "ple.head_offset", l, p->head_offset, q->head_offset, (size_t)nh * 8);
+        int same = p->ple_index == q->ple_index && p->table.rows == q->table.rows && p->table.cols == q->table.cols &&
+                   p->table.dtype == q->table.dtype;
+        size_t rb = (size_t)p->table.cols * qsa__dtype_size(p->table.dtype);
+        for (int64_t r = 0; same && r < p->table.rows; r++)
+            same = !memcmp(qsa__rows_view_row(&p->table, r), qsa__rows_view_row(&q->table, r), rb);
+        k->tensors++;
+        if (!same) { k->diffs++; printf("    %s: layer %d: PLE table differs\n", k->what, l); }
+    }
+}
+
+/* The directories the TP load tests run on: every golden fixture and the built-in tiny model. */
+static int tp_model_dirs(char dirs[][600], int max) {
+    char names[32][256];
+    int nf = fixture_dirs(names, 32), n = 0;
+    for (int f = 0; f < nf && n < max; f++)
+        if (snprintf(dirs[n], 600, "%s/%s", test_path("tests/fixtures"), names[f]) < 600) n++;
+    if (n < max && qsa__file_exists(test_path("models/tiny/config.json")))
+        if (snprintf(dirs[n], 600, "%s", test_path("models/tiny")) < 600) n++;
+    return n;
+}
+
+/* A TP load binds only the replicated tensors and cuts every rank's slices from the checkpoint
+   (qsa_model.bind_tp): every tensor of every layer of every rank's view equals, bit for bit, the view
+   cut from the whole fp32 model as before (what qsa__cuda_upload reads: the same fields, layouts,
+   padding, rank-0 biases, shared replicated tensors). */
+TEST(cpu, tp_views_cut_from_the_file) {
+    char dirs[40][600];
+    int nd = tp_model_dirs(dirs, 40), pairs = 0;
+    for (int f = 0; f < nd; f++) {
+        qsa_model *whole = tp_host_model(dirs[f], 0);
+        if (!whole) return;
+        for (int tp = 2; tp <= 8; tp *= 2) {
+            if (qsa_tp_check(&whole->cfg, tp) != QSA_OK) { qsa_clear_error(); continue; }
+            qsa_model *hm = tp_host_model(dirs[f], tp);
+            if (!hm) break;
+            CHECKF(hm->bytes_f32 < whole->bytes_f32, "%s tp %d: %zu bytes bound against %zu whole", dirs[f], tp, hm->bytes_f32,
+                   whole->bytes_f32);
+            int tensors = 0;
+            for (int r = 0; r < tp; r++) {
+                qsa_model va, vb;
+                qsa__tp_own ca, ka, cb, kb;
+                memset(&ca, 0, sizeof ca); memset(&ka, 0, sizeof ka); memset(&cb, 0, sizeof cb); memset(&kb, 0, sizeof kb);
+                char what[700];
+                if (snprintf(what, sizeof what, "%s tp %d rank %d", dirs[f], tp, r) >= (int)sizeof what) continue;
+                CHECK_OK(qsa__tp_view(whole, tp, r, &ca, &ka, &va));
+                CHECK_OK(qsa__tp_view(hm, tp, r, &cb, &kb, &vb));
+                if (!T_.failed) {
+                    tp_cmp k = {what, 0, 0};
+                    tp_cmp_views(&k, &va, &vb);
+                    CHECKF(k.diffs == 0, "%s: %d of %d tensors differ", what, k.diffs, k.tensors);
+                    tensors += k.tensors;
+                }
+                qsa__tp_own_free(&ca); qsa__tp_own_free(&ka); qsa__tp_own_free(&cb); qsa__tp_own_free(&kb);
+            }
+            if (T_.verbose) printf("    %s tp %d: %d tensors of %d rank views bitwise equal\n", dirs[f], tp, tensors, tp);
+            pairs++;
+            qsa_model_free(hm);
+        }
+        qsa_model_free(whole);
+    }
+    CHECKF(pairs >= 4, "only %d model/tp pairs split", pairs);
+}
+
+/* The host bytes of one rank's weights predicted from the checkpoint and the plan alone: every dense
+   tensor the loader converts, whole when replicated (*repl), else the rank's local shape from
+   qsa_tp_slice_for (*slices), with the zero padding of the views (routed experts to a multiple of 16
+   intermediate columns, the lm_head to ceil(V/tp) rows); NVFP4 parts count where the view must copy
+   them (column slices, padded rows); *split_whole: the split dense tensors whole. */
+static void tp_rank_formula(const qsa_model *m, int tp, int rank, size_t *repl, size_t *slices, size_t *split_whole) {
+    const qsa_model_config *c = &m->cfg;
+    int64_t Il = c->moe_intermediate_size / tp, Ipad = (Il + 15) / 16 * 16, V = c->vocab_size, vmax = (V + tp - 1) / tp;
+    *repl = *slices = *split_whole = 0;
+    for (int i = 0; i < m->st.ntensors; i++) {
+        const qsa__tensor *t = &m->st.tensors[i];
+        const char *n = t->name;
+        int dense = t->dtype == QSA__F32 || t->dtype == QSA__F16 || t->dtype == QSA__BF16;
+        int packed = t->dtype == QSA__U8 || t->dtype == QSA__F8_E4M3;
+        if (strstr(n, "ngram_embedding") || tp_ends(n, "weight_scale_2") || tp_ends(n, "input_scale") ||
+            tp_ends(n, "_global_scale") || (!dense && !packed))
+            continue; /* mapped PLE tables, NVFP4 scalars, int64 buffers: nothing allocated */
+        qsa_tp_slice s;
+        if (qsa_tp_slice_for(c, tp, rank, n, &s) != QSA_OK) { qsa_clear_error(); continue; } /* not bound */
+        size_t numel = qsa__tensor_numel(t), local = (size_t)s.shape[0] * (size_t)s.shape[1] * (size_t)s.shape[2];
+        if (s.kind == QSA_TP_REPLICATED) {
+            if (dense) *repl += numel * 4;
+            continue;
+        }
+        int expert = strstr(n, ".mlp.experts.") != NULL, head = strstr(n, "lm_head.") != NULL;
+        /* the padded count along the split dimension, in the tensor's units (NVFP4: packed or scale columns) */
+        int64_t units = expert ? s.count * Ipad / Il : head ? vmax : s.count;
+        local = local / (size_t)s.count * (size_t)units;
+        if (dense) {
+            *slices += local * 4;
+            *split_whole += numel * 4;
+        } else if (s.kind == QSA_TP_COLS || s.n_runs > 1 || units != s.count) {
+            *slices += local; /* one byte per element */
+        }
+    }
+}
+
+/* A multi-process rank's host memory for weights: the replicated tensors converted once plus its own
+   slices, as tp_rank_formula predicts from the file and the plan (about 1/tp of the split tensors),
+   against the whole fp32 model plus the slices before. */
+TEST(cpu, tp_rank_host_bytes) {
+    char dirs[40][600];
+    int nd = tp_model_dirs(dirs, 40), pairs = 0;
+    for (int f = 0; f < nd; f++) {
+        qsa_model *whole = tp_host_model(dirs[f], 0);
+        if (!whole) return;
+        for (int tp = 2; tp <= 8; tp *= 2) {
+            if (qsa_tp_check(&whole->cfg, tp) != QSA_OK) { qsa_clear_error(); continue; }
+            qsa_model *hm = tp_host_model(dirs[f], tp);
+            if (!hm) break;
+            for (int r = 0; r < tp; r++) {
+                size_t repl, slices, split_whole;
+                tp_rank_formula(hm, tp, r, &repl, &slices, &split_whole);
+                qsa_model va, vb;
+                qsa__tp_own ca, ka, cb, kb;
+                memset(&ca, 0, sizeof ca); memset(&ka, 0, sizeof ka); memset(&cb, 0, sizeof cb); memset(&kb, 0, sizeof kb);
+                CHECK_OK(qsa__tp_view(whole, tp, r, &ca, &ka, &va));
+                CHECK_OK(qsa__tp_view(hm, tp, r, &cb, &kb, &vb));
+                CHECKF(whole->bytes_f32 == repl + split_whole, "%s tp %d: whole model %zu bytes, formula %zu + %zu", dirs[f], tp,
+                       whole->bytes_f32, repl, split_whole);
+                CHECKF(hm->bytes_f32 == repl, "%s tp %d: %zu bytes converted whole, formula (replicated) %zu", dirs[f], tp, hm->bytes_f32, repl);
+                CHECKF(cb.bytes == slices, "%s tp %d rank %d: %zu bytes of slices, formula %zu", dirs[f], tp, r, cb.bytes, slices);
+                /* the shape of the saving: at most the replicated tensors plus 1/tp of the split ones, give or take
+                   the padding and the KV heads a rank shares (tp > num_key_value_heads) */
+                CHECK(cb.bytes < split_whole);
+                if (T_.verbose && r == tp - 1)
+                    printf("    %s tp %d rank %d host weights: before %zu (whole fp32 %zu + slices %zu), now %zu (replicated %zu + "
+                           "slices %zu; formula replicated + split/tp = %zu)\n", dirs[f], tp, r, whole->bytes_f32 + ca.bytes,
+                           whole->bytes_f32, ca.bytes, hm->bytes_f32 + cb.bytes, hm->bytes_f32, cb.bytes, repl + split_whole / (size_t)tp);
+                qsa__tp_own_free(&ca); qsa__tp_own_free(&ka); qsa__tp_own_free(&cb); qsa__tp_own_free(&kb);
+            }
+            pairs++;
+            qsa_model_free(hm);
+        }
+        qsa_model_free(whole);
+    }
+    CHECKF(pairs >= 4, "only %d model/tp pairs split", pairs);
+}
+
+/* A copy of checkpoint `src` in `dst` with the routed experts fused as the reference module holds
+   them (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]); config.json copied. */
+static int tp_write_fused(const char *src, const char *dst) {
+    qsa__st_set st;
+    memset(&st, 0, sizeof st);
+    if (qsa__st_open_dir(src, &st) != QSA_OK) return 0;
+    qsa_model_config c;
+    int ok = qsa_config_load_dir(src, &c) == QSA_OK;
+    int L = c.num_hidden_layers, E = c.num_experts, I = c.moe_intermediate_size, H = c.hidden_size;
+    qsa__st_out *t = (qsa__st_out *)calloc((size_t)st.ntensors + 2 * (size_t)L, sizeof(qsa__st_out));
+    char (*names)[160] = (char (*)[160])calloc(2 * (size_t)L, 160);
+    void **bufs = (void **)calloc(2 * (size_t)L, sizeof(void *));
+    int n = 0;
+    for (int i = 0; ok && i < st.ntensors; i++)
+        if (!strstr(st.tensors[i].name, ".mlp.experts.")) {
+            const qsa__tensor *x = &st.tensors[i];
+            t[n].name = x->name;
+            t[n].dtype = x->dtype;
+            t[n].ndim = x->ndim;
+            for (int d = 0; d < x->ndim && d < 4; d++) t[n].shape[d] = x->shape[d];
+            t[n++].data = x->data;
+        }
+    for (int l = 0; ok && l < L; l++) {
+        const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
+        const qsa__tensor *w[3] = {NULL, NULL, NULL};
+        char nm[200];
+        snprintf(nm, sizeof nm, "layers.%d.mlp.experts.0.gate_proj.weight", l);
+        if (!qsa__st_find(&st, nm)) { ok = 0; break; }
+        size_t es = qsa__dtype_size(qsa__st_find(&st, nm)->dtype), mat = (size_t)I * H * es;
+        char *gu = (char *)malloc((size_t)E * 2 * mat), *dn = (char *)malloc((size_t)E * mat);
+        bufs[2 * l] = gu;
+        bufs[2 * l + 1] = dn;
+        for (int e = 0; ok && e < E; e++) {
+            for (int k = 0; k < 3; k++) {
+                snprintf(nm, sizeof nm, "layers.%d.mlp.experts.%d.%s.weight", l, e, proj[k]);
+                w[k] = qsa__st_find(&st, nm);
+                ok = ok && w[k] && w[k]->nbytes == mat && qsa__dtype_size(w[k]->dtype) == es;
+            }
+            if (!ok) break;
+            memcpy(gu + (size_t)e * 2 * mat, w[0]->data, mat);
+            memcpy(gu + (size_t)e * 2 * mat + mat, w[1]->data, mat);
+            memcpy(dn + (size_t)e * mat, w[2]->data, mat);
+        }
+        if (!ok || !w[0]) { ok = 0; break; }
+        snprintf(names[2 * l], 160, "%slayers.%d.mlp.experts.gate_up_proj", st.prefix ? st.prefix : "", l);
+        snprintf(names[2 * l + 1], 160, "%slayers.%d.mlp.experts.down_proj", st.prefix ? st.prefix : "", l);
+        qsa__st_out a = {names[2 * l], w[0]->dtype, 3, {E, 2 * I, H, 0}, gu}, b = {names[2 * l + 1], w[0]->dtype, 3, {E, H, I, 0}, dn};
+        t[n++] = a;
+        t[n++] = b;
+    }
+    char p[700], *cfg = NULL;
+    size_t len = 0;
+    if (ok && snprintf(p, sizeof p, "%s/model.safetensors", dst) < (int)sizeof p) ok = qsa__st_write(p, t, n) == QSA_OK;
+    if (ok && snprintf(p, sizeof p, "%s/config.json", src) < (int)sizeof p) ok = qsa__read_file(p, &cfg, &len) == QSA_OK;
+    if (ok && snprintf(p, sizeof p, "%s/config.json", dst) < (int)sizeof p) {
+        FILE *f = fopen(p, "wb");
+        ok = f && fwrite(cfg, 1, len, f) == len;
+        if (f && fclose(f)) ok = 0;
+    }
+    qsa__free(cfg);
+    for (int i = 0; i < 2 * L; i++) free(bufs[i]);
+    free(bufs);
+    free(names);
+    free(t);
+    qsa__st_close(&st);
+    return ok;
+}
+
+/* Fused dense experts: the views cut from the file (expert e at rows 2Ie.. of gate_up_proj and He.. of
+   down_proj) equal those of the whole model bit for bit, and the rank's bytes follow the formula. */
+TEST(cpu, tp_views_cut_from_fused_experts) {
+    char dir[] = "/tmp/qsa_tp_fused_XXXXXX", p[700];
+    if (!mkdtemp(dir)) { CHECK(0); return; }
+    snprintf(p, sizeof p, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
+    CHECK(tp_write_fused(p, dir));
+    qsa_model *whole = tp_host_model(dir, 0), *hm = whole ? tp_host_model(dir, 2) : NULL;
+    if (whole && hm) {
+        char gu[96];
+        snprintf(gu, sizeof gu, "layers.0.mlp.experts.gate_up_proj");
+        CHECK(qsa__st_find(&hm->st, gu) != NULL && hm->layers[0].moe.gate[0].w == NULL && whole->layers[0].moe.gate[0].w != NULL);
+        for (int r = 0; r < 2; r++) {
+            qsa_model va, vb;
+            qsa__tp_own ca, ka, cb, kb;
+            memset(&ca, 0, sizeof ca); memset(&ka, 0, sizeof ka); memset(&cb, 0, sizeof cb); memset(&kb, 0, sizeof kb);
+            CHECK_OK(qsa__tp_view(whole, 2, r, &ca, &ka, &va));
+            CHECK_OK(qsa__tp_view(hm, 2, r, &cb, &kb, &vb));
+            if (!T_.failed) {
+                tp_cmp k = {"fused experts", 0, 0};
+                tp_cmp_views(&k, &va, &vb);
+                CHECKF(k.diffs == 0, "rank %d: %d of %d tensors differ", r, k.diffs, k.tensors);
+                size_t repl, slices, split_whole;
+                tp_rank_formula(hm, 2, r, &repl, &slices, &split_whole);
+                CHECKF(hm->bytes_f32 == repl && cb.bytes == slices, "rank %d: %zu + %zu bytes, formula %zu + %zu", r, hm->bytes_f32,
+                       cb.bytes, repl, slices);
+                if (T_.verbose) printf("    fused experts tp 2 rank %d: %d tensors bitwise equal; %zu + %zu bytes\n", r, k.tensors, repl, slices);
+            }
+            qsa__tp_own_free(&ca); qsa__tp_own_free(&ka); qsa__tp_own_free(&cb); qsa__tp_own_free(&kb);
+        }
+    }
+    qsa_model_free(hm);
+    qsa_model_free(whole);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    remove(p);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    remove(p);
+    rmdir(dir);
+}
+
+/* Which loads bind for TP, and the CPU fallback of an AUTO load with tp = 2: it rebinds the whole model
+   and computes exactly what a CPU load does. */
+TEST(cpu, tp_load_binds_slices_only_for_cuda) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.tp = 2;
+    mp.backend = QSA_BACKEND_CPU;
+    CHECK(qsa__load_bind_tp(&mp) == 0);
+    mp.backend = QSA_BACKEND_CUDA;
+    CHECK(qsa__load_bind_tp(&mp) == 2);
+    mp.backend = QSA_BACKEND_AUTO;
+    CHECK(qsa__load_bind_tp(&mp) == 2);
+    mp.tp = 1;
+    CHECK(qsa__load_bind_tp(&mp) == 0);
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
+    qsa_model *m = NULL, *cpu = NULL;
+    mp.tp = 2;
+    mp.backend = QSA_BACKEND_AUTO;
+    CHECK_OK(qsa_model_load(dir, &mp, &m));
+    if (!m) return;
+    if (m->cuda) { /* a machine with GPUs and NCCL brought TP up: the nccl group tests it */
+        CHECK(m->bind_tp == 2);
+        qsa_model_free(m);
+        return;
+    }
+    CHECK(m->bind_tp == 0);
+    mp.tp = 0;
+    mp.backend = QSA_BACKEND_CPU;
+    CHECK_OK(qsa_model_load(dir, &mp, &cpu));
+    if (!cpu) { qsa_model_free(m); return; }
+    CHECK(m->bytes_f32 == cpu->bytes_f32);
+    int n = 12, V = cpu->cfg.vocab_size;
+    int32_t ids[12];
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 37 + 3) % V);
+    float *a = (float *)malloc(sizeof(float) * (size_t)n * V), *b = (float *)malloc(sizeof(float) * (size_t)n * V);
+    qsa_seq *s = NULL;
+    CHECK_OK(qsa_seq_create(m, NULL, &s));
+    CHECK_OK(qsa_seq_feed(s, ids, n, a, 1));
+    qsa_seq_free(s);
+    s = NULL;
+    CHECK_OK(qsa_seq_create(cpu, NULL, &s));
+    CHECK_OK(qsa_seq_feed(s, ids, n, b, 1));
+    qsa_seq_free(s);
+    CHECK(!memcmp(a, b, sizeof(float) * (size_t)n * V));
+    free(a);
+    free(b);
+    qsa_model_free(cpu);
+    qsa_model_free(m);
 }
 
 /* The multi-process rendezvous file: rank 0 publishes the id atomically, a waiting rank reads exactly
