@@ -1508,13 +1508,6 @@ QSA_PRIV qsa_result qsa__prof_begin(void) {
     return qsa__prof ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "profile: out of host memory");
 }
 
-/* Forgets the times gathered so far (keeps the events). */
-QSA_PRIV void qsa__prof_reset(void) {
-    if (!qsa__prof) return;
-    qsa__prof_flush();
-    qsa__prof->nkeys = 0;
-}
-
 QSA_PRIV int qsa__prof_cmp(const void *a, const void *b) {
     double x = ((const qsa__prof_key *)a)->ms, y = ((const qsa__prof_key *)b)->ms;
     return x < y ? 1 : x > y ? -1 : 0;
