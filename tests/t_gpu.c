@@ -143,7 +143,7 @@ TEST(gpu, allocation_and_page_size_invariance) {
     qsa_model *m = NULL;
     GPU_OR_SKIP("qsa_first_no_ple", &mp, &m);
     qsa_model_free(m);
-    int differ, runs = inv_allocations("qsa_hc4_ple_sharded", QSA_BACKEND_CUDA, 0, &differ);
+    int differ, runs = inv_allocations("qsa_hc4_ple_sharded", QSA_BACKEND_CUDA, 0, 0, &differ);
     CHECKF(runs >= 60, "only %d runs", runs);
     CHECKF(differ == 0, "GPU: %d of %d allocations/page sizes changed the bits", differ, runs);
     printf("    GPU: %d allocations/page sizes, %d differ\n", runs, differ);
@@ -155,7 +155,7 @@ TEST(gpu, physical_order_plan_breaks_invariance) {
     qsa_model *m = NULL;
     GPU_OR_SKIP("qsa_first_no_ple", &mp, &m);
     qsa_model_free(m);
-    int differ, runs = inv_allocations("qsa_hc4_ple_sharded", QSA_BACKEND_CUDA, 1, &differ);
+    int differ, runs = inv_allocations("qsa_hc4_ple_sharded", QSA_BACKEND_CUDA, 1, 0, &differ);
     printf("    GPU physical-order plans: %d of %d allocations/page sizes changed the bits\n", differ, runs);
     CHECKF(differ > 0, "GPU: the physical-order plan changed nothing in %d runs", runs);
 }

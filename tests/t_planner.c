@@ -166,7 +166,7 @@ static int inv_same(const inv_result *a, const inv_result *b, int n, int V, int 
 }
 
 /* One request, >= 20 allocations per page size, page sizes 16, 400 and 784: bitwise identical. */
-static int inv_allocations(const char *fixture, qsa_backend backend, int physical_order, int *n_differ) {
+static int inv_allocations(const char *fixture, qsa_backend backend, int physical_order, int tp, int *n_differ) {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures"), fixture);
     static const int page_sizes[] = {16, 400, 784};
@@ -182,6 +182,7 @@ static int inv_allocations(const char *fixture, qsa_backend backend, int physica
         mp.kv_page_size = page_sizes[pi];
         mp.kv_pool_tokens = 8 * 784 * 4;
         mp.debug_physical_order = physical_order;
+        mp.tp = tp;
         qsa_model *m = NULL;
         CHECK_OK(qsa_model_load(dir, &mp, &m));
         if (!m) return runs;
@@ -238,7 +239,7 @@ static int inv_allocations(const char *fixture, qsa_backend backend, int physica
 }
 
 TEST(cpu, allocation_and_page_size_invariance) {
-    int differ, runs = inv_allocations("qsa_hc4_ple_sharded", QSA_BACKEND_CPU, 0, &differ);
+    int differ, runs = inv_allocations("qsa_hc4_ple_sharded", QSA_BACKEND_CPU, 0, 0, &differ);
     CHECKF(runs >= 60, "only %d runs", runs);
     CHECKF(differ == 0, "%d of %d allocations/page sizes changed the bits", differ, runs);
 }
@@ -255,7 +256,7 @@ TEST(cpu, physical_order_plan_breaks_invariance) {
     for (int i = 0; same && i < a.n_seg; i++) same = a.seg[i].page == b.seg[i].page && a.seg[i].offset == b.seg[i].offset;
     CHECK(!same);
     free(a.seg); free(b.seg);
-    int differ, runs = inv_allocations("qsa_hc4_ple_sharded", QSA_BACKEND_CPU, 1, &differ);
+    int differ, runs = inv_allocations("qsa_hc4_ple_sharded", QSA_BACKEND_CPU, 1, 0, &differ);
     printf("    physical-order plans: %d of %d allocations/page sizes changed the bits\n", differ, runs);
     CHECKF(differ > 0, "the physical-order plan changed nothing in %d runs", runs);
 }
