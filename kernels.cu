@@ -1903,12 +1903,14 @@ static __device__ __forceinline__ void k2_load_f16(float *f, const qsa_f16 *p) {
 
 /* One warp: the online softmax over the selected tokens k0..k1-1 (visit order) of one query head,
  * token after token exactly as the CPU (K/V loads and scores run K2_ATTN_G tokens ahead; that
- * changes no arithmetic).  Lane owns dims lane*C .. lane*C+C-1 (hd = 32*C).  Writes slot = [m, l, acc[hd]]. */
+ * changes no arithmetic).  Lane owns dims lane*C .. lane*C+C-1 (hd = 32*C).  tsl[kk] (shared
+ * memory, kk relative to the round) is the pool slot of visit index kk, found by the whole block
+ * before (so the loads here wait on one memory access, not on the selection -> block table -> K
+ * chain).  Writes slot = [m, l, acc[hd]]. */
 template <int C, bool VEC>
 static __device__ __forceinline__ void k2_attn_split(const float *__restrict__ qh, const qsa_f16 *__restrict__ Kp,
-                                     const qsa_f16 *__restrict__ Vp, const int *__restrict__ bt,
-                                     const int *__restrict__ selq, const int *__restrict__ tokq, int kvd, int kvoff,
-                                     int ps, int r, int nb, int ns, int k0, int k1, float scale, float *slot, int hd) {
+                                     const qsa_f16 *__restrict__ Vp, const int *tsl, int kvd, int kvoff, int k0,
+                                     int k1, float scale, float *slot, int hd) {
     int lane = threadIdx.x & 31;
     bool live = lane * C < hd; /* false only for lanes past a head narrower than a warp */
     float qr[C], acc[C];
@@ -1918,17 +1920,11 @@ static __device__ __forceinline__ void k2_attn_split(const float *__restrict__ q
         acc[c] = 0.0f;
     }
     float m = QSA_NEG_INF, l = 0.0f;
-    int nsr = ns * r;
     for (int k = k0; k < k1; k += K2_ATTN_G) {
         int n = k1 - k < K2_ATTN_G ? k1 - k : K2_ATTN_G;
         long long base[K2_ATTN_G];
 #pragma unroll
-        for (int g = 0; g < K2_ATTN_G; g++) {
-            int kk = k + (g < n ? g : 0);
-            long long lp = tokq ? (long long)tokq[kk]
-                                : (kk < nsr ? (long long)selq[kk / r] * r + kk % r : (long long)nb * r + (kk - nsr));
-            base[g] = ((long long)bt[lp / ps] * ps + lp % ps) * kvd + kvoff + lane * C;
-        }
+        for (int g = 0; g < K2_ATTN_G; g++) base[g] = (long long)tsl[k + (g < n ? g : 0)] * kvd + kvoff + lane * C;
         float sc[K2_ATTN_G], vf[K2_ATTN_G][C];
 #pragma unroll
         for (int g = 0; g < K2_ATTN_G; g++) {
@@ -1989,15 +1985,18 @@ static __device__ __forceinline__ void k2_attn_split(const float *__restrict__ q
  * Launch: grid (M, nh), block any multiple of 32 up to 512: 512 (16 splits at once: a decode query's
  * 2048 + tail tokens in one round) for few queries, 256 for prefill (more blocks per SM). */
 #define K2_ATTN_MAX_WARPS 16
+#define K2_ATTN_MAX_SPLIT 256 /* the runtime's QSA_ATTN_SPLIT */
 static __device__ __forceinline__ void qsa_sparse_attn_body(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
     const int *__restrict__ bt, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
     qsa_f16 *out16, int pos0, int M, int nh, int nkv, int hd, int r, int topk, int page_size, int split,
     const int *__restrict__ tokpos, int ld_tok) {
     __shared__ float slots[K2_ATTN_MAX_WARPS][256 + 2];
+    __shared__ int tslot[K2_ATTN_MAX_WARPS * K2_ATTN_MAX_SPLIT]; /* pool slot of each visit index of a round */
     int t = blockIdx.x, h = blockIdx.y;
     if (t >= M || h >= nh) return;
-    if ((hd > 32 && hd % 32 != 0) || hd > 256 || blockDim.x > 32 * K2_ATTN_MAX_WARPS) __trap();
+    if ((hd > 32 && hd % 32 != 0) || hd > 256 || blockDim.x > 32 * K2_ATTN_MAX_WARPS || split < 1 || split > K2_ATTN_MAX_SPLIT)
+        __trap();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     long long pos = (long long)pos0 + t;
     int nb = r > 0 ? (int)((pos + 1) / r) : 0;
@@ -2014,11 +2013,18 @@ static __device__ __forceinline__ void qsa_sparse_attn_body(
 #pragma unroll
     for (int c = 0; c < 8; c++) o[c] = 0.0f;
     for (int s0 = 0; s0 < nsplit; s0 += nw) {
+        /* the pool slots of this round's visit indices, by the whole block */
+        const int t0 = s0 * split, t1 = (s0 + nw) * split < ntok ? (s0 + nw) * split : ntok, nsr = ns * r;
+        for (int kk = t0 + (int)threadIdx.x; kk < t1; kk += blockDim.x) {
+            long long lp = tokq ? (long long)tokq[kk] : (kk < nsr ? (long long)selq[kk / r] * r + kk % r : (long long)nb * r + (kk - nsr));
+            tslot[kk - t0] = (int)((long long)bt[lp / page_size] * page_size + lp % page_size);
+        }
+        __syncthreads();
         int s = s0 + warp;
         if (s < nsplit) {
-            int k0 = s * split, k1 = k0 + split < ntok ? k0 + split : ntok;
+            int k0 = s * split - t0, k1 = (k0 + t0) + split < ntok ? k0 + split : ntok - t0;
             float *slot = slots[warp];
-#define K2_SPLIT(CC, V) k2_attn_split<CC, V>(qh, Kpool, Vpool, bt, selq, tokq, kvd, kvh * hd, page_size, r, nb, ns, k0, k1, scale, slot, hd)
+#define K2_SPLIT(CC, V) k2_attn_split<CC, V>(qh, Kpool, Vpool, tslot, kvd, kvh * hd, k0, k1, scale, slot, hd)
             switch (C) {
             case 1: if (hd < 32) K2_SPLIT(1, false); else K2_SPLIT(1, true); break;
             case 2: K2_SPLIT(2, true); break;

@@ -87,7 +87,7 @@ int main(void) {
 
 typedef struct bench_opt {
     int quick, no_long, graphs, verbose, keep_driver_cache, device, page_size, profile;
-    int steps, warmup, prefill, ctx, prefill_reps;
+    int steps, warmup, prefill, ctx, prefill_reps, chunk;
     int batches[BENCH_MAX_BATCHES], n_batches;
     long long ple_base;
     const char *config, *out, *arch;
@@ -107,6 +107,7 @@ static void usage(FILE *f) {
             "  --no-long            skip decode at the long context (max_position_embeddings)\n"
             "  --prefill N          prompt tokens of the prefill measurement (default 8192; --quick 2048)\n"
             "  --prefill-reps N     timed prefills (default 3)\n"
+            "  --chunk N            tokens per prefill forward (max_chunk; default 512)\n"
             "  --steps N            timed decode steps per row (default 10; fewer when a row passes 4 s)\n"
             "  --warmup N           untimed decode steps before them (default 2)\n"
             "  --graphs             also measure batched decode replayed as CUDA graphs\n"
@@ -144,6 +145,7 @@ static int parse_args(int argc, char **argv, bench_opt *o) {
     o->steps = 10;
     o->warmup = 2;
     o->prefill_reps = 3;
+    o->chunk = 512;
     o->ple_base = -1;
     o->seed = 1;
     o->max_seconds = 480;
@@ -172,6 +174,7 @@ static int parse_args(int argc, char **argv, bench_opt *o) {
         } else if (!strcmp(a, "--ctx")) o->ctx = atoi(v);
         else if (!strcmp(a, "--prefill")) o->prefill = atoi(v);
         else if (!strcmp(a, "--prefill-reps")) o->prefill_reps = atoi(v);
+        else if (!strcmp(a, "--chunk")) o->chunk = atoi(v);
         else if (!strcmp(a, "--steps")) o->steps = atoi(v);
         else if (!strcmp(a, "--warmup")) o->warmup = atoi(v);
         else if (!strcmp(a, "--ple-vocab-base")) o->ple_base = atoll(v);
@@ -185,9 +188,9 @@ static int parse_args(int argc, char **argv, bench_opt *o) {
     if (o->ple_base < 0) o->ple_base = o->quick ? 10000 : 100000;
     if (o->ctx < 0) o->ctx = o->quick ? 2048 : 8192;
     if (o->steps < 3 || o->warmup < 1 || o->prefill < 1 || o->ctx < 1 || o->prefill_reps < 1 || o->ple_base < 2 ||
-        o->max_seconds <= 0 || (o->page_size && o->page_size < 16)) {
+        o->chunk < 1 || o->max_seconds <= 0 || (o->page_size && o->page_size < 16)) {
         fprintf(stderr, "bench: --steps >= 3, --warmup >= 1, --prefill/--ctx/--prefill-reps >= 1, --ple-vocab-base >= 2, "
-                        "--page-size 0 or >= 16\n");
+                        "--chunk >= 1, --page-size 0 or >= 16\n");
         return -1;
     }
     return 0;
@@ -991,7 +994,7 @@ static qsa_result bench_host_model(bench *b) {
     m->params.backend = QSA_BACKEND_CUDA;
     m->params.device = b->o.device;
     m->params.arch = b->o.arch;
-    m->params.max_chunk = 512;
+    m->params.max_chunk = b->o.chunk;
     m->params.kv_page_size = b->o.page_size;
     int mb = 1;
     for (int i = 0; i < b->o.n_batches; i++) if (b->o.batches[i] > mb) mb = b->o.batches[i];
