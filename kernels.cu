@@ -536,11 +536,16 @@ static __device__ void qsa_tile16_splitk(const qsa_f16 *const *arow, int avec, c
             /* dense single matrix: the whole segment's weights are loaded when it starts (8 KB per
                warp in flight, what a bandwidth-bound GEMV needs); otherwise one sub-step ahead */
             enum { PF = (!NV && NB == 1) ? QSA_SEG / 32 : 1 };
-            uint4 ra0, ra1, rw0[PF][NB], rw1[PF][NB];
+            /* A: a lane whose row r1 is padding (every lane when M <= 8: decode) keeps its r0 pieces
+               of 4 sub-steps in flight (ra[j % 4]); otherwise both rows one sub-step ahead (ra[0..1]) */
+            const bool deep = a1 == 0;
+            uint4 ra[4], rw0[PF][NB], rw1[PF][NB];
             uint2 q8[NV ? NB : 1][QSA_SEG / 32];
             qsa_u32 sc[NV ? NB : 1][2];
-            ra0 = qsa_ld8_f16(a0, kbeg + kp, kend, avec);
-            ra1 = qsa_ld8_f16(a1, kbeg + kp, kend, avec);
+            ra[0] = qsa_ld8_f16(a0, kbeg + kp, kend, avec);
+            ra[1] = qsa_ld8_f16(deep ? a0 : a1, kbeg + (deep ? 32 : 0) + kp, kend, avec);
+            ra[2] = qsa_ld8_f16(deep ? a0 : 0, kbeg + 64 + kp, kend, avec);
+            ra[3] = qsa_ld8_f16(deep ? a0 : 0, kbeg + 96 + kp, kend, avec);
 #pragma unroll
             for (int b = 0; b < NB; b++) {
                 if (NV) {
@@ -558,8 +563,8 @@ static __device__ void qsa_tile16_splitk(const qsa_f16 *const *arow, int avec, c
                 const int k0 = kbeg + 32 * j;
                 if (k0 >= kend) break;
                 __syncwarp();
-                *(uint4 *)(sa + r0 * QSA_ST + kp) = ra0;
-                *(uint4 *)(sa + r1 * QSA_ST + kp) = ra1;
+                *(uint4 *)(sa + r0 * QSA_ST + kp) = deep ? ra[j & 3] : ra[0];
+                *(uint4 *)(sa + r1 * QSA_ST + kp) = deep ? qsa_u4_zero() : ra[1];
                 if (NV) { /* every lane dequantises its 16 weights of this sub-step */
 #pragma unroll
                     for (int b = 0; b < NB; b++) {
@@ -579,9 +584,12 @@ static __device__ void qsa_tile16_splitk(const qsa_f16 *const *arow, int avec, c
                 }
                 __syncwarp();
                 const int kn = k0 + 32;
+                if (deep) ra[j & 3] = qsa_ld8_f16(a0, k0 + 128 + kp, kend, avec);
                 if (kn < kend) { /* prefetch the next sub-step while the tensor cores work */
-                    ra0 = qsa_ld8_f16(a0, kn + kp, kend, avec);
-                    ra1 = qsa_ld8_f16(a1, kn + kp, kend, avec);
+                    if (!deep) {
+                        ra[0] = qsa_ld8_f16(a0, kn + kp, kend, avec);
+                        ra[1] = qsa_ld8_f16(a1, kn + kp, kend, avec);
+                    }
                     if (!NV && PF == 1) {
 #pragma unroll
                         for (int b = 0; b < NB; b++) {
@@ -1871,46 +1879,49 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_attn_phys_order(const in
 }
 
 #ifndef K2_ATTN_G
-#define K2_ATTN_G 4 /* tokens loaded ahead per warp (8: ~15% faster decode, 1.5x slower prefill, 166 registers on sm_70) */
+#define K2_ATTN_G 4 /* tokens per group of the attention's software pipeline (one group in flight) */
 #endif
 
-/* Loads C consecutive fp16 values (vector loads when VEC: p is then 2*C-byte aligned). */
+/* C consecutive fp16 values as raw bits, two per word (vector loads when VEC: p is then 2*C-byte
+ * aligned), and their conversion to fp32.  The raw form keeps a prefetched group in C/2 registers. */
 template <int C, bool VEC>
-static __device__ __forceinline__ void k2_load_f16(float *f, const qsa_f16 *p) {
+static __device__ __forceinline__ void k2_load_raw(unsigned *w, const qsa_f16 *p) {
     if (VEC && C == 8) {
         uint4 u = *(const uint4 *)p;
-        unsigned w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            f[(2 * i) % C] = qsa_f16_to_f32((qsa_f16)(w[i] & 0xffffu));
-            f[(2 * i + 1) % C] = qsa_f16_to_f32((qsa_f16)(w[i] >> 16));
-        }
+        w[0] = u.x;
+        w[1 % ((C + 1) / 2)] = u.y;
+        w[2 % ((C + 1) / 2)] = u.z;
+        w[3 % ((C + 1) / 2)] = u.w;
     } else if (VEC && C == 4) {
         uint2 u = *(const uint2 *)p;
-        f[0] = qsa_f16_to_f32((qsa_f16)(u.x & 0xffffu));
-        f[1 % C] = qsa_f16_to_f32((qsa_f16)(u.x >> 16));
-        f[2 % C] = qsa_f16_to_f32((qsa_f16)(u.y & 0xffffu));
-        f[3 % C] = qsa_f16_to_f32((qsa_f16)(u.y >> 16));
+        w[0] = u.x;
+        w[1 % ((C + 1) / 2)] = u.y;
     } else if (VEC && C == 2) {
-        unsigned u = *(const unsigned *)p;
-        f[0] = qsa_f16_to_f32((qsa_f16)(u & 0xffffu));
-        f[1 % C] = qsa_f16_to_f32((qsa_f16)(u >> 16));
+        w[0] = *(const unsigned *)p;
     } else {
 #pragma unroll
-        for (int c = 0; c < C; c++) f[c] = qsa_f16_to_f32(p[c]);
+        for (int i = 0; i < (C + 1) / 2; i++)
+            w[i] = (unsigned)p[2 * i] | (2 * i + 1 < C ? (unsigned)p[2 * i + 1 < C ? 2 * i + 1 : 0] << 16 : 0u);
     }
+}
+template <int C>
+static __device__ __forceinline__ void k2_raw_f32(float *f, const unsigned *w) {
+#pragma unroll
+    for (int c = 0; c < C; c++) f[c] = qsa_f16_to_f32((qsa_f16)((w[c >> 1] >> (16 * (c & 1))) & 0xffffu));
 }
 
 /* One warp: the online softmax over the selected tokens k0..k1-1 (visit order) of one query head,
- * token after token exactly as the CPU (K/V loads and scores run K2_ATTN_G tokens ahead; that
- * changes no arithmetic).  Lane owns dims lane*C .. lane*C+C-1 (hd = 32*C).  tsl[kk] (shared
- * memory, kk relative to the round) is the pool slot of visit index kk, found by the whole block
- * before (so the loads here wait on one memory access, not on the selection -> block table -> K
- * chain).  Writes slot = [m, l, acc[hd]]. */
+ * token after token exactly as the CPU.  Lane owns dims lane*C .. lane*C+C-1 (hd = 32*C).  tsl[kk]
+ * (shared memory, kk relative to the round) is the pool slot of visit index kk, found by the whole
+ * block before.  Software pipeline: the K and V of the next K2_ATTN_G tokens are in flight (raw
+ * fp16 in registers) while the scores and the softmax of the current K2_ATTN_G run, so a warp waits
+ * on memory once per split, not once per group; the order of the arithmetic is unchanged.
+ * Writes slot = [m, l, acc[hd]]. */
 template <int C, bool VEC>
 static __device__ __forceinline__ void k2_attn_split(const float *__restrict__ qh, const qsa_f16 *__restrict__ Kp,
                                      const qsa_f16 *__restrict__ Vp, const int *tsl, int kvd, int kvoff, int k0,
                                      int k1, float scale, float *slot, int hd) {
+    enum { G = K2_ATTN_G, W = (C + 1) / 2 };
     int lane = threadIdx.x & 31;
     bool live = lane * C < hd; /* false only for lanes past a head narrower than a warp */
     float qr[C], acc[C];
@@ -1920,31 +1931,45 @@ static __device__ __forceinline__ void k2_attn_split(const float *__restrict__ q
         acc[c] = 0.0f;
     }
     float m = QSA_NEG_INF, l = 0.0f;
-    for (int k = k0; k < k1; k += K2_ATTN_G) {
-        int n = k1 - k < K2_ATTN_G ? k1 - k : K2_ATTN_G;
-        long long base[K2_ATTN_G];
+    unsigned kr[G][W], vr[G][W]; /* the group being computed */
 #pragma unroll
-        for (int g = 0; g < K2_ATTN_G; g++) base[g] = (long long)tsl[k + (g < n ? g : 0)] * kvd + kvoff + lane * C;
-        float sc[K2_ATTN_G], vf[K2_ATTN_G][C];
+    for (int g = 0; g < G; g++) { /* prologue: the first group (indices past k1 repeat k0: never used) */
+        const long long b = (long long)tsl[k0 + (k0 + g < k1 ? g : 0)] * kvd + kvoff + lane * C;
 #pragma unroll
-        for (int g = 0; g < K2_ATTN_G; g++) {
-            float kf[C];
-            if (live) {
-                k2_load_f16<C, VEC>(kf, Kp + base[g]);
-                k2_load_f16<C, VEC>(vf[g], Vp + base[g]);
-            } else {
+        for (int i = 0; i < W; i++) kr[g][i] = vr[g][i] = 0u;
+        if (live) {
+            k2_load_raw<C, VEC>(kr[g], Kp + b);
+            k2_load_raw<C, VEC>(vr[g], Vp + b);
+        }
+    }
+    for (int k = k0; k < k1; k += G) {
+        const int n = k1 - k < G ? k1 - k : G, kn = k + G;
+        unsigned kq[G][W], vq[G][W]; /* the next group, in flight during this one */
 #pragma unroll
-                for (int c = 0; c < C; c++) kf[c] = vf[g][c] = 0.0f;
+        for (int g = 0; g < G; g++) {
+#pragma unroll
+            for (int i = 0; i < W; i++) kq[g][i] = vq[g][i] = 0u;
+            if (live && kn < k1) {
+                const long long b = (long long)tsl[kn + (kn + g < k1 ? g : 0)] * kvd + kvoff + lane * C;
+                k2_load_raw<C, VEC>(kq[g], Kp + b);
+                k2_load_raw<C, VEC>(vq[g], Vp + b);
             }
+        }
+        float sc[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float kf[C];
+            k2_raw_f32<C>(kf, kr[g]);
             float p = 0.0f;
 #pragma unroll
             for (int c = 0; c < C; c++) p = fmaf(qr[c], kf[c], p);
             sc[g] = qsa_warp_sum(p) * scale;
         }
 #pragma unroll
-        for (int g = 0; g < K2_ATTN_G; g++) {
+        for (int g = 0; g < G; g++) {
             if (g >= n) break;
-            float s = sc[g];
+            float s = sc[g], vf[C];
+            k2_raw_f32<C>(vf, vr[g]);
             if (s > m) { /* online softmax within the split, as qsa__attn_head_plan */
                 float f = expf(m - s);
                 l *= f;
@@ -1955,8 +1980,15 @@ static __device__ __forceinline__ void k2_attn_split(const float *__restrict__ q
             float e = expf(s - m);
             l += e;
 #pragma unroll
-            for (int c = 0; c < C; c++) acc[c] = fmaf(e, vf[g][c], acc[c]);
+            for (int c = 0; c < C; c++) acc[c] = fmaf(e, vf[c], acc[c]);
         }
+#pragma unroll
+        for (int g = 0; g < G; g++)
+#pragma unroll
+            for (int i = 0; i < W; i++) {
+                kr[g][i] = kq[g][i];
+                vr[g][i] = vq[g][i];
+            }
     }
     if (lane == 0) {
         slot[0] = m;
