@@ -9299,15 +9299,19 @@ QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, floa
    rows (qsa__tp_logits_gather).  Each reduction is elementwise over the rows, so a token's bits are
    still those of feeding it alone.  The collectives are part of the forward, so a rank's graph
    captures them (NCCL >= 2.9; every rank captures the same collectives in the same step, in
-   thread-local capture mode).  Under TP the first step of each B runs eagerly and the graph is
-   captured after it: every collective of the step has then run once outside a capture, so NCCL's lazy
-   set-up (connections at the first use of an algorithm, NCCL_RUNTIME_CONNECT in 2.22 and later, with
-   the ranks' bootstrap exchanges and allocations) never has to happen inside one. */
+   thread-local capture mode).  Under TP the first step of each B runs eagerly, and the graph is
+   captured before B's second step, by every rank before any rank runs that step
+   (qsa__cuda_batch_capture from qsa__tp_decode_batch): every collective of the step has then run once
+   outside a capture, so NCCL's lazy set-up (connections at the first use of an algorithm,
+   NCCL_RUNTIME_CONNECT in 2.22 and later, with the ranks' bootstrap exchanges and allocations) never
+   has to happen inside one; and a capture that fails fails the step before any rank has changed
+   anything or waits in a collective for a rank that will not come. */
 
 /* A captured step for one B and the collectives it issues at each launch (TP; none on one GPU). */
 typedef struct qsa__dgraph {
     CUgraphExec exec;
     long long n_coll, bytes_coll;
+    int warm; /* a step of this B has run eagerly (TP captures only then) */
 } qsa__dgraph;
 
 typedef struct qsa__dbatch {
@@ -9544,6 +9548,26 @@ QSA_PRIV qsa_result qsa__cuda_batch_graph(qsa_model *m, int B, qsa__dgraph *out)
     return r;
 }
 
+QSA_PRIV int qsa__cuda_graphs_on(const qsa_model *m) {
+#ifdef QSA_DEBUG
+    (void)m;
+    return 0; /* debug builds synchronise after each launch, which a capture forbids */
+#else
+    return m->params.cuda_graphs;
+#endif
+}
+
+/* TP: capture this rank's graph for B when a step of B has run eagerly and none is captured yet.
+   qsa__tp_decode_batch runs it on every rank before the step itself. */
+QSA_PRIV qsa_result qsa__cuda_batch_capture(qsa_model *m, int B) {
+    qsa__cuda *g = m->cuda;
+    if (!qsa__cuda_graphs_on(m) || B < 1 || B > m->params.max_batch || B > g->sc.max_tokens) return QSA_OK;
+    QSA__CU(qsa__cu.cuCtxSetCurrent(g->ctx));
+    QSA__TRY(qsa__cuda_batch_alloc(m));
+    qsa__dgraph *gr = &g->batch->graphs[B];
+    return gr->exec || !gr->warm ? QSA_OK : qsa__cuda_batch_graph(m, B, gr);
+}
+
 /* One decode step for B <= max_batch validated sequences of m (qsa_seq_feed_batch has checked the
    context and vocabulary and reserved the pages, and advances pos and tokens afterwards). */
 QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int B, float *logits) {
@@ -9601,24 +9625,21 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
     /* per-step values: written into the fixed buffers before the kernels (never captured) */
     QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(bb->step, bb->host, bb->step_bytes, g->stream));
     if (bb->n_ple) QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(bb->ple_e, bb->host_e, (size_t)bb->n_ple * mb * D * 4, g->stream));
-#ifdef QSA_DEBUG
-    int graphs = 0; /* debug builds synchronise after each launch, which a capture forbids */
-#else
-    int graphs = m->params.cuda_graphs;
-#endif
+    int graphs = qsa__cuda_graphs_on(m);
     qsa__dgraph *gr = &bb->graphs[B];
-    if (graphs && !gr->exec && !m->tpr) QSA__TRY(qsa__cuda_batch_graph(m, B, gr)); /* TP: after an eager step, below */
+    /* TP: qsa__tp_decode_batch has captured it (qsa__cuda_batch_capture) if B has run before */
+    if (graphs && !gr->exec && !m->tpr) QSA__TRY(qsa__cuda_batch_graph(m, B, gr));
     if (graphs && gr->exec) {
         QSA__CU(qsa__cu.cuGraphLaunch(gr->exec, g->stream));
         g->n_coll += gr->n_coll;
         g->bytes_coll += gr->bytes_coll;
     } else {
         QSA__TRY(qsa__cuda_batch_forward(m, B));
+        gr->warm = 1;
     }
     if (logits && m->tpr) QSA__TRY(qsa__tp_logits_out(m, B, logits)); /* TP: the gathered rows in vocabulary order */
     else if (logits) QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(logits, bb->logits, (size_t)B * V * 4, g->stream));
     QSA__CU(qsa__cu.cuStreamSynchronize(g->stream));
-    if (graphs && !gr->exec && m->tpr) QSA__TRY(qsa__cuda_batch_graph(m, B, gr)); /* for B's next steps */
     /* the sequences' host-side layer state, as qsa_seq_feed leaves it */
     int r = c->has_qsa ? c->indexer_compress_ratio : 0;
     for (int i = 0; r && i < B; i++)
@@ -10406,12 +10427,19 @@ QSA_PRIV qsa_result qsa__tp_decode_batch_job(qsa__tp_rank *rk, void *arg) {
     return r;
 }
 
+QSA_PRIV qsa_result qsa__tp_capture_job(qsa__tp_rank *rk, void *arg) {
+    return qsa__cuda_batch_capture(&rk->view, ((qsa__tp_batch_arg *)arg)->B);
+}
+
 QSA_PRIV qsa_result qsa__tp_decode_batch(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int B, float *logits) {
     qsa__tp_batch_arg a;
     a.seqs = seqs;
     a.tokens = tokens;
     a.B = B;
     a.logits = logits;
+    /* every rank captures B's graph (after B's first, eager step) before any rank runs the step: a
+       failed capture fails the step with nothing changed and no rank waiting in a collective */
+    QSA__TRY(qsa__tp_exec(m->tp, QSA__TP_ALL(m->tp), qsa__tp_capture_job, &a));
     QSA__TRY(qsa__tp_exec(m->tp, QSA__TP_ALL(m->tp), qsa__tp_decode_batch_job, &a));
     for (int i = 0; i < B; i++) qsa__tp_seq_push(m, seqs[i]);
     return QSA_OK;
