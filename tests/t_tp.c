@@ -1624,7 +1624,7 @@ TEST(nccl, tp2_batch_decode_equals_feed_and_tp1) {
         }
         size_t V = (size_t)m1->cfg.vocab_size, all = (size_t)BD_MAXREQ * BD_STEPS * V;
         float *one = (float *)calloc(all, sizeof(float)), *l2 = (float *)calloc(all, sizeof(float)), *l1 = (float *)calloc(all, sizeof(float));
-        int32_t tone[BD_MAXREQ * BD_STEPS], t2[BD_MAXREQ * BD_STEPS], t1[BD_MAXREQ * BD_STEPS];
+        int32_t tone[BD_MAXREQ * BD_STEPS] = {0}, t2[BD_MAXREQ * BD_STEPS] = {0}, t1[BD_MAXREQ * BD_STEPS] = {0};
         int reqs[8] = {6, 1, 4, 0, 7, 2, 5, 3};
         float worst = 0.0f;
         if (one && l2 && l1) {
