@@ -68,8 +68,8 @@
  *
  * LIMITATIONS
  *   Text model only.  Tensor parallelism over NCCL (qsa_model_params.tp, docs/TP.md): one process
- *   driving several GPUs or one process per GPU; under TP sequences decode one at a time (no batched
- *   step, no CUDA graphs) and a device failure in the middle of a step is fatal to the model (the
+ *   driving several GPUs or one process per GPU; batched decode and CUDA graphs run on every rank (not
+ *   yet run on GPUs, docs/TP.md); a device failure in the middle of a step is fatal to the model (the
  *   other ranks wait in their collectives).  See docs/ for what is implemented and measured
  *   (docs/PERFORMANCE.md: decode is far from the bandwidth limit today).
  *
