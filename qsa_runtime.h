@@ -68,8 +68,8 @@
  *
  * LIMITATIONS
  *   Text model only.  Tensor parallelism over NCCL (qsa_model_params.tp, docs/TP.md): one process
- *   driving several GPUs or one process per GPU; under TP sequences decode one at a time (no batched
- *   step, no CUDA graphs) and a device failure in the middle of a step is fatal to the model (the
+ *   driving several GPUs or one process per GPU; batched decode and CUDA graphs run on every rank (not
+ *   yet run on GPUs, docs/TP.md); a device failure in the middle of a step is fatal to the model (the
  *   other ranks wait in their collectives).  See docs/ for what is implemented and measured
  *   (docs/PERFORMANCE.md: decode is far from the bandwidth limit today).
  *
@@ -7396,7 +7396,7 @@ QSA_IMPL qsa_result qsa_seq_feed_batch(qsa_seq **seqs, const int32_t *tokens, in
 #ifndef QSA_NO_CUDA
     /* the hooks, hidden-state output and the physical-order debug switch are served by the
        single-sequence path (bitwise the same for everything the batch path computes) */
-    batched = m->cuda != NULL && !m->tp && m->params.cuda_batch_decode && !m->params.debug_physical_order;
+    batched = m->cuda != NULL && m->params.cuda_batch_decode && !m->params.debug_physical_order;
     for (int k = 0; batched && k < n; k++)
         if (seqs[k]->sel_hook || seqs[k]->hidden_out || seqs[k]->route_hook || seqs[k]->cap) batched = 0;
     if (batched) {
@@ -7404,6 +7404,7 @@ QSA_IMPL qsa_result qsa_seq_feed_batch(qsa_seq **seqs, const int32_t *tokens, in
         for (int t0 = 0; t0 < n; t0 += group) {
             int B = n - t0 < group ? n - t0 : group;
             QSA__TRY(qsa__cuda_decode_batch(m, seqs + t0, tokens + t0, B, logits ? logits + (size_t)t0 * V : NULL));
+            for (int k = t0; k < t0 + B; k++) seqs[k]->tokens[seqs[k]->pos++] = tokens[k];
         }
         return QSA_OK;
     }
@@ -8451,6 +8452,8 @@ typedef struct qsa__cuda {
     CUdeviceptr kpool, vpool, ipool;
     qsa__dscratch sc;
     struct qsa__dbatch *batch;  /* batched decode buffers and graphs, allocated at the first batched step */
+    long long n_coll, bytes_coll; /* TP: NCCL collectives issued on this stream and the bytes this rank contributed to
+                                     them; counted at each call, and at each launch of a graph for the calls it recorded */
     CUdeviceptr *allocs;        /* everything allocated, freed at unload */
     int n_allocs, cap_allocs;
 } qsa__cuda;
@@ -8471,7 +8474,11 @@ typedef struct qsa__cuda_seq {
 QSA_PRIV qsa_result qsa__tp_reduce(qsa_model *m, CUdeviceptr x, int n);
 QSA_PRIV void qsa__tp_ple_embed(const qsa_model *m, const qsa__ple_w *p, const int32_t *hist, float *host_e, int t);
 QSA_PRIV qsa_result qsa__tp_ple_rows(qsa_model *m, const float *host_e, CUdeviceptr e, int M);
+QSA_PRIV qsa_result qsa__tp_ple_gather(qsa_model *m, CUdeviceptr cols, CUdeviceptr e, int M);
 QSA_PRIV qsa_result qsa__tp_logits(qsa_model *m, CUdeviceptr dlogits, int rows, float *dst);
+QSA_PRIV qsa_result qsa__tp_logits_gather(qsa_model *m, CUdeviceptr dlogits, int rows);
+QSA_PRIV qsa_result qsa__tp_logits_out(qsa_model *m, int rows, float *dst);
+QSA_PRIV qsa_result qsa__tp_decode_batch(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int B, float *logits);
 QSA_PRIV qsa_result qsa__tp_chunk(qsa_seq *sq, const int32_t *ids, int M, float *logits, int all_logits);
 QSA_PRIV qsa_result qsa__tp_seq_create(qsa_model *m, qsa_seq *s);
 QSA_PRIV qsa_result qsa__tp_seq_reset(qsa_model *m, qsa_seq *s);
@@ -9282,7 +9289,31 @@ QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, floa
    pageable host memory).  All launch grids depend only on B and the model (block scores use the
    fixed upper bound ceil(max_blocks / 256) in y; the block-key kernel handles "no block completed"
    on the device), so a graph captured for B stays valid as pages, selections and slots change.
-   Graphs are captured per exact B (1..max_batch) at first use, no padding. */
+   Graphs are captured per exact B (1..max_batch) at first use, no padding.
+
+   Under TP every local rank runs this step on its view of the model and of the sequences (its slices,
+   its device state, its own step buffers and graphs), on its own thread and stream.  The forward calls
+   the same reduction hooks as the chunk path, now over B rows: qsa__tp_reduce after the mixer and the
+   MoE (B x H partial sums, one all-gather, qsa_k_tp_sum per element in rank order), the PLE columns
+   gathered into whole rows (qsa__tp_ple_gather), and the lm_head's vocabulary rows gathered for the B
+   rows (qsa__tp_logits_gather).  Each reduction is elementwise over the rows, so a token's bits are
+   still those of feeding it alone.  The collectives are part of the forward, so a rank's graph
+   captures them (NCCL >= 2.9; every rank captures the same collectives in the same step, in
+   thread-local capture mode).  Under TP the first step of each B runs eagerly, and the graph is
+   captured before B's second step, by every rank before any rank runs that step
+   (qsa__cuda_batch_capture from qsa__tp_decode_batch): every collective of the step has then run once
+   outside a capture, so NCCL's lazy set-up (connections at the first use of an algorithm,
+   NCCL_RUNTIME_CONNECT in 2.22 and later, with the ranks' bootstrap exchanges and allocations) never
+   has to happen inside one; and a capture that fails fails the step before any rank has changed
+   anything or waits in a collective for a rank that will not come. */
+
+/* A captured step for one B and the collectives it issues at each launch (TP; none on one GPU). */
+typedef struct qsa__dgraph {
+    CUgraphExec exec;
+    long long n_coll, bytes_coll;
+    int warm; /* a step of this B has run eagerly (TP captures only then) */
+} qsa__dgraph;
+
 typedef struct qsa__dbatch {
     int max_batch, n_ple, L;
     size_t step_bytes;
@@ -9293,17 +9324,18 @@ typedef struct qsa__dbatch {
     CUdeviceptr logits;         /* [mb][V] */
     unsigned char *host;        /* host image of step */
     float *host_e;              /* host image of ple_e */
-    CUgraphExec *graphs;        /* [mb + 1], by B */
+    qsa__dgraph *graphs;        /* [mb + 1], by B */
 } qsa__dbatch;
 
 /* Destroys the captured graphs (they hold the addresses of the KV pool and the step buffers): the
-   next step of each B captures again. */
+   next step of each B captures again.  Under TP this must precede ncclCommDestroy, which waits until
+   no graph holds a collective of its communicator (qsa__tp_free). */
 QSA_PRIV void qsa__cuda_batch_drop_graphs(qsa__cuda *g) {
     qsa__dbatch *b = g->batch;
     if (!b || !b->graphs) return;
     for (int i = 0; i <= b->max_batch; i++) {
-        if (b->graphs[i]) qsa__cu.cuGraphExecDestroy(b->graphs[i]);
-        b->graphs[i] = NULL;
+        if (b->graphs[i].exec) qsa__cu.cuGraphExecDestroy(b->graphs[i].exec);
+        memset(&b->graphs[i], 0, sizeof b->graphs[i]);
     }
 }
 
@@ -9332,7 +9364,7 @@ QSA_PRIV qsa_result qsa__cuda_batch_alloc_(qsa_model *m) {
     size_t *cnt = &g->bytes_scratch;
     b->host = QSA__CALLOC(unsigned char, b->step_bytes);
     b->host_e = QSA__ALLOC(float, (size_t)(b->n_ple ? b->n_ple : 1) * mb * D);
-    b->graphs = QSA__CALLOC(CUgraphExec, mb + 1);
+    b->graphs = QSA__CALLOC(qsa__dgraph, mb + 1);
     if (!b->host || !b->host_e || !b->graphs) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "batched decode: out of host memory");
     QSA__TRY(qsa__dalloc(g, &b->step, b->step_bytes, cnt, "batched decode"));
     b->ids = b->step;
@@ -9378,6 +9410,10 @@ QSA_PRIV qsa_result qsa__cuda_ple_batch(qsa_model *m, int l, int j, int B) {
     float eps = c->rms_norm_eps;
     CUdeviceptr e = bb->ple_e + (size_t)j * bb->max_batch * D * 4, e16 = s->big16[0], keyp = s->big[1], valp = s->big[2],
                 gv = s->big[3], gvn = s->big[4];
+    if (m->tpr) { /* TP: ple_e holds this rank's columns of the rows; all-gather them into whole rows */
+        QSA__TRY(qsa__tp_ple_gather(m, e, s->big[0], B));
+        e = s->big[0];
+    }
     QSA__LAUNCH(g, to_f16, (n + 255) / 256, 1, 256, 0, &e, &e16, &n);
     QSA__TRY(qsa__dgemm(g, e16, B, &d->ple_key, keyp, 0));
     QSA__TRY(qsa__dgemm(g, e16, B, &d->ple_value, valp, 0));
@@ -9471,24 +9507,33 @@ QSA_PRIV qsa_result qsa__cuda_batch_forward(qsa_model *m, int B) {
         QSA__TRY(qsa__cuda_gres(m, &g->layers[l].attn_hc, s->X, B, 1));
         if (c->layer_types[l] == QSA_LAYER_LINEAR) QSA__TRY(qsa__cuda_gdn_batch(m, l, B));
         else QSA__TRY(qsa__cuda_attn_batch(m, l, B));
+        QSA__TRY(qsa__tp_reduce(m, s->out, B * H)); /* TP: sum the ranks' partial sums (no-op on one GPU) */
         QSA__TRY(qsa__cuda_inject(m, s->X, B));
         QSA__TRY(qsa__cuda_gres(m, &g->layers[l].mlp_hc, s->X, B, 1));
         QSA__TRY(qsa__cuda_moe(m, l, B));
+        QSA__TRY(qsa__tp_reduce(m, s->out, B * H));
         QSA__TRY(qsa__cuda_inject(m, s->X, B));
     }
     QSA__TRY(qsa__cuda_gres(m, &g->final_hc, s->X, B, 0));
     /* one lm_head GEMM for the B rows (the GEMM's bits do not depend on M) */
-    return qsa__dgemm(g, s->inp16, B, &g->lm_head, g->batch->logits, 0);
+    QSA__TRY(qsa__dgemm(g, s->inp16, B, &g->lm_head, g->batch->logits, 0));
+    return qsa__tp_logits_gather(m, g->batch->logits, B); /* TP: all-gather the ranks' vocabulary rows (no-op on one GPU) */
 }
 
-/* Capture the step for B into a graph (once per B). */
-QSA_PRIV qsa_result qsa__cuda_batch_graph(qsa_model *m, int B, CUgraphExec *out) {
+/* Capture the step for B into a graph (once per B), with the collectives it records (TP). */
+QSA_PRIV qsa_result qsa__cuda_batch_graph(qsa_model *m, int B, qsa__dgraph *out) {
     qsa__cuda *g = m->cuda;
     CUgraph graph = NULL;
+    long long coll0 = g->n_coll, bytes0 = g->bytes_coll;
     QSA__CU(qsa__cu.cuStreamBeginCapture_v2(g->stream, QSA__CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
     qsa__prof_capturing = 1;
     qsa_result r = qsa__cuda_batch_forward(m, B);
     qsa__prof_capturing = 0;
+    /* a capture sends nothing: what it recorded is counted at each launch */
+    out->n_coll = g->n_coll - coll0;
+    out->bytes_coll = g->bytes_coll - bytes0;
+    g->n_coll = coll0;
+    g->bytes_coll = bytes0;
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", r != QSA_OK ? qsa_last_error() : "");
     CUresult ce = qsa__cu.cuStreamEndCapture(g->stream, &graph); /* always leave capture mode */
@@ -9497,20 +9542,40 @@ QSA_PRIV qsa_result qsa__cuda_batch_graph(qsa_model *m, int B, CUgraphExec *out)
         return qsa__fail(r, "capturing the batched decode graph (B = %d): %s", B, msg);
     }
     if (ce != 0) return QSA__CU_R(ce);
-    r = QSA__CU_R(qsa__cu.cuGraphInstantiateWithFlags(out, graph, 0));
+    r = QSA__CU_R(qsa__cu.cuGraphInstantiateWithFlags(&out->exec, graph, 0));
     qsa__cu.cuGraphDestroy(graph);
     if (r == QSA_OK) qsa__log(QSA_LOG_INFO, "cuda: captured the batched decode step for %d sequences as a graph", B);
     return r;
 }
 
+QSA_PRIV int qsa__cuda_graphs_on(const qsa_model *m) {
+#ifdef QSA_DEBUG
+    (void)m;
+    return 0; /* debug builds synchronise after each launch, which a capture forbids */
+#else
+    return m->params.cuda_graphs;
+#endif
+}
+
+/* TP: capture this rank's graph for B when a step of B has run eagerly and none is captured yet.
+   qsa__tp_decode_batch runs it on every rank before the step itself. */
+QSA_PRIV qsa_result qsa__cuda_batch_capture(qsa_model *m, int B) {
+    qsa__cuda *g = m->cuda;
+    if (!qsa__cuda_graphs_on(m) || B < 1 || B > m->params.max_batch || B > g->sc.max_tokens) return QSA_OK;
+    QSA__CU(qsa__cu.cuCtxSetCurrent(g->ctx));
+    QSA__TRY(qsa__cuda_batch_alloc(m));
+    qsa__dgraph *gr = &g->batch->graphs[B];
+    return gr->exec || !gr->warm ? QSA_OK : qsa__cuda_batch_graph(m, B, gr);
+}
+
 /* One decode step for B <= max_batch validated sequences of m (qsa_seq_feed_batch has checked the
-   context and vocabulary and reserved the pages). */
+   context and vocabulary and reserved the pages, and advances pos and tokens afterwards). */
 QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int B, float *logits) {
     const qsa_model_config *c = &m->cfg;
     qsa__cuda *g = m->cuda;
     int L = c->num_hidden_layers, V = c->vocab_size, D = c->ple_embed_dim;
     if (B <= 0) return QSA_OK;
-    if (m->tp) return qsa__fail(QSA_ERR_UNSUPPORTED, "batched decode: not under tensor parallelism (qsa_seq_feed_batch feeds one at a time)");
+    if (m->tp) return qsa__tp_decode_batch(m, seqs, tokens, B, logits); /* every local rank runs this function on its view */
     if (B > m->params.max_batch || B > g->sc.max_tokens)
         return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "batched decode: %d sequences exceed max_batch %d / max_chunk %d", B,
                          m->params.max_batch, g->sc.max_tokens);
@@ -9550,7 +9615,9 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
             int32_t hist[32];
             for (int k = 0; k < ctx; k++) hist[k] = sl->ple_ids[k];
             hist[ctx] = tokens[i];
-            qsa__ple_embed(c, p, hist, bb->host_e + ((size_t)j * mb + i) * D);
+            float *rows = bb->host_e + (size_t)j * mb * D;
+            if (m->tpr) qsa__tp_ple_embed(m, p, hist, rows, i); /* TP: this rank's columns, rows of D / tp */
+            else qsa__ple_embed(c, p, hist, rows + (size_t)i * D);
             for (int k = 0; k < ctx; k++) sl->ple_ids[k] = hist[k + 1];
         }
         j++;
@@ -9558,29 +9625,26 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
     /* per-step values: written into the fixed buffers before the kernels (never captured) */
     QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(bb->step, bb->host, bb->step_bytes, g->stream));
     if (bb->n_ple) QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(bb->ple_e, bb->host_e, (size_t)bb->n_ple * mb * D * 4, g->stream));
-#ifdef QSA_DEBUG
-    int graphs = 0; /* debug builds synchronise after each launch, which a capture forbids */
-#else
-    int graphs = m->params.cuda_graphs;
-#endif
-    if (graphs) {
-        if (!bb->graphs[B]) QSA__TRY(qsa__cuda_batch_graph(m, B, &bb->graphs[B]));
-        QSA__CU(qsa__cu.cuGraphLaunch(bb->graphs[B], g->stream));
+    int graphs = qsa__cuda_graphs_on(m);
+    qsa__dgraph *gr = &bb->graphs[B];
+    /* TP: qsa__tp_decode_batch has captured it (qsa__cuda_batch_capture) if B has run before */
+    if (graphs && !gr->exec && !m->tpr) QSA__TRY(qsa__cuda_batch_graph(m, B, gr));
+    if (graphs && gr->exec) {
+        QSA__CU(qsa__cu.cuGraphLaunch(gr->exec, g->stream));
+        g->n_coll += gr->n_coll;
+        g->bytes_coll += gr->bytes_coll;
     } else {
         QSA__TRY(qsa__cuda_batch_forward(m, B));
+        gr->warm = 1;
     }
-    if (logits) QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(logits, bb->logits, (size_t)B * V * 4, g->stream));
+    if (logits && m->tpr) QSA__TRY(qsa__tp_logits_out(m, B, logits)); /* TP: the gathered rows in vocabulary order */
+    else if (logits) QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(logits, bb->logits, (size_t)B * V * 4, g->stream));
     QSA__CU(qsa__cu.cuStreamSynchronize(g->stream));
-    /* advance each sequence as qsa_seq_feed does */
+    /* the sequences' host-side layer state, as qsa_seq_feed leaves it */
     int r = c->has_qsa ? c->indexer_compress_ratio : 0;
-    for (int i = 0; i < B; i++) {
-        qsa_seq *sq = seqs[i];
-        if (r)
-            for (int l = 0; l < L; l++)
-                if (c->layer_types[l] != QSA_LAYER_LINEAR) sq->L[l].n_blocks = (sq->pos + 1) / r;
-        sq->tokens[sq->pos] = tokens[i];
-        sq->pos++;
-    }
+    for (int i = 0; r && i < B; i++)
+        for (int l = 0; l < L; l++)
+            if (c->layer_types[l] != QSA_LAYER_LINEAR) seqs[i]->L[l].n_blocks = (seqs[i]->pos + 1) / r;
     return QSA_OK;
 }
 
@@ -9609,7 +9673,11 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
      qsa__tp_logits    the vocab-parallel lm_head: each rank's rows padded to ceil(V/tp), all-gathered,
                        copied into the caller's [rows][V] in vocab order.
    Everything else (embedding, hyper-connections, router, indexer, norms) is replicated and computed
-   identically on every rank, so every rank holds the same bits after every reduction.
+   identically on every rank, so every rank holds the same bits after every reduction.  The batched
+   decode step (qsa_seq_feed_batch) calls the same hooks over its B rows on every rank
+   (qsa__tp_decode_batch; the PLE columns and the logits through qsa__tp_ple_gather and
+   qsa__tp_logits_gather), and each rank captures and replays it as its own CUDA graph, NCCL calls
+   included (>>cuda, batched decode).
 
    One process: a host thread per local GPU (qsa__tp_worker), each with its own context and stream
    (its view's backend); the communicators come from ncclCommInitAll.  Several processes: one rank
@@ -10017,7 +10085,6 @@ struct qsa__tp_rank {
                                    chunk (the caller receives the first rank's; tests compare them) */
     size_t logits_cap, hidden_cap;
     int ple_col0, ple_ncols;
-    long long n_coll, bytes_contrib;
     qsa_result r;               /* the last job's result and message (errors are per thread) */
     char msg[1024];
 };
@@ -10104,8 +10171,8 @@ QSA_PRIV qsa_result qsa__tp_allgather(qsa__tp_rank *rk, CUdeviceptr send, CUdevi
         return qsa__fail(QSA_ERR_INTERNAL, "tp: all-gather of %zu floats per rank exceeds the buffer of %zu", n, rk->gather_floats);
     QSA__NCCL(qsa__nccl.ncclAllGather((const void *)(uintptr_t)send, (void *)(uintptr_t)recv, n, QSA__NCCL_FLOAT32, rk->comm,
                                       rk->view.cuda->stream));
-    rk->n_coll++;
-    rk->bytes_contrib += (long long)n * 4;
+    rk->view.cuda->n_coll++;
+    rk->view.cuda->bytes_coll += (long long)n * 4;
     return QSA_OK;
 }
 
@@ -10128,36 +10195,54 @@ QSA_PRIV void qsa__tp_ple_embed(const qsa_model *m, const qsa__ple_w *p, const i
     qsa__ple_embed_cols(c, p, hist, m->tpr->ple_col0, m->tpr->ple_ncols, host_e + (size_t)t * nh * m->tpr->ple_ncols);
 }
 
-/* The PLE rows of M tokens: host_e holds this rank's columns [M][n_heads][ple_ncols]; e receives the
-   full rows [M][D]. */
-QSA_PRIV qsa_result qsa__tp_ple_rows(qsa_model *m, const float *host_e, CUdeviceptr e, int M) {
+/* The PLE rows of M tokens on the device: cols holds this rank's columns [M][n_heads][ple_ncols]; e
+   receives the full rows [M][D] (all-gather, then qsa_k_tp_ple_unshard restores the row order). */
+QSA_PRIV qsa_result qsa__tp_ple_gather(qsa_model *m, CUdeviceptr cols, CUdeviceptr e, int M) {
     qsa__tp_rank *rk = m->tpr;
     qsa__cuda *g = m->cuda;
     const qsa_model_config *c = &m->cfg;
     int nh = (c->ngram_size - 1) * c->heads_per_ngram, dl = rk->ple_ncols, tp = rk->t->tp, n = M * nh * dl * tp;
-    size_t local = (size_t)M * nh * dl;
     CUdeviceptr parts = rk->gather;
-    QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(rk->send, host_e, local * 4, g->stream));
-    QSA__TRY(qsa__tp_allgather(rk, rk->send, parts, local));
+    QSA__TRY(qsa__tp_allgather(rk, cols, parts, (size_t)M * nh * dl));
     QSA__LAUNCH(g, tp_ple_unshard, (n + 255) / 256, 1, 256, 0, &parts, &e, &M, &nh, &dl, &tp);
     return QSA_OK;
 }
 
-/* Logits of `rows` tokens: dlogits [rows][vmax] holds this rank's vocabulary rows (zero-padded);
-   dst [rows][V] receives all of them in vocabulary order (synchronous). */
-QSA_PRIV qsa_result qsa__tp_logits(qsa_model *m, CUdeviceptr dlogits, int rows, float *dst) {
+/* The same from the host: host_e holds this rank's columns [M][n_heads][ple_ncols]. */
+QSA_PRIV qsa_result qsa__tp_ple_rows(qsa_model *m, const float *host_e, CUdeviceptr e, int M) {
+    qsa__tp_rank *rk = m->tpr;
+    const qsa_model_config *c = &m->cfg;
+    size_t local = (size_t)M * (c->ngram_size - 1) * c->heads_per_ngram * rk->ple_ncols;
+    QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(rk->send, host_e, local * 4, m->cuda->stream));
+    return qsa__tp_ple_gather(m, rk->send, e, M);
+}
+
+/* The vocab-parallel logits of `rows` tokens: dlogits [rows][vmax] holds this rank's vocabulary rows
+   (zero-padded); the ranks' rows are all-gathered into rk->gather [tp][rows][vmax] (asynchronous;
+   a no-op without TP). */
+QSA_PRIV qsa_result qsa__tp_logits_gather(qsa_model *m, CUdeviceptr dlogits, int rows) {
+    qsa__tp_rank *rk = m->tpr;
+    if (!rk) return QSA_OK;
+    return qsa__tp_allgather(rk, dlogits, rk->gather, (size_t)rows * (size_t)rk->t->vmax);
+}
+
+/* The gathered logits of `rows` tokens into dst [rows][V] in vocabulary order (synchronous). */
+QSA_PRIV qsa_result qsa__tp_logits_out(qsa_model *m, int rows, float *dst) {
     qsa__tp_rank *rk = m->tpr;
     qsa__tp *t = rk->t;
-    qsa__cuda *g = m->cuda;
     size_t n = (size_t)rows * (size_t)t->vmax, V = (size_t)m->cfg.vocab_size;
-    QSA__TRY(qsa__tp_allgather(rk, dlogits, rk->gather, n));
-    QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(rk->host_gather, rk->gather, n * (size_t)t->tp * 4, g->stream));
-    QSA__CU(qsa__cu.cuStreamSynchronize(g->stream));
+    QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(rk->host_gather, rk->gather, n * (size_t)t->tp * 4, m->cuda->stream));
+    QSA__CU(qsa__cu.cuStreamSynchronize(m->cuda->stream));
     for (int r = 0; r < t->tp; r++)
         for (int i = 0; i < rows; i++)
             memcpy(dst + (size_t)i * V + (size_t)t->vbegin[r], rk->host_gather + (size_t)r * n + (size_t)i * (size_t)t->vmax,
                    (size_t)t->vcount[r] * 4);
     return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__tp_logits(qsa_model *m, CUdeviceptr dlogits, int rows, float *dst) {
+    QSA__TRY(qsa__tp_logits_gather(m, dlogits, rows));
+    return qsa__tp_logits_out(m, rows, dst);
 }
 
 /* ---- sequences ---- */
@@ -10251,30 +10336,46 @@ typedef struct qsa__tp_chunk_arg {
     float *logits;
 } qsa__tp_chunk_arg;
 
+/* The sequence as rank rk runs it (qsa__tp_seq_view), with the host-side layer state (block counts,
+   PLE id history) copied from the sequence into the rank's copy. */
+QSA_PRIV void qsa__tp_seq_pull(qsa__tp_rank *rk, const qsa_seq *s, qsa_seq *v) {
+    const qsa_model_config *c = &rk->view.cfg;
+    qsa__tp_seq_view(rk, s, v);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        v->L[l].n_blocks = s->L[l].n_blocks;
+        if (v->L[l].ple_ids) memcpy(v->L[l].ple_ids, s->L[l].ple_ids, sizeof(int32_t) * (size_t)(c->ngram_size - 1));
+    }
+}
+
+/* Every rank advanced its copy of the layer state identically: the sequence takes the first one's. */
+QSA_PRIV void qsa__tp_seq_push(qsa_model *m, qsa_seq *s) {
+    const qsa__seq_layer *L0 = s->tp->L[0];
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        s->L[l].n_blocks = L0[l].n_blocks;
+        if (s->L[l].ple_ids) memcpy(s->L[l].ple_ids, L0[l].ple_ids, sizeof(int32_t) * (size_t)(m->cfg.ngram_size - 1));
+    }
+}
+
+/* A rank's host buffer of at least n floats (its contents are not kept when it grows). */
+QSA_PRIV qsa_result qsa__tp_grow(float **p, size_t *cap, size_t n) {
+    if (n <= *cap) return QSA_OK;
+    qsa__free(*p);
+    *cap = 0;
+    if (!(*p = QSA__ALLOC(float, n))) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp: out of host memory");
+    *cap = n;
+    return QSA_OK;
+}
+
 QSA_PRIV qsa_result qsa__tp_chunk_job(qsa__tp_rank *rk, void *arg) {
     qsa__tp_chunk_arg *a = (qsa__tp_chunk_arg *)arg;
     const qsa_model_config *c = &rk->view.cfg;
     qsa_seq v;
-    qsa__tp_seq_view(rk, a->sq, &v);
-    for (int l = 0; l < c->num_hidden_layers; l++) { /* the host-side layer state, as the sequence holds it */
-        v.L[l].n_blocks = a->sq->L[l].n_blocks;
-        if (v.L[l].ple_ids) memcpy(v.L[l].ple_ids, a->sq->L[l].ple_ids, sizeof(int32_t) * (size_t)(c->ngram_size - 1));
-    }
+    qsa__tp_seq_pull(rk, a->sq, &v);
     float *lg = a->logits;
     if (rk->local) { /* only the first local rank reports to the caller; the others keep their results */
         size_t nl = a->logits ? (size_t)(a->all_logits ? a->M : 1) * c->vocab_size : 0, nh = a->sq->hidden_out ? (size_t)a->M * c->hidden_size : 0;
-        if (nl > rk->logits_cap) {
-            qsa__free(rk->logits);
-            rk->logits_cap = 0;
-            if (!(rk->logits = QSA__ALLOC(float, nl))) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp: out of host memory");
-            rk->logits_cap = nl;
-        }
-        if (nh > rk->hidden_cap) {
-            qsa__free(rk->hidden);
-            rk->hidden_cap = 0;
-            if (!(rk->hidden = QSA__ALLOC(float, nh))) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp: out of host memory");
-            rk->hidden_cap = nh;
-        }
+        QSA__TRY(qsa__tp_grow(&rk->logits, &rk->logits_cap, nl));
+        QSA__TRY(qsa__tp_grow(&rk->hidden, &rk->hidden_cap, nh));
         lg = a->logits ? rk->logits : NULL;
         v.hidden_out = a->sq->hidden_out ? rk->hidden : NULL;
         v.sel_hook = NULL;
@@ -10292,12 +10393,55 @@ QSA_PRIV qsa_result qsa__tp_chunk(qsa_seq *sq, const int32_t *ids, int M, float 
     a.logits = logits;
     a.all_logits = all_logits;
     QSA__TRY(qsa__tp_exec(m->tp, QSA__TP_ALL(m->tp), qsa__tp_chunk_job, &a));
-    /* every rank advanced its copy of the layer state identically: take the first one's */
-    const qsa__seq_layer *L0 = sq->tp->L[0];
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
-        sq->L[l].n_blocks = L0[l].n_blocks;
-        if (sq->L[l].ple_ids) memcpy(sq->L[l].ple_ids, L0[l].ple_ids, sizeof(int32_t) * (size_t)(m->cfg.ngram_size - 1));
+    qsa__tp_seq_push(m, sq);
+    return QSA_OK;
+}
+
+/* ---- one batched decode step on every local rank ---- */
+
+typedef struct qsa__tp_batch_arg {
+    qsa_seq **seqs;
+    const int32_t *tokens;
+    int B;
+    float *logits;
+} qsa__tp_batch_arg;
+
+/* The rank runs qsa__cuda_decode_batch on its views of the B sequences (its device state, its copies
+   of their layer state), with its own step buffers and graphs. */
+QSA_PRIV qsa_result qsa__tp_decode_batch_job(qsa__tp_rank *rk, void *arg) {
+    qsa__tp_batch_arg *a = (qsa__tp_batch_arg *)arg;
+    qsa_seq *v = QSA__ALLOC(qsa_seq, a->B), **pv = QSA__ALLOC(qsa_seq *, a->B);
+    float *lg = a->logits;
+    qsa_result r = v && pv ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp: out of host memory");
+    if (r == QSA_OK && rk->local && a->logits) { /* the first local rank reports to the caller; the others keep theirs */
+        r = qsa__tp_grow(&rk->logits, &rk->logits_cap, (size_t)a->B * rk->view.cfg.vocab_size);
+        lg = rk->logits;
     }
+    for (int i = 0; r == QSA_OK && i < a->B; i++) {
+        qsa__tp_seq_pull(rk, a->seqs[i], &v[i]);
+        pv[i] = &v[i];
+    }
+    if (r == QSA_OK) r = qsa__cuda_decode_batch(&rk->view, pv, a->tokens, a->B, lg);
+    qsa__free(v);
+    qsa__free(pv);
+    return r;
+}
+
+QSA_PRIV qsa_result qsa__tp_capture_job(qsa__tp_rank *rk, void *arg) {
+    return qsa__cuda_batch_capture(&rk->view, ((qsa__tp_batch_arg *)arg)->B);
+}
+
+QSA_PRIV qsa_result qsa__tp_decode_batch(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int B, float *logits) {
+    qsa__tp_batch_arg a;
+    a.seqs = seqs;
+    a.tokens = tokens;
+    a.B = B;
+    a.logits = logits;
+    /* every rank captures B's graph (after B's first, eager step) before any rank runs the step: a
+       failed capture fails the step with nothing changed and no rank waiting in a collective */
+    QSA__TRY(qsa__tp_exec(m->tp, QSA__TP_ALL(m->tp), qsa__tp_capture_job, &a));
+    QSA__TRY(qsa__tp_exec(m->tp, QSA__TP_ALL(m->tp), qsa__tp_decode_batch_job, &a));
+    for (int i = 0; i < B; i++) qsa__tp_seq_push(m, seqs[i]);
     return QSA_OK;
 }
 
@@ -10311,8 +10455,10 @@ QSA_PRIV qsa_result qsa__tp_rank_init_job(qsa__tp_rank *rk, void *arg) {
     QSA__TRY(qsa__cuda_init(&rk->view, &rk->view.cuda));
     qsa__cuda *g = rk->view.cuda;
     int T = rk->view.params.max_chunk, nh = c->n_ple_layers ? (c->ngram_size - 1) * c->heads_per_ngram : 0;
+    /* logits rows gathered at once: a chunk's group of logit_rows, or a batched step's B <= min(max_batch, max_chunk) */
+    int mb = rk->view.params.max_batch < T ? rk->view.params.max_batch : T, lrows = g->sc.logit_rows > mb ? g->sc.logit_rows : mb;
     size_t need = (size_t)t->tp * T * c->hidden_size;
-    size_t lg = (size_t)t->tp * g->sc.logit_rows * (size_t)t->vmax;
+    size_t lg = (size_t)t->tp * lrows * (size_t)t->vmax;
     if (lg > need) need = lg;
     if ((size_t)T * c->ple_embed_dim > need) need = (size_t)T * c->ple_embed_dim;
     rk->gather_floats = need;
@@ -10347,9 +10493,12 @@ QSA_PRIV qsa_result qsa__tp_comm_rank_job(qsa__tp_rank *rk, void *arg) {
     return QSA_OK;
 }
 
-/* ncclCommDestroy may wait for the other ranks of the node: every rank destroys its own at once */
+/* ncclCommDestroy may wait for the other ranks of the node: every rank destroys its own at once.  It
+   also waits until no CUDA graph holds a collective of the communicator, so the rank's batched-decode
+   graphs go first. */
 QSA_PRIV qsa_result qsa__tp_comm_destroy_job(qsa__tp_rank *rk, void *arg) {
     (void)arg;
+    if (rk->view.cuda) qsa__cuda_batch_drop_graphs(rk->view.cuda);
     if (rk->comm) qsa__nccl.ncclCommDestroy(rk->comm);
     rk->comm = NULL;
     return QSA_OK;
@@ -10436,7 +10585,11 @@ QSA_PRIV qsa_result qsa__tp_init_(qsa_model *m) {
         if (r == QSA_OK) r = qsa__tp_ple_cols(c, tp, rk->rank, &rk->ple_col0, &rk->ple_ncols);
         rk->view.params.device = devs[i];
         rk->view.tpr = rk;
+        if (qsa__nccl.version < 20900) rk->view.params.cuda_graphs = 0; /* NCCL captures into graphs from 2.9 */
     }
+    if (p->cuda_graphs && qsa__nccl.version < 20900)
+        qsa__log(QSA_LOG_WARN, "tp: NCCL %d cannot be captured into CUDA graphs (2.9 or later can): batched decode runs eagerly",
+                 qsa__nccl.version);
     if (r == QSA_OK && t->n_local > 1) {
         for (int i = 0; r == QSA_OK && i < t->n_local; i++) {
             if (pthread_create(&t->ranks[i].thread, NULL, qsa__tp_worker, &t->ranks[i]) != 0)
@@ -10496,16 +10649,17 @@ QSA_IMPL void qsa_model_tp_info(const qsa_model *m, qsa_tp_info *out) {
     out->tp = t->tp;
     out->first_rank = t->first_rank;
     out->n_local = t->n_local;
-    out->collectives = t->ranks[0].n_coll;
-    out->bytes_contributed = t->ranks[0].bytes_contrib;
-    out->bytes_sent = (long long)(t->tp - 1) * t->ranks[0].bytes_contrib;
+    const qsa__cuda *g = t->ranks[0].view.cuda;
+    out->collectives = g->n_coll;
+    out->bytes_contributed = g->bytes_coll;
+    out->bytes_sent = (long long)(t->tp - 1) * g->bytes_coll;
 #endif
 }
 
 QSA_IMPL void qsa_model_tp_reset_counters(qsa_model *m) {
 #ifndef QSA_NO_CUDA
     if (!m || !m->tp) return;
-    for (int i = 0; i < m->tp->n_local; i++) m->tp->ranks[i].n_coll = m->tp->ranks[i].bytes_contrib = 0;
+    for (int i = 0; i < m->tp->n_local; i++) m->tp->ranks[i].view.cuda->n_coll = m->tp->ranks[i].view.cuda->bytes_coll = 0;
 #else
     (void)m;
 #endif

@@ -345,6 +345,7 @@ TEST(gpu, batch_cuda_graphs_equal_eager) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
     mp.cuda_batch_decode = 1;
+    mp.cuda_graphs = -1; /* eager (0 is the default: graphs on) */
     qsa_model *m = NULL, *mg = NULL;
     GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
     memset(&mp, 0, sizeof mp);

@@ -1514,3 +1514,310 @@ TEST(nccl, tp2_two_processes) {
         free(ref); free(got[0]); free(got[1]);
     }
 }
+
+/* ============================================================================================== */
+/* nccl: batched decode and CUDA graphs under TP = 2 (issue 7).  Written without a GPU: NOT YET RUN */
+/* on GPUs (./tests/test_qsa --group nccl --filter batch -v).  The requests and their runs are      */
+/* t_gpu.c's (bd_prompt, bd_run, bd_same, bd_batch, bd_reference): prompts of 3..99 tokens, each    */
+/* prefilled alone, then BD_STEPS greedy steps fed one at a time or as qsa_seq_feed_batch steps.    */
+/* ============================================================================================== */
+
+/* A TP model with batched decode on: CUDA graphs on or off (eager), max_batch (0: the default 32). */
+static int tp_load_batched(const char *fx, int tp, int graphs, int max_batch, qsa_model **m) {
+    char dir[600];
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.backend = QSA_BACKEND_CUDA;
+    mp.tp = tp;
+    mp.cuda_batch_decode = 1;
+    mp.cuda_graphs = graphs ? 1 : -1;
+    mp.max_batch = max_batch;
+    snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures"), fx);
+    qsa_result r = qsa_model_load(dir, &mp, m);
+    CHECKF(r == QSA_OK, "%s tp %d: %s", fx, tp, qsa_last_error());
+    return r == QSA_OK;
+}
+
+/* (a) A request's per-step logits and tokens under TP = 2 are bitwise identical alone (qsa_seq_feed,
+   one token at a time) and in batched steps of 1, 2, 7, 8, 31, 32 requests of other lengths, in the
+   first, a middle and the last slot (graphs on, as the scheduler serves). */
+TEST(nccl, tp2_batch_invariance_decode) {
+    TP_GPUS_OR_SKIP();
+    qsa_model *m = NULL;
+    if (!tp_load_batched("qsa_hc4_ple_sharded", 2, 1, 0, &m)) return;
+    size_t V = (size_t)m->cfg.vocab_size;
+    float *ref = NULL, *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
+    int32_t *rtok = NULL, tok[BD_MAXREQ * BD_STEPS];
+    bd_reference(m, 33, &ref, &rtok);
+    static const int sizes[] = {1, 2, 7, 8, 31, 32};
+    int runs = 0, differ = 0;
+    for (int si = 0; si < 6 && lg && ref && !T_.failed; si++) {
+        int B = sizes[si], slots[3] = {0, B / 2, B - 1};
+        for (int sj = 0; sj < 3; sj++) {
+            if (sj && slots[sj] == slots[sj - 1]) continue;
+            int reqs[BD_MAXREQ], target = 5;
+            bd_batch(B, target, slots[sj], reqs);
+            bd_run(m, reqs, B, 1, 0, lg, tok);
+            runs++;
+            if (!bd_same(m, &target, 1, ref, rtok, lg, tok)) { differ++; printf("    B %d slot %d: request %d differs\n", B, slots[sj], target); }
+            CHECKF(bd_same(m, reqs, B, ref, rtok, lg, tok), "TP 2, B %d slot %d: some request's bits depend on the batch", B, slots[sj]);
+        }
+    }
+    printf("    TP 2 batched decode: %d batches, the target differed in %d\n", runs, differ);
+    free(ref); free(rtok); free(lg);
+    qsa_model_free(m);
+}
+
+/* The greedy token a prompt of request q leads to (the first token bd_run feeds). */
+static int32_t tp_first_token(qsa_model *m, int q) {
+    int V = m->cfg.vocab_size, n;
+    int32_t ids[128], t = -1;
+    float *row = (float *)malloc(sizeof(float) * (size_t)V);
+    qsa_seq *s = NULL;
+    n = bd_prompt(q, V, ids);
+    CHECK_OK(qsa_seq_create(m, NULL, &s));
+    if (s && row) {
+        CHECK_OK(qsa_seq_feed(s, ids, n, row, 0));
+        t = bd_argmax(row, V);
+    }
+    qsa_seq_free(s);
+    free(row);
+    return t;
+}
+
+/* How many of the ngen greedy tokens gen (generated after the n-token prompt) come from logits rows
+   before the sequence's first MoE routing near-tie, measured on the CPU (cpu_route_margins with the GPU
+   tolerance's g_route_eps): token k is the argmax of the row of position n - 1 + k.  From a near-tie on,
+   TP = 2 may route a token to the other expert (its partial sums are added in another grouping), and the
+   two runs then follow different states (docs/TP.md), as tp2_one_process allows. */
+static int tp_steps_before_tie(const char *fx, const int32_t *prompt, int n, const int32_t *gen, int ngen) {
+    char dir[600];
+    int32_t ids[256];
+    if (n + ngen > 256) return 0;
+    memcpy(ids, prompt, sizeof(int32_t) * (size_t)n);
+    memcpy(ids + n, gen, sizeof(int32_t) * (size_t)ngen);
+    snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures"), fx);
+    gpu_tolerances();
+    cpu_route_margins(dir, ids, n + ngen - 1);
+    int first = n + ngen - 1;
+    for (int i = 0; i < n + ngen - 1; i++)
+        if (g_route_margin[i] < g_route_eps) { first = i; break; }
+    cpu_tolerances();
+    int k = first - n + 1;
+    return k < 0 ? 0 : k > ngen ? ngen : k;
+}
+
+/* (b) On every fixture TP = 2 splits: 8 requests decoded in one batched step per token give, under
+   TP = 2, the bits of feeding each of them one token at a time under TP = 2; and they match TP = 1's
+   batched decode within the tolerance of t_gpu.c with the same greedy tokens, in the rows before the
+   request's first MoE routing near-tie (tp_steps_before_tie; tp2_one_process's rule). */
+TEST(nccl, tp2_batch_decode_equals_feed_and_tp1) {
+    TP_GPUS_OR_SKIP();
+    char names[8][256];
+    int nf = tp_fixtures(names, 8), compared = 0, excused = 0;
+    CHECK(nf >= 3);
+    for (int f = 0; f < nf && !T_.failed; f++) {
+        qsa_model *m1 = NULL, *m2 = NULL;
+        if (!tp_load_batched(names[f], 1, 1, 0, &m1) || !tp_load_batched(names[f], 2, 1, 0, &m2)) {
+            qsa_model_free(m1); qsa_model_free(m2);
+            return;
+        }
+        size_t V = (size_t)m1->cfg.vocab_size, all = (size_t)BD_MAXREQ * BD_STEPS * V;
+        float *one = (float *)calloc(all, sizeof(float)), *l2 = (float *)calloc(all, sizeof(float)), *l1 = (float *)calloc(all, sizeof(float));
+        int32_t tone[BD_MAXREQ * BD_STEPS] = {0}, t2[BD_MAXREQ * BD_STEPS] = {0}, t1[BD_MAXREQ * BD_STEPS] = {0};
+        int reqs[8] = {6, 1, 4, 0, 7, 2, 5, 3};
+        float worst = 0.0f;
+        if (one && l2 && l1) {
+            bd_run(m2, reqs, 8, 0, 0, one, tone);
+            bd_run(m2, reqs, 8, 1, 0, l2, t2);
+            bd_run(m1, reqs, 8, 1, 0, l1, t1);
+            CHECKF(bd_same(m2, reqs, 8, one, tone, l2, t2), "%s: TP 2 batched decode differs from TP 2 qsa_seq_feed", names[f]);
+            CHECKF(tp_finite(l2, all) && tp_finite(l1, all), "%s: logits not finite", names[f]);
+            for (int q = 0; q < 8; q++) {
+                int32_t prompt[128], gen[BD_STEPS + 1], c1 = tp_first_token(m1, q), c2 = tp_first_token(m2, q);
+                int n = bd_prompt(q, (int)V, prompt);
+                gen[0] = c1;
+                memcpy(gen + 1, t1 + q * BD_STEPS, sizeof(int32_t) * BD_STEPS);
+                int ok_steps = tp_steps_before_tie(names[f], prompt, n, gen, BD_STEPS + 1);
+                excused += BD_STEPS + 1 - ok_steps;
+                if (ok_steps > 0) CHECKF(c1 == c2, "%s request %d: the prompt's greedy token differs (TP 1 %d, TP 2 %d)", names[f], q, c1, c2);
+                gpu_tolerances();
+                for (int st = 0; st + 1 < ok_steps; st++) { /* decode row st gives token k = st + 1 */
+                    const float *a = l2 + ((size_t)q * BD_STEPS + st) * V, *b = l1 + ((size_t)q * BD_STEPS + st) * V;
+                    float tol, d = max_abs_diff(a, b, V, &tol);
+                    worst = d > worst ? d : worst;
+                    CHECKF(d <= tol, "%s request %d step %d: TP 2 vs TP 1 logits max |d| %g > %g", names[f], q, st, d, tol);
+                    CHECKF(t1[q * BD_STEPS + st] == t2[q * BD_STEPS + st], "%s request %d step %d: greedy tokens differ (TP 1 %d, TP 2 %d)",
+                           names[f], q, st, t1[q * BD_STEPS + st], t2[q * BD_STEPS + st]);
+                    compared++;
+                }
+                cpu_tolerances();
+            }
+        }
+        printf("    %s: TP 2 batched == TP 2 fed one at a time: %s; TP 2 vs TP 1 batched: logits max |d| %.3g before the first "
+               "routing near-tie, greedy tokens equal: %s\n", names[f], bd_same(m2, reqs, 8, one, tone, l2, t2) ? "yes" : "NO", worst,
+               memcmp(t1, t2, sizeof t1) ? "not everywhere (see above / after near-ties)" : "yes, everywhere");
+        free(one); free(l2); free(l1);
+        qsa_model_free(m1);
+        qsa_model_free(m2);
+    }
+    printf("    %d decode rows compared with TP 1, %d generated tokens past a routing near-tie not compared\n", compared, excused);
+    CHECKF(compared > 0, "no row before a routing near-tie to compare");
+}
+
+/* (c) Under TP = 2, CUDA-graph decode gives the bits of eager batched decode: each rank captures its
+   graph for B after B's first (eager) step and replays it while positions, pages, selections and slots
+   change (B = 7 comes back with other requests; 33 requests run in groups of max_batch 16). */
+TEST(nccl, tp2_batch_cuda_graphs_equal_eager) {
+    TP_GPUS_OR_SKIP();
+    qsa_model *m = NULL, *mg = NULL;
+    if (!tp_load_batched("qsa_hc4_ple_sharded", 2, 0, 16, &m) || !tp_load_batched("qsa_hc4_ple_sharded", 2, 1, 16, &mg)) {
+        qsa_model_free(m); qsa_model_free(mg);
+        return;
+    }
+    size_t V = (size_t)m->cfg.vocab_size;
+    float *ref = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float)), *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
+    int32_t rtok[BD_MAXREQ * BD_STEPS], tok[BD_MAXREQ * BD_STEPS];
+    static const int sizes[] = {1, 7, 16, 7, 33};
+    for (int si = 0; si < 5 && ref && lg && !T_.failed; si++) {
+        int B = sizes[si], reqs[BD_MAXREQ];
+        for (int k = 0; k < B; k++) reqs[k] = (k * 7 + si) % 37;
+        for (int k = 1; k < B; k++) /* distinct request ids */
+            for (int j = 0; j < k; j++) if (reqs[j] == reqs[k]) { reqs[k] = (reqs[k] + 1) % 37; j = -1; }
+        bd_run(m, reqs, B, 1, 0, ref, rtok);
+        bd_run(mg, reqs, B, 1, 0, lg, tok);
+        CHECKF(bd_same(m, reqs, B, ref, rtok, lg, tok), "TP 2, B %d: graph replay differs from eager batched decode", B);
+    }
+    const qsa__dbatch *b0 = mg->tp->ranks[0].view.cuda->batch, *b1 = mg->tp->ranks[1].view.cuda->batch;
+    int captured = 0;
+    for (int B = 1; b0 && b1 && B <= 16; B++) {
+        CHECKF(!b0->graphs[B].exec == !b1->graphs[B].exec, "B %d: one rank has a graph, the other not", B);
+        captured += b0->graphs[B].exec != NULL;
+    }
+    CHECKF(captured == 3, "graphs captured for %d batch sizes, expected 3 (B = 1, 7, 16; 33 runs as 16 + 16 + 1)", captured);
+    printf("    TP 2: graphs captured for %d batch sizes; replays equal eager: %s\n", captured, T_.failed ? "NO" : "yes");
+    free(ref); free(lg);
+    qsa_model_free(m);
+    qsa_model_free(mg);
+}
+
+/* (d), (e) Under TP = 2 with graphs on, batched steps of B = 5 and of B = 21 (groups of 16 and 5):
+   rank 1's logits equal rank 0's bit for bit, and the communication the runtime counted for each step
+   (the first of each group size eager, the next ones graph replays, counted from the calls the graph
+   recorded) is the formula of a batched step: qsa_tp_comm_per_token's collectives per group, each
+   carrying the group's rows, so B x the bytes of one token. */
+TEST(nccl, tp2_batch_ranks_agree_and_counters) {
+    TP_GPUS_OR_SKIP();
+    qsa_model *m = NULL;
+    if (!tp_load_batched("qsa_hc4_ple_sharded", 2, 1, 16, &m)) return;
+    const qsa_model_config *c = &m->cfg;
+    int V = c->vocab_size;
+    int64_t bytes;
+    int coll;
+    CHECK_OK(qsa_tp_comm_per_token(c, 2, &bytes, &coll));
+    qsa_seq *seqs[21] = {0};
+    int32_t cur[21], ids[128];
+    float *row = (float *)malloc(sizeof(float) * (size_t)V * 21);
+    for (int k = 0; k < 21 && row; k++) {
+        CHECK_OK(qsa_seq_create(m, NULL, &seqs[k]));
+        if (!seqs[k]) break;
+        int n = bd_prompt(k, V, ids);
+        CHECK_OK(qsa_seq_feed(seqs[k], ids, n, row, 0));
+        cur[k] = bd_argmax(row, V);
+    }
+    static const int sizes[] = {5, 5, 5, 21, 21, 21};
+    const qsa__tp_rank *r1 = &m->tp->ranks[1];
+    for (int st = 0; st < 6 && row && seqs[20] && !T_.failed; st++) {
+        int B = sizes[st], groups = (B + 15) / 16, last = B - 16 * (groups - 1);
+        qsa_tp_info info;
+        qsa_model_tp_reset_counters(m);
+        CHECK_OK(qsa_seq_feed_batch(seqs, cur, B, row));
+        qsa_model_tp_info(m, &info);
+        CHECKF(info.collectives == (long long)groups * coll && info.bytes_sent == (long long)B * bytes,
+               "step %d, B %d: %lld collectives, %lld bytes sent; formula %lld, %lld", st, B, info.collectives, info.bytes_sent,
+               (long long)groups * coll, (long long)B * bytes);
+        /* rank 1 keeps the logits of the step's last group */
+        CHECKF(r1->logits && !memcmp(r1->logits, row + (size_t)(B - last) * V, sizeof(float) * (size_t)last * V),
+               "step %d, B %d: rank 1's logits differ from rank 0's", st, B);
+        printf("    step %d, B %d (%s): %lld collectives, %lld bytes sent per rank (formula %lld, %lld); ranks bitwise equal: %s\n", st,
+               B, st == 0 ? "eager" : st == 3 ? "16 eager, 5 replayed" : "graph replays", info.collectives, info.bytes_sent, (long long)groups * coll,
+               (long long)B * bytes, r1->logits && !memcmp(r1->logits, row + (size_t)(B - last) * V, sizeof(float) * (size_t)last * V) ? "yes" : "NO");
+        for (int k = 0; k < B; k++) cur[k] = bd_argmax(row + (size_t)k * V, V);
+    }
+    for (int k = 0; k < 21; k++) qsa_seq_free(seqs[k]);
+    free(row);
+    qsa_model_free(m);
+}
+
+/* The scheduler under TP = 2 (batched decode steps replayed as graphs, prefill in chunks of 16 beside
+   them): 6 requests give the tokens of qsa_generate on the same TP = 2 model, one request at a time, bit
+   for bit; and the greedy ones give TP = 1's scheduler tokens, up to each request's first MoE routing
+   near-tie (tp_steps_before_tie). */
+TEST(nccl, tp2_scheduler_matches_alone_and_tp1) {
+    TP_GPUS_OR_SKIP();
+    enum { NR = 6, NT = 8 };
+    const char *fx = "qsa_hc4_ple_sharded";
+    qsa_model *m[2] = {NULL, NULL};
+    if (!tp_load_batched(fx, 1, 1, 0, &m[0]) || !tp_load_batched(fx, 2, 1, 0, &m[1])) {
+        qsa_model_free(m[0]); qsa_model_free(m[1]);
+        return;
+    }
+    int V = m[0]->cfg.vocab_size, n[NR], compared = 0;
+    int32_t prompt[NR][128], got[2][NR][NT];
+    for (int q = 0; q < NR; q++) n[q] = bd_prompt(q * 5 + 1, V, prompt[q]);
+    for (int t = 0; t < 2; t++) {
+        qsa_sched_params sp;
+        memset(&sp, 0, sizeof sp);
+        sp.prefill_chunk = 16;
+        qsa_sched *s = NULL;
+        int64_t id[NR];
+        CHECK_OK(qsa_sched_create(m[t], &sp, &s));
+        if (!s) break;
+        for (int q = 0; q < NR; q++) {
+            qsa_request_params rp;
+            memset(&rp, 0, sizeof rp);
+            rp.prompt = prompt[q];
+            rp.n_prompt = n[q];
+            rp.max_tokens = NT;
+            rp.ignore_eos = 1;
+            if (q == NR - 1) { rp.sampling.temperature = 0.8f; rp.sampling.seed = 7; } /* one seeded request */
+            CHECK_OK(qsa_sched_submit(s, &rp, &id[q]));
+        }
+        CHECK_OK(qsa_sched_run(s));
+        for (int q = 0; q < NR; q++) {
+            qsa_request_result r;
+            memset(got[t][q], 0xff, sizeof got[t][q]);
+            CHECK_OK(qsa_sched_poll(s, id[q], &r));
+            CHECKF(r.status == QSA_REQ_DONE && r.n_tokens == NT, "tp %d request %d: status %d, %d tokens", t + 1, q, (int)r.status, r.n_tokens);
+            if (r.n_tokens == NT) memcpy(got[t][q], r.tokens, sizeof got[t][q]);
+            if (t == 0) continue;
+            /* the oracle: the same request alone through qsa_generate on the TP = 2 model */
+            qsa_seq *sq = NULL;
+            qsa_generation g;
+            qsa_generate_params gp;
+            memset(&gp, 0, sizeof gp);
+            gp.max_tokens = NT;
+            gp.ignore_eos = 1;
+            if (q == NR - 1) { gp.sampling.temperature = 0.8f; gp.sampling.seed = 7; }
+            CHECK_OK(qsa_seq_create(m[1], NULL, &sq));
+            if (sq && qsa_generate(sq, prompt[q], n[q], &gp, &g) == QSA_OK) {
+                CHECKF(g.n_tokens == NT && !memcmp(g.tokens, got[1][q], sizeof got[1][q]),
+                       "TP 2 request %d: the scheduler's tokens differ from the request alone", q);
+                qsa_generation_free(&g);
+            } else CHECKF(0, "TP 2 request %d alone: %s", q, qsa_last_error());
+            qsa_seq_free(sq);
+        }
+        qsa_sched_free(s);
+    }
+    for (int q = 0; q < NR - 1; q++) { /* the greedy requests against TP = 1 */
+        int ok_steps = tp_steps_before_tie(fx, prompt[q], n[q], got[0][q], NT);
+        for (int k = 0; k < ok_steps; k++, compared++)
+            CHECKF(got[0][q][k] == got[1][q][k], "request %d token %d: TP 1 %d, TP 2 %d", q, k, got[0][q][k], got[1][q][k]);
+        printf("    request %d: %d of %d greedy tokens before a routing near-tie, equal to TP 1: %s; all %d equal: %s\n", q, ok_steps, NT,
+               memcmp(got[0][q], got[1][q], sizeof(int32_t) * (size_t)ok_steps) ? "NO" : "yes", NT,
+               memcmp(got[0][q], got[1][q], sizeof got[0][q]) ? "no" : "yes");
+    }
+    CHECKF(compared > 0, "no token before a routing near-tie to compare");
+    qsa_model_free(m[0]);
+    qsa_model_free(m[1]);
+}
