@@ -636,22 +636,26 @@ static __device__ void qsa_tile16_splitk(const qsa_f16 *const *arow, int avec, c
     }
 }
 
-/* Tiled core: the 64 x 64 tile (m0, n0) of Y = A W^T (+ bias), A dense [M][K].  Warp w owns rows
- * 16 (w % 4) .. +16 and columns 32 (w / 4) .. +32 (two accumulator fragments). */
-static __device__ void qsa_tile64(const qsa_f16 *A, int avec, const qsa_wsrc &ws, const float *bias, float *Y, int M,
-                                  int N, int K, int accumulate, int m0, int n0, unsigned char *smem) {
-    const int tid = threadIdx.x, warp = tid >> 5, wm = warp & 3, wn = warp >> 2;
+/* Tiled core: one 64 x 64 tile of A W^T into the fp32 staging os = (float *)smem [64][QSA_OST].
+ * Thread tid supplies row tid / 4 of both operands: `arow` its A row (K long, NULL: zeros) and
+ * weight row `wn` of `ws` (rows >= N read as zero), so the caller chooses which tokens and which
+ * weight rows (of one or two matrices) form the tile.  Warp w owns rows 16 (w % 4) .. +16 and
+ * columns 32 (w / 4) .. +32 (two accumulator fragments); K in sub-steps of 32, P reset every 8 of
+ * them: T += P_s per segment of 256, the canonical order, so a tile's bits equal the split-K core's.
+ * Returns after a __syncthreads with os filled; the caller syncs again before reusing smem. */
+static __device__ void qsa_tile64_core(const qsa_f16 *arow, int avec, const qsa_wsrc &ws, int wn, int N, int K,
+                                       unsigned char *smem) {
+    const int tid = threadIdx.x, warp = tid >> 5, wm = warp & 3, wc = warp >> 2;
     qsa_f16 *As = (qsa_f16 *)smem, *Ws = As + 64 * QSA_ST;
     float *os = (float *)smem; /* [64][QSA_OST] output staging, after the K loop */
     const int row = tid >> 2, kp = (tid & 3) * 8;
-    const qsa_f16 *arow = m0 + row < M ? A + (qsa_i64)(m0 + row) * K : 0;
     qsa_frag_c T0, T1, P0, P1;
     qsa_frag_zero(T0);
     qsa_frag_zero(T1);
     qsa_frag_zero(P0);
     qsa_frag_zero(P1);
     const int nsub = (K + 31) / 32;
-    uint4 ra = qsa_ld8_f16(arow, kp, K, avec), rw = qsa_ld8_w(ws, n0 + row, N, kp, K, K);
+    uint4 ra = qsa_ld8_f16(arow, kp, K, avec), rw = qsa_ld8_w(ws, wn, N, kp, K, K);
     for (int j = 0; j < nsub; j++) {
         const int k0 = j * 32;
         __syncthreads();
@@ -660,14 +664,14 @@ static __device__ void qsa_tile64(const qsa_f16 *A, int avec, const qsa_wsrc &ws
         __syncthreads();
         if (j + 1 < nsub) {
             ra = qsa_ld8_f16(arow, k0 + 32 + kp, K, avec);
-            rw = qsa_ld8_w(ws, n0 + row, N, k0 + 32 + kp, K, K);
+            rw = qsa_ld8_w(ws, wn, N, k0 + 32 + kp, K, K);
         }
         qsa_frag_ab fa, fb;
         for (int c = 0; c < 2 && k0 + 16 * c < K; c++) {
             qsa_wmma_load_a(fa, As + wm * 16 * QSA_ST + 16 * c, QSA_ST);
-            qsa_wmma_load_b(fb, Ws + (wn * 32) * QSA_ST + 16 * c, QSA_ST);
+            qsa_wmma_load_b(fb, Ws + (wc * 32) * QSA_ST + 16 * c, QSA_ST);
             qsa_wmma_mma(P0, fa, fb);
-            qsa_wmma_load_b(fb, Ws + (wn * 32 + 16) * QSA_ST + 16 * c, QSA_ST);
+            qsa_wmma_load_b(fb, Ws + (wc * 32 + 16) * QSA_ST + 16 * c, QSA_ST);
             qsa_wmma_mma(P1, fa, fb);
         }
         if ((j & 7) == 7 || j + 1 == nsub) { /* segment end: T += P_s (element-wise, same layout) */
@@ -681,9 +685,17 @@ static __device__ void qsa_tile64(const qsa_f16 *A, int avec, const qsa_wsrc &ws
         }
     }
     __syncthreads();
-    qsa_wmma_store(os + wm * 16 * QSA_OST + wn * 32, T0, QSA_OST);
-    qsa_wmma_store(os + wm * 16 * QSA_OST + wn * 32 + 16, T1, QSA_OST);
+    qsa_wmma_store(os + wm * 16 * QSA_OST + wc * 32, T0, QSA_OST);
+    qsa_wmma_store(os + wm * 16 * QSA_OST + wc * 32 + 16, T1, QSA_OST);
     __syncthreads();
+}
+
+/* The 64 x 64 tile (m0, n0) of Y = A W^T (+ bias), A dense [M][K]. */
+static __device__ void qsa_tile64(const qsa_f16 *A, int avec, const qsa_wsrc &ws, const float *bias, float *Y, int M,
+                                  int N, int K, int accumulate, int m0, int n0, unsigned char *smem) {
+    const int tid = threadIdx.x, row = tid >> 2;
+    const float *os = (const float *)smem;
+    qsa_tile64_core(m0 + row < M ? A + (qsa_i64)(m0 + row) * K : 0, avec, ws, n0 + row, N, K, smem);
     for (int e = tid; e < 64 * 64; e += QSA_GEMM_THREADS) {
         int r = e >> 6, c = e & 63, m = m0 + r, n = n0 + c;
         if (m < M && n < N) {
@@ -913,12 +925,13 @@ extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, i
 
 /* Groups the MK = M*K (token, slot) pairs by expert for the grouped expert GEMMs.
  *   pairs [MK]: pair indices p = t*K + k, grouped by ascending expert, ascending p within one;
- *   tiles [max_tiles][3]: (expert, first index into pairs, count <= 16), experts ascending;
- *   *ntiles: number of tiles.  max_tiles = ceil(MK/16) + min(E, MK) always suffices.
+ *   tiles [max_tiles][3]: (expert, first index into pairs, count <= tr), experts ascending;
+ *   *ntiles: number of tiles.  tr: pairs per tile, 16 (qsa_k_moe_gate_up / _down) or 64 (the
+ *   *64 kernels).  max_tiles = ceil(MK/tr) + min(E, MK) always suffices.
  * Deterministic (no atomics).  Ids outside [0, E) are skipped (their pairs are never computed).
  * Launch: grid (1), block 1024 (any multiple of 32). */
 extern "C" __global__ void qsa_k_moe_plan(const int *__restrict__ topk_ids, int MK, int E, int *__restrict__ pairs,
-                                          int *__restrict__ tiles, int *__restrict__ ntiles) {
+                                          int *__restrict__ tiles, int *__restrict__ ntiles, int tr) {
     __shared__ int ids[4096];
     __shared__ int scan[1024 + 1];
     __shared__ int tscan[1024 + 1];
@@ -939,7 +952,7 @@ extern "C" __global__ void qsa_k_moe_plan(const int *__restrict__ topk_ids, int 
         /* inclusive scans (Hillis-Steele, exact integers) of the counts and of the tile counts */
         __syncthreads();
         scan[tid] = e < E ? cnt : 0;
-        tscan[tid] = e < E ? (cnt + 15) / 16 : 0;
+        tscan[tid] = e < E ? (cnt + tr - 1) / tr : 0;
         __syncthreads();
         for (int d = 1; d < nt; d <<= 1) {
             int a = tid >= d ? scan[tid - d] : 0, b = tid >= d ? tscan[tid - d] : 0;
@@ -949,7 +962,7 @@ extern "C" __global__ void qsa_k_moe_plan(const int *__restrict__ topk_ids, int 
             __syncthreads();
         }
         const int off = carry[0] + scan[tid] - (e < E ? cnt : 0);
-        const int toff = carry[1] + tscan[tid] - (e < E ? (cnt + 15) / 16 : 0);
+        const int toff = carry[1] + tscan[tid] - (e < E ? (cnt + tr - 1) / tr : 0);
         __syncthreads();
         if (tid == nt - 1) {
             carry[0] += scan[tid];
@@ -967,11 +980,11 @@ extern "C" __global__ void qsa_k_moe_plan(const int *__restrict__ topk_ids, int 
                     if (ids[i] == e) pairs[off + placed++] = c0 + i;
         }
         if (e < E)
-            for (int j = 0; j * 16 < cnt; j++) {
+            for (int j = 0; j * tr < cnt; j++) {
                 int *tt = tiles + 3 * (qsa_i64)(toff + j);
                 tt[0] = e;
-                tt[1] = off + 16 * j;
-                tt[2] = min(16, cnt - 16 * j);
+                tt[1] = off + tr * j;
+                tt[2] = min(tr, cnt - tr * j);
             }
         __syncthreads();
     }
@@ -1049,6 +1062,72 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down(
     if (ws.w16) qsa_tile16_splitk<1, false>(arow, avec, &ws, n0, H, I, smem, T);
     else qsa_tile16_splitk<1, true>(arow, avec, &ws, n0, H, I, smem, T);
     if (r < cnt && n < H) y[(qsa_i64)prow[r] * H + n] = T[0];
+}
+
+/* The same two GEMMs with 64-pair tiles (qsa_k_moe_plan with tr = 64), for chunks where experts
+ * get many pairs (prefill): each expert's weights are read and dequantised once per 64 pairs
+ * instead of once per 16, through the tiled core.  Same canonical order, so the same bits as the
+ * 16-pair kernels for every pair (tested).  gate_up: block (tile, y) computes columns
+ * 32y .. 32y+31 of I for gate (tile columns 0..31) and up (32..63) at once.
+ * Launch: grid (max_tiles, ceil(I/32)) resp. (max_tiles, ceil(H/64)), block 256. */
+static __device__ __forceinline__ void qsa_moe_rows64(const int *pairs, const int *tt, int *prow) {
+    if (threadIdx.x < 64) prow[threadIdx.x] = (int)threadIdx.x < tt[2] ? pairs[tt[1] + threadIdx.x] : -1;
+    __syncthreads();
+}
+extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_gate_up64(
+    const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
+    const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
+    int K, int act) {
+    __shared__ __align__(128) unsigned char smem[QSA_GEMM_SMEM];
+    __shared__ int prow[64];
+    if (blockDim.x != QSA_GEMM_THREADS) __trap();
+    if ((int)blockIdx.x >= *ntiles) return;
+    const int *tt = tiles + 3 * (qsa_i64)blockIdx.x;
+    const int e = tt[0], cnt = tt[2], n0 = blockIdx.y * 32, row = threadIdx.x >> 2;
+    qsa_moe_rows64(pairs, tt, prow);
+    if (H <= 0 || (H & 15)) {
+        for (int i = threadIdx.x; i < 64 * 32; i += QSA_GEMM_THREADS)
+            if ((i >> 5) < cnt && n0 + (i & 31) < I) h16[(qsa_i64)prow[i >> 5] * I + n0 + (i & 31)] = qsa_f32_to_f16(QSA_QNAN);
+        return;
+    }
+    const qsa_expert_w &ex = experts[e];
+    const bool up = row >= 32; /* this thread's weight row: gate or up row n0 + row % 32 */
+    const qsa_f16 *w16 = up ? ex.up16 : ex.gate16;
+    const qsa_wsrc ws = w16 ? qsa_wsrc_f16(w16)
+                            : (up ? qsa_wsrc_nvfp4(ex.up_q, ex.up_s, ex.up_s2, H) : qsa_wsrc_nvfp4(ex.gate_q, ex.gate_s, ex.gate_s2, H));
+    const int avec = (((qsa_u64)x16) & 15u) == 0 && (H & 7) == 0;
+    qsa_tile64_core(prow[row] >= 0 ? x16 + (qsa_i64)(prow[row] / K) * H : 0, avec, ws, n0 + (row & 31), I, H, smem);
+    const float *os = (const float *)smem;
+    for (int i = threadIdx.x; i < 64 * 32; i += QSA_GEMM_THREADS) {
+        const int r = i >> 5, c = i & 31;
+        if (r < cnt && n0 + c < I)
+            h16[(qsa_i64)prow[r] * I + n0 + c] = qsa_f32_to_f16(qsa_act(act, os[r * QSA_OST + c]) * os[r * QSA_OST + 32 + c]);
+    }
+}
+extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down64(
+    const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
+    const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I) {
+    __shared__ __align__(128) unsigned char smem[QSA_GEMM_SMEM];
+    __shared__ int prow[64];
+    if (blockDim.x != QSA_GEMM_THREADS) __trap();
+    if ((int)blockIdx.x >= *ntiles) return;
+    const int *tt = tiles + 3 * (qsa_i64)blockIdx.x;
+    const int e = tt[0], cnt = tt[2], n0 = blockIdx.y * 64, row = threadIdx.x >> 2;
+    qsa_moe_rows64(pairs, tt, prow);
+    if (I <= 0 || (I & 15)) {
+        for (int i = threadIdx.x; i < 64 * 64; i += QSA_GEMM_THREADS)
+            if ((i >> 6) < cnt && n0 + (i & 63) < H) y[(qsa_i64)prow[i >> 6] * H + n0 + (i & 63)] = QSA_QNAN;
+        return;
+    }
+    const qsa_expert_w &ex = experts[e];
+    const qsa_wsrc ws = ex.down16 ? qsa_wsrc_f16(ex.down16) : qsa_wsrc_nvfp4(ex.down_q, ex.down_s, ex.down_s2, I);
+    const int avec = (((qsa_u64)h16) & 15u) == 0 && (I & 7) == 0;
+    qsa_tile64_core(prow[row] >= 0 ? h16 + (qsa_i64)prow[row] * I : 0, avec, ws, n0 + row, H, I, smem);
+    const float *os = (const float *)smem;
+    for (int i = threadIdx.x; i < 64 * 64; i += QSA_GEMM_THREADS) {
+        const int r = i >> 6, c = i & 63;
+        if (r < cnt && n0 + c < H) y[(qsa_i64)prow[r] * H + n0 + c] = os[r * QSA_OST + c];
+    }
 }
 
 /* out[t][j] = sum over slots k ascending (= ascending expert id) of topk_w[t][k] * y[t*K+k][j],

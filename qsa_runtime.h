@@ -8355,7 +8355,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inj_weights) X(inject) X(to_f16)                     \
-    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_combine)       \
+    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_combine)       \
     X(shared_combine) X(act_mul)                                                                         \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_gates) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
@@ -8793,8 +8793,14 @@ QSA_PRIV qsa_result qsa__cuda_scratch(qsa_model *m, qsa__cuda *g, int T) {
         QSA__TRY(qsa__dalloc(g, &s->tokpos, (size_t)T * (topk + 1) * c->indexer_compress_ratio * 4, cnt, "scratch"));
     QSA__TRY(qsa__dalloc(g, &s->nsel, (size_t)T * 4, cnt, "scratch"));
     QSA__TRY(qsa__dalloc(g, &s->scores, s->scores_bytes, cnt, "scratch"));
-    /* MoE pair scratch for sub-chunks of at most 256 tokens */
-    s->moe_tokens = T < 256 ? T : 256;
+    /* MoE pair scratch for sub-chunks of up to 256 MiB of expert outputs ([M*K][H] fp32), at least
+       256 tokens: a prefill chunk's experts see all its tokens at once (a token's bits do not
+       depend on its sub-chunk) */
+    {
+        size_t per_tok = (size_t)c->num_experts_per_tok * c->hidden_size * 4, cap = ((size_t)256 << 20) / (per_tok ? per_tok : 1);
+        if (cap < 256) cap = 256;
+        s->moe_tokens = (size_t)T < cap ? T : (int)cap;
+    }
     {
         size_t MK = (size_t)s->moe_tokens * c->num_experts_per_tok;
         size_t tiles = (MK + 15) / 16 + ((size_t)c->num_experts < MK ? (size_t)c->num_experts : MK);
@@ -9204,14 +9210,22 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
     QSA__LAUNCH(g, router_topk, M, 1, 256, 0, &rl, &tid, &tw, &E, &K, &norm);
     for (int t0 = 0; t0 < M; t0 += s->moe_tokens) {
         int mt = M - t0 < s->moe_tokens ? M - t0 : s->moe_tokens, MK = mt * K;
-        int max_tiles = (MK + 15) / 16 + (E < MK ? E : MK);
+        /* tiles of 64 pairs once experts average 16 pairs (prefill); 16 for decode-sized steps: same bits */
+        int tr = MK >= 16 * E ? 64 : 16, max_tiles = (MK + tr - 1) / tr + (E < MK ? E : MK);
         CUdeviceptr x16 = s->inp16 + (size_t)t0 * H * 2, ids = tid + (size_t)t0 * K * 4, w = tw + (size_t)t0 * K * 4;
         CUdeviceptr outp = s->out + (size_t)t0 * H * 4;
-        QSA__LAUNCH(g, moe_plan, 1, 1, 1024, 0, &ids, &MK, &E, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles);
-        QSA__LAUNCH(g, moe_gate_up, max_tiles, (I + 15) / 16, 256, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
-                    &s->moe_h16, &H, &I, &K, &act);
-        QSA__LAUNCH(g, moe_down, max_tiles, (H + 15) / 16, 256, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles,
-                    &ex, &s->moe_y, &H, &I);
+        QSA__LAUNCH(g, moe_plan, 1, 1, 1024, 0, &ids, &MK, &E, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &tr);
+        if (tr == 64) {
+            QSA__LAUNCH(g, moe_gate_up64, max_tiles, (I + 31) / 32, 256, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles,
+                        &ex, &s->moe_h16, &H, &I, &K, &act);
+            QSA__LAUNCH(g, moe_down64, max_tiles, (H + 63) / 64, 256, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles,
+                        &s->moe_ntiles, &ex, &s->moe_y, &H, &I);
+        } else {
+            QSA__LAUNCH(g, moe_gate_up, max_tiles, (I + 15) / 16, 256, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles,
+                        &ex, &s->moe_h16, &H, &I, &K, &act);
+            QSA__LAUNCH(g, moe_down, max_tiles, (H + 15) / 16, 256, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles,
+                        &s->moe_ntiles, &ex, &s->moe_y, &H, &I);
+        }
         QSA__LAUNCH(g, moe_combine, mt, qsa__ygrid(mt, H), 256, 0, &s->moe_y, &w, &outp, &H, &K);
     }
     QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->sh_gate, sa, 0));

@@ -949,10 +949,10 @@ typedef struct k1_moe_dev {
     int E, H, I;
 } k1_moe_dev;
 static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const int *ids, const float *tw, int M, int K,
-                             int act, uint16_t *h16, float *y, float *out, int *pairs, int *tiles, int *ntiles) {
+                             int act, int tr, uint16_t *h16, float *y, float *out, int *pairs, int *tiles, int *ntiles) {
     k1_mem mem = {{0}, 0, {0}, 0};
-    int MK = M * K, E = md->E, H = md->H, I = md->I;
-    int max_tiles = (MK + 15) / 16 + (E < MK ? E : MK);
+    int MK = M * K, E = md->E, H = md->H, I = md->I, t64 = tr == 64;
+    int max_tiles = (MK + tr - 1) / tr + (E < MK ? E : MK);
     CUdeviceptr dx, di, dw, dp, dt, dn, dh, dy, dout, dex = md->ex;
     qsa_result r = k1_dev(&mem, &dx, x16, sizeof(uint16_t) * (size_t)M * H);
     if (r == QSA_OK) r = k1_dev(&mem, &di, ids, sizeof(int) * (size_t)MK);
@@ -964,16 +964,18 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
     if (r == QSA_OK) r = k1_dev(&mem, &dy, NULL, sizeof(float) * (size_t)MK * H);
     if (r == QSA_OK) r = k1_dev(&mem, &dout, NULL, sizeof(float) * (size_t)M * H);
     if (r == QSA_OK) {
-        void *args[] = {&di, &MK, &E, &dp, &dt, &dn};
+        void *args[] = {&di, &MK, &E, &dp, &dt, &dn, &tr};
         r = k1_launch("qsa_k_moe_plan", 1, 1, 1024, args);
     }
     if (r == QSA_OK) {
         void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act};
-        r = k1_launch("qsa_k_moe_gate_up", (unsigned)max_tiles, (unsigned)(I + 15) / 16, 256, args);
+        r = k1_launch(t64 ? "qsa_k_moe_gate_up64" : "qsa_k_moe_gate_up", (unsigned)max_tiles,
+                      (unsigned)(t64 ? (I + 31) / 32 : (I + 15) / 16), 256, args);
     }
     if (r == QSA_OK) {
         void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I};
-        r = k1_launch("qsa_k_moe_down", (unsigned)max_tiles, (unsigned)(H + 15) / 16, 256, args);
+        r = k1_launch(t64 ? "qsa_k_moe_down64" : "qsa_k_moe_down", (unsigned)max_tiles,
+                      (unsigned)(t64 ? (H + 63) / 64 : (H + 15) / 16), 256, args);
     }
     if (r == QSA_OK) {
         void *args[] = {&dy, &dw, &dout, &H, &K};
@@ -1072,7 +1074,7 @@ static void k1_moe_case(int M, int E, int K, int H, int I, int act) {
         }
     }
     K1_TRY(k1_dev(&mem, &md.ex, ex, sizeof(k1_expert) * (size_t)E));
-    K1_TRY(k1_run_moe(&md, x16, ids, tw, M, K, act, h16, y, out, pairs, tiles, &ntiles));
+    K1_TRY(k1_run_moe(&md, x16, ids, tw, M, K, act, 16, h16, y, out, pairs, tiles, &ntiles));
     /* the plan: tiles in ascending expert order, consecutive, <= 16 pairs each, every pair once */
     {
         int ok = ntiles > 0 && ntiles <= max_tiles, next = 0, laste = -1;
@@ -1143,11 +1145,31 @@ static void k1_moe_case(int M, int E, int K, int H, int I, int act) {
         }
     CHECK(!k1_same("moe_combine vs the CPU expression", out, cpu, (size_t)M * H, 4));
     /* batch invariance: token pos alone */
-    K1_TRY(k1_run_moe(&md, x16 + (size_t)pos * H, ids + pos * K, tw + pos * K, 1, K, act, h16b, yb, outb, NULL, NULL,
+    K1_TRY(k1_run_moe(&md, x16 + (size_t)pos * H, ids + pos * K, tw + pos * K, 1, K, act, 16, h16b, yb, outb, NULL, NULL,
                       &nt1));
     CHECK(!k1_same("moe batch invariance (h16)", h16b, h16 + (size_t)pos * K * I, (size_t)K * I, 2));
     CHECK(!k1_same("moe batch invariance (y)", yb, y + (size_t)pos * K * H, (size_t)K * H, 4));
     CHECK(!k1_same("moe batch invariance (out)", outb, out + (size_t)pos * H, H, 4));
+    /* 64-pair tiles (the prefill kernels): a valid plan and the same bits for every pair */
+    {
+        uint16_t *h64;
+        float *y64, *out64;
+        int *tiles64, nt64 = -1, max64 = (MK + 63) / 64 + (E < MK ? E : MK);
+        K1_ALLOC(h64, uint16_t, (size_t)MK * I);
+        K1_ALLOC(y64, float, (size_t)MK * H);
+        K1_ALLOC(out64, float, M * H);
+        K1_ALLOC(tiles64, int, 3 * max64);
+        K1_TRY(k1_run_moe(&md, x16, ids, tw, M, K, act, 64, h64, y64, out64, pairs, tiles64, &nt64));
+        int ok = nt64 > 0 && nt64 <= max64, covered = 0;
+        for (int i = 0; ok && i < nt64; i++) {
+            ok = tiles64[3 * i + 1] == covered && tiles64[3 * i + 2] >= 1 && tiles64[3 * i + 2] <= 64;
+            covered += tiles64[3 * i + 2];
+        }
+        CHECKF(ok && covered == MK, "moe_plan tr=64: bad plan (%d tiles, %d of %d pairs)", nt64, covered, MK);
+        CHECK(!k1_same("moe 64-pair tiles == 16-pair tiles (h16)", h64, h16, (size_t)MK * I, 2));
+        CHECK(!k1_same("moe 64-pair tiles == 16-pair tiles (y)", y64, y, (size_t)MK * H, 4));
+        CHECK(!k1_same("moe 64-pair tiles == 16-pair tiles (out)", out64, out, (size_t)M * H, 4));
+    }
 done:
     k1_free(&mem);
 }
@@ -1155,6 +1177,7 @@ done:
 TEST(gpu, k1_moe) {
     K1_NEED_GPU();
     k1_moe_case(37, 5, 3, 320, 272, 0); /* ~22 pairs per expert: 2 tiles each; 2 segments on both GEMMs */
+    k1_moe_case(150, 4, 2, 528, 80, 1); /* ~75 pairs per expert: 2 tiles of 64; 3 segments; columns past 64 */
     k1_moe_case(5, 3, 2, 64, 48, 1);    /* sigmoid act; small shapes */
     k1_moe_case(1, 512, 10, 64, 32, 0); /* decode-like routing: 10 single-pair tiles among 512 experts */
 }
