@@ -497,140 +497,134 @@ static __device__ __forceinline__ uint4 qsa_ld8_w(const qsa_wsrc &w, int n, int 
     return qsa_dq8_lut(b, qsa_fp4_lut(scale));
 }
 
+/* One warp: P[b] = the 16 x 16 tile (rows arow[0..15], weight rows n0..n0+15 of ws[b]) over
+ * segment `seg` of K, in the canonical order (sub-steps of 32 from the segment's start, 2 mma of
+ * k = 16 each, into a zeroed fragment).  sa / sw: the warp's staging, A [16][QSA_ST] then NB x W
+ * [16][QSA_ST] halves. */
+template <int NB, bool NV>
+static __device__ __forceinline__ void qsa_seg16(const qsa_f16 *const *arow, int avec, const qsa_wsrc *ws, int n0,
+                                                 int N, int K, int seg, qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c *P) {
+    const int lane = threadIdx.x & 31;
+    /* this lane's two 8-element pieces of a 16 x 32 sub-step: piece c = lane + 32 i, row c / 4 */
+    const int r0 = lane >> 2, r1 = r0 + 8, kp = (lane & 3) * 8;
+    /* NVFP4: this lane's weight row and half of each sub-step */
+    const int nr = lane >> 1, nh = lane & 1;
+#pragma unroll
+    for (int b = 0; b < NB; b++) qsa_frag_zero(P[b]);
+    const int kbeg = seg * QSA_SEG, kend = min(K, kbeg + QSA_SEG);
+    const qsa_f16 *a0 = arow[r0], *a1 = arow[r1];
+    /* dense single matrix: the whole segment's weights are loaded when it starts (8 KB per
+       warp in flight, what a bandwidth-bound GEMV needs); otherwise one sub-step ahead */
+    enum { PF = (!NV && NB == 1) ? QSA_SEG / 32 : 1 };
+    /* A: a lane whose row r1 is padding (every lane when M <= 8: decode) keeps its r0 pieces
+       of 4 sub-steps in flight (ra[j % 4]); otherwise both rows one sub-step ahead (ra[0..1]) */
+    const bool deep = a1 == 0;
+    uint4 ra[4], rw0[PF][NB], rw1[PF][NB];
+    uint2 q8[NV ? NB : 1][QSA_SEG / 32];
+    qsa_u32 sc[NV ? NB : 1][2];
+    ra[0] = qsa_ld8_f16(a0, kbeg + kp, kend, avec);
+    ra[1] = qsa_ld8_f16(deep ? a0 : a1, kbeg + (deep ? 32 : 0) + kp, kend, avec);
+    ra[2] = qsa_ld8_f16(deep ? a0 : 0, kbeg + 64 + kp, kend, avec);
+    ra[3] = qsa_ld8_f16(deep ? a0 : 0, kbeg + 96 + kp, kend, avec);
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+        if (NV) {
+            qsa_ld_nvfp4_seg(ws[b], n0 + nr, N, kbeg, kend, K, nh, q8[NV ? b : 0], sc[NV ? b : 0]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < PF; j++) {
+                rw0[j][b] = qsa_ld8_w(ws[b], n0 + r0, N, kbeg + 32 * j + kp, kend, K);
+                rw1[j][b] = qsa_ld8_w(ws[b], n0 + r1, N, kbeg + 32 * j + kp, kend, K);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < QSA_SEG / 32; j++) {
+        const int k0 = kbeg + 32 * j;
+        if (k0 >= kend) break;
+        __syncwarp();
+        *(uint4 *)(sa + r0 * QSA_ST + kp) = deep ? ra[j & 3] : ra[0];
+        *(uint4 *)(sa + r1 * QSA_ST + kp) = deep ? qsa_u4_zero() : ra[1];
+        if (NV) { /* every lane dequantises its 16 weights of this sub-step */
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                const uint2 qq = q8[NV ? b : 0][j];
+                const float scl = qsa_e4m3_to_f32((sc[NV ? b : 0][j >> 2] >> (8 * (j & 3))) & 0xffu) * ws[b].s2;
+                const qsa_fp4lut lut = qsa_fp4_lut(scl);
+                uint4 *dst = (uint4 *)(sw + b * 16 * QSA_ST + nr * QSA_ST + nh * 16);
+                dst[0] = qsa_dq8_lut(qq.x, lut);
+                dst[1] = qsa_dq8_lut(qq.y, lut);
+            }
+        } else {
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                *(uint4 *)(sw + b * 16 * QSA_ST + r0 * QSA_ST + kp) = rw0[PF > 1 ? j : 0][b];
+                *(uint4 *)(sw + b * 16 * QSA_ST + r1 * QSA_ST + kp) = rw1[PF > 1 ? j : 0][b];
+            }
+        }
+        __syncwarp();
+        const int kn = k0 + 32;
+        if (deep) ra[j & 3] = qsa_ld8_f16(a0, k0 + 128 + kp, kend, avec);
+        if (kn < kend) { /* prefetch the next sub-step while the tensor cores work */
+            if (!deep) {
+                ra[0] = qsa_ld8_f16(a0, kn + kp, kend, avec);
+                ra[1] = qsa_ld8_f16(a1, kn + kp, kend, avec);
+            }
+            if (!NV && PF == 1) {
+#pragma unroll
+                for (int b = 0; b < NB; b++) {
+                    rw0[0][b] = qsa_ld8_w(ws[b], n0 + r0, N, kn + kp, kend, K);
+                    rw1[0][b] = qsa_ld8_w(ws[b], n0 + r1, N, kn + kp, kend, K);
+                }
+            }
+        }
+        qsa_frag_ab fa, fb;
+        qsa_wmma_load_a(fa, sa, QSA_ST);
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            qsa_wmma_load_b(fb, sw + b * 16 * QSA_ST, QSA_ST);
+            qsa_wmma_mma(P[b], fa, fb);
+        }
+        if (k0 + 16 < kend) {
+            qsa_wmma_load_a(fa, sa + 16, QSA_ST);
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                qsa_wmma_load_b(fb, sw + b * 16 * QSA_ST + 16, QSA_ST);
+                qsa_wmma_mma(P[b], fa, fb);
+            }
+        }
+    }
+}
+
 /* Split-K core: one 16 x 16 output tile (NB weight matrices sharing the A rows, e.g. gate and up),
  * the whole block (8 warps).  arow[16] (shared) are the A rows (NULL: padding), each K long, 16-byte
  * aligned when avec.  Weight rows n0 .. n0+15 of each ws[b] (rows >= N are zero).  On return
  * thread tid holds T[b] of element (tid / 16, tid % 16) in the canonical order.  `smem` is
- * QSA_GEMM_SMEM bytes, 32-byte aligned.  Contains __syncthreads: every thread must call it.
- * Partial form (part != NULL, the cross-block GEMV): only segments [s0, s1) are computed, 8 at a
- * time (s1 - s0 <= 8 keeps it one round), and instead of being added into T, the P_s tile of
- * segment s goes to part[(s * NB + b) * prow * 16 + e] for the first prow rows (e = tid < prow*16);
- * T is left untouched. */
+ * QSA_GEMM_SMEM bytes, 32-byte aligned.  Contains __syncthreads: every thread must call it. */
 template <int NB, bool NV>
 static __device__ void qsa_tile16_splitk(const qsa_f16 *const *arow, int avec, const qsa_wsrc *ws, int n0, int N,
-                                         int K, unsigned char *smem, float *T, int s0 = 0, int s1 = 0x7fffffff,
-                                         float *part = 0, int prow = 16) {
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+                                         int K, unsigned char *smem, float *T) {
+    const int tid = threadIdx.x, warp = tid >> 5;
     /* per warp: A [16][QSA_ST] then NB x W [16][QSA_ST] halves */
     qsa_f16 *sa = (qsa_f16 *)(smem + warp * (1 + NB) * 16 * QSA_ST * 2);
     qsa_f16 *sw = sa + 16 * QSA_ST;
     float *slots = (float *)smem; /* [8][NB][256] partial tiles, aliasing the staging between rounds */
     const int nseg = (K + QSA_SEG - 1) / QSA_SEG;
-    /* this lane's two 8-element pieces of a 16 x 32 sub-step: piece c = lane + 32 i, row c / 4 */
-    const int r0 = lane >> 2, r1 = r0 + 8, kp = (lane & 3) * 8;
-    /* NVFP4: this lane's weight row and half of each sub-step */
-    const int nr = lane >> 1, nh = lane & 1;
-    if (!part) {
 #pragma unroll
-        for (int b = 0; b < NB; b++) T[b] = 0.0f;
-    }
-    const int send = s1 < nseg ? s1 : nseg;
-    for (int round = s0; round < send; round += 8) {
+    for (int b = 0; b < NB; b++) T[b] = 0.0f;
+    for (int round = 0; round < nseg; round += 8) {
         const int seg = round + warp;
         qsa_frag_c P[NB];
 #pragma unroll
         for (int b = 0; b < NB; b++) qsa_frag_zero(P[b]);
-        if (seg < send) {
-            const int kbeg = seg * QSA_SEG, kend = min(K, kbeg + QSA_SEG);
-            const qsa_f16 *a0 = arow[r0], *a1 = arow[r1];
-            /* dense single matrix: the whole segment's weights are loaded when it starts (8 KB per
-               warp in flight, what a bandwidth-bound GEMV needs); otherwise one sub-step ahead */
-            enum { PF = (!NV && NB == 1) ? QSA_SEG / 32 : 1 };
-            /* A: a lane whose row r1 is padding (every lane when M <= 8: decode) keeps its r0 pieces
-               of 4 sub-steps in flight (ra[j % 4]); otherwise both rows one sub-step ahead (ra[0..1]) */
-            const bool deep = a1 == 0;
-            uint4 ra[4], rw0[PF][NB], rw1[PF][NB];
-            uint2 q8[NV ? NB : 1][QSA_SEG / 32];
-            qsa_u32 sc[NV ? NB : 1][2];
-            ra[0] = qsa_ld8_f16(a0, kbeg + kp, kend, avec);
-            ra[1] = qsa_ld8_f16(deep ? a0 : a1, kbeg + (deep ? 32 : 0) + kp, kend, avec);
-            ra[2] = qsa_ld8_f16(deep ? a0 : 0, kbeg + 64 + kp, kend, avec);
-            ra[3] = qsa_ld8_f16(deep ? a0 : 0, kbeg + 96 + kp, kend, avec);
-#pragma unroll
-            for (int b = 0; b < NB; b++) {
-                if (NV) {
-                    qsa_ld_nvfp4_seg(ws[b], n0 + nr, N, kbeg, kend, K, nh, q8[NV ? b : 0], sc[NV ? b : 0]);
-                } else {
-#pragma unroll
-                    for (int j = 0; j < PF; j++) {
-                        rw0[j][b] = qsa_ld8_w(ws[b], n0 + r0, N, kbeg + 32 * j + kp, kend, K);
-                        rw1[j][b] = qsa_ld8_w(ws[b], n0 + r1, N, kbeg + 32 * j + kp, kend, K);
-                    }
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < QSA_SEG / 32; j++) {
-                const int k0 = kbeg + 32 * j;
-                if (k0 >= kend) break;
-                __syncwarp();
-                *(uint4 *)(sa + r0 * QSA_ST + kp) = deep ? ra[j & 3] : ra[0];
-                *(uint4 *)(sa + r1 * QSA_ST + kp) = deep ? qsa_u4_zero() : ra[1];
-                if (NV) { /* every lane dequantises its 16 weights of this sub-step */
-#pragma unroll
-                    for (int b = 0; b < NB; b++) {
-                        const uint2 qq = q8[NV ? b : 0][j];
-                        const float scl = qsa_e4m3_to_f32((sc[NV ? b : 0][j >> 2] >> (8 * (j & 3))) & 0xffu) * ws[b].s2;
-                        const qsa_fp4lut lut = qsa_fp4_lut(scl);
-                        uint4 *dst = (uint4 *)(sw + b * 16 * QSA_ST + nr * QSA_ST + nh * 16);
-                        dst[0] = qsa_dq8_lut(qq.x, lut);
-                        dst[1] = qsa_dq8_lut(qq.y, lut);
-                    }
-                } else {
-#pragma unroll
-                    for (int b = 0; b < NB; b++) {
-                        *(uint4 *)(sw + b * 16 * QSA_ST + r0 * QSA_ST + kp) = rw0[PF > 1 ? j : 0][b];
-                        *(uint4 *)(sw + b * 16 * QSA_ST + r1 * QSA_ST + kp) = rw1[PF > 1 ? j : 0][b];
-                    }
-                }
-                __syncwarp();
-                const int kn = k0 + 32;
-                if (deep) ra[j & 3] = qsa_ld8_f16(a0, k0 + 128 + kp, kend, avec);
-                if (kn < kend) { /* prefetch the next sub-step while the tensor cores work */
-                    if (!deep) {
-                        ra[0] = qsa_ld8_f16(a0, kn + kp, kend, avec);
-                        ra[1] = qsa_ld8_f16(a1, kn + kp, kend, avec);
-                    }
-                    if (!NV && PF == 1) {
-#pragma unroll
-                        for (int b = 0; b < NB; b++) {
-                            rw0[0][b] = qsa_ld8_w(ws[b], n0 + r0, N, kn + kp, kend, K);
-                            rw1[0][b] = qsa_ld8_w(ws[b], n0 + r1, N, kn + kp, kend, K);
-                        }
-                    }
-                }
-                qsa_frag_ab fa, fb;
-                qsa_wmma_load_a(fa, sa, QSA_ST);
-#pragma unroll
-                for (int b = 0; b < NB; b++) {
-                    qsa_wmma_load_b(fb, sw + b * 16 * QSA_ST, QSA_ST);
-                    qsa_wmma_mma(P[b], fa, fb);
-                }
-                if (k0 + 16 < kend) {
-                    qsa_wmma_load_a(fa, sa + 16, QSA_ST);
-#pragma unroll
-                    for (int b = 0; b < NB; b++) {
-                        qsa_wmma_load_b(fb, sw + b * 16 * QSA_ST + 16, QSA_ST);
-                        qsa_wmma_mma(P[b], fa, fb);
-                    }
-                }
-            }
-        }
+        if (seg < nseg) qsa_seg16<NB, NV>(arow, avec, ws, n0, N, K, seg, sa, sw, P);
         __syncthreads(); /* every warp is done with its staging: reuse it for the partial tiles */
 #pragma unroll
         for (int b = 0; b < NB; b++) qsa_wmma_store(slots + (warp * NB + b) * 256, P[b], 16);
         __syncthreads();
-        if (part) {
-            if (tid < prow * 16)
-                for (int w = 0; w < 8 && round + w < send; w++) {
+        for (int w = 0; w < 8 && round + w < nseg; w++) {
 #pragma unroll
-                    for (int b = 0; b < NB; b++)
-                        part[((qsa_i64)(round + w) * NB + b) * prow * 16 + tid] = slots[(w * NB + b) * 256 + tid];
-                }
-        } else {
-            for (int w = 0; w < 8 && round + w < send; w++) {
-#pragma unroll
-                for (int b = 0; b < NB; b++) T[b] = T[b] + slots[(w * NB + b) * 256 + tid];
-            }
+            for (int b = 0; b < NB; b++) T[b] = T[b] + slots[(w * NB + b) * 256 + tid];
         }
         __syncthreads(); /* before the next round overwrites the slots */
     }
@@ -775,72 +769,79 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16
     qsa_gemm(A, ws, 0, Y, M, N, K, accumulate);
 }
 
-/* The split-K tiling spread over more blocks, for small M (decode) when a GEMM has few 16 x 16 tiles
- * or a K that leaves warps idle: block (x, y) computes tile x's segments [y*spb, (y+1)*spb)
- * (spb <= 8, one per warp) and stores their P_s tiles (only the rows < M) in part; the last block
- * of the tile to finish (an integer ticket in count[x], taken after a __threadfence) adds all of
- * them in ascending s, T = ((0 + P_0) + P_1) + ..., exactly the canonical order, writes Y and
- * resets count[x] to 0 for the next launch (or graph replay).  Same bits as qsa_k_gemm_* for every
+/* The split-K tiling spread over warps, for small M (decode): the (tile, segment) tasks of
+ * Y = A W^T, task i = tile * nseg + s, go to warps, QSA_GEMV_WARPS per block (warp w of block x
+ * takes task x * QSA_GEMV_WARPS + w), so every warp streams one segment of 16 weight rows whatever
+ * the shape.  A warp stores its P_s tile (only the rows < M) in part; the warp that completes a
+ * tile (an integer ticket in count[tile], taken after a __threadfence) adds all of them in
+ * ascending s, T = ((0 + P_0) + P_1) + ..., exactly the canonical order, writes Y and resets
+ * count[tile] to 0 for the next launch (or graph replay).  Same bits as qsa_k_gemm_* for every
  * M, N, K.  part: [tiles][nseg][prow][16] fp32 with prow = min(M, 16); count: [tiles] unsigned,
- * zero before the first launch.  Launch: grid (ceil(M/16) * ceil(N/16), ceil(nseg / spb)),
- * block 256, M <= QSA_SPLITK_MAX_M. */
-static __device__ void qsa_gemv_xblock(const qsa_f16 *A, const qsa_wsrc &ws, const float *bias, float *Y, int M, int N,
-                                       int K, int accumulate, float *part, unsigned *count, int spb) {
-    __shared__ __align__(128) unsigned char smem[QSA_GEMM_SMEM];
-    __shared__ const qsa_f16 *arow[16];
-    __shared__ int last;
-    if (blockDim.x != QSA_GEMM_THREADS || M > QSA_SPLITK_MAX_M) __trap();
-    const int mt = (M + 15) / 16, tile = blockIdx.x, m0 = (tile % mt) * 16, n0 = (tile / mt) * 16;
-    const int nseg = (K + QSA_SEG - 1) / QSA_SEG, prow = M < 16 ? M : 16, tid = threadIdx.x;
-    if (K <= 0 || (!ws.w16 && (K & 15)) || spb < 1 || spb > 8) { /* as qsa_gemm: poison, never guess */
-        if (blockIdx.y == 0 && m0 + (tid >> 4) < M && n0 + (tid & 15) < N) Y[(qsa_i64)(m0 + (tid >> 4)) * N + n0 + (tid & 15)] = QSA_QNAN;
+ * zero before the first launch.  Launch: grid ceil(tiles * nseg / QSA_GEMV_WARPS) with tiles =
+ * ceil(M/16) * ceil(N/16), block 32 * QSA_GEMV_WARPS, M <= QSA_SPLITK_MAX_M. */
+#define QSA_GEMV_WARPS 4
+template <bool NV>
+static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, const float *bias, float *Y, int M, int N,
+                                      int K, int accumulate, float *part, unsigned *count) {
+    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][2 * 16 * QSA_ST]; /* per warp: A, then W */
+    __shared__ __align__(32) float slot[QSA_GEMV_WARPS][256];
+    __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
+    if (blockDim.x != 32 * QSA_GEMV_WARPS || M > QSA_SPLITK_MAX_M) __trap();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mt = (M + 15) / 16, prow = M < 16 ? M : 16;
+    const int bad = K <= 0 || (NV && (K & 15)), nseg = bad ? 1 : (K + QSA_SEG - 1) / QSA_SEG;
+    const qsa_i64 task = (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + warp, tiles = (qsa_i64)mt * ((N + 15) / 16);
+    if (task >= tiles * nseg) return; /* warp-level from here on: no block barriers */
+    const int tile = (int)(task / nseg), seg = (int)(task % nseg), m0 = (tile % mt) * 16, n0 = (tile / mt) * 16;
+    if (bad) { /* as qsa_gemm: poison, never guess */
+        for (int e = lane; e < 256; e += 32)
+            if (m0 + (e >> 4) < M && n0 + (e & 15) < N) Y[(qsa_i64)(m0 + (e >> 4)) * N + n0 + (e & 15)] = QSA_QNAN;
         return;
     }
     const int avec = (((qsa_u64)A) & 15u) == 0 && !(K & 7);
-    if (tid < 16) arow[tid] = m0 + tid < M ? A + (qsa_i64)(m0 + tid) * K : 0;
-    __syncthreads();
+    if (lane < 16) arow[warp][lane] = m0 + lane < M ? A + (qsa_i64)(m0 + lane) * K : 0;
+    __syncwarp();
+    qsa_frag_c P;
+    qsa_seg16<1, NV>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * QSA_ST, &P);
+    qsa_wmma_store(slot[warp], P, 16);
+    __syncwarp();
     float *pt = part + (qsa_i64)tile * nseg * prow * 16;
-    const int s0 = blockIdx.y * spb;
-    float T[1];
-    if (ws.w16) qsa_tile16_splitk<1, false>(arow, avec, &ws, n0, N, K, smem, T, s0, s0 + spb, pt, prow);
-    else qsa_tile16_splitk<1, true>(arow, avec, &ws, n0, N, K, smem, T, s0, s0 + spb, pt, prow);
-    __threadfence(); /* this block's partials are visible device-wide before its ticket */
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(&count[tile], 1u) == gridDim.y - 1;
-    __syncthreads();
-    if (!last) return;
+    for (int e = lane; e < prow * 16; e += 32) pt[(qsa_i64)seg * prow * 16 + e] = slot[warp][e];
+    __threadfence(); /* this warp's partial is visible device-wide before its ticket */
+    __syncwarp();
+    unsigned last = 0;
+    if (lane == 0) last = atomicAdd(&count[tile], 1u) == (unsigned)nseg - 1u;
+    if (!__shfl_sync(0xffffffffu, last, 0)) return;
     __threadfence();
-    const int m = m0 + (tid >> 4), n = n0 + (tid & 15);
-    if (tid < prow * 16 && m < M) {
+    for (int e = lane; e < prow * 16; e += 32) {
+        const int m = m0 + (e >> 4), n = n0 + (e & 15);
+        if (m >= M || n >= N) continue;
         float t = 0.0f;
-        for (int sg = 0; sg < nseg; sg++) t = t + __ldcg(pt + (qsa_i64)sg * prow * 16 + tid);
-        if (n < N) {
-            float y = t;
-            if (bias) y = y + bias[n];
-            float *py = Y + (qsa_i64)m * N + n;
-            *py = accumulate ? *py + y : y;
-        }
+        for (int sg = 0; sg < nseg; sg++) t = t + __ldcg(pt + (qsa_i64)sg * prow * 16 + e);
+        if (bias) t = t + bias[n];
+        float *py = Y + (qsa_i64)m * N + n;
+        *py = accumulate ? *py + t : t;
     }
-    if (tid == 0) count[tile] = 0u;
+    if (lane == 0) count[tile] = 0u;
 }
 
-extern "C" __global__ void __launch_bounds__(256) qsa_k_gemv_f16(const qsa_f16 *__restrict__ A,
-                                                                 const qsa_f16 *__restrict__ W,
-                                                                 const float *__restrict__ bias, float *Y, int M,
-                                                                 int N, int K, int accumulate, float *part,
-                                                                 unsigned *count, int spb) {
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16(const qsa_f16 *__restrict__ A,
+                                                                             const qsa_f16 *__restrict__ W,
+                                                                             const float *__restrict__ bias, float *Y,
+                                                                             int M, int N, int K, int accumulate,
+                                                                             float *part, unsigned *count) {
     qsa_wsrc ws = qsa_wsrc_f16(W);
-    qsa_gemv_xblock(A, ws, bias, Y, M, N, K, accumulate, part, count, spb);
+    qsa_gemv_xwarp<false>(A, ws, bias, Y, M, N, K, accumulate, part, count);
 }
 
 /* The same with NVFP4 weights (see qsa_k_gemm_nvfp4).  Launch: as qsa_k_gemv_f16. */
-extern "C" __global__ void __launch_bounds__(256) qsa_k_gemv_nvfp4(const qsa_f16 *__restrict__ A,
-                                                                   const qsa_u8 *__restrict__ q,
-                                                                   const qsa_u8 *__restrict__ s, float s2, float *Y,
-                                                                   int M, int N, int K, int accumulate, float *part,
-                                                                   unsigned *count, int spb) {
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_nvfp4(const qsa_f16 *__restrict__ A,
+                                                                               const qsa_u8 *__restrict__ q,
+                                                                               const qsa_u8 *__restrict__ s, float s2,
+                                                                               float *Y, int M, int N, int K,
+                                                                               int accumulate, float *part,
+                                                                               unsigned *count) {
     qsa_wsrc ws = qsa_wsrc_nvfp4(q, s, s2, K);
-    qsa_gemv_xblock(A, ws, 0, Y, M, N, K, accumulate, part, count, spb);
+    qsa_gemv_xwarp<true>(A, ws, 0, Y, M, N, K, accumulate, part, count);
 }
 
 /* ============================================================================================== */

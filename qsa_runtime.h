@@ -8418,6 +8418,7 @@ typedef struct qsa__dlayer {
 /* Scratch for one chunk of up to max_tokens tokens. */
 #define QSA__GEMV_PART_BYTES ((size_t)32 << 20) /* cross-block GEMV partial tiles (qsa__dgemm) */
 #define QSA__GEMV_TILES 65536                     /* and its tickets: at most this many tiles */
+#define QSA__GEMV_WARPS 4                         /* warps per block of qsa_k_gemv_* (kernels.cu: QSA_GEMV_WARPS) */
 
 typedef struct qsa__dscratch {
     int max_tokens;
@@ -8975,38 +8976,31 @@ QSA_PRIV unsigned qsa__ygrid(int M, int H) {
     return (unsigned)(y < 1 ? 1 : y);
 }
 
-/* How qsa__dgemm spreads a small-M GEMM over blocks: 0 = one block per 16 x 16 tile (qsa_k_gemm_*),
-   else the segments per block of the cross-block form (qsa_k_gemv_*).  Both give the same bits; the
-   cross-block form is used when the tiles alone would leave the GPU idle (few tiles) or a block's
-   8 warps idle (K of more than 8 segments, e.g. 10 for K = 2560), aiming at >= 4 blocks per SM,
-   within the partial-tile scratch. */
-QSA_PRIV int qsa__gemv_spb(const qsa__cuda *g, int M, int N, int K) {
+/* Whether qsa__dgemm takes the cross-warp form (qsa_k_gemv_*: every (16 x 16 tile, K segment) task
+   on its own warp, the partial tiles summed in the canonical order by the warp that completes a
+   tile) instead of one block per tile (qsa_k_gemm_*, 8 warps over the segments, idle when K has
+   fewer than 8).  Both give the same bits; the cross-warp form for M <= 64 within its scratch. */
+QSA_PRIV int qsa__gemv_xwarp(const qsa__cuda *g, int M, int N, int K) {
     if (M > 64 || K <= 0 || !g->sc.gemv_part) return 0; /* (no scratch yet: tools measuring bare GEMMs) */
     long long tiles = (long long)((M + 15) / 16) * ((N + 15) / 16);
     int nseg = (K + 255) / 256, prow = M < 16 ? M : 16;
-    if (tiles > QSA__GEMV_TILES || (size_t)(tiles * nseg * prow * 64) > QSA__GEMV_PART_BYTES) return 0;
-    long long want = 4LL * (g->sm_count > 0 ? g->sm_count : 80);
-    int R = (nseg + 7) / 8;
-    if (R == 1 && tiles >= want) return 0;
-    while (R < nseg && tiles * R < want) R++;
-    int spb = (nseg + R - 1) / R;
-    return spb;
+    return tiles <= QSA__GEMV_TILES && (size_t)(tiles * nseg * prow * 64) <= QSA__GEMV_PART_BYTES;
 }
 
 /* Y[M][out] (+)= A16[M][in] W^T (+ bias) */
 QSA_PRIV qsa_result qsa__dgemm(qsa__cuda *g, CUdeviceptr A16, int M, const qsa__dlin *w, CUdeviceptr Y, int accumulate) {
     int N = w->out, K = w->in;
-    int spb = qsa__gemv_spb(g, M, N, K);
-    if (spb > 0) {
-        unsigned gx = (unsigned)(((M + 15) / 16) * ((N + 15) / 16)), gy = (unsigned)(((K + 255) / 256 + spb - 1) / spb);
+    if (qsa__gemv_xwarp(g, M, N, K)) {
+        long long tasks = (long long)((M + 15) / 16) * ((N + 15) / 16) * ((K + 255) / 256);
+        unsigned gx = (unsigned)((tasks + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS), bx = 32 * QSA__GEMV_WARPS;
         CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
         if (w->w16) {
             CUdeviceptr W = w->w16, B = w->bias;
-            QSA__LAUNCH(g, gemv_f16, gx, gy, 256, 0, &A16, &W, &B, &Y, &M, &N, &K, &accumulate, &part, &cnt, &spb);
+            QSA__LAUNCH(g, gemv_f16, gx, 1, bx, 0, &A16, &W, &B, &Y, &M, &N, &K, &accumulate, &part, &cnt);
         } else {
             CUdeviceptr q = w->q, s = w->s;
             float s2 = w->s2;
-            QSA__LAUNCH(g, gemv_nvfp4, gx, gy, 256, 0, &A16, &q, &s, &s2, &Y, &M, &N, &K, &accumulate, &part, &cnt, &spb);
+            QSA__LAUNCH(g, gemv_nvfp4, gx, 1, bx, 0, &A16, &q, &s, &s2, &Y, &M, &N, &K, &accumulate, &part, &cnt);
         }
         return QSA_OK;
     }

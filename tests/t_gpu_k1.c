@@ -733,11 +733,11 @@ TEST(gpu, k1_gemm_batch_invariance) {
     k1_gemm_batch(1);
 }
 
-/* The cross-block GEMV (qsa_k_gemv_*: segments spread over blocks, partial tiles summed by the last
-   block of each tile) against the one-block split-K GEMM: bitwise equal for every M <= 64, every
-   segments-per-block value, with bias and accumulation, and again on a second launch (the tickets
-   must have been reset to zero by the first). */
-static void k1_gemv_case(int M, int N, int K, int nvfp4, int spb) {
+/* The cross-warp GEMV (qsa_k_gemv_*: (tile, segment) tasks spread over warps, partial tiles summed
+   by the warp that completes a tile) against the one-block split-K GEMM: bitwise equal for every
+   M <= 64, with bias and accumulation, and again on a second launch (the tickets must have been
+   reset to zero by the first). */
+static void k1_gemv_case(int M, int N, int K, int nvfp4) {
     k1_mem mem = {{0}, 0, {0}, 0};
     uint16_t *a16, *w16 = NULL;
     uint8_t *q = NULL, *s = NULL;
@@ -745,7 +745,7 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4, int spb) {
     float s2 = 0.017f;
     int acc0 = 0, acc1 = 1, nseg = (K + 255) / 256, prow = M < 16 ? M : 16;
     int tiles = ((M + 15) / 16) * ((N + 15) / 16);
-    unsigned gy = (unsigned)((nseg + spb - 1) / spb);
+    unsigned gx = (unsigned)((tiles * nseg + 3) / 4), bx = 32 * 4; /* QSA_GEMV_WARPS = 4 */
     CUdeviceptr dA, dW = 0, dq = 0, ds = 0, dB = 0, dnull = 0, dY, dpart, dcnt;
     K1_ALLOC(a16, uint16_t, M * K);
     K1_ALLOC(af, float, M * K);
@@ -754,7 +754,7 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4, int spb) {
     K1_ALLOC(Y0, float, M * N);
     K1_ALLOC(Y1, float, M * N);
     K1_ALLOC(Yacc, float, M * N);
-    k1_seed(1000 + (uint64_t)(M * 7 + N * 13 + K + nvfp4 + spb * 31));
+    k1_seed(1000 + (uint64_t)(M * 7 + N * 13 + K + nvfp4));
     k1_fill16(a16, af, (size_t)M * K, -1, 1);
     for (int n = 0; n < N; n++) bias[n] = (float)(n % 7) * 0.25f - 0.75f;
     if (nvfp4) {
@@ -794,24 +794,24 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4, int spb) {
         char what[128];
         K1_TRY(k1_poison(dY, sizeof(float) * M * N));
         if (nvfp4) {
-            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc0, &dpart, &dcnt, &spb};
-            K1_TRY(k1_launch("qsa_k_gemv_nvfp4", (unsigned)tiles, gy, 256, args));
+            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc0, &dpart, &dcnt};
+            K1_TRY(k1_launch("qsa_k_gemv_nvfp4", gx, 1, bx, args));
         } else {
-            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc0, &dpart, &dcnt, &spb};
-            K1_TRY(k1_launch("qsa_k_gemv_f16", (unsigned)tiles, gy, 256, args));
+            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc0, &dpart, &dcnt};
+            K1_TRY(k1_launch("qsa_k_gemv_f16", gx, 1, bx, args));
         }
         K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
-        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d spb=%d launch %d vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K, spb, rep + 1);
+        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d launch %d vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K, rep + 1);
         CHECK(!k1_same(what, Y0, Y1, (size_t)M * N, 4));
         if (nvfp4) {
-            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc1, &dpart, &dcnt, &spb};
-            K1_TRY(k1_launch("qsa_k_gemv_nvfp4", (unsigned)tiles, gy, 256, args));
+            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc1, &dpart, &dcnt};
+            K1_TRY(k1_launch("qsa_k_gemv_nvfp4", gx, 1, bx, args));
         } else {
-            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc1, &dpart, &dcnt, &spb};
-            K1_TRY(k1_launch("qsa_k_gemv_f16", (unsigned)tiles, gy, 256, args));
+            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc1, &dpart, &dcnt};
+            K1_TRY(k1_launch("qsa_k_gemv_f16", gx, 1, bx, args));
         }
         K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
-        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d spb=%d accumulate vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K, spb);
+        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d accumulate vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K);
         CHECK(!k1_same(what, Yacc, Y1, (size_t)M * N, 4));
     }
     (void)dnull;
@@ -819,17 +819,15 @@ done:
     k1_free(&mem);
 }
 
-TEST(gpu, k1_gemv_cross_block_equals_gemm) {
+TEST(gpu, k1_gemv_cross_warp_equals_gemm) {
     K1_NEED_GPU();
-    static const int shapes[][3] = {{1, 300, 1024}, {1, 4, 10240}, {1, 320, 2560}, {5, 17, 48},
-                                    {37, 100, 2320}, {64, 33, 272}, {16, 50, 6144}, {2, 2560, 640}};
-    static const int spbs[] = {1, 3, 5, 8};
+    static const int shapes[][3] = {{1, 300, 1024}, {1, 4, 10240}, {1, 320, 2560}, {5, 17, 48},  {37, 100, 2320},
+                                    {64, 33, 272},  {16, 50, 6144}, {2, 2560, 640}, {1, 7, 100}, {9, 1000, 3000}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        for (size_t j = 0; j < sizeof spbs / sizeof spbs[0]; j++)
-            for (int nv = 0; nv < 2; nv++) {
-                if (nv && shapes[i][2] % 16) continue;
-                k1_gemv_case(shapes[i][0], shapes[i][1], shapes[i][2], nv, spbs[j]);
-            }
+        for (int nv = 0; nv < 2; nv++) {
+            if (nv && shapes[i][2] % 16) continue;
+            k1_gemv_case(shapes[i][0], shapes[i][1], shapes[i][2], nv);
+        }
 }
 
 /* ---------------------------------------------------------------------------------------------- */

@@ -1756,7 +1756,7 @@ TEST(nccl, tp2_batch_ranks_agree_and_counters) {
 TEST(nccl, tp2_scheduler_matches_alone_and_tp1) {
     TP_GPUS_OR_SKIP();
     enum { NR = 6, NT = 8 };
-    const char *fx = "qsa_hc4_ple_sharded";
+    const char *fx = "nvfp4_experts";
     qsa_model *m[2] = {NULL, NULL};
     if (!tp_load_batched(fx, 1, 1, 0, &m[0]) || !tp_load_batched(fx, 2, 1, 0, &m[1])) {
         qsa_model_free(m[0]); qsa_model_free(m[1]);
