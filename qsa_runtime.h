@@ -68,8 +68,8 @@
  *
  * LIMITATIONS
  *   Text model only.  Tensor parallelism over NCCL (qsa_model_params.tp, docs/TP.md): one process
- *   driving several GPUs or one process per GPU; batched decode and CUDA graphs run on every rank (not
- *   yet run on GPUs, docs/TP.md); a device failure in the middle of a step is fatal to the model (the
+ *   driving several GPUs or one process per GPU; batched decode and CUDA graphs run on every rank
+ *   (TP = 2 verified on two H200s, docs/TP.md); a device failure in the middle of a step is fatal to the model (the
  *   other ranks wait in their collectives).  See docs/ for what is implemented and measured
  *   (docs/PERFORMANCE.md: decode is far from the bandwidth limit today).
  *
@@ -8416,7 +8416,7 @@ typedef struct qsa__dlayer {
 } qsa__dlayer;
 
 /* Scratch for one chunk of up to max_tokens tokens. */
-#define QSA__GEMV_PART_BYTES ((size_t)32 << 20) /* cross-block GEMV partial tiles (qsa__dgemm) */
+#define QSA__GEMV_PART_BYTES ((size_t)32 << 20) /* cross-warp GEMV partial tiles (qsa__dgemm) */
 #define QSA__GEMV_TILES 65536                     /* and its tickets: at most this many tiles */
 #define QSA__GEMV_WARPS 4                         /* warps per block of qsa_k_gemv_* (kernels.cu: QSA_GEMV_WARPS) */
 
@@ -8430,7 +8430,7 @@ typedef struct qsa__dscratch {
     CUdeviceptr moe_pairs, moe_tiles, moe_ntiles, moe_h16, moe_y;
     size_t big_bytes, scores_bytes;
     int max_blocks, score_rows, logit_rows;
-    CUdeviceptr gemv_part, gemv_count; /* cross-block GEMV partial tiles and tile tickets (qsa__dgemm) */
+    CUdeviceptr gemv_part, gemv_count; /* cross-warp GEMV partial tiles and tile tickets (qsa__dgemm) */
     float *host_e;              /* PLE rows gathered on the host [max_tokens][ple_embed_dim] */
 } qsa__dscratch;
 
@@ -8740,7 +8740,7 @@ QSA_PRIV qsa_result qsa__cuda_upload(qsa_model *m, qsa__cuda *g) {
 }
 
 /* Scratch sized for chunks of `max_tokens`. */
-/* The cross-block GEMV's partial tiles and tickets (once; the tickets start at zero and every launch
+/* The cross-warp GEMV's partial tiles and tickets (once; the tickets start at zero and every launch
    leaves them there). */
 QSA_PRIV qsa_result qsa__cuda_gemv_scratch(qsa__cuda *g) {
     qsa__dscratch *s = &g->sc;
@@ -8811,7 +8811,7 @@ QSA_PRIV qsa_result qsa__cuda_scratch(qsa_model *m, qsa__cuda *g, int T) {
         QSA__TRY(qsa__dalloc(g, &s->moe_h16, MK * c->moe_intermediate_size * 2, cnt, "MoE scratch"));
         QSA__TRY(qsa__dalloc(g, &s->moe_y, MK * c->hidden_size * 4, cnt, "MoE scratch"));
     }
-    /* cross-block GEMV (qsa__dgemm): partial tiles and one ticket per tile, zeroed once (every
+    /* cross-warp GEMV (qsa__dgemm): partial tiles and one ticket per tile, zeroed once (every
        launch leaves its tickets at zero) */
     QSA__TRY(qsa__cuda_gemv_scratch(g));
     s->host_e = QSA__ALLOC(float, (size_t)T * (c->ple_embed_dim ? c->ple_embed_dim : 1));
