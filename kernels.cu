@@ -1065,6 +1065,97 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down(
     if (r < cnt && n < H) y[(qsa_i64)prow[r] * H + n] = T[0];
 }
 
+/* The same two GEMMs for decode-sized steps (16-pair tiles, a pair or two per expert), spread over
+ * warps like qsa_k_gemv_*: task i = (tile, column tile ct of 16, K segment), QSA_GEMV_WARPS per block,
+ * each warp one segment of its tile's weights (gate and up together in gate_up).  The warp that
+ * completes a (tile, ct) (ticket in count[tile * ncol + ct]) adds the partials in ascending segment
+ * order (the canonical order of the one-block kernels, hence the same bits, tested) and applies the
+ * epilogue.  part (pair-indexed, so it needs no tile count): [MK][ncol][nseg][NB][16] fp32;
+ * count [max_tiles * ncol], zero before, left zero.  Grid ceil(max_tiles * ncol * nseg /
+ * QSA_GEMV_WARPS) (tasks past *ntiles exit), block 32 * QSA_GEMV_WARPS; H, I multiples of 16. */
+template <int NB>
+static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, const int *pairs, const int *tiles,
+                                     const int *ntiles, const qsa_expert_w *experts, int N, int Kd, int act,
+                                     qsa_f16 *h16, float *y, float *part, unsigned *count) {
+    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][(1 + NB) * 16 * QSA_ST];
+    __shared__ __align__(32) float slot[QSA_GEMV_WARPS][NB][256];
+    __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
+    __shared__ int prow[QSA_GEMV_WARPS][16];
+    if (blockDim.x != 32 * QSA_GEMV_WARPS) __trap();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int ncol = (N + 15) / 16, nseg = (Kd + QSA_SEG - 1) / QSA_SEG;
+    const qsa_i64 task = (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + warp;
+    if (Kd <= 0 || task >= (qsa_i64)*ntiles * ncol * nseg) return; /* warp-level from here on */
+    const int tile = (int)(task / ((qsa_i64)ncol * nseg)), rem = (int)(task % ((qsa_i64)ncol * nseg));
+    const int ct = rem / nseg, seg = rem % nseg, n0 = ct * 16;
+    const int *tt = tiles + 3 * (qsa_i64)tile;
+    const int e = tt[0], first = tt[1], cnt = tt[2];
+    if (lane < 16) {
+        const int p = lane < cnt ? pairs[first + lane] : -1;
+        prow[warp][lane] = p;
+        arow[warp][lane] = p >= 0 ? X + (qsa_i64)(p / rowdiv) * ldx : 0;
+    }
+    __syncwarp();
+    const qsa_expert_w &ex = experts[e];
+    qsa_wsrc ws[NB];
+    if (NB == 2) {
+        ws[0] = ex.gate16 ? qsa_wsrc_f16(ex.gate16) : qsa_wsrc_nvfp4(ex.gate_q, ex.gate_s, ex.gate_s2, Kd);
+        ws[NB - 1] = ex.up16 ? qsa_wsrc_f16(ex.up16) : qsa_wsrc_nvfp4(ex.up_q, ex.up_s, ex.up_s2, Kd);
+    } else {
+        ws[0] = ex.down16 ? qsa_wsrc_f16(ex.down16) : qsa_wsrc_nvfp4(ex.down_q, ex.down_s, ex.down_s2, Kd);
+    }
+    bool nv = true;
+#pragma unroll
+    for (int b = 0; b < NB; b++) nv = nv && !ws[b].w16;
+    const int avec = (((qsa_u64)X) & 15u) == 0 && (ldx & 7) == 0;
+    qsa_frag_c P[NB];
+    if (nv) qsa_seg16<NB, true>(arow[warp], avec, ws, n0, N, Kd, seg, stage[warp], stage[warp] + 16 * QSA_ST, P);
+    else qsa_seg16<NB, false>(arow[warp], avec, ws, n0, N, Kd, seg, stage[warp], stage[warp] + 16 * QSA_ST, P);
+#pragma unroll
+    for (int b = 0; b < NB; b++) qsa_wmma_store(slot[warp][b], P[b], 16);
+    __syncwarp();
+    for (int i = lane; i < cnt * 16; i += 32)
+#pragma unroll
+        for (int b = 0; b < NB; b++)
+            part[((((qsa_i64)(first + (i >> 4)) * ncol + ct) * nseg + seg) * NB + b) * 16 + (i & 15)] = slot[warp][b][i];
+    __threadfence(); /* this warp's partials are visible device-wide before its ticket */
+    __syncwarp();
+    unsigned last = 0;
+    unsigned *tk = count + (qsa_i64)tile * ncol + ct;
+    if (lane == 0) last = atomicAdd(tk, 1u) == (unsigned)nseg - 1u;
+    if (!__shfl_sync(0xffffffffu, last, 0)) return;
+    __threadfence();
+    for (int i = lane; i < cnt * 16; i += 32) {
+        const int r = i >> 4, n = n0 + (i & 15);
+        if (n >= N) continue;
+        float T[NB];
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            T[b] = 0.0f;
+            for (int sg = 0; sg < nseg; sg++)
+                T[b] = T[b] + __ldcg(part + ((((qsa_i64)(first + r) * ncol + ct) * nseg + sg) * NB + b) * 16 + (i & 15));
+        }
+        const qsa_i64 p = prow[warp][r];
+        if (NB == 2) h16[p * N + n] = qsa_f32_to_f16(qsa_act(act, T[0]) * T[NB - 1]);
+        else y[p * N + n] = T[0];
+    }
+    if (lane == 0) *tk = 0u;
+}
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_gate_up_xw(
+    const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
+    const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
+    int K, int act, float *part, unsigned *count) {
+    if (H & 15) __trap(); /* the host validates the shapes */
+    qsa_moe_xwarp<2>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, part, count);
+}
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down_xw(
+    const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
+    const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I,
+    float *part, unsigned *count) {
+    if (I & 15) __trap();
+    qsa_moe_xwarp<1>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, part, count);
+}
+
 /* The same two GEMMs with 64-pair tiles (qsa_k_moe_plan with tr = 64), for chunks where experts
  * get many pairs (prefill): each expert's weights are read and dequantised once per 64 pairs
  * instead of once per 16, through the tiled core.  Same canonical order, so the same bits as the
@@ -1420,19 +1511,21 @@ static __device__ __forceinline__ unsigned k2_dyn_smem_bytes(void) {
  * When the launch brings at least 4*dk*blockDim.x*ncols bytes of dynamic shared memory (ncols =
  * columns per thread), the block's state slice stays in shared memory for the whole launch;
  * otherwise the kernel works on global memory directly.  Same numbers either way. */
+#define K2_GDN_U 8 /* state entries loaded ahead of the dependent fmaf chains */
 template <bool F16>
 static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *__restrict__ q,
                                         const float *__restrict__ k, const float *__restrict__ v,
                                         const float *__restrict__ beta, const float *__restrict__ g, float *o, int M,
                                         int nk, int nv, int dk, int dv) {
     __shared__ float qs[K2_GDN_MAX_DK], ks[K2_GDN_MAX_DK];
-    if (dk > K2_GDN_MAX_DK) __trap(); /* the host validates dk */
+    if (dk > K2_GDN_MAX_DK || (blockDim.x & 31)) __trap(); /* the host validates dk */
     int h = blockIdx.x, jl = threadIdx.x, B = blockDim.x;
     int stride = gridDim.y * B, ncols = (dv + stride - 1) / stride;
     int kh = h / (nv / nk);
     bool smem = k2_dyn_smem_bytes() >= 4u * (unsigned)dk * (unsigned)B * (unsigned)ncols;
     long long hbase = (long long)h * dk * dv;
 #define K2_SIDX(c, i) (((c) * dk + (i)) * B + jl)
+#define K2_SLOAD(c, i, gi) (smem ? k2_dyn[K2_SIDX(c, i)] : (F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi]))
     if (smem)
         for (int c = 0; c < ncols; c++) {
             int j = (blockIdx.y + c * gridDim.y) * B + jl;
@@ -1442,44 +1535,80 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
                     k2_dyn[K2_SIDX(c, i)] = F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi];
                 }
         }
+    /* the next token's q, k (this thread's entries i = threadIdx.x + r*B), gate and beta are loaded
+       while the current token is computed */
+    enum { R = K2_GDN_MAX_DK / 32 };
+    float qn[R], kn[R], gn = 0.0f, bn = 0.0f;
+#define K2_GDN_FETCH(t)                                                                     \
+    do {                                                                                    \
+        _Pragma("unroll") for (int r = 0; r < R; r++) {                                     \
+            int i_ = threadIdx.x + r * B;                                                   \
+            qn[r] = i_ < dk ? q[((long long)(t) * nk + kh) * dk + i_] : 0.0f;               \
+            kn[r] = i_ < dk ? k[((long long)(t) * nk + kh) * dk + i_] : 0.0f;               \
+        }                                                                                   \
+        gn = g[(long long)(t) * nv + h];                                                    \
+        bn = beta[(long long)(t) * nv + h];                                                 \
+    } while (0)
+    if (M > 0) K2_GDN_FETCH(0);
     for (int t = 0; t < M; t++) {
         __syncthreads(); /* the previous token's q, k are no longer read */
-        for (int i = threadIdx.x; i < dk; i += B) {
-            qs[i] = q[((long long)t * nk + kh) * dk + i];
-            ks[i] = k[((long long)t * nk + kh) * dk + i];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int i = threadIdx.x + r * B;
+            if (i < dk) {
+                qs[i] = qn[r];
+                ks[i] = kn[r];
+            }
         }
+        float decay = expf(gn), bt = bn;
         __syncthreads();
-        float decay = expf(g[(long long)t * nv + h]), bt = beta[(long long)t * nv + h];
+        if (t + 1 < M) K2_GDN_FETCH(t + 1);
         for (int c = 0; c < ncols; c++) {
             int j = (blockIdx.y + c * gridDim.y) * B + jl;
             if (j >= dv) break;
             long long cb = hbase + j;
             float vj = v[((long long)t * nv + h) * dv + j];
+            /* kv = sum_i (S[i][j] * decay) k_i, i ascending: one fmaf chain, its operands loaded
+               K2_GDN_U entries ahead */
             float kv = 0.0f;
-            for (int i = 0; i < dk; i++) {
-                long long gi = cb + (long long)i * dv;
-                float s0 = smem ? k2_dyn[K2_SIDX(c, i)] : (F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi]);
-                kv = fmaf(__fmul_rn(s0, decay), ks[i], kv);
+            int i = 0;
+            for (; i + K2_GDN_U <= dk; i += K2_GDN_U) {
+                float sv[K2_GDN_U];
+#pragma unroll
+                for (int u = 0; u < K2_GDN_U; u++) sv[u] = K2_SLOAD(c, i + u, cb + (long long)(i + u) * dv);
+#pragma unroll
+                for (int u = 0; u < K2_GDN_U; u++) kv = fmaf(__fmul_rn(sv[u], decay), ks[i + u], kv);
             }
+            for (; i < dk; i++) kv = fmaf(__fmul_rn(K2_SLOAD(c, i, cb + (long long)i * dv), decay), ks[i], kv);
             float d = __fmul_rn(vj - kv, bt);
             float oj = 0.0f;
-            for (int i = 0; i < dk; i++) {
-                long long gi = cb + (long long)i * dv;
-                float s0 = smem ? k2_dyn[K2_SIDX(c, i)] : (F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi]);
-                float sn = fmaf(ks[i], d, __fmul_rn(s0, decay));
-                if (F16) {
-                    qsa_f16 hs = qsa_f32_to_f16(sn);
-                    if (smem) k2_dyn[K2_SIDX(c, i)] = qsa_f16_to_f32(hs);
-                    else S16[gi] = hs;
-                } else {
-                    if (smem) k2_dyn[K2_SIDX(c, i)] = sn;
-                    else S32[gi] = sn;
+            for (i = 0; i < dk;) {
+                const int n = dk - i < K2_GDN_U ? dk - i : K2_GDN_U;
+                float sv[K2_GDN_U];
+#pragma unroll
+                for (int u = 0; u < K2_GDN_U; u++)
+                    sv[u] = u < n ? K2_SLOAD(c, i + u, cb + (long long)(i + u) * dv) : 0.0f;
+#pragma unroll
+                for (int u = 0; u < K2_GDN_U; u++) {
+                    if (u >= n) break;
+                    long long gi = cb + (long long)(i + u) * dv;
+                    float sn = fmaf(ks[i + u], d, __fmul_rn(sv[u], decay));
+                    if (F16) {
+                        qsa_f16 hs = qsa_f32_to_f16(sn);
+                        if (smem) k2_dyn[K2_SIDX(c, i + u)] = qsa_f16_to_f32(hs);
+                        else S16[gi] = hs;
+                    } else {
+                        if (smem) k2_dyn[K2_SIDX(c, i + u)] = sn;
+                        else S32[gi] = sn;
+                    }
+                    oj = fmaf(sn, qs[i + u], oj);
                 }
-                oj = fmaf(sn, qs[i], oj);
+                i += n;
             }
             o[((long long)t * nv + h) * dv + j] = oj;
         }
     }
+#undef K2_GDN_FETCH
     if (smem)
         for (int c = 0; c < ncols; c++) {
             int j = (blockIdx.y + c * gridDim.y) * B + jl;
@@ -1490,6 +1619,7 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
                     else S32[gi] = k2_dyn[K2_SIDX(c, i)];
                 }
         }
+#undef K2_SLOAD
 #undef K2_SIDX
 }
 

@@ -8355,7 +8355,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inj_weights) X(inject) X(to_f16)                     \
-    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_combine)       \
+    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_combine)       \
     X(shared_combine) X(act_mul)                                                                         \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_gates) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
@@ -8987,6 +8987,17 @@ QSA_PRIV int qsa__gemv_xwarp(const qsa__cuda *g, int M, int N, int K) {
     return tiles <= QSA__GEMV_TILES && (size_t)(tiles * nseg * prow * 64) <= QSA__GEMV_PART_BYTES;
 }
 
+/* Whether the routed-expert GEMMs of MK pairs (16-pair tiles) take the cross-warp kernels
+   (qsa_k_moe_*_xw, decode-sized steps): their tickets and pair-indexed partials must fit the
+   cross-warp GEMV's scratch.  Same bits as the one-block kernels either way. */
+QSA_PRIV int qsa__moe_xwarp(const qsa__cuda *g, int MK, int max_tiles, int H, int I) {
+    if (!g->sc.gemv_part || H <= 0 || I <= 0 || (H & 15) || (I & 15)) return 0;
+    long long ncol = (H > I ? H : I) / 16, parts_gu = (long long)MK * (I / 16) * ((H + 255) / 256) * 2 * 16,
+              parts_d = (long long)MK * (H / 16) * ((I + 255) / 256) * 16;
+    return (long long)max_tiles * ncol <= QSA__GEMV_TILES &&
+           (size_t)((parts_gu > parts_d ? parts_gu : parts_d) * 4) <= QSA__GEMV_PART_BYTES;
+}
+
 /* Y[M][out] (+)= A16[M][in] W^T (+ bias) */
 QSA_PRIV qsa_result qsa__dgemm(qsa__cuda *g, CUdeviceptr A16, int M, const qsa__dlin *w, CUdeviceptr Y, int accumulate) {
     int N = w->out, K = w->in;
@@ -9209,7 +9220,16 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
         CUdeviceptr x16 = s->inp16 + (size_t)t0 * H * 2, ids = tid + (size_t)t0 * K * 4, w = tw + (size_t)t0 * K * 4;
         CUdeviceptr outp = s->out + (size_t)t0 * H * 4;
         QSA__LAUNCH(g, moe_plan, 1, 1, 1024, 0, &ids, &MK, &E, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &tr);
-        if (tr == 64) {
+        if (tr == 16 && qsa__moe_xwarp(g, MK, max_tiles, H, I)) {
+            CUdeviceptr part = s->gemv_part, cnt = s->gemv_count;
+            unsigned bx = 32 * QSA__GEMV_WARPS, nseg_h = (unsigned)((H + 255) / 256), nseg_i = (unsigned)((I + 255) / 256);
+            unsigned gx1 = (unsigned)(((long long)max_tiles * ((I + 15) / 16) * nseg_h + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
+            unsigned gx2 = (unsigned)(((long long)max_tiles * ((H + 15) / 16) * nseg_i + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
+            QSA__LAUNCH(g, moe_gate_up_xw, gx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
+                        &s->moe_h16, &H, &I, &K, &act, &part, &cnt);
+            QSA__LAUNCH(g, moe_down_xw, gx2, 1, bx, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
+                        &s->moe_y, &H, &I, &part, &cnt);
+        } else if (tr == 64) {
             QSA__LAUNCH(g, moe_gate_up64, max_tiles, (I + 31) / 32, 256, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles,
                         &ex, &s->moe_h16, &H, &I, &K, &act);
             QSA__LAUNCH(g, moe_down64, max_tiles, (H + 63) / 64, 256, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles,

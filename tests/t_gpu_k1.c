@@ -949,8 +949,13 @@ typedef struct k1_moe_dev {
 static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const int *ids, const float *tw, int M, int K,
                              int act, int tr, uint16_t *h16, float *y, float *out, int *pairs, int *tiles, int *ntiles) {
     k1_mem mem = {{0}, 0, {0}, 0};
+    int xw = tr < 0; /* tr = -16: 16-pair tiles through the cross-warp kernels (qsa_k_moe_*_xw) */
+    if (xw) tr = 16;
     int MK = M * K, E = md->E, H = md->H, I = md->I, t64 = tr == 64;
     int max_tiles = (MK + tr - 1) / tr + (E < MK ? E : MK);
+    int nsh = (H + 255) / 256, nsi = (I + 255) / 256, ncol = (H > I ? H : I) / 16;
+    size_t nparts = (size_t)MK * ((size_t)(I / 16) * nsh * 2 > (size_t)(H / 16) * nsi ? (size_t)(I / 16) * nsh * 2 : (size_t)(H / 16) * nsi) * 16;
+    CUdeviceptr dpart = 0, dcnt = 0;
     CUdeviceptr dx, di, dw, dp, dt, dn, dh, dy, dout, dex = md->ex;
     qsa_result r = k1_dev(&mem, &dx, x16, sizeof(uint16_t) * (size_t)M * H);
     if (r == QSA_OK) r = k1_dev(&mem, &di, ids, sizeof(int) * (size_t)MK);
@@ -961,19 +966,30 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
     if (r == QSA_OK) r = k1_dev(&mem, &dh, NULL, sizeof(uint16_t) * (size_t)MK * I);
     if (r == QSA_OK) r = k1_dev(&mem, &dy, NULL, sizeof(float) * (size_t)MK * H);
     if (r == QSA_OK) r = k1_dev(&mem, &dout, NULL, sizeof(float) * (size_t)M * H);
+    if (r == QSA_OK && xw) r = k1_dev(&mem, &dpart, NULL, sizeof(float) * nparts);
+    if (r == QSA_OK && xw) r = k1_dev(&mem, &dcnt, NULL, sizeof(unsigned) * (size_t)max_tiles * ncol);
+    if (r == QSA_OK && xw) r = QSA__CU_R(qsa__cu.cuMemsetD8_v2(dcnt, 0, sizeof(unsigned) * (size_t)max_tiles * ncol));
     if (r == QSA_OK) {
         void *args[] = {&di, &MK, &E, &dp, &dt, &dn, &tr};
         r = k1_launch("qsa_k_moe_plan", 1, 1, 1024, args);
     }
-    if (r == QSA_OK) {
-        void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act};
-        r = k1_launch(t64 ? "qsa_k_moe_gate_up64" : "qsa_k_moe_gate_up", (unsigned)max_tiles,
-                      (unsigned)(t64 ? (I + 31) / 32 : (I + 15) / 16), 256, args);
-    }
-    if (r == QSA_OK) {
-        void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I};
-        r = k1_launch(t64 ? "qsa_k_moe_down64" : "qsa_k_moe_down", (unsigned)max_tiles,
-                      (unsigned)(t64 ? (H + 63) / 64 : (H + 15) / 16), 256, args);
+    for (int rep = 0; rep < (xw ? 2 : 1); rep++) { /* xw twice: the tickets must be back at zero */
+        if (r == QSA_OK && xw) {
+            void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act, &dpart, &dcnt};
+            r = k1_launch("qsa_k_moe_gate_up_xw", (unsigned)(((size_t)max_tiles * (I / 16) * nsh + 3) / 4), 1, 128, args);
+        } else if (r == QSA_OK) {
+            void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act};
+            r = k1_launch(t64 ? "qsa_k_moe_gate_up64" : "qsa_k_moe_gate_up", (unsigned)max_tiles,
+                          (unsigned)(t64 ? (I + 31) / 32 : (I + 15) / 16), 256, args);
+        }
+        if (r == QSA_OK && xw) {
+            void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I, &dpart, &dcnt};
+            r = k1_launch("qsa_k_moe_down_xw", (unsigned)(((size_t)max_tiles * (H / 16) * nsi + 3) / 4), 1, 128, args);
+        } else if (r == QSA_OK) {
+            void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I};
+            r = k1_launch(t64 ? "qsa_k_moe_down64" : "qsa_k_moe_down", (unsigned)max_tiles,
+                          (unsigned)(t64 ? (H + 63) / 64 : (H + 15) / 16), 256, args);
+        }
     }
     if (r == QSA_OK) {
         void *args[] = {&dy, &dw, &dout, &H, &K};
@@ -1167,6 +1183,11 @@ static void k1_moe_case(int M, int E, int K, int H, int I, int act) {
         CHECK(!k1_same("moe 64-pair tiles == 16-pair tiles (h16)", h64, h16, (size_t)MK * I, 2));
         CHECK(!k1_same("moe 64-pair tiles == 16-pair tiles (y)", y64, y, (size_t)MK * H, 4));
         CHECK(!k1_same("moe 64-pair tiles == 16-pair tiles (out)", out64, out, (size_t)M * H, 4));
+        /* the cross-warp kernels (decode): the same bits, launched twice */
+        K1_TRY(k1_run_moe(&md, x16, ids, tw, M, K, act, -16, h64, y64, out64, NULL, NULL, &nt64));
+        CHECK(!k1_same("moe cross-warp == one-block kernels (h16)", h64, h16, (size_t)MK * I, 2));
+        CHECK(!k1_same("moe cross-warp == one-block kernels (y)", y64, y, (size_t)MK * H, 4));
+        CHECK(!k1_same("moe cross-warp == one-block kernels (out)", out64, out, (size_t)M * H, 4));
     }
 done:
     k1_free(&mem);
