@@ -1512,17 +1512,18 @@ static __device__ __forceinline__ unsigned k2_dyn_smem_bytes(void) {
  * columns per thread), the block's state slice stays in shared memory for the whole launch;
  * otherwise the kernel works on global memory directly.  Same numbers either way. */
 #define K2_GDN_U 8 /* state entries loaded ahead of the dependent fmaf chains */
-template <bool F16>
-static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *__restrict__ q,
-                                        const float *__restrict__ k, const float *__restrict__ v,
-                                        const float *__restrict__ beta, const float *__restrict__ g, float *o, int M,
-                                        int nk, int nv, int dk, int dv) {
+/* SM: the state slice is in shared memory (a template parameter, so the unrolled loads below are
+   straight-line code, not a branch per entry) */
+template <bool F16, bool SM>
+static __device__ void k2_gdn_recurrent_body(float *S32, qsa_f16 *S16, const float *__restrict__ q,
+                                             const float *__restrict__ k, const float *__restrict__ v,
+                                             const float *__restrict__ beta, const float *__restrict__ g, float *o,
+                                             int M, int nk, int nv, int dk, int dv) {
     __shared__ float qs[K2_GDN_MAX_DK], ks[K2_GDN_MAX_DK];
-    if (dk > K2_GDN_MAX_DK || (blockDim.x & 31)) __trap(); /* the host validates dk */
     int h = blockIdx.x, jl = threadIdx.x, B = blockDim.x;
     int stride = gridDim.y * B, ncols = (dv + stride - 1) / stride;
     int kh = h / (nv / nk);
-    bool smem = k2_dyn_smem_bytes() >= 4u * (unsigned)dk * (unsigned)B * (unsigned)ncols;
+    const bool smem = SM;
     long long hbase = (long long)h * dk * dv;
 #define K2_SIDX(c, i) (((c) * dk + (i)) * B + jl)
 #define K2_SLOAD(c, i, gi) (smem ? k2_dyn[K2_SIDX(c, i)] : (F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi]))
@@ -1621,6 +1622,18 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
         }
 #undef K2_SLOAD
 #undef K2_SIDX
+}
+template <bool F16>
+static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *__restrict__ q,
+                                        const float *__restrict__ k, const float *__restrict__ v,
+                                        const float *__restrict__ beta, const float *__restrict__ g, float *o, int M,
+                                        int nk, int nv, int dk, int dv) {
+    if (dk > K2_GDN_MAX_DK || (blockDim.x & 31)) __trap(); /* the host validates dk */
+    const int stride = gridDim.y * blockDim.x, ncols = (dv + stride - 1) / stride;
+    if (k2_dyn_smem_bytes() >= 4u * (unsigned)dk * blockDim.x * (unsigned)ncols)
+        k2_gdn_recurrent_body<F16, true>(S32, S16, q, k, v, beta, g, o, M, nk, nv, dk, dv);
+    else
+        k2_gdn_recurrent_body<F16, false>(S32, S16, q, k, v, beta, g, o, M, nk, nv, dk, dv);
 }
 
 /* S [nv][dk][dv] fp32 (in/out); q, k [M][nk*dk] (normalised, q scaled); v [M][nv*dv];
