@@ -1511,22 +1511,19 @@ static __device__ __forceinline__ unsigned k2_dyn_smem_bytes(void) {
  * When the launch brings at least 4*dk*blockDim.x*ncols bytes of dynamic shared memory (ncols =
  * columns per thread), the block's state slice stays in shared memory for the whole launch;
  * otherwise the kernel works on global memory directly.  Same numbers either way. */
-#define K2_GDN_U 8 /* state entries loaded ahead of the dependent fmaf chains */
-/* SM: the state slice is in shared memory (a template parameter, so the unrolled loads below are
-   straight-line code, not a branch per entry) */
-template <bool F16, bool SM>
-static __device__ void k2_gdn_recurrent_body(float *S32, qsa_f16 *S16, const float *__restrict__ q,
-                                             const float *__restrict__ k, const float *__restrict__ v,
-                                             const float *__restrict__ beta, const float *__restrict__ g, float *o,
-                                             int M, int nk, int nv, int dk, int dv) {
+template <bool F16>
+static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *__restrict__ q,
+                                        const float *__restrict__ k, const float *__restrict__ v,
+                                        const float *__restrict__ beta, const float *__restrict__ g, float *o, int M,
+                                        int nk, int nv, int dk, int dv) {
     __shared__ float qs[K2_GDN_MAX_DK], ks[K2_GDN_MAX_DK];
+    if (dk > K2_GDN_MAX_DK) __trap(); /* the host validates dk */
     int h = blockIdx.x, jl = threadIdx.x, B = blockDim.x;
     int stride = gridDim.y * B, ncols = (dv + stride - 1) / stride;
     int kh = h / (nv / nk);
-    const bool smem = SM;
+    bool smem = k2_dyn_smem_bytes() >= 4u * (unsigned)dk * (unsigned)B * (unsigned)ncols;
     long long hbase = (long long)h * dk * dv;
 #define K2_SIDX(c, i) (((c) * dk + (i)) * B + jl)
-#define K2_SLOAD(c, i, gi) (smem ? k2_dyn[K2_SIDX(c, i)] : (F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi]))
     if (smem)
         for (int c = 0; c < ncols; c++) {
             int j = (blockIdx.y + c * gridDim.y) * B + jl;
@@ -1536,80 +1533,44 @@ static __device__ void k2_gdn_recurrent_body(float *S32, qsa_f16 *S16, const flo
                     k2_dyn[K2_SIDX(c, i)] = F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi];
                 }
         }
-    /* the next token's q, k (this thread's entries i = threadIdx.x + r*B), gate and beta are loaded
-       while the current token is computed */
-    enum { R = K2_GDN_MAX_DK / 32 };
-    float qn[R], kn[R], gn = 0.0f, bn = 0.0f;
-#define K2_GDN_FETCH(t)                                                                     \
-    do {                                                                                    \
-        _Pragma("unroll") for (int r = 0; r < R; r++) {                                     \
-            int i_ = threadIdx.x + r * B;                                                   \
-            qn[r] = i_ < dk ? q[((long long)(t) * nk + kh) * dk + i_] : 0.0f;               \
-            kn[r] = i_ < dk ? k[((long long)(t) * nk + kh) * dk + i_] : 0.0f;               \
-        }                                                                                   \
-        gn = g[(long long)(t) * nv + h];                                                    \
-        bn = beta[(long long)(t) * nv + h];                                                 \
-    } while (0)
-    if (M > 0) K2_GDN_FETCH(0);
     for (int t = 0; t < M; t++) {
         __syncthreads(); /* the previous token's q, k are no longer read */
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            int i = threadIdx.x + r * B;
-            if (i < dk) {
-                qs[i] = qn[r];
-                ks[i] = kn[r];
-            }
+        for (int i = threadIdx.x; i < dk; i += B) {
+            qs[i] = q[((long long)t * nk + kh) * dk + i];
+            ks[i] = k[((long long)t * nk + kh) * dk + i];
         }
-        float decay = expf(gn), bt = bn;
         __syncthreads();
-        if (t + 1 < M) K2_GDN_FETCH(t + 1);
+        float decay = expf(g[(long long)t * nv + h]), bt = beta[(long long)t * nv + h];
         for (int c = 0; c < ncols; c++) {
             int j = (blockIdx.y + c * gridDim.y) * B + jl;
             if (j >= dv) break;
             long long cb = hbase + j;
             float vj = v[((long long)t * nv + h) * dv + j];
-            /* kv = sum_i (S[i][j] * decay) k_i, i ascending: one fmaf chain, its operands loaded
-               K2_GDN_U entries ahead */
             float kv = 0.0f;
-            int i = 0;
-            for (; i + K2_GDN_U <= dk; i += K2_GDN_U) {
-                float sv[K2_GDN_U];
-#pragma unroll
-                for (int u = 0; u < K2_GDN_U; u++) sv[u] = K2_SLOAD(c, i + u, cb + (long long)(i + u) * dv);
-#pragma unroll
-                for (int u = 0; u < K2_GDN_U; u++) kv = fmaf(__fmul_rn(sv[u], decay), ks[i + u], kv);
+            for (int i = 0; i < dk; i++) {
+                long long gi = cb + (long long)i * dv;
+                float s0 = smem ? k2_dyn[K2_SIDX(c, i)] : (F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi]);
+                kv = fmaf(__fmul_rn(s0, decay), ks[i], kv);
             }
-            for (; i < dk; i++) kv = fmaf(__fmul_rn(K2_SLOAD(c, i, cb + (long long)i * dv), decay), ks[i], kv);
             float d = __fmul_rn(vj - kv, bt);
             float oj = 0.0f;
-            for (i = 0; i < dk;) {
-                const int n = dk - i < K2_GDN_U ? dk - i : K2_GDN_U;
-                float sv[K2_GDN_U];
-#pragma unroll
-                for (int u = 0; u < K2_GDN_U; u++)
-                    sv[u] = u < n ? K2_SLOAD(c, i + u, cb + (long long)(i + u) * dv) : 0.0f;
-#pragma unroll
-                for (int u = 0; u < K2_GDN_U; u++) {
-                    if (u >= n) break;
-                    long long gi = cb + (long long)(i + u) * dv;
-                    float sn = fmaf(ks[i + u], d, __fmul_rn(sv[u], decay));
-                    if (F16) {
-                        qsa_f16 hs = qsa_f32_to_f16(sn);
-                        if (smem) k2_dyn[K2_SIDX(c, i + u)] = qsa_f16_to_f32(hs);
-                        else S16[gi] = hs;
-                    } else {
-                        if (smem) k2_dyn[K2_SIDX(c, i + u)] = sn;
-                        else S32[gi] = sn;
-                    }
-                    oj = fmaf(sn, qs[i + u], oj);
+            for (int i = 0; i < dk; i++) {
+                long long gi = cb + (long long)i * dv;
+                float s0 = smem ? k2_dyn[K2_SIDX(c, i)] : (F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi]);
+                float sn = fmaf(ks[i], d, __fmul_rn(s0, decay));
+                if (F16) {
+                    qsa_f16 hs = qsa_f32_to_f16(sn);
+                    if (smem) k2_dyn[K2_SIDX(c, i)] = qsa_f16_to_f32(hs);
+                    else S16[gi] = hs;
+                } else {
+                    if (smem) k2_dyn[K2_SIDX(c, i)] = sn;
+                    else S32[gi] = sn;
                 }
-                i += n;
+                oj = fmaf(sn, qs[i], oj);
             }
             o[((long long)t * nv + h) * dv + j] = oj;
         }
     }
-#undef K2_GDN_FETCH
     if (smem)
         for (int c = 0; c < ncols; c++) {
             int j = (blockIdx.y + c * gridDim.y) * B + jl;
@@ -1620,20 +1581,7 @@ static __device__ void k2_gdn_recurrent_body(float *S32, qsa_f16 *S16, const flo
                     else S32[gi] = k2_dyn[K2_SIDX(c, i)];
                 }
         }
-#undef K2_SLOAD
 #undef K2_SIDX
-}
-template <bool F16>
-static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *__restrict__ q,
-                                        const float *__restrict__ k, const float *__restrict__ v,
-                                        const float *__restrict__ beta, const float *__restrict__ g, float *o, int M,
-                                        int nk, int nv, int dk, int dv) {
-    if (dk > K2_GDN_MAX_DK || (blockDim.x & 31)) __trap(); /* the host validates dk */
-    const int stride = gridDim.y * blockDim.x, ncols = (dv + stride - 1) / stride;
-    if (k2_dyn_smem_bytes() >= 4u * (unsigned)dk * blockDim.x * (unsigned)ncols)
-        k2_gdn_recurrent_body<F16, true>(S32, S16, q, k, v, beta, g, o, M, nk, nv, dk, dv);
-    else
-        k2_gdn_recurrent_body<F16, false>(S32, S16, q, k, v, beta, g, o, M, nk, nv, dk, dv);
 }
 
 /* S [nv][dk][dv] fp32 (in/out); q, k [M][nk*dk] (normalised, q scaled); v [M][nv*dv];
