@@ -288,12 +288,10 @@ static void bd_reference(qsa_model *m, int nreq, float **ref, int32_t **rtok) {
 
 /* (a) Issue 6 acceptance: a request's per-step logits and tokens are bitwise identical alone and in
    batches of 1, 2, 7, 8, 31, 32 with requests of other lengths, in the first, a middle and the last slot. */
-TEST(gpu, batch_invariance_decode) {
-    qsa_model_params mp;
-    memset(&mp, 0, sizeof mp);
-    mp.cuda_batch_decode = 1;
-    qsa_model *m = NULL;
-    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+/* A target request's per-step logits and tokens are bitwise those of feeding it alone, in batched
+   steps of 1, 2, 7, 8, 31, 32 requests of other lengths, in the first, a middle and the last slot.
+   `what` names the configuration in the messages. */
+static void bd_check_invariance(qsa_model *m, const char *what) {
     size_t V = (size_t)m->cfg.vocab_size;
     float *ref = NULL, *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
     int32_t *rtok = NULL, tok[BD_MAXREQ * BD_STEPS];
@@ -309,11 +307,20 @@ TEST(gpu, batch_invariance_decode) {
             bd_run(m, reqs, B, 1, 0, lg, tok);
             runs++;
             if (!bd_same(m, &target, 1, ref, rtok, lg, tok)) { differ++; printf("    B %d slot %d: request %d differs\n", B, slots[sj], target); }
-            CHECKF(bd_same(m, reqs, B, ref, rtok, lg, tok), "B %d slot %d: some request's bits depend on the batch", B, slots[sj]);
+            CHECKF(bd_same(m, reqs, B, ref, rtok, lg, tok), "%s, B %d slot %d: some request's bits depend on the batch", what, B, slots[sj]);
         }
     }
-    printf("    batched decode: %d batches, the target differed in %d\n", runs, differ);
+    printf("    %s: %d batches, the target differed in %d\n", what, runs, differ);
     free(ref); free(rtok); free(lg);
+}
+
+TEST(gpu, batch_invariance_decode) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.cuda_batch_decode = 1;
+    qsa_model *m = NULL;
+    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    bd_check_invariance(m, "batched decode");
     qsa_model_free(m);
 }
 

@@ -1545,26 +1545,7 @@ TEST(nccl, tp2_batch_invariance_decode) {
     TP_GPUS_OR_SKIP();
     qsa_model *m = NULL;
     if (!tp_load_batched("qsa_hc4_ple_sharded", 2, 1, 0, &m)) return;
-    size_t V = (size_t)m->cfg.vocab_size;
-    float *ref = NULL, *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
-    int32_t *rtok = NULL, tok[BD_MAXREQ * BD_STEPS];
-    bd_reference(m, 33, &ref, &rtok);
-    static const int sizes[] = {1, 2, 7, 8, 31, 32};
-    int runs = 0, differ = 0;
-    for (int si = 0; si < 6 && lg && ref && !T_.failed; si++) {
-        int B = sizes[si], slots[3] = {0, B / 2, B - 1};
-        for (int sj = 0; sj < 3; sj++) {
-            if (sj && slots[sj] == slots[sj - 1]) continue;
-            int reqs[BD_MAXREQ], target = 5;
-            bd_batch(B, target, slots[sj], reqs);
-            bd_run(m, reqs, B, 1, 0, lg, tok);
-            runs++;
-            if (!bd_same(m, &target, 1, ref, rtok, lg, tok)) { differ++; printf("    B %d slot %d: request %d differs\n", B, slots[sj], target); }
-            CHECKF(bd_same(m, reqs, B, ref, rtok, lg, tok), "TP 2, B %d slot %d: some request's bits depend on the batch", B, slots[sj]);
-        }
-    }
-    printf("    TP 2 batched decode: %d batches, the target differed in %d\n", runs, differ);
-    free(ref); free(rtok); free(lg);
+    bd_check_invariance(m, "TP 2 batched decode");
     qsa_model_free(m);
 }
 
