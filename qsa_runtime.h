@@ -92,7 +92,8 @@
  *   >>capture      capture and replay of one QSA layer
  *   >>tp-plan      how every tensor is split over TP ranks (the sharding plan)
  *   >>cuda         the CUDA backend: kernel module + disk cache, weights, device KV pool, forward
- *   >>tp           tensor-parallel ranks: per-rank model views, threads, NCCL group, reductions
+ *   >>tp           tensor-parallel ranks: per-rank model views, threads, the rendezvous (file or TCP),
+ *                  NCCL group, reductions
  *   >>scheduler    requests, continuous batching, chunked prefill, KV-page admission
  */
 #ifndef QSA_RUNTIME_H
@@ -414,11 +415,15 @@ typedef struct qsa_model_params {
                         order (SPMD, like torchrun); each gets the same logits. */
     int tp;                     /* ranks in the group (0 or 1: no tensor parallelism) */
     const int *tp_devices;      /* one process: tp CUDA ordinals, rank i on tp_devices[i] (NULL: consecutive from `device`) */
-    const char *tp_rendezvous;  /* several processes: a file path every rank can see, new for each launch (rank 0
-                                   writes the NCCL unique id there and removes it once the group is formed; the
-                                   others wait for it).  NULL: one process drives all ranks */
+    const char *tp_rendezvous;  /* several processes: where the ranks meet, new for each launch.  Either a file path
+                                   every rank can see (rank 0 writes the NCCL unique id there and removes it once the
+                                   group is formed; the others wait for it), or "tcp://HOST:PORT": rank 0 listens on
+                                   the address HOST resolves to ("*" or 0.0.0.0: every IPv4 interface, [::]: every
+                                   IPv6 one) and hands the id to each other rank, which connects to HOST; an IPv6
+                                   literal goes in brackets (tcp://[::1]:29500).  NULL: one process drives all ranks */
     int tp_rank;                /* with tp_rendezvous: this process's rank, 0 .. tp-1 */
-    int tp_timeout_s;           /* with tp_rendezvous: seconds a rank waits for the id file (0: 300) */
+    int tp_timeout_s;           /* with tp_rendezvous: seconds a rank waits for the id; with tcp://, also how long
+                                   rank 0 waits for every other rank to take it (0: 300) */
 } qsa_model_params;
 
 typedef struct qsa_model qsa_model;
@@ -690,8 +695,15 @@ QSA_API const char *qsa_request_status_string(qsa_request_status st);
 #include <unistd.h>
 #include <pthread.h>
 #include <dlfcn.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #ifndef O_CLOEXEC
 #define O_CLOEXEC 0
+#endif
+#ifndef MSG_NOSIGNAL /* systems without it have SO_NOSIGPIPE, set on every socket (>>tp) */
+#define MSG_NOSIGNAL 0
 #endif
 
 #if defined(QSA_MALLOC) && defined(QSA_REALLOC) && defined(QSA_FREE)
@@ -10091,6 +10103,405 @@ QSA_PRIV qsa_result qsa__tp_id_wait(const char *path, void *id, size_t n, double
     }
 }
 
+/* ---- the rendezvous over TCP: rank 0 serves the id on tcp://HOST:PORT, the others fetch it ----
+   rank r -> rank 0:  "QSATPID1", tp, r                   16 bytes (integers 32-bit big-endian)
+   rank 0 -> rank r:  "QSATPID1", tp, the 128-byte id     140 bytes (the id zeroed when the tp differ)
+   rank r -> rank 0:  "QSATPACK"                          8 bytes: rank r holds the id
+   Rank 0 moves every connection along at once (poll), counts each rank once, and returns only when
+   ranks 1..tp-1 have all acknowledged, so no rank is left connecting to a closed port.  A connection
+   that sends anything else, or nothing, is dropped without touching the others.  Sockets are
+   non-blocking and close-on-exec; sends never raise SIGPIPE. */
+
+#define QSA__RDV_ID 128
+#define QSA__RDV_HELLO 16
+#define QSA__RDV_REPLY (12 + QSA__RDV_ID)
+#define QSA__RDV_CONNS 64   /* connections rank 0 serves at once; later ones wait in the listen queue */
+#define QSA__RDV_CONN_S 10. /* a connection still unfinished after this long is dropped (a rank takes milliseconds) */
+
+typedef struct qsa__tp_rdv_addr {
+    char host[256]; /* a name or a numeric address, without the brackets of an IPv6 literal */
+    char port[8];
+} qsa__tp_rdv_addr;
+
+QSA_PRIV int qsa__tp_rdv_is_tcp(const char *spec) { return spec && !strncmp(spec, "tcp://", 6); }
+
+/* Split "tcp://HOST:PORT" (HOST a name, an IPv4 literal, [an IPv6 literal]; "*" for rank 0: every IPv4
+   interface, as 0.0.0.0).  `serving`: the address rank 0 listens on, else the one the others connect to. */
+QSA_PRIV qsa_result qsa__tp_rdv_parse(const char *spec, int serving, qsa__tp_rdv_addr *a) {
+    const char *h = spec + 6, *colon;
+    size_t hn;
+    memset(a, 0, sizeof *a);
+    if (*h == '[') {
+        const char *close = strchr(h, ']');
+        if (!close) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "tp rendezvous %.300s: no ']' after the IPv6 address (tcp://[ADDR]:PORT)", spec);
+        h++;
+        hn = (size_t)(close - h);
+        colon = close + 1;
+        if (*colon != ':') return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "tp rendezvous %.300s: no port (tcp://[ADDR]:PORT)", spec);
+    } else {
+        colon = strrchr(h, ':');
+        if (!colon) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "tp rendezvous %.300s: no port (tcp://HOST:PORT)", spec);
+        hn = (size_t)(colon - h);
+        if (memchr(h, ':', hn))
+            return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "tp rendezvous %.300s: an IPv6 address goes in brackets (tcp://[ADDR]:PORT)", spec);
+    }
+    if (hn == 0) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "tp rendezvous %.300s: empty host (tcp://HOST:PORT)", spec);
+    if (hn >= sizeof a->host) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "tp rendezvous %.300s: host longer than 255 characters", spec);
+    const char *p = colon + 1;
+    size_t pn = strlen(p);
+    long port = pn >= 1 && pn <= 5 && strspn(p, "0123456789") == pn ? strtol(p, NULL, 10) : -1;
+    if (port < 1 || port > 65535)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "tp rendezvous %.300s: port '%.20s' is not a number in 1..65535", spec, p);
+    memcpy(a->host, h, hn);
+    snprintf(a->port, sizeof a->port, "%ld", port);
+    if (!strcmp(a->host, "*")) {
+        if (!serving)
+            return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "tp rendezvous %.300s: '*' names no host to connect to: give ranks 1..tp-1 "
+                             "rank 0's address (tcp://HOST:%s)", spec, a->port);
+        snprintf(a->host, sizeof a->host, "0.0.0.0");
+    }
+    return QSA_OK;
+}
+
+QSA_PRIV void qsa__be32_put(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 24); p[1] = (unsigned char)(v >> 16); p[2] = (unsigned char)(v >> 8); p[3] = (unsigned char)v;
+}
+QSA_PRIV uint32_t qsa__be32_get(const unsigned char *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+/* "ADDR:PORT" (IPv6 in brackets) of a socket address, for messages. */
+QSA_PRIV void qsa__sock_name(const struct sockaddr *sa, socklen_t n, char *out, size_t cap) {
+    char h[128], p[16];
+    if (getnameinfo(sa, n, h, sizeof h, p, sizeof p, NI_NUMERICHOST | NI_NUMERICSERV) != 0) snprintf(out, cap, "(unknown address)");
+    else snprintf(out, cap, strchr(h, ':') ? "[%s]:%s" : "%s:%s", h, p);
+}
+
+/* Make a socket non-blocking and close-on-exec, without SIGPIPE where the system has SO_NOSIGPIPE:
+   0, or -1 with errno (the socket is closed). */
+QSA_PRIV int qsa__sock_setup(int fd) {
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 || fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+#ifdef SO_NOSIGPIPE
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
+#endif
+    return 0;
+}
+
+QSA_PRIV int qsa__sock_open(const struct addrinfo *ai) {
+    int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+    return fd < 0 || qsa__sock_setup(fd) < 0 ? -1 : fd;
+}
+
+/* Wait until `fd` is ready for `events`: 1, 0 at the deadline, -1 on error (errno). */
+QSA_PRIV int qsa__sock_wait(int fd, short events, double deadline) {
+    for (;;) {
+        double left = deadline - qsa__now();
+        if (left <= 0) return 0;
+        struct pollfd pfd;
+        pfd.fd = fd;
+        pfd.events = events;
+        pfd.revents = 0;
+        int n = poll(&pfd, 1, left < 1 ? (int)(left * 1e3) + 1 : 1000);
+        if (n > 0) return 1;
+        if (n < 0 && errno != EINTR) return -1;
+    }
+}
+
+/* Send (`sending`) or receive exactly n bytes before the deadline: 0, or an errno value (ETIMEDOUT at
+   the deadline, ECONNRESET when the peer closed first). */
+QSA_PRIV int qsa__sock_xfer(int fd, unsigned char *buf, size_t n, int sending, double deadline) {
+    size_t done = 0;
+    while (done < n) {
+        ssize_t k = sending ? send(fd, buf + done, n - done, MSG_NOSIGNAL) : recv(fd, buf + done, n - done, 0);
+        if (k > 0) {
+            done += (size_t)k;
+            continue;
+        }
+        if (k == 0) return ECONNRESET;
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return errno;
+        int w = qsa__sock_wait(fd, sending ? POLLOUT : POLLIN, deadline);
+        if (w == 0) return ETIMEDOUT;
+        if (w < 0) return errno;
+    }
+    return 0;
+}
+
+/* Rank 0's listening socket on the address of `a` (the first that binds), its name in `where`. */
+QSA_PRIV qsa_result qsa__tp_rdv_listen(const char *spec, const qsa__tp_rdv_addr *a, int *out, char *where, size_t cap) {
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    int e = getaddrinfo(a->host, a->port, &hints, &res);
+    if (e != 0)
+        return qsa__fail(QSA_ERR_IO, "tp rendezvous %.300s: cannot resolve %s: %s", spec, a->host,
+                         e == EAI_SYSTEM ? strerror(errno) : gai_strerror(e));
+    int fd = -1, err = 0;
+    for (const struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+        qsa__sock_name(ai->ai_addr, ai->ai_addrlen, where, cap);
+        int one = 1;
+        fd = qsa__sock_open(ai);
+        if (fd < 0) err = errno;
+        else if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 || bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 ||
+                 listen(fd, 128) != 0) {
+            err = errno;
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        return qsa__fail(QSA_ERR_IO, "tp rendezvous %.300s: cannot listen on %s: %s%s", spec, where, strerror(err),
+                         err == EADDRINUSE ? " (another process holds the port: use a free one for each launch)" : "");
+    *out = fd;
+    return QSA_OK;
+}
+
+typedef struct qsa__tp_rdv_conn {
+    int fd, phase, rank;   /* phase 0: reading the hello, 1: writing the id, 2: reading the acknowledgement */
+    size_t have;           /* bytes of the phase done */
+    double since;          /* accepted at */
+    unsigned char buf[QSA__RDV_REPLY];
+    char peer[128];
+} qsa__tp_rdv_conn;
+
+typedef struct qsa__tp_rdv_server {
+    const char *spec;
+    int tp;
+    const unsigned char *id;
+    unsigned char *acked;  /* [tp]: rank r holds the id */
+    int served, accepted, dropped;
+} qsa__tp_rdv_server;
+
+/* One read or write on a connection.  1: it stays open; 0: it is done (its rank counted) or dropped.
+   A rank started with another tp fails the rendezvous: no group can form. */
+QSA_PRIV int qsa__tp_rdv_step(qsa__tp_rdv_server *s, qsa__tp_rdv_conn *c, qsa_result *r) {
+    static const size_t need[3] = {QSA__RDV_HELLO, QSA__RDV_REPLY, 8};
+    ssize_t k = c->phase == 1 ? send(c->fd, c->buf + c->have, need[1] - c->have, MSG_NOSIGNAL)
+                              : recv(c->fd, c->buf + c->have, need[c->phase] - c->have, 0);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return 1;
+    if (k <= 0) {
+        qsa__log(QSA_LOG_DEBUG, "tp rendezvous: %s dropped in phase %d: %s", c->peer, c->phase, k ? strerror(errno) : "closed");
+        s->dropped++;
+        return 0;
+    }
+    c->have += (size_t)k;
+    if (c->have < need[c->phase]) return 1;
+    c->have = 0;
+    if (c->phase == 0) {
+        uint32_t tp = qsa__be32_get(c->buf + 8), rank = qsa__be32_get(c->buf + 12);
+        if (memcmp(c->buf, "QSATPID1", 8) || (tp == (uint32_t)s->tp && (rank < 1 || rank >= tp))) {
+            qsa__log(QSA_LOG_DEBUG, "tp rendezvous: %s sent a malformed hello, dropped", c->peer);
+            s->dropped++;
+            return 0;
+        }
+        c->rank = (int)rank;
+        qsa__be32_put(c->buf + 8, (uint32_t)s->tp);
+        if (tp != (uint32_t)s->tp) { /* tell it our tp (zero id), then fail */
+            memset(c->buf + 12, 0, QSA__RDV_ID);
+            qsa__sock_xfer(c->fd, c->buf, QSA__RDV_REPLY, 1, qsa__now() + 1);
+            *r = qsa__fail(QSA_ERR_INVALID_ARGUMENT, "tp rendezvous %.300s: rank %u (from %s) was started with tp = %u, this group has tp = %d",
+                           s->spec, rank, c->peer, tp, s->tp);
+            return 0;
+        }
+        memcpy(c->buf + 12, s->id, QSA__RDV_ID);
+        c->phase = 1;
+        return 1;
+    }
+    if (c->phase == 1) {
+        c->phase = 2;
+        return 1;
+    }
+    if (memcmp(c->buf, "QSATPACK", 8)) {
+        s->dropped++;
+        return 0;
+    }
+    if (!s->acked[c->rank]) s->served++;
+    s->acked[c->rank] = 1;
+    return 0;
+}
+
+/* "ranks 2, 5, 7" not yet served (the first 16). */
+QSA_PRIV void qsa__tp_rdv_missing(const qsa__tp_rdv_server *s, char *out, size_t cap) {
+    size_t n = 0;
+    int k = 0;
+    out[0] = 0;
+    for (int r = 1; r < s->tp && n < cap; r++) {
+        if (s->acked[r]) continue;
+        if (k++ == 16) { snprintf(out + n, cap - n, ", ..."); break; }
+        n += (size_t)snprintf(out + n, cap - n, "%s%d", k > 1 ? ", " : "", r);
+    }
+}
+
+/* Rank 0: listen on `spec` and hand `id` to ranks 1..tp-1; return once every one of them holds it,
+   or after timeout_s. */
+QSA_PRIV qsa_result qsa__tp_rdv_serve(const char *spec, int tp, const unsigned char id[QSA__RDV_ID], double timeout_s) {
+    qsa__tp_rdv_addr a;
+    char where[128];
+    int lfd = -1;
+    QSA__TRY(qsa__tp_rdv_parse(spec, 1, &a));
+    QSA__TRY(qsa__tp_rdv_listen(spec, &a, &lfd, where, sizeof where));
+    qsa__log(QSA_LOG_INFO, "tp rendezvous: rank 0 hands the NCCL id to %d rank(s) on %s", tp - 1, where);
+    qsa__tp_rdv_server s;
+    memset(&s, 0, sizeof s);
+    s.spec = spec;
+    s.tp = tp;
+    s.id = id;
+    s.acked = (unsigned char *)qsa__calloc((size_t)tp, 1);
+    qsa__tp_rdv_conn *cs = QSA__CALLOC(qsa__tp_rdv_conn, QSA__RDV_CONNS);
+    struct pollfd pfd[1 + QSA__RDV_CONNS];
+    int nc = 0;
+    qsa_result r = s.acked && cs ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp rendezvous: out of host memory");
+    double t0 = qsa__now(), deadline = t0 + timeout_s;
+    while (r == QSA_OK && s.served < tp - 1) {
+        double now = qsa__now();
+        if (now >= deadline) {
+            char missing[160];
+            qsa__tp_rdv_missing(&s, missing, sizeof missing);
+            r = qsa__fail(QSA_ERR_IO, "tp rendezvous %.300s: %d of %d ranks took the id within %g s on %s (%d connection(s) accepted, "
+                          "%d dropped; missing ranks: %s)", spec, s.served, tp - 1, timeout_s, where, s.accepted, s.dropped, missing);
+            break;
+        }
+        for (int i = nc - 1; i >= 0; i--)
+            if (now - cs[i].since > QSA__RDV_CONN_S) {
+                qsa__log(QSA_LOG_DEBUG, "tp rendezvous: %s silent for %.0f s, dropped", cs[i].peer, QSA__RDV_CONN_S);
+                s.dropped++;
+                close(cs[i].fd);
+                cs[i] = cs[--nc];
+            }
+        pfd[0].fd = lfd;
+        pfd[0].events = nc < QSA__RDV_CONNS ? POLLIN : 0;
+        pfd[0].revents = 0;
+        for (int i = 0; i < nc; i++) {
+            pfd[1 + i].fd = cs[i].fd;
+            pfd[1 + i].events = cs[i].phase == 1 ? POLLOUT : POLLIN;
+            pfd[1 + i].revents = 0;
+        }
+        double wait = deadline - now < 0.5 ? deadline - now : 0.5; /* wake up to drop stale connections */
+        int n = poll(pfd, (nfds_t)(1 + nc), (int)(wait * 1e3) + 1);
+        if (n < 0 && errno != EINTR) r = qsa__fail(QSA_ERR_IO, "tp rendezvous %.300s: poll: %s", spec, strerror(errno));
+        if (n <= 0) continue;
+        for (int i = nc - 1; i >= 0 && r == QSA_OK; i--)
+            if (pfd[1 + i].revents && !qsa__tp_rdv_step(&s, &cs[i], &r)) {
+                close(cs[i].fd);
+                cs[i] = cs[--nc];
+            }
+        while (r == QSA_OK && (pfd[0].revents & POLLIN) && nc < QSA__RDV_CONNS) {
+            struct sockaddr_storage sa;
+            socklen_t sn = sizeof sa;
+            int fd = accept(lfd, (struct sockaddr *)&sa, &sn);
+            if (fd < 0) {
+                if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED)
+                    r = qsa__fail(QSA_ERR_IO, "tp rendezvous %.300s: accept on %s: %s", spec, where, strerror(errno));
+                break;
+            }
+            if (qsa__sock_setup(fd) < 0) continue;
+            qsa__tp_rdv_conn *c = &cs[nc++];
+            memset(c, 0, sizeof *c);
+            c->fd = fd;
+            c->since = qsa__now();
+            qsa__sock_name((struct sockaddr *)&sa, sn, c->peer, sizeof c->peer);
+            s.accepted++;
+        }
+    }
+    for (int i = 0; i < nc; i++) close(cs[i].fd);
+    close(lfd);
+    qsa__free(cs);
+    qsa__free(s.acked);
+    return r;
+}
+
+/* One attempt of rank `rank` on one address of rank 0.  1: the id is in `id`; 0: try again (`last`
+   says why); -1: an answer that trying again cannot change (*r says what). */
+QSA_PRIV int qsa__tp_rdv_try(const char *spec, const struct addrinfo *ai, int tp, int rank, unsigned char *id, double deadline,
+                             char *last, size_t cap, qsa_result *r) {
+    char where[128];
+    unsigned char msg[QSA__RDV_REPLY];
+    qsa__sock_name(ai->ai_addr, ai->ai_addrlen, where, sizeof where);
+    int fd = qsa__sock_open(ai), e = 0;
+    if (fd < 0) {
+        snprintf(last, cap, "socket for %s: %s", where, strerror(errno));
+        return 0;
+    }
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+        e = errno;
+        if (e == EINPROGRESS || e == EINTR) { /* the connection goes on in the background */
+            int w = qsa__sock_wait(fd, POLLOUT, deadline), so = 0;
+            socklen_t n = sizeof so;
+            if (w == 0) e = ETIMEDOUT;
+            else if (w < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &n) != 0) e = errno;
+            else e = so;
+        }
+    }
+    memcpy(msg, "QSATPID1", 8);
+    qsa__be32_put(msg + 8, (uint32_t)tp);
+    qsa__be32_put(msg + 12, (uint32_t)rank);
+    if (!e) e = qsa__sock_xfer(fd, msg, QSA__RDV_HELLO, 1, deadline);
+    if (!e) e = qsa__sock_xfer(fd, msg, QSA__RDV_REPLY, 0, deadline);
+    int st = 0;
+    if (e) {
+        snprintf(last, cap, "%s: %s", where, e == ECONNRESET ? "connection closed by the peer" : strerror(e));
+    } else if (memcmp(msg, "QSATPID1", 8)) {
+        *r = qsa__fail(QSA_ERR_FORMAT, "tp rendezvous %.300s: %s answered without the QSATPID1 header: not a rank 0 of qsa_runtime", spec, where);
+        st = -1;
+    } else if (qsa__be32_get(msg + 8) != (uint32_t)tp) {
+        *r = qsa__fail(QSA_ERR_INVALID_ARGUMENT, "tp rendezvous %.300s: rank 0 at %s leads a group of tp = %u, this rank (%d) was started with tp = %d",
+                       spec, where, qsa__be32_get(msg + 8), rank, tp);
+        st = -1;
+    } else {
+        memcpy(id, msg + 12, QSA__RDV_ID);
+        memcpy(msg, "QSATPACK", 8);
+        e = qsa__sock_xfer(fd, msg, 8, 1, deadline);
+        if (e) snprintf(last, cap, "%s: acknowledging the id: %s", where, strerror(e));
+        st = !e;
+    }
+    close(fd);
+    return st;
+}
+
+/* Rank `rank` (1..tp-1): connect to rank 0 at `spec`, retrying until timeout_s, and read the id. */
+QSA_PRIV qsa_result qsa__tp_rdv_fetch(const char *spec, int tp, int rank, unsigned char id[QSA__RDV_ID], double timeout_s) {
+    qsa__tp_rdv_addr a;
+    QSA__TRY(qsa__tp_rdv_parse(spec, 0, &a));
+    double deadline = qsa__now() + timeout_s;
+    char last[400] = "no attempt";
+    int attempts = 0;
+    for (;;) {
+        struct addrinfo hints, *res = NULL;
+        memset(&hints, 0, sizeof hints);
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        int e = getaddrinfo(a.host, a.port, &hints, &res);
+        if (e != 0 && e != EAI_AGAIN)
+            return qsa__fail(QSA_ERR_IO, "tp rendezvous %.300s: cannot resolve %s: %s", spec, a.host,
+                             e == EAI_SYSTEM ? strerror(errno) : gai_strerror(e));
+        if (e) snprintf(last, sizeof last, "cannot resolve %s: %s", a.host, gai_strerror(e));
+        int st = 0;
+        qsa_result r = QSA_OK;
+        for (const struct addrinfo *ai = res; ai && !st; ai = ai->ai_next)
+            st = qsa__tp_rdv_try(spec, ai, tp, rank, id, deadline, last, sizeof last, &r);
+        if (res) freeaddrinfo(res);
+        attempts++;
+        if (st) return r;
+        /* every attempt gets 20 ms at least, so the last error is rank 0's answer, not the deadline's */
+        double left = deadline - qsa__now() - 0.02;
+        if (left <= 0)
+            return qsa__fail(QSA_ERR_IO, "tp rendezvous %.300s: rank %d got no id from rank 0 within %g s (%d attempt(s), last: %s); is "
+                             "rank 0 running, with the same address?", spec, rank, timeout_s, attempts, last);
+        struct timespec ts = {0, (long)((left < 0.05 ? left : 0.05) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+}
+
 #ifndef QSA_NO_CUDA
 
 typedef struct qsa__tp qsa__tp;
@@ -10501,23 +10912,29 @@ QSA_PRIV qsa_result qsa__tp_rank_init_job(qsa__tp_rank *rk, void *arg) {
 }
 
 typedef struct qsa__tp_id_arg {
-    const char *path;
+    const char *rendezvous; /* a file path or tcp://HOST:PORT */
     double timeout_s;
 } qsa__tp_id_arg;
 
-/* A multi-process rank: rank 0 makes the unique id and publishes it; the others read it; all join. */
+/* A multi-process rank: rank 0 makes the unique id and publishes it (file) or hands it to every other
+   rank (tcp); the others read it; all join. */
 QSA_PRIV qsa_result qsa__tp_comm_rank_job(qsa__tp_rank *rk, void *arg) {
     qsa__tp_id_arg *a = (qsa__tp_id_arg *)arg;
+    int tcp = qsa__tp_rdv_is_tcp(a->rendezvous);
     ncclUniqueId id;
+    unsigned char *raw = (unsigned char *)id.internal;
     memset(&id, 0, sizeof id);
     if (rk->rank == 0) {
         QSA__NCCL(qsa__nccl.ncclGetUniqueId(&id));
-        QSA__TRY(qsa__tp_id_publish(a->path, &id, sizeof id));
+        if (tcp) QSA__TRY(qsa__tp_rdv_serve(a->rendezvous, rk->t->tp, raw, a->timeout_s));
+        else QSA__TRY(qsa__tp_id_publish(a->rendezvous, &id, sizeof id));
+    } else if (tcp) {
+        QSA__TRY(qsa__tp_rdv_fetch(a->rendezvous, rk->t->tp, rk->rank, raw, a->timeout_s));
     } else {
-        QSA__TRY(qsa__tp_id_wait(a->path, &id, sizeof id, a->timeout_s));
+        QSA__TRY(qsa__tp_id_wait(a->rendezvous, &id, sizeof id, a->timeout_s));
     }
     QSA__NCCL(qsa__nccl.ncclCommInitRank(&rk->comm, rk->t->tp, id, rk->rank));
-    if (rk->rank == 0) remove(a->path); /* everyone has joined: the id is spent */
+    if (rk->rank == 0 && !tcp) remove(a->rendezvous); /* everyone has joined: the id is spent */
     return QSA_OK;
 }
 
@@ -10576,6 +10993,10 @@ QSA_PRIV qsa_result qsa__tp_init_(qsa_model *m) {
     QSA__TRY(qsa__nccl_load());
     if (multi && (p->tp_rank < 0 || p->tp_rank >= tp))
         return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "tp: tp_rank %d outside 0..%d", p->tp_rank, tp - 1);
+    if (multi && qsa__tp_rdv_is_tcp(p->tp_rendezvous)) { /* a malformed address fails now, not after the upload */
+        qsa__tp_rdv_addr addr;
+        QSA__TRY(qsa__tp_rdv_parse(p->tp_rendezvous, p->tp_rank == 0, &addr));
+    }
     if (!multi && tp > 64) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "tp: one process drives at most 64 GPUs (tp = %d)", tp);
     qsa__tp *t = QSA__CALLOC(qsa__tp, 1);
     if (!t) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp: out of host memory");
@@ -10639,7 +11060,7 @@ QSA_PRIV qsa_result qsa__tp_init_(qsa_model *m) {
         qsa__free(comms);
     } else if (r == QSA_OK) {
         qsa__tp_id_arg a;
-        a.path = p->tp_rendezvous;
+        a.rendezvous = p->tp_rendezvous;
         a.timeout_s = p->tp_timeout_s > 0 ? p->tp_timeout_s : 300;
         r = qsa__tp_exec(t, 1, qsa__tp_comm_rank_job, &a);
     }

@@ -1,20 +1,23 @@
 /* tp_launch.c - tensor-parallel generation over several processes (one GPU and one rank each), on qsa_runtime.
  *
- *   examples/tp_launch -n 2 [-m DIR] [-p TEXT] [-t TOKENS]         launcher: starts one process per GPU here
- *   examples/tp_launch --rank R --world N --rendezvous FILE [--device D] [-m DIR] [-p TEXT] [-t TOKENS]
+ *   examples/tp_launch -n 2 [--rendezvous tcp://HOST:PORT] [-m DIR] [-p TEXT] [-t TOKENS]
+ *                                                                   launcher: starts one process per GPU here
+ *   examples/tp_launch --rank R --world N --rendezvous FILE|tcp://HOST:PORT [--device D] [-m DIR] [-p TEXT] [-t TOKENS]
  *                                                                   one rank (start one per GPU, on any host)
  *   examples/tp_launch --one-process -n 2 [-m DIR] [-p TEXT]        for comparison: one process, N GPUs
  *
  * Every rank loads the model with qsa_model_params.tp = N, tp_rank = R and tp_rendezvous = FILE: rank 0
  * writes the NCCL unique id to FILE, the others wait for it, then all join one communicator
- * (ncclCommInitRank).  The ranks run the same program on the same prompt (SPMD, like torchrun): each
+ * (ncclCommInitRank).  With tcp://HOST:PORT instead, rank 0 listens there and hands the id to each
+ * rank that connects.  The ranks run the same program on the same prompt (SPMD, like torchrun): each
  * holds its share of the weights, the ranks exchange partial sums after every row-parallel block, and
  * every rank gets the same logits, bit for bit, so the same greedy tokens.  Each rank prints its text,
  * a hash of its tokens (equal on all ranks) and the communication the runtime counted.
  *
- * Several hosts: FILE must be on a file system every host sees (NFS), new for each launch; start
- * `tp_launch --rank R --world N --rendezvous FILE --device D` on each host (NCCL picks the network;
- * NCCL_SOCKET_IFNAME etc. as usual).
+ * Several hosts: start `tp_launch --rank R --world N --rendezvous SPEC --device D` on each host, SPEC
+ * either a FILE on a file system every host sees (NFS), new for each launch, or tcp://HOST:PORT with
+ * HOST rank 0's host (rank 0 may give "*" as HOST to listen on every interface).  NCCL picks the
+ * network for the collectives (NCCL_SOCKET_IFNAME etc. as usual).
  */
 #define QSA_RUNTIME_IMPLEMENTATION
 #include "../qsa_runtime.h"
@@ -31,7 +34,9 @@ static void usage(const char *argv0) {
             "      --one-process      one process drives the N GPUs (ncclCommInitAll) instead\n"
             "      --rank R           run one rank (with --world and --rendezvous)\n"
             "      --world N          ranks in the group\n"
-            "      --rendezvous FILE  the id file shared by the ranks (new for each launch)\n"
+            "      --rendezvous SPEC  how the ranks meet: an id FILE every rank sees (new for each launch), or\n"
+            "                         tcp://HOST:PORT (rank 0 listens there, the others connect; tcp://*:PORT:\n"
+            "                         rank 0 on every interface).  Launcher: tcp:// only (default: a fresh file)\n"
             "      --device D         this rank's GPU (default: R)\n"
             "  -m, --model DIR        model directory (default models/tiny)\n"
             "  -p, --prompt TEXT      prompt (chat template applied; default \"Tell me a story\")\n"
@@ -129,10 +134,15 @@ int main(int argc, char **argv) {
     if (o.nproc < 1) { usage(argv[0]); return 2; }
     o.world = o.nproc;
     if (o.one_process) { o.rank = 0; return run_rank(&o); }
-    /* the launcher: a fresh rendezvous path, one process per GPU, wait for all */
+    /* the launcher: the tcp:// address given, else a fresh rendezvous path; one process per GPU, wait for all */
+    if (o.rdv && strncmp(o.rdv, "tcp://", 6)) {
+        fprintf(stderr, "tp_launch: the launcher makes its own rendezvous file; --rendezvous takes tcp://HOST:PORT here\n");
+        return 2;
+    }
     char dir[] = "/tmp/qsa_tp_launch_XXXXXX", path[64], rs[16], ws[16];
-    if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
+    if (!o.rdv && !mkdtemp(dir)) { perror("mkdtemp"); return 1; }
     snprintf(path, sizeof path, "%s/nccl_id", dir);
+    const char *rdv = o.rdv ? o.rdv : path;
     snprintf(ws, sizeof ws, "%d", o.nproc);
     pid_t *pids = (pid_t *)calloc((size_t)o.nproc, sizeof(pid_t));
     for (int r = 0; r < o.nproc; r++) {
@@ -144,7 +154,7 @@ int main(int argc, char **argv) {
             args[k++] = argv[0];
             args[k++] = (char *)"--rank"; args[k++] = rs;
             args[k++] = (char *)"--world"; args[k++] = ws;
-            args[k++] = (char *)"--rendezvous"; args[k++] = path;
+            args[k++] = (char *)"--rendezvous"; args[k++] = (char *)rdv;
             args[k++] = (char *)"-m"; args[k++] = (char *)o.model;
             args[k++] = (char *)"-p"; args[k++] = (char *)o.prompt;
             char ts[16];
@@ -162,8 +172,10 @@ int main(int argc, char **argv) {
         int st = 0;
         if (pids[r] <= 0 || waitpid(pids[r], &st, 0) != pids[r] || !WIFEXITED(st) || WEXITSTATUS(st) != 0) failed++;
     }
-    remove(path);
-    rmdir(dir);
+    if (!o.rdv) {
+        remove(path);
+        rmdir(dir);
+    }
     free(pids);
     if (failed) fprintf(stderr, "tp_launch: %d of %d ranks failed\n", failed, o.nproc);
     return failed ? 1 : 0;

@@ -71,6 +71,7 @@ static QSA__UNUSED const char *test_path(const char *rel) {
 #include "t_planner.c"
 #include "t_gpu.c"
 #include "t_tp.c"
+#include "t_tp_rdv.c"
 #include "t_sched.c"
 
 int main(int argc, char **argv) {
