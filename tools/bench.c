@@ -86,7 +86,7 @@ int main(void) {
 #define BENCH_MAX_ROWS 128
 
 typedef struct bench_opt {
-    int quick, no_long, graphs, verbose, keep_driver_cache, device, page_size, profile;
+    int quick, no_long, graphs, verbose, keep_driver_cache, no_ceilings, device, page_size, profile;
     int steps, warmup, prefill, ctx, prefill_reps, chunk;
     int batches[BENCH_MAX_BATCHES], n_batches;
     long long ple_base;
@@ -120,6 +120,8 @@ static void usage(FILE *f) {
             "  --arch A             NVRTC target (default: the runtime's choice, see README)\n"
             "  --max-seconds S      stop starting new measurements after S seconds (default 480)\n"
             "  --keep-driver-cache  leave CUDA_CACHE_PATH alone (the cold JIT may then hit the driver's cache)\n"
+            "  --no-ceilings        skip the JIT cold/warm, copy-bandwidth, GEMM and GEMV measurements: kernels from\n"
+            "                       the usual disk cache, rows without a fraction of a ceiling (quick iterations, ncu)\n"
             "  --out FILE.json      also write the results as JSON\n"
             "  -v                   runtime log at info level\n"
             "  -h, --help           this text\n"
@@ -162,6 +164,7 @@ static int parse_args(int argc, char **argv, bench_opt *o) {
         if (!strcmp(a, "--graphs")) { o->graphs = 1; continue; }
         if (!strcmp(a, "--profile")) { o->profile = 1; continue; }
         if (!strcmp(a, "--keep-driver-cache")) { o->keep_driver_cache = 1; continue; }
+        if (!strcmp(a, "--no-ceilings")) { o->no_ceilings = 1; continue; }
         if (!strcmp(a, "-v")) { o->verbose = 1; continue; }
         if (!v) { fprintf(stderr, "bench: %s needs a value (see --help)\n", a); return -1; }
         i++;
@@ -1457,7 +1460,7 @@ int main(int argc, char **argv) {
     }
     char drv[300];
     snprintf(drv, sizeof drv, "%.280s/driver", b->tmpdir);
-    if (!b->o.keep_driver_cache) setenv("CUDA_CACHE_PATH", drv, 1); /* read by cuInit */
+    if (!b->o.keep_driver_cache && !b->o.no_ceilings) setenv("CUDA_CACHE_PATH", drv, 1); /* read by cuInit */
     if (qsa__cuda_load() != QSA_OK || qsa__nvrtc_load() != QSA_OK) {
         fprintf(stderr, "bench: no usable CUDA GPU: %s\n", qsa_last_error());
         rm_tree(b->tmpdir);
@@ -1473,11 +1476,12 @@ int main(int argc, char **argv) {
     bench_plan plan;
     memset(&plan, 0, sizeof plan);
     printf("\n== measurements ==\n");
-    bench_jit(b);
+    if (!b->o.no_ceilings) bench_jit(b);
+    else if ((r = qsa__cuda_module(b->g, b->o.arch)) != QSA_OK) row_fail(b, "kernel module", "", r);
     if (!b->g->mod) goto report;
     if ((r = fill_module(b)) != QSA_OK) { row_fail(b, "fill kernels", "bench_fill.cu", r); goto report; }
-    if (may_run(b, "copy bandwidth", "") && (r = bench_copy(b)) != QSA_OK) row_fail(b, "copy bandwidth", "", r);
-    {
+    if (!b->o.no_ceilings && may_run(b, "copy bandwidth", "") && (r = bench_copy(b)) != QSA_OK) row_fail(b, "copy bandwidth", "", r);
+    if (!b->o.no_ceilings) {
         int S = b->o.quick ? 4096 : 8192;
         if (may_run(b, "fp16 WMMA GEMM", "") && (r = bench_gemm(b, "fp16 WMMA GEMM", S, S, S, 0, 10)) != QSA_OK)
             row_fail(b, "fp16 WMMA GEMM", "", r);
