@@ -54,7 +54,10 @@
  *   per model (qsa_model_params.kv_pool_tokens); per-sequence recurrent state is allocated when a
  *   sequence is created.  Under tensor parallelism the host converts only the replicated dense
  *   tensors whole; each rank's slices of the split ones are converted from the mapping and freed
- *   once uploaded.  Host allocations go through QSA_MALLOC/QSA_REALLOC/QSA_FREE.
+ *   once uploaded.  The CUDA backend's scratch is sized for one forward call of max_chunk tokens
+ *   (qsa_model_params.max_chunk, default 512; 2048 doubles prefill speed on the real shape,
+ *   docs/PERFORMANCE.md), the routed experts' outputs taking up to 256 MiB of it per sub-chunk.
+ *   Host allocations go through QSA_MALLOC/QSA_REALLOC/QSA_FREE.
  *
  * KERNEL CACHE
  *   Compiled kernel modules are cached in $QSA_CACHE_DIR (default ~/.cache/qsa_runtime; "off"
