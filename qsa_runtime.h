@@ -390,7 +390,8 @@ typedef enum qsa_backend { QSA_BACKEND_AUTO = 0, QSA_BACKEND_CPU, QSA_BACKEND_CU
 typedef struct qsa_model_params {
     qsa_backend backend;     /* AUTO: CUDA when usable, else CPU */
     int n_threads;           /* CPU threads (0: number of online CPUs, at most 16) */
-    int gdn_chunked_prefill; /* 1: prefill Gated DeltaNet with the chunked (UT transform) form; 0: recurrence */
+    int gdn_chunked_prefill; /* 1: prefill Gated DeltaNet with the chunked (UT transform) form; 0: recurrence.
+                                CPU backend only: the CUDA backend always runs the recurrence */
     int gdn_chunk_size;      /* chunk length of that form (0: 64, as the reference) */
     int no_tokenizer;        /* 1: do not load tokenizer files even if present */
     int kv_page_size;        /* tokens per KV page (any value >= 16; 0: the hybrid rule of docs/DETERMINISM.md) */
