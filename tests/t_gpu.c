@@ -348,6 +348,26 @@ TEST(gpu, batch_decode_equals_single_feed) {
 /* (c) CUDA-graph decode gives the bits of eager decode (graphs captured at B's first step, then
    replayed while positions, pages, selections and slots change; more than max_batch requests run
    in groups). */
+/* Batched steps of 1, 7, 16, 7 again and 33 requests (groups of max_batch 16; new positions, pages
+   and slots between replays): the graph model mg gives the bits of the eager model m.  `what` names
+   the configuration in the messages. */
+static void bd_check_graphs_equal_eager(qsa_model *m, qsa_model *mg, const char *what) {
+    size_t V = (size_t)m->cfg.vocab_size;
+    float *ref = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float)), *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
+    int32_t rtok[BD_MAXREQ * BD_STEPS], tok[BD_MAXREQ * BD_STEPS];
+    static const int sizes[] = {1, 7, 16, 7, 33};
+    for (int si = 0; si < 5 && ref && lg && !T_.failed; si++) {
+        int B = sizes[si], reqs[BD_MAXREQ];
+        for (int k = 0; k < B; k++) reqs[k] = (k * 7 + si) % 37;
+        for (int k = 1; k < B; k++) /* distinct request ids */
+            for (int j = 0; j < k; j++) if (reqs[j] == reqs[k]) { reqs[k] = (reqs[k] + 1) % 37; j = -1; }
+        bd_run(m, reqs, B, 1, 0, ref, rtok);
+        bd_run(mg, reqs, B, 1, 0, lg, tok);
+        CHECKF(bd_same(m, reqs, B, ref, rtok, lg, tok), "%s, B %d: graph replay differs from eager batched decode", what, B);
+    }
+    free(ref); free(lg);
+}
+
 TEST(gpu, batch_cuda_graphs_equal_eager) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
@@ -360,20 +380,7 @@ TEST(gpu, batch_cuda_graphs_equal_eager) {
     mp.cuda_graphs = 1;
     mp.max_batch = 16;
     GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &mg);
-    size_t V = (size_t)m->cfg.vocab_size;
-    float *ref = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float)), *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
-    int32_t rtok[BD_MAXREQ * BD_STEPS], tok[BD_MAXREQ * BD_STEPS];
-    static const int sizes[] = {1, 7, 16, 7, 33};
-    for (int si = 0; si < 5 && ref && lg && !T_.failed; si++) {
-        int B = sizes[si], reqs[BD_MAXREQ];
-        for (int k = 0; k < B; k++) reqs[k] = (k * 7 + si) % 37;
-        for (int k = 1; k < B; k++) /* distinct request ids */
-            for (int j = 0; j < k; j++) if (reqs[j] == reqs[k]) { reqs[k] = (reqs[k] + 1) % 37; j = -1; }
-        bd_run(m, reqs, B, 1, 0, ref, rtok);
-        bd_run(mg, reqs, B, 1, 0, lg, tok);
-        CHECKF(bd_same(m, reqs, B, ref, rtok, lg, tok), "B %d: graph replay differs from eager batched decode", B);
-    }
-    free(ref); free(lg);
+    bd_check_graphs_equal_eager(m, mg, "one GPU");
     qsa_model_free(m);
     qsa_model_free(mg);
 }

@@ -1656,19 +1656,7 @@ TEST(nccl, tp2_batch_cuda_graphs_equal_eager) {
         qsa_model_free(m); qsa_model_free(mg);
         return;
     }
-    size_t V = (size_t)m->cfg.vocab_size;
-    float *ref = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float)), *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
-    int32_t rtok[BD_MAXREQ * BD_STEPS], tok[BD_MAXREQ * BD_STEPS];
-    static const int sizes[] = {1, 7, 16, 7, 33};
-    for (int si = 0; si < 5 && ref && lg && !T_.failed; si++) {
-        int B = sizes[si], reqs[BD_MAXREQ];
-        for (int k = 0; k < B; k++) reqs[k] = (k * 7 + si) % 37;
-        for (int k = 1; k < B; k++) /* distinct request ids */
-            for (int j = 0; j < k; j++) if (reqs[j] == reqs[k]) { reqs[k] = (reqs[k] + 1) % 37; j = -1; }
-        bd_run(m, reqs, B, 1, 0, ref, rtok);
-        bd_run(mg, reqs, B, 1, 0, lg, tok);
-        CHECKF(bd_same(m, reqs, B, ref, rtok, lg, tok), "TP 2, B %d: graph replay differs from eager batched decode", B);
-    }
+    bd_check_graphs_equal_eager(m, mg, "TP 2");
     const qsa__dbatch *b0 = mg->tp->ranks[0].view.cuda->batch, *b1 = mg->tp->ranks[1].view.cuda->batch;
     int captured = 0;
     for (int B = 1; b0 && b1 && B <= 16; B++) {
@@ -1677,7 +1665,6 @@ TEST(nccl, tp2_batch_cuda_graphs_equal_eager) {
     }
     CHECKF(captured == 3, "graphs captured for %d batch sizes, expected 3 (B = 1, 7, 16; 33 runs as 16 + 16 + 1)", captured);
     printf("    TP 2: graphs captured for %d batch sizes; replays equal eager: %s\n", captured, T_.failed ? "NO" : "yes");
-    free(ref); free(lg);
     qsa_model_free(m);
     qsa_model_free(mg);
 }
