@@ -1358,9 +1358,6 @@ extern "C" __global__ void qsa_k_ple_conv(float *__restrict__ X, const float *__
 
 #define K2_MAX_HD 1024 /* largest head (or indexer head) handled by the per-head prep kernels */
 
-/* The dynamic shared memory of the kernels below that take some (one declaration for all). */
-extern __shared__ float k2_dyn[];
-
 /* Zero-centred RMSNorm of the n values xs[] (shared memory) in place: x * (1/sqrt(mean(x^2)+eps)) * (1+w). */
 static __device__ void k2_rmsnorm_1p_smem(float *xs, const float *w, int n, float eps, float *scratch) {
     float ss = 0.0f;
@@ -1490,105 +1487,111 @@ extern "C" __global__ void qsa_k_gdn_gates(const float *__restrict__ b, const fl
     g[i] = -expf(A_log[h]) * sp;
 }
 
-/* Bytes of dynamic shared memory this launch was given. */
-static __device__ __forceinline__ unsigned k2_dyn_smem_bytes(void) {
-    unsigned n;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
-    return n;
-}
-
 #define K2_GDN_MAX_DK 512
 
 /* The recurrence for value head h = blockIdx.x.  A column j of S only ever meets itself (kv[j],
- * d[j], o[j]), so each thread owns columns j = (blockIdx.y + c*gridDim.y)*blockDim.x + threadIdx.x
- * and walks the tokens in order; per token and column the operations are those of the CPU
- * qsa__gdn_recurrent in the same order (i ascending), with fmaf:
- *   s_i = S[i][j]*exp(g);  kv = sum_i s_i k_i;  d = (v_j - kv)*beta;  S[i][j] = s_i + k_i d;  o_j = sum_i S[i][j] q_i.
- * Nothing depends on M, on the grid/block shape or on where the state is kept: tokens fed one
- * launch at a time or all at once give the same bits (outputs and state).
+ * d[j], o[j]), so each column is owned by P adjacent lanes (P = 4 for dk <= 128, 8 up to 256, 16
+ * up to 512: a function of dk alone), lane p holding the rows i = u*P + p (u ascending) of the
+ * column in registers for the whole launch; columns j = (blockIdx.y + c*gridDim.y)*(blockDim.x/P)
+ * + threadIdx.x/P.  Per token and column:
+ *   s_i = S[i][j]*exp(g);  kv = sum_i s_i k_i;  d = (v_j - kv)*beta;  S[i][j] = s_i + k_i d;  o_j = sum_i S[i][j] q_i
+ * where each lane sums its rows in ascending u with fmaf and the P partial sums are combined by an
+ * xor butterfly (every lane gets the same bits: each step adds the same two numbers).  That order
+ * depends on dk only: nothing depends on M, on the grid/block shape or on where the state is kept,
+ * so tokens fed one launch at a time or all at once give the same bits (outputs and state).  It is
+ * not the CPU's single ascending chain (the GPU agrees with it within rounding, tested).  The next
+ * token's q, k, v, g and beta are loaded while the current one is computed.
  * F16: the state is fp16 between tokens (rounded once per token after the update; o uses the fp32
- * value before that rounding).
- * When the launch brings at least 4*dk*blockDim.x*ncols bytes of dynamic shared memory (ncols =
- * columns per thread), the block's state slice stays in shared memory for the whole launch;
- * otherwise the kernel works on global memory directly.  Same numbers either way. */
+ * value before that rounding). */
+#define K2_GDN_ROWS 32 /* rows of a column per lane */
 template <bool F16>
 static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *__restrict__ q,
                                         const float *__restrict__ k, const float *__restrict__ v,
                                         const float *__restrict__ beta, const float *__restrict__ g, float *o, int M,
                                         int nk, int nv, int dk, int dv) {
     __shared__ float qs[K2_GDN_MAX_DK], ks[K2_GDN_MAX_DK];
-    if (dk > K2_GDN_MAX_DK) __trap(); /* the host validates dk */
-    int h = blockIdx.x, jl = threadIdx.x, B = blockDim.x;
-    int stride = gridDim.y * B, ncols = (dv + stride - 1) / stride;
-    int kh = h / (nv / nk);
-    bool smem = k2_dyn_smem_bytes() >= 4u * (unsigned)dk * (unsigned)B * (unsigned)ncols;
-    long long hbase = (long long)h * dk * dv;
-#define K2_SIDX(c, i) (((c) * dk + (i)) * B + jl)
-    if (smem)
-        for (int c = 0; c < ncols; c++) {
-            int j = (blockIdx.y + c * gridDim.y) * B + jl;
-            if (j < dv)
-                for (int i = 0; i < dk; i++) {
-                    long long gi = hbase + (long long)i * dv + j;
-                    k2_dyn[K2_SIDX(c, i)] = F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi];
+    if (dk > K2_GDN_MAX_DK || (blockDim.x & 31)) __trap(); /* the host validates dk */
+    const int P = dk <= 128 ? 4 : dk <= 256 ? 8 : 16, B = blockDim.x, cpb = B / P;
+    const int h = blockIdx.x, p = threadIdx.x % P, kh = h / (nv / nk);
+    const int ncols = (dv + gridDim.y * cpb - 1) / (gridDim.y * cpb);
+    const long long hbase = (long long)h * dk * dv;
+    /* this thread's share of loading a token's q and k: entries threadIdx.x + r*B */
+    enum { R = K2_GDN_MAX_DK / 32 };
+    for (int c = 0; c < ncols; c++) {
+        const int j = (blockIdx.y + c * gridDim.y) * cpb + threadIdx.x / P;
+        const bool live = j < dv;
+        float st[K2_GDN_ROWS];
+#pragma unroll
+        for (int u = 0; u < K2_GDN_ROWS; u++) {
+            const int i = u * P + p;
+            const long long gi = hbase + (long long)i * dv + j;
+            st[u] = live && i < dk ? (F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi]) : 0.0f;
+        }
+        float qn[R], kn[R], vn = 0.0f, gn = 0.0f, bn = 0.0f;
+#define K2_GDN_FETCH(t)                                                                           \
+        do {                                                                                      \
+            _Pragma("unroll") for (int r = 0; r < R; r++) {                                       \
+                const int i_ = threadIdx.x + r * B;                                               \
+                qn[r] = i_ < dk ? q[((long long)(t) * nk + kh) * dk + i_] : 0.0f;                 \
+                kn[r] = i_ < dk ? k[((long long)(t) * nk + kh) * dk + i_] : 0.0f;                 \
+            }                                                                                     \
+            vn = live ? v[((long long)(t) * nv + h) * dv + j] : 0.0f;                             \
+            gn = g[(long long)(t) * nv + h];                                                      \
+            bn = beta[(long long)(t) * nv + h];                                                   \
+        } while (0)
+        if (M > 0) K2_GDN_FETCH(0);
+        for (int t = 0; t < M; t++) {
+            __syncthreads(); /* the previous token's q, k are no longer read */
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const int i = threadIdx.x + r * B;
+                if (i < dk) {
+                    qs[i] = qn[r];
+                    ks[i] = kn[r];
                 }
-        }
-    for (int t = 0; t < M; t++) {
-        __syncthreads(); /* the previous token's q, k are no longer read */
-        for (int i = threadIdx.x; i < dk; i += B) {
-            qs[i] = q[((long long)t * nk + kh) * dk + i];
-            ks[i] = k[((long long)t * nk + kh) * dk + i];
-        }
-        __syncthreads();
-        float decay = expf(g[(long long)t * nv + h]), bt = beta[(long long)t * nv + h];
-        for (int c = 0; c < ncols; c++) {
-            int j = (blockIdx.y + c * gridDim.y) * B + jl;
-            if (j >= dv) break;
-            long long cb = hbase + j;
-            float vj = v[((long long)t * nv + h) * dv + j];
+            }
+            const float decay = expf(gn), bt = bn, vj = vn;
+            __syncthreads();
+            if (t + 1 < M) K2_GDN_FETCH(t + 1);
             float kv = 0.0f;
-            for (int i = 0; i < dk; i++) {
-                long long gi = cb + (long long)i * dv;
-                float s0 = smem ? k2_dyn[K2_SIDX(c, i)] : (F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi]);
-                kv = fmaf(__fmul_rn(s0, decay), ks[i], kv);
+#pragma unroll
+            for (int u = 0; u < K2_GDN_ROWS; u++) {
+                const int i = u * P + p;
+                if (i < dk) kv = fmaf(__fmul_rn(st[u], decay), ks[i], kv);
             }
-            float d = __fmul_rn(vj - kv, bt);
+            for (int m = 1; m < P; m <<= 1) kv += __shfl_xor_sync(QSA_FULL_MASK, kv, m);
+            const float d = __fmul_rn(vj - kv, bt);
             float oj = 0.0f;
-            for (int i = 0; i < dk; i++) {
-                long long gi = cb + (long long)i * dv;
-                float s0 = smem ? k2_dyn[K2_SIDX(c, i)] : (F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi]);
-                float sn = fmaf(ks[i], d, __fmul_rn(s0, decay));
-                if (F16) {
-                    qsa_f16 hs = qsa_f32_to_f16(sn);
-                    if (smem) k2_dyn[K2_SIDX(c, i)] = qsa_f16_to_f32(hs);
-                    else S16[gi] = hs;
-                } else {
-                    if (smem) k2_dyn[K2_SIDX(c, i)] = sn;
-                    else S32[gi] = sn;
+#pragma unroll
+            for (int u = 0; u < K2_GDN_ROWS; u++) {
+                const int i = u * P + p;
+                if (i < dk) {
+                    const float sn = fmaf(ks[i], d, __fmul_rn(st[u], decay));
+                    st[u] = F16 ? qsa_f16_to_f32(qsa_f32_to_f16(sn)) : sn;
+                    oj = fmaf(sn, qs[i], oj);
                 }
-                oj = fmaf(sn, qs[i], oj);
             }
-            o[((long long)t * nv + h) * dv + j] = oj;
+            for (int m = 1; m < P; m <<= 1) oj += __shfl_xor_sync(QSA_FULL_MASK, oj, m);
+            if (live && p == 0) o[((long long)t * nv + h) * dv + j] = oj;
+        }
+#undef K2_GDN_FETCH
+#pragma unroll
+        for (int u = 0; u < K2_GDN_ROWS; u++) {
+            const int i = u * P + p;
+            const long long gi = hbase + (long long)i * dv + j;
+            if (live && i < dk) {
+                if (F16) S16[gi] = qsa_f32_to_f16(st[u]);
+                else S32[gi] = st[u];
+            }
         }
     }
-    if (smem)
-        for (int c = 0; c < ncols; c++) {
-            int j = (blockIdx.y + c * gridDim.y) * B + jl;
-            if (j < dv)
-                for (int i = 0; i < dk; i++) {
-                    long long gi = hbase + (long long)i * dv + j;
-                    if (F16) S16[gi] = qsa_f32_to_f16(k2_dyn[K2_SIDX(c, i)]);
-                    else S32[gi] = k2_dyn[K2_SIDX(c, i)];
-                }
-        }
-#undef K2_SIDX
 }
 
 /* S [nv][dk][dv] fp32 (in/out); q, k [M][nk*dk] (normalised, q scaled); v [M][nv*dv];
  * beta, g [M][nv]; o [M][nv*dv] out.  Value head h uses key head h / (nv/nk).  dk <= 512.
- * Launch: grid (nv, Y), block B (multiple of 32), optional dynamic shared memory (see above).
- * Recommended: Y = ceil(dv/32), B = 32, 4*dk*32 bytes (16 KB for dk = 128): nv*dv/32 blocks.
- * Any (Y, B, shared memory) gives the same bits. */
+ * Launch: grid (nv, Y), block B (multiple of 32), no dynamic shared memory (any given is unused).
+ * Recommended: Y = ceil(dv / (B/P)) with B = 128: P lanes per column (4 for dk <= 128), so
+ * nv*dv*P/128 blocks.  Any (Y, B) gives the same bits. */
 extern "C" __global__ void qsa_k_gdn_recurrent(float *S, const float *__restrict__ q, const float *__restrict__ k,
                                                const float *__restrict__ v, const float *__restrict__ beta,
                                                const float *__restrict__ g, float *o, int M, int nk, int nv, int dk,

@@ -9109,6 +9109,14 @@ QSA_PRIV qsa_result qsa__cuda_ple(qsa_seq *sq, int l, const int32_t *ids, int M)
     return QSA_OK;
 }
 
+/* The GDN recurrence kernels' launch: blocks of 128 threads, P = 4 (dk <= 128), 8 or 16 lanes per
+   state column (kernels.cu), so a block covers 128 / P columns of a value head. */
+#define QSA__GDN_REC_THREADS 128
+QSA_PRIV unsigned qsa__gdn_rec_ny(int dk, int dv) {
+    int P = dk <= 128 ? 4 : dk <= 256 ? 8 : 16, cpb = QSA__GDN_REC_THREADS / P;
+    return (unsigned)((dv + cpb - 1) / cpb);
+}
+
 QSA_PRIV qsa_result qsa__cuda_gdn(qsa_seq *sq, int l, int M) {
     qsa_model *m = sq->m;
     const qsa_model_config *c = &m->cfg;
@@ -9135,11 +9143,11 @@ QSA_PRIV qsa_result qsa__cuda_gdn(qsa_seq *sq, int l, int M) {
     QSA__LAUNCH(g, gdn_conv_state, (conv_dim + 255) / 256, 1, 256, 0, &qkv, &cst, &M, &conv_dim, &Kc);
     /* one warp per 32 state columns of a value head, its slice of S in shared memory */
     CUdeviceptr S = sq->cuda->S[l];
-    unsigned ny = (unsigned)((dv + 31) / 32), smem = (unsigned)(4 * dk * 32);
+    unsigned ny = qsa__gdn_rec_ny(dk, dv), smem = 0;
     if (m->params.gdn_state_f16)
-        QSA__LAUNCH(g, gdn_recurrent_f16state, nv, ny, 32, smem, &S, &q, &k, &v, &beta, &gg, &o, &M, &nk, &nv, &dk, &dv);
+        QSA__LAUNCH(g, gdn_recurrent_f16state, nv, ny, QSA__GDN_REC_THREADS, smem, &S, &q, &k, &v, &beta, &gg, &o, &M, &nk, &nv, &dk, &dv);
     else
-        QSA__LAUNCH(g, gdn_recurrent, nv, ny, 32, smem, &S, &q, &k, &v, &beta, &gg, &o, &M, &nk, &nv, &dk, &dv);
+        QSA__LAUNCH(g, gdn_recurrent, nv, ny, QSA__GDN_REC_THREADS, smem, &S, &q, &k, &v, &beta, &gg, &o, &M, &nk, &nv, &dk, &dv);
     CUdeviceptr nw = d->gnorm_w, o16 = s->big16[0];
     QSA__LAUNCH(g, gdn_norm_gate, M * nv, 1, 128, 0, &o, &z, &nw, &o16, &nv, &dv, &eps, &gact);
     (void)value_dim;
@@ -9491,11 +9499,11 @@ QSA_PRIV qsa_result qsa__cuda_gdn_batch(qsa_model *m, int l, int B) {
     QSA__LAUNCH3(g, gdn_conv_batch, 1, 2 * nk + (conv_dim - 2 * key_dim + 255) / 256, B, 256, 0, &qkv, &cst, &cw, &q, &k, &v, &conv_dim, &key_dim, &Kc, &act, &nk, &dk);
     QSA__LAUNCH3(g, gdn_conv_state_batch, (conv_dim + 255) / 256, 1, B, 256, 0, &qkv, &cst, &conv_dim, &Kc);
     CUdeviceptr S = QSA__BROW(g->batch, S, l);
-    unsigned ny = (unsigned)((dv + 31) / 32), smem = (unsigned)(4 * dk * 32);
+    unsigned ny = qsa__gdn_rec_ny(dk, dv), smem = 0;
     if (m->params.gdn_state_f16)
-        QSA__LAUNCH3(g, gdn_recurrent_f16state_batch, nv, ny, B, 32, smem, &S, &q, &k, &v, &beta, &gg, &o, &nk, &nv, &dk, &dv);
+        QSA__LAUNCH3(g, gdn_recurrent_f16state_batch, nv, ny, B, QSA__GDN_REC_THREADS, smem, &S, &q, &k, &v, &beta, &gg, &o, &nk, &nv, &dk, &dv);
     else
-        QSA__LAUNCH3(g, gdn_recurrent_batch, nv, ny, B, 32, smem, &S, &q, &k, &v, &beta, &gg, &o, &nk, &nv, &dk, &dv);
+        QSA__LAUNCH3(g, gdn_recurrent_batch, nv, ny, B, QSA__GDN_REC_THREADS, smem, &S, &q, &k, &v, &beta, &gg, &o, &nk, &nv, &dk, &dv);
     CUdeviceptr nw = d->gnorm_w, o16 = s->big16[0];
     QSA__LAUNCH(g, gdn_norm_gate, B * nv, 1, 128, 0, &o, &z, &nw, &o16, &nv, &dv, &eps, &gact);
     return qsa__dgemm(g, o16, B, &d->out, s->out, 0);
