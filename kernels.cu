@@ -780,6 +780,21 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16
  * zero before the first launch.  Launch: grid ceil(tiles * nseg / QSA_GEMV_WARPS) with tiles =
  * ceil(M/16) * ceil(N/16), block 32 * QSA_GEMV_WARPS, M <= QSA_SPLITK_MAX_M. */
 #define QSA_GEMV_WARPS 4
+/* t = ((0 + p[0]) + p[stride]) + ... + p[(n-1)*stride], ascending (the canonical segment order), the
+   loads issued 8 at a time so the completing warp waits on memory n/8 times, not n */
+static __device__ __forceinline__ float qsa_sum_parts(const float *p, qsa_i64 stride, int n) {
+    float t = 0.0f;
+    int s = 0;
+    for (; s + 8 <= n; s += 8) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = __ldcg(p + (qsa_i64)(s + u) * stride);
+#pragma unroll
+        for (int u = 0; u < 8; u++) t = t + v[u];
+    }
+    for (; s < n; s++) t = t + __ldcg(p + (qsa_i64)s * stride);
+    return t;
+}
 template <bool NV>
 static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, const float *bias, float *Y, int M, int N,
                                       int K, int accumulate, float *part, unsigned *count) {
@@ -815,8 +830,7 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
     for (int e = lane; e < prow * 16; e += 32) {
         const int m = m0 + (e >> 4), n = n0 + (e & 15);
         if (m >= M || n >= N) continue;
-        float t = 0.0f;
-        for (int sg = 0; sg < nseg; sg++) t = t + __ldcg(pt + (qsa_i64)sg * prow * 16 + e);
+        float t = qsa_sum_parts(pt + e, (qsa_i64)prow * 16, nseg);
         if (bias) t = t + bias[n];
         float *py = Y + (qsa_i64)m * N + n;
         *py = accumulate ? *py + t : t;
@@ -1130,11 +1144,8 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
         if (n >= N) continue;
         float T[NB];
 #pragma unroll
-        for (int b = 0; b < NB; b++) {
-            T[b] = 0.0f;
-            for (int sg = 0; sg < nseg; sg++)
-                T[b] = T[b] + __ldcg(part + ((((qsa_i64)(first + r) * ncol + ct) * nseg + sg) * NB + b) * 16 + (i & 15));
-        }
+        for (int b = 0; b < NB; b++)
+            T[b] = qsa_sum_parts(part + (((qsa_i64)(first + r) * ncol + ct) * nseg * NB + b) * 16 + (i & 15), NB * 16, nseg);
         const qsa_i64 p = prow[warp][r];
         if (NB == 2) h16[p * N + n] = qsa_f32_to_f16(qsa_act(act, T[0]) * T[NB - 1]);
         else y[p * N + n] = T[0];
