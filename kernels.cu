@@ -777,36 +777,56 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16
  * ascending s, T = ((0 + P_0) + P_1) + ..., exactly the canonical order, writes Y and resets
  * count[tile] to 0 for the next launch (or graph replay).  Same bits as qsa_k_gemm_* for every
  * M, N, K.  part: [tiles][nseg][prow][16] fp32 with prow = min(M, 16); count: [tiles] unsigned,
- * zero before the first launch.  Launch: grid ceil(tiles * nseg / QSA_GEMV_WARPS) with tiles =
- * ceil(M/16) * ceil(N/16), block 32 * QSA_GEMV_WARPS, M <= QSA_SPLITK_MAX_M. */
+ * zero before the first launch.  With `whole`, a warp takes a whole tile instead (task i = tile i,
+ * the segments folded in its registers in the same order: same bits, no partials, no tickets; part
+ * and count unused), for shapes with enough tiles to fill the GPU.  Launch: grid
+ * ceil(tiles * (whole ? 1 : nseg) / QSA_GEMV_WARPS) with tiles = ceil(M/16) * ceil(N/16), block
+ * 32 * QSA_GEMV_WARPS, M <= QSA_SPLITK_MAX_M. */
 #define QSA_GEMV_WARPS 4
 /* t = ((0 + p[0]) + p[stride]) + ... + p[(n-1)*stride], ascending (the canonical segment order), the
-   loads issued 8 at a time so the completing warp waits on memory n/8 times, not n */
+   loads issued up to 32 at a time so the completing warp waits on memory once per 32 partials */
 static __device__ __forceinline__ float qsa_sum_parts(const float *p, qsa_i64 stride, int n) {
     float t = 0.0f;
-    int s = 0;
-    for (; s + 8 <= n; s += 8) {
-        float v[8];
+    for (int s = 0; s < n; s += 32) {
+        const int c = min(32, n - s);
+        float v[32];
 #pragma unroll
-        for (int u = 0; u < 8; u++) v[u] = __ldcg(p + (qsa_i64)(s + u) * stride);
+        for (int u = 0; u < 32; u++) v[u] = u < c ? __ldcg(p + (qsa_i64)(s + u) * stride) : 0.0f;
 #pragma unroll
-        for (int u = 0; u < 8; u++) t = t + v[u];
+        for (int u = 0; u < 32; u++)
+            if (u < c) t = t + v[u];
     }
-    for (; s < n; s++) t = t + __ldcg(p + (qsa_i64)s * stride);
     return t;
 }
+/* The canonical fold of a tile's segments inside one warp: T = ((0 + P_0) + P_1) + ..., element-wise
+   in the accumulator layout (the order qsa_sum_parts and the tiled core use, so the same bits). */
+template <int NB, bool NV>
+static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, int avec, const qsa_wsrc *ws, int n0,
+                                                  int N, int K, int nseg, qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c *T) {
+#pragma unroll
+    for (int b = 0; b < NB; b++) qsa_frag_zero(T[b]);
+    for (int seg = 0; seg < nseg; seg++) {
+        qsa_frag_c P[NB];
+        qsa_seg16<NB, NV>(arow, avec, ws, n0, N, K, seg, sa, sw, P);
+#pragma unroll
+        for (int b = 0; b < NB; b++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) T[b].x[i] = T[b].x[i] + P[b].x[i];
+    }
+}
+
 template <bool NV>
 static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, const float *bias, float *Y, int M, int N,
-                                      int K, int accumulate, float *part, unsigned *count) {
+                                      int K, int accumulate, float *part, unsigned *count, int whole) {
     __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][2 * 16 * QSA_ST]; /* per warp: A, then W */
     __shared__ __align__(32) float slot[QSA_GEMV_WARPS][256];
     __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
     if (blockDim.x != 32 * QSA_GEMV_WARPS || M > QSA_SPLITK_MAX_M) __trap();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mt = (M + 15) / 16, prow = M < 16 ? M : 16;
-    const int bad = K <= 0 || (NV && (K & 15)), nseg = bad ? 1 : (K + QSA_SEG - 1) / QSA_SEG;
+    const int bad = K <= 0 || (NV && (K & 15)), nseg = bad ? 1 : (K + QSA_SEG - 1) / QSA_SEG, nst = whole ? 1 : nseg;
     const qsa_i64 task = (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + warp, tiles = (qsa_i64)mt * ((N + 15) / 16);
-    if (task >= tiles * nseg) return; /* warp-level from here on: no block barriers */
-    const int tile = (int)(task / nseg), seg = (int)(task % nseg), m0 = (tile % mt) * 16, n0 = (tile / mt) * 16;
+    if (task >= tiles * nst) return; /* warp-level from here on: no block barriers */
+    const int tile = (int)(task / nst), seg = (int)(task % nst), m0 = (tile % mt) * 16, n0 = (tile / mt) * 16;
     if (bad) { /* as qsa_gemm: poison, never guess */
         for (int e = lane; e < 256; e += 32)
             if (m0 + (e >> 4) < M && n0 + (e & 15) < N) Y[(qsa_i64)(m0 + (e >> 4)) * N + n0 + (e & 15)] = QSA_QNAN;
@@ -816,35 +836,38 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
     if (lane < 16) arow[warp][lane] = m0 + lane < M ? A + (qsa_i64)(m0 + lane) * K : 0;
     __syncwarp();
     qsa_frag_c P;
-    qsa_seg16<1, NV>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * QSA_ST, &P);
+    if (whole) qsa_segs16<1, NV>(arow[warp], avec, &ws, n0, N, K, nseg, stage[warp], stage[warp] + 16 * QSA_ST, &P);
+    else qsa_seg16<1, NV>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * QSA_ST, &P);
     qsa_wmma_store(slot[warp], P, 16);
     __syncwarp();
     float *pt = part + (qsa_i64)tile * nseg * prow * 16;
-    for (int e = lane; e < prow * 16; e += 32) pt[(qsa_i64)seg * prow * 16 + e] = slot[warp][e];
-    __threadfence(); /* this warp's partial is visible device-wide before its ticket */
-    __syncwarp();
-    unsigned last = 0;
-    if (lane == 0) last = atomicAdd(&count[tile], 1u) == (unsigned)nseg - 1u;
-    if (!__shfl_sync(0xffffffffu, last, 0)) return;
-    __threadfence();
+    if (!whole) {
+        for (int e = lane; e < prow * 16; e += 32) pt[(qsa_i64)seg * prow * 16 + e] = slot[warp][e];
+        __threadfence(); /* this warp's partial is visible device-wide before its ticket */
+        __syncwarp();
+        unsigned last = 0;
+        if (lane == 0) last = atomicAdd(&count[tile], 1u) == (unsigned)nseg - 1u;
+        if (!__shfl_sync(0xffffffffu, last, 0)) return;
+        __threadfence();
+    }
     for (int e = lane; e < prow * 16; e += 32) {
         const int m = m0 + (e >> 4), n = n0 + (e & 15);
         if (m >= M || n >= N) continue;
-        float t = qsa_sum_parts(pt + e, (qsa_i64)prow * 16, nseg);
+        float t = whole ? slot[warp][e] : qsa_sum_parts(pt + e, (qsa_i64)prow * 16, nseg);
         if (bias) t = t + bias[n];
         float *py = Y + (qsa_i64)m * N + n;
         *py = accumulate ? *py + t : t;
     }
-    if (lane == 0) count[tile] = 0u;
+    if (!whole && lane == 0) count[tile] = 0u;
 }
 
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16(const qsa_f16 *__restrict__ A,
                                                                              const qsa_f16 *__restrict__ W,
                                                                              const float *__restrict__ bias, float *Y,
                                                                              int M, int N, int K, int accumulate,
-                                                                             float *part, unsigned *count) {
+                                                                             float *part, unsigned *count, int whole) {
     qsa_wsrc ws = qsa_wsrc_f16(W);
-    qsa_gemv_xwarp<false>(A, ws, bias, Y, M, N, K, accumulate, part, count);
+    qsa_gemv_xwarp<false>(A, ws, bias, Y, M, N, K, accumulate, part, count, whole);
 }
 
 /* The same with NVFP4 weights (see qsa_k_gemm_nvfp4).  Launch: as qsa_k_gemv_f16. */
@@ -853,9 +876,9 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_nvf
                                                                                const qsa_u8 *__restrict__ s, float s2,
                                                                                float *Y, int M, int N, int K,
                                                                                int accumulate, float *part,
-                                                                               unsigned *count) {
+                                                                               unsigned *count, int whole) {
     qsa_wsrc ws = qsa_wsrc_nvfp4(q, s, s2, K);
-    qsa_gemv_xwarp<true>(A, ws, 0, Y, M, N, K, accumulate, part, count);
+    qsa_gemv_xwarp<true>(A, ws, 0, Y, M, N, K, accumulate, part, count, whole);
 }
 
 /* ============================================================================================== */
@@ -943,31 +966,43 @@ extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, i
  *   tiles [max_tiles][3]: (expert, first index into pairs, count <= tr), experts ascending;
  *   *ntiles: number of tiles.  tr: pairs per tile, 16 (qsa_k_moe_gate_up / _down) or 64 (the
  *   *64 kernels).  max_tiles = ceil(MK/tr) + min(E, MK) always suffices.
- * Deterministic (no atomics).  Ids outside [0, E) are skipped (their pairs are never computed).
- * Launch: grid (1), block 1024 (any multiple of 32). */
+ *   wcnt: scratch of (blockDim.x / 32) * E ints (any contents).
+ * A counting sort: warp w owns the pairs [w*S, (w+1)*S) (S = ceil(MK / warps)) and counts them per
+ * expert (lanes with the same id found by a warp match, the group's lowest lane adds its size);
+ * then per expert the warps' counts become base offsets (ascending warps after the exclusive scan
+ * of the experts' totals), and each warp places its pairs again in ascending order (a lane's
+ * rank among equal ids below it in its group).  The output is a function of topk_ids alone, no
+ * atomics.  Ids outside [0, E) are skipped (their pairs are never computed).
+ * Launch: grid (1), block 1024 (any multiple of 32 up to 1024). */
 extern "C" __global__ void qsa_k_moe_plan(const int *__restrict__ topk_ids, int MK, int E, int *__restrict__ pairs,
-                                          int *__restrict__ tiles, int *__restrict__ ntiles, int tr) {
-    __shared__ int ids[4096];
+                                          int *__restrict__ tiles, int *__restrict__ ntiles, int tr,
+                                          int *__restrict__ wcnt) {
     __shared__ int scan[1024 + 1];
     __shared__ int tscan[1024 + 1];
     __shared__ int carry[2];
-    const int tid = threadIdx.x, nt = blockDim.x;
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+    const int S = (MK + nw - 1) / nw, sbeg = min(MK, warp * S), send = min(MK, sbeg + S);
+    const qsa_u32 below = (1u << lane) - 1u;
+    int *wc = wcnt + (qsa_i64)warp * E;
+    for (int e = lane; e < E; e += 32) wc[e] = 0;
+    __syncwarp();
+    for (int i0 = sbeg; i0 < send; i0 += 32) { /* pass 1: this warp's counts */
+        const int i = i0 + lane, id = i < send ? topk_ids[i] : -1, ok = id >= 0 && id < E;
+        const qsa_u32 grp = __match_any_sync(QSA_FULL_MASK, ok ? id : -1);
+        if (ok && (grp & below) == 0) wc[id] += __popc(grp);
+        __syncwarp();
+    }
+    __syncthreads();
     if (tid == 0) carry[0] = carry[1] = 0;
     for (int e0 = 0; e0 < E; e0 += nt) {
         const int e = e0 + tid;
         int cnt = 0;
-        for (int c0 = 0; c0 < MK; c0 += 4096) { /* pass 1: count this expert's pairs */
-            int n = min(4096, MK - c0);
-            __syncthreads();
-            for (int i = tid; i < n; i += nt) ids[i] = topk_ids[c0 + i];
-            __syncthreads();
-            if (e < E)
-                for (int i = 0; i < n; i++) cnt += ids[i] == e;
-        }
+        if (e < E)
+            for (int w = 0; w < nw; w++) cnt += wcnt[(qsa_i64)w * E + e];
         /* inclusive scans (Hillis-Steele, exact integers) of the counts and of the tile counts */
         __syncthreads();
-        scan[tid] = e < E ? cnt : 0;
-        tscan[tid] = e < E ? (cnt + tr - 1) / tr : 0;
+        scan[tid] = cnt;
+        tscan[tid] = (cnt + tr - 1) / tr;
         __syncthreads();
         for (int d = 1; d < nt; d <<= 1) {
             int a = tid >= d ? scan[tid - d] : 0, b = tid >= d ? tscan[tid - d] : 0;
@@ -976,32 +1011,35 @@ extern "C" __global__ void qsa_k_moe_plan(const int *__restrict__ topk_ids, int 
             tscan[tid] += b;
             __syncthreads();
         }
-        const int off = carry[0] + scan[tid] - (e < E ? cnt : 0);
-        const int toff = carry[1] + tscan[tid] - (e < E ? (cnt + tr - 1) / tr : 0);
+        const int off = carry[0] + scan[tid] - cnt, toff = carry[1] + tscan[tid] - (cnt + tr - 1) / tr;
         __syncthreads();
         if (tid == nt - 1) {
             carry[0] += scan[tid];
             carry[1] += tscan[tid];
         }
-        /* pass 2: place the pairs, write the tiles */
-        int placed = 0;
-        for (int c0 = 0; c0 < MK; c0 += 4096) {
-            int n = min(4096, MK - c0);
-            __syncthreads();
-            for (int i = tid; i < n; i += nt) ids[i] = topk_ids[c0 + i];
-            __syncthreads();
-            if (e < E && placed < cnt)
-                for (int i = 0; i < n; i++)
-                    if (ids[i] == e) pairs[off + placed++] = c0 + i;
-        }
-        if (e < E)
+        if (e < E) {
+            int base = off; /* the warps' counts become their first positions */
+            for (int w = 0; w < nw; w++) {
+                const int c = wcnt[(qsa_i64)w * E + e];
+                wcnt[(qsa_i64)w * E + e] = base;
+                base += c;
+            }
             for (int j = 0; j * tr < cnt; j++) {
                 int *tt = tiles + 3 * (qsa_i64)(toff + j);
                 tt[0] = e;
                 tt[1] = off + tr * j;
                 tt[2] = min(tr, cnt - tr * j);
             }
-        __syncthreads();
+        }
+    }
+    __syncthreads();
+    for (int i0 = sbeg; i0 < send; i0 += 32) { /* pass 2: place this warp's pairs */
+        const int i = i0 + lane, id = i < send ? topk_ids[i] : -1, ok = id >= 0 && id < E;
+        const qsa_u32 grp = __match_any_sync(QSA_FULL_MASK, ok ? id : -1);
+        if (ok) pairs[wc[id] + __popc(grp & below)] = i;
+        __syncwarp();
+        if (ok && (grp & below) == 0) wc[id] += __popc(grp);
+        __syncwarp();
     }
     if (tid == 0) *ntiles = carry[1];
 }
@@ -1085,23 +1123,26 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down(
  * completes a (tile, ct) (ticket in count[tile * ncol + ct]) adds the partials in ascending segment
  * order (the canonical order of the one-block kernels, hence the same bits, tested) and applies the
  * epilogue.  part (pair-indexed, so it needs no tile count): [MK][ncol][nseg][NB][16] fp32;
- * count [max_tiles * ncol], zero before, left zero.  Grid ceil(max_tiles * ncol * nseg /
- * QSA_GEMV_WARPS) (tasks past *ntiles exit), block 32 * QSA_GEMV_WARPS; H, I multiples of 16. */
+ * count [max_tiles * ncol], zero before, left zero.  With `whole`, task i = (tile, ct) and the warp
+ * folds all segments in registers (same order, same bits; part and count unused): for steps whose
+ * (tile, ct) count alone fills the GPU (batches of decode tokens).  Grid ceil(max_tiles * ncol *
+ * (whole ? 1 : nseg) / QSA_GEMV_WARPS) (tasks past *ntiles exit), block 32 * QSA_GEMV_WARPS; H, I
+ * multiples of 16. */
 template <int NB>
 static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, const int *pairs, const int *tiles,
                                      const int *ntiles, const qsa_expert_w *experts, int N, int Kd, int act,
-                                     qsa_f16 *h16, float *y, float *part, unsigned *count) {
+                                     qsa_f16 *h16, float *y, float *part, unsigned *count, int whole) {
     __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][(1 + NB) * 16 * QSA_ST];
     __shared__ __align__(32) float slot[QSA_GEMV_WARPS][NB][256];
     __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
     __shared__ int prow[QSA_GEMV_WARPS][16];
     if (blockDim.x != 32 * QSA_GEMV_WARPS) __trap();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int ncol = (N + 15) / 16, nseg = (Kd + QSA_SEG - 1) / QSA_SEG;
+    const int ncol = (N + 15) / 16, nseg = (Kd + QSA_SEG - 1) / QSA_SEG, nst = whole ? 1 : nseg;
     const qsa_i64 task = (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + warp;
-    if (Kd <= 0 || task >= (qsa_i64)*ntiles * ncol * nseg) return; /* warp-level from here on */
-    const int tile = (int)(task / ((qsa_i64)ncol * nseg)), rem = (int)(task % ((qsa_i64)ncol * nseg));
-    const int ct = rem / nseg, seg = rem % nseg, n0 = ct * 16;
+    if (Kd <= 0 || task >= (qsa_i64)*ntiles * ncol * nst) return; /* warp-level from here on */
+    const int tile = (int)(task / ((qsa_i64)ncol * nst)), rem = (int)(task % ((qsa_i64)ncol * nst));
+    const int ct = rem / nst, seg = rem % nst, n0 = ct * 16;
     const int *tt = tiles + 3 * (qsa_i64)tile;
     const int e = tt[0], first = tt[1], cnt = tt[2];
     if (lane < 16) {
@@ -1122,49 +1163,58 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
 #pragma unroll
     for (int b = 0; b < NB; b++) nv = nv && !ws[b].w16;
     const int avec = (((qsa_u64)X) & 15u) == 0 && (ldx & 7) == 0;
+    qsa_f16 *sa = stage[warp], *sw = stage[warp] + 16 * QSA_ST;
     qsa_frag_c P[NB];
-    if (nv) qsa_seg16<NB, true>(arow[warp], avec, ws, n0, N, Kd, seg, stage[warp], stage[warp] + 16 * QSA_ST, P);
-    else qsa_seg16<NB, false>(arow[warp], avec, ws, n0, N, Kd, seg, stage[warp], stage[warp] + 16 * QSA_ST, P);
+    if (whole) {
+        if (nv) qsa_segs16<NB, true>(arow[warp], avec, ws, n0, N, Kd, nseg, sa, sw, P);
+        else qsa_segs16<NB, false>(arow[warp], avec, ws, n0, N, Kd, nseg, sa, sw, P);
+    } else {
+        if (nv) qsa_seg16<NB, true>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sw, P);
+        else qsa_seg16<NB, false>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sw, P);
+    }
 #pragma unroll
     for (int b = 0; b < NB; b++) qsa_wmma_store(slot[warp][b], P[b], 16);
     __syncwarp();
-    for (int i = lane; i < cnt * 16; i += 32)
-#pragma unroll
-        for (int b = 0; b < NB; b++)
-            part[((((qsa_i64)(first + (i >> 4)) * ncol + ct) * nseg + seg) * NB + b) * 16 + (i & 15)] = slot[warp][b][i];
-    __threadfence(); /* this warp's partials are visible device-wide before its ticket */
-    __syncwarp();
-    unsigned last = 0;
     unsigned *tk = count + (qsa_i64)tile * ncol + ct;
-    if (lane == 0) last = atomicAdd(tk, 1u) == (unsigned)nseg - 1u;
-    if (!__shfl_sync(0xffffffffu, last, 0)) return;
-    __threadfence();
+    if (!whole) {
+        for (int i = lane; i < cnt * 16; i += 32)
+#pragma unroll
+            for (int b = 0; b < NB; b++)
+                part[((((qsa_i64)(first + (i >> 4)) * ncol + ct) * nseg + seg) * NB + b) * 16 + (i & 15)] = slot[warp][b][i];
+        __threadfence(); /* this warp's partials are visible device-wide before its ticket */
+        __syncwarp();
+        unsigned last = 0;
+        if (lane == 0) last = atomicAdd(tk, 1u) == (unsigned)nseg - 1u;
+        if (!__shfl_sync(0xffffffffu, last, 0)) return;
+        __threadfence();
+    }
     for (int i = lane; i < cnt * 16; i += 32) {
         const int r = i >> 4, n = n0 + (i & 15);
         if (n >= N) continue;
         float T[NB];
 #pragma unroll
         for (int b = 0; b < NB; b++)
-            T[b] = qsa_sum_parts(part + (((qsa_i64)(first + r) * ncol + ct) * nseg * NB + b) * 16 + (i & 15), NB * 16, nseg);
+            T[b] = whole ? slot[warp][b][i]
+                         : qsa_sum_parts(part + (((qsa_i64)(first + r) * ncol + ct) * nseg * NB + b) * 16 + (i & 15), NB * 16, nseg);
         const qsa_i64 p = prow[warp][r];
         if (NB == 2) h16[p * N + n] = qsa_f32_to_f16(qsa_act(act, T[0]) * T[NB - 1]);
         else y[p * N + n] = T[0];
     }
-    if (lane == 0) *tk = 0u;
+    if (!whole && lane == 0) *tk = 0u;
 }
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_gate_up_xw(
     const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
-    int K, int act, float *part, unsigned *count) {
+    int K, int act, float *part, unsigned *count, int whole) {
     if (H & 15) __trap(); /* the host validates the shapes */
-    qsa_moe_xwarp<2>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, part, count);
+    qsa_moe_xwarp<2>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, part, count, whole);
 }
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down_xw(
     const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I,
-    float *part, unsigned *count) {
+    float *part, unsigned *count, int whole) {
     if (I & 15) __trap();
-    qsa_moe_xwarp<1>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, part, count);
+    qsa_moe_xwarp<1>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, part, count, whole);
 }
 
 /* The same two GEMMs with 64-pair tiles (qsa_k_moe_plan with tr = 64), for chunks where experts
@@ -1510,26 +1560,37 @@ extern "C" __global__ void qsa_k_gdn_gates(const float *__restrict__ b, const fl
  * xor butterfly (every lane gets the same bits: each step adds the same two numbers).  That order
  * depends on dk only: nothing depends on M, on the grid/block shape or on where the state is kept,
  * so tokens fed one launch at a time or all at once give the same bits (outputs and state).  It is
- * not the CPU's single ascending chain (the GPU agrees with it within rounding, tested).  The next
- * token's q, k, v, g and beta are loaded while the current one is computed.
+ * not the CPU's single ascending chain (the GPU agrees with it within rounding, tested).  The
+ * inputs come through a shared-memory staging of T tokens (below).
  * F16: the state is fp16 between tokens (rounded once per token after the update; o uses the fp32
  * value before that rounding). */
 #define K2_GDN_ROWS 32 /* rows of a column per lane */
+/* Tokens are staged in chunks of T: the block loads the chunk's q, k (T x dk each), the v of its
+ * columns (T x B/P), g and beta (T each) with coalesced loads into shared memory, one pair of
+ * barriers per chunk, the next chunk's loads in flight (registers) while the current one is
+ * computed.  Each thread loads K2_GDN_PF elements per chunk, so T is the largest count (<= 16) whose
+ * 2*T*dk + T*B/P + 2*T elements fit K2_GDN_PF*B and the staging; T changes when and where the inputs
+ * are read, never the arithmetic. */
+#define K2_GDN_PF 36
+#define K2_GDN_STG 4608 /* floats of shared staging */
+#define K2_GDN_TMAX 16
 template <bool F16>
 static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *__restrict__ q,
                                         const float *__restrict__ k, const float *__restrict__ v,
                                         const float *__restrict__ beta, const float *__restrict__ g, float *o, int M,
                                         int nk, int nv, int dk, int dv) {
-    __shared__ float qs[K2_GDN_MAX_DK], ks[K2_GDN_MAX_DK];
-    if (dk > K2_GDN_MAX_DK || (blockDim.x & 31)) __trap(); /* the host validates dk */
+    __shared__ float stg[K2_GDN_STG];
     const int P = dk <= 128 ? 4 : dk <= 256 ? 8 : 16, B = blockDim.x, cpb = B / P;
-    const int h = blockIdx.x, p = threadIdx.x % P, kh = h / (nv / nk);
+    const int per = 2 * dk + cpb + 2, cap = min(K2_GDN_PF * B, K2_GDN_STG);
+    if (dk > K2_GDN_MAX_DK || (B & 31) || per > cap) __trap(); /* the host validates dk and the block */
+    const int T = min(K2_GDN_TMAX, cap / per), L = T * per;
+    const int h = blockIdx.x, p = threadIdx.x % P, jc = threadIdx.x / P, kh = h / (nv / nk);
     const int ncols = (dv + gridDim.y * cpb - 1) / (gridDim.y * cpb);
     const long long hbase = (long long)h * dk * dv;
-    /* this thread's share of loading a token's q and k: entries threadIdx.x + r*B */
-    enum { R = K2_GDN_MAX_DK / 32 };
+    /* the staging: qs [T][dk], ks [T][dk], vs [T][cpb], gs [T], bs [T] */
+    const float *qs = stg, *ks = stg + T * dk, *vs = stg + 2 * T * dk, *gs = vs + T * cpb, *bs = gs + T;
     for (int c = 0; c < ncols; c++) {
-        const int j = (blockIdx.y + c * gridDim.y) * cpb + threadIdx.x / P;
+        const int jb = (blockIdx.y + c * gridDim.y) * cpb, j = jb + jc;
         const bool live = j < dv;
         float st[K2_GDN_ROWS];
 #pragma unroll
@@ -1538,52 +1599,65 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
             const long long gi = hbase + (long long)i * dv + j;
             st[u] = live && i < dk ? (F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi]) : 0.0f;
         }
-        float qn[R], kn[R], vn = 0.0f, gn = 0.0f, bn = 0.0f;
-#define K2_GDN_FETCH(t)                                                                           \
+        float pf[K2_GDN_PF];
+        /* element e of the chunk starting at token t0 (zero past M or past dv) */
+#define K2_GDN_FETCH(t0)                                                                          \
         do {                                                                                      \
-            _Pragma("unroll") for (int r = 0; r < R; r++) {                                       \
-                const int i_ = threadIdx.x + r * B;                                               \
-                qn[r] = i_ < dk ? q[((long long)(t) * nk + kh) * dk + i_] : 0.0f;                 \
-                kn[r] = i_ < dk ? k[((long long)(t) * nk + kh) * dk + i_] : 0.0f;                 \
+            _Pragma("unroll") for (int r = 0; r < K2_GDN_PF; r++) {                               \
+                int e = threadIdx.x + r * B;                                                      \
+                float x = 0.0f;                                                                   \
+                if (e < 2 * T * dk) {                                                             \
+                    const float *src = e < T * dk ? q : k;                                        \
+                    e = e < T * dk ? e : e - T * dk;                                              \
+                    const int tt = e / dk, t = (t0) + tt;                                         \
+                    if (t < M) x = src[((long long)t * nk + kh) * dk + (e - tt * dk)];            \
+                } else if (e < 2 * T * dk + T * cpb) {                                            \
+                    e -= 2 * T * dk;                                                              \
+                    const int tt = e / cpb, t = (t0) + tt, jj = jb + (e - tt * cpb);              \
+                    if (t < M && jj < dv) x = v[((long long)t * nv + h) * dv + jj];               \
+                } else if (e < L) {                                                               \
+                    e -= 2 * T * dk + T * cpb;                                                    \
+                    const int t = (t0) + (e < T ? e : e - T);                                     \
+                    if (t < M) x = (e < T ? g : beta)[(long long)t * nv + h];                     \
+                }                                                                                 \
+                pf[r] = x;                                                                        \
             }                                                                                     \
-            vn = live ? v[((long long)(t) * nv + h) * dv + j] : 0.0f;                             \
-            gn = g[(long long)(t) * nv + h];                                                      \
-            bn = beta[(long long)(t) * nv + h];                                                   \
         } while (0)
         if (M > 0) K2_GDN_FETCH(0);
-        for (int t = 0; t < M; t++) {
-            __syncthreads(); /* the previous token's q, k are no longer read */
+        for (int t0 = 0; t0 < M; t0 += T) {
+            __syncthreads(); /* the previous chunk is no longer read */
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                const int i = threadIdx.x + r * B;
-                if (i < dk) {
-                    qs[i] = qn[r];
-                    ks[i] = kn[r];
-                }
+            for (int r = 0; r < K2_GDN_PF; r++) {
+                const int e = threadIdx.x + r * B;
+                if (e < L) stg[e] = pf[r];
             }
-            const float decay = expf(gn), bt = bn, vj = vn;
             __syncthreads();
-            if (t + 1 < M) K2_GDN_FETCH(t + 1);
-            float kv = 0.0f;
+            if (t0 + T < M) K2_GDN_FETCH(t0 + T);
+            const int nt = min(T, M - t0);
+            for (int tt = 0; tt < nt; tt++) {
+                const float *qt = qs + tt * dk, *kt = ks + tt * dk;
+                const float decay = expf(gs[tt]), bt = bs[tt], vj = vs[tt * cpb + jc];
+                float kv = 0.0f;
 #pragma unroll
-            for (int u = 0; u < K2_GDN_ROWS; u++) {
-                const int i = u * P + p;
-                if (i < dk) kv = fmaf(__fmul_rn(st[u], decay), ks[i], kv);
-            }
-            for (int m = 1; m < P; m <<= 1) kv += __shfl_xor_sync(QSA_FULL_MASK, kv, m);
-            const float d = __fmul_rn(vj - kv, bt);
-            float oj = 0.0f;
-#pragma unroll
-            for (int u = 0; u < K2_GDN_ROWS; u++) {
-                const int i = u * P + p;
-                if (i < dk) {
-                    const float sn = fmaf(ks[i], d, __fmul_rn(st[u], decay));
-                    st[u] = F16 ? qsa_f16_to_f32(qsa_f32_to_f16(sn)) : sn;
-                    oj = fmaf(sn, qs[i], oj);
+                for (int u = 0; u < K2_GDN_ROWS; u++) {
+                    const int i = u * P + p;
+                    if (i < dk) kv = fmaf(__fmul_rn(st[u], decay), kt[i], kv);
                 }
+                for (int m = 1; m < P; m <<= 1) kv += __shfl_xor_sync(QSA_FULL_MASK, kv, m);
+                const float d = __fmul_rn(vj - kv, bt);
+                float oj = 0.0f;
+#pragma unroll
+                for (int u = 0; u < K2_GDN_ROWS; u++) {
+                    const int i = u * P + p;
+                    if (i < dk) {
+                        const float sn = fmaf(kt[i], d, __fmul_rn(st[u], decay));
+                        st[u] = F16 ? qsa_f16_to_f32(qsa_f32_to_f16(sn)) : sn;
+                        oj = fmaf(sn, qt[i], oj);
+                    }
+                }
+                for (int m = 1; m < P; m <<= 1) oj += __shfl_xor_sync(QSA_FULL_MASK, oj, m);
+                if (live && p == 0) o[((long long)(t0 + tt) * nv + h) * dv + j] = oj;
             }
-            for (int m = 1; m < P; m <<= 1) oj += __shfl_xor_sync(QSA_FULL_MASK, oj, m);
-            if (live && p == 0) o[((long long)t * nv + h) * dv + j] = oj;
         }
 #undef K2_GDN_FETCH
 #pragma unroll
@@ -1595,6 +1669,7 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
                 else S32[gi] = st[u];
             }
         }
+        __syncthreads(); /* the next column pass restages */
     }
 }
 

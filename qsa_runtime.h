@@ -8435,6 +8435,7 @@ typedef struct qsa__dlayer {
 #define QSA__GEMV_PART_BYTES ((size_t)32 << 20) /* cross-warp GEMV partial tiles (qsa__dgemm) */
 #define QSA__GEMV_TILES 65536                     /* and its tickets: at most this many tiles */
 #define QSA__GEMV_WARPS 4                         /* warps per block of qsa_k_gemv_* (kernels.cu: QSA_GEMV_WARPS) */
+#define QSA__MOE_PLAN_THREADS 1024                /* block of qsa_k_moe_plan; its scratch holds E counts per warp */
 
 typedef struct qsa__dscratch {
     int max_tokens;
@@ -8443,7 +8444,7 @@ typedef struct qsa__dscratch {
     CUdeviceptr big16[3];
     CUdeviceptr sel, nsel, scores, logits, tokpos;
     int moe_tokens;             /* tokens per MoE sub-chunk */
-    CUdeviceptr moe_pairs, moe_tiles, moe_ntiles, moe_h16, moe_y;
+    CUdeviceptr moe_pairs, moe_tiles, moe_ntiles, moe_wcnt, moe_h16, moe_y;
     size_t big_bytes, scores_bytes;
     int max_blocks, score_rows, logit_rows;
     CUdeviceptr gemv_part, gemv_count; /* cross-warp GEMV partial tiles and tile tickets (qsa__dgemm) */
@@ -8824,6 +8825,7 @@ QSA_PRIV qsa_result qsa__cuda_scratch(qsa_model *m, qsa__cuda *g, int T) {
         QSA__TRY(qsa__dalloc(g, &s->moe_pairs, MK * 4, cnt, "MoE scratch"));
         QSA__TRY(qsa__dalloc(g, &s->moe_tiles, tiles * 3 * 4, cnt, "MoE scratch"));
         QSA__TRY(qsa__dalloc(g, &s->moe_ntiles, 4, cnt, "MoE scratch"));
+        QSA__TRY(qsa__dalloc(g, &s->moe_wcnt, (size_t)QSA__MOE_PLAN_THREADS / 32 * c->num_experts * 4, cnt, "MoE scratch"));
         QSA__TRY(qsa__dalloc(g, &s->moe_h16, MK * c->moe_intermediate_size * 2, cnt, "MoE scratch"));
         QSA__TRY(qsa__dalloc(g, &s->moe_y, MK * c->hidden_size * 4, cnt, "MoE scratch"));
     }
@@ -9014,20 +9016,31 @@ QSA_PRIV int qsa__moe_xwarp(const qsa__cuda *g, int MK, int max_tiles, int H, in
            (size_t)((parts_gu > parts_d ? parts_gu : parts_d) * 4) <= QSA__GEMV_PART_BYTES;
 }
 
+/* Whether the cross-warp kernels give each warp a whole tile (all K segments, folded in registers)
+   rather than one segment: once the tiles alone (per column tile for the experts) number
+   QSA__XW_WHOLE_PER_SM warps per SM, there is parallelism enough without the partials and tickets.
+   Same bits either way. */
+#define QSA__XW_WHOLE_PER_SM 32
+QSA_PRIV int qsa__xw_whole(const qsa__cuda *g, long long tiles) {
+    return tiles >= (long long)QSA__XW_WHOLE_PER_SM * (g->sm_count > 0 ? g->sm_count : 1);
+}
+
 /* Y[M][out] (+)= A16[M][in] W^T (+ bias) */
 QSA_PRIV qsa_result qsa__dgemm(qsa__cuda *g, CUdeviceptr A16, int M, const qsa__dlin *w, CUdeviceptr Y, int accumulate) {
     int N = w->out, K = w->in;
     if (qsa__gemv_xwarp(g, M, N, K)) {
-        long long tasks = (long long)((M + 15) / 16) * ((N + 15) / 16) * ((K + 255) / 256);
+        long long tiles = (long long)((M + 15) / 16) * ((N + 15) / 16);
+        int whole = qsa__xw_whole(g, tiles);
+        long long tasks = tiles * (whole ? 1 : (K + 255) / 256);
         unsigned gx = (unsigned)((tasks + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS), bx = 32 * QSA__GEMV_WARPS;
         CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
         if (w->w16) {
             CUdeviceptr W = w->w16, B = w->bias;
-            QSA__LAUNCH(g, gemv_f16, gx, 1, bx, 0, &A16, &W, &B, &Y, &M, &N, &K, &accumulate, &part, &cnt);
+            QSA__LAUNCH(g, gemv_f16, gx, 1, bx, 0, &A16, &W, &B, &Y, &M, &N, &K, &accumulate, &part, &cnt, &whole);
         } else {
             CUdeviceptr q = w->q, s = w->s;
             float s2 = w->s2;
-            QSA__LAUNCH(g, gemv_nvfp4, gx, 1, bx, 0, &A16, &q, &s, &s2, &Y, &M, &N, &K, &accumulate, &part, &cnt);
+            QSA__LAUNCH(g, gemv_nvfp4, gx, 1, bx, 0, &A16, &q, &s, &s2, &Y, &M, &N, &K, &accumulate, &part, &cnt, &whole);
         }
         return QSA_OK;
     }
@@ -9243,16 +9256,19 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
         int tr = MK >= 16 * E ? 64 : 16, max_tiles = (MK + tr - 1) / tr + (E < MK ? E : MK);
         CUdeviceptr x16 = s->inp16 + (size_t)t0 * H * 2, ids = tid + (size_t)t0 * K * 4, w = tw + (size_t)t0 * K * 4;
         CUdeviceptr outp = s->out + (size_t)t0 * H * 4;
-        QSA__LAUNCH(g, moe_plan, 1, 1, 1024, 0, &ids, &MK, &E, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &tr);
+        QSA__LAUNCH(g, moe_plan, 1, 1, QSA__MOE_PLAN_THREADS, 0, &ids, &MK, &E, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &tr,
+                    &s->moe_wcnt);
         if (tr == 16 && qsa__moe_xwarp(g, MK, max_tiles, H, I)) {
             CUdeviceptr part = s->gemv_part, cnt = s->gemv_count;
-            unsigned bx = 32 * QSA__GEMV_WARPS, nseg_h = (unsigned)((H + 255) / 256), nseg_i = (unsigned)((I + 255) / 256);
-            unsigned gx1 = (unsigned)(((long long)max_tiles * ((I + 15) / 16) * nseg_h + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
-            unsigned gx2 = (unsigned)(((long long)max_tiles * ((H + 15) / 16) * nseg_i + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
+            long long t1 = (long long)max_tiles * ((I + 15) / 16), t2 = (long long)max_tiles * ((H + 15) / 16);
+            int whole1 = qsa__xw_whole(g, t1), whole2 = qsa__xw_whole(g, t2);
+            unsigned bx = 32 * QSA__GEMV_WARPS;
+            unsigned gx1 = (unsigned)((t1 * (whole1 ? 1 : (H + 255) / 256) + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
+            unsigned gx2 = (unsigned)((t2 * (whole2 ? 1 : (I + 255) / 256) + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
             QSA__LAUNCH(g, moe_gate_up_xw, gx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
-                        &s->moe_h16, &H, &I, &K, &act, &part, &cnt);
+                        &s->moe_h16, &H, &I, &K, &act, &part, &cnt, &whole1);
             QSA__LAUNCH(g, moe_down_xw, gx2, 1, bx, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
-                        &s->moe_y, &H, &I, &part, &cnt);
+                        &s->moe_y, &H, &I, &part, &cnt, &whole2);
         } else if (tr == 64) {
             QSA__LAUNCH(g, moe_gate_up64, max_tiles, (I + 31) / 32, 256, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles,
                         &ex, &s->moe_h16, &H, &I, &K, &act);

@@ -745,7 +745,7 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
     float s2 = 0.017f;
     int acc0 = 0, acc1 = 1, nseg = (K + 255) / 256, prow = M < 16 ? M : 16;
     int tiles = ((M + 15) / 16) * ((N + 15) / 16);
-    unsigned gx = (unsigned)((tiles * nseg + 3) / 4), bx = 32 * 4; /* QSA_GEMV_WARPS = 4 */
+    unsigned bx = 32 * 4; /* QSA_GEMV_WARPS = 4 */
     CUdeviceptr dA, dW = 0, dq = 0, ds = 0, dB = 0, dnull = 0, dY, dpart, dcnt;
     K1_ALLOC(a16, uint16_t, M * K);
     K1_ALLOC(af, float, M * K);
@@ -790,28 +790,34 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
         K1_TRY(k1_launch("qsa_k_gemm_f16", k1_gemm_grid(M, N), 1, 256, args2));
     }
     K1_TRY(k1_get(Yacc, dY, sizeof(float) * M * N));
-    for (int rep = 0; rep < 2; rep++) {
+    /* launches 1 and 2: a segment per warp (partials, tickets: back at zero after launch 1); 3: a
+       whole tile per warp */
+    for (int rep = 0; rep < 3; rep++) {
         char what[128];
+        int whole = rep == 2;
+        unsigned gx = (unsigned)((tiles * (whole ? 1 : nseg) + 3) / 4);
         K1_TRY(k1_poison(dY, sizeof(float) * M * N));
         if (nvfp4) {
-            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc0, &dpart, &dcnt};
+            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc0, &dpart, &dcnt, &whole};
             K1_TRY(k1_launch("qsa_k_gemv_nvfp4", gx, 1, bx, args));
         } else {
-            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc0, &dpart, &dcnt};
+            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc0, &dpart, &dcnt, &whole};
             K1_TRY(k1_launch("qsa_k_gemv_f16", gx, 1, bx, args));
         }
         K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
-        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d launch %d vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K, rep + 1);
+        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d launch %d%s vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K, rep + 1,
+                 whole ? " (whole tiles)" : "");
         CHECK(!k1_same(what, Y0, Y1, (size_t)M * N, 4));
         if (nvfp4) {
-            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc1, &dpart, &dcnt};
+            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc1, &dpart, &dcnt, &whole};
             K1_TRY(k1_launch("qsa_k_gemv_nvfp4", gx, 1, bx, args));
         } else {
-            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc1, &dpart, &dcnt};
+            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc1, &dpart, &dcnt, &whole};
             K1_TRY(k1_launch("qsa_k_gemv_f16", gx, 1, bx, args));
         }
         K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
-        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d accumulate vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K);
+        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d accumulate%s vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K,
+                 whole ? " (whole tiles)" : "");
         CHECK(!k1_same(what, Yacc, Y1, (size_t)M * N, 4));
     }
     (void)dnull;
@@ -949,20 +955,23 @@ typedef struct k1_moe_dev {
 static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const int *ids, const float *tw, int M, int K,
                              int act, int tr, uint16_t *h16, float *y, float *out, int *pairs, int *tiles, int *ntiles) {
     k1_mem mem = {{0}, 0, {0}, 0};
-    int xw = tr < 0; /* tr = -16: 16-pair tiles through the cross-warp kernels (qsa_k_moe_*_xw) */
+    /* tr = -16: 16-pair tiles through the cross-warp kernels (qsa_k_moe_*_xw), a K segment per warp;
+       tr = -256: the same with a whole tile per warp */
+    int xw = tr < 0, whole = tr == -256;
     if (xw) tr = 16;
     int MK = M * K, E = md->E, H = md->H, I = md->I, t64 = tr == 64;
     int max_tiles = (MK + tr - 1) / tr + (E < MK ? E : MK);
     int nsh = (H + 255) / 256, nsi = (I + 255) / 256, ncol = (H > I ? H : I) / 16;
     size_t nparts = (size_t)MK * ((size_t)(I / 16) * nsh * 2 > (size_t)(H / 16) * nsi ? (size_t)(I / 16) * nsh * 2 : (size_t)(H / 16) * nsi) * 16;
     CUdeviceptr dpart = 0, dcnt = 0;
-    CUdeviceptr dx, di, dw, dp, dt, dn, dh, dy, dout, dex = md->ex;
+    CUdeviceptr dx, di, dw, dp, dt, dn, dwc, dh, dy, dout, dex = md->ex;
     qsa_result r = k1_dev(&mem, &dx, x16, sizeof(uint16_t) * (size_t)M * H);
     if (r == QSA_OK) r = k1_dev(&mem, &di, ids, sizeof(int) * (size_t)MK);
     if (r == QSA_OK) r = k1_dev(&mem, &dw, tw, sizeof(float) * (size_t)MK);
     if (r == QSA_OK) r = k1_dev(&mem, &dp, NULL, sizeof(int) * (size_t)MK);
     if (r == QSA_OK) r = k1_dev(&mem, &dt, NULL, sizeof(int) * 3 * (size_t)max_tiles);
     if (r == QSA_OK) r = k1_dev(&mem, &dn, NULL, sizeof(int));
+    if (r == QSA_OK) r = k1_dev(&mem, &dwc, NULL, sizeof(int) * 32 * (size_t)E);
     if (r == QSA_OK) r = k1_dev(&mem, &dh, NULL, sizeof(uint16_t) * (size_t)MK * I);
     if (r == QSA_OK) r = k1_dev(&mem, &dy, NULL, sizeof(float) * (size_t)MK * H);
     if (r == QSA_OK) r = k1_dev(&mem, &dout, NULL, sizeof(float) * (size_t)M * H);
@@ -970,21 +979,21 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
     if (r == QSA_OK && xw) r = k1_dev(&mem, &dcnt, NULL, sizeof(unsigned) * (size_t)max_tiles * ncol);
     if (r == QSA_OK && xw) r = QSA__CU_R(qsa__cu.cuMemsetD8_v2(dcnt, 0, sizeof(unsigned) * (size_t)max_tiles * ncol));
     if (r == QSA_OK) {
-        void *args[] = {&di, &MK, &E, &dp, &dt, &dn, &tr};
+        void *args[] = {&di, &MK, &E, &dp, &dt, &dn, &tr, &dwc};
         r = k1_launch("qsa_k_moe_plan", 1, 1, 1024, args);
     }
     for (int rep = 0; rep < (xw ? 2 : 1); rep++) { /* xw twice: the tickets must be back at zero */
         if (r == QSA_OK && xw) {
-            void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act, &dpart, &dcnt};
-            r = k1_launch("qsa_k_moe_gate_up_xw", (unsigned)(((size_t)max_tiles * (I / 16) * nsh + 3) / 4), 1, 128, args);
+            void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act, &dpart, &dcnt, &whole};
+            r = k1_launch("qsa_k_moe_gate_up_xw", (unsigned)(((size_t)max_tiles * (I / 16) * (whole ? 1 : nsh) + 3) / 4), 1, 128, args);
         } else if (r == QSA_OK) {
             void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act};
             r = k1_launch(t64 ? "qsa_k_moe_gate_up64" : "qsa_k_moe_gate_up", (unsigned)max_tiles,
                           (unsigned)(t64 ? (I + 31) / 32 : (I + 15) / 16), 256, args);
         }
         if (r == QSA_OK && xw) {
-            void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I, &dpart, &dcnt};
-            r = k1_launch("qsa_k_moe_down_xw", (unsigned)(((size_t)max_tiles * (H / 16) * nsi + 3) / 4), 1, 128, args);
+            void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I, &dpart, &dcnt, &whole};
+            r = k1_launch("qsa_k_moe_down_xw", (unsigned)(((size_t)max_tiles * (H / 16) * (whole ? 1 : nsi) + 3) / 4), 1, 128, args);
         } else if (r == QSA_OK) {
             void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I};
             r = k1_launch(t64 ? "qsa_k_moe_down64" : "qsa_k_moe_down", (unsigned)max_tiles,
@@ -1188,9 +1197,78 @@ static void k1_moe_case(int M, int E, int K, int H, int I, int act) {
         CHECK(!k1_same("moe cross-warp == one-block kernels (h16)", h64, h16, (size_t)MK * I, 2));
         CHECK(!k1_same("moe cross-warp == one-block kernels (y)", y64, y, (size_t)MK * H, 4));
         CHECK(!k1_same("moe cross-warp == one-block kernels (out)", out64, out, (size_t)M * H, 4));
+        K1_TRY(k1_run_moe(&md, x16, ids, tw, M, K, act, -256, h64, y64, out64, NULL, NULL, &nt64));
+        CHECK(!k1_same("moe cross-warp, whole tiles == one-block kernels (h16)", h64, h16, (size_t)MK * I, 2));
+        CHECK(!k1_same("moe cross-warp, whole tiles == one-block kernels (y)", y64, y, (size_t)MK * H, 4));
+        CHECK(!k1_same("moe cross-warp, whole tiles == one-block kernels (out)", out64, out, (size_t)M * H, 4));
     }
 done:
     k1_free(&mem);
+}
+
+/* qsa_k_moe_plan against the plan built here (a stable counting sort): pairs, tiles, tile count
+   equal for random routings with invalid ids, skewed and uniform expert choices, prefill-sized
+   MK, both tile sizes and several block sizes (the plan must not depend on the block). */
+TEST(gpu, k1_moe_plan) {
+    K1_NEED_GPU();
+    static const int cases[][3] = {{10, 512, 0}, {320, 512, 0}, {20480, 512, 0}, {20480, 512, 1}, {777, 7, 0}, {5000, 1100, 0}, {1, 3, 0}};
+    static const int blocks[] = {1024, 256, 32};
+    k1_seed(91);
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int MK = cases[ci][0], E = cases[ci][1], skew = cases[ci][2];
+        k1_mem mem = {{0}, 0, {0}, 0};
+        int *ids = NULL, *want_p = NULL, *want_t = NULL, *got_p = NULL, *got_t = NULL, *cnt = NULL;
+        int maxt = MK + (E < MK ? E : MK);
+        K1_ALLOC(ids, int, MK);
+        K1_ALLOC(want_p, int, MK);
+        K1_ALLOC(got_p, int, MK);
+        K1_ALLOC(want_t, int, 3 * maxt);
+        K1_ALLOC(got_t, int, 3 * maxt);
+        K1_ALLOC(cnt, int, E + 1);
+        for (int i = 0; i < MK; i++) {
+            double u = k1_u(0, 1);
+            ids[i] = skew ? (int)(E * u * u * u) : (int)(E * u);
+            if (ids[i] >= E) ids[i] = E - 1;
+            if (k1_u(0, 1) < 0.01) ids[i] = k1_u(0, 1) < 0.5 ? -1 - (int)(5 * k1_u(0, 1)) : E + (int)(5 * k1_u(0, 1));
+        }
+        CUdeviceptr di, dp, dt, dn, dwc;
+        qsa_result r = k1_dev(&mem, &di, ids, sizeof(int) * (size_t)MK);
+        if (r == QSA_OK) r = k1_dev(&mem, &dp, NULL, sizeof(int) * (size_t)MK);
+        if (r == QSA_OK) r = k1_dev(&mem, &dt, NULL, sizeof(int) * 3 * (size_t)maxt);
+        if (r == QSA_OK) r = k1_dev(&mem, &dn, NULL, sizeof(int));
+        if (r == QSA_OK) r = k1_dev(&mem, &dwc, NULL, sizeof(int) * 32 * (size_t)E);
+        for (int tr = 16; tr <= 64 && r == QSA_OK; tr += 48) {
+            int nwant = 0, np = 0;
+            memset(cnt, 0, sizeof(int) * (size_t)(E + 1));
+            for (int i = 0; i < MK; i++)
+                if (ids[i] >= 0 && ids[i] < E) cnt[ids[i]]++;
+            for (int e = 0; e < E; e++) {
+                for (int j = 0; j * tr < cnt[e]; j++) {
+                    want_t[3 * nwant] = e;
+                    want_t[3 * nwant + 1] = np + tr * j;
+                    want_t[3 * nwant + 2] = cnt[e] - tr * j < tr ? cnt[e] - tr * j : tr;
+                    nwant++;
+                }
+                for (int i = 0; i < MK; i++)
+                    if (ids[i] == e) want_p[np++] = i;
+            }
+            for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0] && r == QSA_OK; bi++) {
+                int ngot = -1, mk = MK, e_ = E, tr_ = tr;
+                void *args[] = {&di, &mk, &e_, &dp, &dt, &dn, &tr_, &dwc};
+                r = k1_launch("qsa_k_moe_plan", 1, 1, (unsigned)blocks[bi], args);
+                if (r == QSA_OK) r = k1_get(got_p, dp, sizeof(int) * (size_t)np);
+                if (r == QSA_OK) r = k1_get(&ngot, dn, sizeof(int));
+                if (r == QSA_OK && ngot == nwant) r = k1_get(got_t, dt, sizeof(int) * 3 * (size_t)nwant);
+                CHECK_OK(r);
+                CHECKF(r != QSA_OK || (ngot == nwant && !memcmp(got_p, want_p, sizeof(int) * (size_t)np) &&
+                                       !memcmp(got_t, want_t, sizeof(int) * 3 * (size_t)nwant)),
+                       "moe_plan MK %d E %d tr %d block %d: %d tiles (want %d) or pairs/tiles differ", MK, E, tr,
+                       blocks[bi], ngot, nwant);
+            }
+        }
+    done:
+        k1_free(&mem);
+    }
 }
 
 TEST(gpu, k1_moe) {
