@@ -777,25 +777,24 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16
  * ascending s, T = ((0 + P_0) + P_1) + ..., exactly the canonical order, writes Y and resets
  * count[tile] to 0 for the next launch (or graph replay).  Same bits as qsa_k_gemm_* for every
  * M, N, K.  part: [tiles][nseg][prow][16] fp32 with prow = min(M, 16); count: [tiles] unsigned,
- * zero before the first launch.  With `whole`, a warp takes a whole tile instead (task i = tile i,
- * the segments folded in its registers in the same order: same bits, no partials, no tickets; part
- * and count unused), for shapes with enough tiles to fill the GPU.  Launch: grid
- * ceil(tiles * (whole ? 1 : nseg) / QSA_GEMV_WARPS) with tiles = ceil(M/16) * ceil(N/16), block
- * 32 * QSA_GEMV_WARPS, M <= QSA_SPLITK_MAX_M. */
+ * zero before the first launch.  Launch: grid ceil(tiles * nseg / QSA_GEMV_WARPS) with tiles =
+ * ceil(M/16) * ceil(N/16), block 32 * QSA_GEMV_WARPS, M <= QSA_SPLITK_MAX_M.  (A whole tile per
+ * warp, the segments folded in registers, measured slower here: lm_head 520 -> 630 us.) */
 #define QSA_GEMV_WARPS 4
 /* t = ((0 + p[0]) + p[stride]) + ... + p[(n-1)*stride], ascending (the canonical segment order), the
-   loads issued up to 32 at a time so the completing warp waits on memory once per 32 partials */
+   loads issued 8 at a time so the completing warp waits on memory n/8 times, not n (32 at a time
+   measured slower: decode GEMVs 10-30% longer) */
 static __device__ __forceinline__ float qsa_sum_parts(const float *p, qsa_i64 stride, int n) {
     float t = 0.0f;
-    for (int s = 0; s < n; s += 32) {
-        const int c = min(32, n - s);
-        float v[32];
+    int s = 0;
+    for (; s + 8 <= n; s += 8) {
+        float v[8];
 #pragma unroll
-        for (int u = 0; u < 32; u++) v[u] = u < c ? __ldcg(p + (qsa_i64)(s + u) * stride) : 0.0f;
+        for (int u = 0; u < 8; u++) v[u] = __ldcg(p + (qsa_i64)(s + u) * stride);
 #pragma unroll
-        for (int u = 0; u < 32; u++)
-            if (u < c) t = t + v[u];
+        for (int u = 0; u < 8; u++) t = t + v[u];
     }
+    for (; s < n; s++) t = t + __ldcg(p + (qsa_i64)s * stride);
     return t;
 }
 /* The canonical fold of a tile's segments inside one warp: T = ((0 + P_0) + P_1) + ..., element-wise
@@ -817,16 +816,16 @@ static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, in
 
 template <bool NV>
 static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, const float *bias, float *Y, int M, int N,
-                                      int K, int accumulate, float *part, unsigned *count, int whole) {
+                                      int K, int accumulate, float *part, unsigned *count) {
     __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][2 * 16 * QSA_ST]; /* per warp: A, then W */
     __shared__ __align__(32) float slot[QSA_GEMV_WARPS][256];
     __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
     if (blockDim.x != 32 * QSA_GEMV_WARPS || M > QSA_SPLITK_MAX_M) __trap();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mt = (M + 15) / 16, prow = M < 16 ? M : 16;
-    const int bad = K <= 0 || (NV && (K & 15)), nseg = bad ? 1 : (K + QSA_SEG - 1) / QSA_SEG, nst = whole ? 1 : nseg;
+    const int bad = K <= 0 || (NV && (K & 15)), nseg = bad ? 1 : (K + QSA_SEG - 1) / QSA_SEG;
     const qsa_i64 task = (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + warp, tiles = (qsa_i64)mt * ((N + 15) / 16);
-    if (task >= tiles * nst) return; /* warp-level from here on: no block barriers */
-    const int tile = (int)(task / nst), seg = (int)(task % nst), m0 = (tile % mt) * 16, n0 = (tile / mt) * 16;
+    if (task >= tiles * nseg) return; /* warp-level from here on: no block barriers */
+    const int tile = (int)(task / nseg), seg = (int)(task % nseg), m0 = (tile % mt) * 16, n0 = (tile / mt) * 16;
     if (bad) { /* as qsa_gemm: poison, never guess */
         for (int e = lane; e < 256; e += 32)
             if (m0 + (e >> 4) < M && n0 + (e & 15) < N) Y[(qsa_i64)(m0 + (e >> 4)) * N + n0 + (e & 15)] = QSA_QNAN;
@@ -836,38 +835,35 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
     if (lane < 16) arow[warp][lane] = m0 + lane < M ? A + (qsa_i64)(m0 + lane) * K : 0;
     __syncwarp();
     qsa_frag_c P;
-    if (whole) qsa_segs16<1, NV>(arow[warp], avec, &ws, n0, N, K, nseg, stage[warp], stage[warp] + 16 * QSA_ST, &P);
-    else qsa_seg16<1, NV>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * QSA_ST, &P);
+    qsa_seg16<1, NV>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * QSA_ST, &P);
     qsa_wmma_store(slot[warp], P, 16);
     __syncwarp();
     float *pt = part + (qsa_i64)tile * nseg * prow * 16;
-    if (!whole) {
-        for (int e = lane; e < prow * 16; e += 32) pt[(qsa_i64)seg * prow * 16 + e] = slot[warp][e];
-        __threadfence(); /* this warp's partial is visible device-wide before its ticket */
-        __syncwarp();
-        unsigned last = 0;
-        if (lane == 0) last = atomicAdd(&count[tile], 1u) == (unsigned)nseg - 1u;
-        if (!__shfl_sync(0xffffffffu, last, 0)) return;
-        __threadfence();
-    }
+    for (int e = lane; e < prow * 16; e += 32) pt[(qsa_i64)seg * prow * 16 + e] = slot[warp][e];
+    __threadfence(); /* this warp's partial is visible device-wide before its ticket */
+    __syncwarp();
+    unsigned last = 0;
+    if (lane == 0) last = atomicAdd(&count[tile], 1u) == (unsigned)nseg - 1u;
+    if (!__shfl_sync(0xffffffffu, last, 0)) return;
+    __threadfence();
     for (int e = lane; e < prow * 16; e += 32) {
         const int m = m0 + (e >> 4), n = n0 + (e & 15);
         if (m >= M || n >= N) continue;
-        float t = whole ? slot[warp][e] : qsa_sum_parts(pt + e, (qsa_i64)prow * 16, nseg);
+        float t = qsa_sum_parts(pt + e, (qsa_i64)prow * 16, nseg);
         if (bias) t = t + bias[n];
         float *py = Y + (qsa_i64)m * N + n;
         *py = accumulate ? *py + t : t;
     }
-    if (!whole && lane == 0) count[tile] = 0u;
+    if (lane == 0) count[tile] = 0u;
 }
 
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16(const qsa_f16 *__restrict__ A,
                                                                              const qsa_f16 *__restrict__ W,
                                                                              const float *__restrict__ bias, float *Y,
                                                                              int M, int N, int K, int accumulate,
-                                                                             float *part, unsigned *count, int whole) {
+                                                                             float *part, unsigned *count) {
     qsa_wsrc ws = qsa_wsrc_f16(W);
-    qsa_gemv_xwarp<false>(A, ws, bias, Y, M, N, K, accumulate, part, count, whole);
+    qsa_gemv_xwarp<false>(A, ws, bias, Y, M, N, K, accumulate, part, count);
 }
 
 /* The same with NVFP4 weights (see qsa_k_gemm_nvfp4).  Launch: as qsa_k_gemv_f16. */
@@ -876,9 +872,9 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_nvf
                                                                                const qsa_u8 *__restrict__ s, float s2,
                                                                                float *Y, int M, int N, int K,
                                                                                int accumulate, float *part,
-                                                                               unsigned *count, int whole) {
+                                                                               unsigned *count) {
     qsa_wsrc ws = qsa_wsrc_nvfp4(q, s, s2, K);
-    qsa_gemv_xwarp<true>(A, ws, 0, Y, M, N, K, accumulate, part, count, whole);
+    qsa_gemv_xwarp<true>(A, ws, 0, Y, M, N, K, accumulate, part, count);
 }
 
 /* ============================================================================================== */
@@ -1123,15 +1119,15 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down(
  * completes a (tile, ct) (ticket in count[tile * ncol + ct]) adds the partials in ascending segment
  * order (the canonical order of the one-block kernels, hence the same bits, tested) and applies the
  * epilogue.  part (pair-indexed, so it needs no tile count): [MK][ncol][nseg][NB][16] fp32;
- * count [max_tiles * ncol], zero before, left zero.  With `whole`, task i = (tile, ct) and the warp
- * folds all segments in registers (same order, same bits; part and count unused): for steps whose
- * (tile, ct) count alone fills the GPU (batches of decode tokens).  Grid ceil(max_tiles * ncol *
- * (whole ? 1 : nseg) / QSA_GEMV_WARPS) (tasks past *ntiles exit), block 32 * QSA_GEMV_WARPS; H, I
- * multiples of 16. */
-template <int NB>
+ * count [max_tiles * ncol], zero before, left zero.  Whole-tile forms (qsa_k_moe_*_xwk): task i =
+ * (tile, ct) and the warp folds all segments in registers (same order, same bits; no partials, no
+ * tickets), for steps whose (tile, ct) count alone fills the GPU (batches of decode tokens).  Grid
+ * ceil(max_tiles * ncol * (whole ? 1 : nseg) / QSA_GEMV_WARPS) (tasks past *ntiles exit), block
+ * 32 * QSA_GEMV_WARPS; H, I multiples of 16. */
+template <int NB, bool whole>
 static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, const int *pairs, const int *tiles,
                                      const int *ntiles, const qsa_expert_w *experts, int N, int Kd, int act,
-                                     qsa_f16 *h16, float *y, float *part, unsigned *count, int whole) {
+                                     qsa_f16 *h16, float *y, float *part, unsigned *count) {
     __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][(1 + NB) * 16 * QSA_ST];
     __shared__ __align__(32) float slot[QSA_GEMV_WARPS][NB][256];
     __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
@@ -1205,16 +1201,30 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_gate_up_xw(
     const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
-    int K, int act, float *part, unsigned *count, int whole) {
+    int K, int act, float *part, unsigned *count) {
     if (H & 15) __trap(); /* the host validates the shapes */
-    qsa_moe_xwarp<2>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, part, count, whole);
+    qsa_moe_xwarp<2, false>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, part, count);
 }
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down_xw(
     const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I,
-    float *part, unsigned *count, int whole) {
+    float *part, unsigned *count) {
     if (I & 15) __trap();
-    qsa_moe_xwarp<1>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, part, count, whole);
+    qsa_moe_xwarp<1, false>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, part, count);
+}
+/* The whole-tile forms (own entry points: the split forms keep their smaller register count). */
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_gate_up_xwk(
+    const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
+    const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
+    int K, int act) {
+    if (H & 15) __trap();
+    qsa_moe_xwarp<2, true>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, 0, 0);
+}
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down_xwk(
+    const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
+    const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I) {
+    if (I & 15) __trap();
+    qsa_moe_xwarp<1, true>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, 0, 0);
 }
 
 /* The same two GEMMs with 64-pair tiles (qsa_k_moe_plan with tr = 64), for chunks where experts
@@ -1568,11 +1578,11 @@ extern "C" __global__ void qsa_k_gdn_gates(const float *__restrict__ b, const fl
 /* Tokens are staged in chunks of T: the block loads the chunk's q, k (T x dk each), the v of its
  * columns (T x B/P), g and beta (T each) with coalesced loads into shared memory, one pair of
  * barriers per chunk, the next chunk's loads in flight (registers) while the current one is
- * computed.  Each thread loads K2_GDN_PF elements per chunk, so T is the largest count (<= 16) whose
- * 2*T*dk + T*B/P + 2*T elements fit K2_GDN_PF*B and the staging; T changes when and where the inputs
+ * computed.  Each thread loads K2_GDN_PF elements per chunk, so T is the largest count (<= 16, <= M)
+ * whose 2*T*dk + T*B/P + 2*T elements fit K2_GDN_PF*B and the staging; T changes when and where the inputs
  * are read, never the arithmetic. */
-#define K2_GDN_PF 36
-#define K2_GDN_STG 4608 /* floats of shared staging */
+#define K2_GDN_PF 20 /* with blocks of 128 and dk = 128: T = 8 */
+#define K2_GDN_STG 4096 /* floats of shared staging (16 KB: with 32 KB of dynamic memory, 48 KB) */
 #define K2_GDN_TMAX 16
 template <bool F16>
 static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *__restrict__ q,
@@ -1583,7 +1593,7 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
     const int P = dk <= 128 ? 4 : dk <= 256 ? 8 : 16, B = blockDim.x, cpb = B / P;
     const int per = 2 * dk + cpb + 2, cap = min(K2_GDN_PF * B, K2_GDN_STG);
     if (dk > K2_GDN_MAX_DK || (B & 31) || per > cap) __trap(); /* the host validates dk and the block */
-    const int T = min(K2_GDN_TMAX, cap / per), L = T * per;
+    const int T = max(1, min(min(K2_GDN_TMAX, cap / per), M)), L = T * per;
     const int h = blockIdx.x, p = threadIdx.x % P, jc = threadIdx.x / P, kh = h / (nv / nk);
     const int ncols = (dv + gridDim.y * cpb - 1) / (gridDim.y * cpb);
     const long long hbase = (long long)h * dk * dv;
@@ -1677,7 +1687,7 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
  * beta, g [M][nv]; o [M][nv*dv] out.  Value head h uses key head h / (nv/nk).  dk <= 512.
  * Launch: grid (nv, Y), block B (multiple of 32), no dynamic shared memory (any given is unused).
  * Recommended: Y = ceil(dv / (B/P)) with B = 128: P lanes per column (4 for dk <= 128), so
- * nv*dv*P/128 blocks.  Any (Y, B) gives the same bits. */
+ * nv*dv*P/128 blocks.  Any (Y, B) gives the same bits (B >= 64 when dk > 256: the staging). */
 extern "C" __global__ void qsa_k_gdn_recurrent(float *S, const float *__restrict__ q, const float *__restrict__ k,
                                                const float *__restrict__ v, const float *__restrict__ beta,
                                                const float *__restrict__ g, float *o, int M, int nk, int nv, int dk,

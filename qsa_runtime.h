@@ -8371,7 +8371,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inj_weights) X(inject) X(to_f16)                     \
-    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_combine)       \
+    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_combine)       \
     X(shared_combine) X(act_mul)                                                                         \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_gates) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
@@ -9016,10 +9016,10 @@ QSA_PRIV int qsa__moe_xwarp(const qsa__cuda *g, int MK, int max_tiles, int H, in
            (size_t)((parts_gu > parts_d ? parts_gu : parts_d) * 4) <= QSA__GEMV_PART_BYTES;
 }
 
-/* Whether the cross-warp kernels give each warp a whole tile (all K segments, folded in registers)
-   rather than one segment: once the tiles alone (per column tile for the experts) number
-   QSA__XW_WHOLE_PER_SM warps per SM, there is parallelism enough without the partials and tickets.
-   Same bits either way. */
+/* Whether the cross-warp expert kernels give each warp a whole tile (all K segments, folded in
+   registers: qsa_k_moe_*_xwk) rather than one segment: once the (tile, column tile) pairs alone
+   number QSA__XW_WHOLE_PER_SM warps per SM, there is parallelism enough without the partials and
+   tickets.  Same bits either way. */
 #define QSA__XW_WHOLE_PER_SM 32
 QSA_PRIV int qsa__xw_whole(const qsa__cuda *g, long long tiles) {
     return tiles >= (long long)QSA__XW_WHOLE_PER_SM * (g->sm_count > 0 ? g->sm_count : 1);
@@ -9029,18 +9029,16 @@ QSA_PRIV int qsa__xw_whole(const qsa__cuda *g, long long tiles) {
 QSA_PRIV qsa_result qsa__dgemm(qsa__cuda *g, CUdeviceptr A16, int M, const qsa__dlin *w, CUdeviceptr Y, int accumulate) {
     int N = w->out, K = w->in;
     if (qsa__gemv_xwarp(g, M, N, K)) {
-        long long tiles = (long long)((M + 15) / 16) * ((N + 15) / 16);
-        int whole = qsa__xw_whole(g, tiles);
-        long long tasks = tiles * (whole ? 1 : (K + 255) / 256);
+        long long tasks = (long long)((M + 15) / 16) * ((N + 15) / 16) * ((K + 255) / 256);
         unsigned gx = (unsigned)((tasks + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS), bx = 32 * QSA__GEMV_WARPS;
         CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
         if (w->w16) {
             CUdeviceptr W = w->w16, B = w->bias;
-            QSA__LAUNCH(g, gemv_f16, gx, 1, bx, 0, &A16, &W, &B, &Y, &M, &N, &K, &accumulate, &part, &cnt, &whole);
+            QSA__LAUNCH(g, gemv_f16, gx, 1, bx, 0, &A16, &W, &B, &Y, &M, &N, &K, &accumulate, &part, &cnt);
         } else {
             CUdeviceptr q = w->q, s = w->s;
             float s2 = w->s2;
-            QSA__LAUNCH(g, gemv_nvfp4, gx, 1, bx, 0, &A16, &q, &s, &s2, &Y, &M, &N, &K, &accumulate, &part, &cnt, &whole);
+            QSA__LAUNCH(g, gemv_nvfp4, gx, 1, bx, 0, &A16, &q, &s, &s2, &Y, &M, &N, &K, &accumulate, &part, &cnt);
         }
         return QSA_OK;
     }
@@ -9265,10 +9263,18 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
             unsigned bx = 32 * QSA__GEMV_WARPS;
             unsigned gx1 = (unsigned)((t1 * (whole1 ? 1 : (H + 255) / 256) + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
             unsigned gx2 = (unsigned)((t2 * (whole2 ? 1 : (I + 255) / 256) + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
-            QSA__LAUNCH(g, moe_gate_up_xw, gx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
-                        &s->moe_h16, &H, &I, &K, &act, &part, &cnt, &whole1);
-            QSA__LAUNCH(g, moe_down_xw, gx2, 1, bx, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
-                        &s->moe_y, &H, &I, &part, &cnt, &whole2);
+            if (whole1)
+                QSA__LAUNCH(g, moe_gate_up_xwk, gx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
+                            &s->moe_h16, &H, &I, &K, &act);
+            else
+                QSA__LAUNCH(g, moe_gate_up_xw, gx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
+                            &s->moe_h16, &H, &I, &K, &act, &part, &cnt);
+            if (whole2)
+                QSA__LAUNCH(g, moe_down_xwk, gx2, 1, bx, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
+                            &s->moe_y, &H, &I);
+            else
+                QSA__LAUNCH(g, moe_down_xw, gx2, 1, bx, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
+                            &s->moe_y, &H, &I, &part, &cnt);
         } else if (tr == 64) {
             QSA__LAUNCH(g, moe_gate_up64, max_tiles, (I + 31) / 32, 256, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles,
                         &ex, &s->moe_h16, &H, &I, &K, &act);

@@ -745,7 +745,7 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
     float s2 = 0.017f;
     int acc0 = 0, acc1 = 1, nseg = (K + 255) / 256, prow = M < 16 ? M : 16;
     int tiles = ((M + 15) / 16) * ((N + 15) / 16);
-    unsigned bx = 32 * 4; /* QSA_GEMV_WARPS = 4 */
+    unsigned gx = (unsigned)((tiles * nseg + 3) / 4), bx = 32 * 4; /* QSA_GEMV_WARPS = 4 */
     CUdeviceptr dA, dW = 0, dq = 0, ds = 0, dB = 0, dnull = 0, dY, dpart, dcnt;
     K1_ALLOC(a16, uint16_t, M * K);
     K1_ALLOC(af, float, M * K);
@@ -790,34 +790,28 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
         K1_TRY(k1_launch("qsa_k_gemm_f16", k1_gemm_grid(M, N), 1, 256, args2));
     }
     K1_TRY(k1_get(Yacc, dY, sizeof(float) * M * N));
-    /* launches 1 and 2: a segment per warp (partials, tickets: back at zero after launch 1); 3: a
-       whole tile per warp */
-    for (int rep = 0; rep < 3; rep++) {
+    for (int rep = 0; rep < 2; rep++) { /* twice: the tickets must be back at zero */
         char what[128];
-        int whole = rep == 2;
-        unsigned gx = (unsigned)((tiles * (whole ? 1 : nseg) + 3) / 4);
         K1_TRY(k1_poison(dY, sizeof(float) * M * N));
         if (nvfp4) {
-            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc0, &dpart, &dcnt, &whole};
+            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc0, &dpart, &dcnt};
             K1_TRY(k1_launch("qsa_k_gemv_nvfp4", gx, 1, bx, args));
         } else {
-            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc0, &dpart, &dcnt, &whole};
+            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc0, &dpart, &dcnt};
             K1_TRY(k1_launch("qsa_k_gemv_f16", gx, 1, bx, args));
         }
         K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
-        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d launch %d%s vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K, rep + 1,
-                 whole ? " (whole tiles)" : "");
+        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d launch %d vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K, rep + 1);
         CHECK(!k1_same(what, Y0, Y1, (size_t)M * N, 4));
         if (nvfp4) {
-            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc1, &dpart, &dcnt, &whole};
+            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc1, &dpart, &dcnt};
             K1_TRY(k1_launch("qsa_k_gemv_nvfp4", gx, 1, bx, args));
         } else {
-            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc1, &dpart, &dcnt, &whole};
+            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc1, &dpart, &dcnt};
             K1_TRY(k1_launch("qsa_k_gemv_f16", gx, 1, bx, args));
         }
         K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
-        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d accumulate%s vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K,
-                 whole ? " (whole tiles)" : "");
+        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d accumulate vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K);
         CHECK(!k1_same(what, Yacc, Y1, (size_t)M * N, 4));
     }
     (void)dnull;
@@ -956,7 +950,7 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
                              int act, int tr, uint16_t *h16, float *y, float *out, int *pairs, int *tiles, int *ntiles) {
     k1_mem mem = {{0}, 0, {0}, 0};
     /* tr = -16: 16-pair tiles through the cross-warp kernels (qsa_k_moe_*_xw), a K segment per warp;
-       tr = -256: the same with a whole tile per warp */
+       tr = -256: the whole-tile forms (qsa_k_moe_*_xwk) */
     int xw = tr < 0, whole = tr == -256;
     if (xw) tr = 16;
     int MK = M * K, E = md->E, H = md->H, I = md->I, t64 = tr == 64;
@@ -983,17 +977,23 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
         r = k1_launch("qsa_k_moe_plan", 1, 1, 1024, args);
     }
     for (int rep = 0; rep < (xw ? 2 : 1); rep++) { /* xw twice: the tickets must be back at zero */
-        if (r == QSA_OK && xw) {
-            void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act, &dpart, &dcnt, &whole};
-            r = k1_launch("qsa_k_moe_gate_up_xw", (unsigned)(((size_t)max_tiles * (I / 16) * (whole ? 1 : nsh) + 3) / 4), 1, 128, args);
+        if (r == QSA_OK && xw && whole) {
+            void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act};
+            r = k1_launch("qsa_k_moe_gate_up_xwk", (unsigned)(((size_t)max_tiles * (I / 16) + 3) / 4), 1, 128, args);
+        } else if (r == QSA_OK && xw) {
+            void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act, &dpart, &dcnt};
+            r = k1_launch("qsa_k_moe_gate_up_xw", (unsigned)(((size_t)max_tiles * (I / 16) * nsh + 3) / 4), 1, 128, args);
         } else if (r == QSA_OK) {
             void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act};
             r = k1_launch(t64 ? "qsa_k_moe_gate_up64" : "qsa_k_moe_gate_up", (unsigned)max_tiles,
                           (unsigned)(t64 ? (I + 31) / 32 : (I + 15) / 16), 256, args);
         }
-        if (r == QSA_OK && xw) {
-            void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I, &dpart, &dcnt, &whole};
-            r = k1_launch("qsa_k_moe_down_xw", (unsigned)(((size_t)max_tiles * (H / 16) * (whole ? 1 : nsi) + 3) / 4), 1, 128, args);
+        if (r == QSA_OK && xw && whole) {
+            void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I};
+            r = k1_launch("qsa_k_moe_down_xwk", (unsigned)(((size_t)max_tiles * (H / 16) + 3) / 4), 1, 128, args);
+        } else if (r == QSA_OK && xw) {
+            void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I, &dpart, &dcnt};
+            r = k1_launch("qsa_k_moe_down_xw", (unsigned)(((size_t)max_tiles * (H / 16) * nsi + 3) / 4), 1, 128, args);
         } else if (r == QSA_OK) {
             void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I};
             r = k1_launch(t64 ? "qsa_k_moe_down64" : "qsa_k_moe_down", (unsigned)max_tiles,
