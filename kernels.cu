@@ -456,11 +456,24 @@ static __device__ __forceinline__ qsa_u32 qsa_prmt(qsa_u32 a, qsa_u32 b, qsa_u32
     return d;
 }
 
+/* {fp16(lo), fp16(hi)} packed (lo in bits 0-15), both rounded to nearest even: one instruction on
+   sm_80+ (cvt.rn.f16x2.f32), two conversions before */
+static __device__ __forceinline__ qsa_u32 qsa_f16x2(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+    qsa_u32 d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+#else
+    return (qsa_u32)qsa_f32_to_f16(lo) | ((qsa_u32)qsa_f32_to_f16(hi) << 16);
+#endif
+}
+
 static __device__ __forceinline__ qsa_fp4lut qsa_fp4_lut(float scale) {
-    qsa_u32 h[8];
+    float v[8];
 #pragma unroll
-    for (int m = 0; m < 8; m++) h[m] = qsa_f32_to_f16(qsa_e2m1_fast((qsa_u32)m) * scale);
-    const qsa_u32 p01 = h[0] | (h[1] << 16), p23 = h[2] | (h[3] << 16), p45 = h[4] | (h[5] << 16), p67 = h[6] | (h[7] << 16);
+    for (int m = 0; m < 8; m++) v[m] = qsa_e2m1_fast((qsa_u32)m) * scale;
+    const qsa_u32 p01 = qsa_f16x2(v[0], v[1]), p23 = qsa_f16x2(v[2], v[3]), p45 = qsa_f16x2(v[4], v[5]),
+                  p67 = qsa_f16x2(v[6], v[7]);
     qsa_fp4lut t;
     t.lo0 = qsa_prmt(p01, p23, 0x6420u); /* bytes 0, 2, 4, 6: the low bytes of h[0..3] */
     t.hi0 = qsa_prmt(p01, p23, 0x7531u);
