@@ -1597,19 +1597,17 @@ extern "C" __global__ void qsa_k_gdn_gates(const float *__restrict__ b, const fl
 #define K2_GDN_PF 20 /* with blocks of 128 and dk = 128: T = 8 */
 #define K2_GDN_STG 4096 /* floats of shared staging (16 KB: with 32 KB of dynamic memory, 48 KB) */
 #define K2_GDN_TMAX 16
-/* P is a template parameter so that a lane's rows i = u*P + p are immediate offsets from its base;
- * FULL: dk == K2_GDN_ROWS * P (every lane has all its rows: no per-row test). */
-template <bool F16, int P, bool FULL>
-static __device__ __noinline__ void k2_gdn_recurrent_p(float *S32, qsa_f16 *S16, const float *__restrict__ q,
-                                                       const float *__restrict__ k, const float *__restrict__ v,
-                                                       const float *__restrict__ beta, const float *__restrict__ g,
-                                                       float *o, int M, int nk, int nv, int dk, int dv, float *stg) {
-    const int B = blockDim.x, cpb = B / P;
+template <bool F16>
+static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *__restrict__ q,
+                                        const float *__restrict__ k, const float *__restrict__ v,
+                                        const float *__restrict__ beta, const float *__restrict__ g, float *o, int M,
+                                        int nk, int nv, int dk, int dv) {
+    __shared__ float stg[K2_GDN_STG];
+    const int P = dk <= 128 ? 4 : dk <= 256 ? 8 : 16, B = blockDim.x, cpb = B / P;
     const int per = 2 * dk + cpb + 2, cap = min(K2_GDN_PF * B, K2_GDN_STG);
     if (dk > K2_GDN_MAX_DK || (B & 31) || per > cap) __trap(); /* the host validates dk and the block */
     const int T = max(1, min(min(K2_GDN_TMAX, cap / per), M)), L = T * per;
     const int h = blockIdx.x, p = threadIdx.x % P, jc = threadIdx.x / P, kh = h / (nv / nk);
-    const int nu = FULL ? K2_GDN_ROWS : (dk - p + P - 1) / P; /* this lane's rows: u < nu (i < dk) */
     const int ncols = (dv + gridDim.y * cpb - 1) / (gridDim.y * cpb);
     const long long hbase = (long long)h * dk * dv;
     /* the staging: qs [T][dk], ks [T][dk], vs [T][cpb], gs [T], bs [T] */
@@ -1620,8 +1618,9 @@ static __device__ __noinline__ void k2_gdn_recurrent_p(float *S32, qsa_f16 *S16,
         float st[K2_GDN_ROWS];
 #pragma unroll
         for (int u = 0; u < K2_GDN_ROWS; u++) {
-            const long long gi = hbase + (long long)(u * P + p) * dv + j;
-            st[u] = live && (FULL || u < nu) ? (F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi]) : 0.0f;
+            const int i = u * P + p;
+            const long long gi = hbase + (long long)i * dv + j;
+            st[u] = live && i < dk ? (F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi]) : 0.0f;
         }
         float pf[K2_GDN_PF];
         /* element e of the chunk starting at token t0 (zero past M or past dv) */
@@ -1659,27 +1658,26 @@ static __device__ __noinline__ void k2_gdn_recurrent_p(float *S32, qsa_f16 *S16,
             if (t0 + T < M) K2_GDN_FETCH(t0 + T);
             const int nt = min(T, M - t0);
             for (int tt = 0; tt < nt; tt++) {
-                const float *qt = qs + tt * dk + p, *kt = ks + tt * dk + p; /* row u of this lane: [u * P] */
+                const float *qt = qs + tt * dk, *kt = ks + tt * dk;
                 const float decay = expf(gs[tt]), bt = bs[tt], vj = vs[tt * cpb + jc];
                 float kv = 0.0f;
 #pragma unroll
-                for (int u = 0; u < K2_GDN_ROWS; u++)
-                    if (FULL || u < nu) {
-                        st[u] = __fmul_rn(st[u], decay); /* s_i = S[i][j] * exp(g) */
-                        kv = fmaf(st[u], kt[u * P], kv);
-                    }
-#pragma unroll
+                for (int u = 0; u < K2_GDN_ROWS; u++) {
+                    const int i = u * P + p;
+                    if (i < dk) kv = fmaf(__fmul_rn(st[u], decay), kt[i], kv);
+                }
                 for (int m = 1; m < P; m <<= 1) kv += __shfl_xor_sync(QSA_FULL_MASK, kv, m);
                 const float d = __fmul_rn(vj - kv, bt);
                 float oj = 0.0f;
 #pragma unroll
-                for (int u = 0; u < K2_GDN_ROWS; u++)
-                    if (FULL || u < nu) {
-                        const float sn = fmaf(kt[u * P], d, st[u]);
+                for (int u = 0; u < K2_GDN_ROWS; u++) {
+                    const int i = u * P + p;
+                    if (i < dk) {
+                        const float sn = fmaf(kt[i], d, __fmul_rn(st[u], decay));
                         st[u] = F16 ? qsa_f16_to_f32(qsa_f32_to_f16(sn)) : sn;
-                        oj = fmaf(sn, qt[u * P], oj);
+                        oj = fmaf(sn, qt[i], oj);
                     }
-#pragma unroll
+                }
                 for (int m = 1; m < P; m <<= 1) oj += __shfl_xor_sync(QSA_FULL_MASK, oj, m);
                 if (live && p == 0) o[((long long)(t0 + tt) * nv + h) * dv + j] = oj;
             }
@@ -1687,26 +1685,15 @@ static __device__ __noinline__ void k2_gdn_recurrent_p(float *S32, qsa_f16 *S16,
 #undef K2_GDN_FETCH
 #pragma unroll
         for (int u = 0; u < K2_GDN_ROWS; u++) {
-            const long long gi = hbase + (long long)(u * P + p) * dv + j;
-            if (live && (FULL || u < nu)) {
+            const int i = u * P + p;
+            const long long gi = hbase + (long long)i * dv + j;
+            if (live && i < dk) {
                 if (F16) S16[gi] = qsa_f32_to_f16(st[u]);
                 else S32[gi] = st[u];
             }
         }
         __syncthreads(); /* the next column pass restages */
     }
-}
-/* P = 4 lanes per column for dk <= 128, 8 up to 256, 16 up to 512 (a function of dk alone). */
-template <bool F16>
-static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *__restrict__ q,
-                                        const float *__restrict__ k, const float *__restrict__ v,
-                                        const float *__restrict__ beta, const float *__restrict__ g, float *o, int M,
-                                        int nk, int nv, int dk, int dv) {
-    __shared__ float stg[K2_GDN_STG];
-    if (dk == 128) k2_gdn_recurrent_p<F16, 4, true>(S32, S16, q, k, v, beta, g, o, M, nk, nv, dk, dv, stg);
-    else if (dk < 128) k2_gdn_recurrent_p<F16, 4, false>(S32, S16, q, k, v, beta, g, o, M, nk, nv, dk, dv, stg);
-    else if (dk <= 256) k2_gdn_recurrent_p<F16, 8, false>(S32, S16, q, k, v, beta, g, o, M, nk, nv, dk, dv, stg);
-    else k2_gdn_recurrent_p<F16, 16, false>(S32, S16, q, k, v, beta, g, o, M, nk, nv, dk, dv, stg);
 }
 
 /* S [nv][dk][dv] fp32 (in/out); q, k [M][nk*dk] (normalised, q scaled); v [M][nv*dv];
