@@ -1608,6 +1608,7 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
     if (dk > K2_GDN_MAX_DK || (B & 31) || per > cap) __trap(); /* the host validates dk and the block */
     const int T = max(1, min(min(K2_GDN_TMAX, cap / per), M)), L = T * per;
     const int h = blockIdx.x, p = threadIdx.x % P, jc = threadIdx.x / P, kh = h / (nv / nk);
+    const int nu = (dk - p + P - 1) / P; /* this lane's rows i = u*P + p < dk: u < nu */
     const int ncols = (dv + gridDim.y * cpb - 1) / (gridDim.y * cpb);
     const long long hbase = (long long)h * dk * dv;
     /* the staging: qs [T][dk], ks [T][dk], vs [T][cpb], gs [T], bs [T] */
@@ -1658,26 +1659,25 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
             if (t0 + T < M) K2_GDN_FETCH(t0 + T);
             const int nt = min(T, M - t0);
             for (int tt = 0; tt < nt; tt++) {
-                const float *qt = qs + tt * dk, *kt = ks + tt * dk;
+                const float *qt = qs + tt * dk + p, *kt = ks + tt * dk + p; /* this lane's row u: [u * P] */
                 const float decay = expf(gs[tt]), bt = bs[tt], vj = vs[tt * cpb + jc];
                 float kv = 0.0f;
 #pragma unroll
-                for (int u = 0; u < K2_GDN_ROWS; u++) {
-                    const int i = u * P + p;
-                    if (i < dk) kv = fmaf(__fmul_rn(st[u], decay), kt[i], kv);
-                }
+                for (int u = 0; u < K2_GDN_ROWS; u++)
+                    if (u < nu) {
+                        st[u] = __fmul_rn(st[u], decay); /* s_i = S[i][j] exp(g), kept for the update */
+                        kv = fmaf(st[u], kt[u * P], kv);
+                    }
                 for (int m = 1; m < P; m <<= 1) kv += __shfl_xor_sync(QSA_FULL_MASK, kv, m);
                 const float d = __fmul_rn(vj - kv, bt);
                 float oj = 0.0f;
 #pragma unroll
-                for (int u = 0; u < K2_GDN_ROWS; u++) {
-                    const int i = u * P + p;
-                    if (i < dk) {
-                        const float sn = fmaf(kt[i], d, __fmul_rn(st[u], decay));
+                for (int u = 0; u < K2_GDN_ROWS; u++)
+                    if (u < nu) {
+                        const float sn = fmaf(kt[u * P], d, st[u]);
                         st[u] = F16 ? qsa_f16_to_f32(qsa_f32_to_f16(sn)) : sn;
-                        oj = fmaf(sn, qt[i], oj);
+                        oj = fmaf(sn, qt[u * P], oj);
                     }
-                }
                 for (int m = 1; m < P; m <<= 1) oj += __shfl_xor_sync(QSA_FULL_MASK, oj, m);
                 if (live && p == 0) o[((long long)(t0 + tt) * nv + h) * dv + j] = oj;
             }
