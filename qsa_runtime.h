@@ -8435,7 +8435,7 @@ typedef struct qsa__dlayer {
 #define QSA__GEMV_PART_BYTES ((size_t)32 << 20) /* cross-warp GEMV partial tiles (qsa__dgemm) */
 #define QSA__GEMV_TILES 65536                     /* and its tickets: at most this many tiles */
 #define QSA__GEMV_WARPS 4                         /* warps per block of qsa_k_gemv_* (kernels.cu: QSA_GEMV_WARPS) */
-#define QSA__MOE_PLAN_THREADS 1024                /* block of qsa_k_moe_plan; its scratch holds E counts per warp */
+#define QSA__MOE_PLAN_THREADS 1024                /* largest block of qsa_k_moe_plan; its scratch holds E counts per warp */
 
 typedef struct qsa__dscratch {
     int max_tokens;
@@ -9254,7 +9254,10 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
         int tr = MK >= 16 * E ? 64 : 16, max_tiles = (MK + tr - 1) / tr + (E < MK ? E : MK);
         CUdeviceptr x16 = s->inp16 + (size_t)t0 * H * 2, ids = tid + (size_t)t0 * K * 4, w = tw + (size_t)t0 * K * 4;
         CUdeviceptr outp = s->out + (size_t)t0 * H * 4;
-        QSA__LAUNCH(g, moe_plan, 1, 1, QSA__MOE_PLAN_THREADS, 0, &ids, &MK, &E, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &tr,
+        /* a warp per 256 pairs, 4 to QSA__MOE_PLAN_THREADS / 32 of them (the plan does not depend on it) */
+        unsigned plan_warps = (unsigned)((MK + 255) / 256);
+        plan_warps = plan_warps < 4 ? 4 : plan_warps > QSA__MOE_PLAN_THREADS / 32 ? QSA__MOE_PLAN_THREADS / 32 : plan_warps;
+        QSA__LAUNCH(g, moe_plan, 1, 1, 32 * plan_warps, 0, &ids, &MK, &E, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &tr,
                     &s->moe_wcnt);
         if (tr == 16 && qsa__moe_xwarp(g, MK, max_tiles, H, I)) {
             CUdeviceptr part = s->gemv_part, cnt = s->gemv_count;

@@ -1212,7 +1212,7 @@ done:
 TEST(gpu, k1_moe_plan) {
     K1_NEED_GPU();
     static const int cases[][3] = {{10, 512, 0}, {320, 512, 0}, {20480, 512, 0}, {20480, 512, 1}, {777, 7, 0}, {5000, 1100, 0}, {1, 3, 0}};
-    static const int blocks[] = {1024, 256, 32};
+    static const int blocks[] = {1024, 256, 128, 32};
     k1_seed(91);
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const int MK = cases[ci][0], E = cases[ci][1], skew = cases[ci][2];
