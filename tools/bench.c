@@ -20,9 +20,9 @@
  *      token counted from the shapes, GB/s and % of the measured copy bandwidth.  Batch 1 runs
  *      both the single-sequence path (qsa_seq_feed, verified on an H200) and the batched path
  *      (qsa_seq_feed_batch with cuda_batch_decode = 1); larger batches run the batched path
- *      (--graphs adds rows with CUDA graphs).  The batched path had not run on a GPU when this
- *      tool was written: it runs after everything else, and a failure there is recorded in its
- *      row (a sticky CUDA error ends the run, the table is still printed).
+ *      (--graphs adds rows with CUDA graphs).  The batched rows run after everything else, and a
+ *      failure there is recorded in its row (a sticky CUDA error ends the run, the table is still
+ *      printed).
  * Timings use CUDA events on the backend's stream (cuEventRecord / cuEventElapsedTime) around
  * each call, after warm-up calls; every number is the median of its repeats.
  *
