@@ -9152,7 +9152,7 @@ QSA_PRIV qsa_result qsa__cuda_gdn(qsa_seq *sq, int l, int M) {
     CUdeviceptr cst = sq->cuda->conv[l], cw = d->conv_w;
     QSA__LAUNCH(g, gdn_conv, M, 2 * nk + (value_dim + 255) / 256, 256, 0, &qkv, &cst, &cw, &q, &k, &v, &M, &conv_dim, &key_dim, &Kc, &act, &nk, &dk);
     QSA__LAUNCH(g, gdn_conv_state, (conv_dim + 255) / 256, 1, 256, 0, &qkv, &cst, &M, &conv_dim, &Kc);
-    /* one warp per 32 state columns of a value head, its slice of S in shared memory */
+    /* P lanes per state column, the column's rows in their registers (kernels.cu) */
     CUdeviceptr S = sq->cuda->S[l];
     unsigned ny = qsa__gdn_rec_ny(dk, dv), smem = 0;
     if (m->params.gdn_state_f16)
