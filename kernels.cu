@@ -1702,7 +1702,8 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
  * beta, g [M][nv]; o [M][nv*dv] out.  Value head h uses key head h / (nv/nk).  dk <= 512.
  * Launch: grid (nv, Y), block B (multiple of 32), no dynamic shared memory (any given is unused).
  * Recommended: Y = ceil(dv / (B/P)) with B = 128: P lanes per column (4 for dk <= 128), so
- * nv*dv*P/128 blocks.  Any (Y, B) gives the same bits (B >= 64 when dk > 256: the staging). */
+ * nv*dv*P/128 blocks.  Any (Y, B) gives the same bits (64 <= B when dk > 256: the staging; B <= 256:
+ * ~190 registers per thread). */
 extern "C" __global__ void qsa_k_gdn_recurrent(float *S, const float *__restrict__ q, const float *__restrict__ k,
                                                const float *__restrict__ v, const float *__restrict__ beta,
                                                const float *__restrict__ g, float *o, int M, int nk, int nv, int dk,
