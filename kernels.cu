@@ -297,6 +297,7 @@ extern "C" __global__ void qsa_k_argmax(const float *__restrict__ logits, int *_
 #define QSA_GEMM_THREADS 256   /* 8 warps: required by every GEMM/MoE kernel */
 #define QSA_SEG 256            /* canonical K segment (elements) */
 #define QSA_ST 40              /* staging row stride in halves */
+#define QSA_STW 72             /* the same for the 64-wide NVFP4 sub-steps of the cross-warp kernels */
 #define QSA_SPLITK_MAX_M 64    /* M up to this: split-K tiling; above: 64x64 tiles */
 #define QSA_OST 68             /* fp32 output staging row stride (floats) in the tiled path */
 #define QSA_GEMM_SMEM 30720    /* bytes of shared staging (split-K with two weight matrices) */
@@ -389,6 +390,8 @@ typedef struct {
     float s2;
     int vec;              /* dense: w16 16-byte aligned; NVFP4: q 8-byte aligned (rows are K/2 = 8j bytes) */
     int vec16;            /* NVFP4: q 16-byte aligned and K % 32 == 0, so 16-byte pieces of rows are aligned */
+    int svec16;           /* NVFP4: s 16-byte aligned and K % 256 == 0: a segment's 16 scale bytes of a row
+                             are one aligned 16-byte piece */
 } qsa_wsrc;
 
 static __device__ __forceinline__ qsa_wsrc qsa_wsrc_f16(const qsa_f16 *w) {
@@ -397,7 +400,7 @@ static __device__ __forceinline__ qsa_wsrc qsa_wsrc_f16(const qsa_f16 *w) {
     r.q = r.s = 0;
     r.s2 = 0.0f;
     r.vec = (((qsa_u64)w) & 15u) == 0;
-    r.vec16 = 0;
+    r.vec16 = r.svec16 = 0;
     return r;
 }
 static __device__ __forceinline__ qsa_wsrc qsa_wsrc_nvfp4(const qsa_u8 *q, const qsa_u8 *s, float s2, int K) {
@@ -408,6 +411,7 @@ static __device__ __forceinline__ qsa_wsrc qsa_wsrc_nvfp4(const qsa_u8 *q, const
     r.s2 = s2;
     r.vec = (((qsa_u64)q) & 7u) == 0;
     r.vec16 = (((qsa_u64)q) & 15u) == 0 && (K & 31) == 0;
+    r.svec16 = (((qsa_u64)s) & 15u) == 0 && (K & 255) == 0;
     return r;
 }
 
@@ -603,6 +607,113 @@ static __device__ __forceinline__ void qsa_seg16(const qsa_f16 *const *arow, int
 #pragma unroll
             for (int b = 0; b < NB; b++) {
                 qsa_wmma_load_b(fb, sw + b * 16 * QSA_ST + 16, QSA_ST);
+                qsa_wmma_mma(P[b], fa, fb);
+            }
+        }
+    }
+}
+
+/* qsa_seg16 for NVFP4 weights in sub-steps of 64 (the cross-warp kernels: more staging per warp
+ * than the 8-warp split-K core can hold).  Lane (nr = lane / 2, nh = lane % 2) owns weight row
+ * n0 + nr and, in sub-step J, the 32 weights at k = kbeg + 64 J + 32 nh: one 16-byte load, so a warp
+ * reads 16 rows x 32 contiguous bytes (whole sectors; the 32-wide form read 16-byte halves of them),
+ * all 4 sub-steps issued when the segment starts; the segment's 16 scale bytes of the row come in
+ * one 16-byte load (svec16) or byte by byte.  A: lane piece i holds row lane / 8 + 4 i, k + 8 (lane
+ * % 8) of the sub-step (a quarter-warp stores one row's 128 contiguous bytes), one sub-step ahead.
+ * The mma are the same k = 16 steps in the same order into the same fragment: the same bits as
+ * qsa_seg16<NB, true> (tested through the kernels that use it).  sa / sw: A [16][QSA_STW] then NB x W
+ * [16][QSA_STW] halves. */
+template <int NB>
+static __device__ __forceinline__ void qsa_seg16_nvw(const qsa_f16 *const *arow, int avec, const qsa_wsrc *ws, int n0,
+                                                     int N, int K, int seg, qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c *P) {
+    const int lane = threadIdx.x & 31, nr = lane >> 1, nh = lane & 1, ar = lane >> 3, ak = (lane & 7) * 8;
+#pragma unroll
+    for (int b = 0; b < NB; b++) qsa_frag_zero(P[b]);
+    const int kbeg = seg * QSA_SEG, kend = min(K, kbeg + QSA_SEG);
+    uint4 q16[NB][QSA_SEG / 64];
+    uint4 sc[NB];
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+        const qsa_wsrc &w = ws[b];
+        const int n = n0 + nr;
+        sc[b] = qsa_u4_zero();
+#pragma unroll
+        for (int J = 0; J < QSA_SEG / 64; J++) q16[b][J] = qsa_u4_zero();
+        if (n >= N) continue;
+        const qsa_u8 *qr = w.q + (qsa_i64)n * (K >> 1), *sr = w.s + (qsa_i64)n * (K >> 4) + (kbeg >> 4);
+#pragma unroll
+        for (int J = 0; J < QSA_SEG / 64; J++) {
+            const int k = kbeg + 64 * J + 32 * nh;
+            const qsa_u8 *pq = qr + (k >> 1);
+            if (k + 32 <= kend) {
+                if (w.vec16) q16[b][J] = *(const uint4 *)pq;
+                else if (w.vec) {
+                    const uint2 lo = *(const uint2 *)pq, hi = *(const uint2 *)(pq + 8);
+                    q16[b][J].x = lo.x; q16[b][J].y = lo.y; q16[b][J].z = hi.x; q16[b][J].w = hi.y;
+                } else {
+                    qsa_u32 wd[4];
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        wd[i] = (qsa_u32)pq[4 * i] | ((qsa_u32)pq[4 * i + 1] << 8) | ((qsa_u32)pq[4 * i + 2] << 16) |
+                                ((qsa_u32)pq[4 * i + 3] << 24);
+                    q16[b][J].x = wd[0]; q16[b][J].y = wd[1]; q16[b][J].z = wd[2]; q16[b][J].w = wd[3];
+                }
+            } else if (k + 16 <= kend) { /* the segment's last 16 weights (kend is a multiple of 16) */
+                if (w.vec) {
+                    const uint2 lo = *(const uint2 *)pq;
+                    q16[b][J].x = lo.x; q16[b][J].y = lo.y;
+                } else {
+                    q16[b][J].x = (qsa_u32)pq[0] | ((qsa_u32)pq[1] << 8) | ((qsa_u32)pq[2] << 16) | ((qsa_u32)pq[3] << 24);
+                    q16[b][J].y = (qsa_u32)pq[4] | ((qsa_u32)pq[5] << 8) | ((qsa_u32)pq[6] << 16) | ((qsa_u32)pq[7] << 24);
+                }
+            }
+        }
+        if (w.svec16 && kend - kbeg == QSA_SEG) {
+            sc[b] = *(const uint4 *)sr;
+        } else {
+            qsa_u32 by[4] = {0u, 0u, 0u, 0u};
+            const int ng = (kend - kbeg) >> 4;
+#pragma unroll
+            for (int g = 0; g < QSA_SEG / 16; g++)
+                if (g < ng) by[g >> 2] |= (qsa_u32)sr[g] << (8 * (g & 3));
+            sc[b].x = by[0]; sc[b].y = by[1]; sc[b].z = by[2]; sc[b].w = by[3];
+        }
+    }
+    uint4 ra[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) ra[i] = qsa_ld8_f16(arow[ar + 4 * i], kbeg + ak, kend, avec);
+#pragma unroll
+    for (int J = 0; J < QSA_SEG / 64; J++) {
+        const int k0 = kbeg + 64 * J;
+        if (k0 >= kend) break;
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 4; i++) *(uint4 *)(sa + (ar + 4 * i) * QSA_STW + ak) = ra[i];
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            /* scale bytes of this lane's two 16-weight groups: 4 J + 2 nh and the next */
+            const qsa_u32 sw32 = J == 0 ? sc[b].x : J == 1 ? sc[b].y : J == 2 ? sc[b].z : sc[b].w;
+            const qsa_u32 s0 = (sw32 >> (16 * nh)) & 0xffu, s1 = (sw32 >> (16 * nh + 8)) & 0xffu;
+            const qsa_fp4lut l0 = qsa_fp4_lut(qsa_e4m3_to_f32(s0) * ws[b].s2), l1 = qsa_fp4_lut(qsa_e4m3_to_f32(s1) * ws[b].s2);
+            uint4 *dst = (uint4 *)(sw + b * 16 * QSA_STW + nr * QSA_STW + nh * 32);
+            dst[0] = qsa_dq8_lut(q16[b][J].x, l0);
+            dst[1] = qsa_dq8_lut(q16[b][J].y, l0);
+            dst[2] = qsa_dq8_lut(q16[b][J].z, l1);
+            dst[3] = qsa_dq8_lut(q16[b][J].w, l1);
+        }
+        __syncwarp();
+        if (k0 + 64 < kend) { /* the next sub-step's A while the tensor cores work */
+#pragma unroll
+            for (int i = 0; i < 4; i++) ra[i] = qsa_ld8_f16(arow[ar + 4 * i], k0 + 64 + ak, kend, avec);
+        }
+        qsa_frag_ab fa, fb;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            if (k0 + 16 * c >= kend) break;
+            qsa_wmma_load_a(fa, sa + 16 * c, QSA_STW);
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                qsa_wmma_load_b(fb, sw + b * 16 * QSA_STW + 16 * c, QSA_STW);
                 qsa_wmma_mma(P[b], fa, fb);
             }
         }
@@ -811,7 +922,8 @@ static __device__ __forceinline__ float qsa_sum_parts(const float *p, qsa_i64 st
     return t;
 }
 /* The canonical fold of a tile's segments inside one warp: T = ((0 + P_0) + P_1) + ..., element-wise
-   in the accumulator layout (the order qsa_sum_parts and the tiled core use, so the same bits). */
+   in the accumulator layout (the order qsa_sum_parts and the tiled core use, so the same bits).
+   NVFP4 through qsa_seg16_nvw: staging rows of QSA_STW halves. */
 template <int NB, bool NV>
 static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, int avec, const qsa_wsrc *ws, int n0,
                                                   int N, int K, int nseg, qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c *T) {
@@ -819,7 +931,8 @@ static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, in
     for (int b = 0; b < NB; b++) qsa_frag_zero(T[b]);
     for (int seg = 0; seg < nseg; seg++) {
         qsa_frag_c P[NB];
-        qsa_seg16<NB, NV>(arow, avec, ws, n0, N, K, seg, sa, sw, P);
+        if (NV) qsa_seg16_nvw<NB>(arow, avec, ws, n0, N, K, seg, sa, sw, P);
+        else qsa_seg16<NB, false>(arow, avec, ws, n0, N, K, seg, sa, sw, P);
 #pragma unroll
         for (int b = 0; b < NB; b++)
 #pragma unroll
@@ -830,7 +943,8 @@ static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, in
 template <bool NV>
 static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, const float *bias, float *Y, int M, int N,
                                       int K, int accumulate, float *part, unsigned *count) {
-    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][2 * 16 * QSA_ST]; /* per warp: A, then W */
+    enum { ST = NV ? QSA_STW : QSA_ST };
+    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][2 * 16 * ST]; /* per warp: A, then W */
     __shared__ __align__(32) float slot[QSA_GEMV_WARPS][256];
     __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
     if (blockDim.x != 32 * QSA_GEMV_WARPS || M > QSA_SPLITK_MAX_M) __trap();
@@ -848,7 +962,8 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
     if (lane < 16) arow[warp][lane] = m0 + lane < M ? A + (qsa_i64)(m0 + lane) * K : 0;
     __syncwarp();
     qsa_frag_c P;
-    qsa_seg16<1, NV>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * QSA_ST, &P);
+    if (NV) qsa_seg16_nvw<1>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
+    else qsa_seg16<1, false>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
     qsa_wmma_store(slot[warp], P, 16);
     __syncwarp();
     float *pt = part + (qsa_i64)tile * nseg * prow * 16;
@@ -1141,7 +1256,7 @@ template <int NB, bool whole>
 static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, const int *pairs, const int *tiles,
                                      const int *ntiles, const qsa_expert_w *experts, int N, int Kd, int act,
                                      qsa_f16 *h16, float *y, float *part, unsigned *count) {
-    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][(1 + NB) * 16 * QSA_ST];
+    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][(1 + NB) * 16 * QSA_STW]; /* dense: rows of QSA_ST */
     __shared__ __align__(32) float slot[QSA_GEMV_WARPS][NB][256];
     __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
     __shared__ int prow[QSA_GEMV_WARPS][16];
@@ -1172,14 +1287,14 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
 #pragma unroll
     for (int b = 0; b < NB; b++) nv = nv && !ws[b].w16;
     const int avec = (((qsa_u64)X) & 15u) == 0 && (ldx & 7) == 0;
-    qsa_f16 *sa = stage[warp], *sw = stage[warp] + 16 * QSA_ST;
+    qsa_f16 *sa = stage[warp];
     qsa_frag_c P[NB];
     if (whole) {
-        if (nv) qsa_segs16<NB, true>(arow[warp], avec, ws, n0, N, Kd, nseg, sa, sw, P);
-        else qsa_segs16<NB, false>(arow[warp], avec, ws, n0, N, Kd, nseg, sa, sw, P);
+        if (nv) qsa_segs16<NB, true>(arow[warp], avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_STW, P);
+        else qsa_segs16<NB, false>(arow[warp], avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_ST, P);
     } else {
-        if (nv) qsa_seg16<NB, true>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sw, P);
-        else qsa_seg16<NB, false>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sw, P);
+        if (nv) qsa_seg16_nvw<NB>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_STW, P);
+        else qsa_seg16<NB, false>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_ST, P);
     }
 #pragma unroll
     for (int b = 0; b < NB; b++) qsa_wmma_store(slot[warp][b], P[b], 16);
