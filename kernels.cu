@@ -297,7 +297,7 @@ extern "C" __global__ void qsa_k_argmax(const float *__restrict__ logits, int *_
 #define QSA_GEMM_THREADS 256   /* 8 warps: required by every GEMM/MoE kernel */
 #define QSA_SEG 256            /* canonical K segment (elements) */
 #define QSA_ST 40              /* staging row stride in halves */
-#define QSA_STW 72             /* the same for the 64-wide NVFP4 sub-steps of the cross-warp kernels */
+#define QSA_STW 72             /* staging row stride for the 64-wide NVFP4 sub-steps */
 #define QSA_SPLITK_MAX_M 64    /* M up to this: split-K tiling; above: 64x64 tiles */
 #define QSA_OST 68             /* fp32 output staging row stride (floats) in the tiled path */
 #define QSA_GEMM_SMEM 30720    /* bytes of shared staging (split-K with two weight matrices) */
@@ -761,8 +761,8 @@ static __device__ void qsa_tile16_splitk(const qsa_f16 *const *arow, int avec, c
  * columns 32 (w / 4) .. +32 (two accumulator fragments); K in sub-steps of 32, P reset every 8 of
  * them: T += P_s per segment of 256, the canonical order, so a tile's bits equal the split-K core's.
  * Returns after a __syncthreads with os filled; the caller syncs again before reusing smem. */
-static __device__ void qsa_tile64_core(const qsa_f16 *arow, int avec, const qsa_wsrc &ws, int wn, int N, int K,
-                                       unsigned char *smem) {
+static __device__ void qsa_tile64_core_f16(const qsa_f16 *arow, int avec, const qsa_wsrc &ws, int wn, int N, int K,
+                                           unsigned char *smem) {
     const int tid = threadIdx.x, warp = tid >> 5, wm = warp & 3, wc = warp >> 2;
     qsa_f16 *As = (qsa_f16 *)smem, *Ws = As + 64 * QSA_ST;
     float *os = (float *)smem; /* [64][QSA_OST] output staging, after the K loop */
@@ -806,6 +806,91 @@ static __device__ void qsa_tile64_core(const qsa_f16 *arow, int avec, const qsa_
     qsa_wmma_store(os + wm * 16 * QSA_OST + wc * 32, T0, QSA_OST);
     qsa_wmma_store(os + wm * 16 * QSA_OST + wc * 32 + 16, T1, QSA_OST);
     __syncthreads();
+}
+
+/* The same for NVFP4 weights in sub-steps of 64 (staging rows of QSA_STW halves): thread tid
+ * supplies k piece 16 (tid % 4) of row tid / 4 of both operands, so its weights are one whole
+ * scale group (8 bytes of q, one LUT per 16 weights instead of per 8) and a row's 32 bytes of q
+ * come from 4 neighbouring threads (whole sectors).  Each fragment still takes the k = 16 mma in
+ * ascending order with P reset every segment (4 sub-steps): the same bits. */
+static __device__ void qsa_tile64_core_nvw(const qsa_f16 *arow, int avec, const qsa_wsrc &ws, int wn, int N, int K,
+                                           unsigned char *smem) {
+    const int tid = threadIdx.x, warp = tid >> 5, wm = warp & 3, wc = warp >> 2;
+    qsa_f16 *As = (qsa_f16 *)smem, *Ws = As + 64 * QSA_STW;
+    float *os = (float *)smem; /* [64][QSA_OST] output staging, after the K loop */
+    const int row = tid >> 2, kp = (tid & 3) * 16;
+    qsa_frag_c T0, T1, P0, P1;
+    qsa_frag_zero(T0);
+    qsa_frag_zero(T1);
+    qsa_frag_zero(P0);
+    qsa_frag_zero(P1);
+    const int nsub = (K + 63) / 64;
+    const qsa_u8 *qr = wn < N ? ws.q + (qsa_i64)wn * (K >> 1) : 0, *sr = wn < N ? ws.s + (qsa_i64)wn * (K >> 4) : 0;
+    /* this thread's 16 weights at k (a multiple of 16; K is): 8 bytes of q and the group's scale byte */
+#define QSA_NVW_LD(k, q8, sb)                                                                          \
+    do {                                                                                               \
+        (q8).x = (q8).y = 0u;                                                                          \
+        (sb) = 0u;                                                                                     \
+        if (qr && (k) < K) {                                                                           \
+            const qsa_u8 *p_ = qr + ((k) >> 1);                                                        \
+            if (ws.vec) (q8) = *(const uint2 *)p_;                                                     \
+            else {                                                                                     \
+                (q8).x = (qsa_u32)p_[0] | ((qsa_u32)p_[1] << 8) | ((qsa_u32)p_[2] << 16) | ((qsa_u32)p_[3] << 24); \
+                (q8).y = (qsa_u32)p_[4] | ((qsa_u32)p_[5] << 8) | ((qsa_u32)p_[6] << 16) | ((qsa_u32)p_[7] << 24); \
+            }                                                                                          \
+            (sb) = sr[(k) >> 4];                                                                       \
+        }                                                                                              \
+    } while (0)
+    uint4 ra0 = qsa_ld8_f16(arow, kp, K, avec), ra1 = qsa_ld8_f16(arow, kp + 8, K, avec);
+    uint2 q8;
+    qsa_u32 sb;
+    QSA_NVW_LD(kp, q8, sb);
+    for (int j = 0; j < nsub; j++) {
+        const int k0 = j * 64;
+        __syncthreads();
+        *(uint4 *)(As + row * QSA_STW + kp) = ra0;
+        *(uint4 *)(As + row * QSA_STW + kp + 8) = ra1;
+        {
+            const qsa_fp4lut lut = qsa_fp4_lut(qsa_e4m3_to_f32(sb) * ws.s2);
+            *(uint4 *)(Ws + row * QSA_STW + kp) = qsa_dq8_lut(q8.x, lut);
+            *(uint4 *)(Ws + row * QSA_STW + kp + 8) = qsa_dq8_lut(q8.y, lut);
+        }
+        __syncthreads();
+        if (j + 1 < nsub) {
+            ra0 = qsa_ld8_f16(arow, k0 + 64 + kp, K, avec);
+            ra1 = qsa_ld8_f16(arow, k0 + 64 + kp + 8, K, avec);
+            QSA_NVW_LD(k0 + 64 + kp, q8, sb);
+        }
+        qsa_frag_ab fa, fb;
+        for (int c = 0; c < 4 && k0 + 16 * c < K; c++) {
+            qsa_wmma_load_a(fa, As + wm * 16 * QSA_STW + 16 * c, QSA_STW);
+            qsa_wmma_load_b(fb, Ws + (wc * 32) * QSA_STW + 16 * c, QSA_STW);
+            qsa_wmma_mma(P0, fa, fb);
+            qsa_wmma_load_b(fb, Ws + (wc * 32 + 16) * QSA_STW + 16 * c, QSA_STW);
+            qsa_wmma_mma(P1, fa, fb);
+        }
+        if ((j & 3) == 3 || j + 1 == nsub) { /* segment end: T += P_s (element-wise, same layout) */
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                T0.x[i] = T0.x[i] + P0.x[i];
+                T1.x[i] = T1.x[i] + P1.x[i];
+                P0.x[i] = 0.0f;
+                P1.x[i] = 0.0f;
+            }
+        }
+    }
+#undef QSA_NVW_LD
+    __syncthreads();
+    qsa_wmma_store(os + wm * 16 * QSA_OST + wc * 32, T0, QSA_OST);
+    qsa_wmma_store(os + wm * 16 * QSA_OST + wc * 32 + 16, T1, QSA_OST);
+    __syncthreads();
+}
+
+/* Either weight kind (NVFP4 needs K % 16 == 0, which every caller checks or poisons before). */
+static __device__ __forceinline__ void qsa_tile64_core(const qsa_f16 *arow, int avec, const qsa_wsrc &ws, int wn, int N,
+                                                       int K, unsigned char *smem) {
+    if (ws.w16) qsa_tile64_core_f16(arow, avec, ws, wn, N, K, smem);
+    else qsa_tile64_core_nvw(arow, avec, ws, wn, N, K, smem);
 }
 
 /* The 64 x 64 tile (m0, n0) of Y = A W^T (+ bias), A dense [M][K]. */
@@ -1817,7 +1902,8 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
  * beta, g [M][nv]; o [M][nv*dv] out.  Value head h uses key head h / (nv/nk).  dk <= 512.
  * Launch: grid (nv, Y), block B (multiple of 32), no dynamic shared memory (any given is unused).
  * Recommended: Y = ceil(dv / (B/P)) with B = 128: P lanes per column (4 for dk <= 128), so
- * nv*dv*P/128 blocks.  Any (Y, B) gives the same bits (B >= 64 when dk > 256: the staging). */
+ * nv*dv*P/128 blocks.  Any (Y, B) gives the same bits (64 <= B when dk > 256: the staging; B <= 256:
+ * ~190 registers per thread). */
 extern "C" __global__ void qsa_k_gdn_recurrent(float *S, const float *__restrict__ q, const float *__restrict__ k,
                                                const float *__restrict__ v, const float *__restrict__ beta,
                                                const float *__restrict__ g, float *o, int M, int nk, int nv, int dk,
