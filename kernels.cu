@@ -297,6 +297,7 @@ extern "C" __global__ void qsa_k_argmax(const float *__restrict__ logits, int *_
 #define QSA_GEMM_THREADS 256   /* 8 warps: required by every GEMM/MoE kernel */
 #define QSA_SEG 256            /* canonical K segment (elements) */
 #define QSA_ST 40              /* staging row stride in halves */
+#define QSA_STW 72             /* staging row stride for the 64-wide NVFP4 sub-steps */
 #define QSA_SPLITK_MAX_M 64    /* M up to this: split-K tiling; above: 64x64 tiles */
 #define QSA_OST 68             /* fp32 output staging row stride (floats) in the tiled path */
 #define QSA_GEMM_SMEM 30720    /* bytes of shared staging (split-K with two weight matrices) */
@@ -389,6 +390,8 @@ typedef struct {
     float s2;
     int vec;              /* dense: w16 16-byte aligned; NVFP4: q 8-byte aligned (rows are K/2 = 8j bytes) */
     int vec16;            /* NVFP4: q 16-byte aligned and K % 32 == 0, so 16-byte pieces of rows are aligned */
+    int svec16;           /* NVFP4: s 16-byte aligned and K % 256 == 0: a segment's 16 scale bytes of a row
+                             are one aligned 16-byte piece */
 } qsa_wsrc;
 
 static __device__ __forceinline__ qsa_wsrc qsa_wsrc_f16(const qsa_f16 *w) {
@@ -397,7 +400,7 @@ static __device__ __forceinline__ qsa_wsrc qsa_wsrc_f16(const qsa_f16 *w) {
     r.q = r.s = 0;
     r.s2 = 0.0f;
     r.vec = (((qsa_u64)w) & 15u) == 0;
-    r.vec16 = 0;
+    r.vec16 = r.svec16 = 0;
     return r;
 }
 static __device__ __forceinline__ qsa_wsrc qsa_wsrc_nvfp4(const qsa_u8 *q, const qsa_u8 *s, float s2, int K) {
@@ -408,6 +411,7 @@ static __device__ __forceinline__ qsa_wsrc qsa_wsrc_nvfp4(const qsa_u8 *q, const
     r.s2 = s2;
     r.vec = (((qsa_u64)q) & 7u) == 0;
     r.vec16 = (((qsa_u64)q) & 15u) == 0 && (K & 31) == 0;
+    r.svec16 = (((qsa_u64)s) & 15u) == 0 && (K & 255) == 0;
     return r;
 }
 
@@ -609,6 +613,113 @@ static __device__ __forceinline__ void qsa_seg16(const qsa_f16 *const *arow, int
     }
 }
 
+/* qsa_seg16 for NVFP4 weights in sub-steps of 64 (the cross-warp kernels: more staging per warp
+ * than the 8-warp split-K core can hold).  Lane (nr = lane / 2, nh = lane % 2) owns weight row
+ * n0 + nr and, in sub-step J, the 32 weights at k = kbeg + 64 J + 32 nh: one 16-byte load, so a warp
+ * reads 16 rows x 32 contiguous bytes (whole sectors; the 32-wide form read 16-byte halves of them),
+ * all 4 sub-steps issued when the segment starts; the segment's 16 scale bytes of the row come in
+ * one 16-byte load (svec16) or byte by byte.  A: lane piece i holds row lane / 8 + 4 i, k + 8 (lane
+ * % 8) of the sub-step (a quarter-warp stores one row's 128 contiguous bytes), one sub-step ahead.
+ * The mma are the same k = 16 steps in the same order into the same fragment: the same bits as
+ * qsa_seg16<NB, true> (tested through the kernels that use it).  sa / sw: A [16][QSA_STW] then NB x W
+ * [16][QSA_STW] halves. */
+template <int NB>
+static __device__ __forceinline__ void qsa_seg16_nvw(const qsa_f16 *const *arow, int avec, const qsa_wsrc *ws, int n0,
+                                                     int N, int K, int seg, qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c *P) {
+    const int lane = threadIdx.x & 31, nr = lane >> 1, nh = lane & 1, ar = lane >> 3, ak = (lane & 7) * 8;
+#pragma unroll
+    for (int b = 0; b < NB; b++) qsa_frag_zero(P[b]);
+    const int kbeg = seg * QSA_SEG, kend = min(K, kbeg + QSA_SEG);
+    uint4 q16[NB][QSA_SEG / 64];
+    uint4 sc[NB];
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+        const qsa_wsrc &w = ws[b];
+        const int n = n0 + nr;
+        sc[b] = qsa_u4_zero();
+#pragma unroll
+        for (int J = 0; J < QSA_SEG / 64; J++) q16[b][J] = qsa_u4_zero();
+        if (n >= N) continue;
+        const qsa_u8 *qr = w.q + (qsa_i64)n * (K >> 1), *sr = w.s + (qsa_i64)n * (K >> 4) + (kbeg >> 4);
+#pragma unroll
+        for (int J = 0; J < QSA_SEG / 64; J++) {
+            const int k = kbeg + 64 * J + 32 * nh;
+            const qsa_u8 *pq = qr + (k >> 1);
+            if (k + 32 <= kend) {
+                if (w.vec16) q16[b][J] = *(const uint4 *)pq;
+                else if (w.vec) {
+                    const uint2 lo = *(const uint2 *)pq, hi = *(const uint2 *)(pq + 8);
+                    q16[b][J].x = lo.x; q16[b][J].y = lo.y; q16[b][J].z = hi.x; q16[b][J].w = hi.y;
+                } else {
+                    qsa_u32 wd[4];
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        wd[i] = (qsa_u32)pq[4 * i] | ((qsa_u32)pq[4 * i + 1] << 8) | ((qsa_u32)pq[4 * i + 2] << 16) |
+                                ((qsa_u32)pq[4 * i + 3] << 24);
+                    q16[b][J].x = wd[0]; q16[b][J].y = wd[1]; q16[b][J].z = wd[2]; q16[b][J].w = wd[3];
+                }
+            } else if (k + 16 <= kend) { /* the segment's last 16 weights (kend is a multiple of 16) */
+                if (w.vec) {
+                    const uint2 lo = *(const uint2 *)pq;
+                    q16[b][J].x = lo.x; q16[b][J].y = lo.y;
+                } else {
+                    q16[b][J].x = (qsa_u32)pq[0] | ((qsa_u32)pq[1] << 8) | ((qsa_u32)pq[2] << 16) | ((qsa_u32)pq[3] << 24);
+                    q16[b][J].y = (qsa_u32)pq[4] | ((qsa_u32)pq[5] << 8) | ((qsa_u32)pq[6] << 16) | ((qsa_u32)pq[7] << 24);
+                }
+            }
+        }
+        if (w.svec16 && kend - kbeg == QSA_SEG) {
+            sc[b] = *(const uint4 *)sr;
+        } else {
+            qsa_u32 by[4] = {0u, 0u, 0u, 0u};
+            const int ng = (kend - kbeg) >> 4;
+#pragma unroll
+            for (int g = 0; g < QSA_SEG / 16; g++)
+                if (g < ng) by[g >> 2] |= (qsa_u32)sr[g] << (8 * (g & 3));
+            sc[b].x = by[0]; sc[b].y = by[1]; sc[b].z = by[2]; sc[b].w = by[3];
+        }
+    }
+    uint4 ra[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) ra[i] = qsa_ld8_f16(arow[ar + 4 * i], kbeg + ak, kend, avec);
+#pragma unroll
+    for (int J = 0; J < QSA_SEG / 64; J++) {
+        const int k0 = kbeg + 64 * J;
+        if (k0 >= kend) break;
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 4; i++) *(uint4 *)(sa + (ar + 4 * i) * QSA_STW + ak) = ra[i];
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            /* scale bytes of this lane's two 16-weight groups: 4 J + 2 nh and the next */
+            const qsa_u32 sw32 = J == 0 ? sc[b].x : J == 1 ? sc[b].y : J == 2 ? sc[b].z : sc[b].w;
+            const qsa_u32 s0 = (sw32 >> (16 * nh)) & 0xffu, s1 = (sw32 >> (16 * nh + 8)) & 0xffu;
+            const qsa_fp4lut l0 = qsa_fp4_lut(qsa_e4m3_to_f32(s0) * ws[b].s2), l1 = qsa_fp4_lut(qsa_e4m3_to_f32(s1) * ws[b].s2);
+            uint4 *dst = (uint4 *)(sw + b * 16 * QSA_STW + nr * QSA_STW + nh * 32);
+            dst[0] = qsa_dq8_lut(q16[b][J].x, l0);
+            dst[1] = qsa_dq8_lut(q16[b][J].y, l0);
+            dst[2] = qsa_dq8_lut(q16[b][J].z, l1);
+            dst[3] = qsa_dq8_lut(q16[b][J].w, l1);
+        }
+        __syncwarp();
+        if (k0 + 64 < kend) { /* the next sub-step's A while the tensor cores work */
+#pragma unroll
+            for (int i = 0; i < 4; i++) ra[i] = qsa_ld8_f16(arow[ar + 4 * i], k0 + 64 + ak, kend, avec);
+        }
+        qsa_frag_ab fa, fb;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            if (k0 + 16 * c >= kend) break;
+            qsa_wmma_load_a(fa, sa + 16 * c, QSA_STW);
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                qsa_wmma_load_b(fb, sw + b * 16 * QSA_STW + 16 * c, QSA_STW);
+                qsa_wmma_mma(P[b], fa, fb);
+            }
+        }
+    }
+}
+
 /* Split-K core: one 16 x 16 output tile (NB weight matrices sharing the A rows, e.g. gate and up),
  * the whole block (8 warps).  arow[16] (shared) are the A rows (NULL: padding), each K long, 16-byte
  * aligned when avec.  Weight rows n0 .. n0+15 of each ws[b] (rows >= N are zero).  On return
@@ -650,8 +761,8 @@ static __device__ void qsa_tile16_splitk(const qsa_f16 *const *arow, int avec, c
  * columns 32 (w / 4) .. +32 (two accumulator fragments); K in sub-steps of 32, P reset every 8 of
  * them: T += P_s per segment of 256, the canonical order, so a tile's bits equal the split-K core's.
  * Returns after a __syncthreads with os filled; the caller syncs again before reusing smem. */
-static __device__ void qsa_tile64_core(const qsa_f16 *arow, int avec, const qsa_wsrc &ws, int wn, int N, int K,
-                                       unsigned char *smem) {
+static __device__ void qsa_tile64_core_f16(const qsa_f16 *arow, int avec, const qsa_wsrc &ws, int wn, int N, int K,
+                                           unsigned char *smem) {
     const int tid = threadIdx.x, warp = tid >> 5, wm = warp & 3, wc = warp >> 2;
     qsa_f16 *As = (qsa_f16 *)smem, *Ws = As + 64 * QSA_ST;
     float *os = (float *)smem; /* [64][QSA_OST] output staging, after the K loop */
@@ -695,6 +806,91 @@ static __device__ void qsa_tile64_core(const qsa_f16 *arow, int avec, const qsa_
     qsa_wmma_store(os + wm * 16 * QSA_OST + wc * 32, T0, QSA_OST);
     qsa_wmma_store(os + wm * 16 * QSA_OST + wc * 32 + 16, T1, QSA_OST);
     __syncthreads();
+}
+
+/* The same for NVFP4 weights in sub-steps of 64 (staging rows of QSA_STW halves): thread tid
+ * supplies k piece 16 (tid % 4) of row tid / 4 of both operands, so its weights are one whole
+ * scale group (8 bytes of q, one LUT per 16 weights instead of per 8) and a row's 32 bytes of q
+ * come from 4 neighbouring threads (whole sectors).  Each fragment still takes the k = 16 mma in
+ * ascending order with P reset every segment (4 sub-steps): the same bits. */
+static __device__ void qsa_tile64_core_nvw(const qsa_f16 *arow, int avec, const qsa_wsrc &ws, int wn, int N, int K,
+                                           unsigned char *smem) {
+    const int tid = threadIdx.x, warp = tid >> 5, wm = warp & 3, wc = warp >> 2;
+    qsa_f16 *As = (qsa_f16 *)smem, *Ws = As + 64 * QSA_STW;
+    float *os = (float *)smem; /* [64][QSA_OST] output staging, after the K loop */
+    const int row = tid >> 2, kp = (tid & 3) * 16;
+    qsa_frag_c T0, T1, P0, P1;
+    qsa_frag_zero(T0);
+    qsa_frag_zero(T1);
+    qsa_frag_zero(P0);
+    qsa_frag_zero(P1);
+    const int nsub = (K + 63) / 64;
+    const qsa_u8 *qr = wn < N ? ws.q + (qsa_i64)wn * (K >> 1) : 0, *sr = wn < N ? ws.s + (qsa_i64)wn * (K >> 4) : 0;
+    /* this thread's 16 weights at k (a multiple of 16; K is): 8 bytes of q and the group's scale byte */
+#define QSA_NVW_LD(k, q8, sb)                                                                          \
+    do {                                                                                               \
+        (q8).x = (q8).y = 0u;                                                                          \
+        (sb) = 0u;                                                                                     \
+        if (qr && (k) < K) {                                                                           \
+            const qsa_u8 *p_ = qr + ((k) >> 1);                                                        \
+            if (ws.vec) (q8) = *(const uint2 *)p_;                                                     \
+            else {                                                                                     \
+                (q8).x = (qsa_u32)p_[0] | ((qsa_u32)p_[1] << 8) | ((qsa_u32)p_[2] << 16) | ((qsa_u32)p_[3] << 24); \
+                (q8).y = (qsa_u32)p_[4] | ((qsa_u32)p_[5] << 8) | ((qsa_u32)p_[6] << 16) | ((qsa_u32)p_[7] << 24); \
+            }                                                                                          \
+            (sb) = sr[(k) >> 4];                                                                       \
+        }                                                                                              \
+    } while (0)
+    uint4 ra0 = qsa_ld8_f16(arow, kp, K, avec), ra1 = qsa_ld8_f16(arow, kp + 8, K, avec);
+    uint2 q8;
+    qsa_u32 sb;
+    QSA_NVW_LD(kp, q8, sb);
+    for (int j = 0; j < nsub; j++) {
+        const int k0 = j * 64;
+        __syncthreads();
+        *(uint4 *)(As + row * QSA_STW + kp) = ra0;
+        *(uint4 *)(As + row * QSA_STW + kp + 8) = ra1;
+        {
+            const qsa_fp4lut lut = qsa_fp4_lut(qsa_e4m3_to_f32(sb) * ws.s2);
+            *(uint4 *)(Ws + row * QSA_STW + kp) = qsa_dq8_lut(q8.x, lut);
+            *(uint4 *)(Ws + row * QSA_STW + kp + 8) = qsa_dq8_lut(q8.y, lut);
+        }
+        __syncthreads();
+        if (j + 1 < nsub) {
+            ra0 = qsa_ld8_f16(arow, k0 + 64 + kp, K, avec);
+            ra1 = qsa_ld8_f16(arow, k0 + 64 + kp + 8, K, avec);
+            QSA_NVW_LD(k0 + 64 + kp, q8, sb);
+        }
+        qsa_frag_ab fa, fb;
+        for (int c = 0; c < 4 && k0 + 16 * c < K; c++) {
+            qsa_wmma_load_a(fa, As + wm * 16 * QSA_STW + 16 * c, QSA_STW);
+            qsa_wmma_load_b(fb, Ws + (wc * 32) * QSA_STW + 16 * c, QSA_STW);
+            qsa_wmma_mma(P0, fa, fb);
+            qsa_wmma_load_b(fb, Ws + (wc * 32 + 16) * QSA_STW + 16 * c, QSA_STW);
+            qsa_wmma_mma(P1, fa, fb);
+        }
+        if ((j & 3) == 3 || j + 1 == nsub) { /* segment end: T += P_s (element-wise, same layout) */
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                T0.x[i] = T0.x[i] + P0.x[i];
+                T1.x[i] = T1.x[i] + P1.x[i];
+                P0.x[i] = 0.0f;
+                P1.x[i] = 0.0f;
+            }
+        }
+    }
+#undef QSA_NVW_LD
+    __syncthreads();
+    qsa_wmma_store(os + wm * 16 * QSA_OST + wc * 32, T0, QSA_OST);
+    qsa_wmma_store(os + wm * 16 * QSA_OST + wc * 32 + 16, T1, QSA_OST);
+    __syncthreads();
+}
+
+/* Either weight kind (NVFP4 needs K % 16 == 0, which every caller checks or poisons before). */
+static __device__ __forceinline__ void qsa_tile64_core(const qsa_f16 *arow, int avec, const qsa_wsrc &ws, int wn, int N,
+                                                       int K, unsigned char *smem) {
+    if (ws.w16) qsa_tile64_core_f16(arow, avec, ws, wn, N, K, smem);
+    else qsa_tile64_core_nvw(arow, avec, ws, wn, N, K, smem);
 }
 
 /* The 64 x 64 tile (m0, n0) of Y = A W^T (+ bias), A dense [M][K]. */
@@ -811,7 +1007,8 @@ static __device__ __forceinline__ float qsa_sum_parts(const float *p, qsa_i64 st
     return t;
 }
 /* The canonical fold of a tile's segments inside one warp: T = ((0 + P_0) + P_1) + ..., element-wise
-   in the accumulator layout (the order qsa_sum_parts and the tiled core use, so the same bits). */
+   in the accumulator layout (the order qsa_sum_parts and the tiled core use, so the same bits).
+   NVFP4 through qsa_seg16_nvw: staging rows of QSA_STW halves. */
 template <int NB, bool NV>
 static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, int avec, const qsa_wsrc *ws, int n0,
                                                   int N, int K, int nseg, qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c *T) {
@@ -819,7 +1016,8 @@ static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, in
     for (int b = 0; b < NB; b++) qsa_frag_zero(T[b]);
     for (int seg = 0; seg < nseg; seg++) {
         qsa_frag_c P[NB];
-        qsa_seg16<NB, NV>(arow, avec, ws, n0, N, K, seg, sa, sw, P);
+        if (NV) qsa_seg16_nvw<NB>(arow, avec, ws, n0, N, K, seg, sa, sw, P);
+        else qsa_seg16<NB, false>(arow, avec, ws, n0, N, K, seg, sa, sw, P);
 #pragma unroll
         for (int b = 0; b < NB; b++)
 #pragma unroll
@@ -830,7 +1028,8 @@ static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, in
 template <bool NV>
 static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, const float *bias, float *Y, int M, int N,
                                       int K, int accumulate, float *part, unsigned *count) {
-    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][2 * 16 * QSA_ST]; /* per warp: A, then W */
+    enum { ST = NV ? QSA_STW : QSA_ST };
+    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][2 * 16 * ST]; /* per warp: A, then W */
     __shared__ __align__(32) float slot[QSA_GEMV_WARPS][256];
     __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
     if (blockDim.x != 32 * QSA_GEMV_WARPS || M > QSA_SPLITK_MAX_M) __trap();
@@ -848,7 +1047,8 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
     if (lane < 16) arow[warp][lane] = m0 + lane < M ? A + (qsa_i64)(m0 + lane) * K : 0;
     __syncwarp();
     qsa_frag_c P;
-    qsa_seg16<1, NV>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * QSA_ST, &P);
+    if (NV) qsa_seg16_nvw<1>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
+    else qsa_seg16<1, false>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
     qsa_wmma_store(slot[warp], P, 16);
     __syncwarp();
     float *pt = part + (qsa_i64)tile * nseg * prow * 16;
@@ -1141,7 +1341,7 @@ template <int NB, bool whole>
 static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, const int *pairs, const int *tiles,
                                      const int *ntiles, const qsa_expert_w *experts, int N, int Kd, int act,
                                      qsa_f16 *h16, float *y, float *part, unsigned *count) {
-    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][(1 + NB) * 16 * QSA_ST];
+    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][(1 + NB) * 16 * QSA_STW]; /* dense: rows of QSA_ST */
     __shared__ __align__(32) float slot[QSA_GEMV_WARPS][NB][256];
     __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
     __shared__ int prow[QSA_GEMV_WARPS][16];
@@ -1172,14 +1372,14 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
 #pragma unroll
     for (int b = 0; b < NB; b++) nv = nv && !ws[b].w16;
     const int avec = (((qsa_u64)X) & 15u) == 0 && (ldx & 7) == 0;
-    qsa_f16 *sa = stage[warp], *sw = stage[warp] + 16 * QSA_ST;
+    qsa_f16 *sa = stage[warp];
     qsa_frag_c P[NB];
     if (whole) {
-        if (nv) qsa_segs16<NB, true>(arow[warp], avec, ws, n0, N, Kd, nseg, sa, sw, P);
-        else qsa_segs16<NB, false>(arow[warp], avec, ws, n0, N, Kd, nseg, sa, sw, P);
+        if (nv) qsa_segs16<NB, true>(arow[warp], avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_STW, P);
+        else qsa_segs16<NB, false>(arow[warp], avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_ST, P);
     } else {
-        if (nv) qsa_seg16<NB, true>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sw, P);
-        else qsa_seg16<NB, false>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sw, P);
+        if (nv) qsa_seg16_nvw<NB>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_STW, P);
+        else qsa_seg16<NB, false>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_ST, P);
     }
 #pragma unroll
     for (int b = 0; b < NB; b++) qsa_wmma_store(slot[warp][b], P[b], 16);
