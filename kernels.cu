@@ -8,7 +8,8 @@
  *   - no #include: NVRTC 11 ships no headers, so everything used here is a compiler builtin;
  *   - sm_70-level instructions only (the default target is compute_70 PTX): fp16 conversions by
  *     inline PTX `cvt`, tensor cores by PTX `wmma.*.m16n16k16`; no ldmatrix, cp.async, bf16 MMA;
- *   - entry points are `extern "C" __global__ void qsa_k_<op>` so their names are not mangled.
+ *   - entry points are `extern "C" __global__ void qsa_k_<op>` so their names are not mangled, and
+ *     each starts with QSA_PDL_ENTRY() (the one sm_90 instruction pair, compiled only there).
  *
  * Conventions:
  *   - fp16 tensors travel as their bit patterns (`qsa_f16`, an unsigned short);
@@ -25,6 +26,22 @@ typedef unsigned long long qsa_u64;
 typedef long long qsa_i64;
 
 #define QSA_FULL_MASK 0xffffffffu
+
+/* First statement of every entry point.  Launched as a programmatic dependent (the host's
+ * qsa__cu_launch_ex on sm_90+), a kernel may be resident before the previous kernel of its stream
+ * has finished: griddepcontrol.wait holds it until that kernel has completed and its writes are
+ * visible, then launch_dependents lets the next kernel be scheduled behind this one.  Launched
+ * normally, both are no-ops.  Nothing may be read or written before it (tests/t_jit.c checks that
+ * every entry point waits before any memory access), with one exception: QSA_PDL_LATE() marks a
+ * kernel that issues loads of weights (never written by any kernel) first and reaches
+ * QSA_PDL_ENTRY() before it touches anything else, so its weight stream overlaps the previous
+ * kernel's tail (the dense GEMV). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define QSA_PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define QSA_PDL_ENTRY() ((void)0)
+#endif
+#define QSA_PDL_LATE() ((void)0)
 
 /* ---------------------------------------------------------------------------------------------- */
 /* helpers                                                                                         */
@@ -153,6 +170,7 @@ static __device__ void qsa_block_argmax(float *v, int *i, float *sv, int *si) {
  * Launch: grid (M, Y) with any Y (ceil(H / 256) for small M), block any multiple of 32 (256). */
 extern "C" __global__ void qsa_k_embed(const qsa_f16 *__restrict__ table, const int *__restrict__ ids,
                                        float *__restrict__ X, int H, int hc, int V) {
+    QSA_PDL_ENTRY();
     qsa_i64 t = blockIdx.x;
     int id = ids[t];
     int ok = id >= 0 && id < V;
@@ -174,6 +192,7 @@ extern "C" __global__ void qsa_k_embed(const qsa_f16 *__restrict__ table, const 
  * Launch: grid (M * dim/group), block 256 (the bits depend on the block size: keep 256). */
 extern "C" __global__ void qsa_k_rmsnorm(const float *x, const float *__restrict__ w, float *y,
                                          qsa_f16 *__restrict__ y16, int dim, int group, float eps, int one_plus) {
+    QSA_PDL_ENTRY();
     __shared__ float scratch[33];
     int gpr = dim / group;
     qsa_i64 row = blockIdx.x / gpr;
@@ -197,6 +216,7 @@ extern "C" __global__ void qsa_k_rmsnorm(const float *x, const float *__restrict
  * multiple of 32 (256). */
 extern "C" __global__ void qsa_k_gres_mix(const float *__restrict__ mw, const float *__restrict__ xn,
                                           float *__restrict__ inp, qsa_f16 *__restrict__ inp16, int H, int hc) {
+    QSA_PDL_ENTRY();
     qsa_i64 t = blockIdx.x;
     const float *m = mw + t * hc * H, *x = xn + t * hc * H;
     for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < H; j += gridDim.y * blockDim.x) {
@@ -213,6 +233,7 @@ extern "C" __global__ void qsa_k_gres_mix(const float *__restrict__ mw, const fl
  * (the model's hc_count = 4), otherwise within 1 ulp before the silu.
  * Launch: grid (ceil(n / 256)), block 256 (any grid/block works: grid-stride loop). */
 extern "C" __global__ void qsa_k_silu_scale(float *x, qsa_f16 *__restrict__ x16, int n, float scale) {
+    QSA_PDL_ENTRY();
     for (qsa_i64 i = (qsa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (qsa_i64)gridDim.x * blockDim.x) {
         float v = qsa_silu(x[i] * scale);
         x[i] = v;
@@ -223,6 +244,7 @@ extern "C" __global__ void qsa_k_silu_scale(float *x, qsa_f16 *__restrict__ x16,
 /* inj[i] = 2 * sigmoid(inj[i] / hc) for i < n (n = M * hc).
  * Launch: grid (ceil(n / 256)), block 256 (grid-stride loop). */
 extern "C" __global__ void qsa_k_inj_weights(float *inj, int n, int hc) {
+    QSA_PDL_ENTRY();
     for (qsa_i64 i = (qsa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (qsa_i64)gridDim.x * blockDim.x)
         inj[i] = 2.0f * qsa_sigmoid(inj[i] / (float)hc);
 }
@@ -232,6 +254,7 @@ extern "C" __global__ void qsa_k_inj_weights(float *inj, int n, int hc) {
  * multiple of 32 (256). */
 extern "C" __global__ void qsa_k_inject(float *__restrict__ X, const float *__restrict__ inj,
                                         const float *__restrict__ out, int H, int hc) {
+    QSA_PDL_ENTRY();
     qsa_i64 t = blockIdx.x;
     float *x = X + t * hc * H;
     const float *o = out + t * H;
@@ -243,6 +266,7 @@ extern "C" __global__ void qsa_k_inject(float *__restrict__ X, const float *__re
 
 /* y[i] = fp16(x[i]) (round to nearest even) for i < n.  Launch: grid (ceil(n / 256)), block 256. */
 extern "C" __global__ void qsa_k_to_f16(const float *__restrict__ x, qsa_f16 *__restrict__ y, int n) {
+    QSA_PDL_ENTRY();
     for (qsa_i64 i = (qsa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (qsa_i64)gridDim.x * blockDim.x)
         y[i] = qsa_f32_to_f16(x[i]);
 }
@@ -251,6 +275,7 @@ extern "C" __global__ void qsa_k_to_f16(const float *__restrict__ x, qsa_f16 *__
  * qsa__argmax).  NaNs never win; a row with no number gives 0.
  * Launch: grid (M), block any multiple of 32 up to 1024 (1024). */
 extern "C" __global__ void qsa_k_argmax(const float *__restrict__ logits, int *__restrict__ out, int V) {
+    QSA_PDL_ENTRY();
     __shared__ float sv[33];
     __shared__ int si[33];
     const float *l = logits + (qsa_i64)blockIdx.x * V;
@@ -518,7 +543,7 @@ static __device__ __forceinline__ uint4 qsa_ld8_w(const qsa_wsrc &w, int n, int 
  * segment `seg` of K, in the canonical order (sub-steps of 32 from the segment's start, 2 mma of
  * k = 16 each, into a zeroed fragment).  sa / sw: the warp's staging, A [16][QSA_ST] then NB x W
  * [16][QSA_ST] halves. */
-template <int NB, bool NV>
+template <int NB, bool NV, bool PW = false>
 static __device__ __forceinline__ void qsa_seg16(const qsa_f16 *const *arow, int avec, const qsa_wsrc *ws, int n0,
                                                  int N, int K, int seg, qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c *P) {
     const int lane = threadIdx.x & 31;
@@ -539,10 +564,13 @@ static __device__ __forceinline__ void qsa_seg16(const qsa_f16 *const *arow, int
     uint4 ra[4], rw0[PF][NB], rw1[PF][NB];
     uint2 q8[NV ? NB : 1][QSA_SEG / 32];
     qsa_u32 sc[NV ? NB : 1][2];
-    ra[0] = qsa_ld8_f16(a0, kbeg + kp, kend, avec);
-    ra[1] = qsa_ld8_f16(deep ? a0 : a1, kbeg + (deep ? 32 : 0) + kp, kend, avec);
-    ra[2] = qsa_ld8_f16(deep ? a0 : 0, kbeg + 64 + kp, kend, avec);
-    ra[3] = qsa_ld8_f16(deep ? a0 : 0, kbeg + 96 + kp, kend, avec);
+    /* PW: the weights first, then the PDL wait (QSA_PDL_LATE), then the activations */
+    if (!PW) {
+        ra[0] = qsa_ld8_f16(a0, kbeg + kp, kend, avec);
+        ra[1] = qsa_ld8_f16(deep ? a0 : a1, kbeg + (deep ? 32 : 0) + kp, kend, avec);
+        ra[2] = qsa_ld8_f16(deep ? a0 : 0, kbeg + 64 + kp, kend, avec);
+        ra[3] = qsa_ld8_f16(deep ? a0 : 0, kbeg + 96 + kp, kend, avec);
+    }
 #pragma unroll
     for (int b = 0; b < NB; b++) {
         if (NV) {
@@ -554,6 +582,13 @@ static __device__ __forceinline__ void qsa_seg16(const qsa_f16 *const *arow, int
                 rw1[j][b] = qsa_ld8_w(ws[b], n0 + r1, N, kbeg + 32 * j + kp, kend, K);
             }
         }
+    }
+    if (PW) {
+        QSA_PDL_ENTRY();
+        ra[0] = qsa_ld8_f16(a0, kbeg + kp, kend, avec);
+        ra[1] = qsa_ld8_f16(deep ? a0 : a1, kbeg + (deep ? 32 : 0) + kp, kend, avec);
+        ra[2] = qsa_ld8_f16(deep ? a0 : 0, kbeg + 64 + kp, kend, avec);
+        ra[3] = qsa_ld8_f16(deep ? a0 : 0, kbeg + 96 + kp, kend, avec);
     }
 #pragma unroll
     for (int j = 0; j < QSA_SEG / 32; j++) {
@@ -962,6 +997,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_f16(const qsa_f16 *
                                                                  const qsa_f16 *__restrict__ W,
                                                                  const float *__restrict__ bias, float *Y, int M,
                                                                  int N, int K, int accumulate) {
+    QSA_PDL_ENTRY();
     qsa_wsrc ws = qsa_wsrc_f16(W);
     qsa_gemm(A, ws, bias, Y, M, N, K, accumulate);
 }
@@ -974,6 +1010,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16
                                                                    const qsa_u8 *__restrict__ q,
                                                                    const qsa_u8 *__restrict__ s, float s2, float *Y,
                                                                    int M, int N, int K, int accumulate) {
+    QSA_PDL_ENTRY();
     qsa_wsrc ws = qsa_wsrc_nvfp4(q, s, s2, K);
     qsa_gemm(A, ws, 0, Y, M, N, K, accumulate);
 }
@@ -1038,6 +1075,7 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
     const qsa_i64 task = (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + warp, tiles = (qsa_i64)mt * ((N + 15) / 16);
     if (task >= tiles * nseg) return; /* warp-level from here on: no block barriers */
     const int tile = (int)(task / nseg), seg = (int)(task % nseg), m0 = (tile % mt) * 16, n0 = (tile / mt) * 16;
+    if (!NV && bad) QSA_PDL_ENTRY(); /* dense (QSA_PDL_LATE): otherwise qsa_seg16 waits after the weight loads */
     if (bad) { /* as qsa_gemm: poison, never guess */
         for (int e = lane; e < 256; e += 32)
             if (m0 + (e >> 4) < M && n0 + (e & 15) < N) Y[(qsa_i64)(m0 + (e >> 4)) * N + n0 + (e & 15)] = QSA_QNAN;
@@ -1048,7 +1086,7 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
     __syncwarp();
     qsa_frag_c P;
     if (NV) qsa_seg16_nvw<1>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
-    else qsa_seg16<1, false>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
+    else qsa_seg16<1, false, true>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
     qsa_wmma_store(slot[warp], P, 16);
     __syncwarp();
     float *pt = part + (qsa_i64)tile * nseg * prow * 16;
@@ -1075,6 +1113,7 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16
                                                                              const float *__restrict__ bias, float *Y,
                                                                              int M, int N, int K, int accumulate,
                                                                              float *part, unsigned *count) {
+    QSA_PDL_LATE();
     qsa_wsrc ws = qsa_wsrc_f16(W);
     qsa_gemv_xwarp<false>(A, ws, bias, Y, M, N, K, accumulate, part, count);
 }
@@ -1086,6 +1125,7 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_nvf
                                                                                float *Y, int M, int N, int K,
                                                                                int accumulate, float *part,
                                                                                unsigned *count) {
+    QSA_PDL_ENTRY();
     qsa_wsrc ws = qsa_wsrc_nvfp4(q, s, s2, K);
     qsa_gemv_xwarp<true>(A, ws, 0, Y, M, N, K, accumulate, part, count);
 }
@@ -1110,6 +1150,7 @@ struct qsa_expert_w {
  * Launch: grid (M), block 256 (the sum's bits depend on the block size: keep 256). */
 extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, int *__restrict__ topk_ids,
                                              float *__restrict__ topk_w, int E, int K, int norm) {
+    QSA_PDL_ENTRY();
     __shared__ float scratch[33];
     __shared__ float sv[33];
     __shared__ int si[33];
@@ -1186,6 +1227,7 @@ extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, i
 extern "C" __global__ void qsa_k_moe_plan(const int *__restrict__ topk_ids, int MK, int E, int *__restrict__ pairs,
                                           int *__restrict__ tiles, int *__restrict__ ntiles, int tr,
                                           int *__restrict__ wcnt) {
+    QSA_PDL_ENTRY();
     __shared__ int scan[1024 + 1];
     __shared__ int tscan[1024 + 1];
     __shared__ int carry[2];
@@ -1263,6 +1305,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_gate_up(
     const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
     int K, int act) {
+    QSA_PDL_ENTRY();
     __shared__ __align__(128) unsigned char smem[QSA_GEMM_SMEM];
     __shared__ const qsa_f16 *arow[16];
     __shared__ int prow[16];
@@ -1299,6 +1342,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_gate_up(
 extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down(
     const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I) {
+    QSA_PDL_ENTRY();
     __shared__ __align__(128) unsigned char smem[QSA_GEMM_SMEM];
     __shared__ const qsa_f16 *arow[16];
     __shared__ int prow[16];
@@ -1415,6 +1459,7 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_gate
     const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
     int K, int act, float *part, unsigned *count) {
+    QSA_PDL_ENTRY();
     if (H & 15) __trap(); /* the host validates the shapes */
     qsa_moe_xwarp<2, false>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, part, count);
 }
@@ -1422,6 +1467,7 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down
     const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I,
     float *part, unsigned *count) {
+    QSA_PDL_ENTRY();
     if (I & 15) __trap();
     qsa_moe_xwarp<1, false>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, part, count);
 }
@@ -1432,12 +1478,14 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 4) qsa_k_moe_g
     const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
     int K, int act) {
+    QSA_PDL_ENTRY();
     if (H & 15) __trap();
     qsa_moe_xwarp<2, true>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, 0, 0);
 }
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down_xwk(
     const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I) {
+    QSA_PDL_ENTRY();
     if (I & 15) __trap();
     qsa_moe_xwarp<1, true>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, 0, 0);
 }
@@ -1456,6 +1504,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_gate_up64(
     const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
     int K, int act) {
+    QSA_PDL_ENTRY();
     __shared__ __align__(128) unsigned char smem[QSA_GEMM_SMEM];
     __shared__ int prow[64];
     if (blockDim.x != QSA_GEMM_THREADS) __trap();
@@ -1485,6 +1534,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_gate_up64(
 extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down64(
     const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I) {
+    QSA_PDL_ENTRY();
     __shared__ __align__(128) unsigned char smem[QSA_GEMM_SMEM];
     __shared__ int prow[64];
     if (blockDim.x != QSA_GEMM_THREADS) __trap();
@@ -1513,6 +1563,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down64(
  * Launch: grid (M, Y) with any Y (ceil(H / 256) for small M), block any multiple of 32 (256). */
 extern "C" __global__ void qsa_k_moe_combine(const float *__restrict__ y, const float *__restrict__ topk_w,
                                              float *__restrict__ out, int H, int K) {
+    QSA_PDL_ENTRY();
     qsa_i64 t = blockIdx.x;
     for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < H; j += gridDim.y * blockDim.x) {
         float acc = 0.0f;
@@ -1525,6 +1576,7 @@ extern "C" __global__ void qsa_k_moe_combine(const float *__restrict__ y, const 
    1: sigmoid), the CPU's `act(gate) * up` per element.  Launch: grid ceil(n/256), block 256 (grid-stride). */
 extern "C" __global__ void qsa_k_act_mul(const float *__restrict__ a, const float *__restrict__ b, qsa_f16 *__restrict__ out16,
                                          int n, int act) {
+    QSA_PDL_ENTRY();
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         out16[i] = qsa_f32_to_f16(qsa_act(act, a[i]) * b[i]);
 }
@@ -1534,6 +1586,7 @@ extern "C" __global__ void qsa_k_act_mul(const float *__restrict__ a, const floa
  * (ceil(H / 256) for small M), block 256. */
 extern "C" __global__ void qsa_k_shared_combine(float *__restrict__ out, const float *__restrict__ sh,
                                                 const float *__restrict__ gate_logit, int H) {
+    QSA_PDL_ENTRY();
     qsa_i64 t = blockIdx.x;
     float g = qsa_sigmoid(gate_logit[t]);
     for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < H; j += gridDim.y * blockDim.x) out[t * H + j] = __fadd_rn(out[t * H + j], __fmul_rn(g, sh[t * H + j]));
@@ -1553,6 +1606,7 @@ extern "C" __global__ void qsa_k_ple_gate(const float *__restrict__ keyp, const 
                                           const float *__restrict__ valp, const float *__restrict__ nk,
                                           const float *__restrict__ nq, const float *__restrict__ nc,
                                           float *__restrict__ gv, float *__restrict__ gvn, int H, int hc, float eps) {
+    QSA_PDL_ENTRY();
     __shared__ float scratch[33];
     const qsa_i64 t = blockIdx.x, hcH = (qsa_i64)hc * H;
     for (int s = 0; s < hc; s++) {
@@ -1617,6 +1671,7 @@ static __device__ __forceinline__ void qsa_ple_conv_body(float *__restrict__ X, 
 extern "C" __global__ void qsa_k_ple_conv(float *__restrict__ X, const float *__restrict__ gv,
                                           const float *__restrict__ gvn, float *__restrict__ state,
                                           const float *__restrict__ w, int M, int hcH, int Kc, int dil) {
+    QSA_PDL_ENTRY();
     qsa_ple_conv_body(X, gv, gvn, state, w, M, hcH, Kc, dil);
 }
 
@@ -1737,6 +1792,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv(const float *__
                                                                  const float *__restrict__ w, float *q, float *k,
                                                                  float *v, int M, int conv_dim, int key_dim, int Kc,
                                                                  int act, int nk, int dk) {
+    QSA_PDL_ENTRY();
     qsa_gdn_conv_body(qkv, state, w, q, k, v, M, conv_dim, key_dim, Kc, act, nk, dk);
 }
 
@@ -1755,6 +1811,7 @@ static __device__ __forceinline__ void qsa_gdn_conv_state_body(const float *__re
 }
 extern "C" __global__ void qsa_k_gdn_conv_state(const float *__restrict__ qkv, float *state, int M, int conv_dim,
                                                 int Kc) {
+    QSA_PDL_ENTRY();
     qsa_gdn_conv_state_body(qkv, state, M, conv_dim, Kc);
 }
 
@@ -1764,6 +1821,7 @@ extern "C" __global__ void qsa_k_gdn_conv_state(const float *__restrict__ qkv, f
 extern "C" __global__ void qsa_k_gdn_gates(const float *__restrict__ b, const float *__restrict__ a,
                                            const float *__restrict__ A_log, const float *__restrict__ dt_bias,
                                            float *__restrict__ beta, float *__restrict__ g, int n, int nv) {
+    QSA_PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     int h = i % nv;
@@ -1908,6 +1966,7 @@ extern "C" __global__ void qsa_k_gdn_recurrent(float *S, const float *__restrict
                                                const float *__restrict__ v, const float *__restrict__ beta,
                                                const float *__restrict__ g, float *o, int M, int nk, int nv, int dk,
                                                int dv) {
+    QSA_PDL_ENTRY();
     k2_gdn_recurrent<false>(S, 0, q, k, v, beta, g, o, M, nk, nv, dk, dv);
 }
 
@@ -1916,6 +1975,7 @@ extern "C" __global__ void qsa_k_gdn_recurrent_f16state(qsa_f16 *S, const float 
                                                         const float *__restrict__ k, const float *__restrict__ v,
                                                         const float *__restrict__ beta, const float *__restrict__ g,
                                                         float *o, int M, int nk, int nv, int dk, int dv) {
+    QSA_PDL_ENTRY();
     k2_gdn_recurrent<true>(0, S, q, k, v, beta, g, o, M, nk, nv, dk, dv);
 }
 
@@ -1926,6 +1986,7 @@ extern "C" __global__ void qsa_k_gdn_recurrent_f16state(qsa_f16 *S, const float 
 extern "C" __global__ void __launch_bounds__(128) qsa_k_gdn_norm_gate(float *o, const float *__restrict__ z,
                                                                       const float *__restrict__ w, qsa_f16 *o16,
                                                                       int nv, int dv, float eps, int act) {
+    QSA_PDL_ENTRY();
     __shared__ float scratch[33];
     long long row = blockIdx.x;
     float *orow = o + row * dv;
@@ -2001,6 +2062,7 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_attn_qk_prep(
     float *q, const float *__restrict__ k_in, const float *__restrict__ v_in, const float *__restrict__ qn,
     const float *__restrict__ kn, const float *__restrict__ inv_freq, const int *__restrict__ bt, qsa_f16 *Kpool,
     qsa_f16 *Vpool, int pos0, int M, int nh, int nkv, int hd, int rd, int page_size, float eps) {
+    QSA_PDL_ENTRY();
     qsa_attn_qk_prep_body(q, k_in, v_in, qn, kn, inv_freq, bt, Kpool, Vpool, pos0, M, nh, nkv, hd, rd, page_size, eps);
 }
 
@@ -2037,6 +2099,7 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_indexer_prep(float *iq, 
                                                                      const int *__restrict__ bt, float *Ipool,
                                                                      int pos0, int M, int ih, int ihd, int rd,
                                                                      int page_size, float eps) {
+    QSA_PDL_ENTRY();
     qsa_indexer_prep_body(iq, qln, inv_freq, bt, Ipool, pos0, M, ih, ihd, rd, page_size, eps);
 }
 
@@ -2072,6 +2135,7 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_block_keys(const float *
                                                                    const float *__restrict__ inv_freq, float *bkeys,
                                                                    int b0, int b1, int r, int ihd, int rd,
                                                                    int page_size, float eps) {
+    QSA_PDL_ENTRY();
     qsa_block_keys_body(Ipool, bt, kln, inv_freq, bkeys, b0, b1, r, ihd, rd, page_size, eps);
 }
 
@@ -2135,6 +2199,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_block_scores(const float
                                                                      const float *__restrict__ bkeys,
                                                                      float *__restrict__ scores, int pos0, int M,
                                                                      int ih, int ihd, int r, int ld) {
+    QSA_PDL_ENTRY();
     qsa_block_scores_body(iq, bkeys, scores, pos0, M, ih, ihd, r, ld);
 }
 
@@ -2287,6 +2352,7 @@ static __device__ __forceinline__ void qsa_topk_blocks_body(const float *__restr
 extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_topk_blocks(const float *__restrict__ scores, int *sel,
                                                                      int *nsel, int pos0, int M, int r, int topk,
                                                                      int ld) {
+    QSA_PDL_ENTRY();
     qsa_topk_blocks_body(scores, sel, nsel, pos0, M, r, topk, ld);
 }
 
@@ -2307,6 +2373,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_attn_phys_order(const in
                                                                         const int *__restrict__ nsel, int *tokpos,
                                                                         int pos0, int M, int r, int topk,
                                                                         int page_size, int ld_tok) {
+    QSA_PDL_ENTRY();
     __shared__ long long ustart[K2_PHYS_MAX_UNITS]; /* physical slot of the unit's first token */
     __shared__ int ulog[K2_PHYS_MAX_UNITS];         /* logical position of its first token */
     __shared__ int ulen[K2_PHYS_MAX_UNITS];
@@ -2587,6 +2654,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) qsa_k_sparse_attn(
     const int *__restrict__ bt, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
     qsa_f16 *out16, int pos0, int M, int nh, int nkv, int hd, int r, int topk, int page_size, int split,
     const int *__restrict__ tokpos, int ld_tok) {
+    QSA_PDL_ENTRY();
     qsa_sparse_attn_body(q, Kpool, Vpool, bt, sel, nsel, out, out16, pos0, M, nh, nkv, hd, r, topk, page_size, split, tokpos, ld_tok);
 }
 
@@ -2614,6 +2682,7 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_attn_qk_prep_batch(
     const float *__restrict__ kn, const float *__restrict__ inv_freq, const unsigned long long *__restrict__ bts,
     qsa_f16 *Kpool, qsa_f16 *Vpool, const int *__restrict__ pos, int nh, int nkv, int hd, int rd, int page_size,
     float eps) {
+    QSA_PDL_ENTRY();
     const qsa_i64 b = blockIdx.z, kvd = (qsa_i64)nkv * hd;
     qsa_attn_qk_prep_body(q + b * nh * 2 * hd, k_in + b * kvd, v_in + b * kvd, qn, kn, inv_freq, QSA_BPTR(const int, bts),
                           Kpool, Vpool, pos[b], 1, nh, nkv, hd, rd, page_size, eps);
@@ -2624,6 +2693,7 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_indexer_prep_batch(
     float *iq, const float *__restrict__ qln, const float *__restrict__ inv_freq,
     const unsigned long long *__restrict__ bts, float *Ipool, const int *__restrict__ pos, int ih, int ihd, int rd,
     int page_size, float eps) {
+    QSA_PDL_ENTRY();
     const qsa_i64 b = blockIdx.z;
     qsa_indexer_prep_body(iq + b * (ih + 1) * ihd, qln, inv_freq, QSA_BPTR(const int, bts), Ipool, pos[b], 1, ih, ihd,
                           rd, page_size, eps);
@@ -2636,6 +2706,7 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_block_keys_batch(
     const float *__restrict__ Ipool, const unsigned long long *__restrict__ bts, const float *__restrict__ kln,
     const float *__restrict__ inv_freq, const unsigned long long *__restrict__ bkeys, const int *__restrict__ pos,
     int r, int ihd, int rd, int page_size, float eps) {
+    QSA_PDL_ENTRY();
     const int p = pos[blockIdx.z];
     qsa_block_keys_body(Ipool, QSA_BPTR(const int, bts), kln, inv_freq, QSA_BPTR(float, bkeys), p / r, (p + 1) / r, r,
                         ihd, rd, page_size, eps);
@@ -2646,6 +2717,7 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_block_keys_batch(
 extern "C" __global__ void __launch_bounds__(256) qsa_k_block_scores_batch(
     const float *__restrict__ iq, const unsigned long long *__restrict__ bkeys, float *__restrict__ scores,
     const int *__restrict__ pos, int ih, int ihd, int r, int ld) {
+    QSA_PDL_ENTRY();
     const qsa_i64 b = blockIdx.z;
     qsa_block_scores_body(iq + b * (ih + 1) * ihd, QSA_BPTR(const float, bkeys), scores + b * ld, pos[b], 1, ih, ihd, r,
                           ld);
@@ -2654,6 +2726,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_block_scores_batch(
 /* sel [B][topk], nsel [B].  Launch: grid (1, 1, B), block 1024. */
 extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_topk_blocks_batch(
     const float *__restrict__ scores, int *sel, int *nsel, const int *__restrict__ pos, int r, int topk, int ld) {
+    QSA_PDL_ENTRY();
     const qsa_i64 b = blockIdx.z;
     qsa_topk_blocks_body(scores + b * ld, sel + b * topk, nsel + b, pos[b], 1, r, topk, ld);
 }
@@ -2664,6 +2737,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) qsa_k_sparse_attn_batch(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
     const unsigned long long *__restrict__ bts, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
     qsa_f16 *out16, const int *__restrict__ pos, int nh, int nkv, int hd, int r, int topk, int page_size, int split) {
+    QSA_PDL_ENTRY();
     const qsa_i64 b = blockIdx.z, o = b * nh * hd;
     qsa_sparse_attn_body(q + b * nh * 2 * hd, Kpool, Vpool, QSA_BPTR(const int, bts), sel + b * topk, nsel + b,
                          out ? out + o : out, out16 ? out16 + o : out16, pos[b], 1, nh, nkv, hd, r, topk, page_size,
@@ -2674,6 +2748,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) qsa_k_sparse_attn_batch(
 extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv_batch(
     const float *__restrict__ qkv, const unsigned long long *__restrict__ st, const float *__restrict__ w, float *q,
     float *k, float *v, int conv_dim, int key_dim, int Kc, int act, int nk, int dk) {
+    QSA_PDL_ENTRY();
     const qsa_i64 b = blockIdx.z;
     qsa_gdn_conv_body(qkv + b * conv_dim, QSA_BPTR(const float, st), w, q + b * key_dim, k + b * key_dim,
                       v + b * (conv_dim - 2 * key_dim), 1, conv_dim, key_dim, Kc, act, nk, dk);
@@ -2683,6 +2758,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv_batch(
    grid (ceil(conv_dim / 256), 1, B), block 256. */
 extern "C" __global__ void qsa_k_gdn_conv_state_batch(const float *__restrict__ qkv,
                                                       const unsigned long long *__restrict__ st, int conv_dim, int Kc) {
+    QSA_PDL_ENTRY();
     qsa_gdn_conv_state_body(qkv + (qsa_i64)blockIdx.z * conv_dim, QSA_BPTR(float, st), 1, conv_dim, Kc);
 }
 
@@ -2692,6 +2768,7 @@ extern "C" __global__ void qsa_k_gdn_recurrent_batch(const unsigned long long *_
                                                      const float *__restrict__ v, const float *__restrict__ beta,
                                                      const float *__restrict__ g, float *o, int nk, int nv, int dk,
                                                      int dv) {
+    QSA_PDL_ENTRY();
     const qsa_i64 b = blockIdx.z, kd = (qsa_i64)nk * dk, vd = (qsa_i64)nv * dv;
     k2_gdn_recurrent<false>(QSA_BPTR(float, st), 0, q + b * kd, k + b * kd, v + b * vd, beta + b * nv, g + b * nv,
                             o + b * vd, 1, nk, nv, dk, dv);
@@ -2703,6 +2780,7 @@ extern "C" __global__ void qsa_k_gdn_recurrent_f16state_batch(const unsigned lon
                                                               const float *__restrict__ beta,
                                                               const float *__restrict__ g, float *o, int nk, int nv,
                                                               int dk, int dv) {
+    QSA_PDL_ENTRY();
     const qsa_i64 b = blockIdx.z, kd = (qsa_i64)nk * dk, vd = (qsa_i64)nv * dv;
     k2_gdn_recurrent<true>(0, QSA_BPTR(qsa_f16, st), q + b * kd, k + b * kd, v + b * vd, beta + b * nv, g + b * nv,
                            o + b * vd, 1, nk, nv, dk, dv);
@@ -2713,6 +2791,7 @@ extern "C" __global__ void qsa_k_ple_conv_batch(float *__restrict__ X, const flo
                                                 const float *__restrict__ gvn,
                                                 const unsigned long long *__restrict__ st,
                                                 const float *__restrict__ w, int hcH, int Kc, int dil) {
+    QSA_PDL_ENTRY();
     const qsa_i64 o = (qsa_i64)blockIdx.z * hcH;
     qsa_ple_conv_body(X + o, gv + o, gvn + o, QSA_BPTR(float, st), w, 1, hcH, Kc, dil);
 }
@@ -2728,6 +2807,7 @@ extern "C" __global__ void qsa_k_ple_conv_batch(float *__restrict__ X, const flo
  * order, unfused adds.  Every rank runs it on the same bytes, so every rank gets the same bits,
  * whatever algorithm NCCL used to move them.  Launch: grid any (ceil(n / 256)), block any (256). */
 extern "C" __global__ void qsa_k_tp_sum(const float *__restrict__ parts, float *__restrict__ out, int n, int tp) {
+    QSA_PDL_ENTRY();
     for (qsa_i64 i = (qsa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (qsa_i64)gridDim.x * blockDim.x) {
         float s = parts[i];
         for (int r = 1; r < tp; r++) s = __fadd_rn(s, parts[(qsa_i64)r * n + i]);
@@ -2740,6 +2820,7 @@ extern "C" __global__ void qsa_k_tp_sum(const float *__restrict__ parts, float *
  * A copy.  Launch: grid any (ceil(M * nh * tp * dl / 256)), block any (256). */
 extern "C" __global__ void qsa_k_tp_ple_unshard(const float *__restrict__ parts, float *__restrict__ e, int M, int nh,
                                                 int dl, int tp) {
+    QSA_PDL_ENTRY();
     const qsa_i64 D = (qsa_i64)nh * tp * dl, n = (qsa_i64)M * D;
     for (qsa_i64 i = (qsa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (qsa_i64)gridDim.x * blockDim.x) {
         qsa_i64 t = i / D, c = i % D, h = c / ((qsa_i64)tp * dl), w = c % ((qsa_i64)tp * dl), r = w / dl, j = w % dl;

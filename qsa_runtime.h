@@ -1005,7 +1005,8 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
  * driver or device is an info log line plus QSA_ERR_NO_DEVICE, never a crash.
  *
  * Environment: QSA_CUDA_LIB, QSA_NVRTC_LIB, QSA_NCCL_LIB (a full path: only that file is tried),
- * QSA_ARCH (NVRTC target, e.g. compute_70 or sm_90; see qsa__nvrtc_pick_arch). */
+ * QSA_ARCH (NVRTC target, e.g. compute_70 or sm_90; see qsa__nvrtc_pick_arch), QSA_PDL ("0": no
+ * programmatic dependent launches, qsa__pdl_on). */
 #ifndef QSA_NO_CUDA
 
 #if defined(__cuda_cuda_h__) || defined(__NVRTC_H__) || defined(NCCL_H_)
@@ -1023,6 +1024,18 @@ typedef struct CUstream_st *CUstream; /* also NCCL's cudaStream_t */
 typedef struct CUevent_st *CUevent;
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphExec_st *CUgraphExec;
+/* cuLaunchKernelEx's configuration: an attribute is an 8-byte id slot and a 64-byte value union */
+typedef struct qsa__cu_launch_attr {
+    int id;
+    char pad[4];
+    union { int i; char pad[64]; } value;
+} qsa__cu_launch_attr;
+typedef struct qsa__cu_launch_cfg {
+    unsigned gx, gy, gz, bx, by, bz, shmem;
+    CUstream stream;
+    qsa__cu_launch_attr *attrs;
+    unsigned nattrs;
+} qsa__cu_launch_cfg;
 
 typedef int nvrtcResult; /* NVRTC_SUCCESS = 0 */
 typedef struct _nvrtcProgram *nvrtcProgram;
@@ -1048,6 +1061,7 @@ typedef struct { char internal[128]; } ncclUniqueId;
 #define QSA__CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97
 #define QSA__CU_FUNC_ATTRIBUTE_NUM_REGS 4
 #define QSA__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
+#define QSA__CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION 6
 #define QSA__CU_STREAM_NON_BLOCKING 0x1
 #define QSA__CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
 #define QSA__CU_EVENT_DISABLE_TIMING 0x2
@@ -1139,6 +1153,10 @@ typedef struct { char internal[128]; } ncclUniqueId;
     X(CUresult, cuGraphExecDestroy, (CUgraphExec exec)) \
     X(CUresult, cuGraphDestroy, (CUgraph graph))
 
+/* optional driver entries: NULL when the driver predates them (cuLaunchKernelEx: 12.0+) */
+#define QSA__CU_FUNCS_OPT(X) \
+    X(CUresult, cuLaunchKernelEx, (const qsa__cu_launch_cfg *cfg, CUfunction fn, void **params, void **extra))
+
 #define QSA__NVRTC_FUNCS(X) \
     X(nvrtcResult, nvrtcVersion, (int *major, int *minor)) \
     X(const char *, nvrtcGetErrorString, (nvrtcResult result)) \
@@ -1188,6 +1206,7 @@ typedef struct { char internal[128]; } ncclUniqueId;
 #define QSA__DL_TYPEDEF(ret, name, args) typedef ret(*qsa__pfn_##name) args;
 #define QSA__DL_MEMBER(ret, name, args) qsa__pfn_##name name;
 QSA__CU_FUNCS(QSA__DL_TYPEDEF)
+QSA__CU_FUNCS_OPT(QSA__DL_TYPEDEF)
 QSA__NVRTC_FUNCS(QSA__DL_TYPEDEF)
 QSA__NVRTC_FUNCS_OPT(QSA__DL_TYPEDEF)
 QSA__NCCL_FUNCS(QSA__DL_TYPEDEF)
@@ -1199,6 +1218,7 @@ typedef struct qsa__cuda_api {
     int driver_version; /* e.g. 12040 for 12.4 */
     int device_count;
     QSA__CU_FUNCS(QSA__DL_MEMBER)
+    QSA__CU_FUNCS_OPT(QSA__DL_MEMBER)
 } qsa__cuda_api;
 
 typedef struct qsa__nvrtc_api {
@@ -1227,11 +1247,12 @@ typedef struct qsa__dl_entry {
 } qsa__dl_entry;
 
 #define QSA__CU_ENTRY(ret, name, args) {#name, offsetof(qsa__cuda_api, name), 1},
+#define QSA__CU_ENTRY_OPT(ret, name, args) {#name, offsetof(qsa__cuda_api, name), 0},
 #define QSA__NVRTC_ENTRY(ret, name, args) {#name, offsetof(qsa__nvrtc_api, name), 1},
 #define QSA__NVRTC_ENTRY_OPT(ret, name, args) {#name, offsetof(qsa__nvrtc_api, name), 0},
 #define QSA__NCCL_ENTRY(ret, name, args) {#name, offsetof(qsa__nccl_api, name), 1},
 #define QSA__NCCL_ENTRY_OPT(ret, name, args) {#name, offsetof(qsa__nccl_api, name), 0},
-static const qsa__dl_entry qsa__cu_entries[] = {QSA__CU_FUNCS(QSA__CU_ENTRY)};
+static const qsa__dl_entry qsa__cu_entries[] = {QSA__CU_FUNCS(QSA__CU_ENTRY) QSA__CU_FUNCS_OPT(QSA__CU_ENTRY_OPT)};
 static const qsa__dl_entry qsa__nvrtc_entries[] = {QSA__NVRTC_FUNCS(QSA__NVRTC_ENTRY)
                                                        QSA__NVRTC_FUNCS_OPT(QSA__NVRTC_ENTRY_OPT)};
 static const qsa__dl_entry qsa__nccl_entries[] = {QSA__NCCL_FUNCS(QSA__NCCL_ENTRY)
@@ -1550,9 +1571,14 @@ QSA_PRIV double qsa__prof_report(FILE *f, int steps, int max_rows) {
 }
 
 /* Launch a kernel; the message names the kernel and the launch shape.  With QSA_DEBUG the stream
-   is synchronised afterwards so that a faulting kernel is reported at its own launch. */
-QSA_PRIV qsa_result qsa__cu_launch(CUfunction fn, const char *name, unsigned gx, unsigned gy, unsigned gz,
-                                   unsigned bx, unsigned by, unsigned bz, unsigned shmem, CUstream s, void **args) {
+   is synchronised afterwards so that a faulting kernel is reported at its own launch.  pdl != 0
+   launches it as a programmatic dependent of the stream's previous kernel (sm_90+, cuLaunchKernelEx):
+   it may start as soon as every block of that kernel has begun, and waits in QSA_PDL_ENTRY (at the
+   top of every kernel of kernels.cu) until that kernel has completed and its writes are visible —
+   so it hides the launch latency and changes nothing else. */
+QSA_PRIV qsa_result qsa__cu_launch_ex(CUfunction fn, const char *name, unsigned gx, unsigned gy, unsigned gz,
+                                      unsigned bx, unsigned by, unsigned bz, unsigned shmem, CUstream s, void **args,
+                                      int pdl) {
     qsa__prof_state *p = qsa__prof_capturing ? NULL : qsa__prof;
     int slot = -1;
     if (p) {
@@ -1577,7 +1603,17 @@ QSA_PRIV qsa_result qsa__cu_launch(CUfunction fn, const char *name, unsigned gx,
             else slot = -1;
         }
     }
-    CUresult r = qsa__cu.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, shmem, s, args, NULL);
+    CUresult r;
+    if (pdl && qsa__cu.cuLaunchKernelEx) {
+        qsa__cu_launch_attr at;
+        memset(&at, 0, sizeof at);
+        at.id = QSA__CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        at.value.i = 1;
+        qsa__cu_launch_cfg cfg = {gx, gy, gz, bx, by, bz, shmem, s, &at, 1};
+        r = qsa__cu.cuLaunchKernelEx(&cfg, fn, args, NULL);
+    } else {
+        r = qsa__cu.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, shmem, s, args, NULL);
+    }
     if (slot >= 0 && qsa__cu.cuEventRecord(p->ev[2 * slot + 1], s) == 0) p->n++;
 #ifdef QSA_DEBUG
     if (r == 0) r = qsa__cu.cuStreamSynchronize(s);
@@ -1587,6 +1623,11 @@ QSA_PRIV qsa_result qsa__cu_launch(CUfunction fn, const char *name, unsigned gx,
     snprintf(what, sizeof what, "launch %s grid (%u,%u,%u) block (%u,%u,%u) smem %u", name, gx, gy, gz, bx, by, bz,
              shmem);
     return qsa__cu_check(r, what, __LINE__);
+}
+
+QSA_PRIV qsa_result qsa__cu_launch(CUfunction fn, const char *name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                   unsigned by, unsigned bz, unsigned shmem, CUstream s, void **args) {
+    return qsa__cu_launch_ex(fn, name, gx, gy, gz, bx, by, bz, shmem, s, args, 0);
 }
 
 /* What the runtime needs to know about a device. */
@@ -8461,6 +8502,7 @@ typedef struct qsa__cuda {
     char arch[32];
     double jit_seconds;         /* compile (or cache load) time of the module */
     int jit_from_cache;
+    int pdl;                    /* launch kernels as programmatic dependents (qsa__cu_launch_ex; qsa__cuda_module) */
     size_t bytes_weights, bytes_kv, bytes_state, bytes_scratch;
     CUdeviceptr embed16, rope_inv_freq;
     qsa__dlin lm_head;
@@ -8590,6 +8632,15 @@ QSA_PRIV void qsa__cache_write(const char *path, uint64_t key, const char *img, 
     if (!ok || rename(tmp, path) != 0) remove(tmp); /* rename: readers see the old file or the new, never half */
 }
 
+/* Programmatic dependent launch (qsa__cu_launch_ex): on sm_90+ devices running a module built for
+   compute_90/sm_90 or newer (the kernels' QSA_PDL_ENTRY waits are compiled in only there), with a
+   driver that has cuLaunchKernelEx, unless $QSA_PDL is "0". */
+QSA_PRIV int qsa__pdl_on(const qsa__cuda *g) {
+    const char *e = getenv("QSA_PDL"), *a = g->arch;
+    while (*a && (*a < '0' || *a > '9')) a++;
+    return g->cc >= 90 && atoi(a) >= 90 && qsa__cu.cuLaunchKernelEx != NULL && !(e && !strcmp(e, "0"));
+}
+
 QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
     QSA__TRY(qsa__nvrtc_load());
     char *src = qsa__kernels_source();
@@ -8629,6 +8680,7 @@ QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
         CUresult cr = qsa__cu.cuModuleGetFunction(&g->k[i], g->mod, qsa__kernel_names[i]);
         if (cr != 0) return qsa__fail(QSA_ERR_CUDA, "kernels: entry point %s not found in the module", qsa__kernel_names[i]);
     }
+    g->pdl = qsa__pdl_on(g);
     return QSA_OK;
 }
 
@@ -8636,8 +8688,8 @@ QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
 #define QSA__LAUNCH(g, id, gx, gy, bx, sh, ...)                                                              \
     do {                                                                                                   \
         void *qsa__args_[] = {__VA_ARGS__};                                                                \
-        QSA__TRY(qsa__cu_launch((g)->k[QSA__K_##id], "qsa_k_" #id, (unsigned)(gx), (unsigned)(gy), 1,      \
-                                (unsigned)(bx), 1, 1, (unsigned)(sh), (g)->stream, qsa__args_));             \
+        QSA__TRY(qsa__cu_launch_ex((g)->k[QSA__K_##id], "qsa_k_" #id, (unsigned)(gx), (unsigned)(gy), 1,   \
+                                   (unsigned)(bx), 1, 1, (unsigned)(sh), (g)->stream, qsa__args_, (g)->pdl)); \
     } while (0)
 
 /* ---- weights ---- */
@@ -9469,8 +9521,9 @@ QSA_PRIV qsa_result qsa__cuda_batch_alloc(qsa_model *m) {
 #define QSA__LAUNCH3(g, id, gx, gy, gz, bx, sh, ...)                                                         \
     do {                                                                                                   \
         void *qsa__args_[] = {__VA_ARGS__};                                                                \
-        QSA__TRY(qsa__cu_launch((g)->k[QSA__K_##id], "qsa_k_" #id, (unsigned)(gx), (unsigned)(gy),          \
-                                (unsigned)(gz), (unsigned)(bx), 1, 1, (unsigned)(sh), (g)->stream, qsa__args_)); \
+        QSA__TRY(qsa__cu_launch_ex((g)->k[QSA__K_##id], "qsa_k_" #id, (unsigned)(gx), (unsigned)(gy),       \
+                                   (unsigned)(gz), (unsigned)(bx), 1, 1, (unsigned)(sh), (g)->stream, qsa__args_, \
+                                   (g)->pdl));                                                              \
     } while (0)
 
 /* Per-layer pointer arrays of the step buffer: [L][mb] u64, row l. */

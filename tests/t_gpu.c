@@ -196,9 +196,7 @@ TEST(gpu, jit_disk_cache_cold_warm) {
 }
 
 /* ============================================================================================== */
-/* Batched decode and CUDA graphs (issue 6).  NOT YET RUN ON A GPU: written without a device; the   */
-/* gpu tests below skip here and are meant for the next device run (one call:                       */
-/*   ./tests/test_qsa --group gpu --filter batch -v).                                                */
+/* Batched decode and CUDA graphs (issue 6; ./tests/test_qsa --group gpu --filter batch -v).          */
 /* Requests have prompts of different lengths (3..99 tokens); each is prefilled alone, then decoded */
 /* greedily BD_STEPS steps.  "Alone" = qsa_seq_feed one token at a time; every batched run must     */
 /* give every request the same logits and tokens, bit for bit, whatever its batch and slot.         */
@@ -383,6 +381,51 @@ TEST(gpu, batch_cuda_graphs_equal_eager) {
     bd_check_graphs_equal_eager(m, mg, "one GPU");
     qsa_model_free(m);
     qsa_model_free(mg);
+}
+
+/* Programmatic dependent launches (qsa__cu_launch_ex, sm_90+ modules on sm_90+ GPUs) change only
+   when a kernel may start, never what it computes: a prefill's logits and graph-replayed batched
+   decode give the bits of a model loaded with QSA_PDL=0. */
+TEST(gpu, pdl_launches_equal_plain) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.cuda_batch_decode = 1;
+    qsa_model *m = NULL, *m0 = NULL;
+    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    if (!m->cuda->pdl) {
+        int cc = m->cuda->cc;
+        char arch[32];
+        snprintf(arch, sizeof arch, "%s", m->cuda->arch);
+        qsa_model_free(m);
+        SKIP("no programmatic dependent launch here (device cc %d, module %s, cuLaunchKernelEx %s)", cc, arch,
+             qsa__cu.cuLaunchKernelEx ? "present" : "absent");
+    }
+    jit_env_saved saved;
+    jit_env_unset(&saved, "QSA_PDL");
+    setenv("QSA_PDL", "0", 1);
+    int ok = gpu_model("qsa_hc4_ple_sharded", &mp, &m0);
+    jit_env_restore(&saved);
+    if (!ok) { qsa_model_free(m); return; }
+    CHECK(m->cuda->pdl == 1 && m0->cuda->pdl == 0);
+    int n = 150, V = m->cfg.vocab_size;
+    int32_t ids[150];
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 53 + 7) % V);
+    float *a = (float *)malloc(sizeof(float) * (size_t)n * V), *b = (float *)malloc(sizeof(float) * (size_t)n * V);
+    qsa_seq *sa = NULL, *sb = NULL;
+    CHECK_OK(qsa_seq_create(m, NULL, &sa));
+    CHECK_OK(qsa_seq_create(m0, NULL, &sb));
+    if (a && b && sa && sb) {
+        CHECK_OK(qsa_seq_feed(sa, ids, n, a, 1));
+        CHECK_OK(qsa_seq_feed(sb, ids, n, b, 1));
+        CHECKF(!memcmp(a, b, sizeof(float) * (size_t)n * V), "prefill logits differ with and without PDL");
+    }
+    qsa_seq_free(sa);
+    qsa_seq_free(sb);
+    free(a);
+    free(b);
+    bd_check_graphs_equal_eager(m0, m, "PDL on vs QSA_PDL=0");
+    qsa_model_free(m);
+    qsa_model_free(m0);
 }
 
 /* (d) Allocation and page-size invariance still hold with batching: shuffled free lists with pages

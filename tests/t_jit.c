@@ -70,6 +70,55 @@ static void jit_check_entries(const char *image, size_t len, int cubin) {
     }
 }
 
+/* Whether kernel `name` opens with QSA_PDL_LATE() in the embedded source (it loads weights before
+   its programmatic-dependency wait). */
+static int jit_pdl_late(const char name[64]) {
+    char *src = qsa__kernels_source(), key[96];
+    snprintf(key, sizeof key, " %.63s(", name);
+    const char *p = src ? strstr(src, key) : NULL, *body = p ? strchr(p, '{') : NULL;
+    while (body && (*++body == ' ' || *body == '\n')) {}
+    int late = body && !strncmp(body, "QSA_PDL_LATE();", 15);
+    qsa_free(src);
+    return late;
+}
+
+/* For a PTX of compute_90+: every entry point waits for its programmatic predecessor
+   (griddepcontrol.wait, QSA_PDL_ENTRY) before any memory access other than its parameters, or a
+   kernel launched early by qsa__cu_launch_ex could read what the previous kernel is still writing.
+   A QSA_PDL_LATE kernel may load (its weights) first, but stores nothing before the wait. */
+static void jit_check_pdl_waits(const char *ptx) {
+    char names[JIT_MAX_KERNELS][64];
+    int n = jit_kernel_names(names, JIT_MAX_KERNELS), bad = 0, nlate = 0;
+    for (int i = 0; i < n; i++) {
+        int late = jit_pdl_late(names[i]);
+        nlate += late;
+        char needle[128];
+        snprintf(needle, sizeof needle, ".entry %.63s(", names[i]);
+        const char *b = strstr(ptx, needle), *w = b ? strstr(b, "griddepcontrol.wait") : NULL;
+        if (!b) continue; /* jit_check_entries reports it */
+        const char *next = strstr(b + 1, ".entry ");
+        if (!w || (next && w > next)) {
+            CHECKF(0, "%s: no griddepcontrol.wait (QSA_PDL_ENTRY must open every kernel)", names[i]);
+            bad++;
+            continue;
+        }
+        /* no global (or generic) load, store, atomic or reduction before the wait: parameters,
+           shared and local memory are the block's own */
+        for (const char *p = b; p < w; p++) {
+            int own = !strncmp(p + 4, "param", 5) || !strncmp(p + 4, "shared", 6) || !strncmp(p + 4, "local", 5);
+            int mem = (!late && !strncmp(p, "\tld.", 4) && !own) || (!strncmp(p, "\tst.", 4) && !own) ||
+                      !strncmp(p, "\tatom.", 6) || !strncmp(p, "\tred.", 5);
+            if (mem) {
+                CHECKF(0, "%s: a memory access before griddepcontrol.wait: %.40s", names[i], p + 1);
+                bad++;
+                break;
+            }
+        }
+    }
+    CHECKF(n >= 5 && bad == 0, "%d of %d kernels", bad, n);
+    printf("    compute_90+ PTX: all %d entry points wait for their predecessor (%d load weights first)\n", n, nlate);
+}
+
 /* The environment variable `name` is unset for the duration of a test and restored afterwards. */
 typedef struct jit_env_saved { const char *name; char value[1024]; int was_set; } jit_env_saved;
 static void jit_env_unset(jit_env_saved *s, const char *name) {
@@ -201,6 +250,7 @@ TEST(jit, compile_compute_70) {
     CHECK(strstr(ptx, "cp.async") == NULL);
     CHECK(strstr(ptx, ".bf16") == NULL);
     CHECK(strstr(ptx, "mma.sync.aligned.m8n8k4") == NULL);
+    CHECK(strstr(ptx, "griddepcontrol") == NULL); /* QSA_PDL_ENTRY is empty below sm_90 */
     CHECK(strstr(ptx, "wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32") != NULL);
     CHECKF(!log || !strstr(log, "kernels.cu("), "NVRTC warnings:\n%s", log);
     qsa_free(ptx);
@@ -224,6 +274,7 @@ TEST(jit, compile_native) {
         snprintf(target, sizeof target, ".target sm_%d", native);
         CHECK(strstr(image, target) != NULL);
         jit_check_entries(image, len, 0);
+        if (native >= 90) jit_check_pdl_waits(image);
         printf("    %s: PTX %zu bytes\n", arch, len);
     }
     qsa_free(image);
