@@ -241,17 +241,10 @@ extern "C" __global__ void qsa_k_silu_scale(float *x, qsa_f16 *__restrict__ x16,
     }
 }
 
-/* inj[i] = 2 * sigmoid(inj[i] / hc) for i < n (n = M * hc).
- * Launch: grid (ceil(n / 256)), block 256 (grid-stride loop). */
-extern "C" __global__ void qsa_k_inj_weights(float *inj, int n, int hc) {
-    QSA_PDL_ENTRY();
-    for (qsa_i64 i = (qsa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (qsa_i64)gridDim.x * blockDim.x)
-        inj[i] = 2.0f * qsa_sigmoid(inj[i] / (float)hc);
-}
-
-/* X[t][s*H + j] += inj[t][s] * out[t][j]     (the CPU's expression, no fused multiply-add:
- * bitwise equal to qsa__inject).  Launch: grid (M, Y) with any Y (ceil(H / 256) for small M), block any
- * multiple of 32 (256). */
+/* X[t][s*H + j] += w * out[t][j] with w = 2 * sigmoid(inj[t][s] / hc), inj the raw injection
+ * projection [M][hc]: the weight as the CPU computes it (qsa__inject), then one IEEE multiply and
+ * one add, no fused multiply-add.  Launch: grid (M, Y) with any Y (ceil(H / 256) for small M), block
+ * any multiple of 32 (256). */
 extern "C" __global__ void qsa_k_inject(float *__restrict__ X, const float *__restrict__ inj,
                                         const float *__restrict__ out, int H, int hc) {
     QSA_PDL_ENTRY();
@@ -260,11 +253,13 @@ extern "C" __global__ void qsa_k_inject(float *__restrict__ X, const float *__re
     const float *o = out + t * H;
     for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < H; j += gridDim.y * blockDim.x) {
         float v = o[j];
-        for (int s = 0; s < hc; s++) x[s * H + j] = __fadd_rn(x[s * H + j], __fmul_rn(inj[t * hc + s], v));
+        for (int s = 0; s < hc; s++) {
+            const float w = 2.0f * qsa_sigmoid(inj[t * hc + s] / (float)hc);
+            x[s * H + j] = __fadd_rn(x[s * H + j], __fmul_rn(w, v));
+        }
     }
 }
 
-/* y[i] = fp16(x[i]) (round to nearest even) for i < n.  Launch: grid (ceil(n / 256)), block 256. */
 extern "C" __global__ void qsa_k_to_f16(const float *__restrict__ x, qsa_f16 *__restrict__ y, int n) {
     QSA_PDL_ENTRY();
     for (qsa_i64 i = (qsa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (qsa_i64)gridDim.x * blockDim.x)
@@ -1022,7 +1017,8 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16
  * tile (an integer ticket in count[tile], taken after a __threadfence) adds all of them in
  * ascending s, T = ((0 + P_0) + P_1) + ..., exactly the canonical order, writes Y and resets
  * count[tile] to 0 for the next launch (or graph replay).  Same bits as qsa_k_gemm_* for every
- * M, N, K.  part: [tiles][nseg][prow][16] fp32 with prow = min(M, 16); count: [tiles] unsigned,
+ * M, N, K.  Y16 != NULL fuses qsa_k_silu_scale into the store: Y = silu(Y * act_scale) and Y16 its
+ * fp16 copy (the bits of the two launches).  part: [tiles][nseg][prow][16] fp32 with prow = min(M, 16); count: [tiles] unsigned,
  * zero before the first launch.  Launch: grid ceil(tiles * nseg / QSA_GEMV_WARPS) with tiles =
  * ceil(M/16) * ceil(N/16), block 32 * QSA_GEMV_WARPS, M <= QSA_SPLITK_MAX_M.  (A whole tile per
  * warp, the segments folded in registers, measured slower here: lm_head 520 -> 630 us.) */
@@ -1064,7 +1060,8 @@ static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, in
 
 template <bool NV>
 static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, const float *bias, float *Y, int M, int N,
-                                      int K, int accumulate, float *part, unsigned *count) {
+                                      int K, int accumulate, float *part, unsigned *count, qsa_f16 *Y16,
+                                      float act_scale) {
     enum { ST = NV ? QSA_STW : QSA_ST };
     __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][2 * 16 * ST]; /* per warp: A, then W */
     __shared__ __align__(32) float slot[QSA_GEMV_WARPS][256];
@@ -1103,7 +1100,12 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
         float t = qsa_sum_parts(pt + e, (qsa_i64)prow * 16, nseg);
         if (bias) t = t + bias[n];
         float *py = Y + (qsa_i64)m * N + n;
-        *py = accumulate ? *py + t : t;
+        t = accumulate ? *py + t : t;
+        if (Y16) { /* qsa_k_silu_scale fused: the same operations on the same value */
+            t = qsa_silu(t * act_scale);
+            Y16[(qsa_i64)m * N + n] = qsa_f32_to_f16(t);
+        }
+        *py = t;
     }
     if (lane == 0) count[tile] = 0u;
 }
@@ -1112,10 +1114,11 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16
                                                                              const qsa_f16 *__restrict__ W,
                                                                              const float *__restrict__ bias, float *Y,
                                                                              int M, int N, int K, int accumulate,
-                                                                             float *part, unsigned *count) {
+                                                                             float *part, unsigned *count,
+                                                                             qsa_f16 *Y16, float act_scale) {
     QSA_PDL_LATE();
     qsa_wsrc ws = qsa_wsrc_f16(W);
-    qsa_gemv_xwarp<false>(A, ws, bias, Y, M, N, K, accumulate, part, count);
+    qsa_gemv_xwarp<false>(A, ws, bias, Y, M, N, K, accumulate, part, count, Y16, act_scale);
 }
 
 /* The same with NVFP4 weights (see qsa_k_gemm_nvfp4).  Launch: as qsa_k_gemv_f16. */
@@ -1124,10 +1127,11 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_nvf
                                                                                const qsa_u8 *__restrict__ s, float s2,
                                                                                float *Y, int M, int N, int K,
                                                                                int accumulate, float *part,
-                                                                               unsigned *count) {
+                                                                               unsigned *count, qsa_f16 *Y16,
+                                                                               float act_scale) {
     QSA_PDL_ENTRY();
     qsa_wsrc ws = qsa_wsrc_nvfp4(q, s, s2, K);
-    qsa_gemv_xwarp<true>(A, ws, 0, Y, M, N, K, accumulate, part, count);
+    qsa_gemv_xwarp<true>(A, ws, 0, Y, M, N, K, accumulate, part, count, Y16, act_scale);
 }
 
 /* ============================================================================================== */

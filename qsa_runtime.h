@@ -8411,7 +8411,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 #ifndef QSA_NO_CUDA
 
 #define QSA__KERNEL_LIST(X)                                                                             \
-    X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inj_weights) X(inject) X(to_f16)                     \
+    X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inject) X(to_f16)                     \
     X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_combine)       \
     X(shared_combine) X(act_mul)                                                                         \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_gates) X(gdn_recurrent)                  \
@@ -9077,8 +9077,11 @@ QSA_PRIV int qsa__xw_whole(const qsa__cuda *g, long long tiles) {
     return tiles >= (long long)QSA__XW_WHOLE_PER_SM * (g->sm_count > 0 ? g->sm_count : 1);
 }
 
-/* Y[M][out] (+)= A16[M][in] W^T (+ bias) */
-QSA_PRIV qsa_result qsa__dgemm(qsa__cuda *g, CUdeviceptr A16, int M, const qsa__dlin *w, CUdeviceptr Y, int accumulate) {
+/* Y[M][out] (+)= A16[M][in] W^T (+ bias); with Y16 != 0 (and no accumulate) then Y = silu(Y * scale)
+   and Y16 its fp16 copy: fused into the cross-warp GEMV's store, else a qsa_k_silu_scale launch
+   (the same bits either way). */
+QSA_PRIV qsa_result qsa__dgemm_ex(qsa__cuda *g, CUdeviceptr A16, int M, const qsa__dlin *w, CUdeviceptr Y, int accumulate,
+                                  CUdeviceptr Y16, float scale) {
     int N = w->out, K = w->in;
     if (qsa__gemv_xwarp(g, M, N, K)) {
         long long tasks = (long long)((M + 15) / 16) * ((N + 15) / 16) * ((K + 255) / 256);
@@ -9086,11 +9089,12 @@ QSA_PRIV qsa_result qsa__dgemm(qsa__cuda *g, CUdeviceptr A16, int M, const qsa__
         CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
         if (w->w16) {
             CUdeviceptr W = w->w16, B = w->bias;
-            QSA__LAUNCH(g, gemv_f16, gx, 1, bx, 0, &A16, &W, &B, &Y, &M, &N, &K, &accumulate, &part, &cnt);
+            QSA__LAUNCH(g, gemv_f16, gx, 1, bx, 0, &A16, &W, &B, &Y, &M, &N, &K, &accumulate, &part, &cnt, &Y16, &scale);
         } else {
             CUdeviceptr q = w->q, s = w->s;
             float s2 = w->s2;
-            QSA__LAUNCH(g, gemv_nvfp4, gx, 1, bx, 0, &A16, &q, &s, &s2, &Y, &M, &N, &K, &accumulate, &part, &cnt);
+            QSA__LAUNCH(g, gemv_nvfp4, gx, 1, bx, 0, &A16, &q, &s, &s2, &Y, &M, &N, &K, &accumulate, &part, &cnt, &Y16,
+                        &scale);
         }
         return QSA_OK;
     }
@@ -9104,7 +9108,15 @@ QSA_PRIV qsa_result qsa__dgemm(qsa__cuda *g, CUdeviceptr A16, int M, const qsa__
         float s2 = w->s2;
         QSA__LAUNCH(g, gemm_nvfp4, gx, 1, 256, 0, &A16, &q, &s, &s2, &Y, &M, &N, &K, &accumulate);
     }
+    if (Y16) {
+        int n = M * N;
+        QSA__LAUNCH(g, silu_scale, (n + 255) / 256, 1, 256, 0, &Y, &Y16, &n, &scale);
+    }
     return QSA_OK;
+}
+
+QSA_PRIV qsa_result qsa__dgemm(qsa__cuda *g, CUdeviceptr A16, int M, const qsa__dlin *w, CUdeviceptr Y, int accumulate) {
+    return qsa__dgemm_ex(g, A16, M, w, Y, accumulate, 0, 0.0f);
 }
 
 /* GatedResidual on X [M][hcH]: inp/inp16 [M][H] and (when inj != 0) injection weights [M][hc]. */
@@ -9112,20 +9124,15 @@ QSA_PRIV qsa_result qsa__cuda_gres(qsa_model *m, const qsa__dgres *w, CUdevicept
     const qsa_model_config *c = &m->cfg;
     qsa__cuda *g = m->cuda;
     qsa__dscratch *s = &g->sc;
-    int H = c->hidden_size, hc = c->hc_count, hcH = hc * H, one = 1, n;
+    int H = c->hidden_size, hc = c->hc_count, hcH = hc * H, one = 1;
     float eps = c->rms_norm_eps, scale = 1.0f / (float)hc;
     CUdeviceptr nw = w->norm_w;
     QSA__LAUNCH(g, rmsnorm, M * hc, 1, 256, 0, &X, &nw, &s->xn, &s->xn16, &hcH, &H, &eps, &one);
-    QSA__TRY(qsa__dgemm(g, s->xn16, M, &w->down, s->low, 0));
-    n = M * c->hc_lowrank;
-    QSA__LAUNCH(g, silu_scale, (n + 255) / 256, 1, 256, 0, &s->low, &s->low16, &n, &scale);
+    QSA__TRY(qsa__dgemm_ex(g, s->xn16, M, &w->down, s->low, 0, s->low16, scale)); /* low = silu(. / hc) */
     QSA__TRY(qsa__dgemm(g, s->low16, M, &w->up, s->mw, 0));
     QSA__LAUNCH(g, gres_mix, M, qsa__ygrid(M, H), 256, 0, &s->mw, &s->xn, &s->inp, &s->inp16, &H, &hc);
-    if (with_inj) {
+    if (with_inj) /* the raw projection: qsa_k_inject takes 2 * sigmoid(inj / hc) itself */
         QSA__TRY(qsa__dgemm(g, s->xn16, M, &w->inject, s->inj, 0));
-        n = M * hc;
-        QSA__LAUNCH(g, inj_weights, (n + 255) / 256, 1, 256, 0, &s->inj, &n, &hc);
-    }
     return QSA_OK;
 }
 

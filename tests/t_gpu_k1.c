@@ -374,7 +374,7 @@ TEST(gpu, k1_elementwise) {
     k1_mem mem = {{0}, 0, {0}, 0};
     float *x, *y, *inj, *out, *X, *Xw;
     uint16_t *x16, *h16;
-    double *want;
+    double *want, *wantX;
     int n = N, hc = HC, h = H;
     float scale = 0.25f;
     CUdeviceptr dx, dx16, dinj, dout, dX;
@@ -387,6 +387,7 @@ TEST(gpu, k1_elementwise) {
     K1_ALLOC(out, float, M * H);
     K1_ALLOC(X, float, M * HC * H);
     K1_ALLOC(Xw, float, M * HC * H);
+    K1_ALLOC(wantX, double, M * HC * H);
     k1_seed(4);
     k1_fill(x, N, -30, 30);
     x[0] = -90.0f; /* silu underflows towards -0 */
@@ -409,15 +410,6 @@ TEST(gpu, k1_elementwise) {
         for (int i = 0; i < N; i++) mism += x16[i] != qsa__f32_to_f16(y[i]);
         CHECKF(mism == 0, "silu_scale: %d fp16 outputs are not the rounded fp32 outputs", mism);
     }
-    /* inj_weights: 2 * sigmoid(x / hc) */
-    K1_TRY(k1_put(dx, x, sizeof(float) * N));
-    {
-        void *args[] = {&dx, &n, &hc};
-        K1_TRY(k1_launch("qsa_k_inj_weights", (N + 255) / 256, 1, 256, args));
-    }
-    K1_TRY(k1_get(y, dx, sizeof(float) * N));
-    for (int i = 0; i < N; i++) want[i] = 2.0f * qsa__sigmoid(x[i] / (float)HC);
-    CHECK(k1_cmp("inj_weights", y, want, N, NULL, 1e-37, 1e-6) == 0); /* expf ulps, as above */
     /* to_f16: round to nearest even, overflow to inf, subnormals: bitwise against the host's conversion */
     x[2] = 70000.0f;
     x[3] = -65520.0f; /* rounds to -inf */
@@ -434,15 +426,18 @@ TEST(gpu, k1_elementwise) {
     K1_TRY(k1_get(x16, dx16, sizeof(uint16_t) * N));
     for (int i = 0; i < N; i++) h16[i] = qsa__f32_to_f16(x[i]);
     CHECK(!k1_same("to_f16", x16, h16, N, 2));
-    /* inject: X[t][s*H+j] += inj[t][s] * out[t][j]: one IEEE multiply and one add on both sides, so
-       bitwise equal to the CPU backend's qsa__inject loop */
-    k1_fill(inj, M * HC, 0, 2);
+    /* inject: X[t][s*H+j] += w * out[t][j], w = 2 * sigmoid(inj[t][s] / hc) from the raw projection
+       (the CPU's qsa__gres_fwd weight, then its qsa__inject loop): the weight to expf's ulps (as
+       silu_scale above), then one IEEE multiply and one add */
+    k1_fill(inj, M * HC, -3, 3);
     k1_fill(out, (size_t)M * H, -4, 4);
     k1_fill(X, (size_t)M * HC * H, -4, 4);
     memcpy(Xw, X, sizeof(float) * M * HC * H);
     for (int t = 0; t < M; t++)
-        for (int s = 0; s < HC; s++)
-            for (int j = 0; j < H; j++) Xw[(t * HC + s) * H + j] += inj[t * HC + s] * out[t * H + j];
+        for (int s = 0; s < HC; s++) {
+            float w = 2.0f * qsa__sigmoid(inj[t * HC + s] / (float)HC);
+            for (int j = 0; j < H; j++) Xw[(t * HC + s) * H + j] += w * out[t * H + j];
+        }
     K1_TRY(k1_dev(&mem, &dX, X, sizeof(float) * M * HC * H));
     K1_TRY(k1_dev(&mem, &dinj, inj, sizeof(float) * M * HC));
     K1_TRY(k1_dev(&mem, &dout, out, sizeof(float) * M * H));
@@ -451,7 +446,8 @@ TEST(gpu, k1_elementwise) {
         K1_TRY(k1_launch("qsa_k_inject", M, 1, 256, args));
     }
     K1_TRY(k1_get(X, dX, sizeof(float) * M * HC * H));
-    CHECK(!k1_same("inject", X, Xw, (size_t)M * HC * H, 4));
+    for (int i = 0; i < M * HC * H; i++) wantX[i] = Xw[i];
+    CHECK(k1_cmp("inject", X, wantX, (size_t)M * HC * H, NULL, 1e-5, 1e-6) == 0); /* |w| < 2, |out| <= 4: ulps of w */
 done:
     k1_free(&mem);
 }
@@ -742,11 +738,12 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
     uint16_t *a16, *w16 = NULL;
     uint8_t *q = NULL, *s = NULL;
     float *af, *wf, *bias, *Y0, *Y1, *Yacc;
-    float s2 = 0.017f;
-    int acc0 = 0, acc1 = 1, nseg = (K + 255) / 256, prow = M < 16 ? M : 16;
+    float s2 = 0.017f, noact = 0.0f, act = 0.25f;
+    int acc0 = 0, acc1 = 1, nseg = (K + 255) / 256, prow = M < 16 ? M : 16, MN = M * N;
     int tiles = ((M + 15) / 16) * ((N + 15) / 16);
     unsigned gx = (unsigned)((tiles * nseg + 3) / 4), bx = 32 * 4; /* QSA_GEMV_WARPS = 4 */
-    CUdeviceptr dA, dW = 0, dq = 0, ds = 0, dB = 0, dnull = 0, dY, dpart, dcnt;
+    CUdeviceptr dA, dW = 0, dq = 0, ds = 0, dB = 0, dnull = 0, dY, dY16, dZ16, dpart, dcnt;
+    uint16_t *Y16, *Z16;
     K1_ALLOC(a16, uint16_t, M * K);
     K1_ALLOC(af, float, M * K);
     K1_ALLOC(wf, float, N * K);
@@ -754,6 +751,8 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
     K1_ALLOC(Y0, float, M * N);
     K1_ALLOC(Y1, float, M * N);
     K1_ALLOC(Yacc, float, M * N);
+    K1_ALLOC(Y16, uint16_t, M * N);
+    K1_ALLOC(Z16, uint16_t, M * N);
     k1_seed(1000 + (uint64_t)(M * 7 + N * 13 + K + nvfp4));
     k1_fill16(a16, af, (size_t)M * K, -1, 1);
     for (int n = 0; n < N; n++) bias[n] = (float)(n % 7) * 0.25f - 0.75f;
@@ -771,6 +770,8 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
     }
     K1_TRY(k1_dev(&mem, &dA, a16, sizeof(uint16_t) * M * K));
     K1_TRY(k1_dev(&mem, &dY, NULL, sizeof(float) * M * N));
+    K1_TRY(k1_dev(&mem, &dY16, NULL, sizeof(uint16_t) * M * N));
+    K1_TRY(k1_dev(&mem, &dZ16, NULL, sizeof(uint16_t) * M * N));
     K1_TRY(k1_dev(&mem, &dpart, NULL, sizeof(float) * (size_t)tiles * nseg * prow * 16));
     K1_TRY(k1_dev(&mem, &dcnt, NULL, sizeof(unsigned) * (size_t)tiles));
     K1_TRY(QSA__CU_R(qsa__cu.cuMemsetD8_v2(dcnt, 0, sizeof(unsigned) * (size_t)tiles)));
@@ -794,27 +795,49 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
         char what[128];
         K1_TRY(k1_poison(dY, sizeof(float) * M * N));
         if (nvfp4) {
-            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc0, &dpart, &dcnt};
+            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc0, &dpart, &dcnt, &dnull, &noact};
             K1_TRY(k1_launch("qsa_k_gemv_nvfp4", gx, 1, bx, args));
         } else {
-            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc0, &dpart, &dcnt};
+            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc0, &dpart, &dcnt, &dnull, &noact};
             K1_TRY(k1_launch("qsa_k_gemv_f16", gx, 1, bx, args));
         }
         K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
         snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d launch %d vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K, rep + 1);
         CHECK(!k1_same(what, Y0, Y1, (size_t)M * N, 4));
         if (nvfp4) {
-            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc1, &dpart, &dcnt};
+            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc1, &dpart, &dcnt, &dnull, &noact};
             K1_TRY(k1_launch("qsa_k_gemv_nvfp4", gx, 1, bx, args));
         } else {
-            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc1, &dpart, &dcnt};
+            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc1, &dpart, &dcnt, &dnull, &noact};
             K1_TRY(k1_launch("qsa_k_gemv_f16", gx, 1, bx, args));
         }
         K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
         snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d accumulate vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K);
         CHECK(!k1_same(what, Yacc, Y1, (size_t)M * N, 4));
     }
-    (void)dnull;
+    /* the fused silu epilogue (HC down projection): the bits of the GEMM then qsa_k_silu_scale */
+    {
+        char what[128];
+        K1_TRY(k1_put(dY, Y0, sizeof(float) * M * N));
+        void *sargs[] = {&dY, &dZ16, &MN, &act};
+        K1_TRY(k1_launch("qsa_k_silu_scale", (MN + 255) / 256, 1, 256, sargs));
+        K1_TRY(k1_get(Yacc, dY, sizeof(float) * M * N));
+        K1_TRY(k1_get(Z16, dZ16, sizeof(uint16_t) * M * N));
+        K1_TRY(k1_poison(dY, sizeof(float) * M * N));
+        K1_TRY(k1_poison(dY16, sizeof(uint16_t) * M * N));
+        if (nvfp4) {
+            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc0, &dpart, &dcnt, &dY16, &act};
+            K1_TRY(k1_launch("qsa_k_gemv_nvfp4", gx, 1, bx, args));
+        } else {
+            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc0, &dpart, &dcnt, &dY16, &act};
+            K1_TRY(k1_launch("qsa_k_gemv_f16", gx, 1, bx, args));
+        }
+        K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
+        K1_TRY(k1_get(Y16, dY16, sizeof(uint16_t) * M * N));
+        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d silu epilogue vs gemm + silu_scale", nvfp4 ? "nvfp4" : "f16", M, N, K);
+        CHECK(!k1_same(what, Yacc, Y1, (size_t)M * N, 4));
+        CHECK(!k1_same(what, Z16, Y16, (size_t)M * N, 2));
+    }
 done:
     k1_free(&mem);
 }
