@@ -1061,7 +1061,7 @@ static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, in
 template <bool NV>
 static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, const float *bias, float *Y, int M, int N,
                                       int K, int accumulate, float *part, unsigned *count, qsa_f16 *Y16,
-                                      float act_scale) {
+                                      float act_scale, qsa_i64 task) {
     enum { ST = NV ? QSA_STW : QSA_ST };
     __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][2 * 16 * ST]; /* per warp: A, then W */
     __shared__ __align__(32) float slot[QSA_GEMV_WARPS][256];
@@ -1069,7 +1069,7 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
     if (blockDim.x != 32 * QSA_GEMV_WARPS || M > QSA_SPLITK_MAX_M) __trap();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mt = (M + 15) / 16, prow = M < 16 ? M : 16;
     const int bad = K <= 0 || (NV && (K & 15)), nseg = bad ? 1 : (K + QSA_SEG - 1) / QSA_SEG;
-    const qsa_i64 task = (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + warp, tiles = (qsa_i64)mt * ((N + 15) / 16);
+    const qsa_i64 tiles = (qsa_i64)mt * ((N + 15) / 16);
     if (task >= tiles * nseg) return; /* warp-level from here on: no block barriers */
     const int tile = (int)(task / nseg), seg = (int)(task % nseg), m0 = (tile % mt) * 16, n0 = (tile / mt) * 16;
     if (!NV && bad) QSA_PDL_ENTRY(); /* dense (QSA_PDL_LATE): otherwise qsa_seg16 waits after the weight loads */
@@ -1118,7 +1118,8 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16
                                                                              qsa_f16 *Y16, float act_scale) {
     QSA_PDL_LATE();
     qsa_wsrc ws = qsa_wsrc_f16(W);
-    qsa_gemv_xwarp<false>(A, ws, bias, Y, M, N, K, accumulate, part, count, Y16, act_scale);
+    qsa_gemv_xwarp<false>(A, ws, bias, Y, M, N, K, accumulate, part, count, Y16, act_scale,
+                          (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + (threadIdx.x >> 5));
 }
 
 /* The same with NVFP4 weights (see qsa_k_gemm_nvfp4).  Launch: as qsa_k_gemv_f16. */
@@ -1131,7 +1132,54 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_nvf
                                                                                float act_scale) {
     QSA_PDL_ENTRY();
     qsa_wsrc ws = qsa_wsrc_nvfp4(q, s, s2, K);
-    qsa_gemv_xwarp<true>(A, ws, 0, Y, M, N, K, accumulate, part, count, Y16, act_scale);
+    qsa_gemv_xwarp<true>(A, ws, 0, Y, M, N, K, accumulate, part, count, Y16, act_scale,
+                         (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + (threadIdx.x >> 5));
+}
+
+/* Up to QSA_GEMV_GROUP dense GEMVs of one input in one launch (the projections of a layer that
+ * read the same activations): member b computes Y_b (+ bias_b; Y16_b: the silu store of
+ * qsa_k_gemv_f16) = A W_b^T with N_b outputs, no accumulation.  The tasks of the members follow
+ * one another (member 0's (tile, segment) tasks first), and so do their partial tiles in `part` and
+ * their tickets in `count`; each task runs exactly the body of qsa_k_gemv_f16, so every member gets
+ * the bits of its own launch (tested).  Launch: grid ceil(sum_b tiles_b * nseg / QSA_GEMV_WARPS),
+ * block 32 * QSA_GEMV_WARPS, M <= QSA_SPLITK_MAX_M; part and count hold the members' regions. */
+#define QSA_GEMV_GROUP 4
+struct qsa_gemv_member {
+    const qsa_f16 *W;
+    const float *bias;
+    float *Y;
+    qsa_f16 *Y16;
+    int N;
+    float act_scale;
+};
+struct qsa_gemv_group {
+    qsa_gemv_member m[QSA_GEMV_GROUP];
+    int n;
+};
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16_group(const qsa_f16 *__restrict__ A,
+                                                                                   qsa_gemv_group grp, int M, int K,
+                                                                                   float *part, unsigned *count) {
+    QSA_PDL_LATE();
+    const int mt = (M + 15) / 16, prow = M < 16 ? M : 16, nseg = K <= 0 ? 1 : (K + QSA_SEG - 1) / QSA_SEG;
+    qsa_i64 task = (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + (threadIdx.x >> 5);
+    qsa_gemv_member mb;
+    bool found = false;
+#pragma unroll
+    for (int b = 0; b < QSA_GEMV_GROUP; b++) { /* unrolled: the parameter struct is indexed statically */
+        if (found || b >= grp.n) continue;
+        const qsa_i64 tiles = (qsa_i64)mt * ((grp.m[b].N + 15) / 16);
+        if (task < tiles * nseg) {
+            mb = grp.m[b];
+            found = true;
+        } else {
+            task -= tiles * nseg;
+            part += tiles * nseg * prow * 16;
+            count += tiles;
+        }
+    }
+    if (!found) return; /* a warp past the last task touches nothing */
+    const qsa_wsrc ws = qsa_wsrc_f16(mb.W);
+    qsa_gemv_xwarp<false>(A, ws, mb.bias, mb.Y, M, mb.N, K, 0, part, count, mb.Y16, mb.act_scale, task);
 }
 
 /* ============================================================================================== */

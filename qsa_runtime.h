@@ -8412,7 +8412,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inject) X(to_f16)                     \
-    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_combine)       \
+    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_combine)       \
     X(shared_combine) X(act_mul)                                                                         \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_gates) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
@@ -9119,6 +9119,53 @@ QSA_PRIV qsa_result qsa__dgemm(qsa__cuda *g, CUdeviceptr A16, int M, const qsa__
     return qsa__dgemm_ex(g, A16, M, w, Y, accumulate, 0, 0.0f);
 }
 
+/* qsa_k_gemv_f16_group's parameter (kernels.cu: struct qsa_gemv_group, the same layout) */
+#define QSA__GEMV_GROUP 4
+typedef struct qsa__gemv_member {
+    CUdeviceptr W, bias, Y, Y16;
+    int N;
+    float act_scale;
+} qsa__gemv_member;
+typedef struct qsa__gemv_group {
+    qsa__gemv_member m[QSA__GEMV_GROUP];
+    int n;
+} qsa__gemv_group;
+
+/* Y[i] = A16 w[i]^T (+ bias; Y16[i] != 0: the silu store of qsa__dgemm_ex with scale[i]) for n
+   projections of one input (at most QSA__GEMV_GROUP): one qsa_k_gemv_f16_group launch when all are
+   FP16 of the same K and the cross-warp form takes M, else one qsa__dgemm_ex each.  Every Y gets
+   the bits of its own launch either way; only the number of launches differs (decode: one instead
+   of n, each small GEMV costing about one warp's task of latency). */
+QSA_PRIV qsa_result qsa__dgemm_group(qsa__cuda *g, CUdeviceptr A16, int M, int n, const qsa__dlin *const *w,
+                                     const CUdeviceptr *Y, const CUdeviceptr *Y16, const float *scale) {
+    int K = w[0]->in, nseg = (K + 255) / 256, prow = M < 16 ? M : 16, ok = n > 1 && n <= QSA__GEMV_GROUP;
+    long long tiles = 0;
+    for (int i = 0; i < n && ok; i++) {
+        ok = w[i]->w16 && w[i]->in == K && qsa__gemv_xwarp(g, M, w[i]->out, K);
+        tiles += (long long)((M + 15) / 16) * ((w[i]->out + 15) / 16);
+    }
+    if (!ok || tiles > QSA__GEMV_TILES || (size_t)(tiles * nseg * prow * 64) > QSA__GEMV_PART_BYTES) {
+        for (int i = 0; i < n; i++) QSA__TRY(qsa__dgemm_ex(g, A16, M, w[i], Y[i], 0, Y16 ? Y16[i] : 0, scale ? scale[i] : 0.0f));
+        return QSA_OK;
+    }
+    qsa__gemv_group grp;
+    memset(&grp, 0, sizeof grp);
+    grp.n = n;
+    for (int i = 0; i < n; i++) {
+        grp.m[i].W = w[i]->w16;
+        grp.m[i].bias = w[i]->bias;
+        grp.m[i].Y = Y[i];
+        grp.m[i].Y16 = Y16 ? Y16[i] : 0;
+        grp.m[i].N = w[i]->out;
+        grp.m[i].act_scale = scale ? scale[i] : 0.0f;
+    }
+    long long tasks = tiles * nseg;
+    unsigned gx = (unsigned)((tasks + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS), bx = 32 * QSA__GEMV_WARPS;
+    CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
+    QSA__LAUNCH(g, gemv_f16_group, gx, 1, bx, 0, &A16, &grp, &M, &K, &part, &cnt);
+    return QSA_OK;
+}
+
 /* GatedResidual on X [M][hcH]: inp/inp16 [M][H] and (when inj != 0) injection weights [M][hc]. */
 QSA_PRIV qsa_result qsa__cuda_gres(qsa_model *m, const qsa__dgres *w, CUdeviceptr X, int M, int with_inj) {
     const qsa_model_config *c = &m->cfg;
@@ -9128,11 +9175,14 @@ QSA_PRIV qsa_result qsa__cuda_gres(qsa_model *m, const qsa__dgres *w, CUdevicept
     float eps = c->rms_norm_eps, scale = 1.0f / (float)hc;
     CUdeviceptr nw = w->norm_w;
     QSA__LAUNCH(g, rmsnorm, M * hc, 1, 256, 0, &X, &nw, &s->xn, &s->xn16, &hcH, &H, &eps, &one);
-    QSA__TRY(qsa__dgemm_ex(g, s->xn16, M, &w->down, s->low, 0, s->low16, scale)); /* low = silu(. / hc) */
+    /* low = silu(down / hc) and, with the injection, its raw projection (qsa_k_inject takes
+       2 * sigmoid(inj / hc) itself) */
+    const qsa__dlin *ws[2] = {&w->down, &w->inject};
+    CUdeviceptr ys[2] = {s->low, s->inj}, y16[2] = {s->low16, 0};
+    float sc[2] = {scale, 0.0f};
+    QSA__TRY(qsa__dgemm_group(g, s->xn16, M, with_inj ? 2 : 1, ws, ys, y16, sc));
     QSA__TRY(qsa__dgemm(g, s->low16, M, &w->up, s->mw, 0));
     QSA__LAUNCH(g, gres_mix, M, qsa__ygrid(M, H), 256, 0, &s->mw, &s->xn, &s->inp, &s->inp16, &H, &hc);
-    if (with_inj) /* the raw projection: qsa_k_inject takes 2 * sigmoid(inj / hc) itself */
-        QSA__TRY(qsa__dgemm(g, s->xn16, M, &w->inject, s->inj, 0));
     return QSA_OK;
 }
 
@@ -9201,10 +9251,9 @@ QSA_PRIV qsa_result qsa__cuda_gdn(qsa_seq *sq, int l, int M) {
     CUdeviceptr b = s->out, a = s->mw, beta = s->low, gg = s->xn; /* small [M][nv] temporaries */
     if ((size_t)M * nv * 4 > (size_t)M * c->hc_lowrank * 4)
         return qsa__fail(QSA_ERR_UNSUPPORTED, "GDN: %d value heads exceed the scratch sized by hc_lowrank %d", nv, c->hc_lowrank);
-    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->in_qkv, qkv, 0));
-    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->in_z, z, 0));
-    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->in_b, b, 0));
-    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->in_a, a, 0));
+    const qsa__dlin *ws[4] = {&d->in_qkv, &d->in_z, &d->in_b, &d->in_a};
+    CUdeviceptr ys[4] = {qkv, z, b, a};
+    QSA__TRY(qsa__dgemm_group(g, s->inp16, M, 4, ws, ys, NULL, NULL));
     int n = M * nv;
     CUdeviceptr Al = d->A_log, dtb = d->dt_bias;
     QSA__LAUNCH(g, gdn_gates, (n + 255) / 256, 1, 256, 0, &b, &a, &Al, &dtb, &beta, &gg, &n, &nv);
@@ -9259,13 +9308,14 @@ QSA_PRIV qsa_result qsa__cuda_attn(qsa_seq *sq, int l, int M) {
     CUdeviceptr Ip = g->ipool + (size_t)pool->slot[l] * slot_tokens * pool->ihd * 4;
     CUdeviceptr bt = sq->cuda->bt, inv = g->rope_inv_freq, qn = d->q_norm, kn = d->k_norm;
     CUdeviceptr qg = s->big[0], kin = s->big[1], vin = s->big[2], iq = s->big[3], att = s->big[4], att16 = s->big16[0];
-    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->q, qg, 0));
-    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->k, kin, 0));
-    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->v, vin, 0));
+    { /* q, k, v and the indexer's queries: one input (attn_qk_prep does not touch iq) */
+        const qsa__dlin *ws[4] = {&d->q, &d->k, &d->v, &d->idx_qk};
+        CUdeviceptr ys[4] = {qg, kin, vin, iq};
+        QSA__TRY(qsa__dgemm_group(g, s->inp16, M, has_qsa ? 4 : 3, ws, ys, NULL, NULL));
+    }
     QSA__LAUNCH(g, attn_qk_prep, M, nh + nkv, 128, 0, &qg, &kin, &vin, &qn, &kn, &inv, &bt, &Kp, &Vp, &pos0, &M, &nh, &nkv, &hd, &rd, &ps, &eps);
     if (has_qsa) {
         CUdeviceptr qln = d->idx_q_norm, kln = d->idx_k_norm, bk = sq->cuda->bkeys[l];
-        QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->idx_qk, iq, 0));
         QSA__LAUNCH(g, indexer_prep, M, ih + 1, 128, 0, &iq, &qln, &inv, &bt, &Ip, &pos0, &M, &ih, &ihd, &rd, &ps, &eps);
         /* keys of the blocks completed by this chunk */
         int b0 = sl->n_blocks, b1 = (pos0 + M) / r;
@@ -9305,7 +9355,12 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
     int Is = c->shared_expert_intermediate_size, norm = c->norm_topk_prob, act = c->hidden_act == QSA_ACT_SIGMOID, n;
     CUdeviceptr rl = s->big[0], tw = s->big[1], tid = s->big[2], sa = s->big[3], sb = s->big[4], sh = s->big[5],
                 sa16 = s->big16[1], gl = s->low, ex = d->experts;
-    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->router, rl, 0));
+    { /* the router and the shared expert's input projections: one input; the routed path below
+         touches none of rl's neighbours sa, sb, gl */
+        const qsa__dlin *ws[4] = {&d->router, &d->sh_gate, &d->sh_up, &d->sh_expert_gate};
+        CUdeviceptr ys[4] = {rl, sa, sb, gl};
+        QSA__TRY(qsa__dgemm_group(g, s->inp16, M, 4, ws, ys, NULL, NULL));
+    }
     QSA__LAUNCH(g, router_topk, M, 1, 256, 0, &rl, &tid, &tw, &E, &K, &norm);
     for (int t0 = 0; t0 < M; t0 += s->moe_tokens) {
         int mt = M - t0 < s->moe_tokens ? M - t0 : s->moe_tokens, MK = mt * K;
@@ -9350,12 +9405,9 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
         }
         QSA__LAUNCH(g, moe_combine, mt, qsa__ygrid(mt, H), 256, 0, &s->moe_y, &w, &outp, &H, &K);
     }
-    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->sh_gate, sa, 0));
-    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->sh_up, sb, 0));
     n = M * Is;
     QSA__LAUNCH(g, act_mul, (n + 255) / 256, 1, 256, 0, &sa, &sb, &sa16, &n, &act);
     QSA__TRY(qsa__dgemm(g, sa16, M, &d->sh_down, sh, 0));
-    QSA__TRY(qsa__dgemm(g, s->inp16, M, &d->sh_expert_gate, gl, 0));
     QSA__LAUNCH(g, shared_combine, M, qsa__ygrid(M, H), 256, 0, &s->out, &sh, &gl, &H);
     return QSA_OK;
 }
@@ -9573,10 +9625,9 @@ QSA_PRIV qsa_result qsa__cuda_gdn_batch(qsa_model *m, int l, int B) {
     CUdeviceptr b = s->out, a = s->mw, beta = s->low, gg = s->xn;
     if ((size_t)B * nv * 4 > (size_t)B * c->hc_lowrank * 4)
         return qsa__fail(QSA_ERR_UNSUPPORTED, "GDN: %d value heads exceed the scratch sized by hc_lowrank %d", nv, c->hc_lowrank);
-    QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->in_qkv, qkv, 0));
-    QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->in_z, z, 0));
-    QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->in_b, b, 0));
-    QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->in_a, a, 0));
+    const qsa__dlin *ws[4] = {&d->in_qkv, &d->in_z, &d->in_b, &d->in_a};
+    CUdeviceptr ys[4] = {qkv, z, b, a};
+    QSA__TRY(qsa__dgemm_group(g, s->inp16, B, 4, ws, ys, NULL, NULL));
     int n = B * nv;
     CUdeviceptr Al = d->A_log, dtb = d->dt_bias;
     QSA__LAUNCH(g, gdn_gates, (n + 255) / 256, 1, 256, 0, &b, &a, &Al, &dtb, &beta, &gg, &n, &nv);
@@ -9611,16 +9662,17 @@ QSA_PRIV qsa_result qsa__cuda_attn_batch(qsa_model *m, int l, int B) {
     CUdeviceptr Ip = g->ipool + (size_t)pool->slot[l] * slot_tokens * pool->ihd * 4;
     CUdeviceptr bts = bb->bt, pos = bb->pos, inv = g->rope_inv_freq, qn = d->q_norm, kn = d->k_norm;
     CUdeviceptr qg = s->big[0], kin = s->big[1], vin = s->big[2], iq = s->big[3], att = s->big[4], att16 = s->big16[0];
-    QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->q, qg, 0));
-    QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->k, kin, 0));
-    QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->v, vin, 0));
+    { /* q, k, v and the indexer's queries: one input (attn_qk_prep_batch does not touch iq) */
+        const qsa__dlin *ws[4] = {&d->q, &d->k, &d->v, &d->idx_qk};
+        CUdeviceptr ys[4] = {qg, kin, vin, iq};
+        QSA__TRY(qsa__dgemm_group(g, s->inp16, B, c->has_qsa ? 4 : 3, ws, ys, NULL, NULL));
+    }
     QSA__LAUNCH3(g, attn_qk_prep_batch, 1, nh + nkv, B, 128, 0, &qg, &kin, &vin, &qn, &kn, &inv, &bts, &Kp, &Vp, &pos, &nh, &nkv, &hd,
                  &rd, &ps, &eps);
     if (c->has_qsa) {
         CUdeviceptr qln = d->idx_q_norm, kln = d->idx_k_norm, bk = QSA__BROW(bb, bkeys, l), sc = bb->scores;
         int ld = s->max_blocks;
         unsigned ys = (unsigned)((s->max_blocks + 255) / 256);
-        QSA__TRY(qsa__dgemm(g, s->inp16, B, &d->idx_qk, iq, 0));
         QSA__LAUNCH3(g, indexer_prep_batch, 1, ih + 1, B, 128, 0, &iq, &qln, &inv, &bts, &Ip, &pos, &ih, &ihd, &rd, &ps, &eps);
         QSA__LAUNCH3(g, block_keys_batch, 1, 1, B, 128, 0, &Ip, &bts, &kln, &inv, &bk, &pos, &r, &ihd, &rd, &ps, &eps);
         QSA__LAUNCH3(g, block_scores_batch, 1, ys, B, 256, 0, &iq, &bk, &sc, &pos, &ih, &ihd, &r, &ld);

@@ -842,6 +842,87 @@ done:
     k1_free(&mem);
 }
 
+/* qsa_k_gemv_f16_group: members of different N (bias on two, the silu store on one) over one
+   input give each the bits of its own qsa_k_gemv_f16 launch, twice in a row (the tickets of every
+   member's region back at zero). */
+static void k1_gemv_group_case(int M, int K, int n) {
+    k1_mem mem = {{0}, 0, {0}, 0};
+    static const int Ns[QSA__GEMV_GROUP] = {300, 17, 1000, 1};
+    uint16_t *a16, *w16[QSA__GEMV_GROUP], *r16, *g16;
+    float *af, *wf, *bias, *ref, *got, act = 0.25f, noact = 0.0f;
+    int acc0 = 0, nseg = (K + 255) / 256, prow = M < 16 ? M : 16, tiles = 0;
+    CUdeviceptr dA, dW[QSA__GEMV_GROUP], dB, dY[QSA__GEMV_GROUP], dY16[QSA__GEMV_GROUP], dpart, dcnt, dnull = 0;
+    K1_ALLOC(a16, uint16_t, M * K);
+    K1_ALLOC(af, float, M * K);
+    K1_ALLOC(wf, float, 1000 * K);
+    K1_ALLOC(bias, float, 1000);
+    K1_ALLOC(ref, float, M * 1000);
+    K1_ALLOC(got, float, M * 1000);
+    K1_ALLOC(r16, uint16_t, M * 1000);
+    K1_ALLOC(g16, uint16_t, M * 1000);
+    k1_seed(2000 + (uint64_t)(M * 7 + K + n));
+    k1_fill16(a16, af, (size_t)M * K, -1, 1);
+    for (int j = 0; j < 1000; j++) bias[j] = (float)(j % 5) * 0.25f - 0.5f;
+    K1_TRY(k1_dev(&mem, &dA, a16, sizeof(uint16_t) * M * K));
+    K1_TRY(k1_dev(&mem, &dB, bias, sizeof(float) * 1000));
+    for (int b = 0; b < n; b++) {
+        K1_ALLOC(w16[b], uint16_t, Ns[b] * K);
+        k1_fill16(w16[b], wf, (size_t)Ns[b] * K, -1, 1);
+        K1_TRY(k1_dev(&mem, &dW[b], w16[b], sizeof(uint16_t) * Ns[b] * K));
+        K1_TRY(k1_dev(&mem, &dY[b], NULL, sizeof(float) * M * Ns[b]));
+        K1_TRY(k1_dev(&mem, &dY16[b], NULL, sizeof(uint16_t) * M * Ns[b]));
+        tiles += ((M + 15) / 16) * ((Ns[b] + 15) / 16);
+    }
+    K1_TRY(k1_dev(&mem, &dpart, NULL, sizeof(float) * (size_t)tiles * nseg * prow * 16));
+    K1_TRY(k1_dev(&mem, &dcnt, NULL, sizeof(unsigned) * (size_t)tiles));
+    K1_TRY(QSA__CU_R(qsa__cu.cuMemsetD8_v2(dcnt, 0, sizeof(unsigned) * (size_t)tiles)));
+    qsa__gemv_group grp;
+    memset(&grp, 0, sizeof grp);
+    grp.n = n;
+    for (int b = 0; b < n; b++) {
+        grp.m[b].W = dW[b];
+        grp.m[b].bias = b == 0 || b == 2 ? dB : 0;
+        grp.m[b].Y = dY[b];
+        grp.m[b].Y16 = b == 1 ? dY16[b] : 0;
+        grp.m[b].N = Ns[b];
+        grp.m[b].act_scale = b == 1 ? act : 0.0f;
+    }
+    for (int rep = 0; rep < 2; rep++) {
+        for (int b = 0; b < n; b++) {
+            K1_TRY(k1_poison(dY[b], sizeof(float) * M * Ns[b]));
+            K1_TRY(k1_poison(dY16[b], sizeof(uint16_t) * M * Ns[b]));
+        }
+        unsigned gx = (unsigned)((tiles * nseg + 3) / 4);
+        void *args[] = {&dA, &grp, &M, &K, &dpart, &dcnt};
+        K1_TRY(k1_launch("qsa_k_gemv_f16_group", gx, 1, 128, args));
+        for (int b = 0; b < n; b++) {
+            char what[128];
+            int N = Ns[b], t1 = ((M + 15) / 16) * ((N + 15) / 16);
+            CUdeviceptr bb = grp.m[b].bias, y16 = grp.m[b].Y16;
+            float sc = b == 1 ? act : noact;
+            K1_TRY(k1_get(got, dY[b], sizeof(float) * M * N));
+            if (y16) K1_TRY(k1_get(g16, y16, sizeof(uint16_t) * M * N));
+            K1_TRY(k1_poison(dY[b], sizeof(float) * M * N));
+            unsigned gx1 = (unsigned)((t1 * nseg + 3) / 4);
+            void *a1[] = {&dA, &dW[b], &bb, &dY[b], &M, &N, &K, &acc0, &dpart, &dcnt, y16 ? &y16 : &dnull, &sc};
+            K1_TRY(k1_launch("qsa_k_gemv_f16", gx1, 1, 128, a1));
+            K1_TRY(k1_get(ref, dY[b], sizeof(float) * M * N));
+            if (y16) K1_TRY(k1_get(r16, y16, sizeof(uint16_t) * M * N));
+            snprintf(what, sizeof what, "gemv_f16_group M=%d K=%d member %d of %d (N=%d) launch %d", M, K, b, n, N, rep + 1);
+            CHECK(!k1_same(what, ref, got, (size_t)M * N, 4));
+            if (y16) CHECK(!k1_same(what, r16, g16, (size_t)M * N, 2));
+        }
+    }
+done:
+    k1_free(&mem);
+}
+
+TEST(gpu, k1_gemv_group_equals_single) {
+    K1_NEED_GPU();
+    static const int cases[][3] = {{1, 2560, 4}, {1, 300, 2}, {5, 48, 3}, {16, 2560, 4}, {37, 640, 4}, {64, 272, 4}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) k1_gemv_group_case(cases[i][0], cases[i][1], cases[i][2]);
+}
+
 TEST(gpu, k1_gemv_cross_warp_equals_gemm) {
     K1_NEED_GPU();
     static const int shapes[][3] = {{1, 300, 1024}, {1, 4, 10240}, {1, 320, 2560}, {5, 17, 48},  {37, 100, 2320},
