@@ -1036,6 +1036,7 @@ typedef struct qsa__cu_launch_cfg {
     qsa__cu_launch_attr *attrs;
     unsigned nattrs;
 } qsa__cu_launch_cfg;
+typedef char qsa__cu_launch_attr_is_72_bytes[sizeof(qsa__cu_launch_attr) == 72 ? 1 : -1]; /* CUlaunchAttribute */
 
 typedef int nvrtcResult; /* NVRTC_SUCCESS = 0 */
 typedef struct _nvrtcProgram *nvrtcProgram;
@@ -1574,8 +1575,9 @@ QSA_PRIV double qsa__prof_report(FILE *f, int steps, int max_rows) {
    is synchronised afterwards so that a faulting kernel is reported at its own launch.  pdl != 0
    launches it as a programmatic dependent of the stream's previous kernel (sm_90+, cuLaunchKernelEx):
    it may start as soon as every block of that kernel has begun, and waits in QSA_PDL_ENTRY (at the
-   top of every kernel of kernels.cu) until that kernel has completed and its writes are visible —
-   so it hides the launch latency and changes nothing else. */
+   top of every kernel of kernels.cu; after the weight loads in the QSA_PDL_LATE GEMVs) until that
+   kernel has completed and its writes are visible — so it hides the launch latency and changes
+   nothing else. */
 QSA_PRIV qsa_result qsa__cu_launch_ex(CUfunction fn, const char *name, unsigned gx, unsigned gy, unsigned gz,
                                       unsigned bx, unsigned by, unsigned bz, unsigned shmem, CUstream s, void **args,
                                       int pdl) {
@@ -9166,7 +9168,8 @@ QSA_PRIV qsa_result qsa__dgemm_group(qsa__cuda *g, CUdeviceptr A16, int M, int n
     return QSA_OK;
 }
 
-/* GatedResidual on X [M][hcH]: inp/inp16 [M][H] and (when inj != 0) injection weights [M][hc]. */
+/* GatedResidual on X [M][hcH]: inp/inp16 [M][H] and (with_inj) the raw injection projection inj [M][hc]
+   (qsa_k_inject turns it into the weights 2 * sigmoid(inj / hc)). */
 QSA_PRIV qsa_result qsa__cuda_gres(qsa_model *m, const qsa__dgres *w, CUdeviceptr X, int M, int with_inj) {
     const qsa_model_config *c = &m->cfg;
     qsa__cuda *g = m->cuda;
