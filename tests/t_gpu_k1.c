@@ -791,26 +791,25 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
         K1_TRY(k1_launch("qsa_k_gemm_f16", k1_gemm_grid(M, N), 1, 256, args2));
     }
     K1_TRY(k1_get(Yacc, dY, sizeof(float) * M * N));
+    /* one cross-warp launch: accumulate flag, silu store (Y16 or dnull) and its scale */
+#define K1_GEMV(accp, y16p, actp)                                                                       \
+    do {                                                                                                \
+        if (nvfp4) {                                                                                    \
+            void *a_[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, (accp), &dpart, &dcnt, (y16p), (actp)};  \
+            K1_TRY(k1_launch("qsa_k_gemv_nvfp4", gx, 1, bx, a_));                                      \
+        } else {                                                                                        \
+            void *a_[] = {&dA, &dW, &dB, &dY, &M, &N, &K, (accp), &dpart, &dcnt, (y16p), (actp)};       \
+            K1_TRY(k1_launch("qsa_k_gemv_f16", gx, 1, bx, a_));                                        \
+        }                                                                                               \
+    } while (0)
     for (int rep = 0; rep < 2; rep++) { /* twice: the tickets must be back at zero */
         char what[128];
         K1_TRY(k1_poison(dY, sizeof(float) * M * N));
-        if (nvfp4) {
-            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc0, &dpart, &dcnt, &dnull, &noact};
-            K1_TRY(k1_launch("qsa_k_gemv_nvfp4", gx, 1, bx, args));
-        } else {
-            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc0, &dpart, &dcnt, &dnull, &noact};
-            K1_TRY(k1_launch("qsa_k_gemv_f16", gx, 1, bx, args));
-        }
+        K1_GEMV(&acc0, &dnull, &noact);
         K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
         snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d launch %d vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K, rep + 1);
         CHECK(!k1_same(what, Y0, Y1, (size_t)M * N, 4));
-        if (nvfp4) {
-            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc1, &dpart, &dcnt, &dnull, &noact};
-            K1_TRY(k1_launch("qsa_k_gemv_nvfp4", gx, 1, bx, args));
-        } else {
-            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc1, &dpart, &dcnt, &dnull, &noact};
-            K1_TRY(k1_launch("qsa_k_gemv_f16", gx, 1, bx, args));
-        }
+        K1_GEMV(&acc1, &dnull, &noact);
         K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
         snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d accumulate vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K);
         CHECK(!k1_same(what, Yacc, Y1, (size_t)M * N, 4));
@@ -825,19 +824,14 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
         K1_TRY(k1_get(Z16, dZ16, sizeof(uint16_t) * M * N));
         K1_TRY(k1_poison(dY, sizeof(float) * M * N));
         K1_TRY(k1_poison(dY16, sizeof(uint16_t) * M * N));
-        if (nvfp4) {
-            void *args[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, &acc0, &dpart, &dcnt, &dY16, &act};
-            K1_TRY(k1_launch("qsa_k_gemv_nvfp4", gx, 1, bx, args));
-        } else {
-            void *args[] = {&dA, &dW, &dB, &dY, &M, &N, &K, &acc0, &dpart, &dcnt, &dY16, &act};
-            K1_TRY(k1_launch("qsa_k_gemv_f16", gx, 1, bx, args));
-        }
+        K1_GEMV(&acc0, &dY16, &act);
         K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
         K1_TRY(k1_get(Y16, dY16, sizeof(uint16_t) * M * N));
         snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d silu epilogue vs gemm + silu_scale", nvfp4 ? "nvfp4" : "f16", M, N, K);
         CHECK(!k1_same(what, Yacc, Y1, (size_t)M * N, 4));
         CHECK(!k1_same(what, Z16, Y16, (size_t)M * N, 2));
     }
+#undef K1_GEMV
 done:
     k1_free(&mem);
 }
