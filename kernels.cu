@@ -241,6 +241,38 @@ extern "C" __global__ void qsa_k_silu_scale(float *x, qsa_f16 *__restrict__ x16,
     }
 }
 
+/* qsa_k_inject, then qsa_k_rmsnorm of the updated streams (group H, one_plus: the hyper-connection
+ * norm of the next gated residual) in one launch:
+ *   X[t][s*H+j] += w * out[t][j]  (w = 2 * sigmoid(inj[t][s] / hc), as qsa_k_inject),
+ *   xn[t][s*H+j] = X[t][s*H+j] * (1 / sqrtf(mean_j X[t][s*H+j]^2 + eps)) * (1 + nw[s*H+j]),
+ *   xn16 its fp16 copy.  The operations and their order are those of the two kernels (the sum of
+ *   squares: thread i adds elements i, i+256, ... then qsa_block_sum), so the same bits (tested).
+ * Launch: grid (M * hc), block 256 (the bits depend on the block size: keep 256). */
+extern "C" __global__ void qsa_k_inject_rmsnorm(float *__restrict__ X, const float *__restrict__ inj,
+                                                const float *__restrict__ out, const float *__restrict__ nw,
+                                                float *__restrict__ xn, qsa_f16 *__restrict__ xn16, int H, int hc,
+                                                float eps) {
+    QSA_PDL_ENTRY();
+    __shared__ float scratch[33];
+    const qsa_i64 t = blockIdx.x / hc, row = blockIdx.x;
+    const int s = blockIdx.x % hc;
+    const float w = 2.0f * qsa_sigmoid(inj[t * hc + s] / (float)hc);
+    float *x = X + row * H;
+    const float *o = out + t * H, *wr = nw + (qsa_i64)s * H;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < H; j += blockDim.x) {
+        const float v = __fadd_rn(x[j], __fmul_rn(w, o[j]));
+        x[j] = v;
+        ss += v * v;
+    }
+    const float inv = 1.0f / sqrtf(qsa_block_sum(ss, scratch) / (float)H + eps);
+    for (int j = threadIdx.x; j < H; j += blockDim.x) {
+        const float v = x[j] * inv * (1.0f + wr[j]);
+        xn[row * H + j] = v;
+        xn16[row * H + j] = qsa_f32_to_f16(v);
+    }
+}
+
 /* X[t][s*H + j] += w * out[t][j] with w = 2 * sigmoid(inj[t][s] / hc), inj the raw injection
  * projection [M][hc]: the weight as the CPU computes it (qsa__inject), then one IEEE multiply and
  * one add, no fused multiply-add.  Launch: grid (M, Y) with any Y (ceil(H / 256) for small M), block
