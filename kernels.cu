@@ -1231,7 +1231,10 @@ struct qsa_expert_w {
  * (ties: lower expert id, as the CPU's repeated arg-max), optionally divided by their sum (summed
  * in selection order, as the CPU), written sorted by ascending expert id:
  *   topk_ids [M][K] int, topk_w [M][K] fp32.  1 <= K <= 64, K <= E.
+ * E <= 4 * blockDim.x keeps the probabilities in registers (one barrier per selected expert),
+ * larger E recomputes them every round; the same selection and weights either way.
  * Launch: grid (M), block 256 (the sum's bits depend on the block size: keep 256). */
+#define QSA_ROUTER_REG 4 /* probabilities per thread kept in registers: E <= 4 * blockDim.x (1,024 at 256) */
 extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, int *__restrict__ topk_ids,
                                              float *__restrict__ topk_w, int E, int K, int norm) {
     QSA_PDL_ENTRY();
@@ -1254,21 +1257,64 @@ extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, i
     float sum = 0.0f;
     for (int e = threadIdx.x; e < E; e += blockDim.x) sum += expf(l[e] - mx);
     sum = qsa_block_sum(sum, scratch);
-    for (int k = 0; k < K; k++) {
-        float bv = QSA_NEG_INF;
-        int bi = 0x7fffffff;
-        for (int e = threadIdx.x; e < E; e += blockDim.x) {
-            int used = 0;
-            for (int j = 0; j < k; j++) used |= sel[j] == e;
-            float p = expf(l[e] - mx) / sum;
-            if (!used && qsa_better(p, e, bv, bi)) { bv = p; bi = e; }
+    if (E <= QSA_ROUTER_REG * (int)blockDim.x && blockDim.x <= 32 * 32) {
+        /* the usual case: a thread's probabilities computed once and kept in registers, a selected
+           one dropped by its owner; per round a warp arg-max by shuffles and one barrier (the warp
+           winners double-buffered by round parity).  The arg-max is exact (qsa_better: larger, then
+           lower id), so the selection and its weights are those of the general loop below. */
+        __shared__ float wv[2][32];
+        __shared__ int wi[2][32];
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+        float p[QSA_ROUTER_REG];
+#pragma unroll
+        for (int r = 0; r < QSA_ROUTER_REG; r++) {
+            const int e = threadIdx.x + r * blockDim.x;
+            p[r] = e < E ? expf(l[e] - mx) / sum : QSA_NEG_INF;
         }
-        qsa_block_argmax(&bv, &bi, sv, si);
-        if (threadIdx.x == 0) {
-            sel[k] = bi == 0x7fffffff ? 0 : bi;
-            selw[k] = bv;
+        unsigned used = 0; /* bit r: p[r] selected */
+        for (int k = 0; k < K; k++) {
+            float bv = QSA_NEG_INF;
+            int bi = 0x7fffffff;
+#pragma unroll
+            for (int r = 0; r < QSA_ROUTER_REG; r++) {
+                const int e = threadIdx.x + r * blockDim.x;
+                if (e < E && !(used >> r & 1u) && qsa_better(p[r], e, bv, bi)) { bv = p[r]; bi = e; }
+            }
+            for (int m = 16; m > 0; m >>= 1) {
+                const float ov = __shfl_xor_sync(QSA_FULL_MASK, bv, m);
+                const int oi = __shfl_xor_sync(QSA_FULL_MASK, bi, m);
+                if (qsa_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+            }
+            if (lane == 0) { wv[k & 1][warp] = bv; wi[k & 1][warp] = bi; }
+            __syncthreads();
+            bv = wv[k & 1][0];
+            bi = wi[k & 1][0];
+            for (int w = 1; w < nwarps; w++)
+                if (qsa_better(wv[k & 1][w], wi[k & 1][w], bv, bi)) { bv = wv[k & 1][w]; bi = wi[k & 1][w]; }
+            if (bi != 0x7fffffff && bi % (int)blockDim.x == (int)threadIdx.x) used |= 1u << (bi / (int)blockDim.x);
+            if (threadIdx.x == 0) {
+                sel[k] = bi == 0x7fffffff ? 0 : bi;
+                selw[k] = bv;
+            }
         }
-        __syncthreads();
+        __syncthreads(); /* sel / selw complete */
+    } else {
+        for (int k = 0; k < K; k++) {
+            float bv = QSA_NEG_INF;
+            int bi = 0x7fffffff;
+            for (int e = threadIdx.x; e < E; e += blockDim.x) {
+                int used = 0;
+                for (int j = 0; j < k; j++) used |= sel[j] == e;
+                float p = expf(l[e] - mx) / sum;
+                if (!used && qsa_better(p, e, bv, bi)) { bv = p; bi = e; }
+            }
+            qsa_block_argmax(&bv, &bi, sv, si);
+            if (threadIdx.x == 0) {
+                sel[k] = bi == 0x7fffffff ? 0 : bi;
+                selw[k] = bv;
+            }
+            __syncthreads();
+        }
     }
     if (threadIdx.x == 0) {
         if (norm) {

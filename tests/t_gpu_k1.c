@@ -1102,6 +1102,7 @@ TEST(gpu, k1_router_topk) {
     k1_router_case(37, 64, 6, 1);
     k1_router_case(5, 300, 10, 0);
     k1_router_case(3, 512, 10, 1);
+    k1_router_case(2, 1100, 8, 1); /* E > 4 * 256: the general selection loop */
 }
 
 /* Runs plan -> gate_up -> down -> combine for M tokens with the given routing; returns h16, y, out
