@@ -241,6 +241,38 @@ extern "C" __global__ void qsa_k_silu_scale(float *x, qsa_f16 *__restrict__ x16,
     }
 }
 
+/* qsa_k_inject, then qsa_k_rmsnorm of the updated streams (group H, one_plus: the hyper-connection
+ * norm of the next gated residual) in one launch:
+ *   X[t][s*H+j] += w * out[t][j]  (w = 2 * sigmoid(inj[t][s] / hc), as qsa_k_inject),
+ *   xn[t][s*H+j] = X[t][s*H+j] * (1 / sqrtf(mean_j X[t][s*H+j]^2 + eps)) * (1 + nw[s*H+j]),
+ *   xn16 its fp16 copy.  The operations and their order are those of the two kernels (the sum of
+ *   squares: thread i adds elements i, i+256, ... then qsa_block_sum), so the same bits (tested).
+ * Launch: grid (M * hc), block 256 (the bits depend on the block size: keep 256). */
+extern "C" __global__ void qsa_k_inject_rmsnorm(float *__restrict__ X, const float *__restrict__ inj,
+                                                const float *__restrict__ out, const float *__restrict__ nw,
+                                                float *__restrict__ xn, qsa_f16 *__restrict__ xn16, int H, int hc,
+                                                float eps) {
+    QSA_PDL_ENTRY();
+    __shared__ float scratch[33];
+    const qsa_i64 t = blockIdx.x / hc, row = blockIdx.x;
+    const int s = blockIdx.x % hc;
+    const float w = 2.0f * qsa_sigmoid(inj[t * hc + s] / (float)hc);
+    float *x = X + row * H;
+    const float *o = out + t * H, *wr = nw + (qsa_i64)s * H;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < H; j += blockDim.x) {
+        const float v = __fadd_rn(x[j], __fmul_rn(w, o[j]));
+        x[j] = v;
+        ss += v * v;
+    }
+    const float inv = 1.0f / sqrtf(qsa_block_sum(ss, scratch) / (float)H + eps);
+    for (int j = threadIdx.x; j < H; j += blockDim.x) {
+        const float v = x[j] * inv * (1.0f + wr[j]);
+        xn[row * H + j] = v;
+        xn16[row * H + j] = qsa_f32_to_f16(v);
+    }
+}
+
 /* X[t][s*H + j] += w * out[t][j] with w = 2 * sigmoid(inj[t][s] / hc), inj the raw injection
  * projection [M][hc]: the weight as the CPU computes it (qsa__inject), then one IEEE multiply and
  * one add, no fused multiply-add.  Launch: grid (M, Y) with any Y (ceil(H / 256) for small M), block
@@ -784,7 +816,9 @@ static __device__ void qsa_tile16_splitk(const qsa_f16 *const *arow, int avec, c
     }
 }
 
-/* Tiled core: one 64 x 64 tile of A W^T into the fp32 staging os = (float *)smem [64][QSA_OST].
+/* The tiled core for FP16 weights in sub-steps of 32 (staging rows of QSA_ST halves): the 64-pair
+ * expert kernels' (their register budget; the dense GEMM takes qsa_tile64_core_w).  One 64 x 64 tile
+ * of A W^T into the fp32 staging os = (float *)smem [64][QSA_OST].
  * Thread tid supplies row tid / 4 of both operands: `arow` its A row (K long, NULL: zeros) and
  * weight row `wn` of `ws` (rows >= N read as zero), so the caller chooses which tokens and which
  * weight rows (of one or two matrices) form the tile.  Warp w owns rows 16 (w % 4) .. +16 and
@@ -838,13 +872,20 @@ static __device__ void qsa_tile64_core_f16(const qsa_f16 *arow, int avec, const 
     __syncthreads();
 }
 
-/* The same for NVFP4 weights in sub-steps of 64 (staging rows of QSA_STW halves): thread tid
- * supplies k piece 16 (tid % 4) of row tid / 4 of both operands, so its weights are one whole
- * scale group (8 bytes of q, one LUT per 16 weights instead of per 8) and a row's 32 bytes of q
- * come from 4 neighbouring threads (whole sectors).  Each fragment still takes the k = 16 mma in
- * ascending order with P reset every segment (4 sub-steps): the same bits. */
-static __device__ void qsa_tile64_core_nvw(const qsa_f16 *arow, int avec, const qsa_wsrc &ws, int wn, int N, int K,
-                                           unsigned char *smem) {
+/* Tiled core: one 64 x 64 tile of A W^T into the fp32 staging os = (float *)smem [64][QSA_OST].
+ * Thread tid supplies row tid / 4 of both operands: `arow` its A row (K long, NULL: zeros) and
+ * weight row `wn` of `ws` (rows >= N read as zero), so the caller chooses which tokens and which
+ * weight rows (of one or two matrices) form the tile.  Warp w owns rows 16 (w % 4) .. +16 and
+ * columns 32 (w / 4) .. +32 (two accumulator fragments).  K in sub-steps of 64 staged in rows of
+ * QSA_STW halves: the thread supplies k piece 16 (tid % 4) of its rows (two 16-byte loads of A
+ * and, FP16, of W; NVFP4: 8 bytes of q and the group's scale byte, one table per 16 weights, a
+ * row's 32 bytes of q from 4 neighbouring threads).  Each fragment takes the k = 16 mma in
+ * ascending order with P reset every segment of 256 (4 sub-steps): T += P_s, the canonical order,
+ * so a tile's bits equal the split-K core's.  Returns after a __syncthreads with os filled; the
+ * caller syncs again before reusing smem. */
+template <bool NV>
+static __device__ void qsa_tile64_core_w(const qsa_f16 *arow, int avec, const qsa_wsrc &ws, int wn, int N, int K,
+                                         unsigned char *smem) {
     const int tid = threadIdx.x, warp = tid >> 5, wm = warp & 3, wc = warp >> 2;
     qsa_f16 *As = (qsa_f16 *)smem, *Ws = As + 64 * QSA_STW;
     float *os = (float *)smem; /* [64][QSA_OST] output staging, after the K loop */
@@ -855,41 +896,34 @@ static __device__ void qsa_tile64_core_nvw(const qsa_f16 *arow, int avec, const 
     qsa_frag_zero(P0);
     qsa_frag_zero(P1);
     const int nsub = (K + 63) / 64;
-    const qsa_u8 *qr = wn < N ? ws.q + (qsa_i64)wn * (K >> 1) : 0, *sr = wn < N ? ws.s + (qsa_i64)wn * (K >> 4) : 0;
-    /* this thread's 16 weights at k (a multiple of 16; K is): 8 bytes of q and the group's scale byte */
-#define QSA_NVW_LD(k, q8, sb)                                                                          \
-    do {                                                                                               \
-        (q8).x = (q8).y = 0u;                                                                          \
-        (sb) = 0u;                                                                                     \
-        if (qr && (k) < K) {                                                                           \
-            const qsa_u8 *p_ = qr + ((k) >> 1);                                                        \
-            if (ws.vec) (q8) = *(const uint2 *)p_;                                                     \
-            else {                                                                                     \
-                (q8).x = (qsa_u32)p_[0] | ((qsa_u32)p_[1] << 8) | ((qsa_u32)p_[2] << 16) | ((qsa_u32)p_[3] << 24); \
-                (q8).y = (qsa_u32)p_[4] | ((qsa_u32)p_[5] << 8) | ((qsa_u32)p_[6] << 16) | ((qsa_u32)p_[7] << 24); \
-            }                                                                                          \
-            (sb) = sr[(k) >> 4];                                                                       \
-        }                                                                                              \
-    } while (0)
-    uint4 ra0 = qsa_ld8_f16(arow, kp, K, avec), ra1 = qsa_ld8_f16(arow, kp + 8, K, avec);
+    const qsa_u8 *qr = NV && wn < N ? ws.q + (qsa_i64)wn * (K >> 1) : 0, *sr = NV && wn < N ? ws.s + (qsa_i64)wn * (K >> 4) : 0;
+    /* this thread's 16 weights at k: FP16 two 8-half pieces (rw0, rw1); NVFP4 (k a multiple of 16,
+       K is) 8 bytes of q and the group's scale byte */
+#define QSA_W16_LD(k)                                                                                      do {                                                                                                       if (NV) {                                                                                                  q8.x = q8.y = 0u;                                                                                      sb = 0u;                                                                                               if (qr && (k) < K) {                                                                                       const qsa_u8 *p_ = qr + ((k) >> 1);                                                                    if (ws.vec) q8 = *(const uint2 *)p_;                                                                   else {                                                                                                     q8.x = (qsa_u32)p_[0] | ((qsa_u32)p_[1] << 8) | ((qsa_u32)p_[2] << 16) | ((qsa_u32)p_[3] << 24); \
+                    q8.y = (qsa_u32)p_[4] | ((qsa_u32)p_[5] << 8) | ((qsa_u32)p_[6] << 16) | ((qsa_u32)p_[7] << 24); \
+                }                                                                                                      sb = sr[(k) >> 4];                                                                                 }                                                                                                  } else {                                                                                                   rw0 = qsa_ld8_w(ws, wn, N, (k), K, K);                                                                 rw1 = qsa_ld8_w(ws, wn, N, (k) + 8, K, K);                                                         }                                                                                                  } while (0)
+    uint4 ra0 = qsa_ld8_f16(arow, kp, K, avec), ra1 = qsa_ld8_f16(arow, kp + 8, K, avec), rw0, rw1;
     uint2 q8;
     qsa_u32 sb;
-    QSA_NVW_LD(kp, q8, sb);
+    QSA_W16_LD(kp);
     for (int j = 0; j < nsub; j++) {
         const int k0 = j * 64;
         __syncthreads();
         *(uint4 *)(As + row * QSA_STW + kp) = ra0;
         *(uint4 *)(As + row * QSA_STW + kp + 8) = ra1;
-        {
+        if (NV) {
             const qsa_fp4lut lut = qsa_fp4_lut(qsa_e4m3_to_f32(sb) * ws.s2);
             *(uint4 *)(Ws + row * QSA_STW + kp) = qsa_dq8_lut(q8.x, lut);
             *(uint4 *)(Ws + row * QSA_STW + kp + 8) = qsa_dq8_lut(q8.y, lut);
+        } else {
+            *(uint4 *)(Ws + row * QSA_STW + kp) = rw0;
+            *(uint4 *)(Ws + row * QSA_STW + kp + 8) = rw1;
         }
         __syncthreads();
         if (j + 1 < nsub) {
             ra0 = qsa_ld8_f16(arow, k0 + 64 + kp, K, avec);
             ra1 = qsa_ld8_f16(arow, k0 + 64 + kp + 8, K, avec);
-            QSA_NVW_LD(k0 + 64 + kp, q8, sb);
+            QSA_W16_LD(k0 + 64 + kp);
         }
         qsa_frag_ab fa, fb;
         for (int c = 0; c < 4 && k0 + 16 * c < K; c++) {
@@ -909,18 +943,19 @@ static __device__ void qsa_tile64_core_nvw(const qsa_f16 *arow, int avec, const 
             }
         }
     }
-#undef QSA_NVW_LD
+#undef QSA_W16_LD
     __syncthreads();
     qsa_wmma_store(os + wm * 16 * QSA_OST + wc * 32, T0, QSA_OST);
     qsa_wmma_store(os + wm * 16 * QSA_OST + wc * 32 + 16, T1, QSA_OST);
     __syncthreads();
 }
 
-/* Either weight kind (NVFP4 needs K % 16 == 0, which every caller checks or poisons before). */
+/* Either weight kind for the 64-pair expert kernels (NVFP4 needs K % 16 == 0, which every caller checks
+   or poisons before). */
 static __device__ __forceinline__ void qsa_tile64_core(const qsa_f16 *arow, int avec, const qsa_wsrc &ws, int wn, int N,
                                                        int K, unsigned char *smem) {
     if (ws.w16) qsa_tile64_core_f16(arow, avec, ws, wn, N, K, smem);
-    else qsa_tile64_core_nvw(arow, avec, ws, wn, N, K, smem);
+    else qsa_tile64_core_w<true>(arow, avec, ws, wn, N, K, smem);
 }
 
 /* The 64 x 64 tile (m0, n0) of Y = A W^T (+ bias), A dense [M][K]. */
@@ -928,7 +963,9 @@ static __device__ void qsa_tile64(const qsa_f16 *A, int avec, const qsa_wsrc &ws
                                   int N, int K, int accumulate, int m0, int n0, unsigned char *smem) {
     const int tid = threadIdx.x, row = tid >> 2;
     const float *os = (const float *)smem;
-    qsa_tile64_core(m0 + row < M ? A + (qsa_i64)(m0 + row) * K : 0, avec, ws, n0 + row, N, K, smem);
+    const qsa_f16 *arow = m0 + row < M ? A + (qsa_i64)(m0 + row) * K : 0;
+    if (ws.w16) qsa_tile64_core_w<false>(arow, avec, ws, n0 + row, N, K, smem); /* 64-wide for FP16 too */
+    else qsa_tile64_core_w<true>(arow, avec, ws, n0 + row, N, K, smem);
     for (int e = tid; e < 64 * 64; e += QSA_GEMM_THREADS) {
         int r = e >> 6, c = e & 63, m = m0 + r, n = n0 + c;
         if (m < M && n < N) {
@@ -1199,7 +1236,10 @@ struct qsa_expert_w {
  * (ties: lower expert id, as the CPU's repeated arg-max), optionally divided by their sum (summed
  * in selection order, as the CPU), written sorted by ascending expert id:
  *   topk_ids [M][K] int, topk_w [M][K] fp32.  1 <= K <= 64, K <= E.
+ * E <= 4 * blockDim.x keeps the probabilities in registers (one barrier per selected expert),
+ * larger E recomputes them every round; the same selection and weights either way.
  * Launch: grid (M), block 256 (the sum's bits depend on the block size: keep 256). */
+#define QSA_ROUTER_REG 4 /* probabilities per thread kept in registers: E <= 4 * blockDim.x (1,024 at 256) */
 extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, int *__restrict__ topk_ids,
                                              float *__restrict__ topk_w, int E, int K, int norm) {
     QSA_PDL_ENTRY();
@@ -1222,21 +1262,64 @@ extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, i
     float sum = 0.0f;
     for (int e = threadIdx.x; e < E; e += blockDim.x) sum += expf(l[e] - mx);
     sum = qsa_block_sum(sum, scratch);
-    for (int k = 0; k < K; k++) {
-        float bv = QSA_NEG_INF;
-        int bi = 0x7fffffff;
-        for (int e = threadIdx.x; e < E; e += blockDim.x) {
-            int used = 0;
-            for (int j = 0; j < k; j++) used |= sel[j] == e;
-            float p = expf(l[e] - mx) / sum;
-            if (!used && qsa_better(p, e, bv, bi)) { bv = p; bi = e; }
+    if (E <= QSA_ROUTER_REG * (int)blockDim.x && blockDim.x <= 32 * 32) {
+        /* the usual case: a thread's probabilities computed once and kept in registers, a selected
+           one dropped by its owner; per round a warp arg-max by shuffles and one barrier (the warp
+           winners double-buffered by round parity).  The arg-max is exact (qsa_better: larger, then
+           lower id), so the selection and its weights are those of the general loop below. */
+        __shared__ float wv[2][32];
+        __shared__ int wi[2][32];
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+        float p[QSA_ROUTER_REG];
+#pragma unroll
+        for (int r = 0; r < QSA_ROUTER_REG; r++) {
+            const int e = threadIdx.x + r * blockDim.x;
+            p[r] = e < E ? expf(l[e] - mx) / sum : QSA_NEG_INF;
         }
-        qsa_block_argmax(&bv, &bi, sv, si);
-        if (threadIdx.x == 0) {
-            sel[k] = bi == 0x7fffffff ? 0 : bi;
-            selw[k] = bv;
+        unsigned used = 0; /* bit r: p[r] selected */
+        for (int k = 0; k < K; k++) {
+            float bv = QSA_NEG_INF;
+            int bi = 0x7fffffff;
+#pragma unroll
+            for (int r = 0; r < QSA_ROUTER_REG; r++) {
+                const int e = threadIdx.x + r * blockDim.x;
+                if (e < E && !(used >> r & 1u) && qsa_better(p[r], e, bv, bi)) { bv = p[r]; bi = e; }
+            }
+            for (int m = 16; m > 0; m >>= 1) {
+                const float ov = __shfl_xor_sync(QSA_FULL_MASK, bv, m);
+                const int oi = __shfl_xor_sync(QSA_FULL_MASK, bi, m);
+                if (qsa_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+            }
+            if (lane == 0) { wv[k & 1][warp] = bv; wi[k & 1][warp] = bi; }
+            __syncthreads();
+            bv = wv[k & 1][0];
+            bi = wi[k & 1][0];
+            for (int w = 1; w < nwarps; w++)
+                if (qsa_better(wv[k & 1][w], wi[k & 1][w], bv, bi)) { bv = wv[k & 1][w]; bi = wi[k & 1][w]; }
+            if (bi != 0x7fffffff && bi % (int)blockDim.x == (int)threadIdx.x) used |= 1u << (bi / (int)blockDim.x);
+            if (threadIdx.x == 0) {
+                sel[k] = bi == 0x7fffffff ? 0 : bi;
+                selw[k] = bv;
+            }
         }
-        __syncthreads();
+        __syncthreads(); /* sel / selw complete */
+    } else {
+        for (int k = 0; k < K; k++) {
+            float bv = QSA_NEG_INF;
+            int bi = 0x7fffffff;
+            for (int e = threadIdx.x; e < E; e += blockDim.x) {
+                int used = 0;
+                for (int j = 0; j < k; j++) used |= sel[j] == e;
+                float p = expf(l[e] - mx) / sum;
+                if (!used && qsa_better(p, e, bv, bi)) { bv = p; bi = e; }
+            }
+            qsa_block_argmax(&bv, &bi, sv, si);
+            if (threadIdx.x == 0) {
+                sel[k] = bi == 0x7fffffff ? 0 : bi;
+                selw[k] = bv;
+            }
+            __syncthreads();
+        }
     }
     if (threadIdx.x == 0) {
         if (norm) {

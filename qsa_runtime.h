@@ -8413,7 +8413,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 #ifndef QSA_NO_CUDA
 
 #define QSA__KERNEL_LIST(X)                                                                             \
-    X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inject) X(to_f16)                     \
+    X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inject) X(inject_rmsnorm) X(to_f16)                     \
     X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_combine)       \
     X(shared_combine) X(act_mul)                                                                         \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_gates) X(gdn_recurrent)                  \
@@ -9170,14 +9170,15 @@ QSA_PRIV qsa_result qsa__dgemm_group(qsa__cuda *g, CUdeviceptr A16, int M, int n
 
 /* GatedResidual on X [M][hcH]: inp/inp16 [M][H] and (with_inj) the raw injection projection inj [M][hc]
    (qsa_k_inject turns it into the weights 2 * sigmoid(inj / hc)). */
-QSA_PRIV qsa_result qsa__cuda_gres(qsa_model *m, const qsa__dgres *w, CUdeviceptr X, int M, int with_inj) {
+QSA_PRIV qsa_result qsa__cuda_gres(qsa_model *m, const qsa__dgres *w, CUdeviceptr X, int M, int with_inj, int normed) {
     const qsa_model_config *c = &m->cfg;
     qsa__cuda *g = m->cuda;
     qsa__dscratch *s = &g->sc;
     int H = c->hidden_size, hc = c->hc_count, hcH = hc * H, one = 1;
     float eps = c->rms_norm_eps, scale = 1.0f / (float)hc;
     CUdeviceptr nw = w->norm_w;
-    QSA__LAUNCH(g, rmsnorm, M * hc, 1, 256, 0, &X, &nw, &s->xn, &s->xn16, &hcH, &H, &eps, &one);
+    if (!normed) /* (normed: xn / xn16 came with the previous injection, qsa__cuda_inject) */
+        QSA__LAUNCH(g, rmsnorm, M * hc, 1, 256, 0, &X, &nw, &s->xn, &s->xn16, &hcH, &H, &eps, &one);
     /* low = silu(down / hc) and, with the injection, its raw projection (qsa_k_inject takes
        2 * sigmoid(inj / hc) itself) */
     const qsa__dlin *ws[2] = {&w->down, &w->inject};
@@ -9189,11 +9190,29 @@ QSA_PRIV qsa_result qsa__cuda_gres(qsa_model *m, const qsa__dgres *w, CUdevicept
     return QSA_OK;
 }
 
-QSA_PRIV qsa_result qsa__cuda_inject(qsa_model *m, CUdeviceptr X, int M) {
+/* X's streams += the injection of sc.out; with `next` (the gated residual that follows directly,
+   nothing in between touching X) also its norm into sc.xn / xn16 in the same launch, and that
+   qsa__cuda_gres is then called with normed = 1.  Same bits either way. */
+QSA_PRIV qsa_result qsa__cuda_inject(qsa_model *m, CUdeviceptr X, int M, const qsa__dgres *next) {
     qsa__cuda *g = m->cuda;
+    qsa__dscratch *s = &g->sc;
     int H = m->cfg.hidden_size, hc = m->cfg.hc_count;
-    QSA__LAUNCH(g, inject, M, qsa__ygrid(M, H), 256, 0, &X, &g->sc.inj, &g->sc.out, &H, &hc);
+    if (next) {
+        CUdeviceptr nw = next->norm_w;
+        float eps = m->cfg.rms_norm_eps;
+        QSA__LAUNCH(g, inject_rmsnorm, M * hc, 1, 256, 0, &X, &s->inj, &s->out, &nw, &s->xn, &s->xn16, &H, &hc, &eps);
+        return QSA_OK;
+    }
+    QSA__LAUNCH(g, inject, M, qsa__ygrid(M, H), 256, 0, &X, &s->inj, &s->out, &H, &hc);
     return QSA_OK;
+}
+
+/* The gated residual that follows layer l's MoE injection: layer l + 1's attention residual unless
+   a PLE layer updates X in between (NULL: inject alone), else the final one. */
+QSA_PRIV const qsa__dgres *qsa__cuda_next_gres(const qsa_model *m, int l) {
+    const qsa__cuda *g = m->cuda;
+    if (l + 1 == m->cfg.num_hidden_layers) return &g->final_hc;
+    return m->layers[l + 1].ple ? NULL : &g->layers[l + 1].attn_hc;
 }
 
 /* PLE: host hashes the ids and gathers the table rows; the device does the rest. */
@@ -9432,19 +9451,22 @@ QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, floa
     QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(s->ids, ids, (size_t)M * 4, g->stream));
     CUdeviceptr table = g->embed16;
     QSA__LAUNCH(g, embed, M, qsa__ygrid(M, H), 256, 0, &table, &s->ids, &s->X, &H, &hc, &V);
+    int normed = 0; /* whether the last injection also normed X for the next gated residual */
     for (int l = 0; l < c->num_hidden_layers; l++) {
         if (m->layers[l].ple) QSA__TRY(qsa__cuda_ple(sq, l, ids, M));
-        QSA__TRY(qsa__cuda_gres(m, &g->layers[l].attn_hc, s->X, M, 1));
+        QSA__TRY(qsa__cuda_gres(m, &g->layers[l].attn_hc, s->X, M, 1, normed));
         if (c->layer_types[l] == QSA_LAYER_LINEAR) QSA__TRY(qsa__cuda_gdn(sq, l, M));
         else QSA__TRY(qsa__cuda_attn(sq, l, M));
         QSA__TRY(qsa__tp_reduce(m, s->out, M * H)); /* TP: sum the ranks' partial sums (no-op on one GPU) */
-        QSA__TRY(qsa__cuda_inject(m, s->X, M));
-        QSA__TRY(qsa__cuda_gres(m, &g->layers[l].mlp_hc, s->X, M, 1));
+        QSA__TRY(qsa__cuda_inject(m, s->X, M, &g->layers[l].mlp_hc));
+        QSA__TRY(qsa__cuda_gres(m, &g->layers[l].mlp_hc, s->X, M, 1, 1));
         QSA__TRY(qsa__cuda_moe(m, l, M));
         QSA__TRY(qsa__tp_reduce(m, s->out, M * H));
-        QSA__TRY(qsa__cuda_inject(m, s->X, M));
+        const qsa__dgres *next = qsa__cuda_next_gres(m, l);
+        QSA__TRY(qsa__cuda_inject(m, s->X, M, next));
+        normed = next != NULL;
     }
-    QSA__TRY(qsa__cuda_gres(m, &g->final_hc, s->X, M, 0));
+    QSA__TRY(qsa__cuda_gres(m, &g->final_hc, s->X, M, 0, normed));
     if (sq->hidden_out) QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(sq->hidden_out, s->inp, (size_t)M * H * 4, g->stream));
     if (logits) {
         int first = all_logits ? 0 : M - 1;
@@ -9694,19 +9716,22 @@ QSA_PRIV qsa_result qsa__cuda_batch_forward(qsa_model *m, int B) {
     int H = c->hidden_size, hc = c->hc_count, V = c->vocab_size;
     CUdeviceptr table = g->embed16, ids = g->batch->ids;
     QSA__LAUNCH(g, embed, B, (H + 255) / 256, 256, 0, &table, &ids, &s->X, &H, &hc, &V);
+    int normed = 0; /* as in qsa__cuda_chunk */
     for (int l = 0, j = 0; l < c->num_hidden_layers; l++) {
         if (m->layers[l].ple) QSA__TRY(qsa__cuda_ple_batch(m, l, j++, B));
-        QSA__TRY(qsa__cuda_gres(m, &g->layers[l].attn_hc, s->X, B, 1));
+        QSA__TRY(qsa__cuda_gres(m, &g->layers[l].attn_hc, s->X, B, 1, normed));
         if (c->layer_types[l] == QSA_LAYER_LINEAR) QSA__TRY(qsa__cuda_gdn_batch(m, l, B));
         else QSA__TRY(qsa__cuda_attn_batch(m, l, B));
         QSA__TRY(qsa__tp_reduce(m, s->out, B * H)); /* TP: sum the ranks' partial sums (no-op on one GPU) */
-        QSA__TRY(qsa__cuda_inject(m, s->X, B));
-        QSA__TRY(qsa__cuda_gres(m, &g->layers[l].mlp_hc, s->X, B, 1));
+        QSA__TRY(qsa__cuda_inject(m, s->X, B, &g->layers[l].mlp_hc));
+        QSA__TRY(qsa__cuda_gres(m, &g->layers[l].mlp_hc, s->X, B, 1, 1));
         QSA__TRY(qsa__cuda_moe(m, l, B));
         QSA__TRY(qsa__tp_reduce(m, s->out, B * H));
-        QSA__TRY(qsa__cuda_inject(m, s->X, B));
+        const qsa__dgres *next = qsa__cuda_next_gres(m, l);
+        QSA__TRY(qsa__cuda_inject(m, s->X, B, next));
+        normed = next != NULL;
     }
-    QSA__TRY(qsa__cuda_gres(m, &g->final_hc, s->X, B, 0));
+    QSA__TRY(qsa__cuda_gres(m, &g->final_hc, s->X, B, 0, normed));
     /* one lm_head GEMM for the B rows (the GEMM's bits do not depend on M) */
     QSA__TRY(qsa__dgemm(g, s->inp16, B, &g->lm_head, g->batch->logits, 0));
     return qsa__tp_logits_gather(m, g->batch->logits, B); /* TP: all-gather the ranks' vocabulary rows (no-op on one GPU) */

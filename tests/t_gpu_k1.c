@@ -452,6 +452,66 @@ done:
     k1_free(&mem);
 }
 
+/* qsa_k_inject_rmsnorm: the bits of qsa_k_inject then qsa_k_rmsnorm (group H, one_plus) — the
+   updated streams, their norm and its fp16 copy (H 2560 as the real model, 130 ragged). */
+static void k1_inject_norm_case(int M, int H) {
+    enum { HC = 4 };
+    k1_mem mem = {{0}, 0, {0}, 0};
+    float *X, *inj, *out, *nw, *Xa, *Xb, *ya, *yb, eps = 1e-6f;
+    uint16_t *ha, *hb;
+    int hc = HC, hcH = HC * H, one = 1, n = M * HC * H;
+    CUdeviceptr dXa, dXb, dinj, dout, dnw, dya, dyb, dha, dhb;
+    K1_ALLOC(X, float, n);
+    K1_ALLOC(inj, float, M * HC);
+    K1_ALLOC(out, float, M * H);
+    K1_ALLOC(nw, float, HC * H);
+    K1_ALLOC(Xa, float, n);
+    K1_ALLOC(Xb, float, n);
+    K1_ALLOC(ya, float, n);
+    K1_ALLOC(yb, float, n);
+    K1_ALLOC(ha, uint16_t, n);
+    K1_ALLOC(hb, uint16_t, n);
+    k1_seed(77 + (uint64_t)H);
+    k1_fill(X, (size_t)n, -3, 3);
+    k1_fill(inj, (size_t)M * HC, -3, 3);
+    k1_fill(out, (size_t)M * H, -2, 2);
+    k1_fill(nw, (size_t)HC * H, -0.5, 0.5);
+    K1_TRY(k1_dev(&mem, &dXa, X, sizeof(float) * n));
+    K1_TRY(k1_dev(&mem, &dXb, X, sizeof(float) * n));
+    K1_TRY(k1_dev(&mem, &dinj, inj, sizeof(float) * M * HC));
+    K1_TRY(k1_dev(&mem, &dout, out, sizeof(float) * M * H));
+    K1_TRY(k1_dev(&mem, &dnw, nw, sizeof(float) * HC * H));
+    K1_TRY(k1_dev(&mem, &dya, NULL, sizeof(float) * n));
+    K1_TRY(k1_dev(&mem, &dyb, NULL, sizeof(float) * n));
+    K1_TRY(k1_dev(&mem, &dha, NULL, sizeof(uint16_t) * n));
+    K1_TRY(k1_dev(&mem, &dhb, NULL, sizeof(uint16_t) * n));
+    {
+        void *a1[] = {&dXa, &dinj, &dout, &H, &hc};
+        K1_TRY(k1_launch("qsa_k_inject", M, (H + 255) / 256, 256, a1));
+        void *a2[] = {&dXa, &dnw, &dya, &dha, &hcH, &H, &eps, &one};
+        K1_TRY(k1_launch("qsa_k_rmsnorm", M * HC, 1, 256, a2));
+        void *a3[] = {&dXb, &dinj, &dout, &dnw, &dyb, &dhb, &H, &hc, &eps};
+        K1_TRY(k1_launch("qsa_k_inject_rmsnorm", M * HC, 1, 256, a3));
+    }
+    K1_TRY(k1_get(Xa, dXa, sizeof(float) * n));
+    K1_TRY(k1_get(Xb, dXb, sizeof(float) * n));
+    K1_TRY(k1_get(ya, dya, sizeof(float) * n));
+    K1_TRY(k1_get(yb, dyb, sizeof(float) * n));
+    K1_TRY(k1_get(ha, dha, sizeof(uint16_t) * n));
+    K1_TRY(k1_get(hb, dhb, sizeof(uint16_t) * n));
+    CHECK(!k1_same("inject_rmsnorm: streams", Xa, Xb, (size_t)n, 4));
+    CHECK(!k1_same("inject_rmsnorm: norm", ya, yb, (size_t)n, 4));
+    CHECK(!k1_same("inject_rmsnorm: fp16 norm", ha, hb, (size_t)n, 2));
+done:
+    k1_free(&mem);
+}
+
+TEST(gpu, k1_inject_rmsnorm_equals_two_kernels) {
+    K1_NEED_GPU();
+    k1_inject_norm_case(7, 2560);
+    k1_inject_norm_case(3, 130);
+}
+
 TEST(gpu, k1_argmax) {
     K1_NEED_GPU();
     enum { M = 5, V = 5003 };
@@ -665,8 +725,8 @@ TEST(gpu, k1_gemm_nvfp4) {
 
 /* Batch invariance: one row of A computed with M = 1, 37, 64 (split-K), 65 and 100 (tiled), at
    different positions inside its tile, gives the same bits. */
-static void k1_gemm_batch(int nvfp4) {
-    enum { N = 72, K = 784 }; /* 4 segments: 256, 256, 256, 16 */
+static void k1_gemm_batch(int nvfp4, int K) { /* K 784: 4 segments, 256, 256, 256, 16 */
+    enum { N = 72 };
     static const int Ms[] = {1, 37, 64, 65, 100};
     static const int pos[] = {0, 21, 63, 64, 70};
     k1_mem mem = {{0}, 0, {0}, 0};
@@ -725,8 +785,9 @@ done:
 
 TEST(gpu, k1_gemm_batch_invariance) {
     K1_NEED_GPU();
-    k1_gemm_batch(0);
-    k1_gemm_batch(1);
+    k1_gemm_batch(0, 784);
+    k1_gemm_batch(1, 784);
+    k1_gemm_batch(0, 787); /* FP16 rows not 16-byte aligned, a ragged last sub-step */
 }
 
 /* The cross-warp GEMV (qsa_k_gemv_*: (tile, segment) tasks spread over warps, partial tiles summed
@@ -1036,6 +1097,7 @@ TEST(gpu, k1_router_topk) {
     k1_router_case(37, 64, 6, 1);
     k1_router_case(5, 300, 10, 0);
     k1_router_case(3, 512, 10, 1);
+    k1_router_case(2, 1100, 8, 1); /* E > 4 * 256: the general selection loop */
 }
 
 /* Runs plan -> gate_up -> down -> combine for M tokens with the given routing; returns h16, y, out
