@@ -1694,15 +1694,21 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down64(
 }
 
 /* out[t][j] = sum over slots k ascending (= ascending expert id) of topk_w[t][k] * y[t*K+k][j],
- * from 0, without fused multiply-add: the CPU's `out[j] += y[j] * topw[k]`.
- * Launch: grid (M, Y) with any Y (ceil(H / 256) for small M), block any multiple of 32 (256). */
+ * from 0, without fused multiply-add: the CPU's `out[j] += y[j] * topw[k]`; then, with sh != NULL,
+ * the shared expert: out[t][j] = out[t][j] + sigmoid(gate_logit[t]) * sh[t][j] (gate_logit [M], the
+ * N = 1 GEMM output; the CPU's expression, no fused multiply-add: the bits of the separate
+ * shared-combine launch it replaces).  Launch: grid (M, Y) with any Y (ceil(H / 256) for small M),
+ * block any multiple of 32 (256). */
 extern "C" __global__ void qsa_k_moe_combine(const float *__restrict__ y, const float *__restrict__ topk_w,
-                                             float *__restrict__ out, int H, int K) {
+                                             float *__restrict__ out, int H, int K, const float *__restrict__ sh,
+                                             const float *__restrict__ gate_logit) {
     QSA_PDL_ENTRY();
     qsa_i64 t = blockIdx.x;
+    const float g = sh ? qsa_sigmoid(gate_logit[t]) : 0.0f;
     for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < H; j += gridDim.y * blockDim.x) {
         float acc = 0.0f;
         for (int k = 0; k < K; k++) acc = __fadd_rn(acc, __fmul_rn(y[(t * K + k) * H + j], topk_w[t * K + k]));
+        if (sh) acc = __fadd_rn(acc, __fmul_rn(g, sh[t * H + j]));
         out[t * H + j] = acc;
     }
 }
@@ -1714,17 +1720,6 @@ extern "C" __global__ void qsa_k_act_mul(const float *__restrict__ a, const floa
     QSA_PDL_ENTRY();
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         out16[i] = qsa_f32_to_f16(qsa_act(act, a[i]) * b[i]);
-}
-
-/* out[t][j] += sigmoid(gate_logit[t]) * sh[t][j]   (shared expert; gate_logit [M], the N = 1 GEMM
- * output; the CPU's expression without fused multiply-add).  Launch: grid (M, Y) with any Y
- * (ceil(H / 256) for small M), block 256. */
-extern "C" __global__ void qsa_k_shared_combine(float *__restrict__ out, const float *__restrict__ sh,
-                                                const float *__restrict__ gate_logit, int H) {
-    QSA_PDL_ENTRY();
-    qsa_i64 t = blockIdx.x;
-    float g = qsa_sigmoid(gate_logit[t]);
-    for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < H; j += gridDim.y * blockDim.x) out[t * H + j] = __fadd_rn(out[t * H + j], __fmul_rn(g, sh[t * H + j]));
 }
 
 /* ============================================================================================== */
@@ -1866,11 +1861,29 @@ static __device__ void k2_rope_store(const float *xs, float *y, int n, int rd, c
 /* Gated DeltaNet                                                                                   */
 /* ============================================================================================== */
 
+/* The GDN gates of one (token, value head), folded into the conv launch: beta = sigmoid(b);
+ * g = -exp(A_log) * softplus(a + dt_bias) (softplus threshold 20, as torch).  b, a, beta, g
+ * [M][nv] (row-major), A_log, dt_bias [nv]; b == NULL: no gates in this launch. */
+typedef struct {
+    const float *b, *a, *A_log, *dt_bias;
+    float *beta, *g;
+    int nv;
+} qsa_gdn_gate_args;
+static __device__ __forceinline__ void qsa_gdn_gate(const qsa_gdn_gate_args &ga, qsa_i64 i, int h) {
+    ga.beta[i] = qsa_sigmoid(ga.b[i]);
+    float x = ga.a[i] + ga.dt_bias[h];
+    float sp = x > 20.0f ? x : log1pf(expf(x));
+    ga.g[i] = -expf(ga.A_log[h]) * sp;
+}
+
 /* Causal depthwise conv + activation + split + per-head L2 norm, for token t = blockIdx.x.
  *
  *   qkv    [M][conv_dim] fp32: the in_proj_qkv outputs (conv_dim = 2*key_dim + value_dim)
- *   state  [Kc-1][conv_dim] fp32: the previous Kc-1 conv inputs, oldest first (read only here;
- *          qsa_k_gdn_conv_state advances it afterwards)
+ *   state  [Kc-1][conv_dim] fp32: the previous Kc-1 conv inputs, oldest first; upd (M == 1 only):
+ *          advanced here (each channel's thread reads its rows, then shifts them and appends the
+ *          token: what qsa_k_gdn_conv_state does); otherwise read only, and qsa_k_gdn_conv_state
+ *          advances it afterwards
+ *   ga     the gates (qsa_gdn_gate_args; block (t, 0) computes token t's), or ga.b == NULL
  *   w      [conv_dim][Kc] fp32 depthwise weights
  *   q, k   [M][key_dim] out (key_dim = nk*dk): act(conv), L2-normalised per head
  *          (x / sqrt(sum x^2 + 1e-6)), q also times dk^-0.5;   v [M][conv_dim - 2*key_dim] out: act(conv)
@@ -1881,13 +1894,14 @@ static __device__ void k2_rope_store(const float *xs, float *y, int n, int rd, c
  * channel's conv and a head's norm are computed the same way whatever the grid, so any Y gives the
  * same bits; Y = 2*nk + ceil(value_dim / 256) (one unit per block) is the fastest for decode.
  * Launch: grid (M, Y), block 256 (any multiple of 32). */
-static __device__ __forceinline__ void qsa_gdn_conv_body(const float *__restrict__ qkv,
-                                                                 const float *__restrict__ state,
-                                                                 const float *__restrict__ w, float *q, float *k,
-                                                                 float *v, int M, int conv_dim, int key_dim, int Kc,
-                                                                 int act, int nk, int dk) {
+static __device__ __forceinline__ void qsa_gdn_conv_body(const float *__restrict__ qkv, float *state,
+                                                         const float *__restrict__ w, float *q, float *k, float *v,
+                                                         int M, int conv_dim, int key_dim, int Kc, int act, int nk,
+                                                         int dk, const qsa_gdn_gate_args &ga, int upd) {
     int t = blockIdx.x;
     if (t >= M) return;
+    if (ga.b && blockIdx.y == 0) /* the gates of token t (qsa_k_gdn_gates folded in) */
+        for (int h = threadIdx.x; h < ga.nv; h += blockDim.x) qsa_gdn_gate(ga, (qsa_i64)t * ga.nv + h, h);
     int value_dim = conv_dim - 2 * key_dim, nhu = 2 * nk, units = nhu + (value_dim + 255) / 256;
     for (int u = blockIdx.y; u < units; u += gridDim.y) {
         int c0 = u < nhu ? u * dk : 2 * key_dim + (u - nhu) * 256;
@@ -1899,6 +1913,9 @@ static __device__ __forceinline__ void qsa_gdn_conv_body(const float *__restrict
                 float x = src < 0 ? state[(long long)(Kc - 1 + src) * conv_dim + ch] : qkv[(long long)src * conv_dim + ch];
                 acc = fmaf(w[(long long)ch * Kc + j], x, acc);
             }
+            if (upd) /* M == 1: this thread alone reads and writes channel ch of the state (ascending rows) */
+                for (int i = 0; i < Kc - 1; i++)
+                    state[(long long)i * conv_dim + ch] = i + 1 < Kc - 1 ? state[(long long)(i + 1) * conv_dim + ch] : qkv[ch];
             float y = qsa_act(act, acc);
             if (ch < key_dim) q[(long long)t * key_dim + ch] = y;
             else if (ch < 2 * key_dim) k[(long long)t * key_dim + ch - key_dim] = y;
@@ -1922,13 +1939,14 @@ static __device__ __forceinline__ void qsa_gdn_conv_body(const float *__restrict
         }
     }
 }
-extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv(const float *__restrict__ qkv,
-                                                                 const float *__restrict__ state,
+extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv(const float *__restrict__ qkv, float *state,
                                                                  const float *__restrict__ w, float *q, float *k,
                                                                  float *v, int M, int conv_dim, int key_dim, int Kc,
-                                                                 int act, int nk, int dk) {
+                                                                 int act, int nk, int dk, qsa_gdn_gate_args ga,
+                                                                 int upd) {
     QSA_PDL_ENTRY();
-    qsa_gdn_conv_body(qkv, state, w, q, k, v, M, conv_dim, key_dim, Kc, act, nk, dk);
+    if (upd && M != 1) __trap(); /* the host advances a longer chunk's state with qsa_k_gdn_conv_state */
+    qsa_gdn_conv_body(qkv, state, w, q, k, v, M, conv_dim, key_dim, Kc, act, nk, dk, ga, upd);
 }
 
 /* Advances the conv state past the M tokens of qkv: state = the last Kc-1 rows of [state; qkv].
@@ -1948,22 +1966,6 @@ extern "C" __global__ void qsa_k_gdn_conv_state(const float *__restrict__ qkv, f
                                                 int Kc) {
     QSA_PDL_ENTRY();
     qsa_gdn_conv_state_body(qkv, state, M, conv_dim, Kc);
-}
-
-/* beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias)  (softplus threshold 20, as torch)
- *   b, a, beta, g [n = M*nv] (row-major [M][nv]); A_log, dt_bias [nv].
- * Launch: grid (ceil(n / 256)), block 256. */
-extern "C" __global__ void qsa_k_gdn_gates(const float *__restrict__ b, const float *__restrict__ a,
-                                           const float *__restrict__ A_log, const float *__restrict__ dt_bias,
-                                           float *__restrict__ beta, float *__restrict__ g, int n, int nv) {
-    QSA_PDL_ENTRY();
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    int h = i % nv;
-    beta[i] = qsa_sigmoid(b[i]);
-    float x = a[i] + dt_bias[h];
-    float sp = x > 20.0f ? x : log1pf(expf(x));
-    g[i] = -expf(A_log[h]) * sp;
 }
 
 #define K2_GDN_MAX_DK 512
@@ -2879,22 +2881,22 @@ extern "C" __global__ void __launch_bounds__(512, 1) qsa_k_sparse_attn_batch(
                          split, 0, 0);
 }
 
-/* conv state: st.  Launch: grid (1, 1, B), block 256. */
+/* conv state: st, advanced here (one token per sequence); the gates of sequence b: ga's rows b.
+   Launch: grid (1, Y, B) with Y as qsa_k_gdn_conv, block 256. */
 extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv_batch(
     const float *__restrict__ qkv, const unsigned long long *__restrict__ st, const float *__restrict__ w, float *q,
-    float *k, float *v, int conv_dim, int key_dim, int Kc, int act, int nk, int dk) {
+    float *k, float *v, int conv_dim, int key_dim, int Kc, int act, int nk, int dk, qsa_gdn_gate_args ga) {
     QSA_PDL_ENTRY();
     const qsa_i64 b = blockIdx.z;
-    qsa_gdn_conv_body(qkv + b * conv_dim, QSA_BPTR(const float, st), w, q + b * key_dim, k + b * key_dim,
-                      v + b * (conv_dim - 2 * key_dim), 1, conv_dim, key_dim, Kc, act, nk, dk);
-}
-
-/* Launch after qsa_k_gdn_conv_batch (grid (1, Y, B) with Y as qsa_k_gdn_conv):
-   grid (ceil(conv_dim / 256), 1, B), block 256. */
-extern "C" __global__ void qsa_k_gdn_conv_state_batch(const float *__restrict__ qkv,
-                                                      const unsigned long long *__restrict__ st, int conv_dim, int Kc) {
-    QSA_PDL_ENTRY();
-    qsa_gdn_conv_state_body(qkv + (qsa_i64)blockIdx.z * conv_dim, QSA_BPTR(float, st), 1, conv_dim, Kc);
+    qsa_gdn_gate_args gb = ga;
+    if (ga.b) {
+        gb.b += b * ga.nv;
+        gb.a += b * ga.nv;
+        gb.beta += b * ga.nv;
+        gb.g += b * ga.nv;
+    }
+    qsa_gdn_conv_body(qkv + b * conv_dim, QSA_BPTR(float, st), w, q + b * key_dim, k + b * key_dim,
+                      v + b * (conv_dim - 2 * key_dim), 1, conv_dim, key_dim, Kc, act, nk, dk, gb, 1);
 }
 
 /* S: st.  Launch: grid (nv, Y, B), block and dynamic shared memory as qsa_k_gdn_recurrent. */

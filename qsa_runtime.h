@@ -8415,12 +8415,12 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inject) X(inject_rmsnorm) X(to_f16)                     \
     X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_combine)       \
-    X(shared_combine) X(act_mul)                                                                         \
-    X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_gates) X(gdn_recurrent)                  \
+    X(act_mul)                                                                         \
+    X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
     X(attn_qk_prep_batch) X(indexer_prep_batch) X(block_keys_batch) X(block_scores_batch)                \
-    X(topk_blocks_batch) X(sparse_attn_batch) X(gdn_conv_batch) X(gdn_conv_state_batch)                  \
+    X(topk_blocks_batch) X(sparse_attn_batch) X(gdn_conv_batch)                  \
     X(gdn_recurrent_batch) X(gdn_recurrent_f16state_batch) X(ple_conv_batch)                             \
     X(tp_sum) X(tp_ple_unshard)
 
@@ -9251,6 +9251,12 @@ QSA_PRIV qsa_result qsa__cuda_ple(qsa_seq *sq, int l, const int32_t *ids, int M)
     return QSA_OK;
 }
 
+/* kernels.cu's qsa_gdn_gate_args (the same layout): the gates computed in the conv launch */
+typedef struct qsa__gdn_gate_args {
+    CUdeviceptr b, a, A_log, dt_bias, beta, g;
+    int nv;
+} qsa__gdn_gate_args;
+
 /* The GDN recurrence kernels' launch: blocks of 128 threads, P = 4 (dk <= 128), 8 or 16 lanes per
    state column (kernels.cu), so a block covers 128 / P columns of a value head. */
 #define QSA__GDN_REC_THREADS 128
@@ -9276,12 +9282,13 @@ QSA_PRIV qsa_result qsa__cuda_gdn(qsa_seq *sq, int l, int M) {
     const qsa__dlin *ws[4] = {&d->in_qkv, &d->in_z, &d->in_b, &d->in_a};
     CUdeviceptr ys[4] = {qkv, z, b, a};
     QSA__TRY(qsa__dgemm_group(g, s->inp16, M, 4, ws, ys, NULL, NULL));
-    int n = M * nv;
-    CUdeviceptr Al = d->A_log, dtb = d->dt_bias;
-    QSA__LAUNCH(g, gdn_gates, (n + 255) / 256, 1, 256, 0, &b, &a, &Al, &dtb, &beta, &gg, &n, &nv);
+    /* the conv computes the gates too and, for one token, advances its own state */
+    qsa__gdn_gate_args ga = {b, a, d->A_log, d->dt_bias, beta, gg, nv};
     CUdeviceptr cst = sq->cuda->conv[l], cw = d->conv_w;
-    QSA__LAUNCH(g, gdn_conv, M, 2 * nk + (value_dim + 255) / 256, 256, 0, &qkv, &cst, &cw, &q, &k, &v, &M, &conv_dim, &key_dim, &Kc, &act, &nk, &dk);
-    QSA__LAUNCH(g, gdn_conv_state, (conv_dim + 255) / 256, 1, 256, 0, &qkv, &cst, &M, &conv_dim, &Kc);
+    int upd = M == 1;
+    QSA__LAUNCH(g, gdn_conv, M, 2 * nk + (value_dim + 255) / 256, 256, 0, &qkv, &cst, &cw, &q, &k, &v, &M, &conv_dim, &key_dim, &Kc, &act, &nk, &dk,
+                &ga, &upd);
+    if (!upd) QSA__LAUNCH(g, gdn_conv_state, (conv_dim + 255) / 256, 1, 256, 0, &qkv, &cst, &M, &conv_dim, &Kc);
     /* P lanes per state column, the column's rows in their registers (kernels.cu) */
     CUdeviceptr S = sq->cuda->S[l];
     unsigned ny = qsa__gdn_rec_ny(dk, dv), smem = 0;
@@ -9378,12 +9385,16 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
     CUdeviceptr rl = s->big[0], tw = s->big[1], tid = s->big[2], sa = s->big[3], sb = s->big[4], sh = s->big[5],
                 sa16 = s->big16[1], gl = s->low, ex = d->experts;
     { /* the router and the shared expert's input projections: one input; the routed path below
-         touches none of rl's neighbours sa, sb, gl */
+         touches none of rl's neighbours sa, sb, gl, nor sa16 and sh */
         const qsa__dlin *ws[4] = {&d->router, &d->sh_gate, &d->sh_up, &d->sh_expert_gate};
         CUdeviceptr ys[4] = {rl, sa, sb, gl};
         QSA__TRY(qsa__dgemm_group(g, s->inp16, M, 4, ws, ys, NULL, NULL));
     }
     QSA__LAUNCH(g, router_topk, M, 1, 256, 0, &rl, &tid, &tw, &E, &K, &norm);
+    /* the shared expert first: its output sh joins the routed sum in qsa_k_moe_combine */
+    n = M * Is;
+    QSA__LAUNCH(g, act_mul, (n + 255) / 256, 1, 256, 0, &sa, &sb, &sa16, &n, &act);
+    QSA__TRY(qsa__dgemm(g, sa16, M, &d->sh_down, sh, 0));
     for (int t0 = 0; t0 < M; t0 += s->moe_tokens) {
         int mt = M - t0 < s->moe_tokens ? M - t0 : s->moe_tokens, MK = mt * K;
         /* tiles of 64 pairs once experts average 16 pairs (prefill); 16 for decode-sized steps: same bits */
@@ -9425,12 +9436,9 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
             QSA__LAUNCH(g, moe_down, max_tiles, (H + 15) / 16, 256, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles,
                         &s->moe_ntiles, &ex, &s->moe_y, &H, &I);
         }
-        QSA__LAUNCH(g, moe_combine, mt, qsa__ygrid(mt, H), 256, 0, &s->moe_y, &w, &outp, &H, &K);
+        CUdeviceptr sht = sh + (size_t)t0 * H * 4, glt = gl + (size_t)t0 * 4;
+        QSA__LAUNCH(g, moe_combine, mt, qsa__ygrid(mt, H), 256, 0, &s->moe_y, &w, &outp, &H, &K, &sht, &glt);
     }
-    n = M * Is;
-    QSA__LAUNCH(g, act_mul, (n + 255) / 256, 1, 256, 0, &sa, &sb, &sa16, &n, &act);
-    QSA__TRY(qsa__dgemm(g, sa16, M, &d->sh_down, sh, 0));
-    QSA__LAUNCH(g, shared_combine, M, qsa__ygrid(M, H), 256, 0, &s->out, &sh, &gl, &H);
     return QSA_OK;
 }
 
@@ -9653,12 +9661,10 @@ QSA_PRIV qsa_result qsa__cuda_gdn_batch(qsa_model *m, int l, int B) {
     const qsa__dlin *ws[4] = {&d->in_qkv, &d->in_z, &d->in_b, &d->in_a};
     CUdeviceptr ys[4] = {qkv, z, b, a};
     QSA__TRY(qsa__dgemm_group(g, s->inp16, B, 4, ws, ys, NULL, NULL));
-    int n = B * nv;
-    CUdeviceptr Al = d->A_log, dtb = d->dt_bias;
-    QSA__LAUNCH(g, gdn_gates, (n + 255) / 256, 1, 256, 0, &b, &a, &Al, &dtb, &beta, &gg, &n, &nv);
+    qsa__gdn_gate_args ga = {b, a, d->A_log, d->dt_bias, beta, gg, nv}; /* gates and state update in the conv */
     CUdeviceptr cst = QSA__BROW(g->batch, conv, l), cw = d->conv_w;
-    QSA__LAUNCH3(g, gdn_conv_batch, 1, 2 * nk + (conv_dim - 2 * key_dim + 255) / 256, B, 256, 0, &qkv, &cst, &cw, &q, &k, &v, &conv_dim, &key_dim, &Kc, &act, &nk, &dk);
-    QSA__LAUNCH3(g, gdn_conv_state_batch, (conv_dim + 255) / 256, 1, B, 256, 0, &qkv, &cst, &conv_dim, &Kc);
+    QSA__LAUNCH3(g, gdn_conv_batch, 1, 2 * nk + (conv_dim - 2 * key_dim + 255) / 256, B, 256, 0, &qkv, &cst, &cw, &q, &k, &v, &conv_dim, &key_dim, &Kc, &act, &nk, &dk,
+                 &ga);
     CUdeviceptr S = QSA__BROW(g->batch, S, l);
     unsigned ny = qsa__gdn_rec_ny(dk, dv), smem = 0;
     if (m->params.gdn_state_f16)

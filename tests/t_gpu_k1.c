@@ -1161,7 +1161,8 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
         }
     }
     if (r == QSA_OK) {
-        void *args[] = {&dy, &dw, &dout, &H, &K};
+        CUdeviceptr nosh = 0;
+        void *args[] = {&dy, &dw, &dout, &H, &K, &nosh, &nosh};
         r = k1_launch("qsa_k_moe_combine", (unsigned)M, 1, 256, args);
     }
     if (r == QSA_OK) r = k1_get(h16, dh, sizeof(uint16_t) * (size_t)MK * I);
@@ -1439,40 +1440,48 @@ TEST(gpu, k1_moe) {
     k1_moe_case(1, 512, 10, 64, 32, 0); /* decode-like routing: 10 single-pair tiles among 512 experts */
 }
 
-TEST(gpu, k1_shared_combine) {
+/* qsa_k_moe_combine with the shared expert: out = (sum over slots of w * y) + sigmoid(gl) * sh,
+   the CPU's expressions in its order (routed sum from 0 in ascending slot, then the shared term). */
+TEST(gpu, k1_moe_combine_shared) {
     K1_NEED_GPU();
-    enum { M = 6, H = 200 };
+    enum { M = 6, H = 200, K = 3 };
     k1_mem mem = {{0}, 0, {0}, 0};
-    float *out, *sh, *gl, *got;
+    float *y, *tw, *sh, *gl, *got;
     double *want, *atol;
-    int h = H;
-    CUdeviceptr dout, dsh, dgl;
-    K1_ALLOC(out, float, M * H);
+    int h = H, kk = K;
+    CUdeviceptr dy, dtw, dout, dsh, dgl;
+    K1_ALLOC(y, float, M * K * H);
+    K1_ALLOC(tw, float, M * K);
     K1_ALLOC(sh, float, M * H);
     K1_ALLOC(gl, float, M);
     K1_ALLOC(got, float, M * H);
     K1_ALLOC(want, double, M * H);
     K1_ALLOC(atol, double, M * H);
     k1_seed(31);
-    k1_fill(out, (size_t)M * H, -3, 3);
+    k1_fill(y, (size_t)M * K * H, -3, 3);
+    k1_fill(tw, (size_t)M * K, 0, 1);
     k1_fill(sh, (size_t)M * H, -3, 3);
     k1_fill(gl, M, -5, 5);
     for (int t = 0; t < M; t++)
         for (int j = 0; j < H; j++) {
-            float g = qsa__sigmoid(gl[t]);
-            want[t * H + j] = out[t * H + j] + g * sh[t * H + j]; /* the CPU's out += sigmoid(gl) * y */
+            float acc = 0.0f, g = qsa__sigmoid(gl[t]);
+            for (int k = 0; k < K; k++) acc += y[((size_t)t * K + k) * H + j] * tw[t * K + k]; /* the CPU's loop */
+            want[t * H + j] = acc + g * sh[t * H + j]; /* then out += sigmoid(gl) * y_shared */
             /* only the sigmoid's expf may differ (~2 ulp): 1e-6 of the magnitudes */
-            atol[t * H + j] = 1e-6 * (fabs(out[t * H + j]) + fabs(g * sh[t * H + j]));
+            atol[t * H + j] = 1e-6 * (fabs(acc) + fabs(g * sh[t * H + j]));
         }
-    K1_TRY(k1_dev(&mem, &dout, out, sizeof(float) * M * H));
+    K1_TRY(k1_dev(&mem, &dy, y, sizeof(float) * M * K * H));
+    K1_TRY(k1_dev(&mem, &dtw, tw, sizeof(float) * M * K));
+    K1_TRY(k1_dev(&mem, &dout, NULL, sizeof(float) * M * H));
     K1_TRY(k1_dev(&mem, &dsh, sh, sizeof(float) * M * H));
     K1_TRY(k1_dev(&mem, &dgl, gl, sizeof(float) * M));
+    K1_TRY(k1_poison(dout, sizeof(float) * M * H));
     {
-        void *args[] = {&dout, &dsh, &dgl, &h};
-        K1_TRY(k1_launch("qsa_k_shared_combine", M, 1, 256, args));
+        void *args[] = {&dy, &dtw, &dout, &h, &kk, &dsh, &dgl};
+        K1_TRY(k1_launch("qsa_k_moe_combine", M, 1, 256, args));
     }
     K1_TRY(k1_get(got, dout, sizeof(float) * M * H));
-    CHECK(k1_cmp("shared_combine", got, want, (size_t)M * H, atol, 0, 0) == 0);
+    CHECK(k1_cmp("moe_combine + shared expert", got, want, (size_t)M * H, atol, 0, 0) == 0);
 done:
     k1_free(&mem);
 }

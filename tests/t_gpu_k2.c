@@ -196,8 +196,11 @@ TEST(gpu, k2_gdn_conv_gates_norm) {
         if (r == QSA_OK) r = k2t_dev(&a, &dk_, NULL, (size_t)M * key_dim * 4);
         if (r == QSA_OK) r = k2t_dev(&a, &dv_, NULL, (size_t)M * value_dim * 4);
         /* one launch of M tokens, then the state update */
+        qsa__gdn_gate_args nog;
+        memset(&nog, 0, sizeof nog);
+        int upd0 = 0, upd1 = 1;
         if (r == QSA_OK) {
-            void *args[] = {&dqkv, &dst, &dw, &dq, &dk_, &dv_, &M, &conv_dim, &key_dim, &Kc, &act, &nk, &dk};
+            void *args[] = {&dqkv, &dst, &dw, &dq, &dk_, &dv_, &M, &conv_dim, &key_dim, &Kc, &act, &nk, &dk, &nog, &upd0};
             r = k2t_launch("qsa_k_gdn_conv", (unsigned)M, 1, 256, 0, args);
         }
         if (r == QSA_OK) {
@@ -208,7 +211,8 @@ TEST(gpu, k2_gdn_conv_gates_norm) {
         if (r == QSA_OK) r = k2t_get(gk, dk_, (size_t)M * key_dim * 4);
         if (r == QSA_OK) r = k2t_get(gv, dv_, (size_t)M * value_dim * 4);
         if (r == QSA_OK) r = k2t_get(gst, dst, nst * 4);
-        /* the same tokens fed in chunks of 1, 2, 5, 29 (state carried): bitwise equal */
+        /* the same tokens fed in chunks of 1, 2, 5, 29 (state carried; the chunk of one advances it in
+           the conv launch itself): bitwise equal */
         if (r == QSA_OK) r = k2t_put(dst, st0, nst * 4);
         if (r == QSA_OK) r = k2t_poison(dq, (size_t)M * key_dim * 4);
         if (r == QSA_OK) r = k2t_poison(dk_, (size_t)M * key_dim * 4);
@@ -218,10 +222,10 @@ TEST(gpu, k2_gdn_conv_gates_norm) {
             int mc = chunks[c];
             CUdeviceptr x = dqkv + (size_t)t0 * conv_dim * 4, qo = dq + (size_t)t0 * key_dim * 4,
                         ko = dk_ + (size_t)t0 * key_dim * 4, vo = dv_ + (size_t)t0 * value_dim * 4;
-            void *args[] = {&x, &dst, &dw, &qo, &ko, &vo, &mc, &conv_dim, &key_dim, &Kc, &act, &nk, &dk};
+            void *args[] = {&x, &dst, &dw, &qo, &ko, &vo, &mc, &conv_dim, &key_dim, &Kc, &act, &nk, &dk, &nog, mc == 1 ? &upd1 : &upd0};
             r = k2t_launch("qsa_k_gdn_conv", (unsigned)mc, 1, 256, 0, args);
             void *args2[] = {&x, &dst, &mc, &conv_dim, &Kc};
-            if (r == QSA_OK) r = k2t_launch("qsa_k_gdn_conv_state", (unsigned)(conv_dim + 255) / 256, 1, 256, 0, args2);
+            if (r == QSA_OK && mc > 1) r = k2t_launch("qsa_k_gdn_conv_state", (unsigned)(conv_dim + 255) / 256, 1, 256, 0, args2);
         }
         if (r == QSA_OK) r = k2t_get(gq2, dq, (size_t)M * key_dim * 4);
         if (r == QSA_OK) r = k2t_get(gk2, dk_, (size_t)M * key_dim * 4);
@@ -283,9 +287,19 @@ TEST(gpu, k2_gdn_conv_gates_norm) {
             if (r == QSA_OK) r = k2t_dev(&a, &dz, z, (size_t)M * value_dim * 4);
             if (r == QSA_OK) r = k2t_dev(&a, &dnw, nw, dv * 4);
             if (r == QSA_OK) r = k2t_dev(&a, &do16, NULL, (size_t)M * value_dim * 2);
+            /* the gates come out of the conv launch (block y = 0 of each token; its conv inputs are poison and unchecked) */
+            CUdeviceptr cqkv, cst, cw, cq, ck, cv;
+            if (r == QSA_OK) r = k2t_dev(&a, &cqkv, NULL, nqkv * 4);
+            if (r == QSA_OK) r = k2t_dev(&a, &cst, NULL, nst * 4);
+            if (r == QSA_OK) r = k2t_dev(&a, &cw, NULL, (size_t)conv_dim * Kc * 4);
+            if (r == QSA_OK) r = k2t_dev(&a, &cq, NULL, (size_t)M * key_dim * 4);
+            if (r == QSA_OK) r = k2t_dev(&a, &ck, NULL, (size_t)M * key_dim * 4);
+            if (r == QSA_OK) r = k2t_dev(&a, &cv, NULL, (size_t)M * value_dim * 4);
             if (r == QSA_OK) {
-                void *args[] = {&db, &da, &dAl, &ddt, &dbeta, &dg, &n, &nv};
-                r = k2t_launch("qsa_k_gdn_gates", (unsigned)(n + 255) / 256, 1, 256, 0, args);
+                qsa__gdn_gate_args ga = {db, da, dAl, ddt, dbeta, dg, nv};
+                int upd = 0, cact = 0;
+                void *args[] = {&cqkv, &cst, &cw, &cq, &ck, &cv, &M, &conv_dim, &key_dim, &Kc, &cact, &nk, &dk, &ga, &upd};
+                r = k2t_launch("qsa_k_gdn_conv", (unsigned)M, 2, 256, 0, args);
             }
             if (r == QSA_OK) {
                 void *args[] = {&dO, &dz, &dnw, &do16, &nv, &dv, &eps, &gact};
