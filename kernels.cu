@@ -248,6 +248,7 @@ extern "C" __global__ void qsa_k_silu_scale(float *x, qsa_f16 *__restrict__ x16,
  *   xn16 its fp16 copy.  The operations and their order are those of the two kernels (the sum of
  *   squares: thread i adds elements i, i+256, ... then qsa_block_sum), so the same bits (tested).
  * Launch: grid (M * hc), block 256 (the bits depend on the block size: keep 256). */
+#define QSA_IRN_REGS 16 /* rows of up to 16 * blockDim values are held in registers */
 extern "C" __global__ void qsa_k_inject_rmsnorm(float *__restrict__ X, const float *__restrict__ inj,
                                                 const float *__restrict__ out, const float *__restrict__ nw,
                                                 float *__restrict__ xn, qsa_f16 *__restrict__ xn16, int H, int hc,
@@ -260,6 +261,41 @@ extern "C" __global__ void qsa_k_inject_rmsnorm(float *__restrict__ X, const flo
     float *x = X + row * H;
     const float *o = out + t * H, *wr = nw + (qsa_i64)s * H;
     float ss = 0.0f;
+    if (H <= QSA_IRN_REGS * (int)blockDim.x) {
+        /* the row in registers: every load of a phase is issued before the first use (a decode
+           step's rows are a few thousand values: the loop below waited on memory ~H/256 times per
+           phase); the same operations in the same order */
+        float v[QSA_IRN_REGS], u[QSA_IRN_REGS];
+#pragma unroll
+        for (int i = 0; i < QSA_IRN_REGS; i++) {
+            const int j = threadIdx.x + i * blockDim.x;
+            v[i] = j < H ? x[j] : 0.0f;
+            u[i] = j < H ? o[j] : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < QSA_IRN_REGS; i++) {
+            const int j = threadIdx.x + i * blockDim.x;
+            if (j >= H) break;
+            v[i] = __fadd_rn(v[i], __fmul_rn(w, u[i]));
+            x[j] = v[i];
+            ss += v[i] * v[i];
+        }
+#pragma unroll
+        for (int i = 0; i < QSA_IRN_REGS; i++) {
+            const int j = threadIdx.x + i * blockDim.x;
+            u[i] = j < H ? wr[j] : 0.0f;
+        }
+        const float inv = 1.0f / sqrtf(qsa_block_sum(ss, scratch) / (float)H + eps);
+#pragma unroll
+        for (int i = 0; i < QSA_IRN_REGS; i++) {
+            const int j = threadIdx.x + i * blockDim.x;
+            if (j >= H) break;
+            const float y = v[i] * inv * (1.0f + u[i]);
+            xn[row * H + j] = y;
+            xn16[row * H + j] = qsa_f32_to_f16(y);
+        }
+        return;
+    }
     for (int j = threadIdx.x; j < H; j += blockDim.x) {
         const float v = __fadd_rn(x[j], __fmul_rn(w, o[j]));
         x[j] = v;

@@ -453,7 +453,7 @@ done:
 }
 
 /* qsa_k_inject_rmsnorm: the bits of qsa_k_inject then qsa_k_rmsnorm (group H, one_plus) — the
-   updated streams, their norm and its fp16 copy (H 2560 as the real model, 130 ragged). */
+   updated streams, their norm and its fp16 copy (H 2560 as the real model, 130 ragged, 5000 long). */
 static void k1_inject_norm_case(int M, int H) {
     enum { HC = 4 };
     k1_mem mem = {{0}, 0, {0}, 0};
@@ -510,6 +510,7 @@ TEST(gpu, k1_inject_rmsnorm_equals_two_kernels) {
     K1_NEED_GPU();
     k1_inject_norm_case(7, 2560);
     k1_inject_norm_case(3, 130);
+    k1_inject_norm_case(2, 5000); /* past the 16 * 256 values held in registers: the loop form */
 }
 
 TEST(gpu, k1_argmax) {
