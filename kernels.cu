@@ -1273,12 +1273,13 @@ struct qsa_expert_w {
  * in selection order, as the CPU), written sorted by ascending expert id:
  *   topk_ids [M][K] int, topk_w [M][K] fp32.  1 <= K <= 64, K <= E.
  * E <= 4 * blockDim.x keeps the probabilities in registers (one barrier per selected expert),
- * larger E recomputes them every round; the same selection and weights either way.
+ * larger E recomputes them every round; the same selection and weights either way.  The entry
+ * point's last parameter (qsa_router_extra, below) adds the shared expert's SwiGLU middle and the
+ * expert plan to the launch.
  * Launch: grid (M), block 256 (the sum's bits depend on the block size: keep 256). */
 #define QSA_ROUTER_REG 4 /* probabilities per thread kept in registers: E <= 4 * blockDim.x (1,024 at 256) */
-extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, int *__restrict__ topk_ids,
-                                             float *__restrict__ topk_w, int E, int K, int norm) {
-    QSA_PDL_ENTRY();
+static __device__ void qsa_router_body(const float *__restrict__ logits, int *__restrict__ topk_ids,
+                                       float *__restrict__ topk_w, int E, int K, int norm) {
     __shared__ float scratch[33];
     __shared__ float sv[33];
     __shared__ int si[33];
@@ -1382,6 +1383,47 @@ extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, i
     }
 }
 
+/* What the router's launch does besides the top-k (decode: three launches in one).
+ *   sa != NULL: the shared expert's SwiGLU middle of token t, sa16[t][i] = fp16(act(sa[t][i]) *
+ *     sb[t][i]) for i < Is (act 0: silu, 1: sigmoid; the CPU's `act(gate) * up`);
+ *   pairs != NULL: the expert plan of all gridDim.x * K pairs (qsa_k_moe_plan's, with tr and wcnt),
+ *     made by the block that finishes last (an integer ticket in *ticket after a __threadfence;
+ *     the block resets it to 0): the plan is a function of topk_ids alone, whatever its block
+ *     size, so the same pairs and tiles as the separate launch (tested). */
+typedef struct {
+    const float *sa, *sb;
+    qsa_f16 *sa16;
+    int Is, act;
+    int *pairs, *tiles, *ntiles, *wcnt;
+    unsigned *ticket;
+    int tr;
+} qsa_router_extra;
+
+static __device__ void qsa_moe_plan_body(const int *__restrict__ topk_ids, int MK, int E, int *__restrict__ pairs,
+                                         int *__restrict__ tiles, int *__restrict__ ntiles, int tr,
+                                         int *__restrict__ wcnt);
+
+extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, int *__restrict__ topk_ids,
+                                             float *__restrict__ topk_w, int E, int K, int norm, qsa_router_extra x) {
+    QSA_PDL_ENTRY();
+    __shared__ unsigned last;
+    qsa_router_body(logits, topk_ids, topk_w, E, K, norm);
+    if (x.sa) {
+        const qsa_i64 o = (qsa_i64)blockIdx.x * x.Is;
+        for (int i = threadIdx.x; i < x.Is; i += blockDim.x)
+            x.sa16[o + i] = qsa_f32_to_f16(qsa_act(x.act, x.sa[o + i]) * x.sb[o + i]);
+    }
+    if (!x.pairs) return;
+    __threadfence(); /* this block's ids are visible device-wide before its ticket */
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(x.ticket, 1u) == gridDim.x - 1u;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    qsa_moe_plan_body(topk_ids, (int)gridDim.x * K, E, x.pairs, x.tiles, x.ntiles, x.tr, x.wcnt);
+    if (threadIdx.x == 0) *x.ticket = 0u;
+}
+
 /* Groups the MK = M*K (token, slot) pairs by expert for the grouped expert GEMMs.
  *   pairs [MK]: pair indices p = t*K + k, grouped by ascending expert, ascending p within one;
  *   tiles [max_tiles][3]: (expert, first index into pairs, count <= tr), experts ascending;
@@ -1399,6 +1441,12 @@ extern "C" __global__ void qsa_k_moe_plan(const int *__restrict__ topk_ids, int 
                                           int *__restrict__ tiles, int *__restrict__ ntiles, int tr,
                                           int *__restrict__ wcnt) {
     QSA_PDL_ENTRY();
+    qsa_moe_plan_body(topk_ids, MK, E, pairs, tiles, ntiles, tr, wcnt);
+}
+/* topk_ids are read through L2 (__ldcg): in the router's launch other blocks wrote them */
+static __device__ void qsa_moe_plan_body(const int *__restrict__ topk_ids, int MK, int E, int *__restrict__ pairs,
+                                         int *__restrict__ tiles, int *__restrict__ ntiles, int tr,
+                                         int *__restrict__ wcnt) {
     __shared__ int scan[1024 + 1];
     __shared__ int tscan[1024 + 1];
     __shared__ int carry[2];
@@ -1409,7 +1457,7 @@ extern "C" __global__ void qsa_k_moe_plan(const int *__restrict__ topk_ids, int 
     for (int e = lane; e < E; e += 32) wc[e] = 0;
     __syncwarp();
     for (int i0 = sbeg; i0 < send; i0 += 32) { /* pass 1: this warp's counts */
-        const int i = i0 + lane, id = i < send ? topk_ids[i] : -1, ok = id >= 0 && id < E;
+        const int i = i0 + lane, id = i < send ? __ldcg(topk_ids + i) : -1, ok = id >= 0 && id < E;
         const qsa_u32 grp = __match_any_sync(QSA_FULL_MASK, ok ? id : -1);
         if (ok && (grp & below) == 0) wc[id] += __popc(grp);
         __syncwarp();
@@ -1456,7 +1504,7 @@ extern "C" __global__ void qsa_k_moe_plan(const int *__restrict__ topk_ids, int 
     }
     __syncthreads();
     for (int i0 = sbeg; i0 < send; i0 += 32) { /* pass 2: place this warp's pairs */
-        const int i = i0 + lane, id = i < send ? topk_ids[i] : -1, ok = id >= 0 && id < E;
+        const int i = i0 + lane, id = i < send ? __ldcg(topk_ids + i) : -1, ok = id >= 0 && id < E;
         const qsa_u32 grp = __match_any_sync(QSA_FULL_MASK, ok ? id : -1);
         if (ok) pairs[wc[id] + __popc(grp & below)] = i;
         __syncwarp();
@@ -1747,15 +1795,6 @@ extern "C" __global__ void qsa_k_moe_combine(const float *__restrict__ y, const 
         if (sh) acc = __fadd_rn(acc, __fmul_rn(g, sh[t * H + j]));
         out[t * H + j] = acc;
     }
-}
-
-/* Shared-expert SwiGLU middle: out16[i] = fp16(act(a[i]) * b[i]) over n = M * I values (act 0: silu,
-   1: sigmoid), the CPU's `act(gate) * up` per element.  Launch: grid ceil(n/256), block 256 (grid-stride). */
-extern "C" __global__ void qsa_k_act_mul(const float *__restrict__ a, const float *__restrict__ b, qsa_f16 *__restrict__ out16,
-                                         int n, int act) {
-    QSA_PDL_ENTRY();
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-        out16[i] = qsa_f32_to_f16(qsa_act(act, a[i]) * b[i]);
 }
 
 /* ============================================================================================== */

@@ -8415,7 +8415,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inject) X(inject_rmsnorm) X(to_f16)                     \
     X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_combine)       \
-    X(act_mul)                                                                         \
+                                                                           \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
@@ -8488,6 +8488,7 @@ typedef struct qsa__dscratch {
     CUdeviceptr sel, nsel, scores, logits, tokpos;
     int moe_tokens;             /* tokens per MoE sub-chunk */
     CUdeviceptr moe_pairs, moe_tiles, moe_ntiles, moe_wcnt, moe_h16, moe_y;
+    CUdeviceptr moe_ticket;     /* the router launch's ticket (qsa_router_extra; zero between launches) */
     size_t big_bytes, scores_bytes;
     int max_blocks, score_rows, logit_rows;
     CUdeviceptr gemv_part, gemv_count; /* cross-warp GEMV partial tiles and tile tickets (qsa__dgemm) */
@@ -8880,6 +8881,8 @@ QSA_PRIV qsa_result qsa__cuda_scratch(qsa_model *m, qsa__cuda *g, int T) {
         QSA__TRY(qsa__dalloc(g, &s->moe_tiles, tiles * 3 * 4, cnt, "MoE scratch"));
         QSA__TRY(qsa__dalloc(g, &s->moe_ntiles, 4, cnt, "MoE scratch"));
         QSA__TRY(qsa__dalloc(g, &s->moe_wcnt, (size_t)QSA__MOE_PLAN_THREADS / 32 * c->num_experts * 4, cnt, "MoE scratch"));
+        QSA__TRY(qsa__dalloc(g, &s->moe_ticket, 4, cnt, "MoE scratch"));
+        QSA__CU(qsa__cu.cuMemsetD8Async(s->moe_ticket, 0, 4, g->stream));
         QSA__TRY(qsa__dalloc(g, &s->moe_h16, MK * c->moe_intermediate_size * 2, cnt, "MoE scratch"));
         QSA__TRY(qsa__dalloc(g, &s->moe_y, MK * c->hidden_size * 4, cnt, "MoE scratch"));
     }
@@ -9372,6 +9375,14 @@ QSA_PRIV qsa_result qsa__cuda_attn(qsa_seq *sq, int l, int M) {
     return qsa__dgemm(g, att16, M, &d->o, s->out, 0);
 }
 
+/* kernels.cu's qsa_router_extra (the same layout) */
+typedef struct qsa__router_extra {
+    CUdeviceptr sa, sb, sa16;
+    int Is, act;
+    CUdeviceptr pairs, tiles, ntiles, wcnt, ticket;
+    int tr;
+} qsa__router_extra;
+
 /* MoE: router, grouped expert GEMMs over (token, slot) pairs, combine in ascending expert id, then
    the shared expert.  Run over sub-chunks of moe_tokens tokens to bound the [M*K][H] scratch;
    a token's bits do not depend on its sub-chunk. */
@@ -9381,7 +9392,7 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
     qsa__dscratch *s = &g->sc;
     const qsa__dlayer *d = &g->layers[l];
     int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size;
-    int Is = c->shared_expert_intermediate_size, norm = c->norm_topk_prob, act = c->hidden_act == QSA_ACT_SIGMOID, n;
+    int Is = c->shared_expert_intermediate_size, norm = c->norm_topk_prob, act = c->hidden_act == QSA_ACT_SIGMOID;
     CUdeviceptr rl = s->big[0], tw = s->big[1], tid = s->big[2], sa = s->big[3], sb = s->big[4], sh = s->big[5],
                 sa16 = s->big16[1], gl = s->low, ex = d->experts;
     { /* the router and the shared expert's input projections: one input; the routed path below
@@ -9390,10 +9401,19 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
         CUdeviceptr ys[4] = {rl, sa, sb, gl};
         QSA__TRY(qsa__dgemm_group(g, s->inp16, M, 4, ws, ys, NULL, NULL));
     }
-    QSA__LAUNCH(g, router_topk, M, 1, 256, 0, &rl, &tid, &tw, &E, &K, &norm);
+    /* the router's launch also forms the shared expert's middle and, when the step is one
+       sub-chunk (decode), the expert plan */
+    int plan1 = M <= s->moe_tokens, tr1 = M * K >= 16 * E ? 64 : 16;
+    qsa__router_extra rx = {sa, sb, sa16, Is, act, 0, 0, 0, 0, 0, tr1};
+    if (plan1) {
+        rx.pairs = s->moe_pairs;
+        rx.tiles = s->moe_tiles;
+        rx.ntiles = s->moe_ntiles;
+        rx.wcnt = s->moe_wcnt;
+        rx.ticket = s->moe_ticket;
+    }
+    QSA__LAUNCH(g, router_topk, M, 1, 256, 0, &rl, &tid, &tw, &E, &K, &norm, &rx);
     /* the shared expert first: its output sh joins the routed sum in qsa_k_moe_combine */
-    n = M * Is;
-    QSA__LAUNCH(g, act_mul, (n + 255) / 256, 1, 256, 0, &sa, &sb, &sa16, &n, &act);
     QSA__TRY(qsa__dgemm(g, sa16, M, &d->sh_down, sh, 0));
     for (int t0 = 0; t0 < M; t0 += s->moe_tokens) {
         int mt = M - t0 < s->moe_tokens ? M - t0 : s->moe_tokens, MK = mt * K;
@@ -9404,8 +9424,9 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
         /* a warp per 256 pairs, 4 to QSA__MOE_PLAN_THREADS / 32 of them (the plan does not depend on it) */
         unsigned plan_warps = (unsigned)((MK + 255) / 256);
         plan_warps = plan_warps < 4 ? 4 : plan_warps > QSA__MOE_PLAN_THREADS / 32 ? QSA__MOE_PLAN_THREADS / 32 : plan_warps;
-        QSA__LAUNCH(g, moe_plan, 1, 1, 32 * plan_warps, 0, &ids, &MK, &E, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &tr,
-                    &s->moe_wcnt);
+        if (!plan1)
+            QSA__LAUNCH(g, moe_plan, 1, 1, 32 * plan_warps, 0, &ids, &MK, &E, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles,
+                        &tr, &s->moe_wcnt);
         if (tr == 16 && qsa__moe_xwarp(g, MK, max_tiles, H, I)) {
             CUdeviceptr part = s->gemv_part, cnt = s->gemv_count;
             long long t1 = (long long)max_tiles * ((I + 15) / 16), t2 = (long long)max_tiles * ((H + 15) / 16);

@@ -1038,7 +1038,9 @@ static qsa_result k1_run_router(const float *logits, int M, int E, int K, int no
     if (r == QSA_OK) r = k1_dev(&mem, &di, NULL, sizeof(int) * (size_t)M * K);
     if (r == QSA_OK) r = k1_dev(&mem, &dw, NULL, sizeof(float) * (size_t)M * K);
     if (r == QSA_OK) {
-        void *args[] = {&dl, &di, &dw, &E, &K, &norm};
+        qsa__router_extra none;
+        memset(&none, 0, sizeof none);
+        void *args[] = {&dl, &di, &dw, &E, &K, &norm, &none};
         r = k1_launch("qsa_k_router_topk", (unsigned)M, 1, 256, args);
     }
     if (r == QSA_OK) r = k1_get(ids, di, sizeof(int) * (size_t)M * K);
@@ -1366,6 +1368,102 @@ static void k1_moe_case(int M, int E, int K, int H, int I, int act) {
     }
 done:
     k1_free(&mem);
+}
+
+/* The router's launch with its extras (qsa_router_extra): the same ids and weights as the plain
+   top-k, the same pairs, tiles and tile count as a separate qsa_k_moe_plan launch on those ids
+   (1,024 threads there, 256 here), the shared expert's middle within an fp16 rounding of the CPU's
+   act(gate) * up; twice in a row (the ticket back at zero). */
+static void k1_router_extra_case(int M, int E, int K, int Is, int act) {
+    k1_mem mem = {{0}, 0, {0}, 0};
+    int MK = M * K, tr = MK >= 16 * E ? 64 : 16, max_tiles = (MK + tr - 1) / tr + (E < MK ? E : MK), norm = 1;
+    int nt0 = -1, nt1 = -2, *ids0, *ids1, *pairs0, *pairs1, *tiles0, *tiles1;
+    float *logits, *sa, *sb, *w0, *w1;
+    uint16_t *h16;
+    unsigned ticket = 1;
+    CUdeviceptr dl, di, dw, dsa, dsb, dh, dp, dt, dn, dwc, dtk;
+    char what[128];
+    K1_ALLOC(logits, float, M * E);
+    K1_ALLOC(sa, float, M * Is);
+    K1_ALLOC(sb, float, M * Is);
+    K1_ALLOC(h16, uint16_t, M * Is);
+    K1_ALLOC(ids0, int, MK);
+    K1_ALLOC(ids1, int, MK);
+    K1_ALLOC(w0, float, MK);
+    K1_ALLOC(w1, float, MK);
+    K1_ALLOC(pairs0, int, MK);
+    K1_ALLOC(pairs1, int, MK);
+    K1_ALLOC(tiles0, int, 3 * max_tiles);
+    K1_ALLOC(tiles1, int, 3 * max_tiles);
+    k1_seed(4242 + (uint64_t)(M * 31 + E + K));
+    k1_fill(logits, (size_t)M * E, -4, 4);
+    k1_fill(sa, (size_t)M * Is, -5, 5);
+    k1_fill(sb, (size_t)M * Is, -3, 3);
+    K1_TRY(k1_dev(&mem, &dl, logits, sizeof(float) * M * E));
+    K1_TRY(k1_dev(&mem, &di, NULL, sizeof(int) * MK));
+    K1_TRY(k1_dev(&mem, &dw, NULL, sizeof(float) * MK));
+    K1_TRY(k1_dev(&mem, &dsa, sa, sizeof(float) * M * Is));
+    K1_TRY(k1_dev(&mem, &dsb, sb, sizeof(float) * M * Is));
+    K1_TRY(k1_dev(&mem, &dh, NULL, sizeof(uint16_t) * M * Is));
+    K1_TRY(k1_dev(&mem, &dp, NULL, sizeof(int) * MK));
+    K1_TRY(k1_dev(&mem, &dt, NULL, sizeof(int) * 3 * max_tiles));
+    K1_TRY(k1_dev(&mem, &dn, NULL, sizeof(int)));
+    K1_TRY(k1_dev(&mem, &dwc, NULL, sizeof(int) * 32 * E));
+    K1_TRY(k1_dev(&mem, &dtk, NULL, sizeof(unsigned)));
+    K1_TRY(QSA__CU_R(qsa__cu.cuMemsetD8_v2(dtk, 0, sizeof(unsigned))));
+    { /* reference: the plain top-k, then the separate plan */
+        qsa__router_extra none;
+        memset(&none, 0, sizeof none);
+        void *a1[] = {&dl, &di, &dw, &E, &K, &norm, &none};
+        K1_TRY(k1_launch("qsa_k_router_topk", (unsigned)M, 1, 256, a1));
+        void *a2[] = {&di, &MK, &E, &dp, &dt, &dn, &tr, &dwc};
+        K1_TRY(k1_launch("qsa_k_moe_plan", 1, 1, 1024, a2));
+        K1_TRY(k1_get(ids0, di, sizeof(int) * MK));
+        K1_TRY(k1_get(w0, dw, sizeof(float) * MK));
+        K1_TRY(k1_get(pairs0, dp, sizeof(int) * MK));
+        K1_TRY(k1_get(&nt0, dn, sizeof(int)));
+        K1_TRY(k1_get(tiles0, dt, sizeof(int) * 3 * max_tiles));
+    }
+    for (int rep = 0; rep < 2; rep++) {
+        K1_TRY(k1_poison(di, sizeof(int) * MK));
+        K1_TRY(k1_poison(dw, sizeof(float) * MK));
+        K1_TRY(k1_poison(dp, sizeof(int) * MK));
+        K1_TRY(k1_poison(dt, sizeof(int) * 3 * max_tiles));
+        K1_TRY(k1_poison(dn, sizeof(int)));
+        K1_TRY(k1_poison(dh, sizeof(uint16_t) * M * Is));
+        qsa__router_extra x = {dsa, dsb, dh, Is, act, dp, dt, dn, dwc, dtk, tr};
+        void *a[] = {&dl, &di, &dw, &E, &K, &norm, &x};
+        K1_TRY(k1_launch("qsa_k_router_topk", (unsigned)M, 1, 256, a));
+        K1_TRY(k1_get(ids1, di, sizeof(int) * MK));
+        K1_TRY(k1_get(w1, dw, sizeof(float) * MK));
+        K1_TRY(k1_get(pairs1, dp, sizeof(int) * MK));
+        K1_TRY(k1_get(&nt1, dn, sizeof(int)));
+        K1_TRY(k1_get(tiles1, dt, sizeof(int) * 3 * max_tiles));
+        K1_TRY(k1_get(h16, dh, sizeof(uint16_t) * M * Is));
+        K1_TRY(k1_get(&ticket, dtk, sizeof(unsigned)));
+        snprintf(what, sizeof what, "router + extras M=%d E=%d K=%d launch %d", M, E, K, rep + 1);
+        CHECKF(!memcmp(ids0, ids1, sizeof(int) * MK) && !memcmp(w0, w1, sizeof(float) * MK), "%s: ids / weights", what);
+        CHECKF(nt0 == nt1 && nt0 >= 1 && nt0 <= max_tiles, "%s: %d tiles, the plan kernel %d", what, nt1, nt0);
+        CHECKF(!memcmp(pairs0, pairs1, sizeof(int) * MK), "%s: pairs", what);
+        CHECKF(nt0 == nt1 && nt0 >= 1 && nt0 <= max_tiles && !memcmp(tiles0, tiles1, sizeof(int) * 3 * (size_t)nt0), "%s: tiles", what);
+        CHECKF(ticket == 0u, "%s: ticket left at %u", what, ticket);
+        int bad = 0;
+        for (int i = 0; i < M * Is; i++) {
+            const float want = qsa__act(act ? QSA_ACT_SIGMOID : QSA_ACT_SILU, sa[i]) * sb[i], got = qsa__f16_to_f32(h16[i]);
+            bad += !(fabsf(got - want) <= fabsf(want) * (1.0f / 1024.0f) + 1e-7f);
+        }
+        CHECKF(bad == 0, "%s: %d of %d shared-expert middle values off by more than an fp16 rounding", what, bad, M * Is);
+    }
+done:
+    k1_free(&mem);
+}
+
+TEST(gpu, k1_router_extras) {
+    K1_NEED_GPU();
+    k1_router_extra_case(1, 512, 10, 640, 0); /* decode: one token, the real routing */
+    k1_router_extra_case(5, 512, 10, 100, 1);
+    k1_router_extra_case(37, 64, 4, 72, 0);
+    k1_router_extra_case(300, 64, 4, 40, 0); /* 1,200 pairs >= 16 E: tiles of 64 */
 }
 
 /* qsa_k_moe_plan against the plan built here (a stable counting sort): pairs, tiles, tile count
