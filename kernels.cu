@@ -852,6 +852,41 @@ static __device__ void qsa_tile16_splitk(const qsa_f16 *const *arow, int avec, c
     }
 }
 
+/* One sub-step of the tiled cores: its NC chunks of k = 16 (staging rows of ST halves) into the
+   warp's two accumulator fragments in ascending k, then at a segment's end T += P_s (element-wise,
+   the same layout) and P = 0: the canonical order. */
+template <int ST, int NC>
+static __device__ __forceinline__ void qsa_tile64_step(const qsa_f16 *As, const qsa_f16 *Ws, int wm, int wc, int k0,
+                                                       int K, bool seg_end, qsa_frag_c &P0, qsa_frag_c &P1,
+                                                       qsa_frag_c &T0, qsa_frag_c &T1) {
+    qsa_frag_ab fa, fb;
+    for (int c = 0; c < NC && k0 + 16 * c < K; c++) {
+        qsa_wmma_load_a(fa, As + wm * 16 * ST + 16 * c, ST);
+        qsa_wmma_load_b(fb, Ws + (wc * 32) * ST + 16 * c, ST);
+        qsa_wmma_mma(P0, fa, fb);
+        qsa_wmma_load_b(fb, Ws + (wc * 32 + 16) * ST + 16 * c, ST);
+        qsa_wmma_mma(P1, fa, fb);
+    }
+    if (seg_end) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            T0.x[i] = T0.x[i] + P0.x[i];
+            T1.x[i] = T1.x[i] + P1.x[i];
+            P0.x[i] = 0.0f;
+            P1.x[i] = 0.0f;
+        }
+    }
+}
+/* The tiled cores' end: the warp's fragments into the output staging os [64][QSA_OST], between
+   barriers (the staging overlays the operands). */
+static __device__ __forceinline__ void qsa_tile64_out(float *os, int wm, int wc, const qsa_frag_c &T0,
+                                                      const qsa_frag_c &T1) {
+    __syncthreads();
+    qsa_wmma_store(os + wm * 16 * QSA_OST + wc * 32, T0, QSA_OST);
+    qsa_wmma_store(os + wm * 16 * QSA_OST + wc * 32 + 16, T1, QSA_OST);
+    __syncthreads();
+}
+
 /* The tiled core for FP16 weights in sub-steps of 32 (staging rows of QSA_ST halves): the 64-pair
  * expert kernels' (their register budget; the dense GEMM takes qsa_tile64_core_w).  One 64 x 64 tile
  * of A W^T into the fp32 staging os = (float *)smem [64][QSA_OST].
@@ -884,28 +919,9 @@ static __device__ void qsa_tile64_core_f16(const qsa_f16 *arow, int avec, const 
             ra = qsa_ld8_f16(arow, k0 + 32 + kp, K, avec);
             rw = qsa_ld8_w(ws, wn, N, k0 + 32 + kp, K, K);
         }
-        qsa_frag_ab fa, fb;
-        for (int c = 0; c < 2 && k0 + 16 * c < K; c++) {
-            qsa_wmma_load_a(fa, As + wm * 16 * QSA_ST + 16 * c, QSA_ST);
-            qsa_wmma_load_b(fb, Ws + (wc * 32) * QSA_ST + 16 * c, QSA_ST);
-            qsa_wmma_mma(P0, fa, fb);
-            qsa_wmma_load_b(fb, Ws + (wc * 32 + 16) * QSA_ST + 16 * c, QSA_ST);
-            qsa_wmma_mma(P1, fa, fb);
-        }
-        if ((j & 7) == 7 || j + 1 == nsub) { /* segment end: T += P_s (element-wise, same layout) */
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                T0.x[i] = T0.x[i] + P0.x[i];
-                T1.x[i] = T1.x[i] + P1.x[i];
-                P0.x[i] = 0.0f;
-                P1.x[i] = 0.0f;
-            }
-        }
+        qsa_tile64_step<QSA_ST, 2>(As, Ws, wm, wc, k0, K, (j & 7) == 7 || j + 1 == nsub, P0, P1, T0, T1);
     }
-    __syncthreads();
-    qsa_wmma_store(os + wm * 16 * QSA_OST + wc * 32, T0, QSA_OST);
-    qsa_wmma_store(os + wm * 16 * QSA_OST + wc * 32 + 16, T1, QSA_OST);
-    __syncthreads();
+    qsa_tile64_out(os, wm, wc, T0, T1);
 }
 
 /* Tiled core: one 64 x 64 tile of A W^T into the fp32 staging os = (float *)smem [64][QSA_OST].
@@ -961,29 +977,10 @@ static __device__ void qsa_tile64_core_w(const qsa_f16 *arow, int avec, const qs
             ra1 = qsa_ld8_f16(arow, k0 + 64 + kp + 8, K, avec);
             QSA_W16_LD(k0 + 64 + kp);
         }
-        qsa_frag_ab fa, fb;
-        for (int c = 0; c < 4 && k0 + 16 * c < K; c++) {
-            qsa_wmma_load_a(fa, As + wm * 16 * QSA_STW + 16 * c, QSA_STW);
-            qsa_wmma_load_b(fb, Ws + (wc * 32) * QSA_STW + 16 * c, QSA_STW);
-            qsa_wmma_mma(P0, fa, fb);
-            qsa_wmma_load_b(fb, Ws + (wc * 32 + 16) * QSA_STW + 16 * c, QSA_STW);
-            qsa_wmma_mma(P1, fa, fb);
-        }
-        if ((j & 3) == 3 || j + 1 == nsub) { /* segment end: T += P_s (element-wise, same layout) */
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                T0.x[i] = T0.x[i] + P0.x[i];
-                T1.x[i] = T1.x[i] + P1.x[i];
-                P0.x[i] = 0.0f;
-                P1.x[i] = 0.0f;
-            }
-        }
+        qsa_tile64_step<QSA_STW, 4>(As, Ws, wm, wc, k0, K, (j & 3) == 3 || j + 1 == nsub, P0, P1, T0, T1);
     }
 #undef QSA_W16_LD
-    __syncthreads();
-    qsa_wmma_store(os + wm * 16 * QSA_OST + wc * 32, T0, QSA_OST);
-    qsa_wmma_store(os + wm * 16 * QSA_OST + wc * 32 + 16, T1, QSA_OST);
-    __syncthreads();
+    qsa_tile64_out(os, wm, wc, T0, T1);
 }
 
 /* Either weight kind for the 64-pair expert kernels (NVFP4 needs K % 16 == 0, which every caller checks
