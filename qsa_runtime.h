@@ -8415,7 +8415,6 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inject) X(inject_rmsnorm) X(to_f16)                     \
     X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_combine)       \
-                                                                           \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
@@ -9383,9 +9382,10 @@ typedef struct qsa__router_extra {
     int tr;
 } qsa__router_extra;
 
-/* MoE: router, grouped expert GEMMs over (token, slot) pairs, combine in ascending expert id, then
-   the shared expert.  Run over sub-chunks of moe_tokens tokens to bound the [M*K][H] scratch;
-   a token's bits do not depend on its sub-chunk. */
+/* MoE: router (with the shared expert's middle and, for one sub-chunk, the expert plan), the shared
+   expert's down projection, grouped expert GEMMs over (token, slot) pairs, then the combine in
+   ascending expert id plus the shared expert's term.  The routed part runs over sub-chunks of
+   moe_tokens tokens to bound the [M*K][H] scratch; a token's bits do not depend on its sub-chunk. */
 QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
     const qsa_model_config *c = &m->cfg;
     qsa__cuda *g = m->cuda;
