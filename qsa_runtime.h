@@ -1558,8 +1558,11 @@ QSA_PRIV double qsa__prof_report(FILE *f, int steps, int max_rows) {
     qsa__prof_flush();
     if (steps < 1) steps = 1;
     qsort(p->keys, (size_t)p->nkeys, sizeof p->keys[0], qsa__prof_cmp);
-    double total = 0.0;
-    for (int i = 0; i < p->nkeys; i++) total += p->keys[i].ms;
+    double total = 0.0, calls = 0.0;
+    for (int i = 0; i < p->nkeys; i++) {
+        total += p->keys[i].ms;
+        calls += (double)p->keys[i].calls;
+    }
     fprintf(f, "| kernel | grid | block | launches/step | us/step | us/launch | share |\n|---|---|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < p->nkeys && i < max_rows; i++) {
         const qsa__prof_key *k = &p->keys[i];
@@ -1567,7 +1570,7 @@ QSA_PRIV double qsa__prof_report(FILE *f, int steps, int max_rows) {
                 k->gx, k->gy, k->gz, k->bx, (double)k->calls / steps, 1000.0 * k->ms / steps, 1000.0 * k->ms / (double)k->calls,
                 100.0 * k->ms / (total > 0 ? total : 1));
     }
-    fprintf(f, "| all kernels (%d shapes) | | | | %.1f | | 100%% |\n", p->nkeys, 1000.0 * total / steps);
+    fprintf(f, "| all kernels (%d shapes) | | | %.1f | %.1f | | 100%% |\n", p->nkeys, calls / steps, 1000.0 * total / steps);
     return total / steps;
 }
 
