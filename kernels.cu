@@ -398,20 +398,29 @@ static __device__ __forceinline__ void qsa_frag_zero(qsa_frag_c &c) {
     for (int i = 0; i < 8; i++) c.x[i] = 0.0f;
 }
 
-/* A fragment: 16x16 fp16, row-major, ld halves between rows; p 32-byte aligned. */
+/* The shared-window address of a generic pointer into shared memory: the fragment loads and
+   stores below name the .shared state space, so ptxas emits shared-memory instructions (a generic
+   address compiled to one generic 32-bit load per register: 8 per fragment per lane). */
+static __device__ __forceinline__ qsa_u32 qsa_smem_u32(const void *p) {
+    qsa_u64 a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (qsa_u32)a;
+}
+/* A fragment: 16x16 fp16, row-major, ld halves between rows; p in shared memory, 32-byte aligned. */
 static __device__ __forceinline__ void qsa_wmma_load_a(qsa_frag_ab &f, const qsa_f16 *p, int ld) {
-    asm volatile("wmma.load.a.sync.aligned.row.m16n16k16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, [%8], %9;"
+    asm volatile("wmma.load.a.sync.aligned.row.m16n16k16.shared.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, [%8], %9;"
                  : "=r"(f.x[0]), "=r"(f.x[1]), "=r"(f.x[2]), "=r"(f.x[3]), "=r"(f.x[4]), "=r"(f.x[5]),
                    "=r"(f.x[6]), "=r"(f.x[7])
-                 : "l"(p), "r"(ld)
+                 : "r"(qsa_smem_u32(p)), "r"(ld)
                  : "memory");
 }
-/* B fragment: 16(k)x16(n) fp16 stored column-major, i.e. W rows (n) of 16 k values, ld halves apart. */
+/* B fragment: 16(k)x16(n) fp16 stored column-major, i.e. W rows (n) of 16 k values, ld halves apart;
+   p in shared memory. */
 static __device__ __forceinline__ void qsa_wmma_load_b(qsa_frag_ab &f, const qsa_f16 *p, int ld) {
-    asm volatile("wmma.load.b.sync.aligned.col.m16n16k16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, [%8], %9;"
+    asm volatile("wmma.load.b.sync.aligned.col.m16n16k16.shared.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, [%8], %9;"
                  : "=r"(f.x[0]), "=r"(f.x[1]), "=r"(f.x[2]), "=r"(f.x[3]), "=r"(f.x[4]), "=r"(f.x[5]),
                    "=r"(f.x[6]), "=r"(f.x[7])
-                 : "l"(p), "r"(ld)
+                 : "r"(qsa_smem_u32(p)), "r"(ld)
                  : "memory");
 }
 /* c = a * b + c, fp32 accumulate */
@@ -427,11 +436,12 @@ static __device__ __forceinline__ void qsa_wmma_mma(qsa_frag_c &c, const qsa_fra
                    "r"(a.x[7]), "r"(b.x[0]), "r"(b.x[1]), "r"(b.x[2]), "r"(b.x[3]), "r"(b.x[4]), "r"(b.x[5]),
                    "r"(b.x[6]), "r"(b.x[7]));
 }
-/* Stores a 16x16 fp32 accumulator row-major (ld floats between rows; p 32-byte aligned). */
+/* Stores a 16x16 fp32 accumulator row-major (ld floats between rows; p in shared memory, 32-byte
+   aligned). */
 static __device__ __forceinline__ void qsa_wmma_store(float *p, const qsa_frag_c &c, int ld) {
-    asm volatile("wmma.store.d.sync.aligned.row.m16n16k16.f32 [%0], {%1, %2, %3, %4, %5, %6, %7, %8}, %9;"
+    asm volatile("wmma.store.d.sync.aligned.row.m16n16k16.shared.f32 [%0], {%1, %2, %3, %4, %5, %6, %7, %8}, %9;"
                  :
-                 : "l"(p), "f"(c.x[0]), "f"(c.x[1]), "f"(c.x[2]), "f"(c.x[3]), "f"(c.x[4]), "f"(c.x[5]),
+                 : "r"(qsa_smem_u32(p)), "f"(c.x[0]), "f"(c.x[1]), "f"(c.x[2]), "f"(c.x[3]), "f"(c.x[4]), "f"(c.x[5]),
                    "f"(c.x[6]), "f"(c.x[7]), "r"(ld)
                  : "memory");
 }
@@ -442,22 +452,54 @@ static __device__ __forceinline__ uint4 qsa_u4_zero() {
     return u;
 }
 
-/* row[k .. k+8) as 8 fp16 bits; zero when row is NULL or k >= K.  vec: row + k is 16-byte aligned. */
-static __device__ __forceinline__ uint4 qsa_ld8_f16(const qsa_f16 *row, int k, int K, int vec) {
-    if (!row || k >= K) return qsa_u4_zero();
-    const qsa_f16 *p = row + k;
-    if (vec && k + 8 <= K) return *(const uint4 *)p;
-    /* scalar path; values at or past K read as zero (a K that is not a multiple of 8 or 16 is
-       zero-padded: zero products leave every sum unchanged) */
+/* The unaligned and partial variants of the loads below.  (Out of line, __noinline__, they made
+   the kernels ~20% shorter but raised the register counts of the GEMMs: calls clobber registers.) */
+
+/* p[0 .. 8) as 8 fp16 bits, those at or past n (n < 8: a K that is not a multiple of 8 or 16 is
+   zero-padded, and zero products leave every sum unchanged) read as zero; p any alignment */
+static __device__ __forceinline__ uint4 qsa_ld8_f16_tail(const qsa_f16 *p, int n) {
     qsa_u32 e[8];
 #pragma unroll
-    for (int i = 0; i < 8; i++) e[i] = k + i < K ? (qsa_u32)p[i] : 0u;
+    for (int i = 0; i < 8; i++) e[i] = i < n ? (qsa_u32)p[i] : 0u;
     uint4 u;
     u.x = e[0] | (e[1] << 16);
     u.y = e[2] | (e[3] << 16);
     u.z = e[4] | (e[5] << 16);
     u.w = e[6] | (e[7] << 16);
     return u;
+}
+
+/* p[0 .. n) (n <= 16 bytes) as a little-endian uint4, the rest zero; vec8: p 8-byte aligned and n a
+   multiple of 8 (8-byte loads), else byte loads */
+static __device__ __forceinline__ uint4 qsa_ld_bytes(const qsa_u8 *p, int n, int vec8) {
+    qsa_u32 wd[4] = {0u, 0u, 0u, 0u};
+    if (vec8) {
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            if (8 * h < n) {
+                const uint2 v = *(const uint2 *)(p + 8 * h);
+                wd[2 * h] = v.x;
+                wd[2 * h + 1] = v.y;
+            }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            if (i < n) wd[i >> 2] |= (qsa_u32)p[i] << (8 * (i & 3));
+    }
+    uint4 u;
+    u.x = wd[0];
+    u.y = wd[1];
+    u.z = wd[2];
+    u.w = wd[3];
+    return u;
+}
+
+/* row[k .. k+8) as 8 fp16 bits; zero when row is NULL or k >= K.  vec: row + k is 16-byte aligned. */
+static __device__ __forceinline__ uint4 qsa_ld8_f16(const qsa_f16 *row, int k, int K, int vec) {
+    if (!row || k >= K) return qsa_u4_zero();
+    const qsa_f16 *p = row + k;
+    if (vec && k + 8 <= K) return *(const uint4 *)p;
+    return qsa_ld8_f16_tail(p, K - k);
 }
 
 /* E2M1 code (bit 3 sign, bits 0-2 magnitude) -> value with integer operations only (the same numbers as
@@ -606,7 +648,7 @@ static __device__ __forceinline__ uint4 qsa_ld8_w(const qsa_wsrc &w, int n, int 
  * segment `seg` of K, in the canonical order (sub-steps of 32 from the segment's start, 2 mma of
  * k = 16 each, into a zeroed fragment).  sa / sw: the warp's staging, A [16][QSA_ST] then NB x W
  * [16][QSA_ST] halves. */
-template <int NB, bool NV, bool PW = false>
+template <int NB, bool NV, bool PW = false, bool PF1 = false>
 static __device__ __forceinline__ void qsa_seg16(const qsa_f16 *const *arow, int avec, const qsa_wsrc *ws, int n0,
                                                  int N, int K, int seg, qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c *P) {
     const int lane = threadIdx.x & 31;
@@ -619,8 +661,9 @@ static __device__ __forceinline__ void qsa_seg16(const qsa_f16 *const *arow, int
     const int kbeg = seg * QSA_SEG, kend = min(K, kbeg + QSA_SEG);
     const qsa_f16 *a0 = arow[r0], *a1 = arow[r1];
     /* dense single matrix: the whole segment's weights are loaded when it starts (8 KB per
-       warp in flight, what a bandwidth-bound GEMV needs); otherwise one sub-step ahead */
-    enum { PF = (!NV && NB == 1) ? QSA_SEG / 32 : 1 };
+       warp in flight, what a bandwidth-bound GEMV needs); otherwise, or with PF1 (a cold
+       fallback that must not set its kernel's register count), one sub-step ahead */
+    enum { PF = (!NV && NB == 1 && !PF1) ? QSA_SEG / 32 : 1 };
     /* A: a lane whose row r1 is padding (every lane when M <= 8: decode) keeps its r0 pieces
        of 4 sub-steps in flight (ra[j % 4]); otherwise both rows one sub-step ahead (ra[0..1]) */
     const bool deep = a1 == 0;
@@ -711,6 +754,81 @@ static __device__ __forceinline__ void qsa_seg16(const qsa_f16 *const *arow, int
     }
 }
 
+/* qsa_seg16<1, false, true> (one dense matrix; the weights, then the PDL wait, then the
+ * activations) with the segment's 16 x 256 weights copied straight into shared memory by cp.async
+ * (sm_80+): no weight registers and no register-to-shared stores, so more warps fit per SM and
+ * more bytes are in flight, and the sub-step loop is rolled (a decode GEMV's warp runs it once).
+ * The A staging, the fragments and the mma are those of qsa_seg16, in the same order: the same
+ * bits (tested through the GEMV kernels against the one-block GEMM).  W rows 16-byte aligned
+ * (W aligned, K % 8 == 0).  sa: A [16][QSA_ST] halves; sw: W [16][QSA_SWS] halves, 32-byte
+ * aligned. */
+#define QSA_SWS (QSA_SEG + 8)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define QSA_CPA 1
+static __device__ __forceinline__ void qsa_seg16_cpa(const qsa_f16 *const *arow, int avec, const qsa_f16 *W, int n0,
+                                                     int N, int K, int seg, qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c &P) {
+    const int lane = threadIdx.x & 31;
+    const int kbeg = seg * QSA_SEG, kend = min(K, kbeg + QSA_SEG);
+    { /* row i of the tile: the warp copies its 512 contiguous bytes, lane l the 16 at k = 8 l;
+         rows >= N and k >= kend are zero-filled (source size 0) */
+        const int k = kbeg + 8 * lane;
+        const qsa_u32 dst = qsa_smem_u32(sw + 8 * lane);
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const bool ok = n0 + i < N && k < kend;
+            const qsa_f16 *src = ok ? W + (qsa_i64)(n0 + i) * K + k : W;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + i * QSA_SWS * 2), "l"(src),
+                         "r"(ok ? 16 : 0)
+                         : "memory");
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    QSA_PDL_ENTRY();
+    /* A as in qsa_seg16: a lane's r0 pieces of 4 sub-steps in flight when row r1 is padding (deep:
+       every lane when M <= 8), else both rows one sub-step ahead; here they shift down (ra[0] is
+       the current sub-step's) */
+    const int r0 = lane >> 2, r1 = r0 + 8, kp = (lane & 3) * 8;
+    const qsa_f16 *a0 = arow[r0], *a1 = arow[r1];
+    const bool deep = a1 == 0;
+    uint4 ra[4];
+    ra[0] = qsa_ld8_f16(a0, kbeg + kp, kend, avec);
+    ra[1] = qsa_ld8_f16(deep ? a0 : a1, kbeg + (deep ? 32 : 0) + kp, kend, avec);
+    ra[2] = qsa_ld8_f16(deep ? a0 : 0, kbeg + 64 + kp, kend, avec);
+    ra[3] = qsa_ld8_f16(deep ? a0 : 0, kbeg + 96 + kp, kend, avec);
+    qsa_frag_zero(P);
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+#pragma unroll 1
+    for (int j = 0; j < QSA_SEG / 32; j++) {
+        const int k0 = kbeg + 32 * j;
+        if (k0 >= kend) break;
+        __syncwarp(); /* (j = 0: every lane's weights have landed) */
+        *(uint4 *)(sa + r0 * QSA_ST + kp) = ra[0];
+        *(uint4 *)(sa + r1 * QSA_ST + kp) = deep ? qsa_u4_zero() : ra[1];
+        __syncwarp();
+        if (deep) {
+            ra[0] = ra[1];
+            ra[1] = ra[2];
+            ra[2] = ra[3];
+            ra[3] = qsa_ld8_f16(a0, k0 + 128 + kp, kend, avec);
+        } else if (k0 + 32 < kend) {
+            ra[0] = qsa_ld8_f16(a0, k0 + 32 + kp, kend, avec);
+            ra[1] = qsa_ld8_f16(a1, k0 + 32 + kp, kend, avec);
+        }
+        qsa_frag_ab fa, fb;
+        qsa_wmma_load_a(fa, sa, QSA_ST);
+        qsa_wmma_load_b(fb, sw + 32 * j, QSA_SWS);
+        qsa_wmma_mma(P, fa, fb);
+        if (k0 + 16 < kend) {
+            qsa_wmma_load_a(fa, sa + 16, QSA_ST);
+            qsa_wmma_load_b(fb, sw + 32 * j + 16, QSA_SWS);
+            qsa_wmma_mma(P, fa, fb);
+        }
+    }
+}
+#else
+#define QSA_CPA 0
+#endif
+
 /* qsa_seg16 for NVFP4 weights in sub-steps of 64 (the cross-warp kernels: more staging per warp
  * than the 8-warp split-K core can hold).  Lane (nr = lane / 2, nh = lane % 2) owns weight row
  * n0 + nr and, in sub-step J, the 32 weights at k = kbeg + 64 J + 32 nh: one 16-byte load, so a warp
@@ -721,7 +839,7 @@ static __device__ __forceinline__ void qsa_seg16(const qsa_f16 *const *arow, int
  * The mma are the same k = 16 steps in the same order into the same fragment: the same bits as
  * qsa_seg16<NB, true> (tested through the kernels that use it).  sa / sw: A [16][QSA_STW] then NB x W
  * [16][QSA_STW] halves. */
-template <int NB>
+template <int NB, bool ROLL>
 static __device__ __forceinline__ void qsa_seg16_nvw(const qsa_f16 *const *arow, int avec, const qsa_wsrc *ws, int n0,
                                                      int N, int K, int seg, qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c *P) {
     const int lane = threadIdx.x & 31, nr = lane >> 1, nh = lane & 1, ar = lane >> 3, ak = (lane & 7) * 8;
@@ -743,44 +861,21 @@ static __device__ __forceinline__ void qsa_seg16_nvw(const qsa_f16 *const *arow,
         for (int J = 0; J < QSA_SEG / 64; J++) {
             const int k = kbeg + 64 * J + 32 * nh;
             const qsa_u8 *pq = qr + (k >> 1);
-            if (k + 32 <= kend) {
-                if (w.vec16) q16[b][J] = *(const uint4 *)pq;
-                else if (w.vec) {
-                    const uint2 lo = *(const uint2 *)pq, hi = *(const uint2 *)(pq + 8);
-                    q16[b][J].x = lo.x; q16[b][J].y = lo.y; q16[b][J].z = hi.x; q16[b][J].w = hi.y;
-                } else {
-                    qsa_u32 wd[4];
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        wd[i] = (qsa_u32)pq[4 * i] | ((qsa_u32)pq[4 * i + 1] << 8) | ((qsa_u32)pq[4 * i + 2] << 16) |
-                                ((qsa_u32)pq[4 * i + 3] << 24);
-                    q16[b][J].x = wd[0]; q16[b][J].y = wd[1]; q16[b][J].z = wd[2]; q16[b][J].w = wd[3];
-                }
-            } else if (k + 16 <= kend) { /* the segment's last 16 weights (kend is a multiple of 16) */
-                if (w.vec) {
-                    const uint2 lo = *(const uint2 *)pq;
-                    q16[b][J].x = lo.x; q16[b][J].y = lo.y;
-                } else {
-                    q16[b][J].x = (qsa_u32)pq[0] | ((qsa_u32)pq[1] << 8) | ((qsa_u32)pq[2] << 16) | ((qsa_u32)pq[3] << 24);
-                    q16[b][J].y = (qsa_u32)pq[4] | ((qsa_u32)pq[5] << 8) | ((qsa_u32)pq[6] << 16) | ((qsa_u32)pq[7] << 24);
-                }
-            }
+            /* 32 weights (16 bytes), or the segment's last 16 (kend is a multiple of 16) */
+            if (k + 32 <= kend && w.vec16) q16[b][J] = *(const uint4 *)pq;
+            else if (k + 16 <= kend) q16[b][J] = qsa_ld_bytes(pq, k + 32 <= kend ? 16 : 8, w.vec);
         }
-        if (w.svec16 && kend - kbeg == QSA_SEG) {
-            sc[b] = *(const uint4 *)sr;
-        } else {
-            qsa_u32 by[4] = {0u, 0u, 0u, 0u};
-            const int ng = (kend - kbeg) >> 4;
-#pragma unroll
-            for (int g = 0; g < QSA_SEG / 16; g++)
-                if (g < ng) by[g >> 2] |= (qsa_u32)sr[g] << (8 * (g & 3));
-            sc[b].x = by[0]; sc[b].y = by[1]; sc[b].z = by[2]; sc[b].w = by[3];
-        }
+        if (w.svec16 && kend - kbeg == QSA_SEG) sc[b] = *(const uint4 *)sr;
+        else sc[b] = qsa_ld_bytes(sr, (kend - kbeg) >> 4, 0);
     }
     uint4 ra[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) ra[i] = qsa_ld8_f16(arow[ar + 4 * i], kbeg + ak, kend, avec);
-#pragma unroll
+    /* ROLL: a rolled loop (the sub-step's weights and scale word shift down after each), for warps
+       that run it once (a decode GEMV's one segment: unrolled it is 4x the code to fetch); the
+       whole-tile kernels, which loop over segments, keep it unrolled (fewer registers) */
+    enum { UNR = ROLL ? 1 : QSA_SEG / 64 };
+#pragma unroll(UNR)
     for (int J = 0; J < QSA_SEG / 64; J++) {
         const int k0 = kbeg + 64 * J;
         if (k0 >= kend) break;
@@ -790,14 +885,19 @@ static __device__ __forceinline__ void qsa_seg16_nvw(const qsa_f16 *const *arow,
 #pragma unroll
         for (int b = 0; b < NB; b++) {
             /* scale bytes of this lane's two 16-weight groups: 4 J + 2 nh and the next */
-            const qsa_u32 sw32 = J == 0 ? sc[b].x : J == 1 ? sc[b].y : J == 2 ? sc[b].z : sc[b].w;
+            const qsa_u32 sw32 = sc[b].x;
             const qsa_u32 s0 = (sw32 >> (16 * nh)) & 0xffu, s1 = (sw32 >> (16 * nh + 8)) & 0xffu;
             const qsa_fp4lut l0 = qsa_fp4_lut(qsa_e4m3_to_f32(s0) * ws[b].s2), l1 = qsa_fp4_lut(qsa_e4m3_to_f32(s1) * ws[b].s2);
             uint4 *dst = (uint4 *)(sw + b * 16 * QSA_STW + nr * QSA_STW + nh * 32);
-            dst[0] = qsa_dq8_lut(q16[b][J].x, l0);
-            dst[1] = qsa_dq8_lut(q16[b][J].y, l0);
-            dst[2] = qsa_dq8_lut(q16[b][J].z, l1);
-            dst[3] = qsa_dq8_lut(q16[b][J].w, l1);
+            dst[0] = qsa_dq8_lut(q16[b][0].x, l0);
+            dst[1] = qsa_dq8_lut(q16[b][0].y, l0);
+            dst[2] = qsa_dq8_lut(q16[b][0].z, l1);
+            dst[3] = qsa_dq8_lut(q16[b][0].w, l1);
+#pragma unroll
+            for (int i = 0; i + 1 < QSA_SEG / 64; i++) q16[b][i] = q16[b][i + 1];
+            sc[b].x = sc[b].y;
+            sc[b].y = sc[b].z;
+            sc[b].z = sc[b].w;
         }
         __syncwarp();
         if (k0 + 64 < kend) { /* the next sub-step's A while the tensor cores work */
@@ -1119,7 +1219,7 @@ static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, in
     for (int b = 0; b < NB; b++) qsa_frag_zero(T[b]);
     for (int seg = 0; seg < nseg; seg++) {
         qsa_frag_c P[NB];
-        if (NV) qsa_seg16_nvw<NB>(arow, avec, ws, n0, N, K, seg, sa, sw, P);
+        if (NV) qsa_seg16_nvw<NB, false>(arow, avec, ws, n0, N, K, seg, sa, sw, P);
         else qsa_seg16<NB, false>(arow, avec, ws, n0, N, K, seg, sa, sw, P);
 #pragma unroll
         for (int b = 0; b < NB; b++)
@@ -1132,9 +1232,10 @@ template <bool NV>
 static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, const float *bias, float *Y, int M, int N,
                                       int K, int accumulate, float *part, unsigned *count, qsa_f16 *Y16,
                                       float act_scale, qsa_i64 task) {
-    enum { ST = NV ? QSA_STW : QSA_ST };
-    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][2 * 16 * ST]; /* per warp: A, then W */
-    __shared__ __align__(32) float slot[QSA_GEMV_WARPS][256];
+    enum { ST = NV ? QSA_STW : QSA_ST, CPA = !NV && QSA_CPA };
+    /* per warp: A, then W (cp.async: the whole segment's W); once the mma are done, the warp's
+       partial tile (256 floats) */
+    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][CPA ? 16 * QSA_ST + 16 * QSA_SWS : 2 * 16 * ST];
     __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
     if (blockDim.x != 32 * QSA_GEMV_WARPS || M > QSA_SPLITK_MAX_M) __trap();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mt = (M + 15) / 16, prow = M < 16 ? M : 16;
@@ -1152,12 +1253,19 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
     if (lane < 16) arow[warp][lane] = m0 + lane < M ? A + (qsa_i64)(m0 + lane) * K : 0;
     __syncwarp();
     qsa_frag_c P;
-    if (NV) qsa_seg16_nvw<1>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
+    if (NV) qsa_seg16_nvw<1, true>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
+#if QSA_CPA
+    else if (ws.vec && !(K & 7)) qsa_seg16_cpa(arow[warp], avec, ws.w16, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, P);
+    else qsa_seg16<1, false, true, true>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
+#else
     else qsa_seg16<1, false, true>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
-    qsa_wmma_store(slot[warp], P, 16);
+#endif
+    float *slot = (float *)stage[warp];
+    __syncwarp(); /* every lane's fragment loads are done: the staging becomes the partial tile */
+    qsa_wmma_store(slot, P, 16);
     __syncwarp();
     float *pt = part + (qsa_i64)tile * nseg * prow * 16;
-    for (int e = lane; e < prow * 16; e += 32) pt[(qsa_i64)seg * prow * 16 + e] = slot[warp][e];
+    for (int e = lane; e < prow * 16; e += 32) pt[(qsa_i64)seg * prow * 16 + e] = slot[e];
     __threadfence(); /* this warp's partial is visible device-wide before its ticket */
     __syncwarp();
     unsigned last = 0;
@@ -1638,7 +1746,7 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
         if (nv) qsa_segs16<NB, true>(arow[warp], avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_STW, P);
         else qsa_segs16<NB, false>(arow[warp], avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_ST, P);
     } else {
-        if (nv) qsa_seg16_nvw<NB>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_STW, P);
+        if (nv) qsa_seg16_nvw<NB, true>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_STW, P);
         else qsa_seg16<NB, false>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_ST, P);
     }
 #pragma unroll
