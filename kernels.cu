@@ -1220,7 +1220,7 @@ static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, in
     for (int seg = 0; seg < nseg; seg++) {
         qsa_frag_c P[NB];
         if (NV) qsa_seg16_nvw<NB, false>(arow, avec, ws, n0, N, K, seg, sa, sw, P);
-        else qsa_seg16<NB, false>(arow, avec, ws, n0, N, K, seg, sa, sw, P);
+        else qsa_seg16<NB, false, false, true>(arow, avec, ws, n0, N, K, seg, sa, sw, P); /* (fp16 experts) */
 #pragma unroll
         for (int b = 0; b < NB; b++)
 #pragma unroll
@@ -1371,6 +1371,12 @@ struct qsa_expert_w {
     const qsa_f16 *gate16, *up16, *down16;                        /* dense [I][H], [I][H], [H][I]     */
     float gate_s2, up_s2, down_s2, pad;
 };
+/* Matrix m of an expert (0 gate, 1 up, 2 down; K its row length) as a weight source. */
+static __device__ __forceinline__ qsa_wsrc qsa_expert_ws(const qsa_expert_w &ex, int m, int K) {
+    if (m == 0) return ex.gate16 ? qsa_wsrc_f16(ex.gate16) : qsa_wsrc_nvfp4(ex.gate_q, ex.gate_s, ex.gate_s2, K);
+    if (m == 1) return ex.up16 ? qsa_wsrc_f16(ex.up16) : qsa_wsrc_nvfp4(ex.up_q, ex.up_s, ex.up_s2, K);
+    return ex.down16 ? qsa_wsrc_f16(ex.down16) : qsa_wsrc_nvfp4(ex.down_q, ex.down_s, ex.down_s2, K);
+}
 
 /* Router: for token t, p = softmax(logits[t][0..E)) in fp32 (max, then e = expf(l - max), sum, e / sum:
  * the CPU's formulas; the max and the sum are fixed-order block reductions), the K largest p
@@ -1695,31 +1701,33 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down(
 }
 
 /* The same two GEMMs for decode-sized steps (16-pair tiles, a pair or two per expert), spread over
- * warps like qsa_k_gemv_*: task i = (tile, column tile ct of 16, K segment), QSA_GEMV_WARPS per block,
- * each warp one segment of its tile's weights (gate and up together in gate_up).  The warp that
- * completes a (tile, ct) (ticket in count[tile * ncol + ct]) adds the partials in ascending segment
- * order (the canonical order of the one-block kernels, hence the same bits, tested) and applies the
- * epilogue.  part (pair-indexed, so it needs no tile count): [MK][ncol][nseg][NB][16] fp32;
- * count [max_tiles * ncol], zero before, left zero.  Whole-tile forms (qsa_k_moe_*_xwk): task i =
- * (tile, ct) and the warp folds all segments in registers (same order, same bits; no partials, no
- * tickets), for steps whose (tile, ct) count alone fills the GPU (batches of decode tokens).  Grid
- * ceil(max_tiles * ncol * (whole ? 1 : nseg) / QSA_GEMV_WARPS) (tasks past *ntiles exit), block
- * 32 * QSA_GEMV_WARPS; H, I multiples of 16. */
+ * warps like qsa_k_gemv_*: a warp computes one matrix (gate_up: 0 gate, 1 up; down: NB = 1) of one
+ * 16 x 16 tile (pair tile, column tile ct) over one K segment (split forms, qsa_k_moe_*_xw: task i =
+ * (tile, ct, matrix mat, segment)) or over all of them folded in registers (whole forms,
+ * qsa_k_moe_*_xwk: task i = (tile, ct, mat), for steps whose tiles alone fill the GPU: batches of
+ * decode tokens), in the canonical order either way.  Each warp stores its partial tile in part and
+ * takes a ticket in count[tile * ncol + ct]; the warp that completes the (tile, ct) (NB * nsp
+ * arrivals, nsp = nseg split, 1 whole) adds each matrix's partials in ascending segment order (the
+ * canonical order of the one-block kernels, hence the same bits, tested), applies the epilogue and
+ * resets the ticket.  The whole down form (one matrix, nothing to combine) stores its tile directly.
+ * part (pair-indexed, so it needs no tile count): [MK][ncol][nsp][NB][16] fp32; count [max_tiles *
+ * ncol], zero before, left zero.  Grid ceil(max_tiles * ncol * NB * nsp / QSA_GEMV_WARPS) (tasks
+ * past *ntiles exit), block 32 * QSA_GEMV_WARPS; H, I multiples of 16. */
 template <int NB, bool whole>
 static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, const int *pairs, const int *tiles,
                                      const int *ntiles, const qsa_expert_w *experts, int N, int Kd, int act,
                                      qsa_f16 *h16, float *y, float *part, unsigned *count) {
-    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][(1 + NB) * 16 * QSA_STW]; /* dense: rows of QSA_ST */
-    __shared__ __align__(32) float slot[QSA_GEMV_WARPS][NB][256];
+    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][2 * 16 * QSA_STW]; /* dense: rows of QSA_ST */
+    __shared__ __align__(32) float slot[QSA_GEMV_WARPS][256];
     __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
     __shared__ int prow[QSA_GEMV_WARPS][16];
     if (blockDim.x != 32 * QSA_GEMV_WARPS) __trap();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int ncol = (N + 15) / 16, nseg = (Kd + QSA_SEG - 1) / QSA_SEG, nst = whole ? 1 : nseg;
+    const int ncol = (N + 15) / 16, nseg = (Kd + QSA_SEG - 1) / QSA_SEG, nsp = whole ? 1 : nseg, nst = NB * nsp;
     const qsa_i64 task = (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + warp;
     if (Kd <= 0 || task >= (qsa_i64)*ntiles * ncol * nst) return; /* warp-level from here on */
     const int tile = (int)(task / ((qsa_i64)ncol * nst)), rem = (int)(task % ((qsa_i64)ncol * nst));
-    const int ct = rem / nst, seg = rem % nst, n0 = ct * 16;
+    const int ct = rem / nst, mat = rem % nst / nsp, seg = rem % nsp, n0 = ct * 16;
     const int *tt = tiles + 3 * (qsa_i64)tile;
     const int e = tt[0], first = tt[1], cnt = tt[2];
     if (lane < 16) {
@@ -1728,56 +1736,48 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
         arow[warp][lane] = p >= 0 ? X + (qsa_i64)(p / rowdiv) * ldx : 0;
     }
     __syncwarp();
-    const qsa_expert_w &ex = experts[e];
-    qsa_wsrc ws[NB];
-    if (NB == 2) {
-        ws[0] = ex.gate16 ? qsa_wsrc_f16(ex.gate16) : qsa_wsrc_nvfp4(ex.gate_q, ex.gate_s, ex.gate_s2, Kd);
-        ws[NB - 1] = ex.up16 ? qsa_wsrc_f16(ex.up16) : qsa_wsrc_nvfp4(ex.up_q, ex.up_s, ex.up_s2, Kd);
-    } else {
-        ws[0] = ex.down16 ? qsa_wsrc_f16(ex.down16) : qsa_wsrc_nvfp4(ex.down_q, ex.down_s, ex.down_s2, Kd);
-    }
-    bool nv = true;
-#pragma unroll
-    for (int b = 0; b < NB; b++) nv = nv && !ws[b].w16;
+    const qsa_wsrc ws = qsa_expert_ws(experts[e], NB == 1 ? 2 : mat, Kd);
     const int avec = (((qsa_u64)X) & 15u) == 0 && (ldx & 7) == 0;
     qsa_f16 *sa = stage[warp];
-    qsa_frag_c P[NB];
+    qsa_frag_c P;
+    /* dense (checkpoints with fp16 experts): one sub-step ahead, so that this path does not set the
+       register count of the NVFP4 one */
     if (whole) {
-        if (nv) qsa_segs16<NB, true>(arow[warp], avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_STW, P);
-        else qsa_segs16<NB, false>(arow[warp], avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_ST, P);
+        if (!ws.w16) qsa_segs16<1, true>(arow[warp], avec, &ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_STW, &P);
+        else qsa_segs16<1, false>(arow[warp], avec, &ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_ST, &P);
     } else {
-        if (nv) qsa_seg16_nvw<NB, true>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_STW, P);
-        else qsa_seg16<NB, false>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_ST, P);
+        if (!ws.w16) qsa_seg16_nvw<1, true>(arow[warp], avec, &ws, n0, N, Kd, seg, sa, sa + 16 * QSA_STW, &P);
+        else qsa_seg16<1, false, false, true>(arow[warp], avec, &ws, n0, N, Kd, seg, sa, sa + 16 * QSA_ST, &P);
     }
-#pragma unroll
-    for (int b = 0; b < NB; b++) qsa_wmma_store(slot[warp][b], P[b], 16);
+    qsa_wmma_store(slot[warp], P, 16);
     __syncwarp();
-    unsigned *tk = count + (qsa_i64)tile * ncol + ct;
-    if (!whole) {
+    if (whole && NB == 1) { /* the whole down tile: nothing to wait for */
         for (int i = lane; i < cnt * 16; i += 32)
-#pragma unroll
-            for (int b = 0; b < NB; b++)
-                part[((((qsa_i64)(first + (i >> 4)) * ncol + ct) * nseg + seg) * NB + b) * 16 + (i & 15)] = slot[warp][b][i];
-        __threadfence(); /* this warp's partials are visible device-wide before its ticket */
-        __syncwarp();
-        unsigned last = 0;
-        if (lane == 0) last = atomicAdd(tk, 1u) == (unsigned)nseg - 1u;
-        if (!__shfl_sync(0xffffffffu, last, 0)) return;
-        __threadfence();
+            if (n0 + (i & 15) < N) y[(qsa_i64)prow[warp][i >> 4] * N + n0 + (i & 15)] = slot[warp][i];
+        return;
     }
+    unsigned *tk = count + (qsa_i64)tile * ncol + ct;
+    for (int i = lane; i < cnt * 16; i += 32)
+        part[((((qsa_i64)(first + (i >> 4)) * ncol + ct) * nsp + seg) * NB + mat) * 16 + (i & 15)] = slot[warp][i];
+    __threadfence(); /* this warp's partial is visible device-wide before its ticket */
+    __syncwarp();
+    unsigned last = 0;
+    if (lane == 0) last = atomicAdd(tk, 1u) == (unsigned)nst - 1u;
+    if (!__shfl_sync(0xffffffffu, last, 0)) return;
+    __threadfence();
     for (int i = lane; i < cnt * 16; i += 32) {
         const int r = i >> 4, n = n0 + (i & 15);
         if (n >= N) continue;
+        const float *pp = part + ((qsa_i64)(first + r) * ncol + ct) * nsp * NB * 16 + (i & 15);
         float T[NB];
 #pragma unroll
-        for (int b = 0; b < NB; b++)
-            T[b] = whole ? slot[warp][b][i]
-                         : qsa_sum_parts(part + (((qsa_i64)(first + r) * ncol + ct) * nseg * NB + b) * 16 + (i & 15), NB * 16, nseg);
+        for (int b = 0; b < NB; b++) /* whole: the tile itself (no addition: the bits of the fold) */
+            T[b] = whole ? __ldcg(pp + b * 16) : qsa_sum_parts(pp + b * 16, NB * 16, nseg);
         const qsa_i64 p = prow[warp][r];
         if (NB == 2) h16[p * N + n] = qsa_f32_to_f16(qsa_act(act, T[0]) * T[NB - 1]);
         else y[p * N + n] = T[0];
     }
-    if (!whole && lane == 0) *tk = 0u;
+    if (lane == 0) *tk = 0u;
 }
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_gate_up_xw(
     const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
@@ -1795,16 +1795,14 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down
     if (I & 15) __trap();
     qsa_moe_xwarp<1, false>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, part, count);
 }
-/* The whole-tile forms (own entry points: the split forms keep their smaller register count).
-   gate_up is held to 128 registers (4 blocks per SM instead of 3, ~170 bytes spilled): B = 32
-   decode 401 -> 412 tok/s on the H200. */
-extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 4) qsa_k_moe_gate_up_xwk(
+/* The whole-tile forms (own entry points: their segment loop sets their register count). */
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_gate_up_xwk(
     const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
-    int K, int act) {
+    int K, int act, float *part, unsigned *count) {
     QSA_PDL_ENTRY();
     if (H & 15) __trap();
-    qsa_moe_xwarp<2, true>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, 0, 0);
+    qsa_moe_xwarp<2, true>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, part, count);
 }
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down_xwk(
     const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,

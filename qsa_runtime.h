@@ -9435,11 +9435,12 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
             long long t1 = (long long)max_tiles * ((I + 15) / 16), t2 = (long long)max_tiles * ((H + 15) / 16);
             int whole1 = qsa__xw_whole(g, t1), whole2 = qsa__xw_whole(g, t2);
             unsigned bx = 32 * QSA__GEMV_WARPS;
-            unsigned gx1 = (unsigned)((t1 * (whole1 ? 1 : (H + 255) / 256) + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
+            /* gate_up: a task per (tile, column tile, gate or up[, K segment]) */
+            unsigned gx1 = (unsigned)((t1 * 2 * (whole1 ? 1 : (H + 255) / 256) + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
             unsigned gx2 = (unsigned)((t2 * (whole2 ? 1 : (I + 255) / 256) + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
             if (whole1)
                 QSA__LAUNCH(g, moe_gate_up_xwk, gx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
-                            &s->moe_h16, &H, &I, &K, &act);
+                            &s->moe_h16, &H, &I, &K, &act, &part, &cnt);
             else
                 QSA__LAUNCH(g, moe_gate_up_xw, gx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
                             &s->moe_h16, &H, &I, &K, &act, &part, &cnt);

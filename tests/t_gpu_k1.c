@@ -1112,7 +1112,7 @@ typedef struct k1_moe_dev {
 static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const int *ids, const float *tw, int M, int K,
                              int act, int tr, uint16_t *h16, float *y, float *out, int *pairs, int *tiles, int *ntiles) {
     k1_mem mem = {{0}, 0, {0}, 0};
-    /* tr = -16: 16-pair tiles through the cross-warp kernels (qsa_k_moe_*_xw), a K segment per warp;
+    /* tr = -16: 16-pair tiles through the cross-warp kernels (qsa_k_moe_*_xw), a K segment of one matrix per warp;
        tr = -256: the whole-tile forms (qsa_k_moe_*_xwk) */
     int xw = tr < 0, whole = tr == -256;
     if (xw) tr = 16;
@@ -1141,11 +1141,11 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
     }
     for (int rep = 0; rep < (xw ? 2 : 1); rep++) { /* xw twice: the tickets must be back at zero */
         if (r == QSA_OK && xw && whole) {
-            void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act};
-            r = k1_launch("qsa_k_moe_gate_up_xwk", (unsigned)(((size_t)max_tiles * (I / 16) + 3) / 4), 1, 128, args);
+            void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act, &dpart, &dcnt};
+            r = k1_launch("qsa_k_moe_gate_up_xwk", (unsigned)(((size_t)max_tiles * (I / 16) * 2 + 3) / 4), 1, 128, args);
         } else if (r == QSA_OK && xw) {
             void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act, &dpart, &dcnt};
-            r = k1_launch("qsa_k_moe_gate_up_xw", (unsigned)(((size_t)max_tiles * (I / 16) * nsh + 3) / 4), 1, 128, args);
+            r = k1_launch("qsa_k_moe_gate_up_xw", (unsigned)(((size_t)max_tiles * (I / 16) * 2 * nsh + 3) / 4), 1, 128, args);
         } else if (r == QSA_OK) {
             void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act};
             r = k1_launch(t64 ? "qsa_k_moe_gate_up64" : "qsa_k_moe_gate_up", (unsigned)max_tiles,
