@@ -1546,7 +1546,8 @@ extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, i
  * then per expert the warps' counts become base offsets (ascending warps after the exclusive scan
  * of the experts' totals), and each warp places its pairs again in ascending order (a lane's
  * rank among equal ids below it in its group).  The output is a function of topk_ids alone, no
- * atomics.  Ids outside [0, E) are skipped (their pairs are never computed).
+ * atomics.  Ids outside [0, E) are skipped (their pairs are never computed).  MK <= 32: warp 0
+ * alone (qsa_moe_plan_small), the same output.
  * Launch: grid (1), block 1024 (any multiple of 32 up to 1024). */
 extern "C" __global__ void qsa_k_moe_plan(const int *__restrict__ topk_ids, int MK, int E, int *__restrict__ pairs,
                                           int *__restrict__ tiles, int *__restrict__ ntiles, int tr,
@@ -1555,9 +1556,44 @@ extern "C" __global__ void qsa_k_moe_plan(const int *__restrict__ topk_ids, int 
     qsa_moe_plan_body(topk_ids, MK, E, pairs, tiles, ntiles, tr, wcnt);
 }
 /* topk_ids are read through L2 (__ldcg): in the router's launch other blocks wrote them */
+/* The plan of MK <= 32 pairs (decode of up to 3 tokens at K = 10) by warp 0 alone, in registers:
+   pair i = lane i; its position is the number of valid pairs before it in (expert, index) order,
+   an expert's first pair (the lowest lane of its match group) writes the expert's tiles after
+   those of the lower experts.  The same pairs, tiles and count as the general plan (tested); the
+   general one spends ~16 barriers and global-memory round trips on E-long scans. */
+static __device__ void qsa_moe_plan_small(const int *__restrict__ topk_ids, int MK, int E, int *__restrict__ pairs,
+                                          int *__restrict__ tiles, int *__restrict__ ntiles, int tr) {
+    const int lane = threadIdx.x & 31;
+    const int id = lane < MK ? __ldcg(topk_ids + lane) : -1, ok = id >= 0 && id < E;
+    const qsa_u32 grp = __match_any_sync(QSA_FULL_MASK, ok ? id : -1);
+    const int cnt = __popc(grp), lead = ok && (grp & ((1u << lane) - 1u)) == 0;
+    const int nte = lead ? (cnt + tr - 1) / tr : 0; /* tiles of this lane's expert, on its leader */
+    int pos = 0, toff = 0, total = 0;
+    for (int j = 0; j < 32; j++) {
+        const int idj = __shfl_sync(QSA_FULL_MASK, id, j), okj = __shfl_sync(QSA_FULL_MASK, ok, j),
+                  ntj = __shfl_sync(QSA_FULL_MASK, nte, j);
+        pos += okj && (idj < id || (idj == id && j < lane));
+        toff += idj < id ? ntj : 0;
+        total += ntj;
+    }
+    if (ok) pairs[pos] = lane;
+    if (lead)
+        for (int j = 0; j * tr < cnt; j++) {
+            int *tt = tiles + 3 * (qsa_i64)(toff + j);
+            tt[0] = id;
+            tt[1] = pos + tr * j;
+            tt[2] = min(tr, cnt - tr * j);
+        }
+    if (lane == 0) *ntiles = total;
+}
+
 static __device__ void qsa_moe_plan_body(const int *__restrict__ topk_ids, int MK, int E, int *__restrict__ pairs,
                                          int *__restrict__ tiles, int *__restrict__ ntiles, int tr,
                                          int *__restrict__ wcnt) {
+    if (MK <= 32) { /* (warp-uniform: the other warps have nothing to do) */
+        if (threadIdx.x < 32) qsa_moe_plan_small(topk_ids, MK, E, pairs, tiles, ntiles, tr);
+        return;
+    }
     __shared__ int scan[1024 + 1];
     __shared__ int tscan[1024 + 1];
     __shared__ int carry[2];

@@ -1471,7 +1471,10 @@ TEST(gpu, k1_router_extras) {
    MK, both tile sizes and several block sizes (the plan must not depend on the block). */
 TEST(gpu, k1_moe_plan) {
     K1_NEED_GPU();
-    static const int cases[][3] = {{10, 512, 0}, {320, 512, 0}, {20480, 512, 0}, {20480, 512, 1}, {777, 7, 0}, {5000, 1100, 0}, {1, 3, 0}};
+    /* (MK, E, skew): skew 1 crowds the low ids, skew 2 makes a fifth of the ids invalid; MK <= 32
+       takes the one-warp plan (qsa_moe_plan_small), {32, 2}: experts with more than 16 pairs */
+    static const int cases[][3] = {{10, 512, 0}, {320, 512, 0}, {20480, 512, 0}, {20480, 512, 1}, {777, 7, 0}, {5000, 1100, 0},
+                                   {1, 3, 0}, {32, 2, 0}, {30, 512, 2}, {20, 5, 2}, {33, 4, 2}};
     static const int blocks[] = {1024, 256, 128, 32};
     k1_seed(91);
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -1487,9 +1490,9 @@ TEST(gpu, k1_moe_plan) {
         K1_ALLOC(cnt, int, E + 1);
         for (int i = 0; i < MK; i++) {
             double u = k1_u(0, 1);
-            ids[i] = skew ? (int)(E * u * u * u) : (int)(E * u);
+            ids[i] = skew == 1 ? (int)(E * u * u * u) : (int)(E * u);
             if (ids[i] >= E) ids[i] = E - 1;
-            if (k1_u(0, 1) < 0.01) ids[i] = k1_u(0, 1) < 0.5 ? -1 - (int)(5 * k1_u(0, 1)) : E + (int)(5 * k1_u(0, 1));
+            if (k1_u(0, 1) < (skew == 2 ? 0.2 : 0.01)) ids[i] = k1_u(0, 1) < 0.5 ? -1 - (int)(5 * k1_u(0, 1)) : E + (int)(5 * k1_u(0, 1));
         }
         CUdeviceptr di, dp, dt, dn, dwc;
         qsa_result r = k1_dev(&mem, &di, ids, sizeof(int) * (size_t)MK);
