@@ -837,36 +837,30 @@ static __device__ __forceinline__ void qsa_seg16_cpa(const qsa_f16 *const *arow,
  * one 16-byte load (svec16) or byte by byte.  A: lane piece i holds row lane / 8 + 4 i, k + 8 (lane
  * % 8) of the sub-step (a quarter-warp stores one row's 128 contiguous bytes), one sub-step ahead.
  * The mma are the same k = 16 steps in the same order into the same fragment: the same bits as
- * qsa_seg16<NB, true> (tested through the kernels that use it).  sa / sw: A [16][QSA_STW] then NB x W
- * [16][QSA_STW] halves. */
-template <int NB, bool ROLL>
-static __device__ __forceinline__ void qsa_seg16_nvw(const qsa_f16 *const *arow, int avec, const qsa_wsrc *ws, int n0,
-                                                     int N, int K, int seg, qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c *P) {
+ * qsa_seg16<1, true> (tested through the kernels that use it).  sa / sw: A [16][QSA_STW] then W
+ * [16][QSA_STW] halves.  (Copying the packed weights into shared memory by cp.async, the next
+ * segment's in flight, was measured for the whole-tile kernels: no gain at B = 32.) */
+template <bool ROLL>
+static __device__ __forceinline__ void qsa_seg16_nvw(const qsa_f16 *const *arow, int avec, const qsa_wsrc &w, int n0,
+                                                     int N, int K, int seg, qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c &P) {
     const int lane = threadIdx.x & 31, nr = lane >> 1, nh = lane & 1, ar = lane >> 3, ak = (lane & 7) * 8;
-#pragma unroll
-    for (int b = 0; b < NB; b++) qsa_frag_zero(P[b]);
+    qsa_frag_zero(P);
     const int kbeg = seg * QSA_SEG, kend = min(K, kbeg + QSA_SEG);
-    uint4 q16[NB][QSA_SEG / 64];
-    uint4 sc[NB];
+    uint4 q16[QSA_SEG / 64], sc = qsa_u4_zero();
 #pragma unroll
-    for (int b = 0; b < NB; b++) {
-        const qsa_wsrc &w = ws[b];
-        const int n = n0 + nr;
-        sc[b] = qsa_u4_zero();
-#pragma unroll
-        for (int J = 0; J < QSA_SEG / 64; J++) q16[b][J] = qsa_u4_zero();
-        if (n >= N) continue;
-        const qsa_u8 *qr = w.q + (qsa_i64)n * (K >> 1), *sr = w.s + (qsa_i64)n * (K >> 4) + (kbeg >> 4);
+    for (int J = 0; J < QSA_SEG / 64; J++) q16[J] = qsa_u4_zero();
+    if (n0 + nr < N) {
+        const qsa_u8 *qr = w.q + (qsa_i64)(n0 + nr) * (K >> 1), *sr = w.s + (qsa_i64)(n0 + nr) * (K >> 4) + (kbeg >> 4);
 #pragma unroll
         for (int J = 0; J < QSA_SEG / 64; J++) {
             const int k = kbeg + 64 * J + 32 * nh;
             const qsa_u8 *pq = qr + (k >> 1);
             /* 32 weights (16 bytes), or the segment's last 16 (kend is a multiple of 16) */
-            if (k + 32 <= kend && w.vec16) q16[b][J] = *(const uint4 *)pq;
-            else if (k + 16 <= kend) q16[b][J] = qsa_ld_bytes(pq, k + 32 <= kend ? 16 : 8, w.vec);
+            if (k + 32 <= kend && w.vec16) q16[J] = *(const uint4 *)pq;
+            else if (k + 16 <= kend) q16[J] = qsa_ld_bytes(pq, k + 32 <= kend ? 16 : 8, w.vec);
         }
-        if (w.svec16 && kend - kbeg == QSA_SEG) sc[b] = *(const uint4 *)sr;
-        else sc[b] = qsa_ld_bytes(sr, (kend - kbeg) >> 4, 0);
+        if (w.svec16 && kend - kbeg == QSA_SEG) sc = *(const uint4 *)sr;
+        else sc = qsa_ld_bytes(sr, (kend - kbeg) >> 4, 0);
     }
     uint4 ra[4];
 #pragma unroll
@@ -882,23 +876,22 @@ static __device__ __forceinline__ void qsa_seg16_nvw(const qsa_f16 *const *arow,
         __syncwarp();
 #pragma unroll
         for (int i = 0; i < 4; i++) *(uint4 *)(sa + (ar + 4 * i) * QSA_STW + ak) = ra[i];
+        /* this lane's 32 packed weights of the sub-step and the scale word of groups 4 J .. 4 J + 3
+           (its two, 4 J + 2 nh and the next, picked below) */
+        const uint4 q = q16[0];
+        const qsa_u32 sw32 = sc.x;
 #pragma unroll
-        for (int b = 0; b < NB; b++) {
-            /* scale bytes of this lane's two 16-weight groups: 4 J + 2 nh and the next */
-            const qsa_u32 sw32 = sc[b].x;
-            const qsa_u32 s0 = (sw32 >> (16 * nh)) & 0xffu, s1 = (sw32 >> (16 * nh + 8)) & 0xffu;
-            const qsa_fp4lut l0 = qsa_fp4_lut(qsa_e4m3_to_f32(s0) * ws[b].s2), l1 = qsa_fp4_lut(qsa_e4m3_to_f32(s1) * ws[b].s2);
-            uint4 *dst = (uint4 *)(sw + b * 16 * QSA_STW + nr * QSA_STW + nh * 32);
-            dst[0] = qsa_dq8_lut(q16[b][0].x, l0);
-            dst[1] = qsa_dq8_lut(q16[b][0].y, l0);
-            dst[2] = qsa_dq8_lut(q16[b][0].z, l1);
-            dst[3] = qsa_dq8_lut(q16[b][0].w, l1);
-#pragma unroll
-            for (int i = 0; i + 1 < QSA_SEG / 64; i++) q16[b][i] = q16[b][i + 1];
-            sc[b].x = sc[b].y;
-            sc[b].y = sc[b].z;
-            sc[b].z = sc[b].w;
-        }
+        for (int i = 0; i + 1 < QSA_SEG / 64; i++) q16[i] = q16[i + 1];
+        sc.x = sc.y;
+        sc.y = sc.z;
+        sc.z = sc.w;
+        const qsa_u32 s0 = (sw32 >> (16 * nh)) & 0xffu, s1 = (sw32 >> (16 * nh + 8)) & 0xffu;
+        const qsa_fp4lut l0 = qsa_fp4_lut(qsa_e4m3_to_f32(s0) * w.s2), l1 = qsa_fp4_lut(qsa_e4m3_to_f32(s1) * w.s2);
+        uint4 *dst = (uint4 *)(sw + nr * QSA_STW + nh * 32);
+        dst[0] = qsa_dq8_lut(q.x, l0);
+        dst[1] = qsa_dq8_lut(q.y, l0);
+        dst[2] = qsa_dq8_lut(q.z, l1);
+        dst[3] = qsa_dq8_lut(q.w, l1);
         __syncwarp();
         if (k0 + 64 < kend) { /* the next sub-step's A while the tensor cores work */
 #pragma unroll
@@ -909,11 +902,8 @@ static __device__ __forceinline__ void qsa_seg16_nvw(const qsa_f16 *const *arow,
         for (int c = 0; c < 4; c++) {
             if (k0 + 16 * c >= kend) break;
             qsa_wmma_load_a(fa, sa + 16 * c, QSA_STW);
-#pragma unroll
-            for (int b = 0; b < NB; b++) {
-                qsa_wmma_load_b(fb, sw + b * 16 * QSA_STW + 16 * c, QSA_STW);
-                qsa_wmma_mma(P[b], fa, fb);
-            }
+            qsa_wmma_load_b(fb, sw + 16 * c, QSA_STW);
+            qsa_wmma_mma(P, fa, fb);
         }
     }
 }
@@ -1209,22 +1199,19 @@ static __device__ __forceinline__ float qsa_sum_parts(const float *p, qsa_i64 st
     for (; s < n; s++) t = t + __ldcg(p + (qsa_i64)s * stride);
     return t;
 }
-/* The canonical fold of a tile's segments inside one warp: T = ((0 + P_0) + P_1) + ..., element-wise
-   in the accumulator layout (the order qsa_sum_parts and the tiled core use, so the same bits).
-   NVFP4 through qsa_seg16_nvw: staging rows of QSA_STW halves. */
-template <int NB, bool NV>
-static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, int avec, const qsa_wsrc *ws, int n0,
-                                                  int N, int K, int nseg, qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c *T) {
-#pragma unroll
-    for (int b = 0; b < NB; b++) qsa_frag_zero(T[b]);
+/* The canonical fold of a tile's segments inside one warp (one matrix): T = ((0 + P_0) + P_1) + ...,
+   element-wise in the accumulator layout (the order qsa_sum_parts and the tiled core use, so the
+   same bits).  NVFP4 through qsa_seg16_nvw: staging rows of QSA_STW halves. */
+template <bool NV>
+static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, int avec, const qsa_wsrc &w, int n0,
+                                                  int N, int K, int nseg, qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c &T) {
+    qsa_frag_zero(T);
     for (int seg = 0; seg < nseg; seg++) {
-        qsa_frag_c P[NB];
-        if (NV) qsa_seg16_nvw<NB, false>(arow, avec, ws, n0, N, K, seg, sa, sw, P);
-        else qsa_seg16<NB, false, false, true>(arow, avec, ws, n0, N, K, seg, sa, sw, P); /* (fp16 experts) */
+        qsa_frag_c P;
+        if (NV) qsa_seg16_nvw<false>(arow, avec, w, n0, N, K, seg, sa, sw, P);
+        else qsa_seg16<1, false, false, true>(arow, avec, &w, n0, N, K, seg, sa, sw, &P); /* (fp16 experts) */
 #pragma unroll
-        for (int b = 0; b < NB; b++)
-#pragma unroll
-            for (int i = 0; i < 8; i++) T[b].x[i] = T[b].x[i] + P[b].x[i];
+        for (int i = 0; i < 8; i++) T.x[i] = T.x[i] + P.x[i];
     }
 }
 
@@ -1253,7 +1240,7 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
     if (lane < 16) arow[warp][lane] = m0 + lane < M ? A + (qsa_i64)(m0 + lane) * K : 0;
     __syncwarp();
     qsa_frag_c P;
-    if (NV) qsa_seg16_nvw<1, true>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
+    if (NV) qsa_seg16_nvw<true>(arow[warp], avec, ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, P);
 #if QSA_CPA
     else if (ws.vec && !(K & 7)) qsa_seg16_cpa(arow[warp], avec, ws.w16, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, P);
     else qsa_seg16<1, false, true, true>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
@@ -1358,6 +1345,43 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16
     if (!found) return; /* a warp past the last task touches nothing */
     const qsa_wsrc ws = qsa_wsrc_f16(mb.W);
     qsa_gemv_xwarp<false>(A, ws, mb.bias, mb.Y, M, mb.N, K, 0, part, count, mb.Y16, mb.act_scale, task);
+}
+
+/* The tiled form of qsa_k_gemv_f16_group for M > QSA_SPLITK_MAX_M (prefill chunks): the 64 x 64
+ * tiles of member 0, then member 1's, ..., each through qsa_tile64 as qsa_k_gemm_f16 computes it,
+ * so every member gets the bits of its own launch (tested); a small member (the GDN gates, the
+ * injection projection, the shared-expert gate: N <= 64) fills SMs beside its siblings instead of
+ * taking a launch of its own.  No accumulation; members' Y16 / act_scale are ignored (the host
+ * applies qsa_k_silu_scale).  Launch: grid sum_b ceil(M/64) * ceil(N_b/64) (or fewer: blocks loop),
+ * block 256, M > QSA_SPLITK_MAX_M, K >= 1. */
+extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_f16_group(const qsa_f16 *__restrict__ A,
+                                                                   qsa_gemv_group grp, int M, int K) {
+    QSA_PDL_ENTRY();
+    __shared__ __align__(128) unsigned char smem[QSA_GEMM_SMEM];
+    if (blockDim.x != QSA_GEMM_THREADS || M <= QSA_SPLITK_MAX_M || K <= 0) __trap(); /* the host checks these */
+    const int mt = (M + 63) / 64, avec = (((qsa_u64)A) & 15u) == 0 && !(K & 7);
+    qsa_i64 total = 0;
+#pragma unroll
+    for (int b = 0; b < QSA_GEMV_GROUP; b++)
+        if (b < grp.n) total += (qsa_i64)mt * ((grp.m[b].N + 63) / 64);
+    for (qsa_i64 t0 = blockIdx.x; t0 < total; t0 += gridDim.x) {
+        qsa_i64 t = t0;
+        qsa_gemv_member mb;
+        bool found = false;
+#pragma unroll
+        for (int b = 0; b < QSA_GEMV_GROUP; b++) { /* unrolled: the parameter struct is indexed statically */
+            if (found || b >= grp.n) continue;
+            const qsa_i64 tiles = (qsa_i64)mt * ((grp.m[b].N + 63) / 64);
+            if (t < tiles) {
+                mb = grp.m[b];
+                found = true;
+            } else {
+                t -= tiles;
+            }
+        }
+        qsa_tile64(A, avec, qsa_wsrc_f16(mb.W), mb.bias, mb.Y, M, mb.N, K, 0, (int)(t % mt) * 64, (int)(t / mt) * 64,
+                   smem);
+    }
 }
 
 /* ============================================================================================== */
@@ -1753,8 +1777,8 @@ template <int NB, bool whole>
 static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, const int *pairs, const int *tiles,
                                      const int *ntiles, const qsa_expert_w *experts, int N, int Kd, int act,
                                      qsa_f16 *h16, float *y, float *part, unsigned *count) {
-    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][2 * 16 * QSA_STW]; /* dense: rows of QSA_ST */
-    __shared__ __align__(32) float slot[QSA_GEMV_WARPS][256];
+    /* per warp: A then W staging (dense: rows of QSA_ST), which then holds the partial tile (slot) */
+    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][2 * 16 * QSA_STW];
     __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
     __shared__ int prow[QSA_GEMV_WARPS][16];
     if (blockDim.x != 32 * QSA_GEMV_WARPS) __trap();
@@ -1779,22 +1803,24 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
     /* dense (checkpoints with fp16 experts): one sub-step ahead, so that this path does not set the
        register count of the NVFP4 one */
     if (whole) {
-        if (!ws.w16) qsa_segs16<1, true>(arow[warp], avec, &ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_STW, &P);
-        else qsa_segs16<1, false>(arow[warp], avec, &ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_ST, &P);
+        if (!ws.w16) qsa_segs16<true>(arow[warp], avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_STW, P);
+        else qsa_segs16<false>(arow[warp], avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_ST, P);
     } else {
-        if (!ws.w16) qsa_seg16_nvw<1, true>(arow[warp], avec, &ws, n0, N, Kd, seg, sa, sa + 16 * QSA_STW, &P);
+        if (!ws.w16) qsa_seg16_nvw<true>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_STW, P);
         else qsa_seg16<1, false, false, true>(arow[warp], avec, &ws, n0, N, Kd, seg, sa, sa + 16 * QSA_ST, &P);
     }
-    qsa_wmma_store(slot[warp], P, 16);
+    float *slot = (float *)stage[warp];
+    __syncwarp(); /* every lane's fragment loads are done: the staging becomes the partial tile */
+    qsa_wmma_store(slot, P, 16);
     __syncwarp();
     if (whole && NB == 1) { /* the whole down tile: nothing to wait for */
         for (int i = lane; i < cnt * 16; i += 32)
-            if (n0 + (i & 15) < N) y[(qsa_i64)prow[warp][i >> 4] * N + n0 + (i & 15)] = slot[warp][i];
+            if (n0 + (i & 15) < N) y[(qsa_i64)prow[warp][i >> 4] * N + n0 + (i & 15)] = slot[i];
         return;
     }
     unsigned *tk = count + (qsa_i64)tile * ncol + ct;
     for (int i = lane; i < cnt * 16; i += 32)
-        part[((((qsa_i64)(first + (i >> 4)) * ncol + ct) * nsp + seg) * NB + mat) * 16 + (i & 15)] = slot[warp][i];
+        part[((((qsa_i64)(first + (i >> 4)) * ncol + ct) * nsp + seg) * NB + mat) * 16 + (i & 15)] = slot[i];
     __threadfence(); /* this warp's partial is visible device-wide before its ticket */
     __syncwarp();
     unsigned last = 0;

@@ -8417,7 +8417,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inject) X(inject_rmsnorm) X(to_f16)                     \
-    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_combine)       \
+    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_combine)       \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
@@ -9151,7 +9151,11 @@ QSA_PRIV qsa_result qsa__dgemm_group(qsa__cuda *g, CUdeviceptr A16, int M, int n
         ok = w[i]->w16 && w[i]->in == K && qsa__gemv_xwarp(g, M, w[i]->out, K);
         tiles += (long long)((M + 15) / 16) * ((w[i]->out + 15) / 16);
     }
-    if (!ok || tiles > QSA__GEMV_TILES || (size_t)(tiles * nseg * prow * 64) > QSA__GEMV_PART_BYTES) {
+    /* M > 64 (kernels.cu's QSA_SPLITK_MAX_M: prefill): the members' 64 x 64 tiles in one launch
+       when all are dense */
+    int tiled = n > 1 && n <= QSA__GEMV_GROUP && M > 64 && K > 0;
+    for (int i = 0; i < n && tiled; i++) tiled = w[i]->w16 && w[i]->in == K;
+    if (!tiled && (!ok || tiles > QSA__GEMV_TILES || (size_t)(tiles * nseg * prow * 64) > QSA__GEMV_PART_BYTES)) {
         for (int i = 0; i < n; i++) QSA__TRY(qsa__dgemm_ex(g, A16, M, w[i], Y[i], 0, Y16 ? Y16[i] : 0, scale ? scale[i] : 0.0f));
         return QSA_OK;
     }
@@ -9165,6 +9169,19 @@ QSA_PRIV qsa_result qsa__dgemm_group(qsa__cuda *g, CUdeviceptr A16, int M, int n
         grp.m[i].Y16 = Y16 ? Y16[i] : 0;
         grp.m[i].N = w[i]->out;
         grp.m[i].act_scale = scale ? scale[i] : 0.0f;
+    }
+    if (tiled) {
+        long long t64 = 0;
+        for (int i = 0; i < n; i++) t64 += (long long)((M + 63) / 64) * ((w[i]->out + 63) / 64);
+        QSA__LAUNCH(g, gemm_f16_group, (unsigned)t64, 1, 256, 0, &A16, &grp, &M, &K);
+        for (int i = 0; i < n; i++)
+            if (Y16 && Y16[i]) { /* the silu store: as qsa__dgemm_ex */
+                int cnt = M * w[i]->out;
+                float sc = scale ? scale[i] : 0.0f;
+                CUdeviceptr y = Y[i], y16 = Y16[i];
+                QSA__LAUNCH(g, silu_scale, (cnt + 255) / 256, 1, 256, 0, &y, &y16, &cnt, &sc);
+            }
+        return QSA_OK;
     }
     long long tasks = tiles * nseg;
     unsigned gx = (unsigned)((tasks + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS), bx = 32 * QSA__GEMV_WARPS;

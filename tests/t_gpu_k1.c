@@ -979,6 +979,68 @@ TEST(gpu, k1_gemv_group_equals_single) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) k1_gemv_group_case(cases[i][0], cases[i][1], cases[i][2]);
 }
 
+/* qsa_k_gemm_f16_group (M > 64: the tiled group): each member (different N, bias on two) gets the
+   bits of its own qsa_k_gemm_f16 launch, with a full grid and with fewer blocks than tiles. */
+static void k1_gemm_group_case(int M, int K, int n) {
+    k1_mem mem = {{0}, 0, {0}, 0};
+    static const int Ns[QSA__GEMV_GROUP] = {300, 4, 130, 1};
+    uint16_t *a16, *w16;
+    float *af, *wf, *bias, *ref, *got;
+    int acc0 = 0, t64 = 0;
+    CUdeviceptr dA, dW[QSA__GEMV_GROUP], dB, dY[QSA__GEMV_GROUP];
+    K1_ALLOC(a16, uint16_t, M * K);
+    K1_ALLOC(af, float, M * K);
+    K1_ALLOC(w16, uint16_t, 300 * K);
+    K1_ALLOC(wf, float, 300 * K);
+    K1_ALLOC(bias, float, 300);
+    K1_ALLOC(ref, float, M * 300);
+    K1_ALLOC(got, float, M * 300);
+    k1_seed(3000 + (uint64_t)(M * 7 + K + n));
+    k1_fill16(a16, af, (size_t)M * K, -1, 1);
+    for (int j = 0; j < 300; j++) bias[j] = (float)(j % 7) * 0.125f - 0.375f;
+    K1_TRY(k1_dev(&mem, &dA, a16, sizeof(uint16_t) * M * K));
+    K1_TRY(k1_dev(&mem, &dB, bias, sizeof(float) * 300));
+    qsa__gemv_group grp;
+    memset(&grp, 0, sizeof grp);
+    grp.n = n;
+    for (int b = 0; b < n; b++) {
+        k1_fill16(w16, wf, (size_t)Ns[b] * K, -1, 1);
+        K1_TRY(k1_dev(&mem, &dW[b], w16, sizeof(uint16_t) * Ns[b] * K));
+        K1_TRY(k1_dev(&mem, &dY[b], NULL, sizeof(float) * M * Ns[b]));
+        grp.m[b].W = dW[b];
+        grp.m[b].bias = b == 0 || b == 2 ? dB : 0;
+        grp.m[b].Y = dY[b];
+        grp.m[b].N = Ns[b];
+        t64 += ((M + 63) / 64) * ((Ns[b] + 63) / 64);
+    }
+    for (int rep = 0; rep < 2; rep++) {
+        for (int b = 0; b < n; b++) K1_TRY(k1_poison(dY[b], sizeof(float) * M * Ns[b]));
+        void *args[] = {&dA, &grp, &M, &K};
+        K1_TRY(k1_launch("qsa_k_gemm_f16_group", rep ? 7u : (unsigned)t64, 1, 256, args));
+        for (int b = 0; b < n; b++) {
+            char what[128];
+            int N = Ns[b];
+            CUdeviceptr bb = grp.m[b].bias;
+            K1_TRY(k1_get(got, dY[b], sizeof(float) * M * N));
+            K1_TRY(k1_poison(dY[b], sizeof(float) * M * N));
+            void *a1[] = {&dA, &dW[b], &bb, &dY[b], &M, &N, &K, &acc0};
+            K1_TRY(k1_launch("qsa_k_gemm_f16", (unsigned)(((M + 63) / 64) * ((N + 63) / 64)), 1, 256, a1));
+            K1_TRY(k1_get(ref, dY[b], sizeof(float) * M * N));
+            snprintf(what, sizeof what, "gemm_f16_group M=%d K=%d member %d of %d (N=%d) grid %s", M, K, b, n, N,
+                     rep ? "7" : "full");
+            CHECK(!k1_same(what, ref, got, (size_t)M * N, 4));
+        }
+    }
+done:
+    k1_free(&mem);
+}
+
+TEST(gpu, k1_gemm_group_equals_single) {
+    K1_NEED_GPU();
+    static const int cases[][3] = {{65, 300, 2}, {200, 2560, 4}, {130, 48, 3}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) k1_gemm_group_case(cases[i][0], cases[i][1], cases[i][2]);
+}
+
 TEST(gpu, k1_gemv_cross_warp_equals_gemm) {
     K1_NEED_GPU();
     static const int shapes[][3] = {{1, 300, 1024}, {1, 4, 10240}, {1, 320, 2560}, {5, 17, 48},  {37, 100, 2320},
@@ -1540,6 +1602,7 @@ TEST(gpu, k1_moe) {
     k1_moe_case(150, 4, 2, 528, 80, 1); /* ~75 pairs per expert: 2 tiles of 64; 3 segments; columns past 64 */
     k1_moe_case(5, 3, 2, 64, 48, 1);    /* sigmoid act; small shapes */
     k1_moe_case(1, 512, 10, 64, 32, 0); /* decode-like routing: 10 single-pair tiles among 512 experts */
+    k1_moe_case(7, 8, 3, 256, 384, 0);  /* aligned 16-byte rows both ways, down's last segment half full */
 }
 
 /* qsa_k_moe_combine with the shared expert: out = (sum over slots of w * y) + sigmoid(gl) * sh,
