@@ -9084,6 +9084,12 @@ QSA_PRIV int qsa__xw_whole(const qsa__cuda *g, long long tiles) {
     return tiles >= (long long)QSA__XW_WHOLE_PER_SM * (g->sm_count > 0 ? g->sm_count : 1);
 }
 
+/* Y = silu(Y * scale) and Y16 its fp16 copy, n elements (qsa_k_silu_scale) */
+QSA_PRIV qsa_result qsa__dsilu_store(qsa__cuda *g, CUdeviceptr Y, CUdeviceptr Y16, int n, float scale) {
+    QSA__LAUNCH(g, silu_scale, (n + 255) / 256, 1, 256, 0, &Y, &Y16, &n, &scale);
+    return QSA_OK;
+}
+
 /* Y[M][out] (+)= A16[M][in] W^T (+ bias); with Y16 != 0 (and no accumulate) then Y = silu(Y * scale)
    and Y16 its fp16 copy: fused into the cross-warp GEMV's store, else a qsa_k_silu_scale launch
    (the same bits either way). */
@@ -9115,11 +9121,7 @@ QSA_PRIV qsa_result qsa__dgemm_ex(qsa__cuda *g, CUdeviceptr A16, int M, const qs
         float s2 = w->s2;
         QSA__LAUNCH(g, gemm_nvfp4, gx, 1, 256, 0, &A16, &q, &s, &s2, &Y, &M, &N, &K, &accumulate);
     }
-    if (Y16) {
-        int n = M * N;
-        QSA__LAUNCH(g, silu_scale, (n + 255) / 256, 1, 256, 0, &Y, &Y16, &n, &scale);
-    }
-    return QSA_OK;
+    return Y16 ? qsa__dsilu_store(g, Y, Y16, M * N, scale) : QSA_OK;
 }
 
 QSA_PRIV qsa_result qsa__dgemm(qsa__cuda *g, CUdeviceptr A16, int M, const qsa__dlin *w, CUdeviceptr Y, int accumulate) {
@@ -9175,12 +9177,7 @@ QSA_PRIV qsa_result qsa__dgemm_group(qsa__cuda *g, CUdeviceptr A16, int M, int n
         for (int i = 0; i < n; i++) t64 += (long long)((M + 63) / 64) * ((w[i]->out + 63) / 64);
         QSA__LAUNCH(g, gemm_f16_group, (unsigned)t64, 1, 256, 0, &A16, &grp, &M, &K);
         for (int i = 0; i < n; i++)
-            if (Y16 && Y16[i]) { /* the silu store: as qsa__dgemm_ex */
-                int cnt = M * w[i]->out;
-                float sc = scale ? scale[i] : 0.0f;
-                CUdeviceptr y = Y[i], y16 = Y16[i];
-                QSA__LAUNCH(g, silu_scale, (cnt + 255) / 256, 1, 256, 0, &y, &y16, &cnt, &sc);
-            }
+            if (Y16 && Y16[i]) QSA__TRY(qsa__dsilu_store(g, Y[i], Y16[i], M * w[i]->out, scale ? scale[i] : 0.0f));
         return QSA_OK;
     }
     long long tasks = tiles * nseg;
