@@ -2717,12 +2717,18 @@ static __device__ __forceinline__ void qsa_topk_blocks_body(const float *__restr
     int eq_before = k2_block_excl_scan(n_eq, wcount);
     int take_eq = need - eq_before < 0 ? 0 : (need - eq_before < n_eq ? need - eq_before : n_eq);
     int at = k2_block_excl_scan(n_gt + take_eq, wcount);
-    for (int b = c0; b < c1; b++) {
-        unsigned key = k2_order_key(sc[b]);
-        if (key > T) out[at++] = b;
-        else if (key == T && take_eq > 0) {
-            out[at++] = b;
-            take_eq--;
+    for (int b0 = c0; b0 < c1; b0 += 8) { /* 8 loads in flight, as in the count (one at a time: 64 trips to L2) */
+        unsigned key[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) key[u] = b0 + u < c1 ? k2_order_key(sc[b0 + u]) : 0u;
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            if (b0 + u >= c1) break;
+            if (key[u] > T) out[at++] = b0 + u;
+            else if (key[u] == T && take_eq > 0) {
+                out[at++] = b0 + u;
+                take_eq--;
+            }
         }
     }
 }
