@@ -210,19 +210,26 @@ extern "C" __global__ void qsa_k_rmsnorm(const float *x, const float *__restrict
     }
 }
 
-/* GatedResidual input mix:  inp[t][j] = (sum over s ascending of sigmoid(mw[t][s*H+j]) * xn[t][s*H+j]) / hc
- * (the CPU's loop: acc += sigmoid * xn without fused multiply-add, then / hc).  inp (fp32) and/or
- * inp16 (fp16) may be NULL.  Launch: grid (M, Y) with any Y (ceil(H / 256) for small M), block any
- * multiple of 32 (256). */
+/* GatedResidual input mix of one hidden index j: (sum over s ascending of sigmoid(m[s]) * x[s * H])
+ * / hc, the CPU's loop (acc += sigmoid * xn without fused multiply-add, then / hc); m: the hc mix
+ * weights of j (adjacent: the device's up projection interleaves its rows by stream), x: xn[t] + j. */
+static __device__ __forceinline__ float qsa_gres_mix1(const float *m, const float *x, int H, int hc) {
+    float acc = 0.0f;
+    for (int s = 0; s < hc; s++) acc = __fadd_rn(acc, __fmul_rn(qsa_sigmoid(m[s]), x[(qsa_i64)s * H]));
+    return acc / (float)hc;
+}
+
+/* GatedResidual input mix:  inp[t][j] = qsa_gres_mix1(mw[t] + j * hc, xn[t] + j) for the mix
+ * weights mw [M][H][hc] (interleaved by stream, see qsa__dlin_up_hc) and the normed streams xn
+ * [M][hc][H].  inp (fp32) and/or inp16 (fp16) may be NULL.  Launch: grid (M, Y) with any Y
+ * (ceil(H / 256) for small M), block any multiple of 32 (256). */
 extern "C" __global__ void qsa_k_gres_mix(const float *__restrict__ mw, const float *__restrict__ xn,
                                           float *__restrict__ inp, qsa_f16 *__restrict__ inp16, int H, int hc) {
     QSA_PDL_ENTRY();
     qsa_i64 t = blockIdx.x;
     const float *m = mw + t * hc * H, *x = xn + t * hc * H;
     for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < H; j += gridDim.y * blockDim.x) {
-        float acc = 0.0f;
-        for (int s = 0; s < hc; s++) acc = __fadd_rn(acc, __fmul_rn(qsa_sigmoid(m[s * H + j]), x[s * H + j]));
-        float v = acc / (float)hc;
+        const float v = qsa_gres_mix1(m + (qsa_i64)j * hc, x + j, H, hc);
         if (inp) inp[t * H + j] = v;
         if (inp16) inp16[t * H + j] = qsa_f32_to_f16(v);
     }
@@ -1218,7 +1225,7 @@ static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, in
 template <bool NV>
 static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, const float *bias, float *Y, int M, int N,
                                       int K, int accumulate, float *part, unsigned *count, qsa_f16 *Y16,
-                                      float act_scale, qsa_i64 task) {
+                                      float act_scale, qsa_i64 task, const float *gxn = 0, int ghc = 0) {
     enum { ST = NV ? QSA_STW : QSA_ST, CPA = !NV && QSA_CPA };
     /* per warp: A, then W (cp.async: the whole segment's W); once the mma are done, the warp's
        partial tile (256 floats) */
@@ -1259,6 +1266,23 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
     if (lane == 0) last = atomicAdd(&count[tile], 1u) == (unsigned)nseg - 1u;
     if (!__shfl_sync(0xffffffffu, last, 0)) return;
     __threadfence();
+    if (gxn) { /* qsa_k_gemv_gres: the tile's 16 / ghc groups of ghc interleaved mix weights, mixed */
+        const int per = 16 / ghc, H = N / ghc;
+        for (int e = lane; e < prow * per; e += 32) {
+            const int r = e / per, m = m0 + r, n = n0 + (e % per) * ghc;
+            if (m >= M || n >= N) continue;
+            float mwj[16];
+            for (int st = 0; st < ghc; st++) {
+                float t = qsa_sum_parts(pt + r * 16 + (n - n0) + st, (qsa_i64)prow * 16, nseg);
+                mwj[st] = bias ? t + bias[n + st] : t;
+            }
+            const float v = qsa_gres_mix1(mwj, gxn + (qsa_i64)m * N + n / ghc, H, ghc);
+            Y[(qsa_i64)m * H + n / ghc] = v;
+            Y16[(qsa_i64)m * H + n / ghc] = qsa_f32_to_f16(v);
+        }
+        if (lane == 0) count[tile] = 0u;
+        return;
+    }
     for (int e = lane; e < prow * 16; e += 32) {
         const int m = m0 + (e >> 4), n = n0 + (e & 15);
         if (m >= M || n >= N) continue;
@@ -1299,6 +1323,22 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_nvf
     qsa_wsrc ws = qsa_wsrc_nvfp4(q, s, s2, K);
     qsa_gemv_xwarp<true>(A, ws, 0, Y, M, N, K, accumulate, part, count, Y16, act_scale,
                          (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + (threadIdx.x >> 5));
+}
+
+/* The hyper-connection up projection with the input mix in its epilogue (decode): mw = A W^T (+
+ * bias) for W with interleaved rows (qsa__dlin_up_hc: N = hc * H, row j * hc + s), then inp[m][j] =
+ * qsa_gres_mix1 of the completed tile's group j and xn [M][hc][H] (inp16 its fp16 copy): the bits of
+ * qsa_k_gemv_f16 into mw followed by qsa_k_gres_mix (tested), one launch fewer and no mw.  hc divides
+ * 16 (a tile holds whole groups).  Launch: as qsa_k_gemv_f16. */
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_gres(
+    const qsa_f16 *__restrict__ A, const qsa_f16 *__restrict__ W, const float *__restrict__ bias,
+    const float *__restrict__ xn, float *inp, qsa_f16 *inp16, int M, int N, int K, int hc, float *part,
+    unsigned *count) {
+    QSA_PDL_LATE();
+    if (hc < 1 || 16 % hc || N % hc || K <= 0) __trap(); /* the host checks these */
+    qsa_wsrc ws = qsa_wsrc_f16(W);
+    qsa_gemv_xwarp<false>(A, ws, bias, inp, M, N, K, 0, part, count, inp16, 0.0f,
+                          (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + (threadIdx.x >> 5), xn, hc);
 }
 
 /* Up to QSA_GEMV_GROUP dense GEMVs of one input in one launch (the projections of a layer that

@@ -8417,7 +8417,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inject) X(inject_rmsnorm) X(to_f16)                     \
-    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_combine)       \
+    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(gemv_gres) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_combine)       \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
@@ -8727,10 +8727,46 @@ QSA_PRIV qsa_result qsa__dlin_up(qsa__cuda *g, qsa__dlin *d, const qsa__lin *l, 
     return r;
 }
 
-QSA_PRIV qsa_result qsa__dgres_up(qsa__cuda *g, qsa__dgres *d, const qsa__gres *w, int hcH) {
+/* The hyper-connection up projection with its rows interleaved by stream: device row j * hc + s is
+   the checkpoint's row s * H + j (H = out / hc), so the hc mix weights of one hidden index j are
+   adjacent (qsa_k_gres_mix reads them so, and the decode GEMV's 16-row tiles hold whole groups:
+   qsa_k_gemv_gres mixes in its epilogue).  Each row's values are unchanged: the same dot products. */
+QSA_PRIV qsa_result qsa__dlin_up_hc(qsa__cuda *g, qsa__dlin *d, const qsa__lin *l, int hc, const char *what) {
+    int H = hc > 0 ? l->out / hc : 0;
+    if (hc <= 1 || H * hc != l->out) return qsa__dlin_up(g, d, l, what);
+    size_t in = (size_t)l->in, nq = l->w ? 0 : in / 2, ns = l->w ? 0 : in / 16;
+    float *w = l->w ? QSA__ALLOC(float, (size_t)l->out * in) : NULL, *b = l->bias ? QSA__ALLOC(float, (size_t)l->out) : NULL;
+    uint8_t *q = nq ? QSA__ALLOC(uint8_t, (size_t)l->out * nq) : NULL, *sc = ns ? QSA__ALLOC(uint8_t, (size_t)l->out * ns) : NULL;
+    qsa_result r = QSA_OK;
+    if ((l->w && !w) || (l->bias && !b) || (nq && !q) || (ns && !sc)) {
+        r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
+    } else {
+        for (int j = 0; j < H; j++)
+            for (int st = 0; st < hc; st++) {
+                size_t to = (size_t)j * hc + st, from = (size_t)st * H + j;
+                if (w) memcpy(w + to * in, l->w + from * in, in * sizeof(float));
+                if (b) b[to] = l->bias[from];
+                if (q) memcpy(q + to * nq, l->q + from * nq, nq);
+                if (sc) memcpy(sc + to * ns, l->qscale + from * ns, ns);
+            }
+        qsa__lin p = *l;
+        p.w = w;
+        p.bias = b;
+        p.q = q;
+        p.qscale = sc;
+        r = qsa__dlin_up(g, d, &p, what);
+    }
+    qsa__free(w);
+    qsa__free(b);
+    qsa__free(q);
+    qsa__free(sc);
+    return r;
+}
+
+QSA_PRIV qsa_result qsa__dgres_up(qsa__cuda *g, qsa__dgres *d, const qsa__gres *w, int hcH, int hc) {
     QSA__TRY(qsa__dvec(g, &d->norm_w, w->norm_w, (size_t)hcH, "hc_norm"));
     QSA__TRY(qsa__dlin_up(g, &d->down, &w->down, "input_mix_weight_down"));
-    QSA__TRY(qsa__dlin_up(g, &d->up, &w->up, "input_mix_weight_up"));
+    QSA__TRY(qsa__dlin_up_hc(g, &d->up, &w->up, hc, "input_mix_weight_up"));
     if (w->inject.out) QSA__TRY(qsa__dlin_up(g, &d->inject, &w->inject, "block_inject_weight"));
     return QSA_OK;
 }
@@ -8743,15 +8779,15 @@ QSA_PRIV qsa_result qsa__cuda_upload(qsa_model *m, qsa__cuda *g) {
     QSA__TRY(qsa__dlin_up(g, &demb, &emb, "embed_tokens"));
     g->embed16 = demb.w16;
     QSA__TRY(qsa__dlin_up(g, &g->lm_head, &m->lm_head, "lm_head"));
-    QSA__TRY(qsa__dgres_up(g, &g->final_hc, &m->final_hc, hcH));
+    QSA__TRY(qsa__dgres_up(g, &g->final_hc, &m->final_hc, hcH, c->hc_count));
     QSA__TRY(qsa__dvec(g, &g->rope_inv_freq, m->rope_inv_freq, (size_t)(c->rotary_dim / 2 + 1), "rope"));
     g->layers = QSA__CALLOC(qsa__dlayer, c->num_hidden_layers);
     if (!g->layers) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const qsa__layer_w *w = &m->layers[l];
         qsa__dlayer *d = &g->layers[l];
-        QSA__TRY(qsa__dgres_up(g, &d->attn_hc, &w->attn_hc, hcH));
-        QSA__TRY(qsa__dgres_up(g, &d->mlp_hc, &w->mlp_hc, hcH));
+        QSA__TRY(qsa__dgres_up(g, &d->attn_hc, &w->attn_hc, hcH, c->hc_count));
+        QSA__TRY(qsa__dgres_up(g, &d->mlp_hc, &w->mlp_hc, hcH, c->hc_count));
         if (w->type == QSA_LAYER_LINEAR) {
             int key_dim = c->linear_num_key_heads * c->linear_key_head_dim;
             int conv_dim = 2 * key_dim + c->linear_num_value_heads * c->linear_value_head_dim;
@@ -9204,6 +9240,15 @@ QSA_PRIV qsa_result qsa__cuda_gres(qsa_model *m, const qsa__dgres *w, CUdevicept
     CUdeviceptr ys[2] = {s->low, s->inj}, y16[2] = {s->low16, 0};
     float sc[2] = {scale, 0.0f};
     QSA__TRY(qsa__dgemm_group(g, s->xn16, M, with_inj ? 2 : 1, ws, ys, y16, sc));
+    /* up (rows interleaved by stream, qsa__dlin_up_hc) and the mix: one launch for decode-sized M */
+    int N = w->up.out, K = w->up.in;
+    if (w->up.w16 && hc >= 1 && 16 % hc == 0 && N == hcH && qsa__gemv_xwarp(g, M, N, K)) {
+        long long tasks = (long long)((M + 15) / 16) * ((N + 15) / 16) * ((K + 255) / 256);
+        CUdeviceptr W = w->up.w16, B = w->up.bias, part = s->gemv_part, cnt = s->gemv_count;
+        QSA__LAUNCH(g, gemv_gres, (unsigned)((tasks + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS), 1, 32 * QSA__GEMV_WARPS, 0,
+                    &s->low16, &W, &B, &s->xn, &s->inp, &s->inp16, &M, &N, &K, &hc, &part, &cnt);
+        return QSA_OK;
+    }
     QSA__TRY(qsa__dgemm(g, s->low16, M, &w->up, s->mw, 0));
     QSA__LAUNCH(g, gres_mix, M, qsa__ygrid(M, H), 256, 0, &s->mw, &s->xn, &s->inp, &s->inp16, &H, &hc);
     return QSA_OK;

@@ -339,7 +339,8 @@ TEST(gpu, k1_gres_mix) {
             float acc = 0.0f; /* the CPU backend's loop (qsa__gres_fwd) */
             double mag = 0;
             for (int s = 0; s < HC; s++) {
-                float p = qsa__sigmoid(mw[(t * HC + s) * H + j]) * xn[(t * HC + s) * H + j];
+                /* the device's mix weights are interleaved by stream: [t][j][s] (qsa__dlin_up_hc) */
+                float p = qsa__sigmoid(mw[(t * H + j) * HC + s]) * xn[(t * HC + s) * H + j];
                 acc += p;
                 mag += fabs(p);
             }
@@ -1039,6 +1040,72 @@ TEST(gpu, k1_gemm_group_equals_single) {
     K1_NEED_GPU();
     static const int cases[][3] = {{65, 300, 2}, {200, 2560, 4}, {130, 48, 3}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) k1_gemm_group_case(cases[i][0], cases[i][1], cases[i][2]);
+}
+
+/* qsa_k_gemv_gres: the up projection with the input mix in its epilogue gives the bits of
+   qsa_k_gemv_f16 into mw followed by qsa_k_gres_mix, twice in a row (tickets back at zero). */
+static void k1_gemv_gres_case(int M, int H, int hc, int K, int with_bias) {
+    k1_mem mem = {{0}, 0, {0}, 0};
+    int N = hc * H, acc0 = 0, tiles = ((M + 15) / 16) * ((N + 15) / 16), nseg = (K + 255) / 256, prow = M < 16 ? M : 16;
+    uint16_t *a16, *w16, *r16, *g16;
+    float *af, *wf, *bias, *xn, *ref, *got, noact = 0.0f;
+    CUdeviceptr dA, dW, dB = 0, dxn, dmw, dinp, dinp16, dpart, dcnt, dnull = 0;
+    K1_ALLOC(a16, uint16_t, M * K);
+    K1_ALLOC(af, float, M * K);
+    K1_ALLOC(w16, uint16_t, N * K);
+    K1_ALLOC(wf, float, N * K);
+    K1_ALLOC(bias, float, N);
+    K1_ALLOC(xn, float, M * N);
+    K1_ALLOC(ref, float, M * H);
+    K1_ALLOC(got, float, M * H);
+    K1_ALLOC(r16, uint16_t, M * H);
+    K1_ALLOC(g16, uint16_t, M * H);
+    k1_seed(4000 + (uint64_t)(M * 13 + H + hc + K));
+    k1_fill16(a16, af, (size_t)M * K, -1, 1);
+    k1_fill16(w16, wf, (size_t)N * K, -0.5, 0.5);
+    k1_fill(bias, (size_t)N, -1, 1);
+    k1_fill(xn, (size_t)M * N, -3, 3);
+    K1_TRY(k1_dev(&mem, &dA, a16, sizeof(uint16_t) * M * K));
+    K1_TRY(k1_dev(&mem, &dW, w16, sizeof(uint16_t) * N * K));
+    if (with_bias) K1_TRY(k1_dev(&mem, &dB, bias, sizeof(float) * N));
+    K1_TRY(k1_dev(&mem, &dxn, xn, sizeof(float) * M * N));
+    K1_TRY(k1_dev(&mem, &dmw, NULL, sizeof(float) * M * N));
+    K1_TRY(k1_dev(&mem, &dinp, NULL, sizeof(float) * M * H));
+    K1_TRY(k1_dev(&mem, &dinp16, NULL, sizeof(uint16_t) * M * H));
+    K1_TRY(k1_dev(&mem, &dpart, NULL, sizeof(float) * (size_t)tiles * nseg * prow * 16));
+    K1_TRY(k1_dev(&mem, &dcnt, NULL, sizeof(unsigned) * (size_t)tiles));
+    K1_TRY(QSA__CU_R(qsa__cu.cuMemsetD8_v2(dcnt, 0, sizeof(unsigned) * (size_t)tiles)));
+    unsigned gx = (unsigned)((tiles * nseg + 3) / 4);
+    { /* the reference: the GEMV into mw, then the mix */
+        void *a1[] = {&dA, &dW, &dB, &dmw, &M, &N, &K, &acc0, &dpart, &dcnt, &dnull, &noact};
+        K1_TRY(k1_launch("qsa_k_gemv_f16", gx, 1, 128, a1));
+        void *a2[] = {&dmw, &dxn, &dinp, &dinp16, &H, &hc};
+        K1_TRY(k1_launch("qsa_k_gres_mix", (unsigned)M, 1, 256, a2));
+        K1_TRY(k1_get(ref, dinp, sizeof(float) * M * H));
+        K1_TRY(k1_get(r16, dinp16, sizeof(uint16_t) * M * H));
+    }
+    for (int rep = 0; rep < 2; rep++) {
+        char what[128];
+        K1_TRY(k1_poison(dinp, sizeof(float) * M * H));
+        K1_TRY(k1_poison(dinp16, sizeof(uint16_t) * M * H));
+        void *args[] = {&dA, &dW, &dB, &dxn, &dinp, &dinp16, &M, &N, &K, &hc, &dpart, &dcnt};
+        K1_TRY(k1_launch("qsa_k_gemv_gres", gx, 1, 128, args));
+        K1_TRY(k1_get(got, dinp, sizeof(float) * M * H));
+        K1_TRY(k1_get(g16, dinp16, sizeof(uint16_t) * M * H));
+        snprintf(what, sizeof what, "gemv_gres M=%d H=%d hc=%d K=%d bias %d launch %d", M, H, hc, K, with_bias, rep + 1);
+        CHECK(!k1_same(what, ref, got, (size_t)M * H, 4));
+        CHECK(!k1_same(what, r16, g16, (size_t)M * H, 2));
+    }
+done:
+    k1_free(&mem);
+}
+
+TEST(gpu, k1_gemv_gres_equals_gemv_and_mix) {
+    K1_NEED_GPU();
+    static const int cases[][5] = {{1, 2560 / 8, 4, 320, 0}, {5, 40, 4, 320, 1}, {16, 24, 2, 100, 0}, {37, 20, 8, 48, 1},
+                                   {64, 33, 1, 272, 0}, {3, 4, 16, 600, 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        k1_gemv_gres_case(cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
 }
 
 TEST(gpu, k1_gemv_cross_warp_equals_gemm) {
