@@ -101,6 +101,7 @@ static __device__ __forceinline__ float qsa_e4m3_to_f32(qsa_u32 b) {
 
 #define QSA_NEG_INF __int_as_float((int)0xff800000u)
 #define QSA_QNAN __int_as_float(0x7fc00000)
+#define QSA_INF __int_as_float(0x7f800000)
 
 /* The CPU reference's formulas (parts/model.h qsa__sigmoid / qsa__silu): expf and an IEEE
    division (NVRTC's defaults: -prec-div=true, no fast math). */
@@ -2650,23 +2651,113 @@ static __device__ __forceinline__ unsigned k2_order_key(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+/* Top-k block selection.  The k-th largest key T is found in three steps, each exact:
+ *   1. lo/hi: the minimum and maximum score (a block reduction; min and max are exact in any order);
+ *   2. a 1024-bin linear histogram over [lo, hi]: bin(s) = (int)((s - lo) * (1024 / (hi - lo))), both
+ *      rounded operations monotone in s, so a higher bin holds only larger scores; the bin holding
+ *      the k-th largest key is found by a block scan, and its keys become the candidates;
+ *   3. a radix select (8-bit digits from the candidates' first differing bit) over the candidates:
+ *      from shared memory when they fit (K2_TOPK_CAP keys), else over the scores in the bin's key range.
+ * Scores that spread over the bins (the indexer's) cost three passes over the scores with few
+ * shared-atomic conflicts, where a radix select from the top bit (the exponent: 2-3 live bins)
+ * serialised ~65,000 atomics on a few counters.  All-equal scores, ranges that overflow and ties
+ * at the threshold are exact through the same steps (the radix path takes the rest). */
+#define K2_TOPK_BINS 1024 /* = the block size */
+#define K2_TOPK_CAP 2048
+
+typedef struct {
+    int hist[256];
+    int wcount[33];
+    int whist[32 * 257]; /* per-warp radix histograms (rows padded), or the 8 copies of the linear histogram */
+    unsigned cand[K2_TOPK_CAP];
+    unsigned pick_prefix, kmin, kmax;
+    int pick_need, pick_bin, ncand;
+    float lo, hi;
+} k2_topk_smem;
+
+static __device__ __forceinline__ int k2_lin_bin(float s, float lo, float scale) {
+    int b = (int)__fmul_rn(__fsub_rn(s, lo), scale); /* s >= lo: the product is >= 0 */
+    return b < K2_TOPK_BINS - 1 ? b : K2_TOPK_BINS - 1;
+}
+
+/* The need-th largest key (1 <= need <= the number of keys) among the keys in [kmin, kmax]: from
+ * cand[0..n) when cand is not NULL, else from the order keys of sc[0..n) inside that range.  Returns
+ * it, and *need becomes the number of keys equal to it that complete the selection. */
+static __device__ unsigned k2_radix_select(const float *__restrict__ sc, const unsigned *cand, int n, unsigned kmin,
+                                           unsigned kmax, int *need_io, k2_topk_smem *sm) {
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int top = kmin == kmax ? 0 : 32 - __clz(kmin ^ kmax); /* bits below the common prefix */
+    unsigned mask = top == 32 ? 0u : ~((1u << top) - 1u), prefix = kmin & mask;
+    int need = *need_io;
+    while (top > 0) {
+        int w = top < 8 ? top : 8, shift = top - w;
+        for (int i = tid; i < 32 * 257; i += blockDim.x) sm->whist[i] = 0;
+        __syncthreads();
+        /* 8 loads in flight per thread; the trip count is uniform, so whole warps take part */
+        for (int base = 0; base < n; base += 8 * blockDim.x) {
+            unsigned key[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int b = base + u * blockDim.x + tid;
+                key[u] = b < n ? (cand ? cand[b] : k2_order_key(sc[b])) : 0u;
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int b = base + u * blockDim.x + tid;
+                bool in = b < n && key[u] >= kmin && key[u] <= kmax && (key[u] & mask) == prefix;
+                if (in) atomicAdd(&sm->whist[warp * 257 + ((key[u] >> shift) & 255u)], 1); /* the warp's own copy */
+            }
+        }
+        __syncthreads();
+        for (int d = tid; d < 256; d += blockDim.x) { /* integer sums: any order gives the same counts */
+            int c = 0;
+            for (int v = 0; v < (int)(blockDim.x >> 5); v++) c += sm->whist[v * 257 + d];
+            sm->hist[d] = c;
+        }
+        __syncthreads();
+        if (warp == 0) { /* the digit d with (count above d) < need <= (count above d) + hist[d] */
+            int c[8], tot = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                c[i] = sm->hist[lane * 8 + i];
+                tot += c[i];
+            }
+            int v = tot; /* suffix sum over lanes >= lane */
+            for (int off = 1; off < 32; off <<= 1) {
+                int x = __shfl_down_sync(QSA_FULL_MASK, v, off);
+                if (lane + off < 32) v += x;
+            }
+            int cum = v - tot; /* keys in the digits of higher lanes */
+#pragma unroll
+            for (int i = 7; i >= 0; i--) {
+                if (cum < need && need <= cum + c[i]) {
+                    sm->pick_prefix = prefix | ((unsigned)(lane * 8 + i) << shift);
+                    sm->pick_need = need - cum;
+                }
+                cum += c[i];
+            }
+        }
+        __syncthreads();
+        prefix = sm->pick_prefix;
+        need = sm->pick_need;
+        mask |= ((1u << w) - 1u) << shift;
+        top = shift;
+    }
+    *need_io = need;
+    return prefix;
+}
+
 /* Top-k blocks of query t = blockIdx.x: k = min(topk, nb) blocks with nb = (pos0+t+1)/r, by score
  * descending, ties to the lower block index (as the CPU qsa__select_blocks), written in ascending
  * block order to sel[t][0..k) (sel[t][k..topk) = -1), nsel[t] = k.
- * O(nb): radix select of the k-th largest key (4 passes of 8-bit digits, 256-bin shared histograms
- * of per-warp integer-atomic counts; 2.6x faster than warp-aggregated __match_any_sync atomics
- * on clustered scores), then a compaction in ascending index order (contiguous
- * chunks per thread, two block-wide exclusive scans) taking every block above the threshold key and
- * the lowest-index blocks equal to it.  Scores must not be NaN.
- * Launch: grid (M), block 1024. */
+ * O(nb): the threshold key T as above, then a compaction in ascending index order (contiguous
+ * chunks per thread, two block-wide exclusive scans) taking every block above T and the
+ * lowest-index blocks equal to it.  Scores must not be NaN.
+ * Launch: grid (M), block 1024 (= K2_TOPK_BINS). */
 static __device__ __forceinline__ void qsa_topk_blocks_body(const float *__restrict__ scores, int *sel,
                                                                      int *nsel, int pos0, int M, int r, int topk,
                                                                      int ld) {
-    __shared__ int hist[256];
-    __shared__ int wcount[33];
-    __shared__ int whist[32 * 257]; /* per-warp histograms (rows padded against bank conflicts) */
-    __shared__ unsigned pick_prefix;
-    __shared__ int pick_need;
+    __shared__ k2_topk_smem sm;
     int t = blockIdx.x;
     if (t >= M) return;
     int nb = (int)(((long long)pos0 + t + 1) / r);
@@ -2681,63 +2772,125 @@ static __device__ __forceinline__ void qsa_topk_blocks_body(const float *__restr
         return;
     }
     if (k <= 0) return;
-    /* radix select: after the passes, T is the k-th largest key and `need` the number of blocks
-       equal to T that belong to the selection (those above T all do) */
-    unsigned prefix = 0, mask = 0;
-    int need = k;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = tid; i < 32 * 257; i += blockDim.x) whist[i] = 0;
-        __syncthreads();
-        /* 8 loads in flight per thread; the trip count is uniform, so whole warps take part */
-        for (int base = 0; base < nb; base += 8 * blockDim.x) {
-            unsigned key[8];
+    /* 1. lo, hi */
+    float lo = QSA_INF, hi = -QSA_INF;
+    for (int base = 0; base < nb; base += 8 * blockDim.x) {
+        float s[8];
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                int b = base + u * blockDim.x + tid;
-                key[u] = b < nb ? k2_order_key(sc[b]) : 0u;
-            }
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                int b = base + u * blockDim.x + tid;
-                bool in = b < nb && (key[u] & mask) == prefix;
-                if (in) atomicAdd(&whist[warp * 257 + ((key[u] >> shift) & 255u)], 1); /* the warp's own copy */
-            }
+        for (int u = 0; u < 8; u++) {
+            int b = base + u * blockDim.x + tid;
+            s[u] = b < nb ? sc[b] : sc[0];
         }
-        __syncthreads();
-        for (int d = tid; d < 256; d += blockDim.x) { /* integer sums: any order gives the same counts */
-            int n = 0;
-            for (int w = 0; w < (int)(blockDim.x >> 5); w++) n += whist[w * 257 + d];
-            hist[d] = n;
-        }
-        __syncthreads();
-        if (warp == 0) { /* the digit d with (count above d) < need <= (count above d) + hist[d] */
-            int c[8], tot = 0;
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                c[i] = hist[lane * 8 + i];
-                tot += c[i];
-            }
-            int v = tot; /* suffix sum over lanes >= lane */
-            for (int off = 1; off < 32; off <<= 1) {
-                int x = __shfl_down_sync(QSA_FULL_MASK, v, off);
-                if (lane + off < 32) v += x;
-            }
-            int cum = v - tot; /* keys in the digits of higher lanes */
-#pragma unroll
-            for (int i = 7; i >= 0; i--) {
-                if (cum < need && need <= cum + c[i]) {
-                    pick_prefix = prefix | ((unsigned)(lane * 8 + i) << shift);
-                    pick_need = need - cum;
-                }
-                cum += c[i];
-            }
+        for (int u = 0; u < 8; u++) {
+            lo = fminf(lo, s[u]);
+            hi = fmaxf(hi, s[u]);
         }
-        __syncthreads();
-        prefix = pick_prefix;
-        need = pick_need;
-        mask |= 255u << shift;
     }
-    unsigned T = prefix;
+    for (int m = 16; m > 0; m >>= 1) {
+        lo = fminf(lo, __shfl_xor_sync(QSA_FULL_MASK, lo, m));
+        hi = fmaxf(hi, __shfl_xor_sync(QSA_FULL_MASK, hi, m));
+    }
+    if (lane == 0) {
+        sm.whist[warp] = __float_as_int(lo);
+        sm.whist[32 + warp] = __float_as_int(hi);
+    }
+    if (tid == 0) sm.ncand = 0;
+    __syncthreads();
+    if (warp == 0) {
+        int nw = blockDim.x >> 5;
+        lo = __int_as_float(sm.whist[lane < nw ? lane : 0]);
+        hi = __int_as_float(sm.whist[32 + (lane < nw ? lane : 0)]);
+        for (int m = 16; m > 0; m >>= 1) {
+            lo = fminf(lo, __shfl_xor_sync(QSA_FULL_MASK, lo, m));
+            hi = fmaxf(hi, __shfl_xor_sync(QSA_FULL_MASK, hi, m));
+        }
+        if (lane == 0) {
+            sm.lo = lo;
+            sm.hi = hi;
+            sm.kmin = 0xffffffffu;
+            sm.kmax = 0u;
+        }
+    }
+    __syncthreads();
+    lo = sm.lo;
+    hi = sm.hi;
+    unsigned kmin = k2_order_key(lo), kmax = k2_order_key(hi), T;
+    int need = k;
+    float range = __fsub_rn(hi, lo), scale = __fdiv_rn((float)K2_TOPK_BINS, range);
+    if (kmin == kmax) {
+        T = kmin; /* all scores equal */
+    } else if (range > 0.0f && range < QSA_INF && scale < QSA_INF) {
+        /* 2. the linear histogram, 8 copies (warp & 7) */
+        for (int i = tid; i < 8 * K2_TOPK_BINS; i += blockDim.x) sm.whist[i] = 0;
+        __syncthreads();
+        int *hcopy = sm.whist + (warp & 7) * K2_TOPK_BINS;
+        for (int base = 0; base < nb; base += 8 * blockDim.x) {
+            float s[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int b = base + u * blockDim.x + tid;
+                s[u] = b < nb ? sc[b] : lo;
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (base + u * blockDim.x + tid < nb) atomicAdd(&hcopy[k2_lin_bin(s[u], lo, scale)], 1);
+        }
+        __syncthreads();
+        int bin = K2_TOPK_BINS - 1 - tid, h = 0; /* thread order = bins descending */
+        for (int c = 0; c < 8; c++) h += sm.whist[c * K2_TOPK_BINS + bin];
+        int above = k2_block_excl_scan(h, sm.wcount);
+        if (above < need && need <= above + h) {
+            sm.pick_bin = bin;
+            sm.pick_need = need - above;
+        }
+        __syncthreads();
+        bin = sm.pick_bin;
+        need = sm.pick_need;
+        /* the bin's keys: count, range, and the first K2_TOPK_CAP of them (any order: only their
+           multiset is used) */
+        unsigned bmin = 0xffffffffu, bmax = 0u;
+        for (int base = 0; base < nb; base += 8 * blockDim.x) {
+            float s[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int b = base + u * blockDim.x + tid;
+                s[u] = b < nb ? sc[b] : lo;
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                bool in = base + u * blockDim.x + tid < nb && k2_lin_bin(s[u], lo, scale) == bin;
+                unsigned key = k2_order_key(s[u]), ball = __ballot_sync(QSA_FULL_MASK, in);
+                if (ball == 0u) continue;
+                int first = 0;
+                if (lane == 0) first = atomicAdd(&sm.ncand, __popc(ball));
+                first = __shfl_sync(QSA_FULL_MASK, first, 0) + __popc(ball & ((1u << lane) - 1u));
+                if (in) {
+                    if (first < K2_TOPK_CAP) sm.cand[first] = key;
+                    bmin = min(bmin, key);
+                    bmax = max(bmax, key);
+                }
+            }
+        }
+        for (int m = 16; m > 0; m >>= 1) {
+            bmin = min(bmin, __shfl_xor_sync(QSA_FULL_MASK, bmin, m));
+            bmax = max(bmax, __shfl_xor_sync(QSA_FULL_MASK, bmax, m));
+        }
+        if (lane == 0) {
+            atomicMin(&sm.kmin, bmin);
+            atomicMax(&sm.kmax, bmax);
+        }
+        __syncthreads();
+        kmin = sm.kmin;
+        kmax = sm.kmax;
+        int n = sm.ncand;
+        /* 3. */
+        if (kmin == kmax) T = kmin;
+        else if (n <= K2_TOPK_CAP) T = k2_radix_select(sc, sm.cand, n, kmin, kmax, &need, &sm);
+        else T = k2_radix_select(sc, NULL, nb, kmin, kmax, &need, &sm);
+    } else {
+        T = k2_radix_select(sc, NULL, nb, kmin, kmax, &need, &sm); /* infinities, or a range that overflows */
+    }
     /* compaction: thread i owns the contiguous blocks [i*per, (i+1)*per), so thread order is block
        order; two block-wide exclusive scans give each thread the number of equal keys and of taken
        blocks before its chunk; a thread takes all its keys > T and its equal keys while fewer than
@@ -2754,10 +2907,10 @@ static __device__ __forceinline__ void qsa_topk_blocks_body(const float *__restr
             n_eq += b0 + u < c1 && key[u] == T;
         }
     }
-    int eq_before = k2_block_excl_scan(n_eq, wcount);
+    int eq_before = k2_block_excl_scan(n_eq, sm.wcount);
     int take_eq = need - eq_before < 0 ? 0 : (need - eq_before < n_eq ? need - eq_before : n_eq);
-    int at = k2_block_excl_scan(n_gt + take_eq, wcount);
-    for (int b0 = c0; b0 < c1; b0 += 8) { /* 8 loads in flight, as in the count (one at a time: 64 trips to L2) */
+    int at = k2_block_excl_scan(n_gt + take_eq, sm.wcount);
+    for (int b0 = c0; b0 < c1; b0 += 8) { /* 8 loads in flight, as in the count */
         unsigned key[8];
 #pragma unroll
         for (int u = 0; u < 8; u++) key[u] = b0 + u < c1 ? k2_order_key(sc[b0 + u]) : 0u;

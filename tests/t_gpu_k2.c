@@ -738,7 +738,11 @@ static void k2t_topk_case(const char *what, int kind, int pos0, int M, int r, in
         case 1: x = (float)floor(u * 6) * 0.25f; break;                   /* six values: ties at the threshold */
         case 2: x = 1.5f; break;                                          /* all equal */
         case 3: x = u < 0.5 ? (u < 0.25 ? 0.0f : -0.0f) : (float)u; break; /* +0 and -0 are equal */
-        default: x = (float)k2t_uniform(-5, 5); break;                    /* negative scores */
+        case 4: x = (float)k2t_uniform(-5, 5); break;                     /* negative scores */
+        case 5: x = u < 0.001 ? 1e30f : (float)(u * 3); break;            /* outliers: one linear bin holds almost all */
+        case 6: x = 1.0f + (float)(u * 1e-5); break;                      /* a narrow cluster: few distinct values */
+        case 7: x = u < 0.01 ? INFINITY : (u < 0.02 ? -INFINITY : (float)u); break; /* infinities */
+        default: x = u < 0.03 ? 9.995f + (float)(u * 0.1) : (float)(u * 9.99); break; /* 1-2k keys in the threshold bin */
         }
         sc[i] = x;
     }
@@ -780,6 +784,10 @@ TEST(gpu, k2_topk_blocks_exact) {
     k2t_topk_case("all equal", 2, 9000, 3, 4, 300);
     k2t_topk_case("+0/-0", 3, 5000, 4, 4, 200);
     k2t_topk_case("negative", 4, 3000, 4, 4, 100);
+    k2t_topk_case("outliers", 5, 262144 - 2, 2, 4, 2048);
+    k2t_topk_case("narrow cluster", 6, 200000, 2, 4, 2048);
+    k2t_topk_case("infinities", 7, 100000, 2, 4, 1000);
+    k2t_topk_case("dense threshold bin", 8, 262144 - 2, 2, 4, 512);
     k2t_topk_case("k >= nb, nb = 0", 0, 0, 40, 4, 8);                    /* nb 0..10: all, then top 8 */
     k2t_topk_case("r = 1, k = 1", 1, 700, 3, 1, 1);
 }
