@@ -2751,7 +2751,7 @@ static __device__ unsigned k2_radix_select(const float *__restrict__ sc, const u
  * descending, ties to the lower block index (as the CPU qsa__select_blocks), written in ascending
  * block order to sel[t][0..k) (sel[t][k..topk) = -1), nsel[t] = k.
  * O(nb): the threshold key T as above, then a compaction in ascending index order (contiguous
- * chunks per thread, two block-wide exclusive scans) taking every block above T and the
+ * chunks per warp, two block-wide exclusive scans) taking every block above T and the
  * lowest-index blocks equal to it.  Scores must not be NaN.
  * Launch: grid (M), block 1024 (= K2_TOPK_BINS). */
 static __device__ __forceinline__ void qsa_topk_blocks_body(const float *__restrict__ scores, int *sel,
@@ -2891,37 +2891,43 @@ static __device__ __forceinline__ void qsa_topk_blocks_body(const float *__restr
     } else {
         T = k2_radix_select(sc, NULL, nb, kmin, kmax, &need, &sm); /* infinities, or a range that overflows */
     }
-    /* compaction: thread i owns the contiguous blocks [i*per, (i+1)*per), so thread order is block
-       order; two block-wide exclusive scans give each thread the number of equal keys and of taken
-       blocks before its chunk; a thread takes all its keys > T and its equal keys while fewer than
-       `need` equal keys precede them */
-    int per = (nb + blockDim.x - 1) / blockDim.x, c0 = tid * per, c1 = c0 + per < nb ? c0 + per : nb;
-    int n_gt = 0, n_eq = 0;
-    for (int b0 = c0; b0 < c1; b0 += 8) {
+    /* compaction: warp w owns the contiguous blocks [w*per, (w+1)*per) (per a multiple of 32) and
+       reads them 32 at a time, lane order = block order (coalesced: with a contiguous chunk per
+       thread every load of a warp touched 32 cache lines); two block-wide exclusive scans
+       of the warps' counts give each warp the number of equal keys and of taken blocks before its
+       chunk; a warp takes all its keys > T and its equal keys while fewer than `need` precede them */
+    int nw = blockDim.x >> 5, per = ((nb + nw - 1) / nw + 31) & ~31;
+    int c0 = warp * per, c1 = c0 + per < nb ? c0 + per : nb;
+    int n_gt = 0, n_eq = 0; /* warp-uniform */
+    for (int b0 = c0; b0 < c1; b0 += 256) {
         unsigned key[8];
 #pragma unroll
-        for (int u = 0; u < 8; u++) key[u] = b0 + u < c1 ? k2_order_key(sc[b0 + u]) : 0u;
+        for (int u = 0; u < 8; u++) key[u] = b0 + 32 * u + lane < c1 ? k2_order_key(sc[b0 + 32 * u + lane]) : 0u;
 #pragma unroll
         for (int u = 0; u < 8; u++) {
-            n_gt += b0 + u < c1 && key[u] > T;
-            n_eq += b0 + u < c1 && key[u] == T;
+            bool in = b0 + 32 * u + lane < c1;
+            n_gt += __popc(__ballot_sync(QSA_FULL_MASK, in && key[u] > T));
+            n_eq += __popc(__ballot_sync(QSA_FULL_MASK, in && key[u] == T));
         }
     }
-    int eq_before = k2_block_excl_scan(n_eq, sm.wcount);
+    int eq_before = __shfl_sync(QSA_FULL_MASK, k2_block_excl_scan(lane == 0 ? n_eq : 0, sm.wcount), 0);
     int take_eq = need - eq_before < 0 ? 0 : (need - eq_before < n_eq ? need - eq_before : n_eq);
-    int at = k2_block_excl_scan(n_gt + take_eq, sm.wcount);
-    for (int b0 = c0; b0 < c1; b0 += 8) { /* 8 loads in flight, as in the count */
+    int at = __shfl_sync(QSA_FULL_MASK, k2_block_excl_scan(lane == 0 ? n_gt + take_eq : 0, sm.wcount), 0);
+    const unsigned below = (1u << lane) - 1u;
+    for (int b0 = c0; b0 < c1; b0 += 256) {
         unsigned key[8];
 #pragma unroll
-        for (int u = 0; u < 8; u++) key[u] = b0 + u < c1 ? k2_order_key(sc[b0 + u]) : 0u;
+        for (int u = 0; u < 8; u++) key[u] = b0 + 32 * u + lane < c1 ? k2_order_key(sc[b0 + 32 * u + lane]) : 0u;
 #pragma unroll
         for (int u = 0; u < 8; u++) {
-            if (b0 + u >= c1) break;
-            if (key[u] > T) out[at++] = b0 + u;
-            else if (key[u] == T && take_eq > 0) {
-                out[at++] = b0 + u;
-                take_eq--;
-            }
+            int b = b0 + 32 * u + lane;
+            unsigned gt = __ballot_sync(QSA_FULL_MASK, b < c1 && key[u] > T);
+            unsigned eq = __ballot_sync(QSA_FULL_MASK, b < c1 && key[u] == T);
+            while (__popc(eq) > take_eq) eq &= ~(1u << (31 - __clz(eq))); /* the lowest take_eq of them */
+            take_eq -= __popc(eq);
+            unsigned mask = gt | eq;
+            if ((mask >> lane) & 1u) out[at + __popc(mask & below)] = b;
+            at += __popc(mask);
         }
     }
 }
