@@ -3295,12 +3295,15 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_block_keys_batch(
 }
 
 /* scores [B][ld].  Launch: grid (1, Y, B) with any Y (ceil(max_blocks / 256): an upper bound fixed
- * by the model, so the grid does not depend on the positions; warps past a query's blocks idle). */
+ * by the model, so the grid does not depend on the positions; warps past a query's blocks idle).
+ * A query with at most topk blocks selects all of them (qsa_k_topk_blocks_batch reads no score):
+ * its scores are not computed. */
 extern "C" __global__ void __launch_bounds__(256) qsa_k_block_scores_batch(
     const float *__restrict__ iq, const unsigned long long *__restrict__ bkeys, float *__restrict__ scores,
-    const int *__restrict__ pos, int ih, int ihd, int r, int ld) {
+    const int *__restrict__ pos, int ih, int ihd, int r, int ld, int topk) {
     QSA_PDL_ENTRY();
     const qsa_i64 b = blockIdx.z;
+    if ((pos[b] + 1) / r <= topk) return;
     qsa_block_scores_body(iq + b * (ih + 1) * ihd, QSA_BPTR(const float, bkeys), scores + b * ld, pos[b], 1, ih, ihd, r,
                           ld);
 }

@@ -9419,7 +9419,8 @@ QSA_PRIV qsa_result qsa__cuda_attn(qsa_seq *sq, int l, int M) {
             int mq = M - t0 < s->score_rows ? M - t0 : s->score_rows, p = pos0 + t0, ld = s->max_blocks;
             CUdeviceptr iqt = iq + (size_t)t0 * (ih + 1) * ihd * 4, selt = s->sel + (size_t)t0 * topk * 4, nst = s->nsel + (size_t)t0 * 4;
             int maxb = (p + mq) / r;
-            if (maxb > 0) QSA__LAUNCH(g, block_scores, mq, (maxb + 255) / 256, 256, 0, &iqt, &bk, &s->scores, &p, &mq, &ih, &ihd, &r, &ld);
+            /* with at most topk blocks every query selects all of them: topk_blocks reads no score */
+            if (maxb > topk) QSA__LAUNCH(g, block_scores, mq, (maxb + 255) / 256, 256, 0, &iqt, &bk, &s->scores, &p, &mq, &ih, &ihd, &r, &ld);
             QSA__LAUNCH(g, topk_blocks, mq, 1, 1024, 0, &s->scores, &selt, &nst, &p, &mq, &r, &topk, &ld);
         }
         if (sq->sel_hook) QSA__TRY(qsa__cuda_report_selections(sq, l, M, topk));
@@ -9790,7 +9791,7 @@ QSA_PRIV qsa_result qsa__cuda_attn_batch(qsa_model *m, int l, int B) {
         unsigned ys = (unsigned)((s->max_blocks + 255) / 256);
         QSA__LAUNCH3(g, indexer_prep_batch, 1, ih + 1, B, 128, 0, &iq, &qln, &inv, &bts, &Ip, &pos, &ih, &ihd, &rd, &ps, &eps);
         QSA__LAUNCH3(g, block_keys_batch, 1, 1, B, 128, 0, &Ip, &bts, &kln, &inv, &bk, &pos, &r, &ihd, &rd, &ps, &eps);
-        QSA__LAUNCH3(g, block_scores_batch, 1, ys, B, 256, 0, &iq, &bk, &sc, &pos, &ih, &ihd, &r, &ld);
+        QSA__LAUNCH3(g, block_scores_batch, 1, ys, B, 256, 0, &iq, &bk, &sc, &pos, &ih, &ihd, &r, &ld, &topk);
         QSA__LAUNCH3(g, topk_blocks_batch, 1, 1, B, 1024, 0, &sc, &s->sel, &s->nsel, &pos, &r, &topk, &ld);
     }
     QSA__LAUNCH3(g, sparse_attn_batch, 1, nh, B, qsa__attn_threads(B), 0, &qg, &Kp, &Vp, &bts, &s->sel, &s->nsel, &att, &att16, &pos, &nh, &nkv,
