@@ -2252,11 +2252,9 @@ extern "C" __global__ void qsa_k_gdn_conv_state(const float *__restrict__ qkv, f
 #define K2_GDN_MAX_DK 512
 
 /* The recurrence for value head h = blockIdx.x.  A column j of S only ever meets itself (kv[j],
- * d[j], o[j]), so each column is owned by P adjacent lanes (P = 16 for dk <= 128, 32 up to 512: a
- * function of dk alone; at most 8 rows per lane up to dk = 256, 16 at 512), lane p holding the rows
- * i = u*P + p (u ascending) of the column in registers for the whole launch (the recurrence is a
- * chain per token: short chains and many warps, since a prefill's 2,048 tokens run one after the
- * other); columns j = (blockIdx.y + c*gridDim.y)*(blockDim.x/P)
+ * d[j], o[j]), so each column is owned by P adjacent lanes (P = 4 for dk <= 128, 8 up to 256, 16
+ * up to 512: a function of dk alone), lane p holding the rows i = u*P + p (u ascending) of the
+ * column in registers for the whole launch; columns j = (blockIdx.y + c*gridDim.y)*(blockDim.x/P)
  * + threadIdx.x/P.  Per token and column:
  *   s_i = S[i][j]*exp(g);  kv = sum_i s_i k_i;  d = (v_j - kv)*beta;  S[i][j] = s_i + k_i d;  o_j = sum_i S[i][j] q_i
  * where each lane sums its rows in ascending u with fmaf and the P partial sums are combined by an
@@ -2267,7 +2265,7 @@ extern "C" __global__ void qsa_k_gdn_conv_state(const float *__restrict__ qkv, f
  * inputs come through a shared-memory staging of T tokens (below).
  * F16: the state is fp16 between tokens (rounded once per token after the update; o uses the fp32
  * value before that rounding). */
-#define K2_GDN_P(dk) ((dk) <= 128 ? 16 : 32) /* lanes per column (qsa__gdn_rec_ny has the same rule) */
+#define K2_GDN_ROWS 32 /* rows of a column per lane */
 /* Tokens are staged in chunks of T: the block loads the chunk's q, k (T x dk each), the v of its
  * columns (T x B/P), g and beta (T each) with coalesced loads into shared memory, one pair of
  * barriers per chunk, the next chunk's loads in flight (registers) while the current one is
@@ -2277,14 +2275,13 @@ extern "C" __global__ void qsa_k_gdn_conv_state(const float *__restrict__ qkv, f
 #define K2_GDN_PF 20 /* with blocks of 128 and dk = 128: T = 8 */
 #define K2_GDN_STG 4096 /* floats of shared staging (16 KB: with 32 KB of dynamic memory, 48 KB) */
 #define K2_GDN_TMAX 16
-__shared__ float k2_gdn_stg[K2_GDN_STG]; /* one array for every instantiation below */
-template <bool F16, int ROWS> /* ROWS >= dk / P: rows of a column per lane */
-static __device__ __noinline__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *__restrict__ q,
+template <bool F16>
+static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *__restrict__ q,
                                         const float *__restrict__ k, const float *__restrict__ v,
                                         const float *__restrict__ beta, const float *__restrict__ g, float *o, int M,
                                         int nk, int nv, int dk, int dv) {
-    float *stg = k2_gdn_stg;
-    const int P = K2_GDN_P(dk), B = blockDim.x, cpb = B / P;
+    __shared__ float stg[K2_GDN_STG];
+    const int P = dk <= 128 ? 4 : dk <= 256 ? 8 : 16, B = blockDim.x, cpb = B / P;
     const int per = 2 * dk + cpb + 2, cap = min(K2_GDN_PF * B, K2_GDN_STG);
     if (dk > K2_GDN_MAX_DK || (B & 31) || per > cap) __trap(); /* the host validates dk and the block */
     const int T = max(1, min(min(K2_GDN_TMAX, cap / per), M)), L = T * per;
@@ -2297,9 +2294,9 @@ static __device__ __noinline__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, c
     for (int c = 0; c < ncols; c++) {
         const int jb = (blockIdx.y + c * gridDim.y) * cpb, j = jb + jc;
         const bool live = j < dv;
-        float st[ROWS];
+        float st[K2_GDN_ROWS];
 #pragma unroll
-        for (int u = 0; u < ROWS; u++) {
+        for (int u = 0; u < K2_GDN_ROWS; u++) {
             const int i = u * P + p;
             const long long gi = hbase + (long long)i * dv + j;
             st[u] = live && i < dk ? (F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi]) : 0.0f;
@@ -2344,7 +2341,7 @@ static __device__ __noinline__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, c
                 const float decay = expf(gs[tt]), bt = bs[tt], vj = vs[tt * cpb + jc];
                 float kv = 0.0f;
 #pragma unroll
-                for (int u = 0; u < ROWS; u++)
+                for (int u = 0; u < K2_GDN_ROWS; u++)
                     if (u < nu) {
                         st[u] = __fmul_rn(st[u], decay); /* s_i = S[i][j] exp(g), kept for the update */
                         kv = fmaf(st[u], kt[u * P], kv);
@@ -2353,7 +2350,7 @@ static __device__ __noinline__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, c
                 const float d = __fmul_rn(vj - kv, bt);
                 float oj = 0.0f;
 #pragma unroll
-                for (int u = 0; u < ROWS; u++)
+                for (int u = 0; u < K2_GDN_ROWS; u++)
                     if (u < nu) {
                         const float sn = fmaf(kt[u * P], d, st[u]);
                         st[u] = F16 ? qsa_f16_to_f32(qsa_f32_to_f16(sn)) : sn;
@@ -2365,7 +2362,7 @@ static __device__ __noinline__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, c
         }
 #undef K2_GDN_FETCH
 #pragma unroll
-        for (int u = 0; u < ROWS; u++) {
+        for (int u = 0; u < K2_GDN_ROWS; u++) {
             const int i = u * P + p;
             const long long gi = hbase + (long long)i * dv + j;
             if (live && i < dk) {
@@ -2380,25 +2377,24 @@ static __device__ __noinline__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, c
 /* S [nv][dk][dv] fp32 (in/out); q, k [M][nk*dk] (normalised, q scaled); v [M][nv*dv];
  * beta, g [M][nv]; o [M][nv*dv] out.  Value head h uses key head h / (nv/nk).  dk <= 512.
  * Launch: grid (nv, Y), block B (multiple of 32), no dynamic shared memory (any given is unused).
- * Recommended: Y = ceil(dv / (B/P)) with B = 128: P lanes per column (K2_GDN_P: 16 for dk <= 128),
- * so nv*dv*P/128 blocks.  Any (Y, B) gives the same bits (64 <= B when dk > 256: the staging). */
-extern "C" __global__ void __launch_bounds__(256, 2) qsa_k_gdn_recurrent(float *S, const float *__restrict__ q, const float *__restrict__ k,
+ * Recommended: Y = ceil(dv / (B/P)) with B = 128: P lanes per column (4 for dk <= 128), so
+ * nv*dv*P/128 blocks.  Any (Y, B) gives the same bits (64 <= B when dk > 256: the staging; B <= 256:
+ * ~190 registers per thread). */
+extern "C" __global__ void qsa_k_gdn_recurrent(float *S, const float *__restrict__ q, const float *__restrict__ k,
                                                const float *__restrict__ v, const float *__restrict__ beta,
                                                const float *__restrict__ g, float *o, int M, int nk, int nv, int dk,
                                                int dv) {
     QSA_PDL_ENTRY();
-    if (dk <= 256) k2_gdn_recurrent<false, 8>(S, 0, q, k, v, beta, g, o, M, nk, nv, dk, dv);
-    else k2_gdn_recurrent<false, 16>(S, 0, q, k, v, beta, g, o, M, nk, nv, dk, dv);
+    k2_gdn_recurrent<false>(S, 0, q, k, v, beta, g, o, M, nk, nv, dk, dv);
 }
 
 /* The same with the state stored as fp16 [nv][dk][dv] (the "fp16 state" comparison option). */
-extern "C" __global__ void __launch_bounds__(256, 2) qsa_k_gdn_recurrent_f16state(qsa_f16 *S, const float *__restrict__ q,
+extern "C" __global__ void qsa_k_gdn_recurrent_f16state(qsa_f16 *S, const float *__restrict__ q,
                                                         const float *__restrict__ k, const float *__restrict__ v,
                                                         const float *__restrict__ beta, const float *__restrict__ g,
                                                         float *o, int M, int nk, int nv, int dk, int dv) {
     QSA_PDL_ENTRY();
-    if (dk <= 256) k2_gdn_recurrent<true, 8>(0, S, q, k, v, beta, g, o, M, nk, nv, dk, dv);
-    else k2_gdn_recurrent<true, 16>(0, S, q, k, v, beta, g, o, M, nk, nv, dk, dv);
+    k2_gdn_recurrent<true>(0, S, q, k, v, beta, g, o, M, nk, nv, dk, dv);
 }
 
 /* Gated RMSNorm per value head, in place: o = w * (o / sqrt(mean(o^2) + eps)) * act(z).
@@ -3352,21 +3348,18 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv_batch(
 }
 
 /* S: st.  Launch: grid (nv, Y, B), block and dynamic shared memory as qsa_k_gdn_recurrent. */
-extern "C" __global__ void __launch_bounds__(256, 2) qsa_k_gdn_recurrent_batch(const unsigned long long *__restrict__ st,
+extern "C" __global__ void qsa_k_gdn_recurrent_batch(const unsigned long long *__restrict__ st,
                                                      const float *__restrict__ q, const float *__restrict__ k,
                                                      const float *__restrict__ v, const float *__restrict__ beta,
                                                      const float *__restrict__ g, float *o, int nk, int nv, int dk,
                                                      int dv) {
     QSA_PDL_ENTRY();
     const qsa_i64 b = blockIdx.z, kd = (qsa_i64)nk * dk, vd = (qsa_i64)nv * dv;
-    float *S = QSA_BPTR(float, st);
-    if (dk <= 256) k2_gdn_recurrent<false, 8>(S, 0, q + b * kd, k + b * kd, v + b * vd, beta + b * nv,
-                                           g + b * nv, o + b * vd, 1, nk, nv, dk, dv);
-    else k2_gdn_recurrent<false, 16>(S, 0, q + b * kd, k + b * kd, v + b * vd, beta + b * nv,
-                                       g + b * nv, o + b * vd, 1, nk, nv, dk, dv);
+    k2_gdn_recurrent<false>(QSA_BPTR(float, st), 0, q + b * kd, k + b * kd, v + b * vd, beta + b * nv, g + b * nv,
+                            o + b * vd, 1, nk, nv, dk, dv);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 2) qsa_k_gdn_recurrent_f16state_batch(const unsigned long long *__restrict__ st,
+extern "C" __global__ void qsa_k_gdn_recurrent_f16state_batch(const unsigned long long *__restrict__ st,
                                                               const float *__restrict__ q, const float *__restrict__ k,
                                                               const float *__restrict__ v,
                                                               const float *__restrict__ beta,
@@ -3374,11 +3367,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) qsa_k_gdn_recurrent_f16stat
                                                               int dk, int dv) {
     QSA_PDL_ENTRY();
     const qsa_i64 b = blockIdx.z, kd = (qsa_i64)nk * dk, vd = (qsa_i64)nv * dv;
-    qsa_f16 *S = QSA_BPTR(qsa_f16, st);
-    if (dk <= 256) k2_gdn_recurrent<true, 8>(0, S, q + b * kd, k + b * kd, v + b * vd, beta + b * nv,
-                                           g + b * nv, o + b * vd, 1, nk, nv, dk, dv);
-    else k2_gdn_recurrent<true, 16>(0, S, q + b * kd, k + b * kd, v + b * vd, beta + b * nv,
-                                       g + b * nv, o + b * vd, 1, nk, nv, dk, dv);
+    k2_gdn_recurrent<true>(0, QSA_BPTR(qsa_f16, st), q + b * kd, k + b * kd, v + b * vd, beta + b * nv, g + b * nv,
+                           o + b * vd, 1, nk, nv, dk, dv);
 }
 
 /* PLE conv state: st.  Launch: grid (ceil(hcH / 256), 1, B), block 256. */

@@ -9325,7 +9325,7 @@ typedef struct qsa__gdn_gate_args {
    state column (kernels.cu), so a block covers 128 / P columns of a value head. */
 #define QSA__GDN_REC_THREADS 128
 QSA_PRIV unsigned qsa__gdn_rec_ny(int dk, int dv) {
-    int P = dk <= 128 ? 16 : 32, cpb = QSA__GDN_REC_THREADS / P; /* K2_GDN_P in kernels.cu */
+    int P = dk <= 128 ? 4 : dk <= 256 ? 8 : 16, cpb = QSA__GDN_REC_THREADS / P;
     return (unsigned)((dv + cpb - 1) / cpb);
 }
 
