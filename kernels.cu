@@ -3045,27 +3045,33 @@ static __device__ __forceinline__ void k2_raw_f32(float *f, const unsigned *w) {
     for (int c = 0; c < C; c++) f[c] = qsa_f16_to_f32((qsa_f16)((w[c >> 1] >> (16 * (c & 1))) & 0xffffu));
 }
 
-/* One warp: the online softmax over the selected tokens k0..k1-1 (visit order) of one query head,
- * token after token exactly as the CPU.  Lane owns dims lane*C .. lane*C+C-1 (hd = 32*C).  tsl[kk]
- * (shared memory, kk relative to the round) is the pool slot of visit index kk, found by the whole
- * block before.  Software pipeline: the K and V of the next K2_ATTN_G tokens are in flight (raw
- * fp16 in registers) while the scores and the softmax of the current K2_ATTN_G run, so a warp waits
- * on memory once per split, not once per group; the order of the arithmetic is unchanged.
- * Writes slot = [m, l, acc[hd]]. */
-template <int C, bool VEC>
-static __device__ __forceinline__ void k2_attn_split(const float *__restrict__ qh, const qsa_f16 *__restrict__ Kp,
+/* One warp: the online softmax over the selected tokens k0..k1-1 (visit order) of H query heads of
+ * one KV head (qh, qh + 2*hd, ...), token after token exactly as the CPU, each head with its own
+ * (m, l, acc) and the same arithmetic as when it is computed alone (H only shares the loads and the
+ * fp16 conversions of K and V).  Lane owns dims lane*C .. lane*C+C-1 (hd = 32*C).  tsl[kk] (shared
+ * memory, kk relative to the round) is the pool slot of visit index kk, found by the whole block
+ * before.  Software pipeline: the K and V of the next K2_ATTN_G tokens are in flight (raw fp16 in
+ * registers) while the scores and the softmax of the current K2_ATTN_G run, so a warp waits on
+ * memory once per split, not once per group; the order of the arithmetic is unchanged.
+ * Writes slot + hh*sstride = [m, l, acc[hd]] for head hh. */
+template <int C, bool VEC, int H>
+static __device__ __noinline__ void k2_attn_split(const float *__restrict__ qh, const qsa_f16 *__restrict__ Kp,
                                      const qsa_f16 *__restrict__ Vp, const int *tsl, int kvd, int kvoff, int k0,
-                                     int k1, float scale, float *slot, int hd) {
-    enum { G = K2_ATTN_G, W = (C + 1) / 2 };
+                                     int k1, float scale, float *slot, int sstride, int hd) {
+    enum { G = H == 1 ? K2_ATTN_G : 2, W = (C + 1) / 2 }; /* G: when loads are issued, never the arithmetic */
     int lane = threadIdx.x & 31;
     bool live = lane * C < hd; /* false only for lanes past a head narrower than a warp */
-    float qr[C], acc[C];
+    float qr[H][C], acc[H][C], m[H], l[H];
 #pragma unroll
-    for (int c = 0; c < C; c++) {
-        qr[c] = live ? qh[lane * C + c] : 0.0f;
-        acc[c] = 0.0f;
+    for (int hh = 0; hh < H; hh++) {
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            qr[hh][c] = live ? qh[hh * 2 * hd + lane * C + c] : 0.0f;
+            acc[hh][c] = 0.0f;
+        }
+        m[hh] = QSA_NEG_INF;
+        l[hh] = 0.0f;
     }
-    float m = QSA_NEG_INF, l = 0.0f;
     unsigned kr[G][W], vr[G][W]; /* the group being computed */
 #pragma unroll
     for (int g = 0; g < G; g++) { /* prologue: the first group (indices past k1 repeat k0: never used) */
@@ -3090,32 +3096,39 @@ static __device__ __forceinline__ void k2_attn_split(const float *__restrict__ q
                 k2_load_raw<C, VEC>(vq[g], Vp + b);
             }
         }
-        float sc[G];
+        float sc[G][H];
 #pragma unroll
         for (int g = 0; g < G; g++) {
             float kf[C];
             k2_raw_f32<C>(kf, kr[g]);
-            float p = 0.0f;
 #pragma unroll
-            for (int c = 0; c < C; c++) p = fmaf(qr[c], kf[c], p);
-            sc[g] = qsa_warp_sum(p) * scale;
+            for (int hh = 0; hh < H; hh++) {
+                float p = 0.0f;
+#pragma unroll
+                for (int c = 0; c < C; c++) p = fmaf(qr[hh][c], kf[c], p);
+                sc[g][hh] = __fmul_rn(qsa_warp_sum(p), scale);
+            }
         }
 #pragma unroll
         for (int g = 0; g < G; g++) {
             if (g >= n) break;
-            float s = sc[g], vf[C];
+            float vf[C];
             k2_raw_f32<C>(vf, vr[g]);
-            if (s > m) { /* online softmax within the split, as qsa__attn_head_plan */
-                float f = expf(m - s);
-                l *= f;
 #pragma unroll
-                for (int c = 0; c < C; c++) acc[c] *= f;
-                m = s;
+            for (int hh = 0; hh < H; hh++) {
+                const float s = sc[g][hh];
+                if (s > m[hh]) { /* online softmax within the split, as qsa__attn_head_plan */
+                    float f = expf(__fsub_rn(m[hh], s));
+                    l[hh] = __fmul_rn(l[hh], f);
+#pragma unroll
+                    for (int c = 0; c < C; c++) acc[hh][c] = __fmul_rn(acc[hh][c], f);
+                    m[hh] = s;
+                }
+                float e = expf(__fsub_rn(s, m[hh]));
+                l[hh] = __fadd_rn(l[hh], e); /* the rounding explicit: the same bits for every H */
+#pragma unroll
+                for (int c = 0; c < C; c++) acc[hh][c] = fmaf(e, vf[c], acc[hh][c]);
             }
-            float e = expf(s - m);
-            l += e;
-#pragma unroll
-            for (int c = 0; c < C; c++) acc[c] = fmaf(e, vf[c], acc[c]);
         }
 #pragma unroll
         for (int g = 0; g < G; g++)
@@ -3125,16 +3138,21 @@ static __device__ __forceinline__ void k2_attn_split(const float *__restrict__ q
                 vr[g][i] = vq[g][i];
             }
     }
-    if (lane == 0) {
-        slot[0] = m;
-        slot[1] = l;
-    }
-    if (live)
 #pragma unroll
-        for (int c = 0; c < C; c++) slot[2 + lane * C + c] = acc[c];
+    for (int hh = 0; hh < H; hh++) {
+        float *sl = slot + hh * sstride;
+        if (lane == 0) {
+            sl[0] = m[hh];
+            sl[1] = l[hh];
+        }
+        if (live)
+#pragma unroll
+            for (int c = 0; c < C; c++) sl[2 + lane * C + c] = acc[hh][c];
+    }
 }
 
-/* Gated sparse attention of query t = blockIdx.x (position pos0+t), query head h = blockIdx.y.
+/* Gated sparse attention of query t = blockIdx.x (position pos0+t), query heads h0 .. h0+H-1 with
+ * H = nh / gridDim.y and h0 = blockIdx.y * H.
  *
  *   q      [M][nh*2*hd] prepped ([q | gate] per head); out [M][nh*hd] fp32 and/or out16 (fp16)
  *   Kpool, Vpool  this layer's fp16 pages; bt the sequence's block table
@@ -3148,9 +3166,12 @@ static __device__ __forceinline__ void k2_attn_split(const float *__restrict__ q
  * (M, Lsum, o) strictly left to right, as qsa__attn_head_plan; at the end o / Lsum * sigmoid(gate).
  * Nothing depends on other queries, on M, on the block size or on which physical pages hold the
  * tokens.  Requires hd % 32 == 0 and hd <= 256 (else trap; the host validates).
- * GQA: query head h reads KV head h / (nh/nkv).
- * Launch: grid (M, nh), block any multiple of 32 up to 512: 512 (16 splits at once: a decode query's
- * 2048 + tail tokens in one round) for few queries, 256 for prefill (more blocks per SM). */
+ * GQA: query head h reads KV head h / (nh/nkv).  H heads of one KV head in a block share the loads
+ * of K and V (each head's arithmetic is that of the head alone: the same bits for any H).
+ * Launch: grid (M, nh / H), block any multiple of 32 up to 512 with H * blockDim.x <= 512; H = 1, or
+ * H = 2 when hd is 128 or 256 and 2 divides nh/nkv.  The runtime: 512 threads and H = 1 for few
+ * queries (16 splits at once: a decode query's 2048 + tail tokens in one round), 256 threads and
+ * H = 2 for prefill (K and V read once per pair of heads). */
 #define K2_ATTN_MAX_WARPS 16
 #define K2_ATTN_MAX_SPLIT 256 /* the runtime's QSA_ATTN_SPLIT */
 static __device__ __forceinline__ void qsa_sparse_attn_body(
@@ -3160,22 +3181,24 @@ static __device__ __forceinline__ void qsa_sparse_attn_body(
     const int *__restrict__ tokpos, int ld_tok) {
     __shared__ float slots[K2_ATTN_MAX_WARPS][256 + 2];
     __shared__ int tslot[K2_ATTN_MAX_WARPS * K2_ATTN_MAX_SPLIT]; /* pool slot of each visit index of a round */
-    int t = blockIdx.x, h = blockIdx.y;
-    if (t >= M || h >= nh) return;
-    if ((hd > 32 && hd % 32 != 0) || hd > 256 || blockDim.x > 32 * K2_ATTN_MAX_WARPS || split < 1 || split > K2_ATTN_MAX_SPLIT)
+    const int H = nh / (int)gridDim.y, C = hd < 32 ? 1 : hd / 32; /* C: dims per lane (heads narrower than a warp leave lanes >= hd idle) */
+    int t = blockIdx.x, h0 = blockIdx.y * H;
+    if ((hd > 32 && hd % 32 != 0) || hd > 256 || H * (int)blockDim.x > 32 * K2_ATTN_MAX_WARPS || split < 1 ||
+        split > K2_ATTN_MAX_SPLIT || H < 1 || H > 2 || H * (int)gridDim.y != nh || (nh / nkv) % H != 0 ||
+        (H == 2 && C != 4 && C != 8))
         __trap();
+    if (t >= M) return;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     long long pos = (long long)pos0 + t;
     int nb = r > 0 ? (int)((pos + 1) / r) : 0;
     int ns = r > 0 ? nsel[t] : 0;
     int ntok = (int)(ns * (long long)r + (pos + 1 - (long long)nb * r));
     int nsplit = (ntok + split - 1) / split;
-    int kvh = h / (nh / nkv), kvd = nkv * hd;
-    const float *qh = q + ((long long)t * nh + h) * 2 * hd;
+    int kvh = h0 / (nh / nkv), kvd = nkv * hd;
+    const float *qh = q + ((long long)t * nh + h0) * 2 * hd;
     const int *selq = r > 0 ? sel + (long long)t * topk : sel;
     const int *tokq = tokpos ? tokpos + (long long)t * ld_tok : tokpos;
     float scale = 1.0f / sqrtf((float)hd);
-    int C = hd < 32 ? 1 : hd / 32; /* dims per lane; heads narrower than a warp leave lanes >= hd idle */
     float Mx = QSA_NEG_INF, Ls = 0.0f, o[8];
 #pragma unroll
     for (int c = 0; c < 8; c++) o[c] = 0.0f;
@@ -3190,9 +3213,12 @@ static __device__ __forceinline__ void qsa_sparse_attn_body(
         int s = s0 + warp;
         if (s < nsplit) {
             int k0 = s * split - t0, k1 = (k0 + t0) + split < ntok ? k0 + split : ntok - t0;
-            float *slot = slots[warp];
-#define K2_SPLIT(CC, V) k2_attn_split<CC, V>(qh, Kpool, Vpool, tslot, kvd, kvh * hd, k0, k1, scale, slot, hd)
-            switch (C) {
+            float *slot = slots[warp * H]; /* head hh: slots[warp * H + hh] */
+#define K2_SPLIT(CC, V) k2_attn_split<CC, V, 1>(qh, Kpool, Vpool, tslot, kvd, kvh * hd, k0, k1, scale, slot, 258, hd)
+            if (H == 2) {
+                if (C == 8) k2_attn_split<8, true, 2>(qh, Kpool, Vpool, tslot, kvd, kvh * hd, k0, k1, scale, slot, 258, hd);
+                else k2_attn_split<4, true, 2>(qh, Kpool, Vpool, tslot, kvd, kvh * hd, k0, k1, scale, slot, 258, hd);
+            } else switch (C) {
             case 1: if (hd < 32) K2_SPLIT(1, false); else K2_SPLIT(1, true); break;
             case 2: K2_SPLIT(2, true); break;
             case 3: K2_SPLIT(3, false); break;
@@ -3205,28 +3231,28 @@ static __device__ __forceinline__ void qsa_sparse_attn_body(
 #undef K2_SPLIT
         }
         __syncthreads();
-        if (warp == 0) { /* merge this round's splits left to right: (M, Lsum, o) as qsa__attn_head_plan */
+        if (warp < H) { /* warp hh merges head hh's splits of this round left to right: (M, Lsum, o) as qsa__attn_head_plan */
             int n = nsplit - s0 < nw ? nsplit - s0 : nw;
             for (int i = 0; i < n; i++) {
-                const float *sl = slots[i];
+                const float *sl = slots[i * H + warp];
                 float m = sl[0], l = sl[1];
                 float Mn = m > Mx ? m : Mx, fa = expf(Mx - Mn), fb = expf(m - Mn);
-                Ls = Ls * fa + l * fb;
+                Ls = __fadd_rn(__fmul_rn(Ls, fa), __fmul_rn(l, fb)); /* no contraction: the same bits in every entry point */
 #pragma unroll
                 for (int c = 0; c < 8; c++)
-                    if (lane + 32 * c < hd) o[c] = o[c] * fa + sl[2 + lane + 32 * c] * fb;
+                    if (lane + 32 * c < hd) o[c] = __fadd_rn(__fmul_rn(o[c], fa), __fmul_rn(sl[2 + lane + 32 * c], fb));
                 Mx = Mn;
             }
         }
         __syncthreads(); /* the slots are free again */
     }
-    if (warp != 0) return;
+    if (warp >= H) return;
 #pragma unroll
     for (int c = 0; c < 8; c++) {
         int d = lane + 32 * c;
         if (d >= hd) break;
-        float y = __fmul_rn(o[c] / Ls, qsa_sigmoid(qh[hd + d]));
-        long long at = ((long long)t * nh + h) * hd + d;
+        float y = __fmul_rn(o[c] / Ls, qsa_sigmoid(qh[warp * 2 * hd + hd + d]));
+        long long at = ((long long)t * nh + h0 + warp) * hd + d;
         if (out) out[at] = y;
         if (out16) out16[at] = qsa_f32_to_f16(y);
     }

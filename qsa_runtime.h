@@ -9082,6 +9082,13 @@ QSA_PRIV void qsa__cuda_seq_destroy(qsa_model *m, qsa_seq *s) {
    one round) when there are few queries, 8 for prefill.  The bits do not depend on it. */
 QSA_PRIV unsigned qsa__attn_threads(int M) { return M <= 64 ? 512u : 256u; }
 
+/* Query heads per sparse-attention block: 2 for prefill when the kernel supports it (hd 128 or 256,
+   pairs of heads on one KV head), so each pair reads K and V once; 1 for few queries, where the
+   blocks would otherwise not fill the GPU.  The bits do not depend on it. */
+QSA_PRIV int qsa__attn_heads(int M, int nh, int nkv, int hd) {
+    return M > 64 && (hd == 128 || hd == 256) && nkv > 0 && nh % nkv == 0 && (nh / nkv) % 2 == 0 ? 2 : 1;
+}
+
 /* Blocks along H for the per-token element-wise kernels (grid (M, Y)): enough to fill the GPU when M
    is small, one when M alone does. */
 QSA_PRIV unsigned qsa__ygrid(int M, int H) {
@@ -9432,7 +9439,7 @@ QSA_PRIV qsa_result qsa__cuda_attn(qsa_seq *sq, int l, int M) {
         tokpos = s->tokpos;
         QSA__LAUNCH(g, attn_phys_order, M, 1, 256, 0, &bt, &s->sel, &s->nsel, &tokpos, &pos0, &M, &r, &topk, &ps, &ld_tok);
     }
-    QSA__LAUNCH(g, sparse_attn, M, nh, qsa__attn_threads(M), 0, &qg, &Kp, &Vp, &bt, &s->sel, &s->nsel, &att, &att16, &pos0, &M, &nh, &nkv, &hd, &r,
+    QSA__LAUNCH(g, sparse_attn, M, nh / qsa__attn_heads(M, nh, nkv, hd), qsa__attn_threads(M), 0, &qg, &Kp, &Vp, &bt, &s->sel, &s->nsel, &att, &att16, &pos0, &M, &nh, &nkv, &hd, &r,
                 &topk, &ps, &split, &tokpos, &ld_tok);
     return qsa__dgemm(g, att16, M, &d->o, s->out, 0);
 }

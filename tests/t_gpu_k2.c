@@ -873,6 +873,8 @@ static void k2t_attn_cpu(const k2t_attn *c, int ps, int n_pages, const int32_t *
     qsa__pool_destroy(&pool);
 }
 
+static int k2t_attn_heads = 1; /* query heads per block (grid y = nh / heads) */
+
 /* GPU: pages of `ps` tokens in a pool of n_pages, block table bt; queries [t0, t0+M) of the case
    in one launch (block threads); phys: visit in physical order (qsa_k_attn_phys_order first,
    whose list is returned in order [M][ld] when not NULL).  out [M][nh*hd]. */
@@ -917,7 +919,7 @@ static qsa_result k2t_attn_gpu(const k2t_attn *c, int ps, int n_pages, const int
     if (res == QSA_OK) {
         void *args[] = {&dq, &dK, &dV, &dbt, &dsel, &dns, &dout, &do16, &pos0, &M, &nh, &nkv, &hd, &r, &topk, &ps, &split,
                         &dtok, &ldt};
-        res = k2t_launch("qsa_k_sparse_attn", (unsigned)M, (unsigned)nh, (unsigned)block, 0, args);
+        res = k2t_launch("qsa_k_sparse_attn", (unsigned)M, (unsigned)(nh / k2t_attn_heads), (unsigned)block, 0, args);
     }
     if (res == QSA_OK) res = k2t_get(out, dout, (size_t)M * nh * hd * 4);
     if (res == QSA_OK) res = k2t_get(o16, do16, (size_t)M * nh * hd * 2);
@@ -959,6 +961,9 @@ TEST(gpu, k2_sparse_attn_vs_cpu) {
     k2t_attn_vs_cpu("sparse_attn hd128 topk512", &c, 16, 256);
     k2t_attn_vs_cpu("sparse_attn hd128 topk512 block128", &c, 400, 128);
     k2t_attn_vs_cpu("sparse_attn hd128 topk512 block512", &c, 400, 512);
+    k2t_attn_heads = 2; /* the prefill launch: two query heads of one KV head per block */
+    k2t_attn_vs_cpu("sparse_attn hd128 topk512, 2 heads per block", &c, 16, 256);
+    k2t_attn_heads = 1;
     k2t_attn_free(&c);
     /* early positions: fewer blocks than topk (all selected), tails of 0..3 tokens; hd 64 */
     k2t_attn_init(&c, 4, 1, 64, 4, 128, 37, 0, 62);
@@ -967,6 +972,12 @@ TEST(gpu, k2_sparse_attn_vs_cpu) {
     /* hd 256 (8 dims per lane), 2 splits */
     k2t_attn_init(&c, 2, 2, 256, 4, 100, 9, 2000, 63);
     k2t_attn_vs_cpu("sparse_attn hd256", &c, 784, 256);
+    k2t_attn_free(&c);
+    /* hd 256, 12 query heads on 2 KV heads (the real shape's grouping), 2 heads per block */
+    k2t_attn_init(&c, 24, 2, 256, 4, 100, 5, 2000, 66);
+    k2t_attn_heads = 2;
+    k2t_attn_vs_cpu("sparse_attn hd256 GQA 12:1, 2 heads per block", &c, 400, 256);
+    k2t_attn_heads = 1;
     k2t_attn_free(&c);
     /* hd 96 (3 dims per lane: scalar loads), r = 8 */
     k2t_attn_init(&c, 3, 3, 96, 8, 64, 11, 1500, 64);
@@ -1012,6 +1023,15 @@ TEST(gpu, k2_sparse_attn_determinism) {
         if (r == QSA_OK) r = k2t_attn_gpu(&c, 16, 2 * np + 5, bt, 0, c.M, 512, 0, got, NULL, 0);
         CHECK_OK(r);
         CHECKF(r != QSA_OK || k2t_same_bits(base, got, no * 4), "block of 512 threads (the decode launch): output bits differ from 256");
+        /* nor the query heads per block (the prefill launch computes two heads of one KV head per block) */
+        k2t_attn_heads = 2;
+        if (r == QSA_OK) r = k2t_attn_gpu(&c, 16, 2 * np + 5, bt, 0, c.M, 256, 0, got, NULL, 0);
+        CHECK_OK(r);
+        CHECKF(r != QSA_OK || k2t_same_bits(base, got, no * 4), "2 query heads per block (the prefill launch): output bits differ from 1");
+        if (r == QSA_OK) r = k2t_attn_gpu(&c, 16, 2 * np + 5, bt, 0, c.M, 64, 0, got, NULL, 0);
+        CHECK_OK(r);
+        CHECKF(r != QSA_OK || k2t_same_bits(base, got, no * 4), "2 query heads per block of 64 threads: output bits differ");
+        k2t_attn_heads = 1;
     }
     /* (3) batch invariance: a query alone (M = 1) gives the bits it has inside M = 37 */
     static const int alone[3] = {0, 17, 36};
