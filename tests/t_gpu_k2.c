@@ -1013,24 +1013,24 @@ TEST(gpu, k2_sparse_attn_determinism) {
                 CHECKF(k2t_same_bits(base, got, no * 4), "page size %d, placement %d: output bits differ", ps, perm);
             first = 0;
         }
-    /* block size does not matter */
+    /* neither the block size nor the query heads per block matter (the prefill launch computes two
+       heads of one KV head per block, decode one) */
     if (r == QSA_OK) {
         int np = (c.ntok + 16 - 1) / 16;
         k2t_block_table(bt, np, 2 * np + 5, 1);
-        r = k2t_attn_gpu(&c, 16, 2 * np + 5, bt, 0, c.M, 128, 0, got, NULL, 0);
-        CHECK_OK(r);
-        CHECKF(r != QSA_OK || k2t_same_bits(base, got, no * 4), "block of 128 threads: output bits differ from 256");
-        if (r == QSA_OK) r = k2t_attn_gpu(&c, 16, 2 * np + 5, bt, 0, c.M, 512, 0, got, NULL, 0);
-        CHECK_OK(r);
-        CHECKF(r != QSA_OK || k2t_same_bits(base, got, no * 4), "block of 512 threads (the decode launch): output bits differ from 256");
-        /* nor the query heads per block (the prefill launch computes two heads of one KV head per block) */
-        k2t_attn_heads = 2;
-        if (r == QSA_OK) r = k2t_attn_gpu(&c, 16, 2 * np + 5, bt, 0, c.M, 256, 0, got, NULL, 0);
-        CHECK_OK(r);
-        CHECKF(r != QSA_OK || k2t_same_bits(base, got, no * 4), "2 query heads per block (the prefill launch): output bits differ from 1");
-        if (r == QSA_OK) r = k2t_attn_gpu(&c, 16, 2 * np + 5, bt, 0, c.M, 64, 0, got, NULL, 0);
-        CHECK_OK(r);
-        CHECKF(r != QSA_OK || k2t_same_bits(base, got, no * 4), "2 query heads per block of 64 threads: output bits differ");
+        static const struct { int heads, block; const char *what; } shapes[] = {
+            {1, 128, "block of 128 threads"},
+            {1, 512, "block of 512 threads (the decode launch)"},
+            {2, 256, "2 query heads per block (the prefill launch)"},
+            {2, 64, "2 query heads per block of 64 threads"},
+        };
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0] && r == QSA_OK; i++) {
+            k2t_attn_heads = shapes[i].heads;
+            r = k2t_attn_gpu(&c, 16, 2 * np + 5, bt, 0, c.M, shapes[i].block, 0, got, NULL, 0);
+            CHECK_OK(r);
+            CHECKF(r != QSA_OK || k2t_same_bits(base, got, no * 4), "%s: output bits differ from 1 head per block of 256",
+                   shapes[i].what);
+        }
         k2t_attn_heads = 1;
     }
     /* (3) batch invariance: a query alone (M = 1) gives the bits it has inside M = 37 */
