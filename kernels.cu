@@ -1182,7 +1182,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16
  * Y = A W^T, task i = tile * nseg + s, go to warps, QSA_GEMV_WARPS per block (warp w of block x
  * takes task x * QSA_GEMV_WARPS + w), so every warp streams one segment of 16 weight rows whatever
  * the shape.  A warp stores its P_s tile (only the rows < M) in part; the warp that completes a
- * tile (an integer ticket in count[tile], taken after a __threadfence) adds all of them in
+ * tile (an integer ticket in count[tile], qsa_ticket_last) adds all of them in
  * ascending s, T = ((0 + P_0) + P_1) + ..., exactly the canonical order, writes Y and resets
  * count[tile] to 0 for the next launch (or graph replay).  Same bits as qsa_k_gemm_* for every
  * M, N, K.  Y16 != NULL fuses qsa_k_silu_scale into the store: Y = silu(Y * act_scale) and Y16 its
@@ -1192,21 +1192,63 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16
  * warp, the segments folded in registers, measured slower here: lm_head 520 -> 630 us.) */
 #define QSA_GEMV_WARPS 4
 /* t = ((0 + p[0]) + p[stride]) + ... + p[(n-1)*stride], ascending (the canonical segment order), the
-   loads issued 8 at a time so the completing warp waits on memory n/8 times, not n (32 at a time
-   measured slower: decode GEMVs 10-30% longer) */
+   loads issued 8 at a time (the last batch predicated) so the completing warp waits on memory
+   ceil(n/8) times, not n (32 at a time measured slower: decode GEMVs 10-30% longer) */
 static __device__ __forceinline__ float qsa_sum_parts(const float *p, qsa_i64 stride, int n) {
     float t = 0.0f;
-    int s = 0;
-    for (; s + 8 <= n; s += 8) {
+    for (int s = 0; s < n; s += 8) {
         float v[8];
 #pragma unroll
-        for (int u = 0; u < 8; u++) v[u] = __ldcg(p + (qsa_i64)(s + u) * stride);
+        for (int u = 0; u < 8; u++) v[u] = s + u < n ? __ldcg(p + (qsa_i64)(s + u) * stride) : 0.0f;
 #pragma unroll
-        for (int u = 0; u < 8; u++) t = t + v[u];
+        for (int u = 0; u < 8; u++)
+            if (s + u < n) t = t + v[u];
     }
-    for (; s < n; s++) t = t + __ldcg(p + (qsa_i64)s * stride);
     return t;
 }
+/* The same sum with two lanes per element, for tiles of one row (16 elements): lanes l and l + 16
+   get the same p; per round the low lane loads 8 parts and the high lane the next 8, which reach
+   the low lane by shuffles, so it waits on memory ceil(n/16) times; it adds all of them in
+   ascending order (the same bits).  Every lane of the warp calls it with the same n; `ok` false
+   loads nothing.  The result is the low lane's. */
+static __device__ __forceinline__ float qsa_sum_parts_pair(const float *p, qsa_i64 stride, int n, bool ok) {
+    const int h = (threadIdx.x >> 4) & 1;
+    float t = 0.0f;
+    for (int s = 0; s < n; s += 16) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int q = s + 8 * h + u;
+            v[u] = ok && q < n ? __ldcg(p + (qsa_i64)q * stride) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (s + u < n) t = t + v[u];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const float o = __shfl_down_sync(QSA_FULL_MASK, v[u], 16);
+            if (s + 8 + u < n) t = t + o;
+        }
+    }
+    return t;
+}
+/* The ticket of a split tile (count: its arrivals so far): releases the calling warp's earlier
+   partial stores (every lane's: the warp barrier orders them before lane 0's atomic) to the device,
+   and the warp that arrives last (n arrivals in all) acquires the others' by a fence before it
+   reads them.  A release atomic and one acq_rel fence for the last warp only, instead of a
+   sequentially consistent fence on both sides (an acq_rel atomic in every warp was measured slower
+   at batch 32: a gpu-scope acquire also drops the SM's L1 lines, which the other warps' A rows use).
+   Returns, in every lane, whether this warp arrived last. */
+static __device__ __forceinline__ bool qsa_ticket_last(unsigned *count, unsigned n) {
+    __syncwarp();
+    unsigned old = 0u;
+    if ((threadIdx.x & 31) == 0)
+        asm volatile("atom.release.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(count) : "memory");
+    if (__shfl_sync(QSA_FULL_MASK, old, 0) != n - 1u) return false;
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    return true;
+}
+
 /* The canonical fold of a tile's segments inside one warp (one matrix): T = ((0 + P_0) + P_1) + ...,
    element-wise in the accumulator layout (the order qsa_sum_parts and the tiled core use, so the
    same bits).  NVFP4 through qsa_seg16_nvw: staging rows of QSA_STW halves. */
@@ -1221,6 +1263,19 @@ static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, in
 #pragma unroll
         for (int i = 0; i < 8; i++) T.x[i] = T.x[i] + P.x[i];
     }
+}
+
+/* The epilogue of a completed GEMV element: y = t (+ bias[n]) into row Y (Y[n] + y when accumulating);
+   with Y16 (that row's fp16 copy) qsa_k_silu_scale fused: the same operations on the same value. */
+static __device__ __forceinline__ void qsa_gemv_put(float t, const float *bias, float *Y, qsa_f16 *Y16,
+                                                    int accumulate, float act_scale, int n) {
+    if (bias) t = t + bias[n];
+    t = accumulate ? Y[n] + t : t;
+    if (Y16) {
+        t = qsa_silu(t * act_scale);
+        Y16[n] = qsa_f32_to_f16(t);
+    }
+    Y[n] = t;
 }
 
 template <bool NV>
@@ -1261,14 +1316,25 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
     __syncwarp();
     float *pt = part + (qsa_i64)tile * nseg * prow * 16;
     for (int e = lane; e < prow * 16; e += 32) pt[(qsa_i64)seg * prow * 16 + e] = slot[e];
-    __threadfence(); /* this warp's partial is visible device-wide before its ticket */
-    __syncwarp();
-    unsigned last = 0;
-    if (lane == 0) last = atomicAdd(&count[tile], 1u) == (unsigned)nseg - 1u;
-    if (!__shfl_sync(0xffffffffu, last, 0)) return;
-    __threadfence();
+    if (!qsa_ticket_last(&count[tile], (unsigned)nseg)) return;
     if (gxn) { /* qsa_k_gemv_gres: the tile's 16 / ghc groups of ghc interleaved mix weights, mixed */
         const int per = 16 / ghc, H = N / ghc;
+        if (prow == 1) { /* one row: a lane per column, its group's columns gathered by shuffles
+                            (ghc divides 16: a group's lanes are adjacent) */
+            const int n = n0 + (lane & 15);
+            const bool ok = lane < 16 && n < N;
+            float t = ok ? qsa_sum_parts(pt + (lane & 15), 16, nseg) : 0.0f;
+            if (ok && bias) t = t + bias[n];
+            float mwj[16];
+            for (int st = 0; st < ghc; st++) mwj[st] = __shfl_sync(QSA_FULL_MASK, t, (lane & ~(ghc - 1)) + st);
+            if (ok && n % ghc == 0) {
+                const float v = qsa_gres_mix1(mwj, gxn + n / ghc, H, ghc);
+                Y[n / ghc] = v;
+                Y16[n / ghc] = qsa_f32_to_f16(v);
+            }
+            if (lane == 0) count[tile] = 0u;
+            return;
+        }
         for (int e = lane; e < prow * per; e += 32) {
             const int r = e / per, m = m0 + r, n = n0 + (e % per) * ghc;
             if (m >= M || n >= N) continue;
@@ -1284,18 +1350,19 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
         if (lane == 0) count[tile] = 0u;
         return;
     }
+    if (prow == 1) { /* one row (decode): two lanes per element (qsa_sum_parts_pair) */
+        const int n = n0 + (lane & 15);
+        const bool ok = n < N;
+        const float t = qsa_sum_parts_pair(pt + (lane & 15), 16, nseg, ok);
+        if (ok && lane < 16) qsa_gemv_put(t, bias, Y, Y16, accumulate, act_scale, n);
+        if (lane == 0) count[tile] = 0u;
+        return;
+    }
     for (int e = lane; e < prow * 16; e += 32) {
         const int m = m0 + (e >> 4), n = n0 + (e & 15);
         if (m >= M || n >= N) continue;
-        float t = qsa_sum_parts(pt + e, (qsa_i64)prow * 16, nseg);
-        if (bias) t = t + bias[n];
-        float *py = Y + (qsa_i64)m * N + n;
-        t = accumulate ? *py + t : t;
-        if (Y16) { /* qsa_k_silu_scale fused: the same operations on the same value */
-            t = qsa_silu(t * act_scale);
-            Y16[(qsa_i64)m * N + n] = qsa_f32_to_f16(t);
-        }
-        *py = t;
+        qsa_gemv_put(qsa_sum_parts(pt + e, (qsa_i64)prow * 16, nseg), bias, Y + (qsa_i64)m * N,
+                     Y16 ? Y16 + (qsa_i64)m * N : Y16, accumulate, act_scale, n);
     }
     if (lane == 0) count[tile] = 0u;
 }
@@ -1445,15 +1512,21 @@ static __device__ __forceinline__ qsa_wsrc qsa_expert_ws(const qsa_expert_w &ex,
 
 /* Router: for token t, p = softmax(logits[t][0..E)) in fp32 (max, then e = expf(l - max), sum, e / sum:
  * the CPU's formulas; the max and the sum are fixed-order block reductions), the K largest p
- * (ties: lower expert id, as the CPU's repeated arg-max), optionally divided by their sum (summed
- * in selection order, as the CPU), written sorted by ascending expert id:
+ * (ties: lower expert id, as the CPU's repeated arg-max; NaN never selected: a round without a
+ * candidate gives id 0 and weight -inf, as the CPU's), optionally divided by their sum (summed in
+ * selection order, as the CPU), written sorted by ascending expert id:
  *   topk_ids [M][K] int, topk_w [M][K] fp32.  1 <= K <= 64, K <= E.
- * E <= 4 * blockDim.x keeps the probabilities in registers (one barrier per selected expert),
- * larger E recomputes them every round; the same selection and weights either way.  The entry
- * point's last parameter (qsa_router_extra, below) adds the shared expert's SwiGLU middle and the
- * expert plan to the launch.
+ * The order "p larger, then id lower" is total over the non-NaN values, so the k-th selection is the
+ * value with exactly k better ones: E <= 4 * blockDim.x with blockDim.x / 32 * K <= 512 keeps the
+ * probabilities in registers and ranks them without a barrier per selection — each warp ranks its
+ * values among its own by shuffles (those of rank < K are its candidates: every value of the
+ * global top K is one), then each candidate is ranked among all candidates (its rank there is its
+ * global rank when that is < K, and >= K otherwise).  Other shapes take the repeated block arg-max;
+ * the same selection and weights either way.  The entry point's last parameter (qsa_router_extra,
+ * below) adds the shared expert's SwiGLU middle and the expert plan to the launch.
  * Launch: grid (M), block 256 (the sum's bits depend on the block size: keep 256). */
-#define QSA_ROUTER_REG 4 /* probabilities per thread kept in registers: E <= 4 * blockDim.x (1,024 at 256) */
+#define QSA_ROUTER_REG 4    /* probabilities per thread kept in registers: E <= 4 * blockDim.x (1,024 at 256) */
+#define QSA_ROUTER_CAND 512 /* candidates of the rank selection: blockDim.x / 32 * K at most */
 static __device__ void qsa_router_body(const float *__restrict__ logits, int *__restrict__ topk_ids,
                                        float *__restrict__ topk_w, int E, int K, int norm) {
     __shared__ float scratch[33];
@@ -1461,6 +1534,8 @@ static __device__ void qsa_router_body(const float *__restrict__ logits, int *__
     __shared__ int si[33];
     __shared__ int sel[64];
     __shared__ float selw[64];
+    __shared__ float cv[QSA_ROUTER_CAND];
+    __shared__ int ci[QSA_ROUTER_CAND];
     const float *l = logits + (qsa_i64)blockIdx.x * E;
     if (K < 1 || K > 64 || K > E) { /* unsupported: ids 0 and NaN weights, never out of bounds */
         for (int k = threadIdx.x; k < K; k += blockDim.x) {
@@ -1469,50 +1544,61 @@ static __device__ void qsa_router_body(const float *__restrict__ logits, int *__
         }
         return;
     }
+    const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5, bd = blockDim.x;
     float mx = QSA_NEG_INF;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, l[e]);
+    for (int e = threadIdx.x; e < E; e += bd) mx = fmaxf(mx, l[e]);
     mx = qsa_block_max(mx, scratch);
     float sum = 0.0f;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) sum += expf(l[e] - mx);
+    for (int e = threadIdx.x; e < E; e += bd) sum += expf(l[e] - mx);
     sum = qsa_block_sum(sum, scratch);
-    if (E <= QSA_ROUTER_REG * (int)blockDim.x && blockDim.x <= 32 * 32) {
-        /* the usual case: a thread's probabilities computed once and kept in registers, a selected
-           one dropped by its owner; per round a warp arg-max by shuffles and one barrier (the warp
-           winners double-buffered by round parity).  The arg-max is exact (qsa_better: larger, then
-           lower id), so the selection and its weights are those of the general loop below. */
-        __shared__ float wv[2][32];
-        __shared__ int wi[2][32];
-        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (int k = threadIdx.x; k < K; k += bd) { /* what a round without a candidate gives */
+        sel[k] = 0;
+        selw[k] = QSA_NEG_INF;
+    }
+    if (E <= QSA_ROUTER_REG * bd && nwarps * K <= QSA_ROUTER_CAND) {
+        const int R = (E + bd - 1) / bd; /* registers in use (uniform) */
         float p[QSA_ROUTER_REG];
 #pragma unroll
         for (int r = 0; r < QSA_ROUTER_REG; r++) {
-            const int e = threadIdx.x + r * blockDim.x;
-            p[r] = e < E ? expf(l[e] - mx) / sum : QSA_NEG_INF;
+            const int e = threadIdx.x + r * bd;
+            p[r] = e < E ? expf(l[e] - mx) / sum : QSA_QNAN; /* NaN: never better, never a candidate */
         }
-        unsigned used = 0; /* bit r: p[r] selected */
-        for (int k = 0; k < K; k++) {
-            float bv = QSA_NEG_INF;
-            int bi = 0x7fffffff;
+        for (int c = threadIdx.x; c < nwarps * K; c += bd) cv[c] = QSA_QNAN;
+        __syncthreads();
+        /* each value's rank among its warp's values: lane j's register r2 holds expert
+           32 warp + j + r2 bd */
+        int rank[QSA_ROUTER_REG];
 #pragma unroll
-            for (int r = 0; r < QSA_ROUTER_REG; r++) {
-                const int e = threadIdx.x + r * blockDim.x;
-                if (e < E && !(used >> r & 1u) && qsa_better(p[r], e, bv, bi)) { bv = p[r]; bi = e; }
+        for (int r = 0; r < QSA_ROUTER_REG; r++) rank[r] = 0;
+#pragma unroll
+        for (int r2 = 0; r2 < QSA_ROUTER_REG; r2++) {
+            if (r2 >= R) break;
+#pragma unroll 4
+            for (int j = 0; j < 32; j++) {
+                const float y = __shfl_sync(QSA_FULL_MASK, p[r2], j);
+                const int iy = 32 * warp + j + r2 * bd;
+#pragma unroll
+                for (int r = 0; r < QSA_ROUTER_REG; r++)
+                    if (r < R) rank[r] += qsa_better(y, iy, p[r], (int)threadIdx.x + r * bd);
             }
-            for (int m = 16; m > 0; m >>= 1) {
-                const float ov = __shfl_xor_sync(QSA_FULL_MASK, bv, m);
-                const int oi = __shfl_xor_sync(QSA_FULL_MASK, bi, m);
-                if (qsa_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+        }
+#pragma unroll
+        for (int r = 0; r < QSA_ROUTER_REG; r++)
+            if (r < R && p[r] == p[r] && rank[r] < K) { /* (p == p: not NaN) */
+                cv[warp * K + rank[r]] = p[r];
+                ci[warp * K + rank[r]] = (int)threadIdx.x + r * bd;
             }
-            if (lane == 0) { wv[k & 1][warp] = bv; wi[k & 1][warp] = bi; }
-            __syncthreads();
-            bv = wv[k & 1][0];
-            bi = wi[k & 1][0];
-            for (int w = 1; w < nwarps; w++)
-                if (qsa_better(wv[k & 1][w], wi[k & 1][w], bv, bi)) { bv = wv[k & 1][w]; bi = wi[k & 1][w]; }
-            if (bi != 0x7fffffff && bi % (int)blockDim.x == (int)threadIdx.x) used |= 1u << (bi / (int)blockDim.x);
-            if (threadIdx.x == 0) {
-                sel[k] = bi == 0x7fffffff ? 0 : bi;
-                selw[k] = bv;
+        __syncthreads();
+        /* each candidate's rank among all candidates: the k-th selection has rank k */
+        for (int c = threadIdx.x; c < nwarps * K; c += bd) {
+            const float x = cv[c];
+            if (x != x) continue;
+            const int ix = ci[c];
+            int rk = 0;
+            for (int d = 0; d < nwarps * K; d++) rk += qsa_better(cv[d], ci[d], x, ix);
+            if (rk < K) {
+                sel[rk] = ix;
+                selw[rk] = x;
             }
         }
         __syncthreads(); /* sel / selw complete */
@@ -1520,11 +1606,11 @@ static __device__ void qsa_router_body(const float *__restrict__ logits, int *__
         for (int k = 0; k < K; k++) {
             float bv = QSA_NEG_INF;
             int bi = 0x7fffffff;
-            for (int e = threadIdx.x; e < E; e += blockDim.x) {
+            for (int e = threadIdx.x; e < E; e += bd) {
                 int used = 0;
                 for (int j = 0; j < k; j++) used |= sel[j] == e;
-                float p = expf(l[e] - mx) / sum;
-                if (!used && qsa_better(p, e, bv, bi)) { bv = p; bi = e; }
+                float pe = expf(l[e] - mx) / sum;
+                if (!used && qsa_better(pe, e, bv, bi)) { bv = pe; bi = e; }
             }
             qsa_block_argmax(&bv, &bi, sv, si);
             if (threadIdx.x == 0) {
@@ -1534,28 +1620,20 @@ static __device__ void qsa_router_body(const float *__restrict__ logits, int *__
             __syncthreads();
         }
     }
-    if (threadIdx.x == 0) {
+    /* thread k writes selection k: its weight (over the sum in selection order), at its place in
+       the ascending-id order (equal ids — the rounds without a candidate — keep selection order) */
+    if ((int)threadIdx.x < K) {
+        const int k = threadIdx.x, id = sel[k];
+        float w = selw[k];
         if (norm) {
             float s = 0.0f;
-            for (int k = 0; k < K; k++) s += selw[k];
-            for (int k = 0; k < K; k++) selw[k] /= s;
+            for (int j = 0; j < K; j++) s += selw[j];
+            w /= s;
         }
-        for (int i = 1; i < K; i++) { /* insertion sort by expert id */
-            int id = sel[i];
-            float w = selw[i];
-            int j = i - 1;
-            while (j >= 0 && sel[j] > id) {
-                sel[j + 1] = sel[j];
-                selw[j + 1] = selw[j];
-                j--;
-            }
-            sel[j + 1] = id;
-            selw[j + 1] = w;
-        }
-        for (int k = 0; k < K; k++) {
-            topk_ids[(qsa_i64)blockIdx.x * K + k] = sel[k];
-            topk_w[(qsa_i64)blockIdx.x * K + k] = selw[k];
-        }
+        int pos = 0;
+        for (int j = 0; j < K; j++) pos += sel[j] < id || (sel[j] == id && j < k);
+        topk_ids[(qsa_i64)blockIdx.x * K + pos] = id;
+        topk_w[(qsa_i64)blockIdx.x * K + pos] = w;
     }
 }
 
@@ -1862,12 +1940,28 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
     unsigned *tk = count + (qsa_i64)tile * ncol + ct;
     for (int i = lane; i < cnt * 16; i += 32)
         part[((((qsa_i64)(first + (i >> 4)) * ncol + ct) * nsp + seg) * NB + mat) * 16 + (i & 15)] = slot[i];
-    __threadfence(); /* this warp's partial is visible device-wide before its ticket */
-    __syncwarp();
-    unsigned last = 0;
-    if (lane == 0) last = atomicAdd(tk, 1u) == (unsigned)nst - 1u;
-    if (!__shfl_sync(0xffffffffu, last, 0)) return;
-    __threadfence();
+    if (!qsa_ticket_last(tk, (unsigned)nst)) return;
+    if (cnt == 1 && !whole) { /* one pair (decode): two lanes per element, gate and up (NB = 2) or
+                                 the two halves of the segments (qsa_sum_parts_pair) */
+        const int e = lane & 15, n = n0 + e;
+        const bool ok = n < N;
+        const float *pp = part + (qsa_i64)first * ncol * nsp * NB * 16 + (qsa_i64)ct * nsp * NB * 16 + e;
+        float T[NB];
+        if (NB == 2) {
+            const float t = ok ? qsa_sum_parts(pp + (lane >> 4) * 16, NB * 16, nseg) : 0.0f;
+            T[0] = t;
+            T[NB - 1] = __shfl_down_sync(QSA_FULL_MASK, t, 16);
+        } else {
+            T[0] = qsa_sum_parts_pair(pp, NB * 16, nseg, ok);
+        }
+        if (ok && lane < 16) {
+            const qsa_i64 p = prow[warp][0];
+            if (NB == 2) h16[p * N + n] = qsa_f32_to_f16(qsa_act(act, T[0]) * T[NB - 1]);
+            else y[p * N + n] = T[0];
+        }
+        if (lane == 0) *tk = 0u;
+        return;
+    }
     for (int i = lane; i < cnt * 16; i += 32) {
         const int r = i >> 4, n = n0 + (i & 15);
         if (n >= N) continue;

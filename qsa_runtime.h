@@ -1006,7 +1006,8 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
  *
  * Environment: QSA_CUDA_LIB, QSA_NVRTC_LIB, QSA_NCCL_LIB (a full path: only that file is tried),
  * QSA_ARCH (NVRTC target, e.g. compute_70 or sm_90; see qsa__nvrtc_pick_arch), QSA_PDL ("0": no
- * programmatic dependent launches, qsa__pdl_on). */
+ * programmatic dependent launches, qsa__pdl_on), QSA_XW_WHOLE_PER_SM and QSA_MOE64_PAIRS (launch-shape
+ * thresholds, qsa__cuda_tuning: tuning switches, the bits do not depend on them). */
 #ifndef QSA_NO_CUDA
 
 #if defined(__cuda_cuda_h__) || defined(__NVRTC_H__) || defined(NCCL_H_)
@@ -8499,6 +8500,8 @@ typedef struct qsa__dscratch {
 
 typedef struct qsa__cuda {
     int ordinal, cc, sm_count;
+    int xw_whole_per_sm;         /* qsa__xw_whole's threshold (QSA__XW_WHOLE_PER_SM; $QSA_XW_WHOLE_PER_SM) */
+    int moe64_pairs;             /* qsa__moe_tr's threshold (QSA__MOE64_PAIRS; $QSA_MOE64_PAIRS) */
     CUdevice dev;
     CUcontext ctx;
     CUstream stream;
@@ -8947,6 +8950,27 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
 }
 
 /* Bring up the backend for a loaded (CPU-side) model. */
+/* Whether the cross-warp expert kernels give each warp a whole tile (all K segments, folded in
+   registers: qsa_k_moe_*_xwk) rather than one segment: once the (tile, column tile) pairs alone
+   number QSA__XW_WHOLE_PER_SM warps per SM, there is parallelism enough without the partials and
+   tickets.  Same bits either way.  (8 measured on the H200 against 32: batch 8 322 -> 340 tok/s,
+   batch 1 and 32 unchanged; 2 makes batch 1's gate/up whole too: 92.0 -> 88.8.) */
+#define QSA__XW_WHOLE_PER_SM 8
+/* Pairs per expert (on average) from which the routed experts take tiles of 64 pairs
+   (qsa_k_moe_*64) instead of 16; the same bits either way.  (4 measured on the H200 against 16: a
+   2,048-token prefill in chunks of 512, 10 pairs per expert, 1,719 -> 2,153 tok/s; 2 and 1 the same
+   as 4.) */
+#define QSA__MOE64_PAIRS 4
+/* The launch-shape switches read from the environment once per context (the bits do not depend on
+   them): $QSA_XW_WHOLE_PER_SM and $QSA_MOE64_PAIRS, positive integers, replace QSA__XW_WHOLE_PER_SM
+   and QSA__MOE64_PAIRS. */
+QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
+    const char *e = getenv("QSA_XW_WHOLE_PER_SM");
+    g->xw_whole_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__XW_WHOLE_PER_SM;
+    e = getenv("QSA_MOE64_PAIRS");
+    g->moe64_pairs = e && atoi(e) > 0 ? atoi(e) : QSA__MOE64_PAIRS;
+}
+
 QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, qsa__cuda **out) {
     *out = NULL;
     QSA__TRY(qsa__cuda_load());
@@ -8960,6 +8984,7 @@ QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, qsa__cuda **out) {
     QSA__G(qsa__cu_device_info(g->ordinal, &info));
     g->cc = info.cc_major * 10 + info.cc_minor;
     g->sm_count = info.sm_count;
+    qsa__cuda_tuning(g);
     QSA__G(QSA__CU_R(qsa__cu.cuDeviceGet(&g->dev, g->ordinal)));
     QSA__G(QSA__CU_R(qsa__cu.cuDevicePrimaryCtxRetain(&g->ctx, g->dev)));
     QSA__G(QSA__CU_R(qsa__cu.cuCtxSetCurrent(g->ctx)));
@@ -9118,13 +9143,12 @@ QSA_PRIV int qsa__moe_xwarp(const qsa__cuda *g, int MK, int max_tiles, int H, in
            (size_t)((parts_gu > parts_d ? parts_gu : parts_d) * 4) <= QSA__GEMV_PART_BYTES;
 }
 
-/* Whether the cross-warp expert kernels give each warp a whole tile (all K segments, folded in
-   registers: qsa_k_moe_*_xwk) rather than one segment: once the (tile, column tile) pairs alone
-   number QSA__XW_WHOLE_PER_SM warps per SM, there is parallelism enough without the partials and
-   tickets.  Same bits either way. */
-#define QSA__XW_WHOLE_PER_SM 32
+/* Pairs per tile of the routed-expert plan for MK (token, expert) pairs over E experts: 64 or 16. */
+QSA_PRIV int qsa__moe_tr(const qsa__cuda *g, int MK, int E) {
+    return (long long)MK >= (long long)(g->moe64_pairs > 0 ? g->moe64_pairs : QSA__MOE64_PAIRS) * E ? 64 : 16;
+}
 QSA_PRIV int qsa__xw_whole(const qsa__cuda *g, long long tiles) {
-    return tiles >= (long long)QSA__XW_WHOLE_PER_SM * (g->sm_count > 0 ? g->sm_count : 1);
+    return tiles >= (long long)g->xw_whole_per_sm * (g->sm_count > 0 ? g->sm_count : 1);
 }
 
 /* Y = silu(Y * scale) and Y16 its fp16 copy, n elements (qsa_k_silu_scale) */
@@ -9473,7 +9497,7 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
     }
     /* the router's launch also forms the shared expert's middle and, when the step is one
        sub-chunk (decode), the expert plan */
-    int plan1 = M <= s->moe_tokens, tr1 = M * K >= 16 * E ? 64 : 16;
+    int plan1 = M <= s->moe_tokens, tr1 = qsa__moe_tr(g, M * K, E);
     qsa__router_extra rx = {sa, sb, sa16, Is, act, 0, 0, 0, 0, 0, tr1};
     if (plan1) {
         rx.pairs = s->moe_pairs;
@@ -9488,7 +9512,7 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
     for (int t0 = 0; t0 < M; t0 += s->moe_tokens) {
         int mt = M - t0 < s->moe_tokens ? M - t0 : s->moe_tokens, MK = mt * K;
         /* tiles of 64 pairs once experts average 16 pairs (prefill); 16 for decode-sized steps: same bits */
-        int tr = MK >= 16 * E ? 64 : 16, max_tiles = (MK + tr - 1) / tr + (E < MK ? E : MK);
+        int tr = qsa__moe_tr(g, MK, E), max_tiles = (MK + tr - 1) / tr + (E < MK ? E : MK);
         CUdeviceptr x16 = s->inp16 + (size_t)t0 * H * 2, ids = tid + (size_t)t0 * K * 4, w = tw + (size_t)t0 * K * 4;
         CUdeviceptr outp = s->out + (size_t)t0 * H * 4;
         /* a warp per 256 pairs, 4 to QSA__MOE_PLAN_THREADS / 32 of them (the plan does not depend on it) */

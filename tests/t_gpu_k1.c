@@ -1232,6 +1232,49 @@ TEST(gpu, k1_router_topk) {
     k1_router_case(2, 1100, 8, 1); /* E > 4 * 256: the general selection loop */
 }
 
+/* Exact expectations on rows whose selection is fixed: all logits equal (ids 0 .. K-1, equal weights),
+   the top K all in one warp's threads (the rank selection's per-warp candidates), equal logits across
+   the K-th place (lower ids first), and a NaN logit (every probability NaN: no candidate, so ids 0
+   and weight -inf, NaN after the norm) — in the rank selection (E <= 1,024) and the repeated
+   arg-max (E > 1,024). */
+static void k1_router_edges(int E, int norm) {
+    enum { M = 4, K = 10 };
+    k1_mem mem = {{0}, 0, {0}, 0};
+    static const int tie[12] = {3, 60, 100, 130, 200, 257, 300, 333, 400, 450, 480, 511};
+    float *l, w[M * K];
+    int ids[M * K];
+    K1_ALLOC(l, float, (size_t)M * E);
+    k1_seed(5 + (uint64_t)E);
+    k1_fill(l, (size_t)M * E, -4, 4);
+    for (int e = 0; e < E; e++) l[e] = 0.5f;
+    for (int k = 0; k < K; k++) l[(size_t)E + 32 + k] = 6.0f + 0.01f * (float)k;
+    for (int i = 0; i < 12; i++) l[2 * (size_t)E + tie[i]] = 5.0f;
+    l[3 * (size_t)E + 77] = NAN;
+    K1_TRY(k1_run_router(l, M, E, K, norm, ids, w));
+    {
+        const float p = 1.0f / (float)E;
+        float s = 0.0f;
+        for (int k = 0; k < K; k++) s += p;
+        for (int k = 0; k < K; k++) {
+            CHECKF(ids[k] == k, "router edges E=%d: equal logits: id %d at %d", E, ids[k], k);
+            CHECKF(w[k] == (norm ? p / s : p), "router edges E=%d: equal logits: weight %.9g", E, w[k]);
+            CHECKF(ids[K + k] == 32 + k, "router edges E=%d: one warp's top K: id %d at %d", E, ids[K + k], k);
+            CHECKF(ids[2 * K + k] == tie[k], "router edges E=%d: ties at the K-th place: id %d at %d", E, ids[2 * K + k], k);
+            CHECKF(ids[3 * K + k] == 0 && (norm ? w[3 * K + k] != w[3 * K + k] : isinf(w[3 * K + k]) && w[3 * K + k] < 0),
+                   "router edges E=%d: NaN row: id %d weight %g", E, ids[3 * K + k], w[3 * K + k]);
+        }
+    }
+done:
+    k1_free(&mem);
+}
+
+TEST(gpu, k1_router_topk_edges) {
+    K1_NEED_GPU();
+    k1_router_edges(512, 1);
+    k1_router_edges(512, 0);
+    k1_router_edges(1100, 1); /* the repeated arg-max */
+}
+
 /* Runs plan -> gate_up -> down -> combine for M tokens with the given routing; returns h16, y, out
    and the plan (pairs, tiles, ntiles). */
 typedef struct k1_moe_dev {

@@ -852,6 +852,7 @@ static qsa_result bench_device_init(bench *b) {
     QSA__TRY(qsa__cu_device_info(g->ordinal, &b->info));
     g->cc = b->info.cc_major * 10 + b->info.cc_minor;
     g->sm_count = b->info.sm_count;
+    qsa__cuda_tuning(g);
     QSA__CU(qsa__cu.cuDeviceGet(&g->dev, g->ordinal));
     QSA__CU(qsa__cu.cuDevicePrimaryCtxRetain(&g->ctx, g->dev));
     QSA__CU(qsa__cu.cuCtxSetCurrent(g->ctx));
