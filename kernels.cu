@@ -3360,6 +3360,187 @@ extern "C" __global__ void __launch_bounds__(512, 1) qsa_k_sparse_attn(
     qsa_sparse_attn_body(q, Kpool, Vpool, bt, sel, nsel, out, out16, pos0, M, nh, nkv, hd, r, topk, page_size, split, tokpos, ld_tok);
 }
 
+/* Decode attention spread over the splits (one query per sequence): block (s, y) computes split s
+ * (visit indices s*split .. s*split+split-1, as qsa_sparse_attn_body cuts them) of the HB =
+ * blockDim.x / 32 query heads y*HB .. y*HB+HB-1 (a warp each; HB divides nh / nkv, so they share KV
+ * head g), with the split's K and V staged in shared memory by the whole block in chunks of K2_DEC_T
+ * tokens (cp.async, the next chunk in flight, on sm_80+), so the HB
+ * heads share one read of them and a warp never waits on global memory between tokens.  Each
+ * warp's arithmetic is k2_attn_split's for its head (the scores of a chunk first, then the online
+ * softmax token after token: the same operations on the same values), written as [m, l, acc[hd]]
+ * to part [nh][smax][hd + 2]; the block that completes row y (an integer ticket in count[y] after a
+ * __threadfence; it resets it) merges each of its heads' splits left to right as
+ * qsa_sparse_attn_body's warp 0 does and writes out / out16.  So the bits of qsa_k_sparse_attn
+ * whatever HB (tested), with nsplit * nh / HB blocks instead of nh.
+ * Requires hd 128 or 256 (C = hd / 32 of 4 or 8), r >= 1, split <= 256 (else trap; the host uses
+ * qsa_k_sparse_attn otherwise).  smax >= the splits of any query: (topk r + r - 1) / split rounded
+ * up (blocks past a query's splits return at once). */
+#define K2_DEC_T 16 /* tokens per staged chunk */
+static __device__ __forceinline__ void k2_cp16(void *dst, const void *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(qsa_smem_u32(dst)), "l"(src) : "memory");
+#else
+    *(uint4 *)dst = *(const uint4 *)src;
+#endif
+}
+static __device__ __forceinline__ void k2_cp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+/* waits until at most `pending` (0 or 1) committed groups of this thread are in flight */
+static __device__ __forceinline__ void k2_cp_wait(int pending) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (pending) asm volatile("cp.async.wait_group 1;" ::: "memory");
+    else asm volatile("cp.async.wait_group 0;" ::: "memory");
+#else
+    (void)pending;
+#endif
+}
+template <int C>
+static __device__ void k2_attn_dec_body(const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool,
+                                        const qsa_f16 *__restrict__ Vpool, const int *__restrict__ bt,
+                                        const int *__restrict__ selq, int ns, long long pos, float *out, qsa_f16 *out16,
+                                        int nh, int nkv, int r, int page_size, int split, float *part,
+                                        unsigned *count, int smax, qsa_f16 *kv, int *tsl, unsigned &last) {
+    enum { HD = 32 * C, W = C / 2 };
+#define K2_KV(buf, isv, tok) (kv + ((((buf) * 2 + (isv)) * K2_DEC_T + (tok)) * HD)) /* [buffer][K, V][token][dim] */
+    const int NQ = nh / nkv, HB = (int)blockDim.x >> 5, s = blockIdx.x, tid = threadIdx.x, bd = blockDim.x;
+    const int lane = tid & 31, warp = tid >> 5, h = blockIdx.y * HB + warp, g = h / NQ, kvd = nkv * HD;
+    if (nh % nkv || HB > K2_ATTN_MAX_WARPS || (int)bd != 32 * HB || NQ % HB || HB * (int)gridDim.y != nh || r < 1 ||
+        split < 1 || split > K2_ATTN_MAX_SPLIT)
+        __trap();
+    const int nb = (int)((pos + 1) / r), nsr = ns * r;
+    const int ntok = (int)(nsr + (pos + 1 - (long long)nb * r)), nsplit = (ntok + split - 1) / split;
+    if (nsplit > smax) __trap();
+    const float scale = 1.0f / sqrtf((float)HD);
+    const float *qh = q + (long long)h * 2 * HD;
+    if (s < nsplit) {
+        const int k0 = s * split, n = min(ntok - k0, split);
+        for (int kk = tid; kk < n; kk += bd) {
+            const int v = k0 + kk;
+            const long long lp = v < nsr ? (long long)selq[v / r] * r + v % r : (long long)nb * r + (v - nsr);
+            tsl[kk] = (int)((long long)bt[lp / page_size] * page_size + lp % page_size);
+        }
+        __syncthreads();
+        float qr[C], acc[C], m = QSA_NEG_INF, l = 0.0f;
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            qr[c] = qh[lane * C + c];
+            acc[c] = 0.0f;
+        }
+        const int nch = (n + K2_DEC_T - 1) / K2_DEC_T, pieces = K2_DEC_T * 2 * (HD / 8);
+        for (int c0 = -1; c0 < nch; c0++) {
+            if (c0 + 1 < nch) { /* stage chunk c0 + 1 (its buffer was last read in chunk c0 - 1) */
+                const int base = (c0 + 1) * K2_DEC_T, buf = (c0 + 1) & 1;
+                for (int i = tid; i < pieces; i += bd) {
+                    const int tok = i / (2 * (HD / 8)), rem = i % (2 * (HD / 8)), isv = rem / (HD / 8), pc = rem % (HD / 8);
+                    if (base + tok < n)
+                        k2_cp16(K2_KV(buf, isv, tok) + pc * 8,
+                                (isv ? Vpool : Kpool) + (long long)tsl[base + tok] * kvd + (long long)g * HD + pc * 8);
+                }
+                k2_cp_commit();
+            }
+            if (c0 < 0) continue;
+            k2_cp_wait(c0 + 1 < nch);
+            __syncthreads(); /* chunk c0 is in shared memory for every warp */
+            const int buf = c0 & 1, cnt = min(K2_DEC_T, n - c0 * K2_DEC_T);
+            float sc[K2_DEC_T];
+#pragma unroll
+            for (int t = 0; t < K2_DEC_T; t++) {
+                if (t >= cnt) break;
+                unsigned w[W];
+                float kf[C];
+                k2_load_raw<C, true>(w, K2_KV(buf, 0, t) + lane * C);
+                k2_raw_f32<C>(kf, w);
+                float p = 0.0f;
+#pragma unroll
+                for (int c = 0; c < C; c++) p = fmaf(qr[c], kf[c], p);
+                sc[t] = __fmul_rn(qsa_warp_sum(p), scale);
+            }
+#pragma unroll
+            for (int t = 0; t < K2_DEC_T; t++) {
+                if (t >= cnt) break;
+                unsigned w[W];
+                float vf[C];
+                k2_load_raw<C, true>(w, K2_KV(buf, 1, t) + lane * C);
+                k2_raw_f32<C>(vf, w);
+                const float sv = sc[t];
+                if (sv > m) { /* online softmax within the split, as k2_attn_split */
+                    const float f = expf(__fsub_rn(m, sv));
+                    l = __fmul_rn(l, f);
+#pragma unroll
+                    for (int c = 0; c < C; c++) acc[c] = __fmul_rn(acc[c], f);
+                    m = sv;
+                }
+                const float e = expf(__fsub_rn(sv, m));
+                l = __fadd_rn(l, e);
+#pragma unroll
+                for (int c = 0; c < C; c++) acc[c] = fmaf(e, vf[c], acc[c]);
+            }
+            __syncthreads(); /* every warp is done with this buffer before it is staged again */
+        }
+        float *sl = part + ((long long)h * smax + s) * (HD + 2);
+        if (lane == 0) {
+            sl[0] = m;
+            sl[1] = l;
+        }
+#pragma unroll
+        for (int c = 0; c < C; c++) sl[2 + lane * C + c] = acc[c];
+        __threadfence(); /* this block's partials are visible device-wide before its ticket */
+        __syncthreads();
+        if (tid == 0) last = atomicAdd(&count[blockIdx.y], 1u) == (unsigned)nsplit - 1u;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+    } else if (!(nsplit == 0 && s == 0)) {
+        return; /* past this query's splits (no split at all: block 0 writes what the merge of none gives) */
+    }
+    float Mx = QSA_NEG_INF, Ls = 0.0f, o[C];
+#pragma unroll
+    for (int c = 0; c < C; c++) o[c] = 0.0f;
+    for (int i = 0; i < nsplit; i++) { /* left to right, as qsa_sparse_attn_body */
+        const float *sl = part + ((long long)h * smax + i) * (HD + 2);
+        const float mi = __ldcg(sl), li = __ldcg(sl + 1);
+        const float Mn = mi > Mx ? mi : Mx, fa = expf(Mx - Mn), fb = expf(mi - Mn);
+        Ls = __fadd_rn(__fmul_rn(Ls, fa), __fmul_rn(li, fb));
+#pragma unroll
+        for (int c = 0; c < C; c++) o[c] = __fadd_rn(__fmul_rn(o[c], fa), __fmul_rn(__ldcg(sl + 2 + lane + 32 * c), fb));
+        Mx = Mn;
+    }
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        const int d = lane + 32 * c;
+        const float y = __fmul_rn(o[c] / Ls, qsa_sigmoid(qh[HD + d]));
+        if (out) out[(long long)h * HD + d] = y;
+        if (out16) out16[(long long)h * HD + d] = qsa_f32_to_f16(y);
+    }
+    if (tid == 0 && nsplit > 0) count[blockIdx.y] = 0u;
+#undef K2_KV
+}
+/* the entry points' shared memory (one allocation for both head widths) and the dispatch on hd */
+#define K2_DEC_CALL(...)                                                                                    \
+    do {                                                                                                    \
+        __shared__ __align__(16) qsa_f16 kv_[2 * 2 * K2_DEC_T * 256];                                        \
+        __shared__ int tsl_[K2_ATTN_MAX_SPLIT];                                                             \
+        __shared__ unsigned last_;                                                                          \
+        if (hd == 256) k2_attn_dec_body<8>(__VA_ARGS__, kv_, tsl_, last_);                                   \
+        else if (hd == 128) k2_attn_dec_body<4>(__VA_ARGS__, kv_, tsl_, last_);                              \
+        else __trap();                                                                                      \
+    } while (0)
+/* One query (M = 1) at position pos0: q [nh][2 hd], sel [topk], nsel [1], out [nh][hd].  part
+ * [nh][smax][hd + 2] fp32 scratch, count [nh / HB] zero (left zero).  Launch: grid (smax, nh / HB),
+ * block 32 HB with HB dividing nh / nkv. */
+extern "C" __global__ void __launch_bounds__(512) qsa_k_sparse_attn_dec(
+    const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
+    const int *__restrict__ bt, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
+    qsa_f16 *out16, int pos0, int nh, int nkv, int hd, int r, int page_size, int split, float *part,
+    unsigned *count, int smax) {
+    QSA_PDL_ENTRY();
+    K2_DEC_CALL(q, Kpool, Vpool, bt, sel, nsel[0], (long long)pos0, out, out16, nh, nkv, r, page_size, split, part, count,
+                smax);
+}
+
 /* ============================================================================================== */
 /* Batched decode: one token of each of B sequences in one launch                                  */
 /* ============================================================================================== */
@@ -3447,6 +3628,20 @@ extern "C" __global__ void __launch_bounds__(512, 1) qsa_k_sparse_attn_batch(
     qsa_sparse_attn_body(q + b * nh * 2 * hd, Kpool, Vpool, QSA_BPTR(const int, bts), sel + b * topk, nsel + b,
                          out ? out + o : out, out16 ? out16 + o : out16, pos[b], 1, nh, nkv, hd, r, topk, page_size,
                          split, 0, 0);
+}
+
+/* qsa_k_sparse_attn_dec for sequence b = blockIdx.z: part [B][nh][smax][hd + 2], count [B][nh / HB].
+ * Launch: grid (smax, nh / HB, B), block 32 HB. */
+extern "C" __global__ void __launch_bounds__(512) qsa_k_sparse_attn_dec_batch(
+    const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
+    const unsigned long long *__restrict__ bts, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
+    qsa_f16 *out16, const int *__restrict__ pos, int nh, int nkv, int hd, int r, int topk, int page_size, int split,
+    float *part, unsigned *count, int smax) {
+    QSA_PDL_ENTRY();
+    const qsa_i64 b = blockIdx.z, o = b * nh * hd;
+    K2_DEC_CALL(q + b * nh * 2 * hd, Kpool, Vpool, QSA_BPTR(const int, bts), sel + b * topk, nsel[b], (long long)pos[b],
+                out ? out + o : out, out16 ? out16 + o : out16, nh, nkv, r, page_size, split,
+                part + b * nh * smax * (hd + 2), count + b * gridDim.y, smax);
 }
 
 /* conv state: st, advanced here (one token per sequence); the gates of sequence b: ga's rows b.

@@ -1006,8 +1006,8 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
  *
  * Environment: QSA_CUDA_LIB, QSA_NVRTC_LIB, QSA_NCCL_LIB (a full path: only that file is tried),
  * QSA_ARCH (NVRTC target, e.g. compute_70 or sm_90; see qsa__nvrtc_pick_arch), QSA_PDL ("0": no
- * programmatic dependent launches, qsa__pdl_on), QSA_XW_WHOLE_PER_SM and QSA_MOE64_PAIRS (launch-shape
- * thresholds, qsa__cuda_tuning: tuning switches, the bits do not depend on them). */
+ * programmatic dependent launches, qsa__pdl_on), QSA_XW_WHOLE_PER_SM, QSA_MOE64_PAIRS, QSA_ATTN_DEC and
+ * QSA_ATTN_DEC_HEADS (launch shapes, qsa__cuda_tuning: tuning switches, the bits do not depend on them). */
 #ifndef QSA_NO_CUDA
 
 #if defined(__cuda_cuda_h__) || defined(__NVRTC_H__) || defined(NCCL_H_)
@@ -8423,7 +8423,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
     X(attn_qk_prep_batch) X(indexer_prep_batch) X(block_keys_batch) X(block_scores_batch)                \
-    X(topk_blocks_batch) X(sparse_attn_batch) X(gdn_conv_batch)                  \
+    X(topk_blocks_batch) X(sparse_attn_batch) X(gdn_conv_batch) X(sparse_attn_dec) X(sparse_attn_dec_batch) \
     X(gdn_recurrent_batch) X(gdn_recurrent_f16state_batch) X(ple_conv_batch)                             \
     X(tp_sum) X(tp_ple_unshard)
 
@@ -8502,6 +8502,8 @@ typedef struct qsa__cuda {
     int ordinal, cc, sm_count;
     int xw_whole_per_sm;         /* qsa__xw_whole's threshold (QSA__XW_WHOLE_PER_SM; $QSA_XW_WHOLE_PER_SM) */
     int moe64_pairs;             /* qsa__moe_tr's threshold (QSA__MOE64_PAIRS; $QSA_MOE64_PAIRS) */
+    int attn_dec;                /* $QSA_ATTN_DEC: -1 "0", 1 "1", 0 unset (qsa__attn_dec_splits) */
+    int attn_dec_heads;          /* $QSA_ATTN_DEC_HEADS: its heads per block (0: qsa__attn_dec_splits' rule) */
     CUdevice dev;
     CUcontext ctx;
     CUstream stream;
@@ -8963,12 +8965,17 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
 #define QSA__MOE64_PAIRS 4
 /* The launch-shape switches read from the environment once per context (the bits do not depend on
    them): $QSA_XW_WHOLE_PER_SM and $QSA_MOE64_PAIRS, positive integers, replace QSA__XW_WHOLE_PER_SM
-   and QSA__MOE64_PAIRS. */
+   and QSA__MOE64_PAIRS; $QSA_ATTN_DEC ("0" never, "1" always) and $QSA_ATTN_DEC_HEADS choose and
+   shape qsa_k_sparse_attn_dec (qsa__attn_dec_splits). */
 QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     const char *e = getenv("QSA_XW_WHOLE_PER_SM");
     g->xw_whole_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__XW_WHOLE_PER_SM;
     e = getenv("QSA_MOE64_PAIRS");
     g->moe64_pairs = e && atoi(e) > 0 ? atoi(e) : QSA__MOE64_PAIRS;
+    e = getenv("QSA_ATTN_DEC");
+    g->attn_dec = e && !strcmp(e, "0") ? -1 : e && !strcmp(e, "1") ? 1 : 0;
+    e = getenv("QSA_ATTN_DEC_HEADS");
+    g->attn_dec_heads = e && atoi(e) > 0 ? atoi(e) : 0;
 }
 
 QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, qsa__cuda **out) {
@@ -9106,6 +9113,32 @@ QSA_PRIV void qsa__cuda_seq_destroy(qsa_model *m, qsa_seq *s) {
 /* Threads of a sparse-attention block: 16 warps (16 splits of 256 tokens at once, a decode query in
    one round) when there are few queries, 8 for prefill.  The bits do not depend on it. */
 QSA_PRIV unsigned qsa__attn_threads(int M) { return M <= 64 ? 512u : 256u; }
+
+/* Decode attention of B queries (one per sequence) through qsa_k_sparse_attn_dec[_batch] (a block
+   per (split, group of *hb query heads of one KV head), K and V read once per group; the bits of
+   qsa_k_sparse_attn): returns the splits per query to launch for (the grid's x) and sets *hb, or
+   returns 0 for qsa_k_sparse_attn.  Used from QSA__ATTN_DEC_MIN_B sequences on ($QSA_ATTN_DEC "1":
+   always, "0": never), with an indexer (r = 0: the context, not the budget, bounds the splits), hd
+   128 or 256 and the partials within the GEMV scratch.  *hb: all the query heads of a KV head, or
+   the largest divisor of them up to $QSA_ATTN_DEC_HEADS.  Measured on the H200 (real shape, 9
+   splits per query): batch 32 557 -> 578 tok/s, batch 8 345 -> 350; one sequence 59 -> 78 us per
+   layer (18 blocks; 2 heads per block, 108 blocks: 87 us — a warp's split is the long pole
+   either way), hence the old kernel below 8 sequences. */
+#define QSA__ATTN_DEC_MIN_B 8
+QSA_PRIV int qsa__attn_dec_splits(const qsa__cuda *g, int B, int nh, int nkv, int hd, int r, int topk, int split, int *hb) {
+    if (g->attn_dec < 0 || (g->attn_dec == 0 && B < QSA__ATTN_DEC_MIN_B) || !g->sc.gemv_part || r < 1 || topk < 1 ||
+        nkv < 1 || nh % nkv || (hd != 128 && hd != 256) || split < 1 || split > 256)
+        return 0;
+    int nq = nh / nkv, want = g->attn_dec_heads > 0 ? g->attn_dec_heads : nq;
+    if (want > 16) want = 16;
+    *hb = 1;
+    for (int d = 1; d <= want; d++)
+        if (nq % d == 0) *hb = d;
+    long long smax = ((long long)topk * r + r - 1 + split - 1) / split; /* ntok <= topk r + r - 1 */
+    if ((long long)B * nh * smax * (hd + 2) * 4 > (long long)QSA__GEMV_PART_BYTES || (long long)B * (nh / *hb) > QSA__GEMV_TILES)
+        return 0;
+    return (int)smax;
+}
 
 /* Query heads per sparse-attention block: 2 for prefill when the kernel supports it (hd 128 or 256,
    pairs of heads on one KV head), so each pair reads K and V once; 1 for few queries, where the
@@ -9463,8 +9496,15 @@ QSA_PRIV qsa_result qsa__cuda_attn(qsa_seq *sq, int l, int M) {
         tokpos = s->tokpos;
         QSA__LAUNCH(g, attn_phys_order, M, 1, 256, 0, &bt, &s->sel, &s->nsel, &tokpos, &pos0, &M, &r, &topk, &ps, &ld_tok);
     }
-    QSA__LAUNCH(g, sparse_attn, M, nh / qsa__attn_heads(M, nh, nkv, hd), qsa__attn_threads(M), 0, &qg, &Kp, &Vp, &bt, &s->sel, &s->nsel, &att, &att16, &pos0, &M, &nh, &nkv, &hd, &r,
-                &topk, &ps, &split, &tokpos, &ld_tok);
+    int hb = 1, smax = M == 1 && !tokpos ? qsa__attn_dec_splits(g, 1, nh, nkv, hd, r, topk, split, &hb) : 0;
+    if (smax) {
+        CUdeviceptr part = s->gemv_part, cnt = s->gemv_count;
+        QSA__LAUNCH(g, sparse_attn_dec, smax, nh / hb, 32 * hb, 0, &qg, &Kp, &Vp, &bt, &s->sel, &s->nsel, &att, &att16, &pos0,
+                    &nh, &nkv, &hd, &r, &ps, &split, &part, &cnt, &smax);
+    } else {
+        QSA__LAUNCH(g, sparse_attn, M, nh / qsa__attn_heads(M, nh, nkv, hd), qsa__attn_threads(M), 0, &qg, &Kp, &Vp, &bt, &s->sel,
+                    &s->nsel, &att, &att16, &pos0, &M, &nh, &nkv, &hd, &r, &topk, &ps, &split, &tokpos, &ld_tok);
+    }
     return qsa__dgemm(g, att16, M, &d->o, s->out, 0);
 }
 
@@ -9825,8 +9865,15 @@ QSA_PRIV qsa_result qsa__cuda_attn_batch(qsa_model *m, int l, int B) {
         QSA__LAUNCH3(g, block_scores_batch, 1, ys, B, 256, 0, &iq, &bk, &sc, &pos, &ih, &ihd, &r, &ld, &topk);
         QSA__LAUNCH3(g, topk_blocks_batch, 1, 1, B, 1024, 0, &sc, &s->sel, &s->nsel, &pos, &r, &topk, &ld);
     }
-    QSA__LAUNCH3(g, sparse_attn_batch, 1, nh, B, qsa__attn_threads(B), 0, &qg, &Kp, &Vp, &bts, &s->sel, &s->nsel, &att, &att16, &pos, &nh, &nkv,
-                 &hd, &r, &topk, &ps, &split);
+    int hb = 1, smax = qsa__attn_dec_splits(g, B, nh, nkv, hd, r, topk, split, &hb);
+    if (smax) {
+        CUdeviceptr part = s->gemv_part, cnt = s->gemv_count;
+        QSA__LAUNCH3(g, sparse_attn_dec_batch, smax, nh / hb, B, 32 * hb, 0, &qg, &Kp, &Vp, &bts, &s->sel, &s->nsel, &att, &att16,
+                     &pos, &nh, &nkv, &hd, &r, &topk, &ps, &split, &part, &cnt, &smax);
+    } else {
+        QSA__LAUNCH3(g, sparse_attn_batch, 1, nh, B, qsa__attn_threads(B), 0, &qg, &Kp, &Vp, &bts, &s->sel, &s->nsel, &att, &att16, &pos,
+                     &nh, &nkv, &hd, &r, &topk, &ps, &split);
+    }
     return qsa__dgemm(g, att16, B, &d->o, s->out, 0);
 }
 

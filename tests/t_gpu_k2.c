@@ -91,13 +91,17 @@ static qsa_result k2t_poison(CUdeviceptr d, size_t bytes) {
     QSA__CU(qsa__cu.cuMemsetD8_v2(d, 0xFF, bytes));
     return QSA_OK;
 }
-static qsa_result k2t_launch(const char *name, unsigned gx, unsigned gy, unsigned bx, unsigned shmem, void **args) {
+static qsa_result k2t_launch3(const char *name, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned shmem,
+                              void **args) {
     CUfunction fn;
     QSA__CU(qsa__cu.cuModuleGetFunction(&fn, K2G_.mod, name));
     if (shmem > 48 * 1024) QSA__CU(qsa__cu.cuFuncSetAttribute(fn, QSA__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)shmem));
-    QSA__TRY(qsa__cu_launch(fn, name, gx, gy, 1, bx, 1, 1, shmem, NULL, args));
+    QSA__TRY(qsa__cu_launch(fn, name, gx, gy, gz, bx, 1, 1, shmem, NULL, args));
     QSA__CU(qsa__cu.cuCtxSynchronize());
     return QSA_OK;
+}
+static qsa_result k2t_launch(const char *name, unsigned gx, unsigned gy, unsigned bx, unsigned shmem, void **args) {
+    return k2t_launch3(name, gx, gy, 1, bx, shmem, args);
 }
 
 /* Deterministic inputs: xorshift64*, uniform in [lo, hi). */
@@ -873,6 +877,20 @@ static void k2t_attn_cpu(const k2t_attn *c, int ps, int n_pages, const int32_t *
     qsa__pool_destroy(&pool);
 }
 
+/* The fp16 pool of n_pages pages of ps tokens holding the case's K or V (src) at block table bt,
+   NaN in the slots no token uses. */
+static uint16_t *k2t_attn_pool(const k2t_attn *c, int ps, int n_pages, const int32_t *bt, const float *src) {
+    int kvd = c->nkv * c->hd;
+    size_t slots = (size_t)n_pages * ps;
+    uint16_t *P = QSA__ALLOC(uint16_t, slots * kvd);
+    if (!P) return NULL;
+    memset(P, 0xFF, slots * kvd * 2);
+    for (int p = 0; p < c->ntok; p++)
+        for (int i = 0; i < kvd; i++)
+            P[((size_t)bt[p / ps] * ps + p % ps) * kvd + i] = qsa__f32_to_f16(src[(size_t)p * kvd + i]);
+    return P;
+}
+
 static int k2t_attn_heads = 1; /* query heads per block (grid y = nh / heads) */
 
 /* GPU: pages of `ps` tokens in a pool of n_pages, block table bt; queries [t0, t0+M) of the case
@@ -882,20 +900,12 @@ static qsa_result k2t_attn_gpu(const k2t_attn *c, int ps, int n_pages, const int
                                int phys, float *out, int32_t *order, int ld) {
     int kvd = c->nkv * c->hd, np = (c->ntok + ps - 1) / ps;
     size_t slots = (size_t)n_pages * ps;
-    uint16_t *Kp = QSA__ALLOC(uint16_t, slots * kvd), *Vp = QSA__ALLOC(uint16_t, slots * kvd);
+    uint16_t *Kp = k2t_attn_pool(c, ps, n_pages, bt, c->K), *Vp = k2t_attn_pool(c, ps, n_pages, bt, c->V);
     uint16_t *o16 = QSA__ALLOC(uint16_t, (size_t)M * c->nh * c->hd);
     if (!Kp || !Vp || !o16) {
         qsa_free(Kp); qsa_free(Vp); qsa_free(o16);
         return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "test: out of memory");
     }
-    memset(Kp, 0xFF, slots * kvd * 2); /* NaN in the slots no token uses */
-    memset(Vp, 0xFF, slots * kvd * 2);
-    for (int p = 0; p < c->ntok; p++)
-        for (int i = 0; i < kvd; i++) {
-            size_t at = ((size_t)bt[p / ps] * ps + p % ps) * kvd + i;
-            Kp[at] = qsa__f32_to_f16(c->K[(size_t)p * kvd + i]);
-            Vp[at] = qsa__f32_to_f16(c->V[(size_t)p * kvd + i]);
-        }
     k2t_mem a = {{0}, 0};
     CUdeviceptr dq, dK, dV, dbt, dsel, dns, dout, do16, dtok = 0;
     int topk = c->topk, nh = c->nh, nkv = c->nkv, hd = c->hd, r = c->r, split = QSA_ATTN_SPLIT, pos0 = c->pos0 + t0;
@@ -987,6 +997,110 @@ TEST(gpu, k2_sparse_attn_vs_cpu) {
     k2t_attn_init(&c, 2, 1, 128, 0, 0, 13, 300, 65);
     k2t_attn_vs_cpu("sparse_attn dense", &c, 16, 256);
     k2t_attn_free(&c);
+}
+
+/* GPU, the decode kernels: queries [t0, t0+M) of the case as M sequences of one query each (the same
+   block table, positions pos0 + t) through qsa_k_sparse_attn_dec_batch, or query t0 alone through
+   qsa_k_sparse_attn_dec (single).  out [M][nh*hd]. */
+static qsa_result k2t_attn_dec_gpu(const k2t_attn *c, int ps, int n_pages, const int32_t *bt, int t0, int M, int single,
+                                   int hb, float *out) {
+    int kvd = c->nkv * c->hd, np = (c->ntok + ps - 1) / ps, nh = c->nh, nkv = c->nkv, hd = c->hd, r = c->r;
+    int topk = c->topk, split = QSA_ATTN_SPLIT, smax = (topk * r + r - 1 + split - 1) / split, pos0 = c->pos0 + t0;
+    int rows = nh / hb; /* grid y: groups of hb query heads */
+    size_t slots = (size_t)n_pages * ps;
+    uint16_t *Kp = k2t_attn_pool(c, ps, n_pages, bt, c->K), *Vp = k2t_attn_pool(c, ps, n_pages, bt, c->V);
+    uint16_t *o16 = QSA__ALLOC(uint16_t, (size_t)M * nh * hd);
+    int32_t *pos = QSA__ALLOC(int32_t, M);
+    uint64_t *bts = QSA__ALLOC(uint64_t, M);
+    unsigned *cnt = QSA__ALLOC(unsigned, (size_t)M * rows);
+    k2t_mem a = {{0}, 0};
+    CUdeviceptr dq, dK, dV, dbt, dbts, dsel, dns, dout, do16, dpos, dpart, dcnt;
+    qsa_result res = Kp && Vp && o16 && pos && bts && cnt ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "test: out of memory");
+    if (res == QSA_OK) {
+        memset(cnt, 0, sizeof(unsigned) * (size_t)M * rows);
+        for (int b = 0; b < M; b++) pos[b] = pos0 + b;
+        res = k2t_dev(&a, &dq, c->q + (size_t)t0 * nh * 2 * hd, (size_t)M * nh * 2 * hd * 4);
+    }
+    if (res == QSA_OK) res = k2t_dev(&a, &dK, Kp, slots * kvd * 2);
+    if (res == QSA_OK) res = k2t_dev(&a, &dV, Vp, slots * kvd * 2);
+    if (res == QSA_OK) res = k2t_dev(&a, &dbt, bt, (size_t)np * 4);
+    if (res == QSA_OK) {
+        for (int b = 0; b < M; b++) bts[b] = (uint64_t)dbt;
+        res = k2t_dev(&a, &dbts, bts, (size_t)M * 8);
+    }
+    if (res == QSA_OK) res = k2t_dev(&a, &dsel, c->sel + (size_t)t0 * topk, (size_t)M * topk * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dns, c->nsel + t0, (size_t)M * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dpos, pos, (size_t)M * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dout, NULL, (size_t)M * nh * hd * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &do16, NULL, (size_t)M * nh * hd * 2);
+    if (res == QSA_OK) res = k2t_dev(&a, &dpart, NULL, (size_t)M * nh * smax * (hd + 2) * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dcnt, cnt, (size_t)M * rows * 4);
+    for (int rep = 0; rep < 2 && res == QSA_OK; rep++) { /* twice: the tickets are left zero for the next launch */
+        if (single) {
+            void *args[] = {&dq, &dK, &dV, &dbt, &dsel, &dns, &dout, &do16, &pos0, &nh, &nkv, &hd, &r, &ps, &split,
+                            &dpart, &dcnt, &smax};
+            res = k2t_launch("qsa_k_sparse_attn_dec", (unsigned)smax, (unsigned)rows, 32u * (unsigned)hb, 0, args);
+        } else {
+            void *args[] = {&dq, &dK, &dV, &dbts, &dsel, &dns, &dout, &do16, &dpos, &nh, &nkv, &hd, &r, &topk, &ps,
+                            &split, &dpart, &dcnt, &smax};
+            res = k2t_launch3("qsa_k_sparse_attn_dec_batch", (unsigned)smax, (unsigned)rows, (unsigned)M, 32u * (unsigned)hb,
+                              0, args);
+        }
+    }
+    if (res == QSA_OK) res = k2t_get(out, dout, (size_t)M * nh * hd * 4);
+    if (res == QSA_OK) res = k2t_get(o16, do16, (size_t)M * nh * hd * 2);
+    if (res == QSA_OK) res = k2t_get(cnt, dcnt, (size_t)M * rows * 4);
+    k2t_free(&a);
+    if (res == QSA_OK) {
+        int mism = 0, left = 0;
+        for (size_t i = 0; i < (size_t)M * nh * hd; i++) mism += o16[i] != qsa__f32_to_f16(out[i]);
+        for (int i = 0; i < M * rows; i++) left += cnt[i] != 0;
+        if (mism) res = qsa__fail(QSA_ERR_INTERNAL, "sparse_attn_dec: %d fp16 outputs are not the rounded fp32 outputs", mism);
+        else if (left) res = qsa__fail(QSA_ERR_INTERNAL, "sparse_attn_dec: %d tickets not reset", left);
+    }
+    qsa_free(Kp); qsa_free(Vp); qsa_free(o16); qsa_free(pos); qsa_free(bts); qsa_free(cnt);
+    return res;
+}
+
+/* The decode kernels give qsa_k_sparse_attn's bits: each query of a case as its own sequence (one
+   batched launch) and one query through the single-sequence entry, with all the query heads of a KV
+   head per block, one, and two (where it divides), at hd 128 (GQA 2:1, 9 splits), hd 256 with the
+   real shape's 12 query heads per KV head, and early positions (all blocks selected, tails of 0..3
+   tokens, one split). */
+TEST(gpu, k2_sparse_attn_decode_splits) {
+    K2_NEED_GPU();
+    static const struct { int nh, nkv, hd, r, topk, M, pos0; uint64_t seed; const char *what; } cases[] = {
+        {4, 2, 128, 4, 512, 9, 4963, 81, "hd 128, 9 splits"},
+        {24, 2, 256, 4, 512, 3, 2500, 82, "hd 256, 12 query heads per KV head"},
+        {4, 1, 128, 4, 128, 12, 0, 83, "hd 128, early positions"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        k2t_attn c;
+        k2t_attn_init(&c, cases[i].nh, cases[i].nkv, cases[i].hd, cases[i].r, cases[i].topk, cases[i].M, cases[i].pos0,
+                      cases[i].seed);
+        int ps = 16, np = (c.ntok + ps - 1) / ps, n_pages = 2 * np + 5, nq = c.nh / c.nkv;
+        size_t no = (size_t)c.M * c.nh * c.hd, per = (size_t)c.nh * c.hd;
+        int32_t *bt = QSA__ALLOC(int32_t, n_pages);
+        float *ref = QSA__ALLOC(float, no), *got = QSA__ALLOC(float, no);
+        k2t_block_table(bt, np, n_pages, 5 + i);
+        qsa_result r = k2t_attn_gpu(&c, ps, n_pages, bt, 0, c.M, 512, 0, ref, NULL, 0);
+        CHECK_OK(r);
+        const int hbs[3] = {nq, 1, 2};
+        for (int k = 0; k < 3 && r == QSA_OK; k++) {
+            if (nq % hbs[k]) continue;
+            r = k2t_attn_dec_gpu(&c, ps, n_pages, bt, 0, c.M, 0, hbs[k], got);
+            CHECK_OK(r);
+            CHECKF(r != QSA_OK || k2t_same_bits(ref, got, no * 4), "%s, %d heads per block: the batched decode kernel's bits differ",
+                   cases[i].what, hbs[k]);
+            const int t = c.M - 1;
+            if (r == QSA_OK) r = k2t_attn_dec_gpu(&c, ps, n_pages, bt, t, 1, 1, hbs[k], got);
+            CHECK_OK(r);
+            CHECKF(r != QSA_OK || k2t_same_bits(ref + (size_t)t * per, got, per * 4),
+                   "%s, %d heads per block: the single-sequence decode kernel's bits differ", cases[i].what, hbs[k]);
+        }
+        qsa_free(bt); qsa_free(ref); qsa_free(got);
+        k2t_attn_free(&c);
+    }
 }
 
 TEST(gpu, k2_sparse_attn_determinism) {
