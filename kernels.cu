@@ -95,6 +95,23 @@ static __device__ __forceinline__ float qsa_e4m3_to_f32(qsa_u32 b) {
     return (b & 0x80u) ? -v : v;
 }
 
+/* Bytes 0 and 1 of v (two e4m3 block scales) as qsa_e4m3_to_f32 of each: one conversion on sm_89+
+   (e4m3 -> fp16 and fp16 -> fp32 are exact; a NaN stays a NaN, and the fp16 rounding of the
+   dequantisation turns any NaN into the same canonical NaN). */
+static __device__ __forceinline__ float2 qsa_e4m3x2_to_f32(qsa_u32 v) {
+    float2 r;
+#if __CUDA_ARCH__ >= 890
+    qsa_u32 h;
+    asm("{\n .reg .b16 t;\n cvt.u16.u32 t, %1;\n cvt.rn.f16x2.e4m3x2 %0, t;\n}" : "=r"(h) : "r"(v));
+    r.x = qsa_f16_to_f32((qsa_f16)(h & 0xffffu));
+    r.y = qsa_f16_to_f32((qsa_f16)(h >> 16));
+#else
+    r.x = qsa_e4m3_to_f32(v & 0xffu);
+    r.y = qsa_e4m3_to_f32((v >> 8) & 0xffu);
+#endif
+    return r;
+}
+
 /* ============================================================================================== */
 /* helpers of this file                                                                            */
 /* ============================================================================================== */
@@ -415,21 +432,28 @@ static __device__ __forceinline__ qsa_u32 qsa_smem_u32(const void *p) {
     return (qsa_u32)a;
 }
 /* A fragment: 16x16 fp16, row-major, ld halves between rows; p in shared memory, 32-byte aligned. */
-static __device__ __forceinline__ void qsa_wmma_load_a(qsa_frag_ab &f, const qsa_f16 *p, int ld) {
+/* (the _s forms take the shared-window address itself, for loops that compute it once) */
+static __device__ __forceinline__ void qsa_wmma_load_a_s(qsa_frag_ab &f, qsa_u32 p, int ld) {
     asm volatile("wmma.load.a.sync.aligned.row.m16n16k16.shared.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, [%8], %9;"
                  : "=r"(f.x[0]), "=r"(f.x[1]), "=r"(f.x[2]), "=r"(f.x[3]), "=r"(f.x[4]), "=r"(f.x[5]),
                    "=r"(f.x[6]), "=r"(f.x[7])
-                 : "r"(qsa_smem_u32(p)), "r"(ld)
+                 : "r"(p), "r"(ld)
                  : "memory");
+}
+static __device__ __forceinline__ void qsa_wmma_load_a(qsa_frag_ab &f, const qsa_f16 *p, int ld) {
+    qsa_wmma_load_a_s(f, qsa_smem_u32(p), ld);
 }
 /* B fragment: 16(k)x16(n) fp16 stored column-major, i.e. W rows (n) of 16 k values, ld halves apart;
    p in shared memory. */
-static __device__ __forceinline__ void qsa_wmma_load_b(qsa_frag_ab &f, const qsa_f16 *p, int ld) {
+static __device__ __forceinline__ void qsa_wmma_load_b_s(qsa_frag_ab &f, qsa_u32 p, int ld) {
     asm volatile("wmma.load.b.sync.aligned.col.m16n16k16.shared.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, [%8], %9;"
                  : "=r"(f.x[0]), "=r"(f.x[1]), "=r"(f.x[2]), "=r"(f.x[3]), "=r"(f.x[4]), "=r"(f.x[5]),
                    "=r"(f.x[6]), "=r"(f.x[7])
-                 : "r"(qsa_smem_u32(p)), "r"(ld)
+                 : "r"(p), "r"(ld)
                  : "memory");
+}
+static __device__ __forceinline__ void qsa_wmma_load_b(qsa_frag_ab &f, const qsa_f16 *p, int ld) {
+    qsa_wmma_load_b_s(f, qsa_smem_u32(p), ld);
 }
 /* c = a * b + c, fp32 accumulate */
 static __device__ __forceinline__ void qsa_wmma_mma(qsa_frag_c &c, const qsa_frag_ab &a, const qsa_frag_ab &b) {
@@ -916,6 +940,98 @@ static __device__ __forceinline__ void qsa_seg16_nvw(const qsa_f16 *const *arow,
     }
 }
 
+/* qsa_seg16_nvw's fast form: the same loads, dequantisation, staging and mma in the same order,
+ * hence the same bits (tested through every kernel that uses it), for the shapes real checkpoints
+ * have (qsa_nvf_ok: K a multiple of 64, so every sub-step and chunk is whole; A rows and q rows
+ * 16-byte aligned; s rows 4-byte aligned), with the per-element bounds, the per-chunk branches and
+ * the shared-address arithmetic of every fragment load out of the loop.  Only A rows below nrows
+ * may be non-NULL: the rest are staged as zeros once, so a tile of one pair (decode) loads and
+ * stores one A piece per lane per sub-step instead of four.  ROLL as in qsa_seg16_nvw. */
+static __device__ __forceinline__ bool qsa_nvf_ok(const qsa_wsrc &w, int avec, int K) {
+    return avec && w.vec16 && !(K & 63) && !(((qsa_u64)w.s) & 3u);
+}
+template <bool ROLL>
+static __device__ __forceinline__ void qsa_seg16_nvf(const qsa_f16 *const *arow, int nrows, const qsa_wsrc &w,
+                                                     int n0, int N, int K, int seg, qsa_f16 *sa, qsa_f16 *sw,
+                                                     qsa_frag_c &P) {
+    const int lane = threadIdx.x & 31, nr = lane >> 1, nh = lane & 1, ar = lane >> 3, ak = (lane & 7) * 8;
+    const int kbeg = seg * QSA_SEG, nsub = min(QSA_SEG, K - kbeg) >> 6, na = min(4, (nrows + 3) >> 2);
+    qsa_frag_zero(P);
+    __syncwarp(); /* the staging's last readers are done before the zero rows are written */
+    uint4 q16[QSA_SEG / 64];
+    qsa_u32 sc[QSA_SEG / 64];
+#pragma unroll
+    for (int J = 0; J < QSA_SEG / 64; J++) {
+        q16[J] = qsa_u4_zero();
+        sc[J] = 0u;
+    }
+    if (n0 + nr < N) {
+        const qsa_u8 *qr = w.q + (qsa_i64)(n0 + nr) * (K >> 1) + (kbeg >> 1) + 16 * nh;
+        const qsa_u8 *sr = w.s + (qsa_i64)(n0 + nr) * (K >> 4) + (kbeg >> 4);
+#pragma unroll
+        for (int J = 0; J < QSA_SEG / 64; J++)
+            if (J < nsub) q16[J] = *(const uint4 *)(qr + 32 * J);
+        if (nsub == QSA_SEG / 64 && w.svec16) {
+            const uint4 v = *(const uint4 *)sr;
+            sc[0] = v.x;
+            sc[1] = v.y;
+            sc[2] = v.z;
+            sc[3] = v.w;
+        } else {
+#pragma unroll
+            for (int J = 0; J < QSA_SEG / 64; J++)
+                if (J < nsub) sc[J] = *(const qsa_u32 *)(sr + 4 * J);
+        }
+    }
+    uint4 ra[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const qsa_f16 *a = i < na ? arow[ar + 4 * i] : 0;
+        ra[i] = a ? *(const uint4 *)(a + kbeg + ak) : qsa_u4_zero();
+        if (i >= na) *(uint4 *)(sa + (ar + 4 * i) * QSA_STW + ak) = qsa_u4_zero();
+    }
+    const qsa_u32 sau = qsa_smem_u32(sa), swu = qsa_smem_u32(sw);
+    uint4 *dst = (uint4 *)(sw + nr * QSA_STW + nh * 32);
+    enum { UNR = ROLL ? 1 : QSA_SEG / 64 };
+#pragma unroll(UNR)
+    for (int J = 0; J < QSA_SEG / 64; J++) {
+        if (J >= nsub) break;
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (i < na) *(uint4 *)(sa + (ar + 4 * i) * QSA_STW + ak) = ra[i];
+        const uint4 q = q16[0];
+        const qsa_u32 sw32 = sc[0];
+#pragma unroll
+        for (int i = 0; i + 1 < QSA_SEG / 64; i++) {
+            q16[i] = q16[i + 1];
+            sc[i] = sc[i + 1];
+        }
+        const float2 s01 = qsa_e4m3x2_to_f32(sw32 >> (16 * nh));
+        const qsa_fp4lut l0 = qsa_fp4_lut(s01.x * w.s2), l1 = qsa_fp4_lut(s01.y * w.s2);
+        dst[0] = qsa_dq8_lut(q.x, l0);
+        dst[1] = qsa_dq8_lut(q.y, l0);
+        dst[2] = qsa_dq8_lut(q.z, l1);
+        dst[3] = qsa_dq8_lut(q.w, l1);
+        __syncwarp();
+        if (J + 1 < nsub) { /* the next sub-step's A while the tensor cores work */
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                if (i < na) {
+                    const qsa_f16 *a = arow[ar + 4 * i];
+                    ra[i] = a ? *(const uint4 *)(a + kbeg + 64 * (J + 1) + ak) : qsa_u4_zero();
+                }
+        }
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            qsa_frag_ab fa, fb;
+            qsa_wmma_load_a_s(fa, sau + 32 * c, QSA_STW);
+            qsa_wmma_load_b_s(fb, swu + 32 * c, QSA_STW);
+            qsa_wmma_mma(P, fa, fb);
+        }
+    }
+}
+
 /* Split-K core: one 16 x 16 output tile (NB weight matrices sharing the A rows, e.g. gate and up),
  * the whole block (8 warps).  arow[16] (shared) are the A rows (NULL: padding), each K long, 16-byte
  * aligned when avec.  Weight rows n0 .. n0+15 of each ws[b] (rows >= N are zero).  On return
@@ -1253,12 +1369,15 @@ static __device__ __forceinline__ bool qsa_ticket_last(unsigned *count, unsigned
    element-wise in the accumulator layout (the order qsa_sum_parts and the tiled core use, so the
    same bits).  NVFP4 through qsa_seg16_nvw: staging rows of QSA_STW halves. */
 template <bool NV>
-static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, int avec, const qsa_wsrc &w, int n0,
-                                                  int N, int K, int nseg, qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c &T) {
+static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, int nrows, int avec, const qsa_wsrc &w,
+                                                  int n0, int N, int K, int nseg, qsa_f16 *sa, qsa_f16 *sw,
+                                                  qsa_frag_c &T) {
     qsa_frag_zero(T);
+    const bool fast = NV && qsa_nvf_ok(w, avec, K);
     for (int seg = 0; seg < nseg; seg++) {
         qsa_frag_c P;
-        if (NV) qsa_seg16_nvw<false>(arow, avec, w, n0, N, K, seg, sa, sw, P);
+        if (fast) qsa_seg16_nvf<false>(arow, nrows, w, n0, N, K, seg, sa, sw, P);
+        else if (NV) qsa_seg16_nvw<false>(arow, avec, w, n0, N, K, seg, sa, sw, P);
         else qsa_seg16<1, false, false, true>(arow, avec, &w, n0, N, K, seg, sa, sw, &P); /* (fp16 experts) */
 #pragma unroll
         for (int i = 0; i < 8; i++) T.x[i] = T.x[i] + P.x[i];
@@ -1303,7 +1422,9 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
     if (lane < 16) arow[warp][lane] = m0 + lane < M ? A + (qsa_i64)(m0 + lane) * K : 0;
     __syncwarp();
     qsa_frag_c P;
-    if (NV) qsa_seg16_nvw<true>(arow[warp], avec, ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, P);
+    if (NV && qsa_nvf_ok(ws, avec, K))
+        qsa_seg16_nvf<true>(arow[warp], M - m0, ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, P);
+    else if (NV) qsa_seg16_nvw<true>(arow[warp], avec, ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, P);
 #if QSA_CPA
     else if (ws.vec && !(K & 7)) qsa_seg16_cpa(arow[warp], avec, ws.w16, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, P);
     else qsa_seg16<1, false, true, true>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
@@ -1905,8 +2026,10 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
     const int ncol = (N + 15) / 16, nseg = (Kd + QSA_SEG - 1) / QSA_SEG, nsp = whole ? 1 : nseg, nst = NB * nsp;
     const qsa_i64 task = (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + warp;
     if (Kd <= 0 || task >= (qsa_i64)*ntiles * ncol * nst) return; /* warp-level from here on */
-    const int tile = (int)(task / ((qsa_i64)ncol * nst)), rem = (int)(task % ((qsa_i64)ncol * nst));
-    const int ct = rem / nst, mat = rem % nst / nsp, seg = rem % nsp, n0 = ct * 16;
+    /* (unsigned 32-bit divisions: a grid of tasks never reaches 2^32) */
+    const unsigned per = (unsigned)(ncol * nst), tile = (unsigned)task / per, rem = (unsigned)task - tile * per;
+    const int ct = (int)(rem / (unsigned)nst), mat = (int)(rem % (unsigned)nst / (unsigned)nsp),
+              seg = (int)(rem % (unsigned)nsp), n0 = ct * 16;
     const int *tt = tiles + 3 * (qsa_i64)tile;
     const int e = tt[0], first = tt[1], cnt = tt[2];
     if (lane < 16) {
@@ -1922,10 +2045,12 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
     /* dense (checkpoints with fp16 experts): one sub-step ahead, so that this path does not set the
        register count of the NVFP4 one */
     if (whole) {
-        if (!ws.w16) qsa_segs16<true>(arow[warp], avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_STW, P);
-        else qsa_segs16<false>(arow[warp], avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_ST, P);
+        if (!ws.w16) qsa_segs16<true>(arow[warp], cnt, avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_STW, P);
+        else qsa_segs16<false>(arow[warp], cnt, avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_ST, P);
     } else {
-        if (!ws.w16) qsa_seg16_nvw<true>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_STW, P);
+        if (!ws.w16 && qsa_nvf_ok(ws, avec, Kd))
+            qsa_seg16_nvf<true>(arow[warp], cnt, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_STW, P);
+        else if (!ws.w16) qsa_seg16_nvw<true>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_STW, P);
         else qsa_seg16<1, false, false, true>(arow[warp], avec, &ws, n0, N, Kd, seg, sa, sa + 16 * QSA_ST, &P);
     }
     float *slot = (float *)stage[warp];
