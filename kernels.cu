@@ -950,39 +950,36 @@ static __device__ __forceinline__ void qsa_seg16_nvw(const qsa_f16 *const *arow,
 static __device__ __forceinline__ bool qsa_nvf_ok(const qsa_wsrc &w, int avec, int K) {
     return avec && w.vec16 && !(K & 63) && !(((qsa_u64)w.s) & 3u);
 }
-template <bool ROLL>
-static __device__ __forceinline__ void qsa_seg16_nvf(const qsa_f16 *const *arow, int nrows, const qsa_wsrc &w,
-                                                     int n0, int N, int K, int seg, qsa_f16 *sa, qsa_f16 *sw,
-                                                     qsa_frag_c &P) {
-    const int lane = threadIdx.x & 31, nr = lane >> 1, nh = lane & 1, ar = lane >> 3, ak = (lane & 7) * 8;
-    const int kbeg = seg * QSA_SEG, nsub = min(QSA_SEG, K - kbeg) >> 6, na = min(4, (nrows + 3) >> 2);
-    qsa_frag_zero(P);
-    __syncwarp(); /* the staging's last readers are done before the zero rows are written */
-    uint4 q16[QSA_SEG / 64];
-    qsa_u32 sc[QSA_SEG / 64];
+/* The segment's block scales of this lane's row (n0 + lane / 2): word J holds groups 4 J .. 4 J + 3. */
+static __device__ __forceinline__ void qsa_nvf_scales(const qsa_wsrc &w, int n0, int N, int K, int seg, qsa_u32 *sc) {
+    const int n = n0 + ((threadIdx.x & 31) >> 1), kbeg = seg * QSA_SEG, nsub = min(QSA_SEG, K - kbeg) >> 6;
 #pragma unroll
-    for (int J = 0; J < QSA_SEG / 64; J++) {
-        q16[J] = qsa_u4_zero();
-        sc[J] = 0u;
-    }
-    if (n0 + nr < N) {
-        const qsa_u8 *qr = w.q + (qsa_i64)(n0 + nr) * (K >> 1) + (kbeg >> 1) + 16 * nh;
-        const qsa_u8 *sr = w.s + (qsa_i64)(n0 + nr) * (K >> 4) + (kbeg >> 4);
+    for (int J = 0; J < QSA_SEG / 64; J++) sc[J] = 0u;
+    if (n >= N) return;
+    const qsa_u8 *sr = w.s + (qsa_i64)n * (K >> 4) + (kbeg >> 4);
+    if (nsub == QSA_SEG / 64 && w.svec16) {
+        const uint4 v = *(const uint4 *)sr;
+        sc[0] = v.x;
+        sc[1] = v.y;
+        sc[2] = v.z;
+        sc[3] = v.w;
+    } else {
 #pragma unroll
         for (int J = 0; J < QSA_SEG / 64; J++)
-            if (J < nsub) q16[J] = *(const uint4 *)(qr + 32 * J);
-        if (nsub == QSA_SEG / 64 && w.svec16) {
-            const uint4 v = *(const uint4 *)sr;
-            sc[0] = v.x;
-            sc[1] = v.y;
-            sc[2] = v.z;
-            sc[3] = v.w;
-        } else {
-#pragma unroll
-            for (int J = 0; J < QSA_SEG / 64; J++)
-                if (J < nsub) sc[J] = *(const qsa_u32 *)(sr + 4 * J);
-        }
+            if (J < nsub) sc[J] = *(const qsa_u32 *)(sr + 4 * J);
     }
+}
+
+/* The body of qsa_seg16_nvf: the segment's packed weights of this lane come from registers (q16,
+   PK false) or from the warp's shared copy of the segment (pk: this lane's row and half, PK true). */
+template <bool ROLL, bool PK>
+static __device__ __forceinline__ void qsa_nvf_run(const qsa_f16 *const *arow, int nrows, float s2, int kbeg,
+                                                   int nsub, uint4 *q16, const qsa_u8 *pk, qsa_u32 *sc,
+                                                   qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c &P) {
+    const int lane = threadIdx.x & 31, nr = lane >> 1, nh = lane & 1, ar = lane >> 3, ak = (lane & 7) * 8;
+    const int na = min(4, (nrows + 3) >> 2);
+    qsa_frag_zero(P);
+    __syncwarp(); /* the staging's last readers are done before the zero rows are written */
     uint4 ra[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -1000,15 +997,15 @@ static __device__ __forceinline__ void qsa_seg16_nvf(const qsa_f16 *const *arow,
 #pragma unroll
         for (int i = 0; i < 4; i++)
             if (i < na) *(uint4 *)(sa + (ar + 4 * i) * QSA_STW + ak) = ra[i];
-        const uint4 q = q16[0];
+        const uint4 q = PK ? *(const uint4 *)(pk + 32 * J) : q16[0];
         const qsa_u32 sw32 = sc[0];
 #pragma unroll
         for (int i = 0; i + 1 < QSA_SEG / 64; i++) {
-            q16[i] = q16[i + 1];
+            if (!PK) q16[i] = q16[i + 1];
             sc[i] = sc[i + 1];
         }
         const float2 s01 = qsa_e4m3x2_to_f32(sw32 >> (16 * nh));
-        const qsa_fp4lut l0 = qsa_fp4_lut(s01.x * w.s2), l1 = qsa_fp4_lut(s01.y * w.s2);
+        const qsa_fp4lut l0 = qsa_fp4_lut(s01.x * s2), l1 = qsa_fp4_lut(s01.y * s2);
         dst[0] = qsa_dq8_lut(q.x, l0);
         dst[1] = qsa_dq8_lut(q.y, l0);
         dst[2] = qsa_dq8_lut(q.z, l1);
@@ -1031,6 +1028,79 @@ static __device__ __forceinline__ void qsa_seg16_nvf(const qsa_f16 *const *arow,
         }
     }
 }
+
+template <bool ROLL>
+static __device__ __forceinline__ void qsa_seg16_nvf(const qsa_f16 *const *arow, int nrows, const qsa_wsrc &w,
+                                                     int n0, int N, int K, int seg, qsa_f16 *sa, qsa_f16 *sw,
+                                                     qsa_frag_c &P) {
+    const int lane = threadIdx.x & 31, nr = lane >> 1, nh = lane & 1;
+    const int kbeg = seg * QSA_SEG, nsub = min(QSA_SEG, K - kbeg) >> 6;
+    uint4 q16[QSA_SEG / 64];
+    qsa_u32 sc[QSA_SEG / 64];
+#pragma unroll
+    for (int J = 0; J < QSA_SEG / 64; J++) q16[J] = qsa_u4_zero();
+    if (n0 + nr < N) {
+        const qsa_u8 *qr = w.q + (qsa_i64)(n0 + nr) * (K >> 1) + (kbeg >> 1) + 16 * nh;
+#pragma unroll
+        for (int J = 0; J < QSA_SEG / 64; J++)
+            if (J < nsub) q16[J] = *(const uint4 *)(qr + 32 * J);
+    }
+    qsa_nvf_scales(w, n0, N, K, seg, sc);
+    qsa_nvf_run<ROLL, false>(arow, nrows, w.s2, kbeg, nsub, q16, 0, sc, sa, sw, P);
+}
+
+#if QSA_CPA
+/* The whole-tile fold over segments (qsa_segs16) in the fast form, software-pipelined: the warp
+ * copies segment s + 1's packed weights (16 rows x up to 128 bytes) into the other half of its pk
+ * buffer by cp.async, and loads their scales, before it works on segment s; rows of QSA_PKS bytes
+ * (a quarter-warp's 16-byte reads of 4 rows x 2 halves hit distinct banks).  The same values reach
+ * the same staging in the same order: the same bits. */
+#define QSA_PKS 160
+static __device__ __forceinline__ void qsa_nvf_stage(const qsa_wsrc &w, int n0, int N, int K, int seg, qsa_u32 buf) {
+    const int lane = threadIdx.x & 31, kbeg = seg * QSA_SEG, np = min(QSA_SEG, K - kbeg) >> 5;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int pc = lane + 32 * i, r = pc >> 3, c = pc & 7;
+        if (c < np) {
+            const bool ok = n0 + r < N;
+            const qsa_u8 *src = ok ? w.q + (qsa_i64)(n0 + r) * (K >> 1) + (kbeg >> 1) + 16 * c : w.q;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(buf + r * QSA_PKS + 16 * c), "l"(src),
+                         "r"(ok ? 16 : 0)
+                         : "memory");
+        }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+static __device__ __forceinline__ void qsa_segs16_nvf_pipe(const qsa_f16 *const *arow, int nrows, const qsa_wsrc &w,
+                                                           int n0, int N, int K, int nseg, qsa_f16 *sa, qsa_f16 *sw,
+                                                           qsa_u8 *pk, qsa_frag_c &T) {
+    const int lane = threadIdx.x & 31, nr = lane >> 1, nh = lane & 1;
+    const qsa_u32 pku = qsa_smem_u32(pk);
+    qsa_u32 sc[QSA_SEG / 64], scn[QSA_SEG / 64];
+    qsa_frag_zero(T);
+    qsa_nvf_stage(w, n0, N, K, 0, pku);
+    qsa_nvf_scales(w, n0, N, K, 0, sc);
+    for (int seg = 0; seg < nseg; seg++) {
+        __syncwarp(); /* every lane is done with the half that the next copy overwrites */
+        if (seg + 1 < nseg) {
+            qsa_nvf_stage(w, n0, N, K, seg + 1, pku + ((seg + 1) & 1) * 16 * QSA_PKS);
+            qsa_nvf_scales(w, n0, N, K, seg + 1, scn);
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+        }
+        __syncwarp(); /* every lane's copies of segment seg have landed */
+        const int kbeg = seg * QSA_SEG, nsub = min(QSA_SEG, K - kbeg) >> 6;
+        qsa_frag_c P;
+        qsa_nvf_run<true, true>(arow, nrows, w.s2, kbeg, nsub, 0, pk + (seg & 1) * 16 * QSA_PKS + nr * QSA_PKS + 16 * nh,
+                                 sc, sa, sw, P);
+#pragma unroll
+        for (int i = 0; i < 8; i++) T.x[i] = T.x[i] + P.x[i];
+#pragma unroll
+        for (int J = 0; J < QSA_SEG / 64; J++) sc[J] = scn[J];
+    }
+}
+#endif
 
 /* Split-K core: one 16 x 16 output tile (NB weight matrices sharing the A rows, e.g. gate and up),
  * the whole block (8 warps).  arow[16] (shared) are the A rows (NULL: padding), each K long, 16-byte
@@ -1371,9 +1441,17 @@ static __device__ __forceinline__ bool qsa_ticket_last(unsigned *count, unsigned
 template <bool NV>
 static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, int nrows, int avec, const qsa_wsrc &w,
                                                   int n0, int N, int K, int nseg, qsa_f16 *sa, qsa_f16 *sw,
-                                                  qsa_frag_c &T) {
-    qsa_frag_zero(T);
+                                                  qsa_u8 *pk, qsa_frag_c &T) {
     const bool fast = NV && qsa_nvf_ok(w, avec, K);
+#if QSA_CPA
+    if (fast) {
+        qsa_segs16_nvf_pipe(arow, nrows, w, n0, N, K, nseg, sa, sw, pk, T);
+        return;
+    }
+#else
+    (void)pk;
+#endif
+    qsa_frag_zero(T);
     for (int seg = 0; seg < nseg; seg++) {
         qsa_frag_c P;
         if (fast) qsa_seg16_nvf<false>(arow, nrows, w, n0, N, K, seg, sa, sw, P);
@@ -2021,6 +2099,12 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
     __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][2 * 16 * QSA_STW];
     __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
     __shared__ int prow[QSA_GEMV_WARPS][16];
+#if QSA_CPA
+    /* whole forms: the pipelined segments' packed weights (qsa_segs16_nvf_pipe), two halves per warp */
+    __shared__ __align__(16) qsa_u8 pk[whole ? QSA_GEMV_WARPS : 1][2 * 16 * QSA_PKS];
+#else
+    qsa_u8 *pk[QSA_GEMV_WARPS] = {0};
+#endif
     if (blockDim.x != 32 * QSA_GEMV_WARPS) __trap();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int ncol = (N + 15) / 16, nseg = (Kd + QSA_SEG - 1) / QSA_SEG, nsp = whole ? 1 : nseg, nst = NB * nsp;
@@ -2045,8 +2129,8 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
     /* dense (checkpoints with fp16 experts): one sub-step ahead, so that this path does not set the
        register count of the NVFP4 one */
     if (whole) {
-        if (!ws.w16) qsa_segs16<true>(arow[warp], cnt, avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_STW, P);
-        else qsa_segs16<false>(arow[warp], cnt, avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_ST, P);
+        if (!ws.w16) qsa_segs16<true>(arow[warp], cnt, avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_STW, pk[warp], P);
+        else qsa_segs16<false>(arow[warp], cnt, avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_ST, 0, P);
     } else {
         if (!ws.w16 && qsa_nvf_ok(ws, avec, Kd))
             qsa_seg16_nvf<true>(arow[warp], cnt, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_STW, P);
