@@ -976,7 +976,8 @@ done:
 
 TEST(gpu, k1_gemv_group_equals_single) {
     K1_NEED_GPU();
-    static const int cases[][3] = {{1, 2560, 4}, {1, 300, 2}, {5, 48, 3}, {16, 2560, 4}, {37, 640, 4}, {64, 272, 4}};
+    static const int cases[][3] = {{1, 2560, 4},  {1, 300, 2},  {5, 48, 3},   {16, 2560, 4},
+                                   {32, 2560, 4}, {25, 640, 3}, {37, 640, 4}, {64, 272, 4}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) k1_gemv_group_case(cases[i][0], cases[i][1], cases[i][2]);
 }
 
@@ -1103,15 +1104,18 @@ done:
 TEST(gpu, k1_gemv_gres_equals_gemv_and_mix) {
     K1_NEED_GPU();
     static const int cases[][5] = {{1, 2560 / 8, 4, 320, 0}, {5, 40, 4, 320, 1}, {16, 24, 2, 100, 0}, {37, 20, 8, 48, 1},
-                                   {64, 33, 1, 272, 0}, {3, 4, 16, 600, 1}};
+                                   {64, 33, 1, 272, 0},      {3, 4, 16, 600, 1}, {32, 20, 4, 320, 1}, {17, 40, 8, 48, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         k1_gemv_gres_case(cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
 }
 
 TEST(gpu, k1_gemv_cross_warp_equals_gemm) {
     K1_NEED_GPU();
-    static const int shapes[][3] = {{1, 300, 1024}, {1, 4, 10240}, {1, 320, 2560}, {5, 17, 48},  {37, 100, 2320},
-                                    {64, 33, 272},  {16, 50, 6144}, {2, 2560, 640}, {1, 7, 100}, {9, 1000, 3000}};
+    /* (17 to 32 rows: the two-row-tile warps of the dense form, ragged K and N included; K = 100 is not a
+       multiple of 8: the one-tile path) */
+    static const int shapes[][3] = {{1, 300, 1024}, {1, 4, 10240}, {1, 320, 2560}, {5, 17, 48},   {37, 100, 2320},
+                                    {64, 33, 272},  {16, 50, 6144}, {2, 2560, 640}, {1, 7, 100},   {9, 1000, 3000},
+                                    {32, 100, 2320}, {20, 33, 272}, {24, 17, 100},  {32, 2560, 640}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int nv = 0; nv < 2; nv++) {
             if (nv && shapes[i][2] % 16) continue;
