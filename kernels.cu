@@ -871,7 +871,8 @@ static __device__ __forceinline__ void qsa_seg16_cpa(const qsa_f16 *const *arow,
  * The mma are the same k = 16 steps in the same order into the same fragment: the same bits as
  * qsa_seg16<1, true> (tested through the kernels that use it).  sa / sw: A [16][QSA_STW] then W
  * [16][QSA_STW] halves.  (Copying the packed weights into shared memory by cp.async, the next
- * segment's in flight, was measured for the whole-tile kernels: no gain at B = 32.) */
+ * segment's in flight, gained nothing at B = 32 over this form; over the leaner fast form below,
+ * qsa_seg16_nvf, it does: qsa_segs16_nvf_pipe.) */
 template <bool ROLL>
 static __device__ __forceinline__ void qsa_seg16_nvw(const qsa_f16 *const *arow, int avec, const qsa_wsrc &w, int n0,
                                                      int N, int K, int seg, qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c &P) {
