@@ -2577,16 +2577,20 @@ extern "C" __global__ void qsa_k_gdn_conv_state(const float *__restrict__ qkv, f
  * whose 2*T*dk + T*B/P + 2*T elements fit K2_GDN_PF*B and the staging; T changes when and where the inputs
  * are read, never the arithmetic. */
 #define K2_GDN_PF 20 /* with blocks of 128 and dk = 128: T = 8 */
+/* The batched decode forms (one token per sequence, T = 1 whatever PF allows): 9 covers one token
+   for every dk <= 512 with blocks of 128 (2 dk + B/P + 2 <= 9 * 128) and leaves the registers of
+   11 staging values free (dk = 128: 151 -> 128 registers, 3 -> 4 blocks per SM). */
+#define K2_GDN_PF1 9
 #define K2_GDN_STG 4096 /* floats of shared staging (16 KB: with 32 KB of dynamic memory, 48 KB) */
 #define K2_GDN_TMAX 16
-template <bool F16>
+template <bool F16, int PF = K2_GDN_PF>
 static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *__restrict__ q,
                                         const float *__restrict__ k, const float *__restrict__ v,
                                         const float *__restrict__ beta, const float *__restrict__ g, float *o, int M,
                                         int nk, int nv, int dk, int dv) {
     __shared__ float stg[K2_GDN_STG];
     const int P = dk <= 128 ? 4 : dk <= 256 ? 8 : 16, B = blockDim.x, cpb = B / P;
-    const int per = 2 * dk + cpb + 2, cap = min(K2_GDN_PF * B, K2_GDN_STG);
+    const int per = 2 * dk + cpb + 2, cap = min(PF * B, K2_GDN_STG);
     if (dk > K2_GDN_MAX_DK || (B & 31) || per > cap) __trap(); /* the host validates dk and the block */
     const int T = max(1, min(min(K2_GDN_TMAX, cap / per), M)), L = T * per;
     const int h = blockIdx.x, p = threadIdx.x % P, jc = threadIdx.x / P, kh = h / (nv / nk);
@@ -2605,11 +2609,11 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
             const long long gi = hbase + (long long)i * dv + j;
             st[u] = live && i < dk ? (F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi]) : 0.0f;
         }
-        float pf[K2_GDN_PF];
+        float pf[PF];
         /* element e of the chunk starting at token t0 (zero past M or past dv) */
 #define K2_GDN_FETCH(t0)                                                                          \
         do {                                                                                      \
-            _Pragma("unroll") for (int r = 0; r < K2_GDN_PF; r++) {                               \
+            _Pragma("unroll") for (int r = 0; r < PF; r++) {                                      \
                 int e = threadIdx.x + r * B;                                                      \
                 float x = 0.0f;                                                                   \
                 if (e < 2 * T * dk) {                                                             \
@@ -2633,7 +2637,7 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
         for (int t0 = 0; t0 < M; t0 += T) {
             __syncthreads(); /* the previous chunk is no longer read */
 #pragma unroll
-            for (int r = 0; r < K2_GDN_PF; r++) {
+            for (int r = 0; r < PF; r++) {
                 const int e = threadIdx.x + r * B;
                 if (e < L) stg[e] = pf[r];
             }
@@ -3464,7 +3468,7 @@ static __device__ __noinline__ void k2_attn_split(const float *__restrict__ qh, 
  *          r = 0 means no indexer: every token 0..pos is attended (sel/nsel not read)
  *   tokpos NULL: logical order (the selected blocks, r tokens each, then the tail nb*r..pos);
  *          else [M][ld_tok] the visit order as logical positions (qsa_k_attn_phys_order: debug)
- * The visit list is cut every `split` (QSA_ATTN_SPLIT = 256) tokens by visit index.  In rounds of
+ * The visit list is cut every `split` (QSA_ATTN_SPLIT = 128) tokens by visit index.  In rounds of
  * nw = blockDim.x/32 splits, warp w computes split round*nw + w ((max, sum, acc) with the CPU's
  * online softmax, scale hd^-0.5) into shared memory, and warp 0 merges them into its running
  * (M, Lsum, o) strictly left to right, as qsa__attn_head_plan; at the end o / Lsum * sigmoid(gate).
@@ -3474,10 +3478,10 @@ static __device__ __noinline__ void k2_attn_split(const float *__restrict__ qh, 
  * of K and V (each head's arithmetic is that of the head alone: the same bits for any H).
  * Launch: grid (M, nh / H), block any multiple of 32 up to 512 with H * blockDim.x <= 512; H = 1, or
  * H = 2 when hd is 128 or 256 and 2 divides nh/nkv.  The runtime: 512 threads and H = 1 for few
- * queries (16 splits at once: a decode query's 2048 + tail tokens in one round), 256 threads and
+ * queries (16 splits at once: a decode query's 2048 tokens in one round, its tail in a second), 256 threads and
  * H = 2 for prefill (K and V read once per pair of heads). */
 #define K2_ATTN_MAX_WARPS 16
-#define K2_ATTN_MAX_SPLIT 256 /* the runtime's QSA_ATTN_SPLIT */
+#define K2_ATTN_MAX_SPLIT 256 /* at least the runtime's QSA_ATTN_SPLIT */
 static __device__ __forceinline__ void qsa_sparse_attn_body(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
     const int *__restrict__ bt, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
@@ -3880,8 +3884,8 @@ extern "C" __global__ void qsa_k_gdn_recurrent_batch(const unsigned long long *_
                                                      int dv) {
     QSA_PDL_ENTRY();
     const qsa_i64 b = blockIdx.z, kd = (qsa_i64)nk * dk, vd = (qsa_i64)nv * dv;
-    k2_gdn_recurrent<false>(QSA_BPTR(float, st), 0, q + b * kd, k + b * kd, v + b * vd, beta + b * nv, g + b * nv,
-                            o + b * vd, 1, nk, nv, dk, dv);
+    k2_gdn_recurrent<false, K2_GDN_PF1>(QSA_BPTR(float, st), 0, q + b * kd, k + b * kd, v + b * vd, beta + b * nv,
+                                        g + b * nv, o + b * vd, 1, nk, nv, dk, dv);
 }
 
 extern "C" __global__ void qsa_k_gdn_recurrent_f16state_batch(const unsigned long long *__restrict__ st,
@@ -3892,8 +3896,8 @@ extern "C" __global__ void qsa_k_gdn_recurrent_f16state_batch(const unsigned lon
                                                               int dk, int dv) {
     QSA_PDL_ENTRY();
     const qsa_i64 b = blockIdx.z, kd = (qsa_i64)nk * dk, vd = (qsa_i64)nv * dv;
-    k2_gdn_recurrent<true>(0, QSA_BPTR(qsa_f16, st), q + b * kd, k + b * kd, v + b * vd, beta + b * nv, g + b * nv,
-                           o + b * vd, 1, nk, nv, dk, dv);
+    k2_gdn_recurrent<true, K2_GDN_PF1>(0, QSA_BPTR(qsa_f16, st), q + b * kd, k + b * kd, v + b * vd, beta + b * nv,
+                                       g + b * nv, o + b * vd, 1, nk, nv, dk, dv);
 }
 
 /* PLE conv state: st.  Launch: grid (ceil(hcH / 256), 1, B), block 256. */

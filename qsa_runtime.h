@@ -5740,8 +5740,11 @@ QSA_PRIV int qsa__default_page_size(const qsa_model_config *c) {
    selected tokens in plan order with split points fixed in *logical selected-token index* (every
    QSA_ATTN_SPLIT tokens) and merges the partial (max, sum, out) triples left to right, so the result
    depends only on logical positions, never on where the pages are.  physical_order = 1 sorts the
-   segments by physical address instead (debug: this is what breaks allocation invariance). */
-#define QSA_ATTN_SPLIT 256
+   segments by physical address instead (debug: this is what breaks allocation invariance).
+   128 (was 256 until 2026-12-01): a decode query's ~2,048 selected tokens make 17 splits, whose
+   serial online softmax is each GPU warp's long pole; halving it measured on the H200 (real shape):
+   batch 1 95.7 -> 97.3 tok/s, batch 8 383 -> 390, batch 32 651 -> 641 (within the run-to-run spread). */
+#define QSA_ATTN_SPLIT 128
 
 typedef struct qsa__seg {
     int32_t page, offset, len; /* physical page, first slot, number of tokens */
@@ -9110,8 +9113,9 @@ QSA_PRIV void qsa__cuda_seq_destroy(qsa_model *m, qsa_seq *s) {
 
 /* ---- forward ---- */
 
-/* Threads of a sparse-attention block: 16 warps (16 splits of 256 tokens at once, a decode query in
-   one round) when there are few queries, 8 for prefill.  The bits do not depend on it. */
+/* Threads of a sparse-attention block: 16 warps (16 splits at once: a decode query's 2,048 selected
+   tokens in one round, the 0-3 tail tokens in a second) when there are few queries, 8 for prefill.
+   The bits do not depend on it. */
 QSA_PRIV unsigned qsa__attn_threads(int M) { return M <= 64 ? 512u : 256u; }
 
 /* Decode attention of B queries (one per sequence) through qsa_k_sparse_attn_dec[_batch] (a block
@@ -9121,7 +9125,7 @@ QSA_PRIV unsigned qsa__attn_threads(int M) { return M <= 64 ? 512u : 256u; }
    always, "0": never), with an indexer (r = 0: the context, not the budget, bounds the splits), hd
    128 or 256 and the partials within the GEMV scratch.  *hb: all the query heads of a KV head, or
    the largest divisor of them up to $QSA_ATTN_DEC_HEADS.  Measured on the H200 (real shape, 9
-   splits per query): batch 32 557 -> 578 tok/s, batch 8 345 -> 350; one sequence 59 -> 78 us per
+   splits of 256 per query, before QSA_ATTN_SPLIT became 128): batch 32 557 -> 578 tok/s, batch 8 345 -> 350; one sequence 59 -> 78 us per
    layer (18 blocks; 2 heads per block, 108 blocks: 87 us — a warp's split is the long pole
    either way), hence the old kernel below 8 sequences. */
 #define QSA__ATTN_DEC_MIN_B 8

@@ -966,7 +966,8 @@ static void k2t_attn_vs_cpu(const char *what, const k2t_attn *c, int ps, int blo
 TEST(gpu, k2_sparse_attn_vs_cpu) {
     K2_NEED_GPU();
     k2t_attn c;
-    /* long context: 512 selected blocks of 4 = 2048 tokens + tail = 9 splits; GQA 4:2; hd 128 */
+    /* long context: 512 selected blocks of 4 = 2048 tokens + tail = 17 splits (two rounds of a
+       512-thread block); GQA 4:2; hd 128 */
     k2t_attn_init(&c, 4, 2, 128, 4, 512, 37, 4963, 61);
     k2t_attn_vs_cpu("sparse_attn hd128 topk512", &c, 16, 256);
     k2t_attn_vs_cpu("sparse_attn hd128 topk512 block128", &c, 400, 128);
@@ -1064,13 +1065,13 @@ static qsa_result k2t_attn_dec_gpu(const k2t_attn *c, int ps, int n_pages, const
 
 /* The decode kernels give qsa_k_sparse_attn's bits: each query of a case as its own sequence (one
    batched launch) and one query through the single-sequence entry, with all the query heads of a KV
-   head per block, one, and two (where it divides), at hd 128 (GQA 2:1, 9 splits), hd 256 with the
+   head per block, one, and two (where it divides), at hd 128 (GQA 2:1, 17 splits), hd 256 with the
    real shape's 12 query heads per KV head, and early positions (all blocks selected, tails of 0..3
    tokens, one split). */
 TEST(gpu, k2_sparse_attn_decode_splits) {
     K2_NEED_GPU();
     static const struct { int nh, nkv, hd, r, topk, M, pos0; uint64_t seed; const char *what; } cases[] = {
-        {4, 2, 128, 4, 512, 9, 4963, 81, "hd 128, 9 splits"},
+        {4, 2, 128, 4, 512, 9, 4963, 81, "hd 128, 17 splits"},
         {24, 2, 256, 4, 512, 3, 2500, 82, "hd 256, 12 query heads per KV head"},
         {4, 1, 128, 4, 128, 12, 0, 83, "hd 128, early positions"},
     };
