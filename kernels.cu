@@ -2556,8 +2556,8 @@ extern "C" __global__ void qsa_k_gdn_conv_state(const float *__restrict__ qkv, f
 #define K2_GDN_MAX_DK 512
 
 /* The recurrence for value head h = blockIdx.x.  A column j of S only ever meets itself (kv[j],
- * d[j], o[j]), so each column is owned by P adjacent lanes (P = 8 for dk <= 128, 16 up to 256, 32
- * up to 512: a function of dk alone, k2_gdn_lanes), lane p holding the rows i = u*P + p (u ascending) of the
+ * d[j], o[j]), so each column is owned by P adjacent lanes (P = 4 for dk <= 128, 8 up to 256, 16
+ * up to 512: a function of dk alone), lane p holding the rows i = u*P + p (u ascending) of the
  * column in registers for the whole launch; columns j = (blockIdx.y + c*gridDim.y)*(blockDim.x/P)
  * + threadIdx.x/P.  Per token and column:
  *   s_i = S[i][j]*exp(g);  kv = sum_i s_i k_i;  d = (v_j - kv)*beta;  S[i][j] = s_i + k_i d;  o_j = sum_i S[i][j] q_i
@@ -2569,20 +2569,17 @@ extern "C" __global__ void qsa_k_gdn_conv_state(const float *__restrict__ qkv, f
  * inputs come through a shared-memory staging of T tokens (below).
  * F16: the state is fp16 between tokens (rounded once per token after the update; o uses the fp32
  * value before that rounding). */
-#define K2_GDN_ROWS 16 /* rows of a column per lane (at most) */
-/* 8 lanes per column for dk <= 128 (was 4 until 2026-12-01: twice the warps and half the dependent
-   fmaf chain per token; the prefill recurrence is one long chain per column) */
-static __device__ __forceinline__ int k2_gdn_lanes(int dk) { return dk <= 128 ? 8 : dk <= 256 ? 16 : 32; }
+#define K2_GDN_ROWS 32 /* rows of a column per lane */
 /* Tokens are staged in chunks of T: the block loads the chunk's q, k (T x dk each), the v of its
  * columns (T x B/P), g and beta (T each) with coalesced loads into shared memory, one pair of
  * barriers per chunk, the next chunk's loads in flight (registers) while the current one is
  * computed.  Each thread loads K2_GDN_PF elements per chunk, so T is the largest count (<= 16, <= M)
  * whose 2*T*dk + T*B/P + 2*T elements fit K2_GDN_PF*B and the staging; T changes when and where the inputs
  * are read, never the arithmetic. */
-#define K2_GDN_PF 20 /* with blocks of 128 and dk = 128: T = 9 */
+#define K2_GDN_PF 20 /* with blocks of 128 and dk = 128: T = 8 */
 /* The batched decode forms (one token per sequence, T = 1 whatever PF allows): 9 covers one token
    for every dk <= 512 with blocks of 128 (2 dk + B/P + 2 <= 9 * 128) and leaves the registers of
-   11 staging values free. */
+   11 staging values free (dk = 128: 151 -> 128 registers, 3 -> 4 blocks per SM). */
 #define K2_GDN_PF1 9
 #define K2_GDN_STG 4096 /* floats of shared staging (16 KB: with 32 KB of dynamic memory, 48 KB) */
 #define K2_GDN_TMAX 16
@@ -2592,7 +2589,7 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
                                         const float *__restrict__ beta, const float *__restrict__ g, float *o, int M,
                                         int nk, int nv, int dk, int dv) {
     __shared__ float stg[K2_GDN_STG];
-    const int P = k2_gdn_lanes(dk), B = blockDim.x, cpb = B / P;
+    const int P = dk <= 128 ? 4 : dk <= 256 ? 8 : 16, B = blockDim.x, cpb = B / P;
     const int per = 2 * dk + cpb + 2, cap = min(PF * B, K2_GDN_STG);
     if (dk > K2_GDN_MAX_DK || (B & 31) || per > cap) __trap(); /* the host validates dk and the block */
     const int T = max(1, min(min(K2_GDN_TMAX, cap / per), M)), L = T * per;
@@ -2688,8 +2685,9 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
 /* S [nv][dk][dv] fp32 (in/out); q, k [M][nk*dk] (normalised, q scaled); v [M][nv*dv];
  * beta, g [M][nv]; o [M][nv*dv] out.  Value head h uses key head h / (nv/nk).  dk <= 512.
  * Launch: grid (nv, Y), block B (multiple of 32), no dynamic shared memory (any given is unused).
- * Recommended: Y = ceil(dv / (B/P)) with B = 128: P lanes per column (8 for dk <= 128), so
- * nv*dv*P/128 blocks.  Any (Y, B) gives the same bits (64 <= B when dk > 256: the staging). */
+ * Recommended: Y = ceil(dv / (B/P)) with B = 128: P lanes per column (4 for dk <= 128), so
+ * nv*dv*P/128 blocks.  Any (Y, B) gives the same bits (64 <= B when dk > 256: the staging; B <= 256:
+ * ~190 registers per thread). */
 extern "C" __global__ void qsa_k_gdn_recurrent(float *S, const float *__restrict__ q, const float *__restrict__ k,
                                                const float *__restrict__ v, const float *__restrict__ beta,
                                                const float *__restrict__ g, float *o, int M, int nk, int nv, int dk,
@@ -3878,10 +3876,8 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv_batch(
                       v + b * (conv_dim - 2 * key_dim), 1, conv_dim, key_dim, Kc, act, nk, dk, gb, 1);
 }
 
-/* S: st.  Launch: grid (nv, Y, B), block and dynamic shared memory as qsa_k_gdn_recurrent, block
-   at most 128 threads.  (The register bound: left alone, ptxas gives these forms ~210 registers, 2
-   blocks per SM; bounded to 6 blocks of 128 it needs 80 and spills nothing.) */
-extern "C" __global__ void __launch_bounds__(128, 6) qsa_k_gdn_recurrent_batch(const unsigned long long *__restrict__ st,
+/* S: st.  Launch: grid (nv, Y, B), block and dynamic shared memory as qsa_k_gdn_recurrent. */
+extern "C" __global__ void qsa_k_gdn_recurrent_batch(const unsigned long long *__restrict__ st,
                                                      const float *__restrict__ q, const float *__restrict__ k,
                                                      const float *__restrict__ v, const float *__restrict__ beta,
                                                      const float *__restrict__ g, float *o, int nk, int nv, int dk,
@@ -3892,7 +3888,7 @@ extern "C" __global__ void __launch_bounds__(128, 6) qsa_k_gdn_recurrent_batch(c
                                         g + b * nv, o + b * vd, 1, nk, nv, dk, dv);
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) qsa_k_gdn_recurrent_f16state_batch(const unsigned long long *__restrict__ st,
+extern "C" __global__ void qsa_k_gdn_recurrent_f16state_batch(const unsigned long long *__restrict__ st,
                                                               const float *__restrict__ q, const float *__restrict__ k,
                                                               const float *__restrict__ v,
                                                               const float *__restrict__ beta,

@@ -9389,11 +9389,11 @@ typedef struct qsa__gdn_gate_args {
     int nv;
 } qsa__gdn_gate_args;
 
-/* The GDN recurrence kernels' launch: blocks of 128 threads, P = 8 (dk <= 128), 16 or 32 lanes per
-   state column (k2_gdn_lanes in kernels.cu), so a block covers 128 / P columns of a value head. */
+/* The GDN recurrence kernels' launch: blocks of 128 threads, P = 4 (dk <= 128), 8 or 16 lanes per
+   state column (kernels.cu), so a block covers 128 / P columns of a value head. */
 #define QSA__GDN_REC_THREADS 128
 QSA_PRIV unsigned qsa__gdn_rec_ny(int dk, int dv) {
-    int P = dk <= 128 ? 8 : dk <= 256 ? 16 : 32, cpb = QSA__GDN_REC_THREADS / P;
+    int P = dk <= 128 ? 4 : dk <= 256 ? 8 : 16, cpb = QSA__GDN_REC_THREADS / P;
     return (unsigned)((dv + cpb - 1) / cpb);
 }
 
