@@ -5742,8 +5742,9 @@ QSA_PRIV int qsa__default_page_size(const qsa_model_config *c) {
    depends only on logical positions, never on where the pages are.  physical_order = 1 sorts the
    segments by physical address instead (debug: this is what breaks allocation invariance).
    128 (was 256 until 2026-12-01): a decode query's ~2,048 selected tokens make 17 splits, whose
-   serial online softmax is each GPU warp's long pole; halving it measured on the H200 (real shape):
-   batch 1 95.7 -> 97.3 tok/s, batch 8 383 -> 390, batch 32 651 -> 641 (within the run-to-run spread). */
+   serial online softmax is each GPU warp's long pole: on the H200 (real shape) the batch-1 decode
+   attention went 68.5 -> 51.7 us per layer and batch 1 95.7 -> 97.3 tok/s (batch 8 383 -> 390, batch
+   32 651 -> 641, within the run-to-run spread; measured with the batched GDN staging change). */
 #define QSA_ATTN_SPLIT 128
 
 typedef struct qsa__seg {
@@ -9125,9 +9126,9 @@ QSA_PRIV unsigned qsa__attn_threads(int M) { return M <= 64 ? 512u : 256u; }
    always, "0": never), with an indexer (r = 0: the context, not the budget, bounds the splits), hd
    128 or 256 and the partials within the GEMV scratch.  *hb: all the query heads of a KV head, or
    the largest divisor of them up to $QSA_ATTN_DEC_HEADS.  Measured on the H200 (real shape, 9
-   splits of 256 per query, before QSA_ATTN_SPLIT became 128): batch 32 557 -> 578 tok/s, batch 8 345 -> 350; one sequence 59 -> 78 us per
-   layer (18 blocks; 2 heads per block, 108 blocks: 87 us — a warp's split is the long pole
-   either way), hence the old kernel below 8 sequences. */
+   splits of 256 per query, before QSA_ATTN_SPLIT became 128): batch 32 557 -> 578 tok/s, batch 8
+   345 -> 350; one sequence 59 -> 78 us per layer (18 blocks; 2 heads per block, 108 blocks: 87 us
+   — a warp's split is the long pole either way), hence the old kernel below 8 sequences. */
 #define QSA__ATTN_DEC_MIN_B 8
 QSA_PRIV int qsa__attn_dec_splits(const qsa__cuda *g, int B, int nh, int nkv, int hd, int r, int topk, int split, int *hb) {
     if (g->attn_dec < 0 || (g->attn_dec == 0 && B < QSA__ATTN_DEC_MIN_B) || !g->sc.gemv_part || r < 1 || topk < 1 ||
