@@ -406,7 +406,9 @@ typedef struct qsa_model_params {
                                 batches run in groups of this size; 0: 32).  Sizes the per-step device buffers */
     int cuda_batch_decode;   /* 0 or 1 (default: on): qsa_seq_feed_batch runs one batched forward for all its
                                 sequences on the GPU (same bits per sequence as feeding it alone: batch invariance,
-                                tests/t_gpu.c); -1: sequences are fed one at a time */
+                                tests/t_gpu.c), and so does qsa_seq_feed of one token (a batch of one: with
+                                cuda_graphs, a graph replay); -1: sequences are fed one at a time through the
+                                chunked forward */
     int cuda_graphs;         /* 0 or 1 (default: on, with cuda_batch_decode): replay batched decode steps as CUDA
                                 graphs (one per batch size, captured at first use; same bits as eager); -1: eager.
                                 Ignored with QSA_DEBUG */
@@ -6215,6 +6217,7 @@ QSA_PRIV qsa_result qsa__cuda_seq_reset(qsa_model *m, qsa_seq *s);
 QSA_PRIV void qsa__cuda_seq_destroy(qsa_model *m, qsa_seq *s);
 QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, float *logits, int all_logits);
 QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int B, float *logits);
+QSA_PRIV int qsa__cuda_batch_ready(qsa_model *m);
 struct qsa__tp;
 QSA_PRIV qsa_result qsa__tp_init(qsa_model *m);
 QSA_PRIV void qsa__tp_free(qsa_model *m);
@@ -7349,6 +7352,17 @@ QSA_PRIV qsa_result qsa__seq_feed_check(const qsa_seq *sq, const int32_t *ids, i
     return QSA_OK;
 }
 
+#ifndef QSA_NO_CUDA
+/* Whether the batched decode step serves this sequence on the GPU: the hooks, hidden-state output,
+   capture and the physical-order debug switch are served by the chunked forward (bitwise the same
+   for everything the batched step computes). */
+QSA_PRIV int qsa__seq_batchable(const qsa_seq *sq) {
+    const qsa_model *m = sq->m;
+    return m->cuda != NULL && m->params.cuda_batch_decode && !m->params.debug_physical_order && !sq->sel_hook &&
+           !sq->hidden_out && !sq->route_hook && !sq->cap;
+}
+#endif
+
 QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float *logits, int all_logits) {
     qsa_model *m = sq->m;
     const qsa_model_config *c = &m->cfg;
@@ -7357,6 +7371,15 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
     QSA__TRY(qsa__seq_feed_check(sq, ids, n));
     QSA__TRY(qsa__seq_reserve(sq, sq->pos + n));
 #ifndef QSA_NO_CUDA
+    /* one token (decode) on one GPU: the batched step for a batch of one, replayed as a CUDA graph
+       when graphs are on (the per-token launches of the chunked forward cost more than the
+       replay); the same bits (tests/t_gpu.c).  Its per-step buffers are made at the first such
+       feed; if they cannot be, the chunked forward serves. */
+    if (n == 1 && !m->tp && qsa__seq_batchable(sq) && qsa__cuda_batch_ready(m)) {
+        QSA__TRY(qsa__cuda_decode_batch(m, &sq, ids, 1, logits));
+        sq->tokens[sq->pos++] = ids[0];
+        return QSA_OK;
+    }
     if (m->cuda) {
         for (int t0 = 0; t0 < n;) {
             int k = n - t0 < m->params.max_chunk ? n - t0 : m->params.max_chunk;
@@ -7461,11 +7484,8 @@ QSA_IMPL qsa_result qsa_seq_feed_batch(qsa_seq **seqs, const int32_t *tokens, in
     size_t V = (size_t)m->cfg.vocab_size;
     int batched = 0;
 #ifndef QSA_NO_CUDA
-    /* the hooks, hidden-state output and the physical-order debug switch are served by the
-       single-sequence path (bitwise the same for everything the batch path computes) */
-    batched = m->cuda != NULL && m->params.cuda_batch_decode && !m->params.debug_physical_order;
-    for (int k = 0; batched && k < n; k++)
-        if (seqs[k]->sel_hook || seqs[k]->hidden_out || seqs[k]->route_hook || seqs[k]->cap) batched = 0;
+    batched = 1;
+    for (int k = 0; batched && k < n; k++) batched = qsa__seq_batchable(seqs[k]);
     if (batched) {
         int group = m->params.max_batch < m->params.max_chunk ? m->params.max_batch : m->params.max_chunk;
         for (int t0 = 0; t0 < n; t0 += group) {
@@ -8526,6 +8546,7 @@ typedef struct qsa__cuda {
     CUdeviceptr kpool, vpool, ipool;
     qsa__dscratch sc;
     struct qsa__dbatch *batch;  /* batched decode buffers and graphs, allocated at the first batched step */
+    int batch_refused;          /* they could not be made for a single-token feed (qsa__cuda_batch_ready) */
     long long n_coll, bytes_coll; /* TP: NCCL collectives issued on this stream and the bytes this rank contributed to
                                      them; counted at each call, and at each launch of a graph for the calls it recorded */
     CUdeviceptr *allocs;        /* everything allocated, freed at unload */
@@ -9768,6 +9789,18 @@ QSA_PRIV qsa_result qsa__cuda_batch_alloc(qsa_model *m) {
     qsa_result r = qsa__cuda_batch_alloc_(m);
     if (r != QSA_OK) qsa__cuda_batch_free(m->cuda);
     return r;
+}
+
+/* Whether the batched step's buffers exist or can be made, for qsa_seq_feed of one token: if they
+   cannot be (out of device memory), once, single tokens take the chunked forward from then on. */
+QSA_PRIV int qsa__cuda_batch_ready(qsa_model *m) {
+    qsa__cuda *g = m->cuda;
+    if (g->batch) return 1;
+    if (g->batch_refused || qsa__cu.cuCtxSetCurrent(g->ctx) != 0) return 0;
+    if (qsa__cuda_batch_alloc(m) == QSA_OK) return 1;
+    qsa__log(QSA_LOG_INFO, "cuda: single-token feeds take the chunked forward: %s", qsa_last_error());
+    g->batch_refused = 1;
+    return 0;
 }
 
 /* Launch helper with a z dimension (the batched kernels: z = sequence). */

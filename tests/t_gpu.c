@@ -216,8 +216,10 @@ static int32_t bd_argmax(const float *x, int V) {
     return b;
 }
 
-/* Runs requests reqs[0..nreq) (ids of bd_prompt) in that slot order; batched: qsa_seq_feed_batch
-   steps (else qsa_seq_feed per request).  Writes lg[req][step][V] and tok[req][step] by request id.
+/* Runs requests reqs[0..nreq) (ids of bd_prompt) in that slot order; batched 1: qsa_seq_feed_batch
+   steps; 0: qsa_seq_feed per request through the chunked forward (cuda_batch_decode off for those
+   feeds: the reference); 2: qsa_seq_feed per request with the model's parameters (one token: the
+   batched step for a batch of one).  Writes lg[req][step][V] and tok[req][step] by request id.
    shuffle: permute the pool's free list with this seed first (0: no), and hold pages with a filler
    sequence between the prefills (allocation invariance). */
 static void bd_run(qsa_model *m, const int *reqs, int nreq, int batched, uint64_t shuffle, float *lg, int32_t *tok) {
@@ -239,9 +241,13 @@ static void bd_run(qsa_model *m, const int *reqs, int nreq, int batched, uint64_
         if (filler) CHECK_OK(qsa_seq_feed(filler, ids, 1 + k % 5, NULL, 0)); /* pages taken between requests */
     }
     for (int st = 0; st < BD_STEPS && !T_.failed; st++) {
-        if (batched) CHECK_OK(qsa_seq_feed_batch(seqs, cur, nreq, row));
-        else
+        if (batched == 1) CHECK_OK(qsa_seq_feed_batch(seqs, cur, nreq, row));
+        else {
+            int keep = m->params.cuda_batch_decode;
+            if (batched == 0) m->params.cuda_batch_decode = 0;
             for (int k = 0; k < nreq; k++) CHECK_OK(qsa_seq_feed(seqs[k], &cur[k], 1, row + (size_t)k * V, 0));
+            m->params.cuda_batch_decode = keep;
+        }
         for (int k = 0; k < nreq; k++) {
             memcpy(lg + ((size_t)reqs[k] * BD_STEPS + st) * V, row + (size_t)k * V, sizeof(float) * (size_t)V);
             cur[k] = tok[reqs[k] * BD_STEPS + st] = bd_argmax(row + (size_t)k * V, V);
@@ -338,6 +344,30 @@ TEST(gpu, batch_decode_equals_single_feed) {
         bd_run(m, reqs, 32, 0, 0, ref, rtok); /* the same requests, fed one by one */
         bd_run(m, reqs, 32, 1, 0, lg, tok);
         CHECKF(bd_same(m, reqs, 32, ref, rtok, lg, tok), "batched decode differs from qsa_seq_feed");
+    }
+    free(ref); free(lg);
+    qsa_model_free(m);
+}
+
+/* (b') qsa_seq_feed of one token with the default parameters runs the batched step for a batch of
+   one, replayed as a CUDA graph: bitwise the chunked forward's logits and tokens, 12 requests. */
+TEST(gpu, single_token_feed_equals_chunk_path) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp); /* defaults: batched decode and graphs on */
+    qsa_model *m = NULL;
+    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    size_t V = (size_t)m->cfg.vocab_size;
+    float *ref = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float)), *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
+    int32_t rtok[BD_MAXREQ * BD_STEPS], tok[BD_MAXREQ * BD_STEPS];
+    int reqs[12];
+    for (int k = 0; k < 12; k++) reqs[k] = (k * 5 + 3) % 12;
+    if (ref && lg) {
+        bd_run(m, reqs, 12, 0, 0, ref, rtok);
+        CHECKF(m->cuda->batch == NULL, "the chunked reference made the batched step's buffers");
+        bd_run(m, reqs, 12, 2, 0, lg, tok);
+        CHECKF(m->cuda->batch != NULL && (!qsa__cuda_graphs_on(m) || m->cuda->batch->graphs[1].exec != NULL),
+               "single-token feeds did not run the batched step as a graph");
+        CHECKF(bd_same(m, reqs, 12, ref, rtok, lg, tok), "single-token feeds through the batched step differ from the chunked forward");
     }
     free(ref); free(lg);
     qsa_model_free(m);

@@ -18,7 +18,9 @@
  *      pick of the first token on the host).
  *   5. Decode at batch 1, 8, 32, 128 (--batches) for contexts 8,192 and ~262,144: tok/s, bytes per
  *      token counted from the shapes, GB/s and % of the measured copy bandwidth.  Batch 1 runs
- *      both the single-sequence path (qsa_seq_feed, verified on an H200) and the batched path
+ *      the single-sequence call (qsa_seq_feed of one token) with the library's defaults (row
+ *      "single": the batched step for a batch of one, replayed as a CUDA graph) and through the
+ *      chunked forward (cuda_batch_decode off: "single, chunked forward"), and the batched path
  *      (qsa_seq_feed_batch with cuda_batch_decode = 1); larger batches run the batched path
  *      (--graphs adds rows with CUDA graphs).  The batched rows run after everything else, and a
  *      failure there is recorded in its row (a sticky CUDA error ends the run, the table is still
@@ -1115,7 +1117,7 @@ static void plan_decode(bench *b, bench_plan *pl, int page_size, double avail) {
     const qsa_model_config *c = &b->cfg;
     memset(pl, 0, sizeof *pl);
     int per_mode = b->o.warmup + b->o.steps;
-    pl->steps_per_seq = per_mode * 3 + 8; /* at most 3 modes per row (single, batched, graphs) */
+    pl->steps_per_seq = per_mode * 4 + 8; /* at most 4 modes per row (single twice, batched, graphs) + 2 profiles */
     int ctxs[2], nctx = 0;
     ctxs[nctx++] = b->o.ctx;
     long long lng = (long long)c->max_position_embeddings - pl->steps_per_seq - 1;
@@ -1255,15 +1257,18 @@ static long count_nonfinite(const float *v, size_t n) {
     return k;
 }
 
-/* Decode steps on B sequences: mode 0 qsa_seq_feed (B = 1), 1 batched, 2 batched + CUDA graphs. */
+/* Decode steps on B sequences: mode 0 qsa_seq_feed (B = 1) with the library's defaults (batched
+   step and graphs on), 1 batched, 2 batched + CUDA graphs, 3 qsa_seq_feed (B = 1) through the
+   chunked forward (cuda_batch_decode off).  The per-launch profile: modes 1 and 3 (eager). */
 static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, int mode, float *logits, const char *tag) {
     qsa_model *m = b->m;
     int V = m->cfg.vocab_size;
     char cfg[64];
     snprintf(cfg, sizeof cfg, "B=%d ctx=%d %s", B, ctx, tag);
     if (!may_run(b, "decode", cfg)) return QSA_OK;
-    m->params.cuda_batch_decode = mode >= 1;
-    m->params.cuda_graphs = mode == 2;
+    const int single = mode == 0 || mode == 3;
+    m->params.cuda_batch_decode = mode <= 2;
+    m->params.cuda_graphs = mode == 0 || mode == 2;
     int32_t *tok = QSA__ALLOC(int32_t, B);
     double t[256], wall[256];
     int n = 0, total = b->o.warmup + b->o.steps;
@@ -1274,16 +1279,16 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
         for (int k = 0; k < B; k++) tok[k] = (int32_t)(rng_next(b) % (uint64_t)V);
         double ms, h0 = qsa__now();
         r = ev_begin(b);
-        if (r == QSA_OK) r = mode == 0 ? qsa_seq_feed(seqs[0], tok, 1, logits, 0) : qsa_seq_feed_batch(seqs, tok, B, logits);
+        if (r == QSA_OK) r = single ? qsa_seq_feed(seqs[0], tok, 1, logits, 0) : qsa_seq_feed_batch(seqs, tok, B, logits);
         if (r == QSA_OK) r = ev_end(b, &ms);
         if (r == QSA_OK && i >= b->o.warmup) { wall[n] = 1e3 * (qsa__now() - h0); t[n++] = ms; }
         if (r == QSA_OK && n >= 3 && qsa__now() - t0 > 4.0) break; /* enough for a median */
     }
-    if (r == QSA_OK && b->o.profile && mode < 2 && qsa__prof_begin() == QSA_OK) {
+    if (r == QSA_OK && b->o.profile && (mode == 1 || mode == 3) && qsa__prof_begin() == QSA_OK) {
         int steps = 3;
         for (int i = 0; r == QSA_OK && i < steps; i++) {
             for (int k = 0; k < B; k++) tok[k] = (int32_t)(rng_next(b) % (uint64_t)V);
-            r = mode == 0 ? qsa_seq_feed(seqs[0], tok, 1, logits, 0) : qsa_seq_feed_batch(seqs, tok, B, logits);
+            r = single ? qsa_seq_feed(seqs[0], tok, 1, logits, 0) : qsa_seq_feed_batch(seqs, tok, B, logits);
         }
         if (r == QSA_OK) {
             printf("\nprofile: decode %s, per step (%d steps):\n", cfg, steps);
@@ -1427,6 +1432,7 @@ static qsa_result bench_decode(bench *b, bench_plan *pl, float *logits) {
         if (r != QSA_OK) row_fail(b, "decode", cfg, r);
         else {
             if (B == 1) bench_decode_mode(b, seqs, 1, ctx, 0, logits, "single");
+            if (B == 1 && !b->broken) bench_decode_mode(b, seqs, 1, ctx, 3, logits, "single, chunked forward");
             if (!b->broken) bench_decode_mode(b, seqs, B, ctx, 1, logits, "batched");
             if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 2, logits, "batched+graphs");
         }
