@@ -10,7 +10,9 @@
  *      disk cache (warm).  Both go through qsa__cuda_module, the runtime's own code.
  *   2. Ceilings: device copy bandwidth (cuMemcpyDtoDAsync of a large buffer; bytes read + written)
  *      and the FP16 WMMA matmul rate (qsa_k_gemm_f16 with M = N = K; FLOPs = 2MNK); plus the same
- *      GEMM with NVFP4 weights and the M = 1 (GEMV) forms of both, as diagnostics.
+ *      GEMM with NVFP4 weights and the M = 1 (GEMV) forms of both, as diagnostics; and the launch
+ *      floor: a CUDA graph of 1,000 dependent launches of a minimal kernel and of one that ends
+ *      like the cross-warp GEMV (a ticket), per launch (a decode step is ~850 launches).
  *   3. A synthetic model at the real Qwen3.8-Flash-Next shape (or --config FILE, or --quick),
  *      generated directly on the GPU from a seed (load time = allocation + device fill).
  *   4. Prefill of an 8,192-token prompt (tok/s, TFLOP/s over the FLOPs counted from the shapes, %
@@ -313,7 +315,7 @@ typedef struct bench {
     qsa__cuda *g;
     qsa__gpu_info info;
     CUmodule fillmod;
-    CUfunction f_f16, f_f32, f_words, f_e4m3;
+    CUfunction f_f16, f_f32, f_words, f_e4m3, f_step, f_ticket;
     CUevent ev0, ev1;
     int dry;                    /* building: count only */
     bench_counts cnt;
@@ -449,6 +451,37 @@ static const char *const bench_fill_src =
     "extern \"C\" __global__ void bench_fill_e4m3(unsigned char *p, u64 n, u64 seed, unsigned int lo, unsigned int span) {\n"
     "    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)\n"
     "        p[i] = (unsigned char)(lo + (unsigned int)(bench_mix(seed * 0xD1342543DE82EF95ull + i) >> 33) % span);\n"
+    "}\n"
+    /* the launch floor (bench_launch_floor): the runtime kernels' entry (the PDL wait and trigger on
+       sm_90+), then one float per thread; or that, a release ticket, and the last block summing 64
+       values through L2 (the ending of the cross-warp GEMV) */
+    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n"
+    "#define BENCH_PDL() asm volatile(\"griddepcontrol.wait;\\n\\tgriddepcontrol.launch_dependents;\" ::: \"memory\")\n"
+    "#else\n"
+    "#define BENCH_PDL() ((void)0)\n"
+    "#endif\n"
+    "extern \"C\" __global__ void bench_step(float *x) {\n"
+    "    BENCH_PDL();\n"
+    "    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "    x[i] = x[i] * 0.5f + 1.0f;\n"
+    "}\n"
+    "extern \"C\" __global__ void bench_ticket(float *x, unsigned int *count) {\n"
+    "    BENCH_PDL();\n"
+    "    __shared__ unsigned int last;\n"
+    "    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "    x[i] = x[i] * 0.5f + 1.0f;\n"
+    "    __syncthreads();\n"
+    "    if (threadIdx.x == 0) {\n"
+    "        __threadfence();\n"
+    "        last = atomicAdd(count, 1u) == gridDim.x - 1u;\n"
+    "    }\n"
+    "    __syncthreads();\n"
+    "    if (!last) return;\n"
+    "    __threadfence();\n"
+    "    float s = 0.0f;\n"
+    "    for (int k = 0; k < 64; k++) s += __ldcg(x + k * blockDim.x + threadIdx.x); /* x holds >= 64 blocks' */\n"
+    "    x[threadIdx.x] = s;\n"
+    "    if (threadIdx.x == 0) *count = 0u;\n"
     "}\n";
 
 static qsa_result fill_module(bench *b) {
@@ -463,6 +496,8 @@ static qsa_result fill_module(bench *b) {
     QSA__CU(qsa__cu.cuModuleGetFunction(&b->f_f32, b->fillmod, "bench_fill_f32"));
     QSA__CU(qsa__cu.cuModuleGetFunction(&b->f_words, b->fillmod, "bench_fill_words"));
     QSA__CU(qsa__cu.cuModuleGetFunction(&b->f_e4m3, b->fillmod, "bench_fill_e4m3"));
+    QSA__CU(qsa__cu.cuModuleGetFunction(&b->f_step, b->fillmod, "bench_step"));
+    QSA__CU(qsa__cu.cuModuleGetFunction(&b->f_ticket, b->fillmod, "bench_ticket"));
     return QSA_OK;
 }
 
@@ -928,6 +963,66 @@ static qsa_result bench_copy(bench *b) {
     b->copy_gbs = w->achieved;
     row_print(w);
     return QSA_OK;
+}
+
+/* The floor under a decode step of ~850 dependent launches: a CUDA graph of BENCH_FLOOR_N launches
+   of one kernel (one block of 128 threads per SM), each a programmatic dependent of the one before
+   when the runtime uses them (qsa__cu_launch_ex, as the decode graph), replayed; per launch.  Two
+   kernels: the smallest (the entry's PDL wait, one float per thread), and one that ends like the
+   cross-warp GEMV (an atomic ticket, the last block reading through L2). */
+#define BENCH_FLOOR_N 1000
+static qsa_result bench_floor1(bench *b, int ticket) {
+    qsa__cuda *g = b->g;
+    unsigned blocks = (unsigned)(b->info.sm_count > 0 ? b->info.sm_count : 80);
+    size_t xn = (size_t)(blocks > 64 ? blocks : 64) * 128; /* the ticket kernel's last block reads 64 x 128 */
+    CUdeviceptr x = 0, cnt = 0;
+    CUgraph graph = NULL;
+    CUgraphExec exec = NULL;
+    double t[10];
+    int n = 0;
+    qsa_result r = QSA__CU_R(qsa__cu.cuMemAlloc_v2(&x, xn * 4));
+    if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuMemAlloc_v2(&cnt, 4));
+    if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuMemsetD8Async(x, 0, xn * 4, g->stream));
+    if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuMemsetD8Async(cnt, 0, 4, g->stream));
+    if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuStreamBeginCapture_v2(g->stream, QSA__CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    if (r == QSA_OK) {
+        qsa__prof_capturing = 1;
+        for (int i = 0; r == QSA_OK && i < BENCH_FLOOR_N; i++) {
+            void *a1[] = {&x}, *a2[] = {&x, &cnt};
+            r = ticket ? qsa__cu_launch_ex(b->f_ticket, "bench_ticket", blocks, 1, 1, 128, 1, 1, 0, g->stream, a2, g->pdl)
+                       : qsa__cu_launch_ex(b->f_step, "bench_step", blocks, 1, 1, 128, 1, 1, 0, g->stream, a1, g->pdl);
+        }
+        qsa__prof_capturing = 0;
+        qsa_result re = QSA__CU_R(qsa__cu.cuStreamEndCapture(g->stream, &graph)); /* always leave capture mode */
+        if (r == QSA_OK) r = re;
+    }
+    if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuGraphInstantiateWithFlags(&exec, graph, 0));
+    for (int i = 0; r == QSA_OK && i < 2 + 7; i++) {
+        double ms;
+        r = ev_begin(b);
+        if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuGraphLaunch(exec, g->stream));
+        if (r == QSA_OK) r = ev_end(b, &ms);
+        if (r == QSA_OK && i >= 2) t[n++] = ms;
+    }
+    if (exec) qsa__cu.cuGraphExecDestroy(exec);
+    if (graph) qsa__cu.cuGraphDestroy(graph);
+    if (x) qsa__cu.cuMemFree_v2(x);
+    if (cnt) qsa__cu.cuMemFree_v2(cnt);
+    QSA__TRY(r);
+    char cfg[64];
+    snprintf(cfg, sizeof cfg, "graph of %d %s kernels", BENCH_FLOOR_N, ticket ? "ticket" : "minimal");
+    bench_row *w = row_add(b, "launch floor", cfg);
+    w->ms = median(t, n);
+    w->n = n;
+    snprintf(w->note, sizeof w->note, "%.2f us per launch (%u blocks of 128; %s)", 1e3 * w->ms / BENCH_FLOOR_N, blocks,
+             g->pdl ? "programmatic dependent launches" : "plain launches");
+    row_print(w);
+    return QSA_OK;
+}
+static void bench_launch_floor(bench *b) {
+    qsa_result r;
+    for (int k = 0; k < 2 && !b->broken; k++)
+        if (may_run(b, "launch floor", "") && (r = bench_floor1(b, k)) != QSA_OK) row_fail(b, "launch floor", k ? "ticket" : "minimal", r);
 }
 
 /* One GEMM shape through qsa__dgemm (the runtime's launch): FP16 or NVFP4 weights. */
@@ -1488,6 +1583,7 @@ int main(int argc, char **argv) {
     if (!b->g->mod) goto report;
     if ((r = fill_module(b)) != QSA_OK) { row_fail(b, "fill kernels", "bench_fill.cu", r); goto report; }
     if (!b->o.no_ceilings && may_run(b, "copy bandwidth", "") && (r = bench_copy(b)) != QSA_OK) row_fail(b, "copy bandwidth", "", r);
+    if (!b->o.no_ceilings) bench_launch_floor(b);
     if (!b->o.no_ceilings) {
         int S = b->o.quick ? 4096 : 8192;
         if (may_run(b, "fp16 WMMA GEMM", "") && (r = bench_gemm(b, "fp16 WMMA GEMM", S, S, S, 0, 10)) != QSA_OK)
