@@ -1040,6 +1040,21 @@ typedef struct qsa__cu_launch_cfg {
     unsigned nattrs;
 } qsa__cu_launch_cfg;
 typedef char qsa__cu_launch_attr_is_72_bytes[sizeof(qsa__cu_launch_attr) == 72 ? 1 : -1]; /* CUlaunchAttribute */
+/* cuMemcpy2DAsync's CUDA_MEMCPY2D (memory types: 2 device) */
+typedef struct qsa__cu_memcpy2d {
+    size_t src_x, src_y;
+    int src_type;
+    const void *src_host;
+    CUdeviceptr src_dev;
+    void *src_array;
+    size_t src_pitch, dst_x, dst_y;
+    int dst_type;
+    void *dst_host;
+    CUdeviceptr dst_dev;
+    void *dst_array;
+    size_t dst_pitch, width, height;
+} qsa__cu_memcpy2d;
+typedef char qsa__cu_memcpy2d_is_128_bytes[sizeof(qsa__cu_memcpy2d) == 128 ? 1 : -1];
 
 typedef int nvrtcResult; /* NVRTC_SUCCESS = 0 */
 typedef struct _nvrtcProgram *nvrtcProgram;
@@ -1126,6 +1141,7 @@ typedef struct { char internal[128]; } ncclUniqueId;
     X(CUresult, cuMemcpyHtoDAsync_v2, (CUdeviceptr dst, const void *src, size_t bytes, CUstream s)) \
     X(CUresult, cuMemcpyDtoHAsync_v2, (void *dst, CUdeviceptr src, size_t bytes, CUstream s)) \
     X(CUresult, cuMemcpyDtoDAsync_v2, (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream s)) \
+    X(CUresult, cuMemcpy2DAsync_v2, (const qsa__cu_memcpy2d *copy, CUstream s)) \
     X(CUresult, cuMemcpyPeerAsync, (CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx, \
                                     size_t bytes, CUstream s)) \
     X(CUresult, cuMemsetD8_v2, (CUdeviceptr dst, unsigned char value, size_t n)) \
@@ -8519,6 +8535,9 @@ typedef struct qsa__dscratch {
     size_t big_bytes, scores_bytes;
     int max_blocks, score_rows, logit_rows;
     CUdeviceptr gemv_part, gemv_count; /* cross-warp GEMV partial tiles and tile tickets (qsa__dgemm) */
+    size_t gemv_limit;                 /* partial-tile bytes a dense cross-warp GEMV may use (QSA__GEMV_PART_BYTES;
+                                          tests lower it to make qsa__dgemm_ex slice) */
+    CUdeviceptr gemv_slice;            /* a column slice's output (QSA__GEMV_PART_BYTES), made at the first slice */
     float *host_e;              /* PLE rows gathered on the host [max_tokens][ple_embed_dim] */
 } qsa__dscratch;
 
@@ -8887,6 +8906,7 @@ QSA_PRIV qsa_result qsa__cuda_gemv_scratch(qsa__cuda *g) {
     if (s->gemv_part) return QSA_OK;
     QSA__TRY(qsa__dalloc(g, &s->gemv_count, QSA__GEMV_TILES * 4, &g->bytes_scratch, "GEMV scratch"));
     QSA__CU(qsa__cu.cuMemsetD8Async(s->gemv_count, 0, QSA__GEMV_TILES * 4, g->stream));
+    s->gemv_limit = QSA__GEMV_PART_BYTES;
     return qsa__dalloc(g, &s->gemv_part, QSA__GEMV_PART_BYTES, &g->bytes_scratch, "GEMV scratch");
 }
 
@@ -9188,7 +9208,7 @@ QSA_PRIV int qsa__gemv_xwarp(const qsa__cuda *g, int M, int N, int K) {
     if (M > 64 || K <= 0 || !g->sc.gemv_part) return 0; /* (no scratch yet: tools measuring bare GEMMs) */
     long long tiles = (long long)((M + 15) / 16) * ((N + 15) / 16);
     int nseg = (K + 255) / 256, prow = M < 16 ? M : 16;
-    return tiles <= QSA__GEMV_TILES && (size_t)(tiles * nseg * prow * 64) <= QSA__GEMV_PART_BYTES;
+    return tiles <= QSA__GEMV_TILES && (size_t)(tiles * nseg * prow * 64) <= g->sc.gemv_limit;
 }
 
 /* Whether the routed-expert GEMMs of MK pairs (16-pair tiles) take the cross-warp kernels
@@ -9237,6 +9257,37 @@ QSA_PRIV qsa_result qsa__dgemm_ex(qsa__cuda *g, CUdeviceptr A16, int M, const qs
         }
         return QSA_OK;
     }
+    /* Dense, M <= 64, but more partial tiles than the scratch holds (lm_head for a batch: 15,520
+       column tiles): the cross-warp GEMV on slices of columns that fit, each into gemv_slice and
+       copied (2D) into its columns of Y.  Each tile is computed as in one launch: the same bits. */
+    if (w->w16 && !accumulate && !Y16 && M <= 64 && K > 0 && g->sc.gemv_part) {
+        long long mt = (M + 15) / 16, per = (long long)((K + 255) / 256) * (M < 16 ? M : 16) * 64;
+        long long ct = (long long)(g->sc.gemv_limit / (size_t)per) / mt; /* column tiles per slice */
+        if (ct > QSA__GEMV_TILES / mt) ct = QSA__GEMV_TILES / mt;
+        int cols = ct >= (N + 15) / 16 ? N : (int)ct * 16;
+        if (ct >= 1 && cols < N) { /* (a slice's output, M * cols floats, is at most gemv_limit bytes) */
+            if (!g->sc.gemv_slice)
+                QSA__TRY(qsa__dalloc(g, &g->sc.gemv_slice, QSA__GEMV_PART_BYTES, &g->bytes_scratch, "GEMV slices"));
+            for (int n0 = 0; n0 < N; n0 += cols) {
+                qsa__dlin ws = *w;
+                ws.out = N - n0 < cols ? N - n0 : cols;
+                ws.w16 = w->w16 + (size_t)n0 * K * 2;
+                ws.bias = w->bias ? w->bias + (size_t)n0 * 4 : 0;
+                QSA__TRY(qsa__dgemm_ex(g, A16, M, &ws, g->sc.gemv_slice, 0, 0, 0.0f));
+                qsa__cu_memcpy2d cp;
+                memset(&cp, 0, sizeof cp);
+                cp.src_type = cp.dst_type = 2;
+                cp.src_dev = g->sc.gemv_slice;
+                cp.src_pitch = (size_t)ws.out * 4;
+                cp.dst_dev = Y + (size_t)n0 * 4;
+                cp.dst_pitch = (size_t)N * 4;
+                cp.width = (size_t)ws.out * 4;
+                cp.height = (size_t)M;
+                QSA__CU(qsa__cu.cuMemcpy2DAsync_v2(&cp, g->stream));
+            }
+            return QSA_OK;
+        }
+    }
     /* 16x16 split-K tiles for small M, 64x64 tiles otherwise: the same bits either way */
     unsigned gx = M <= 64 ? (unsigned)(((M + 15) / 16) * ((N + 15) / 16)) : (unsigned)(((M + 63) / 64) * ((N + 63) / 64));
     if (w->w16) {
@@ -9283,7 +9334,7 @@ QSA_PRIV qsa_result qsa__dgemm_group(qsa__cuda *g, CUdeviceptr A16, int M, int n
        when all are dense */
     int tiled = n > 1 && n <= QSA__GEMV_GROUP && M > 64 && K > 0;
     for (int i = 0; i < n && tiled; i++) tiled = w[i]->w16 && w[i]->in == K;
-    if (!tiled && (!ok || tiles > QSA__GEMV_TILES || (size_t)(tiles * nseg * prow * 64) > QSA__GEMV_PART_BYTES)) {
+    if (!tiled && (!ok || tiles > QSA__GEMV_TILES || (size_t)(tiles * nseg * prow * 64) > g->sc.gemv_limit)) {
         for (int i = 0; i < n; i++) QSA__TRY(qsa__dgemm_ex(g, A16, M, w[i], Y[i], 0, Y16 ? Y16[i] : 0, scale ? scale[i] : 0.0f));
         return QSA_OK;
     }

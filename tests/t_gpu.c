@@ -373,6 +373,36 @@ TEST(gpu, single_token_feed_equals_chunk_path) {
     qsa_model_free(m);
 }
 
+/* (b'') A dense GEMV whose partial tiles exceed the cross-warp scratch (the real shape's lm_head for a
+   batch) runs on column slices, each copied into its columns: with the scratch limit lowered so
+   that the tiny model's GEMVs slice (or take the one-block GEMM), prefills and batched decode steps
+   (graphs captured anew) give the bits of the default run, 8 requests. */
+TEST(gpu, gemv_column_slices_equal_whole) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.cuda_batch_decode = 1;
+    mp.cuda_graphs = 1;
+    qsa_model *m = NULL;
+    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    size_t V = (size_t)m->cfg.vocab_size;
+    float *ref = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float)), *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
+    int32_t rtok[BD_MAXREQ * BD_STEPS], tok[BD_MAXREQ * BD_STEPS];
+    int reqs[8] = {6, 1, 4, 7, 0, 3, 2, 5};
+    if (ref && lg) {
+        bd_run(m, reqs, 8, 1, 0, ref, rtok);
+        CHECKF(m->cuda->sc.gemv_slice == 0, "the default run sliced a GEMV of the tiny model");
+        size_t keep = m->cuda->sc.gemv_limit;
+        m->cuda->sc.gemv_limit = 4096;
+        qsa__cuda_batch_drop_graphs(m->cuda);
+        bd_run(m, reqs, 8, 1, 0, lg, tok);
+        m->cuda->sc.gemv_limit = keep;
+        CHECKF(m->cuda->sc.gemv_slice != 0, "no GEMV was sliced under the lowered limit");
+        CHECKF(bd_same(m, reqs, 8, ref, rtok, lg, tok), "column-sliced GEMVs give other bits than whole ones");
+    }
+    free(ref); free(lg);
+    qsa_model_free(m);
+}
+
 /* (c) CUDA-graph decode gives the bits of eager decode (graphs captured at B's first step, then
    replayed while positions, pages, selections and slots change; more than max_batch requests run
    in groups). */
