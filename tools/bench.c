@@ -90,7 +90,7 @@ int main(void) {
 #define BENCH_MAX_ROWS 128
 
 typedef struct bench_opt {
-    int quick, no_long, graphs, verbose, keep_driver_cache, no_ceilings, device, page_size, profile;
+    int quick, no_long, graphs, verbose, keep_driver_cache, no_ceilings, device, page_size, profile, marginal;
     int steps, warmup, prefill, ctx, prefill_reps, chunk;
     int batches[BENCH_MAX_BATCHES], n_batches;
     long long ple_base;
@@ -117,6 +117,8 @@ static void usage(FILE *f) {
             "  --graphs             also measure batched decode replayed as CUDA graphs\n"
             "  --profile            after each eager decode row and the prefill, time every kernel launch\n"
             "                       (CUDA events; untimed extra steps) and print where the time goes\n"
+            "  --marginal           after the B=1 rows of the short context: what each of the costliest kernel\n"
+            "                       shapes costs inside the graph-replayed step (the step without it, timed)\n"
             "  --ple-vocab-base N   ngram_vocab_size_base of the synthetic PLE table (default 100000; --quick 10000)\n"
             "  --page-size N        KV page size (default: the runtime's hybrid rule)\n"
             "  --seed N             weight/token seed (default 1)\n"
@@ -167,6 +169,7 @@ static int parse_args(int argc, char **argv, bench_opt *o) {
         if (!strcmp(a, "--no-long")) { o->no_long = 1; continue; }
         if (!strcmp(a, "--graphs")) { o->graphs = 1; continue; }
         if (!strcmp(a, "--profile")) { o->profile = 1; continue; }
+        if (!strcmp(a, "--marginal")) { o->marginal = 1; continue; }
         if (!strcmp(a, "--keep-driver-cache")) { o->keep_driver_cache = 1; continue; }
         if (!strcmp(a, "--no-ceilings")) { o->no_ceilings = 1; continue; }
         if (!strcmp(a, "-v")) { o->verbose = 1; continue; }
@@ -1212,7 +1215,7 @@ static void plan_decode(bench *b, bench_plan *pl, int page_size, double avail) {
     const qsa_model_config *c = &b->cfg;
     memset(pl, 0, sizeof *pl);
     int per_mode = b->o.warmup + b->o.steps;
-    pl->steps_per_seq = per_mode * 4 + 8; /* at most 4 modes per row (single twice, batched, graphs) + 2 profiles */
+    pl->steps_per_seq = per_mode * 4 + 12; /* at most 4 modes per row (single twice, batched, graphs) + 2 profiles + --marginal's */
     int ctxs[2], nctx = 0;
     ctxs[nctx++] = b->o.ctx;
     long long lng = (long long)c->max_position_embeddings - pl->steps_per_seq - 1;
@@ -1413,6 +1416,114 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     return QSA_OK;
 }
 
+
+/* --marginal: what each kernel costs inside the graph-replayed decode step of one sequence (the
+   library's defaults), which --profile's events around eager launches cannot say (they add the launch
+   latency that a graph with programmatic dependent launches hides, and miss the overlap).  An eager
+   profile of the same step names its kernel shapes (kernel and launch shape, as in the --profile
+   table); for each of the BENCH_MARGINAL_KEYS costliest, the step is captured again with that
+   shape's launches left out (qsa__prof_skip) and timed; the marginal cost is the full step's median
+   (measured before, between every 8 and after the shapes, on the same footing) minus that median.
+   Each measurement takes a fresh sequence at the context.  The outputs of a step without one of its
+   kernels are garbage: a step whose logits are not finite is flagged (its routing, hence its expert
+   work, may differ). */
+#define BENCH_MARGINAL_KEYS 24
+static qsa_result marginal_step(bench *b, qsa_seq **s, const qsa_seq_params *sp, int ctx, float *logits, double *ms_out,
+                                long *bad) {
+    qsa_model *m = b->m;
+    int V = m->cfg.vocab_size;
+    qsa_seq_free(*s);
+    *s = NULL;
+    QSA__TRY(qsa_seq_create(m, sp, s));
+    QSA__TRY(bench_seq_fill(b, *s, ctx));
+    qsa__cuda_batch_drop_graphs(b->g); /* the first step captures the graph anew, with the skip in force */
+    double t[256];
+    int n = 0;
+    *bad = 0;
+    for (int i = 0; i < b->o.warmup + b->o.steps && i < 256; i++) {
+        int32_t tok = (int32_t)(rng_next(b) % (uint64_t)V);
+        double ms = 0;
+        QSA__TRY(ev_begin(b));
+        QSA__TRY(qsa_seq_feed(*s, &tok, 1, logits, 0));
+        QSA__TRY(ev_end(b, &ms));
+        if (i >= b->o.warmup) t[n++] = ms;
+        *bad += count_nonfinite(logits, (size_t)V) > 0;
+    }
+    *ms_out = median(t, n);
+    return QSA_OK;
+}
+
+static void bench_marginal(bench *b, qsa_seq **seqs, int ctx, const qsa_seq_params *sp, float *logits) {
+    char cfg[64];
+    snprintf(cfg, sizeof cfg, "B=1 ctx=%d single", ctx);
+    if (!b->o.marginal || !may_run(b, "marginal", cfg)) return;
+    qsa_model *m = b->m;
+    qsa__prof_key keys[BENCH_MARGINAL_KEYS];
+    int nk = 0, steps = 3;
+    double base[8], eager_total = 0;
+    int nb = 0;
+    /* the kernel shapes, from an eager profile of the same step */
+    m->params.cuda_batch_decode = 1;
+    m->params.cuda_graphs = 0;
+    qsa_result r = qsa__prof_begin();
+    for (int i = 0; r == QSA_OK && i < steps; i++) {
+        int32_t tok = (int32_t)(rng_next(b) % (uint64_t)m->cfg.vocab_size);
+        r = qsa_seq_feed(seqs[0], &tok, 1, logits, 0);
+    }
+    if (r == QSA_OK) {
+        qsa__prof_flush();
+        qsa__prof_state *p = qsa__prof;
+        qsort(p->keys, (size_t)p->nkeys, sizeof p->keys[0], qsa__prof_cmp);
+        for (int i = 0; i < p->nkeys; i++) eager_total += p->keys[i].ms / steps;
+        for (int i = 0; i < p->nkeys && nk < BENCH_MARGINAL_KEYS; i++) keys[nk++] = p->keys[i];
+    }
+    qsa__prof_end();
+    m->params.cuda_graphs = 1;
+    double ms[BENCH_MARGINAL_KEYS];
+    long bad[BENCH_MARGINAL_KEYS], bbad = 0;
+    for (int i = 0; r == QSA_OK && i <= nk; i++) {
+        if (i % 8 == 0 || i == nk) { /* the full step: before, between every 8 shapes and after */
+            long bd = 0;
+            r = marginal_step(b, &seqs[0], sp, ctx, logits, &base[nb], &bd);
+            bbad += bd;
+            if (r == QSA_OK) nb++;
+        }
+        if (i == nk || r != QSA_OK) break;
+        qsa__prof_skip = &keys[i];
+        r = marginal_step(b, &seqs[0], sp, ctx, logits, &ms[i], &bad[i]);
+        qsa__prof_skip = NULL;
+    }
+    qsa__prof_skip = NULL;
+    qsa__cuda_batch_drop_graphs(b->g);
+    m->params.cuda_batch_decode = 0;
+    m->params.cuda_graphs = 0;
+    if (r != QSA_OK) { row_fail(b, "marginal", cfg, r); return; }
+    double full = median(base, nb), sum = 0;
+    printf("\nmarginal cost inside the graph-replayed step, %s: the full step %.3f ms (median of %d measurements%s),\n"
+           "eager profile %.3f ms of kernels per step:\n",
+           cfg, full, nb, bbad ? "; NON-FINITE LOGITS" : "", eager_total);
+    printf("| kernel | grid | block | launches/step | eager us/step | in-graph us/step | of the step | step without it |\n"
+           "|---|---|---:|---:|---:|---:|---:|---:|\n");
+    for (int i = 0; i < nk; i++) {
+        const qsa__prof_key *k = &keys[i];
+        const char *nm = k->name + (strncmp(k->name, "qsa_k_", 6) ? 0 : 6);
+        double saved = full - ms[i];
+        sum += saved;
+        printf("| %s | %u,%u,%u | %u | %.1f | %.1f | %.1f | %.1f%% | %.3f ms%s |\n", nm, k->gx, k->gy, k->gz, k->bx,
+               (double)k->calls / steps, 1000.0 * k->ms / steps, 1000.0 * saved, 100.0 * saved / full, ms[i],
+               bad[i] ? " (non-finite logits)" : "");
+        char c2[64];
+        snprintf(c2, sizeof c2, "%s %u,%u,%u x %u", nm, k->gx, k->gy, k->gz, k->bx);
+        bench_row *w = row_add(b, "marginal", c2);
+        w->ms = saved;
+        w->n = b->o.steps;
+        snprintf(w->note, sizeof w->note, "%s; %.1f launches/step; eager %.1f us/step; the step without it %.3f ms of %.3f%s",
+                 cfg, (double)k->calls / steps, 1000.0 * k->ms / steps, ms[i], full, bad[i] ? "; non-finite logits" : "");
+    }
+    printf("| the %d shapes together | | | | | %.1f | %.1f%% | |\n\n", nk, 1000.0 * sum, 100.0 * sum / full);
+    fflush(stdout);
+}
+
 static qsa_result bench_prefill(bench *b, bench_plan *pl, float *logits) {
     qsa_model *m = b->m;
     int N = b->o.prefill, V = m->cfg.vocab_size;
@@ -1530,6 +1641,7 @@ static qsa_result bench_decode(bench *b, bench_plan *pl, float *logits) {
             if (B == 1 && !b->broken) bench_decode_mode(b, seqs, 1, ctx, 3, logits, "single, chunked forward");
             if (!b->broken) bench_decode_mode(b, seqs, B, ctx, 1, logits, "batched");
             if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 2, logits, "batched+graphs");
+            if (B == 1 && ctx == pl->ctx[0] && !b->broken) bench_marginal(b, seqs, ctx, &sp, logits);
         }
         for (int i = 0; i < B; i++) if (seqs[i]) qsa_seq_free(seqs[i]);
         qsa__free(seqs);
