@@ -272,25 +272,33 @@ extern "C" __global__ void qsa_k_silu_scale(float *x, qsa_f16 *__restrict__ x16,
  *   xn[t][s*H+j] = X[t][s*H+j] * (1 / sqrtf(mean_j X[t][s*H+j]^2 + eps)) * (1 + nw[s*H+j]),
  *   xn16 its fp16 copy.  The operations and their order are those of the two kernels (the sum of
  *   squares: thread i adds elements i, i+256, ... then qsa_block_sum), so the same bits (tested).
+ *   A decode-sized row loads its norm weights (never written by a kernel) before the PDL wait.
  * Launch: grid (M * hc), block 256 (the bits depend on the block size: keep 256). */
 #define QSA_IRN_REGS 16 /* rows of up to 16 * blockDim values are held in registers */
 extern "C" __global__ void qsa_k_inject_rmsnorm(float *__restrict__ X, const float *__restrict__ inj,
                                                 const float *__restrict__ out, const float *__restrict__ nw,
                                                 float *__restrict__ xn, qsa_f16 *__restrict__ xn16, int H, int hc,
                                                 float eps) {
-    QSA_PDL_ENTRY();
+    QSA_PDL_LATE();
     __shared__ float scratch[33];
     const qsa_i64 t = blockIdx.x / hc, row = blockIdx.x;
     const int s = blockIdx.x % hc;
-    const float w = 2.0f * qsa_sigmoid(inj[t * hc + s] / (float)hc);
-    float *x = X + row * H;
-    const float *o = out + t * H, *wr = nw + (qsa_i64)s * H;
-    float ss = 0.0f;
+    const float *wr = nw + (qsa_i64)s * H;
     if (H <= QSA_IRN_REGS * (int)blockDim.x) {
         /* the row in registers: every load of a phase is issued before the first use (a decode
            step's rows are a few thousand values: the loop below waited on memory ~H/256 times per
            phase); the same operations in the same order */
-        float v[QSA_IRN_REGS], u[QSA_IRN_REGS];
+        float v[QSA_IRN_REGS], u[QSA_IRN_REGS], nv[QSA_IRN_REGS];
+#pragma unroll
+        for (int i = 0; i < QSA_IRN_REGS; i++) {
+            const int j = threadIdx.x + i * blockDim.x;
+            nv[i] = j < H ? wr[j] : 0.0f;
+        }
+        QSA_PDL_ENTRY();
+        const float w = 2.0f * qsa_sigmoid(inj[t * hc + s] / (float)hc);
+        float *x = X + row * H;
+        const float *o = out + t * H;
+        float ss = 0.0f;
 #pragma unroll
         for (int i = 0; i < QSA_IRN_REGS; i++) {
             const int j = threadIdx.x + i * blockDim.x;
@@ -305,22 +313,22 @@ extern "C" __global__ void qsa_k_inject_rmsnorm(float *__restrict__ X, const flo
             x[j] = v[i];
             ss += v[i] * v[i];
         }
-#pragma unroll
-        for (int i = 0; i < QSA_IRN_REGS; i++) {
-            const int j = threadIdx.x + i * blockDim.x;
-            u[i] = j < H ? wr[j] : 0.0f;
-        }
         const float inv = 1.0f / sqrtf(qsa_block_sum(ss, scratch) / (float)H + eps);
 #pragma unroll
         for (int i = 0; i < QSA_IRN_REGS; i++) {
             const int j = threadIdx.x + i * blockDim.x;
             if (j >= H) break;
-            const float y = v[i] * inv * (1.0f + u[i]);
+            const float y = v[i] * inv * (1.0f + nv[i]);
             xn[row * H + j] = y;
             xn16[row * H + j] = qsa_f32_to_f16(y);
         }
         return;
     }
+    QSA_PDL_ENTRY();
+    const float w = 2.0f * qsa_sigmoid(inj[t * hc + s] / (float)hc);
+    float *x = X + row * H;
+    const float *o = out + t * H;
+    float ss = 0.0f;
     for (int j = threadIdx.x; j < H; j += blockDim.x) {
         const float v = __fadd_rn(x[j], __fmul_rn(w, o[j]));
         x[j] = v;
@@ -1842,8 +1850,12 @@ static __device__ void qsa_router_body(const float *__restrict__ logits, int *__
  *     sb[t][i]) for i < Is (act 0: silu, 1: sigmoid; the CPU's `act(gate) * up`);
  *   pairs != NULL: the expert plan of all gridDim.x * K pairs (qsa_k_moe_plan's, with tr and wcnt),
  *     made by the block that finishes last (an integer ticket in *ticket after a __threadfence;
- *     the block resets it to 0): the plan is a function of topk_ids alone, whatever its block
- *     size, so the same pairs and tiles as the separate launch (tested). */
+ *     the block resets it to 0; a grid of one block needs no ticket): the plan is a function of
+ *     topk_ids alone, whatever its block size, so the same pairs and tiles as the separate launch
+ *     (tested).
+ * The shared expert's inputs are loaded before the top-k and converted after it (decode: their
+ * latency hides behind the selection's). */
+#define QSA_ROUTER_SA 4 /* shared-expert values per thread loaded ahead: Is <= 4 * blockDim.x */
 typedef struct {
     const float *sa, *sb;
     qsa_f16 *sa16;
@@ -1861,19 +1873,37 @@ extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, i
                                              float *__restrict__ topk_w, int E, int K, int norm, qsa_router_extra x) {
     QSA_PDL_ENTRY();
     __shared__ unsigned last;
+    const qsa_i64 o = (qsa_i64)blockIdx.x * x.Is;
+    const bool ahead = x.sa && x.Is <= QSA_ROUTER_SA * (int)blockDim.x;
+    float va[QSA_ROUTER_SA], vb[QSA_ROUTER_SA];
+#pragma unroll
+    for (int r = 0; r < QSA_ROUTER_SA; r++) {
+        const int i = threadIdx.x + r * blockDim.x;
+        va[r] = ahead && i < x.Is ? x.sa[o + i] : 0.0f;
+        vb[r] = ahead && i < x.Is ? x.sb[o + i] : 0.0f;
+    }
     qsa_router_body(logits, topk_ids, topk_w, E, K, norm);
-    if (x.sa) {
-        const qsa_i64 o = (qsa_i64)blockIdx.x * x.Is;
+    if (ahead) {
+#pragma unroll
+        for (int r = 0; r < QSA_ROUTER_SA; r++) {
+            const int i = threadIdx.x + r * blockDim.x;
+            if (i < x.Is) x.sa16[o + i] = qsa_f32_to_f16(qsa_act(x.act, va[r]) * vb[r]);
+        }
+    } else if (x.sa) {
         for (int i = threadIdx.x; i < x.Is; i += blockDim.x)
             x.sa16[o + i] = qsa_f32_to_f16(qsa_act(x.act, x.sa[o + i]) * x.sb[o + i]);
     }
     if (!x.pairs) return;
-    __threadfence(); /* this block's ids are visible device-wide before its ticket */
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(x.ticket, 1u) == gridDim.x - 1u;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (gridDim.x == 1) {
+        __syncthreads(); /* the block's own ids are visible to the block */
+    } else {
+        __threadfence(); /* this block's ids are visible device-wide before its ticket */
+        __syncthreads();
+        if (threadIdx.x == 0) last = atomicAdd(x.ticket, 1u) == gridDim.x - 1u;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+    }
     qsa_moe_plan_body(topk_ids, (int)gridDim.x * K, E, x.pairs, x.tiles, x.ntiles, x.tr, x.wcnt);
     if (threadIdx.x == 0) *x.ticket = 0u;
 }

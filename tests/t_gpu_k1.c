@@ -1638,6 +1638,7 @@ TEST(gpu, k1_router_extras) {
     K1_NEED_GPU();
     k1_router_extra_case(1, 512, 10, 640, 0); /* decode: one token, the real routing */
     k1_router_extra_case(5, 512, 10, 100, 1);
+    k1_router_extra_case(2, 64, 4, 1100, 1); /* more shared-expert values than the block loads ahead */
     k1_router_extra_case(37, 64, 4, 72, 0);
     k1_router_extra_case(300, 64, 4, 40, 0); /* 1,200 pairs >= 16 E: tiles of 64 */
 }
