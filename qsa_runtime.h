@@ -9682,6 +9682,25 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
 }
 
 /* One chunk of M <= max_chunk tokens through the whole model. */
+/* The rest of layer l once its mixer has written sc.out for M rows (the chunked forward and the
+   batched step alike): the TP sum of the ranks' partial sums (a no-op on one GPU), the injection, the
+   MLP's gated residual, the MoE, the TP sum, and the injection that also norms X for the next gated
+   residual when one follows directly (*normed). */
+QSA_PRIV qsa_result qsa__cuda_layer_mlp(qsa_model *m, int l, int M, int *normed) {
+    qsa__cuda *g = m->cuda;
+    qsa__dscratch *s = &g->sc;
+    int H = m->cfg.hidden_size;
+    QSA__TRY(qsa__tp_reduce(m, s->out, M * H));
+    QSA__TRY(qsa__cuda_inject(m, s->X, M, &g->layers[l].mlp_hc));
+    QSA__TRY(qsa__cuda_gres(m, &g->layers[l].mlp_hc, s->X, M, 1, 1));
+    QSA__TRY(qsa__cuda_moe(m, l, M));
+    QSA__TRY(qsa__tp_reduce(m, s->out, M * H));
+    const qsa__dgres *next = qsa__cuda_next_gres(m, l);
+    QSA__TRY(qsa__cuda_inject(m, s->X, M, next));
+    *normed = next != NULL;
+    return QSA_OK;
+}
+
 QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, float *logits, int all_logits) {
     if (sq->m->tp) return qsa__tp_chunk(sq, ids, M, logits, all_logits); /* every local rank runs this function */
     qsa_model *m = sq->m;
@@ -9704,14 +9723,7 @@ QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, floa
         QSA__TRY(qsa__cuda_gres(m, &g->layers[l].attn_hc, s->X, M, 1, normed));
         if (c->layer_types[l] == QSA_LAYER_LINEAR) QSA__TRY(qsa__cuda_gdn(sq, l, M));
         else QSA__TRY(qsa__cuda_attn(sq, l, M));
-        QSA__TRY(qsa__tp_reduce(m, s->out, M * H)); /* TP: sum the ranks' partial sums (no-op on one GPU) */
-        QSA__TRY(qsa__cuda_inject(m, s->X, M, &g->layers[l].mlp_hc));
-        QSA__TRY(qsa__cuda_gres(m, &g->layers[l].mlp_hc, s->X, M, 1, 1));
-        QSA__TRY(qsa__cuda_moe(m, l, M));
-        QSA__TRY(qsa__tp_reduce(m, s->out, M * H));
-        const qsa__dgres *next = qsa__cuda_next_gres(m, l);
-        QSA__TRY(qsa__cuda_inject(m, s->X, M, next));
-        normed = next != NULL;
+        QSA__TRY(qsa__cuda_layer_mlp(m, l, M, &normed));
     }
     QSA__TRY(qsa__cuda_gres(m, &g->final_hc, s->X, M, 0, normed));
     if (sq->hidden_out) QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(sq->hidden_out, s->inp, (size_t)M * H * 4, g->stream));
@@ -9986,14 +9998,7 @@ QSA_PRIV qsa_result qsa__cuda_batch_forward(qsa_model *m, int B) {
         QSA__TRY(qsa__cuda_gres(m, &g->layers[l].attn_hc, s->X, B, 1, normed));
         if (c->layer_types[l] == QSA_LAYER_LINEAR) QSA__TRY(qsa__cuda_gdn_batch(m, l, B));
         else QSA__TRY(qsa__cuda_attn_batch(m, l, B));
-        QSA__TRY(qsa__tp_reduce(m, s->out, B * H)); /* TP: sum the ranks' partial sums (no-op on one GPU) */
-        QSA__TRY(qsa__cuda_inject(m, s->X, B, &g->layers[l].mlp_hc));
-        QSA__TRY(qsa__cuda_gres(m, &g->layers[l].mlp_hc, s->X, B, 1, 1));
-        QSA__TRY(qsa__cuda_moe(m, l, B));
-        QSA__TRY(qsa__tp_reduce(m, s->out, B * H));
-        const qsa__dgres *next = qsa__cuda_next_gres(m, l);
-        QSA__TRY(qsa__cuda_inject(m, s->X, B, next));
-        normed = next != NULL;
+        QSA__TRY(qsa__cuda_layer_mlp(m, l, B, &normed));
     }
     QSA__TRY(qsa__cuda_gres(m, &g->final_hc, s->X, B, 0, normed));
     /* one lm_head GEMM for the B rows (the GEMM's bits do not depend on M) */

@@ -281,13 +281,41 @@ static int bd_batch(int B, int target, int slot, int *reqs) {
     return B;
 }
 
-/* Shared body of the batch tests: ref = every request alone. */
-static void bd_reference(qsa_model *m, int nreq, float **ref, int32_t **rtok) {
-    size_t V = (size_t)m->cfg.vocab_size;
-    *ref = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
-    *rtok = (int32_t *)calloc((size_t)BD_MAXREQ * BD_STEPS, sizeof(int32_t));
-    if (!*ref || !*rtok) { CHECK(0); return; }
-    for (int q = 0; q < nreq; q++) bd_run(m, &q, 1, 0, 0, *ref, *rtok);
+/* Two runs of the batch tests: the reference's logits and tokens (ref, rtok) and the run compared
+   with it (lg, tok), for up to BD_MAXREQ requests of BD_STEPS steps. */
+typedef struct bd_pair {
+    float *ref, *lg;
+    int32_t rtok[BD_MAXREQ * BD_STEPS], tok[BD_MAXREQ * BD_STEPS];
+} bd_pair;
+
+static void bd_pair_free(bd_pair *p) {
+    if (!p) return;
+    free(p->ref);
+    free(p->lg);
+    free(p);
+}
+/* NULL (a failed check) when out of memory. */
+static bd_pair *bd_pair_new(const qsa_model *m) {
+    size_t n = (size_t)BD_MAXREQ * BD_STEPS * (size_t)m->cfg.vocab_size;
+    bd_pair *p = (bd_pair *)calloc(1, sizeof *p);
+    if (p) {
+        p->ref = (float *)calloc(n, sizeof(float));
+        p->lg = (float *)calloc(n, sizeof(float));
+    }
+    if (!p || !p->ref || !p->lg) {
+        bd_pair_free(p);
+        CHECKF(0, "out of host memory for the batch tests' logits");
+        return NULL;
+    }
+    return p;
+}
+/* Do requests reqs[0..n) have the same bits in both runs? */
+static int bd_pair_same(const qsa_model *m, const int *reqs, int n, const bd_pair *p) {
+    return bd_same(m, reqs, n, p->ref, p->rtok, p->lg, p->tok);
+}
+/* The reference of the invariance tests: requests 0..nreq-1, each alone. */
+static void bd_reference(qsa_model *m, int nreq, bd_pair *p) {
+    for (int q = 0; q < nreq; q++) bd_run(m, &q, 1, 0, 0, p->ref, p->rtok);
 }
 
 /* (a) Issue 6 acceptance: a request's per-step logits and tokens are bitwise identical alone and in
@@ -296,26 +324,25 @@ static void bd_reference(qsa_model *m, int nreq, float **ref, int32_t **rtok) {
    steps of 1, 2, 7, 8, 31, 32 requests of other lengths, in the first, a middle and the last slot.
    `what` names the configuration in the messages. */
 static void bd_check_invariance(qsa_model *m, const char *what) {
-    size_t V = (size_t)m->cfg.vocab_size;
-    float *ref = NULL, *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
-    int32_t *rtok = NULL, tok[BD_MAXREQ * BD_STEPS];
-    bd_reference(m, 33, &ref, &rtok);
+    bd_pair *p = bd_pair_new(m);
+    if (!p) return;
+    bd_reference(m, 33, p);
     static const int sizes[] = {1, 2, 7, 8, 31, 32};
     int runs = 0, differ = 0;
-    for (int si = 0; si < 6 && lg && ref && !T_.failed; si++) {
+    for (int si = 0; si < 6 && !T_.failed; si++) {
         int B = sizes[si], slots[3] = {0, B / 2, B - 1};
         for (int sj = 0; sj < 3; sj++) {
             if (sj && slots[sj] == slots[sj - 1]) continue;
             int reqs[BD_MAXREQ], target = 5;
             bd_batch(B, target, slots[sj], reqs);
-            bd_run(m, reqs, B, 1, 0, lg, tok);
+            bd_run(m, reqs, B, 1, 0, p->lg, p->tok);
             runs++;
-            if (!bd_same(m, &target, 1, ref, rtok, lg, tok)) { differ++; printf("    B %d slot %d: request %d differs\n", B, slots[sj], target); }
-            CHECKF(bd_same(m, reqs, B, ref, rtok, lg, tok), "%s, B %d slot %d: some request's bits depend on the batch", what, B, slots[sj]);
+            if (!bd_pair_same(m, &target, 1, p)) { differ++; printf("    B %d slot %d: request %d differs\n", B, slots[sj], target); }
+            CHECKF(bd_pair_same(m, reqs, B, p), "%s, B %d slot %d: some request's bits depend on the batch", what, B, slots[sj]);
         }
     }
     printf("    %s: %d batches, the target differed in %d\n", what, runs, differ);
-    free(ref); free(rtok); free(lg);
+    bd_pair_free(p);
 }
 
 TEST(gpu, batch_invariance_decode) {
@@ -335,17 +362,15 @@ TEST(gpu, batch_decode_equals_single_feed) {
     mp.cuda_batch_decode = 1;
     qsa_model *m = NULL;
     GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
-    size_t V = (size_t)m->cfg.vocab_size;
-    float *ref = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float)), *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
-    int32_t rtok[BD_MAXREQ * BD_STEPS], tok[BD_MAXREQ * BD_STEPS];
+    bd_pair *p = bd_pair_new(m);
     int reqs[32];
     for (int k = 0; k < 32; k++) reqs[k] = 31 - k;
-    if (ref && lg) {
-        bd_run(m, reqs, 32, 0, 0, ref, rtok); /* the same requests, fed one by one */
-        bd_run(m, reqs, 32, 1, 0, lg, tok);
-        CHECKF(bd_same(m, reqs, 32, ref, rtok, lg, tok), "batched decode differs from qsa_seq_feed");
+    if (p) {
+        bd_run(m, reqs, 32, 0, 0, p->ref, p->rtok); /* the same requests, fed one by one */
+        bd_run(m, reqs, 32, 1, 0, p->lg, p->tok);
+        CHECKF(bd_pair_same(m, reqs, 32, p), "batched decode differs from qsa_seq_feed");
     }
-    free(ref); free(lg);
+    bd_pair_free(p);
     qsa_model_free(m);
 }
 
@@ -356,20 +381,18 @@ TEST(gpu, single_token_feed_equals_chunk_path) {
     memset(&mp, 0, sizeof mp); /* defaults: batched decode and graphs on */
     qsa_model *m = NULL;
     GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
-    size_t V = (size_t)m->cfg.vocab_size;
-    float *ref = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float)), *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
-    int32_t rtok[BD_MAXREQ * BD_STEPS], tok[BD_MAXREQ * BD_STEPS];
+    bd_pair *p = bd_pair_new(m);
     int reqs[12];
     for (int k = 0; k < 12; k++) reqs[k] = (k * 5 + 3) % 12;
-    if (ref && lg) {
-        bd_run(m, reqs, 12, 0, 0, ref, rtok);
+    if (p) {
+        bd_run(m, reqs, 12, 0, 0, p->ref, p->rtok);
         CHECKF(m->cuda->batch == NULL, "the chunked reference made the batched step's buffers");
-        bd_run(m, reqs, 12, 2, 0, lg, tok);
+        bd_run(m, reqs, 12, 2, 0, p->lg, p->tok);
         CHECKF(m->cuda->batch != NULL && (!qsa__cuda_graphs_on(m) || m->cuda->batch->graphs[1].exec != NULL),
                "single-token feeds did not run the batched step as a graph");
-        CHECKF(bd_same(m, reqs, 12, ref, rtok, lg, tok), "single-token feeds through the batched step differ from the chunked forward");
+        CHECKF(bd_pair_same(m, reqs, 12, p), "single-token feeds through the batched step differ from the chunked forward");
     }
-    free(ref); free(lg);
+    bd_pair_free(p);
     qsa_model_free(m);
 }
 
@@ -384,22 +407,20 @@ TEST(gpu, gemv_column_slices_equal_whole) {
     mp.cuda_graphs = 1;
     qsa_model *m = NULL;
     GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
-    size_t V = (size_t)m->cfg.vocab_size;
-    float *ref = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float)), *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
-    int32_t rtok[BD_MAXREQ * BD_STEPS], tok[BD_MAXREQ * BD_STEPS];
+    bd_pair *p = bd_pair_new(m);
     int reqs[8] = {6, 1, 4, 7, 0, 3, 2, 5};
-    if (ref && lg) {
-        bd_run(m, reqs, 8, 1, 0, ref, rtok);
+    if (p) {
+        bd_run(m, reqs, 8, 1, 0, p->ref, p->rtok);
         CHECKF(m->cuda->sc.gemv_slice == 0, "the default run sliced a GEMV of the tiny model");
         size_t keep = m->cuda->sc.gemv_limit;
         m->cuda->sc.gemv_limit = 4096;
         qsa__cuda_batch_drop_graphs(m->cuda);
-        bd_run(m, reqs, 8, 1, 0, lg, tok);
+        bd_run(m, reqs, 8, 1, 0, p->lg, p->tok);
         m->cuda->sc.gemv_limit = keep;
         CHECKF(m->cuda->sc.gemv_slice != 0, "no GEMV was sliced under the lowered limit");
-        CHECKF(bd_same(m, reqs, 8, ref, rtok, lg, tok), "column-sliced GEMVs give other bits than whole ones");
+        CHECKF(bd_pair_same(m, reqs, 8, p), "column-sliced GEMVs give other bits than whole ones");
     }
-    free(ref); free(lg);
+    bd_pair_free(p);
     qsa_model_free(m);
 }
 
@@ -410,20 +431,18 @@ TEST(gpu, gemv_column_slices_equal_whole) {
    and slots between replays): the graph model mg gives the bits of the eager model m.  `what` names
    the configuration in the messages. */
 static void bd_check_graphs_equal_eager(qsa_model *m, qsa_model *mg, const char *what) {
-    size_t V = (size_t)m->cfg.vocab_size;
-    float *ref = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float)), *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
-    int32_t rtok[BD_MAXREQ * BD_STEPS], tok[BD_MAXREQ * BD_STEPS];
+    bd_pair *p = bd_pair_new(m);
     static const int sizes[] = {1, 7, 16, 7, 33};
-    for (int si = 0; si < 5 && ref && lg && !T_.failed; si++) {
+    for (int si = 0; si < 5 && p && !T_.failed; si++) {
         int B = sizes[si], reqs[BD_MAXREQ];
         for (int k = 0; k < B; k++) reqs[k] = (k * 7 + si) % 37;
         for (int k = 1; k < B; k++) /* distinct request ids */
             for (int j = 0; j < k; j++) if (reqs[j] == reqs[k]) { reqs[k] = (reqs[k] + 1) % 37; j = -1; }
-        bd_run(m, reqs, B, 1, 0, ref, rtok);
-        bd_run(mg, reqs, B, 1, 0, lg, tok);
-        CHECKF(bd_same(m, reqs, B, ref, rtok, lg, tok), "%s, B %d: graph replay differs from eager batched decode", what, B);
+        bd_run(m, reqs, B, 1, 0, p->ref, p->rtok);
+        bd_run(mg, reqs, B, 1, 0, p->lg, p->tok);
+        CHECKF(bd_pair_same(m, reqs, B, p), "%s, B %d: graph replay differs from eager batched decode", what, B);
     }
-    free(ref); free(lg);
+    bd_pair_free(p);
 }
 
 TEST(gpu, batch_cuda_graphs_equal_eager) {
@@ -496,27 +515,25 @@ TEST(gpu, batch_allocation_invariance) {
     mp.cuda_batch_decode = 1;
     qsa_model *m = NULL;
     GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
-    size_t V = (size_t)m->cfg.vocab_size;
-    float *ref = NULL, *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
-    int32_t *rtok = NULL, tok[BD_MAXREQ * BD_STEPS];
-    bd_reference(m, 8, &ref, &rtok);
+    bd_pair *p = bd_pair_new(m);
+    if (p) bd_reference(m, 8, p);
     int reqs[8] = {3, 0, 7, 1, 6, 2, 5, 4};
-    for (int seed = 1; seed <= 4 && lg && ref; seed++) {
-        bd_run(m, reqs, 8, 1, (uint64_t)seed, lg, tok);
-        CHECKF(bd_same(m, reqs, 8, ref, rtok, lg, tok), "shuffle seed %d: batched decode depends on the pages", seed);
+    for (int seed = 1; seed <= 4 && p; seed++) {
+        bd_run(m, reqs, 8, 1, (uint64_t)seed, p->lg, p->tok);
+        CHECKF(bd_pair_same(m, reqs, 8, p), "shuffle seed %d: batched decode depends on the pages", seed);
     }
     static const int pages[] = {16, 400};
-    for (int pi = 0; pi < 2 && lg && ref; pi++) {
+    for (int pi = 0; pi < 2 && p; pi++) {
         qsa_model *mp2 = NULL;
         memset(&mp, 0, sizeof mp);
         mp.cuda_batch_decode = 1;
         mp.kv_page_size = pages[pi];
         if (!gpu_model("qsa_hc4_ple_sharded", &mp, &mp2)) break;
-        bd_run(mp2, reqs, 8, 1, 7, lg, tok);
-        CHECKF(bd_same(m, reqs, 8, ref, rtok, lg, tok), "page size %d: batched decode differs", pages[pi]);
+        bd_run(mp2, reqs, 8, 1, 7, p->lg, p->tok);
+        CHECKF(bd_pair_same(m, reqs, 8, p), "page size %d: batched decode differs", pages[pi]);
         qsa_model_free(mp2);
     }
-    free(ref); free(rtok); free(lg);
+    bd_pair_free(p);
     qsa_model_free(m);
 }
 
@@ -531,14 +548,12 @@ TEST(cpu, seq_feed_batch_equals_feed_and_refuses_whole) {
     qsa_model *m = NULL;
     CHECK_OK(qsa_model_load(dir, &mp, &m));
     if (!m) return;
-    size_t V = (size_t)m->cfg.vocab_size;
-    float *ref = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float)), *lg = (float *)calloc((size_t)BD_MAXREQ * BD_STEPS * V, sizeof(float));
-    int32_t rtok[BD_MAXREQ * BD_STEPS], tok[BD_MAXREQ * BD_STEPS];
+    bd_pair *p = bd_pair_new(m);
     int reqs[3] = {2, 0, 1};
-    if (ref && lg) {
-        bd_run(m, reqs, 3, 0, 0, ref, rtok);
-        bd_run(m, reqs, 3, 1, 0, lg, tok);
-        CHECK(bd_same(m, reqs, 3, ref, rtok, lg, tok));
+    if (p) {
+        bd_run(m, reqs, 3, 0, 0, p->ref, p->rtok);
+        bd_run(m, reqs, 3, 1, 0, p->lg, p->tok);
+        CHECK(bd_pair_same(m, reqs, 3, p));
     }
     /* refusal: the second sequence is full */
     qsa_seq_params sp = {4};
@@ -550,13 +565,13 @@ TEST(cpu, seq_feed_batch_equals_feed_and_refuses_whole) {
         CHECK_OK(qsa_seq_feed(b, ids, 4, NULL, 0));
         qsa_seq *both[2] = {a, b};
         int free0 = m->pool.n_free;
-        CHECK_ERR(qsa_seq_feed_batch(both, ids, 2, lg), QSA_ERR_CONTEXT_FULL, "context");
+        CHECK_ERR(qsa_seq_feed_batch(both, ids, 2, p ? p->lg : NULL), QSA_ERR_CONTEXT_FULL, "context");
         CHECK(qsa_seq_pos(a) == 0 && qsa_seq_pos(b) == 4 && m->pool.n_free == free0);
         both[1] = a;
-        CHECK_ERR(qsa_seq_feed_batch(both, ids, 2, lg), QSA_ERR_INVALID_ARGUMENT, "same");
+        CHECK_ERR(qsa_seq_feed_batch(both, ids, 2, p ? p->lg : NULL), QSA_ERR_INVALID_ARGUMENT, "same");
     }
     qsa_seq_free(a);
     qsa_seq_free(b);
-    free(ref); free(lg);
+    bd_pair_free(p);
     qsa_model_free(m);
 }
