@@ -117,8 +117,8 @@ static void usage(FILE *f) {
             "  --graphs             also measure batched decode replayed as CUDA graphs\n"
             "  --profile            after each eager decode row and the prefill, time every kernel launch\n"
             "                       (CUDA events; untimed extra steps) and print where the time goes\n"
-            "  --marginal           after the B=1 rows of the short context: what each of the costliest kernel\n"
-            "                       shapes costs inside the graph-replayed step (the step without it, timed)\n"
+            "  --marginal           after each batch's rows at the short context: what each of the costliest\n"
+            "                       kernel shapes costs inside the graph-replayed step (the step without it, timed)\n"
             "  --ple-vocab-base N   ngram_vocab_size_base of the synthetic PLE table (default 100000; --quick 10000)\n"
             "  --page-size N        KV page size (default: the runtime's hybrid rule)\n"
             "  --seed N             weight/token seed (default 1)\n"
@@ -1417,58 +1417,67 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
 }
 
 
-/* --marginal: what each kernel costs inside the graph-replayed decode step of one sequence (the
-   library's defaults), which --profile's events around eager launches cannot say (they add the launch
-   latency that a graph with programmatic dependent launches hides, and miss the overlap).  An eager
-   profile of the same step names its kernel shapes (kernel and launch shape, as in the --profile
-   table); for each of the BENCH_MARGINAL_KEYS costliest, the step is captured again with that
-   shape's launches left out (qsa__prof_skip) and timed; the marginal cost is the full step's median
-   (measured before, between every 8 and after the shapes, on the same footing) minus that median.
-   Each measurement takes a fresh sequence at the context.  The outputs of a step without one of its
-   kernels are garbage: a step whose logits are not finite is flagged (its routing, hence its expert
-   work, may differ). */
+/* --marginal: what each kernel costs inside the graph-replayed decode step (B = 1: qsa_seq_feed with
+   the library's defaults; B > 1: qsa_seq_feed_batch with graphs), which --profile's events around
+   eager launches cannot say (they add the launch latency that a graph with programmatic dependent
+   launches hides, and miss the overlap).  An eager profile of the same step names its kernel shapes
+   (kernel and launch shape, as in the --profile table); for each of the BENCH_MARGINAL_KEYS
+   costliest, the step is captured again with that shape's launches left out (qsa__prof_skip) and
+   timed; the marginal cost is the full step's median (measured before, between every 8 and after the
+   shapes, on the same footing) minus that median.  Each measurement takes fresh sequences at the
+   context.  The outputs of a step without one of its kernels are garbage: a step whose logits are not
+   finite is flagged (its routing, hence its expert work, may differ). */
 #define BENCH_MARGINAL_KEYS 24
-static qsa_result marginal_step(bench *b, qsa_seq **s, const qsa_seq_params *sp, int ctx, float *logits, double *ms_out,
-                                long *bad) {
+static qsa_result marginal_feed(qsa_seq **seqs, int B, int32_t *tok, float *logits) {
+    return B == 1 ? qsa_seq_feed(seqs[0], tok, 1, logits, 0) : qsa_seq_feed_batch(seqs, tok, B, logits);
+}
+static qsa_result marginal_step(bench *b, qsa_seq **seqs, int B, const qsa_seq_params *sp, int ctx, float *logits,
+                                int32_t *tok, double *ms_out, long *bad) {
     qsa_model *m = b->m;
     int V = m->cfg.vocab_size;
-    qsa_seq_free(*s);
-    *s = NULL;
-    QSA__TRY(qsa_seq_create(m, sp, s));
-    QSA__TRY(bench_seq_fill(b, *s, ctx));
+    for (int k = 0; k < B; k++) {
+        qsa_seq_free(seqs[k]);
+        seqs[k] = NULL;
+    }
+    for (int k = 0; k < B; k++) {
+        QSA__TRY(qsa_seq_create(m, sp, &seqs[k]));
+        QSA__TRY(bench_seq_fill(b, seqs[k], ctx));
+    }
     qsa__cuda_batch_drop_graphs(b->g); /* the first step captures the graph anew, with the skip in force */
     double t[256];
     int n = 0;
     *bad = 0;
     for (int i = 0; i < b->o.warmup + b->o.steps && i < 256; i++) {
-        int32_t tok = (int32_t)(rng_next(b) % (uint64_t)V);
+        for (int k = 0; k < B; k++) tok[k] = (int32_t)(rng_next(b) % (uint64_t)V);
         double ms = 0;
         QSA__TRY(ev_begin(b));
-        QSA__TRY(qsa_seq_feed(*s, &tok, 1, logits, 0));
+        QSA__TRY(marginal_feed(seqs, B, tok, logits));
         QSA__TRY(ev_end(b, &ms));
         if (i >= b->o.warmup) t[n++] = ms;
-        *bad += count_nonfinite(logits, (size_t)V) > 0;
+        *bad += count_nonfinite(logits, (size_t)B * V) > 0;
     }
     *ms_out = median(t, n);
     return QSA_OK;
 }
 
-static void bench_marginal(bench *b, qsa_seq **seqs, int ctx, const qsa_seq_params *sp, float *logits) {
+static void bench_marginal(bench *b, qsa_seq **seqs, int B, int ctx, const qsa_seq_params *sp, float *logits) {
     char cfg[64];
-    snprintf(cfg, sizeof cfg, "B=1 ctx=%d single", ctx);
+    snprintf(cfg, sizeof cfg, "B=%d ctx=%d %s", B, ctx, B == 1 ? "single" : "batched+graphs");
     if (!b->o.marginal || !may_run(b, "marginal", cfg)) return;
     qsa_model *m = b->m;
     qsa__prof_key keys[BENCH_MARGINAL_KEYS];
     int nk = 0, steps = 3;
     double base[8], eager_total = 0;
     int nb = 0;
+    int32_t *tok = QSA__ALLOC(int32_t, B);
+    if (!tok) { row_fail(b, "marginal", cfg, qsa__fail(QSA_ERR_OUT_OF_MEMORY, "bench: out of host memory")); return; }
     /* the kernel shapes, from an eager profile of the same step */
     m->params.cuda_batch_decode = 1;
     m->params.cuda_graphs = 0;
     qsa_result r = qsa__prof_begin();
     for (int i = 0; r == QSA_OK && i < steps; i++) {
-        int32_t tok = (int32_t)(rng_next(b) % (uint64_t)m->cfg.vocab_size);
-        r = qsa_seq_feed(seqs[0], &tok, 1, logits, 0);
+        for (int k = 0; k < B; k++) tok[k] = (int32_t)(rng_next(b) % (uint64_t)m->cfg.vocab_size);
+        r = marginal_feed(seqs, B, tok, logits);
     }
     if (r == QSA_OK) {
         qsa__prof_flush();
@@ -1484,19 +1493,20 @@ static void bench_marginal(bench *b, qsa_seq **seqs, int ctx, const qsa_seq_para
     for (int i = 0; r == QSA_OK && i <= nk; i++) {
         if (i % 8 == 0 || i == nk) { /* the full step: before, between every 8 shapes and after */
             long bd = 0;
-            r = marginal_step(b, &seqs[0], sp, ctx, logits, &base[nb], &bd);
+            r = marginal_step(b, seqs, B, sp, ctx, logits, tok, &base[nb], &bd);
             bbad += bd;
             if (r == QSA_OK) nb++;
         }
         if (i == nk || r != QSA_OK) break;
         qsa__prof_skip = &keys[i];
-        r = marginal_step(b, &seqs[0], sp, ctx, logits, &ms[i], &bad[i]);
+        r = marginal_step(b, seqs, B, sp, ctx, logits, tok, &ms[i], &bad[i]);
         qsa__prof_skip = NULL;
     }
     qsa__prof_skip = NULL;
     qsa__cuda_batch_drop_graphs(b->g);
     m->params.cuda_batch_decode = 0;
     m->params.cuda_graphs = 0;
+    qsa__free(tok);
     if (r != QSA_OK) { row_fail(b, "marginal", cfg, r); return; }
     double full = median(base, nb), sum = 0;
     printf("\nmarginal cost inside the graph-replayed step, %s: the full step %.3f ms (median of %d measurements%s),\n"
@@ -1641,7 +1651,7 @@ static qsa_result bench_decode(bench *b, bench_plan *pl, float *logits) {
             if (B == 1 && !b->broken) bench_decode_mode(b, seqs, 1, ctx, 3, logits, "single, chunked forward");
             if (!b->broken) bench_decode_mode(b, seqs, B, ctx, 1, logits, "batched");
             if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 2, logits, "batched+graphs");
-            if (B == 1 && ctx == pl->ctx[0] && !b->broken) bench_marginal(b, seqs, ctx, &sp, logits);
+            if (ctx == pl->ctx[0] && !b->broken) bench_marginal(b, seqs, B, ctx, &sp, logits);
         }
         for (int i = 0; i < B; i++) if (seqs[i]) qsa_seq_free(seqs[i]);
         qsa__free(seqs);
