@@ -1215,7 +1215,9 @@ static void plan_decode(bench *b, bench_plan *pl, int page_size, double avail) {
     const qsa_model_config *c = &b->cfg;
     memset(pl, 0, sizeof *pl);
     int per_mode = b->o.warmup + b->o.steps;
-    pl->steps_per_seq = per_mode * 4 + 12; /* at most 4 modes per row (single twice, batched, graphs) + 2 profiles + --marginal's */
+    /* at most 4 modes per row (single twice, batched, graphs) + 2 profiles; --marginal profiles 3 steps more
+       (its timed steps take fresh sequences) */
+    pl->steps_per_seq = per_mode * 4 + 8 + (b->o.marginal ? 4 : 0);
     int ctxs[2], nctx = 0;
     ctxs[nctx++] = b->o.ctx;
     long long lng = (long long)c->max_position_embeddings - pl->steps_per_seq - 1;
@@ -1415,7 +1417,6 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     row_print(w);
     return QSA_OK;
 }
-
 
 /* --marginal: what each kernel costs inside the graph-replayed decode step (B = 1: qsa_seq_feed with
    the library's defaults; B > 1: qsa_seq_feed_batch with graphs), which --profile's events around
