@@ -1663,18 +1663,20 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16
     qsa_gemv_xwarp<false>(A, ws, mb.bias, mb.Y, M, mb.N, K, 0, part, count, mb.Y16, mb.act_scale, task);
 }
 
-/* The tiled form of qsa_k_gemv_f16_group for M > QSA_SPLITK_MAX_M (prefill chunks): the 64 x 64
- * tiles of member 0, then member 1's, ..., each through qsa_tile64 as qsa_k_gemm_f16 computes it,
- * so every member gets the bits of its own launch (tested); a small member (the GDN gates, the
- * injection projection, the shared-expert gate: N <= 64) fills SMs beside its siblings instead of
- * taking a launch of its own.  No accumulation; members' Y16 / act_scale are ignored (the host
- * applies qsa_k_silu_scale).  Launch: grid sum_b ceil(M/64) * ceil(N_b/64) (or fewer: blocks loop),
- * block 256, M > QSA_SPLITK_MAX_M, K >= 1. */
+/* The tiled form of qsa_k_gemv_f16_group: the 64 x 64 tiles of member 0, then member 1's, ..., each
+ * through qsa_tile64 as qsa_k_gemm_f16 computes it for M > QSA_SPLITK_MAX_M — the canonical order,
+ * so every member gets the bits of its own launch whatever M (tested against the split-K tiles of
+ * qsa_k_gemm_f16 for M <= 64 too); a small member (the GDN gates, the injection projection, the
+ * shared-expert gate: N <= 64) fills SMs beside its siblings instead of taking a launch of its own.
+ * Prefill chunks take it, and decode batches for wide projections (qsa__dgemm_tiled: each weight
+ * row read once for up to 64 tokens instead of once per 16).  No accumulation; members' Y16 /
+ * act_scale are ignored (the host applies qsa_k_silu_scale).  Launch: grid sum_b ceil(M/64) *
+ * ceil(N_b/64) (or fewer: blocks loop), block 256, M >= 1, K >= 1. */
 extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_f16_group(const qsa_f16 *__restrict__ A,
                                                                    qsa_gemv_group grp, int M, int K) {
     QSA_PDL_ENTRY();
     __shared__ __align__(128) unsigned char smem[QSA_GEMM_SMEM];
-    if (blockDim.x != QSA_GEMM_THREADS || M <= QSA_SPLITK_MAX_M || K <= 0) __trap(); /* the host checks these */
+    if (blockDim.x != QSA_GEMM_THREADS || M <= 0 || K <= 0) __trap(); /* the host checks these */
     const int mt = (M + 63) / 64, avec = (((qsa_u64)A) & 15u) == 0 && !(K & 7);
     qsa_i64 total = 0;
 #pragma unroll

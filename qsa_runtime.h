@@ -8553,6 +8553,7 @@ typedef struct qsa__cuda {
     int moe64_pairs;             /* qsa__moe_tr's threshold (QSA__MOE64_PAIRS; $QSA_MOE64_PAIRS) */
     int attn_dec;                /* $QSA_ATTN_DEC: -1 "0", 1 "1", 0 unset (qsa__attn_dec_splits) */
     int attn_dec_heads;          /* $QSA_ATTN_DEC_HEADS: its heads per block (0: qsa__attn_dec_splits' rule) */
+    int tiled_min_m, tiled_min_tiles; /* qsa__tiled_small's thresholds ($QSA_TILED_M, $QSA_TILED_TILES) */
     CUdevice dev;
     CUcontext ctx;
     CUstream stream;
@@ -9014,10 +9015,17 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    2,048-token prefill in chunks of 512, 10 pairs per expert, 1,719 -> 2,153 tok/s; 2 and 1 the same
    as 4.) */
 #define QSA__MOE64_PAIRS 4
+/* Decode batches of at least this many tokens take the 64 x 64 tiled kernel for dense projections
+   whose tiles number at least the SMs (qsa__tiled_small); the same bits either way.  (Measured on
+   the H200, real shape: at 17 against the cross-warp GEMV for every M, B=32 graphs 672.2 / 676.9 ->
+   723.8 / 709.0 tok/s — the GDN input group 102.6 -> 49.9 us per launch, attention q/k/v 88.4 ->
+   49.2, lm_head 1,328 -> 655 us; at 1, B=8 unchanged and B=1 105.4 -> 98.3.) */
+#define QSA__TILED_M 17
 /* The launch-shape switches read from the environment once per context (the bits do not depend on
    them): $QSA_XW_WHOLE_PER_SM and $QSA_MOE64_PAIRS, positive integers, replace QSA__XW_WHOLE_PER_SM
    and QSA__MOE64_PAIRS; $QSA_ATTN_DEC ("0" never, "1" always) and $QSA_ATTN_DEC_HEADS choose and
-   shape qsa_k_sparse_attn_dec (qsa__attn_dec_splits). */
+   shape qsa_k_sparse_attn_dec (qsa__attn_dec_splits); $QSA_TILED_M and $QSA_TILED_TILES replace
+   qsa__tiled_small's thresholds (QSA__TILED_M tokens, the SM count of tiles). */
 QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     const char *e = getenv("QSA_XW_WHOLE_PER_SM");
     g->xw_whole_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__XW_WHOLE_PER_SM;
@@ -9027,6 +9035,10 @@ QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     g->attn_dec = e && !strcmp(e, "0") ? -1 : e && !strcmp(e, "1") ? 1 : 0;
     e = getenv("QSA_ATTN_DEC_HEADS");
     g->attn_dec_heads = e && atoi(e) > 0 ? atoi(e) : 0;
+    e = getenv("QSA_TILED_M");
+    g->tiled_min_m = e && atoi(e) > 0 ? atoi(e) : QSA__TILED_M;
+    e = getenv("QSA_TILED_TILES");
+    g->tiled_min_tiles = e && atoi(e) > 0 ? atoi(e) : 0;
 }
 
 QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, qsa__cuda **out) {
@@ -9236,6 +9248,14 @@ QSA_PRIV int qsa__xw_whole(const qsa__cuda *g, long long tiles) {
     return tiles >= (long long)g->xw_whole_per_sm * (g->sm_count > 0 ? g->sm_count : 1);
 }
 
+/* Whether dense projections of M <= 64 rows (a decode batch) with t64 tiles of 64 x 64 in all take
+   the tiled group kernel (qsa_k_gemm_f16_group: each weight row read once for the batch) instead of
+   the cross-warp GEMV (once per 16 rows).  The same bits either way. */
+QSA_PRIV int qsa__tiled_small(const qsa__cuda *g, int M, long long t64) {
+    long long min_tiles = g->tiled_min_tiles > 0 ? g->tiled_min_tiles : (g->sm_count > 0 ? g->sm_count : 1);
+    return M >= g->tiled_min_m && M <= 64 && t64 >= min_tiles;
+}
+
 /* Y = silu(Y * scale) and Y16 its fp16 copy, n elements (qsa_k_silu_scale) */
 QSA_PRIV qsa_result qsa__dsilu_store(qsa__cuda *g, CUdeviceptr Y, CUdeviceptr Y16, int n, float scale) {
     QSA__LAUNCH(g, silu_scale, (n + 255) / 256, 1, 256, 0, &Y, &Y16, &n, &scale);
@@ -9245,9 +9265,14 @@ QSA_PRIV qsa_result qsa__dsilu_store(qsa__cuda *g, CUdeviceptr Y, CUdeviceptr Y1
 /* Y[M][out] (+)= A16[M][in] W^T (+ bias); with Y16 != 0 (and no accumulate) then Y = silu(Y * scale)
    and Y16 its fp16 copy: fused into the cross-warp GEMV's store, else a qsa_k_silu_scale launch
    (the same bits either way). */
+QSA_PRIV qsa_result qsa__dgemm_tiled(qsa__cuda *g, CUdeviceptr A16, int M, int n, const qsa__dlin *const *w,
+                                     const CUdeviceptr *Y, const CUdeviceptr *Y16, const float *scale);
+
 QSA_PRIV qsa_result qsa__dgemm_ex(qsa__cuda *g, CUdeviceptr A16, int M, const qsa__dlin *w, CUdeviceptr Y, int accumulate,
                                   CUdeviceptr Y16, float scale) {
     int N = w->out, K = w->in;
+    if (w->w16 && !accumulate && K > 0 && qsa__tiled_small(g, M, (N + 63) / 64))
+        return qsa__dgemm_tiled(g, A16, M, 1, &w, &Y, &Y16, &scale);
     if (qsa__gemv_xwarp(g, M, N, K)) {
         long long tasks = (long long)((M + 15) / 16) * ((N + 15) / 16) * ((K + 255) / 256);
         unsigned gx = (unsigned)((tasks + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS), bx = 32 * QSA__GEMV_WARPS;
@@ -9336,11 +9361,16 @@ QSA_PRIV qsa_result qsa__dgemm_group(qsa__cuda *g, CUdeviceptr A16, int M, int n
         ok = w[i]->w16 && w[i]->in == K && qsa__gemv_xwarp(g, M, w[i]->out, K);
         tiles += (long long)((M + 15) / 16) * ((w[i]->out + 15) / 16);
     }
-    /* M > 64 (kernels.cu's QSA_SPLITK_MAX_M: prefill): the members' 64 x 64 tiles in one launch
-       when all are dense */
-    int tiled = n > 1 && n <= QSA__GEMV_GROUP && M > 64 && K > 0;
-    for (int i = 0; i < n && tiled; i++) tiled = w[i]->w16 && w[i]->in == K;
-    if (!tiled && (!ok || tiles > QSA__GEMV_TILES || (size_t)(tiles * nseg * prow * 64) > g->sc.gemv_limit)) {
+    /* M > 64 (kernels.cu's QSA_SPLITK_MAX_M: prefill), or a decode batch and wide members
+       (qsa__tiled_small): the members' 64 x 64 tiles in one launch when all are dense */
+    long long t64 = 0;
+    int tiled = n > 1 && n <= QSA__GEMV_GROUP && K > 0;
+    for (int i = 0; i < n && tiled; i++) {
+        tiled = w[i]->w16 && w[i]->in == K;
+        t64 += (long long)((M + 63) / 64) * ((w[i]->out + 63) / 64);
+    }
+    if (tiled && (M > 64 || qsa__tiled_small(g, M, t64))) return qsa__dgemm_tiled(g, A16, M, n, w, Y, Y16, scale);
+    if (!ok || tiles > QSA__GEMV_TILES || (size_t)(tiles * nseg * prow * 64) > g->sc.gemv_limit) {
         for (int i = 0; i < n; i++) QSA__TRY(qsa__dgemm_ex(g, A16, M, w[i], Y[i], 0, Y16 ? Y16[i] : 0, scale ? scale[i] : 0.0f));
         return QSA_OK;
     }
@@ -9355,18 +9385,33 @@ QSA_PRIV qsa_result qsa__dgemm_group(qsa__cuda *g, CUdeviceptr A16, int M, int n
         grp.m[i].N = w[i]->out;
         grp.m[i].act_scale = scale ? scale[i] : 0.0f;
     }
-    if (tiled) {
-        long long t64 = 0;
-        for (int i = 0; i < n; i++) t64 += (long long)((M + 63) / 64) * ((w[i]->out + 63) / 64);
-        QSA__LAUNCH(g, gemm_f16_group, (unsigned)t64, 1, 256, 0, &A16, &grp, &M, &K);
-        for (int i = 0; i < n; i++)
-            if (Y16 && Y16[i]) QSA__TRY(qsa__dsilu_store(g, Y[i], Y16[i], M * w[i]->out, scale ? scale[i] : 0.0f));
-        return QSA_OK;
-    }
     long long tasks = tiles * nseg;
     unsigned gx = (unsigned)((tasks + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS), bx = 32 * QSA__GEMV_WARPS;
     CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
     QSA__LAUNCH(g, gemv_f16_group, gx, 1, bx, 0, &A16, &grp, &M, &K, &part, &cnt);
+    return QSA_OK;
+}
+
+/* The n (<= QSA__GEMV_GROUP) dense projections w[i] of one input, all of K = w[0]->in, through the
+   64 x 64 tiles of one qsa_k_gemm_f16_group launch; Y16[i] != 0: the silu store of qsa__dgemm_ex
+   after it (a qsa_k_silu_scale launch).  Any M >= 1: the bits of qsa__dgemm_ex's launch. */
+QSA_PRIV qsa_result qsa__dgemm_tiled(qsa__cuda *g, CUdeviceptr A16, int M, int n, const qsa__dlin *const *w,
+                                     const CUdeviceptr *Y, const CUdeviceptr *Y16, const float *scale) {
+    int K = w[0]->in;
+    long long t64 = 0;
+    qsa__gemv_group grp;
+    memset(&grp, 0, sizeof grp);
+    grp.n = n;
+    for (int i = 0; i < n; i++) {
+        grp.m[i].W = w[i]->w16;
+        grp.m[i].bias = w[i]->bias;
+        grp.m[i].Y = Y[i];
+        grp.m[i].N = w[i]->out;
+        t64 += (long long)((M + 63) / 64) * ((w[i]->out + 63) / 64);
+    }
+    QSA__LAUNCH(g, gemm_f16_group, (unsigned)t64, 1, 256, 0, &A16, &grp, &M, &K);
+    for (int i = 0; i < n; i++)
+        if (Y16 && Y16[i]) QSA__TRY(qsa__dsilu_store(g, Y[i], Y16[i], M * w[i]->out, scale ? scale[i] : 0.0f));
     return QSA_OK;
 }
 
@@ -9965,8 +10010,11 @@ QSA_PRIV qsa_result qsa__cuda_attn_batch(qsa_model *m, int l, int B) {
                  &rd, &ps, &eps);
     if (c->has_qsa) {
         CUdeviceptr qln = d->idx_q_norm, kln = d->idx_k_norm, bk = QSA__BROW(bb, bkeys, l), sc = bb->scores;
+        /* block scores: warps enough for the longest context, but for a batch no more blocks than
+           about one wave in all (8 per SM; the warps loop over the blocks, the scores the same) */
         int ld = s->max_blocks;
-        unsigned ys = (unsigned)((s->max_blocks + 255) / 256);
+        unsigned ys = (unsigned)((s->max_blocks + 255) / 256), wave = (unsigned)((8 * g->sm_count + B - 1) / B);
+        if (ys > wave && wave >= 1) ys = wave;
         QSA__LAUNCH3(g, indexer_prep_batch, 1, ih + 1, B, 128, 0, &iq, &qln, &inv, &bts, &Ip, &pos, &ih, &ihd, &rd, &ps, &eps);
         QSA__LAUNCH3(g, block_keys_batch, 1, 1, B, 128, 0, &Ip, &bts, &kln, &inv, &bk, &pos, &r, &ihd, &rd, &ps, &eps);
         QSA__LAUNCH3(g, block_scores_batch, 1, ys, B, 256, 0, &iq, &bk, &sc, &pos, &ih, &ihd, &r, &ld, &topk);

@@ -424,6 +424,37 @@ TEST(gpu, gemv_column_slices_equal_whole) {
     qsa_model_free(m);
 }
 
+/* (b''') Decode batches' dense projections through the 64 x 64 tiled kernel (qsa__tiled_small, for
+   wide projections of a batch on the real shape) instead of the cross-warp GEMV: with its thresholds
+   lowered so that every dense projection of every batched step (batches 1 and 8; graphs captured
+   anew) takes it, the bits of the default run, 8 requests. */
+TEST(gpu, tiled_decode_projections_equal_gemv) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.cuda_batch_decode = 1;
+    mp.cuda_graphs = 1;
+    qsa_model *m = NULL;
+    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    bd_pair *p = bd_pair_new(m);
+    int reqs[8] = {3, 6, 0, 5, 2, 7, 4, 1};
+    qsa__cuda *g = m->cuda;
+    for (int B = 1; B <= 8 && p && !T_.failed; B += 7) {
+        int keep_m = g->tiled_min_m, keep_t = g->tiled_min_tiles;
+        CHECKF(!qsa__tiled_small(g, B, 4), "the default thresholds take the tiled kernel for the tiny model");
+        bd_run(m, reqs, B, 1, 0, p->ref, p->rtok);
+        g->tiled_min_m = 1;
+        g->tiled_min_tiles = 1;
+        qsa__cuda_batch_drop_graphs(g);
+        bd_run(m, reqs, B, 1, 0, p->lg, p->tok);
+        g->tiled_min_m = keep_m;
+        g->tiled_min_tiles = keep_t;
+        qsa__cuda_batch_drop_graphs(g);
+        CHECKF(bd_pair_same(m, reqs, B, p), "B %d: tiled decode projections give other bits than the GEMV", B);
+    }
+    bd_pair_free(p);
+    qsa_model_free(m);
+}
+
 /* (c) CUDA-graph decode gives the bits of eager decode (graphs captured at B's first step, then
    replayed while positions, pages, selections and slots change; more than max_batch requests run
    in groups). */

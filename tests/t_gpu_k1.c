@@ -981,8 +981,9 @@ TEST(gpu, k1_gemv_group_equals_single) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) k1_gemv_group_case(cases[i][0], cases[i][1], cases[i][2]);
 }
 
-/* qsa_k_gemm_f16_group (M > 64: the tiled group): each member (different N, bias on two) gets the
-   bits of its own qsa_k_gemm_f16 launch, with a full grid and with fewer blocks than tiles. */
+/* qsa_k_gemm_f16_group (the tiled group): each member (different N, bias on two) gets the bits of
+   its own qsa_k_gemm_f16 launch — tiled too for M > 64, the split-K tiles for M <= 64 (decode batches'
+   wide projections) — with a full grid and with fewer blocks than tiles. */
 static void k1_gemm_group_case(int M, int K, int n) {
     k1_mem mem = {{0}, 0, {0}, 0};
     static const int Ns[QSA__GEMV_GROUP] = {300, 4, 130, 1};
@@ -1039,7 +1040,8 @@ done:
 
 TEST(gpu, k1_gemm_group_equals_single) {
     K1_NEED_GPU();
-    static const int cases[][3] = {{65, 300, 2}, {200, 2560, 4}, {130, 48, 3}};
+    static const int cases[][3] = {{65, 300, 2}, {200, 2560, 4}, {130, 48, 3}, {1, 2560, 4},
+                                   {8, 640, 3},  {32, 2560, 4},  {17, 48, 2},  {64, 272, 4}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) k1_gemm_group_case(cases[i][0], cases[i][1], cases[i][2]);
 }
 
