@@ -1217,6 +1217,51 @@ static __device__ void qsa_tile64_core_f16(const qsa_f16 *arow, int avec, const 
     qsa_tile64_out(os, wm, wc, T0, T1);
 }
 
+/* One thread's operands of a 64-wide sub-step (qsa_tile64_core_w): its two 8-half pieces of A and
+   its 16 weights — FP16 two 8-half pieces, NVFP4 8 bytes of q and the group's scale byte. */
+typedef struct {
+    uint4 a0, a1, w0, w1;
+    uint2 q8;
+    qsa_u32 sb;
+} qsa_t64op;
+template <bool NV>
+static __device__ __forceinline__ void qsa_t64_load(qsa_t64op &o, const qsa_f16 *arow, int avec, const qsa_wsrc &ws,
+                                                    const qsa_u8 *qr, const qsa_u8 *sr, int wn, int N, int k, int K) {
+    o.a0 = qsa_ld8_f16(arow, k, K, avec);
+    o.a1 = qsa_ld8_f16(arow, k + 8, K, avec);
+    if (NV) { /* (k a multiple of 16, K is) */
+        o.q8.x = o.q8.y = 0u;
+        o.sb = 0u;
+        if (qr && k < K) {
+            const qsa_u8 *p = qr + (k >> 1);
+            if (ws.vec) {
+                o.q8 = *(const uint2 *)p;
+            } else {
+                o.q8.x = (qsa_u32)p[0] | ((qsa_u32)p[1] << 8) | ((qsa_u32)p[2] << 16) | ((qsa_u32)p[3] << 24);
+                o.q8.y = (qsa_u32)p[4] | ((qsa_u32)p[5] << 8) | ((qsa_u32)p[6] << 16) | ((qsa_u32)p[7] << 24);
+            }
+            o.sb = sr[k >> 4];
+        }
+    } else {
+        o.w0 = qsa_ld8_w(ws, wn, N, k, K, K);
+        o.w1 = qsa_ld8_w(ws, wn, N, k + 8, K, K);
+    }
+}
+template <bool NV>
+static __device__ __forceinline__ void qsa_t64_stage(const qsa_t64op &o, const qsa_wsrc &ws, qsa_f16 *As, qsa_f16 *Ws,
+                                                     int row, int kp) {
+    *(uint4 *)(As + row * QSA_STW + kp) = o.a0;
+    *(uint4 *)(As + row * QSA_STW + kp + 8) = o.a1;
+    if (NV) {
+        const qsa_fp4lut lut = qsa_fp4_lut(qsa_e4m3_to_f32(o.sb) * ws.s2);
+        *(uint4 *)(Ws + row * QSA_STW + kp) = qsa_dq8_lut(o.q8.x, lut);
+        *(uint4 *)(Ws + row * QSA_STW + kp + 8) = qsa_dq8_lut(o.q8.y, lut);
+    } else {
+        *(uint4 *)(Ws + row * QSA_STW + kp) = o.w0;
+        *(uint4 *)(Ws + row * QSA_STW + kp + 8) = o.w1;
+    }
+}
+
 /* Tiled core: one 64 x 64 tile of A W^T into the fp32 staging os = (float *)smem [64][QSA_OST].
  * Thread tid supplies row tid / 4 of both operands: `arow` its A row (K long, NULL: zeros) and
  * weight row `wn` of `ws` (rows >= N read as zero), so the caller chooses which tokens and which
@@ -1224,11 +1269,12 @@ static __device__ void qsa_tile64_core_f16(const qsa_f16 *arow, int avec, const 
  * columns 32 (w / 4) .. +32 (two accumulator fragments).  K in sub-steps of 64 staged in rows of
  * QSA_STW halves: the thread supplies k piece 16 (tid % 4) of its rows (two 16-byte loads of A
  * and, FP16, of W; NVFP4: 8 bytes of q and the group's scale byte, one table per 16 weights, a
- * row's 32 bytes of q from 4 neighbouring threads).  Each fragment takes the k = 16 mma in
- * ascending order with P reset every segment of 256 (4 sub-steps): T += P_s, the canonical order,
- * so a tile's bits equal the split-K core's.  Returns after a __syncthreads with os filled; the
- * caller syncs again before reusing smem. */
-template <bool NV>
+ * row's 32 bytes of q from 4 neighbouring threads), loaded AHEAD sub-steps ahead (2: two operand
+ * sets in registers, alternating — more of a decode batch's weight stream in flight, for the
+ * tiled group kernel; 1 keeps the other kernels' register counts).  Each fragment takes the k = 16 mma in ascending order with P reset every segment of 256
+ * (4 sub-steps): T += P_s, the canonical order, so a tile's bits equal the split-K core's.
+ * Returns after a __syncthreads with os filled; the caller syncs again before reusing smem. */
+template <bool NV, int AHEAD = 1>
 static __device__ void qsa_tile64_core_w(const qsa_f16 *arow, int avec, const qsa_wsrc &ws, int wn, int N, int K,
                                          unsigned char *smem) {
     const int tid = threadIdx.x, warp = tid >> 5, wm = warp & 3, wc = warp >> 2;
@@ -1242,37 +1288,34 @@ static __device__ void qsa_tile64_core_w(const qsa_f16 *arow, int avec, const qs
     qsa_frag_zero(P1);
     const int nsub = (K + 63) / 64;
     const qsa_u8 *qr = NV && wn < N ? ws.q + (qsa_i64)wn * (K >> 1) : 0, *sr = NV && wn < N ? ws.s + (qsa_i64)wn * (K >> 4) : 0;
-    /* this thread's 16 weights at k: FP16 two 8-half pieces (rw0, rw1); NVFP4 (k a multiple of 16,
-       K is) 8 bytes of q and the group's scale byte */
-#define QSA_W16_LD(k)                                                                                      do {                                                                                                       if (NV) {                                                                                                  q8.x = q8.y = 0u;                                                                                      sb = 0u;                                                                                               if (qr && (k) < K) {                                                                                       const qsa_u8 *p_ = qr + ((k) >> 1);                                                                    if (ws.vec) q8 = *(const uint2 *)p_;                                                                   else {                                                                                                     q8.x = (qsa_u32)p_[0] | ((qsa_u32)p_[1] << 8) | ((qsa_u32)p_[2] << 16) | ((qsa_u32)p_[3] << 24); \
-                    q8.y = (qsa_u32)p_[4] | ((qsa_u32)p_[5] << 8) | ((qsa_u32)p_[6] << 16) | ((qsa_u32)p_[7] << 24); \
-                }                                                                                                      sb = sr[(k) >> 4];                                                                                 }                                                                                                  } else {                                                                                                   rw0 = qsa_ld8_w(ws, wn, N, (k), K, K);                                                                 rw1 = qsa_ld8_w(ws, wn, N, (k) + 8, K, K);                                                         }                                                                                                  } while (0)
-    uint4 ra0 = qsa_ld8_f16(arow, kp, K, avec), ra1 = qsa_ld8_f16(arow, kp + 8, K, avec), rw0, rw1;
-    uint2 q8;
-    qsa_u32 sb;
-    QSA_W16_LD(kp);
-    for (int j = 0; j < nsub; j++) {
-        const int k0 = j * 64;
-        __syncthreads();
-        *(uint4 *)(As + row * QSA_STW + kp) = ra0;
-        *(uint4 *)(As + row * QSA_STW + kp + 8) = ra1;
-        if (NV) {
-            const qsa_fp4lut lut = qsa_fp4_lut(qsa_e4m3_to_f32(sb) * ws.s2);
-            *(uint4 *)(Ws + row * QSA_STW + kp) = qsa_dq8_lut(q8.x, lut);
-            *(uint4 *)(Ws + row * QSA_STW + kp + 8) = qsa_dq8_lut(q8.y, lut);
-        } else {
-            *(uint4 *)(Ws + row * QSA_STW + kp) = rw0;
-            *(uint4 *)(Ws + row * QSA_STW + kp + 8) = rw1;
+    qsa_t64op o0, o1; /* sub-steps j (even j: o0) and j + 1 */
+    qsa_t64_load<NV>(o0, arow, avec, ws, qr, sr, wn, N, kp, K);
+    if (AHEAD == 1) {
+        for (int j = 0; j < nsub; j++) {
+            __syncthreads();
+            qsa_t64_stage<NV>(o0, ws, As, Ws, row, kp);
+            __syncthreads();
+            if (j + 1 < nsub) qsa_t64_load<NV>(o0, arow, avec, ws, qr, sr, wn, N, (j + 1) * 64 + kp, K);
+            qsa_tile64_step<QSA_STW, 4>(As, Ws, wm, wc, j * 64, K, (j & 3) == 3 || j + 1 == nsub, P0, P1, T0, T1);
         }
-        __syncthreads();
-        if (j + 1 < nsub) {
-            ra0 = qsa_ld8_f16(arow, k0 + 64 + kp, K, avec);
-            ra1 = qsa_ld8_f16(arow, k0 + 64 + kp + 8, K, avec);
-            QSA_W16_LD(k0 + 64 + kp);
-        }
-        qsa_tile64_step<QSA_STW, 4>(As, Ws, wm, wc, k0, K, (j & 3) == 3 || j + 1 == nsub, P0, P1, T0, T1);
+        qsa_tile64_out(os, wm, wc, T0, T1);
+        return;
     }
-#undef QSA_W16_LD
+    qsa_t64_load<NV>(o1, arow, avec, ws, qr, sr, wn, N, 64 + kp, K);
+    for (int j = 0; j < nsub; j += 2) {
+        /* sub-step j from o0, which then takes sub-step j + 2; the same for j + 1 and o1 */
+        __syncthreads();
+        qsa_t64_stage<NV>(o0, ws, As, Ws, row, kp);
+        __syncthreads();
+        if (j + 2 < nsub) qsa_t64_load<NV>(o0, arow, avec, ws, qr, sr, wn, N, (j + 2) * 64 + kp, K);
+        qsa_tile64_step<QSA_STW, 4>(As, Ws, wm, wc, j * 64, K, (j & 3) == 3 || j + 1 == nsub, P0, P1, T0, T1);
+        if (j + 1 >= nsub) break;
+        __syncthreads();
+        qsa_t64_stage<NV>(o1, ws, As, Ws, row, kp);
+        __syncthreads();
+        if (j + 3 < nsub) qsa_t64_load<NV>(o1, arow, avec, ws, qr, sr, wn, N, (j + 3) * 64 + kp, K);
+        qsa_tile64_step<QSA_STW, 4>(As, Ws, wm, wc, (j + 1) * 64, K, ((j + 1) & 3) == 3 || j + 2 == nsub, P0, P1, T0, T1);
+    }
     qsa_tile64_out(os, wm, wc, T0, T1);
 }
 
@@ -1285,13 +1328,14 @@ static __device__ __forceinline__ void qsa_tile64_core(const qsa_f16 *arow, int 
 }
 
 /* The 64 x 64 tile (m0, n0) of Y = A W^T (+ bias), A dense [M][K]. */
+template <int AHEAD = 1>
 static __device__ void qsa_tile64(const qsa_f16 *A, int avec, const qsa_wsrc &ws, const float *bias, float *Y, int M,
                                   int N, int K, int accumulate, int m0, int n0, unsigned char *smem) {
     const int tid = threadIdx.x, row = tid >> 2;
     const float *os = (const float *)smem;
     const qsa_f16 *arow = m0 + row < M ? A + (qsa_i64)(m0 + row) * K : 0;
-    if (ws.w16) qsa_tile64_core_w<false>(arow, avec, ws, n0 + row, N, K, smem); /* 64-wide for FP16 too */
-    else qsa_tile64_core_w<true>(arow, avec, ws, n0 + row, N, K, smem);
+    if (ws.w16) qsa_tile64_core_w<false, AHEAD>(arow, avec, ws, n0 + row, N, K, smem); /* 64-wide for FP16 too */
+    else qsa_tile64_core_w<true, AHEAD>(arow, avec, ws, n0 + row, N, K, smem);
     for (int e = tid; e < 64 * 64; e += QSA_GEMM_THREADS) {
         int r = e >> 6, c = e & 63, m = m0 + r, n = n0 + c;
         if (m < M && n < N) {
@@ -1426,6 +1470,27 @@ static __device__ __forceinline__ float qsa_sum_parts_pair(const float *p, qsa_i
         }
     }
     return t;
+}
+/* qsa_sum_parts for all of one lane's elements of a tile at once: element j (j < ne <= 8) at
+   p + 32 j, its parts `stride` apart.  Per round the lane issues 4 parts of every element (up to 32
+   loads in flight) and then adds them, each element's parts in ascending order (the same bits), so
+   a tile of 16 rows (8 elements per lane) waits on memory ceil(n/4) times instead of 8 ceil(n/8). */
+static __device__ __forceinline__ void qsa_sum_parts8(const float *p, qsa_i64 stride, int n, int ne, float *t) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) t[j] = 0.0f;
+    for (int s = 0; s < n; s += 4) {
+        float v[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                v[j][u] = j < ne && s + u < n ? __ldcg(p + 32 * j + (qsa_i64)(s + u) * stride) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (s + u < n) t[j] = t[j] + v[j][u];
+    }
 }
 /* The ticket of a split tile (count: its arrivals so far): releases the calling warp's earlier
    partial stores (every lane's: the warp barrier orders them before lane 0's atomic) to the device,
@@ -1566,11 +1631,15 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
         if (lane == 0) count[tile] = 0u;
         return;
     }
-    for (int e = lane; e < prow * 16; e += 32) {
-        const int m = m0 + (e >> 4), n = n0 + (e & 15);
-        if (m >= M || n >= N) continue;
-        qsa_gemv_put(qsa_sum_parts(pt + e, (qsa_i64)prow * 16, nseg), bias, Y + (qsa_i64)m * N,
-                     Y16 ? Y16 + (qsa_i64)m * N : Y16, accumulate, act_scale, n);
+    /* several rows: every element's parts were stored (rows past M and columns past N as zeros), so
+       a lane sums all of its elements at once */
+    float t[8];
+    qsa_sum_parts8(pt + lane, (qsa_i64)prow * 16, nseg, (prow * 16 - lane + 31) / 32, t);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int e = lane + 32 * j, m = m0 + (e >> 4), n = n0 + (e & 15);
+        if (e < prow * 16 && m < M && n < N)
+            qsa_gemv_put(t[j], bias, Y + (qsa_i64)m * N, Y16 ? Y16 + (qsa_i64)m * N : Y16, accumulate, act_scale, n);
     }
     if (lane == 0) count[tile] = 0u;
 }
@@ -1697,8 +1766,8 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_f16_group(const qsa
                 t -= tiles;
             }
         }
-        qsa_tile64(A, avec, qsa_wsrc_f16(mb.W), mb.bias, mb.Y, M, mb.N, K, 0, (int)(t % mt) * 64, (int)(t / mt) * 64,
-                   smem);
+        qsa_tile64<2>(A, avec, qsa_wsrc_f16(mb.W), mb.bias, mb.Y, M, mb.N, K, 0, (int)(t % mt) * 64, (int)(t / mt) * 64,
+                      smem);
     }
 }
 
