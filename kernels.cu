@@ -1492,6 +1492,30 @@ static __device__ __forceinline__ void qsa_sum_parts8(const float *p, qsa_i64 st
                 if (s + u < n) t[j] = t[j] + v[j][u];
     }
 }
+/* qsa_sum_parts for the nc adjacent elements p[0 .. nc) of one lane (a hyper-connection group's
+   mix weights), four at a time: per round 2 parts of each of the four are loaded (8 loads in
+   flight), then added, each element's parts in ascending order (the same bits). */
+static __device__ __forceinline__ void qsa_sum_parts_cols(const float *p, qsa_i64 stride, int n, int nc, float *t) {
+    for (int c0 = 0; c0 < nc; c0 += 4) {
+        float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int s = 0; s < n; s += 2) {
+            float v[4][2];
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+#pragma unroll
+                for (int u = 0; u < 2; u++)
+                    v[c][u] = c0 + c < nc && s + u < n ? __ldcg(p + c0 + c + (qsa_i64)(s + u) * stride) : 0.0f;
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+#pragma unroll
+                for (int u = 0; u < 2; u++)
+                    if (s + u < n) a[c] = a[c] + v[c][u];
+        }
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            if (c0 + c < nc) t[c0 + c] = a[c];
+    }
+}
 /* The ticket of a split tile (count: its arrivals so far): releases the calling warp's earlier
    partial stores (every lane's: the warp barrier orders them before lane 0's atomic) to the device,
    and the warp that arrives last (n arrivals in all) acquires the others' by a fence before it
@@ -1608,14 +1632,13 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
             if (lane == 0) count[tile] = 0u;
             return;
         }
-        for (int e = lane; e < prow * per; e += 32) {
+        for (int e = lane; e < prow * per; e += 32) { /* group e: row e / per, its ghc columns at e * ghc */
             const int r = e / per, m = m0 + r, n = n0 + (e % per) * ghc;
             if (m >= M || n >= N) continue;
             float mwj[16];
-            for (int st = 0; st < ghc; st++) {
-                float t = qsa_sum_parts(pt + r * 16 + (n - n0) + st, (qsa_i64)prow * 16, nseg);
-                mwj[st] = bias ? t + bias[n + st] : t;
-            }
+            qsa_sum_parts_cols(pt + e * ghc, (qsa_i64)prow * 16, nseg, ghc, mwj);
+            if (bias)
+                for (int st = 0; st < ghc; st++) mwj[st] = mwj[st] + bias[n + st];
             const float v = qsa_gres_mix1(mwj, gxn + (qsa_i64)m * N + n / ghc, H, ghc);
             Y[(qsa_i64)m * H + n / ghc] = v;
             Y16[(qsa_i64)m * H + n / ghc] = qsa_f32_to_f16(v);
