@@ -9230,14 +9230,18 @@ QSA_PRIV int qsa__gemv_xwarp(const qsa__cuda *g, int M, int N, int K) {
 }
 
 /* Whether the routed-expert GEMMs of MK pairs (16-pair tiles) take the cross-warp kernels
-   (qsa_k_moe_*_xw, decode-sized steps): their tickets and pair-indexed partials must fit the
-   cross-warp GEMV's scratch.  Same bits as the one-block kernels either way. */
+   (qsa_k_moe_*_xw[k], decode-sized steps): the tickets and pair-indexed partials of the forms they
+   take (qsa__xw_whole: the whole gate/up form keeps one partial tile per pair and column tile, the
+   whole down form none and no tickets) must fit the cross-warp GEMV's scratch.  Same bits as the
+   one-block kernels either way. */
+QSA_PRIV int qsa__xw_whole(const qsa__cuda *g, long long tiles);
 QSA_PRIV int qsa__moe_xwarp(const qsa__cuda *g, int MK, int max_tiles, int H, int I) {
     if (!g->sc.gemv_part || H <= 0 || I <= 0 || (H & 15) || (I & 15)) return 0;
-    long long ncol = (H > I ? H : I) / 16, parts_gu = (long long)MK * (I / 16) * ((H + 255) / 256) * 2 * 16,
-              parts_d = (long long)MK * (H / 16) * ((I + 255) / 256) * 16;
-    return (long long)max_tiles * ncol <= QSA__GEMV_TILES &&
-           (size_t)((parts_gu > parts_d ? parts_gu : parts_d) * 4) <= QSA__GEMV_PART_BYTES;
+    long long t1 = (long long)max_tiles * (I / 16), t2 = (long long)max_tiles * (H / 16);
+    int whole1 = qsa__xw_whole(g, t1), whole2 = qsa__xw_whole(g, t2);
+    long long parts_gu = (long long)MK * (I / 16) * (whole1 ? 1 : (H + 255) / 256) * 2 * 16,
+              parts_d = whole2 ? 0 : (long long)MK * (H / 16) * ((I + 255) / 256) * 16, tickets = whole2 ? t1 : (t1 > t2 ? t1 : t2);
+    return tickets <= QSA__GEMV_TILES && (size_t)((parts_gu > parts_d ? parts_gu : parts_d) * 4) <= QSA__GEMV_PART_BYTES;
 }
 
 /* Pairs per tile of the routed-expert plan for MK (token, expert) pairs over E experts: 64 or 16. */
