@@ -1008,8 +1008,9 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
  *
  * Environment: QSA_CUDA_LIB, QSA_NVRTC_LIB, QSA_NCCL_LIB (a full path: only that file is tried),
  * QSA_ARCH (NVRTC target, e.g. compute_70 or sm_90; see qsa__nvrtc_pick_arch), QSA_PDL ("0": no
- * programmatic dependent launches, qsa__pdl_on), QSA_XW_WHOLE_PER_SM, QSA_MOE64_PAIRS, QSA_ATTN_DEC and
- * QSA_ATTN_DEC_HEADS (launch shapes, qsa__cuda_tuning: tuning switches, the bits do not depend on them). */
+ * programmatic dependent launches, qsa__pdl_on), QSA_XW_WHOLE_PER_SM, QSA_MOE64_PAIRS, QSA_ATTN_DEC,
+ * QSA_ATTN_DEC_HEADS, QSA_TILED_M and QSA_TILED_TILES (launch shapes, qsa__cuda_tuning: tuning switches,
+ * the bits do not depend on them). */
 #ifndef QSA_NO_CUDA
 
 #if defined(__cuda_cuda_h__) || defined(__NVRTC_H__) || defined(NCCL_H_)
