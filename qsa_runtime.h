@@ -9353,6 +9353,22 @@ typedef struct qsa__gemv_group {
     int n;
 } qsa__gemv_group;
 
+/* The launch parameter of n (<= QSA__GEMV_GROUP) dense projections w[i] into Y[i] (Y16, scale: NULL or
+   per member). */
+QSA_PRIV void qsa__gemv_group_fill(qsa__gemv_group *grp, int n, const qsa__dlin *const *w, const CUdeviceptr *Y,
+                                   const CUdeviceptr *Y16, const float *scale) {
+    memset(grp, 0, sizeof *grp);
+    grp->n = n;
+    for (int i = 0; i < n; i++) {
+        grp->m[i].W = w[i]->w16;
+        grp->m[i].bias = w[i]->bias;
+        grp->m[i].Y = Y[i];
+        grp->m[i].Y16 = Y16 ? Y16[i] : 0;
+        grp->m[i].N = w[i]->out;
+        grp->m[i].act_scale = scale ? scale[i] : 0.0f;
+    }
+}
+
 /* Y[i] = A16 w[i]^T (+ bias; Y16[i] != 0: the silu store of qsa__dgemm_ex with scale[i]) for n
    projections of one input (at most QSA__GEMV_GROUP): one qsa_k_gemv_f16_group launch when all are
    FP16 of the same K and the cross-warp form takes M, else one qsa__dgemm_ex each.  Every Y gets
@@ -9380,16 +9396,7 @@ QSA_PRIV qsa_result qsa__dgemm_group(qsa__cuda *g, CUdeviceptr A16, int M, int n
         return QSA_OK;
     }
     qsa__gemv_group grp;
-    memset(&grp, 0, sizeof grp);
-    grp.n = n;
-    for (int i = 0; i < n; i++) {
-        grp.m[i].W = w[i]->w16;
-        grp.m[i].bias = w[i]->bias;
-        grp.m[i].Y = Y[i];
-        grp.m[i].Y16 = Y16 ? Y16[i] : 0;
-        grp.m[i].N = w[i]->out;
-        grp.m[i].act_scale = scale ? scale[i] : 0.0f;
-    }
+    qsa__gemv_group_fill(&grp, n, w, Y, Y16, scale);
     long long tasks = tiles * nseg;
     unsigned gx = (unsigned)((tasks + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS), bx = 32 * QSA__GEMV_WARPS;
     CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
@@ -9405,15 +9412,8 @@ QSA_PRIV qsa_result qsa__dgemm_tiled(qsa__cuda *g, CUdeviceptr A16, int M, int n
     int K = w[0]->in;
     long long t64 = 0;
     qsa__gemv_group grp;
-    memset(&grp, 0, sizeof grp);
-    grp.n = n;
-    for (int i = 0; i < n; i++) {
-        grp.m[i].W = w[i]->w16;
-        grp.m[i].bias = w[i]->bias;
-        grp.m[i].Y = Y[i];
-        grp.m[i].N = w[i]->out;
-        t64 += (long long)((M + 63) / 64) * ((w[i]->out + 63) / 64);
-    }
+    qsa__gemv_group_fill(&grp, n, w, Y, Y16, scale); /* (the tiled kernel ignores Y16 and act_scale) */
+    for (int i = 0; i < n; i++) t64 += (long long)((M + 63) / 64) * ((w[i]->out + 63) / 64);
     QSA__LAUNCH(g, gemm_f16_group, (unsigned)t64, 1, 256, 0, &A16, &grp, &M, &K);
     for (int i = 0; i < n; i++)
         if (Y16 && Y16[i]) QSA__TRY(qsa__dsilu_store(g, Y[i], Y16[i], M * w[i]->out, scale ? scale[i] : 0.0f));
