@@ -368,3 +368,39 @@ TEST(nccl, library_loads) {
 }
 
 #endif /* QSA_NO_CUDA */
+
+/* The decode launch rules at the real shape (hidden 2560, 512 experts of width 640, top 10, GDN input
+   projections of 10240 + 6144 + 48 + 48 rows, lm_head 248,320, an H200's 132 SMs), host arithmetic
+   only: every decode batch up to 204 tokens (fewer than 4 pairs per expert) takes the cross-warp
+   expert kernels — whole down from batch 1, whole gate/up from batch 8 (batch 128 once fell back to
+   the one-block kernels: 613 against 1,100 tok/s) — and batches of 17+ take the tiled kernel for
+   the wide projections only. */
+TEST(cpu, cuda_decode_launch_rules_real_shape) {
+    qsa__cuda g;
+    memset(&g, 0, sizeof g);
+    g.sm_count = 132;
+    g.sc.gemv_part = 1; /* (never dereferenced: the rules only ask whether the scratch exists) */
+    g.sc.gemv_limit = QSA__GEMV_PART_BYTES;
+    g.xw_whole_per_sm = QSA__XW_WHOLE_PER_SM;
+    g.moe64_pairs = QSA__MOE64_PAIRS;
+    g.tiled_min_m = QSA__TILED_M;
+    const int H = 2560, I = 640, E = 512, K = 10;
+    static const int batches[] = {1, 8, 32, 128, 204};
+    for (int i = 0; i < 5; i++) {
+        int B = batches[i], MK = B * K, tr = qsa__moe_tr(&g, MK, E);
+        int max_tiles = (MK + tr - 1) / tr + (E < MK ? E : MK);
+        CHECKF(tr == 16, "B %d: %d-pair expert tiles", B, tr);
+        CHECKF(qsa__moe_xwarp(&g, MK, max_tiles, H, I), "B %d: the cross-warp expert kernels refused", B);
+        CHECKF(qsa__xw_whole(&g, (long long)max_tiles * (H / 16)), "B %d: down not whole", B);
+        CHECKF(qsa__xw_whole(&g, (long long)max_tiles * (I / 16)) == (B >= 8), "B %d: gate/up whole is %d", B,
+               qsa__xw_whole(&g, (long long)max_tiles * (I / 16)));
+    }
+    CHECK(qsa__moe_tr(&g, 205 * K, E) == 64); /* 4 pairs per expert: the 64-pair kernels */
+    long long gdn = (10240 + 63) / 64 + (6144 + 63) / 64 + 1 + 1, lm = (248320 + 63) / 64, out = 2560 / 64;
+    for (int M = 1; M <= 64; M++) {
+        CHECKF(qsa__tiled_small(&g, M, gdn) == (M >= 17), "M %d: GDN input group tiled %d", M, qsa__tiled_small(&g, M, gdn));
+        CHECKF(qsa__tiled_small(&g, M, lm) == (M >= 17), "M %d: lm_head tiled %d", M, qsa__tiled_small(&g, M, lm));
+        CHECKF(!qsa__tiled_small(&g, M, out), "M %d: the out projection (40 tiles) tiled", M);
+    }
+    CHECK(!qsa__tiled_small(&g, 65, lm)); /* prefill chunks: the GEMM kernels' own tiling */
+}
