@@ -1471,46 +1471,39 @@ static __device__ __forceinline__ float qsa_sum_parts_pair(const float *p, qsa_i
     }
     return t;
 }
-/* qsa_sum_parts for all of one lane's elements of a tile at once: element j (j < ne <= 8) at
-   p + 32 j, its parts `stride` apart.  Per round the lane issues 4 parts of every element (up to 32
-   loads in flight) and then adds them, each element's parts in ascending order (the same bits), so
-   a tile of 16 rows (8 elements per lane) waits on memory ceil(n/4) times instead of 8 ceil(n/8). */
-static __device__ __forceinline__ void qsa_sum_parts8(const float *p, qsa_i64 stride, int n, int ne, float *t) {
+/* qsa_sum_parts for up to NE elements of one lane at once: element j (j < ne <= NE) at p + es * j,
+   its parts `stride` apart.  Per round the lane issues NP parts of every element (NE * NP loads in
+   flight) and then adds them, each element's parts in ascending order (the same bits). */
+template <int NE, int NP>
+static __device__ __forceinline__ void qsa_sum_parts_multi(const float *p, int es, qsa_i64 stride, int n, int ne,
+                                                           float *t) {
 #pragma unroll
-    for (int j = 0; j < 8; j++) t[j] = 0.0f;
-    for (int s = 0; s < n; s += 4) {
-        float v[8][4];
+    for (int j = 0; j < NE; j++) t[j] = 0.0f;
+    for (int s = 0; s < n; s += NP) {
+        float v[NE][NP];
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < NE; j++)
 #pragma unroll
-            for (int u = 0; u < 4; u++)
-                v[j][u] = j < ne && s + u < n ? __ldcg(p + 32 * j + (qsa_i64)(s + u) * stride) : 0.0f;
+            for (int u = 0; u < NP; u++)
+                v[j][u] = j < ne && s + u < n ? __ldcg(p + es * j + (qsa_i64)(s + u) * stride) : 0.0f;
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < NE; j++)
 #pragma unroll
-            for (int u = 0; u < 4; u++)
+            for (int u = 0; u < NP; u++)
                 if (s + u < n) t[j] = t[j] + v[j][u];
     }
 }
-/* qsa_sum_parts for the nc adjacent elements p[0 .. nc) of one lane (a hyper-connection group's
-   mix weights), four at a time: per round 2 parts of each of the four are loaded (8 loads in
-   flight), then added, each element's parts in ascending order (the same bits). */
+/* A lane's elements of a several-row tile (e = lane + 32 j, j < ne <= 8), 4 parts of each per round:
+   a tile of 16 rows waits on memory ceil(n/4) times instead of 8 ceil(n/8). */
+static __device__ __forceinline__ void qsa_sum_parts8(const float *p, qsa_i64 stride, int n, int ne, float *t) {
+    qsa_sum_parts_multi<8, 4>(p, 32, stride, n, ne, t);
+}
+/* The nc adjacent elements p[0 .. nc) of one lane (a hyper-connection group's mix weights), four at a
+   time with 2 parts of each per round. */
 static __device__ __forceinline__ void qsa_sum_parts_cols(const float *p, qsa_i64 stride, int n, int nc, float *t) {
     for (int c0 = 0; c0 < nc; c0 += 4) {
-        float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int s = 0; s < n; s += 2) {
-            float v[4][2];
-#pragma unroll
-            for (int c = 0; c < 4; c++)
-#pragma unroll
-                for (int u = 0; u < 2; u++)
-                    v[c][u] = c0 + c < nc && s + u < n ? __ldcg(p + c0 + c + (qsa_i64)(s + u) * stride) : 0.0f;
-#pragma unroll
-            for (int c = 0; c < 4; c++)
-#pragma unroll
-                for (int u = 0; u < 2; u++)
-                    if (s + u < n) a[c] = a[c] + v[c][u];
-        }
+        float a[4];
+        qsa_sum_parts_multi<4, 2>(p + c0, 1, stride, n, nc - c0, a);
 #pragma unroll
         for (int c = 0; c < 4; c++)
             if (c0 + c < nc) t[c0 + c] = a[c];
