@@ -959,15 +959,14 @@ static __device__ __forceinline__ void qsa_seg16_nvw(const qsa_f16 *const *arow,
 static __device__ __forceinline__ bool qsa_nvf_ok(const qsa_wsrc &w, int avec, int K) {
     return avec && w.vec16 && !(K & 63) && !(((qsa_u64)w.s) & 3u);
 }
-/* The segment's block scales of this lane's row (n0 + lane / 2): word J holds groups 4 J .. 4 J + 3. */
-static __device__ __forceinline__ void qsa_nvf_scales(const qsa_wsrc &w, int n0, int N, int K, int seg, qsa_u32 *sc) {
-    const int n = n0 + ((threadIdx.x & 31) >> 1), kbeg = seg * QSA_SEG, nsub = min(QSA_SEG, K - kbeg) >> 6;
+/* The segment's block scales of one row from sr (that row's scales at the segment start; NULL: a
+   row past N, zeros): word J holds groups 4 J .. 4 J + 3; v16: sr is 16-byte aligned. */
+static __device__ __forceinline__ void qsa_nvf_scales_at(const qsa_u8 *sr, bool v16, int nsub, qsa_u32 *sc) {
 #pragma unroll
     for (int J = 0; J < QSA_SEG / 64; J++) sc[J] = 0u;
-    if (n >= N) return;
-    const qsa_u8 *sr = w.s + (qsa_i64)n * (K >> 4) + (kbeg >> 4);
-    if (nsub == QSA_SEG / 64 && w.svec16) {
-        const uint4 v = *(const uint4 *)sr;
+    if (!sr) return;
+    if (nsub == QSA_SEG / 64 && v16) {
+        const uint4 v = __ldg((const uint4 *)sr);
         sc[0] = v.x;
         sc[1] = v.y;
         sc[2] = v.z;
@@ -975,26 +974,38 @@ static __device__ __forceinline__ void qsa_nvf_scales(const qsa_wsrc &w, int n0,
     } else {
 #pragma unroll
         for (int J = 0; J < QSA_SEG / 64; J++)
-            if (J < nsub) sc[J] = *(const qsa_u32 *)(sr + 4 * J);
+            if (J < nsub) sc[J] = __ldg((const qsa_u32 *)(sr + 4 * J));
     }
+}
+/* ... of this lane's row (n0 + lane / 2) */
+static __device__ __forceinline__ void qsa_nvf_scales(const qsa_wsrc &w, int n0, int N, int K, int seg, qsa_u32 *sc) {
+    const int n = n0 + ((threadIdx.x & 31) >> 1), kbeg = seg * QSA_SEG;
+    qsa_nvf_scales_at(n < N ? w.s + (qsa_i64)n * (K >> 4) + (kbeg >> 4) : 0, w.svec16, min(QSA_SEG, K - kbeg) >> 6,
+                      sc);
 }
 
 /* The body of qsa_seg16_nvf: the segment's packed weights of this lane come from registers (q16,
-   PK false) or from the warp's shared copy of the segment (pk: this lane's row and half, PK true). */
-template <bool ROLL, bool PK>
-static __device__ __forceinline__ void qsa_nvf_run(const qsa_f16 *const *arow, int nrows, float s2, int kbeg,
+   PK false) or from the warp's shared copy of the segment (pk: this lane's row and half, PK true).
+   A: this lane's pieces come from rows ap[AS * i] (NULL: a zero row) for i < na <= NA, column
+   lane % 8 * 8 of each sub-step; rows lane / 8 + 4 i for i >= na are zeros in the staging, written
+   here when zrows (a fold over segments writes them once). */
+template <bool ROLL, bool PK, int NA, int AS>
+static __device__ __forceinline__ void qsa_nvf_run(const qsa_f16 *const *ap, int na, bool zrows, float s2, int kbeg,
                                                    int nsub, uint4 *q16, const qsa_u8 *pk, qsa_u32 *sc,
                                                    qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c &P) {
     const int lane = threadIdx.x & 31, nr = lane >> 1, nh = lane & 1, ar = lane >> 3, ak = (lane & 7) * 8;
-    const int na = min(4, (nrows + 3) >> 2);
     qsa_frag_zero(P);
-    __syncwarp(); /* the staging's last readers are done before the zero rows are written */
-    uint4 ra[4];
+    if (zrows) {
+        __syncwarp(); /* the staging's last readers are done before the zero rows are written */
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const qsa_f16 *a = i < na ? arow[ar + 4 * i] : 0;
+        for (int i = 0; i < 4; i++)
+            if (i >= na) *(uint4 *)(sa + (ar + 4 * i) * QSA_STW + ak) = qsa_u4_zero();
+    }
+    uint4 ra[NA];
+#pragma unroll
+    for (int i = 0; i < NA; i++) {
+        const qsa_f16 *a = i < na ? ap[AS * i] : 0;
         ra[i] = a ? *(const uint4 *)(a + kbeg + ak) : qsa_u4_zero();
-        if (i >= na) *(uint4 *)(sa + (ar + 4 * i) * QSA_STW + ak) = qsa_u4_zero();
     }
     const qsa_u32 sau = qsa_smem_u32(sa), swu = qsa_smem_u32(sw);
     uint4 *dst = (uint4 *)(sw + nr * QSA_STW + nh * 32);
@@ -1004,7 +1015,7 @@ static __device__ __forceinline__ void qsa_nvf_run(const qsa_f16 *const *arow, i
         if (J >= nsub) break;
         __syncwarp();
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < NA; i++)
             if (i < na) *(uint4 *)(sa + (ar + 4 * i) * QSA_STW + ak) = ra[i];
         const uint4 q = PK ? *(const uint4 *)(pk + 32 * J) : q16[0];
         const qsa_u32 sw32 = sc[0];
@@ -1022,9 +1033,9 @@ static __device__ __forceinline__ void qsa_nvf_run(const qsa_f16 *const *arow, i
         __syncwarp();
         if (J + 1 < nsub) { /* the next sub-step's A while the tensor cores work */
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < NA; i++)
                 if (i < na) {
-                    const qsa_f16 *a = arow[ar + 4 * i];
+                    const qsa_f16 *a = ap[AS * i];
                     ra[i] = a ? *(const uint4 *)(a + kbeg + 64 * (J + 1) + ak) : qsa_u4_zero();
                 }
         }
@@ -1055,7 +1066,8 @@ static __device__ __forceinline__ void qsa_seg16_nvf(const qsa_f16 *const *arow,
             if (J < nsub) q16[J] = *(const uint4 *)(qr + 32 * J);
     }
     qsa_nvf_scales(w, n0, N, K, seg, sc);
-    qsa_nvf_run<ROLL, false>(arow, nrows, w.s2, kbeg, nsub, q16, 0, sc, sa, sw, P);
+    qsa_nvf_run<ROLL, false, 4, 4>(arow + (lane >> 3), min(4, (nrows + 3) >> 2), true, w.s2, kbeg, nsub, q16, 0, sc,
+                                   sa, sw, P);
 }
 
 #if QSA_CPA
@@ -1063,50 +1075,75 @@ static __device__ __forceinline__ void qsa_seg16_nvf(const qsa_f16 *const *arow,
  * copies segment s + 1's packed weights (16 rows x up to 128 bytes) into the other half of its pk
  * buffer by cp.async, and loads their scales, before it works on segment s; rows of QSA_PKS bytes
  * (a quarter-warp's 16-byte reads of 4 rows x 2 halves hit distinct banks).  The same values reach
- * the same staging in the same order: the same bits. */
+ * the same staging in the same order: the same bits.  Everything that does not change from one
+ * segment to the next (this lane's copy sources and destinations, its scale row, its A rows, the
+ * zero rows of the staging) is worked out once per tile; NA = 1 for tiles of up to 4 rows (a
+ * decode batch's experts mostly get one or two), so that they carry one A piece per lane. */
 #define QSA_PKS 160
-static __device__ __forceinline__ void qsa_nvf_stage(const qsa_wsrc &w, int n0, int N, int K, int seg, qsa_u32 buf) {
-    const int lane = threadIdx.x & 31, kbeg = seg * QSA_SEG, np = min(QSA_SEG, K - kbeg) >> 5;
+template <int NA, int AS>
+static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *const *ap, int na, const qsa_wsrc &w,
+                                                              int n0, int N, int K, int nseg, qsa_f16 *sa,
+                                                              qsa_f16 *sw, qsa_u8 *pk, qsa_frag_c &T) {
+    const int lane = threadIdx.x & 31, nr = lane >> 1, nh = lane & 1, pr = lane >> 3, pc = lane & 7;
+    /* copy piece i of this lane: row pr + 4 i of the tile, bytes 16 pc .. 16 pc + 15 of the segment */
+    const qsa_u32 rb = (qsa_u32)(K >> 1);
+    const qsa_u8 *qrow = w.q + ((qsa_i64)(n0 + pr) * rb + 16 * pc);
+    unsigned okm = 0u;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int pc = lane + 32 * i, r = pc >> 3, c = pc & 7;
-        if (c < np) {
-            const bool ok = n0 + r < N;
-            const qsa_u8 *src = ok ? w.q + (qsa_i64)(n0 + r) * (K >> 1) + (kbeg >> 1) + 16 * c : w.q;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(buf + r * QSA_PKS + 16 * c), "l"(src),
-                         "r"(ok ? 16 : 0)
-                         : "memory");
-        }
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-static __device__ __forceinline__ void qsa_segs16_nvf_pipe(const qsa_f16 *const *arow, int nrows, const qsa_wsrc &w,
-                                                           int n0, int N, int K, int nseg, qsa_f16 *sa, qsa_f16 *sw,
-                                                           qsa_u8 *pk, qsa_frag_c &T) {
-    const int lane = threadIdx.x & 31, nr = lane >> 1, nh = lane & 1;
-    const qsa_u32 pku = qsa_smem_u32(pk);
-    qsa_u32 sc[QSA_SEG / 64], scn[QSA_SEG / 64];
+    for (int i = 0; i < 4; i++) okm |= (n0 + pr + 4 * i < N ? 1u : 0u) << i;
+    const qsa_u32 dst = qsa_smem_u32(pk) + pr * QSA_PKS + 16 * pc;
+    const qsa_u8 *srow = n0 + nr < N ? w.s + (qsa_i64)(n0 + nr) * (K >> 4) : 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) /* (the warp's staging has no readers before this tile) */
+        if (i >= na) *(uint4 *)(sa + (pr + 4 * i) * QSA_STW + 8 * pc) = qsa_u4_zero();
     qsa_frag_zero(T);
-    qsa_nvf_stage(w, n0, N, K, 0, pku);
-    qsa_nvf_scales(w, n0, N, K, 0, sc);
-    for (int seg = 0; seg < nseg; seg++) {
-        __syncwarp(); /* every lane is done with the half that the next copy overwrites */
-        if (seg + 1 < nseg) {
-            qsa_nvf_stage(w, n0, N, K, seg + 1, pku + ((seg + 1) & 1) * 16 * QSA_PKS);
-            qsa_nvf_scales(w, n0, N, K, seg + 1, scn);
-            asm volatile("cp.async.wait_group 1;" ::: "memory");
-        } else {
-            asm volatile("cp.async.wait_group 0;" ::: "memory");
+    qsa_u32 sc[QSA_SEG / 64], scn[QSA_SEG / 64];
+    for (int seg = -1; seg < nseg; seg++) {
+        const int sn = seg + 1; /* the segment whose copy starts now */
+        if (sn < nseg) {
+            const int kn = sn * QSA_SEG, np = min(QSA_SEG, K - kn) >> 5;
+            __syncwarp(); /* every lane is done with the half that this copy overwrites */
+            if (pc < np) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const bool ok = (okm >> i) & 1u;
+                    const qsa_u8 *src = ok ? qrow + (kn >> 1) + i * 4 * rb : w.q;
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
+                                     dst + (sn & 1) * 16 * QSA_PKS + i * 4 * QSA_PKS),
+                                 "l"(src), "r"(ok ? 16 : 0)
+                                 : "memory");
+                }
+            }
+            asm volatile("cp.async.commit_group;" ::: "memory");
+            qsa_nvf_scales_at(srow ? srow + (kn >> 4) : 0, w.svec16, np >> 1, scn);
         }
+        if (seg < 0) {
+#pragma unroll
+            for (int J = 0; J < QSA_SEG / 64; J++) sc[J] = scn[J];
+            continue;
+        }
+        if (sn < nseg) asm volatile("cp.async.wait_group 1;" ::: "memory");
+        else asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncwarp(); /* every lane's copies of segment seg have landed */
         const int kbeg = seg * QSA_SEG, nsub = min(QSA_SEG, K - kbeg) >> 6;
         qsa_frag_c P;
-        qsa_nvf_run<true, true>(arow, nrows, w.s2, kbeg, nsub, 0, pk + (seg & 1) * 16 * QSA_PKS + nr * QSA_PKS + 16 * nh,
-                                 sc, sa, sw, P);
+        qsa_nvf_run<true, true, NA, AS>(ap, na, false, w.s2, kbeg, nsub, 0,
+                                       pk + (seg & 1) * 16 * QSA_PKS + nr * QSA_PKS + 16 * nh, sc, sa, sw, P);
 #pragma unroll
         for (int i = 0; i < 8; i++) T.x[i] = T.x[i] + P.x[i];
 #pragma unroll
         for (int J = 0; J < QSA_SEG / 64; J++) sc[J] = scn[J];
+    }
+}
+static __device__ __forceinline__ void qsa_segs16_nvf_pipe(const qsa_f16 *const *arow, int nrows, const qsa_wsrc &w,
+                                                           int n0, int N, int K, int nseg, qsa_f16 *sa, qsa_f16 *sw,
+                                                           qsa_u8 *pk, qsa_frag_c &T) {
+    const int na = min(4, (nrows + 3) >> 2);
+    if (na == 1) { /* this lane's one A row in a register */
+        const qsa_f16 *a0 = arow[(threadIdx.x & 31) >> 3];
+        qsa_segs16_nvf_pipe_na<1, 1>(&a0, 1, w, n0, N, K, nseg, sa, sw, pk, T);
+    } else { /* (rows from the shared list at each sub-step: four in registers spill) */
+        qsa_segs16_nvf_pipe_na<4, 4>(arow + ((threadIdx.x & 31) >> 3), na, w, n0, N, K, nseg, sa, sw, pk, T);
     }
 }
 #endif
@@ -2320,7 +2357,7 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down
     qsa_moe_xwarp<1, false>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, part, count);
 }
 /* The whole-tile forms (own entry points: their segment loop sets their register count). */
-extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_gate_up_xwk(
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 5) qsa_k_moe_gate_up_xwk(
     const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
     int K, int act, float *part, unsigned *count) {
