@@ -984,28 +984,52 @@ static __device__ __forceinline__ void qsa_nvf_scales(const qsa_wsrc &w, int n0,
                       sc);
 }
 
-/* The body of qsa_seg16_nvf: the segment's packed weights of this lane come from registers (q16,
-   PK false) or from the warp's shared copy of the segment (pk: this lane's row and half, PK true).
-   A: this lane's pieces come from rows ap[AS * i] (NULL: a zero row) for i < na <= NA, column
-   lane % 8 * 8 of each sub-step; rows lane / 8 + 4 i for i >= na are zeros in the staging, written
-   here when zrows (a fold over segments writes them once). */
-template <bool ROLL, bool PK, int NA, int AS>
-static __device__ __forceinline__ void qsa_nvf_run(const qsa_f16 *const *ap, int na, bool zrows, float s2, int kbeg,
-                                                   int nsub, uint4 *q16, const qsa_u8 *pk, qsa_u32 *sc,
-                                                   qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c &P) {
+/* The two halves of a fast-form sub-step.  qsa_nvf_put stages this lane's A pieces ra[i] (i < na)
+   and its 32 packed weights q, dequantised with the block scales of its two groups (the bytes of
+   sw32 for this lane's half), between __syncwarp's (pieces i with bit i of live); qsa_nvf_mma4 then
+   runs the sub-step's 4 mma of k = 16 into P (the next sub-step's A loads can go between the two). */
+template <int NA>
+static __device__ __forceinline__ void qsa_nvf_put(const uint4 *ra, unsigned live, uint4 q, qsa_u32 sw32, float s2,
+                                                   qsa_f16 *sa, uint4 *dst) {
+    const int lane = threadIdx.x & 31, nh = lane & 1, ar = lane >> 3, ak = (lane & 7) * 8;
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < NA; i++)
+        if ((live >> i) & 1u) *(uint4 *)(sa + (ar + 4 * i) * QSA_STW + ak) = ra[i];
+    const float2 s01 = qsa_e4m3x2_to_f32(sw32 >> (16 * nh));
+    const qsa_fp4lut l0 = qsa_fp4_lut(s01.x * s2), l1 = qsa_fp4_lut(s01.y * s2);
+    dst[0] = qsa_dq8_lut(q.x, l0);
+    dst[1] = qsa_dq8_lut(q.y, l0);
+    dst[2] = qsa_dq8_lut(q.z, l1);
+    dst[3] = qsa_dq8_lut(q.w, l1);
+    __syncwarp();
+}
+static __device__ __forceinline__ void qsa_nvf_mma4(qsa_u32 sau, qsa_u32 swu, qsa_frag_c &P) {
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        qsa_frag_ab fa, fb;
+        qsa_wmma_load_a_s(fa, sau + 32 * c, QSA_STW);
+        qsa_wmma_load_b_s(fb, swu + 32 * c, QSA_STW);
+        qsa_wmma_mma(P, fa, fb);
+    }
+}
+
+/* The body of qsa_seg16_nvf: the segment's packed weights of this lane from registers (q16).
+   A: this lane's pieces come from rows ap[4 i] (NULL: a zero row) for i < na, column lane % 8 * 8
+   of each sub-step; rows lane / 8 + 4 i for i >= na are staged as zeros. */
+template <bool ROLL>
+static __device__ __forceinline__ void qsa_nvf_run(const qsa_f16 *const *ap, int na, float s2, int kbeg, int nsub,
+                                                   uint4 *q16, qsa_u32 *sc, qsa_f16 *sa, qsa_f16 *sw,
+                                                   qsa_frag_c &P) {
     const int lane = threadIdx.x & 31, nr = lane >> 1, nh = lane & 1, ar = lane >> 3, ak = (lane & 7) * 8;
     qsa_frag_zero(P);
-    if (zrows) {
-        __syncwarp(); /* the staging's last readers are done before the zero rows are written */
+    __syncwarp(); /* the staging's last readers are done before the zero rows are written */
+    uint4 ra[4];
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            if (i >= na) *(uint4 *)(sa + (ar + 4 * i) * QSA_STW + ak) = qsa_u4_zero();
-    }
-    uint4 ra[NA];
-#pragma unroll
-    for (int i = 0; i < NA; i++) {
-        const qsa_f16 *a = i < na ? ap[AS * i] : 0;
+    for (int i = 0; i < 4; i++) {
+        const qsa_f16 *a = i < na ? ap[4 * i] : 0;
         ra[i] = a ? *(const uint4 *)(a + kbeg + ak) : qsa_u4_zero();
+        if (i >= na) *(uint4 *)(sa + (ar + 4 * i) * QSA_STW + ak) = qsa_u4_zero();
     }
     const qsa_u32 sau = qsa_smem_u32(sa), swu = qsa_smem_u32(sw);
     uint4 *dst = (uint4 *)(sw + nr * QSA_STW + nh * 32);
@@ -1013,39 +1037,23 @@ static __device__ __forceinline__ void qsa_nvf_run(const qsa_f16 *const *ap, int
 #pragma unroll(UNR)
     for (int J = 0; J < QSA_SEG / 64; J++) {
         if (J >= nsub) break;
-        __syncwarp();
-#pragma unroll
-        for (int i = 0; i < NA; i++)
-            if (i < na) *(uint4 *)(sa + (ar + 4 * i) * QSA_STW + ak) = ra[i];
-        const uint4 q = PK ? *(const uint4 *)(pk + 32 * J) : q16[0];
+        const uint4 q = q16[0];
         const qsa_u32 sw32 = sc[0];
 #pragma unroll
         for (int i = 0; i + 1 < QSA_SEG / 64; i++) {
-            if (!PK) q16[i] = q16[i + 1];
+            q16[i] = q16[i + 1];
             sc[i] = sc[i + 1];
         }
-        const float2 s01 = qsa_e4m3x2_to_f32(sw32 >> (16 * nh));
-        const qsa_fp4lut l0 = qsa_fp4_lut(s01.x * s2), l1 = qsa_fp4_lut(s01.y * s2);
-        dst[0] = qsa_dq8_lut(q.x, l0);
-        dst[1] = qsa_dq8_lut(q.y, l0);
-        dst[2] = qsa_dq8_lut(q.z, l1);
-        dst[3] = qsa_dq8_lut(q.w, l1);
-        __syncwarp();
+        qsa_nvf_put<4>(ra, (1u << na) - 1u, q, sw32, s2, sa, dst);
         if (J + 1 < nsub) { /* the next sub-step's A while the tensor cores work */
 #pragma unroll
-            for (int i = 0; i < NA; i++)
+            for (int i = 0; i < 4; i++)
                 if (i < na) {
-                    const qsa_f16 *a = ap[AS * i];
+                    const qsa_f16 *a = ap[4 * i];
                     ra[i] = a ? *(const uint4 *)(a + kbeg + 64 * (J + 1) + ak) : qsa_u4_zero();
                 }
         }
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            qsa_frag_ab fa, fb;
-            qsa_wmma_load_a_s(fa, sau + 32 * c, QSA_STW);
-            qsa_wmma_load_b_s(fb, swu + 32 * c, QSA_STW);
-            qsa_wmma_mma(P, fa, fb);
-        }
+        qsa_nvf_mma4(sau, swu, P);
     }
 }
 
@@ -1066,8 +1074,7 @@ static __device__ __forceinline__ void qsa_seg16_nvf(const qsa_f16 *const *arow,
             if (J < nsub) q16[J] = *(const uint4 *)(qr + 32 * J);
     }
     qsa_nvf_scales(w, n0, N, K, seg, sc);
-    qsa_nvf_run<ROLL, false, 4, 4>(arow + (lane >> 3), min(4, (nrows + 3) >> 2), true, w.s2, kbeg, nsub, q16, 0, sc,
-                                   sa, sw, P);
+    qsa_nvf_run<ROLL>(arow + (lane >> 3), min(4, (nrows + 3) >> 2), w.s2, kbeg, nsub, q16, sc, sa, sw, P);
 }
 
 #if QSA_CPA
@@ -1077,9 +1084,39 @@ static __device__ __forceinline__ void qsa_seg16_nvf(const qsa_f16 *const *arow,
  * (a quarter-warp's 16-byte reads of 4 rows x 2 halves hit distinct banks).  The same values reach
  * the same staging in the same order: the same bits.  Everything that does not change from one
  * segment to the next (this lane's copy sources and destinations, its scale row, its A rows, the
- * zero rows of the staging) is worked out once per tile; NA = 1 for tiles of up to 4 rows (a
- * decode batch's experts mostly get one or two), so that they carry one A piece per lane. */
+ * zero rows of the staging) is worked out once per tile, and one loop runs the sub-steps of all
+ * segments; NA = 1 for tiles of up to 4 rows (a decode batch's experts mostly get one or two), so
+ * that they carry one A piece per lane.  N a multiple of 16 (every weight row of a tile is real:
+ * the expert kernels trap otherwise), K of 64. */
 #define QSA_PKS 160
+/* The 4 mma of a sub-step (qsa_nvf_mma4) spelled as the instructions wmma compiles to on sm_80+
+   (ldmatrix x4 + mma m16n8k16 twice per chunk, the two halves of the tile's 16 columns into P.x[0..3]
+   and P.x[4..7]), from lane addresses worked out once: ab = this lane's A row (lane % 16) at column
+   8 (lane / 16), wb = its W row 8 (lane / 16) + lane % 8 at k = 8 (lane / 8 % 2), both shared-window
+   byte addresses of the chunk c = 0 (the wmma forms recompute them when registers are short). */
+static __device__ __forceinline__ void qsa_ldsm4(qsa_u32 a, qsa_u32 *r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+static __device__ __forceinline__ void qsa_mma16816(float *d, const qsa_u32 *a, qsa_u32 b0, qsa_u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+static __device__ __forceinline__ void qsa_nvf_mma4_ld(qsa_u32 ab, qsa_u32 wb, qsa_frag_c &P) {
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        qsa_u32 fa[4], fb[4];
+        qsa_ldsm4(ab + 32 * c, fa);
+        qsa_ldsm4(wb + 32 * c, fb);
+        qsa_mma16816(P.x, fa, fb[0], fb[1]);
+        qsa_mma16816(P.x + 4, fa, fb[2], fb[3]);
+    }
+}
+
 template <int NA, int AS>
 static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *const *ap, int na, const qsa_wsrc &w,
                                                               int n0, int N, int K, int nseg, qsa_f16 *sa,
@@ -1088,51 +1125,76 @@ static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *con
     /* copy piece i of this lane: row pr + 4 i of the tile, bytes 16 pc .. 16 pc + 15 of the segment */
     const qsa_u32 rb = (qsa_u32)(K >> 1);
     const qsa_u8 *qrow = w.q + ((qsa_i64)(n0 + pr) * rb + 16 * pc);
-    unsigned okm = 0u;
+    unsigned live = 0u;
+    const qsa_u32 cdst = qsa_smem_u32(pk) + pr * QSA_PKS + 16 * pc;
+    const qsa_u8 *srow = w.s + (qsa_i64)(n0 + nr) * (K >> 4);
+    const qsa_u8 *pkl = pk + nr * QSA_PKS + 16 * nh; /* this lane's row and half of the copy */
+    const qsa_u32 ab = qsa_smem_u32(sa) + 2 * ((lane & 15) * QSA_STW + (lane >> 4) * 8),
+                  wb = qsa_smem_u32(sw) + 2 * (((lane >> 4) * 8 + (lane & 7)) * QSA_STW + ((lane >> 3) & 1) * 8);
+    uint4 *dst = (uint4 *)(sw + nr * QSA_STW + nh * 32);
+    /* A rows that are padding (past the tile's pairs) are zeros in the staging from here on: only the
+       live pieces are loaded and stored (the warp's staging has no readers before this tile) */
+    uint4 ra[NA];
 #pragma unroll
-    for (int i = 0; i < 4; i++) okm |= (n0 + pr + 4 * i < N ? 1u : 0u) << i;
-    const qsa_u32 dst = qsa_smem_u32(pk) + pr * QSA_PKS + 16 * pc;
-    const qsa_u8 *srow = n0 + nr < N ? w.s + (qsa_i64)(n0 + nr) * (K >> 4) : 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) /* (the warp's staging has no readers before this tile) */
-        if (i >= na) *(uint4 *)(sa + (pr + 4 * i) * QSA_STW + 8 * pc) = qsa_u4_zero();
-    qsa_frag_zero(T);
+    for (int i = 0; i < 4; i++) {
+        const qsa_f16 *a = i < na && i < NA ? ap[AS * i] : 0;
+        if (a) live |= 1u << i;
+        else *(uint4 *)(sa + (pr + 4 * i) * QSA_STW + 8 * pc) = qsa_u4_zero();
+        if (i < NA) ra[i] = a ? *(const uint4 *)(a + 8 * pc) : qsa_u4_zero();
+    }
     qsa_u32 sc[QSA_SEG / 64], scn[QSA_SEG / 64];
-    for (int seg = -1; seg < nseg; seg++) {
-        const int sn = seg + 1; /* the segment whose copy starts now */
-        if (sn < nseg) {
-            const int kn = sn * QSA_SEG, np = min(QSA_SEG, K - kn) >> 5;
-            __syncwarp(); /* every lane is done with the half that this copy overwrites */
-            if (pc < np) {
+    qsa_frag_c P;
+    qsa_frag_zero(T);
+    qsa_frag_zero(P);
+    /* one loop over the sub-steps of all segments (K % 64 == 0): a segment's first sub-step starts
+       the copy of the next one and waits for its own, its last adds P into T */
+    const int nt = K >> 6;
+    for (int t = -4; t < nt; t++) {
+        const int seg = t >> 2, J = t & 3;
+        if (J == 0) {
+            const int sn = seg + 1; /* the segment whose copy starts now */
+            if (sn < nseg) {
+                const int kn = sn * QSA_SEG, np = min(QSA_SEG, K - kn) >> 5;
+                __syncwarp(); /* every lane is done with the half that this copy overwrites */
+                if (pc < np) {
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const bool ok = (okm >> i) & 1u;
-                    const qsa_u8 *src = ok ? qrow + (kn >> 1) + i * 4 * rb : w.q;
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
-                                     dst + (sn & 1) * 16 * QSA_PKS + i * 4 * QSA_PKS),
-                                 "l"(src), "r"(ok ? 16 : 0)
-                                 : "memory");
+                    for (int i = 0; i < 4; i++)
+                        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                                         cdst + (sn & 1) * 16 * QSA_PKS + i * 4 * QSA_PKS),
+                                     "l"(qrow + (kn >> 1) + i * 4 * rb)
+                                     : "memory");
                 }
+                asm volatile("cp.async.commit_group;" ::: "memory");
+                qsa_nvf_scales_at(srow + (kn >> 4), w.svec16, np >> 1, scn);
             }
-            asm volatile("cp.async.commit_group;" ::: "memory");
-            qsa_nvf_scales_at(srow ? srow + (kn >> 4) : 0, w.svec16, np >> 1, scn);
+            if (seg < 0) { /* the prologue: segment 0's copy is on its way */
+#pragma unroll
+                for (int i = 0; i < QSA_SEG / 64; i++) sc[i] = scn[i];
+                t += 3;
+                continue;
+            }
+            if (sn < nseg) asm volatile("cp.async.wait_group 1;" ::: "memory");
+            else asm volatile("cp.async.wait_group 0;" ::: "memory");
+            __syncwarp(); /* every lane's copies of segment seg have landed */
         }
-        if (seg < 0) {
+        const uint4 q = *(const uint4 *)(pkl + (seg & 1) * 16 * QSA_PKS + 32 * J);
+        const qsa_u32 sw32 = sc[0];
 #pragma unroll
-            for (int J = 0; J < QSA_SEG / 64; J++) sc[J] = scn[J];
-            continue;
+        for (int i = 0; i + 1 < QSA_SEG / 64; i++) sc[i] = sc[i + 1];
+        qsa_nvf_put<NA>(ra, live, q, sw32, w.s2, sa, dst);
+        if (t + 1 < nt) { /* the next sub-step's A while the tensor cores work */
+#pragma unroll
+            for (int i = 0; i < NA; i++)
+                if ((live >> i) & 1u) ra[i] = *(const uint4 *)(ap[AS * i] + 64 * (t + 1) + 8 * pc);
         }
-        if (sn < nseg) asm volatile("cp.async.wait_group 1;" ::: "memory");
-        else asm volatile("cp.async.wait_group 0;" ::: "memory");
-        __syncwarp(); /* every lane's copies of segment seg have landed */
-        const int kbeg = seg * QSA_SEG, nsub = min(QSA_SEG, K - kbeg) >> 6;
-        qsa_frag_c P;
-        qsa_nvf_run<true, true, NA, AS>(ap, na, false, w.s2, kbeg, nsub, 0,
-                                       pk + (seg & 1) * 16 * QSA_PKS + nr * QSA_PKS + 16 * nh, sc, sa, sw, P);
+        qsa_nvf_mma4_ld(ab, wb, P);
+        if (J == 3 || t + 1 == nt) { /* the segment's end: T += P_s, the canonical fold */
 #pragma unroll
-        for (int i = 0; i < 8; i++) T.x[i] = T.x[i] + P.x[i];
+            for (int i = 0; i < 8; i++) T.x[i] = T.x[i] + P.x[i];
+            qsa_frag_zero(P);
 #pragma unroll
-        for (int J = 0; J < QSA_SEG / 64; J++) sc[J] = scn[J];
+            for (int i = 0; i < QSA_SEG / 64; i++) sc[i] = scn[i];
+        }
     }
 }
 static __device__ __forceinline__ void qsa_segs16_nvf_pipe(const qsa_f16 *const *arow, int nrows, const qsa_wsrc &w,
@@ -2345,7 +2407,7 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_gate
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
     int K, int act, float *part, unsigned *count) {
     QSA_PDL_ENTRY();
-    if (H & 15) __trap(); /* the host validates the shapes */
+    if ((H | I) & 15) __trap(); /* the host validates the shapes (I padded to 16) */
     qsa_moe_xwarp<2, false>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, part, count);
 }
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down_xw(
@@ -2353,7 +2415,7 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I,
     float *part, unsigned *count) {
     QSA_PDL_ENTRY();
-    if (I & 15) __trap();
+    if ((H | I) & 15) __trap();
     qsa_moe_xwarp<1, false>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, part, count);
 }
 /* The whole-tile forms (own entry points: their segment loop sets their register count). */
@@ -2362,14 +2424,14 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 5) qsa_k_moe_g
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
     int K, int act, float *part, unsigned *count) {
     QSA_PDL_ENTRY();
-    if (H & 15) __trap();
+    if ((H | I) & 15) __trap();
     qsa_moe_xwarp<2, true>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, part, count);
 }
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down_xwk(
     const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I) {
     QSA_PDL_ENTRY();
-    if (I & 15) __trap();
+    if ((H | I) & 15) __trap();
     qsa_moe_xwarp<1, true>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, 0, 0);
 }
 
