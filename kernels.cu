@@ -1117,10 +1117,28 @@ static __device__ __forceinline__ void qsa_nvf_mma4_ld(qsa_u32 ab, qsa_u32 wb, q
     }
 }
 
+/* The same 4 chunks with the roles of the operands swapped, for tiles of at most 8 pairs: the W
+   rows are the mma's A (16 x 16, wa: this lane's W row lane % 16 at column 8 (lane / 16)) and the
+   pairs its B (k x 8 columns, xb: this lane's A row lane % 8 at column 8 (lane / 8), two chunks per
+   ldmatrix), one m16n8k16 per chunk into D (d[0..1]: W row lane / 4, pairs 2 (lane % 4) + {0, 1};
+   d[2..3]: W row lane / 4 + 8).  Each element is the same 16 products in the same positions of k
+   as in qsa_nvf_mma4_ld (tested against the one-block and the split forms). */
+static __device__ __forceinline__ void qsa_nvf_mma4_tr(qsa_u32 wa, qsa_u32 xb, float *d) {
+#pragma unroll
+    for (int c = 0; c < 4; c += 2) {
+        qsa_u32 fx[4], fw[4];
+        qsa_ldsm4(xb + 32 * c, fx);
+        qsa_ldsm4(wa + 32 * c, fw);
+        qsa_mma16816(d, fw, fx[0], fx[1]);
+        qsa_ldsm4(wa + 32 * (c + 1), fw);
+        qsa_mma16816(d, fw, fx[2], fx[3]);
+    }
+}
+
 template <int NA, int AS>
 static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *const *ap, int na, const qsa_wsrc &w,
                                                               int n0, int N, int K, int nseg, qsa_f16 *sa,
-                                                              qsa_f16 *sw, qsa_u8 *pk, qsa_frag_c &T) {
+                                                              qsa_f16 *sw, qsa_u8 *pk, qsa_frag_c &T, float *slot) {
     const int lane = threadIdx.x & 31, nr = lane >> 1, nh = lane & 1, pr = lane >> 3, pc = lane & 7;
     /* copy piece i of this lane: row pr + 4 i of the tile, bytes 16 pc .. 16 pc + 15 of the segment */
     const qsa_u32 rb = (qsa_u32)(K >> 1);
@@ -1129,8 +1147,12 @@ static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *con
     const qsa_u32 cdst = qsa_smem_u32(pk) + pr * QSA_PKS + 16 * pc;
     const qsa_u8 *srow = w.s + (qsa_i64)(n0 + nr) * (K >> 4);
     const qsa_u8 *pkl = pk + nr * QSA_PKS + 16 * nh; /* this lane's row and half of the copy */
-    const qsa_u32 ab = qsa_smem_u32(sa) + 2 * ((lane & 15) * QSA_STW + (lane >> 4) * 8),
-                  wb = qsa_smem_u32(sw) + 2 * (((lane >> 4) * 8 + (lane & 7)) * QSA_STW + ((lane >> 3) & 1) * 8);
+    /* TR (tiles of up to 4 pairs): qsa_nvf_mma4_tr into P.x[0..3], stored here into slot */
+    enum { TR = NA == 1 };
+    const qsa_u32 ab = TR ? qsa_smem_u32(sw) + 2 * ((lane & 15) * QSA_STW + (lane >> 4) * 8)
+                          : qsa_smem_u32(sa) + 2 * ((lane & 15) * QSA_STW + (lane >> 4) * 8),
+                  wb = TR ? qsa_smem_u32(sa) + 2 * ((lane & 7) * QSA_STW + (lane >> 3) * 8)
+                          : qsa_smem_u32(sw) + 2 * (((lane >> 4) * 8 + (lane & 7)) * QSA_STW + ((lane >> 3) & 1) * 8);
     uint4 *dst = (uint4 *)(sw + nr * QSA_STW + nh * 32);
     /* A rows that are padding (past the tile's pairs) are zeros in the staging from here on: only the
        live pieces are loaded and stored (the warp's staging has no readers before this tile) */
@@ -1187,26 +1209,39 @@ static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *con
             for (int i = 0; i < NA; i++)
                 if ((live >> i) & 1u) ra[i] = *(const uint4 *)(ap[AS * i] + 64 * (t + 1) + 8 * pc);
         }
-        qsa_nvf_mma4_ld(ab, wb, P);
+        if (TR) qsa_nvf_mma4_tr(ab, wb, P.x);
+        else qsa_nvf_mma4_ld(ab, wb, P);
         if (J == 3 || t + 1 == nt) { /* the segment's end: T += P_s, the canonical fold */
 #pragma unroll
-            for (int i = 0; i < 8; i++) T.x[i] = T.x[i] + P.x[i];
+            for (int i = 0; i < (TR ? 4 : 8); i++) T.x[i] = T.x[i] + P.x[i];
             qsa_frag_zero(P);
 #pragma unroll
             for (int i = 0; i < QSA_SEG / 64; i++) sc[i] = scn[i];
         }
     }
+    if (TR) { /* the tile's pairs 0..7 as rows of slot (16 floats each; the staging, read no more) */
+        const int g = lane >> 2, c2 = 2 * (lane & 3);
+        __syncwarp();
+        slot[c2 * 16 + g] = T.x[0];
+        slot[(c2 + 1) * 16 + g] = T.x[1];
+        slot[c2 * 16 + g + 8] = T.x[2];
+        slot[(c2 + 1) * 16 + g + 8] = T.x[3];
+    }
 }
-static __device__ __forceinline__ void qsa_segs16_nvf_pipe(const qsa_f16 *const *arow, int nrows, const qsa_wsrc &w,
+/* Returns whether the tile is already in slot (the pairs' rows of the partial tile, [16][16] fp32,
+   aliasing the staging); otherwise it is in T, in the wmma layout. */
+static __device__ __forceinline__ bool qsa_segs16_nvf_pipe(const qsa_f16 *const *arow, int nrows, const qsa_wsrc &w,
                                                            int n0, int N, int K, int nseg, qsa_f16 *sa, qsa_f16 *sw,
-                                                           qsa_u8 *pk, qsa_frag_c &T) {
+                                                           qsa_u8 *pk, qsa_frag_c &T, float *slot) {
     const int na = min(4, (nrows + 3) >> 2);
     if (na == 1) { /* this lane's one A row in a register */
         const qsa_f16 *a0 = arow[(threadIdx.x & 31) >> 3];
-        qsa_segs16_nvf_pipe_na<1, 1>(&a0, 1, w, n0, N, K, nseg, sa, sw, pk, T);
-    } else { /* (rows from the shared list at each sub-step: four in registers spill) */
-        qsa_segs16_nvf_pipe_na<4, 4>(arow + ((threadIdx.x & 31) >> 3), na, w, n0, N, K, nseg, sa, sw, pk, T);
+        qsa_segs16_nvf_pipe_na<1, 1>(&a0, 1, w, n0, N, K, nseg, sa, sw, pk, T, slot);
+        return true;
     }
+    /* (rows from the shared list at each sub-step: four in registers spill) */
+    qsa_segs16_nvf_pipe_na<4, 4>(arow + ((threadIdx.x & 31) >> 3), na, w, n0, N, K, nseg, sa, sw, pk, T, slot);
+    return false;
 }
 #endif
 
@@ -1629,17 +1664,15 @@ static __device__ __forceinline__ bool qsa_ticket_last(unsigned *count, unsigned
    element-wise in the accumulator layout (the order qsa_sum_parts and the tiled core use, so the
    same bits).  NVFP4 through qsa_seg16_nvw: staging rows of QSA_STW halves. */
 template <bool NV>
-static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, int nrows, int avec, const qsa_wsrc &w,
+static __device__ __forceinline__ bool qsa_segs16(const qsa_f16 *const *arow, int nrows, int avec, const qsa_wsrc &w,
                                                   int n0, int N, int K, int nseg, qsa_f16 *sa, qsa_f16 *sw,
-                                                  qsa_u8 *pk, qsa_frag_c &T) {
+                                                  qsa_u8 *pk, qsa_frag_c &T, float *slot) {
     const bool fast = NV && qsa_nvf_ok(w, avec, K);
 #if QSA_CPA
-    if (fast) {
-        qsa_segs16_nvf_pipe(arow, nrows, w, n0, N, K, nseg, sa, sw, pk, T);
-        return;
-    }
+    if (fast) return qsa_segs16_nvf_pipe(arow, nrows, w, n0, N, K, nseg, sa, sw, pk, T, slot);
 #else
     (void)pk;
+    (void)slot;
 #endif
     qsa_frag_zero(T);
     for (int seg = 0; seg < nseg; seg++) {
@@ -1650,6 +1683,7 @@ static __device__ __forceinline__ void qsa_segs16(const qsa_f16 *const *arow, in
 #pragma unroll
         for (int i = 0; i < 8; i++) T.x[i] = T.x[i] + P.x[i];
     }
+    return false;
 }
 
 /* The epilogue of a completed GEMV element: y = t (+ bias[n]) into row Y (Y[n] + y when accumulating);
@@ -2342,21 +2376,23 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
     const qsa_wsrc ws = qsa_expert_ws(experts[e], NB == 1 ? 2 : mat, Kd);
     const int avec = (((qsa_u64)X) & 15u) == 0 && (ldx & 7) == 0;
     qsa_f16 *sa = stage[warp];
+    float *slot = (float *)stage[warp];
     qsa_frag_c P;
+    bool put = false; /* the tile already in slot */
     /* dense (checkpoints with fp16 experts): one sub-step ahead, so that this path does not set the
        register count of the NVFP4 one */
     if (whole) {
-        if (!ws.w16) qsa_segs16<true>(arow[warp], cnt, avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_STW, pk[warp], P);
-        else qsa_segs16<false>(arow[warp], cnt, avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_ST, 0, P);
+        if (!ws.w16)
+            put = qsa_segs16<true>(arow[warp], cnt, avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_STW, pk[warp], P, slot);
+        else qsa_segs16<false>(arow[warp], cnt, avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_ST, 0, P, slot);
     } else {
         if (!ws.w16 && qsa_nvf_ok(ws, avec, Kd))
             qsa_seg16_nvf<true>(arow[warp], cnt, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_STW, P);
         else if (!ws.w16) qsa_seg16_nvw<true>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_STW, P);
         else qsa_seg16<1, false, false, true>(arow[warp], avec, &ws, n0, N, Kd, seg, sa, sa + 16 * QSA_ST, &P);
     }
-    float *slot = (float *)stage[warp];
     __syncwarp(); /* every lane's fragment loads are done: the staging becomes the partial tile */
-    qsa_wmma_store(slot, P, 16);
+    if (!put) qsa_wmma_store(slot, P, 16);
     __syncwarp();
     if (whole && NB == 1) { /* the whole down tile: nothing to wait for */
         for (int i = lane; i < cnt * 16; i += 32)
