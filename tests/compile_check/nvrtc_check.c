@@ -1,12 +1,14 @@
 /* compile_check/nvrtc_check.c - `make nvrtc-check`: compiles the embedded kernels (kernels.cu.inc)
  * with an NVRTC and reports what it did.  No GPU is needed.
  *
- *   build/nvrtc_check [TARGET]
+ *   build/nvrtc_check [TARGET [OUT]]
  *
  * The NVRTC is QSA_NVRTC_LIB (a full path) or the first of the runtime's default names.  TARGET
  * (compute_70, sm_90, ...) defaults to the runtime's own choice: compute_70 when the NVRTC supports
- * it, else compute_90 (no device here).  Fails when NVRTC is missing, compilation fails, an entry
- * point is missing from the output, or NVRTC emits any diagnostic about kernels.cu.
+ * it, else compute_90 (no device here); "" picks that default too.  OUT: also write the PTX or
+ * CUBIN there, exactly what the runtime would load (for `ptxas -v` register counts and SASS:
+ * docs/CUDA.md).  Fails when NVRTC is missing, compilation fails, an entry point is missing from
+ * the output, NVRTC emits any diagnostic about kernels.cu, or OUT cannot be written.
  */
 #define QSA_RUNTIME_IMPLEMENTATION
 #include "../../qsa_runtime.h"
@@ -18,8 +20,9 @@ int main(int argc, char **argv) {
     const char *want = argc > 1 && argv[1][0] ? argv[1] : NULL;
     char arch[32], *image = NULL, *log = NULL;
     size_t len = 0;
-    if (argc > 2 || (want && want[0] == '-')) {
-        fprintf(stderr, "usage: %s [compute_NN|sm_NN]\n", argv[0]);
+    const char *out = argc > 2 ? argv[2] : NULL;
+    if (argc > 3 || (want && want[0] == '-') || (out && !out[0])) {
+        fprintf(stderr, "usage: %s [compute_NN|sm_NN|\"\" [OUT]]\n", argv[0]);
         return 2;
     }
     qsa_set_logger(qsa_log_stderr, NULL, QSA_LOG_INFO);
@@ -75,6 +78,15 @@ int main(int argc, char **argv) {
     if (nk == 0) {
         fprintf(stderr, "nvrtc-check: no kernels found in the embedded source\n");
         bad++;
+    }
+    if (out) {
+        FILE *f = fopen(out, "wb");
+        int ok = f && fwrite(image, 1, len, f) == len;
+        if (f && fclose(f) != 0) ok = 0;
+        if (!ok) {
+            fprintf(stderr, "nvrtc-check: cannot write %s\n", out);
+            bad++;
+        }
     }
     printf("nvrtc-check: %s: NVRTC %d.%d (%s), target %s: %d kernels, %zu bytes of %s in %.0f ms\n",
            bad ? "FAILED" : "ok", qsa__nvrtc.major, qsa__nvrtc.minor, qsa__nvrtc.path, arch, nk, len,
