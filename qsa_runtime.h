@@ -10442,6 +10442,20 @@ QSA_PRIV qsa_result qsa__tp_vocab_rows(const qsa_model_config *c, int tp, int ra
     return QSA_OK;
 }
 
+/* qsa__tp_lin (no padding) and qsa__tp_vec of the tensor "<b>.<leaf>" */
+QSA_PRIV qsa_result qsa__tp_lin_in(const qsa__tp_cut *x, const char *b, const char *leaf, const qsa__lin *full,
+                                   qsa__lin *out) {
+    char name[200];
+    snprintf(name, sizeof name, "%s.%s", b, leaf);
+    return qsa__tp_lin(x, name, full, 0, out);
+}
+QSA_PRIV qsa_result qsa__tp_vec_in(const qsa__tp_cut *x, const char *b, const char *leaf, const float *full, int row_len,
+                                   const float **out) {
+    char name[200];
+    snprintf(name, sizeof name, "%s.%s", b, leaf);
+    return qsa__tp_vec(x, name, full, row_len, out);
+}
+
 /* Rank `rank`'s view of the loaded model m: local config, sliced weights (views into m or copies in
    `copies`), its own KV-pool geometry; the tokenizer, checkpoint mapping, PLE tables and replicated
    weights are m's, shared read-only.  `keep` receives the view's own arrays (layers, expert tables).
@@ -10481,32 +10495,20 @@ QSA_PRIV qsa_result qsa__tp_view(const qsa_model *m, int tp, int rank, qsa__tp_o
         if (f->type == QSA_LAYER_LINEAR) {
             int kc = c->linear_conv_kernel_dim;
             snprintf(b, sizeof b, "layers.%d.linear_attn", l);
-            snprintf(name, sizeof name, "%s.in_proj_qkv", b);
-            QSA__TRY(qsa__tp_lin(&x, name, &f->gdn.in_qkv, 0, &d->gdn.in_qkv));
-            snprintf(name, sizeof name, "%s.in_proj_z", b);
-            QSA__TRY(qsa__tp_lin(&x, name, &f->gdn.in_z, 0, &d->gdn.in_z));
-            snprintf(name, sizeof name, "%s.in_proj_b", b);
-            QSA__TRY(qsa__tp_lin(&x, name, &f->gdn.in_b, 0, &d->gdn.in_b));
-            snprintf(name, sizeof name, "%s.in_proj_a", b);
-            QSA__TRY(qsa__tp_lin(&x, name, &f->gdn.in_a, 0, &d->gdn.in_a));
-            snprintf(name, sizeof name, "%s.out_proj", b);
-            QSA__TRY(qsa__tp_lin(&x, name, &f->gdn.out, 0, &d->gdn.out));
-            snprintf(name, sizeof name, "%s.conv1d.weight", b);
-            QSA__TRY(qsa__tp_vec(&x, name, f->gdn.conv_w, kc, &d->gdn.conv_w));
-            snprintf(name, sizeof name, "%s.A_log", b);
-            QSA__TRY(qsa__tp_vec(&x, name, f->gdn.A_log, 1, &d->gdn.A_log));
-            snprintf(name, sizeof name, "%s.dt_bias", b);
-            QSA__TRY(qsa__tp_vec(&x, name, f->gdn.dt_bias, 1, &d->gdn.dt_bias));
+            QSA__TRY(qsa__tp_lin_in(&x, b, "in_proj_qkv", &f->gdn.in_qkv, &d->gdn.in_qkv));
+            QSA__TRY(qsa__tp_lin_in(&x, b, "in_proj_z", &f->gdn.in_z, &d->gdn.in_z));
+            QSA__TRY(qsa__tp_lin_in(&x, b, "in_proj_b", &f->gdn.in_b, &d->gdn.in_b));
+            QSA__TRY(qsa__tp_lin_in(&x, b, "in_proj_a", &f->gdn.in_a, &d->gdn.in_a));
+            QSA__TRY(qsa__tp_lin_in(&x, b, "out_proj", &f->gdn.out, &d->gdn.out));
+            QSA__TRY(qsa__tp_vec_in(&x, b, "conv1d.weight", f->gdn.conv_w, kc, &d->gdn.conv_w));
+            QSA__TRY(qsa__tp_vec_in(&x, b, "A_log", f->gdn.A_log, 1, &d->gdn.A_log));
+            QSA__TRY(qsa__tp_vec_in(&x, b, "dt_bias", f->gdn.dt_bias, 1, &d->gdn.dt_bias));
         } else {
             snprintf(b, sizeof b, "layers.%d.self_attn", l);
-            snprintf(name, sizeof name, "%s.q_proj", b);
-            QSA__TRY(qsa__tp_lin(&x, name, &f->attn.q, 0, &d->attn.q));
-            snprintf(name, sizeof name, "%s.k_proj", b);
-            QSA__TRY(qsa__tp_lin(&x, name, &f->attn.k, 0, &d->attn.k));
-            snprintf(name, sizeof name, "%s.v_proj", b);
-            QSA__TRY(qsa__tp_lin(&x, name, &f->attn.v, 0, &d->attn.v));
-            snprintf(name, sizeof name, "%s.o_proj", b);
-            QSA__TRY(qsa__tp_lin(&x, name, &f->attn.o, 0, &d->attn.o));
+            QSA__TRY(qsa__tp_lin_in(&x, b, "q_proj", &f->attn.q, &d->attn.q));
+            QSA__TRY(qsa__tp_lin_in(&x, b, "k_proj", &f->attn.k, &d->attn.k));
+            QSA__TRY(qsa__tp_lin_in(&x, b, "v_proj", &f->attn.v, &d->attn.v));
+            QSA__TRY(qsa__tp_lin_in(&x, b, "o_proj", &f->attn.o, &d->attn.o));
         }
         snprintf(b, sizeof b, "layers.%d.mlp", l);
         /* the MoE kernels work on tiles of 16 intermediate columns (docs/CUDA.md): a rank's share that is not a
@@ -10535,12 +10537,9 @@ QSA_PRIV qsa_result qsa__tp_view(const qsa_model *m, int tp, int rank, qsa__tp_o
             snprintf(name, sizeof name, "%s.experts.%d.down_proj", b, e);
             QSA__TRY(qsa__tp_lin_at(&x, name, &f->moe.down[e], fdn, H * e, Ipad, &d->moe.down[e]));
         }
-        snprintf(name, sizeof name, "%s.shared_expert.gate_proj", b);
-        QSA__TRY(qsa__tp_lin(&x, name, &f->moe.sh_gate, 0, &d->moe.sh_gate));
-        snprintf(name, sizeof name, "%s.shared_expert.up_proj", b);
-        QSA__TRY(qsa__tp_lin(&x, name, &f->moe.sh_up, 0, &d->moe.sh_up));
-        snprintf(name, sizeof name, "%s.shared_expert.down_proj", b);
-        QSA__TRY(qsa__tp_lin(&x, name, &f->moe.sh_down, 0, &d->moe.sh_down));
+        QSA__TRY(qsa__tp_lin_in(&x, b, "shared_expert.gate_proj", &f->moe.sh_gate, &d->moe.sh_gate));
+        QSA__TRY(qsa__tp_lin_in(&x, b, "shared_expert.up_proj", &f->moe.sh_up, &d->moe.sh_up));
+        QSA__TRY(qsa__tp_lin_in(&x, b, "shared_expert.down_proj", &f->moe.sh_down, &d->moe.sh_down));
     }
     v->cfg.moe_intermediate_size = (v->cfg.moe_intermediate_size + 15) / 16 * 16;
     return QSA_OK;
