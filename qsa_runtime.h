@@ -2005,35 +2005,49 @@ QSA_PRIV int qsa__json_hex4(const char *p, uint32_t *out) {
     return 1;
 }
 
-/* Length of the valid UTF-8 sequence at p (lead byte >= 0x80), 0 when invalid. */
-QSA_PRIV int qsa__utf8_valid_seq(const unsigned char *p, const unsigned char *e) {
-    unsigned c = p[0];
-    if (c >= 0xc2 && c <= 0xdf) return (e - p >= 2 && (p[1] & 0xc0) == 0x80) ? 2 : 0;
-    if (c >= 0xe0 && c <= 0xef) {
-        if (e - p < 3 || (p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80) return 0;
-        if (c == 0xe0 && p[1] < 0xa0) return 0;  /* overlong */
-        if (c == 0xed && p[1] >= 0xa0) return 0; /* UTF-16 surrogate */
-        return 3;
+/* ---- UTF-8 (the JSON parser's strings and the tokenizer) ------------------------------------- */
+
+/* The sequence at s (n >= 1 bytes available): returns its length 1..4 and *cp when well-formed
+   (Unicode table 3-7: no overlongs, no surrogates, <= U+10FFFF); 0 when ill-formed, with *sub =
+   length of the maximal subpart to replace by one U+FFFD; -k when the k remaining bytes are a valid
+   but truncated prefix. */
+QSA_PRIV int qsa__u8_next(const uint8_t *s, size_t n, uint32_t *cp, int *sub) {
+    uint8_t b = s[0], lo = 0x80, hi = 0xbf;
+    int len;
+    uint32_t c;
+    if (b < 0x80) { *cp = b; return 1; }
+    if (b >= 0xc2 && b <= 0xdf) { len = 2; c = b & 0x1fu; }
+    else if (b >= 0xe0 && b <= 0xef) { len = 3; c = b & 0x0fu; if (b == 0xe0) lo = 0xa0; else if (b == 0xed) hi = 0x9f; }
+    else if (b >= 0xf0 && b <= 0xf4) { len = 4; c = b & 0x07u; if (b == 0xf0) lo = 0x90; else if (b == 0xf4) hi = 0x8f; }
+    else { *sub = 1; return 0; }
+    for (int k = 1; k < len; k++) {
+        if ((size_t)k >= n) { *sub = k; return -k; }
+        uint8_t t = s[k];
+        if (t < lo || t > hi) { *sub = k; return 0; }
+        lo = 0x80; hi = 0xbf;
+        c = (c << 6) | (t & 0x3fu);
     }
-    if (c >= 0xf0 && c <= 0xf4) {
-        if (e - p < 4 || (p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80 || (p[3] & 0xc0) != 0x80) return 0;
-        if (c == 0xf0 && p[1] < 0x90) return 0;  /* overlong */
-        if (c == 0xf4 && p[1] >= 0x90) return 0; /* > U+10FFFF */
-        return 4;
-    }
-    return 0; /* continuation byte, 0xc0/0xc1 overlong lead, 0xf5.. */
+    *cp = c;
+    return len;
 }
 
-QSA_PRIV size_t qsa__utf8_put(char *d, uint32_t cp) {
-    if (cp < 0x80) { d[0] = (char)cp; return 1; }
-    if (cp < 0x800) { d[0] = (char)(0xc0 | (cp >> 6)); d[1] = (char)(0x80 | (cp & 0x3f)); return 2; }
-    if (cp < 0x10000) {
-        d[0] = (char)(0xe0 | (cp >> 12)); d[1] = (char)(0x80 | ((cp >> 6) & 0x3f)); d[2] = (char)(0x80 | (cp & 0x3f));
+QSA_PRIV int qsa__u8_put(char *d, uint32_t c) {
+    if (c < 0x80) { d[0] = (char)c; return 1; }
+    if (c < 0x800) { d[0] = (char)(0xc0 | (c >> 6)); d[1] = (char)(0x80 | (c & 0x3f)); return 2; }
+    if (c < 0x10000) {
+        d[0] = (char)(0xe0 | (c >> 12)); d[1] = (char)(0x80 | ((c >> 6) & 0x3f)); d[2] = (char)(0x80 | (c & 0x3f));
         return 3;
     }
-    d[0] = (char)(0xf0 | (cp >> 18)); d[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-    d[2] = (char)(0x80 | ((cp >> 6) & 0x3f)); d[3] = (char)(0x80 | (cp & 0x3f));
+    d[0] = (char)(0xf0 | (c >> 18)); d[1] = (char)(0x80 | ((c >> 12) & 0x3f));
+    d[2] = (char)(0x80 | ((c >> 6) & 0x3f)); d[3] = (char)(0x80 | (c & 0x3f));
     return 4;
+}
+
+/* Length of the valid UTF-8 sequence at p (lead byte >= 0x80), 0 when invalid or cut short by e. */
+QSA_PRIV int qsa__utf8_valid_seq(const unsigned char *p, const unsigned char *e) {
+    uint32_t cp;
+    int sub = 0, n = qsa__u8_next(p, (size_t)(e - p), &cp, &sub);
+    return n > 0 ? n : 0;
 }
 
 /* Parses the string starting at ps->p (on the opening quote) into arena memory. */
@@ -2103,7 +2117,7 @@ QSA_PRIV qsa_result qsa__json_string(qsa__json_parser *ps, const char **out, siz
                 s += 6;
                 cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
             }
-            d += qsa__utf8_put(d, cp);
+            d += qsa__u8_put(d, cp);
             break;
         }
         default: return qsa__json_error(ps, esc, "invalid escape in string");
@@ -4397,43 +4411,7 @@ QSA_PRIV uint32_t qsa__uni_compose(uint32_t a, uint32_t b) {
      4. each piece is merged by BPE exactly like the library's Word::merge_all (min-heap on
         (rank, position), stale entries skipped). */
 
-/* ---- UTF-8 ---------------------------------------------------------------------------------- */
-
-/* The sequence at s (n >= 1 bytes available): returns its length 1..4 and *cp when well-formed
-   (Unicode table 3-7: no overlongs, no surrogates, <= U+10FFFF); 0 when ill-formed, with *sub =
-   length of the maximal subpart to replace by one U+FFFD; -k when the k remaining bytes are a valid
-   but truncated prefix. */
-QSA_PRIV int qsa__u8_next(const uint8_t *s, size_t n, uint32_t *cp, int *sub) {
-    uint8_t b = s[0], lo = 0x80, hi = 0xbf;
-    int len;
-    uint32_t c;
-    if (b < 0x80) { *cp = b; return 1; }
-    if (b >= 0xc2 && b <= 0xdf) { len = 2; c = b & 0x1fu; }
-    else if (b >= 0xe0 && b <= 0xef) { len = 3; c = b & 0x0fu; if (b == 0xe0) lo = 0xa0; else if (b == 0xed) hi = 0x9f; }
-    else if (b >= 0xf0 && b <= 0xf4) { len = 4; c = b & 0x07u; if (b == 0xf0) lo = 0x90; else if (b == 0xf4) hi = 0x8f; }
-    else { *sub = 1; return 0; }
-    for (int k = 1; k < len; k++) {
-        if ((size_t)k >= n) { *sub = k; return -k; }
-        uint8_t t = s[k];
-        if (t < lo || t > hi) { *sub = k; return 0; }
-        lo = 0x80; hi = 0xbf;
-        c = (c << 6) | (t & 0x3fu);
-    }
-    *cp = c;
-    return len;
-}
-
-QSA_PRIV int qsa__u8_put(char *d, uint32_t c) {
-    if (c < 0x80) { d[0] = (char)c; return 1; }
-    if (c < 0x800) { d[0] = (char)(0xc0 | (c >> 6)); d[1] = (char)(0x80 | (c & 0x3f)); return 2; }
-    if (c < 0x10000) {
-        d[0] = (char)(0xe0 | (c >> 12)); d[1] = (char)(0x80 | ((c >> 6) & 0x3f)); d[2] = (char)(0x80 | (c & 0x3f));
-        return 3;
-    }
-    d[0] = (char)(0xf0 | (c >> 18)); d[1] = (char)(0x80 | ((c >> 12) & 0x3f));
-    d[2] = (char)(0x80 | ((c >> 6) & 0x3f)); d[3] = (char)(0x80 | (c & 0x3f));
-    return 4;
-}
+/* ---- UTF-8 (qsa__u8_next, qsa__u8_put: with the JSON parser) --------------------------------- */
 
 /* QSA_OK when s is well-formed UTF-8, else QSA_ERR_INVALID_ARGUMENT naming the byte offset. */
 QSA_PRIV qsa_result qsa__u8_validate(const char *s, size_t n, const char *what) {
