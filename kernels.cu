@@ -3828,17 +3828,20 @@ extern "C" __global__ void __launch_bounds__(512, 1) qsa_k_sparse_attn(
 }
 
 /* Decode attention spread over the splits (one query per sequence): block (s, y) computes split s
- * (visit indices s*split .. s*split+split-1, as qsa_sparse_attn_body cuts them) of the HB =
- * blockDim.x / 32 query heads y*HB .. y*HB+HB-1 (a warp each; HB divides nh / nkv, so they share KV
- * head g), with the split's K and V staged in shared memory by the whole block in chunks of K2_DEC_T
- * tokens (cp.async, the next chunk in flight, on sm_80+), so the HB
- * heads share one read of them and a warp never waits on global memory between tokens.  Each
- * warp's arithmetic is k2_attn_split's for its head (the scores of a chunk first, then the online
- * softmax token after token: the same operations on the same values), written as [m, l, acc[hd]]
- * to part [nh][smax][hd + 2]; the block that completes row y (an integer ticket in count[y] after a
- * __threadfence; it resets it) merges each of its heads' splits left to right as
- * qsa_sparse_attn_body's warp 0 does and writes out / out16.  So the bits of qsa_k_sparse_attn
- * whatever HB (tested), with nsplit * nh / HB blocks instead of nh.
+ * (visit indices s*split .. s*split+split-1, as qsa_sparse_attn_body cuts them) of the HB = nh /
+ * gridDim.y query heads y*HB .. y*HB+HB-1 (HB divides nh / nkv, so they share KV head g), HW = 1 or
+ * 2 heads per warp (blockDim.x = 32 HB / HW), with the split's K and V staged in shared memory by
+ * the whole block in chunks of K2_DEC_T tokens (cp.async, the next chunk in flight, on sm_80+), so
+ * the HB heads share one read of them and a warp never waits on global memory between tokens, and
+ * a warp's heads share its fp16 -> fp32 conversions.  Each head's arithmetic is k2_attn_split's:
+ * every score the same lane partials (C dims in order) summed in qsa_warp_sum's order (all of a
+ * chunk's at once, k2_warp_sums), then the online softmax token after token, its running max, rescale
+ * factors and exponentials worked out lane-parallel per (head, token) and broadcast: the same
+ * operations on the same values.  Written as [m, l, acc[hd]] to part [nh][smax][hd + 2]; the block
+ * that completes row y (an integer ticket in count[y] after a __threadfence; it resets it) merges
+ * each of its heads' splits left to right as qsa_sparse_attn_body's warp 0 does and writes out /
+ * out16.  So the bits of qsa_k_sparse_attn whatever HB and HW (tested), with nsplit * nh / HB blocks
+ * instead of nh.
  * Requires hd 128 or 256 (C = hd / 32 of 4 or 8), r >= 1, split <= 256 (else trap; the host uses
  * qsa_k_sparse_attn otherwise).  smax >= the splits of any query: (topk r + r - 1) / split rounded
  * up (blocks past a query's splits return at once). */
@@ -3864,24 +3867,148 @@ static __device__ __forceinline__ void k2_cp_wait(int pending) {
     (void)pending;
 #endif
 }
-template <int C>
+/* The warp sums of N (16 or 32) values v[0..N-1] at once, each the value qsa_warp_sum gives (at
+   offset o = 16, 8, .., 1 a lane adds lane (i ^ o)'s partial to its own), but at each offset a lane
+   keeps only the half of the values it still holds that its lane bit o picks, adding the partner's
+   copy of them, and sends the other half: N - 1 shuffles in all (N = 16: one more at offset 1)
+   instead of 5 N.  On return v[0] of lane i is the sum of value i >> (5 - log2 N). */
+template <int n> /* one offset o of k2_warp_sums with n values still held (n = 1: a plain add) */
+static __device__ __forceinline__ void k2_warp_sums_at(float *v, int o) {
+    if (n == 1) {
+        v[0] += __shfl_xor_sync(QSA_FULL_MASK, v[0], o);
+        return;
+    }
+    /* the choice by bits, not by a conditional on the array's elements (which the compiler may turn
+       into a choice of addresses and so put v in local memory) */
+    const int hi = (threadIdx.x & o) ? -1 : 0;
+#pragma unroll
+    for (int j = 0; j < n / 2; j++) {
+        const int a = __float_as_int(v[j]), b = __float_as_int(v[j + n / 2]);
+        const float keep = __int_as_float((a & ~hi) | (b & hi)), send = __int_as_float((b & ~hi) | (a & hi));
+        v[j] = keep + __shfl_xor_sync(QSA_FULL_MASK, send, o);
+    }
+}
+template <int N>
+static __device__ __forceinline__ void k2_warp_sums(float *v) {
+    k2_warp_sums_at<N>(v, 16);
+    k2_warp_sums_at<N / 2>(v, 8);
+    k2_warp_sums_at<N / 4>(v, 4);
+    k2_warp_sums_at<N / 8>(v, 2);
+    k2_warp_sums_at<(N / 16 > 1 ? N / 16 : 1)>(v, 1);
+}
+/* One warp's HW heads over a staged chunk of cnt (<= K2_DEC_T) tokens (Kc, Vc: [token][HD] fp16),
+   continuing their online softmax (m, l, acc), with k2_attn_split's arithmetic per head.  FULL: cnt
+   is K2_DEC_T (no bounds tests).  Lane owns dims lane*C .. lane*C+C-1. */
+template <int C, int HW, bool FULL>
+static __device__ __forceinline__ void k2_attn_dec_chunk(const qsa_f16 *Kc, const qsa_f16 *Vc, int cnt, float scale,
+                                                         const float (&qr)[HW][C], float (&acc)[HW][C], float (&m)[HW],
+                                                         float (&l)[HW]) {
+    enum { HD = 32 * C, W = C / 2, T = K2_DEC_T, N = HW * T, LS = 32 / N };
+    const int lane = threadIdx.x & 31;
+    /* each lane's partial dot products (its C dims, in order) of every (head, token), value hw * T + t,
+       summed across the warp by k2_warp_sums (tokens past cnt give 0 and are never used); with two
+       heads the first offset's exchange pairs the heads of one token, so it is done as the token's
+       partials are made (16 values live, not 32) */
+    float p[HW == 2 ? T : N];
+    const int hi = (lane & 16) ? -1 : 0;
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        float d[HW];
+#pragma unroll
+        for (int hw = 0; hw < HW; hw++) d[hw] = 0.0f;
+        if (FULL || t < cnt) {
+            unsigned w[W];
+            float kf[C];
+            k2_load_raw<C, true>(w, Kc + t * HD + lane * C);
+            k2_raw_f32<C>(kf, w);
+#pragma unroll
+            for (int hw = 0; hw < HW; hw++)
+#pragma unroll
+                for (int c = 0; c < C; c++) d[hw] = fmaf(qr[hw][c], kf[c], d[hw]);
+        }
+        if (HW == 2) { /* k2_warp_sums_at<32>(.., 16) for values t and T + t */
+            const int a = __float_as_int(d[0]), b = __float_as_int(d[HW - 1]);
+            const float keep = __int_as_float((a & ~hi) | (b & hi)), send = __int_as_float((b & ~hi) | (a & hi));
+            p[t] = keep + __shfl_xor_sync(QSA_FULL_MASK, send, 16);
+        } else {
+            p[t] = d[0];
+        }
+    }
+    if (HW == 2) {
+        k2_warp_sums_at<16>(p, 8);
+        k2_warp_sums_at<8>(p, 4);
+        k2_warp_sums_at<4>(p, 2);
+        k2_warp_sums_at<2>(p, 1);
+    } else {
+        k2_warp_sums<(HW == 2 ? T : N)>(p); /* (HW == 2: never; keeps p in bounds) */
+    }
+    /* Lane-parallel online softmax bookkeeping (k2_attn_split's, token after token, per head): the
+       running max before token t is the max of the head's max before the chunk and its scores
+       0..t-1 (a strict > keeps the earlier of equal values and never takes a NaN, as the sequential
+       update; tokens past cnt count as -inf), so every lane works out for its (head, token) = value
+       lane / LS the rescale flag, the factor f = exp(m - s) and e = exp(s - m'), broadcast below. */
+    const int my_t = (lane / LS) % T, my_hw = lane / LS / T;
+    const float sv = __fmul_rn(p[0], scale);
+    float mb = m[0];
+#pragma unroll
+    for (int hw = 1; hw < HW; hw++)
+        if (my_hw == hw) mb = m[hw];
+    const bool ok = FULL || my_t < cnt;
+    float x = ok && sv == sv ? sv : QSA_NEG_INF; /* the inclusive max over tokens 0..t */
+#pragma unroll
+    for (int d = 1; d < T; d <<= 1) {
+        const float y = __shfl_up_sync(QSA_FULL_MASK, x, d * LS);
+        if (my_t >= d && !(x > y)) x = y;
+    }
+    float mp = __shfl_up_sync(QSA_FULL_MASK, x, LS); /* over tokens 0..t-1 */
+    if (my_t == 0 || !(mp > mb)) mp = mb;
+    const bool up = ok && sv > mp;
+    const float mt = up ? sv : mp, fv = expf(__fsub_rn(mp, sv)), ev = expf(__fsub_rn(sv, mt));
+    const unsigned ups = __ballot_sync(QSA_FULL_MASK, up);
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        if (!FULL && t >= cnt) break;
+        unsigned w[W];
+        float vf[C];
+        k2_load_raw<C, true>(w, Vc + t * HD + lane * C);
+        k2_raw_f32<C>(vf, w);
+#pragma unroll
+        for (int hw = 0; hw < HW; hw++) {
+            const int src = (hw * T + t) * LS;
+            /* both broadcasts outside the branch: a shuffle under a condition the compiler cannot
+               prove warp-uniform is compiled as a collective loop */
+            const float f = __shfl_sync(QSA_FULL_MASK, fv, src), e = __shfl_sync(QSA_FULL_MASK, ev, src);
+            if (ups >> src & 1u) { /* a new max: rescale, as k2_attn_split */
+                l[hw] = __fmul_rn(l[hw], f);
+#pragma unroll
+                for (int c = 0; c < C; c++) acc[hw][c] = __fmul_rn(acc[hw][c], f);
+            }
+            l[hw] = __fadd_rn(l[hw], e);
+#pragma unroll
+            for (int c = 0; c < C; c++) acc[hw][c] = fmaf(e, vf[c], acc[hw][c]);
+        }
+    }
+#pragma unroll
+    for (int hw = 0; hw < HW; hw++) /* the max after the chunk: that of its last token */
+        m[hw] = __shfl_sync(QSA_FULL_MASK, mt, (hw * T + T - 1) * LS);
+}
+template <int C, int HW>
 static __device__ void k2_attn_dec_body(const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool,
                                         const qsa_f16 *__restrict__ Vpool, const int *__restrict__ bt,
                                         const int *__restrict__ selq, int ns, long long pos, float *out, qsa_f16 *out16,
                                         int nh, int nkv, int r, int page_size, int split, float *part,
                                         unsigned *count, int smax, qsa_f16 *kv, int *tsl, unsigned &last) {
-    enum { HD = 32 * C, W = C / 2 };
+    enum { HD = 32 * C };
 #define K2_KV(buf, isv, tok) (kv + ((((buf) * 2 + (isv)) * K2_DEC_T + (tok)) * HD)) /* [buffer][K, V][token][dim] */
-    const int NQ = nh / nkv, HB = (int)blockDim.x >> 5, s = blockIdx.x, tid = threadIdx.x, bd = blockDim.x;
-    const int lane = tid & 31, warp = tid >> 5, h = blockIdx.y * HB + warp, g = h / NQ, kvd = nkv * HD;
-    if (nh % nkv || HB > K2_ATTN_MAX_WARPS || (int)bd != 32 * HB || NQ % HB || HB * (int)gridDim.y != nh || r < 1 ||
-        split < 1 || split > K2_ATTN_MAX_SPLIT)
+    const int NQ = nh / nkv, HB = nh / (int)gridDim.y, s = blockIdx.x, tid = threadIdx.x, bd = blockDim.x;
+    const int lane = tid & 31, warp = tid >> 5, h0 = blockIdx.y * HB + warp * HW, g = h0 / NQ, kvd = nkv * HD;
+    if (nh % nkv || HB > K2_ATTN_MAX_WARPS || (int)bd * HW != 32 * HB || NQ % HB || HB * (int)gridDim.y != nh ||
+        r < 1 || split < 1 || split > K2_ATTN_MAX_SPLIT)
         __trap();
     const int nb = (int)((pos + 1) / r), nsr = ns * r;
     const int ntok = (int)(nsr + (pos + 1 - (long long)nb * r)), nsplit = (ntok + split - 1) / split;
     if (nsplit > smax) __trap();
     const float scale = 1.0f / sqrtf((float)HD);
-    const float *qh = q + (long long)h * 2 * HD;
     if (s < nsplit) {
         const int k0 = s * split, n = min(ntok - k0, split);
         for (int kk = tid; kk < n; kk += bd) {
@@ -3890,11 +4017,16 @@ static __device__ void k2_attn_dec_body(const float *__restrict__ q, const qsa_f
             tsl[kk] = (int)((long long)bt[lp / page_size] * page_size + lp % page_size);
         }
         __syncthreads();
-        float qr[C], acc[C], m = QSA_NEG_INF, l = 0.0f;
+        float qr[HW][C], acc[HW][C], m[HW], l[HW];
 #pragma unroll
-        for (int c = 0; c < C; c++) {
-            qr[c] = qh[lane * C + c];
-            acc[c] = 0.0f;
+        for (int hw = 0; hw < HW; hw++) {
+            m[hw] = QSA_NEG_INF;
+            l[hw] = 0.0f;
+#pragma unroll
+            for (int c = 0; c < C; c++) {
+                qr[hw][c] = q[(long long)(h0 + hw) * 2 * HD + lane * C + c];
+                acc[hw][c] = 0.0f;
+            }
         }
         const int nch = (n + K2_DEC_T - 1) / K2_DEC_T, pieces = K2_DEC_T * 2 * (HD / 8);
         for (int c0 = -1; c0 < nch; c0++) {
@@ -3912,48 +4044,20 @@ static __device__ void k2_attn_dec_body(const float *__restrict__ q, const qsa_f
             k2_cp_wait(c0 + 1 < nch);
             __syncthreads(); /* chunk c0 is in shared memory for every warp */
             const int buf = c0 & 1, cnt = min(K2_DEC_T, n - c0 * K2_DEC_T);
-            float sc[K2_DEC_T];
-#pragma unroll
-            for (int t = 0; t < K2_DEC_T; t++) {
-                if (t >= cnt) break;
-                unsigned w[W];
-                float kf[C];
-                k2_load_raw<C, true>(w, K2_KV(buf, 0, t) + lane * C);
-                k2_raw_f32<C>(kf, w);
-                float p = 0.0f;
-#pragma unroll
-                for (int c = 0; c < C; c++) p = fmaf(qr[c], kf[c], p);
-                sc[t] = __fmul_rn(qsa_warp_sum(p), scale);
-            }
-#pragma unroll
-            for (int t = 0; t < K2_DEC_T; t++) {
-                if (t >= cnt) break;
-                unsigned w[W];
-                float vf[C];
-                k2_load_raw<C, true>(w, K2_KV(buf, 1, t) + lane * C);
-                k2_raw_f32<C>(vf, w);
-                const float sv = sc[t];
-                if (sv > m) { /* online softmax within the split, as k2_attn_split */
-                    const float f = expf(__fsub_rn(m, sv));
-                    l = __fmul_rn(l, f);
-#pragma unroll
-                    for (int c = 0; c < C; c++) acc[c] = __fmul_rn(acc[c], f);
-                    m = sv;
-                }
-                const float e = expf(__fsub_rn(sv, m));
-                l = __fadd_rn(l, e);
-#pragma unroll
-                for (int c = 0; c < C; c++) acc[c] = fmaf(e, vf[c], acc[c]);
-            }
+            if (cnt == K2_DEC_T) k2_attn_dec_chunk<C, HW, true>(K2_KV(buf, 0, 0), K2_KV(buf, 1, 0), cnt, scale, qr, acc, m, l);
+            else k2_attn_dec_chunk<C, HW, false>(K2_KV(buf, 0, 0), K2_KV(buf, 1, 0), cnt, scale, qr, acc, m, l);
             __syncthreads(); /* every warp is done with this buffer before it is staged again */
         }
-        float *sl = part + ((long long)h * smax + s) * (HD + 2);
-        if (lane == 0) {
-            sl[0] = m;
-            sl[1] = l;
-        }
 #pragma unroll
-        for (int c = 0; c < C; c++) sl[2 + lane * C + c] = acc[c];
+        for (int hw = 0; hw < HW; hw++) {
+            float *sl = part + ((long long)(h0 + hw) * smax + s) * (HD + 2);
+            if (lane == 0) {
+                sl[0] = m[hw];
+                sl[1] = l[hw];
+            }
+#pragma unroll
+            for (int c = 0; c < C; c++) sl[2 + lane * C + c] = acc[hw][c];
+        }
         __threadfence(); /* this block's partials are visible device-wide before its ticket */
         __syncthreads();
         if (tid == 0) last = atomicAdd(&count[blockIdx.y], 1u) == (unsigned)nsplit - 1u;
@@ -3963,42 +4067,54 @@ static __device__ void k2_attn_dec_body(const float *__restrict__ q, const qsa_f
     } else if (!(nsplit == 0 && s == 0)) {
         return; /* past this query's splits (no split at all: block 0 writes what the merge of none gives) */
     }
-    float Mx = QSA_NEG_INF, Ls = 0.0f, o[C];
 #pragma unroll
-    for (int c = 0; c < C; c++) o[c] = 0.0f;
-    for (int i = 0; i < nsplit; i++) { /* left to right, as qsa_sparse_attn_body */
-        const float *sl = part + ((long long)h * smax + i) * (HD + 2);
-        const float mi = __ldcg(sl), li = __ldcg(sl + 1);
-        const float Mn = mi > Mx ? mi : Mx, fa = expf(Mx - Mn), fb = expf(mi - Mn);
-        Ls = __fadd_rn(__fmul_rn(Ls, fa), __fmul_rn(li, fb));
+    for (int hw = 0; hw < HW; hw++) {
+        const int h = h0 + hw;
+        float Mx = QSA_NEG_INF, Ls = 0.0f, o[C];
 #pragma unroll
-        for (int c = 0; c < C; c++) o[c] = __fadd_rn(__fmul_rn(o[c], fa), __fmul_rn(__ldcg(sl + 2 + lane + 32 * c), fb));
-        Mx = Mn;
-    }
+        for (int c = 0; c < C; c++) o[c] = 0.0f;
+#pragma unroll 4
+        for (int i = 0; i < nsplit; i++) { /* left to right, as qsa_sparse_attn_body */
+            const float *sl = part + ((long long)h * smax + i) * (HD + 2);
+            const float mi = __ldcg(sl), li = __ldcg(sl + 1);
+            const float Mn = mi > Mx ? mi : Mx, fa = expf(Mx - Mn), fb = expf(mi - Mn);
+            Ls = __fadd_rn(__fmul_rn(Ls, fa), __fmul_rn(li, fb));
 #pragma unroll
-    for (int c = 0; c < C; c++) {
-        const int d = lane + 32 * c;
-        const float y = __fmul_rn(o[c] / Ls, qsa_sigmoid(qh[HD + d]));
-        if (out) out[(long long)h * HD + d] = y;
-        if (out16) out16[(long long)h * HD + d] = qsa_f32_to_f16(y);
+            for (int c = 0; c < C; c++)
+                o[c] = __fadd_rn(__fmul_rn(o[c], fa), __fmul_rn(__ldcg(sl + 2 + lane + 32 * c), fb));
+            Mx = Mn;
+        }
+        const float *qh = q + (long long)h * 2 * HD;
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            const int d = lane + 32 * c;
+            const float y = __fmul_rn(o[c] / Ls, qsa_sigmoid(qh[HD + d]));
+            if (out) out[(long long)h * HD + d] = y;
+            if (out16) out16[(long long)h * HD + d] = qsa_f32_to_f16(y);
+        }
     }
     if (tid == 0 && nsplit > 0) count[blockIdx.y] = 0u;
 #undef K2_KV
 }
-/* the entry points' shared memory (one allocation for both head widths) and the dispatch on hd */
+/* the entry points' shared memory (one allocation for both head widths) and the dispatch on hd and
+   on the heads per warp (HB = nh / gridDim.y heads per block over blockDim.x / 32 warps) */
 #define K2_DEC_CALL(...)                                                                                    \
     do {                                                                                                    \
         __shared__ __align__(16) qsa_f16 kv_[2 * 2 * K2_DEC_T * 256];                                        \
         __shared__ int tsl_[K2_ATTN_MAX_SPLIT];                                                             \
         __shared__ unsigned last_;                                                                          \
-        if (hd == 256) k2_attn_dec_body<8>(__VA_ARGS__, kv_, tsl_, last_);                                   \
-        else if (hd == 128) k2_attn_dec_body<4>(__VA_ARGS__, kv_, tsl_, last_);                              \
+        const bool two_ = (int)blockDim.x * 2 == 32 * (nh / (int)gridDim.y);                                \
+        if (hd == 256 && two_) k2_attn_dec_body<8, 2>(__VA_ARGS__, kv_, tsl_, last_);                        \
+        else if (hd == 256) k2_attn_dec_body<8, 1>(__VA_ARGS__, kv_, tsl_, last_);                           \
+        else if (hd == 128 && two_) k2_attn_dec_body<4, 2>(__VA_ARGS__, kv_, tsl_, last_);                   \
+        else if (hd == 128) k2_attn_dec_body<4, 1>(__VA_ARGS__, kv_, tsl_, last_);                           \
         else __trap();                                                                                      \
     } while (0)
 /* One query (M = 1) at position pos0: q [nh][2 hd], sel [topk], nsel [1], out [nh][hd].  part
  * [nh][smax][hd + 2] fp32 scratch, count [nh / HB] zero (left zero).  Launch: grid (smax, nh / HB),
- * block 32 HB with HB dividing nh / nkv. */
-extern "C" __global__ void __launch_bounds__(512) qsa_k_sparse_attn_dec(
+ * block 32 HB (a head per warp) or 16 HB (two; HB even) with HB dividing nh / nkv, at most 384 threads
+ * (the launch bound, for 80 registers: 2 blocks of 12 warps or 4 of 6 per SM on sm_90). */
+extern "C" __global__ void __launch_bounds__(384, 2) qsa_k_sparse_attn_dec(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
     const int *__restrict__ bt, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
     qsa_f16 *out16, int pos0, int nh, int nkv, int hd, int r, int page_size, int split, float *part,
@@ -4098,8 +4214,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) qsa_k_sparse_attn_batch(
 }
 
 /* qsa_k_sparse_attn_dec for sequence b = blockIdx.z: part [B][nh][smax][hd + 2], count [B][nh / HB].
- * Launch: grid (smax, nh / HB, B), block 32 HB. */
-extern "C" __global__ void __launch_bounds__(512) qsa_k_sparse_attn_dec_batch(
+ * Launch: grid (smax, nh / HB, B), block 32 HB or 16 HB as qsa_k_sparse_attn_dec. */
+extern "C" __global__ void __launch_bounds__(384, 2) qsa_k_sparse_attn_dec_batch(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
     const unsigned long long *__restrict__ bts, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
     qsa_f16 *out16, const int *__restrict__ pos, int nh, int nkv, int hd, int r, int topk, int page_size, int split,

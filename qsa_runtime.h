@@ -1009,7 +1009,7 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
  * Environment: QSA_CUDA_LIB, QSA_NVRTC_LIB, QSA_NCCL_LIB (a full path: only that file is tried),
  * QSA_ARCH (NVRTC target, e.g. compute_70 or sm_90; see qsa__nvrtc_pick_arch), QSA_PDL ("0": no
  * programmatic dependent launches, qsa__pdl_on), QSA_XW_WHOLE_PER_SM, QSA_MOE64_PAIRS, QSA_ATTN_DEC,
- * QSA_ATTN_DEC_HEADS, QSA_TILED_M and QSA_TILED_TILES (launch shapes, qsa__cuda_tuning: tuning switches,
+ * QSA_ATTN_DEC_HEADS, QSA_ATTN_DEC_WARP, QSA_TILED_M and QSA_TILED_TILES (launch shapes, qsa__cuda_tuning: tuning switches,
  * the bits do not depend on them). */
 #ifndef QSA_NO_CUDA
 
@@ -8532,6 +8532,7 @@ typedef struct qsa__cuda {
     int moe64_pairs;             /* qsa__moe_tr's threshold (QSA__MOE64_PAIRS; $QSA_MOE64_PAIRS) */
     int attn_dec;                /* $QSA_ATTN_DEC: -1 "0", 1 "1", 0 unset (qsa__attn_dec_splits) */
     int attn_dec_heads;          /* $QSA_ATTN_DEC_HEADS: its heads per block (0: qsa__attn_dec_splits' rule) */
+    int attn_dec_warp;           /* $QSA_ATTN_DEC_WARP: its heads per warp, 1 or 2 (0: the rule) */
     int tiled_min_m, tiled_min_tiles; /* qsa__tiled_small's thresholds ($QSA_TILED_M, $QSA_TILED_TILES) */
     CUdevice dev;
     CUcontext ctx;
@@ -9002,9 +9003,10 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
 #define QSA__TILED_M 17
 /* The launch-shape switches read from the environment once per context (the bits do not depend on
    them): $QSA_XW_WHOLE_PER_SM and $QSA_MOE64_PAIRS, positive integers, replace QSA__XW_WHOLE_PER_SM
-   and QSA__MOE64_PAIRS; $QSA_ATTN_DEC ("0" never, "1" always) and $QSA_ATTN_DEC_HEADS choose and
-   shape qsa_k_sparse_attn_dec (qsa__attn_dec_splits); $QSA_TILED_M and $QSA_TILED_TILES replace
-   qsa__tiled_small's thresholds (QSA__TILED_M tokens, the SM count of tiles). */
+   and QSA__MOE64_PAIRS; $QSA_ATTN_DEC ("0" never, "1" always), $QSA_ATTN_DEC_HEADS and
+   $QSA_ATTN_DEC_WARP choose and shape qsa_k_sparse_attn_dec (qsa__attn_dec_splits); $QSA_TILED_M
+   and $QSA_TILED_TILES replace qsa__tiled_small's thresholds (QSA__TILED_M tokens, the SM count of
+   tiles). */
 QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     const char *e = getenv("QSA_XW_WHOLE_PER_SM");
     g->xw_whole_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__XW_WHOLE_PER_SM;
@@ -9014,6 +9016,8 @@ QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     g->attn_dec = e && !strcmp(e, "0") ? -1 : e && !strcmp(e, "1") ? 1 : 0;
     e = getenv("QSA_ATTN_DEC_HEADS");
     g->attn_dec_heads = e && atoi(e) > 0 ? atoi(e) : 0;
+    e = getenv("QSA_ATTN_DEC_WARP");
+    g->attn_dec_warp = e && (!strcmp(e, "1") || !strcmp(e, "2")) ? atoi(e) : 0;
     e = getenv("QSA_TILED_M");
     g->tiled_min_m = e && atoi(e) > 0 ? atoi(e) : QSA__TILED_M;
     e = getenv("QSA_TILED_TILES");
@@ -9159,24 +9163,37 @@ QSA_PRIV unsigned qsa__attn_threads(int M) { return M <= 64 ? 512u : 256u; }
 
 /* Decode attention of B queries (one per sequence) through qsa_k_sparse_attn_dec[_batch] (a block
    per (split, group of *hb query heads of one KV head), K and V read once per group; the bits of
-   qsa_k_sparse_attn): returns the splits per query to launch for (the grid's x) and sets *hb, or
-   returns 0 for qsa_k_sparse_attn.  Used from QSA__ATTN_DEC_MIN_B sequences on ($QSA_ATTN_DEC "1":
+   qsa_k_sparse_attn): returns the splits per query to launch for (the grid's x) and sets *hb and the
+   block's *threads, or returns 0 for qsa_k_sparse_attn.  Used from QSA__ATTN_DEC_MIN_B sequences on ($QSA_ATTN_DEC "1":
    always, "0": never), with an indexer (r = 0: the context, not the budget, bounds the splits), hd
    128 or 256 and the partials within the GEMV scratch.  *hb: all the query heads of a KV head, or
-   the largest divisor of them up to $QSA_ATTN_DEC_HEADS.  Measured on the H200 (real shape, 9
+   the largest divisor of them up to $QSA_ATTN_DEC_HEADS whose block fits QSA__ATTN_DEC_THREADS
+   (the kernel's launch bound), with two heads per warp when it is even and there are at least
+   QSA__ATTN_DEC_PAIR_B sequences (a warp's heads share its conversions of K and V, but its split
+   takes twice as long: fewer sequences want the shorter warps; $QSA_ATTN_DEC_WARP "1" or "2" to
+   choose), else one.  Measured on the H200 (real shape, 9
    splits of 256 per query, before QSA_ATTN_SPLIT became 128): batch 32 557 -> 578 tok/s, batch 8
    345 -> 350; one sequence 59 -> 78 us per layer (18 blocks; 2 heads per block, 108 blocks: 87 us
    — a warp's split is the long pole either way), hence the old kernel below 8 sequences. */
 #define QSA__ATTN_DEC_MIN_B 8
-QSA_PRIV int qsa__attn_dec_splits(const qsa__cuda *g, int B, int nh, int nkv, int hd, int r, int topk, int split, int *hb) {
+#define QSA__ATTN_DEC_THREADS 384 /* qsa_k_sparse_attn_dec[_batch]'s __launch_bounds__ */
+#define QSA__ATTN_DEC_PAIR_B 16
+QSA_PRIV int qsa__attn_dec_splits(const qsa__cuda *g, int B, int nh, int nkv, int hd, int r, int topk, int split, int *hb,
+                                  unsigned *threads) {
     if (g->attn_dec < 0 || (g->attn_dec == 0 && B < QSA__ATTN_DEC_MIN_B) || !g->sc.gemv_part || r < 1 || topk < 1 ||
         nkv < 1 || nh % nkv || (hd != 128 && hd != 256) || split < 1 || split > 256)
         return 0;
     int nq = nh / nkv, want = g->attn_dec_heads > 0 ? g->attn_dec_heads : nq;
-    if (want > 16) want = 16;
     *hb = 1;
-    for (int d = 1; d <= want; d++)
-        if (nq % d == 0) *hb = d;
+    *threads = 32u;
+    for (int d = 2; d <= want && d <= 16; d++) {
+        int two = g->attn_dec_warp ? g->attn_dec_warp == 2 : B >= QSA__ATTN_DEC_PAIR_B;
+        unsigned hw = d % 2 == 0 && two ? 2u : 1u, t = 32u * (unsigned)d / hw;
+        if (nq % d == 0 && t <= QSA__ATTN_DEC_THREADS) {
+            *hb = d;
+            *threads = t;
+        }
+    }
     long long smax = ((long long)topk * r + r - 1 + split - 1) / split; /* ntok <= topk r + r - 1 */
     if ((long long)B * nh * smax * (hd + 2) * 4 > (long long)QSA__GEMV_PART_BYTES || (long long)B * (nh / *hb) > QSA__GEMV_TILES)
         return 0;
@@ -9607,10 +9624,12 @@ QSA_PRIV qsa_result qsa__cuda_attn(qsa_seq *sq, int l, int M) {
         tokpos = s->tokpos;
         QSA__LAUNCH(g, attn_phys_order, M, 1, 256, 0, &bt, &s->sel, &s->nsel, &tokpos, &pos0, &M, &r, &topk, &ps, &ld_tok);
     }
-    int hb = 1, smax = M == 1 && !tokpos ? qsa__attn_dec_splits(g, 1, nh, nkv, hd, r, topk, split, &hb) : 0;
+    int hb = 1;
+    unsigned nt = 0;
+    int smax = M == 1 && !tokpos ? qsa__attn_dec_splits(g, 1, nh, nkv, hd, r, topk, split, &hb, &nt) : 0;
     if (smax) {
         CUdeviceptr part = s->gemv_part, cnt = s->gemv_count;
-        QSA__LAUNCH(g, sparse_attn_dec, smax, nh / hb, 32 * hb, 0, &qg, &Kp, &Vp, &bt, &s->sel, &s->nsel, &att, &att16, &pos0,
+        QSA__LAUNCH(g, sparse_attn_dec, smax, nh / hb, nt, 0, &qg, &Kp, &Vp, &bt, &s->sel, &s->nsel, &att, &att16, &pos0,
                     &nh, &nkv, &hd, &r, &ps, &split, &part, &cnt, &smax);
     } else {
         QSA__LAUNCH(g, sparse_attn, M, nh / qsa__attn_heads(M, nh, nkv, hd), qsa__attn_threads(M), 0, &qg, &Kp, &Vp, &bt, &s->sel,
@@ -10003,10 +10022,12 @@ QSA_PRIV qsa_result qsa__cuda_attn_batch(qsa_model *m, int l, int B) {
         QSA__LAUNCH3(g, block_scores_batch, 1, ys, B, 256, 0, &iq, &bk, &sc, &pos, &ih, &ihd, &r, &ld, &topk);
         QSA__LAUNCH3(g, topk_blocks_batch, 1, 1, B, 1024, 0, &sc, &s->sel, &s->nsel, &pos, &r, &topk, &ld);
     }
-    int hb = 1, smax = qsa__attn_dec_splits(g, B, nh, nkv, hd, r, topk, split, &hb);
+    int hb = 1;
+    unsigned nt = 0;
+    int smax = qsa__attn_dec_splits(g, B, nh, nkv, hd, r, topk, split, &hb, &nt);
     if (smax) {
         CUdeviceptr part = s->gemv_part, cnt = s->gemv_count;
-        QSA__LAUNCH3(g, sparse_attn_dec_batch, smax, nh / hb, B, 32 * hb, 0, &qg, &Kp, &Vp, &bts, &s->sel, &s->nsel, &att, &att16,
+        QSA__LAUNCH3(g, sparse_attn_dec_batch, smax, nh / hb, B, nt, 0, &qg, &Kp, &Vp, &bts, &s->sel, &s->nsel, &att, &att16,
                      &pos, &nh, &nkv, &hd, &r, &topk, &ps, &split, &part, &cnt, &smax);
     } else {
         QSA__LAUNCH3(g, sparse_attn_batch, 1, nh, B, qsa__attn_threads(B), 0, &qg, &Kp, &Vp, &bts, &s->sel, &s->nsel, &att, &att16, &pos,

@@ -1002,12 +1002,13 @@ TEST(gpu, k2_sparse_attn_vs_cpu) {
 
 /* GPU, the decode kernels: queries [t0, t0+M) of the case as M sequences of one query each (the same
    block table, positions pos0 + t) through qsa_k_sparse_attn_dec_batch, or query t0 alone through
-   qsa_k_sparse_attn_dec (single).  out [M][nh*hd]. */
+   qsa_k_sparse_attn_dec (single), hb query heads per block, hw per warp.  out [M][nh*hd]. */
 static qsa_result k2t_attn_dec_gpu(const k2t_attn *c, int ps, int n_pages, const int32_t *bt, int t0, int M, int single,
-                                   int hb, float *out) {
+                                   int hb, int hw, float *out) {
     int kvd = c->nkv * c->hd, np = (c->ntok + ps - 1) / ps, nh = c->nh, nkv = c->nkv, hd = c->hd, r = c->r;
     int topk = c->topk, split = QSA_ATTN_SPLIT, smax = (topk * r + r - 1 + split - 1) / split, pos0 = c->pos0 + t0;
     int rows = nh / hb; /* grid y: groups of hb query heads */
+    unsigned threads = 32u * (unsigned)(hb / hw);
     size_t slots = (size_t)n_pages * ps;
     uint16_t *Kp = k2t_attn_pool(c, ps, n_pages, bt, c->K), *Vp = k2t_attn_pool(c, ps, n_pages, bt, c->V);
     uint16_t *o16 = QSA__ALLOC(uint16_t, (size_t)M * nh * hd);
@@ -1040,12 +1041,11 @@ static qsa_result k2t_attn_dec_gpu(const k2t_attn *c, int ps, int n_pages, const
         if (single) {
             void *args[] = {&dq, &dK, &dV, &dbt, &dsel, &dns, &dout, &do16, &pos0, &nh, &nkv, &hd, &r, &ps, &split,
                             &dpart, &dcnt, &smax};
-            res = k2t_launch("qsa_k_sparse_attn_dec", (unsigned)smax, (unsigned)rows, 32u * (unsigned)hb, 0, args);
+            res = k2t_launch("qsa_k_sparse_attn_dec", (unsigned)smax, (unsigned)rows, threads, 0, args);
         } else {
             void *args[] = {&dq, &dK, &dV, &dbts, &dsel, &dns, &dout, &do16, &dpos, &nh, &nkv, &hd, &r, &topk, &ps,
                             &split, &dpart, &dcnt, &smax};
-            res = k2t_launch3("qsa_k_sparse_attn_dec_batch", (unsigned)smax, (unsigned)rows, (unsigned)M, 32u * (unsigned)hb,
-                              0, args);
+            res = k2t_launch3("qsa_k_sparse_attn_dec_batch", (unsigned)smax, (unsigned)rows, (unsigned)M, threads, 0, args);
         }
     }
     if (res == QSA_OK) res = k2t_get(out, dout, (size_t)M * nh * hd * 4);
@@ -1065,9 +1065,9 @@ static qsa_result k2t_attn_dec_gpu(const k2t_attn *c, int ps, int n_pages, const
 
 /* The decode kernels give qsa_k_sparse_attn's bits: each query of a case as its own sequence (one
    batched launch) and one query through the single-sequence entry, with all the query heads of a KV
-   head per block, one, and two (where it divides), at hd 128 (GQA 2:1, 17 splits), hd 256 with the
-   real shape's 12 query heads per KV head, and early positions (all blocks selected, tails of 0..3
-   tokens, one split). */
+   head per block, half of them, two and one (where they divide), each with one head per warp and,
+   for an even number of them, two per warp (blocks of up to QSA__ATTN_DEC_THREADS), at hd 128 (GQA 2:1, 17 splits), hd 256 with the real shape's 12 query
+   heads per KV head, and early positions (all blocks selected, tails of 0..3 tokens, one split). */
 TEST(gpu, k2_sparse_attn_decode_splits) {
     K2_NEED_GPU();
     static const struct { int nh, nkv, hd, r, topk, M, pos0; uint64_t seed; const char *what; } cases[] = {
@@ -1086,18 +1086,22 @@ TEST(gpu, k2_sparse_attn_decode_splits) {
         k2t_block_table(bt, np, n_pages, 5 + i);
         qsa_result r = k2t_attn_gpu(&c, ps, n_pages, bt, 0, c.M, 512, 0, ref, NULL, 0);
         CHECK_OK(r);
-        const int hbs[3] = {nq, 1, 2};
-        for (int k = 0; k < 3 && r == QSA_OK; k++) {
-            if (nq % hbs[k]) continue;
-            r = k2t_attn_dec_gpu(&c, ps, n_pages, bt, 0, c.M, 0, hbs[k], got);
+        const int hbs[4] = {nq, nq / 2, 2, 1};
+        for (int k = 0; k < 8 && r == QSA_OK; k++) {
+            const int hb = hbs[k / 2], hw = 1 + k % 2;
+            int seen = 0;
+            for (int j = 0; j < k / 2; j++) seen |= hbs[j] == hb;
+            if (seen || hb < 1 || nq % hb || hb % hw || 32 * hb / hw > QSA__ATTN_DEC_THREADS) continue;
+            r = k2t_attn_dec_gpu(&c, ps, n_pages, bt, 0, c.M, 0, hb, hw, got);
             CHECK_OK(r);
-            CHECKF(r != QSA_OK || k2t_same_bits(ref, got, no * 4), "%s, %d heads per block: the batched decode kernel's bits differ",
-                   cases[i].what, hbs[k]);
+            CHECKF(r != QSA_OK || k2t_same_bits(ref, got, no * 4),
+                   "%s, %d heads per block, %d per warp: the batched decode kernel's bits differ", cases[i].what, hb, hw);
             const int t = c.M - 1;
-            if (r == QSA_OK) r = k2t_attn_dec_gpu(&c, ps, n_pages, bt, t, 1, 1, hbs[k], got);
+            if (r == QSA_OK) r = k2t_attn_dec_gpu(&c, ps, n_pages, bt, t, 1, 1, hb, hw, got);
             CHECK_OK(r);
             CHECKF(r != QSA_OK || k2t_same_bits(ref + (size_t)t * per, got, per * 4),
-                   "%s, %d heads per block: the single-sequence decode kernel's bits differ", cases[i].what, hbs[k]);
+                   "%s, %d heads per block, %d per warp: the single-sequence decode kernel's bits differ", cases[i].what,
+                   hb, hw);
         }
         qsa_free(bt); qsa_free(ref); qsa_free(got);
         k2t_attn_free(&c);
