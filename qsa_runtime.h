@@ -9164,18 +9164,20 @@ QSA_PRIV unsigned qsa__attn_threads(int M) { return M <= 64 ? 512u : 256u; }
 /* Decode attention of B queries (one per sequence) through qsa_k_sparse_attn_dec[_batch] (a block
    per (split, group of *hb query heads of one KV head), K and V read once per group; the bits of
    qsa_k_sparse_attn): returns the splits per query to launch for (the grid's x) and sets *hb and the
-   block's *threads, or returns 0 for qsa_k_sparse_attn.  Used from QSA__ATTN_DEC_MIN_B sequences on ($QSA_ATTN_DEC "1":
-   always, "0": never), with an indexer (r = 0: the context, not the budget, bounds the splits), hd
-   128 or 256 and the partials within the GEMV scratch.  *hb: all the query heads of a KV head, or
-   the largest divisor of them up to $QSA_ATTN_DEC_HEADS whose block fits QSA__ATTN_DEC_THREADS
-   (the kernel's launch bound), with two heads per warp when it is even and there are at least
-   QSA__ATTN_DEC_PAIR_B sequences (a warp's heads share its conversions of K and V, but its split
-   takes twice as long: fewer sequences want the shorter warps; $QSA_ATTN_DEC_WARP "1" or "2" to
-   choose), else one.  Measured on the H200 (real shape, 9
-   splits of 256 per query, before QSA_ATTN_SPLIT became 128): batch 32 557 -> 578 tok/s, batch 8
-   345 -> 350; one sequence 59 -> 78 us per layer (18 blocks; 2 heads per block, 108 blocks: 87 us
-   — a warp's split is the long pole either way), hence the old kernel below 8 sequences. */
-#define QSA__ATTN_DEC_MIN_B 8
+   block's *threads, or returns 0 for qsa_k_sparse_attn.  Used from QSA__ATTN_DEC_MIN_B sequences on
+   ($QSA_ATTN_DEC "1": always, "0": never), with an indexer (r = 0: the context, not the budget,
+   bounds the splits), hd 128 or 256 and the partials within the GEMV scratch.  *hb: all the query
+   heads of a KV head, or the largest divisor of them up to $QSA_ATTN_DEC_HEADS whose block fits
+   QSA__ATTN_DEC_THREADS (the kernel's launch bound), with two heads per warp when it is even and
+   there are at least QSA__ATTN_DEC_PAIR_B sequences (a warp's heads share its conversions of K and
+   V, but its split takes twice as long: fewer sequences want the shorter warps; $QSA_ATTN_DEC_WARP
+   "1" or "2" to choose), else one.  Measured on the H200 (real shape, eager --profile, per QSA
+   layer): one sequence 52.5 us through qsa_k_sparse_attn (24 blocks) -> 43.8 (34 blocks of 12
+   warps; before the chunk's scores were summed at once and its softmax bookkeeping went
+   lane-parallel a warp's split was the long pole: 59 -> 78 us, so this kernel started at 8
+   sequences); 8 sequences 62.3 us (two heads per warp: 79.9); 32 sequences 167.7 (one per warp:
+   179.2). */
+#define QSA__ATTN_DEC_MIN_B 1
 #define QSA__ATTN_DEC_THREADS 384 /* qsa_k_sparse_attn_dec[_batch]'s __launch_bounds__ */
 #define QSA__ATTN_DEC_PAIR_B 16
 QSA_PRIV int qsa__attn_dec_splits(const qsa__cuda *g, int B, int nh, int nkv, int hd, int r, int topk, int split, int *hb,
