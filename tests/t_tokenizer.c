@@ -23,6 +23,14 @@ typedef struct tiny_opts {
     int omit_model, omit_vocab, bad_merge, bad_merge_result, drop_byte, merge_three_parts;
 } tiny_opts;
 
+/* the tiny tokenizer as written: every byte token, no options */
+static tiny_opts tiny_defaults(void) {
+    tiny_opts o;
+    memset(&o, 0, sizeof o);
+    o.drop_byte = -1;
+    return o;
+}
+
 static void tiny_put_json_str(qsa__buf *b, const char *s, size_t n) {
     qsa__buf_puts(b, "\"");
     for (size_t i = 0; i < n; i++) {
@@ -280,9 +288,7 @@ TEST(cpu, tok_regex_split) {
 
 TEST(cpu, tok_tiny_bpe_and_added_tokens) {
     qsa_tokenizer *t = NULL;
-    tiny_opts o;
-    memset(&o, 0, sizeof o);
-    o.drop_byte = -1;
+    tiny_opts o = tiny_defaults();
     CHECK_OK(tiny_load(&o, &t));
     if (!t) return;
     /* like the library, added tokens take the id of an existing vocabulary entry with the same
@@ -347,9 +353,7 @@ TEST(cpu, tok_tiny_bpe_and_added_tokens) {
 
 TEST(cpu, tok_malformed_files_rejected) {
     qsa_tokenizer *t = NULL;
-    tiny_opts o;
-    memset(&o, 0, sizeof o);
-    o.drop_byte = -1;
+    tiny_opts o = tiny_defaults();
     o.pattern = "\\p{L}+|\\s+";
     CHECK_ERR(tiny_load(&o, &t), QSA_ERR_UNSUPPORTED, "Split regex is not one this runtime implements");
     CHECK(strstr(qsa_last_error(), "\\p{L}+|\\s+") != NULL); /* the message names the pattern */
@@ -390,9 +394,7 @@ TEST(cpu, tok_malformed_files_rejected) {
 
 TEST(cpu, tok_invalid_utf8_input) {
     qsa_tokenizer *t = NULL;
-    tiny_opts o;
-    memset(&o, 0, sizeof o);
-    o.drop_byte = -1;
+    tiny_opts o = tiny_defaults();
     CHECK_OK(tiny_load(&o, &t));
     if (!t) return;
     int32_t *ids = (int32_t *)1;
@@ -434,9 +436,7 @@ static char *stream_decode(const qsa_tokenizer *t, const int32_t *ids, size_t n,
 
 TEST(cpu, tok_stream_decoder_split_chars) {
     qsa_tokenizer *t = NULL;
-    tiny_opts o;
-    memset(&o, 0, sizeof o);
-    o.drop_byte = -1;
+    tiny_opts o = tiny_defaults();
     CHECK_OK(tiny_load(&o, &t));
     if (!t) return;
     qsa_detok_stream s;
@@ -497,9 +497,7 @@ TEST(cpu, tok_stream_decoder_split_chars) {
 
 TEST(cpu, tok_chat_template_chatml) {
     qsa_tokenizer *t = NULL;
-    tiny_opts o;
-    memset(&o, 0, sizeof o);
-    o.drop_byte = -1;
+    tiny_opts o = tiny_defaults();
     CHECK_OK(tiny_load(&o, &t));
     if (!t) return;
     qsa_chat_message msgs[2];
@@ -535,9 +533,7 @@ TEST(cpu, tok_load_dir_config) {
     char p1[256], p2[256];
     snprintf(p1, sizeof p1, "%s/tokenizer.json", dir);
     snprintf(p2, sizeof p2, "%s/tokenizer_config.json", dir);
-    tiny_opts o;
-    memset(&o, 0, sizeof o);
-    o.drop_byte = -1;
+    tiny_opts o = tiny_defaults();
     char *js = tiny_tokenizer_json(&o);
     FILE *f = fopen(p1, "wb");
     if (f) { fputs(js, f); fclose(f); }
@@ -702,9 +698,7 @@ TEST(cpu, tok_qwen35_conformance) {
 /* Hostile tokenizer.json: every prefix of a valid file and random byte flips must load or fail
    cleanly (run under ASan to see the difference). */
 TEST(cpu, tok_hostile_json_no_crash) {
-    tiny_opts o;
-    memset(&o, 0, sizeof o);
-    o.drop_byte = -1;
+    tiny_opts o = tiny_defaults();
     char *js = tiny_tokenizer_json(&o);
     size_t n = strlen(js);
     char *buf = (char *)qsa__malloc(n + 1);
