@@ -1009,8 +1009,8 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
  * Environment: QSA_CUDA_LIB, QSA_NVRTC_LIB, QSA_NCCL_LIB (a full path: only that file is tried),
  * QSA_ARCH (NVRTC target, e.g. compute_70 or sm_90; see qsa__nvrtc_pick_arch), QSA_PDL ("0": no
  * programmatic dependent launches, qsa__pdl_on), QSA_XW_WHOLE_PER_SM, QSA_MOE64_PAIRS, QSA_ATTN_DEC,
- * QSA_ATTN_DEC_HEADS, QSA_ATTN_DEC_WARP, QSA_TILED_M and QSA_TILED_TILES (launch shapes, qsa__cuda_tuning: tuning switches,
- * the bits do not depend on them). */
+ * QSA_ATTN_DEC_HEADS, QSA_ATTN_DEC_WARP, QSA_TILED_M and QSA_TILED_TILES (launch shapes,
+ * qsa__cuda_tuning: tuning switches, the bits do not depend on them). */
 #ifndef QSA_NO_CUDA
 
 #if defined(__cuda_cuda_h__) || defined(__NVRTC_H__) || defined(NCCL_H_)
@@ -8530,7 +8530,7 @@ typedef struct qsa__cuda {
     int ordinal, cc, sm_count;
     int xw_whole_per_sm;         /* qsa__xw_whole's threshold (QSA__XW_WHOLE_PER_SM; $QSA_XW_WHOLE_PER_SM) */
     int moe64_pairs;             /* qsa__moe_tr's threshold (QSA__MOE64_PAIRS; $QSA_MOE64_PAIRS) */
-    int attn_dec;                /* $QSA_ATTN_DEC: -1 "0", 1 "1", 0 unset (qsa__attn_dec_splits) */
+    int attn_dec_off;            /* $QSA_ATTN_DEC "0": never qsa_k_sparse_attn_dec (qsa__attn_dec_splits) */
     int attn_dec_heads;          /* $QSA_ATTN_DEC_HEADS: its heads per block (0: qsa__attn_dec_splits' rule) */
     int attn_dec_warp;           /* $QSA_ATTN_DEC_WARP: its heads per warp, 1 or 2 (0: the rule) */
     int tiled_min_m, tiled_min_tiles; /* qsa__tiled_small's thresholds ($QSA_TILED_M, $QSA_TILED_TILES) */
@@ -9003,7 +9003,7 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
 #define QSA__TILED_M 17
 /* The launch-shape switches read from the environment once per context (the bits do not depend on
    them): $QSA_XW_WHOLE_PER_SM and $QSA_MOE64_PAIRS, positive integers, replace QSA__XW_WHOLE_PER_SM
-   and QSA__MOE64_PAIRS; $QSA_ATTN_DEC ("0" never, "1" always), $QSA_ATTN_DEC_HEADS and
+   and QSA__MOE64_PAIRS; $QSA_ATTN_DEC ("0": never), $QSA_ATTN_DEC_HEADS and
    $QSA_ATTN_DEC_WARP choose and shape qsa_k_sparse_attn_dec (qsa__attn_dec_splits); $QSA_TILED_M
    and $QSA_TILED_TILES replace qsa__tiled_small's thresholds (QSA__TILED_M tokens, the SM count of
    tiles). */
@@ -9013,7 +9013,7 @@ QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     e = getenv("QSA_MOE64_PAIRS");
     g->moe64_pairs = e && atoi(e) > 0 ? atoi(e) : QSA__MOE64_PAIRS;
     e = getenv("QSA_ATTN_DEC");
-    g->attn_dec = e && !strcmp(e, "0") ? -1 : e && !strcmp(e, "1") ? 1 : 0;
+    g->attn_dec_off = e && !strcmp(e, "0");
     e = getenv("QSA_ATTN_DEC_HEADS");
     g->attn_dec_heads = e && atoi(e) > 0 ? atoi(e) : 0;
     e = getenv("QSA_ATTN_DEC_WARP");
@@ -9164,9 +9164,9 @@ QSA_PRIV unsigned qsa__attn_threads(int M) { return M <= 64 ? 512u : 256u; }
 /* Decode attention of B queries (one per sequence) through qsa_k_sparse_attn_dec[_batch] (a block
    per (split, group of *hb query heads of one KV head), K and V read once per group; the bits of
    qsa_k_sparse_attn): returns the splits per query to launch for (the grid's x) and sets *hb and the
-   block's *threads, or returns 0 for qsa_k_sparse_attn.  Used from QSA__ATTN_DEC_MIN_B sequences on
-   ($QSA_ATTN_DEC "1": always, "0": never), with an indexer (r = 0: the context, not the budget,
-   bounds the splits), hd 128 or 256 and the partials within the GEMV scratch.  *hb: all the query
+   block's *threads, or returns 0 for qsa_k_sparse_attn.  Used for any number of sequences (unless
+   $QSA_ATTN_DEC is "0") with an indexer (r = 0: the context, not the budget, bounds the splits), hd
+   128 or 256 and the partials within the GEMV scratch.  *hb: all the query
    heads of a KV head, or the largest divisor of them up to $QSA_ATTN_DEC_HEADS whose block fits
    QSA__ATTN_DEC_THREADS (the kernel's launch bound), with two heads per warp when it is even and
    there are at least QSA__ATTN_DEC_PAIR_B sequences (a warp's heads share its conversions of K and
@@ -9177,13 +9177,12 @@ QSA_PRIV unsigned qsa__attn_threads(int M) { return M <= 64 ? 512u : 256u; }
    lane-parallel a warp's split was the long pole: 59 -> 78 us, so this kernel started at 8
    sequences); 8 sequences 62.3 us (two heads per warp: 79.9); 32 sequences 167.7 (one per warp:
    179.2). */
-#define QSA__ATTN_DEC_MIN_B 1
 #define QSA__ATTN_DEC_THREADS 384 /* qsa_k_sparse_attn_dec[_batch]'s __launch_bounds__ */
 #define QSA__ATTN_DEC_PAIR_B 16
 QSA_PRIV int qsa__attn_dec_splits(const qsa__cuda *g, int B, int nh, int nkv, int hd, int r, int topk, int split, int *hb,
                                   unsigned *threads) {
-    if (g->attn_dec < 0 || (g->attn_dec == 0 && B < QSA__ATTN_DEC_MIN_B) || !g->sc.gemv_part || r < 1 || topk < 1 ||
-        nkv < 1 || nh % nkv || (hd != 128 && hd != 256) || split < 1 || split > 256)
+    if (g->attn_dec_off || !g->sc.gemv_part || r < 1 || topk < 1 || nkv < 1 || nh % nkv || (hd != 128 && hd != 256) ||
+        split < 1 || split > 256)
         return 0;
     int nq = nh / nkv, want = g->attn_dec_heads > 0 ? g->attn_dec_heads : nq;
     *hb = 1;
