@@ -1135,6 +1135,66 @@ static __device__ __forceinline__ void qsa_nvf_mma4_tr(qsa_u32 wa, qsa_u32 xb, f
     }
 }
 
+/* qsa_seg16_cpa with the roles of the operands swapped, for A of at most QSA_GEMV_TR_ROWS rows
+ * (decode), 16-byte aligned (avec): the segment's 16 W rows, copied by cp.async as there, are the
+ * mma's A operand (16 x 16 per chunk, one ldmatrix), and the tile's A rows its B operand (8 columns
+ * of m16n8k16), whose fragments each lane loads straight from global memory (row g = lane / 4, NULL
+ * past M): no staging of A, no warp barrier in the loop, ~150 instructions per task instead of
+ * ~1,700.  Each element is the same 16 products in the same positions of k per chunk, chunk after chunk into a zeroed accumulator: the bits of qsa_seg16_cpa
+ * (as qsa_nvf_mma4_tr against qsa_nvf_mma4_ld; tested through the GEMV kernels against the one-block
+ * GEMM).  d: the mma's D, W rows g and g + 8 against A rows 2 (lane % 4) and + 1 (d[0] (g, 2t), d[1]
+ * (g, 2t + 1), d[2] (g + 8, 2t), d[3] (g + 8, 2t + 1)).  sw: W [16][QSA_SWS] halves, 32-byte aligned.
+ * (Measured on the H200 against the staged form, eager, per launch: one row (batch 1) the GDN input
+ * group 41.4 -> 35.2 us, the out projections 22.9 -> 19.7, lm_head 426 -> 362; eight rows mixed (the
+ * GDN input group 50.0 -> 47.9, the HC down group 16.8 -> 18.7); two row groups of 8 (batch 32)
+ * slower everywhere (out projections 46.2 -> 50.0): 32 four-byte loads per lane per segment from up to
+ * 8 rows cost more than the staging they save.) */
+#define QSA_GEMV_TR_ROWS 4
+static __device__ __forceinline__ void qsa_seg16_tr(const qsa_f16 *const *arow, const qsa_f16 *W, int n0, int N, int K,
+                                                    int seg, qsa_f16 *sw, float *d) {
+    const int lane = threadIdx.x & 31, g = lane >> 2;
+    const int kbeg = seg * QSA_SEG, kend = min(K, kbeg + QSA_SEG);
+    /* (the row pointer read before the copies start: ptxas orders a shared load after them behind
+       their completion) */
+    const qsa_f16 *x0 = arow[g]; /* (NULL past M) */
+    { /* the W copy of qsa_seg16_cpa */
+        const int k = kbeg + 8 * lane;
+        const qsa_u32 dst = qsa_smem_u32(sw + 8 * lane);
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const bool ok = n0 + i < N && k < kend;
+            const qsa_f16 *src = ok ? W + (qsa_i64)(n0 + i) * K + k : W;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + i * QSA_SWS * 2), "l"(src),
+                         "r"(ok ? 16 : 0)
+                         : "memory");
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    QSA_PDL_ENTRY();
+    /* the B fragments of the whole segment (32 registers), all loads issued before any is used: this
+       lane's two halves at k = 16 c + 2 (lane % 4) and + 8, zero from kend on (kend - kbeg is a
+       multiple of 8, so k < kend covers k + 1) */
+    qsa_u32 xb[QSA_SEG / 16][2];
+#pragma unroll
+    for (int c = 0; c < QSA_SEG / 16; c++) {
+        const int k = kbeg + 16 * c + 2 * (lane & 3);
+        xb[c][0] = x0 && k < kend ? __ldg((const qsa_u32 *)(x0 + k)) : 0u;
+        xb[c][1] = x0 && k + 8 < kend ? __ldg((const qsa_u32 *)(x0 + k + 8)) : 0u;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) d[i] = 0.0f;
+    const qsa_u32 wa = qsa_smem_u32(sw) + 2 * ((lane & 15) * QSA_SWS + (lane >> 4) * 8);
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncwarp(); /* every lane's weights have landed */
+#pragma unroll
+    for (int c = 0; c < QSA_SEG / 16; c++) {
+        if (kbeg + 16 * c >= kend) break;
+        qsa_u32 fw[4];
+        qsa_ldsm4(wa + 32 * c, fw);
+        qsa_mma16816(d, fw, xb[c][0], xb[c][1]);
+    }
+}
+
 template <int NA, int AS>
 static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *const *ap, int na, const qsa_wsrc &w,
                                                               int n0, int N, int K, int nseg, qsa_f16 *sa,
@@ -1724,21 +1784,40 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
     if (lane < 16) arow[warp][lane] = m0 + lane < M ? A + (qsa_i64)(m0 + lane) * K : 0;
     __syncwarp();
     qsa_frag_c P;
+    float *pt = part + (qsa_i64)tile * nseg * prow * 16;
+    bool tr = false; /* the partial tile is already in pt (qsa_seg16_tr) */
     if (NV && qsa_nvf_ok(ws, avec, K))
         qsa_seg16_nvf<true>(arow[warp], M - m0, ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, P);
     else if (NV) qsa_seg16_nvw<true>(arow[warp], avec, ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, P);
 #if QSA_CPA
-    else if (ws.vec && !(K & 7)) qsa_seg16_cpa(arow[warp], avec, ws.w16, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, P);
+    else if (ws.vec && !(K & 7) && avec && M <= QSA_GEMV_TR_ROWS) {
+        /* the lane's D elements straight into the partial tile: (W row n, A row m) at [m][n] for its
+           prow = M rows */
+        float d[4];
+        qsa_seg16_tr(arow[warp], ws.w16, n0, N, K, seg, stage[warp] + 16 * ST, d);
+        float *ps = pt + (qsa_i64)seg * prow * 16;
+        const int g = lane >> 2, m = 2 * (lane & 3);
+        if (m < prow) {
+            ps[m * 16 + g] = d[0];
+            ps[m * 16 + g + 8] = d[2];
+        }
+        if (m + 1 < prow) {
+            ps[(m + 1) * 16 + g] = d[1];
+            ps[(m + 1) * 16 + g + 8] = d[3];
+        }
+        tr = true;
+    } else if (ws.vec && !(K & 7)) qsa_seg16_cpa(arow[warp], avec, ws.w16, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, P);
     else qsa_seg16<1, false, true, true>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
 #else
     else qsa_seg16<1, false, true>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
 #endif
-    float *slot = (float *)stage[warp];
-    __syncwarp(); /* every lane's fragment loads are done: the staging becomes the partial tile */
-    qsa_wmma_store(slot, P, 16);
-    __syncwarp();
-    float *pt = part + (qsa_i64)tile * nseg * prow * 16;
-    for (int e = lane; e < prow * 16; e += 32) pt[(qsa_i64)seg * prow * 16 + e] = slot[e];
+    if (!tr) {
+        float *slot = (float *)stage[warp];
+        __syncwarp(); /* every lane's fragment loads are done: the staging becomes the partial tile */
+        qsa_wmma_store(slot, P, 16);
+        __syncwarp();
+        for (int e = lane; e < prow * 16; e += 32) pt[(qsa_i64)seg * prow * 16 + e] = slot[e];
+    }
     if (!qsa_ticket_last(&count[tile], (unsigned)nseg)) return;
     if (gxn) { /* qsa_k_gemv_gres: the tile's 16 / ghc groups of ghc interleaved mix weights, mixed */
         const int per = 16 / ghc, H = N / ghc;
@@ -4245,8 +4324,11 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv_batch(
                       v + b * (conv_dim - 2 * key_dim), 1, conv_dim, key_dim, Kc, act, nk, dk, gb, 1);
 }
 
-/* S: st.  Launch: grid (nv, Y, B), block and dynamic shared memory as qsa_k_gdn_recurrent. */
-extern "C" __global__ void qsa_k_gdn_recurrent_batch(const unsigned long long *__restrict__ st,
+/* S: st.  Launch: grid (nv, Y, B), block 128 (the launch bound; six blocks per SM: 80 registers, a few
+   spilled, against 128-138 unbounded and three or four blocks — batch 32 at the real shape 83.3 ->
+   66.7 us per layer, batch 8 25.8 -> 21.6 on the H200; five blocks: 68.7 and 23.2), dynamic shared
+   memory as qsa_k_gdn_recurrent. */
+extern "C" __global__ void __launch_bounds__(128, 6) qsa_k_gdn_recurrent_batch(const unsigned long long *__restrict__ st,
                                                      const float *__restrict__ q, const float *__restrict__ k,
                                                      const float *__restrict__ v, const float *__restrict__ beta,
                                                      const float *__restrict__ g, float *o, int nk, int nv, int dk,
@@ -4257,7 +4339,7 @@ extern "C" __global__ void qsa_k_gdn_recurrent_batch(const unsigned long long *_
                                         g + b * nv, o + b * vd, 1, nk, nv, dk, dv);
 }
 
-extern "C" __global__ void qsa_k_gdn_recurrent_f16state_batch(const unsigned long long *__restrict__ st,
+extern "C" __global__ void __launch_bounds__(128, 6) qsa_k_gdn_recurrent_f16state_batch(const unsigned long long *__restrict__ st,
                                                               const float *__restrict__ q, const float *__restrict__ k,
                                                               const float *__restrict__ v,
                                                               const float *__restrict__ beta,

@@ -27,6 +27,16 @@ static int gpu_model(const char *fixture, qsa_model_params *mp, qsa_model **m) {
 
 #define GPU_OR_SKIP(fixture, mp, m) \
     do { if (!gpu_model(fixture, mp, m)) { if (T_.failed) return; SKIP("no CUDA device: %s", qsa_last_error()); } } while (0)
+/* The tiny sharded model (hyper-connections, PLE shards) on the GPU with the batched decode and CUDA
+   graph parameters given (0: the defaults) */
+#define SHARDED_OR_SKIP(batch_decode, graphs, m)             \
+    do {                                                     \
+        qsa_model_params mp_;                                \
+        memset(&mp_, 0, sizeof mp_);                         \
+        mp_.cuda_batch_decode = (batch_decode);              \
+        mp_.cuda_graphs = (graphs);                          \
+        GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp_, m);         \
+    } while (0)
 
 static void gpu_tolerances(void) {
     g_backend = QSA_BACKEND_CUDA;
@@ -110,10 +120,8 @@ TEST(gpu, greedy_tokens_equal_cpu) {
 
 /* On the GPU too, feeding a prompt in chunks of any size gives the same bits as one pass. */
 TEST(gpu, chunked_prefill_bitwise) {
-    qsa_model_params mp;
-    memset(&mp, 0, sizeof mp);
     qsa_model *m = NULL;
-    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    SHARDED_OR_SKIP(0, 0, &m);
     int n = 150, V = m->cfg.vocab_size;
     int32_t ids[150];
     for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 37 + 11) % V);
@@ -346,22 +354,16 @@ static void bd_check_invariance(qsa_model *m, const char *what) {
 }
 
 TEST(gpu, batch_invariance_decode) {
-    qsa_model_params mp;
-    memset(&mp, 0, sizeof mp);
-    mp.cuda_batch_decode = 1;
     qsa_model *m = NULL;
-    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    SHARDED_OR_SKIP(1, 0, &m);
     bd_check_invariance(m, "batched decode");
     qsa_model_free(m);
 }
 
 /* (b) Batched decode == single-sequence qsa_seq_feed, bitwise, for every token of 32 requests. */
 TEST(gpu, batch_decode_equals_single_feed) {
-    qsa_model_params mp;
-    memset(&mp, 0, sizeof mp);
-    mp.cuda_batch_decode = 1;
     qsa_model *m = NULL;
-    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    SHARDED_OR_SKIP(1, 0, &m);
     bd_pair *p = bd_pair_new(m);
     int reqs[32];
     for (int k = 0; k < 32; k++) reqs[k] = 31 - k;
@@ -377,10 +379,8 @@ TEST(gpu, batch_decode_equals_single_feed) {
 /* (b') qsa_seq_feed of one token with the default parameters runs the batched step for a batch of
    one, replayed as a CUDA graph: bitwise the chunked forward's logits and tokens, 12 requests. */
 TEST(gpu, single_token_feed_equals_chunk_path) {
-    qsa_model_params mp;
-    memset(&mp, 0, sizeof mp); /* defaults: batched decode and graphs on */
     qsa_model *m = NULL;
-    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    SHARDED_OR_SKIP(0, 0, &m); /* defaults: batched decode and graphs on */
     bd_pair *p = bd_pair_new(m);
     int reqs[12];
     for (int k = 0; k < 12; k++) reqs[k] = (k * 5 + 3) % 12;
@@ -401,12 +401,8 @@ TEST(gpu, single_token_feed_equals_chunk_path) {
    that the tiny model's GEMVs slice (or take the one-block GEMM), prefills and batched decode steps
    (graphs captured anew) give the bits of the default run, 8 requests. */
 TEST(gpu, gemv_column_slices_equal_whole) {
-    qsa_model_params mp;
-    memset(&mp, 0, sizeof mp);
-    mp.cuda_batch_decode = 1;
-    mp.cuda_graphs = 1;
     qsa_model *m = NULL;
-    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    SHARDED_OR_SKIP(1, 1, &m);
     bd_pair *p = bd_pair_new(m);
     int reqs[8] = {6, 1, 4, 7, 0, 3, 2, 5};
     if (p) {
@@ -429,12 +425,8 @@ TEST(gpu, gemv_column_slices_equal_whole) {
    lowered so that every dense projection of every batched step (batches 1 and 8; graphs captured
    anew) takes it, the bits of the default run, 8 requests. */
 TEST(gpu, tiled_decode_projections_equal_gemv) {
-    qsa_model_params mp;
-    memset(&mp, 0, sizeof mp);
-    mp.cuda_batch_decode = 1;
-    mp.cuda_graphs = 1;
     qsa_model *m = NULL;
-    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    SHARDED_OR_SKIP(1, 1, &m);
     bd_pair *p = bd_pair_new(m);
     int reqs[8] = {3, 6, 0, 5, 2, 7, 4, 1};
     qsa__cuda *g = m->cuda;

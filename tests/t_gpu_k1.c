@@ -977,7 +977,7 @@ done:
 TEST(gpu, k1_gemv_group_equals_single) {
     K1_NEED_GPU();
     static const int cases[][3] = {{1, 2560, 4},  {1, 300, 2},  {5, 48, 3},   {16, 2560, 4},
-                                   {32, 2560, 4}, {25, 640, 3}, {37, 640, 4}, {64, 272, 4}};
+                                   {32, 2560, 4}, {25, 640, 3}, {37, 640, 4}, {64, 272, 4}, {4, 640, 3}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) k1_gemv_group_case(cases[i][0], cases[i][1], cases[i][2]);
 }
 
@@ -1114,10 +1114,12 @@ TEST(gpu, k1_gemv_gres_equals_gemv_and_mix) {
 TEST(gpu, k1_gemv_cross_warp_equals_gemm) {
     K1_NEED_GPU();
     /* (17 to 32 rows: the two-row-tile warps of the dense form, ragged K and N included; K = 100 is not a
-       multiple of 8: the one-tile path) */
+       multiple of 8: the one-tile path; up to QSA_GEMV_TR_ROWS = 4 rows: the swapped-operand form, with a
+       ragged last segment and N) */
     static const int shapes[][3] = {{1, 300, 1024}, {1, 4, 10240}, {1, 320, 2560}, {5, 17, 48},   {37, 100, 2320},
                                     {64, 33, 272},  {16, 50, 6144}, {2, 2560, 640}, {1, 7, 100},   {9, 1000, 3000},
-                                    {32, 100, 2320}, {20, 33, 272}, {24, 17, 100},  {32, 2560, 640}};
+                                    {32, 100, 2320}, {20, 33, 272}, {24, 17, 100},  {32, 2560, 640}, {3, 50, 2320},
+                                    {4, 33, 272}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int nv = 0; nv < 2; nv++) {
             if (nv && shapes[i][2] % 16) continue;

@@ -24,7 +24,9 @@
  *      "single": the batched step for a batch of one, replayed as a CUDA graph) and through the
  *      chunked forward (cuda_batch_decode off: "single, chunked forward"), and the batched path
  *      (qsa_seq_feed_batch with cuda_batch_decode = 1); larger batches run the batched path
- *      (--graphs adds rows with CUDA graphs).  The batched rows run after everything else, and a
+ *      (--graphs adds rows with CUDA graphs); batch 1 then runs "single" once more ("single,
+ *      again": the two should agree).  Each row's note gives its fastest and slowest step.  The
+ *      batched rows run after everything else, and a
  *      failure there is recorded in its row (a sticky CUDA error ends the run, the table is still
  *      printed).
  * Timings use CUDA events on the backend's stream (cuEventRecord / cuEventElapsedTime) around
@@ -94,7 +96,7 @@ typedef struct bench_opt {
     int steps, warmup, prefill, ctx, prefill_reps, chunk;
     int batches[BENCH_MAX_BATCHES], n_batches;
     long long ple_base;
-    const char *config, *out, *arch;
+    const char *config, *out, *arch, *profiler_row;
     unsigned long long seed;
     double max_seconds;
 } bench_opt;
@@ -119,6 +121,9 @@ static void usage(FILE *f) {
             "                       (CUDA events; untimed extra steps) and print where the time goes\n"
             "  --marginal           after each batch's rows at the short context: what each of the costliest\n"
             "                       kernel shapes costs inside the graph-replayed step (the step without it, timed)\n"
+            "  --profiler-row S     bracket the first decode row whose configuration contains S (e.g.\n"
+            "                       \"B=32 ctx=8192 batched\") with cuProfilerStart/Stop, for\n"
+            "                       ncu --profile-from-start off (its warm-up and timed steps only)\n"
             "  --ple-vocab-base N   ngram_vocab_size_base of the synthetic PLE table (default 100000; --quick 10000)\n"
             "  --page-size N        KV page size (default: the runtime's hybrid rule)\n"
             "  --seed N             weight/token seed (default 1)\n"
@@ -178,6 +183,7 @@ static int parse_args(int argc, char **argv, bench_opt *o) {
         if (!strcmp(a, "--config")) o->config = v;
         else if (!strcmp(a, "--out")) o->out = v;
         else if (!strcmp(a, "--arch")) o->arch = v;
+        else if (!strcmp(a, "--profiler-row")) o->profiler_row = v;
         else if (!strcmp(a, "--batches")) {
             o->n_batches = parse_list(v, o->batches, BENCH_MAX_BATCHES);
             if (o->n_batches <= 0) { fprintf(stderr, "bench: --batches %s: expected a list like 1,8,32 (1..512)\n", v); return -1; }
@@ -329,7 +335,7 @@ typedef struct bench {
     long long pool_tokens;
     double jit_cold_s, jit_warm_s, load_s;
     bench_row rows[BENCH_MAX_ROWS];
-    int nrows, failed, broken;
+    int nrows, failed, broken, profiler_done;
     double t_start;
     char tmpdir[256];
     char note_buf[512];
@@ -1215,9 +1221,9 @@ static void plan_decode(bench *b, bench_plan *pl, int page_size, double avail) {
     const qsa_model_config *c = &b->cfg;
     memset(pl, 0, sizeof *pl);
     int per_mode = b->o.warmup + b->o.steps;
-    /* at most 4 modes per row (single twice, batched, graphs) + 2 profiles; --marginal profiles 3 steps more
-       (its timed steps take fresh sequences) */
-    pl->steps_per_seq = per_mode * 4 + 8 + (b->o.marginal ? 4 : 0);
+    /* at most 5 modes per row (single, chunked forward, batched, graphs, single again) + 2 profiles;
+       --marginal profiles 3 steps more (its timed steps take fresh sequences) */
+    pl->steps_per_seq = per_mode * 5 + 8 + (b->o.marginal ? 4 : 0);
     int ctxs[2], nctx = 0;
     ctxs[nctx++] = b->o.ctx;
     long long lng = (long long)c->max_position_embeddings - pl->steps_per_seq - 1;
@@ -1374,6 +1380,18 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     int n = 0, total = b->o.warmup + b->o.steps;
     if (total > 256) total = 256;
     qsa_result r = tok ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "bench: out of host memory");
+    /* --profiler-row: the profiler's range around this row's steps (the first row that matches) */
+    CUresult (*prof_stop)(void) = NULL;
+    if (r == QSA_OK && b->o.profiler_row && !b->profiler_done && strstr(cfg, b->o.profiler_row)) {
+        void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        CUresult (*start)(void) = cu ? (CUresult(*)(void))dlsym(cu, "cuProfilerStart") : NULL;
+        prof_stop = cu ? (CUresult(*)(void))dlsym(cu, "cuProfilerStop") : NULL;
+        if (!start || !prof_stop || start() != 0) {
+            fprintf(stderr, "bench: --profiler-row: cuProfilerStart is not available\n");
+            prof_stop = NULL;
+        }
+        b->profiler_done = 1;
+    }
     double t0 = qsa__now();
     for (int i = 0; r == QSA_OK && i < total; i++) {
         for (int k = 0; k < B; k++) tok[k] = (int32_t)(rng_next(b) % (uint64_t)V);
@@ -1384,6 +1402,7 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
         if (r == QSA_OK && i >= b->o.warmup) { wall[n] = 1e3 * (qsa__now() - h0); t[n++] = ms; }
         if (r == QSA_OK && n >= 3 && qsa__now() - t0 > 4.0) break; /* enough for a median */
     }
+    if (prof_stop) prof_stop();
     if (r == QSA_OK && b->o.profile && (mode == 1 || mode == 3) && qsa__prof_begin() == QSA_OK) {
         int steps = 3;
         for (int i = 0; r == QSA_OK && i < steps; i++) {
@@ -1411,8 +1430,9 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     w->achieved = d.total / (w->ms * 1e-3) / 1e9;
     w->frac = b->copy_gbs > 0 ? w->achieved / b->copy_gbs : -1;
     long bad = count_nonfinite(logits, (size_t)B * V);
-    snprintf(w->note, sizeof w->note, "host wall %.3f ms; %.0f experts/layer%s", median(wall, n), d.unique_experts,
-             bad ? "; NON-FINITE LOGITS" : "");
+    /* (median sorted t: its first and last steps are the fastest and the slowest) */
+    snprintf(w->note, sizeof w->note, "host wall %.3f ms; steps %.3f-%.3f ms; %.0f experts/layer%s", median(wall, n), t[0],
+             t[n - 1], d.unique_experts, bad ? "; NON-FINITE LOGITS" : "");
     if (bad) b->failed = 1;
     row_print(w);
     return QSA_OK;
@@ -1652,6 +1672,9 @@ static qsa_result bench_decode(bench *b, bench_plan *pl, float *logits) {
             if (B == 1 && !b->broken) bench_decode_mode(b, seqs, 1, ctx, 3, logits, "single, chunked forward");
             if (!b->broken) bench_decode_mode(b, seqs, B, ctx, 1, logits, "batched");
             if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 2, logits, "batched+graphs");
+            /* the first row again, after the others: the two should agree (a difference is a warm-up or
+               ordering effect of the context's first steps, not of the path) */
+            if (B == 1 && !b->broken) bench_decode_mode(b, seqs, 1, ctx, 0, logits, "single, again");
             if (ctx == pl->ctx[0] && !b->broken) bench_marginal(b, seqs, B, ctx, &sp, logits);
         }
         for (int i = 0; i < B; i++) if (seqs[i]) qsa_seq_free(seqs[i]);
