@@ -805,24 +805,28 @@ static __device__ __forceinline__ void qsa_seg16(const qsa_f16 *const *arow, int
 #define QSA_SWS (QSA_SEG + 8)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define QSA_CPA 1
+/* The segment [kbeg, kend) of W rows n0 .. n0 + 15 into sw [16][QSA_SWS] by cp.async, committed as one
+   group: row i of the tile is 512 contiguous bytes, lane l copies the 16 at k = kbeg + 8 l; rows >= N
+   and k >= kend are zero-filled (source size 0) */
+static __device__ __forceinline__ void qsa_cpa_w16(const qsa_f16 *W, int n0, int N, int K, int kbeg, int kend,
+                                                   qsa_f16 *sw) {
+    const int k = kbeg + 8 * (threadIdx.x & 31);
+    const qsa_u32 dst = qsa_smem_u32(sw + 8 * (threadIdx.x & 31));
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const bool ok = n0 + i < N && k < kend;
+        const qsa_f16 *src = ok ? W + (qsa_i64)(n0 + i) * K + k : W;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + i * QSA_SWS * 2), "l"(src),
+                     "r"(ok ? 16 : 0)
+                     : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
 static __device__ __forceinline__ void qsa_seg16_cpa(const qsa_f16 *const *arow, int avec, const qsa_f16 *W, int n0,
                                                      int N, int K, int seg, qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c &P) {
     const int lane = threadIdx.x & 31;
     const int kbeg = seg * QSA_SEG, kend = min(K, kbeg + QSA_SEG);
-    { /* row i of the tile: the warp copies its 512 contiguous bytes, lane l the 16 at k = 8 l;
-         rows >= N and k >= kend are zero-filled (source size 0) */
-        const int k = kbeg + 8 * lane;
-        const qsa_u32 dst = qsa_smem_u32(sw + 8 * lane);
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            const bool ok = n0 + i < N && k < kend;
-            const qsa_f16 *src = ok ? W + (qsa_i64)(n0 + i) * K + k : W;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + i * QSA_SWS * 2), "l"(src),
-                         "r"(ok ? 16 : 0)
-                         : "memory");
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    }
+    qsa_cpa_w16(W, n0, N, K, kbeg, kend, sw);
     QSA_PDL_ENTRY();
     /* A as in qsa_seg16: a lane's r0 pieces of 4 sub-steps in flight when row r1 is padding (deep:
        every lane when M <= 8), else both rows one sub-step ahead; here they shift down (ra[0] is
@@ -1157,19 +1161,7 @@ static __device__ __forceinline__ void qsa_seg16_tr(const qsa_f16 *const *arow, 
     /* (the row pointer read before the copies start: ptxas orders a shared load after them behind
        their completion) */
     const qsa_f16 *x0 = arow[g]; /* (NULL past M) */
-    { /* the W copy of qsa_seg16_cpa */
-        const int k = kbeg + 8 * lane;
-        const qsa_u32 dst = qsa_smem_u32(sw + 8 * lane);
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            const bool ok = n0 + i < N && k < kend;
-            const qsa_f16 *src = ok ? W + (qsa_i64)(n0 + i) * K + k : W;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + i * QSA_SWS * 2), "l"(src),
-                         "r"(ok ? 16 : 0)
-                         : "memory");
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    }
+    qsa_cpa_w16(W, n0, N, K, kbeg, kend, sw);
     QSA_PDL_ENTRY();
     /* the B fragments of the whole segment (32 registers), all loads issued before any is used: this
        lane's two halves at k = 16 c + 2 (lane % 4) and + 8, zero from kend on (kend - kbeg is a
