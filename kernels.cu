@@ -1144,9 +1144,10 @@ static __device__ __forceinline__ void qsa_nvf_mma4_tr(qsa_u32 wa, qsa_u32 xb, f
  * mma's A operand (16 x 16 per chunk, one ldmatrix), and the tile's A rows its B operand (8 columns
  * of m16n8k16), whose fragments each lane loads straight from global memory (row g = lane / 4, NULL
  * past M): no staging of A, no warp barrier in the loop, ~150 instructions per task instead of
- * ~1,700.  Each element is the same 16 products in the same positions of k per chunk, chunk after chunk into a zeroed accumulator: the bits of qsa_seg16_cpa
- * (as qsa_nvf_mma4_tr against qsa_nvf_mma4_ld; tested through the GEMV kernels against the one-block
- * GEMM).  d: the mma's D, W rows g and g + 8 against A rows 2 (lane % 4) and + 1 (d[0] (g, 2t), d[1]
+ * ~1,700.  Each element is the same 16 products in the same positions of k per chunk, chunk after
+ * chunk into a zeroed accumulator: the bits of qsa_seg16_cpa (as qsa_nvf_mma4_tr against
+ * qsa_nvf_mma4_ld; tested through the GEMV kernels against the one-block GEMM).  (ptxas places the
+ * copy's wait among the activation loads rather than after them.)  d: the mma's D, W rows g and g + 8 against A rows 2 (lane % 4) and + 1 (d[0] (g, 2t), d[1]
  * (g, 2t + 1), d[2] (g + 8, 2t), d[3] (g + 8, 2t + 1)).  sw: W [16][QSA_SWS] halves, 32-byte aligned.
  * (Measured on the H200 against the staged form, eager, per launch: one row (batch 1) the GDN input
  * group 41.4 -> 35.2 us, the out projections 22.9 -> 19.7, lm_head 426 -> 362; eight rows mixed (the
@@ -1158,8 +1159,6 @@ static __device__ __forceinline__ void qsa_seg16_tr(const qsa_f16 *const *arow, 
                                                     int seg, qsa_f16 *sw, float *d) {
     const int lane = threadIdx.x & 31, g = lane >> 2;
     const int kbeg = seg * QSA_SEG, kend = min(K, kbeg + QSA_SEG);
-    /* (the row pointer read before the copies start: ptxas orders a shared load after them behind
-       their completion) */
     const qsa_f16 *x0 = arow[g]; /* (NULL past M) */
     qsa_cpa_w16(W, n0, N, K, kbeg, kend, sw);
     QSA_PDL_ENTRY();
@@ -1798,7 +1797,8 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
             ps[(m + 1) * 16 + g + 8] = d[3];
         }
         tr = true;
-    } else if (ws.vec && !(K & 7)) qsa_seg16_cpa(arow[warp], avec, ws.w16, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, P);
+    } else if (ws.vec && !(K & 7))
+        qsa_seg16_cpa(arow[warp], avec, ws.w16, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, P);
     else qsa_seg16<1, false, true, true>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
 #else
     else qsa_seg16<1, false, true>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
@@ -4320,23 +4320,21 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv_batch(
    spilled, against 128-138 unbounded and three or four blocks — batch 32 at the real shape 83.3 ->
    66.7 us per layer, batch 8 25.8 -> 21.6 on the H200; five blocks: 68.7 and 23.2), dynamic shared
    memory as qsa_k_gdn_recurrent. */
-extern "C" __global__ void __launch_bounds__(128, 6) qsa_k_gdn_recurrent_batch(const unsigned long long *__restrict__ st,
-                                                     const float *__restrict__ q, const float *__restrict__ k,
-                                                     const float *__restrict__ v, const float *__restrict__ beta,
-                                                     const float *__restrict__ g, float *o, int nk, int nv, int dk,
-                                                     int dv) {
+extern "C" __global__ void __launch_bounds__(128, 6)
+    qsa_k_gdn_recurrent_batch(const unsigned long long *__restrict__ st, const float *__restrict__ q,
+                              const float *__restrict__ k, const float *__restrict__ v, const float *__restrict__ beta,
+                              const float *__restrict__ g, float *o, int nk, int nv, int dk, int dv) {
     QSA_PDL_ENTRY();
     const qsa_i64 b = blockIdx.z, kd = (qsa_i64)nk * dk, vd = (qsa_i64)nv * dv;
     k2_gdn_recurrent<false, K2_GDN_PF1>(QSA_BPTR(float, st), 0, q + b * kd, k + b * kd, v + b * vd, beta + b * nv,
                                         g + b * nv, o + b * vd, 1, nk, nv, dk, dv);
 }
 
-extern "C" __global__ void __launch_bounds__(128, 6) qsa_k_gdn_recurrent_f16state_batch(const unsigned long long *__restrict__ st,
-                                                              const float *__restrict__ q, const float *__restrict__ k,
-                                                              const float *__restrict__ v,
-                                                              const float *__restrict__ beta,
-                                                              const float *__restrict__ g, float *o, int nk, int nv,
-                                                              int dk, int dv) {
+extern "C" __global__ void __launch_bounds__(128, 6)
+    qsa_k_gdn_recurrent_f16state_batch(const unsigned long long *__restrict__ st, const float *__restrict__ q,
+                                       const float *__restrict__ k, const float *__restrict__ v,
+                                       const float *__restrict__ beta, const float *__restrict__ g, float *o, int nk,
+                                       int nv, int dk, int dv) {
     QSA_PDL_ENTRY();
     const qsa_i64 b = blockIdx.z, kd = (qsa_i64)nk * dk, vd = (qsa_i64)nv * dv;
     k2_gdn_recurrent<true, K2_GDN_PF1>(0, QSA_BPTR(qsa_f16, st), q + b * kd, k + b * kd, v + b * vd, beta + b * nv,
