@@ -27,7 +27,7 @@ NVRTC_ARCH ?=
 
 # Everything that includes the header depends on all of it.
 HDRS := qsa_runtime.h kernels.cu.inc
-TEST_SRCS := $(wildcard tests/*.c)
+TEST_SRCS := $(wildcard tests/*.c tests/*.h)
 TOOLS := $(patsubst %.c,%,$(wildcard tools/tokenize.c tools/logits.c tools/replay.c tools/make_tiny_model.c tools/bench.c tools/long_context.c))
 EXAMPLES := $(patsubst %.c,%,$(wildcard examples/chat.c examples/batch.c examples/tp_launch.c))
 TINY := $(if $(wildcard tools/make_tiny_model.c),models/tiny/config.json)
@@ -127,7 +127,7 @@ compile-check: kernels.cu.inc
 	@echo "compile-check: ok"
 
 # ---- NVRTC compile check of every kernel (no GPU needed) ----
-build/nvrtc_check: $(CC_SRC)/nvrtc_check.c $(HDRS)
+build/nvrtc_check: $(CC_SRC)/nvrtc_check.c tests/kernel_entries.h $(HDRS)
 	@mkdir -p build
 	$(CC) $(STD) $(WARN) $(CFLAGS) -o $@ $< $(LDLIBS)
 

@@ -16,58 +16,17 @@
 /* helpers                                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* Does [hay, hay+n) contain the n2 bytes of needle? (PTX is text, a CUBIN is binary.) */
-static int jit_mem_has(const char *hay, size_t n, const char *needle, size_t n2) {
-    if (n2 == 0) return 1;
-    for (size_t i = 0; i + n2 <= n; i++)
-        if (hay[i] == needle[0] && !memcmp(hay + i, needle, n2)) return 1;
-    return 0;
-}
-
-/* The kernel entry points, read from the embedded source: every `extern "C" __global__ void NAME(`. */
-#define JIT_MAX_KERNELS 64
-static int jit_kernel_names(char names[][64], int cap) {
-    char *src = qsa__kernels_source();
-    int n = 0;
-    const char *key = "extern \"C\" __global__ void ";
-    for (const char *p = src ? strstr(src, key) : NULL; p && n < cap; p = strstr(p + 1, key)) {
-        const char *s = p + strlen(key);
-        if (!strncmp(s, "__launch_bounds__(", 18)) { /* skip the attribute: the name follows it */
-            s = strchr(s, ')');
-            if (!s) break;
-            s++;
-            while (*s == ' ') s++;
-        }
-        size_t k = 0;
-        while (k < 63 && (s[k] == '_' || (s[k] >= 'a' && s[k] <= 'z') || (s[k] >= 'A' && s[k] <= 'Z') ||
-                          (s[k] >= '0' && s[k] <= '9')))
-            k++;
-        if (s[k] != '(') continue; /* e.g. the `qsa_k_<op>` of a comment */
-        memcpy(names[n], s, k);
-        names[n][k] = 0;
-        n++;
-    }
-    qsa_free(src);
-    return n;
-}
+#include "kernel_entries.h" /* kernel_entry_names, kernel_entry_in_image (shared with make nvrtc-check) */
+#define JIT_MAX_KERNELS KERNEL_ENTRIES_MAX
 
 /* Checks that every kernel entry is in a PTX (".entry NAME(") or a CUBIN (symbol "NAME\0"). */
 static void jit_check_entries(const char *image, size_t len, int cubin) {
     char names[JIT_MAX_KERNELS][64];
-    int n = jit_kernel_names(names, JIT_MAX_KERNELS);
-    CHECKF(n >= 5, "found only %d kernels in kernels.cu", n);
-    for (int i = 0; i < n; i++) {
-        char needle[128];
-        size_t k;
-        if (cubin) {
-            k = strlen(names[i]) + 1; /* with its NUL: no prefix matches */
-            memcpy(needle, names[i], k);
-        } else {
-            snprintf(needle, sizeof needle, ".entry %.63s(", names[i]);
-            k = strlen(needle);
-        }
-        CHECKF(jit_mem_has(image, len, needle, k), "%s has no entry %s", cubin ? "CUBIN" : "PTX", names[i]);
-    }
+    int n = kernel_entry_names(names, JIT_MAX_KERNELS);
+    CHECKF(n >= 5 && n < JIT_MAX_KERNELS, "found %d kernels in kernels.cu (5 to %d expected)", n, JIT_MAX_KERNELS - 1);
+    for (int i = 0; i < n; i++)
+        CHECKF(kernel_entry_in_image(image, len, cubin, names[i]), "%s has no entry %s", cubin ? "CUBIN" : "PTX",
+               names[i]);
 }
 
 /* Whether kernel `name` opens with QSA_PDL_LATE() in the embedded source (it loads weights before
@@ -88,7 +47,7 @@ static int jit_pdl_late(const char name[64]) {
    A QSA_PDL_LATE kernel may load (its weights) first, but stores nothing before the wait. */
 static void jit_check_pdl_waits(const char *ptx) {
     char names[JIT_MAX_KERNELS][64];
-    int n = jit_kernel_names(names, JIT_MAX_KERNELS), bad = 0, nlate = 0;
+    int n = kernel_entry_names(names, JIT_MAX_KERNELS), bad = 0, nlate = 0;
     for (int i = 0; i < n; i++) {
         int late = jit_pdl_late(names[i]);
         nlate += late;

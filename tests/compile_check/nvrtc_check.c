@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../kernel_entries.h"
+
 int main(int argc, char **argv) {
     const char *want = argc > 1 && argv[1][0] ? argv[1] : NULL;
     char arch[32], *image = NULL, *log = NULL;
@@ -38,39 +40,18 @@ int main(int argc, char **argv) {
         fprintf(stderr, "nvrtc-check: FAILED (%s): %s\n", qsa_result_string(r), qsa_last_error());
         return 1;
     }
-    int cubin = len >= 4 && !memcmp(image, "\177ELF", 4), bad = 0, nk = 0;
-    char *src = qsa__kernels_source();
-    const char *key = "extern \"C\" __global__ void ";
-    for (const char *p = src ? strstr(src, key) : NULL; p; p = strstr(p + 1, key)) {
-        const char *s = p + strlen(key);
-        if (!strncmp(s, "__launch_bounds__(", 18)) { /* skip the attribute: the name follows it */
-            s = strchr(s, ')');
-            if (!s) break;
-            s++;
-            while (*s == ' ') s++;
-        }
-        size_t k = 0;
-        char name[128], needle[160];
-        while (k < sizeof name - 1 && (s[k] == '_' || (s[k] >= 'a' && s[k] <= 'z') || (s[k] >= '0' && s[k] <= '9'))) k++;
-        if (s[k] != '(') continue;
-        memcpy(name, s, k);
-        name[k] = 0;
-        nk++;
-        size_t nlen;
-        if (cubin) {
-            memcpy(needle, name, k + 1);
-            nlen = k + 1;
-        } else {
-            snprintf(needle, sizeof needle, ".entry %s(", name);
-            nlen = strlen(needle);
-        }
-        int found = 0;
-        for (size_t i = 0; i + nlen <= len && !found; i++) found = !memcmp(image + i, needle, nlen);
-        if (!found) {
-            fprintf(stderr, "nvrtc-check: entry %s missing from the output\n", name);
+    int cubin = len >= 4 && !memcmp(image, "\177ELF", 4), bad = 0;
+    char names[KERNEL_ENTRIES_MAX][64];
+    int nk = kernel_entry_names(names, KERNEL_ENTRIES_MAX);
+    if (nk >= KERNEL_ENTRIES_MAX) {
+        fprintf(stderr, "nvrtc-check: %d or more kernels: raise KERNEL_ENTRIES_MAX (tests/kernel_entries.h)\n", nk);
+        bad++;
+    }
+    for (int i = 0; i < nk; i++)
+        if (!kernel_entry_in_image(image, len, cubin, names[i])) {
+            fprintf(stderr, "nvrtc-check: entry %s missing from the output\n", names[i]);
             bad++;
         }
-    }
     if (log && strstr(log, "kernels.cu(")) {
         fprintf(stderr, "nvrtc-check: NVRTC has diagnostics about kernels.cu (see the log above)\n");
         bad++;
@@ -91,7 +72,6 @@ int main(int argc, char **argv) {
     printf("nvrtc-check: %s: NVRTC %d.%d (%s), target %s: %d kernels, %zu bytes of %s in %.0f ms\n",
            bad ? "FAILED" : "ok", qsa__nvrtc.major, qsa__nvrtc.minor, qsa__nvrtc.path, arch, nk, len,
            cubin ? "CUBIN" : "PTX", ms);
-    qsa_free(src);
     qsa_free(image);
     qsa_free(log);
     return bad ? 1 : 0;
