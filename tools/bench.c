@@ -26,9 +26,8 @@
  *      (qsa_seq_feed_batch with cuda_batch_decode = 1); larger batches run the batched path
  *      (--graphs adds rows with CUDA graphs); batch 1 then runs "single" once more ("single,
  *      again": the two should agree).  Each row's note gives its fastest and slowest step.  The
- *      batched rows run after everything else, and a
- *      failure there is recorded in its row (a sticky CUDA error ends the run, the table is still
- *      printed).
+ *      batched rows run after everything else, and a failure there is recorded in its row (a sticky
+ *      CUDA error ends the run, the table is still printed).
  * Timings use CUDA events on the backend's stream (cuEventRecord / cuEventElapsedTime) around
  * each call, after warm-up calls; every number is the median of its repeats.
  *
@@ -1382,8 +1381,9 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     qsa_result r = tok ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "bench: out of host memory");
     /* --profiler-row: the profiler's range around this row's steps (the first row that matches) */
     CUresult (*prof_stop)(void) = NULL;
+    void *cu = NULL; /* (the loaded driver, referenced while the range is open) */
     if (r == QSA_OK && b->o.profiler_row && !b->profiler_done && strstr(cfg, b->o.profiler_row)) {
-        void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
         CUresult (*start)(void) = cu ? (CUresult(*)(void))dlsym(cu, "cuProfilerStart") : NULL;
         prof_stop = cu ? (CUresult(*)(void))dlsym(cu, "cuProfilerStop") : NULL;
         if (!start || !prof_stop || start() != 0) {
@@ -1403,6 +1403,7 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
         if (r == QSA_OK && n >= 3 && qsa__now() - t0 > 4.0) break; /* enough for a median */
     }
     if (prof_stop) prof_stop();
+    if (cu) dlclose(cu);
     if (r == QSA_OK && b->o.profile && (mode == 1 || mode == 3) && qsa__prof_begin() == QSA_OK) {
         int steps = 3;
         for (int i = 0; r == QSA_OK && i < steps; i++) {
