@@ -17,13 +17,13 @@
 /* ---------------------------------------------------------------------------------------------- */
 
 #include "kernel_entries.h" /* kernel_entry_names, kernel_entry_in_image (shared with make nvrtc-check) */
-#define JIT_MAX_KERNELS KERNEL_ENTRIES_MAX
 
 /* Checks that every kernel entry is in a PTX (".entry NAME(") or a CUBIN (symbol "NAME\0"). */
 static void jit_check_entries(const char *image, size_t len, int cubin) {
-    char names[JIT_MAX_KERNELS][64];
-    int n = kernel_entry_names(names, JIT_MAX_KERNELS);
-    CHECKF(n >= 5 && n < JIT_MAX_KERNELS, "found %d kernels in kernels.cu (5 to %d expected)", n, JIT_MAX_KERNELS - 1);
+    char names[KERNEL_ENTRIES_MAX][64];
+    int n = kernel_entry_names(names, KERNEL_ENTRIES_MAX);
+    CHECKF(n >= 5 && n < KERNEL_ENTRIES_MAX, "found %d kernels in kernels.cu (5 to %d expected)", n,
+           KERNEL_ENTRIES_MAX - 1);
     for (int i = 0; i < n; i++)
         CHECKF(kernel_entry_in_image(image, len, cubin, names[i]), "%s has no entry %s", cubin ? "CUBIN" : "PTX",
                names[i]);
@@ -46,8 +46,8 @@ static int jit_pdl_late(const char name[64]) {
    kernel launched early by qsa__cu_launch_ex could read what the previous kernel is still writing.
    A QSA_PDL_LATE kernel may load (its weights) first, but stores nothing before the wait. */
 static void jit_check_pdl_waits(const char *ptx) {
-    char names[JIT_MAX_KERNELS][64];
-    int n = kernel_entry_names(names, JIT_MAX_KERNELS), bad = 0, nlate = 0;
+    char names[KERNEL_ENTRIES_MAX][64];
+    int n = kernel_entry_names(names, KERNEL_ENTRIES_MAX), bad = 0, nlate = 0;
     for (int i = 0; i < n; i++) {
         int late = jit_pdl_late(names[i]);
         nlate += late;
