@@ -1154,7 +1154,6 @@ static __device__ __forceinline__ void qsa_nvf_mma4_tr(qsa_u32 wa, qsa_u32 xb, f
  * GDN input group 50.0 -> 47.9, the HC down group 16.8 -> 18.7); two row groups of 8 (batch 32)
  * slower everywhere (out projections 46.2 -> 50.0): 32 four-byte loads per lane per segment from up to
  * 8 rows cost more than the staging they save.) */
-#define QSA_GEMV_TR_ROWS 4
 static __device__ __forceinline__ void qsa_seg16_tr(const qsa_f16 *const *arow, const qsa_f16 *W, int n0, int N, int K,
                                                     int seg, qsa_f16 *sw, float *d) {
     const int lane = threadIdx.x & 31, g = lane >> 2;
@@ -1615,6 +1614,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16
  * ceil(M/16) * ceil(N/16), block 32 * QSA_GEMV_WARPS, M <= QSA_SPLITK_MAX_M.  (A whole tile per
  * warp, the segments folded in registers, measured slower here: lm_head 520 -> 630 us.) */
 #define QSA_GEMV_WARPS 4
+#define QSA_GEMV_TR_ROWS 4 /* sm_80+, A rows up to this: qsa_seg16_tr; more: qsa_seg16_sh */
 /* t = ((0 + p[0]) + p[stride]) + ... + p[(n-1)*stride], ascending (the canonical segment order), the
    loads issued 8 at a time (the last batch predicated) so the completing warp waits on memory
    ceil(n/8) times, not n (32 at a time measured slower: decode GEMVs 10-30% longer) */
@@ -1750,65 +1750,140 @@ static __device__ __forceinline__ void qsa_gemv_put(float t, const float *bias, 
     Y[n] = t;
 }
 
+#if QSA_CPA
+/* qsa_seg16_cpa for a block's QSA_GEMV_WARPS warps at once, for A of more than QSA_GEMV_TR_ROWS rows
+ * (decode batches), 16-byte aligned: the warps take column tiles n0 of the same row tile m0 and
+ * segment, so the segment of A rows m0 .. m0 + 15 is copied once by the whole block (cp.async, rows
+ * >= M and k >= kend zero-filled) into sa [16][QSA_SWS], beside each warp's W copy in sw [16][QSA_SWS];
+ * after one block barrier every chunk of 16 is an ldmatrix of each and two m16n8k16 — no staging
+ * through registers, no warp barriers (qsa_seg16_cpa: ~1,700 instructions per task, ncu).  The
+ * instructions wmma compiles to on sm_80+ (qsa_nvf_mma4_ld), chunk after chunk into a zeroed
+ * accumulator: the bits of qsa_seg16_cpa (tested through the GEMV kernels against the one-block
+ * GEMM).  d: P.x of qsa_nvf_mma4_ld (d[0..3] columns 0-7, d[4..7] columns 8-15; d[4 h + 2 i + j]:
+ * row lane / 4 + 8 i, column 8 h + 2 (lane % 4) + j).  Every thread of the block calls it. */
+static __device__ __forceinline__ void qsa_seg16_sh(const qsa_f16 *A, int M, int m0, const qsa_f16 *W, int n0, int N,
+                                                    int K, int seg, qsa_f16 *sa, qsa_f16 *sw, float *d) {
+    const int lane = threadIdx.x & 31;
+    const int kbeg = seg * QSA_SEG, kend = min(K, kbeg + QSA_SEG);
+    qsa_cpa_w16(W, n0, N, K, kbeg, kend, sw);
+    QSA_PDL_ENTRY();
+    /* A: 16 rows x 32 pieces of 16 bytes, piece p = row * 32 + k / 8 */
+    for (int p = threadIdx.x; p < 16 * 32; p += 32 * QSA_GEMV_WARPS) {
+        const int r = p >> 5, k = kbeg + 8 * (p & 31);
+        const bool ok = m0 + r < M && k < kend;
+        const qsa_f16 *src = ok ? A + (qsa_i64)(m0 + r) * K + k : A;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(qsa_smem_u32(sa + r * QSA_SWS + 8 * (p & 31))),
+                     "l"(src), "r"(ok ? 16 : 0)
+                     : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < 8; i++) d[i] = 0.0f;
+    const qsa_u32 ab = qsa_smem_u32(sa) + 2 * ((lane & 15) * QSA_SWS + (lane >> 4) * 8),
+                  wb = qsa_smem_u32(sw) + 2 * (((lane >> 4) * 8 + (lane & 7)) * QSA_SWS + ((lane >> 3) & 1) * 8);
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncthreads(); /* every thread's copies have landed */
+#pragma unroll
+    for (int c = 0; c < QSA_SEG / 16; c++) {
+        if (kbeg + 16 * c >= kend) break;
+        qsa_u32 fa[4], fw[4];
+        qsa_ldsm4(ab + 32 * c, fa);
+        qsa_ldsm4(wb + 32 * c, fw);
+        qsa_mma16816(d, fa, fw[0], fw[1]);
+        qsa_mma16816(d + 4, fa, fw[2], fw[3]);
+    }
+}
+#endif
+
 template <bool NV>
 static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, const float *bias, float *Y, int M, int N,
                                       int K, int accumulate, float *part, unsigned *count, qsa_f16 *Y16,
                                       float act_scale, qsa_i64 task, const float *gxn = 0, int ghc = 0) {
-    enum { ST = NV ? QSA_STW : QSA_ST, CPA = !NV && QSA_CPA };
-    /* per warp: A, then W (cp.async: the whole segment's W); once the mma are done, the warp's
-       partial tile (256 floats) */
-    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][CPA ? 16 * QSA_ST + 16 * QSA_SWS : 2 * 16 * ST];
+    enum {
+        ST = NV ? QSA_STW : QSA_ST,
+        CPA = !NV && QSA_CPA,
+        PER = CPA ? 16 * QSA_ST + 16 * QSA_SWS : 2 * 16 * ST,
+        SH = CPA ? (QSA_GEMV_WARPS + 1) * 16 * QSA_SWS : 0,
+        STAGE = QSA_GEMV_WARPS * PER > SH ? QSA_GEMV_WARPS * PER : SH
+    };
+    /* per warp (stage + warp * PER): A, then W (cp.async: the whole segment's W); once the mma are
+       done, the warp's partial tile (256 floats).  qsa_seg16_sh: A, then each warp's W, 16 x QSA_SWS
+       each. */
+    __shared__ __align__(128) qsa_f16 stage[STAGE];
     __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
     if (blockDim.x != 32 * QSA_GEMV_WARPS || M > QSA_SPLITK_MAX_M) __trap();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mt = (M + 15) / 16, prow = M < 16 ? M : 16;
-    const int bad = K <= 0 || (NV && (K & 15)), nseg = bad ? 1 : (K + QSA_SEG - 1) / QSA_SEG;
-    const qsa_i64 tiles = (qsa_i64)mt * ((N + 15) / 16);
-    if (task >= tiles * nseg) return; /* warp-level from here on: no block barriers */
-    const int tile = (int)(task / nseg), seg = (int)(task % nseg), m0 = (tile % mt) * 16, n0 = (tile / mt) * 16;
+    const int bad = K <= 0 || (NV && (K & 15)), nseg = bad ? 1 : (K + QSA_SEG - 1) / QSA_SEG, nt = (N + 15) / 16;
+    const int avec = (((qsa_u64)A) & 15u) == 0 && !(K & 7);
+    const qsa_i64 tiles = (qsa_i64)mt * nt;
+    /* qsa_seg16_sh's shapes take the tasks in the order (segment, row tile, column tile), so that
+       the warps of a block share a row tile and a segment when the block's 4 tasks (t0 ..) lie in one
+       row of column tiles (every warp of the block works this out alike: in a group launch a block
+       that straddles two members fails the test in both) */
+    const bool so = CPA && !bad && M > QSA_GEMV_TR_ROWS && ws.vec && avec;
+    const qsa_i64 t0 = task - warp;
+    const bool sh = so && t0 >= 0 && t0 + QSA_GEMV_WARPS <= tiles * nseg && t0 % nt + QSA_GEMV_WARPS <= nt;
+    if (task >= tiles * nseg) return; /* warp-level from here on (but qsa_seg16_sh): no block barriers */
+    const qsa_i64 rest = task / nt;
+    const int tile = so ? (int)(task % nt) * mt + (int)(rest % mt) : (int)(task / nseg),
+              seg = so ? (int)(rest / mt) : (int)(task % nseg), m0 = (tile % mt) * 16, n0 = (tile / mt) * 16;
     if (!NV && bad) QSA_PDL_ENTRY(); /* dense (QSA_PDL_LATE): otherwise qsa_seg16 waits after the weight loads */
     if (bad) { /* as qsa_gemm: poison, never guess */
         for (int e = lane; e < 256; e += 32)
             if (m0 + (e >> 4) < M && n0 + (e & 15) < N) Y[(qsa_i64)(m0 + (e >> 4)) * N + n0 + (e & 15)] = QSA_QNAN;
         return;
     }
-    const int avec = (((qsa_u64)A) & 15u) == 0 && !(K & 7);
-    if (lane < 16) arow[warp][lane] = m0 + lane < M ? A + (qsa_i64)(m0 + lane) * K : 0;
-    __syncwarp();
     qsa_frag_c P;
-    float *pt = part + (qsa_i64)tile * nseg * prow * 16;
-    bool tr = false; /* the partial tile is already in pt (qsa_seg16_tr) */
-    if (NV && qsa_nvf_ok(ws, avec, K))
-        qsa_seg16_nvf<true>(arow[warp], M - m0, ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, P);
-    else if (NV) qsa_seg16_nvw<true>(arow[warp], avec, ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, P);
+    float *pt = part + (qsa_i64)tile * nseg * prow * 16, *ps = pt + (qsa_i64)seg * prow * 16;
+    qsa_f16 *sa = stage + warp * PER, *sw = sa + 16 * ST;
+    bool stored = false; /* the warp's partial tile is already in ps (qsa_seg16_tr, qsa_seg16_sh) */
+    if (sh) { /* (sm_80+) */
 #if QSA_CPA
-    else if (ws.vec && !(K & 7) && avec && M <= QSA_GEMV_TR_ROWS) {
-        /* the lane's D elements straight into the partial tile: (W row n, A row m) at [m][n] for its
-           prow = M rows */
-        float d[4];
-        qsa_seg16_tr(arow[warp], ws.w16, n0, N, K, seg, stage[warp] + 16 * ST, d);
-        float *ps = pt + (qsa_i64)seg * prow * 16;
-        const int g = lane >> 2, m = 2 * (lane & 3);
-        if (m < prow) {
-            ps[m * 16 + g] = d[0];
-            ps[m * 16 + g + 8] = d[2];
-        }
-        if (m + 1 < prow) {
-            ps[(m + 1) * 16 + g] = d[1];
-            ps[(m + 1) * 16 + g + 8] = d[3];
-        }
-        tr = true;
-    } else if (ws.vec && !(K & 7))
-        qsa_seg16_cpa(arow[warp], avec, ws.w16, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, P);
-    else qsa_seg16<1, false, true, true>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
-#else
-    else qsa_seg16<1, false, true>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
+        const int g = lane >> 2, c = 2 * (lane & 3); /* this lane's mma D rows and columns */
+        float d[8];
+        qsa_seg16_sh(A, M, m0, ws.w16, n0, N, K, seg, stage, stage + (warp + 1) * 16 * QSA_SWS, d);
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                if (g + 8 * i < prow)
+                    *(float2 *)(ps + (g + 8 * i) * 16 + 8 * h + c) = make_float2(d[4 * h + 2 * i], d[4 * h + 2 * i + 1]);
+        stored = true;
 #endif
-    if (!tr) {
-        float *slot = (float *)stage[warp];
+    }
+    if (!stored) {
+        if (lane < 16) arow[warp][lane] = m0 + lane < M ? A + (qsa_i64)(m0 + lane) * K : 0;
+        __syncwarp();
+        if (NV && qsa_nvf_ok(ws, avec, K)) qsa_seg16_nvf<true>(arow[warp], M - m0, ws, n0, N, K, seg, sa, sw, P);
+        else if (NV) qsa_seg16_nvw<true>(arow[warp], avec, ws, n0, N, K, seg, sa, sw, P);
+#if QSA_CPA
+        else if (ws.vec && avec && M <= QSA_GEMV_TR_ROWS) {
+            /* the lane's D elements straight into the partial tile: (W row n, A row m) at [m][n] for
+               its prow = M rows */
+            const int g = lane >> 2, c = 2 * (lane & 3);
+            float d[4];
+            qsa_seg16_tr(arow[warp], ws.w16, n0, N, K, seg, sw, d);
+            if (c < prow) {
+                ps[c * 16 + g] = d[0];
+                ps[c * 16 + g + 8] = d[2];
+            }
+            if (c + 1 < prow) {
+                ps[(c + 1) * 16 + g] = d[1];
+                ps[(c + 1) * 16 + g + 8] = d[3];
+            }
+            stored = true;
+        } else if (ws.vec && !(K & 7)) qsa_seg16_cpa(arow[warp], avec, ws.w16, n0, N, K, seg, sa, sw, P);
+        else qsa_seg16<1, false, true, true>(arow[warp], avec, &ws, n0, N, K, seg, sa, sw, &P);
+#else
+        else qsa_seg16<1, false, true>(arow[warp], avec, &ws, n0, N, K, seg, sa, sw, &P);
+#endif
+    }
+    if (!stored) {
+        float *slot = (float *)sa;
         __syncwarp(); /* every lane's fragment loads are done: the staging becomes the partial tile */
         qsa_wmma_store(slot, P, 16);
         __syncwarp();
-        for (int e = lane; e < prow * 16; e += 32) pt[(qsa_i64)seg * prow * 16 + e] = slot[e];
+        for (int e = lane; e < prow * 16; e += 32) ps[e] = slot[e];
     }
     if (!qsa_ticket_last(&count[tile], (unsigned)nseg)) return;
     if (gxn) { /* qsa_k_gemv_gres: the tile's 16 / ghc groups of ghc interleaved mix weights, mixed */
