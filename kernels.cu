@@ -1602,17 +1602,20 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16
 }
 
 /* The split-K tiling spread over warps, for small M (decode): the (tile, segment) tasks of
- * Y = A W^T, task i = tile * nseg + s, go to warps, QSA_GEMV_WARPS per block (warp w of block x
- * takes task x * QSA_GEMV_WARPS + w), so every warp streams one segment of 16 weight rows whatever
- * the shape.  A warp stores its P_s tile (only the rows < M) in part; the warp that completes a
- * tile (an integer ticket in count[tile], qsa_ticket_last) adds all of them in
- * ascending s, T = ((0 + P_0) + P_1) + ..., exactly the canonical order, writes Y and resets
- * count[tile] to 0 for the next launch (or graph replay).  Same bits as qsa_k_gemm_* for every
- * M, N, K.  Y16 != NULL fuses qsa_k_silu_scale into the store: Y = silu(Y * act_scale) and Y16 its
- * fp16 copy (the bits of the two launches).  part: [tiles][nseg][prow][16] fp32 with prow = min(M, 16); count: [tiles] unsigned,
- * zero before the first launch.  Launch: grid ceil(tiles * nseg / QSA_GEMV_WARPS) with tiles =
- * ceil(M/16) * ceil(N/16), block 32 * QSA_GEMV_WARPS, M <= QSA_SPLITK_MAX_M.  (A whole tile per
- * warp, the segments folded in registers, measured slower here: lm_head 520 -> 630 us.) */
+ * Y = A W^T, task i = tile * nseg + s, go to warps, QSA_GEMV_WARPS per block (the per-warp form:
+ * warp w of block x takes tasks (x + j gridDim.x) QSA_GEMV_WARPS + w; the block form,
+ * qsa_gemv_blocks: a block's warps take 4 column tiles of one row tile and segment at a time), so
+ * every warp streams segments of 16 weight rows whatever the shape.  A warp stores its P_s tile
+ * (only the rows < M) in part; the warp that completes a tile (an integer ticket in count[tile],
+ * qsa_ticket_last) adds all of them in ascending s, T = ((0 + P_0) + P_1) + ..., exactly the
+ * canonical order, writes Y and resets count[tile] to 0 for the next launch (or graph replay).
+ * Same bits as qsa_k_gemm_* for every M, N, K and grid.  Y16 != NULL fuses qsa_k_silu_scale into
+ * the store: Y = silu(Y * act_scale) and Y16 its fp16 copy (the bits of the two launches).  part:
+ * [tiles][nseg][prow][16] fp32 with prow = min(M, 16); count: [tiles] unsigned, zero before the
+ * first launch.  Launch: any grid (the host's qsa__gemv_grid: a block per 4 tasks, or for the block
+ * form up to QSA_GEMV_BLOCKS per SM) with tiles = ceil(M/16) * ceil(N/16), block 32 *
+ * QSA_GEMV_WARPS, M <= QSA_SPLITK_MAX_M.  (A whole tile per warp, the segments folded in registers,
+ * measured slower here: lm_head 520 -> 630 us.) */
 #define QSA_GEMV_WARPS 4
 #define QSA_GEMV_TR_ROWS 4 /* sm_80+, A rows up to this: qsa_seg16_tr; more: qsa_seg16_sh */
 /* t = ((0 + p[0]) + p[stride]) + ... + p[(n-1)*stride], ascending (the canonical segment order), the
@@ -1750,141 +1753,56 @@ static __device__ __forceinline__ void qsa_gemv_put(float t, const float *bias, 
     Y[n] = t;
 }
 
-#if QSA_CPA
-/* qsa_seg16_cpa for a block's QSA_GEMV_WARPS warps at once, for A of more than QSA_GEMV_TR_ROWS rows
- * (decode batches), 16-byte aligned: the warps take column tiles n0 of the same row tile m0 and
- * segment, so the segment of A rows m0 .. m0 + 15 is copied once by the whole block (cp.async, rows
- * >= M and k >= kend zero-filled) into sa [16][QSA_SWS], beside each warp's W copy in sw [16][QSA_SWS];
- * after one block barrier every chunk of 16 is an ldmatrix of each and two m16n8k16 — no staging
- * through registers, no warp barriers (qsa_seg16_cpa: ~1,700 instructions per task, ncu).  The
- * instructions wmma compiles to on sm_80+ (qsa_nvf_mma4_ld), chunk after chunk into a zeroed
- * accumulator: the bits of qsa_seg16_cpa (tested through the GEMV kernels against the one-block
- * GEMM).  d: P.x of qsa_nvf_mma4_ld (d[0..3] columns 0-7, d[4..7] columns 8-15; d[4 h + 2 i + j]:
- * row lane / 4 + 8 i, column 8 h + 2 (lane % 4) + j).  Every thread of the block calls it. */
-static __device__ __forceinline__ void qsa_seg16_sh(const qsa_f16 *A, int M, int m0, const qsa_f16 *W, int n0, int N,
-                                                    int K, int seg, qsa_f16 *sa, qsa_f16 *sw, float *d) {
-    const int lane = threadIdx.x & 31;
-    const int kbeg = seg * QSA_SEG, kend = min(K, kbeg + QSA_SEG);
-    qsa_cpa_w16(W, n0, N, K, kbeg, kend, sw);
-    QSA_PDL_ENTRY();
-    /* A: 16 rows x 32 pieces of 16 bytes, piece p = row * 32 + k / 8 */
-    for (int p = threadIdx.x; p < 16 * 32; p += 32 * QSA_GEMV_WARPS) {
-        const int r = p >> 5, k = kbeg + 8 * (p & 31);
-        const bool ok = m0 + r < M && k < kend;
-        const qsa_f16 *src = ok ? A + (qsa_i64)(m0 + r) * K + k : A;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(qsa_smem_u32(sa + r * QSA_SWS + 8 * (p & 31))),
-                     "l"(src), "r"(ok ? 16 : 0)
-                     : "memory");
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
+/* The members of a dense cross-warp GEMV launch: qsa_k_gemv_f16 and qsa_k_gemv_gres one,
+ * qsa_k_gemv_f16_group up to QSA_GEMV_GROUP (the projections of a layer that read the same
+ * activations): member b computes Y_b (+ bias_b; Y16_b: the silu store of qsa_k_gemv_f16) =
+ * A W_b^T with N_b outputs. */
+#define QSA_GEMV_GROUP 4
+struct qsa_gemv_member {
+    const qsa_f16 *W;
+    const float *bias;
+    float *Y;
+    qsa_f16 *Y16;
+    int N;
+    float act_scale;
+};
+struct qsa_gemv_group {
+    qsa_gemv_member m[QSA_GEMV_GROUP];
+    int n;
+};
+/* member b of a launch's group (unrolled: the parameter struct is indexed statically) */
+static __device__ __forceinline__ qsa_gemv_member qsa_gemv_pick(const qsa_gemv_group &grp, int b) {
+    qsa_gemv_member r = grp.m[0];
 #pragma unroll
-    for (int i = 0; i < 8; i++) d[i] = 0.0f;
-    const qsa_u32 ab = qsa_smem_u32(sa) + 2 * ((lane & 15) * QSA_SWS + (lane >> 4) * 8),
-                  wb = qsa_smem_u32(sw) + 2 * (((lane >> 4) * 8 + (lane & 7)) * QSA_SWS + ((lane >> 3) & 1) * 8);
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-    __syncthreads(); /* every thread's copies have landed */
-#pragma unroll
-    for (int c = 0; c < QSA_SEG / 16; c++) {
-        if (kbeg + 16 * c >= kend) break;
-        qsa_u32 fa[4], fw[4];
-        qsa_ldsm4(ab + 32 * c, fa);
-        qsa_ldsm4(wb + 32 * c, fw);
-        qsa_mma16816(d, fa, fw[0], fw[1]);
-        qsa_mma16816(d + 4, fa, fw[2], fw[3]);
-    }
+    for (int i = 1; i < QSA_GEMV_GROUP; i++)
+        if (i == b) r = grp.m[i];
+    return r;
 }
-#endif
 
-template <bool NV>
-static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, const float *bias, float *Y, int M, int N,
-                                      int K, int accumulate, float *part, unsigned *count, qsa_f16 *Y16,
-                                      float act_scale, qsa_i64 task, const float *gxn = 0, int ghc = 0) {
-    enum {
-        ST = NV ? QSA_STW : QSA_ST,
-        CPA = !NV && QSA_CPA,
-        PER = CPA ? 16 * QSA_ST + 16 * QSA_SWS : 2 * 16 * ST,
-        SH = CPA ? (QSA_GEMV_WARPS + 1) * 16 * QSA_SWS : 0,
-        STAGE = QSA_GEMV_WARPS * PER > SH ? QSA_GEMV_WARPS * PER : SH
-    };
-    /* per warp (stage + warp * PER): A, then W (cp.async: the whole segment's W); once the mma are
-       done, the warp's partial tile (256 floats).  qsa_seg16_sh: A, then each warp's W, 16 x QSA_SWS
-       each. */
-    __shared__ __align__(128) qsa_f16 stage[STAGE];
-    __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
-    if (blockDim.x != 32 * QSA_GEMV_WARPS || M > QSA_SPLITK_MAX_M) __trap();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mt = (M + 15) / 16, prow = M < 16 ? M : 16;
-    const int bad = K <= 0 || (NV && (K & 15)), nseg = bad ? 1 : (K + QSA_SEG - 1) / QSA_SEG, nt = (N + 15) / 16;
-    const int avec = (((qsa_u64)A) & 15u) == 0 && !(K & 7);
-    const qsa_i64 tiles = (qsa_i64)mt * nt;
-    /* qsa_seg16_sh's shapes take the tasks in the order (segment, row tile, column tile), so that
-       the warps of a block share a row tile and a segment when the block's 4 tasks (t0 ..) lie in one
-       row of column tiles (every warp of the block works this out alike: in a group launch a block
-       that straddles two members fails the test in both) */
-    const bool so = CPA && !bad && M > QSA_GEMV_TR_ROWS && ws.vec && avec;
-    const qsa_i64 t0 = task - warp;
-    const bool sh = so && t0 >= 0 && t0 + QSA_GEMV_WARPS <= tiles * nseg && t0 % nt + QSA_GEMV_WARPS <= nt;
-    if (task >= tiles * nseg) return; /* warp-level from here on (but qsa_seg16_sh): no block barriers */
-    const qsa_i64 rest = task / nt;
-    const int tile = so ? (int)(task % nt) * mt + (int)(rest % mt) : (int)(task / nseg),
-              seg = so ? (int)(rest / mt) : (int)(task % nseg), m0 = (tile % mt) * 16, n0 = (tile / mt) * 16;
-    if (!NV && bad) QSA_PDL_ENTRY(); /* dense (QSA_PDL_LATE): otherwise qsa_seg16 waits after the weight loads */
-    if (bad) { /* as qsa_gemm: poison, never guess */
-        for (int e = lane; e < 256; e += 32)
-            if (m0 + (e >> 4) < M && n0 + (e & 15) < N) Y[(qsa_i64)(m0 + (e >> 4)) * N + n0 + (e & 15)] = QSA_QNAN;
-        return;
-    }
-    qsa_frag_c P;
-    float *pt = part + (qsa_i64)tile * nseg * prow * 16, *ps = pt + (qsa_i64)seg * prow * 16;
-    qsa_f16 *sa = stage + warp * PER, *sw = sa + 16 * ST;
-    bool stored = false; /* the warp's partial tile is already in ps (qsa_seg16_tr, qsa_seg16_sh) */
-    if (sh) { /* (sm_80+) */
-#if QSA_CPA
-        const int g = lane >> 2, c = 2 * (lane & 3); /* this lane's mma D rows and columns */
-        float d[8];
-        qsa_seg16_sh(A, M, m0, ws.w16, n0, N, K, seg, stage, stage + (warp + 1) * 16 * QSA_SWS, d);
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-                if (g + 8 * i < prow)
-                    *(float2 *)(ps + (g + 8 * i) * 16 + 8 * h + c) = make_float2(d[4 * h + 2 * i], d[4 * h + 2 * i + 1]);
-        stored = true;
-#endif
-    }
-    if (!stored) {
-        if (lane < 16) arow[warp][lane] = m0 + lane < M ? A + (qsa_i64)(m0 + lane) * K : 0;
-        __syncwarp();
-        if (NV && qsa_nvf_ok(ws, avec, K)) qsa_seg16_nvf<true>(arow[warp], M - m0, ws, n0, N, K, seg, sa, sw, P);
-        else if (NV) qsa_seg16_nvw<true>(arow[warp], avec, ws, n0, N, K, seg, sa, sw, P);
-#if QSA_CPA
-        else if (ws.vec && avec && M <= QSA_GEMV_TR_ROWS) {
-            /* the lane's D elements straight into the partial tile: (W row n, A row m) at [m][n] for
-               its prow = M rows */
-            const int g = lane >> 2, c = 2 * (lane & 3);
-            float d[4];
-            qsa_seg16_tr(arow[warp], ws.w16, n0, N, K, seg, sw, d);
-            if (c < prow) {
-                ps[c * 16 + g] = d[0];
-                ps[c * 16 + g + 8] = d[2];
-            }
-            if (c + 1 < prow) {
-                ps[(c + 1) * 16 + g] = d[1];
-                ps[(c + 1) * 16 + g + 8] = d[3];
-            }
-            stored = true;
-        } else if (ws.vec && !(K & 7)) qsa_seg16_cpa(arow[warp], avec, ws.w16, n0, N, K, seg, sa, sw, P);
-        else qsa_seg16<1, false, true, true>(arow[warp], avec, &ws, n0, N, K, seg, sa, sw, &P);
-#else
-        else qsa_seg16<1, false, true>(arow[warp], avec, &ws, n0, N, K, seg, sa, sw, &P);
-#endif
-    }
-    if (!stored) {
-        float *slot = (float *)sa;
-        __syncwarp(); /* every lane's fragment loads are done: the staging becomes the partial tile */
-        qsa_wmma_store(slot, P, 16);
-        __syncwarp();
-        for (int e = lane; e < prow * 16; e += 32) ps[e] = slot[e];
-    }
+/* The shared staging of a cross-warp GEMV kernel: one array of H halves per kernel, whichever form
+   (per warp, or the block form) its blocks take */
+template <int H> static __device__ __forceinline__ qsa_f16 *qsa_gemv_stage() {
+    __shared__ __align__(128) qsa_f16 s[H];
+    return s;
+}
+/* The block form's stage: A and each warp's W, 16 rows of half a segment (QSA_GBK halves apart: a
+   quarter-warp's ldmatrix rows hit distinct banks), twice (the stage in use and the one in flight) */
+#define QSA_GBK (QSA_SEG / 2 + 8)
+#define QSA_GB_TILE (16 * QSA_GBK)
+#define QSA_GB_STAGE ((QSA_GEMV_WARPS + 1) * QSA_GB_TILE)
+/* the per-warp form's staging (qsa_gemv_xwarp): A, then W (the whole segment's with cp.async) */
+#define QSA_GW_PER(NV) (NV ? 2 * 16 * QSA_STW : QSA_CPA ? 16 * QSA_ST + 16 * QSA_SWS : 2 * 16 * QSA_ST)
+#define QSA_GW_STAGE(NV)                                                                                  \
+    (!NV && QSA_CPA && 2 * QSA_GB_STAGE > QSA_GEMV_WARPS * QSA_GW_PER(NV) ? 2 * QSA_GB_STAGE              \
+                                                                          : QSA_GEMV_WARPS * QSA_GW_PER(NV))
+
+/* The end of a (tile, segment) task whose partial tile is in pt[seg]: the ticket; the warp that
+   completes the tile adds its nseg parts in ascending order and writes the outputs (gxn: qsa_k_gemv_gres's
+   mix instead), then resets the ticket. */
+static __device__ void qsa_gemv_done(const float *pt, unsigned *count, int tile, int m0, int n0, int M, int N,
+                                     int nseg, const float *bias, float *Y, qsa_f16 *Y16, int accumulate,
+                                     float act_scale, const float *gxn, int ghc) {
+    const int lane = threadIdx.x & 31, prow = M < 16 ? M : 16;
     if (!qsa_ticket_last(&count[tile], (unsigned)nseg)) return;
     if (gxn) { /* qsa_k_gemv_gres: the tile's 16 / ghc groups of ghc interleaved mix weights, mixed */
         const int per = 16 / ghc, H = N / ghc;
@@ -1939,19 +1857,276 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
     if (lane == 0) count[tile] = 0u;
 }
 
-extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16(const qsa_f16 *__restrict__ A,
+#if QSA_CPA
+/* Whether a dense GEMV launch takes the block form (qsa_gemv_blocks): sm_80+, more than
+   QSA_GEMV_TR_ROWS rows, K a positive multiple of 8, A and every member's W 16-byte aligned.  The
+   host's qsa__gemv_blockwise is the same test; it only sizes the grid (either form takes any grid). */
+static __device__ __forceinline__ bool qsa_gemv_blockwise(const qsa_f16 *A, const qsa_gemv_group &grp, int M, int K) {
+    bool ok = M > QSA_GEMV_TR_ROWS && M <= QSA_SPLITK_MAX_M && K > 0 && !(K & 7) && !(((qsa_u64)A) & 15u);
+#pragma unroll
+    for (int b = 0; b < QSA_GEMV_GROUP; b++)
+        if (b < grp.n && (((qsa_u64)grp.m[b].W) & 15u)) ok = false;
+    return ok;
+}
+
+/* a group of one member */
+static __device__ __forceinline__ qsa_gemv_group qsa_gemv_one(const qsa_f16 *W, const float *bias, float *Y,
+                                                             qsa_f16 *Y16, int N, float act_scale) {
+    qsa_gemv_group g;
+    g.n = 1;
+    g.m[0].W = W;
+    g.m[0].bias = bias;
+    g.m[0].Y = Y;
+    g.m[0].Y16 = Y16;
+    g.m[0].N = N;
+    g.m[0].act_scale = act_scale;
+    for (int b = 1; b < QSA_GEMV_GROUP; b++) g.m[b] = g.m[0];
+    return g;
+}
+
+/* Where group g of a block-form launch lies: member b, segment seg, row tile m0, the block's first
+ * column tile nt0 (warp w takes nt0 + w), and the member's partial tiles and tickets (part, count
+ * offsets).  A member's groups go column groups fastest, then row tiles, then segments. */
+struct qsa_gb_job {
+    int b, seg, m0, nt0;
+    qsa_i64 part_off, count_off;
+};
+static __device__ __forceinline__ qsa_gb_job qsa_gb_locate(const qsa_gemv_group &grp, int M, int nseg, int g) {
+    const int mt = (M + 15) / 16, prow = M < 16 ? M : 16;
+    qsa_gb_job j;
+    j.b = -1;
+    j.seg = j.m0 = j.nt0 = 0;
+    j.part_off = j.count_off = 0;
+#pragma unroll
+    for (int b = 0; b < QSA_GEMV_GROUP; b++) {
+        if (j.b >= 0 || b >= grp.n) continue;
+        const int nt = (grp.m[b].N + 15) / 16, ng = (nt + QSA_GEMV_WARPS - 1) / QSA_GEMV_WARPS, G = ng * mt * nseg;
+        if (g < G) {
+            const int r = g / ng;
+            j.b = b;
+            j.nt0 = (g - r * ng) * QSA_GEMV_WARPS;
+            j.m0 = (r % mt) * 16;
+            j.seg = r / mt;
+        } else {
+            g -= G;
+            j.part_off += (qsa_i64)mt * nt * nseg * prow * 16;
+            j.count_off += (qsa_i64)mt * nt;
+        }
+    }
+    return j;
+}
+/* The copies of one stage (half h of job j's segment) into st: this warp's 16 W rows (8 pieces of
+   16 bytes per lane: rows lane / 16 + 2 i, k = 8 (lane % 16)) and, shared by the block, A rows m0 ..
+   m0 + 15 (2 pieces per thread); rows past M or N and k >= kend zero-filled.  With `pdl` the PDL wait
+   comes between the two (the weights are never written by a kernel; A is the previous kernel's). */
+static __device__ __forceinline__ void qsa_gb_copy(const qsa_f16 *A, const qsa_gemv_group &grp, int M, int K,
+                                                   const qsa_gb_job &j, int h, qsa_f16 *st, bool pdl) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int kend = min(K, (j.seg + 1) * QSA_SEG), k = j.seg * QSA_SEG + h * (QSA_SEG / 2) + 8 * (lane & 15);
+    const qsa_gemv_member mb = qsa_gemv_pick(grp, j.b);
+    const int n0 = (j.nt0 + warp) * 16;
+    const qsa_u32 wdst = qsa_smem_u32(st + (1 + warp) * QSA_GB_TILE + (lane >> 4) * QSA_GBK + 8 * (lane & 15));
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int n = n0 + (lane >> 4) + 2 * i;
+        const bool ok = n < mb.N && k < kend;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(wdst + i * 2 * QSA_GBK * 2),
+                     "l"(ok ? mb.W + (qsa_i64)n * K + k : mb.W), "r"(ok ? 16 : 0)
+                     : "memory");
+    }
+    if (pdl) QSA_PDL_ENTRY();
+#pragma unroll
+    for (int i = 0; i < 16 * 16 / (32 * QSA_GEMV_WARPS); i++) {
+        const int p = threadIdx.x + 32 * QSA_GEMV_WARPS * i, r = p >> 4,
+                  ka = j.seg * QSA_SEG + h * (QSA_SEG / 2) + 8 * (p & 15);
+        const bool ok = j.m0 + r < M && ka < kend;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(qsa_smem_u32(st + r * QSA_GBK + 8 * (p & 15))),
+                     "l"(ok ? A + (qsa_i64)(j.m0 + r) * K + ka : A), "r"(ok ? 16 : 0)
+                     : "memory");
+    }
+}
+
+/* The block form of the dense GEMV for decode batches of more than QSA_GEMV_TR_ROWS rows (sm_80+):
+ * a block's warps take QSA_GEMV_WARPS column tiles of one row tile and segment (a group), so the
+ * block copies that segment of A once for all of them, and each block loops over groups g =
+ * blockIdx.x, + gridDim.x, ... in stages of half a segment, double-buffered: the copies of the next
+ * stage (cp.async) are in flight while the warps work on this one and end their tasks (ticket, and
+ * the completing warp's fold) — the per-warp form's warps did one task each and then waited on the
+ * next block's copies (ncu at batch 32: DRAM busy ~20% of the time).  Per chunk of 16: an ldmatrix of
+ * A and of W and two m16n8k16 (the instructions wmma compiles to on sm_80+, qsa_nvf_mma4_ld), chunk
+ * after chunk into an accumulator zeroed at the segment's start: the bits of qsa_seg16_cpa, and the
+ * same partial tiles, tickets and folds (qsa_gemv_done) as the per-warp form (tested against the
+ * one-block GEMM, with grids that loop).  Every thread of the block calls it. */
+static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &grp, int M, int K, int accumulate,
+                                       float *part, unsigned *count, const float *gxn, int ghc) {
+    qsa_f16 *const st = qsa_gemv_stage<QSA_GW_STAGE(false)>();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mt = (M + 15) / 16, prow = M < 16 ? M : 16;
+    const int nseg = (K + QSA_SEG - 1) / QSA_SEG;
+    int G = 0;
+#pragma unroll
+    for (int b = 0; b < QSA_GEMV_GROUP; b++)
+        if (b < grp.n) G += (((grp.m[b].N + 15) / 16 + QSA_GEMV_WARPS - 1) / QSA_GEMV_WARPS) * mt * nseg;
+    if ((int)blockIdx.x >= G) return;
+    const int nq = 2 * ((G - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x);
+    /* this lane's ldmatrix addresses in a stage: A row lane % 16 at column 8 (lane / 16); W row
+       8 (lane / 16) + lane % 8 at k = 8 (lane / 8 % 2) */
+    const qsa_u32 ab = qsa_smem_u32(st) + 2 * ((lane & 15) * QSA_GBK + (lane >> 4) * 8),
+                  wb = qsa_smem_u32(st + (1 + warp) * QSA_GB_TILE) +
+                       2 * (((lane >> 4) * 8 + (lane & 7)) * QSA_GBK + ((lane >> 3) & 1) * 8);
+    qsa_gb_job cur = qsa_gb_locate(grp, M, nseg, blockIdx.x), nxt = cur;
+    qsa_gb_copy(A, grp, M, K, cur, 0, st, true);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    float d[8];
+    for (int q = 0; q < nq; q++) {
+        const int h = q & 1;
+        if (q + 1 < nq) {
+            if (h) nxt = qsa_gb_locate(grp, M, nseg, blockIdx.x + ((q + 1) >> 1) * gridDim.x);
+            qsa_gb_copy(A, grp, M, K, nxt, h ^ 1, st + ((q + 1) & 1) * QSA_GB_STAGE, false);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory"); /* (possibly empty: one group per stage) */
+        asm volatile("cp.async.wait_group 1;" ::: "memory");  /* this stage's copies have landed */
+        __syncthreads(); /* ... every thread's */
+        if (!h) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) d[i] = 0.0f;
+        }
+        const int k0 = cur.seg * QSA_SEG + h * (QSA_SEG / 2), kend = min(K, (cur.seg + 1) * QSA_SEG);
+        const qsa_u32 so = 2 * (q & 1) * QSA_GB_STAGE;
+#pragma unroll
+        for (int c = 0; c < QSA_SEG / 32; c++) {
+            if (k0 + 16 * c >= kend) break;
+            qsa_u32 fa[4], fw[4];
+            qsa_ldsm4(ab + so + 32 * c, fa);
+            qsa_ldsm4(wb + so + 32 * c, fw);
+            qsa_mma16816(d, fa, fw[0], fw[1]);
+            qsa_mma16816(d + 4, fa, fw[2], fw[3]);
+        }
+        const qsa_gemv_member mb = qsa_gemv_pick(grp, cur.b);
+        const int ntile = cur.nt0 + warp;
+        if (h && ntile < (mb.N + 15) / 16) {
+            /* the partial tile (rows < prow) straight from the mma's D: d[4 hh + 2 i + jj] is row
+               lane / 4 + 8 i, column 8 hh + 2 (lane % 4) + jj */
+            const int tile = ntile * mt + cur.m0 / 16, g = lane >> 2, c = 2 * (lane & 3);
+            float *pt = part + cur.part_off + (qsa_i64)tile * nseg * prow * 16;
+            float *ps = pt + (qsa_i64)cur.seg * prow * 16;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    if (g + 8 * i < prow)
+                        *(float2 *)(ps + (g + 8 * i) * 16 + 8 * hh + c) =
+                            make_float2(d[4 * hh + 2 * i], d[4 * hh + 2 * i + 1]);
+            qsa_gemv_done(pt, count + cur.count_off, tile, cur.m0, ntile * 16, M, mb.N, nseg, mb.bias, mb.Y,
+                          mb.Y16, accumulate, mb.act_scale, gxn, ghc);
+        }
+        if (h) cur = nxt;
+        __syncthreads(); /* every warp is done with this stage's buffer: the next iteration's copy refills it */
+    }
+}
+#endif
+
+/* The number of (tile, segment) tasks of the per-warp form (qsa_gemv_xwarp) for one matrix. */
+static __device__ __forceinline__ qsa_i64 qsa_gemv_tasks(int M, int N, int K, bool NV) {
+    const int bad = K <= 0 || (NV && (K & 15)), nseg = bad ? 1 : (K + QSA_SEG - 1) / QSA_SEG;
+    return (qsa_i64)((M + 15) / 16) * ((N + 15) / 16) * nseg;
+}
+
+/* The per-warp form: warp task `task` (< qsa_gemv_tasks) = tile * nseg + segment. */
+template <bool NV>
+static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, const float *bias, float *Y, int M, int N,
+                                      int K, int accumulate, float *part, unsigned *count, qsa_f16 *Y16,
+                                      float act_scale, qsa_i64 task, const float *gxn = 0, int ghc = 0) {
+    enum { ST = NV ? QSA_STW : QSA_ST, PER = QSA_GW_PER(NV) };
+    /* per warp (stage + warp * PER): A, then W (cp.async: the whole segment's W); once the mma are
+       done, the warp's partial tile (256 floats) */
+    qsa_f16 *const stage = qsa_gemv_stage<QSA_GW_STAGE(NV)>();
+    __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mt = (M + 15) / 16, prow = M < 16 ? M : 16;
+    const int bad = K <= 0 || (NV && (K & 15)), nseg = bad ? 1 : (K + QSA_SEG - 1) / QSA_SEG;
+    const int tile = (int)(task / nseg), seg = (int)(task % nseg), m0 = (tile % mt) * 16, n0 = (tile / mt) * 16;
+    if (!NV && bad) QSA_PDL_ENTRY(); /* dense (QSA_PDL_LATE): otherwise qsa_seg16 waits after the weight loads */
+    if (bad) { /* as qsa_gemm: poison, never guess */
+        for (int e = lane; e < 256; e += 32)
+            if (m0 + (e >> 4) < M && n0 + (e & 15) < N) Y[(qsa_i64)(m0 + (e >> 4)) * N + n0 + (e & 15)] = QSA_QNAN;
+        return;
+    }
+    const int avec = (((qsa_u64)A) & 15u) == 0 && !(K & 7);
+    __syncwarp(); /* (a looping warp: its previous task is done with arow and the staging) */
+    if (lane < 16) arow[warp][lane] = m0 + lane < M ? A + (qsa_i64)(m0 + lane) * K : 0;
+    __syncwarp();
+    qsa_frag_c P;
+    float *pt = part + (qsa_i64)tile * nseg * prow * 16, *ps = pt + (qsa_i64)seg * prow * 16;
+    qsa_f16 *sa = stage + warp * PER, *sw = sa + 16 * ST;
+    bool stored = false; /* the warp's partial tile is already in ps (qsa_seg16_tr) */
+    if (NV && qsa_nvf_ok(ws, avec, K)) qsa_seg16_nvf<true>(arow[warp], M - m0, ws, n0, N, K, seg, sa, sw, P);
+    else if (NV) qsa_seg16_nvw<true>(arow[warp], avec, ws, n0, N, K, seg, sa, sw, P);
+#if QSA_CPA
+    else if (ws.vec && avec && M <= QSA_GEMV_TR_ROWS) {
+        /* the lane's D elements straight into the partial tile: (W row n, A row m) at [m][n] for its
+           prow = M rows */
+        const int g = lane >> 2, c = 2 * (lane & 3);
+        float d[4];
+        qsa_seg16_tr(arow[warp], ws.w16, n0, N, K, seg, sw, d);
+        if (c < prow) {
+            ps[c * 16 + g] = d[0];
+            ps[c * 16 + g + 8] = d[2];
+        }
+        if (c + 1 < prow) {
+            ps[(c + 1) * 16 + g] = d[1];
+            ps[(c + 1) * 16 + g + 8] = d[3];
+        }
+        stored = true;
+    } else if (ws.vec && !(K & 7)) qsa_seg16_cpa(arow[warp], avec, ws.w16, n0, N, K, seg, sa, sw, P);
+    else qsa_seg16<1, false, true, true>(arow[warp], avec, &ws, n0, N, K, seg, sa, sw, &P);
+#else
+    else qsa_seg16<1, false, true>(arow[warp], avec, &ws, n0, N, K, seg, sa, sw, &P);
+#endif
+    if (!stored) {
+        float *slot = (float *)sa;
+        __syncwarp(); /* every lane's fragment loads are done: the staging becomes the partial tile */
+        qsa_wmma_store(slot, P, 16);
+        __syncwarp();
+        for (int e = lane; e < prow * 16; e += 32) ps[e] = slot[e];
+    }
+    qsa_gemv_done(pt, count, tile, m0, n0, M, N, nseg, bias, Y, Y16, accumulate, act_scale, gxn, ghc);
+}
+
+/* The per-warp form's loop: warp w of block x takes tasks (x + i gridDim.x) QSA_GEMV_WARPS + w. */
+#define QSA_GEMV_TASKS(tasks, task) \
+    for (qsa_i64 task = (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + (threadIdx.x >> 5); task < (tasks); \
+         task += (qsa_i64)gridDim.x * QSA_GEMV_WARPS)
+
+/* Blocks per SM the dense GEMV kernels are built for (registers; their static shared memory,
+   44 KB, also allows 5 on sm_90): the block form's copies in flight per SM scale with it. */
+#define QSA_GEMV_BLOCKS 5
+/* The launch shape every cross-warp GEMV kernel requires (the host's launches have it). */
+#define QSA_GEMV_CHECK(M)                                                                                    \
+    do {                                                                                                     \
+        if (blockDim.x != 32 * QSA_GEMV_WARPS || (M) > QSA_SPLITK_MAX_M) __trap();                          \
+    } while (0)
+
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCKS) qsa_k_gemv_f16(const qsa_f16 *__restrict__ A,
                                                                              const qsa_f16 *__restrict__ W,
                                                                              const float *__restrict__ bias, float *Y,
                                                                              int M, int N, int K, int accumulate,
                                                                              float *part, unsigned *count,
                                                                              qsa_f16 *Y16, float act_scale) {
     QSA_PDL_LATE();
-    qsa_wsrc ws = qsa_wsrc_f16(W);
-    qsa_gemv_xwarp<false>(A, ws, bias, Y, M, N, K, accumulate, part, count, Y16, act_scale,
-                          (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + (threadIdx.x >> 5));
+    QSA_GEMV_CHECK(M);
+#if QSA_CPA
+    const qsa_gemv_group grp = qsa_gemv_one(W, bias, Y, Y16, N, act_scale);
+    if (qsa_gemv_blockwise(A, grp, M, K)) {
+        qsa_gemv_blocks(A, grp, M, K, accumulate, part, count, 0, 0);
+        return;
+    }
+#endif
+    const qsa_wsrc ws = qsa_wsrc_f16(W);
+    QSA_GEMV_TASKS(qsa_gemv_tasks(M, N, K, false), task)
+    qsa_gemv_xwarp<false>(A, ws, bias, Y, M, N, K, accumulate, part, count, Y16, act_scale, task);
 }
 
-/* The same with NVFP4 weights (see qsa_k_gemm_nvfp4).  Launch: as qsa_k_gemv_f16. */
+/* The same with NVFP4 weights (see qsa_k_gemm_nvfp4), the per-warp form only.  Launch: as
+   qsa_k_gemv_f16. */
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_nvfp4(const qsa_f16 *__restrict__ A,
                                                                                const qsa_u8 *__restrict__ q,
                                                                                const qsa_u8 *__restrict__ s, float s2,
@@ -1960,9 +2135,10 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_nvf
                                                                                unsigned *count, qsa_f16 *Y16,
                                                                                float act_scale) {
     QSA_PDL_ENTRY();
-    qsa_wsrc ws = qsa_wsrc_nvfp4(q, s, s2, K);
-    qsa_gemv_xwarp<true>(A, ws, 0, Y, M, N, K, accumulate, part, count, Y16, act_scale,
-                         (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + (threadIdx.x >> 5));
+    QSA_GEMV_CHECK(M);
+    const qsa_wsrc ws = qsa_wsrc_nvfp4(q, s, s2, K);
+    QSA_GEMV_TASKS(qsa_gemv_tasks(M, N, K, true), task)
+    qsa_gemv_xwarp<true>(A, ws, 0, Y, M, N, K, accumulate, part, count, Y16, act_scale, task);
 }
 
 /* The hyper-connection up projection with the input mix in its epilogue (decode): mw = A W^T (+
@@ -1970,61 +2146,65 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_nvf
  * qsa_gres_mix1 of the completed tile's group j and xn [M][hc][H] (inp16 its fp16 copy): the bits of
  * qsa_k_gemv_f16 into mw followed by qsa_k_gres_mix (tested), one launch fewer and no mw.  hc divides
  * 16 (a tile holds whole groups).  Launch: as qsa_k_gemv_f16. */
-extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_gres(
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCKS) qsa_k_gemv_gres(
     const qsa_f16 *__restrict__ A, const qsa_f16 *__restrict__ W, const float *__restrict__ bias,
     const float *__restrict__ xn, float *inp, qsa_f16 *inp16, int M, int N, int K, int hc, float *part,
     unsigned *count) {
     QSA_PDL_LATE();
+    QSA_GEMV_CHECK(M);
     if (hc < 1 || 16 % hc || N % hc || K <= 0) __trap(); /* the host checks these */
-    qsa_wsrc ws = qsa_wsrc_f16(W);
-    qsa_gemv_xwarp<false>(A, ws, bias, inp, M, N, K, 0, part, count, inp16, 0.0f,
-                          (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + (threadIdx.x >> 5), xn, hc);
+#if QSA_CPA
+    const qsa_gemv_group grp = qsa_gemv_one(W, bias, inp, inp16, N, 0.0f);
+    if (qsa_gemv_blockwise(A, grp, M, K)) {
+        qsa_gemv_blocks(A, grp, M, K, 0, part, count, xn, hc);
+        return;
+    }
+#endif
+    const qsa_wsrc ws = qsa_wsrc_f16(W);
+    QSA_GEMV_TASKS(qsa_gemv_tasks(M, N, K, false), task)
+    qsa_gemv_xwarp<false>(A, ws, bias, inp, M, N, K, 0, part, count, inp16, 0.0f, task, xn, hc);
 }
 
-/* Up to QSA_GEMV_GROUP dense GEMVs of one input in one launch (the projections of a layer that
- * read the same activations): member b computes Y_b (+ bias_b; Y16_b: the silu store of
- * qsa_k_gemv_f16) = A W_b^T with N_b outputs, no accumulation.  The tasks of the members follow
- * one another (member 0's (tile, segment) tasks first), and so do their partial tiles in `part` and
- * their tickets in `count`; each task runs exactly the body of qsa_k_gemv_f16, so every member gets
- * the bits of its own launch (tested).  Launch: grid ceil(sum_b tiles_b * nseg / QSA_GEMV_WARPS),
- * block 32 * QSA_GEMV_WARPS, M <= QSA_SPLITK_MAX_M; part and count hold the members' regions. */
-#define QSA_GEMV_GROUP 4
-struct qsa_gemv_member {
-    const qsa_f16 *W;
-    const float *bias;
-    float *Y;
-    qsa_f16 *Y16;
-    int N;
-    float act_scale;
-};
-struct qsa_gemv_group {
-    qsa_gemv_member m[QSA_GEMV_GROUP];
-    int n;
-};
-extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16_group(const qsa_f16 *__restrict__ A,
+/* Up to QSA_GEMV_GROUP dense GEMVs of one input in one launch, no accumulation.  Per-warp form:
+ * the tasks of the members follow one another (member 0's (tile, segment) tasks first); block form:
+ * so do their groups (qsa_gb_locate); either way their partial tiles in `part` and their tickets in
+ * `count` follow one another, and each member's tiles get exactly the work of its own qsa_k_gemv_f16
+ * launch: the bits of its own launch (tested).  Launch: as qsa_k_gemv_f16, the members' tasks
+ * counted together; part and count hold the members' regions. */
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCKS) qsa_k_gemv_f16_group(const qsa_f16 *__restrict__ A,
                                                                                    qsa_gemv_group grp, int M, int K,
                                                                                    float *part, unsigned *count) {
     QSA_PDL_LATE();
-    const int mt = (M + 15) / 16, prow = M < 16 ? M : 16, nseg = K <= 0 ? 1 : (K + QSA_SEG - 1) / QSA_SEG;
-    qsa_i64 task = (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + (threadIdx.x >> 5);
-    qsa_gemv_member mb;
-    bool found = false;
-#pragma unroll
-    for (int b = 0; b < QSA_GEMV_GROUP; b++) { /* unrolled: the parameter struct is indexed statically */
-        if (found || b >= grp.n) continue;
-        const qsa_i64 tiles = (qsa_i64)mt * ((grp.m[b].N + 15) / 16);
-        if (task < tiles * nseg) {
-            mb = grp.m[b];
-            found = true;
-        } else {
-            task -= tiles * nseg;
-            part += tiles * nseg * prow * 16;
-            count += tiles;
-        }
+    QSA_GEMV_CHECK(M);
+#if QSA_CPA
+    if (qsa_gemv_blockwise(A, grp, M, K)) {
+        qsa_gemv_blocks(A, grp, M, K, 0, part, count, 0, 0);
+        return;
     }
-    if (!found) return; /* a warp past the last task touches nothing */
-    const qsa_wsrc ws = qsa_wsrc_f16(mb.W);
-    qsa_gemv_xwarp<false>(A, ws, mb.bias, mb.Y, M, mb.N, K, 0, part, count, mb.Y16, mb.act_scale, task);
+#endif
+    const int mt = (M + 15) / 16, prow = M < 16 ? M : 16, nseg = K <= 0 ? 1 : (K + QSA_SEG - 1) / QSA_SEG;
+    qsa_i64 all = 0;
+#pragma unroll
+    for (int b = 0; b < QSA_GEMV_GROUP; b++)
+        if (b < grp.n) all += qsa_gemv_tasks(M, grp.m[b].N, K, false);
+    QSA_GEMV_TASKS(all, t) {
+        qsa_i64 task = t, po = 0, co = 0;
+        int mb = 0;
+#pragma unroll
+        for (int b = 0; b < QSA_GEMV_GROUP; b++) { /* unrolled: the parameter struct is indexed statically */
+            if (b != mb) continue;
+            const qsa_i64 tiles = (qsa_i64)mt * ((grp.m[b].N + 15) / 16);
+            if (task >= tiles * nseg && b + 1 < grp.n) {
+                task -= tiles * nseg;
+                po += tiles * nseg * prow * 16;
+                co += tiles;
+                mb = b + 1;
+            }
+        }
+        const qsa_gemv_member m = qsa_gemv_pick(grp, mb);
+        const qsa_wsrc ws = qsa_wsrc_f16(m.W);
+        qsa_gemv_xwarp<false>(A, ws, m.bias, m.Y, M, m.N, K, 0, part + po, count + co, m.Y16, m.act_scale, task);
+    }
 }
 
 /* The tiled form of qsa_k_gemv_f16_group: the 64 x 64 tiles of member 0, then member 1's, ..., each

@@ -9226,6 +9226,30 @@ QSA_PRIV int qsa__gemv_xwarp(const qsa__cuda *g, int M, int N, int K) {
     return tiles <= QSA__GEMV_TILES && (size_t)(tiles * nseg * prow * 64) <= g->sc.gemv_limit;
 }
 
+/* The grid of a dense cross-warp GEMV launch (qsa_k_gemv_f16, _group, _gres) of M rows and K over
+   members with outputs N[i] and weights W[i] (A16 the input).  Both of the kernels' forms take any
+   grid (they loop); what differs is which is fast.  The per-warp form: a warp per (tile, segment)
+   task.  The block form (kernels.cu: qsa_gemv_blockwise, the same test: a module for sm_80+, more
+   than 4 rows (QSA_GEMV_TR_ROWS), K a multiple of 8, A and every W 16-byte aligned): a block per
+   group of 4 column tiles x one row tile x one segment, at most QSA__GEMV_BLOCKS per SM, each
+   looping over groups with its copies double-buffered. */
+#define QSA__GEMV_BLOCKS 5 /* (kernels.cu: QSA_GEMV_BLOCKS) */
+QSA_PRIV unsigned qsa__gemv_grid(const qsa__cuda *g, CUdeviceptr A16, int M, int K, int n, const int *N,
+                                 const CUdeviceptr *W) {
+    const char *a = g->arch;
+    while (*a && (*a < '0' || *a > '9')) a++;
+    int mt = (M + 15) / 16, nseg = K > 0 ? (K + 255) / 256 : 1, block = atoi(a) >= 80 && M > 4 && M <= 64 && K > 0 &&
+                                                                        K % 8 == 0 && A16 % 16 == 0;
+    long long tasks = 0, groups = 0;
+    for (int i = 0; i < n; i++) {
+        block = block && W[i] % 16 == 0;
+        tasks += (long long)mt * ((N[i] + 15) / 16) * nseg;
+        groups += (long long)mt * (((N[i] + 15) / 16 + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS) * nseg;
+    }
+    long long cap = (long long)QSA__GEMV_BLOCKS * (g->sm_count > 0 ? g->sm_count : 1);
+    return (unsigned)(block ? (groups < cap ? groups : cap) : (tasks + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
+}
+
 /* Whether the routed-expert GEMMs of MK pairs (16-pair tiles) take the cross-warp kernels
    (qsa_k_moe_*_xw[k], decode-sized steps): the tickets and pair-indexed partials of the forms they
    take (qsa__xw_whole: the whole gate/up form keeps one partial tile per pair and column tile, the
@@ -9280,6 +9304,7 @@ QSA_PRIV qsa_result qsa__dgemm_ex(qsa__cuda *g, CUdeviceptr A16, int M, const qs
         CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
         if (w->w16) {
             CUdeviceptr W = w->w16, B = w->bias;
+            gx = qsa__gemv_grid(g, A16, M, K, 1, &N, &W);
             QSA__LAUNCH(g, gemv_f16, gx, 1, bx, 0, &A16, &W, &B, &Y, &M, &N, &K, &accumulate, &part, &cnt, &Y16, &scale);
         } else {
             CUdeviceptr q = w->q, s = w->s;
@@ -9393,8 +9418,13 @@ QSA_PRIV qsa_result qsa__dgemm_group(qsa__cuda *g, CUdeviceptr A16, int M, int n
     }
     qsa__gemv_group grp;
     qsa__gemv_group_fill(&grp, n, w, Y, Y16, scale);
-    long long tasks = tiles * nseg;
-    unsigned gx = (unsigned)((tasks + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS), bx = 32 * QSA__GEMV_WARPS;
+    int Ns[QSA__GEMV_GROUP];
+    CUdeviceptr Ws[QSA__GEMV_GROUP];
+    for (int i = 0; i < n; i++) {
+        Ns[i] = w[i]->out;
+        Ws[i] = w[i]->w16;
+    }
+    unsigned gx = qsa__gemv_grid(g, A16, M, K, n, Ns, Ws), bx = 32 * QSA__GEMV_WARPS;
     CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
     QSA__LAUNCH(g, gemv_f16_group, gx, 1, bx, 0, &A16, &grp, &M, &K, &part, &cnt);
     return QSA_OK;
@@ -9436,9 +9466,8 @@ QSA_PRIV qsa_result qsa__cuda_gres(qsa_model *m, const qsa__dgres *w, CUdevicept
     /* up (rows interleaved by stream, qsa__dlin_up_hc) and the mix: one launch for decode-sized M */
     int N = w->up.out, K = w->up.in;
     if (w->up.w16 && hc >= 1 && 16 % hc == 0 && N == hcH && qsa__gemv_xwarp(g, M, N, K)) {
-        long long tasks = (long long)((M + 15) / 16) * ((N + 15) / 16) * ((K + 255) / 256);
         CUdeviceptr W = w->up.w16, B = w->up.bias, part = s->gemv_part, cnt = s->gemv_count;
-        QSA__LAUNCH(g, gemv_gres, (unsigned)((tasks + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS), 1, 32 * QSA__GEMV_WARPS, 0,
+        QSA__LAUNCH(g, gemv_gres, qsa__gemv_grid(g, s->low16, M, K, 1, &N, &W), 1, 32 * QSA__GEMV_WARPS, 0,
                     &s->low16, &W, &B, &s->xn, &s->inp, &s->inp16, &M, &N, &K, &hc, &part, &cnt);
         return QSA_OK;
     }

@@ -796,6 +796,7 @@ TEST(gpu, k1_gemm_batch_invariance) {
    by the warp that completes a tile) against the one-block split-K GEMM: bitwise equal for every
    M <= 64, with bias and accumulation, and again on a second launch (the tickets must have been
    reset to zero by the first). */
+#define K1_GEMV_LOOP_GRID 3 /* a grid smaller than the work: every block of either form loops */
 static void k1_gemv_case(int M, int N, int K, int nvfp4) {
     k1_mem mem = {{0}, 0, {0}, 0};
     uint16_t *a16, *w16 = NULL;
@@ -865,8 +866,10 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
             K1_TRY(k1_launch("qsa_k_gemv_f16", gx, 1, bx, a_));                                        \
         }                                                                                               \
     } while (0)
-    for (int rep = 0; rep < 2; rep++) { /* twice: the tickets must be back at zero */
+    for (int rep = 0; rep < 2; rep++) { /* twice: the tickets must be back at zero; the second launch on
+                                           a grid of K1_GEMV_LOOP_GRID blocks (the kernels loop) */
         char what[128];
+        gx = rep ? K1_GEMV_LOOP_GRID : (unsigned)((tiles * nseg + 3) / 4);
         K1_TRY(k1_poison(dY, sizeof(float) * M * N));
         K1_GEMV(&acc0, &dnull, &noact);
         K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
@@ -880,6 +883,7 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
     /* the fused silu epilogue (HC down projection): the bits of the GEMM then qsa_k_silu_scale */
     {
         char what[128];
+        gx = (unsigned)((tiles * nseg + 3) / 4);
         K1_TRY(k1_put(dY, Y0, sizeof(float) * M * N));
         void *sargs[] = {&dY, &dZ16, &MN, &act};
         K1_TRY(k1_launch("qsa_k_silu_scale", (MN + 255) / 256, 1, 256, sargs));
@@ -949,7 +953,7 @@ static void k1_gemv_group_case(int M, int K, int n) {
             K1_TRY(k1_poison(dY[b], sizeof(float) * M * Ns[b]));
             K1_TRY(k1_poison(dY16[b], sizeof(uint16_t) * M * Ns[b]));
         }
-        unsigned gx = (unsigned)((tiles * nseg + 3) / 4);
+        unsigned gx = rep ? K1_GEMV_LOOP_GRID : (unsigned)((tiles * nseg + 3) / 4);
         void *args[] = {&dA, &grp, &M, &K, &dpart, &dcnt};
         K1_TRY(k1_launch("qsa_k_gemv_f16_group", gx, 1, 128, args));
         for (int b = 0; b < n; b++) {
@@ -1092,7 +1096,7 @@ static void k1_gemv_gres_case(int M, int H, int hc, int K, int with_bias) {
         K1_TRY(k1_poison(dinp, sizeof(float) * M * H));
         K1_TRY(k1_poison(dinp16, sizeof(uint16_t) * M * H));
         void *args[] = {&dA, &dW, &dB, &dxn, &dinp, &dinp16, &M, &N, &K, &hc, &dpart, &dcnt};
-        K1_TRY(k1_launch("qsa_k_gemv_gres", gx, 1, 128, args));
+        K1_TRY(k1_launch("qsa_k_gemv_gres", rep ? K1_GEMV_LOOP_GRID : gx, 1, 128, args));
         K1_TRY(k1_get(got, dinp, sizeof(float) * M * H));
         K1_TRY(k1_get(g16, dinp16, sizeof(uint16_t) * M * H));
         snprintf(what, sizeof what, "gemv_gres M=%d H=%d hc=%d K=%d bias %d launch %d", M, H, hc, K, with_bias, rep + 1);
@@ -1113,9 +1117,10 @@ TEST(gpu, k1_gemv_gres_equals_gemv_and_mix) {
 
 TEST(gpu, k1_gemv_cross_warp_equals_gemm) {
     K1_NEED_GPU();
-    /* (17 to 32 rows: the two-row-tile warps of the dense form, ragged K and N included; K = 100 is not a
-       multiple of 8: the one-tile path; up to QSA_GEMV_TR_ROWS = 4 rows: the swapped-operand form, with a
-       ragged last segment and N) */
+    /* (5 to 64 rows: the dense block form (sm_80+), ragged K (3000: a last segment of 184, half a chunk
+       past its last whole one) and N (column groups of fewer than 4 tiles) included; K = 100 is not a
+       multiple of 8: the per-warp one-tile path; up to QSA_GEMV_TR_ROWS = 4 rows: the swapped-operand
+       form, with a ragged last segment and N) */
     static const int shapes[][3] = {{1, 300, 1024}, {1, 4, 10240}, {1, 320, 2560}, {5, 17, 48},   {37, 100, 2320},
                                     {64, 33, 272},  {16, 50, 6144}, {2, 2560, 640}, {1, 7, 100},   {9, 1000, 3000},
                                     {32, 100, 2320}, {20, 33, 272}, {24, 17, 100},  {32, 2560, 640}, {3, 50, 2320},
