@@ -1602,22 +1602,20 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16
 }
 
 /* The split-K tiling spread over warps, for small M (decode): the (tile, segment) tasks of
- * Y = A W^T, task i = tile * nseg + s, go to warps, QSA_GEMV_WARPS per block (the per-warp form:
- * warp w of block x takes tasks (x + j gridDim.x) QSA_GEMV_WARPS + w; the block form,
- * qsa_gemv_blocks: a block's warps take 4 column tiles of one row tile and segment at a time), so
- * every warp streams segments of 16 weight rows whatever the shape.  A warp stores its P_s tile
- * (only the rows < M) in part; the warp that completes a tile (an integer ticket in count[tile],
- * qsa_ticket_last) adds all of them in ascending s, T = ((0 + P_0) + P_1) + ..., exactly the
- * canonical order, writes Y and resets count[tile] to 0 for the next launch (or graph replay).
- * Same bits as qsa_k_gemm_* for every M, N, K and grid.  Y16 != NULL fuses qsa_k_silu_scale into
- * the store: Y = silu(Y * act_scale) and Y16 its fp16 copy (the bits of the two launches).  part:
- * [tiles][nseg][prow][16] fp32 with prow = min(M, 16); count: [tiles] unsigned, zero before the
- * first launch.  Launch: any grid (the host's qsa__gemv_grid: a block per 4 tasks, or for the block
- * form up to QSA_GEMV_BLOCKS per SM) with tiles = ceil(M/16) * ceil(N/16), block 32 *
- * QSA_GEMV_WARPS, M <= QSA_SPLITK_MAX_M.  (A whole tile per warp, the segments folded in registers,
- * measured slower here: lm_head 520 -> 630 us.) */
+ * Y = A W^T, task i = tile * nseg + s, go to warps, QSA_GEMV_WARPS per block (warp w of block x
+ * takes task x * QSA_GEMV_WARPS + w; qsa_k_gemv_blk: a block's warps take 4 column tiles of one row
+ * tile and segment at a time, looping), so every warp streams segments of 16 weight rows whatever
+ * the shape.  A warp stores its P_s tile (only the rows < M) in part; the warp that completes a
+ * tile (an integer ticket in count[tile], qsa_ticket_last) adds all of them in ascending s,
+ * T = ((0 + P_0) + P_1) + ..., exactly the canonical order, writes Y and resets count[tile] to 0 for
+ * the next launch (or graph replay).  Same bits as qsa_k_gemm_* for every M, N, K.  Y16 != NULL
+ * fuses qsa_k_silu_scale into the store: Y = silu(Y * act_scale) and Y16 its fp16 copy (the bits of
+ * the two launches).  part: [tiles][nseg][prow][16] fp32 with prow = min(M, 16); count: [tiles]
+ * unsigned, zero before the first launch.  Launch: grid ceil(tiles * nseg / QSA_GEMV_WARPS) with
+ * tiles = ceil(M/16) * ceil(N/16), block 32 * QSA_GEMV_WARPS, M <= QSA_SPLITK_MAX_M.  (A whole tile
+ * per warp, the segments folded in registers, measured slower here: lm_head 520 -> 630 us.) */
 #define QSA_GEMV_WARPS 4
-#define QSA_GEMV_TR_ROWS 4 /* sm_80+, A rows up to this: qsa_seg16_tr; more: qsa_seg16_sh */
+#define QSA_GEMV_TR_ROWS 4 /* sm_80+, A rows up to this: qsa_seg16_tr; more: qsa_k_gemv_blk */
 /* t = ((0 + p[0]) + p[stride]) + ... + p[(n-1)*stride], ascending (the canonical segment order), the
    loads issued 8 at a time (the last batch predicated) so the completing warp waits on memory
    ceil(n/8) times, not n (32 at a time measured slower: decode GEMVs 10-30% longer) */
@@ -1770,31 +1768,6 @@ struct qsa_gemv_group {
     qsa_gemv_member m[QSA_GEMV_GROUP];
     int n;
 };
-/* member b of a launch's group (unrolled: the parameter struct is indexed statically) */
-static __device__ __forceinline__ qsa_gemv_member qsa_gemv_pick(const qsa_gemv_group &grp, int b) {
-    qsa_gemv_member r = grp.m[0];
-#pragma unroll
-    for (int i = 1; i < QSA_GEMV_GROUP; i++)
-        if (i == b) r = grp.m[i];
-    return r;
-}
-
-/* The shared staging of a cross-warp GEMV kernel: one array of H halves per kernel, whichever form
-   (per warp, or the block form) its blocks take */
-template <int H> static __device__ __forceinline__ qsa_f16 *qsa_gemv_stage() {
-    __shared__ __align__(128) qsa_f16 s[H];
-    return s;
-}
-/* The block form's stage: A and each warp's W, 16 rows of half a segment (QSA_GBK halves apart: a
-   quarter-warp's ldmatrix rows hit distinct banks), twice (the stage in use and the one in flight) */
-#define QSA_GBK (QSA_SEG / 2 + 8)
-#define QSA_GB_TILE (16 * QSA_GBK)
-#define QSA_GB_STAGE ((QSA_GEMV_WARPS + 1) * QSA_GB_TILE)
-/* the per-warp form's staging (qsa_gemv_xwarp): A, then W (the whole segment's with cp.async) */
-#define QSA_GW_PER(NV) (NV ? 2 * 16 * QSA_STW : QSA_CPA ? 16 * QSA_ST + 16 * QSA_SWS : 2 * 16 * QSA_ST)
-#define QSA_GW_STAGE(NV)                                                                                  \
-    (!NV && QSA_CPA && 2 * QSA_GB_STAGE > QSA_GEMV_WARPS * QSA_GW_PER(NV) ? 2 * QSA_GB_STAGE              \
-                                                                          : QSA_GEMV_WARPS * QSA_GW_PER(NV))
 
 /* The end of a (tile, segment) task whose partial tile is in pt[seg]: the ticket; the warp that
    completes the tile adds its nseg parts in ascending order and writes the outputs (gxn: qsa_k_gemv_gres's
@@ -1857,10 +1830,157 @@ static __device__ void qsa_gemv_done(const float *pt, unsigned *count, int tile,
     if (lane == 0) count[tile] = 0u;
 }
 
+template <bool NV>
+static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, const float *bias, float *Y, int M, int N,
+                                      int K, int accumulate, float *part, unsigned *count, qsa_f16 *Y16,
+                                      float act_scale, qsa_i64 task, const float *gxn = 0, int ghc = 0) {
+    enum { ST = NV ? QSA_STW : QSA_ST, CPA = !NV && QSA_CPA };
+    /* per warp: A, then W (cp.async: the whole segment's W); once the mma are done, the warp's
+       partial tile (256 floats) */
+    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][CPA ? 16 * QSA_ST + 16 * QSA_SWS : 2 * 16 * ST];
+    __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
+    if (blockDim.x != 32 * QSA_GEMV_WARPS || M > QSA_SPLITK_MAX_M) __trap();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mt = (M + 15) / 16, prow = M < 16 ? M : 16;
+    const int bad = K <= 0 || (NV && (K & 15)), nseg = bad ? 1 : (K + QSA_SEG - 1) / QSA_SEG;
+    const qsa_i64 tiles = (qsa_i64)mt * ((N + 15) / 16);
+    if (task >= tiles * nseg) return; /* warp-level from here on: no block barriers */
+    const int tile = (int)(task / nseg), seg = (int)(task % nseg), m0 = (tile % mt) * 16, n0 = (tile / mt) * 16;
+    if (!NV && bad) QSA_PDL_ENTRY(); /* dense (QSA_PDL_LATE): otherwise qsa_seg16 waits after the weight loads */
+    if (bad) { /* as qsa_gemm: poison, never guess */
+        for (int e = lane; e < 256; e += 32)
+            if (m0 + (e >> 4) < M && n0 + (e & 15) < N) Y[(qsa_i64)(m0 + (e >> 4)) * N + n0 + (e & 15)] = QSA_QNAN;
+        return;
+    }
+    const int avec = (((qsa_u64)A) & 15u) == 0 && !(K & 7);
+    if (lane < 16) arow[warp][lane] = m0 + lane < M ? A + (qsa_i64)(m0 + lane) * K : 0;
+    __syncwarp();
+    qsa_frag_c P;
+    float *pt = part + (qsa_i64)tile * nseg * prow * 16;
+    bool tr = false; /* the partial tile is already in pt (qsa_seg16_tr) */
+    if (NV && qsa_nvf_ok(ws, avec, K))
+        qsa_seg16_nvf<true>(arow[warp], M - m0, ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, P);
+    else if (NV) qsa_seg16_nvw<true>(arow[warp], avec, ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, P);
 #if QSA_CPA
-/* Whether a dense GEMV launch takes the block form (qsa_gemv_blocks): sm_80+, more than
-   QSA_GEMV_TR_ROWS rows, K a positive multiple of 8, A and every member's W 16-byte aligned.  The
-   host's qsa__gemv_blockwise is the same test; it only sizes the grid (either form takes any grid). */
+    else if (ws.vec && !(K & 7) && avec && M <= QSA_GEMV_TR_ROWS) {
+        /* the lane's D elements straight into the partial tile: (W row n, A row m) at [m][n] for its
+           prow = M rows */
+        float d[4];
+        qsa_seg16_tr(arow[warp], ws.w16, n0, N, K, seg, stage[warp] + 16 * ST, d);
+        float *ps = pt + (qsa_i64)seg * prow * 16;
+        const int g = lane >> 2, m = 2 * (lane & 3);
+        if (m < prow) {
+            ps[m * 16 + g] = d[0];
+            ps[m * 16 + g + 8] = d[2];
+        }
+        if (m + 1 < prow) {
+            ps[(m + 1) * 16 + g] = d[1];
+            ps[(m + 1) * 16 + g + 8] = d[3];
+        }
+        tr = true;
+    } else if (ws.vec && !(K & 7))
+        qsa_seg16_cpa(arow[warp], avec, ws.w16, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, P);
+    else qsa_seg16<1, false, true, true>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
+#else
+    else qsa_seg16<1, false, true>(arow[warp], avec, &ws, n0, N, K, seg, stage[warp], stage[warp] + 16 * ST, &P);
+#endif
+    if (!tr) {
+        float *slot = (float *)stage[warp];
+        __syncwarp(); /* every lane's fragment loads are done: the staging becomes the partial tile */
+        qsa_wmma_store(slot, P, 16);
+        __syncwarp();
+        for (int e = lane; e < prow * 16; e += 32) pt[(qsa_i64)seg * prow * 16 + e] = slot[e];
+    }
+    qsa_gemv_done(pt, count, tile, m0, n0, M, N, nseg, bias, Y, Y16, accumulate, act_scale, gxn, ghc);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16(const qsa_f16 *__restrict__ A,
+                                                                             const qsa_f16 *__restrict__ W,
+                                                                             const float *__restrict__ bias, float *Y,
+                                                                             int M, int N, int K, int accumulate,
+                                                                             float *part, unsigned *count,
+                                                                             qsa_f16 *Y16, float act_scale) {
+    QSA_PDL_LATE();
+    qsa_wsrc ws = qsa_wsrc_f16(W);
+    qsa_gemv_xwarp<false>(A, ws, bias, Y, M, N, K, accumulate, part, count, Y16, act_scale,
+                          (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + (threadIdx.x >> 5));
+}
+
+/* The same with NVFP4 weights (see qsa_k_gemm_nvfp4).  Launch: as qsa_k_gemv_f16. */
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_nvfp4(const qsa_f16 *__restrict__ A,
+                                                                               const qsa_u8 *__restrict__ q,
+                                                                               const qsa_u8 *__restrict__ s, float s2,
+                                                                               float *Y, int M, int N, int K,
+                                                                               int accumulate, float *part,
+                                                                               unsigned *count, qsa_f16 *Y16,
+                                                                               float act_scale) {
+    QSA_PDL_ENTRY();
+    qsa_wsrc ws = qsa_wsrc_nvfp4(q, s, s2, K);
+    qsa_gemv_xwarp<true>(A, ws, 0, Y, M, N, K, accumulate, part, count, Y16, act_scale,
+                         (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + (threadIdx.x >> 5));
+}
+
+/* The hyper-connection up projection with the input mix in its epilogue (decode): mw = A W^T (+
+ * bias) for W with interleaved rows (qsa__dlin_up_hc: N = hc * H, row j * hc + s), then inp[m][j] =
+ * qsa_gres_mix1 of the completed tile's group j and xn [M][hc][H] (inp16 its fp16 copy): the bits of
+ * qsa_k_gemv_f16 into mw followed by qsa_k_gres_mix (tested), one launch fewer and no mw.  hc divides
+ * 16 (a tile holds whole groups).  Launch: as qsa_k_gemv_f16. */
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_gres(
+    const qsa_f16 *__restrict__ A, const qsa_f16 *__restrict__ W, const float *__restrict__ bias,
+    const float *__restrict__ xn, float *inp, qsa_f16 *inp16, int M, int N, int K, int hc, float *part,
+    unsigned *count) {
+    QSA_PDL_LATE();
+    if (hc < 1 || 16 % hc || N % hc || K <= 0) __trap(); /* the host checks these */
+    qsa_wsrc ws = qsa_wsrc_f16(W);
+    qsa_gemv_xwarp<false>(A, ws, bias, inp, M, N, K, 0, part, count, inp16, 0.0f,
+                          (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + (threadIdx.x >> 5), xn, hc);
+}
+
+/* Up to QSA_GEMV_GROUP dense GEMVs of one input in one launch (the projections of a layer that
+ * read the same activations): member b computes Y_b (+ bias_b; Y16_b: the silu store of
+ * qsa_k_gemv_f16) = A W_b^T with N_b outputs, no accumulation.  The tasks of the members follow
+ * one another (member 0's (tile, segment) tasks first), and so do their partial tiles in `part` and
+ * their tickets in `count`; each task runs exactly the body of qsa_k_gemv_f16, so every member gets
+ * the bits of its own launch (tested).  Launch: grid ceil(sum_b tiles_b * nseg / QSA_GEMV_WARPS),
+ * block 32 * QSA_GEMV_WARPS, M <= QSA_SPLITK_MAX_M; part and count hold the members' regions. */
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16_group(const qsa_f16 *__restrict__ A,
+                                                                                   qsa_gemv_group grp, int M, int K,
+                                                                                   float *part, unsigned *count) {
+    QSA_PDL_LATE();
+    const int mt = (M + 15) / 16, prow = M < 16 ? M : 16, nseg = K <= 0 ? 1 : (K + QSA_SEG - 1) / QSA_SEG;
+    qsa_i64 task = (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + (threadIdx.x >> 5);
+    qsa_gemv_member mb;
+    bool found = false;
+#pragma unroll
+    for (int b = 0; b < QSA_GEMV_GROUP; b++) { /* unrolled: the parameter struct is indexed statically */
+        if (found || b >= grp.n) continue;
+        const qsa_i64 tiles = (qsa_i64)mt * ((grp.m[b].N + 15) / 16);
+        if (task < tiles * nseg) {
+            mb = grp.m[b];
+            found = true;
+        } else {
+            task -= tiles * nseg;
+            part += tiles * nseg * prow * 16;
+            count += tiles;
+        }
+    }
+    if (!found) return; /* a warp past the last task touches nothing */
+    const qsa_wsrc ws = qsa_wsrc_f16(mb.W);
+    qsa_gemv_xwarp<false>(A, ws, mb.bias, mb.Y, M, mb.N, K, 0, part, count, mb.Y16, mb.act_scale, task);
+}
+
+/* The block form's stage: A and each warp's W, 16 rows of half a segment (QSA_GBK halves apart: a
+   quarter-warp's ldmatrix rows hit distinct banks), twice (the stage in use and the one in flight) */
+#define QSA_GBK (QSA_SEG / 2 + 8)
+#define QSA_GB_TILE (16 * QSA_GBK)
+#define QSA_GB_STAGE ((QSA_GEMV_WARPS + 1) * QSA_GB_TILE)
+/* Blocks per SM qsa_k_gemv_blk is built for (registers; its 43.5 KB of shared memory also allows 5 on
+   sm_90): the copies in flight per SM scale with it (the host's QSA__GEMV_BLOCKS). */
+#define QSA_GEMV_BLOCKS 5
+
+#if QSA_CPA
+/* Whether the block form (qsa_gemv_blocks) takes a dense GEMV launch: sm_80+, more than
+   QSA_GEMV_TR_ROWS rows, K a positive multiple of 8, A and every member's W 16-byte aligned (the
+   host's qsa__gemv_groups is the same test). */
 static __device__ __forceinline__ bool qsa_gemv_blockwise(const qsa_f16 *A, const qsa_gemv_group &grp, int M, int K) {
     bool ok = M > QSA_GEMV_TR_ROWS && M <= QSA_SPLITK_MAX_M && K > 0 && !(K & 7) && !(((qsa_u64)A) & 15u);
 #pragma unroll
@@ -1869,19 +1989,13 @@ static __device__ __forceinline__ bool qsa_gemv_blockwise(const qsa_f16 *A, cons
     return ok;
 }
 
-/* a group of one member */
-static __device__ __forceinline__ qsa_gemv_group qsa_gemv_one(const qsa_f16 *W, const float *bias, float *Y,
-                                                             qsa_f16 *Y16, int N, float act_scale) {
-    qsa_gemv_group g;
-    g.n = 1;
-    g.m[0].W = W;
-    g.m[0].bias = bias;
-    g.m[0].Y = Y;
-    g.m[0].Y16 = Y16;
-    g.m[0].N = N;
-    g.m[0].act_scale = act_scale;
-    for (int b = 1; b < QSA_GEMV_GROUP; b++) g.m[b] = g.m[0];
-    return g;
+/* member b of a launch's group (unrolled: the parameter struct is indexed statically) */
+static __device__ __forceinline__ qsa_gemv_member qsa_gemv_pick(const qsa_gemv_group &grp, int b) {
+    qsa_gemv_member r = grp.m[0];
+#pragma unroll
+    for (int i = 1; i < QSA_GEMV_GROUP; i++)
+        if (i == b) r = grp.m[i];
+    return r;
 }
 
 /* Where group g of a block-form launch lies: member b, segment seg, row tile m0, the block's first
@@ -1959,7 +2073,7 @@ static __device__ __forceinline__ void qsa_gb_copy(const qsa_f16 *A, const qsa_g
  * one-block GEMM, with grids that loop).  Every thread of the block calls it. */
 static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &grp, int M, int K, int accumulate,
                                        float *part, unsigned *count, const float *gxn, int ghc) {
-    qsa_f16 *const st = qsa_gemv_stage<QSA_GW_STAGE(false)>();
+    __shared__ __align__(128) qsa_f16 st[2 * QSA_GB_STAGE];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mt = (M + 15) / 16, prow = M < 16 ? M : 16;
     const int nseg = (K + QSA_SEG - 1) / QSA_SEG;
     int G = 0;
@@ -2025,186 +2139,25 @@ static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &g
 }
 #endif
 
-/* The number of (tile, segment) tasks of the per-warp form (qsa_gemv_xwarp) for one matrix. */
-static __device__ __forceinline__ qsa_i64 qsa_gemv_tasks(int M, int N, int K, bool NV) {
-    const int bad = K <= 0 || (NV && (K & 15)), nseg = bad ? 1 : (K + QSA_SEG - 1) / QSA_SEG;
-    return (qsa_i64)((M + 15) / 16) * ((N + 15) / 16) * nseg;
-}
-
-/* The per-warp form: warp task `task` (< qsa_gemv_tasks) = tile * nseg + segment. */
-template <bool NV>
-static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, const float *bias, float *Y, int M, int N,
-                                      int K, int accumulate, float *part, unsigned *count, qsa_f16 *Y16,
-                                      float act_scale, qsa_i64 task, const float *gxn = 0, int ghc = 0) {
-    enum { ST = NV ? QSA_STW : QSA_ST, PER = QSA_GW_PER(NV) };
-    /* per warp (stage + warp * PER): A, then W (cp.async: the whole segment's W); once the mma are
-       done, the warp's partial tile (256 floats) */
-    qsa_f16 *const stage = qsa_gemv_stage<QSA_GW_STAGE(NV)>();
-    __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mt = (M + 15) / 16, prow = M < 16 ? M : 16;
-    const int bad = K <= 0 || (NV && (K & 15)), nseg = bad ? 1 : (K + QSA_SEG - 1) / QSA_SEG;
-    const int tile = (int)(task / nseg), seg = (int)(task % nseg), m0 = (tile % mt) * 16, n0 = (tile / mt) * 16;
-    if (!NV && bad) QSA_PDL_ENTRY(); /* dense (QSA_PDL_LATE): otherwise qsa_seg16 waits after the weight loads */
-    if (bad) { /* as qsa_gemm: poison, never guess */
-        for (int e = lane; e < 256; e += 32)
-            if (m0 + (e >> 4) < M && n0 + (e & 15) < N) Y[(qsa_i64)(m0 + (e >> 4)) * N + n0 + (e & 15)] = QSA_QNAN;
-        return;
-    }
-    const int avec = (((qsa_u64)A) & 15u) == 0 && !(K & 7);
-    __syncwarp(); /* (a looping warp: its previous task is done with arow and the staging) */
-    if (lane < 16) arow[warp][lane] = m0 + lane < M ? A + (qsa_i64)(m0 + lane) * K : 0;
-    __syncwarp();
-    qsa_frag_c P;
-    float *pt = part + (qsa_i64)tile * nseg * prow * 16, *ps = pt + (qsa_i64)seg * prow * 16;
-    qsa_f16 *sa = stage + warp * PER, *sw = sa + 16 * ST;
-    bool stored = false; /* the warp's partial tile is already in ps (qsa_seg16_tr) */
-    if (NV && qsa_nvf_ok(ws, avec, K)) qsa_seg16_nvf<true>(arow[warp], M - m0, ws, n0, N, K, seg, sa, sw, P);
-    else if (NV) qsa_seg16_nvw<true>(arow[warp], avec, ws, n0, N, K, seg, sa, sw, P);
+/* The dense GEMVs of the decode batches of more than QSA_GEMV_TR_ROWS rows in the block form
+ * (qsa_gemv_blocks): the members of grp over A (one: qsa_k_gemv_f16's work, with `accumulate`; one
+ * and xn != NULL: qsa_k_gemv_gres's, hc its stream count; up to QSA_GEMV_GROUP:
+ * qsa_k_gemv_f16_group's), the same partial tiles, tickets and outputs as those kernels: their bits
+ * (tested).  Only where qsa_gemv_blockwise holds (sm_80+, more than QSA_GEMV_TR_ROWS rows, K % 8 ==
+ * 0, 16-byte aligned A and W: the host's qsa__gemv_groups); elsewhere it traps.  Launch: any grid
+ * (the host: at most QSA_GEMV_BLOCKS per SM), block 32 * QSA_GEMV_WARPS. */
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCKS)
+    qsa_k_gemv_blk(const qsa_f16 *__restrict__ A, qsa_gemv_group grp, int M, int K, int accumulate, float *part,
+                   unsigned *count, const float *__restrict__ xn, int hc) {
+    QSA_PDL_LATE();
 #if QSA_CPA
-    else if (ws.vec && avec && M <= QSA_GEMV_TR_ROWS) {
-        /* the lane's D elements straight into the partial tile: (W row n, A row m) at [m][n] for its
-           prow = M rows */
-        const int g = lane >> 2, c = 2 * (lane & 3);
-        float d[4];
-        qsa_seg16_tr(arow[warp], ws.w16, n0, N, K, seg, sw, d);
-        if (c < prow) {
-            ps[c * 16 + g] = d[0];
-            ps[c * 16 + g + 8] = d[2];
-        }
-        if (c + 1 < prow) {
-            ps[(c + 1) * 16 + g] = d[1];
-            ps[(c + 1) * 16 + g + 8] = d[3];
-        }
-        stored = true;
-    } else if (ws.vec && !(K & 7)) qsa_seg16_cpa(arow[warp], avec, ws.w16, n0, N, K, seg, sa, sw, P);
-    else qsa_seg16<1, false, true, true>(arow[warp], avec, &ws, n0, N, K, seg, sa, sw, &P);
+    if (blockDim.x != 32 * QSA_GEMV_WARPS || !qsa_gemv_blockwise(A, grp, M, K)) __trap(); /* the host checks these */
+    if (xn && (grp.n != 1 || hc < 1 || 16 % hc || grp.m[0].N % hc)) __trap();
+    qsa_gemv_blocks(A, grp, M, K, accumulate, part, count, xn, hc);
 #else
-    else qsa_seg16<1, false, true>(arow[warp], avec, &ws, n0, N, K, seg, sa, sw, &P);
+    (void)A, (void)grp, (void)M, (void)K, (void)accumulate, (void)part, (void)count, (void)xn, (void)hc;
+    __trap(); /* (sm_80+ only: cp.async) */
 #endif
-    if (!stored) {
-        float *slot = (float *)sa;
-        __syncwarp(); /* every lane's fragment loads are done: the staging becomes the partial tile */
-        qsa_wmma_store(slot, P, 16);
-        __syncwarp();
-        for (int e = lane; e < prow * 16; e += 32) ps[e] = slot[e];
-    }
-    qsa_gemv_done(pt, count, tile, m0, n0, M, N, nseg, bias, Y, Y16, accumulate, act_scale, gxn, ghc);
-}
-
-/* The per-warp form's loop: warp w of block x takes tasks (x + i gridDim.x) QSA_GEMV_WARPS + w. */
-#define QSA_GEMV_TASKS(tasks, task) \
-    for (qsa_i64 task = (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + (threadIdx.x >> 5); task < (tasks); \
-         task += (qsa_i64)gridDim.x * QSA_GEMV_WARPS)
-
-/* Blocks per SM the dense GEMV kernels are built for (registers; their static shared memory,
-   44 KB, also allows 5 on sm_90): the block form's copies in flight per SM scale with it. */
-#define QSA_GEMV_BLOCKS 5
-/* The launch shape every cross-warp GEMV kernel requires (the host's launches have it). */
-#define QSA_GEMV_CHECK(M)                                                                                    \
-    do {                                                                                                     \
-        if (blockDim.x != 32 * QSA_GEMV_WARPS || (M) > QSA_SPLITK_MAX_M) __trap();                          \
-    } while (0)
-
-extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCKS) qsa_k_gemv_f16(const qsa_f16 *__restrict__ A,
-                                                                             const qsa_f16 *__restrict__ W,
-                                                                             const float *__restrict__ bias, float *Y,
-                                                                             int M, int N, int K, int accumulate,
-                                                                             float *part, unsigned *count,
-                                                                             qsa_f16 *Y16, float act_scale) {
-    QSA_PDL_LATE();
-    QSA_GEMV_CHECK(M);
-#if QSA_CPA
-    const qsa_gemv_group grp = qsa_gemv_one(W, bias, Y, Y16, N, act_scale);
-    if (qsa_gemv_blockwise(A, grp, M, K)) {
-        qsa_gemv_blocks(A, grp, M, K, accumulate, part, count, 0, 0);
-        return;
-    }
-#endif
-    const qsa_wsrc ws = qsa_wsrc_f16(W);
-    QSA_GEMV_TASKS(qsa_gemv_tasks(M, N, K, false), task)
-    qsa_gemv_xwarp<false>(A, ws, bias, Y, M, N, K, accumulate, part, count, Y16, act_scale, task);
-}
-
-/* The same with NVFP4 weights (see qsa_k_gemm_nvfp4), the per-warp form only.  Launch: as
-   qsa_k_gemv_f16. */
-extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_nvfp4(const qsa_f16 *__restrict__ A,
-                                                                               const qsa_u8 *__restrict__ q,
-                                                                               const qsa_u8 *__restrict__ s, float s2,
-                                                                               float *Y, int M, int N, int K,
-                                                                               int accumulate, float *part,
-                                                                               unsigned *count, qsa_f16 *Y16,
-                                                                               float act_scale) {
-    QSA_PDL_ENTRY();
-    QSA_GEMV_CHECK(M);
-    const qsa_wsrc ws = qsa_wsrc_nvfp4(q, s, s2, K);
-    QSA_GEMV_TASKS(qsa_gemv_tasks(M, N, K, true), task)
-    qsa_gemv_xwarp<true>(A, ws, 0, Y, M, N, K, accumulate, part, count, Y16, act_scale, task);
-}
-
-/* The hyper-connection up projection with the input mix in its epilogue (decode): mw = A W^T (+
- * bias) for W with interleaved rows (qsa__dlin_up_hc: N = hc * H, row j * hc + s), then inp[m][j] =
- * qsa_gres_mix1 of the completed tile's group j and xn [M][hc][H] (inp16 its fp16 copy): the bits of
- * qsa_k_gemv_f16 into mw followed by qsa_k_gres_mix (tested), one launch fewer and no mw.  hc divides
- * 16 (a tile holds whole groups).  Launch: as qsa_k_gemv_f16. */
-extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCKS) qsa_k_gemv_gres(
-    const qsa_f16 *__restrict__ A, const qsa_f16 *__restrict__ W, const float *__restrict__ bias,
-    const float *__restrict__ xn, float *inp, qsa_f16 *inp16, int M, int N, int K, int hc, float *part,
-    unsigned *count) {
-    QSA_PDL_LATE();
-    QSA_GEMV_CHECK(M);
-    if (hc < 1 || 16 % hc || N % hc || K <= 0) __trap(); /* the host checks these */
-#if QSA_CPA
-    const qsa_gemv_group grp = qsa_gemv_one(W, bias, inp, inp16, N, 0.0f);
-    if (qsa_gemv_blockwise(A, grp, M, K)) {
-        qsa_gemv_blocks(A, grp, M, K, 0, part, count, xn, hc);
-        return;
-    }
-#endif
-    const qsa_wsrc ws = qsa_wsrc_f16(W);
-    QSA_GEMV_TASKS(qsa_gemv_tasks(M, N, K, false), task)
-    qsa_gemv_xwarp<false>(A, ws, bias, inp, M, N, K, 0, part, count, inp16, 0.0f, task, xn, hc);
-}
-
-/* Up to QSA_GEMV_GROUP dense GEMVs of one input in one launch, no accumulation.  Per-warp form:
- * the tasks of the members follow one another (member 0's (tile, segment) tasks first); block form:
- * so do their groups (qsa_gb_locate); either way their partial tiles in `part` and their tickets in
- * `count` follow one another, and each member's tiles get exactly the work of its own qsa_k_gemv_f16
- * launch: the bits of its own launch (tested).  Launch: as qsa_k_gemv_f16, the members' tasks
- * counted together; part and count hold the members' regions. */
-extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCKS) qsa_k_gemv_f16_group(const qsa_f16 *__restrict__ A,
-                                                                                   qsa_gemv_group grp, int M, int K,
-                                                                                   float *part, unsigned *count) {
-    QSA_PDL_LATE();
-    QSA_GEMV_CHECK(M);
-#if QSA_CPA
-    if (qsa_gemv_blockwise(A, grp, M, K)) {
-        qsa_gemv_blocks(A, grp, M, K, 0, part, count, 0, 0);
-        return;
-    }
-#endif
-    const int mt = (M + 15) / 16, prow = M < 16 ? M : 16, nseg = K <= 0 ? 1 : (K + QSA_SEG - 1) / QSA_SEG;
-    qsa_i64 all = 0;
-#pragma unroll
-    for (int b = 0; b < QSA_GEMV_GROUP; b++)
-        if (b < grp.n) all += qsa_gemv_tasks(M, grp.m[b].N, K, false);
-    QSA_GEMV_TASKS(all, t) {
-        qsa_i64 task = t, po = 0, co = 0;
-        int mb = 0;
-#pragma unroll
-        for (int b = 0; b < QSA_GEMV_GROUP; b++) { /* unrolled: the parameter struct is indexed statically */
-            if (b != mb) continue;
-            const qsa_i64 tiles = (qsa_i64)mt * ((grp.m[b].N + 15) / 16);
-            if (task >= tiles * nseg && b + 1 < grp.n) {
-                task -= tiles * nseg;
-                po += tiles * nseg * prow * 16;
-                co += tiles;
-                mb = b + 1;
-            }
-        }
-        const qsa_gemv_member m = qsa_gemv_pick(grp, mb);
-        const qsa_wsrc ws = qsa_wsrc_f16(m.W);
-        qsa_gemv_xwarp<false>(A, ws, m.bias, m.Y, M, m.N, K, 0, part + po, count + co, m.Y16, m.act_scale, task);
-    }
 }
 
 /* The tiled form of qsa_k_gemv_f16_group: the 64 x 64 tiles of member 0, then member 1's, ..., each

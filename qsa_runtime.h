@@ -8443,7 +8443,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inject) X(inject_rmsnorm) X(to_f16)                     \
-    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(gemv_gres) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_combine)       \
+    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(gemv_gres) X(gemv_blk) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_combine)       \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
@@ -8506,6 +8506,7 @@ typedef struct qsa__dlayer {
 #define QSA__GEMV_PART_BYTES ((size_t)32 << 20) /* cross-warp GEMV partial tiles (qsa__dgemm) */
 #define QSA__GEMV_TILES 65536                     /* and its tickets: at most this many tiles */
 #define QSA__GEMV_WARPS 4                         /* warps per block of qsa_k_gemv_* (kernels.cu: QSA_GEMV_WARPS) */
+#define QSA__GEMV_BLOCKS 5                        /* the dense GEMVs' block form: blocks per SM (kernels.cu: QSA_GEMV_BLOCKS) */
 #define QSA__MOE_PLAN_THREADS 1024                /* largest block of qsa_k_moe_plan; its scratch holds E counts per warp */
 
 typedef struct qsa__dscratch {
@@ -8529,6 +8530,7 @@ typedef struct qsa__dscratch {
 typedef struct qsa__cuda {
     int ordinal, cc, sm_count;
     int xw_whole_per_sm;         /* qsa__xw_whole's threshold (QSA__XW_WHOLE_PER_SM; $QSA_XW_WHOLE_PER_SM) */
+    int gemv_blocks_per_sm;      /* qsa__gemv_blk_grid's cap (QSA__GEMV_BLOCKS; $QSA_GEMV_BLOCKS_PER_SM) */
     int moe64_pairs;             /* qsa__moe_tr's threshold (QSA__MOE64_PAIRS; $QSA_MOE64_PAIRS) */
     int attn_dec_off;            /* $QSA_ATTN_DEC "0": never qsa_k_sparse_attn_dec (qsa__attn_dec_splits) */
     int attn_dec_heads;          /* $QSA_ATTN_DEC_HEADS: its heads per block (0: qsa__attn_dec_splits' rule) */
@@ -9006,9 +9008,11 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    and QSA__MOE64_PAIRS; $QSA_ATTN_DEC ("0": never), $QSA_ATTN_DEC_HEADS and
    $QSA_ATTN_DEC_WARP choose and shape qsa_k_sparse_attn_dec (qsa__attn_dec_splits); $QSA_TILED_M
    and $QSA_TILED_TILES replace qsa__tiled_small's thresholds (QSA__TILED_M tokens, the SM count of
-   tiles). */
+   tiles); $QSA_GEMV_BLOCKS_PER_SM replaces QSA__GEMV_BLOCKS (qsa__gemv_blk_grid). */
 QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
-    const char *e = getenv("QSA_XW_WHOLE_PER_SM");
+    const char *e = getenv("QSA_GEMV_BLOCKS_PER_SM");
+    g->gemv_blocks_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__GEMV_BLOCKS;
+    e = getenv("QSA_XW_WHOLE_PER_SM");
     g->xw_whole_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__XW_WHOLE_PER_SM;
     e = getenv("QSA_MOE64_PAIRS");
     g->moe64_pairs = e && atoi(e) > 0 ? atoi(e) : QSA__MOE64_PAIRS;
@@ -9226,28 +9230,57 @@ QSA_PRIV int qsa__gemv_xwarp(const qsa__cuda *g, int M, int N, int K) {
     return tiles <= QSA__GEMV_TILES && (size_t)(tiles * nseg * prow * 64) <= g->sc.gemv_limit;
 }
 
-/* The grid of a dense cross-warp GEMV launch (qsa_k_gemv_f16, _group, _gres) of M rows and K over
-   members with outputs N[i] and weights W[i] (A16 the input).  Both of the kernels' forms take any
-   grid (they loop); what differs is which is fast.  The per-warp form: a warp per (tile, segment)
-   task.  The block form (kernels.cu: qsa_gemv_blockwise, the same test: a module for sm_80+, more
-   than 4 rows (QSA_GEMV_TR_ROWS), K a multiple of 8, A and every W 16-byte aligned): a block per
-   group of 4 column tiles x one row tile x one segment, at most QSA__GEMV_BLOCKS per SM, each
-   looping over groups with its copies double-buffered. */
-#define QSA__GEMV_BLOCKS 5 /* (kernels.cu: QSA_GEMV_BLOCKS) */
-QSA_PRIV unsigned qsa__gemv_grid(const qsa__cuda *g, CUdeviceptr A16, int M, int K, int n, const int *N,
-                                 const CUdeviceptr *W) {
+/* qsa_k_gemv_f16_group's and qsa_k_gemv_blk's parameter (kernels.cu: struct qsa_gemv_group, the same
+   layout) */
+#define QSA__GEMV_GROUP 4
+typedef struct qsa__gemv_member {
+    CUdeviceptr W, bias, Y, Y16;
+    int N;
+    float act_scale;
+} qsa__gemv_member;
+typedef struct qsa__gemv_group {
+    qsa__gemv_member m[QSA__GEMV_GROUP];
+    int n;
+} qsa__gemv_group;
+
+/* The launch parameter of n (<= QSA__GEMV_GROUP) dense projections w[i] into Y[i] (Y16, scale: NULL or
+   per member). */
+QSA_PRIV void qsa__gemv_group_fill(qsa__gemv_group *grp, int n, const qsa__dlin *const *w, const CUdeviceptr *Y,
+                                   const CUdeviceptr *Y16, const float *scale) {
+    memset(grp, 0, sizeof *grp);
+    grp->n = n;
+    for (int i = 0; i < n; i++) {
+        grp->m[i].W = w[i]->w16;
+        grp->m[i].bias = w[i]->bias;
+        grp->m[i].Y = Y[i];
+        grp->m[i].Y16 = Y16 ? Y16[i] : 0;
+        grp->m[i].N = w[i]->out;
+        grp->m[i].act_scale = scale ? scale[i] : 0.0f;
+    }
+}
+
+/* The dense cross-warp GEMVs of M rows and K over members with outputs N[i] and weights W[i] (A16
+   the input) in the block form, qsa_k_gemv_blk: its groups (4 column tiles x one row tile x one
+   segment), or 0 where it does not apply (kernels.cu: qsa_gemv_blockwise, the same test: a module
+   for sm_80+, more than 4 rows (QSA_GEMV_TR_ROWS), K a multiple of 8, A and every W 16-byte aligned)
+   and the per-warp kernels (qsa_k_gemv_f16, _group, _gres) take them.  Its grid: at most
+   gemv_blocks_per_sm blocks per SM (qsa__gemv_blk_grid), each looping over groups with its copies
+   double-buffered. */
+QSA_PRIV long long qsa__gemv_groups(const qsa__cuda *g, CUdeviceptr A16, int M, int K, int n, const int *N,
+                                    const CUdeviceptr *W) {
     const char *a = g->arch;
     while (*a && (*a < '0' || *a > '9')) a++;
-    int mt = (M + 15) / 16, nseg = K > 0 ? (K + 255) / 256 : 1, block = atoi(a) >= 80 && M > 4 && M <= 64 && K > 0 &&
-                                                                        K % 8 == 0 && A16 % 16 == 0;
-    long long tasks = 0, groups = 0;
+    if (atoi(a) < 80 || M <= 4 || M > 64 || K <= 0 || K % 8 || A16 % 16) return 0;
+    long long groups = 0;
     for (int i = 0; i < n; i++) {
-        block = block && W[i] % 16 == 0;
-        tasks += (long long)mt * ((N[i] + 15) / 16) * nseg;
-        groups += (long long)mt * (((N[i] + 15) / 16 + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS) * nseg;
+        if (W[i] % 16) return 0;
+        groups += (long long)((M + 15) / 16) * (((N[i] + 15) / 16 + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS) * ((K + 255) / 256);
     }
-    long long cap = (long long)QSA__GEMV_BLOCKS * (g->sm_count > 0 ? g->sm_count : 1);
-    return (unsigned)(block ? (groups < cap ? groups : cap) : (tasks + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
+    return groups;
+}
+QSA_PRIV unsigned qsa__gemv_blk_grid(const qsa__cuda *g, long long groups) {
+    long long cap = (long long)g->gemv_blocks_per_sm * (g->sm_count > 0 ? g->sm_count : 1);
+    return (unsigned)(groups < cap ? groups : cap);
 }
 
 /* Whether the routed-expert GEMMs of MK pairs (16-pair tiles) take the cross-warp kernels
@@ -9303,8 +9336,16 @@ QSA_PRIV qsa_result qsa__dgemm_ex(qsa__cuda *g, CUdeviceptr A16, int M, const qs
         unsigned gx = (unsigned)((tasks + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS), bx = 32 * QSA__GEMV_WARPS;
         CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
         if (w->w16) {
-            CUdeviceptr W = w->w16, B = w->bias;
-            gx = qsa__gemv_grid(g, A16, M, K, 1, &N, &W);
+            CUdeviceptr W = w->w16, B = w->bias, xn = 0;
+            long long groups = qsa__gemv_groups(g, A16, M, K, 1, &N, &W);
+            if (groups) {
+                qsa__gemv_group grp;
+                int hc = 0;
+                qsa__gemv_group_fill(&grp, 1, &w, &Y, &Y16, &scale);
+                QSA__LAUNCH(g, gemv_blk, qsa__gemv_blk_grid(g, groups), 1, bx, 0, &A16, &grp, &M, &K, &accumulate, &part,
+                            &cnt, &xn, &hc);
+                return QSA_OK;
+            }
             QSA__LAUNCH(g, gemv_f16, gx, 1, bx, 0, &A16, &W, &B, &Y, &M, &N, &K, &accumulate, &part, &cnt, &Y16, &scale);
         } else {
             CUdeviceptr q = w->q, s = w->s;
@@ -9362,34 +9403,6 @@ QSA_PRIV qsa_result qsa__dgemm(qsa__cuda *g, CUdeviceptr A16, int M, const qsa__
     return qsa__dgemm_ex(g, A16, M, w, Y, accumulate, 0, 0.0f);
 }
 
-/* qsa_k_gemv_f16_group's parameter (kernels.cu: struct qsa_gemv_group, the same layout) */
-#define QSA__GEMV_GROUP 4
-typedef struct qsa__gemv_member {
-    CUdeviceptr W, bias, Y, Y16;
-    int N;
-    float act_scale;
-} qsa__gemv_member;
-typedef struct qsa__gemv_group {
-    qsa__gemv_member m[QSA__GEMV_GROUP];
-    int n;
-} qsa__gemv_group;
-
-/* The launch parameter of n (<= QSA__GEMV_GROUP) dense projections w[i] into Y[i] (Y16, scale: NULL or
-   per member). */
-QSA_PRIV void qsa__gemv_group_fill(qsa__gemv_group *grp, int n, const qsa__dlin *const *w, const CUdeviceptr *Y,
-                                   const CUdeviceptr *Y16, const float *scale) {
-    memset(grp, 0, sizeof *grp);
-    grp->n = n;
-    for (int i = 0; i < n; i++) {
-        grp->m[i].W = w[i]->w16;
-        grp->m[i].bias = w[i]->bias;
-        grp->m[i].Y = Y[i];
-        grp->m[i].Y16 = Y16 ? Y16[i] : 0;
-        grp->m[i].N = w[i]->out;
-        grp->m[i].act_scale = scale ? scale[i] : 0.0f;
-    }
-}
-
 /* Y[i] = A16 w[i]^T (+ bias; Y16[i] != 0: the silu store of qsa__dgemm_ex with scale[i]) for n
    projections of one input (at most QSA__GEMV_GROUP): one qsa_k_gemv_f16_group launch when all are
    FP16 of the same K and the cross-warp form takes M, else one qsa__dgemm_ex each.  Every Y gets
@@ -9424,9 +9437,18 @@ QSA_PRIV qsa_result qsa__dgemm_group(qsa__cuda *g, CUdeviceptr A16, int M, int n
         Ns[i] = w[i]->out;
         Ws[i] = w[i]->w16;
     }
-    unsigned gx = qsa__gemv_grid(g, A16, M, K, n, Ns, Ws), bx = 32 * QSA__GEMV_WARPS;
+    long long groups = qsa__gemv_groups(g, A16, M, K, n, Ns, Ws);
+    unsigned bx = 32 * QSA__GEMV_WARPS;
     CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
-    QSA__LAUNCH(g, gemv_f16_group, gx, 1, bx, 0, &A16, &grp, &M, &K, &part, &cnt);
+    if (groups) {
+        CUdeviceptr xn = 0;
+        int acc = 0, hc = 0;
+        QSA__LAUNCH(g, gemv_blk, qsa__gemv_blk_grid(g, groups), 1, bx, 0, &A16, &grp, &M, &K, &acc, &part, &cnt, &xn, &hc);
+        return QSA_OK;
+    }
+    long long tasks = tiles * nseg;
+    QSA__LAUNCH(g, gemv_f16_group, (unsigned)((tasks + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS), 1, bx, 0, &A16, &grp, &M,
+                &K, &part, &cnt);
     return QSA_OK;
 }
 
@@ -9467,7 +9489,19 @@ QSA_PRIV qsa_result qsa__cuda_gres(qsa_model *m, const qsa__dgres *w, CUdevicept
     int N = w->up.out, K = w->up.in;
     if (w->up.w16 && hc >= 1 && 16 % hc == 0 && N == hcH && qsa__gemv_xwarp(g, M, N, K)) {
         CUdeviceptr W = w->up.w16, B = w->up.bias, part = s->gemv_part, cnt = s->gemv_count;
-        QSA__LAUNCH(g, gemv_gres, qsa__gemv_grid(g, s->low16, M, K, 1, &N, &W), 1, 32 * QSA__GEMV_WARPS, 0,
+        long long groups = qsa__gemv_groups(g, s->low16, M, K, 1, &N, &W);
+        if (groups) {
+            qsa__gemv_group grp;
+            const qsa__dlin *up = &w->up;
+            CUdeviceptr y16 = s->inp16;
+            int acc = 0;
+            qsa__gemv_group_fill(&grp, 1, &up, &s->inp, &y16, NULL);
+            QSA__LAUNCH(g, gemv_blk, qsa__gemv_blk_grid(g, groups), 1, 32 * QSA__GEMV_WARPS, 0, &s->low16, &grp, &M, &K,
+                        &acc, &part, &cnt, &s->xn, &hc);
+            return QSA_OK;
+        }
+        long long tasks = (long long)((M + 15) / 16) * ((N + 15) / 16) * ((K + 255) / 256);
+        QSA__LAUNCH(g, gemv_gres, (unsigned)((tasks + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS), 1, 32 * QSA__GEMV_WARPS, 0,
                     &s->low16, &W, &B, &s->xn, &s->inp, &s->inp16, &M, &N, &K, &hc, &part, &cnt);
         return QSA_OK;
     }

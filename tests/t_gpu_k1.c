@@ -796,7 +796,18 @@ TEST(gpu, k1_gemm_batch_invariance) {
    by the warp that completes a tile) against the one-block split-K GEMM: bitwise equal for every
    M <= 64, with bias and accumulation, and again on a second launch (the tickets must have been
    reset to zero by the first). */
-#define K1_GEMV_LOOP_GRID 3 /* a grid smaller than the work: every block of either form loops */
+/* The block form of the dense GEMVs (qsa_k_gemv_blk) applies: an sm_80+ module, more than
+   QSA_GEMV_TR_ROWS rows, K % 8 == 0 (the tests' buffers are 16-byte aligned). */
+static int k1_arch_num(void) {
+    const char *a = K1_.arch;
+    while (*a && (*a < '0' || *a > '9')) a++;
+    return atoi(a);
+}
+#define K1_BLOCK_FORM(M, K) (k1_arch_num() >= 80 && (M) > 4 && (K) % 8 == 0)
+#define K1_GEMV_LOOP_GRID 3 /* a grid smaller than the work: every block of qsa_k_gemv_blk loops */
+static unsigned k1_gemv_groups(int M, int N, int K) { /* (the host's qsa__gemv_groups) */
+    return (unsigned)(((M + 15) / 16) * (((N + 15) / 16 + 3) / 4) * ((K + 255) / 256));
+}
 static void k1_gemv_case(int M, int N, int K, int nvfp4) {
     k1_mem mem = {{0}, 0, {0}, 0};
     uint16_t *a16, *w16 = NULL;
@@ -858,7 +869,15 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
     /* one cross-warp launch: accumulate flag, silu store (Y16 or dnull) and its scale */
 #define K1_GEMV(accp, y16p, actp)                                                                       \
     do {                                                                                                \
-        if (nvfp4) {                                                                                    \
+        gx = form == 1 ? k1_gemv_groups(M, N, K) : form == 2 ? K1_GEMV_LOOP_GRID : (unsigned)((tiles * nseg + 3) / 4); \
+        if (form) {                                                                                     \
+            CUdeviceptr xn0 = 0;                                                                        \
+            int hc0 = 0;                                                                                \
+            grp.m[0].Y16 = *(CUdeviceptr *)(y16p);                                                      \
+            grp.m[0].act_scale = *(float *)(actp);                                                      \
+            void *a_[] = {&dA, &grp, &M, &K, (accp), &dpart, &dcnt, &xn0, &hc0};                        \
+            K1_TRY(k1_launch("qsa_k_gemv_blk", gx, 1, bx, a_));                                        \
+        } else if (nvfp4) {                                                                             \
             void *a_[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, (accp), &dpart, &dcnt, (y16p), (actp)};  \
             K1_TRY(k1_launch("qsa_k_gemv_nvfp4", gx, 1, bx, a_));                                      \
         } else {                                                                                        \
@@ -866,24 +885,33 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
             K1_TRY(k1_launch("qsa_k_gemv_f16", gx, 1, bx, a_));                                        \
         }                                                                                               \
     } while (0)
-    for (int rep = 0; rep < 2; rep++) { /* twice: the tickets must be back at zero; the second launch on
-                                           a grid of K1_GEMV_LOOP_GRID blocks (the kernels loop) */
-        char what[128];
-        gx = rep ? K1_GEMV_LOOP_GRID : (unsigned)((tiles * nseg + 3) / 4);
-        K1_TRY(k1_poison(dY, sizeof(float) * M * N));
-        K1_GEMV(&acc0, &dnull, &noact);
-        K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
-        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d launch %d vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K, rep + 1);
-        CHECK(!k1_same(what, Y0, Y1, (size_t)M * N, 4));
-        K1_GEMV(&acc1, &dnull, &noact);
-        K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
-        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d accumulate vs gemm", nvfp4 ? "nvfp4" : "f16", M, N, K);
-        CHECK(!k1_same(what, Yacc, Y1, (size_t)M * N, 4));
-    }
+    /* form 0: the per-warp kernel, twice (the tickets must be back at zero); where the block form
+       applies (qsa_k_gemv_blk) forms 1 and 2: it on its full grid and on K1_GEMV_LOOP_GRID blocks */
+    int forms = !nvfp4 && K1_BLOCK_FORM(M, K) ? 3 : 1;
+    qsa__gemv_group grp;
+    memset(&grp, 0, sizeof grp);
+    grp.n = 1;
+    grp.m[0].W = dW;
+    grp.m[0].bias = dB;
+    grp.m[0].Y = dY;
+    grp.m[0].N = N;
+    for (int form = 0; form < forms; form++)
+        for (int rep = 0; rep < (form ? 1 : 2); rep++) {
+            char what[160];
+            const char *kn = form ? "blk" : nvfp4 ? "nvfp4" : "f16";
+            K1_TRY(k1_poison(dY, sizeof(float) * M * N));
+            K1_GEMV(&acc0, &dnull, &noact);
+            K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
+            snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d launch %d grid %u vs gemm", kn, M, N, K, rep + 1, gx);
+            CHECK(!k1_same(what, Y0, Y1, (size_t)M * N, 4));
+            K1_GEMV(&acc1, &dnull, &noact);
+            K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
+            snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d grid %u accumulate vs gemm", kn, M, N, K, gx);
+            CHECK(!k1_same(what, Yacc, Y1, (size_t)M * N, 4));
+        }
     /* the fused silu epilogue (HC down projection): the bits of the GEMM then qsa_k_silu_scale */
-    {
-        char what[128];
-        gx = (unsigned)((tiles * nseg + 3) / 4);
+    for (int form = 0; form < forms; form++) {
+        char what[160];
         K1_TRY(k1_put(dY, Y0, sizeof(float) * M * N));
         void *sargs[] = {&dY, &dZ16, &MN, &act};
         K1_TRY(k1_launch("qsa_k_silu_scale", (MN + 255) / 256, 1, 256, sargs));
@@ -894,7 +922,8 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
         K1_GEMV(&acc0, &dY16, &act);
         K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
         K1_TRY(k1_get(Y16, dY16, sizeof(uint16_t) * M * N));
-        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d silu epilogue vs gemm + silu_scale", nvfp4 ? "nvfp4" : "f16", M, N, K);
+        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d grid %u silu epilogue vs gemm + silu_scale",
+                 form ? "blk" : nvfp4 ? "nvfp4" : "f16", M, N, K, gx);
         CHECK(!k1_same(what, Yacc, Y1, (size_t)M * N, 4));
         CHECK(!k1_same(what, Z16, Y16, (size_t)M * N, 2));
     }
@@ -948,14 +977,26 @@ static void k1_gemv_group_case(int M, int K, int n) {
         grp.m[b].N = Ns[b];
         grp.m[b].act_scale = b == 1 ? act : 0.0f;
     }
-    for (int rep = 0; rep < 2; rep++) {
+    /* reps 0 and 1: the per-warp kernel (the tickets must be back at zero); where the block form
+       applies, 2 and 3: qsa_k_gemv_blk on its full grid and on K1_GEMV_LOOP_GRID blocks */
+    for (int rep = 0; rep < (K1_BLOCK_FORM(M, K) ? 4 : 2); rep++) {
         for (int b = 0; b < n; b++) {
             K1_TRY(k1_poison(dY[b], sizeof(float) * M * Ns[b]));
             K1_TRY(k1_poison(dY16[b], sizeof(uint16_t) * M * Ns[b]));
         }
-        unsigned gx = rep ? K1_GEMV_LOOP_GRID : (unsigned)((tiles * nseg + 3) / 4);
-        void *args[] = {&dA, &grp, &M, &K, &dpart, &dcnt};
-        K1_TRY(k1_launch("qsa_k_gemv_f16_group", gx, 1, 128, args));
+        unsigned gx = (unsigned)((tiles * nseg + 3) / 4);
+        if (rep < 2) {
+            void *args[] = {&dA, &grp, &M, &K, &dpart, &dcnt};
+            K1_TRY(k1_launch("qsa_k_gemv_f16_group", gx, 1, 128, args));
+        } else {
+            CUdeviceptr xn0 = 0;
+            int hc0 = 0;
+            gx = K1_GEMV_LOOP_GRID;
+            if (rep == 2)
+                for (int b = gx = 0; b < n; b++) gx += k1_gemv_groups(M, Ns[b], K);
+            void *args[] = {&dA, &grp, &M, &K, &acc0, &dpart, &dcnt, &xn0, &hc0};
+            K1_TRY(k1_launch("qsa_k_gemv_blk", gx, 1, 128, args));
+        }
         for (int b = 0; b < n; b++) {
             char what[128];
             int N = Ns[b], t1 = ((M + 15) / 16) * ((N + 15) / 16);
@@ -969,7 +1010,8 @@ static void k1_gemv_group_case(int M, int K, int n) {
             K1_TRY(k1_launch("qsa_k_gemv_f16", gx1, 1, 128, a1));
             K1_TRY(k1_get(ref, dY[b], sizeof(float) * M * N));
             if (y16) K1_TRY(k1_get(r16, y16, sizeof(uint16_t) * M * N));
-            snprintf(what, sizeof what, "gemv_f16_group M=%d K=%d member %d of %d (N=%d) launch %d", M, K, b, n, N, rep + 1);
+            snprintf(what, sizeof what, "gemv_%s M=%d K=%d member %d of %d (N=%d) launch %d grid %u",
+                     rep < 2 ? "f16_group" : "blk", M, K, b, n, N, rep + 1, gx);
             CHECK(!k1_same(what, ref, got, (size_t)M * N, 4));
             if (y16) CHECK(!k1_same(what, r16, g16, (size_t)M * N, 2));
         }
@@ -1091,15 +1133,33 @@ static void k1_gemv_gres_case(int M, int H, int hc, int K, int with_bias) {
         K1_TRY(k1_get(ref, dinp, sizeof(float) * M * H));
         K1_TRY(k1_get(r16, dinp16, sizeof(uint16_t) * M * H));
     }
-    for (int rep = 0; rep < 2; rep++) {
-        char what[128];
+    /* reps 0 and 1: qsa_k_gemv_gres (the tickets must be back at zero); where the block form applies,
+       2 and 3: qsa_k_gemv_blk with the mix, on its full grid and on K1_GEMV_LOOP_GRID blocks */
+    for (int rep = 0; rep < (K1_BLOCK_FORM(M, K) ? 4 : 2); rep++) {
+        char what[160];
+        unsigned grid = gx;
         K1_TRY(k1_poison(dinp, sizeof(float) * M * H));
         K1_TRY(k1_poison(dinp16, sizeof(uint16_t) * M * H));
-        void *args[] = {&dA, &dW, &dB, &dxn, &dinp, &dinp16, &M, &N, &K, &hc, &dpart, &dcnt};
-        K1_TRY(k1_launch("qsa_k_gemv_gres", rep ? K1_GEMV_LOOP_GRID : gx, 1, 128, args));
+        if (rep < 2) {
+            void *args[] = {&dA, &dW, &dB, &dxn, &dinp, &dinp16, &M, &N, &K, &hc, &dpart, &dcnt};
+            K1_TRY(k1_launch("qsa_k_gemv_gres", grid, 1, 128, args));
+        } else {
+            qsa__gemv_group grp;
+            memset(&grp, 0, sizeof grp);
+            grp.n = 1;
+            grp.m[0].W = dW;
+            grp.m[0].bias = dB;
+            grp.m[0].Y = dinp;
+            grp.m[0].Y16 = dinp16;
+            grp.m[0].N = N;
+            grid = rep == 2 ? k1_gemv_groups(M, N, K) : K1_GEMV_LOOP_GRID;
+            void *args[] = {&dA, &grp, &M, &K, &acc0, &dpart, &dcnt, &dxn, &hc};
+            K1_TRY(k1_launch("qsa_k_gemv_blk", grid, 1, 128, args));
+        }
         K1_TRY(k1_get(got, dinp, sizeof(float) * M * H));
         K1_TRY(k1_get(g16, dinp16, sizeof(uint16_t) * M * H));
-        snprintf(what, sizeof what, "gemv_gres M=%d H=%d hc=%d K=%d bias %d launch %d", M, H, hc, K, with_bias, rep + 1);
+        snprintf(what, sizeof what, "gemv_%s M=%d H=%d hc=%d K=%d bias %d launch %d grid %u", rep < 2 ? "gres" : "blk", M,
+                 H, hc, K, with_bias, rep + 1, grid);
         CHECK(!k1_same(what, ref, got, (size_t)M * H, 4));
         CHECK(!k1_same(what, r16, g16, (size_t)M * H, 2));
     }
