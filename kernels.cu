@@ -2054,7 +2054,8 @@ static __device__ __forceinline__ void qsa_gb_copy(const qsa_f16 *A, const qsa_g
         const int p = threadIdx.x + 32 * QSA_GEMV_WARPS * i, r = p >> 4,
                   ka = j.seg * QSA_SEG + h * (QSA_SEG / 2) + 8 * (p & 15);
         const bool ok = j.m0 + r < M && ka < kend;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(qsa_smem_u32(st + r * QSA_GBK + 8 * (p & 15))),
+        const qsa_u32 dst = qsa_smem_u32(st + r * QSA_GBK + 8 * (p & 15));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
                      "l"(ok ? A + (qsa_i64)(j.m0 + r) * K + ka : A), "r"(ok ? 16 : 0)
                      : "memory");
     }

@@ -1009,7 +1009,7 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
  * Environment: QSA_CUDA_LIB, QSA_NVRTC_LIB, QSA_NCCL_LIB (a full path: only that file is tried),
  * QSA_ARCH (NVRTC target, e.g. compute_70 or sm_90; see qsa__nvrtc_pick_arch), QSA_PDL ("0": no
  * programmatic dependent launches, qsa__pdl_on), QSA_XW_WHOLE_PER_SM, QSA_MOE64_PAIRS, QSA_ATTN_DEC,
- * QSA_ATTN_DEC_HEADS, QSA_ATTN_DEC_WARP, QSA_TILED_M and QSA_TILED_TILES (launch shapes,
+ * QSA_ATTN_DEC_HEADS, QSA_ATTN_DEC_WARP, QSA_TILED_M, QSA_TILED_TILES and QSA_GEMV_BLOCKS_PER_SM (launch shapes,
  * qsa__cuda_tuning: tuning switches, the bits do not depend on them). */
 #ifndef QSA_NO_CUDA
 
@@ -9274,7 +9274,8 @@ QSA_PRIV long long qsa__gemv_groups(const qsa__cuda *g, CUdeviceptr A16, int M, 
     long long groups = 0;
     for (int i = 0; i < n; i++) {
         if (W[i] % 16) return 0;
-        groups += (long long)((M + 15) / 16) * (((N[i] + 15) / 16 + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS) * ((K + 255) / 256);
+        long long col_groups = ((N[i] + 15) / 16 + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS;
+        groups += (long long)((M + 15) / 16) * col_groups * ((K + 255) / 256);
     }
     return groups;
 }

@@ -808,6 +808,18 @@ static int k1_arch_num(void) {
 static unsigned k1_gemv_groups(int M, int N, int K) { /* (the host's qsa__gemv_groups) */
     return (unsigned)(((M + 15) / 16) * (((N + 15) / 16 + 3) / 4) * ((K + 255) / 256));
 }
+/* qsa_k_gemv_blk's parameter for one member */
+static qsa__gemv_group k1_gemv_one(CUdeviceptr W, CUdeviceptr bias, CUdeviceptr Y, CUdeviceptr Y16, int N) {
+    qsa__gemv_group grp;
+    memset(&grp, 0, sizeof grp);
+    grp.n = 1;
+    grp.m[0].W = W;
+    grp.m[0].bias = bias;
+    grp.m[0].Y = Y;
+    grp.m[0].Y16 = Y16;
+    grp.m[0].N = N;
+    return grp;
+}
 static void k1_gemv_case(int M, int N, int K, int nvfp4) {
     k1_mem mem = {{0}, 0, {0}, 0};
     uint16_t *a16, *w16 = NULL;
@@ -888,13 +900,7 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
     /* form 0: the per-warp kernel, twice (the tickets must be back at zero); where the block form
        applies (qsa_k_gemv_blk) forms 1 and 2: it on its full grid and on K1_GEMV_LOOP_GRID blocks */
     int forms = !nvfp4 && K1_BLOCK_FORM(M, K) ? 3 : 1;
-    qsa__gemv_group grp;
-    memset(&grp, 0, sizeof grp);
-    grp.n = 1;
-    grp.m[0].W = dW;
-    grp.m[0].bias = dB;
-    grp.m[0].Y = dY;
-    grp.m[0].N = N;
+    qsa__gemv_group grp = k1_gemv_one(dW, dB, dY, 0, N);
     for (int form = 0; form < forms; form++)
         for (int rep = 0; rep < (form ? 1 : 2); rep++) {
             char what[160];
@@ -1144,14 +1150,7 @@ static void k1_gemv_gres_case(int M, int H, int hc, int K, int with_bias) {
             void *args[] = {&dA, &dW, &dB, &dxn, &dinp, &dinp16, &M, &N, &K, &hc, &dpart, &dcnt};
             K1_TRY(k1_launch("qsa_k_gemv_gres", grid, 1, 128, args));
         } else {
-            qsa__gemv_group grp;
-            memset(&grp, 0, sizeof grp);
-            grp.n = 1;
-            grp.m[0].W = dW;
-            grp.m[0].bias = dB;
-            grp.m[0].Y = dinp;
-            grp.m[0].Y16 = dinp16;
-            grp.m[0].N = N;
+            qsa__gemv_group grp = k1_gemv_one(dW, dB, dinp, dinp16, N);
             grid = rep == 2 ? k1_gemv_groups(M, N, K) : K1_GEMV_LOOP_GRID;
             void *args[] = {&dA, &grp, &M, &K, &acc0, &dpart, &dcnt, &dxn, &hc};
             K1_TRY(k1_launch("qsa_k_gemv_blk", grid, 1, 128, args));
