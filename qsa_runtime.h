@@ -8542,6 +8542,7 @@ typedef struct qsa__cuda {
     CUmodule mod;
     CUfunction k[QSA__K_COUNT];
     char arch[32];
+    int arch_num;               /* the module's target as a number (compute_90: 90; qsa__cuda_module) */
     double jit_seconds;         /* compile (or cache load) time of the module */
     int jit_from_cache;
     int pdl;                    /* launch kernels as programmatic dependents (qsa__cu_launch_ex; qsa__cuda_module) */
@@ -8679,9 +8680,8 @@ QSA_PRIV void qsa__cache_write(const char *path, uint64_t key, const char *img, 
    compute_90/sm_90 or newer (the kernels' QSA_PDL_ENTRY waits are compiled in only there), with a
    driver that has cuLaunchKernelEx, unless $QSA_PDL is "0". */
 QSA_PRIV int qsa__pdl_on(const qsa__cuda *g) {
-    const char *e = getenv("QSA_PDL"), *a = g->arch;
-    while (*a && (*a < '0' || *a > '9')) a++;
-    return g->cc >= 90 && atoi(a) >= 90 && qsa__cu.cuLaunchKernelEx != NULL && !(e && !strcmp(e, "0"));
+    const char *e = getenv("QSA_PDL");
+    return g->cc >= 90 && g->arch_num >= 90 && qsa__cu.cuLaunchKernelEx != NULL && !(e && !strcmp(e, "0"));
 }
 
 QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
@@ -8692,6 +8692,9 @@ QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
     qsa_result r = qsa__nvrtc_pick_arch(want_arch, g->cc, arch, sizeof arch);
     if (r != QSA_OK) { qsa__free(src); return r; }
     snprintf(g->arch, sizeof g->arch, "%s", arch);
+    const char *an = arch;
+    while (*an && (*an < '0' || *an > '9')) an++;
+    g->arch_num = atoi(an);
     static const char *const opts[] = {"--std=c++14", "-default-device", "--use_fast_math=false"};
     int nopts = 2;
     /* key: source, options, NVRTC version, arch, driver version, library version */
@@ -9268,9 +9271,7 @@ QSA_PRIV void qsa__gemv_group_fill(qsa__gemv_group *grp, int n, const qsa__dlin 
    double-buffered. */
 QSA_PRIV long long qsa__gemv_groups(const qsa__cuda *g, CUdeviceptr A16, int M, int K, int n, const int *N,
                                     const CUdeviceptr *W) {
-    const char *a = g->arch;
-    while (*a && (*a < '0' || *a > '9')) a++;
-    if (atoi(a) < 80 || M <= 4 || M > 64 || K <= 0 || K % 8 || A16 % 16) return 0;
+    if (g->arch_num < 80 || M <= 4 || M > 64 || K <= 0 || K % 8 || A16 % 16) return 0;
     long long groups = 0;
     for (int i = 0; i < n; i++) {
         if (W[i] % 16) return 0;
