@@ -1185,10 +1185,20 @@ static __device__ __forceinline__ void qsa_seg16_tr(const qsa_f16 *const *arow, 
     }
 }
 
-template <int NA, int AS>
+/* RG (a range of the tile's segments, tiles of up to 4 pairs: NA = 1): segments sb .. se - 1 only, and
+   each segment's P_s stored as the split forms store it (rg: pair r's row e of segment s at
+   rg.p[r * rg.pair + s * rg.seg + e], pairs below rg.cnt) instead of folded into T. */
+typedef struct {
+    int sb, se;     /* the segment range */
+    float *p;       /* the partials of the tile's pair 0, column tile, matrix and segment 0 */
+    qsa_i64 pair;   /* floats between pairs */
+    int seg, cnt;   /* floats between segments; the tile's pairs */
+} qsa_seg_range;
+template <int NA, int AS, bool RG = false>
 static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *const *ap, int na, const qsa_wsrc &w,
                                                               int n0, int N, int K, int nseg, qsa_f16 *sa,
-                                                              qsa_f16 *sw, qsa_u8 *pk, qsa_frag_c &T, float *slot) {
+                                                              qsa_f16 *sw, qsa_u8 *pk, qsa_frag_c &T, float *slot,
+                                                              qsa_seg_range rg = qsa_seg_range()) {
     const int lane = threadIdx.x & 31, nr = lane >> 1, nh = lane & 1, pr = lane >> 3, pc = lane & 7;
     /* copy piece i of this lane: row pr + 4 i of the tile, bytes 16 pc .. 16 pc + 15 of the segment */
     const qsa_u32 rb = (qsa_u32)(K >> 1);
@@ -1199,6 +1209,7 @@ static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *con
     const qsa_u8 *pkl = pk + nr * QSA_PKS + 16 * nh; /* this lane's row and half of the copy */
     /* TR (tiles of up to 4 pairs): qsa_nvf_mma4_tr into P.x[0..3], stored here into slot */
     enum { TR = NA == 1 };
+    static_assert(!RG || TR, "segment ranges: tiles of up to 4 pairs");
     const qsa_u32 ab = TR ? qsa_smem_u32(sw) + 2 * ((lane & 15) * QSA_STW + (lane >> 4) * 8)
                           : qsa_smem_u32(sa) + 2 * ((lane & 15) * QSA_STW + (lane >> 4) * 8),
                   wb = TR ? qsa_smem_u32(sa) + 2 * ((lane & 7) * QSA_STW + (lane >> 3) * 8)
@@ -1212,7 +1223,7 @@ static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *con
         const qsa_f16 *a = i < na && i < NA ? ap[AS * i] : 0;
         if (a) live |= 1u << i;
         else *(uint4 *)(sa + (pr + 4 * i) * QSA_STW + 8 * pc) = qsa_u4_zero();
-        if (i < NA) ra[i] = a ? *(const uint4 *)(a + 8 * pc) : qsa_u4_zero();
+        if (i < NA) ra[i] = a ? *(const uint4 *)(a + (RG ? QSA_SEG * rg.sb : 0) + 8 * pc) : qsa_u4_zero();
     }
     qsa_u32 sc[QSA_SEG / 64], scn[QSA_SEG / 64];
     qsa_frag_c P;
@@ -1220,12 +1231,12 @@ static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *con
     qsa_frag_zero(P);
     /* one loop over the sub-steps of all segments (K % 64 == 0): a segment's first sub-step starts
        the copy of the next one and waits for its own, its last adds P into T */
-    const int nt = K >> 6;
-    for (int t = -4; t < nt; t++) {
+    const int s0 = RG ? rg.sb : 0, s1 = RG ? rg.se : nseg, nt = RG ? min(K >> 6, 4 * s1) : K >> 6;
+    for (int t = 4 * s0 - 4; t < nt; t++) {
         const int seg = t >> 2, J = t & 3;
         if (J == 0) {
             const int sn = seg + 1; /* the segment whose copy starts now */
-            if (sn < nseg) {
+            if (sn < s1) {
                 const int kn = sn * QSA_SEG, np = min(QSA_SEG, K - kn) >> 5;
                 __syncwarp(); /* every lane is done with the half that this copy overwrites */
                 if (pc < np) {
@@ -1239,13 +1250,13 @@ static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *con
                 asm volatile("cp.async.commit_group;" ::: "memory");
                 qsa_nvf_scales_at(srow + (kn >> 4), w.svec16, np >> 1, scn);
             }
-            if (seg < 0) { /* the prologue: segment 0's copy is on its way */
+            if (seg < s0) { /* the prologue: segment s0's copy is on its way */
 #pragma unroll
                 for (int i = 0; i < QSA_SEG / 64; i++) sc[i] = scn[i];
                 t += 3;
                 continue;
             }
-            if (sn < nseg) asm volatile("cp.async.wait_group 1;" ::: "memory");
+            if (sn < s1) asm volatile("cp.async.wait_group 1;" ::: "memory");
             else asm volatile("cp.async.wait_group 0;" ::: "memory");
             __syncwarp(); /* every lane's copies of segment seg have landed */
         }
@@ -1262,14 +1273,27 @@ static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *con
         if (TR) qsa_nvf_mma4_tr(ab, wb, P.x);
         else qsa_nvf_mma4_ld(ab, wb, P);
         if (J == 3 || t + 1 == nt) { /* the segment's end: T += P_s, the canonical fold */
+            if (RG) { /* or P_s stored: d[0] (row g, pair 2 (lane % 4)), d[1] (g, + 1), d[2] (g + 8, ...), d[3] */
+                const int g = lane >> 2, c2 = 2 * (lane & 3);
+                float *o = rg.p + (qsa_i64)seg * rg.seg + g;
+                if (c2 < rg.cnt) {
+                    o[c2 * rg.pair] = P.x[0];
+                    o[c2 * rg.pair + 8] = P.x[2];
+                }
+                if (c2 + 1 < rg.cnt) {
+                    o[(c2 + 1) * rg.pair] = P.x[1];
+                    o[(c2 + 1) * rg.pair + 8] = P.x[3];
+                }
+            } else {
 #pragma unroll
-            for (int i = 0; i < (TR ? 4 : 8); i++) T.x[i] = T.x[i] + P.x[i];
+                for (int i = 0; i < (TR ? 4 : 8); i++) T.x[i] = T.x[i] + P.x[i];
+            }
             qsa_frag_zero(P);
 #pragma unroll
             for (int i = 0; i < QSA_SEG / 64; i++) sc[i] = scn[i];
         }
     }
-    if (TR) { /* the tile's pairs 0..7 as rows of slot (16 floats each; the staging, read no more) */
+    if (TR && !RG) { /* the tile's pairs 0..7 as rows of slot (16 floats each; the staging, read no more) */
         const int g = lane >> 2, c2 = 2 * (lane & 3);
         __syncwarp();
         slot[c2 * 16 + g] = T.x[0];
@@ -2611,40 +2635,51 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down(
 
 /* The same two GEMMs for decode-sized steps (16-pair tiles, a pair or two per expert), spread over
  * warps like qsa_k_gemv_*: a warp computes one matrix (gate_up: 0 gate, 1 up; down: NB = 1) of one
- * 16 x 16 tile (pair tile, column tile ct) over one K segment (split forms, qsa_k_moe_*_xw: task i =
- * (tile, ct, matrix mat, segment)) or over all of them folded in registers (whole forms,
+ * 16 x 16 tile (pair tile, column tile ct) over one K segment (split forms, qsa_k_moe_*_xw with
+ * nrange >= nseg: task i = (tile, ct, matrix mat, segment)), over a range of them (ranged forms, the
+ * same entry points with nrange < nseg: task i = (tile, ct, mat, range), range r the segments
+ * r nseg / nrange .. (r + 1) nseg / nrange - 1, for steps too small to fill the GPU with whole
+ * tiles: the warp copies a segment's weights while it works on the one before, and stores each
+ * segment's partial like the split forms) or over all of them folded in registers (whole forms,
  * qsa_k_moe_*_xwk: task i = (tile, ct, mat), for steps whose tiles alone fill the GPU: batches of
- * decode tokens), in the canonical order either way.  Each warp stores its partial tile in part and
- * takes a ticket in count[tile * ncol + ct]; the warp that completes the (tile, ct) (NB * nsp
- * arrivals, nsp = nseg split, 1 whole) adds each matrix's partials in ascending segment order (the
- * canonical order of the one-block kernels, hence the same bits, tested), applies the epilogue and
- * resets the ticket.  The whole down form (one matrix, nothing to combine) stores its tile directly.
- * part (pair-indexed, so it needs no tile count): [MK][ncol][nsp][NB][16] fp32; count [max_tiles *
- * ncol], zero before, left zero.  Grid ceil(max_tiles * ncol * NB * nsp / QSA_GEMV_WARPS) (tasks
- * past *ntiles exit), block 32 * QSA_GEMV_WARPS; H, I multiples of 16. */
+ * decode tokens), in the canonical order either way.  Each warp stores its partial tiles in part and
+ * takes a ticket in count[tile * ncol + ct]; the warp that completes the (tile, ct) (NB * nu
+ * arrivals, nu = nseg split, nrange ranged, 1 whole) adds each matrix's partials in ascending segment
+ * order (the canonical order of the one-block kernels, hence the same bits, tested), applies the
+ * epilogue and resets the ticket.  The whole down form (one matrix, nothing to combine) stores its
+ * tile directly.  part (pair-indexed, so it needs no tile count): [MK][ncol][nsp][NB][16] fp32 (nsp =
+ * nseg split and ranged, 1 whole); count [max_tiles * ncol], zero before, left zero.  Grid
+ * ceil(max_tiles * ncol * NB * nu / QSA_GEMV_WARPS) (tasks past *ntiles exit), block 32 *
+ * QSA_GEMV_WARPS; H, I multiples of 16. */
 template <int NB, bool whole>
 static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, const int *pairs, const int *tiles,
                                      const int *ntiles, const qsa_expert_w *experts, int N, int Kd, int act,
-                                     qsa_f16 *h16, float *y, float *part, unsigned *count) {
+                                     qsa_f16 *h16, float *y, float *part, unsigned *count, int nrange = 1) {
     /* per warp: A then W staging (dense: rows of QSA_ST), which then holds the partial tile (slot) */
     __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][2 * 16 * QSA_STW];
     __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
     __shared__ int prow[QSA_GEMV_WARPS][16];
 #if QSA_CPA
-    /* whole forms: the pipelined segments' packed weights (qsa_segs16_nvf_pipe), two halves per warp */
-    __shared__ __align__(16) qsa_u8 pk[whole ? QSA_GEMV_WARPS : 1][2 * 16 * QSA_PKS];
+    /* whole and ranged forms: the pipelined segments' packed weights (qsa_segs16_nvf_pipe), two halves
+       per warp */
+    __shared__ __align__(16) qsa_u8 pk[QSA_GEMV_WARPS][2 * 16 * QSA_PKS];
 #else
     qsa_u8 *pk[QSA_GEMV_WARPS] = {0};
 #endif
-    if (blockDim.x != 32 * QSA_GEMV_WARPS) __trap();
+    if (blockDim.x != 32 * QSA_GEMV_WARPS || nrange < 1) __trap();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int ncol = (N + 15) / 16, nseg = (Kd + QSA_SEG - 1) / QSA_SEG, nsp = whole ? 1 : nseg, nst = NB * nsp;
+    const int ncol = (N + 15) / 16, nseg = (Kd + QSA_SEG - 1) / QSA_SEG, nsp = whole ? 1 : nseg;
+    const bool ranged = !whole && nrange < nseg;
+    const int nu = ranged ? nrange : nsp, nst = NB * nu;
     const qsa_i64 task = (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + warp;
     if (Kd <= 0 || task >= (qsa_i64)*ntiles * ncol * nst) return; /* warp-level from here on */
     /* (unsigned 32-bit divisions: a grid of tasks never reaches 2^32) */
     const unsigned per = (unsigned)(ncol * nst), tile = (unsigned)task / per, rem = (unsigned)task - tile * per;
-    const int ct = (int)(rem / (unsigned)nst), mat = (int)(rem % (unsigned)nst / (unsigned)nsp),
-              seg = (int)(rem % (unsigned)nsp), n0 = ct * 16;
+    const int ct = (int)(rem / (unsigned)nst), mat = (int)(rem % (unsigned)nst / (unsigned)nu),
+              unit = (int)(rem % (unsigned)nu), n0 = ct * 16;
+    /* the task's segments: one (split), a range, or all (whole) */
+    const int sb = ranged ? unit * nseg / nrange : whole ? 0 : unit;
+    const int se = ranged ? (unit + 1) * nseg / nrange : sb + 1;
     const int *tt = tiles + 3 * (qsa_i64)tile;
     const int e = tt[0], first = tt[1], cnt = tt[2];
     if (lane < 16) {
@@ -2659,29 +2694,55 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
     float *slot = (float *)stage[warp];
     qsa_frag_c P;
     bool put = false; /* the tile already in slot */
-    /* dense (checkpoints with fp16 experts): one sub-step ahead, so that this path does not set the
-       register count of the NVFP4 one */
-    if (whole) {
+    if (whole) { /* (dense experts, checkpoints with fp16 experts: one sub-step ahead, so that this path
+                    does not set the register count of the NVFP4 one) */
         if (!ws.w16)
             put = qsa_segs16<true>(arow[warp], cnt, avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_STW, pk[warp], P, slot);
         else qsa_segs16<false>(arow[warp], cnt, avec, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_ST, 0, P, slot);
+        __syncwarp(); /* every lane's fragment loads are done: the staging becomes the partial tile */
+        if (!put) qsa_wmma_store(slot, P, 16);
+        __syncwarp();
+        if (NB == 1) { /* the whole down tile: nothing to wait for */
+            for (int i = lane; i < cnt * 16; i += 32)
+                if (n0 + (i & 15) < N) y[(qsa_i64)prow[warp][i >> 4] * N + n0 + (i & 15)] = slot[i];
+            return;
+        }
     } else {
-        if (!ws.w16 && qsa_nvf_ok(ws, avec, Kd))
-            qsa_seg16_nvf<true>(arow[warp], cnt, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_STW, P);
-        else if (!ws.w16) qsa_seg16_nvw<true>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_STW, P);
-        else qsa_seg16<1, false, false, true>(arow[warp], avec, &ws, n0, N, Kd, seg, sa, sa + 16 * QSA_ST, &P);
-    }
-    __syncwarp(); /* every lane's fragment loads are done: the staging becomes the partial tile */
-    if (!put) qsa_wmma_store(slot, P, 16);
-    __syncwarp();
-    if (whole && NB == 1) { /* the whole down tile: nothing to wait for */
-        for (int i = lane; i < cnt * 16; i += 32)
-            if (n0 + (i & 15) < N) y[(qsa_i64)prow[warp][i >> 4] * N + n0 + (i & 15)] = slot[i];
-        return;
+        /* the tile's partials: pair r's segment s at pp0[r * ncol * nsp * NB * 16 + s * NB * 16] */
+        float *pp0 = part + (((qsa_i64)first * ncol + ct) * nsp * NB + mat) * 16;
+        int seg = sb;
+#if QSA_CPA
+        if (ranged && !ws.w16 && cnt <= 4 && qsa_nvf_ok(ws, avec, Kd)) { /* pipelined, one A row per lane */
+            const qsa_f16 *a0 = arow[warp][lane >> 3];
+            qsa_seg_range rg;
+            rg.sb = sb;
+            rg.se = se;
+            rg.p = pp0;
+            rg.pair = (qsa_i64)ncol * nsp * NB * 16;
+            rg.seg = NB * 16;
+            rg.cnt = cnt;
+            qsa_segs16_nvf_pipe_na<1, 1, true>(&a0, 1, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_STW, pk[warp], P,
+                                               slot, rg);
+            seg = se;
+        }
+#endif
+        for (; seg < se; seg++) { /* the split form's segment, or each of the range's in turn */
+            if (!ws.w16 && qsa_nvf_ok(ws, avec, Kd))
+                qsa_seg16_nvf<true>(arow[warp], cnt, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_STW, P);
+            else if (!ws.w16) qsa_seg16_nvw<true>(arow[warp], avec, ws, n0, N, Kd, seg, sa, sa + 16 * QSA_STW, P);
+            else qsa_seg16<1, false, false, true>(arow[warp], avec, &ws, n0, N, Kd, seg, sa, sa + 16 * QSA_ST, &P);
+            __syncwarp(); /* every lane's fragment loads are done: the staging becomes the partial tile */
+            qsa_wmma_store(slot, P, 16);
+            __syncwarp();
+            for (int i = lane; i < cnt * 16; i += 32)
+                pp0[(qsa_i64)(i >> 4) * ncol * nsp * NB * 16 + (qsa_i64)seg * NB * 16 + (i & 15)] = slot[i];
+            __syncwarp(); /* the slot is read before the next segment stages into it */
+        }
     }
     unsigned *tk = count + (qsa_i64)tile * ncol + ct;
-    for (int i = lane; i < cnt * 16; i += 32)
-        part[((((qsa_i64)(first + (i >> 4)) * ncol + ct) * nsp + seg) * NB + mat) * 16 + (i & 15)] = slot[i];
+    if (whole)
+        for (int i = lane; i < cnt * 16; i += 32)
+            part[(((qsa_i64)(first + (i >> 4)) * ncol + ct) * NB + mat) * 16 + (i & 15)] = slot[i];
     if (!qsa_ticket_last(tk, (unsigned)nst)) return;
     if (cnt == 1 && !whole) { /* one pair (decode): two lanes per element, gate and up (NB = 2) or
                                  the two halves of the segments (qsa_sum_parts_pair) */
@@ -2721,18 +2782,18 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_gate_up_xw(
     const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
-    int K, int act, float *part, unsigned *count) {
+    int K, int act, float *part, unsigned *count, int nrange) {
     QSA_PDL_ENTRY();
     if ((H | I) & 15) __trap(); /* the host validates the shapes (I padded to 16) */
-    qsa_moe_xwarp<2, false>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, part, count);
+    qsa_moe_xwarp<2, false>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, part, count, nrange);
 }
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down_xw(
     const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I,
-    float *part, unsigned *count) {
+    float *part, unsigned *count, int nrange) {
     QSA_PDL_ENTRY();
     if ((H | I) & 15) __trap();
-    qsa_moe_xwarp<1, false>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, part, count);
+    qsa_moe_xwarp<1, false>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, part, count, nrange);
 }
 /* The whole-tile forms (own entry points: their segment loop sets their register count). */
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 5) qsa_k_moe_gate_up_xwk(

@@ -1008,9 +1008,10 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
  *
  * Environment: QSA_CUDA_LIB, QSA_NVRTC_LIB, QSA_NCCL_LIB (a full path: only that file is tried),
  * QSA_ARCH (NVRTC target, e.g. compute_70 or sm_90; see qsa__nvrtc_pick_arch), QSA_PDL ("0": no
- * programmatic dependent launches, qsa__pdl_on), QSA_XW_WHOLE_PER_SM, QSA_MOE64_PAIRS, QSA_ATTN_DEC,
- * QSA_ATTN_DEC_HEADS, QSA_ATTN_DEC_WARP, QSA_TILED_M, QSA_TILED_TILES and QSA_GEMV_BLOCKS_PER_SM (launch shapes,
- * qsa__cuda_tuning: tuning switches, the bits do not depend on them). */
+ * programmatic dependent launches, qsa__pdl_on), QSA_XW_WHOLE_PER_SM, QSA_XW_RANGE_PER_SM, QSA_MOE64_PAIRS,
+ * QSA_ATTN_DEC, QSA_ATTN_DEC_HEADS, QSA_ATTN_DEC_WARP, QSA_TILED_M, QSA_TILED_TILES and
+ * QSA_GEMV_BLOCKS_PER_SM (launch shapes, qsa__cuda_tuning: tuning switches, the bits do not depend on
+ * them). */
 #ifndef QSA_NO_CUDA
 
 #if defined(__cuda_cuda_h__) || defined(__NVRTC_H__) || defined(NCCL_H_)
@@ -8530,6 +8531,7 @@ typedef struct qsa__dscratch {
 typedef struct qsa__cuda {
     int ordinal, cc, sm_count;
     int xw_whole_per_sm;         /* qsa__xw_whole's threshold (QSA__XW_WHOLE_PER_SM; $QSA_XW_WHOLE_PER_SM) */
+    int xw_range_per_sm;         /* qsa__xw_ranges' warps per SM (QSA__XW_RANGE_PER_SM; $QSA_XW_RANGE_PER_SM) */
     int gemv_blocks_per_sm;      /* qsa__gemv_blk_grid's cap (QSA__GEMV_BLOCKS; $QSA_GEMV_BLOCKS_PER_SM) */
     int moe64_pairs;             /* qsa__moe_tr's threshold (QSA__MOE64_PAIRS; $QSA_MOE64_PAIRS) */
     int attn_dec_off;            /* $QSA_ATTN_DEC "0": never qsa_k_sparse_attn_dec (qsa__attn_dec_splits) */
@@ -8995,6 +8997,11 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    tickets.  Same bits either way.  (8 measured on the H200 against 32: batch 8 322 -> 340 tok/s,
    batch 1 and 32 unchanged; 2 makes batch 1's gate/up whole too: 92.0 -> 88.8.) */
 #define QSA__XW_WHOLE_PER_SM 8
+/* Below that, the split expert kernels give each warp a range of a tile's K segments (copied a
+   segment ahead, qsa_k_moe_*_xw with nrange < nseg) rather than one: as few ranges as make
+   QSA__XW_RANGE_PER_SM warps per SM (qsa__xw_ranges; the 5 blocks of 4 warps that fit an SM).
+   Same bits either way. */
+#define QSA__XW_RANGE_PER_SM 20
 /* Pairs per expert (on average) from which the routed experts take tiles of 64 pairs
    (qsa_k_moe_*64) instead of 16; the same bits either way.  (4 measured on the H200 against 16: a
    2,048-token prefill in chunks of 512, 10 pairs per expert, 1,719 -> 2,153 tok/s; 2 and 1 the same
@@ -9007,8 +9014,8 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    49.2, lm_head 1,328 -> 655 us; at 1, B=8 unchanged and B=1 105.4 -> 98.3.) */
 #define QSA__TILED_M 17
 /* The launch-shape switches read from the environment once per context (the bits do not depend on
-   them): $QSA_XW_WHOLE_PER_SM and $QSA_MOE64_PAIRS, positive integers, replace QSA__XW_WHOLE_PER_SM
-   and QSA__MOE64_PAIRS; $QSA_ATTN_DEC ("0": never), $QSA_ATTN_DEC_HEADS and
+   them): $QSA_XW_WHOLE_PER_SM, $QSA_XW_RANGE_PER_SM and $QSA_MOE64_PAIRS, positive integers, replace
+   QSA__XW_WHOLE_PER_SM, QSA__XW_RANGE_PER_SM and QSA__MOE64_PAIRS; $QSA_ATTN_DEC ("0": never), $QSA_ATTN_DEC_HEADS and
    $QSA_ATTN_DEC_WARP choose and shape qsa_k_sparse_attn_dec (qsa__attn_dec_splits); $QSA_TILED_M
    and $QSA_TILED_TILES replace qsa__tiled_small's thresholds (QSA__TILED_M tokens, the SM count of
    tiles); $QSA_GEMV_BLOCKS_PER_SM replaces QSA__GEMV_BLOCKS (qsa__gemv_blk_grid). */
@@ -9017,6 +9024,8 @@ QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     g->gemv_blocks_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__GEMV_BLOCKS;
     e = getenv("QSA_XW_WHOLE_PER_SM");
     g->xw_whole_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__XW_WHOLE_PER_SM;
+    e = getenv("QSA_XW_RANGE_PER_SM");
+    g->xw_range_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__XW_RANGE_PER_SM;
     e = getenv("QSA_MOE64_PAIRS");
     g->moe64_pairs = e && atoi(e) > 0 ? atoi(e) : QSA__MOE64_PAIRS;
     e = getenv("QSA_ATTN_DEC");
@@ -9306,6 +9315,15 @@ QSA_PRIV int qsa__moe_tr(const qsa__cuda *g, int MK, int E) {
 }
 QSA_PRIV int qsa__xw_whole(const qsa__cuda *g, long long tiles) {
     return tiles >= (long long)g->xw_whole_per_sm * (g->sm_count > 0 ? g->sm_count : 1);
+}
+/* The segment ranges per task of the split expert kernels for `tasks` (tile, column tile, matrix)
+   triples of nseg segments each: the fewest that give xw_range_per_sm warps per SM, at most nseg
+   (nseg: one segment per warp, the split form itself). */
+QSA_PRIV int qsa__xw_ranges(const qsa__cuda *g, long long tasks, int nseg) {
+    long long want = (long long)(g->xw_range_per_sm > 0 ? g->xw_range_per_sm : QSA__XW_RANGE_PER_SM) *
+                     (g->sm_count > 0 ? g->sm_count : 1);
+    long long r = tasks > 0 ? (want + tasks - 1) / tasks : nseg;
+    return r < 1 ? 1 : r > nseg ? nseg : (int)r;
 }
 
 /* Whether dense projections of M <= 64 rows (a decode batch) with t64 tiles of 64 x 64 in all take
@@ -9761,22 +9779,24 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
             CUdeviceptr part = s->gemv_part, cnt = s->gemv_count;
             long long t1 = (long long)max_tiles * ((I + 15) / 16), t2 = (long long)max_tiles * ((H + 15) / 16);
             int whole1 = qsa__xw_whole(g, t1), whole2 = qsa__xw_whole(g, t2);
+            int nr1 = whole1 ? 1 : qsa__xw_ranges(g, t1 * 2, (H + 255) / 256);
+            int nr2 = whole2 ? 1 : qsa__xw_ranges(g, t2, (I + 255) / 256);
             unsigned bx = 32 * QSA__GEMV_WARPS;
-            /* gate_up: a task per (tile, column tile, gate or up[, K segment]) */
-            unsigned gx1 = (unsigned)((t1 * 2 * (whole1 ? 1 : (H + 255) / 256) + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
-            unsigned gx2 = (unsigned)((t2 * (whole2 ? 1 : (I + 255) / 256) + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
+            /* gate_up: a task per (tile, column tile, gate or up[, K segment range]) */
+            unsigned gx1 = (unsigned)((t1 * 2 * nr1 + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
+            unsigned gx2 = (unsigned)((t2 * nr2 + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
             if (whole1)
                 QSA__LAUNCH(g, moe_gate_up_xwk, gx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
                             &s->moe_h16, &H, &I, &K, &act, &part, &cnt);
             else
                 QSA__LAUNCH(g, moe_gate_up_xw, gx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
-                            &s->moe_h16, &H, &I, &K, &act, &part, &cnt);
+                            &s->moe_h16, &H, &I, &K, &act, &part, &cnt, &nr1);
             if (whole2)
                 QSA__LAUNCH(g, moe_down_xwk, gx2, 1, bx, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
                             &s->moe_y, &H, &I);
             else
                 QSA__LAUNCH(g, moe_down_xw, gx2, 1, bx, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
-                            &s->moe_y, &H, &I, &part, &cnt);
+                            &s->moe_y, &H, &I, &part, &cnt, &nr2);
         } else if (tr == 64) {
             QSA__LAUNCH(g, moe_gate_up64, max_tiles, (I + 31) / 32, 256, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles,
                         &ex, &s->moe_h16, &H, &I, &K, &act);

@@ -1357,12 +1357,14 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
                              int act, int tr, uint16_t *h16, float *y, float *out, int *pairs, int *tiles, int *ntiles) {
     k1_mem mem = {{0}, 0, {0}, 0};
     /* tr = -16: 16-pair tiles through the cross-warp kernels (qsa_k_moe_*_xw), a K segment of one matrix per warp;
-       tr = -256: the whole-tile forms (qsa_k_moe_*_xwk) */
-    int xw = tr < 0, whole = tr == -256;
+       tr = -1 .. -15: the same kernels with -tr ranges of segments per tile (ranged forms, split where -tr
+       reaches the segment count); tr = -256: the whole-tile forms (qsa_k_moe_*_xwk) */
+    int xw = tr < 0, whole = tr == -256, nrange = tr < 0 && tr > -16 ? -tr : 1 << 20;
     if (xw) tr = 16;
     int MK = M * K, E = md->E, H = md->H, I = md->I, t64 = tr == 64;
     int max_tiles = (MK + tr - 1) / tr + (E < MK ? E : MK);
     int nsh = (H + 255) / 256, nsi = (I + 255) / 256, ncol = (H > I ? H : I) / 16;
+    int nuh = nrange < nsh ? nrange : nsh, nui = nrange < nsi ? nrange : nsi; /* warps per tile and matrix */
     size_t nparts = (size_t)MK * ((size_t)(I / 16) * nsh * 2 > (size_t)(H / 16) * nsi ? (size_t)(I / 16) * nsh * 2 : (size_t)(H / 16) * nsi) * 16;
     CUdeviceptr dpart = 0, dcnt = 0;
     CUdeviceptr dx, di, dw, dp, dt, dn, dwc, dh, dy, dout, dex = md->ex;
@@ -1388,8 +1390,8 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
             void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act, &dpart, &dcnt};
             r = k1_launch("qsa_k_moe_gate_up_xwk", (unsigned)(((size_t)max_tiles * (I / 16) * 2 + 3) / 4), 1, 128, args);
         } else if (r == QSA_OK && xw) {
-            void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act, &dpart, &dcnt};
-            r = k1_launch("qsa_k_moe_gate_up_xw", (unsigned)(((size_t)max_tiles * (I / 16) * 2 * nsh + 3) / 4), 1, 128, args);
+            void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act, &dpart, &dcnt, &nrange};
+            r = k1_launch("qsa_k_moe_gate_up_xw", (unsigned)(((size_t)max_tiles * (I / 16) * 2 * nuh + 3) / 4), 1, 128, args);
         } else if (r == QSA_OK) {
             void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act};
             r = k1_launch(t64 ? "qsa_k_moe_gate_up64" : "qsa_k_moe_gate_up", (unsigned)max_tiles,
@@ -1399,8 +1401,8 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
             void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I};
             r = k1_launch("qsa_k_moe_down_xwk", (unsigned)(((size_t)max_tiles * (H / 16) + 3) / 4), 1, 128, args);
         } else if (r == QSA_OK && xw) {
-            void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I, &dpart, &dcnt};
-            r = k1_launch("qsa_k_moe_down_xw", (unsigned)(((size_t)max_tiles * (H / 16) * nsi + 3) / 4), 1, 128, args);
+            void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I, &dpart, &dcnt, &nrange};
+            r = k1_launch("qsa_k_moe_down_xw", (unsigned)(((size_t)max_tiles * (H / 16) * nui + 3) / 4), 1, 128, args);
         } else if (r == QSA_OK) {
             void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I};
             r = k1_launch(t64 ? "qsa_k_moe_down64" : "qsa_k_moe_down", (unsigned)max_tiles,
@@ -1609,6 +1611,13 @@ static void k1_moe_case(int M, int E, int K, int H, int I, int act) {
         CHECK(!k1_same("moe cross-warp, whole tiles == one-block kernels (h16)", h64, h16, (size_t)MK * I, 2));
         CHECK(!k1_same("moe cross-warp, whole tiles == one-block kernels (y)", y64, y, (size_t)MK * H, 4));
         CHECK(!k1_same("moe cross-warp, whole tiles == one-block kernels (out)", out64, out, (size_t)M * H, 4));
+        for (int nr = 1; nr <= 2; nr++) { /* segment ranges: one range of all segments, and two */
+            K1_TRY(k1_run_moe(&md, x16, ids, tw, M, K, act, -nr, h64, y64, out64, NULL, NULL, &nt64));
+            snprintf(what, sizeof what, "moe cross-warp, %d segment range(s) == one-block kernels", nr);
+            CHECK(!k1_same(what, h64, h16, (size_t)MK * I, 2));
+            CHECK(!k1_same(what, y64, y, (size_t)MK * H, 4));
+            CHECK(!k1_same(what, out64, out, (size_t)M * H, 4));
+        }
     }
 done:
     k1_free(&mem);
@@ -1786,6 +1795,7 @@ TEST(gpu, k1_moe) {
     k1_moe_case(5, 3, 2, 64, 48, 1);    /* sigmoid act; small shapes */
     k1_moe_case(1, 512, 10, 64, 32, 0); /* decode-like routing: 10 single-pair tiles among 512 experts */
     k1_moe_case(7, 8, 3, 256, 384, 0);  /* aligned 16-byte rows both ways, down's last segment half full */
+    k1_moe_case(4, 16, 4, 704, 640, 1); /* tiles of 1-4 pairs, 3 segments each way, K % 64 == 0: the ranges pipelined */
 }
 
 /* qsa_k_moe_combine with the shared expert: out = (sum over slots of w * y) + sigmoid(gl) * sh,

@@ -354,6 +354,12 @@ TEST(cpu, cuda_decode_launch_rules_real_shape) {
         CHECKF(qsa__xw_whole(&g, (long long)max_tiles * (I / 16)) == (B >= 8), "B %d: gate/up whole is %d", B,
                qsa__xw_whole(&g, (long long)max_tiles * (I / 16)));
     }
+    /* below whole gate/up tiles, segment ranges for ~20 warps per SM: 3 of the 10 segments at B = 1 (11 tiles x 40
+       column tiles x 2 matrices), 2 at B = 2 (22 tiles); one segment per warp (the split form) when the count says so */
+    g.xw_range_per_sm = QSA__XW_RANGE_PER_SM;
+    CHECK(qsa__xw_ranges(&g, 11 * 40 * 2, 10) == 3);
+    CHECK(qsa__xw_ranges(&g, 22 * 40 * 2, 10) == 2);
+    CHECK(qsa__xw_ranges(&g, 1, 10) == 10 && qsa__xw_ranges(&g, 1000000, 10) == 1);
     CHECK(qsa__moe_tr(&g, 205 * K, E) == 64); /* 4 pairs per expert: the 64-pair kernels */
     long long gdn = (10240 + 63) / 64 + (6144 + 63) / 64 + 1 + 1, lm = (248320 + 63) / 64, out = 2560 / 64;
     for (int M = 1; M <= 64; M++) {
