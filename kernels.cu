@@ -27,6 +27,13 @@ typedef long long qsa_i64;
 
 #define QSA_FULL_MASK 0xffffffffu
 
+/* Compile-time check: QSA_CT_CHECK(cond) fails to compile when cond is false.  NVRTC 11.8 compiling
+ * for sm_80+ reports static_assert as an undefined identifier in these sources, so this is spelled
+ * with a template that is only defined for true. */
+template <bool> struct qsa_ct_check;
+template <> struct qsa_ct_check<true> { enum { ok = 1 }; };
+#define QSA_CT_CHECK(cond) ((void)qsa_ct_check<(cond)>::ok)
+
 /* First statement of every entry point.  Launched as a programmatic dependent (the host's
  * qsa__cu_launch_ex on sm_90+), a kernel may be resident before the previous kernel of its stream
  * has finished: griddepcontrol.wait holds it until that kernel has completed and its writes are
@@ -1209,7 +1216,7 @@ static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *con
     const qsa_u8 *pkl = pk + nr * QSA_PKS + 16 * nh; /* this lane's row and half of the copy */
     /* TR (tiles of up to 4 pairs): qsa_nvf_mma4_tr into P.x[0..3], stored here into slot */
     enum { TR = NA == 1 };
-    static_assert(!RG || TR, "segment ranges: tiles of up to 4 pairs");
+    QSA_CT_CHECK(!RG || TR); /* segment ranges: tiles of up to 4 pairs */
     const qsa_u32 ab = TR ? qsa_smem_u32(sw) + 2 * ((lane & 15) * QSA_STW + (lane >> 4) * 8)
                           : qsa_smem_u32(sa) + 2 * ((lane & 15) * QSA_STW + (lane >> 4) * 8),
                   wb = TR ? qsa_smem_u32(sa) + 2 * ((lane & 7) * QSA_STW + (lane >> 3) * 8)
