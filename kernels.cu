@@ -6,8 +6,11 @@
  *
  * Rules (SPEC section 6):
  *   - no #include: NVRTC 11 ships no headers, so everything used here is a compiler builtin;
- *   - sm_70-level instructions only (the default target is compute_70 PTX): fp16 conversions by
- *     inline PTX `cvt`, tensor cores by PTX `wmma.*.m16n16k16`; no ldmatrix, cp.async, bf16 MMA;
+ *     no static_assert (NVRTC 11.8 rejects it when compiling for sm_80+): QSA_CT_CHECK;
+ *   - sm_70-level instructions (the default target is compute_70 PTX): fp16 conversions by inline
+ *     PTX `cvt`, tensor cores by PTX `wmma.*.m16n16k16`; no bf16 MMA; cp.async, ldmatrix and
+ *     mma.m16n8k16 only under `__CUDA_ARCH__ >= 800` (QSA_CPA), the e4m3 conversion under 890,
+ *     each with the sm_70 path beside it;
  *   - entry points are `extern "C" __global__ void qsa_k_<op>` so their names are not mangled, and
  *     each starts with QSA_PDL_ENTRY() (the one sm_90 instruction pair, compiled only there).
  *
