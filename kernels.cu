@@ -1649,7 +1649,8 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16
  * tiles = ceil(M/16) * ceil(N/16), block 32 * QSA_GEMV_WARPS, M <= QSA_SPLITK_MAX_M.  (A whole tile
  * per warp, the segments folded in registers, measured slower here: lm_head 520 -> 630 us.) */
 #define QSA_GEMV_WARPS 4
-#define QSA_GEMV_TR_ROWS 4 /* sm_80+, A rows up to this: qsa_seg16_tr; more: qsa_k_gemv_blk */
+#define QSA_GEMV_TR_ROWS 4 /* sm_80+, the per-warp kernels' A rows up to this: qsa_seg16_tr (the host takes
+                              qsa_k_gemv_blk instead wherever that applies, QSA__GEMV_BLK_MIN_M) */
 /* t = ((0 + p[0]) + p[stride]) + ... + p[(n-1)*stride], ascending (the canonical segment order), the
    loads issued 8 at a time (the last batch predicated) so the completing warp waits on memory
    ceil(n/8) times, not n (32 at a time measured slower: decode GEMVs 10-30% longer) */
@@ -2012,11 +2013,11 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16
 #define QSA_GEMV_BLOCKS 5
 
 #if QSA_CPA
-/* Whether the block form (qsa_gemv_blocks) takes a dense GEMV launch: sm_80+, more than
-   QSA_GEMV_TR_ROWS rows, K a positive multiple of 8, A and every member's W 16-byte aligned (the
-   host's qsa__gemv_groups is the same test). */
+/* Whether the block form (qsa_gemv_blocks) can take a dense GEMV launch: sm_80+, 1 to
+   QSA_SPLITK_MAX_M rows, K a positive multiple of 8, A and every member's W 16-byte aligned (the
+   host's qsa__gemv_groups is the same test, and decides from how many rows it takes them). */
 static __device__ __forceinline__ bool qsa_gemv_blockwise(const qsa_f16 *A, const qsa_gemv_group &grp, int M, int K) {
-    bool ok = M > QSA_GEMV_TR_ROWS && M <= QSA_SPLITK_MAX_M && K > 0 && !(K & 7) && !(((qsa_u64)A) & 15u);
+    bool ok = M >= 1 && M <= QSA_SPLITK_MAX_M && K > 0 && !(K & 7) && !(((qsa_u64)A) & 15u);
 #pragma unroll
     for (int b = 0; b < QSA_GEMV_GROUP; b++)
         if (b < grp.n && (((qsa_u64)grp.m[b].W) & 15u)) ok = false;
@@ -2095,7 +2096,7 @@ static __device__ __forceinline__ void qsa_gb_copy(const qsa_f16 *A, const qsa_g
     }
 }
 
-/* The block form of the dense GEMV for decode batches of more than QSA_GEMV_TR_ROWS rows (sm_80+):
+/* The block form of the dense GEMV for decode batches (1 to 64 rows, sm_80+):
  * a block's warps take QSA_GEMV_WARPS column tiles of one row tile and segment (a group), so the
  * block copies that segment of A once for all of them, and each block loops over groups g =
  * blockIdx.x, + gridDim.x, ... in stages of half a segment, double-buffered: the copies of the next
@@ -2174,11 +2175,11 @@ static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &g
 }
 #endif
 
-/* The dense GEMVs of the decode batches of more than QSA_GEMV_TR_ROWS rows in the block form
+/* The dense GEMVs of the decode batches in the block form
  * (qsa_gemv_blocks): the members of grp over A (one: qsa_k_gemv_f16's work, with `accumulate`; one
  * and xn != NULL: qsa_k_gemv_gres's, hc its stream count; up to QSA_GEMV_GROUP:
  * qsa_k_gemv_f16_group's), the same partial tiles, tickets and outputs as those kernels: their bits
- * (tested).  Only where qsa_gemv_blockwise holds (sm_80+, more than QSA_GEMV_TR_ROWS rows, K % 8 ==
+ * (tested).  Only where qsa_gemv_blockwise holds (sm_80+, 1 to 64 rows, K % 8 ==
  * 0, 16-byte aligned A and W: the host's qsa__gemv_groups); elsewhere it traps.  Launch: any grid
  * (the host: at most QSA_GEMV_BLOCKS per SM), block 32 * QSA_GEMV_WARPS. */
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCKS)

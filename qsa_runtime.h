@@ -1009,8 +1009,8 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
  * Environment: QSA_CUDA_LIB, QSA_NVRTC_LIB, QSA_NCCL_LIB (a full path: only that file is tried),
  * QSA_ARCH (NVRTC target, e.g. compute_70 or sm_90; see qsa__nvrtc_pick_arch), QSA_PDL ("0": no
  * programmatic dependent launches, qsa__pdl_on), QSA_XW_WHOLE_PER_SM, QSA_XW_RANGE_PER_SM, QSA_MOE64_PAIRS,
- * QSA_ATTN_DEC, QSA_ATTN_DEC_HEADS, QSA_ATTN_DEC_WARP, QSA_TILED_M, QSA_TILED_TILES and
- * QSA_GEMV_BLOCKS_PER_SM (launch shapes, qsa__cuda_tuning: tuning switches, the bits do not depend on
+ * QSA_ATTN_DEC, QSA_ATTN_DEC_HEADS, QSA_ATTN_DEC_WARP, QSA_TILED_M, QSA_TILED_TILES,
+ * QSA_GEMV_BLOCKS_PER_SM and QSA_GEMV_BLK_MIN_M (launch shapes, qsa__cuda_tuning: tuning switches, the bits do not depend on
  * them). */
 #ifndef QSA_NO_CUDA
 
@@ -8508,6 +8508,7 @@ typedef struct qsa__dlayer {
 #define QSA__GEMV_TILES 65536                     /* and its tickets: at most this many tiles */
 #define QSA__GEMV_WARPS 4                         /* warps per block of qsa_k_gemv_* (kernels.cu: QSA_GEMV_WARPS) */
 #define QSA__GEMV_BLOCKS 5                        /* the dense GEMVs' block form: blocks per SM (kernels.cu: QSA_GEMV_BLOCKS) */
+#define QSA__GEMV_BLK_MIN_M 1                     /* ... and from how many rows (fewer: the per-warp kernels, qsa_seg16_tr up to 4) */
 #define QSA__MOE_PLAN_THREADS 1024                /* largest block of qsa_k_moe_plan; its scratch holds E counts per warp */
 
 typedef struct qsa__dscratch {
@@ -8533,6 +8534,7 @@ typedef struct qsa__cuda {
     int xw_whole_per_sm;         /* qsa__xw_whole's threshold (QSA__XW_WHOLE_PER_SM; $QSA_XW_WHOLE_PER_SM) */
     int xw_range_per_sm;         /* qsa__xw_ranges' warps per SM (QSA__XW_RANGE_PER_SM; $QSA_XW_RANGE_PER_SM) */
     int gemv_blocks_per_sm;      /* qsa__gemv_blk_grid's cap (QSA__GEMV_BLOCKS; $QSA_GEMV_BLOCKS_PER_SM) */
+    int gemv_blk_min_m;          /* rows from which qsa__gemv_groups takes the block form (QSA__GEMV_BLK_MIN_M; $QSA_GEMV_BLK_MIN_M) */
     int moe64_pairs;             /* qsa__moe_tr's threshold (QSA__MOE64_PAIRS; $QSA_MOE64_PAIRS) */
     int attn_dec_off;            /* $QSA_ATTN_DEC "0": never qsa_k_sparse_attn_dec (qsa__attn_dec_splits) */
     int attn_dec_heads;          /* $QSA_ATTN_DEC_HEADS: its heads per block (0: qsa__attn_dec_splits' rule) */
@@ -9018,10 +9020,13 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    QSA__XW_WHOLE_PER_SM, QSA__XW_RANGE_PER_SM and QSA__MOE64_PAIRS; $QSA_ATTN_DEC ("0": never), $QSA_ATTN_DEC_HEADS and
    $QSA_ATTN_DEC_WARP choose and shape qsa_k_sparse_attn_dec (qsa__attn_dec_splits); $QSA_TILED_M
    and $QSA_TILED_TILES replace qsa__tiled_small's thresholds (QSA__TILED_M tokens, the SM count of
-   tiles); $QSA_GEMV_BLOCKS_PER_SM replaces QSA__GEMV_BLOCKS (qsa__gemv_blk_grid). */
+   tiles); $QSA_GEMV_BLOCKS_PER_SM replaces QSA__GEMV_BLOCKS (qsa__gemv_blk_grid) and $QSA_GEMV_BLK_MIN_M
+   QSA__GEMV_BLK_MIN_M (qsa__gemv_groups). */
 QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     const char *e = getenv("QSA_GEMV_BLOCKS_PER_SM");
     g->gemv_blocks_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__GEMV_BLOCKS;
+    e = getenv("QSA_GEMV_BLK_MIN_M");
+    g->gemv_blk_min_m = e && atoi(e) > 0 ? atoi(e) : QSA__GEMV_BLK_MIN_M;
     e = getenv("QSA_XW_WHOLE_PER_SM");
     g->xw_whole_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__XW_WHOLE_PER_SM;
     e = getenv("QSA_XW_RANGE_PER_SM");
@@ -9274,13 +9279,15 @@ QSA_PRIV void qsa__gemv_group_fill(qsa__gemv_group *grp, int n, const qsa__dlin 
 /* The dense cross-warp GEMVs of M rows and K over members with outputs N[i] and weights W[i] (A16
    the input) in the block form, qsa_k_gemv_blk: its groups (4 column tiles x one row tile x one
    segment), or 0 where it does not apply (kernels.cu: qsa_gemv_blockwise, the same test: a module
-   for sm_80+, more than 4 rows (QSA_GEMV_TR_ROWS), K a multiple of 8, A and every W 16-byte aligned)
-   and the per-warp kernels (qsa_k_gemv_f16, _group, _gres) take them.  Its grid: at most
-   gemv_blocks_per_sm blocks per SM (qsa__gemv_blk_grid), each looping over groups with its copies
-   double-buffered. */
+   for sm_80+, up to 64 rows, K a multiple of 8, A and every W 16-byte aligned; and at least
+   gemv_blk_min_m rows) and the per-warp kernels (qsa_k_gemv_f16, _group, _gres) take them.  Its grid:
+   at most gemv_blocks_per_sm blocks per SM (qsa__gemv_blk_grid), each looping over groups with its
+   copies double-buffered.  (From one row since the twenty-first session: on the H200, real shape, with
+   graphs, against the per-warp swapped form for 1-4 rows, B=1 123.5 / 122.9 -> 127.3 / 127.7 tok/s,
+   B=2 195.1 / 194.7 -> 200.4 / 200.6, B=4 311.2 / 312.5 -> 317.0 / 319.2; the same bits, tested.) */
 QSA_PRIV long long qsa__gemv_groups(const qsa__cuda *g, CUdeviceptr A16, int M, int K, int n, const int *N,
                                     const CUdeviceptr *W) {
-    if (g->arch_num < 80 || M <= 4 || M > 64 || K <= 0 || K % 8 || A16 % 16) return 0;
+    if (g->arch_num < 80 || M < g->gemv_blk_min_m || M > 64 || K <= 0 || K % 8 || A16 % 16) return 0;
     long long groups = 0;
     for (int i = 0; i < n; i++) {
         if (W[i] % 16) return 0;

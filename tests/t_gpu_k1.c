@@ -796,14 +796,14 @@ TEST(gpu, k1_gemm_batch_invariance) {
    by the warp that completes a tile) against the one-block split-K GEMM: bitwise equal for every
    M <= 64, with bias and accumulation, and again on a second launch (the tickets must have been
    reset to zero by the first). */
-/* The block form of the dense GEMVs (qsa_k_gemv_blk) applies: an sm_80+ module, more than
-   QSA_GEMV_TR_ROWS rows, K % 8 == 0 (the tests' buffers are 16-byte aligned). */
+/* The block form of the dense GEMVs (qsa_k_gemv_blk) applies: an sm_80+ module, K % 8 == 0 (the
+   tests' buffers are 16-byte aligned), any M (the host takes it from QSA__GEMV_BLK_MIN_M rows). */
 static int k1_arch_num(void) {
     const char *a = K1_.arch;
     while (*a && (*a < '0' || *a > '9')) a++;
     return atoi(a);
 }
-#define K1_BLOCK_FORM(M, K) (k1_arch_num() >= 80 && (M) > 4 && (K) % 8 == 0)
+#define K1_BLOCK_FORM(M, K) (k1_arch_num() >= 80 && (M) >= 1 && (K) % 8 == 0)
 #define K1_GEMV_LOOP_GRID 3 /* a grid smaller than the work: every block of qsa_k_gemv_blk loops */
 static unsigned k1_gemv_groups(int M, int N, int K) { /* (the host's qsa__gemv_groups) */
     return (unsigned)(((M + 15) / 16) * (((N + 15) / 16 + 3) / 4) * ((K + 255) / 256));
@@ -1176,10 +1176,10 @@ TEST(gpu, k1_gemv_gres_equals_gemv_and_mix) {
 
 TEST(gpu, k1_gemv_cross_warp_equals_gemm) {
     K1_NEED_GPU();
-    /* (5 to 64 rows: the dense block form (sm_80+), ragged K (3000: a last segment of 184, half a chunk
+    /* (the dense block form (sm_80+) at every M, ragged K (3000: a last segment of 184, half a chunk
        past its last whole one) and N (column groups of fewer than 4 tiles) included; K = 100 is not a
-       multiple of 8: the per-warp one-tile path; up to QSA_GEMV_TR_ROWS = 4 rows: the swapped-operand
-       form, with a ragged last segment and N) */
+       multiple of 8: the per-warp one-tile path; up to QSA_GEMV_TR_ROWS = 4 rows the per-warp form
+       is the swapped-operand one, with a ragged last segment and N) */
     static const int shapes[][3] = {{1, 300, 1024}, {1, 4, 10240}, {1, 320, 2560}, {5, 17, 48},   {37, 100, 2320},
                                     {64, 33, 272},  {16, 50, 6144}, {2, 2560, 640}, {1, 7, 100},   {9, 1000, 3000},
                                     {32, 100, 2320}, {20, 33, 272}, {24, 17, 100},  {32, 2560, 640}, {3, 50, 2320},
