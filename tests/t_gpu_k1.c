@@ -803,7 +803,7 @@ static int k1_arch_num(void) {
     while (*a && (*a < '0' || *a > '9')) a++;
     return atoi(a);
 }
-#define K1_BLOCK_FORM(M, K) (k1_arch_num() >= 80 && (M) >= 1 && (K) % 8 == 0)
+#define K1_BLOCK_FORM(K) (k1_arch_num() >= 80 && (K) % 8 == 0)
 #define K1_GEMV_LOOP_GRID 3 /* a grid smaller than the work: every block of qsa_k_gemv_blk loops */
 static unsigned k1_gemv_groups(int M, int N, int K) { /* (the host's qsa__gemv_groups) */
     return (unsigned)(((M + 15) / 16) * (((N + 15) / 16 + 3) / 4) * ((K + 255) / 256));
@@ -899,7 +899,7 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
     } while (0)
     /* form 0: the per-warp kernel, twice (the tickets must be back at zero); where the block form
        applies (qsa_k_gemv_blk) forms 1 and 2: it on its full grid and on K1_GEMV_LOOP_GRID blocks */
-    int forms = !nvfp4 && K1_BLOCK_FORM(M, K) ? 3 : 1;
+    int forms = !nvfp4 && K1_BLOCK_FORM(K) ? 3 : 1;
     qsa__gemv_group grp = k1_gemv_one(dW, dB, dY, 0, N);
     for (int form = 0; form < forms; form++)
         for (int rep = 0; rep < (form ? 1 : 2); rep++) {
@@ -985,7 +985,7 @@ static void k1_gemv_group_case(int M, int K, int n) {
     }
     /* reps 0 and 1: the per-warp kernel (the tickets must be back at zero); where the block form
        applies, 2 and 3: qsa_k_gemv_blk on its full grid and on K1_GEMV_LOOP_GRID blocks */
-    for (int rep = 0; rep < (K1_BLOCK_FORM(M, K) ? 4 : 2); rep++) {
+    for (int rep = 0; rep < (K1_BLOCK_FORM(K) ? 4 : 2); rep++) {
         for (int b = 0; b < n; b++) {
             K1_TRY(k1_poison(dY[b], sizeof(float) * M * Ns[b]));
             K1_TRY(k1_poison(dY16[b], sizeof(uint16_t) * M * Ns[b]));
@@ -1141,7 +1141,7 @@ static void k1_gemv_gres_case(int M, int H, int hc, int K, int with_bias) {
     }
     /* reps 0 and 1: qsa_k_gemv_gres (the tickets must be back at zero); where the block form applies,
        2 and 3: qsa_k_gemv_blk with the mix, on its full grid and on K1_GEMV_LOOP_GRID blocks */
-    for (int rep = 0; rep < (K1_BLOCK_FORM(M, K) ? 4 : 2); rep++) {
+    for (int rep = 0; rep < (K1_BLOCK_FORM(K) ? 4 : 2); rep++) {
         char what[160];
         unsigned grid = gx;
         K1_TRY(k1_poison(dinp, sizeof(float) * M * H));
