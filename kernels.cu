@@ -95,7 +95,8 @@ static __device__ float qsa_block_sum(float v, float *scratch) {
     return scratch[32];
 }
 
-/* FP8 E4M3 ("fn": bias 7, no infinities, S.1111.111 is NaN) -> value. */
+#if __CUDA_ARCH__ < 890
+/* FP8 E4M3 ("fn": bias 7, no infinities, S.1111.111 is NaN) -> value (sm_89+: a cvt instruction). */
 static __device__ __forceinline__ float qsa_e4m3_to_f32(qsa_u32 b) {
     qsa_u32 e = (b >> 3) & 15u, m = b & 7u;
     float v;
@@ -104,22 +105,20 @@ static __device__ __forceinline__ float qsa_e4m3_to_f32(qsa_u32 b) {
     else v = __int_as_float((int)(((e + 120u) << 23) | (m << 20))); /* (1 + m/8) * 2^(e-7) */
     return (b & 0x80u) ? -v : v;
 }
+#endif
 
-/* Bytes 0 and 1 of v (two e4m3 block scales) as qsa_e4m3_to_f32 of each: one conversion on sm_89+
-   (e4m3 -> fp16 and fp16 -> fp32 are exact; a NaN stays a NaN, and the fp16 rounding of the
-   dequantisation turns any NaN into the same canonical NaN). */
-static __device__ __forceinline__ float2 qsa_e4m3x2_to_f32(qsa_u32 v) {
-    float2 r;
+/* Bytes 0 and 1 of v (two e4m3 block scales) as two fp16 (bits 0-15: byte 0's): exact, every e4m3 value
+   is an fp16 (the subnormals 2^-9 .. 7 * 2^-9 are normal fp16 numbers) and a NaN stays a NaN.  One
+   conversion on sm_89+. */
+static __device__ __forceinline__ qsa_u32 qsa_e4m3x2_to_h2(qsa_u32 v) {
 #if __CUDA_ARCH__ >= 890
     qsa_u32 h;
     asm("{\n .reg .b16 t;\n cvt.u16.u32 t, %1;\n cvt.rn.f16x2.e4m3x2 %0, t;\n}" : "=r"(h) : "r"(v));
-    r.x = qsa_f16_to_f32((qsa_f16)(h & 0xffffu));
-    r.y = qsa_f16_to_f32((qsa_f16)(h >> 16));
+    return h;
 #else
-    r.x = qsa_e4m3_to_f32(v & 0xffu);
-    r.y = qsa_e4m3_to_f32((v >> 8) & 0xffu);
+    return (qsa_u32)qsa_f32_to_f16(qsa_e4m3_to_f32(v & 0xffu)) |
+           ((qsa_u32)qsa_f32_to_f16(qsa_e4m3_to_f32((v >> 8) & 0xffu)) << 16);
 #endif
-    return r;
 }
 
 /* ============================================================================================== */
@@ -419,10 +418,11 @@ extern "C" __global__ void qsa_k_argmax(const float *__restrict__ logits, int *_
  * otherwise: same values), rows past M or N and columns past K are zero-filled, stores are
  * predicated.  Shared staging rows are 40 halves (80 bytes) long: 32 data + 8 padding, which keeps
  * wmma.load free of bank conflicts and every fragment pointer 32-byte aligned.
- * NVFP4 weights are dequantised on the way into shared memory exactly like the CPU
- * (w = e2m1 * (e4m3 * s2) in fp32) and then ROUNDED TO FP16 (cvt.rn) for the tensor core; the
- * GPU-vs-CPU comparison (tests/t_gpu_k1.c) mirrors that rounding.  A weight whose magnitude
- * exceeds 65504 would become infinite; real NVFP4 weights are far smaller.
+ * NVFP4 weights reach the tensor cores as w' = e2m1 * e4m3 * 2^-14, exact in fp16 (qsa_dq8: no
+ * rounding, no table), and each segment's fp32 partial P_s is multiplied by s2 * 2^14 (qsa_pscale, one
+ * fp32 rounding) before it is folded or stored, in every path: so sum_s (P_s * s2 * 2^14) is the
+ * canonical value of an NVFP4 element, and a power-of-two s2 * 2^14 gives the dense GEMM's bits on
+ * the fp16 weights w' (tests/t_gpu_k1.c).
  */
 
 #define QSA_GEMM_THREADS 256   /* 8 warps: required by every GEMM/MoE kernel */
@@ -552,17 +552,6 @@ static __device__ __forceinline__ uint4 qsa_ld8_f16(const qsa_f16 *row, int k, i
     return qsa_ld8_f16_tail(p, K - k);
 }
 
-/* E2M1 code (bit 3 sign, bits 0-2 magnitude) -> value with integer operations only (the same numbers as
-   kernels.cu's qsa_e2m1_to_f32, which needs an int->float conversion, a quarter-rate instruction that
-   bounded the NVFP4 GEMMs): magnitude codes
-   2..7 are the fp32 bits (code << 22) + 0x3F000000 (1, 1.5, 2, 3, 4, 6); code 1 is 0.5, code 0 is 0. */
-static __device__ __forceinline__ float qsa_e2m1_fast(qsa_u32 code) {
-    qsa_u32 mag = code & 7u;
-    qsa_u32 bits = mag >= 2u ? (mag << 22) + 0x3F000000u : (mag ? 0x3F000000u : 0u);
-    return __int_as_float((int)(bits | ((code & 8u) << 28)));
-}
-
-
 /* One weight source: a dense fp16 matrix [N][K] or an NVFP4 one (q [N][K/2], s [N][K/16], s2). */
 typedef struct {
     const qsa_f16 *w16;   /* dense, or NULL for NVFP4 */
@@ -622,67 +611,59 @@ static __device__ __forceinline__ void qsa_ld_nvfp4_seg(const qsa_wsrc &w, int n
     }
 }
 
-/* Dequantisation by table: the 8 magnitudes of one block scale, tab[m] = fp16(e2m1(m) * scale)
- * (cvt.rn of the fp32 product: the CPU dequantisation, then the rounding for the tensor core) for
- * the non-negative codes m, stored as their low bytes (lo0: m = 0..3, lo1: 4..7) and high bytes
- * (hi0, hi1), so that prmt picks four entries at once (checked against the direct formula for
- * random words and scales, overflow included, by an emulation of prmt during development).  A
- * negative code 8 + m is the same entry with the fp16 sign bit flipped: IEEE multiplication and
- * round-to-nearest-even are symmetric in the sign, so fp16(-e2m1(m) * scale) = -fp16(e2m1(m) *
- * scale) bit for bit (zeros and infinities included; only a NaN scale, which no real checkpoint
- * has, could differ in the NaN's sign).  Cost: 8 multiplies and 8 conversions per 16 weights
- * instead of one of each per weight, and ~2 integer operations per weight for the look-ups. */
-typedef struct { qsa_u32 lo0, lo1, hi0, hi1; } qsa_fp4lut;
-
+/* Dequantisation without tables.  The tensor cores get w' = e2m1 * e4m3 * 2^-14, which fp16 holds
+ * exactly: the nibble's magnitude bits (exponent e, mantissa m) placed at fp16 bits 11-10 and 9, with
+ * its sign at bit 15, are e2m1 * 2^-14 (code 1, 0.5, is the subnormal 2^-15), and the product with
+ * the block scale (an fp16 itself) has at most 6 significant bits and is a multiple of 2^-24, the
+ * smallest fp16 subnormal (checked for all 16 x 255 finite pairs; the bit placement for random words).
+ * The global scale times 2^14 multiplies each segment's fp32 partial P_s (qsa_pscale) before it is
+ * folded or stored, in every NVFP4 path alike; the weights are never rounded.  Per 8 weights: 6
+ * integer operations for the fp16 high bytes of the even and odd elements (ev: byte j = element
+ * 2j's, od: 2j + 1's), then a byte permute, a mask and an fp16x2 multiply per pair. */
 static __device__ __forceinline__ qsa_u32 qsa_prmt(qsa_u32 a, qsa_u32 b, qsa_u32 sel) {
     qsa_u32 d;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
     return d;
 }
-
-/* {fp16(lo), fp16(hi)} packed (lo in bits 0-15), both rounded to nearest even: one instruction on
-   sm_80+ (cvt.rn.f16x2.f32), two conversions before */
-static __device__ __forceinline__ qsa_u32 qsa_f16x2(float lo, float hi) {
-#if __CUDA_ARCH__ >= 800
+static __device__ __forceinline__ qsa_u32 qsa_hmul2(qsa_u32 a, qsa_u32 b) {
     qsa_u32 d;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     return d;
-#else
-    return (qsa_u32)qsa_f32_to_f16(lo) | ((qsa_u32)qsa_f32_to_f16(hi) << 16);
-#endif
 }
-
-static __device__ __forceinline__ qsa_fp4lut qsa_fp4_lut(float scale) {
-    float v[8];
-#pragma unroll
-    for (int m = 0; m < 8; m++) v[m] = qsa_e2m1_fast((qsa_u32)m) * scale;
-    const qsa_u32 p01 = qsa_f16x2(v[0], v[1]), p23 = qsa_f16x2(v[2], v[3]), p45 = qsa_f16x2(v[4], v[5]),
-                  p67 = qsa_f16x2(v[6], v[7]);
-    qsa_fp4lut t;
-    t.lo0 = qsa_prmt(p01, p23, 0x6420u); /* bytes 0, 2, 4, 6: the low bytes of h[0..3] */
-    t.hi0 = qsa_prmt(p01, p23, 0x7531u);
-    t.lo1 = qsa_prmt(p45, p67, 0x6420u);
-    t.hi1 = qsa_prmt(p45, p67, 0x7531u);
-    return t;
-}
-
-/* 8 elements (one 32-bit word of q, low nibble first) dequantised like qsa_ld8_w, by table. */
-static __device__ __forceinline__ uint4 qsa_dq8_lut(qsa_u32 word, const qsa_fp4lut &t) {
-    const qsa_u32 mag = word & 0x77777777u, hsel = mag >> 16;
-    /* sign bits to bit 7 of bytes: even nibbles (bit 3 of each byte) and odd nibbles (bit 7) */
-    const qsa_u32 se = (word << 4) & 0x80808080u, so = word & 0x80808080u;
-    const qsa_u32 lo_a = qsa_prmt(t.lo0, t.lo1, mag), hi_a = qsa_prmt(t.hi0, t.hi1, mag) ^ qsa_prmt(se, so, 0x5140u);
-    const qsa_u32 lo_b = qsa_prmt(t.lo0, t.lo1, hsel), hi_b = qsa_prmt(t.hi0, t.hi1, hsel) ^ qsa_prmt(se, so, 0x7362u);
+/* 8 elements (one 32-bit word of q, element 2j in the low nibble of byte j) as fp16 bits of
+   e2m1 * scale * 2^-14; sc2: the block scale as fp16 in both halves */
+static __device__ __forceinline__ uint4 qsa_dq8(qsa_u32 w, qsa_u32 sc2) {
+    const qsa_u32 C = 0x0E0E0E0Eu, s = w & 0x88888888u;
+    const qsa_u32 ev = ((w << 1) & C) | ((s << 4) & ~C); /* magnitude bits 0-2 -> 1-3, sign 3 -> 7 */
+    const qsa_u32 od = ((w >> 3) & C) | (s & ~C);        /* magnitude bits 4-6 -> 1-3, sign 7 stays */
     uint4 u;
-    u.x = qsa_prmt(lo_a, hi_a, 0x5140u); /* elements 0, 1 */
-    u.y = qsa_prmt(lo_a, hi_a, 0x7362u); /* 2, 3 */
-    u.z = qsa_prmt(lo_b, hi_b, 0x5140u); /* 4, 5 */
-    u.w = qsa_prmt(lo_b, hi_b, 0x7362u); /* 6, 7 */
+    u.x = qsa_hmul2(qsa_prmt(ev, od, 0x4400u) & 0xFF00FF00u, sc2); /* elements 0, 1 */
+    u.y = qsa_hmul2(qsa_prmt(ev, od, 0x5511u) & 0xFF00FF00u, sc2); /* 2, 3 */
+    u.z = qsa_hmul2(qsa_prmt(ev, od, 0x6622u) & 0xFF00FF00u, sc2); /* 4, 5 */
+    u.w = qsa_hmul2(qsa_prmt(ev, od, 0x7733u) & 0xFF00FF00u, sc2); /* 6, 7 */
     return u;
+}
+/* The two block scales of bytes 0 and 1 of v, each as fp16 in both halves (lo: byte 0's) */
+static __device__ __forceinline__ void qsa_scale2(qsa_u32 v, qsa_u32 &lo, qsa_u32 &hi) {
+    const qsa_u32 h = qsa_e4m3x2_to_h2(v);
+    lo = qsa_prmt(h, h, 0x1010u);
+    hi = qsa_prmt(h, h, 0x3232u);
+}
+static __device__ __forceinline__ qsa_u32 qsa_scale1(qsa_u32 b) {
+    const qsa_u32 h = qsa_e4m3x2_to_h2(b & 0xffu);
+    return qsa_prmt(h, h, 0x1010u);
+}
+/* The factor of an NVFP4 source's segment partials, and the multiply: a separate fp32 rounding
+   (never contracted into the fold's addition), so that every path gives the same bits. */
+static __device__ __forceinline__ float qsa_pscale_of(const qsa_wsrc &w) { return w.s2 * 16384.0f; }
+template <int NE = 8>
+static __device__ __forceinline__ void qsa_pscale(qsa_frag_c &P, float ps) {
+#pragma unroll
+    for (int i = 0; i < NE; i++) P.x[i] = __fmul_rn(P.x[i], ps);
 }
 
 /* W[n][k .. k+8) as fp16 bits (k a multiple of 8; rows are K long); zero when n >= N or k >= kend.
-   NVFP4: dequantised in fp32 as the CPU does (scale = e4m3 * s2, then e2m1 * scale), rounded to fp16. */
+   NVFP4: e2m1 * e4m3 * 2^-14 (qsa_dq8; the global scale goes on the segment's partial). */
 static __device__ __forceinline__ uint4 qsa_ld8_w(const qsa_wsrc &w, int n, int N, int k, int kend, int K) {
     if (n >= N || k >= kend) return qsa_u4_zero();
     if (w.w16) return qsa_ld8_f16(w.w16 + (qsa_i64)n * K, k, kend, w.vec && !(K & 7)); /* rows 16-byte aligned */
@@ -690,13 +671,13 @@ static __device__ __forceinline__ uint4 qsa_ld8_w(const qsa_wsrc &w, int n, int 
     qsa_u32 b;
     if (w.vec) b = *(const qsa_u32 *)q;
     else b = (qsa_u32)q[0] | ((qsa_u32)q[1] << 8) | ((qsa_u32)q[2] << 16) | ((qsa_u32)q[3] << 24);
-    float scale = qsa_e4m3_to_f32(w.s[(qsa_i64)n * (K >> 4) + (k >> 4)]) * w.s2;
-    return qsa_dq8_lut(b, qsa_fp4_lut(scale));
+    return qsa_dq8(b, qsa_scale1(w.s[(qsa_i64)n * (K >> 4) + (k >> 4)]));
 }
 
 /* One warp: P[b] = the 16 x 16 tile (rows arow[0..15], weight rows n0..n0+15 of ws[b]) over
  * segment `seg` of K, in the canonical order (sub-steps of 32 from the segment's start, 2 mma of
- * k = 16 each, into a zeroed fragment).  sa / sw: the warp's staging, A [16][QSA_ST] then NB x W
+ * k = 16 each, into a zeroed fragment; NVFP4 sources then scaled).  Without NV, NB = 1 takes dense
+ * weights only (NB = 2 may mix the kinds, through the generic loads).  sa / sw: the warp's staging, A [16][QSA_ST] then NB x W
  * [16][QSA_ST] halves. */
 template <int NB, bool NV, bool PW = false, bool PF1 = false>
 static __device__ __forceinline__ void qsa_seg16(const qsa_f16 *const *arow, int avec, const qsa_wsrc *ws, int n0,
@@ -757,11 +738,10 @@ static __device__ __forceinline__ void qsa_seg16(const qsa_f16 *const *arow, int
 #pragma unroll
             for (int b = 0; b < NB; b++) {
                 const uint2 qq = q8[NV ? b : 0][j];
-                const float scl = qsa_e4m3_to_f32((sc[NV ? b : 0][j >> 2] >> (8 * (j & 3))) & 0xffu) * ws[b].s2;
-                const qsa_fp4lut lut = qsa_fp4_lut(scl);
+                const qsa_u32 sc2 = qsa_scale1(sc[NV ? b : 0][j >> 2] >> (8 * (j & 3)));
                 uint4 *dst = (uint4 *)(sw + b * 16 * QSA_ST + nr * QSA_ST + nh * 16);
-                dst[0] = qsa_dq8_lut(qq.x, lut);
-                dst[1] = qsa_dq8_lut(qq.y, lut);
+                dst[0] = qsa_dq8(qq.x, sc2);
+                dst[1] = qsa_dq8(qq.y, sc2);
             }
         } else {
 #pragma unroll
@@ -802,6 +782,9 @@ static __device__ __forceinline__ void qsa_seg16(const qsa_f16 *const *arow, int
             }
         }
     }
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+        if (NV || (NB > 1 && !ws[b].w16)) qsa_pscale(P[b], qsa_pscale_of(ws[b])); /* (mixed kinds: generic loads) */
 }
 
 /* qsa_seg16<1, false, true> (one dense matrix; the weights, then the PDL wait, then the
@@ -941,12 +924,13 @@ static __device__ __forceinline__ void qsa_seg16_nvw(const qsa_f16 *const *arow,
         sc.y = sc.z;
         sc.z = sc.w;
         const qsa_u32 s0 = (sw32 >> (16 * nh)) & 0xffu, s1 = (sw32 >> (16 * nh + 8)) & 0xffu;
-        const qsa_fp4lut l0 = qsa_fp4_lut(qsa_e4m3_to_f32(s0) * w.s2), l1 = qsa_fp4_lut(qsa_e4m3_to_f32(s1) * w.s2);
+        qsa_u32 l0, l1;
+        qsa_scale2(s0 | (s1 << 8), l0, l1);
         uint4 *dst = (uint4 *)(sw + nr * QSA_STW + nh * 32);
-        dst[0] = qsa_dq8_lut(q.x, l0);
-        dst[1] = qsa_dq8_lut(q.y, l0);
-        dst[2] = qsa_dq8_lut(q.z, l1);
-        dst[3] = qsa_dq8_lut(q.w, l1);
+        dst[0] = qsa_dq8(q.x, l0);
+        dst[1] = qsa_dq8(q.y, l0);
+        dst[2] = qsa_dq8(q.z, l1);
+        dst[3] = qsa_dq8(q.w, l1);
         __syncwarp();
         if (k0 + 64 < kend) { /* the next sub-step's A while the tensor cores work */
 #pragma unroll
@@ -961,6 +945,7 @@ static __device__ __forceinline__ void qsa_seg16_nvw(const qsa_f16 *const *arow,
             qsa_wmma_mma(P, fa, fb);
         }
     }
+    qsa_pscale(P, qsa_pscale_of(w));
 }
 
 /* qsa_seg16_nvw's fast form: the same loads, dequantisation, staging and mma in the same order,
@@ -1003,19 +988,19 @@ static __device__ __forceinline__ void qsa_nvf_scales(const qsa_wsrc &w, int n0,
    sw32 for this lane's half), between __syncwarp's (pieces i with bit i of live); qsa_nvf_mma4 then
    runs the sub-step's 4 mma of k = 16 into P (the next sub-step's A loads can go between the two). */
 template <int NA>
-static __device__ __forceinline__ void qsa_nvf_put(const uint4 *ra, unsigned live, uint4 q, qsa_u32 sw32, float s2,
+static __device__ __forceinline__ void qsa_nvf_put(const uint4 *ra, unsigned live, uint4 q, qsa_u32 sw32,
                                                    qsa_f16 *sa, uint4 *dst) {
     const int lane = threadIdx.x & 31, nh = lane & 1, ar = lane >> 3, ak = (lane & 7) * 8;
     __syncwarp();
 #pragma unroll
     for (int i = 0; i < NA; i++)
         if ((live >> i) & 1u) *(uint4 *)(sa + (ar + 4 * i) * QSA_STW + ak) = ra[i];
-    const float2 s01 = qsa_e4m3x2_to_f32(sw32 >> (16 * nh));
-    const qsa_fp4lut l0 = qsa_fp4_lut(s01.x * s2), l1 = qsa_fp4_lut(s01.y * s2);
-    dst[0] = qsa_dq8_lut(q.x, l0);
-    dst[1] = qsa_dq8_lut(q.y, l0);
-    dst[2] = qsa_dq8_lut(q.z, l1);
-    dst[3] = qsa_dq8_lut(q.w, l1);
+    qsa_u32 l0, l1;
+    qsa_scale2(sw32 >> (16 * nh), l0, l1);
+    dst[0] = qsa_dq8(q.x, l0);
+    dst[1] = qsa_dq8(q.y, l0);
+    dst[2] = qsa_dq8(q.z, l1);
+    dst[3] = qsa_dq8(q.w, l1);
     __syncwarp();
 }
 static __device__ __forceinline__ void qsa_nvf_mma4(qsa_u32 sau, qsa_u32 swu, qsa_frag_c &P) {
@@ -1032,7 +1017,7 @@ static __device__ __forceinline__ void qsa_nvf_mma4(qsa_u32 sau, qsa_u32 swu, qs
    A: this lane's pieces come from rows ap[4 i] (NULL: a zero row) for i < na, column lane % 8 * 8
    of each sub-step; rows lane / 8 + 4 i for i >= na are staged as zeros. */
 template <bool ROLL>
-static __device__ __forceinline__ void qsa_nvf_run(const qsa_f16 *const *ap, int na, float s2, int kbeg, int nsub,
+static __device__ __forceinline__ void qsa_nvf_run(const qsa_f16 *const *ap, int na, float ps, int kbeg, int nsub,
                                                    uint4 *q16, qsa_u32 *sc, qsa_f16 *sa, qsa_f16 *sw,
                                                    qsa_frag_c &P) {
     const int lane = threadIdx.x & 31, nr = lane >> 1, nh = lane & 1, ar = lane >> 3, ak = (lane & 7) * 8;
@@ -1058,7 +1043,7 @@ static __device__ __forceinline__ void qsa_nvf_run(const qsa_f16 *const *ap, int
             q16[i] = q16[i + 1];
             sc[i] = sc[i + 1];
         }
-        qsa_nvf_put<4>(ra, (1u << na) - 1u, q, sw32, s2, sa, dst);
+        qsa_nvf_put<4>(ra, (1u << na) - 1u, q, sw32, sa, dst);
         if (J + 1 < nsub) { /* the next sub-step's A while the tensor cores work */
 #pragma unroll
             for (int i = 0; i < 4; i++)
@@ -1069,6 +1054,7 @@ static __device__ __forceinline__ void qsa_nvf_run(const qsa_f16 *const *ap, int
         }
         qsa_nvf_mma4(sau, swu, P);
     }
+    qsa_pscale(P, ps);
 }
 
 template <bool ROLL>
@@ -1088,7 +1074,7 @@ static __device__ __forceinline__ void qsa_seg16_nvf(const qsa_f16 *const *arow,
             if (J < nsub) q16[J] = *(const uint4 *)(qr + 32 * J);
     }
     qsa_nvf_scales(w, n0, N, K, seg, sc);
-    qsa_nvf_run<ROLL>(arow + (lane >> 3), min(4, (nrows + 3) >> 2), w.s2, kbeg, nsub, q16, sc, sa, sw, P);
+    qsa_nvf_run<ROLL>(arow + (lane >> 3), min(4, (nrows + 3) >> 2), qsa_pscale_of(w), kbeg, nsub, q16, sc, sa, sw, P);
 }
 
 #if QSA_CPA
@@ -1236,6 +1222,7 @@ static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *con
         if (i < NA) ra[i] = a ? *(const uint4 *)(a + (RG ? QSA_SEG * rg.sb : 0) + 8 * pc) : qsa_u4_zero();
     }
     qsa_u32 sc[QSA_SEG / 64], scn[QSA_SEG / 64];
+    const float ps = qsa_pscale_of(w);
     qsa_frag_c P;
     qsa_frag_zero(T);
     qsa_frag_zero(P);
@@ -1274,7 +1261,7 @@ static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *con
         const qsa_u32 sw32 = sc[0];
 #pragma unroll
         for (int i = 0; i + 1 < QSA_SEG / 64; i++) sc[i] = sc[i + 1];
-        qsa_nvf_put<NA>(ra, live, q, sw32, w.s2, sa, dst);
+        qsa_nvf_put<NA>(ra, live, q, sw32, sa, dst);
         if (t + 1 < nt) { /* the next sub-step's A while the tensor cores work */
 #pragma unroll
             for (int i = 0; i < NA; i++)
@@ -1283,6 +1270,7 @@ static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *con
         if (TR) qsa_nvf_mma4_tr(ab, wb, P.x);
         else qsa_nvf_mma4_ld(ab, wb, P);
         if (J == 3 || t + 1 == nt) { /* the segment's end: T += P_s, the canonical fold */
+            qsa_pscale<TR ? 4 : 8>(P, ps);
             if (RG) { /* or P_s stored: d[0] (row g, pair 2 (lane % 4)), d[1] (g, + 1), d[2] (g + 8, ...), d[3] */
                 const int g = lane >> 2, c2 = 2 * (lane & 3);
                 float *o = rg.p + (qsa_i64)seg * rg.seg + g;
@@ -1365,11 +1353,11 @@ static __device__ void qsa_tile16_splitk(const qsa_f16 *const *arow, int avec, c
 
 /* One sub-step of the tiled cores: its NC chunks of k = 16 (staging rows of ST halves) into the
    warp's two accumulator fragments in ascending k, then at a segment's end T += P_s (element-wise,
-   the same layout) and P = 0: the canonical order. */
-template <int ST, int NC>
+   the same layout; NVFP4, PS: P_s times ps first) and P = 0: the canonical order. */
+template <int ST, int NC, bool PS = false>
 static __device__ __forceinline__ void qsa_tile64_step(const qsa_f16 *As, const qsa_f16 *Ws, int wm, int wc, int k0,
                                                        int K, bool seg_end, qsa_frag_c &P0, qsa_frag_c &P1,
-                                                       qsa_frag_c &T0, qsa_frag_c &T1) {
+                                                       qsa_frag_c &T0, qsa_frag_c &T1, float ps = 1.0f) {
     qsa_frag_ab fa, fb;
     for (int c = 0; c < NC && k0 + 16 * c < K; c++) {
         qsa_wmma_load_a(fa, As + wm * 16 * ST + 16 * c, ST);
@@ -1379,6 +1367,10 @@ static __device__ __forceinline__ void qsa_tile64_step(const qsa_f16 *As, const 
         qsa_wmma_mma(P1, fa, fb);
     }
     if (seg_end) {
+        if (PS) {
+            qsa_pscale(P0, ps);
+            qsa_pscale(P1, ps);
+        }
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             T0.x[i] = T0.x[i] + P0.x[i];
@@ -1471,9 +1463,9 @@ static __device__ __forceinline__ void qsa_t64_stage(const qsa_t64op &o, const q
     *(uint4 *)(As + row * QSA_STW + kp) = o.a0;
     *(uint4 *)(As + row * QSA_STW + kp + 8) = o.a1;
     if (NV) {
-        const qsa_fp4lut lut = qsa_fp4_lut(qsa_e4m3_to_f32(o.sb) * ws.s2);
-        *(uint4 *)(Ws + row * QSA_STW + kp) = qsa_dq8_lut(o.q8.x, lut);
-        *(uint4 *)(Ws + row * QSA_STW + kp + 8) = qsa_dq8_lut(o.q8.y, lut);
+        const qsa_u32 sc2 = qsa_scale1(o.sb);
+        *(uint4 *)(Ws + row * QSA_STW + kp) = qsa_dq8(o.q8.x, sc2);
+        *(uint4 *)(Ws + row * QSA_STW + kp + 8) = qsa_dq8(o.q8.y, sc2);
     } else {
         *(uint4 *)(Ws + row * QSA_STW + kp) = o.w0;
         *(uint4 *)(Ws + row * QSA_STW + kp + 8) = o.w1;
@@ -1486,8 +1478,9 @@ static __device__ __forceinline__ void qsa_t64_stage(const qsa_t64op &o, const q
  * weight rows (of one or two matrices) form the tile.  Warp w owns rows 16 (w % 4) .. +16 and
  * columns 32 (w / 4) .. +32 (two accumulator fragments).  K in sub-steps of 64 staged in rows of
  * QSA_STW halves: the thread supplies k piece 16 (tid % 4) of its rows (two 16-byte loads of A
- * and, FP16, of W; NVFP4: 8 bytes of q and the group's scale byte, one table per 16 weights, a
- * row's 32 bytes of q from 4 neighbouring threads), loaded AHEAD sub-steps ahead (2: two operand
+ * and, FP16, of W; NVFP4: 8 bytes of q and the group's scale byte, a row's 32 bytes of q from 4
+ * neighbouring threads; each warp scales its partials by its own threads' source, whose rows are
+ * its fragments' columns, so a caller may give the two 32-row halves different sources), loaded AHEAD sub-steps ahead (2: two operand
  * sets in registers, alternating — more of a decode batch's weight stream in flight, for the
  * tiled group kernel; 1 keeps the other kernels' register counts).  Each fragment takes the k = 16 mma in ascending order with P reset every segment of 256
  * (4 sub-steps): T += P_s, the canonical order, so a tile's bits equal the split-K core's.
@@ -1506,6 +1499,7 @@ static __device__ void qsa_tile64_core_w(const qsa_f16 *arow, int avec, const qs
     qsa_frag_zero(P1);
     const int nsub = (K + 63) / 64;
     const qsa_u8 *qr = NV && wn < N ? ws.q + (qsa_i64)wn * (K >> 1) : 0, *sr = NV && wn < N ? ws.s + (qsa_i64)wn * (K >> 4) : 0;
+    const float ps = NV ? qsa_pscale_of(ws) : 1.0f;
     qsa_t64op o0, o1; /* sub-steps j (even j: o0) and j + 1 */
     qsa_t64_load<NV>(o0, arow, avec, ws, qr, sr, wn, N, kp, K);
     if (AHEAD == 1) {
@@ -1514,7 +1508,7 @@ static __device__ void qsa_tile64_core_w(const qsa_f16 *arow, int avec, const qs
             qsa_t64_stage<NV>(o0, ws, As, Ws, row, kp);
             __syncthreads();
             if (j + 1 < nsub) qsa_t64_load<NV>(o0, arow, avec, ws, qr, sr, wn, N, (j + 1) * 64 + kp, K);
-            qsa_tile64_step<QSA_STW, 4>(As, Ws, wm, wc, j * 64, K, (j & 3) == 3 || j + 1 == nsub, P0, P1, T0, T1);
+            qsa_tile64_step<QSA_STW, 4, NV>(As, Ws, wm, wc, j * 64, K, (j & 3) == 3 || j + 1 == nsub, P0, P1, T0, T1, ps);
         }
         qsa_tile64_out(os, wm, wc, T0, T1);
         return;
@@ -1526,13 +1520,14 @@ static __device__ void qsa_tile64_core_w(const qsa_f16 *arow, int avec, const qs
         qsa_t64_stage<NV>(o0, ws, As, Ws, row, kp);
         __syncthreads();
         if (j + 2 < nsub) qsa_t64_load<NV>(o0, arow, avec, ws, qr, sr, wn, N, (j + 2) * 64 + kp, K);
-        qsa_tile64_step<QSA_STW, 4>(As, Ws, wm, wc, j * 64, K, (j & 3) == 3 || j + 1 == nsub, P0, P1, T0, T1);
+        qsa_tile64_step<QSA_STW, 4, NV>(As, Ws, wm, wc, j * 64, K, (j & 3) == 3 || j + 1 == nsub, P0, P1, T0, T1, ps);
         if (j + 1 >= nsub) break;
         __syncthreads();
         qsa_t64_stage<NV>(o1, ws, As, Ws, row, kp);
         __syncthreads();
         if (j + 3 < nsub) qsa_t64_load<NV>(o1, arow, avec, ws, qr, sr, wn, N, (j + 3) * 64 + kp, K);
-        qsa_tile64_step<QSA_STW, 4>(As, Ws, wm, wc, (j + 1) * 64, K, ((j + 1) & 3) == 3 || j + 2 == nsub, P0, P1, T0, T1);
+        qsa_tile64_step<QSA_STW, 4, NV>(As, Ws, wm, wc, (j + 1) * 64, K, ((j + 1) & 3) == 3 || j + 2 == nsub, P0, P1, T0,
+                                        T1, ps);
     }
     qsa_tile64_out(os, wm, wc, T0, T1);
 }
@@ -1623,9 +1618,9 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_f16(const qsa_f16 *
 }
 
 /* The same with NVFP4 weights (W4A16): q u8 [N][K/2] (element 2j in the low nibble of byte j),
- * s E4M3 [N][K/16], global scale s2; w = fp16(e2m1 * (e4m3 * s2)) (fp32 math, then rounded to fp16
- * for the tensor core: the only difference from a dense fp16 GEMM).  No bias (NVFP4 linears have
- * none).  Launch: as qsa_k_gemm_f16. */
+ * s E4M3 [N][K/16], global scale s2; w = e2m1 * e4m3 * s2, fed as the exact fp16 e2m1 * e4m3 * 2^-14
+ * with each segment's partial times s2 * 2^14 (see the GEMM machinery comment).  No bias (NVFP4
+ * linears have none).  Launch: as qsa_k_gemm_f16. */
 extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16 *__restrict__ A,
                                                                    const qsa_u8 *__restrict__ q,
                                                                    const qsa_u8 *__restrict__ s, float s2, float *Y,

@@ -560,15 +560,9 @@ static unsigned k1_gemm_grid(int M, int N) {
     return M <= 64 ? (unsigned)(((M + 15) / 16) * ((N + 15) / 16)) : (unsigned)(((M + 63) / 64) * ((N + 63) / 64));
 }
 
-/* Random NVFP4 weights [N][K]: q, s, s2, and the fp16-rounded dequantised values wf (what the
-   kernel feeds the tensor cores), dequantised by the CPU backend's qsa__lin_row. */
-static void k1_rand_nvfp4(uint8_t *q, uint8_t *s, float s2, float *wf, int N, int K) {
-    for (size_t i = 0; i < (size_t)N * K / 2; i++) q[i] = (uint8_t)k1_u(0, 256);
-    for (size_t i = 0; i < (size_t)N * K / 16; i++) {
-        unsigned e = 1 + (unsigned)k1_u(0, 14), m = (unsigned)k1_u(0, 8); /* normal, never NaN */
-        s[i] = (uint8_t)((e << 3) | m | (k1_u(0, 1) < 0.1 ? 0x80 : 0));
-    }
-    s[0] = 0x05; /* a subnormal scale */
+/* The dequantised values of NVFP4 weights [N][K] with global scale s2, by the CPU backend's qsa__lin_row
+   (fp32: e2m1 * e4m3 * s2). */
+static void k1_dequant_nvfp4(const uint8_t *q, const uint8_t *s, float s2, float *wf, int N, int K) {
     qsa__lin l;
     memset(&l, 0, sizeof l);
     l.out = N;
@@ -579,9 +573,20 @@ static void k1_rand_nvfp4(uint8_t *q, uint8_t *s, float s2, float *wf, int N, in
     float *tmp = (float *)malloc(sizeof(float) * (size_t)K);
     for (int n = 0; n < N && tmp; n++) {
         const float *row = qsa__lin_row(&l, n, tmp);
-        for (int k = 0; k < K; k++) wf[(size_t)n * K + k] = qsa__f16_to_f32(qsa__f32_to_f16(row[k]));
+        memcpy(wf + (size_t)n * K, row, sizeof(float) * (size_t)K);
     }
     free(tmp);
+}
+
+/* Random NVFP4 weights [N][K]: q, s, and their dequantised values wf with global scale s2. */
+static void k1_rand_nvfp4(uint8_t *q, uint8_t *s, float s2, float *wf, int N, int K) {
+    for (size_t i = 0; i < (size_t)N * K / 2; i++) q[i] = (uint8_t)k1_u(0, 256);
+    for (size_t i = 0; i < (size_t)N * K / 16; i++) {
+        unsigned e = 1 + (unsigned)k1_u(0, 14), m = (unsigned)k1_u(0, 8); /* normal, never NaN */
+        s[i] = (uint8_t)((e << 3) | m | (k1_u(0, 1) < 0.1 ? 0x80 : 0));
+    }
+    s[0] = 0x05; /* a subnormal scale */
+    k1_dequant_nvfp4(q, s, s2, wf, N, K);
 }
 
 /* want = A W^T (+ bias) in double; atol = the accumulation bound times sum |a w|.
@@ -691,17 +696,32 @@ static void k1_gemm_case(int M, int N, int K, int nvfp4) {
         K1_GEMM(k1_gemm_grid(M, N), dA, dq1, &acc0);
         K1_TRY(k1_get(Y2, dY, sizeof(float) * ny));
         CHECK(!k1_same("gemm_nvfp4: misaligned weights", Y, Y2, ny, 4));
-        /* the NVFP4 GEMM is the fp16 GEMM on the fp16-rounded dequantised weights, bit for bit */
+        /* with s2 = 2^-14 the segments' factor s2 * 2^14 is 1: the NVFP4 GEMM is then the fp16 GEMM on the
+           weights e2m1 * e4m3 * 2^-14 (exact in fp32 and in fp16), bit for bit */
+        float s2u = ldexpf(1.0f, -14);
         K1_ALLOC(w16, uint16_t, (size_t)N * K);
-        for (size_t i = 0; i < (size_t)N * K; i++) w16[i] = qsa__f32_to_f16(wf[i]);
+        k1_dequant_nvfp4(q + 1, s, s2u, wf, N, K); /* (the packed weights moved one byte up above) */
+        for (size_t i = 0; i < (size_t)N * K; i++) {
+            w16[i] = qsa__f32_to_f16(wf[i]);
+            if (qsa__f16_to_f32(w16[i]) != wf[i]) {
+                CHECKF(0, "gemm_nvfp4: weight %zu (%g) is not an fp16", i, (double)wf[i]);
+                break;
+            }
+        }
         K1_TRY(k1_dev(&mem, &dW, w16, sizeof(uint16_t) * N * K));
+        K1_TRY(k1_poison(dY, sizeof(float) * ny));
+        {
+            void *args[] = {&dA, &dq, &ds, &s2u, &dY, &M, &N, &K, &acc0};
+            K1_TRY(k1_launch("qsa_k_gemm_nvfp4", k1_gemm_grid(M, N), 1, 256, args));
+        }
+        K1_TRY(k1_get(Y, dY, sizeof(float) * ny));
         K1_TRY(k1_poison(dY, sizeof(float) * ny));
         {
             void *args[] = {&dA, &dW, &dnull, &dY, &M, &N, &K, &acc0};
             K1_TRY(k1_launch("qsa_k_gemm_f16", k1_gemm_grid(M, N), 1, 256, args));
         }
         K1_TRY(k1_get(Y2, dY, sizeof(float) * ny));
-        CHECK(!k1_same("gemm_nvfp4 vs gemm_f16 on the dequantised weights", Y, Y2, ny, 4));
+        CHECK(!k1_same("gemm_nvfp4 (s2 = 2^-14) vs gemm_f16 on e2m1 * e4m3 * 2^-14", Y, Y2, ny, 4));
     }
 #undef K1_GEMM
 done:
