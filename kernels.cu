@@ -677,8 +677,8 @@ static __device__ __forceinline__ uint4 qsa_ld8_w(const qsa_wsrc &w, int n, int 
 /* One warp: P[b] = the 16 x 16 tile (rows arow[0..15], weight rows n0..n0+15 of ws[b]) over
  * segment `seg` of K, in the canonical order (sub-steps of 32 from the segment's start, 2 mma of
  * k = 16 each, into a zeroed fragment; NVFP4 sources then scaled).  Without NV, NB = 1 takes dense
- * weights only (NB = 2 may mix the kinds, through the generic loads).  sa / sw: the warp's staging, A [16][QSA_ST] then NB x W
- * [16][QSA_ST] halves. */
+ * weights only (NB = 2 may mix the kinds, through the generic loads).  sa / sw: the warp's staging,
+ * A [16][QSA_ST] then NB x W [16][QSA_ST] halves. */
 template <int NB, bool NV, bool PW = false, bool PF1 = false>
 static __device__ __forceinline__ void qsa_seg16(const qsa_f16 *const *arow, int avec, const qsa_wsrc *ws, int n0,
                                                  int N, int K, int seg, qsa_f16 *sa, qsa_f16 *sw, qsa_frag_c *P) {
