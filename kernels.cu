@@ -663,10 +663,12 @@ static __device__ __forceinline__ void qsa_pscale(qsa_frag_c &P, float ps) {
 }
 
 /* W[n][k .. k+8) as fp16 bits (k a multiple of 8; rows are K long); zero when n >= N or k >= kend.
-   NVFP4: e2m1 * e4m3 * 2^-14 (qsa_dq8; the global scale goes on the segment's partial). */
+   NVFP4: e2m1 * e4m3 * 2^-14 (qsa_dq8; the global scale goes on the segment's partial).  NV = false:
+   callers whose sources are dense (no NVFP4 code in their kernels). */
+template <bool NV = true>
 static __device__ __forceinline__ uint4 qsa_ld8_w(const qsa_wsrc &w, int n, int N, int k, int kend, int K) {
     if (n >= N || k >= kend) return qsa_u4_zero();
-    if (w.w16) return qsa_ld8_f16(w.w16 + (qsa_i64)n * K, k, kend, w.vec && !(K & 7)); /* rows 16-byte aligned */
+    if (!NV || w.w16) return qsa_ld8_f16(w.w16 + (qsa_i64)n * K, k, kend, w.vec && !(K & 7)); /* rows 16-byte aligned */
     const qsa_u8 *q = w.q + (qsa_i64)n * (K >> 1) + (k >> 1);
     qsa_u32 b;
     if (w.vec) b = *(const qsa_u32 *)q;
@@ -715,8 +717,8 @@ static __device__ __forceinline__ void qsa_seg16(const qsa_f16 *const *arow, int
         } else {
 #pragma unroll
             for (int j = 0; j < PF; j++) {
-                rw0[j][b] = qsa_ld8_w(ws[b], n0 + r0, N, kbeg + 32 * j + kp, kend, K);
-                rw1[j][b] = qsa_ld8_w(ws[b], n0 + r1, N, kbeg + 32 * j + kp, kend, K);
+                rw0[j][b] = qsa_ld8_w<(NB > 1)>(ws[b], n0 + r0, N, kbeg + 32 * j + kp, kend, K);
+                rw1[j][b] = qsa_ld8_w<(NB > 1)>(ws[b], n0 + r1, N, kbeg + 32 * j + kp, kend, K);
             }
         }
     }
@@ -761,8 +763,8 @@ static __device__ __forceinline__ void qsa_seg16(const qsa_f16 *const *arow, int
             if (!NV && PF == 1) {
 #pragma unroll
                 for (int b = 0; b < NB; b++) {
-                    rw0[0][b] = qsa_ld8_w(ws[b], n0 + r0, N, kn + kp, kend, K);
-                    rw1[0][b] = qsa_ld8_w(ws[b], n0 + r1, N, kn + kp, kend, K);
+                    rw0[0][b] = qsa_ld8_w<(NB > 1)>(ws[b], n0 + r0, N, kn + kp, kend, K);
+                    rw1[0][b] = qsa_ld8_w<(NB > 1)>(ws[b], n0 + r1, N, kn + kp, kend, K);
                 }
             }
         }
@@ -1411,7 +1413,7 @@ static __device__ void qsa_tile64_core_f16(const qsa_f16 *arow, int avec, const 
     qsa_frag_zero(P0);
     qsa_frag_zero(P1);
     const int nsub = (K + 31) / 32;
-    uint4 ra = qsa_ld8_f16(arow, kp, K, avec), rw = qsa_ld8_w(ws, wn, N, kp, K, K);
+    uint4 ra = qsa_ld8_f16(arow, kp, K, avec), rw = qsa_ld8_w<false>(ws, wn, N, kp, K, K);
     for (int j = 0; j < nsub; j++) {
         const int k0 = j * 32;
         __syncthreads();
@@ -1420,7 +1422,7 @@ static __device__ void qsa_tile64_core_f16(const qsa_f16 *arow, int avec, const 
         __syncthreads();
         if (j + 1 < nsub) {
             ra = qsa_ld8_f16(arow, k0 + 32 + kp, K, avec);
-            rw = qsa_ld8_w(ws, wn, N, k0 + 32 + kp, K, K);
+            rw = qsa_ld8_w<false>(ws, wn, N, k0 + 32 + kp, K, K);
         }
         qsa_tile64_step<QSA_ST, 2>(As, Ws, wm, wc, k0, K, (j & 7) == 7 || j + 1 == nsub, P0, P1, T0, T1);
     }
@@ -1453,8 +1455,8 @@ static __device__ __forceinline__ void qsa_t64_load(qsa_t64op &o, const qsa_f16 
             o.sb = sr[k >> 4];
         }
     } else {
-        o.w0 = qsa_ld8_w(ws, wn, N, k, K, K);
-        o.w1 = qsa_ld8_w(ws, wn, N, k + 8, K, K);
+        o.w0 = qsa_ld8_w<false>(ws, wn, N, k, K, K);
+        o.w1 = qsa_ld8_w<false>(ws, wn, N, k + 8, K, K);
     }
 }
 template <bool NV>
@@ -1540,15 +1542,15 @@ static __device__ __forceinline__ void qsa_tile64_core(const qsa_f16 *arow, int 
     else qsa_tile64_core_w<true>(arow, avec, ws, wn, N, K, smem);
 }
 
-/* The 64 x 64 tile (m0, n0) of Y = A W^T (+ bias), A dense [M][K]. */
-template <int AHEAD = 1>
+/* The 64 x 64 tile (m0, n0) of Y = A W^T (+ bias), A dense [M][K]; ws NVFP4 (NV) or dense (the
+   kernel holds the code of one kind only). */
+template <int AHEAD, bool NV>
 static __device__ void qsa_tile64(const qsa_f16 *A, int avec, const qsa_wsrc &ws, const float *bias, float *Y, int M,
                                   int N, int K, int accumulate, int m0, int n0, unsigned char *smem) {
     const int tid = threadIdx.x, row = tid >> 2;
     const float *os = (const float *)smem;
     const qsa_f16 *arow = m0 + row < M ? A + (qsa_i64)(m0 + row) * K : 0;
-    if (ws.w16) qsa_tile64_core_w<false, AHEAD>(arow, avec, ws, n0 + row, N, K, smem); /* 64-wide for FP16 too */
-    else qsa_tile64_core_w<true, AHEAD>(arow, avec, ws, n0 + row, N, K, smem);
+    qsa_tile64_core_w<NV, AHEAD>(arow, avec, ws, n0 + row, N, K, smem); /* 64-wide for FP16 too */
     for (int e = tid; e < 64 * 64; e += QSA_GEMM_THREADS) {
         int r = e >> 6, c = e & 63, m = m0 + r, n = n0 + c;
         if (m < M && n < N) {
@@ -1561,7 +1563,8 @@ static __device__ void qsa_tile64(const qsa_f16 *A, int avec, const qsa_wsrc &ws
     __syncthreads(); /* the next tile reuses the staging */
 }
 
-/* Y (+)= A W^T (+ bias) for either weight kind: picks the tiling from M, loops over its tiles. */
+/* Y (+)= A W^T (+ bias), ws NVFP4 (NV) or dense: picks the tiling from M, loops over its tiles. */
+template <bool NV>
 static __device__ void qsa_gemm(const qsa_f16 *A, const qsa_wsrc &ws, const float *bias, float *Y, int M, int N, int K,
                                 int accumulate) {
     __shared__ __align__(128) unsigned char smem[QSA_GEMM_SMEM];
@@ -1569,7 +1572,7 @@ static __device__ void qsa_gemm(const qsa_f16 *A, const qsa_wsrc &ws, const floa
     if (blockDim.x != QSA_GEMM_THREADS) __trap(); /* a launch error, never silently wrong results */
     const qsa_i64 nblocks = (qsa_i64)gridDim.x * gridDim.y, bid = (qsa_i64)blockIdx.y * gridDim.x + blockIdx.x;
     const int avec = (((qsa_u64)A) & 15u) == 0 && !(K & 7); /* every row 16-byte aligned */
-    if (K <= 0 || (!ws.w16 && (K & 15))) { /* NVFP4 needs whole groups of 16: poison rather than guess */
+    if (K <= 0 || (NV && (K & 15))) { /* NVFP4 needs whole groups of 16: poison rather than guess */
         for (qsa_i64 i = bid * QSA_GEMM_THREADS + threadIdx.x; i < (qsa_i64)M * N; i += nblocks * QSA_GEMM_THREADS)
             Y[i] = QSA_QNAN;
         return;
@@ -1583,8 +1586,7 @@ static __device__ void qsa_gemm(const qsa_f16 *A, const qsa_wsrc &ws, const floa
             if (threadIdx.x < 16) arow[threadIdx.x] = m0 + (int)threadIdx.x < M ? A + (qsa_i64)(m0 + threadIdx.x) * K : 0;
             __syncthreads();
             float T[1];
-            if (ws.w16) qsa_tile16_splitk<1, false>(arow, avec, &ws, n0, N, K, smem, T);
-            else qsa_tile16_splitk<1, true>(arow, avec, &ws, n0, N, K, smem, T);
+            qsa_tile16_splitk<1, NV>(arow, avec, &ws, n0, N, K, smem, T);
             const int m = m0 + (threadIdx.x >> 4), n = n0 + (threadIdx.x & 15);
             if (m < M && n < N) {
                 float y = T[0];
@@ -1597,7 +1599,7 @@ static __device__ void qsa_gemm(const qsa_f16 *A, const qsa_wsrc &ws, const floa
         const int mt = (M + 63) / 64;
         const qsa_i64 tiles = (qsa_i64)mt * ((N + 63) / 64);
         for (qsa_i64 t = bid; t < tiles; t += nblocks)
-            qsa_tile64(A, avec, ws, bias, Y, M, N, K, accumulate, (int)(t % mt) * 64, (int)(t / mt) * 64, smem);
+            qsa_tile64<1, NV>(A, avec, ws, bias, Y, M, N, K, accumulate, (int)(t % mt) * 64, (int)(t / mt) * 64, smem);
     }
 }
 
@@ -1614,7 +1616,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_f16(const qsa_f16 *
                                                                  int N, int K, int accumulate) {
     QSA_PDL_ENTRY();
     qsa_wsrc ws = qsa_wsrc_f16(W);
-    qsa_gemm(A, ws, bias, Y, M, N, K, accumulate);
+    qsa_gemm<false>(A, ws, bias, Y, M, N, K, accumulate);
 }
 
 /* The same with NVFP4 weights (W4A16): q u8 [N][K/2] (element 2j in the low nibble of byte j),
@@ -1627,7 +1629,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16
                                                                    int M, int N, int K, int accumulate) {
     QSA_PDL_ENTRY();
     qsa_wsrc ws = qsa_wsrc_nvfp4(q, s, s2, K);
-    qsa_gemm(A, ws, 0, Y, M, N, K, accumulate);
+    qsa_gemm<true>(A, ws, 0, Y, M, N, K, accumulate);
 }
 
 /* The split-K tiling spread over warps, for small M (decode): the (tile, segment) tasks of
@@ -2225,7 +2227,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_f16_group(const qsa
                 t -= tiles;
             }
         }
-        qsa_tile64<2>(A, avec, qsa_wsrc_f16(mb.W), mb.bias, mb.Y, M, mb.N, K, 0, (int)(t % mt) * 64, (int)(t / mt) * 64,
+        qsa_tile64<2, false>(A, avec, qsa_wsrc_f16(mb.W), mb.bias, mb.Y, M, mb.N, K, 0, (int)(t % mt) * 64, (int)(t / mt) * 64,
                       smem);
     }
 }
