@@ -95,7 +95,7 @@ typedef struct bench_opt {
     int steps, warmup, prefill, ctx, prefill_reps, chunk;
     int batches[BENCH_MAX_BATCHES], n_batches;
     long long ple_base;
-    const char *config, *out, *arch, *profiler_row;
+    const char *config, *out, *arch, *profiler_row, *gemv_shapes;
     unsigned long long seed;
     double max_seconds;
 } bench_opt;
@@ -130,6 +130,8 @@ static void usage(FILE *f) {
             "  --arch A             NVRTC target (default: the runtime's choice, see README)\n"
             "  --max-seconds S      stop starting new measurements after S seconds (default 480)\n"
             "  --keep-driver-cache  leave CUDA_CACHE_PATH alone (the cold JIT may then hit the driver's cache)\n"
+            "  --gemv-shapes LIST   FP16 GEMVs of these N x K shapes (e.g. 2560x6144,320x10240), each launch timed\n"
+            "                       alone with L2 flushed before it and without\n"
             "  --no-ceilings        skip the JIT cold/warm, copy-bandwidth, GEMM and GEMV measurements: kernels from\n"
             "                       the usual disk cache, rows without a fraction of a ceiling (quick iterations, ncu)\n"
             "  --out FILE.json      also write the results as JSON\n"
@@ -183,6 +185,7 @@ static int parse_args(int argc, char **argv, bench_opt *o) {
         else if (!strcmp(a, "--out")) o->out = v;
         else if (!strcmp(a, "--arch")) o->arch = v;
         else if (!strcmp(a, "--profiler-row")) o->profiler_row = v;
+        else if (!strcmp(a, "--gemv-shapes")) o->gemv_shapes = v;
         else if (!strcmp(a, "--batches")) {
             o->n_batches = parse_list(v, o->batches, BENCH_MAX_BATCHES);
             if (o->n_batches <= 0) { fprintf(stderr, "bench: --batches %s: expected a list like 1,8,32 (1..512)\n", v); return -1; }
@@ -1034,7 +1037,8 @@ static void bench_launch_floor(bench *b) {
 }
 
 /* One GEMM shape through qsa__dgemm (the runtime's launch): FP16 or NVFP4 weights. */
-static qsa_result bench_gemm(bench *b, const char *what, int M, int N, int K, int nvfp4, int reps) {
+static qsa_result bench_gemm(bench *b, const char *what, int M, int N, int K, int nvfp4, int reps, CUdeviceptr flush,
+                             size_t flush_bytes) {
     qsa__cuda *g = b->g;
     CUdeviceptr A = 0, W = 0, S = 0, Y = 0;
     qsa__dlin w;
@@ -1060,7 +1064,8 @@ static qsa_result bench_gemm(bench *b, const char *what, int M, int N, int K, in
     int n = 0;
     for (int i = 0; r == QSA_OK && i < 2 + reps && i < 64; i++) {
         double ms;
-        r = ev_begin(b);
+        if (flush) r = QSA__CU_R(qsa__cu.cuMemsetD8Async(flush, (unsigned char)i, flush_bytes, g->stream));
+        if (r == QSA_OK) r = ev_begin(b);
         if (r == QSA_OK) r = qsa__dgemm(g, A, M, &w, Y, 0);
         if (r == QSA_OK) r = ev_end(b, &ms);
         if (r == QSA_OK && i >= 2) t[n++] = ms;
@@ -1071,7 +1076,7 @@ static qsa_result bench_gemm(bench *b, const char *what, int M, int N, int K, in
     if (Y) qsa__cu.cuMemFree_v2(Y);
     QSA__TRY(r);
     char cfg[64];
-    snprintf(cfg, sizeof cfg, "M=%d N=%d K=%d %s", M, N, K, nvfp4 ? "NVFP4" : "FP16");
+    snprintf(cfg, sizeof cfg, "M=%d N=%d K=%d %s%s", M, N, K, nvfp4 ? "NVFP4" : "FP16", flush ? ", L2 flushed" : "");
     bench_row *o = row_add(b, what, cfg);
     o->ms = median(t, n);
     o->n = n;
@@ -1089,6 +1094,32 @@ static qsa_result bench_gemm(bench *b, const char *what, int M, int N, int K, in
     }
     row_print(o);
     return QSA_OK;
+}
+
+/* --gemv-shapes: single FP16 GEMVs (M = 1) of the listed N x K shapes (the decode step's
+   projections), each launch timed alone, with L2 flushed before it (a 512 MiB memset outside the
+   timed events: the weights come from DRAM) and without (the previous launch left them in L2 when
+   they fit): how much of a projection's time is the weight stream. */
+static void bench_gemv_shapes(bench *b) {
+    size_t fb = (size_t)512 << 20;
+    CUdeviceptr flush = 0;
+    qsa_result r = QSA__CU_R(qsa__cu.cuMemAlloc_v2(&flush, fb));
+    if (r != QSA_OK) { row_fail(b, "GEMV shapes", b->o.gemv_shapes, r); return; }
+    for (const char *p = b->o.gemv_shapes; p && *p;) {
+        char *end;
+        long n = strtol(p, &end, 10), k = 0;
+        if (end != p && *end == 'x') k = strtol(end + 1, &end, 10);
+        if (n <= 0 || k <= 0 || n > (1 << 20) || k > (1 << 20) || (*end && *end != ',')) {
+            fprintf(stderr, "bench: --gemv-shapes %s: expected a list like 2560x6144,320x10240\n", b->o.gemv_shapes);
+            break;
+        }
+        if (may_run(b, "GEMV", "L2 flushed") && (r = bench_gemm(b, "GEMV", 1, (int)n, (int)k, 0, 20, flush, fb)) != QSA_OK)
+            row_fail(b, "GEMV", "L2 flushed", r);
+        if (may_run(b, "GEMV", "L2 warm") && (r = bench_gemm(b, "GEMV", 1, (int)n, (int)k, 0, 20, 0, 0)) != QSA_OK)
+            row_fail(b, "GEMV", "L2 warm", r);
+        p = *end ? end + 1 : end;
+    }
+    qsa__cu.cuMemFree_v2(flush);
 }
 
 /* ---- the synthetic model ---- */
@@ -1733,12 +1764,13 @@ int main(int argc, char **argv) {
     if (!b->o.no_ceilings) bench_launch_floor(b);
     if (!b->o.no_ceilings) {
         int S = b->o.quick ? 4096 : 8192;
-        if (may_run(b, "fp16 WMMA GEMM", "") && (r = bench_gemm(b, "fp16 WMMA GEMM", S, S, S, 0, 10)) != QSA_OK)
+        if (may_run(b, "fp16 WMMA GEMM", "") && (r = bench_gemm(b, "fp16 WMMA GEMM", S, S, S, 0, 10, 0, 0)) != QSA_OK)
             row_fail(b, "fp16 WMMA GEMM", "", r);
-        if (may_run(b, "nvfp4 GEMM", "") && (r = bench_gemm(b, "nvfp4 GEMM", S, S, S, 1, 10)) != QSA_OK) row_fail(b, "nvfp4 GEMM", "", r);
-        if (may_run(b, "fp16 GEMV", "") && (r = bench_gemm(b, "fp16 GEMV", 1, 4 * S, S, 0, 20)) != QSA_OK) row_fail(b, "fp16 GEMV", "", r);
-        if (may_run(b, "nvfp4 GEMV", "") && (r = bench_gemm(b, "nvfp4 GEMV", 1, 4 * S, S, 1, 20)) != QSA_OK) row_fail(b, "nvfp4 GEMV", "", r);
+        if (may_run(b, "nvfp4 GEMM", "") && (r = bench_gemm(b, "nvfp4 GEMM", S, S, S, 1, 10, 0, 0)) != QSA_OK) row_fail(b, "nvfp4 GEMM", "", r);
+        if (may_run(b, "fp16 GEMV", "") && (r = bench_gemm(b, "fp16 GEMV", 1, 4 * S, S, 0, 20, 0, 0)) != QSA_OK) row_fail(b, "fp16 GEMV", "", r);
+        if (may_run(b, "nvfp4 GEMV", "") && (r = bench_gemm(b, "nvfp4 GEMV", 1, 4 * S, S, 1, 20, 0, 0)) != QSA_OK) row_fail(b, "nvfp4 GEMV", "", r);
     }
+    if (b->o.gemv_shapes) bench_gemv_shapes(b);
     if (b->broken) goto report;
     if ((r = bench_host_model(b)) != QSA_OK) { row_fail(b, "load", "host side", r); goto report; }
     if (!may_run(b, "load", "synthetic model")) goto report;
