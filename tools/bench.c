@@ -92,7 +92,7 @@ int main(void) {
 
 typedef struct bench_opt {
     int quick, no_long, graphs, verbose, keep_driver_cache, no_ceilings, device, page_size, profile, marginal;
-    int steps, warmup, prefill, ctx, prefill_reps, chunk;
+    int steps, warmup, prefill, ctx, prefill_reps, chunk, settle_ms;
     int batches[BENCH_MAX_BATCHES], n_batches;
     long long ple_base;
     const char *config, *out, *arch, *profiler_row, *gemv_shapes;
@@ -114,6 +114,7 @@ static void usage(FILE *f) {
             "  --prefill-reps N     timed prefills (default 3)\n"
             "  --chunk N            tokens per prefill forward (max_chunk; default 512)\n"
             "  --steps N            timed decode steps per row (default 10; fewer when a row passes 4 s)\n"
+            "  --settle-ms N        idle the GPU N ms before each decode row (default 0)\n"
             "  --warmup N           untimed decode steps before them (default 2)\n"
             "  --graphs             also measure batched decode replayed as CUDA graphs\n"
             "  --profile            after each eager decode row and the prefill, time every kernel launch\n"
@@ -195,6 +196,7 @@ static int parse_args(int argc, char **argv, bench_opt *o) {
         else if (!strcmp(a, "--chunk")) o->chunk = atoi(v);
         else if (!strcmp(a, "--steps")) o->steps = atoi(v);
         else if (!strcmp(a, "--warmup")) o->warmup = atoi(v);
+        else if (!strcmp(a, "--settle-ms")) o->settle_ms = atoi(v);
         else if (!strcmp(a, "--ple-vocab-base")) o->ple_base = atoll(v);
         else if (!strcmp(a, "--page-size")) o->page_size = atoi(v);
         else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
@@ -1422,6 +1424,10 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
             prof_stop = NULL;
         }
         b->profiler_done = 1;
+    }
+    if (b->o.settle_ms > 0) { /* an idle GPU before the row (--settle-ms) */
+        struct timespec ts = {b->o.settle_ms / 1000, (long)(b->o.settle_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
     }
     double t0 = qsa__now();
     for (int i = 0; r == QSA_OK && i < total; i++) {
