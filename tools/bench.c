@@ -343,6 +343,11 @@ typedef struct bench {
     double t_start;
     char tmpdir[256];
     char note_buf[512];
+    /* NVML (libnvidia-ml.so.1, optional): the SM clock and its event reasons after each timed decode step */
+    int nvml_tried;
+    void *nvml_lib, *nvml_dev;
+    int (*nvml_clock)(void *dev, int type, unsigned *mhz);
+    int (*nvml_reasons)(void *dev, unsigned long long *mask);
 } bench;
 
 static bench_row *row_add(bench *b, const char *what, const char *config) {
@@ -1398,6 +1403,64 @@ static long count_nonfinite(const float *v, size_t n) {
 /* Decode steps on B sequences: mode 0 qsa_seq_feed (B = 1) with the library's defaults (batched
    step and graphs on), 1 batched, 2 batched + CUDA graphs, 3 qsa_seq_feed (B = 1) through the
    chunked forward (cuda_batch_decode off).  The per-launch profile: modes 1 and 3 (eager). */
+/* NVML for the bench's device, found by its PCI address; without the library (or the device) the rows
+   carry no clock note. */
+static void nvml_open(bench *b) {
+    b->nvml_tried = 1;
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return;
+    int (*init)(void) = (int (*)(void))dlsym(lib, "nvmlInit_v2");
+    int (*by_bus)(const char *, void **) = (int (*)(const char *, void **))dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2");
+    b->nvml_clock = (int (*)(void *, int, unsigned *))dlsym(lib, "nvmlDeviceGetClockInfo");
+    b->nvml_reasons = (int (*)(void *, unsigned long long *))dlsym(lib, "nvmlDeviceGetCurrentClocksEventReasons");
+    if (!b->nvml_reasons) b->nvml_reasons = (int (*)(void *, unsigned long long *))dlsym(lib, "nvmlDeviceGetCurrentClocksThrottleReasons");
+    int dom = 0, bus = 0, dev = 0;
+    char id[32];
+    if (!init || !by_bus || !b->nvml_clock || init() != 0 ||
+        qsa__cu.cuDeviceGetAttribute(&dom, 50 /* CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID */, b->g->dev) != 0 ||
+        qsa__cu.cuDeviceGetAttribute(&bus, 33 /* CU_DEVICE_ATTRIBUTE_PCI_BUS_ID */, b->g->dev) != 0 ||
+        qsa__cu.cuDeviceGetAttribute(&dev, 34 /* CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID */, b->g->dev) != 0) {
+        dlclose(lib);
+        return;
+    }
+    snprintf(id, sizeof id, "%08x:%02x:%02x.0", (unsigned)dom, (unsigned)bus, (unsigned)dev);
+    if (by_bus(id, &b->nvml_dev) != 0) {
+        b->nvml_dev = NULL;
+        dlclose(lib);
+        return;
+    }
+    b->nvml_lib = lib;
+}
+
+/* The SM clock now (into [*lo, *hi]) and the clock-event reasons (OR-ed into *why). */
+static void nvml_sample(bench *b, unsigned *lo, unsigned *hi, unsigned long long *why) {
+    if (!b->nvml_tried) nvml_open(b);
+    if (!b->nvml_lib) return;
+    unsigned mhz = 0;
+    unsigned long long r = 0;
+    if (b->nvml_clock(b->nvml_dev, 1 /* NVML_CLOCK_SM */, &mhz) == 0) {
+        if (mhz < *lo) *lo = mhz;
+        if (mhz > *hi) *hi = mhz;
+    }
+    if (b->nvml_reasons && b->nvml_reasons(b->nvml_dev, &r) == 0) *why |= r;
+}
+
+/* "; SM lo-hi MHz (reasons)" for a row's note, or "" without samples.  The reasons named are the
+   slowdowns (NVML's clock-event bits): power cap 0x4, hardware slowdown 0x8, software thermal 0x20,
+   hardware thermal 0x40, power brake 0x80. */
+static void nvml_note(char *out, size_t n, unsigned lo, unsigned hi, unsigned long long why) {
+    out[0] = 0;
+    if (hi == 0) return;
+    static const struct { unsigned long long bit; const char *name; } rs[] = {
+        {0x4, "power cap"}, {0x8, "HW slowdown"}, {0x20, "SW thermal"}, {0x40, "HW thermal"}, {0x80, "power brake"}};
+    char r[96] = "";
+    for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++)
+        if (why & rs[i].bit) snprintf(r + strlen(r), sizeof r - strlen(r), "%s%s", r[0] ? ", " : " (", rs[i].name);
+    if (r[0]) snprintf(r + strlen(r), sizeof r - strlen(r), ")");
+    if (lo == hi) snprintf(out, n, "; SM %u MHz%s", hi, r);
+    else snprintf(out, n, "; SM %u-%u MHz%s", lo, hi, r);
+}
+
 static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, int mode, float *logits, const char *tag) {
     qsa_model *m = b->m;
     int V = m->cfg.vocab_size;
@@ -1430,13 +1493,19 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
         nanosleep(&ts, NULL);
     }
     double t0 = qsa__now();
+    unsigned clk_lo = ~0u, clk_hi = 0;
+    unsigned long long clk_why = 0;
     for (int i = 0; r == QSA_OK && i < total; i++) {
         for (int k = 0; k < B; k++) tok[k] = (int32_t)(rng_next(b) % (uint64_t)V);
         double ms, h0 = qsa__now();
         r = ev_begin(b);
         if (r == QSA_OK) r = single ? qsa_seq_feed(seqs[0], tok, 1, logits, 0) : qsa_seq_feed_batch(seqs, tok, B, logits);
         if (r == QSA_OK) r = ev_end(b, &ms);
-        if (r == QSA_OK && i >= b->o.warmup) { wall[n] = 1e3 * (qsa__now() - h0); t[n++] = ms; }
+        if (r == QSA_OK && i >= b->o.warmup) {
+            wall[n] = 1e3 * (qsa__now() - h0);
+            t[n++] = ms;
+            nvml_sample(b, &clk_lo, &clk_hi, &clk_why); /* after the step's events: not timed */
+        }
         if (r == QSA_OK && n >= 3 && qsa__now() - t0 > 4.0) break; /* enough for a median */
     }
     if (prof_stop) prof_stop();
@@ -1469,8 +1538,10 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     w->frac = b->copy_gbs > 0 ? w->achieved / b->copy_gbs : -1;
     long bad = count_nonfinite(logits, (size_t)B * V);
     /* (median sorted t: its first and last steps are the fastest and the slowest) */
-    snprintf(w->note, sizeof w->note, "host wall %.3f ms; steps %.3f-%.3f ms; %.0f experts/layer%s", median(wall, n), t[0],
-             t[n - 1], d.unique_experts, bad ? "; NON-FINITE LOGITS" : "");
+    char clk[160];
+    nvml_note(clk, sizeof clk, clk_lo, clk_hi, clk_why);
+    snprintf(w->note, sizeof w->note, "host wall %.3f ms; steps %.3f-%.3f ms; %.0f experts/layer%s%s", median(wall, n), t[0],
+             t[n - 1], d.unique_experts, clk, bad ? "; NON-FINITE LOGITS" : "");
     if (bad) b->failed = 1;
     row_print(w);
     return QSA_OK;
