@@ -1400,9 +1400,6 @@ static long count_nonfinite(const float *v, size_t n) {
     return k;
 }
 
-/* Decode steps on B sequences: mode 0 qsa_seq_feed (B = 1) with the library's defaults (batched
-   step and graphs on), 1 batched, 2 batched + CUDA graphs, 3 qsa_seq_feed (B = 1) through the
-   chunked forward (cuda_batch_decode off).  The per-launch profile: modes 1 and 3 (eager). */
 /* NVML for the bench's device, found by its PCI address; without the library (or the device) the rows
    carry no clock note. */
 static void nvml_open(bench *b) {
@@ -1461,6 +1458,9 @@ static void nvml_note(char *out, size_t n, unsigned lo, unsigned hi, unsigned lo
     else snprintf(out, n, "; SM %u-%u MHz%s", lo, hi, r);
 }
 
+/* Decode steps on B sequences: mode 0 qsa_seq_feed (B = 1) with the library's defaults (batched
+   step and graphs on), 1 batched, 2 batched + CUDA graphs, 3 qsa_seq_feed (B = 1) through the
+   chunked forward (cuda_batch_decode off).  The per-launch profile: modes 1 and 3 (eager). */
 static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, int mode, float *logits, const char *tag) {
     qsa_model *m = b->m;
     int V = m->cfg.vocab_size;
