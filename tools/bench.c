@@ -89,13 +89,15 @@ int main(void) {
 
 #define BENCH_MAX_BATCHES 16
 #define BENCH_MAX_ROWS 128
+#define BENCH_MAX_SHAPES 16
 
 typedef struct bench_opt {
     int quick, no_long, graphs, verbose, keep_driver_cache, no_ceilings, device, page_size, profile, marginal;
     int steps, warmup, prefill, ctx, prefill_reps, chunk, settle_ms;
     int batches[BENCH_MAX_BATCHES], n_batches;
     long long ple_base;
-    const char *config, *out, *arch, *profiler_row, *gemv_shapes;
+    const char *config, *out, *arch, *profiler_row;
+    int gemv_n[BENCH_MAX_SHAPES], gemv_k[BENCH_MAX_SHAPES], n_gemv; /* --gemv-shapes */
     unsigned long long seed;
     double max_seconds;
 } bench_opt;
@@ -139,6 +141,24 @@ static void usage(FILE *f) {
             "  -v                   runtime log at info level\n"
             "  -h, --help           this text\n"
             "Exit: 0 all measured, 1 a measurement failed, 2 no usable GPU/NVRTC or bad arguments.\n");
+}
+
+/* "NxK,NxK,..." -> n[i], k[i] (1 .. 2^20 each); the count, or -1 when malformed or more than max. */
+static int parse_shapes(const char *v, int *n, int *k, int max) {
+    int c = 0;
+    for (const char *p = v; *p;) {
+        char *end;
+        long a = strtol(p, &end, 10), b = 0;
+        if (end == p || *end != 'x') return -1;
+        p = end + 1;
+        b = strtol(p, &end, 10);
+        if (end == p || a < 1 || b < 1 || a > (1 << 20) || b > (1 << 20) || c >= max || (*end && (*end != ',' || !end[1])))
+            return -1;
+        n[c] = (int)a;
+        k[c++] = (int)b;
+        p = *end ? end + 1 : end;
+    }
+    return c;
 }
 
 static int parse_list(const char *s, int *out, int cap) {
@@ -186,7 +206,14 @@ static int parse_args(int argc, char **argv, bench_opt *o) {
         else if (!strcmp(a, "--out")) o->out = v;
         else if (!strcmp(a, "--arch")) o->arch = v;
         else if (!strcmp(a, "--profiler-row")) o->profiler_row = v;
-        else if (!strcmp(a, "--gemv-shapes")) o->gemv_shapes = v;
+        else if (!strcmp(a, "--gemv-shapes")) {
+            o->n_gemv = parse_shapes(v, o->gemv_n, o->gemv_k, BENCH_MAX_SHAPES);
+            if (o->n_gemv <= 0) {
+                fprintf(stderr, "bench: --gemv-shapes %s: expected a list like 2560x6144,320x10240 (at most %d)\n", v,
+                        BENCH_MAX_SHAPES);
+                return -1;
+            }
+        }
         else if (!strcmp(a, "--batches")) {
             o->n_batches = parse_list(v, o->batches, BENCH_MAX_BATCHES);
             if (o->n_batches <= 0) { fprintf(stderr, "bench: --batches %s: expected a list like 1,8,32 (1..512)\n", v); return -1; }
@@ -1111,20 +1138,13 @@ static void bench_gemv_shapes(bench *b) {
     size_t fb = (size_t)512 << 20;
     CUdeviceptr flush = 0;
     qsa_result r = QSA__CU_R(qsa__cu.cuMemAlloc_v2(&flush, fb));
-    if (r != QSA_OK) { row_fail(b, "GEMV shapes", b->o.gemv_shapes, r); return; }
-    for (const char *p = b->o.gemv_shapes; p && *p;) {
-        char *end;
-        long n = strtol(p, &end, 10), k = 0;
-        if (end != p && *end == 'x') k = strtol(end + 1, &end, 10);
-        if (n <= 0 || k <= 0 || n > (1 << 20) || k > (1 << 20) || (*end && *end != ',')) {
-            fprintf(stderr, "bench: --gemv-shapes %s: expected a list like 2560x6144,320x10240\n", b->o.gemv_shapes);
-            break;
-        }
-        if (may_run(b, "GEMV", "L2 flushed") && (r = bench_gemm(b, "GEMV", 1, (int)n, (int)k, 0, 20, flush, fb)) != QSA_OK)
+    if (r != QSA_OK) { row_fail(b, "GEMV", "L2 flush buffer", r); return; }
+    for (int i = 0; i < b->o.n_gemv; i++) {
+        const int n = b->o.gemv_n[i], k = b->o.gemv_k[i];
+        if (may_run(b, "GEMV", "L2 flushed") && (r = bench_gemm(b, "GEMV", 1, n, k, 0, 20, flush, fb)) != QSA_OK)
             row_fail(b, "GEMV", "L2 flushed", r);
-        if (may_run(b, "GEMV", "L2 warm") && (r = bench_gemm(b, "GEMV", 1, (int)n, (int)k, 0, 20, 0, 0)) != QSA_OK)
+        if (may_run(b, "GEMV", "L2 warm") && (r = bench_gemm(b, "GEMV", 1, n, k, 0, 20, 0, 0)) != QSA_OK)
             row_fail(b, "GEMV", "L2 warm", r);
-        p = *end ? end + 1 : end;
     }
     qsa__cu.cuMemFree_v2(flush);
 }
@@ -1847,7 +1867,7 @@ int main(int argc, char **argv) {
         if (may_run(b, "fp16 GEMV", "") && (r = bench_gemm(b, "fp16 GEMV", 1, 4 * S, S, 0, 20, 0, 0)) != QSA_OK) row_fail(b, "fp16 GEMV", "", r);
         if (may_run(b, "nvfp4 GEMV", "") && (r = bench_gemm(b, "nvfp4 GEMV", 1, 4 * S, S, 1, 20, 0, 0)) != QSA_OK) row_fail(b, "nvfp4 GEMV", "", r);
     }
-    if (b->o.gemv_shapes) bench_gemv_shapes(b);
+    if (b->o.n_gemv) bench_gemv_shapes(b);
     if (b->broken) goto report;
     if ((r = bench_host_model(b)) != QSA_OK) { row_fail(b, "load", "host side", r); goto report; }
     if (!may_run(b, "load", "synthetic model")) goto report;
