@@ -1651,12 +1651,19 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16
 /* t = ((0 + p[0]) + p[stride]) + ... + p[(n-1)*stride], ascending (the canonical segment order), the
    loads issued 8 at a time (the last batch predicated) so the completing warp waits on memory
    ceil(n/8) times, not n (32 at a time measured slower: decode GEMVs 10-30% longer) */
+/* a part: through L2 (CG: another warp's, written in this launch) or a plain load (the warp's own, in
+   shared memory: qsa_gemv_fold<false>) */
+template <bool CG>
+static __device__ __forceinline__ float qsa_ldpart(const float *p) {
+    return CG ? __ldcg(p) : *p;
+}
+template <bool CG = true>
 static __device__ __forceinline__ float qsa_sum_parts(const float *p, qsa_i64 stride, int n) {
     float t = 0.0f;
     for (int s = 0; s < n; s += 8) {
         float v[8];
 #pragma unroll
-        for (int u = 0; u < 8; u++) v[u] = s + u < n ? __ldcg(p + (qsa_i64)(s + u) * stride) : 0.0f;
+        for (int u = 0; u < 8; u++) v[u] = s + u < n ? qsa_ldpart<CG>(p + (qsa_i64)(s + u) * stride) : 0.0f;
 #pragma unroll
         for (int u = 0; u < 8; u++)
             if (s + u < n) t = t + v[u];
@@ -1668,6 +1675,7 @@ static __device__ __forceinline__ float qsa_sum_parts(const float *p, qsa_i64 st
    the low lane by shuffles, so it waits on memory ceil(n/16) times; it adds all of them in
    ascending order (the same bits).  Every lane of the warp calls it with the same n; `ok` false
    loads nothing.  The result is the low lane's. */
+template <bool CG = true>
 static __device__ __forceinline__ float qsa_sum_parts_pair(const float *p, qsa_i64 stride, int n, bool ok) {
     const int h = (threadIdx.x >> 4) & 1;
     float t = 0.0f;
@@ -1676,7 +1684,7 @@ static __device__ __forceinline__ float qsa_sum_parts_pair(const float *p, qsa_i
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             const int q = s + 8 * h + u;
-            v[u] = ok && q < n ? __ldcg(p + (qsa_i64)q * stride) : 0.0f;
+            v[u] = ok && q < n ? qsa_ldpart<CG>(p + (qsa_i64)q * stride) : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < 8; u++)
@@ -1692,7 +1700,7 @@ static __device__ __forceinline__ float qsa_sum_parts_pair(const float *p, qsa_i
 /* qsa_sum_parts for up to NE elements of one lane at once: element j (j < ne <= NE) at p + es * j,
    its parts `stride` apart.  Per round the lane issues NP parts of every element (NE * NP loads in
    flight) and then adds them, each element's parts in ascending order (the same bits). */
-template <int NE, int NP>
+template <int NE, int NP, bool CG = true>
 static __device__ __forceinline__ void qsa_sum_parts_multi(const float *p, int es, qsa_i64 stride, int n, int ne,
                                                            float *t) {
 #pragma unroll
@@ -1703,7 +1711,7 @@ static __device__ __forceinline__ void qsa_sum_parts_multi(const float *p, int e
         for (int j = 0; j < NE; j++)
 #pragma unroll
             for (int u = 0; u < NP; u++)
-                v[j][u] = j < ne && s + u < n ? __ldcg(p + es * j + (qsa_i64)(s + u) * stride) : 0.0f;
+                v[j][u] = j < ne && s + u < n ? qsa_ldpart<CG>(p + es * j + (qsa_i64)(s + u) * stride) : 0.0f;
 #pragma unroll
         for (int j = 0; j < NE; j++)
 #pragma unroll
@@ -1713,15 +1721,17 @@ static __device__ __forceinline__ void qsa_sum_parts_multi(const float *p, int e
 }
 /* A lane's elements of a several-row tile (e = lane + 32 j, j < ne <= 8), 4 parts of each per round:
    a tile of 16 rows waits on memory ceil(n/4) times instead of 8 ceil(n/8). */
+template <bool CG = true>
 static __device__ __forceinline__ void qsa_sum_parts8(const float *p, qsa_i64 stride, int n, int ne, float *t) {
-    qsa_sum_parts_multi<8, 4>(p, 32, stride, n, ne, t);
+    qsa_sum_parts_multi<8, 4, CG>(p, 32, stride, n, ne, t);
 }
 /* The nc adjacent elements p[0 .. nc) of one lane (a hyper-connection group's mix weights), four at a
    time with 2 parts of each per round. */
+template <bool CG = true>
 static __device__ __forceinline__ void qsa_sum_parts_cols(const float *p, qsa_i64 stride, int n, int nc, float *t) {
     for (int c0 = 0; c0 < nc; c0 += 4) {
         float a[4];
-        qsa_sum_parts_multi<4, 2>(p + c0, 1, stride, n, nc - c0, a);
+        qsa_sum_parts_multi<4, 2, CG>(p + c0, 1, stride, n, nc - c0, a);
 #pragma unroll
         for (int c = 0; c < 4; c++)
             if (c0 + c < nc) t[c0 + c] = a[c];
@@ -1801,21 +1811,22 @@ struct qsa_gemv_group {
     int n;
 };
 
-/* The end of a (tile, segment) task whose partial tile is in pt[seg]: the ticket; the warp that
-   completes the tile adds its nseg parts in ascending order and writes the outputs (gxn: qsa_k_gemv_gres's
-   mix instead), then resets the ticket. */
-static __device__ void qsa_gemv_done(const float *pt, unsigned *count, int tile, int m0, int n0, int M, int N,
-                                     int nseg, const float *bias, float *Y, qsa_f16 *Y16, int accumulate,
-                                     float act_scale, const float *gxn, int ghc) {
+/* The outputs of a completed tile from its nseg partial tiles pt[seg] (added in ascending order: the
+   canonical fold) — Y (+ bias, accumulation, the silu store) or, with gxn, qsa_k_gemv_gres's mix of
+   its 16 / ghc groups.  CG: the parts are other warps' (read through L2); without it pt is the
+   calling warp's own tile in shared memory (nseg 1: the segments already folded in registers). */
+template <bool CG>
+static __device__ void qsa_gemv_fold(const float *pt, int m0, int n0, int M, int N, int nseg, const float *bias,
+                                     float *Y, qsa_f16 *Y16, int accumulate, float act_scale, const float *gxn,
+                                     int ghc) {
     const int lane = threadIdx.x & 31, prow = M < 16 ? M : 16;
-    if (!qsa_ticket_last(&count[tile], (unsigned)nseg)) return;
     if (gxn) { /* qsa_k_gemv_gres: the tile's 16 / ghc groups of ghc interleaved mix weights, mixed */
         const int per = 16 / ghc, H = N / ghc;
         if (prow == 1) { /* one row: a lane per column, its group's columns gathered by shuffles
                             (ghc divides 16: a group's lanes are adjacent) */
             const int n = n0 + (lane & 15);
             const bool ok = lane < 16 && n < N;
-            float t = ok ? qsa_sum_parts(pt + (lane & 15), 16, nseg) : 0.0f;
+            float t = ok ? qsa_sum_parts<CG>(pt + (lane & 15), 16, nseg) : 0.0f;
             if (ok && bias) t = t + bias[n];
             float mwj[16];
             for (int st = 0; st < ghc; st++) mwj[st] = __shfl_sync(QSA_FULL_MASK, t, (lane & ~(ghc - 1)) + st);
@@ -1824,42 +1835,48 @@ static __device__ void qsa_gemv_done(const float *pt, unsigned *count, int tile,
                 Y[n / ghc] = v;
                 Y16[n / ghc] = qsa_f32_to_f16(v);
             }
-            if (lane == 0) count[tile] = 0u;
             return;
         }
         for (int e = lane; e < prow * per; e += 32) { /* group e: row e / per, its ghc columns at e * ghc */
             const int r = e / per, m = m0 + r, n = n0 + (e % per) * ghc;
             if (m >= M || n >= N) continue;
             float mwj[16];
-            qsa_sum_parts_cols(pt + e * ghc, (qsa_i64)prow * 16, nseg, ghc, mwj);
+            qsa_sum_parts_cols<CG>(pt + e * ghc, (qsa_i64)prow * 16, nseg, ghc, mwj);
             if (bias)
                 for (int st = 0; st < ghc; st++) mwj[st] = mwj[st] + bias[n + st];
             const float v = qsa_gres_mix1(mwj, gxn + (qsa_i64)m * N + n / ghc, H, ghc);
             Y[(qsa_i64)m * H + n / ghc] = v;
             Y16[(qsa_i64)m * H + n / ghc] = qsa_f32_to_f16(v);
         }
-        if (lane == 0) count[tile] = 0u;
         return;
     }
     if (prow == 1) { /* one row (decode): two lanes per element (qsa_sum_parts_pair) */
         const int n = n0 + (lane & 15);
         const bool ok = n < N;
-        const float t = qsa_sum_parts_pair(pt + (lane & 15), 16, nseg, ok);
+        const float t = qsa_sum_parts_pair<CG>(pt + (lane & 15), 16, nseg, ok);
         if (ok && lane < 16) qsa_gemv_put(t, bias, Y, Y16, accumulate, act_scale, n);
-        if (lane == 0) count[tile] = 0u;
         return;
     }
     /* several rows: every element's parts were stored (rows past M and columns past N as zeros), so
        a lane sums all of its elements at once */
     float t[8];
-    qsa_sum_parts8(pt + lane, (qsa_i64)prow * 16, nseg, (prow * 16 - lane + 31) / 32, t);
+    qsa_sum_parts8<CG>(pt + lane, (qsa_i64)prow * 16, nseg, (prow * 16 - lane + 31) / 32, t);
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         const int e = lane + 32 * j, m = m0 + (e >> 4), n = n0 + (e & 15);
         if (e < prow * 16 && m < M && n < N)
             qsa_gemv_put(t[j], bias, Y + (qsa_i64)m * N, Y16 ? Y16 + (qsa_i64)m * N : Y16, accumulate, act_scale, n);
     }
-    if (lane == 0) count[tile] = 0u;
+}
+
+/* The end of a (tile, segment) task whose partial tile is in pt[seg]: the ticket; the warp that
+   completes the tile folds it (qsa_gemv_fold), then resets the ticket. */
+static __device__ void qsa_gemv_done(const float *pt, unsigned *count, int tile, int m0, int n0, int M, int N,
+                                     int nseg, const float *bias, float *Y, qsa_f16 *Y16, int accumulate,
+                                     float act_scale, const float *gxn, int ghc) {
+    if (!qsa_ticket_last(&count[tile], (unsigned)nseg)) return;
+    qsa_gemv_fold<true>(pt, m0, n0, M, N, nseg, bias, Y, Y16, accumulate, act_scale, gxn, ghc);
+    if ((threadIdx.x & 31) == 0) count[tile] = 0u;
 }
 
 template <bool NV>
@@ -2103,31 +2120,46 @@ static __device__ __forceinline__ void qsa_gb_copy(const qsa_f16 *A, const qsa_g
  * A and of W and two m16n8k16 (the instructions wmma compiles to on sm_80+, qsa_nvf_mma4_ld), chunk
  * after chunk into an accumulator zeroed at the segment's start: the bits of qsa_seg16_cpa, and the
  * same partial tiles, tickets and folds (qsa_gemv_done) as the per-warp form (tested against the
- * one-block GEMM, with grids that loop).  Every thread of the block calls it. */
+ * one-block GEMM, with grids that loop).
+ * `whole`: a group is all of K instead of one segment (its stages run through the segments in
+ * order); each warp folds its tile's segments in registers, T = ((0 + P_0) + P_1) + ..., and writes
+ * the outputs itself from its own shared memory (qsa_gemv_fold<false>): no partial tiles in global
+ * memory, no tickets, the same bits.  For short K (the HC up projection's 320: two segments), where
+ * the ticket and the completing warp's reload are most of a task.  Every thread of the block calls
+ * it. */
 static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &grp, int M, int K, int accumulate,
-                                       float *part, unsigned *count, const float *gxn, int ghc) {
+                                       float *part, unsigned *count, const float *gxn, int ghc, int whole) {
     __shared__ __align__(128) qsa_f16 st[2 * QSA_GB_STAGE];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mt = (M + 15) / 16, prow = M < 16 ? M : 16;
-    const int nseg = (K + QSA_SEG - 1) / QSA_SEG;
+    const int nseg = (K + QSA_SEG - 1) / QSA_SEG, gseg = whole ? 1 : nseg, spg = whole ? nseg : 1;
     int G = 0;
 #pragma unroll
     for (int b = 0; b < QSA_GEMV_GROUP; b++)
-        if (b < grp.n) G += (((grp.m[b].N + 15) / 16 + QSA_GEMV_WARPS - 1) / QSA_GEMV_WARPS) * mt * nseg;
+        if (b < grp.n) G += (((grp.m[b].N + 15) / 16 + QSA_GEMV_WARPS - 1) / QSA_GEMV_WARPS) * mt * gseg;
     if ((int)blockIdx.x >= G) return;
-    const int nq = 2 * ((G - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x);
+    /* stages: 2 per segment, spg segments per group */
+    const int nq = 2 * spg * ((G - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x);
     /* this lane's ldmatrix addresses in a stage: A row lane % 16 at column 8 (lane / 16); W row
        8 (lane / 16) + lane % 8 at k = 8 (lane / 8 % 2) */
     const qsa_u32 ab = qsa_smem_u32(st) + 2 * ((lane & 15) * QSA_GBK + (lane >> 4) * 8),
                   wb = qsa_smem_u32(st + (1 + warp) * QSA_GB_TILE) +
                        2 * (((lane >> 4) * 8 + (lane & 7)) * QSA_GBK + ((lane >> 3) & 1) * 8);
-    qsa_gb_job cur = qsa_gb_locate(grp, M, nseg, blockIdx.x), nxt = cur;
+    qsa_gb_job cur = qsa_gb_locate(grp, M, gseg, blockIdx.x), nxt = cur;
     qsa_gb_copy(A, grp, M, K, cur, 0, st, true);
     asm volatile("cp.async.commit_group;" ::: "memory");
-    float d[8];
+    float d[8], T[8];
     for (int q = 0; q < nq; q++) {
         const int h = q & 1;
         if (q + 1 < nq) {
-            if (h) nxt = qsa_gb_locate(grp, M, nseg, blockIdx.x + ((q + 1) >> 1) * gridDim.x);
+            if (h) { /* the next stage starts a segment: the group's next one, or the next group's first */
+                const int sn = ((q + 1) >> 1) % spg;
+                if (sn) {
+                    nxt = cur;
+                    nxt.seg = sn;
+                } else {
+                    nxt = qsa_gb_locate(grp, M, gseg, blockIdx.x + ((q + 1) >> 1) / spg * gridDim.x);
+                }
+            }
             qsa_gb_copy(A, grp, M, K, nxt, h ^ 1, st + ((q + 1) & 1) * QSA_GB_STAGE, false);
         }
         asm volatile("cp.async.commit_group;" ::: "memory"); /* (possibly empty: one group per stage) */
@@ -2150,7 +2182,31 @@ static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &g
         }
         const qsa_gemv_member mb = qsa_gemv_pick(grp, cur.b);
         const int ntile = cur.nt0 + warp;
-        if (h && ntile < (mb.N + 15) / 16) {
+        if (h && whole) {
+            if (!cur.seg) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) T[i] = 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) T[i] = T[i] + d[i];
+            if (cur.seg == nseg - 1 && ntile < (mb.N + 15) / 16) {
+                /* the folded tile [prow][16] into this warp's W tile of this stage (its ldmatrix
+                   loads are done; the next copy into it follows the block barrier below) */
+                float *tt = (float *)(st + (q & 1) * QSA_GB_STAGE + (1 + warp) * QSA_GB_TILE);
+                const int g = lane >> 2, c = 2 * (lane & 3);
+                __syncwarp();
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+                    for (int i = 0; i < 2; i++)
+                        if (g + 8 * i < prow)
+                            *(float2 *)(tt + (g + 8 * i) * 16 + 8 * hh + c) =
+                                make_float2(T[4 * hh + 2 * i], T[4 * hh + 2 * i + 1]);
+                __syncwarp();
+                qsa_gemv_fold<false>(tt, cur.m0, ntile * 16, M, mb.N, 1, mb.bias, mb.Y, mb.Y16, accumulate,
+                                     mb.act_scale, gxn, ghc);
+            }
+        } else if (h && ntile < (mb.N + 15) / 16) {
             /* the partial tile (rows < prow) straight from the mma's D: d[4 hh + 2 i + jj] is row
                lane / 4 + 8 i, column 8 hh + 2 (lane % 4) + jj */
             const int tile = ntile * mt + cur.m0 / 16, g = lane >> 2, c = 2 * (lane & 3);
@@ -2176,19 +2232,20 @@ static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &g
  * (qsa_gemv_blocks): the members of grp over A (one: qsa_k_gemv_f16's work, with `accumulate`; one
  * and xn != NULL: qsa_k_gemv_gres's, hc its stream count; up to QSA_GEMV_GROUP:
  * qsa_k_gemv_f16_group's), the same partial tiles, tickets and outputs as those kernels: their bits
- * (tested).  Only where qsa_gemv_blockwise holds (sm_80+, 1 to 64 rows, K % 8 ==
+ * (tested); `whole` != 0: whole-K groups, no partial tiles or tickets (part and count unused), the
+ * same outputs.  Only where qsa_gemv_blockwise holds (sm_80+, 1 to 64 rows, K % 8 ==
  * 0, 16-byte aligned A and W: the host's qsa__gemv_groups); elsewhere it traps.  Launch: any grid
  * (the host: at most QSA_GEMV_BLOCKS per SM), block 32 * QSA_GEMV_WARPS. */
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCKS)
     qsa_k_gemv_blk(const qsa_f16 *__restrict__ A, qsa_gemv_group grp, int M, int K, int accumulate, float *part,
-                   unsigned *count, const float *__restrict__ xn, int hc) {
+                   unsigned *count, const float *__restrict__ xn, int hc, int whole) {
     QSA_PDL_LATE();
 #if QSA_CPA
     if (blockDim.x != 32 * QSA_GEMV_WARPS || !qsa_gemv_blockwise(A, grp, M, K)) __trap(); /* the host checks these */
     if (xn && (grp.n != 1 || hc < 1 || 16 % hc || grp.m[0].N % hc)) __trap();
-    qsa_gemv_blocks(A, grp, M, K, accumulate, part, count, xn, hc);
+    qsa_gemv_blocks(A, grp, M, K, accumulate, part, count, xn, hc, whole);
 #else
-    (void)A, (void)grp, (void)M, (void)K, (void)accumulate, (void)part, (void)count, (void)xn, (void)hc;
+    (void)A, (void)grp, (void)M, (void)K, (void)accumulate, (void)part, (void)count, (void)xn, (void)hc, (void)whole;
     __trap(); /* (sm_80+ only: cp.async) */
 #endif
 }

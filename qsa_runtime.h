@@ -8509,6 +8509,7 @@ typedef struct qsa__dlayer {
 #define QSA__GEMV_WARPS 4                         /* warps per block of qsa_k_gemv_* (kernels.cu: QSA_GEMV_WARPS) */
 #define QSA__GEMV_BLOCKS 5                        /* the dense GEMVs' block form: blocks per SM (kernels.cu: QSA_GEMV_BLOCKS) */
 #define QSA__GEMV_BLK_MIN_M 1                     /* ... and from how many rows (fewer: the per-warp kernels, qsa_seg16_tr up to 4) */
+#define QSA__GEMV_WHOLE_SEGS 2                    /* ... whole-K groups (no tickets) for K of up to this many segments */
 #define QSA__MOE_PLAN_THREADS 1024                /* largest block of qsa_k_moe_plan; its scratch holds E counts per warp */
 
 typedef struct qsa__dscratch {
@@ -8535,6 +8536,7 @@ typedef struct qsa__cuda {
     int xw_range_per_sm;         /* qsa__xw_ranges' warps per SM (QSA__XW_RANGE_PER_SM; $QSA_XW_RANGE_PER_SM) */
     int gemv_blocks_per_sm;      /* qsa__gemv_blk_grid's cap (QSA__GEMV_BLOCKS; $QSA_GEMV_BLOCKS_PER_SM) */
     int gemv_blk_min_m;          /* rows from which qsa__gemv_groups takes the block form (QSA__GEMV_BLK_MIN_M; $QSA_GEMV_BLK_MIN_M) */
+    int gemv_whole_segs;         /* K segments up to which qsa__gemv_blk takes whole-K groups (QSA__GEMV_WHOLE_SEGS; $QSA_GEMV_WHOLE_SEGS) */
     int moe64_pairs;             /* qsa__moe_tr's threshold (QSA__MOE64_PAIRS; $QSA_MOE64_PAIRS) */
     int attn_dec_off;            /* $QSA_ATTN_DEC "0": never qsa_k_sparse_attn_dec (qsa__attn_dec_splits) */
     int attn_dec_heads;          /* $QSA_ATTN_DEC_HEADS: its heads per block (0: qsa__attn_dec_splits' rule) */
@@ -9020,13 +9022,16 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    QSA__XW_WHOLE_PER_SM, QSA__XW_RANGE_PER_SM and QSA__MOE64_PAIRS; $QSA_ATTN_DEC ("0": never), $QSA_ATTN_DEC_HEADS and
    $QSA_ATTN_DEC_WARP choose and shape qsa_k_sparse_attn_dec (qsa__attn_dec_splits); $QSA_TILED_M
    and $QSA_TILED_TILES replace qsa__tiled_small's thresholds (QSA__TILED_M tokens, the SM count of
-   tiles); $QSA_GEMV_BLOCKS_PER_SM replaces QSA__GEMV_BLOCKS (qsa__gemv_blk_grid) and $QSA_GEMV_BLK_MIN_M
-   QSA__GEMV_BLK_MIN_M (qsa__gemv_groups). */
+   tiles); $QSA_GEMV_BLOCKS_PER_SM replaces QSA__GEMV_BLOCKS (qsa__gemv_blk_grid), $QSA_GEMV_BLK_MIN_M
+   QSA__GEMV_BLK_MIN_M (qsa__gemv_groups) and $QSA_GEMV_WHOLE_SEGS (0 or more) QSA__GEMV_WHOLE_SEGS
+   (qsa__gemv_blk). */
 QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     const char *e = getenv("QSA_GEMV_BLOCKS_PER_SM");
     g->gemv_blocks_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__GEMV_BLOCKS;
     e = getenv("QSA_GEMV_BLK_MIN_M");
     g->gemv_blk_min_m = e && atoi(e) > 0 ? atoi(e) : QSA__GEMV_BLK_MIN_M;
+    e = getenv("QSA_GEMV_WHOLE_SEGS");
+    g->gemv_whole_segs = e && atoi(e) >= 0 ? atoi(e) : QSA__GEMV_WHOLE_SEGS;
     e = getenv("QSA_XW_WHOLE_PER_SM");
     g->xw_whole_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__XW_WHOLE_PER_SM;
     e = getenv("QSA_XW_RANGE_PER_SM");
@@ -9300,6 +9305,27 @@ QSA_PRIV unsigned qsa__gemv_blk_grid(const qsa__cuda *g, long long groups) {
     long long cap = (long long)g->gemv_blocks_per_sm * (g->sm_count > 0 ? g->sm_count : 1);
     return (unsigned)(groups < cap ? groups : cap);
 }
+/* qsa_k_gemv_blk over A16 for grp's members (accumulate, and the mix of qsa_k_gemv_gres with xn and
+   hc) where the block form applies (qsa__gemv_groups); *launched says whether it did.  K of at most
+   gemv_whole_segs segments takes whole-K groups (the kernel's `whole`: each warp folds its tile's
+   segments in registers; no partial tiles, no tickets; the same bits). */
+QSA_PRIV qsa_result qsa__gemv_blk(qsa__cuda *g, CUdeviceptr A16, int M, int K, qsa__gemv_group *grp, int acc,
+                                  CUdeviceptr xn, int hc, int *launched) {
+    int Ns[QSA__GEMV_GROUP];
+    CUdeviceptr Ws[QSA__GEMV_GROUP];
+    for (int i = 0; i < grp->n; i++) {
+        Ns[i] = grp->m[i].N;
+        Ws[i] = grp->m[i].W;
+    }
+    long long groups = qsa__gemv_groups(g, A16, M, K, grp->n, Ns, Ws);
+    *launched = groups > 0;
+    if (!groups) return QSA_OK;
+    int nseg = (K + 255) / 256, whole = nseg <= g->gemv_whole_segs;
+    CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
+    QSA__LAUNCH(g, gemv_blk, qsa__gemv_blk_grid(g, whole ? groups / nseg : groups), 1, 32 * QSA__GEMV_WARPS, 0, &A16,
+                grp, &M, &K, &acc, &part, &cnt, &xn, &hc, &whole);
+    return QSA_OK;
+}
 
 /* Whether the routed-expert GEMMs of MK pairs (16-pair tiles) take the cross-warp kernels
    (qsa_k_moe_*_xw[k], decode-sized steps): the tickets and pair-indexed partials of the forms they
@@ -9363,16 +9389,12 @@ QSA_PRIV qsa_result qsa__dgemm_ex(qsa__cuda *g, CUdeviceptr A16, int M, const qs
         unsigned gx = (unsigned)((tasks + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS), bx = 32 * QSA__GEMV_WARPS;
         CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
         if (w->w16) {
-            CUdeviceptr W = w->w16, B = w->bias, xn = 0;
-            long long groups = qsa__gemv_groups(g, A16, M, K, 1, &N, &W);
-            if (groups) {
-                qsa__gemv_group grp;
-                int hc = 0;
-                qsa__gemv_group_fill(&grp, 1, &w, &Y, &Y16, &scale);
-                QSA__LAUNCH(g, gemv_blk, qsa__gemv_blk_grid(g, groups), 1, bx, 0, &A16, &grp, &M, &K, &accumulate, &part,
-                            &cnt, &xn, &hc);
-                return QSA_OK;
-            }
+            CUdeviceptr W = w->w16, B = w->bias;
+            qsa__gemv_group grp;
+            int done = 0;
+            qsa__gemv_group_fill(&grp, 1, &w, &Y, &Y16, &scale);
+            QSA__TRY(qsa__gemv_blk(g, A16, M, K, &grp, accumulate, 0, 0, &done));
+            if (done) return QSA_OK;
             QSA__LAUNCH(g, gemv_f16, gx, 1, bx, 0, &A16, &W, &B, &Y, &M, &N, &K, &accumulate, &part, &cnt, &Y16, &scale);
         } else {
             CUdeviceptr q = w->q, s = w->s;
@@ -9457,22 +9479,12 @@ QSA_PRIV qsa_result qsa__dgemm_group(qsa__cuda *g, CUdeviceptr A16, int M, int n
         return QSA_OK;
     }
     qsa__gemv_group grp;
+    int done = 0;
     qsa__gemv_group_fill(&grp, n, w, Y, Y16, scale);
-    int Ns[QSA__GEMV_GROUP];
-    CUdeviceptr Ws[QSA__GEMV_GROUP];
-    for (int i = 0; i < n; i++) {
-        Ns[i] = w[i]->out;
-        Ws[i] = w[i]->w16;
-    }
-    long long groups = qsa__gemv_groups(g, A16, M, K, n, Ns, Ws);
+    QSA__TRY(qsa__gemv_blk(g, A16, M, K, &grp, 0, 0, 0, &done));
+    if (done) return QSA_OK;
     unsigned bx = 32 * QSA__GEMV_WARPS;
     CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
-    if (groups) {
-        CUdeviceptr xn = 0;
-        int acc = 0, hc = 0;
-        QSA__LAUNCH(g, gemv_blk, qsa__gemv_blk_grid(g, groups), 1, bx, 0, &A16, &grp, &M, &K, &acc, &part, &cnt, &xn, &hc);
-        return QSA_OK;
-    }
     long long tasks = tiles * nseg;
     QSA__LAUNCH(g, gemv_f16_group, (unsigned)((tasks + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS), 1, bx, 0, &A16, &grp, &M,
                 &K, &part, &cnt);
@@ -9515,18 +9527,13 @@ QSA_PRIV qsa_result qsa__cuda_gres(qsa_model *m, const qsa__dgres *w, CUdevicept
     /* up (rows interleaved by stream, qsa__dlin_up_hc) and the mix: one launch for decode-sized M */
     int N = w->up.out, K = w->up.in;
     if (w->up.w16 && hc >= 1 && 16 % hc == 0 && N == hcH && qsa__gemv_xwarp(g, M, N, K)) {
-        CUdeviceptr W = w->up.w16, B = w->up.bias, part = s->gemv_part, cnt = s->gemv_count;
-        long long groups = qsa__gemv_groups(g, s->low16, M, K, 1, &N, &W);
-        if (groups) {
-            qsa__gemv_group grp;
-            const qsa__dlin *up = &w->up;
-            CUdeviceptr y16 = s->inp16;
-            int acc = 0;
-            qsa__gemv_group_fill(&grp, 1, &up, &s->inp, &y16, NULL);
-            QSA__LAUNCH(g, gemv_blk, qsa__gemv_blk_grid(g, groups), 1, 32 * QSA__GEMV_WARPS, 0, &s->low16, &grp, &M, &K,
-                        &acc, &part, &cnt, &s->xn, &hc);
-            return QSA_OK;
-        }
+        CUdeviceptr W = w->up.w16, B = w->up.bias, part = s->gemv_part, cnt = s->gemv_count, y16 = s->inp16;
+        qsa__gemv_group grp;
+        const qsa__dlin *up = &w->up;
+        int done = 0;
+        qsa__gemv_group_fill(&grp, 1, &up, &s->inp, &y16, NULL);
+        QSA__TRY(qsa__gemv_blk(g, s->low16, M, K, &grp, 0, s->xn, hc, &done));
+        if (done) return QSA_OK;
         long long tasks = (long long)((M + 15) / 16) * ((N + 15) / 16) * ((K + 255) / 256);
         QSA__LAUNCH(g, gemv_gres, (unsigned)((tasks + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS), 1, 32 * QSA__GEMV_WARPS, 0,
                     &s->low16, &W, &B, &s->xn, &s->inp, &s->inp16, &M, &N, &K, &hc, &part, &cnt);
