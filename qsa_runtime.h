@@ -8537,6 +8537,9 @@ typedef struct qsa__cuda {
     int gemv_blocks_per_sm;      /* qsa__gemv_blk_grid's cap (QSA__GEMV_BLOCKS; $QSA_GEMV_BLOCKS_PER_SM) */
     int gemv_blk_min_m;          /* rows from which qsa__gemv_groups takes the block form (QSA__GEMV_BLK_MIN_M; $QSA_GEMV_BLK_MIN_M) */
     int gemv_whole_segs;         /* K segments up to which qsa__gemv_blk takes whole-K groups (QSA__GEMV_WHOLE_SEGS; $QSA_GEMV_WHOLE_SEGS) */
+    int gemv_force_whole;        /* qsa__gemv_blk takes whole-K groups whatever K (set around the side stream's launches) */
+    int shared_side;             /* the shared expert's down projection on the side stream (qsa__cuda_moe; $QSA_SHARED_SIDE "0": never) */
+    long long side_launches;     /* ... how many times it went there (tests) */
     int moe64_pairs;             /* qsa__moe_tr's threshold (QSA__MOE64_PAIRS; $QSA_MOE64_PAIRS) */
     int attn_dec_off;            /* $QSA_ATTN_DEC "0": never qsa_k_sparse_attn_dec (qsa__attn_dec_splits) */
     int attn_dec_heads;          /* $QSA_ATTN_DEC_HEADS: its heads per block (0: qsa__attn_dec_splits' rule) */
@@ -8545,6 +8548,8 @@ typedef struct qsa__cuda {
     CUdevice dev;
     CUcontext ctx;
     CUstream stream;
+    CUstream side;               /* work beside the stream's chain, forked and joined by events (qsa__cuda_moe) */
+    CUevent side_fork, side_join;
     CUmodule mod;
     CUfunction k[QSA__K_COUNT];
     char arch[32];
@@ -8989,6 +8994,9 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
     qsa__free(g->sc.host_e);
     qsa__cuda_batch_free(g);
     if (g->mod) qsa__cu.cuModuleUnload(g->mod);
+    if (g->side_fork) qsa__cu.cuEventDestroy_v2(g->side_fork);
+    if (g->side_join) qsa__cu.cuEventDestroy_v2(g->side_join);
+    if (g->side) qsa__cu.cuStreamDestroy_v2(g->side);
     if (g->stream) qsa__cu.cuStreamDestroy_v2(g->stream);
     if (g->ctx) qsa__cu.cuDevicePrimaryCtxRelease_v2(g->dev);
     qsa__free(g);
@@ -9023,8 +9031,9 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    $QSA_ATTN_DEC_WARP choose and shape qsa_k_sparse_attn_dec (qsa__attn_dec_splits); $QSA_TILED_M
    and $QSA_TILED_TILES replace qsa__tiled_small's thresholds (QSA__TILED_M tokens, the SM count of
    tiles); $QSA_GEMV_BLOCKS_PER_SM replaces QSA__GEMV_BLOCKS (qsa__gemv_blk_grid), $QSA_GEMV_BLK_MIN_M
-   QSA__GEMV_BLK_MIN_M (qsa__gemv_groups) and $QSA_GEMV_WHOLE_SEGS (0 or more) QSA__GEMV_WHOLE_SEGS
-   (qsa__gemv_blk). */
+   QSA__GEMV_BLK_MIN_M (qsa__gemv_groups), $QSA_GEMV_WHOLE_SEGS (0 or more) QSA__GEMV_WHOLE_SEGS
+   (qsa__gemv_blk); $QSA_SHARED_SIDE "0" keeps the shared expert's down projection in the chain
+   (qsa__cuda_moe). */
 QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     const char *e = getenv("QSA_GEMV_BLOCKS_PER_SM");
     g->gemv_blocks_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__GEMV_BLOCKS;
@@ -9032,6 +9041,8 @@ QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     g->gemv_blk_min_m = e && atoi(e) > 0 ? atoi(e) : QSA__GEMV_BLK_MIN_M;
     e = getenv("QSA_GEMV_WHOLE_SEGS");
     g->gemv_whole_segs = e && atoi(e) >= 0 ? atoi(e) : QSA__GEMV_WHOLE_SEGS;
+    e = getenv("QSA_SHARED_SIDE");
+    g->shared_side = !(e && !strcmp(e, "0"));
     e = getenv("QSA_XW_WHOLE_PER_SM");
     g->xw_whole_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__XW_WHOLE_PER_SM;
     e = getenv("QSA_XW_RANGE_PER_SM");
@@ -9068,6 +9079,9 @@ QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, qsa__cuda **out) {
     QSA__G(QSA__CU_R(qsa__cu.cuDevicePrimaryCtxRetain(&g->ctx, g->dev)));
     QSA__G(QSA__CU_R(qsa__cu.cuCtxSetCurrent(g->ctx)));
     QSA__G(QSA__CU_R(qsa__cu.cuStreamCreate(&g->stream, QSA__CU_STREAM_NON_BLOCKING)));
+    QSA__G(QSA__CU_R(qsa__cu.cuStreamCreate(&g->side, QSA__CU_STREAM_NON_BLOCKING)));
+    QSA__G(QSA__CU_R(qsa__cu.cuEventCreate(&g->side_fork, QSA__CU_EVENT_DISABLE_TIMING)));
+    QSA__G(QSA__CU_R(qsa__cu.cuEventCreate(&g->side_join, QSA__CU_EVENT_DISABLE_TIMING)));
     QSA__G(qsa__cuda_module(g, m->params.arch));
     QSA__G(qsa__cuda_upload(m, g));
     {
@@ -9320,7 +9334,7 @@ QSA_PRIV qsa_result qsa__gemv_blk(qsa__cuda *g, CUdeviceptr A16, int M, int K, q
     long long groups = qsa__gemv_groups(g, A16, M, K, grp->n, Ns, Ws);
     *launched = groups > 0;
     if (!groups) return QSA_OK;
-    int nseg = (K + 255) / 256, whole = nseg <= g->gemv_whole_segs;
+    int nseg = (K + 255) / 256, whole = g->gemv_force_whole || nseg <= g->gemv_whole_segs;
     CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
     QSA__LAUNCH(g, gemv_blk, qsa__gemv_blk_grid(g, whole ? groups / nseg : groups), 1, 32 * QSA__GEMV_WARPS, 0, &A16,
                 grp, &M, &K, &acc, &part, &cnt, &xn, &hc, &whole);
@@ -9450,6 +9464,34 @@ QSA_PRIV qsa_result qsa__dgemm_ex(qsa__cuda *g, CUdeviceptr A16, int M, const qs
 
 QSA_PRIV qsa_result qsa__dgemm(qsa__cuda *g, CUdeviceptr A16, int M, const qsa__dlin *w, CUdeviceptr Y, int accumulate) {
     return qsa__dgemm_ex(g, A16, M, w, Y, accumulate, 0, 0.0f);
+}
+
+/* qsa__dgemm of M rows through w (no accumulation) on the side stream, where the launch it takes
+   uses none of the GEMV scratch (part, count) that the stream's kernels use meanwhile: the tiled
+   GEMM, or the block form with whole-K groups (forced: the same bits).  Returns 0 (launches
+   nothing) where neither applies. */
+QSA_PRIV int qsa__dgemm_side_ok(const qsa__cuda *g, CUdeviceptr A16, int M, const qsa__dlin *w) {
+    int N = w->out, K = w->in;
+    CUdeviceptr W = w->w16;
+    if (!g->side || !W || K <= 0) return 0;
+    if (qsa__tiled_small(g, M, (N + 63) / 64)) return 1;
+    return qsa__gemv_xwarp(g, M, N, K) && qsa__gemv_groups(g, A16, M, K, 1, &N, &W) > 0;
+}
+QSA_PRIV qsa_result qsa__dgemm_side(qsa__cuda *g, CUdeviceptr A16, int M, const qsa__dlin *w, CUdeviceptr Y) {
+    QSA__TRY(QSA__CU_R(qsa__cu.cuEventRecord(g->side_fork, g->stream)));
+    QSA__TRY(QSA__CU_R(qsa__cu.cuStreamWaitEvent(g->side, g->side_fork, 0)));
+    CUstream chain = g->stream;
+    int pdl = g->pdl;
+    g->stream = g->side; /* (its first launch waits on the fork: a plain dependency, no PDL) */
+    g->pdl = 0;
+    g->gemv_force_whole = 1;
+    qsa_result r = qsa__dgemm(g, A16, M, w, Y, 0);
+    g->stream = chain;
+    g->pdl = pdl;
+    g->gemv_force_whole = 0;
+    QSA__TRY(r);
+    g->side_launches++;
+    return QSA__CU_R(qsa__cu.cuEventRecord(g->side_join, g->side));
 }
 
 /* Y[i] = A16 w[i]^T (+ bias; Y16[i] != 0: the silu store of qsa__dgemm_ex with scale[i]) for n
@@ -9775,8 +9817,13 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
         rx.ticket = s->moe_ticket;
     }
     QSA__LAUNCH(g, router_topk, M, 1, 256, 0, &rl, &tid, &tw, &E, &K, &norm, &rx);
-    /* the shared expert first: its output sh joins the routed sum in qsa_k_moe_combine */
-    QSA__TRY(qsa__dgemm(g, sa16, M, &d->sh_down, sh, 0));
+    /* the shared expert's down projection: its output sh joins the routed sum in qsa_k_moe_combine.
+       On the side stream beside the routed experts where its launch needs no scratch (decode steps:
+       batch 1's shared down took ~3.7 us of each layer's chain); the chain waits for it before the
+       first combine. */
+    int side = g->shared_side && qsa__dgemm_side_ok(g, sa16, M, &d->sh_down);
+    if (side) QSA__TRY(qsa__dgemm_side(g, sa16, M, &d->sh_down, sh));
+    else QSA__TRY(qsa__dgemm(g, sa16, M, &d->sh_down, sh, 0));
     for (int t0 = 0; t0 < M; t0 += s->moe_tokens) {
         int mt = M - t0 < s->moe_tokens ? M - t0 : s->moe_tokens, MK = mt * K;
         /* tiles of 64 pairs once experts average 16 pairs (prefill); 16 for decode-sized steps: same bits */
@@ -9823,6 +9870,10 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
                         &s->moe_ntiles, &ex, &s->moe_y, &H, &I);
         }
         CUdeviceptr sht = sh + (size_t)t0 * H * 4, glt = gl + (size_t)t0 * 4;
+        if (side) {
+            QSA__TRY(QSA__CU_R(qsa__cu.cuStreamWaitEvent(g->stream, g->side_join, 0)));
+            side = 0;
+        }
         QSA__LAUNCH(g, moe_combine, mt, qsa__ygrid(mt, H), 256, 0, &s->moe_y, &w, &outp, &H, &K, &sht, &glt);
     }
     return QSA_OK;

@@ -530,6 +530,52 @@ TEST(gpu, pdl_launches_equal_plain) {
     qsa_model_free(m0);
 }
 
+/* The shared expert's down projection on the side stream (forked after the router, joined before
+   the combine; the default where its launch needs no scratch) gives the bits of the single-stream
+   chain ($QSA_SHARED_SIDE=0): prefill logits, and batched decode eager and through graphs. */
+TEST(gpu, shared_side_stream_equals_chain) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.cuda_batch_decode = 1;
+    qsa_model *m = NULL, *m0 = NULL;
+    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    jit_env_saved saved;
+    jit_env_unset(&saved, "QSA_SHARED_SIDE");
+    setenv("QSA_SHARED_SIDE", "0", 1);
+    int ok = gpu_model("qsa_hc4_ple_sharded", &mp, &m0);
+    jit_env_restore(&saved);
+    if (!ok) { qsa_model_free(m); return; }
+    int n = 150, V = m->cfg.vocab_size;
+    int32_t ids[150];
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 29 + 3) % V);
+    float *a = (float *)malloc(sizeof(float) * (size_t)n * V), *b = (float *)malloc(sizeof(float) * (size_t)n * V);
+    qsa_seq *sa = NULL, *sb = NULL;
+    CHECK_OK(qsa_seq_create(m, NULL, &sa));
+    CHECK_OK(qsa_seq_create(m0, NULL, &sb));
+    if (a && b && sa && sb) {
+        CHECK_OK(qsa_seq_feed(sa, ids, n, a, 1));
+        CHECK_OK(qsa_seq_feed(sb, ids, n, b, 1));
+        CHECKF(!memcmp(a, b, sizeof(float) * (size_t)n * V), "prefill logits differ with the side stream");
+    }
+    qsa_seq_free(sa);
+    qsa_seq_free(sb);
+    free(a);
+    free(b);
+    bd_check_graphs_equal_eager(m0, m, "side stream vs QSA_SHARED_SIDE=0 (graphs)");
+    qsa_model *me = NULL;
+    mp.cuda_graphs = -1; /* eager: the fork and join on live streams */
+    if (gpu_model("qsa_hc4_ple_sharded", &mp, &me)) {
+        bd_check_graphs_equal_eager(m0, me, "side stream (eager) vs QSA_SHARED_SIDE=0 (graphs)");
+        CHECKF(me->cuda->side_launches > 0, "eager: no side launches");
+        qsa_model_free(me);
+    }
+    /* the switch took effect: decode steps went to the side stream, none without it */
+    CHECKF(m->cuda->side_launches > 0 && m0->cuda->side_launches == 0, "side launches %lld / %lld",
+           m->cuda->side_launches, m0->cuda->side_launches);
+    qsa_model_free(m);
+    qsa_model_free(m0);
+}
+
 /* (d) Allocation and page-size invariance still hold with batching: shuffled free lists with pages
    taken between the requests, and page sizes 16 and 400, against each request alone. */
 TEST(gpu, batch_allocation_invariance) {
