@@ -2121,14 +2121,16 @@ static __device__ __forceinline__ void qsa_gb_copy(const qsa_f16 *A, const qsa_g
  * after chunk into an accumulator zeroed at the segment's start: the bits of qsa_seg16_cpa, and the
  * same partial tiles, tickets and folds (qsa_gemv_done) as the per-warp form (tested against the
  * one-block GEMM, with grids that loop).
- * `whole`: a group is all of K instead of one segment (its stages run through the segments in
- * order); each warp folds its tile's segments in registers, T = ((0 + P_0) + P_1) + ..., and writes
- * the outputs itself from its own shared memory (qsa_gemv_fold<false>): no partial tiles in global
- * memory, no tickets, the same bits.  For short K (the HC up projection's 320: two segments), where
- * the ticket and the completing warp's reload are most of a task.  Every thread of the block calls
- * it. */
+ * `whole` (qsa_k_gemv_blk_whole): a group is all of K instead of one segment (its stages run
+ * through the segments in order); each warp folds its tile's segments in registers, T = ((0 + P_0) +
+ * P_1) + ..., and writes the outputs itself from its own shared memory (qsa_gemv_fold<false>): no
+ * partial tiles in global memory, no tickets, the same bits.  For short K (the HC up projection's
+ * 320: two segments), where the ticket and the completing warp's reload are most of a task.  (A
+ * template: the split form compiles to its code without the whole form's, which doubles the
+ * kernel.)  Every thread of the block calls it. */
+template <bool whole>
 static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &grp, int M, int K, int accumulate,
-                                       float *part, unsigned *count, const float *gxn, int ghc, int whole) {
+                                       float *part, unsigned *count, const float *gxn, int ghc) {
     __shared__ __align__(128) qsa_f16 st[2 * QSA_GB_STAGE];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mt = (M + 15) / 16, prow = M < 16 ? M : 16;
     const int nseg = (K + QSA_SEG - 1) / QSA_SEG, gseg = whole ? 1 : nseg, spg = whole ? nseg : 1;
@@ -2232,21 +2234,34 @@ static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &g
  * (qsa_gemv_blocks): the members of grp over A (one: qsa_k_gemv_f16's work, with `accumulate`; one
  * and xn != NULL: qsa_k_gemv_gres's, hc its stream count; up to QSA_GEMV_GROUP:
  * qsa_k_gemv_f16_group's), the same partial tiles, tickets and outputs as those kernels: their bits
- * (tested); `whole` != 0: whole-K groups, no partial tiles or tickets (part and count unused), the
- * same outputs.  Only where qsa_gemv_blockwise holds (sm_80+, 1 to 64 rows, K % 8 ==
- * 0, 16-byte aligned A and W: the host's qsa__gemv_groups); elsewhere it traps.  Launch: any grid
+ * (tested); qsa_k_gemv_blk_whole: whole-K groups, no partial tiles or tickets (part and count
+ * unused), the same outputs.  Only where qsa_gemv_blockwise holds (sm_80+, 1 to 64 rows, K % 8 ==
+ * 0, 16-byte aligned A and W: the host's qsa__gemv_groups); elsewhere they trap.  Launch: any grid
  * (the host: at most QSA_GEMV_BLOCKS per SM), block 32 * QSA_GEMV_WARPS. */
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCKS)
     qsa_k_gemv_blk(const qsa_f16 *__restrict__ A, qsa_gemv_group grp, int M, int K, int accumulate, float *part,
-                   unsigned *count, const float *__restrict__ xn, int hc, int whole) {
+                   unsigned *count, const float *__restrict__ xn, int hc) {
     QSA_PDL_LATE();
 #if QSA_CPA
     if (blockDim.x != 32 * QSA_GEMV_WARPS || !qsa_gemv_blockwise(A, grp, M, K)) __trap(); /* the host checks these */
     if (xn && (grp.n != 1 || hc < 1 || 16 % hc || grp.m[0].N % hc)) __trap();
-    qsa_gemv_blocks(A, grp, M, K, accumulate, part, count, xn, hc, whole);
+    qsa_gemv_blocks<false>(A, grp, M, K, accumulate, part, count, xn, hc);
 #else
-    (void)A, (void)grp, (void)M, (void)K, (void)accumulate, (void)part, (void)count, (void)xn, (void)hc, (void)whole;
+    (void)A, (void)grp, (void)M, (void)K, (void)accumulate, (void)part, (void)count, (void)xn, (void)hc;
     __trap(); /* (sm_80+ only: cp.async) */
+#endif
+}
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCKS)
+    qsa_k_gemv_blk_whole(const qsa_f16 *__restrict__ A, qsa_gemv_group grp, int M, int K, int accumulate,
+                         float *part, unsigned *count, const float *__restrict__ xn, int hc) {
+    QSA_PDL_LATE();
+#if QSA_CPA
+    if (blockDim.x != 32 * QSA_GEMV_WARPS || !qsa_gemv_blockwise(A, grp, M, K)) __trap();
+    if (xn && (grp.n != 1 || hc < 1 || 16 % hc || grp.m[0].N % hc)) __trap();
+    qsa_gemv_blocks<true>(A, grp, M, K, accumulate, part, count, xn, hc);
+#else
+    (void)A, (void)grp, (void)M, (void)K, (void)accumulate, (void)part, (void)count, (void)xn, (void)hc;
+    __trap();
 #endif
 }
 

@@ -8444,7 +8444,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inject) X(inject_rmsnorm) X(to_f16)                     \
-    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(gemv_gres) X(gemv_blk) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_combine)       \
+    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(gemv_gres) X(gemv_blk) X(gemv_blk_whole) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_combine)       \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
@@ -9321,8 +9321,8 @@ QSA_PRIV unsigned qsa__gemv_blk_grid(const qsa__cuda *g, long long groups) {
 }
 /* qsa_k_gemv_blk over A16 for grp's members (accumulate, and the mix of qsa_k_gemv_gres with xn and
    hc) where the block form applies (qsa__gemv_groups); *launched says whether it did.  K of at most
-   gemv_whole_segs segments takes whole-K groups (the kernel's `whole`: each warp folds its tile's
-   segments in registers; no partial tiles, no tickets; the same bits). */
+   gemv_whole_segs segments (or gemv_force_whole) takes whole-K groups, qsa_k_gemv_blk_whole (each
+   warp folds its tile's segments in registers; no partial tiles, no tickets; the same bits). */
 QSA_PRIV qsa_result qsa__gemv_blk(qsa__cuda *g, CUdeviceptr A16, int M, int K, qsa__gemv_group *grp, int acc,
                                   CUdeviceptr xn, int hc, int *launched) {
     int Ns[QSA__GEMV_GROUP];
@@ -9334,10 +9334,14 @@ QSA_PRIV qsa_result qsa__gemv_blk(qsa__cuda *g, CUdeviceptr A16, int M, int K, q
     long long groups = qsa__gemv_groups(g, A16, M, K, grp->n, Ns, Ws);
     *launched = groups > 0;
     if (!groups) return QSA_OK;
-    int nseg = (K + 255) / 256, whole = g->gemv_force_whole || nseg <= g->gemv_whole_segs;
+    int nseg = (K + 255) / 256;
     CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
-    QSA__LAUNCH(g, gemv_blk, qsa__gemv_blk_grid(g, whole ? groups / nseg : groups), 1, 32 * QSA__GEMV_WARPS, 0, &A16,
-                grp, &M, &K, &acc, &part, &cnt, &xn, &hc, &whole);
+    if (g->gemv_force_whole || nseg <= g->gemv_whole_segs)
+        QSA__LAUNCH(g, gemv_blk_whole, qsa__gemv_blk_grid(g, groups / nseg), 1, 32 * QSA__GEMV_WARPS, 0, &A16, grp, &M,
+                    &K, &acc, &part, &cnt, &xn, &hc);
+    else
+        QSA__LAUNCH(g, gemv_blk, qsa__gemv_blk_grid(g, groups), 1, 32 * QSA__GEMV_WARPS, 0, &A16, grp, &M, &K, &acc,
+                    &part, &cnt, &xn, &hc);
     return QSA_OK;
 }
 

@@ -539,6 +539,13 @@ TEST(gpu, shared_side_stream_equals_chain) {
     mp.cuda_batch_decode = 1;
     qsa_model *m = NULL, *m0 = NULL;
     GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    if (m->cuda->arch_num < 80) { /* (sm_70/75 modules: no block-form GEMV, and this model's projections
+                                     are too narrow for the tiled GEMM: its down projection stays in the chain) */
+        char arch[32];
+        snprintf(arch, sizeof arch, "%s", m->cuda->arch);
+        qsa_model_free(m);
+        SKIP("no side-stream launch for this model with a %s module (the block-form GEMV is sm_80+)", arch);
+    }
     jit_env_saved saved;
     jit_env_unset(&saved, "QSA_SHARED_SIDE");
     setenv("QSA_SHARED_SIDE", "0", 1);

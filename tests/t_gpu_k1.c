@@ -905,11 +905,11 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
              : form == 2 || form == 4 ? K1_GEMV_LOOP_GRID : (unsigned)((tiles * nseg + 3) / 4);            \
         if (form) {                                                                                     \
             CUdeviceptr xn0 = 0;                                                                        \
-            int hc0 = 0, whole = form >= 3;                                                             \
+            int hc0 = 0;                                                                                \
             grp.m[0].Y16 = *(CUdeviceptr *)(y16p);                                                      \
             grp.m[0].act_scale = *(float *)(actp);                                                      \
-            void *a_[] = {&dA, &grp, &M, &K, (accp), &dpart, &dcnt, &xn0, &hc0, &whole};                \
-            K1_TRY(k1_launch("qsa_k_gemv_blk", gx, 1, bx, a_));                                        \
+            void *a_[] = {&dA, &grp, &M, &K, (accp), &dpart, &dcnt, &xn0, &hc0};                        \
+            K1_TRY(k1_launch(form >= 3 ? "qsa_k_gemv_blk_whole" : "qsa_k_gemv_blk", gx, 1, bx, a_));   \
         } else if (nvfp4) {                                                                             \
             void *a_[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, (accp), &dpart, &dcnt, (y16p), (actp)};  \
             K1_TRY(k1_launch("qsa_k_gemv_nvfp4", gx, 1, bx, a_));                                      \
@@ -1023,8 +1023,8 @@ static void k1_gemv_group_case(int M, int K, int n) {
             gx = K1_GEMV_LOOP_GRID;
             if (rep == 2 || rep == 4)
                 for (int b = gx = 0; b < n; b++) gx += k1_gemv_groups(M, Ns[b], K) / (whole ? nseg : 1);
-            void *args[] = {&dA, &grp, &M, &K, &acc0, &dpart, &dcnt, &xn0, &hc0, &whole};
-            K1_TRY(k1_launch("qsa_k_gemv_blk", gx, 1, 128, args));
+            void *args[] = {&dA, &grp, &M, &K, &acc0, &dpart, &dcnt, &xn0, &hc0};
+            K1_TRY(k1_launch(whole ? "qsa_k_gemv_blk_whole" : "qsa_k_gemv_blk", gx, 1, 128, args));
         }
         for (int b = 0; b < n; b++) {
             char what[128];
@@ -1177,8 +1177,8 @@ static void k1_gemv_gres_case(int M, int H, int hc, int K, int with_bias) {
             qsa__gemv_group grp = k1_gemv_one(dW, dB, dinp, dinp16, N);
             int whole = rep >= 4;
             grid = rep == 2 ? k1_gemv_groups(M, N, K) : rep == 4 ? k1_gemv_groups(M, N, K) / nseg : K1_GEMV_LOOP_GRID;
-            void *args[] = {&dA, &grp, &M, &K, &acc0, &dpart, &dcnt, &dxn, &hc, &whole};
-            K1_TRY(k1_launch("qsa_k_gemv_blk", grid, 1, 128, args));
+            void *args[] = {&dA, &grp, &M, &K, &acc0, &dpart, &dcnt, &dxn, &hc};
+            K1_TRY(k1_launch(whole ? "qsa_k_gemv_blk_whole" : "qsa_k_gemv_blk", grid, 1, 128, args));
         }
         K1_TRY(k1_get(got, dinp, sizeof(float) * M * H));
         K1_TRY(k1_get(g16, dinp16, sizeof(uint16_t) * M * H));
