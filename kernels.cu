@@ -2128,6 +2128,17 @@ static __device__ __forceinline__ void qsa_gb_copy(const qsa_f16 *A, const qsa_g
  * 320: two segments), where the ticket and the completing warp's reload are most of a task.  (A
  * template: the split form compiles to its code without the whole form's, which doubles the
  * kernel.)  Every thread of the block calls it. */
+/* A tile's rows < prow as [prow][16] floats at p, from the mma accumulators d of the calling warp:
+   d[4 hh + 2 i + jj] is row lane / 4 + 8 i, column 8 hh + 2 (lane % 4) + jj */
+static __device__ __forceinline__ void qsa_gb_put_tile(float *p, const float *d, int prow) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = 2 * (lane & 3);
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+            if (g + 8 * i < prow)
+                *(float2 *)(p + (g + 8 * i) * 16 + 8 * hh + c) = make_float2(d[4 * hh + 2 * i], d[4 * hh + 2 * i + 1]);
+}
 template <bool whole>
 static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &grp, int M, int K, int accumulate,
                                        float *part, unsigned *count, const float *gxn, int ghc) {
@@ -2195,32 +2206,17 @@ static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &g
                 /* the folded tile [prow][16] into this warp's W tile of this stage (its ldmatrix
                    loads are done; the next copy into it follows the block barrier below) */
                 float *tt = (float *)(st + (q & 1) * QSA_GB_STAGE + (1 + warp) * QSA_GB_TILE);
-                const int g = lane >> 2, c = 2 * (lane & 3);
                 __syncwarp();
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-                    for (int i = 0; i < 2; i++)
-                        if (g + 8 * i < prow)
-                            *(float2 *)(tt + (g + 8 * i) * 16 + 8 * hh + c) =
-                                make_float2(T[4 * hh + 2 * i], T[4 * hh + 2 * i + 1]);
+                qsa_gb_put_tile(tt, T, prow);
                 __syncwarp();
                 qsa_gemv_fold<false>(tt, cur.m0, ntile * 16, M, mb.N, 1, mb.bias, mb.Y, mb.Y16, accumulate,
                                      mb.act_scale, gxn, ghc);
             }
         } else if (h && ntile < (mb.N + 15) / 16) {
-            /* the partial tile (rows < prow) straight from the mma's D: d[4 hh + 2 i + jj] is row
-               lane / 4 + 8 i, column 8 hh + 2 (lane % 4) + jj */
-            const int tile = ntile * mt + cur.m0 / 16, g = lane >> 2, c = 2 * (lane & 3);
+            /* the partial tile straight from the mma's D */
+            const int tile = ntile * mt + cur.m0 / 16;
             float *pt = part + cur.part_off + (qsa_i64)tile * nseg * prow * 16;
-            float *ps = pt + (qsa_i64)cur.seg * prow * 16;
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-                for (int i = 0; i < 2; i++)
-                    if (g + 8 * i < prow)
-                        *(float2 *)(ps + (g + 8 * i) * 16 + 8 * hh + c) =
-                            make_float2(d[4 * hh + 2 * i], d[4 * hh + 2 * i + 1]);
+            qsa_gb_put_tile(pt + (qsa_i64)cur.seg * prow * 16, d, prow);
             qsa_gemv_done(pt, count + cur.count_off, tile, cur.m0, ntile * 16, M, mb.N, nseg, mb.bias, mb.Y,
                           mb.Y16, accumulate, mb.act_scale, gxn, ghc);
         }

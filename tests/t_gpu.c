@@ -485,6 +485,27 @@ TEST(gpu, batch_cuda_graphs_equal_eager) {
     qsa_model_free(mg);
 }
 
+/* The all-position logits of one 150-token prompt (ids (i * mul + 7) % V) fed to m and to m0 are
+   bitwise equal. */
+static void gpu_check_prefill_same(qsa_model *m, qsa_model *m0, int mul, const char *what) {
+    int n = 150, V = m->cfg.vocab_size;
+    int32_t ids[150];
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * mul + 7) % V);
+    float *a = (float *)malloc(sizeof(float) * (size_t)n * V), *b = (float *)malloc(sizeof(float) * (size_t)n * V);
+    qsa_seq *sa = NULL, *sb = NULL;
+    CHECK_OK(qsa_seq_create(m, NULL, &sa));
+    CHECK_OK(qsa_seq_create(m0, NULL, &sb));
+    if (a && b && sa && sb) {
+        CHECK_OK(qsa_seq_feed(sa, ids, n, a, 1));
+        CHECK_OK(qsa_seq_feed(sb, ids, n, b, 1));
+        CHECKF(!memcmp(a, b, sizeof(float) * (size_t)n * V), "prefill logits differ %s", what);
+    }
+    qsa_seq_free(sa);
+    qsa_seq_free(sb);
+    free(a);
+    free(b);
+}
+
 /* Programmatic dependent launches (qsa__cu_launch_ex, sm_90+ modules on sm_90+ GPUs) change only
    when a kernel may start, never what it computes: a prefill's logits and graph-replayed batched
    decode give the bits of a model loaded with QSA_PDL=0. */
@@ -509,22 +530,7 @@ TEST(gpu, pdl_launches_equal_plain) {
     jit_env_restore(&saved);
     if (!ok) { qsa_model_free(m); return; }
     CHECK(m->cuda->pdl == 1 && m0->cuda->pdl == 0);
-    int n = 150, V = m->cfg.vocab_size;
-    int32_t ids[150];
-    for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 53 + 7) % V);
-    float *a = (float *)malloc(sizeof(float) * (size_t)n * V), *b = (float *)malloc(sizeof(float) * (size_t)n * V);
-    qsa_seq *sa = NULL, *sb = NULL;
-    CHECK_OK(qsa_seq_create(m, NULL, &sa));
-    CHECK_OK(qsa_seq_create(m0, NULL, &sb));
-    if (a && b && sa && sb) {
-        CHECK_OK(qsa_seq_feed(sa, ids, n, a, 1));
-        CHECK_OK(qsa_seq_feed(sb, ids, n, b, 1));
-        CHECKF(!memcmp(a, b, sizeof(float) * (size_t)n * V), "prefill logits differ with and without PDL");
-    }
-    qsa_seq_free(sa);
-    qsa_seq_free(sb);
-    free(a);
-    free(b);
+    gpu_check_prefill_same(m, m0, 53, "with and without PDL");
     bd_check_graphs_equal_eager(m0, m, "PDL on vs QSA_PDL=0");
     qsa_model_free(m);
     qsa_model_free(m0);
@@ -552,22 +558,7 @@ TEST(gpu, shared_side_stream_equals_chain) {
     int ok = gpu_model("qsa_hc4_ple_sharded", &mp, &m0);
     jit_env_restore(&saved);
     if (!ok) { qsa_model_free(m); return; }
-    int n = 150, V = m->cfg.vocab_size;
-    int32_t ids[150];
-    for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 29 + 3) % V);
-    float *a = (float *)malloc(sizeof(float) * (size_t)n * V), *b = (float *)malloc(sizeof(float) * (size_t)n * V);
-    qsa_seq *sa = NULL, *sb = NULL;
-    CHECK_OK(qsa_seq_create(m, NULL, &sa));
-    CHECK_OK(qsa_seq_create(m0, NULL, &sb));
-    if (a && b && sa && sb) {
-        CHECK_OK(qsa_seq_feed(sa, ids, n, a, 1));
-        CHECK_OK(qsa_seq_feed(sb, ids, n, b, 1));
-        CHECKF(!memcmp(a, b, sizeof(float) * (size_t)n * V), "prefill logits differ with the side stream");
-    }
-    qsa_seq_free(sa);
-    qsa_seq_free(sb);
-    free(a);
-    free(b);
+    gpu_check_prefill_same(m, m0, 29, "with the side stream and without");
     bd_check_graphs_equal_eager(m0, m, "side stream vs QSA_SHARED_SIDE=0 (graphs)");
     qsa_model *me = NULL;
     mp.cuda_graphs = -1; /* eager: the fork and join on live streams */
