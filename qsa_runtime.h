@@ -475,6 +475,11 @@ QSA_API qsa_result qsa_seq_feed(qsa_seq *seq, const int32_t *ids, int n, float *
    of them as they were.  A failure during the forward pass (device error, out of memory) may leave
    some sequences advanced (qsa_seq_pos tells which). */
 QSA_API qsa_result qsa_seq_feed_batch(qsa_seq **seqs, const int32_t *tokens, int n, float *logits);
+/* The same step, returning each sequence's greedy next token instead of its logits: next[i] = the
+   id of the largest logit of row i (the lowest id among equal maxima; NaN never wins), the token
+   qsa_sampler_sample picks at temperature 0.  On CUDA the arg-max runs on the device and n ids cross
+   to the host instead of n * vocab_size floats. */
+QSA_API qsa_result qsa_seq_feed_batch_greedy(qsa_seq **seqs, const int32_t *tokens, int n, int32_t *next);
 
 /* Sampling.  Zero-initialised = greedy.  temperature 0 = greedy (argmax, lowest id on ties). */
 typedef struct qsa_sampling_params {
@@ -6218,7 +6223,8 @@ QSA_PRIV qsa_result qsa__cuda_seq_create(qsa_model *m, qsa_seq *s);
 QSA_PRIV qsa_result qsa__cuda_seq_reset(qsa_model *m, qsa_seq *s);
 QSA_PRIV void qsa__cuda_seq_destroy(qsa_model *m, qsa_seq *s);
 QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, float *logits, int all_logits);
-QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int B, float *logits);
+QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int B, float *logits,
+                                           int32_t *next);
 QSA_PRIV int qsa__cuda_batch_ready(qsa_model *m);
 struct qsa__tp;
 QSA_PRIV qsa_result qsa__tp_init(qsa_model *m);
@@ -7378,7 +7384,7 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
        replay); the same bits (tests/t_gpu.c).  Its per-step buffers are made at the first such
        feed; if they cannot be, the chunked forward serves. */
     if (n == 1 && !m->tp && qsa__seq_batchable(sq) && qsa__cuda_batch_ready(m)) {
-        QSA__TRY(qsa__cuda_decode_batch(m, &sq, ids, 1, logits));
+        QSA__TRY(qsa__cuda_decode_batch(m, &sq, ids, 1, logits, NULL));
         sq->tokens[sq->pos++] = ids[0];
         return QSA_OK;
     }
@@ -7454,7 +7460,9 @@ QSA_PRIV void qsa__seq_unreserve(qsa_seq *s, int had) {
     while (s->n_pages > had) pl->free_pages[pl->n_free++] = s->bt[--s->n_pages];
 }
 
-QSA_IMPL qsa_result qsa_seq_feed_batch(qsa_seq **seqs, const int32_t *tokens, int n, float *logits) {
+QSA_PRIV int32_t qsa__argmax(const float *x, int n);
+/* qsa_seq_feed_batch (next NULL) and qsa_seq_feed_batch_greedy (logits NULL) */
+QSA_PRIV qsa_result qsa__feed_batch(qsa_seq **seqs, const int32_t *tokens, int n, float *logits, int32_t *next) {
     if (n < 0 || (n > 0 && (!seqs || !tokens))) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed_batch: bad arguments");
     if (n == 0) return QSA_OK;
     qsa_model *m = seqs[0] ? seqs[0]->m : NULL;
@@ -7465,9 +7473,21 @@ QSA_IMPL qsa_result qsa_seq_feed_batch(qsa_seq **seqs, const int32_t *tokens, in
             if (seqs[j] == seqs[i]) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed_batch: sequences %d and %d are the same", j, i);
         QSA__TRY(qsa__seq_feed_check(seqs[i], &tokens[i], 1));
     }
+    /* one forward pass for the batch on CUDA, else qsa_seq_feed per sequence (greedy: into a row) */
+    int batched = 0;
+#ifndef QSA_NO_CUDA
+    batched = 1;
+    for (int k = 0; batched && k < n; k++) batched = qsa__seq_batchable(seqs[k]);
+#endif
     /* pages for every sequence, in order, all or nothing */
+    size_t V = (size_t)m->cfg.vocab_size;
     int *had = QSA__ALLOC(int, n);
-    if (!had) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_seq_feed_batch: out of memory");
+    float *row = next && !batched ? QSA__ALLOC(float, V) : NULL;
+    if (!had || (next && !batched && !row)) {
+        qsa__free(had);
+        qsa__free(row);
+        return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_seq_feed_batch: out of memory");
+    }
     qsa_result r = QSA_OK;
     int i = 0;
     for (; i < n; i++) {
@@ -7480,27 +7500,36 @@ QSA_IMPL qsa_result qsa_seq_feed_batch(qsa_seq **seqs, const int32_t *tokens, in
         snprintf(msg, sizeof msg, "%s", qsa_last_error());
         while (--i >= 0) qsa__seq_unreserve(seqs[i], had[i]);
         qsa__free(had);
+        qsa__free(row);
         return qsa__fail(r, "qsa_seq_feed_batch: sequence %d: %s", bad, msg);
     }
     qsa__free(had);
-    size_t V = (size_t)m->cfg.vocab_size;
-    int batched = 0;
 #ifndef QSA_NO_CUDA
-    batched = 1;
-    for (int k = 0; batched && k < n; k++) batched = qsa__seq_batchable(seqs[k]);
     if (batched) {
         int group = m->params.max_batch < m->params.max_chunk ? m->params.max_batch : m->params.max_chunk;
         for (int t0 = 0; t0 < n; t0 += group) {
             int B = n - t0 < group ? n - t0 : group;
-            QSA__TRY(qsa__cuda_decode_batch(m, seqs + t0, tokens + t0, B, logits ? logits + (size_t)t0 * V : NULL));
+            r = qsa__cuda_decode_batch(m, seqs + t0, tokens + t0, B, logits ? logits + (size_t)t0 * V : NULL,
+                                       next ? next + t0 : NULL);
+            if (r != QSA_OK) break;
             for (int k = t0; k < t0 + B; k++) seqs[k]->tokens[seqs[k]->pos++] = tokens[k];
         }
-        return QSA_OK;
+        return r;
     }
 #endif
-    (void)batched;
-    for (int k = 0; k < n; k++) QSA__TRY(qsa__seq_feed(seqs[k], &tokens[k], 1, logits ? logits + (size_t)k * V : NULL, 0));
-    return QSA_OK;
+    for (int k = 0; r == QSA_OK && k < n; k++) {
+        r = qsa__seq_feed(seqs[k], &tokens[k], 1, next ? row : logits ? logits + (size_t)k * V : NULL, 0);
+        if (r == QSA_OK && next) next[k] = qsa__argmax(row, (int)V);
+    }
+    qsa__free(row);
+    return r;
+}
+QSA_IMPL qsa_result qsa_seq_feed_batch(qsa_seq **seqs, const int32_t *tokens, int n, float *logits) {
+    return qsa__feed_batch(seqs, tokens, n, logits, NULL);
+}
+QSA_IMPL qsa_result qsa_seq_feed_batch_greedy(qsa_seq **seqs, const int32_t *tokens, int n, int32_t *next) {
+    if (!next && n > 0) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed_batch_greedy: next is NULL");
+    return qsa__feed_batch(seqs, tokens, n, NULL, next);
 }
 
 /* ============================================================================================== */
@@ -7554,10 +7583,12 @@ QSA_IMPL void qsa_sampler_free(qsa_sampler *s) {
     qsa__free(s);
 }
 
+/* the lowest id among the largest logits; NaN never wins (a row of NaN gives 0): qsa_k_argmax's rule */
 QSA_PRIV int32_t qsa__argmax(const float *x, int n) {
-    int32_t best = 0;
-    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
-    return best;
+    int32_t best = -1;
+    for (int i = 0; i < n; i++)
+        if (x[i] == x[i] && (best < 0 || x[i] > x[best])) best = i;
+    return best < 0 ? 0 : best;
 }
 
 /* sort candidate ids by logit descending, lower id first on ties (heap sort: O(n log n), no recursion) */
@@ -8451,7 +8482,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
     X(attn_qk_prep_batch) X(indexer_prep_batch) X(block_keys_batch) X(block_scores_batch)                \
     X(topk_blocks_batch) X(sparse_attn_batch) X(gdn_conv_batch) X(sparse_attn_dec) X(sparse_attn_dec_batch) \
     X(gdn_recurrent_batch) X(gdn_recurrent_f16state_batch) X(ple_conv_batch)                             \
-    X(tp_sum) X(tp_ple_unshard)
+    X(tp_sum) X(tp_ple_unshard) X(argmax)
 
 typedef enum qsa__kid {
 #define QSA__KID(n) QSA__K_##n,
@@ -9996,6 +10027,7 @@ typedef struct qsa__dbatch {
     CUdeviceptr ple_e;          /* [n_ple][mb][ple_embed_dim] fp32 */
     CUdeviceptr scores;         /* [mb][max_blocks] */
     CUdeviceptr logits;         /* [mb][V] */
+    CUdeviceptr next;           /* [mb] int: the greedy ids (qsa_seq_feed_batch_greedy) */
     unsigned char *host;        /* host image of step */
     float *host_e;              /* host image of ple_e */
     qsa__dgraph *graphs;        /* [mb + 1], by B */
@@ -10051,6 +10083,7 @@ QSA_PRIV qsa_result qsa__cuda_batch_alloc_(qsa_model *m) {
     QSA__TRY(qsa__dalloc(g, &b->ple_e, (size_t)(b->n_ple ? b->n_ple : 1) * mb * D * 4, cnt, "batched decode"));
     QSA__TRY(qsa__dalloc(g, &b->scores, (size_t)mb * g->sc.max_blocks * 4, cnt, "batched decode"));
     QSA__TRY(qsa__dalloc(g, &b->logits, (size_t)mb * c->vocab_size * 4, cnt, "batched decode"));
+    QSA__TRY(qsa__dalloc(g, &b->next, (size_t)mb * 4, cnt, "batched decode"));
     return QSA_OK;
 }
 
@@ -10263,11 +10296,20 @@ QSA_PRIV qsa_result qsa__cuda_batch_capture(qsa_model *m, int B) {
 
 /* One decode step for B <= max_batch validated sequences of m (qsa_seq_feed_batch has checked the
    context and vocabulary and reserved the pages, and advances pos and tokens afterwards). */
-QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int B, float *logits) {
+QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int B, float *logits,
+                                           int32_t *next) {
     const qsa_model_config *c = &m->cfg;
     qsa__cuda *g = m->cuda;
     int L = c->num_hidden_layers, V = c->vocab_size, D = c->ple_embed_dim;
     if (B <= 0) return QSA_OK;
+    if (m->tp && next) { /* TP: the gathered rows, their arg-max here */
+        float *rows = logits ? logits : QSA__ALLOC(float, (size_t)B * V);
+        if (!rows) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "batched decode: out of memory");
+        qsa_result r = qsa__tp_decode_batch(m, seqs, tokens, B, rows);
+        for (int i = 0; r == QSA_OK && i < B; i++) next[i] = qsa__argmax(rows + (size_t)i * V, V);
+        if (rows != logits) qsa__free(rows);
+        return r;
+    }
     if (m->tp) return qsa__tp_decode_batch(m, seqs, tokens, B, logits); /* every local rank runs this function on its view */
     if (B > m->params.max_batch || B > g->sc.max_tokens)
         return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "batched decode: %d sequences exceed max_batch %d / max_chunk %d", B,
@@ -10332,6 +10374,10 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
     }
     if (logits && m->tpr) QSA__TRY(qsa__tp_logits_out(m, B, logits)); /* TP: the gathered rows in vocabulary order */
     else if (logits) QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(logits, bb->logits, (size_t)B * V * 4, g->stream));
+    if (next && !m->tpr) { /* greedy: B ids instead of B rows */
+        QSA__LAUNCH(g, argmax, B, 1, 1024, 0, &bb->logits, &bb->next, &V);
+        QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(next, bb->next, (size_t)B * 4, g->stream));
+    }
     QSA__CU(qsa__cu.cuStreamSynchronize(g->stream));
     /* the sequences' host-side layer state, as qsa_seq_feed leaves it */
     int r = c->has_qsa ? c->indexer_compress_ratio : 0;
@@ -11512,7 +11558,7 @@ QSA_PRIV qsa_result qsa__tp_decode_batch_job(qsa__tp_rank *rk, void *arg) {
         qsa__tp_seq_pull(rk, a->seqs[i], &v[i]);
         pv[i] = &v[i];
     }
-    if (r == QSA_OK) r = qsa__cuda_decode_batch(&rk->view, pv, a->tokens, a->B, lg);
+    if (r == QSA_OK) r = qsa__cuda_decode_batch(&rk->view, pv, a->tokens, a->B, lg, NULL);
     qsa__free(v);
     qsa__free(pv);
     return r;

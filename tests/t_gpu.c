@@ -227,7 +227,8 @@ static int32_t bd_argmax(const float *x, int V) {
 /* Runs requests reqs[0..nreq) (ids of bd_prompt) in that slot order; batched 1: qsa_seq_feed_batch
    steps; 0: qsa_seq_feed per request through the chunked forward (cuda_batch_decode off for those
    feeds: the reference); 2: qsa_seq_feed per request with the model's parameters (one token: the
-   batched step for a batch of one).  Writes lg[req][step][V] and tok[req][step] by request id.
+   batched step for a batch of one); 3: qsa_seq_feed_batch_greedy steps (the tokens only: lg is not
+   written).  Writes lg[req][step][V] and tok[req][step] by request id.
    shuffle: permute the pool's free list with this seed first (0: no), and hold pages with a filler
    sequence between the prefills (allocation invariance). */
 static void bd_run(qsa_model *m, const int *reqs, int nreq, int batched, uint64_t shuffle, float *lg, int32_t *tok) {
@@ -249,6 +250,12 @@ static void bd_run(qsa_model *m, const int *reqs, int nreq, int batched, uint64_
         if (filler) CHECK_OK(qsa_seq_feed(filler, ids, 1 + k % 5, NULL, 0)); /* pages taken between requests */
     }
     for (int st = 0; st < BD_STEPS && !T_.failed; st++) {
+        if (batched == 3) {
+            int32_t next[BD_MAXREQ];
+            CHECK_OK(qsa_seq_feed_batch_greedy(seqs, cur, nreq, next));
+            for (int k = 0; k < nreq; k++) cur[k] = tok[reqs[k] * BD_STEPS + st] = next[k];
+            continue;
+        }
         if (batched == 1) CHECK_OK(qsa_seq_feed_batch(seqs, cur, nreq, row));
         else {
             int keep = m->params.cuda_batch_decode;
@@ -265,6 +272,13 @@ done:
     for (int k = 0; k < nreq; k++) qsa_seq_free(seqs[k]);
     qsa_seq_free(filler);
     free(row);
+}
+
+/* Do requests reqs[0..n) have the same tokens as in the reference? */
+static int bd_tok_same(const int *reqs, int n, const int32_t *rtok, const int32_t *tok) {
+    for (int k = 0; k < n; k++)
+        if (memcmp(tok + (size_t)reqs[k] * BD_STEPS, rtok + (size_t)reqs[k] * BD_STEPS, sizeof(int32_t) * BD_STEPS)) return 0;
+    return 1;
 }
 
 /* Do requests reqs[0..n) have the same bits in (lg, tok) as in the reference? */
@@ -371,6 +385,24 @@ TEST(gpu, batch_decode_equals_single_feed) {
         bd_run(m, reqs, 32, 0, 0, p->ref, p->rtok); /* the same requests, fed one by one */
         bd_run(m, reqs, 32, 1, 0, p->lg, p->tok);
         CHECKF(bd_pair_same(m, reqs, 32, p), "batched decode differs from qsa_seq_feed");
+    }
+    bd_pair_free(p);
+    qsa_model_free(m);
+}
+
+/* (b0) qsa_seq_feed_batch_greedy: the arg-max on the device gives, step after step, the tokens that
+   the host's arg-max of qsa_seq_feed_batch's logits gives (graphs on: eager first steps, then
+   replays; the arg-max kernel runs after either), 12 requests. */
+TEST(gpu, batch_greedy_equals_host_argmax) {
+    qsa_model *m = NULL;
+    SHARDED_OR_SKIP(1, 1, &m);
+    bd_pair *p = bd_pair_new(m);
+    int reqs[12];
+    for (int k = 0; k < 12; k++) reqs[k] = (k * 7 + 2) % 12;
+    if (p) {
+        bd_run(m, reqs, 12, 1, 0, p->ref, p->rtok);
+        bd_run(m, reqs, 12, 3, 0, p->lg, p->tok);
+        CHECKF(bd_tok_same(reqs, 12, p->rtok, p->tok), "the device arg-max picked other tokens than the host's");
     }
     bd_pair_free(p);
     qsa_model_free(m);
@@ -621,6 +653,9 @@ TEST(cpu, seq_feed_batch_equals_feed_and_refuses_whole) {
         bd_run(m, reqs, 3, 0, 0, p->ref, p->rtok);
         bd_run(m, reqs, 3, 1, 0, p->lg, p->tok);
         CHECK(bd_pair_same(m, reqs, 3, p));
+        memset(p->tok, 0, sizeof p->tok);
+        bd_run(m, reqs, 3, 3, 0, p->lg, p->tok);
+        CHECKF(bd_tok_same(reqs, 3, p->rtok, p->tok), "qsa_seq_feed_batch_greedy: other tokens than the logits' arg-max");
     }
     /* refusal: the second sequence is full */
     qsa_seq_params sp = {4};
@@ -634,6 +669,10 @@ TEST(cpu, seq_feed_batch_equals_feed_and_refuses_whole) {
         int free0 = m->pool.n_free;
         CHECK_ERR(qsa_seq_feed_batch(both, ids, 2, p ? p->lg : NULL), QSA_ERR_CONTEXT_FULL, "context");
         CHECK(qsa_seq_pos(a) == 0 && qsa_seq_pos(b) == 4 && m->pool.n_free == free0);
+        int32_t next[2];
+        CHECK_ERR(qsa_seq_feed_batch_greedy(both, ids, 2, next), QSA_ERR_CONTEXT_FULL, "context");
+        CHECK(qsa_seq_pos(a) == 0 && qsa_seq_pos(b) == 4 && m->pool.n_free == free0);
+        CHECK_ERR(qsa_seq_feed_batch_greedy(both, ids, 2, NULL), QSA_ERR_INVALID_ARGUMENT, "NULL");
         both[1] = a;
         CHECK_ERR(qsa_seq_feed_batch(both, ids, 2, p ? p->lg : NULL), QSA_ERR_INVALID_ARGUMENT, "same");
     }

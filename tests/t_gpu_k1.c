@@ -1822,6 +1822,8 @@ TEST(gpu, k1_moe) {
     k1_moe_case(1, 512, 10, 64, 32, 0); /* decode-like routing: 10 single-pair tiles among 512 experts */
     k1_moe_case(7, 8, 3, 256, 384, 0);  /* aligned 16-byte rows both ways, down's last segment half full */
     k1_moe_case(4, 16, 4, 704, 640, 1); /* tiles of 1-4 pairs, 3 segments each way, K % 64 == 0: the ranges pipelined */
+    k1_moe_case(6, 24, 4, 1344, 576, 0); /* the same with 6 segments into gate_up: the 3-stage ring wraps */
+    k1_moe_case(40, 6, 3, 832, 704, 1);  /* tiles of 16 and ~4 pairs, 4 and 3 segments: both pipelined folds wrap */
 }
 
 /* qsa_k_moe_combine with the shared expert: out = (sum over slots of w * y) + sigmoid(gl) * sh,

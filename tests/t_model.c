@@ -412,6 +412,17 @@ TEST(cpu, sampler_greedy_seeded_and_filters) {
     memcpy(l, base, sizeof l);
     CHECK(qsa_sampler_sample(s, l, V, NULL, 0) == qsa__argmax(base, V));
     qsa_sampler_free(s);
+    /* the arg-max rule of the device kernel: lowest id on ties, NaN never wins, a row of NaN gives 0 */
+    {
+        float r[5] = {NAN, 1.0f, 3.0f, NAN, 3.0f};
+        CHECK(qsa__argmax(r, 5) == 2);
+        r[2] = r[4] = NAN;
+        CHECK(qsa__argmax(r, 5) == 1);
+        r[1] = NAN;
+        CHECK(qsa__argmax(r, 5) == 0);
+        float ninf[3] = {-INFINITY, -INFINITY, -INFINITY};
+        CHECK(qsa__argmax(ninf, 3) == 0);
+    }
     /* same seed, same tokens; another seed, another sequence */
     int32_t a[64], b[64], c2[64];
     p.temperature = 1.5f; p.top_p = 0.95f; p.seed = 42;

@@ -24,8 +24,10 @@
  *      "single": the batched step for a batch of one, replayed as a CUDA graph) and through the
  *      chunked forward (cuda_batch_decode off: "single, chunked forward"), and the batched path
  *      (qsa_seq_feed_batch with cuda_batch_decode = 1); larger batches run the batched path
- *      (--graphs adds rows with CUDA graphs); batch 1 then runs "single" once more ("single,
- *      again": the two should agree).  Each row's note gives its fastest and slowest step.  The
+ *      (--graphs adds rows with CUDA graphs, and rows with CUDA graphs and the greedy pick on the
+ *      device, qsa_seq_feed_batch_greedy: "batched+graphs, greedy ids", B ids to the host instead
+ *      of B x vocabulary logits); batch 1 then runs "single" once more ("single, again": the two
+ *      should agree).  Each row's note gives its fastest and slowest step.  The
  *      batched rows run after everything else, and a failure there is recorded in its row (a sticky
  *      CUDA error ends the run, the table is still printed).
  * Timings use CUDA events on the backend's stream (cuEventRecord / cuEventElapsedTime) around
@@ -1278,9 +1280,10 @@ static void plan_decode(bench *b, bench_plan *pl, int page_size, double avail) {
     const qsa_model_config *c = &b->cfg;
     memset(pl, 0, sizeof *pl);
     int per_mode = b->o.warmup + b->o.steps;
-    /* at most 5 modes per row (single, chunked forward, batched, graphs, single again) + 2 profiles;
-       --marginal profiles 3 steps more (its timed steps take fresh sequences) */
-    pl->steps_per_seq = per_mode * 5 + 8 + (b->o.marginal ? 4 : 0);
+    /* at most 6 modes per row (single, chunked forward, batched, graphs, graphs with greedy ids,
+       single again) + 2 profiles; --marginal profiles 3 steps more (its timed steps take fresh
+       sequences) */
+    pl->steps_per_seq = per_mode * 6 + 8 + (b->o.marginal ? 4 : 0);
     int ctxs[2], nctx = 0;
     ctxs[nctx++] = b->o.ctx;
     long long lng = (long long)c->max_position_embeddings - pl->steps_per_seq - 1;
@@ -1480,7 +1483,9 @@ static void nvml_note(char *out, size_t n, unsigned lo, unsigned hi, unsigned lo
 
 /* Decode steps on B sequences: mode 0 qsa_seq_feed (B = 1) with the library's defaults (batched
    step and graphs on), 1 batched, 2 batched + CUDA graphs, 3 qsa_seq_feed (B = 1) through the
-   chunked forward (cuda_batch_decode off).  The per-launch profile: modes 1 and 3 (eager). */
+   chunked forward (cuda_batch_decode off), 4 as 2 through qsa_seq_feed_batch_greedy (the arg-max on
+   the device: B ids cross to the host instead of B logits rows; the ids are checked to be in the
+   vocabulary).  The per-launch profile: modes 1 and 3 (eager). */
 static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, int mode, float *logits, const char *tag) {
     qsa_model *m = b->m;
     int V = m->cfg.vocab_size;
@@ -1488,9 +1493,10 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     snprintf(cfg, sizeof cfg, "B=%d ctx=%d %s", B, ctx, tag);
     if (!may_run(b, "decode", cfg)) return QSA_OK;
     const int single = mode == 0 || mode == 3;
-    m->params.cuda_batch_decode = mode <= 2;
-    m->params.cuda_graphs = mode == 0 || mode == 2;
-    int32_t *tok = QSA__ALLOC(int32_t, B);
+    m->params.cuda_batch_decode = mode <= 2 || mode == 4;
+    m->params.cuda_graphs = mode == 0 || mode == 2 || mode == 4;
+    int32_t *tok = QSA__ALLOC(int32_t, 2 * B), *next = tok + B;
+    long bad_ids = 0;
     double t[256], wall[256];
     int n = 0, total = b->o.warmup + b->o.steps;
     if (total > 256) total = 256;
@@ -1519,8 +1525,12 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
         for (int k = 0; k < B; k++) tok[k] = (int32_t)(rng_next(b) % (uint64_t)V);
         double ms, h0 = qsa__now();
         r = ev_begin(b);
-        if (r == QSA_OK) r = single ? qsa_seq_feed(seqs[0], tok, 1, logits, 0) : qsa_seq_feed_batch(seqs, tok, B, logits);
+        if (r == QSA_OK)
+            r = single      ? qsa_seq_feed(seqs[0], tok, 1, logits, 0)
+                : mode == 4 ? qsa_seq_feed_batch_greedy(seqs, tok, B, next)
+                            : qsa_seq_feed_batch(seqs, tok, B, logits);
         if (r == QSA_OK) r = ev_end(b, &ms);
+        for (int k = 0; r == QSA_OK && mode == 4 && k < B; k++) bad_ids += next[k] < 0 || next[k] >= V;
         if (r == QSA_OK && i >= b->o.warmup) {
             wall[n] = 1e3 * (qsa__now() - h0);
             t[n++] = ms;
@@ -1556,13 +1566,13 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     w->per_tok = d.total / B;
     w->achieved = d.total / (w->ms * 1e-3) / 1e9;
     w->frac = b->copy_gbs > 0 ? w->achieved / b->copy_gbs : -1;
-    long bad = count_nonfinite(logits, (size_t)B * V);
+    long bad = mode == 4 ? 0 : count_nonfinite(logits, (size_t)B * V);
     /* (median sorted t: its first and last steps are the fastest and the slowest) */
     char clk[160];
     nvml_note(clk, sizeof clk, clk_lo, clk_hi, clk_why);
     snprintf(w->note, sizeof w->note, "host wall %.3f ms; steps %.3f-%.3f ms; %.0f experts/layer%s%s", median(wall, n), t[0],
-             t[n - 1], d.unique_experts, clk, bad ? "; NON-FINITE LOGITS" : "");
-    if (bad) b->failed = 1;
+             t[n - 1], d.unique_experts, clk, bad ? "; NON-FINITE LOGITS" : bad_ids ? "; IDS OUTSIDE THE VOCABULARY" : "");
+    if (bad || bad_ids) b->failed = 1;
     row_print(w);
     return QSA_OK;
 }
@@ -1801,6 +1811,7 @@ static qsa_result bench_decode(bench *b, bench_plan *pl, float *logits) {
             if (B == 1 && !b->broken) bench_decode_mode(b, seqs, 1, ctx, 3, logits, "single, chunked forward");
             if (!b->broken) bench_decode_mode(b, seqs, B, ctx, 1, logits, "batched");
             if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 2, logits, "batched+graphs");
+            if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 4, logits, "batched+graphs, greedy ids");
             /* the first row again, after the others: the two should agree (a difference is a warm-up or
                ordering effect of the context's first steps, not of the path) */
             if (B == 1 && !b->broken) bench_decode_mode(b, seqs, 1, ctx, 0, logits, "single, again");
