@@ -11887,9 +11887,11 @@ struct qsa_sched {
     float *logits;             /* [max_batch][vocab] */
     qsa_seq **b_seq;           /* decode batch [max_batch] */
     int32_t *b_tok;
+    int32_t *b_next;           /* the greedy tokens of a step whose requests are all greedy */
     qsa_result *b_res;
     qsa__sched_req **b_req;
     long long n_steps, n_prefill_tokens, n_decode_tokens;
+    long long n_greedy_steps;  /* decode steps that took the greedy ids, not the logits */
     qsa__sched_logits_hook logits_hook;
     void *hook_user;
 };
@@ -11945,9 +11947,10 @@ QSA_IMPL qsa_result qsa_sched_create(qsa_model *m, const qsa_sched_params *param
     s->logits = QSA__ALLOC(float, (size_t)p.max_batch * (size_t)m->cfg.vocab_size);
     s->b_seq = QSA__ALLOC(qsa_seq *, p.max_batch);
     s->b_tok = QSA__ALLOC(int32_t, p.max_batch);
+    s->b_next = QSA__ALLOC(int32_t, p.max_batch);
     s->b_res = QSA__ALLOC(qsa_result, p.max_batch);
     s->b_req = QSA__ALLOC(qsa__sched_req *, p.max_batch);
-    if (!s->logits || !s->b_seq || !s->b_tok || !s->b_res || !s->b_req) {
+    if (!s->logits || !s->b_seq || !s->b_tok || !s->b_next || !s->b_res || !s->b_req) {
         qsa_sched_free(s);
         return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sched_create: out of memory for a batch of %d x %d logits",
                          p.max_batch, m->cfg.vocab_size);
@@ -12290,14 +12293,15 @@ QSA_PRIV void qsa__sched_accept(qsa_sched *s, qsa__sched_req *q, int32_t t) {
 }
 
 /* One decode step for n sequences: feed tokens[i] to seqs[i]; the logits of that token go to
-   logits_out + i * vocab; res[i] is sequence i's result and the return value the first failure.
+   logits_out + i * vocab, or with next_out (logits_out NULL) its greedy token to next_out[i]
+   (qsa_seq_feed_batch_greedy); res[i] is sequence i's result and the return value the first failure.
    Each sequence is checked and given its pages first, in order (a refusal is that request's alone,
    with qsa_seq_feed's status and message); the others go through qsa_seq_feed_batch together (on
    CUDA one forward pass; on the CPU a loop over qsa_seq_feed: the same pages in the same order and
    the same bits as feeding them one by one).  The batch is compacted in place (b_seq/b_tok of the
    caller) and its logits rows moved back to their slots. */
 QSA_PRIV qsa_result qsa__sched_decode_batch(qsa_sched *s, qsa_seq *const *seqs, const int32_t *tokens, int n, float *logits_out,
-                                            qsa_result *res) {
+                                            int32_t *next_out, qsa_result *res) {
     size_t V = (size_t)s->m->cfg.vocab_size;
     qsa_result first = QSA_OK;
     char msg[1024];
@@ -12325,7 +12329,8 @@ QSA_PRIV qsa_result qsa__sched_decode_batch(qsa_sched *s, qsa_seq *const *seqs, 
     int32_t *before = QSA__ALLOC(int32_t, nok > 0 ? nok : 1);
     qsa_result r = before ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "scheduler: out of memory");
     for (int k = 0; r == QSA_OK && k < nok; k++) before[k] = ok_seq[k]->pos;
-    if (r == QSA_OK) r = qsa_seq_feed_batch(ok_seq, ok_tok, nok, logits_out);
+    if (r == QSA_OK)
+        r = next_out ? qsa_seq_feed_batch_greedy(ok_seq, ok_tok, nok, next_out) : qsa_seq_feed_batch(ok_seq, ok_tok, nok, logits_out);
     if (r != QSA_OK && first == QSA_OK) {
         first = r;
         snprintf(msg, sizeof msg, "%s", qsa_last_error());
@@ -12334,7 +12339,8 @@ QSA_PRIV qsa_result qsa__sched_decode_batch(qsa_sched *s, qsa_seq *const *seqs, 
     for (int k = nok - 1; k >= 0; k--) {
         int i = ok_at[k];
         if (r != QSA_OK && (!before || ok_seq[k]->pos == before[k])) res[i] = r; /* not advanced */
-        if (i != k) memmove(logits_out + (size_t)i * V, logits_out + (size_t)k * V, V * sizeof(float));
+        if (i != k && next_out) next_out[i] = next_out[k];
+        else if (i != k) memmove(logits_out + (size_t)i * V, logits_out + (size_t)k * V, V * sizeof(float));
     }
     qsa__free(before);
     qsa__free(ok_seq); qsa__free(ok_tok); qsa__free(ok_at);
@@ -12381,19 +12387,31 @@ QSA_PRIV void qsa__sched_admit(qsa_sched *s) {
     }
 }
 
-/* One token for every request that was decoding when the step began. */
+/* Does qsa_sampler_sample pick the arg-max of the logits as they come (temperature 0, no repetition
+   penalty)? */
+QSA_PRIV int qsa__sampler_greedy(const qsa_sampler *smp) {
+    const qsa_sampling_params *p = &smp->p;
+    return p->temperature <= 0.0f && !(p->repetition_penalty > 0 && p->repetition_penalty != 1.0f);
+}
+
+/* One token for every request that was decoding when the step began.  When every one of them is
+   greedy and no logits hook is set, the step returns their tokens (the arg-max on the device)
+   instead of their logits: the same tokens, without the batch's logits crossing to the host. */
 QSA_PRIV void qsa__sched_decode(qsa_sched *s) {
-    int n = 0;
+    int n = 0, greedy = !s->logits_hook;
     for (int i = 0; i < s->n_reqs && n < s->p.max_batch; i++) {
         qsa__sched_req *q = s->reqs[i];
         if (q->status != QSA_REQ_DECODE) continue;
         s->b_req[n] = q;
         s->b_seq[n] = q->seq;
         s->b_tok[n] = q->tokens[q->n_tokens - 1];
+        greedy &= qsa__sampler_greedy(q->smp);
         n++;
     }
     if (!n) return;
-    qsa_result first = qsa__sched_decode_batch(s, s->b_seq, s->b_tok, n, s->logits, s->b_res);
+    qsa_result first = qsa__sched_decode_batch(s, s->b_seq, s->b_tok, n, greedy ? NULL : s->logits, greedy ? s->b_next : NULL,
+                                               s->b_res);
+    s->n_greedy_steps += greedy;
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", first != QSA_OK ? qsa_last_error() : "");
     for (int i = 0; i < n; i++) qsa__sched_account(s, s->b_req[i]);
@@ -12403,7 +12421,7 @@ QSA_PRIV void qsa__sched_decode(qsa_sched *s) {
         if (q->status != QSA_REQ_DECODE) continue; /* cancelled by an earlier request's callback */
         if (s->b_res[i] != QSA_OK) { qsa__sched_end_failed(s, q, QSA_REQ_ERROR, s->b_res[i], msg); continue; }
         s->n_decode_tokens++;
-        qsa__sched_accept(s, q, qsa__sched_sample(s, q, s->logits + (size_t)i * V));
+        qsa__sched_accept(s, q, greedy ? s->b_next[i] : qsa__sched_sample(s, q, s->logits + (size_t)i * V));
     }
 }
 
@@ -12537,6 +12555,7 @@ QSA_IMPL void qsa_sched_free(qsa_sched *s) {
     qsa__free(s->logits);
     qsa__free(s->b_seq);
     qsa__free(s->b_tok);
+    qsa__free(s->b_next);
     qsa__free(s->b_res);
     qsa__free(s->b_req);
     qsa__free(s);

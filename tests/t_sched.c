@@ -721,3 +721,59 @@ static void ts_batch_invariance(qsa_backend be) {
     qsa_model_free(m);
 }
 TS_BOTH(batch_invariance)
+
+/* A decode step whose requests are all greedy, with no logits hook, takes their tokens from
+   qsa_seq_feed_batch_greedy (on CUDA the arg-max on the device): the same tokens as the logits path
+   (forced by a hook that reads nothing), 8 requests; with a sampled request among them its decode
+   steps keep the logits, and the greedy requests' tokens do not change. */
+static void ts_nop_hook(void *user, int64_t id, int index, const float *logits, int vocab) {
+    (void)user; (void)id; (void)index; (void)logits; (void)vocab;
+}
+static void ts_greedy_steps(qsa_backend be) {
+    qsa_model *m = ts_load(be, TS_FIXTURE, 16, 0);
+    if (!m) TS_UNAVAILABLE(be, "fixture %s: %s", TS_FIXTURE, qsa_last_error());
+    int V = qsa_model_get_config(m)->vocab_size;
+    enum { N = 8, MAXT = 12 };
+    int32_t prompts[N][40], tok[3][N][MAXT];
+    int ntok[3][N];
+    long long greedy[3] = {0, 0, 0};
+    memset(tok, 0, sizeof tok);
+    for (int i = 0; i < N; i++) ts_prompt(prompts[i], 40, 300 + i, V);
+    for (int pass = 0; pass < 3; pass++) {
+        qsa_sched_params sp;
+        memset(&sp, 0, sizeof sp);
+        qsa_sched *s = NULL;
+        CHECK_OK(qsa_sched_create(m, &sp, &s));
+        if (!s) break;
+        if (pass == 1) s->logits_hook = ts_nop_hook;
+        int64_t id[N];
+        for (int i = 0; i < N; i++) {
+            qsa_request_params rp;
+            memset(&rp, 0, sizeof rp);
+            rp.prompt = prompts[i];
+            rp.n_prompt = 10 + 3 * i;
+            rp.max_tokens = 6 + i % 4;
+            rp.ignore_eos = 1;
+            if (pass == 2 && i == 3) { rp.sampling.temperature = 0.7f; rp.sampling.seed = 5; }
+            CHECK_OK(qsa_sched_submit(s, &rp, &id[i]));
+        }
+        CHECK_OK(qsa_sched_run(s));
+        for (int i = 0; i < N; i++) {
+            qsa_request_result r;
+            CHECK_OK(qsa_sched_poll(s, id[i], &r));
+            CHECK(r.status == QSA_REQ_DONE && r.n_tokens == 6 + i % 4);
+            ntok[pass][i] = r.n_tokens;
+            memcpy(tok[pass][i], r.tokens, sizeof(int32_t) * (size_t)(r.n_tokens < MAXT ? r.n_tokens : MAXT));
+        }
+        greedy[pass] = s->n_greedy_steps;
+        qsa_sched_free(s);
+    }
+    CHECKF(greedy[0] > 0 && greedy[1] == 0 && greedy[2] < greedy[0], "greedy steps: %lld, %lld with a hook, %lld with a sampled request",
+           greedy[0], greedy[1], greedy[2]);
+    for (int i = 0; i < N; i++) {
+        CHECKF(ntok[0][i] == ntok[1][i] && !memcmp(tok[0][i], tok[1][i], sizeof tok[0][i]), "request %d: greedy ids differ from the logits' arg-max", i);
+        if (i != 3) CHECKF(!memcmp(tok[0][i], tok[2][i], sizeof tok[0][i]), "request %d: tokens changed beside a sampled request", i);
+    }
+    qsa_model_free(m);
+}
+TS_BOTH(greedy_steps)
