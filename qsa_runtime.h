@@ -8625,6 +8625,8 @@ QSA_PRIV qsa_result qsa__tp_logits(qsa_model *m, CUdeviceptr dlogits, int rows, 
 QSA_PRIV qsa_result qsa__tp_logits_gather(qsa_model *m, CUdeviceptr dlogits, int rows);
 QSA_PRIV qsa_result qsa__tp_logits_out(qsa_model *m, int rows, float *dst);
 QSA_PRIV qsa_result qsa__tp_decode_batch(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int B, float *logits);
+QSA_PRIV qsa_result qsa__tp_decode_greedy(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int B, float *logits,
+                                          int32_t *next);
 QSA_PRIV qsa_result qsa__tp_chunk(qsa_seq *sq, const int32_t *ids, int M, float *logits, int all_logits);
 QSA_PRIV qsa_result qsa__tp_seq_create(qsa_model *m, qsa_seq *s);
 QSA_PRIV qsa_result qsa__tp_seq_reset(qsa_model *m, qsa_seq *s);
@@ -10302,14 +10304,7 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
     qsa__cuda *g = m->cuda;
     int L = c->num_hidden_layers, V = c->vocab_size, D = c->ple_embed_dim;
     if (B <= 0) return QSA_OK;
-    if (m->tp && next) { /* TP: the gathered rows, their arg-max here */
-        float *rows = logits ? logits : QSA__ALLOC(float, (size_t)B * V);
-        if (!rows) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "batched decode: out of memory");
-        qsa_result r = qsa__tp_decode_batch(m, seqs, tokens, B, rows);
-        for (int i = 0; r == QSA_OK && i < B; i++) next[i] = qsa__argmax(rows + (size_t)i * V, V);
-        if (rows != logits) qsa__free(rows);
-        return r;
-    }
+    if (m->tp && next) return qsa__tp_decode_greedy(m, seqs, tokens, B, logits, next);
     if (m->tp) return qsa__tp_decode_batch(m, seqs, tokens, B, logits); /* every local rank runs this function on its view */
     if (B > m->params.max_batch || B > g->sc.max_tokens)
         return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "batched decode: %d sequences exceed max_batch %d / max_chunk %d", B,
@@ -11237,6 +11232,8 @@ struct qsa__tp {
     unsigned long long mask;
     qsa__tp_job job;
     void *arg;
+    float *greedy_rows;         /* qsa__tp_decode_greedy's rows when the caller takes no logits */
+    size_t greedy_cap;          /* (floats) */
 };
 
 /* Per sequence: every local rank's device state and its copy of the host-side layer state (block
@@ -11582,6 +11579,24 @@ QSA_PRIV qsa_result qsa__tp_decode_batch(qsa_model *m, qsa_seq **seqs, const int
     return QSA_OK;
 }
 
+/* The greedy step under TP: the gathered rows (into logits, or a buffer kept for the next step), their
+   arg-max on the host. */
+QSA_PRIV qsa_result qsa__tp_decode_greedy(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int B, float *logits,
+                                          int32_t *next) {
+    qsa__tp *t = m->tp;
+    size_t V = (size_t)m->cfg.vocab_size;
+    if (!logits && t->greedy_cap < (size_t)B * V) {
+        float *p = (float *)qsa__realloc(t->greedy_rows, sizeof(float) * (size_t)B * V);
+        if (!p) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "batched decode: out of host memory for %d rows of logits", B);
+        t->greedy_rows = p;
+        t->greedy_cap = (size_t)B * V;
+    }
+    float *rows = logits ? logits : t->greedy_rows;
+    QSA__TRY(qsa__tp_decode_batch(m, seqs, tokens, B, rows));
+    for (int i = 0; i < B; i++) next[i] = qsa__argmax(rows + (size_t)i * V, (int)V);
+    return QSA_OK;
+}
+
 /* ---- bring-up and tear-down ---- */
 
 QSA_PRIV qsa_result qsa__tp_rank_init_job(qsa__tp_rank *rk, void *arg) {
@@ -11677,6 +11692,7 @@ QSA_PRIV void qsa__tp_free(qsa_model *m) {
     qsa__free(t->ranks);
     qsa__free(t->vbegin);
     qsa__free(t->vcount);
+    qsa__free(t->greedy_rows);
     qsa__free(t);
     m->tp = NULL;
     m->cuda = NULL;
