@@ -1,0 +1,89 @@
+#!/bin/sh
+# ab.sh - A/B decode throughput of several revisions in one GPU machine session: the same bench command
+# on each in turn, alternating, so that the machine's drift (clocks, a neighbour, another host) falls
+# on every revision alike.
+#
+#   sh tools/ab.sh prepare REV...            # here: export each revision (git archive; "." = the tracked
+#                                            # files as they are now) into build/ab/<n>-<name>
+#   sh tools/ab.sh run [ROUNDS] [-- ARGS]    # on the GPU machine (carry build/ab): build tools/bench in each,
+#                                            # compile its kernels once into its own cache, then ROUNDS
+#                                            # (default 2) rounds of every revision's bench with ARGS
+#
+# ARGS default to "--no-ceilings --batches 1,8,32 --no-long --graphs --prefill 16 --prefill-reps 1
+# --steps 10".  JSON results go to $OUT (or build/ab/out) as <n>-<name>.<round>.json, and a table of the
+# decode rows' tok/s is printed (one line per revision and round).
+set -eu
+dir=build/ab
+cmd=${1:-}
+[ -n "$cmd" ] && shift
+case "$cmd" in
+prepare)
+    [ $# -ge 1 ] || { echo "usage: sh tools/ab.sh prepare REV..." >&2; exit 2; }
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    n=0
+    for rev in "$@"; do
+        n=$((n + 1))
+        name=$(printf '%s' "$rev" | tr -c 'A-Za-z0-9._-' '_')
+        [ "$rev" = . ] && name=worktree
+        d="$dir/$n-$name"
+        mkdir -p "$d"
+        src=$rev
+        if [ "$rev" = . ]; then # the tracked files as they are now (a commit object that no branch holds)
+            src=$(git stash create)
+            [ -n "$src" ] || src=HEAD
+        fi
+        git archive "$src" | tar -x -C "$d"
+        echo "$d: $(git rev-parse --short "$rev^{commit}" 2>/dev/null || git rev-parse --short HEAD)$([ "$rev" = . ] && echo ' + working tree changes')"
+    done
+    du -sh "$dir" | sed 's/^/size to carry: /'
+    ;;
+run)
+    rounds=2
+    case "${1:-}" in [0-9]*) rounds=$1; shift ;; esac
+    [ "${1:-}" = -- ] && shift
+    args=${*:-"--no-ceilings --batches 1,8,32 --no-long --graphs --prefill 16 --prefill-reps 1 --steps 10"}
+    out=${OUT:-$dir/out}
+    mkdir -p "$out"
+    trees=$(ls -d "$dir"/[0-9]*-* 2>/dev/null) || true
+    [ -n "$trees" ] || { echo "ab.sh: nothing in $dir (sh tools/ab.sh prepare REV... first)" >&2; exit 2; }
+    for d in $trees; do (cd "$d" && make -j8 tools/bench > "$out/$(basename "$d").build.txt" 2>&1) &
+    done
+    wait
+    for d in $trees; do
+        [ -x "$d/tools/bench" ] || { echo "ab.sh: $d did not build (see $out/$(basename "$d").build.txt)" >&2; exit 1; }
+        # the kernels once into the revision's own cache (a warm JIT for every timed run)
+        (cd "$d" && QSA_CACHE_DIR="/tmp/qsa-ab-cache/$(basename "$d")" ./tools/bench --quick --no-ceilings > /dev/null 2>&1) ||
+            echo "ab.sh: $d: the warm-up run failed" >&2
+    done
+    for r in $(seq 1 "$rounds"); do
+        for d in $trees; do
+            b=$(basename "$d")
+            # shellcheck disable=SC2086
+            (cd "$d" && QSA_CACHE_DIR="/tmp/qsa-ab-cache/$b" ./tools/bench $args --out "$out/$b.$r.json" > "$out/$b.$r.txt" 2>&1) ||
+                echo "ab.sh: $b round $r: the bench failed (see $out/$b.$r.txt)" >&2
+        done
+    done
+    python3 - "$out" <<'EOF'
+import glob, json, os, sys
+out = sys.argv[1]
+rows, table = [], []
+for f in sorted(glob.glob(os.path.join(out, '*.json')), key=lambda p: (p.rsplit('.', 2)[1], p)):
+    try:
+        d = json.load(open(f))
+    except (OSError, ValueError):
+        continue
+    r = {x['config']: x['tok_s'] for x in d.get('results', []) if x.get('what') == 'decode' and x.get('status') == 'measured'}
+    for k in r:
+        if k not in rows: rows.append(k)
+    table.append((os.path.basename(f)[:-5], r))
+print('tok/s | ' + ' | '.join(rows))
+for name, r in table:
+    print(name + ' | ' + ' | '.join('%.1f' % r[k] if k in r else '-' for k in rows))
+EOF
+    ;;
+*)
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    exit 2
+    ;;
+esac
