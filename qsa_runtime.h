@@ -7463,14 +7463,15 @@ QSA_PRIV void qsa__seq_unreserve(qsa_seq *s, int had) {
 QSA_PRIV int32_t qsa__argmax(const float *x, int n);
 /* qsa_seq_feed_batch (next NULL) and qsa_seq_feed_batch_greedy (logits NULL) */
 QSA_PRIV qsa_result qsa__feed_batch(qsa_seq **seqs, const int32_t *tokens, int n, float *logits, int32_t *next) {
-    if (n < 0 || (n > 0 && (!seqs || !tokens))) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed_batch: bad arguments");
+    const char *fn = next ? "qsa_seq_feed_batch_greedy" : "qsa_seq_feed_batch"; /* (for the messages) */
+    if (n < 0 || (n > 0 && (!seqs || !tokens))) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "%s: bad arguments", fn);
     if (n == 0) return QSA_OK;
     qsa_model *m = seqs[0] ? seqs[0]->m : NULL;
     for (int i = 0; i < n; i++) {
         if (!seqs[i] || seqs[i]->m != m)
-            return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed_batch: sequence %d is NULL or of another model", i);
+            return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "%s: sequence %d is NULL or of another model", fn, i);
         for (int j = 0; j < i; j++)
-            if (seqs[j] == seqs[i]) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed_batch: sequences %d and %d are the same", j, i);
+            if (seqs[j] == seqs[i]) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "%s: sequences %d and %d are the same", fn, j, i);
         QSA__TRY(qsa__seq_feed_check(seqs[i], &tokens[i], 1));
     }
     /* one forward pass for the batch on CUDA, else qsa_seq_feed per sequence (greedy: into a row) */
@@ -7486,7 +7487,7 @@ QSA_PRIV qsa_result qsa__feed_batch(qsa_seq **seqs, const int32_t *tokens, int n
     if (!had || (next && !batched && !row)) {
         qsa__free(had);
         qsa__free(row);
-        return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_seq_feed_batch: out of memory");
+        return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
     qsa_result r = QSA_OK;
     int i = 0;
@@ -7501,7 +7502,7 @@ QSA_PRIV qsa_result qsa__feed_batch(qsa_seq **seqs, const int32_t *tokens, int n
         while (--i >= 0) qsa__seq_unreserve(seqs[i], had[i]);
         qsa__free(had);
         qsa__free(row);
-        return qsa__fail(r, "qsa_seq_feed_batch: sequence %d: %s", bad, msg);
+        return qsa__fail(r, "%s: sequence %d: %s", fn, bad, msg);
     }
     qsa__free(had);
 #ifndef QSA_NO_CUDA

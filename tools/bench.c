@@ -1495,7 +1495,7 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     const int single = mode == 0 || mode == 3;
     m->params.cuda_batch_decode = mode <= 2 || mode == 4;
     m->params.cuda_graphs = mode == 0 || mode == 2 || mode == 4;
-    int32_t *tok = QSA__ALLOC(int32_t, 2 * B), *next = tok + B;
+    int32_t *tok = QSA__ALLOC(int32_t, 2 * B), *next = tok ? tok + B : NULL;
     long bad_ids = 0;
     double t[256], wall[256];
     int n = 0, total = b->o.warmup + b->o.steps;
