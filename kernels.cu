@@ -617,9 +617,13 @@ static __device__ __forceinline__ void qsa_ld_nvfp4_seg(const qsa_wsrc &w, int n
  * the block scale (an fp16 itself) has at most 6 significant bits and is a multiple of 2^-24, the
  * smallest fp16 subnormal (checked for all 16 x 255 finite pairs; the bit placement for random words).
  * The global scale times 2^14 multiplies each segment's fp32 partial P_s (qsa_pscale) before it is
- * folded or stored, in every NVFP4 path alike; the weights are never rounded.  Per 8 weights: 6
- * integer operations for the fp16 high bytes of the even and odd elements (ev: byte j = element
- * 2j's, od: 2j + 1's), then a byte permute, a mask and an fp16x2 multiply per pair. */
+ * folded or stored, in every NVFP4 path alike; the weights are never rounded.
+ * On the device every 32-bit word of packed weights is in the dequantisation's order
+ * (qsa_k_nvfp4_order, run once on upload): byte j holds element j in its low nibble and element
+ * j + 4 in its high nibble (the checkpoint's byte j holds elements 2j and 2j + 1).  Per 8 weights: 6
+ * integer operations for the fp16 high bytes of elements 0-3 (lo: byte j = element j's) and 4-7 (hi),
+ * then a byte permute against zero (two high bytes, two zero low bytes: one fp16x2) and an fp16x2
+ * multiply per pair — 14 instructions where the checkpoint's order needed a mask more per pair. */
 static __device__ __forceinline__ qsa_u32 qsa_prmt(qsa_u32 a, qsa_u32 b, qsa_u32 sel) {
     qsa_u32 d;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
@@ -630,18 +634,35 @@ static __device__ __forceinline__ qsa_u32 qsa_hmul2(qsa_u32 a, qsa_u32 b) {
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     return d;
 }
-/* 8 elements (one 32-bit word of q, element 2j in the low nibble of byte j) as fp16 bits of
-   e2m1 * scale * 2^-14; sc2: the block scale as fp16 in both halves */
+/* 8 elements (one 32-bit word of q in the device order: element j in the low nibble of byte j,
+   element j + 4 in its high nibble) as fp16 bits of e2m1 * scale * 2^-14; sc2: the block scale as
+   fp16 in both halves */
 static __device__ __forceinline__ uint4 qsa_dq8(qsa_u32 w, qsa_u32 sc2) {
     const qsa_u32 C = 0x0E0E0E0Eu, s = w & 0x88888888u;
-    const qsa_u32 ev = ((w << 1) & C) | ((s << 4) & ~C); /* magnitude bits 0-2 -> 1-3, sign 3 -> 7 */
-    const qsa_u32 od = ((w >> 3) & C) | (s & ~C);        /* magnitude bits 4-6 -> 1-3, sign 7 stays */
+    const qsa_u32 lo = ((w << 1) & C) | ((s << 4) & ~C); /* magnitude bits 0-2 -> 1-3, sign 3 -> 7 */
+    const qsa_u32 hi = ((w >> 3) & C) | (s & ~C);        /* magnitude bits 4-6 -> 1-3, sign 7 stays */
     uint4 u;
-    u.x = qsa_hmul2(qsa_prmt(ev, od, 0x4400u) & 0xFF00FF00u, sc2); /* elements 0, 1 */
-    u.y = qsa_hmul2(qsa_prmt(ev, od, 0x5511u) & 0xFF00FF00u, sc2); /* 2, 3 */
-    u.z = qsa_hmul2(qsa_prmt(ev, od, 0x6622u) & 0xFF00FF00u, sc2); /* 4, 5 */
-    u.w = qsa_hmul2(qsa_prmt(ev, od, 0x7733u) & 0xFF00FF00u, sc2); /* 6, 7 */
+    u.x = qsa_hmul2(qsa_prmt(lo, 0u, 0x1404u), sc2); /* elements 0, 1: bytes (0, lo 0, 0, lo 1) */
+    u.y = qsa_hmul2(qsa_prmt(lo, 0u, 0x3424u), sc2); /* 2, 3 */
+    u.z = qsa_hmul2(qsa_prmt(hi, 0u, 0x1404u), sc2); /* 4, 5 */
+    u.w = qsa_hmul2(qsa_prmt(hi, 0u, 0x3424u), sc2); /* 6, 7 */
     return u;
+}
+/* A checkpoint word (element i in nibble i) in the device order (element j in nibble 2j, element j
+   + 4 in nibble 2j + 1): the host's qsa__nvfp4_order_word */
+static __device__ __forceinline__ qsa_u32 qsa_nvfp4_order_word(qsa_u32 w) {
+    qsa_u32 r = 0u;
+#pragma unroll
+    for (int j = 0; j < 4; j++) r |= ((w >> (4 * j)) & 15u) << (8 * j) | ((w >> (4 * j + 16)) & 15u) << (8 * j + 4);
+    return r;
+}
+/* Packed NVFP4 weights, n words (4 bytes each: 8 elements of a row; rows are K/2 = 8j bytes), from the
+ * checkpoint's order into the device order of qsa_dq8, in place.  The host runs it once per packed
+ * tensor after its upload (qsa__dlin_up).  Launch: any grid, any block. */
+extern "C" __global__ void qsa_k_nvfp4_order(qsa_u32 *q, qsa_i64 n) {
+    QSA_PDL_ENTRY();
+    for (qsa_i64 i = (qsa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (qsa_i64)gridDim.x * blockDim.x)
+        q[i] = qsa_nvfp4_order_word(q[i]);
 }
 /* The two block scales of bytes 0 and 1 of v, each as fp16 in both halves (lo: byte 0's) */
 static __device__ __forceinline__ void qsa_scale2(qsa_u32 v, qsa_u32 &lo, qsa_u32 &hi) {
@@ -1619,7 +1640,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_f16(const qsa_f16 *
     qsa_gemm<false>(A, ws, bias, Y, M, N, K, accumulate);
 }
 
-/* The same with NVFP4 weights (W4A16): q u8 [N][K/2] (element 2j in the low nibble of byte j),
+/* The same with NVFP4 weights (W4A16): q u8 [N][K/2] (in the device order, qsa_dq8),
  * s E4M3 [N][K/16], global scale s2; w = e2m1 * e4m3 * s2, fed as the exact fp16 e2m1 * e4m3 * 2^-14
  * with each segment's partial times s2 * 2^14 (see the GEMM machinery comment).  No bias (NVFP4
  * linears have none).  Launch: as qsa_k_gemm_f16. */

@@ -8483,7 +8483,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
     X(attn_qk_prep_batch) X(indexer_prep_batch) X(block_keys_batch) X(block_scores_batch)                \
     X(topk_blocks_batch) X(sparse_attn_batch) X(gdn_conv_batch) X(sparse_attn_dec) X(sparse_attn_dec_batch) \
     X(gdn_recurrent_batch) X(gdn_recurrent_f16state_batch) X(ple_conv_batch)                             \
-    X(tp_sum) X(tp_ple_unshard) X(argmax)
+    X(tp_sum) X(tp_ple_unshard) X(argmax) X(nvfp4_order)
 
 typedef enum qsa__kid {
 #define QSA__KID(n) QSA__K_##n,
@@ -8797,7 +8797,12 @@ QSA_PRIV qsa_result qsa__dlin_up(qsa__cuda *g, qsa__dlin *d, const qsa__lin *l, 
     if (l->bias) QSA__TRY(qsa__dvec(g, &d->bias, l->bias, (size_t)l->out, what));
     if (!l->w) {
         d->s2 = l->qscale2;
-        QSA__TRY(qsa__dupload(g, &d->q, l->q, (size_t)l->out * (size_t)(l->in / 2), what));
+        long long words = (long long)l->out * (l->in / 8);
+        QSA__TRY(qsa__dupload(g, &d->q, l->q, (size_t)words * 4, what));
+        /* the packed words into the device order (kernels.cu: qsa_dq8), on the legacy stream after the copy */
+        void *args[] = {&d->q, &words};
+        unsigned gx = (unsigned)((words + 255) / 256 < 1024 ? (words + 255) / 256 : 1024);
+        if (words) QSA__TRY(qsa__cu_launch_ex(g->k[QSA__K_nvfp4_order], "qsa_k_nvfp4_order", gx, 1, 1, 256, 1, 1, 0, 0, args, 0));
         return qsa__dupload(g, &d->s, l->qscale, (size_t)l->out * (size_t)(l->in / 16), what);
     }
     size_t n = (size_t)l->out * (size_t)l->in, over = 0;

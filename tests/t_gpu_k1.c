@@ -578,6 +578,66 @@ static void k1_dequant_nvfp4(const uint8_t *q, const uint8_t *s, float s2, float
     free(tmp);
 }
 
+/* Packed NVFP4 weights in the device order (kernels.cu: qsa_dq8; the runtime's qsa_k_nvfp4_order on
+   upload): per 4-byte group, byte j = element j (low nibble) and element j + 4 (high nibble), where the
+   checkpoint's byte j holds elements 2j and 2j + 1.  bytes: a multiple of 4. */
+static void k1_order_q(uint8_t *dst, const uint8_t *src, size_t bytes) {
+    for (size_t i = 0; i + 4 <= bytes; i += 4) {
+        unsigned nib[8];
+        for (int e = 0; e < 8; e++) nib[e] = (src[i + e / 2] >> (4 * (e & 1))) & 15u;
+        for (int j = 0; j < 4; j++) dst[i + j] = (uint8_t)(nib[j] | nib[j + 4] << 4);
+    }
+}
+/* device memory owned by m: checkpoint-order packed weights q (bytes) in the device order, `off` bytes
+   into the allocation (*d is its start) */
+static qsa_result k1_dev_q(k1_mem *m, CUdeviceptr *d, const uint8_t *q, size_t bytes, size_t off) {
+    uint8_t *t = (uint8_t *)calloc(bytes + off + 1, 1);
+    if (!t) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "k1 test: out of host memory");
+    k1_order_q(t + off, q, bytes);
+    qsa_result r = k1_dev(m, d, t, bytes + off);
+    free(t);
+    return r;
+}
+
+/* The runtime's reordering kernel (run on every packed tensor it uploads) against k1_order_q, on random
+   bytes over a grid that loops, and on all 16 codes in every nibble position. */
+TEST(gpu, k1_nvfp4_order) {
+    K1_NEED_GPU();
+    enum { NW = 70001 };
+    k1_mem mem = {{0}, 0, {0}, 0};
+    uint8_t *q, *want, *got;
+    CUdeviceptr dq;
+    long long n = NW;
+    K1_ALLOC(q, uint8_t, 4 * NW);
+    K1_ALLOC(want, uint8_t, 4 * NW);
+    K1_ALLOC(got, uint8_t, 4 * NW);
+    k1_seed(77);
+    for (size_t i = 0; i < 4 * (size_t)NW; i++) q[i] = (uint8_t)k1_u(0, 256);
+    for (int e = 0; e < 8; e++) /* words 0-15: code c in element e of word c, the other elements 0 */
+        for (int c = 0; c < 16; c++) {
+            uint32_t w = (uint32_t)c << (4 * e);
+            for (int b = 0; b < 4; b++) q[4 * (16 * e + c) + b] = (uint8_t)(w >> (8 * b));
+        }
+    k1_order_q(want, q, 4 * (size_t)NW);
+    K1_TRY(k1_dev(&mem, &dq, q, 4 * (size_t)NW));
+    {
+        void *args[] = {&dq, &n};
+        K1_TRY(k1_launch("qsa_k_nvfp4_order", 37, 1, 128, args));
+    }
+    K1_TRY(k1_get(got, dq, 4 * (size_t)NW));
+    CHECK(memcmp(got, want, 4 * (size_t)NW) == 0);
+    /* element e of a word lands where qsa_dq8 takes it: e < 4 the low nibble of byte e, else the high
+       nibble of byte e - 4 */
+    for (int e = 0; e < 8; e++)
+        for (int c = 0; c < 16; c++) {
+            const uint8_t *w = got + 4 * (16 * e + c);
+            uint32_t v = (uint32_t)w[0] | (uint32_t)w[1] << 8 | (uint32_t)w[2] << 16 | (uint32_t)w[3] << 24;
+            CHECKF(v == (uint32_t)c << (e < 4 ? 8 * e : 8 * (e - 4) + 4), "element %d code %d -> word %08x", e, c, v);
+        }
+done:
+    k1_free(&mem);
+}
+
 /* Random NVFP4 weights [N][K]: q, s, and their dequantised values wf with global scale s2. */
 static void k1_rand_nvfp4(uint8_t *q, uint8_t *s, float s2, float *wf, int N, int K) {
     for (size_t i = 0; i < (size_t)N * K / 2; i++) q[i] = (uint8_t)k1_u(0, 256);
@@ -648,7 +708,7 @@ static void k1_gemm_case(int M, int N, int K, int nvfp4) {
     K1_TRY(k1_dev(&mem, &dA, a16, sizeof(uint16_t) * M * K));
     K1_TRY(k1_dev(&mem, &dY, NULL, sizeof(float) * ny));
     if (nvfp4) {
-        K1_TRY(k1_dev(&mem, &dq, q, (size_t)N * K / 2));
+        K1_TRY(k1_dev_q(&mem, &dq, q, (size_t)N * K / 2, 0));
         K1_TRY(k1_dev(&mem, &ds, s, (size_t)N * K / 16));
     } else {
         K1_TRY(k1_dev(&mem, &dW, w16, sizeof(uint16_t) * N * K));
@@ -689,8 +749,7 @@ static void k1_gemm_case(int M, int N, int K, int nvfp4) {
     CHECK(!k1_same("gemm: misaligned A", Y, Y2, ny, 4));
     if (nvfp4) {
         /* packed weights one byte off 4-byte alignment: byte loads, same bits */
-        memmove(q + 1, q, (size_t)N * K / 2);
-        K1_TRY(k1_dev(&mem, &dq1, q, (size_t)N * K / 2 + 1));
+        K1_TRY(k1_dev_q(&mem, &dq1, q, (size_t)N * K / 2, 1));
         dq1 += 1;
         K1_TRY(k1_poison(dY, sizeof(float) * ny));
         K1_GEMM(k1_gemm_grid(M, N), dA, dq1, &acc0);
@@ -700,7 +759,7 @@ static void k1_gemm_case(int M, int N, int K, int nvfp4) {
            weights e2m1 * e4m3 * 2^-14 (exact in fp32 and in fp16), bit for bit */
         float s2u = ldexpf(1.0f, -14);
         K1_ALLOC(w16, uint16_t, (size_t)N * K);
-        k1_dequant_nvfp4(q + 1, s, s2u, wf, N, K); /* (the packed weights moved one byte up above) */
+        k1_dequant_nvfp4(q, s, s2u, wf, N, K);
         for (size_t i = 0; i < (size_t)N * K; i++) {
             w16[i] = qsa__f32_to_f16(wf[i]);
             if (qsa__f16_to_f32(w16[i]) != wf[i]) {
@@ -770,7 +829,7 @@ static void k1_gemm_batch(int nvfp4, int K) { /* K 784: 4 segments, 256, 256, 25
         K1_ALLOC(q, uint8_t, N * K / 2);
         K1_ALLOC(s, uint8_t, N * K / 16);
         k1_rand_nvfp4(q, s, s2, wf, N, K);
-        K1_TRY(k1_dev(&mem, &dq, q, N * K / 2));
+        K1_TRY(k1_dev_q(&mem, &dq, q, (size_t)N * K / 2, 0));
         K1_TRY(k1_dev(&mem, &ds, s, N * K / 16));
     } else {
         K1_ALLOC(w16, uint16_t, N * K);
@@ -867,7 +926,7 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
         K1_ALLOC(q, uint8_t, N * K / 2);
         K1_ALLOC(s, uint8_t, N * K / 16);
         k1_rand_nvfp4(q, s, s2, wf, N, K);
-        K1_TRY(k1_dev(&mem, &dq, q, (size_t)N * K / 2));
+        K1_TRY(k1_dev_q(&mem, &dq, q, (size_t)N * K / 2, 0));
         K1_TRY(k1_dev(&mem, &ds, s, (size_t)N * K / 16));
     } else {
         K1_ALLOC(w16, uint16_t, N * K);
@@ -1521,7 +1580,7 @@ static void k1_moe_case(int M, int E, int K, int H, int I, int act) {
             else k1_rand_nvfp4(q + n / 2 * e, s + n / 16 * e, s2, wall + n * e, m < 2 ? I : H, m < 2 ? H : I);
         }
         K1_TRY(k1_dev(&mem, &d16, w16, n * 2 * E));
-        K1_TRY(k1_dev(&mem, &dq, q, n / 2 * E));
+        K1_TRY(k1_dev_q(&mem, &dq, q, n / 2 * E, 0));
         K1_TRY(k1_dev(&mem, &ds, s, n / 16 * E));
         for (int e = 0; e < E; e++) {
             unsigned long long p16 = e % 2 == 0 ? d16 + n * 2 * e : 0, pq = e % 2 ? dq + n / 2 * e : 0,
