@@ -649,7 +649,7 @@ static __device__ __forceinline__ uint4 qsa_dq8(qsa_u32 w, qsa_u32 sc2) {
     return u;
 }
 /* A checkpoint word (element i in nibble i) in the device order (element j in nibble 2j, element j
-   + 4 in nibble 2j + 1): the host's qsa__nvfp4_order_word */
+   + 4 in nibble 2j + 1; the tests check it against their host permutation, k1_order_q) */
 static __device__ __forceinline__ qsa_u32 qsa_nvfp4_order_word(qsa_u32 w) {
     qsa_u32 r = 0u;
 #pragma unroll

@@ -49,7 +49,8 @@
  * MEMORY
  *   Checkpoints are memory-mapped.  The CPU backend widens dense BF16/F16 weights to fp32 at load,
  *   keeps NVFP4 experts packed and reads the PLE tables from the mapping.  The CUDA backend uploads
- *   dense weights as FP16 (values beyond the FP16 range are reported), NVFP4 experts packed, and
+ *   dense weights as FP16 (values beyond the FP16 range are reported), NVFP4 experts packed (each
+ *   4-byte word's nibbles reordered on the device for the kernels' dequantisation), and
  *   leaves the PLE tables in host memory (only gathered rows travel).  KV pages come from one pool
  *   per model (qsa_model_params.kv_pool_tokens); per-sequence recurrent state is allocated when a
  *   sequence is created.  Under tensor parallelism the host converts only the replicated dense
