@@ -10,8 +10,10 @@
 #                                            # (default 2) rounds of every revision's bench with ARGS
 #
 # ARGS default to "--no-ceilings --batches 1,8,32 --no-long --graphs --prefill 16 --prefill-reps 1
-# --steps 10".  JSON results go to $OUT (or build/ab/out) as <n>-<name>.<round>.json, and a table of the
-# decode rows' tok/s is printed (one line per revision and round).
+# --steps 10".  Results go to build/ab/out as <n>-<name>.<round>.json (and .txt, the bench's output), and a
+# table of the decode rows' tok/s is printed (one line per revision and round).  With $OUT set (the device
+# tool's output folder, which takes only a few files) the table and one archive of build/ab/out go there:
+# $OUT/ab.txt and $OUT/ab.tgz.
 set -eu
 dir=build/ab
 cmd=${1:-}
@@ -43,7 +45,8 @@ run)
     case "${1:-}" in [0-9]*) rounds=$1; shift ;; esac
     [ "${1:-}" = -- ] && shift
     args=${*:-"--no-ceilings --batches 1,8,32 --no-long --graphs --prefill 16 --prefill-reps 1 --steps 10"}
-    out=${OUT:-$dir/out}
+    out=$(pwd)/$dir/out
+    rm -rf "$out"
     mkdir -p "$out"
     trees=$(ls -d "$dir"/[0-9]*-* 2>/dev/null) || true
     [ -n "$trees" ] || { echo "ab.sh: nothing in $dir (sh tools/ab.sh prepare REV... first)" >&2; exit 2; }
@@ -51,7 +54,11 @@ run)
     done
     wait
     for d in $trees; do
-        [ -x "$d/tools/bench" ] || { echo "ab.sh: $d did not build (see $out/$(basename "$d").build.txt)" >&2; exit 1; }
+        if [ ! -x "$d/tools/bench" ]; then
+            echo "ab.sh: $d did not build (see $out/$(basename "$d").build.txt)" >&2
+            [ -z "${OUT:-}" ] || cp "$out/$(basename "$d").build.txt" "$OUT/"
+            exit 1
+        fi
         # the kernels once into the revision's own cache (a warm JIT for every timed run)
         (cd "$d" && QSA_CACHE_DIR="/tmp/qsa-ab-cache/$(basename "$d")" ./tools/bench --quick --no-ceilings > /dev/null 2>&1) ||
             echo "ab.sh: $d: the warm-up run failed" >&2
@@ -64,7 +71,7 @@ run)
                 echo "ab.sh: $b round $r: the bench failed (see $out/$b.$r.txt)" >&2
         done
     done
-    python3 - "$out" <<'EOF'
+    python3 - "$out" > "$out/table.txt" <<'EOF'
 import glob, json, os, sys
 out = sys.argv[1]
 rows, table = [], []
@@ -81,6 +88,11 @@ print('tok/s | ' + ' | '.join(rows))
 for name, r in table:
     print(name + ' | ' + ' | '.join('%.1f' % r[k] if k in r else '-' for k in rows))
 EOF
+    cat "$out/table.txt"
+    if [ -n "${OUT:-}" ]; then
+        cp "$out/table.txt" "$OUT/ab.txt"
+        tar -czf "$OUT/ab.tgz" -C "$dir" out
+    fi
     ;;
 *)
     sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
