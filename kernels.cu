@@ -2353,8 +2353,9 @@ static __device__ __forceinline__ qsa_wsrc qsa_expert_ws(const qsa_expert_w &ex,
  * (its rank there is its global rank when that is < K, and >= K otherwise).  Other shapes take the
  * repeated block arg-max; the same selection and weights either way.  (Measured on the H200 at the
  * real shape, E = 512, K = 10, one token: ~12.5 us per launch when each value was ranked among its
- * warp's 64 by shuffles and each of the 80 candidates against all 80 by one thread.)  The entry point's last parameter (qsa_router_extra,
- * below) adds the shared expert's SwiGLU middle and the expert plan to the launch.
+ * warp's 64 by shuffles and each of the 80 candidates against all 80 by one thread; batch 1 +1.7%
+ * with this.)  The entry point's last parameter (qsa_router_extra, below) adds the shared expert's
+ * SwiGLU middle and the expert plan to the launch.
  * Launch: grid (M), block 256 (the sum's bits depend on the block size: keep 256). */
 #define QSA_ROUTER_REG 4    /* probabilities per thread kept in registers: E <= 4 * blockDim.x (1,024 at 256) */
 #define QSA_ROUTER_CAND 512 /* candidates of the rank selection: blockDim.x / 32 * K at most */

@@ -695,7 +695,7 @@ static void k1_gemm_case(int M, int N, int K, int nvfp4) {
     k1_seed(100 + (uint64_t)M * 7 + (uint64_t)N * 13 + (uint64_t)K + (uint64_t)nvfp4);
     k1_fill16(a16, af, (size_t)M * K, -1, 1);
     if (nvfp4) {
-        K1_ALLOC(q, uint8_t, (size_t)N * K / 2 + 8);
+        K1_ALLOC(q, uint8_t, (size_t)N * K / 2);
         K1_ALLOC(s, uint8_t, (size_t)N * K / 16);
         k1_rand_nvfp4(q, s, s2, wf, N, K);
     } else {
