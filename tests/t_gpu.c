@@ -538,6 +538,16 @@ static void gpu_check_prefill_same(qsa_model *m, qsa_model *m0, int mul, const c
     free(b);
 }
 
+/* gpu_model with the environment switch `var` set to "0" for the load (restored after it) */
+static int gpu_model_switched_off(const char *fixture, qsa_model_params *mp, const char *var, qsa_model **m) {
+    jit_env_saved saved;
+    jit_env_unset(&saved, var);
+    setenv(var, "0", 1);
+    int ok = gpu_model(fixture, mp, m);
+    jit_env_restore(&saved);
+    return ok;
+}
+
 /* Programmatic dependent launches (qsa__cu_launch_ex, sm_90+ modules on sm_90+ GPUs) change only
    when a kernel may start, never what it computes: a prefill's logits and graph-replayed batched
    decode give the bits of a model loaded with QSA_PDL=0. */
@@ -555,12 +565,7 @@ TEST(gpu, pdl_launches_equal_plain) {
         SKIP("no programmatic dependent launch here (device cc %d, module %s, cuLaunchKernelEx %s)", cc, arch,
              qsa__cu.cuLaunchKernelEx ? "present" : "absent");
     }
-    jit_env_saved saved;
-    jit_env_unset(&saved, "QSA_PDL");
-    setenv("QSA_PDL", "0", 1);
-    int ok = gpu_model("qsa_hc4_ple_sharded", &mp, &m0);
-    jit_env_restore(&saved);
-    if (!ok) { qsa_model_free(m); return; }
+    if (!gpu_model_switched_off("qsa_hc4_ple_sharded", &mp, "QSA_PDL", &m0)) { qsa_model_free(m); return; }
     CHECK(m->cuda->pdl == 1 && m0->cuda->pdl == 0);
     gpu_check_prefill_same(m, m0, 53, "with and without PDL");
     bd_check_graphs_equal_eager(m0, m, "PDL on vs QSA_PDL=0");
@@ -584,12 +589,7 @@ TEST(gpu, shared_side_stream_equals_chain) {
         qsa_model_free(m);
         SKIP("no side-stream launch for this model with a %s module (the block-form GEMV is sm_80+)", arch);
     }
-    jit_env_saved saved;
-    jit_env_unset(&saved, "QSA_SHARED_SIDE");
-    setenv("QSA_SHARED_SIDE", "0", 1);
-    int ok = gpu_model("qsa_hc4_ple_sharded", &mp, &m0);
-    jit_env_restore(&saved);
-    if (!ok) { qsa_model_free(m); return; }
+    if (!gpu_model_switched_off("qsa_hc4_ple_sharded", &mp, "QSA_SHARED_SIDE", &m0)) { qsa_model_free(m); return; }
     gpu_check_prefill_same(m, m0, 29, "with the side stream and without");
     bd_check_graphs_equal_eager(m0, m, "side stream vs QSA_SHARED_SIDE=0 (graphs)");
     qsa_model *me = NULL;
