@@ -8571,6 +8571,8 @@ typedef struct qsa__cuda {
     int gemv_blk_min_m;          /* rows from which qsa__gemv_groups takes the block form (QSA__GEMV_BLK_MIN_M; $QSA_GEMV_BLK_MIN_M) */
     int gemv_whole_segs;         /* K segments up to which qsa__gemv_blk takes whole-K groups (QSA__GEMV_WHOLE_SEGS; $QSA_GEMV_WHOLE_SEGS) */
     int gemv_force_whole;        /* qsa__gemv_blk takes whole-K groups whatever K (set around the side stream's launches) */
+    int gemv_whole_min_groups;   /* ... and wherever its whole-K groups number at least this many (the SM count;
+                                    $QSA_GEMV_WHOLE_MIN_GROUPS: a positive count, or 0: never) */
     int shared_side;             /* the shared expert's down projection on the side stream (qsa__cuda_moe; $QSA_SHARED_SIDE "0": never) */
     long long side_launches;     /* ... how many times it went there (tests) */
     int moe64_pairs;             /* qsa__moe_tr's threshold (QSA__MOE64_PAIRS; $QSA_MOE64_PAIRS) */
@@ -9072,7 +9074,7 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    and $QSA_TILED_TILES replace qsa__tiled_small's thresholds (QSA__TILED_M tokens, the SM count of
    tiles); $QSA_GEMV_BLOCKS_PER_SM replaces QSA__GEMV_BLOCKS (qsa__gemv_blk_grid), $QSA_GEMV_BLK_MIN_M
    QSA__GEMV_BLK_MIN_M (qsa__gemv_groups), $QSA_GEMV_WHOLE_SEGS (0 or more) QSA__GEMV_WHOLE_SEGS
-   (qsa__gemv_blk); $QSA_SHARED_SIDE "0" keeps the shared expert's down projection in the chain
+   and $QSA_GEMV_WHOLE_MIN_GROUPS (0: never) the SM count (qsa__gemv_blk); $QSA_SHARED_SIDE "0" keeps the shared expert's down projection in the chain
    (qsa__cuda_moe). */
 QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     const char *e = getenv("QSA_GEMV_BLOCKS_PER_SM");
@@ -9081,6 +9083,8 @@ QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     g->gemv_blk_min_m = e && atoi(e) > 0 ? atoi(e) : QSA__GEMV_BLK_MIN_M;
     e = getenv("QSA_GEMV_WHOLE_SEGS");
     g->gemv_whole_segs = e && atoi(e) >= 0 ? atoi(e) : QSA__GEMV_WHOLE_SEGS;
+    e = getenv("QSA_GEMV_WHOLE_MIN_GROUPS");
+    g->gemv_whole_min_groups = e && atoi(e) >= 0 ? atoi(e) : (g->sm_count > 0 ? g->sm_count : 1);
     e = getenv("QSA_SHARED_SIDE");
     g->shared_side = !(e && !strcmp(e, "0"));
     e = getenv("QSA_XW_WHOLE_PER_SM");
@@ -9361,8 +9365,12 @@ QSA_PRIV unsigned qsa__gemv_blk_grid(const qsa__cuda *g, long long groups) {
 }
 /* qsa_k_gemv_blk over A16 for grp's members (accumulate, and the mix of qsa_k_gemv_gres with xn and
    hc) where the block form applies (qsa__gemv_groups); *launched says whether it did.  K of at most
-   gemv_whole_segs segments (or gemv_force_whole) takes whole-K groups, qsa_k_gemv_blk_whole (each
-   warp folds its tile's segments in registers; no partial tiles, no tickets; the same bits). */
+   gemv_whole_segs segments (or gemv_force_whole), or a launch with at least gemv_whole_min_groups
+   whole-K groups (one per SM), takes whole-K groups, qsa_k_gemv_blk_whole (each warp folds its tile's
+   segments in registers; no partial tiles, no tickets; the same bits).  (The second rule: on the
+   H200, real shape, the GDN input group's 258 groups and attention q/k/v's 208 at K = 2,560 and the
+   lm_head's; B=1 134.8 / 134.1 -> 136.6 / 137.3 tok/s, B=8 +graphs 501.4 / 497.9 -> 508.5 / 507.8;
+   the lm_head alone: no change.) */
 QSA_PRIV qsa_result qsa__gemv_blk(qsa__cuda *g, CUdeviceptr A16, int M, int K, qsa__gemv_group *grp, int acc,
                                   CUdeviceptr xn, int hc, int *launched) {
     int Ns[QSA__GEMV_GROUP];
@@ -9376,7 +9384,8 @@ QSA_PRIV qsa_result qsa__gemv_blk(qsa__cuda *g, CUdeviceptr A16, int M, int K, q
     if (!groups) return QSA_OK;
     int nseg = (K + 255) / 256;
     CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
-    if (g->gemv_force_whole || nseg <= g->gemv_whole_segs)
+    if (g->gemv_force_whole || nseg <= g->gemv_whole_segs ||
+        (g->gemv_whole_min_groups > 0 && groups / nseg >= g->gemv_whole_min_groups))
         QSA__LAUNCH(g, gemv_blk_whole, qsa__gemv_blk_grid(g, groups / nseg), 1, 32 * QSA__GEMV_WARPS, 0, &A16, grp, &M,
                     &K, &acc, &part, &cnt, &xn, &hc);
     else

@@ -538,14 +538,17 @@ static void gpu_check_prefill_same(qsa_model *m, qsa_model *m0, int mul, const c
     free(b);
 }
 
-/* gpu_model with the environment switch `var` set to "0" for the load (restored after it) */
-static int gpu_model_switched_off(const char *fixture, qsa_model_params *mp, const char *var, qsa_model **m) {
+/* gpu_model with the environment switch `var` set to `value` for the load (restored after it) */
+static int gpu_model_env(const char *fixture, qsa_model_params *mp, const char *var, const char *value, qsa_model **m) {
     jit_env_saved saved;
     jit_env_unset(&saved, var);
-    setenv(var, "0", 1);
+    setenv(var, value, 1);
     int ok = gpu_model(fixture, mp, m);
     jit_env_restore(&saved);
     return ok;
+}
+static int gpu_model_switched_off(const char *fixture, qsa_model_params *mp, const char *var, qsa_model **m) {
+    return gpu_model_env(fixture, mp, var, "0", m);
 }
 
 /* Programmatic dependent launches (qsa__cu_launch_ex, sm_90+ modules on sm_90+ GPUs) change only
@@ -602,6 +605,27 @@ TEST(gpu, shared_side_stream_equals_chain) {
     /* the switch took effect: decode steps went to the side stream, none without it */
     CHECKF(m->cuda->side_launches > 0 && m0->cuda->side_launches == 0, "side launches %lld / %lld",
            m->cuda->side_launches, m0->cuda->side_launches);
+    qsa_model_free(m);
+    qsa_model_free(m0);
+}
+
+/* Whole-K groups in the block-form GEMV (qsa_k_gemv_blk_whole), which the runtime takes for launches
+   with at least one whole group per SM (none of this model's), give the bits of the split form: every
+   block-form launch whole ($QSA_GEMV_WHOLE_MIN_GROUPS=1) against none (=0), prefill logits and
+   batched decode eager against graphs. */
+TEST(gpu, gemv_whole_groups_equal_split) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.cuda_batch_decode = 1;
+    qsa_model *m = NULL, *m0 = NULL;
+    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    qsa_model_free(m);
+    m = NULL;
+    if (!gpu_model_env("qsa_hc4_ple_sharded", &mp, "QSA_GEMV_WHOLE_MIN_GROUPS", "1", &m)) return;
+    if (!gpu_model_switched_off("qsa_hc4_ple_sharded", &mp, "QSA_GEMV_WHOLE_MIN_GROUPS", &m0)) { qsa_model_free(m); return; }
+    CHECK(m->cuda->gemv_whole_min_groups == 1 && m0->cuda->gemv_whole_min_groups == 0);
+    gpu_check_prefill_same(m, m0, 31, "with every block-form GEMV whole and none");
+    bd_check_graphs_equal_eager(m0, m, "whole-K groups everywhere (graphs) vs split (eager)");
     qsa_model_free(m);
     qsa_model_free(m0);
 }
