@@ -9074,8 +9074,8 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    and $QSA_TILED_TILES replace qsa__tiled_small's thresholds (QSA__TILED_M tokens, the SM count of
    tiles); $QSA_GEMV_BLOCKS_PER_SM replaces QSA__GEMV_BLOCKS (qsa__gemv_blk_grid), $QSA_GEMV_BLK_MIN_M
    QSA__GEMV_BLK_MIN_M (qsa__gemv_groups), $QSA_GEMV_WHOLE_SEGS (0 or more) QSA__GEMV_WHOLE_SEGS
-   and $QSA_GEMV_WHOLE_MIN_GROUPS (0: never) the SM count (qsa__gemv_blk); $QSA_SHARED_SIDE "0" keeps the shared expert's down projection in the chain
-   (qsa__cuda_moe). */
+   and $QSA_GEMV_WHOLE_MIN_GROUPS (0: never) the SM count (qsa__gemv_blk); $QSA_SHARED_SIDE "0" keeps
+   the shared expert's down projection in the chain (qsa__cuda_moe). */
 QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     const char *e = getenv("QSA_GEMV_BLOCKS_PER_SM");
     g->gemv_blocks_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__GEMV_BLOCKS;
