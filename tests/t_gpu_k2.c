@@ -794,6 +794,9 @@ TEST(gpu, k2_topk_blocks_exact) {
     k2t_topk_case("dense threshold bin", 8, 262144 - 2, 2, 4, 512);
     k2t_topk_case("k >= nb, nb = 0", 0, 0, 40, 4, 8);                    /* nb 0..10: all, then top 8 */
     k2t_topk_case("r = 1, k = 1", 1, 700, 3, 1, 1);
+    /* more blocks than the counting pass's ballots can keep in shared memory: the taking pass reads the
+       scores again (and row 1 is not 16-byte aligned: 4-byte loads throughout) */
+    k2t_topk_case("140,000 blocks", 0, 140000, 2, 1, 2048);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
