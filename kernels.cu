@@ -3580,8 +3580,10 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_block_keys(const float *
  * fixed lane split (lane owns dims lane, lane+32, ..., ascending) plus the warp butterfly.
  *   iq [M][(ih+1)*ihd] (prepped queries), bkeys [*][ihd], scores [M][ld] out (entries at or past
  *   the query's block count are not written).
- * Launch: grid (M, Y) with any Y (ceil(max_blocks / 256) recommended), block 256 (a multiple of
- * 32): the Y*8 warps of a query take blocks round robin.  Each score is independent of the launch. */
+ * Launch: grid (M, Y) with any Y (the runtime: a block per 128 block keys for one query, qsa__score_ys),
+ * block 256 (a multiple of 32): the Y*8 warps of a query take blocks round robin.  Each score is
+ * independent of the launch. */
+#define QSA_BS_KC 4 /* key elements per lane in registers (4: the index head of 128) */
 static __device__ __forceinline__ void qsa_block_scores_body(const float *__restrict__ iq,
                                                                      const float *__restrict__ bkeys,
                                                                      float *__restrict__ scores, int pos0, int M,
@@ -3593,29 +3595,31 @@ static __device__ __forceinline__ void qsa_block_scores_body(const float *__rest
     int w0 = blockIdx.y * nw + (threadIdx.x >> 5), W = gridDim.y * nw;
     const float *qt = iq + (long long)t * (ih + 1) * ihd;
     float root = sqrtf((float)ihd);
-    /* four blocks per warp at a time: four independent dot/butterfly chains (same math per score) */
+    /* four blocks per warp at a time: four independent dot/butterfly chains (same math per score); a
+       lane keeps its first QSA_BS_KC elements of each key in registers (all of them for ihd <= 128)
+       and reads the rest again per head (the same values in the same order) */
     for (int b0 = w0; b0 < nb; b0 += 4 * W) {
         const float *kb[4];
-        float kr[4][8], s[4];
+        float kr[4][QSA_BS_KC], s[4];
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int b = b0 + u * W < nb ? b0 + u * W : b0; /* past the end: recompute b0, not stored */
             kb[u] = bkeys + (long long)b * ihd;
             s[u] = 0.0f;
 #pragma unroll
-            for (int c = 0; c < 8; c++) kr[u][c] = lane + 32 * c < ihd ? kb[u][lane + 32 * c] : 0.0f;
+            for (int c = 0; c < QSA_BS_KC; c++) kr[u][c] = lane + 32 * c < ihd ? kb[u][lane + 32 * c] : 0.0f;
         }
         for (int h = 0; h < ih; h++) {
             const float *qh = qt + (long long)h * ihd;
             float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int c = 0; c < 8; c++) {
+            for (int c = 0; c < QSA_BS_KC; c++) {
                 if (lane + 32 * c >= ihd) break;
                 float qv = qh[lane + 32 * c];
 #pragma unroll
                 for (int u = 0; u < 4; u++) p[u] = fmaf(qv, kr[u][c], p[u]);
             }
-            for (int c = 8; lane + 32 * c < ihd; c++) { /* ihd > 256 */
+            for (int c = QSA_BS_KC; lane + 32 * c < ihd; c++) { /* ihd > 32 QSA_BS_KC */
                 float qv = qh[lane + 32 * c];
 #pragma unroll
                 for (int u = 0; u < 4; u++) p[u] = fmaf(qv, kb[u][lane + 32 * c], p[u]);
@@ -4676,7 +4680,7 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_block_keys_batch(
                         ihd, rd, page_size, eps);
 }
 
-/* scores [B][ld].  Launch: grid (1, Y, B) with any Y (ceil(max_blocks / 256): an upper bound fixed
+/* scores [B][ld].  Launch: grid (1, Y, B) with any Y (qsa__score_ys of max_blocks: an upper bound fixed
  * by the model, so the grid does not depend on the positions; warps past a query's blocks idle).
  * A query with at most topk blocks selects all of them (qsa_k_topk_blocks_batch reads no score):
  * its scores are not computed. */

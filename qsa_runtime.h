@@ -1015,7 +1015,7 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
  * Environment: QSA_CUDA_LIB, QSA_NVRTC_LIB, QSA_NCCL_LIB (a full path: only that file is tried),
  * QSA_ARCH (NVRTC target, e.g. compute_70 or sm_90; see qsa__nvrtc_pick_arch), QSA_PDL ("0": no
  * programmatic dependent launches, qsa__pdl_on), QSA_XW_WHOLE_PER_SM, QSA_XW_RANGE_PER_SM, QSA_MOE64_PAIRS,
- * QSA_ATTN_DEC, QSA_ATTN_DEC_HEADS, QSA_ATTN_DEC_WARP, QSA_TILED_M, QSA_TILED_TILES,
+ * QSA_ATTN_DEC, QSA_ATTN_DEC_HEADS, QSA_ATTN_DEC_WARP, QSA_SCORE_KEYS, QSA_TILED_M, QSA_TILED_TILES,
  * QSA_GEMV_BLOCKS_PER_SM and QSA_GEMV_BLK_MIN_M (launch shapes, qsa__cuda_tuning: tuning switches, the bits do not depend on
  * them). */
 #ifndef QSA_NO_CUDA
@@ -8579,6 +8579,7 @@ typedef struct qsa__cuda {
     int attn_dec_off;            /* $QSA_ATTN_DEC "0": never qsa_k_sparse_attn_dec (qsa__attn_dec_splits) */
     int attn_dec_heads;          /* $QSA_ATTN_DEC_HEADS: its heads per block (0: qsa__attn_dec_splits' rule) */
     int attn_dec_warp;           /* $QSA_ATTN_DEC_WARP: its heads per warp, 1 or 2 (0: the rule) */
+    int score_keys;              /* block keys per block of qsa_k_block_scores[_batch]'s grid ($QSA_SCORE_KEYS, qsa__score_ys) */
     int tiled_min_m, tiled_min_tiles; /* qsa__tiled_small's thresholds ($QSA_TILED_M, $QSA_TILED_TILES) */
     CUdevice dev;
     CUcontext ctx;
@@ -9067,10 +9068,12 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    723.8 / 709.0 tok/s — the GDN input group 102.6 -> 49.9 us per launch, attention q/k/v 88.4 ->
    49.2, lm_head 1,328 -> 655 us; at 1, B=8 unchanged and B=1 105.4 -> 98.3.) */
 #define QSA__TILED_M 17
+#define QSA__SCORE_KEYS 128 /* qsa__score_ys */
 /* The launch-shape switches read from the environment once per context (the bits do not depend on
    them): $QSA_XW_WHOLE_PER_SM, $QSA_XW_RANGE_PER_SM and $QSA_MOE64_PAIRS, positive integers, replace
    QSA__XW_WHOLE_PER_SM, QSA__XW_RANGE_PER_SM and QSA__MOE64_PAIRS; $QSA_ATTN_DEC ("0": never), $QSA_ATTN_DEC_HEADS and
-   $QSA_ATTN_DEC_WARP choose and shape qsa_k_sparse_attn_dec (qsa__attn_dec_splits); $QSA_TILED_M
+   $QSA_ATTN_DEC_WARP choose and shape qsa_k_sparse_attn_dec (qsa__attn_dec_splits), $QSA_SCORE_KEYS (8 or
+   more) replaces QSA__SCORE_KEYS (qsa__score_ys); $QSA_TILED_M
    and $QSA_TILED_TILES replace qsa__tiled_small's thresholds (QSA__TILED_M tokens, the SM count of
    tiles); $QSA_GEMV_BLOCKS_PER_SM replaces QSA__GEMV_BLOCKS (qsa__gemv_blk_grid), $QSA_GEMV_BLK_MIN_M
    QSA__GEMV_BLK_MIN_M (qsa__gemv_groups), $QSA_GEMV_WHOLE_SEGS (0 or more) QSA__GEMV_WHOLE_SEGS
@@ -9099,6 +9102,8 @@ QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     g->attn_dec_heads = e && atoi(e) > 0 ? atoi(e) : 0;
     e = getenv("QSA_ATTN_DEC_WARP");
     g->attn_dec_warp = e && (!strcmp(e, "1") || !strcmp(e, "2")) ? atoi(e) : 0;
+    e = getenv("QSA_SCORE_KEYS");
+    g->score_keys = e && atoi(e) >= 8 ? atoi(e) : QSA__SCORE_KEYS;
     e = getenv("QSA_TILED_M");
     g->tiled_min_m = e && atoi(e) > 0 ? atoi(e) : QSA__TILED_M;
     e = getenv("QSA_TILED_TILES");
@@ -9283,6 +9288,17 @@ QSA_PRIV int qsa__attn_dec_splits(const qsa__cuda *g, int B, int nh, int nkv, in
     if ((long long)B * nh * smax * (hd + 2) * 4 > (long long)QSA__GEMV_PART_BYTES || (long long)B * (nh / *hb) > QSA__GEMV_TILES)
         return 0;
     return (int)smax;
+}
+
+/* The grid's y of qsa_k_block_scores[_batch] for `rows` decode queries of up to maxb block keys: a
+   block of 256 threads per $QSA_SCORE_KEYS (default QSA__SCORE_KEYS) keys, but no more blocks than
+   about one wave in all (8 per SM: the warps loop over the blocks; the scores are the same).  On the
+   H200 at context 262,063, one query: 27.1 us per launch with a block per 256 keys (3 blocks of 256
+   threads per SM at 80 registers), 25.3 with 4 per SM (64 registers), 21.7 at 128 keys, 21.8 at 64. */
+QSA_PRIV unsigned qsa__score_ys(const qsa__cuda *g, int rows, int maxb) {
+    long long ys = ((long long)maxb + g->score_keys - 1) / g->score_keys, wave = (8LL * g->sm_count + rows - 1) / rows;
+    if (ys > wave && wave >= 1) ys = wave;
+    return (unsigned)(ys < 1 ? 1 : ys);
 }
 
 /* Query heads per sparse-attention block: 2 for prefill when the kernel supports it (hd 128 or 256,
@@ -9805,7 +9821,8 @@ QSA_PRIV qsa_result qsa__cuda_attn(qsa_seq *sq, int l, int M) {
             CUdeviceptr iqt = iq + (size_t)t0 * (ih + 1) * ihd * 4, selt = s->sel + (size_t)t0 * topk * 4, nst = s->nsel + (size_t)t0 * 4;
             int maxb = (p + mq) / r;
             /* with at most topk blocks every query selects all of them: topk_blocks reads no score */
-            if (maxb > topk) QSA__LAUNCH(g, block_scores, mq, (maxb + 255) / 256, 256, 0, &iqt, &bk, &s->scores, &p, &mq, &ih, &ihd, &r, &ld);
+            unsigned ys = mq == 1 ? qsa__score_ys(g, 1, maxb) : (unsigned)((maxb + 255) / 256); /* prefill: as measured */
+            if (maxb > topk) QSA__LAUNCH(g, block_scores, mq, ys, 256, 0, &iqt, &bk, &s->scores, &p, &mq, &ih, &ihd, &r, &ld);
             QSA__LAUNCH(g, topk_blocks, mq, 1, 1024, 0, &s->scores, &selt, &nst, &p, &mq, &r, &topk, &ld);
         }
         if (sq->sel_hook) QSA__TRY(qsa__cuda_report_selections(sq, l, M, topk));
@@ -10218,11 +10235,8 @@ QSA_PRIV qsa_result qsa__cuda_attn_batch(qsa_model *m, int l, int B) {
                  &rd, &ps, &eps);
     if (c->has_qsa) {
         CUdeviceptr qln = d->idx_q_norm, kln = d->idx_k_norm, bk = QSA__BROW(bb, bkeys, l), sc = bb->scores;
-        /* block scores: warps enough for the longest context, but for a batch no more blocks than
-           about one wave in all (8 per SM; the warps loop over the blocks, the scores the same) */
         int ld = s->max_blocks;
-        unsigned ys = (unsigned)((s->max_blocks + 255) / 256), wave = (unsigned)((8 * g->sm_count + B - 1) / B);
-        if (ys > wave && wave >= 1) ys = wave;
+        unsigned ys = qsa__score_ys(g, B, s->max_blocks);
         QSA__LAUNCH3(g, indexer_prep_batch, 1, ih + 1, B, 128, 0, &iq, &qln, &inv, &bts, &Ip, &pos, &ih, &ihd, &rd, &ps, &eps);
         QSA__LAUNCH3(g, block_keys_batch, 1, 1, B, 128, 0, &Ip, &bts, &kln, &inv, &bk, &pos, &r, &ihd, &rd, &ps, &eps);
         QSA__LAUNCH3(g, block_scores_batch, 1, ys, B, 256, 0, &iq, &bk, &sc, &pos, &ih, &ihd, &r, &ld, &topk);
