@@ -9068,7 +9068,7 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    723.8 / 709.0 tok/s — the GDN input group 102.6 -> 49.9 us per launch, attention q/k/v 88.4 ->
    49.2, lm_head 1,328 -> 655 us; at 1, B=8 unchanged and B=1 105.4 -> 98.3.) */
 #define QSA__TILED_M 17
-#define QSA__SCORE_KEYS 128 /* qsa__score_ys */
+#define QSA__SCORE_KEYS 32 /* qsa__score_ys */
 /* The launch-shape switches read from the environment once per context (the bits do not depend on
    them): $QSA_XW_WHOLE_PER_SM, $QSA_XW_RANGE_PER_SM and $QSA_MOE64_PAIRS, positive integers, replace
    QSA__XW_WHOLE_PER_SM, QSA__XW_RANGE_PER_SM and QSA__MOE64_PAIRS; $QSA_ATTN_DEC ("0": never), $QSA_ATTN_DEC_HEADS and
@@ -9293,8 +9293,10 @@ QSA_PRIV int qsa__attn_dec_splits(const qsa__cuda *g, int B, int nh, int nkv, in
 /* The grid's y of qsa_k_block_scores[_batch] for `rows` decode queries of up to maxb block keys: a
    block of 256 threads per $QSA_SCORE_KEYS (default QSA__SCORE_KEYS) keys, but no more blocks than
    about one wave in all (8 per SM: the warps loop over the blocks; the scores are the same).  On the
-   H200 at context 262,063, one query: 27.1 us per launch with a block per 256 keys (3 blocks of 256
-   threads per SM at 80 registers), 25.3 with 4 per SM (64 registers), 21.7 at 128 keys, 21.8 at 64. */
+   H200, one query, eager, per launch: at context 262,063 27.1 us with a block per 256 keys (3 blocks of
+   256 threads per SM at 80 registers), 25.3 with 4 per SM (64 registers), 21.7 at 128 keys, 21.8 at 64,
+   21.0 at 32 (the wave: 1,056 blocks); at 8,192 (2,048 keys) 22.2 with a block per 256 keys at 80
+   registers, 13.4 at 128, 9.9 at 64, 7.9 at 32. */
 QSA_PRIV unsigned qsa__score_ys(const qsa__cuda *g, int rows, int maxb) {
     long long ys = ((long long)maxb + g->score_keys - 1) / g->score_keys, wave = (8LL * g->sm_count + rows - 1) / rows;
     if (ys > wave && wave >= 1) ys = wave;

@@ -797,6 +797,15 @@ TEST(gpu, k2_topk_blocks_exact) {
     /* more blocks than the counting pass's ballots can keep in shared memory: the taking pass reads the
        scores again (and row 1 is not 16-byte aligned: 4-byte loads throughout) */
     k2t_topk_case("140,000 blocks", 0, 140000, 2, 1, 2048);
+    /* short contexts (the decode bench's 8,192 tokens: 2,048 blocks) over the distributions above */
+    k2t_topk_case("short: distinct, nb 2047-2049", 0, 8187, 10, 4, 512);
+    k2t_topk_case("short: ties", 1, 8187, 10, 4, 512);
+    k2t_topk_case("short: all equal", 2, 8187, 6, 4, 512);
+    k2t_topk_case("short: +0/-0", 3, 8187, 6, 4, 700);
+    k2t_topk_case("short: infinities", 7, 8187, 6, 4, 100);
+    k2t_topk_case("short: dense threshold bin", 8, 8187, 6, 4, 2000);
+    k2t_topk_case("short: nb 1022-1027, r = 1", 4, 1021, 6, 1, 1000);
+    k2t_topk_case("short: k = 1 of ties", 1, 3000, 3, 4, 1);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
