@@ -3580,7 +3580,7 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_block_keys(const float *
  * fixed lane split (lane owns dims lane, lane+32, ..., ascending) plus the warp butterfly.
  *   iq [M][(ih+1)*ihd] (prepped queries), bkeys [*][ihd], scores [M][ld] out (entries at or past
  *   the query's block count are not written).
- * Launch: grid (M, Y) with any Y (the runtime: a block per 128 block keys for one query, qsa__score_ys),
+ * Launch: grid (M, Y) with any Y (the runtime: for decode a block per 32 block keys, qsa__score_ys),
  * block 256 (a multiple of 32): the Y*8 warps of a query take blocks round robin.  Each score is
  * independent of the launch. */
 #define QSA_BS_KC 4 /* key elements per lane in registers (4: the index head of 128) */
@@ -3619,7 +3619,7 @@ static __device__ __forceinline__ void qsa_block_scores_body(const float *__rest
 #pragma unroll
                 for (int u = 0; u < 4; u++) p[u] = fmaf(qv, kr[u][c], p[u]);
             }
-            for (int c = QSA_BS_KC; lane + 32 * c < ihd; c++) { /* ihd > 32 QSA_BS_KC */
+            for (int c = QSA_BS_KC; lane + 32 * c < ihd; c++) { /* ihd > 32 * QSA_BS_KC */
                 float qv = qh[lane + 32 * c];
 #pragma unroll
                 for (int u = 0; u < 4; u++) p[u] = fmaf(qv, kb[u][lane + 32 * c], p[u]);

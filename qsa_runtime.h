@@ -9823,7 +9823,8 @@ QSA_PRIV qsa_result qsa__cuda_attn(qsa_seq *sq, int l, int M) {
             CUdeviceptr iqt = iq + (size_t)t0 * (ih + 1) * ihd * 4, selt = s->sel + (size_t)t0 * topk * 4, nst = s->nsel + (size_t)t0 * 4;
             int maxb = (p + mq) / r;
             /* with at most topk blocks every query selects all of them: topk_blocks reads no score */
-            unsigned ys = mq == 1 ? qsa__score_ys(g, 1, maxb) : (unsigned)((maxb + 255) / 256); /* prefill: as measured */
+            /* decode: qsa__score_ys; prefill chunks: a block per 256 keys, the grid their time was measured with */
+            unsigned ys = mq == 1 ? qsa__score_ys(g, 1, maxb) : (unsigned)((maxb + 255) / 256);
             if (maxb > topk) QSA__LAUNCH(g, block_scores, mq, ys, 256, 0, &iqt, &bk, &s->scores, &p, &mq, &ih, &ihd, &r, &ld);
             QSA__LAUNCH(g, topk_blocks, mq, 1, 1024, 0, &s->scores, &selt, &nst, &p, &mq, &r, &topk, &ld);
         }
