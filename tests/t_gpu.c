@@ -231,11 +231,13 @@ static int32_t bd_argmax(const float *x, int V) {
    written).  Writes lg[req][step][V] and tok[req][step] by request id.
    shuffle: permute the pool's free list with this seed first (0: no), and hold pages with a filler
    sequence between the prefills (allocation invariance). */
+static int bd_host_rows; /* bd_run's logits rows in qsa_host_alloc's memory (else malloc's) */
 static void bd_run(qsa_model *m, const int *reqs, int nreq, int batched, uint64_t shuffle, float *lg, int32_t *tok) {
     int V = m->cfg.vocab_size;
     qsa_seq *seqs[BD_MAXREQ] = {0}, *filler = NULL;
     int32_t cur[BD_MAXREQ], ids[128];
-    float *row = (float *)malloc(sizeof(float) * (size_t)V * BD_MAXREQ);
+    size_t rb = sizeof(float) * (size_t)V * BD_MAXREQ;
+    float *row = (float *)(bd_host_rows ? qsa_host_alloc(m, rb) : malloc(rb));
     if (!row) { CHECK(row != NULL); return; }
     if (shuffle) {
         qsa__pool_shuffle(&m->pool, shuffle);
@@ -271,7 +273,8 @@ static void bd_run(qsa_model *m, const int *reqs, int nreq, int batched, uint64_
 done:
     for (int k = 0; k < nreq; k++) qsa_seq_free(seqs[k]);
     qsa_seq_free(filler);
-    free(row);
+    if (bd_host_rows) qsa_host_free(row);
+    else free(row);
 }
 
 /* Do requests reqs[0..n) have the same tokens as in the reference? */
@@ -406,6 +409,33 @@ TEST(gpu, batch_greedy_equals_host_argmax) {
     }
     bd_pair_free(p);
     qsa_model_free(m);
+}
+
+/* (b0') Logits copied into qsa_host_alloc's page-locked memory are the bits copied into malloc's
+   (prompts by qsa_seq_feed, then batched steps, graphs on), 12 requests; the block outlives its model. */
+TEST(gpu, host_alloc_logits_equal_pageable) {
+    qsa_model *m = NULL;
+    SHARDED_OR_SKIP(1, 1, &m);
+    unsigned char *keep = (unsigned char *)qsa_host_alloc(m, 1000);
+    CHECKF(keep && ((const qsa__host_hdr *)(keep - QSA__HOST_HDR))->pinned == 1,
+           "qsa_host_alloc on a CUDA model gave no page-locked block: %s", qsa_last_error());
+    bd_pair *p = bd_pair_new(m);
+    int reqs[12];
+    for (int k = 0; k < 12; k++) reqs[k] = (k * 5 + 1) % 12;
+    if (p) {
+        bd_run(m, reqs, 12, 1, 0, p->ref, p->rtok);
+        bd_host_rows = 1;
+        bd_run(m, reqs, 12, 1, 0, p->lg, p->tok);
+        bd_host_rows = 0;
+        CHECKF(bd_pair_same(m, reqs, 12, p), "logits in page-locked memory differ from those in pageable memory");
+    }
+    bd_pair_free(p);
+    qsa_model_free(m);
+    if (keep) { /* still mapped, and freed without the model */
+        memset(keep, 0x5a, 1000);
+        CHECK(keep[999] == 0x5a);
+        qsa_host_free(keep);
+    }
 }
 
 /* (b') qsa_seq_feed of one token with the default parameters runs the batched step for a batch of

@@ -400,6 +400,40 @@ TEST(cpu, feed_rejects_bad_input_without_state_change) {
     qsa_model_free(m);
 }
 
+/* qsa_host_alloc on the CPU backend: ordinary memory behind the same header (16-byte aligned, as
+   large as asked, writable), the refusals, and qsa_host_free of NULL.  (The page-locked form on a
+   GPU: gpu/host_alloc_logits_equal_pageable.) */
+TEST(cpu, host_alloc_blocks) {
+    char names[32][256];
+    if (fixture_dirs(names, 32) == 0) SKIP("no fixtures");
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures"), names[0]);
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.backend = QSA_BACKEND_CPU;
+    qsa_model *m = NULL;
+    CHECK_OK(qsa_model_load(dir, &mp, &m));
+    if (!m) return;
+    size_t sizes[3] = {1, 4096 + 3, (size_t)m->cfg.vocab_size * 4};
+    for (int i = 0; i < 3; i++) {
+        unsigned char *p = (unsigned char *)qsa_host_alloc(m, sizes[i]);
+        CHECKF(p != NULL, "qsa_host_alloc(%zu): %s", sizes[i], qsa_last_error());
+        if (!p) continue;
+        const qsa__host_hdr *h = (const qsa__host_hdr *)(p - QSA__HOST_HDR);
+        CHECK(((uintptr_t)p & 15u) == 0);
+        CHECK(h->pinned == 0 && h->bytes == sizes[i]);
+        memset(p, 0xa5, sizes[i]);
+        CHECK(p[0] == 0xa5 && p[sizes[i] - 1] == 0xa5);
+        qsa_host_free(p);
+    }
+    qsa_clear_error();
+    CHECK(qsa_host_alloc(m, 0) == NULL && strstr(qsa_last_error(), "0 bytes"));
+    CHECK(qsa_host_alloc(NULL, 16) == NULL && strstr(qsa_last_error(), "no model"));
+    CHECK(qsa_host_alloc(m, SIZE_MAX - 8) == NULL && strstr(qsa_last_error(), "do not fit"));
+    qsa_host_free(NULL);
+    qsa_model_free(m);
+}
+
 TEST(cpu, sampler_greedy_seeded_and_filters) {
     enum { V = 50 };
     float base[V];

@@ -95,6 +95,7 @@ int main(void) {
 
 typedef struct bench_opt {
     int quick, no_long, graphs, verbose, keep_driver_cache, no_ceilings, device, page_size, profile, marginal;
+    int pageable_logits; /* --pageable-logits: the decode rows' logits into malloc's memory */
     int steps, warmup, prefill, ctx, prefill_reps, chunk, settle_ms;
     int batches[BENCH_MAX_BATCHES], n_batches;
     long long ple_base;
@@ -137,6 +138,8 @@ static void usage(FILE *f) {
             "  --keep-driver-cache  leave CUDA_CACHE_PATH alone (the cold JIT may then hit the driver's cache)\n"
             "  --gemv-shapes LIST   FP16 GEMVs of these N x K shapes (e.g. 2560x6144,320x10240), each launch timed\n"
             "                       alone with L2 flushed before it and without\n"
+            "  --pageable-logits    the logits of every row into pageable memory (malloc) instead of qsa_host_alloc's\n"
+            "                       page-locked memory (what the copies cost without it)\n"
             "  --no-ceilings        skip the JIT cold/warm, copy-bandwidth, GEMM and GEMV measurements: kernels from\n"
             "                       the usual disk cache, rows without a fraction of a ceiling (quick iterations, ncu)\n"
             "  --out FILE.json      also write the results as JSON\n"
@@ -201,6 +204,7 @@ static int parse_args(int argc, char **argv, bench_opt *o) {
         if (!strcmp(a, "--marginal")) { o->marginal = 1; continue; }
         if (!strcmp(a, "--keep-driver-cache")) { o->keep_driver_cache = 1; continue; }
         if (!strcmp(a, "--no-ceilings")) { o->no_ceilings = 1; continue; }
+        if (!strcmp(a, "--pageable-logits")) { o->pageable_logits = 1; continue; }
         if (!strcmp(a, "-v")) { o->verbose = 1; continue; }
         if (!v) { fprintf(stderr, "bench: %s needs a value (see --help)\n", a); return -1; }
         i++;
@@ -1010,6 +1014,44 @@ static qsa_result bench_copy(bench *b) {
     b->copy_gbs = w->achieved;
     row_print(w);
     return QSA_OK;
+}
+
+/* The copy of a batch's logits to the host: 32 MiB (32 rows of the real vocabulary are 31.8 MB) from
+   the device into pageable memory (malloc: what a caller's own buffer gets; the driver stages it) and
+   into page-locked memory (cuMemHostAlloc, as qsa_host_alloc), each timed on the host around the copy
+   and a stream synchronisation.  Not a ceiling of the decode rows: what their logits cost beside it. */
+static qsa_result bench_host_copy(bench *b) {
+    const size_t bytes = (size_t)32 << 20;
+    CUdeviceptr src = 0;
+    void *dst[2] = {NULL, NULL};
+    qsa_result r = QSA__CU_R(qsa__cu.cuMemAlloc_v2(&src, bytes));
+    if (r == QSA_OK) r = fill_bytes(b, src, bytes);
+    dst[0] = qsa__malloc(bytes);
+    if (r == QSA_OK && !dst[0]) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "host copy: out of host memory");
+    if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuMemHostAlloc(&dst[1], bytes, QSA__CU_MEMHOSTALLOC_PORTABLE));
+    for (int k = 0; r == QSA_OK && k < 2; k++) {
+        double t[10];
+        int n = 0;
+        for (int i = 0; r == QSA_OK && i < 2 + 10; i++) {
+            double t0 = qsa__now();
+            r = QSA__CU_R(qsa__cu.cuMemcpyDtoHAsync_v2(dst[k], src, bytes, b->g->stream));
+            if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuStreamSynchronize(b->g->stream));
+            if (r == QSA_OK && i >= 2) t[n++] = 1e3 * (qsa__now() - t0);
+        }
+        if (r != QSA_OK) break;
+        bench_row *w = row_add(b, "logits to host", k ? "DtoH 32 MiB, page-locked" : "DtoH 32 MiB, pageable");
+        w->ms = median(t, n);
+        w->n = n;
+        w->unit = 'B';
+        w->per_tok = (double)bytes;
+        w->achieved = w->per_tok / (w->ms * 1e-3) / 1e9;
+        snprintf(w->note, sizeof w->note, "%s", k ? "qsa_host_alloc's memory" : "a caller's malloc'd buffer");
+        row_print(w);
+    }
+    if (src) qsa__cu.cuMemFree_v2(src);
+    qsa__free(dst[0]);
+    if (dst[1]) qsa__cu.cuMemFreeHost(dst[1]);
+    return r;
 }
 
 /* The floor under a decode step of ~850 dependent launches: a CUDA graph of BENCH_FLOOR_N launches
@@ -1869,6 +1911,8 @@ int main(int argc, char **argv) {
     if (!b->g->mod) goto report;
     if ((r = fill_module(b)) != QSA_OK) { row_fail(b, "fill kernels", "bench_fill.cu", r); goto report; }
     if (!b->o.no_ceilings && may_run(b, "copy bandwidth", "") && (r = bench_copy(b)) != QSA_OK) row_fail(b, "copy bandwidth", "", r);
+    if (may_run(b, "logits to host", "") && (r = bench_host_copy(b)) != QSA_OK) /* (~0.1 s: also without the ceilings) */
+        row_fail(b, "logits to host", "", r);
     if (!b->o.no_ceilings) bench_launch_floor(b);
     if (!b->o.no_ceilings) {
         int S = b->o.quick ? 4096 : 8192;
@@ -1885,15 +1929,18 @@ int main(int argc, char **argv) {
     if ((r = bench_load(b, &plan)) != QSA_OK) { row_fail(b, "load", "synthetic model", r); goto report; }
     {
         int mb = b->m->params.max_batch;
-        logits = QSA__ALLOC(float, (size_t)mb * b->cfg.vocab_size);
+        size_t lb = (size_t)mb * b->cfg.vocab_size * sizeof(float);
+        logits = b->o.pageable_logits ? QSA__ALLOC(float, lb / sizeof(float)) : (float *)qsa_host_alloc(b->m, lb);
         if (!logits) { fprintf(stderr, "bench: out of host memory for logits\n"); b->failed = 1; goto report; }
+        printf("  (the logits of every row land in %s host memory)\n", b->o.pageable_logits ? "pageable" : "page-locked");
     }
     bench_prefill(b, &plan, logits);
     if (!b->broken) bench_decode(b, &plan, logits);
 report:
     print_table(b);
     if (b->o.out) write_json(b, b->o.out, argc, argv);
-    qsa__free(logits);
+    if (b->o.pageable_logits) qsa__free(logits);
+    else qsa_host_free(logits); /* (before the context goes: its primary context is retained anyway) */
     if (b->g) {
         qsa__cu.cuCtxSetCurrent(b->g->ctx);
         if (!b->broken) qsa__cu.cuCtxSynchronize();
