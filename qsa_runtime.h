@@ -445,7 +445,7 @@ QSA_API const qsa_generation_config *qsa_model_get_generation_config(const qsa_m
 /* Host memory for the buffers a model's calls fill, logits above all.  On the CUDA backend it is
    page-locked, so the device's copies into it run by DMA at the link's rate (into pageable memory
    the driver stages them at a fraction of it: 32 MiB, a batch of 32 rows of logits at the real
-   vocabulary, took 2.6-3.9 ms against 0.61-0.64 ms on the H200 host of docs/PERFORMANCE.md, and
+   vocabulary, took 2.0-3.9 ms against 0.61-0.64 ms on the H200 host of docs/PERFORMANCE.md, and
    batch 32 decoded ~7% faster); on the CPU backend, or when page-locking fails (logged as a
    warning), ordinary memory.  16-byte aligned, usable like malloc's (any thread, any model); free it
    with qsa_host_free, before or after the model is freed.  NULL (with qsa_last_error) for 0 bytes or
