@@ -376,19 +376,26 @@ extern "C" __global__ void qsa_k_to_f16(const float *__restrict__ x, qsa_f16 *__
         y[i] = qsa_f32_to_f16(x[i]);
 }
 
-/* out[t] = index of the largest logits[t][0..V), the lowest index among equal maxima (the CPU's
- * qsa__argmax).  NaNs never win; a row with no number gives 0.
+/* out[t] = index of the largest of row t's V logits, the lowest index among equal maxima (the CPU's
+ * qsa__argmax).  NaNs never win; a row with no number gives 0.  The M = gridDim.x rows are stored in
+ * vocabulary slices of W columns (the batched step's lm_head, qsa__logit_slices): slice c, columns
+ * c W .. min(V, (c + 1) W) - 1 of every row, is [M][wc] at c W M floats; W >= V (or <= 0) is the plain
+ * [M][V].  (The order of the comparisons does not matter: the winner is a function of the values.)
  * Launch: grid (M), block any multiple of 32 up to 1024 (1024). */
-extern "C" __global__ void qsa_k_argmax(const float *__restrict__ logits, int *__restrict__ out, int V) {
+extern "C" __global__ void qsa_k_argmax(const float *__restrict__ logits, int *__restrict__ out, int V, int W) {
     QSA_PDL_ENTRY();
     __shared__ float sv[33];
     __shared__ int si[33];
-    const float *l = logits + (qsa_i64)blockIdx.x * V;
+    if (W <= 0 || W > V) W = V;
     float bv = QSA_NEG_INF;
     int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        float v = l[i];
-        if (qsa_better(v, i, bv, bi)) { bv = v; bi = i; }
+    for (int c0 = 0; c0 < V; c0 += W) {
+        const int wc = min(W, V - c0);
+        const float *l = logits + (qsa_i64)c0 * gridDim.x + (qsa_i64)blockIdx.x * wc;
+        for (int i = threadIdx.x; i < wc; i += blockDim.x) {
+            const float v = l[i];
+            if (qsa_better(v, c0 + i, bv, bi)) { bv = v; bi = c0 + i; }
+        }
     }
     qsa_block_argmax(&bv, &bi, sv, si);
     if (threadIdx.x == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;

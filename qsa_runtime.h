@@ -1060,7 +1060,7 @@ typedef struct qsa__cu_launch_cfg {
     unsigned nattrs;
 } qsa__cu_launch_cfg;
 typedef char qsa__cu_launch_attr_is_72_bytes[sizeof(qsa__cu_launch_attr) == 72 ? 1 : -1]; /* CUlaunchAttribute */
-/* cuMemcpy2DAsync's CUDA_MEMCPY2D (memory types: 2 device) */
+/* cuMemcpy2DAsync's CUDA_MEMCPY2D (memory types: 1 host, 2 device) */
 typedef struct qsa__cu_memcpy2d {
     size_t src_x, src_y;
     int src_type;
@@ -1104,6 +1104,7 @@ typedef struct { char internal[128]; } ncclUniqueId;
 #define QSA__CU_STREAM_NON_BLOCKING 0x1
 #define QSA__CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
 #define QSA__CU_EVENT_DISABLE_TIMING 0x2
+#define QSA__CU_EVENT_RECORD_EXTERNAL 0x1 /* cuEventRecordWithFlags in a capture: an event record node */
 #define QSA__CU_MEMHOSTALLOC_PORTABLE 0x1
 #define QSA__CU_MEMHOSTALLOC_DEVICEMAP 0x2
 #define QSA__CU_MEMHOSTREGISTER_PORTABLE 0x1
@@ -1193,9 +1194,11 @@ typedef struct { char internal[128]; } ncclUniqueId;
     X(CUresult, cuGraphExecDestroy, (CUgraphExec exec)) \
     X(CUresult, cuGraphDestroy, (CUgraph graph))
 
-/* optional driver entries: NULL when the driver predates them (cuLaunchKernelEx: 12.0+) */
+/* optional driver entries: NULL when the driver predates them (cuLaunchKernelEx: 12.0+,
+   cuEventRecordWithFlags: 11.1+) */
 #define QSA__CU_FUNCS_OPT(X) \
-    X(CUresult, cuLaunchKernelEx, (const qsa__cu_launch_cfg *cfg, CUfunction fn, void **params, void **extra))
+    X(CUresult, cuLaunchKernelEx, (const qsa__cu_launch_cfg *cfg, CUfunction fn, void **params, void **extra)) \
+    X(CUresult, cuEventRecordWithFlags, (CUevent e, CUstream s, unsigned int flags))
 
 #define QSA__NVRTC_FUNCS(X) \
     X(nvrtcResult, nvrtcVersion, (int *major, int *minor)) \
@@ -8517,6 +8520,18 @@ typedef struct qsa__dlin {
     CUdeviceptr w16, q, s, bias;
     float s2;
 } qsa__dlin;
+/* Rows r0 .. r0 + n - 1 of w (output features) as a linear of their own (NVFP4: K / 2 packed bytes and
+   K / 16 scales a row). */
+QSA_PRIV qsa__dlin qsa__dlin_rows(const qsa__dlin *w, int r0, int n) {
+    qsa__dlin v = *w;
+    size_t K = (size_t)w->in;
+    v.out = n;
+    if (w->w16) v.w16 = w->w16 + (size_t)r0 * K * 2;
+    if (w->q) v.q = w->q + (size_t)r0 * (K / 2);
+    if (w->s) v.s = w->s + (size_t)r0 * (K / 16);
+    if (w->bias) v.bias = w->bias + (size_t)r0 * 4;
+    return v;
+}
 
 typedef struct qsa__dgres {
     CUdeviceptr norm_w;
@@ -8593,6 +8608,7 @@ typedef struct qsa__cuda {
     int attn_dec_warp;           /* $QSA_ATTN_DEC_WARP: its heads per warp, 1 or 2 (0: the rule) */
     int score_keys;              /* block keys per block of qsa_k_block_scores[_batch]'s grid ($QSA_SCORE_KEYS, qsa__score_ys) */
     int tiled_min_m, tiled_min_tiles; /* qsa__tiled_small's thresholds ($QSA_TILED_M, $QSA_TILED_TILES) */
+    size_t logit_slice_bytes;    /* qsa__logit_slices' threshold (QSA__LOGIT_SLICE_BYTES; $QSA_LOGIT_SLICE_BYTES, 0: never) */
     CUdevice dev;
     CUcontext ctx;
     CUstream stream;
@@ -9080,6 +9096,8 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    723.8 / 709.0 tok/s — the GDN input group 102.6 -> 49.9 us per launch, attention q/k/v 88.4 ->
    49.2, lm_head 1,328 -> 655 us; at 1, B=8 unchanged and B=1 105.4 -> 98.3.) */
 #define QSA__TILED_M 17
+#define QSA__LOGIT_SLICE_BYTES ((size_t)8 << 20) /* a batch's logits from 8 MiB on cross in slices (qsa__logit_slices) */
+#define QSA__LOGIT_SLICES 4
 #define QSA__SCORE_KEYS 32 /* qsa__score_ys */
 /* The launch-shape switches read from the environment once per context (the bits do not depend on
    them): $QSA_XW_WHOLE_PER_SM, $QSA_XW_RANGE_PER_SM and $QSA_MOE64_PAIRS, positive integers, replace
@@ -9120,6 +9138,8 @@ QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     g->tiled_min_m = e && atoi(e) > 0 ? atoi(e) : QSA__TILED_M;
     e = getenv("QSA_TILED_TILES");
     g->tiled_min_tiles = e && atoi(e) > 0 ? atoi(e) : 0;
+    e = getenv("QSA_LOGIT_SLICE_BYTES");
+    g->logit_slice_bytes = e && atoll(e) >= 0 ? (size_t)atoll(e) : QSA__LOGIT_SLICE_BYTES;
 }
 
 QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, qsa__cuda **out) {
@@ -10076,11 +10096,13 @@ typedef struct qsa__dbatch {
     CUdeviceptr ids, pos, bt, conv, S, ple, bkeys;
     CUdeviceptr ple_e;          /* [n_ple][mb][ple_embed_dim] fp32 */
     CUdeviceptr scores;         /* [mb][max_blocks] */
-    CUdeviceptr logits;         /* [mb][V] */
+    CUdeviceptr logits;         /* [mb][V], or in vocabulary slices (qsa__logit_slices) */
     CUdeviceptr next;           /* [mb] int: the greedy ids (qsa_seq_feed_batch_greedy) */
     unsigned char *host;        /* host image of step */
     float *host_e;              /* host image of ple_e */
     qsa__dgraph *graphs;        /* [mb + 1], by B */
+    CUstream copy;              /* the logits slices' copies to the host */
+    CUevent lg_ev[QSA__LOGIT_SLICES]; /* slice c of the lm_head is written (recorded in the graph: external) */
 } qsa__dbatch;
 
 /* Destroys the captured graphs (they hold the addresses of the KV pool and the step buffers): the
@@ -10099,6 +10121,9 @@ QSA_PRIV void qsa__cuda_batch_free(qsa__cuda *g) {
     qsa__dbatch *b = g->batch;
     if (!b) return;
     qsa__cuda_batch_drop_graphs(g);
+    for (int i = 0; i < QSA__LOGIT_SLICES; i++)
+        if (b->lg_ev[i]) qsa__cu.cuEventDestroy_v2(b->lg_ev[i]);
+    if (b->copy) qsa__cu.cuStreamDestroy_v2(b->copy);
     qsa__free(b->graphs);
     qsa__free(b->host);
     qsa__free(b->host_e);
@@ -10134,8 +10159,27 @@ QSA_PRIV qsa_result qsa__cuda_batch_alloc_(qsa_model *m) {
     QSA__TRY(qsa__dalloc(g, &b->scores, (size_t)mb * g->sc.max_blocks * 4, cnt, "batched decode"));
     QSA__TRY(qsa__dalloc(g, &b->logits, (size_t)mb * c->vocab_size * 4, cnt, "batched decode"));
     QSA__TRY(qsa__dalloc(g, &b->next, (size_t)mb * 4, cnt, "batched decode"));
+    QSA__TRY(QSA__CU_R(qsa__cu.cuStreamCreate(&b->copy, QSA__CU_STREAM_NON_BLOCKING)));
+    for (int i = 0; i < QSA__LOGIT_SLICES; i++)
+        QSA__TRY(QSA__CU_R(qsa__cu.cuEventCreate(&b->lg_ev[i], QSA__CU_EVENT_DISABLE_TIMING)));
     return QSA_OK;
 }
+
+/* The batched step's lm_head in vocabulary slices, so that its logits cross to the host while the
+   rest is computed: slice c covers columns c W .. min(V, (c + 1) W) - 1 (W = qsa__logit_slice_w), all
+   B rows of it stored together, [B][wc] at c W B floats of bb->logits (qsa_k_argmax reads that
+   layout); its GEMM is followed by an event that the copy stream waits on (an external event record
+   node in the graph).  Each logit is the same GEMM element as in one launch: the same bits.  The
+   number of slices (1: one GEMM into [B][V]) for B rows: QSA__LOGIT_SLICES once the batch's logits
+   reach logit_slice_bytes, except under TP (gathered whole) and on drivers without
+   cuEventRecordWithFlags. */
+QSA_PRIV int qsa__logit_slices(const qsa_model *m, int B) {
+    const qsa__cuda *g = m->cuda;
+    size_t bytes = (size_t)B * m->cfg.vocab_size * 4;
+    if (m->tpr || !qsa__cu.cuEventRecordWithFlags || !g->logit_slice_bytes || bytes < g->logit_slice_bytes) return 1;
+    return m->cfg.vocab_size >= 64 * QSA__LOGIT_SLICES ? QSA__LOGIT_SLICES : 1;
+}
+QSA_PRIV int qsa__logit_slice_w(int V, int ns) { return ns <= 1 ? V : ((V + ns - 1) / ns + 63) / 64 * 64; }
 
 /* All or nothing: a half-made set is dropped (its device buffers are freed at unload, with g->allocs). */
 QSA_PRIV qsa_result qsa__cuda_batch_alloc(qsa_model *m) {
@@ -10288,8 +10332,16 @@ QSA_PRIV qsa_result qsa__cuda_batch_forward(qsa_model *m, int B) {
         QSA__TRY(qsa__cuda_layer_mlp(m, l, B, &normed));
     }
     QSA__TRY(qsa__cuda_gres(m, &g->final_hc, s->X, B, 0, normed));
-    /* one lm_head GEMM for the B rows (the GEMM's bits do not depend on M) */
-    QSA__TRY(qsa__dgemm(g, s->inp16, B, &g->lm_head, g->batch->logits, 0));
+    /* one lm_head GEMM for the B rows (the GEMM's bits do not depend on M), or one per slice */
+    int ns = qsa__logit_slices(m, B), W = qsa__logit_slice_w(V, ns);
+    if (ns == 1) QSA__TRY(qsa__dgemm(g, s->inp16, B, &g->lm_head, g->batch->logits, 0));
+    for (int c = 0; ns > 1 && c * W < V; c++) {
+        qsa__dlin ws = qsa__dlin_rows(&g->lm_head, c * W, V - c * W < W ? V - c * W : W);
+        QSA__TRY(qsa__dgemm(g, s->inp16, B, &ws, g->batch->logits + (size_t)c * W * B * 4, 0));
+        CUevent ev = g->batch->lg_ev[c];
+        QSA__TRY(QSA__CU_R(qsa__prof_capturing ? qsa__cu.cuEventRecordWithFlags(ev, g->stream, QSA__CU_EVENT_RECORD_EXTERNAL)
+                                               : qsa__cu.cuEventRecord(ev, g->stream)));
+    }
     return qsa__tp_logits_gather(m, g->batch->logits, B); /* TP: all-gather the ranks' vocabulary rows (no-op on one GPU) */
 }
 
@@ -10412,13 +10464,30 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
         QSA__TRY(qsa__cuda_batch_forward(m, B));
         gr->warm = 1;
     }
+    int ns = qsa__logit_slices(m, B), W = qsa__logit_slice_w(V, ns);
     if (logits && m->tpr) QSA__TRY(qsa__tp_logits_out(m, B, logits)); /* TP: the gathered rows in vocabulary order */
-    else if (logits) QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(logits, bb->logits, (size_t)B * V * 4, g->stream));
+    else if (logits && ns == 1) QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(logits, bb->logits, (size_t)B * V * 4, g->stream));
+    for (int c = 0; logits && ns > 1 && c * W < V; c++) { /* each slice as soon as it is written */
+        int wc = V - c * W < W ? V - c * W : W;
+        qsa__cu_memcpy2d cp;
+        memset(&cp, 0, sizeof cp);
+        cp.src_type = 2;
+        cp.src_dev = bb->logits + (size_t)c * W * B * 4;
+        cp.src_pitch = (size_t)wc * 4;
+        cp.dst_type = 1;
+        cp.dst_host = logits + (size_t)c * W;
+        cp.dst_pitch = (size_t)V * 4;
+        cp.width = (size_t)wc * 4;
+        cp.height = (size_t)B;
+        QSA__CU(qsa__cu.cuStreamWaitEvent(bb->copy, bb->lg_ev[c], 0));
+        QSA__CU(qsa__cu.cuMemcpy2DAsync_v2(&cp, bb->copy));
+    }
     if (next && !m->tpr) { /* greedy: B ids instead of B rows */
-        QSA__LAUNCH(g, argmax, B, 1, 1024, 0, &bb->logits, &bb->next, &V);
+        QSA__LAUNCH(g, argmax, B, 1, 1024, 0, &bb->logits, &bb->next, &V, &W);
         QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(next, bb->next, (size_t)B * 4, g->stream));
     }
     QSA__CU(qsa__cu.cuStreamSynchronize(g->stream));
+    if (logits && ns > 1) QSA__CU(qsa__cu.cuStreamSynchronize(bb->copy));
     /* the sequences' host-side layer state, as qsa_seq_feed leaves it */
     int r = c->has_qsa ? c->indexer_compress_ratio : 0;
     for (int i = 0; r && i < B; i++)

@@ -589,6 +589,49 @@ static void gpu_check_switch_same(qsa_model *m, qsa_model *m0, int mul, const ch
     qsa_model_free(m0);
 }
 
+/* The batched step's lm_head in vocabulary slices, each slice's logits copied to the host while the
+   next is computed ($QSA_LOGIT_SLICE_BYTES=1: every batch of this model; its 320 columns in slices of
+   128, 128 and 64), gives the bits of one GEMM and one copy: batched decode eager and replayed as
+   graphs (B 1, 7, 16, 7, 33), and the device arg-max over the sliced layout the same greedy tokens. */
+TEST(gpu, logit_slices_equal_whole) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.cuda_batch_decode = 1;
+    mp.cuda_graphs = -1;
+    qsa_model *m0 = NULL, *me = NULL, *mg = NULL;
+    if (!gpu_model_env("qsa_hc4_ple_sharded", &mp, "QSA_LOGIT_SLICE_BYTES", "0", &m0)) {
+        if (T_.failed) return;
+        SKIP("no CUDA device: %s", qsa_last_error());
+    }
+    if (!qsa__cu.cuEventRecordWithFlags) {
+        qsa_model_free(m0);
+        SKIP("the driver has no cuEventRecordWithFlags: the logits are never sliced");
+    }
+    if (!gpu_model_env("qsa_hc4_ple_sharded", &mp, "QSA_LOGIT_SLICE_BYTES", "1", &me)) { qsa_model_free(m0); return; }
+    mp.cuda_graphs = 1;
+    if (!gpu_model_env("qsa_hc4_ple_sharded", &mp, "QSA_LOGIT_SLICE_BYTES", "1", &mg)) {
+        qsa_model_free(m0);
+        qsa_model_free(me);
+        return;
+    }
+    CHECK(qsa__logit_slices(m0, 33) == 1 && qsa__logit_slices(me, 1) == QSA__LOGIT_SLICES &&
+          qsa__logit_slice_w(me->cfg.vocab_size, QSA__LOGIT_SLICES) == 128);
+    bd_check_graphs_equal_eager(m0, me, "logits in slices (eager) vs whole");
+    bd_check_graphs_equal_eager(m0, mg, "logits in slices (graphs) vs whole");
+    bd_pair *p = bd_pair_new(m0);
+    int reqs[12];
+    for (int k = 0; k < 12; k++) reqs[k] = (k * 7 + 3) % 12;
+    if (p) {
+        bd_run(m0, reqs, 12, 1, 0, p->ref, p->rtok);
+        bd_run(mg, reqs, 12, 3, 0, p->lg, p->tok);
+        CHECKF(bd_tok_same(reqs, 12, p->rtok, p->tok), "the arg-max over sliced logits picked other tokens");
+    }
+    bd_pair_free(p);
+    qsa_model_free(m0);
+    qsa_model_free(me);
+    qsa_model_free(mg);
+}
+
 /* Programmatic dependent launches (qsa__cu_launch_ex, sm_90+ modules on sm_90+ GPUs) change only
    when a kernel may start, never what it computes: a prefill's logits and graph-replayed batched
    decode give the bits of a model loaded with QSA_PDL=0. */

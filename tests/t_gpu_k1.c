@@ -518,7 +518,7 @@ TEST(gpu, k1_argmax) {
     K1_NEED_GPU();
     enum { M = 5, V = 5003 };
     k1_mem mem = {{0}, 0, {0}, 0};
-    float *l;
+    float *l, *sl;
     int got[M], want[M], v = V;
     CUdeviceptr dl, dout;
     K1_ALLOC(l, float, M * V);
@@ -538,14 +538,25 @@ TEST(gpu, k1_argmax) {
         for (int i = 2; i < V; i++) if (l[4 * V + i] > l[4 * V + b]) b = i;
         want[4] = b;
     }
-    K1_TRY(k1_dev(&mem, &dl, l, sizeof(float) * M * V));
+    /* the plain [M][V] (W = V, and W = 0), then vocabulary slices of W columns ([M][wc] per slice, as the
+       batched step's lm_head writes them): 1280 (4 slices, the last narrower), 64, 5000 (a last slice
+       of 3) */
+    K1_ALLOC(sl, float, M * V);
     K1_TRY(k1_dev(&mem, &dout, NULL, sizeof got));
-    {
-        void *args[] = {&dl, &dout, &v};
+    K1_TRY(k1_dev(&mem, &dl, NULL, sizeof(float) * M * V));
+    static const int widths[] = {V, 0, 1280, 64, 5000};
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        int w = widths[wi], W = w > 0 && w < V ? w : V;
+        for (int c0 = 0; c0 < V; c0 += W) {
+            int wc = V - c0 < W ? V - c0 : W;
+            for (int t = 0; t < M; t++) memcpy(sl + (size_t)c0 * M + (size_t)t * wc, l + (size_t)t * V + c0, sizeof(float) * wc);
+        }
+        K1_TRY(k1_put(dl, sl, sizeof(float) * M * V));
+        void *args[] = {&dl, &dout, &v, &w};
         K1_TRY(k1_launch("qsa_k_argmax", M, 1, 1024, args));
+        K1_TRY(k1_get(got, dout, sizeof got));
+        for (int t = 0; t < M; t++) CHECKF(got[t] == want[t], "argmax W %d row %d: gpu %d, reference %d", w, t, got[t], want[t]);
     }
-    K1_TRY(k1_get(got, dout, sizeof got));
-    for (int t = 0; t < M; t++) CHECKF(got[t] == want[t], "argmax row %d: gpu %d, reference %d", t, got[t], want[t]);
     CHECK(want[0] == 1234 && want[1] == 0 && want[2] == 77 && want[3] == 5002);
 done:
     k1_free(&mem);
