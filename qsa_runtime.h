@@ -1028,8 +1028,8 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
  * QSA_ARCH (NVRTC target, e.g. compute_70 or sm_90; see qsa__nvrtc_pick_arch), QSA_PDL ("0": no
  * programmatic dependent launches, qsa__pdl_on), QSA_XW_WHOLE_PER_SM, QSA_XW_RANGE_PER_SM, QSA_MOE64_PAIRS,
  * QSA_ATTN_DEC, QSA_ATTN_DEC_HEADS, QSA_ATTN_DEC_WARP, QSA_SCORE_KEYS, QSA_TILED_M, QSA_TILED_TILES,
- * QSA_GEMV_BLOCKS_PER_SM and QSA_GEMV_BLK_MIN_M (launch shapes, qsa__cuda_tuning: tuning switches, the bits do not depend on
- * them). */
+ * QSA_GEMV_BLOCKS_PER_SM, QSA_GEMV_BLK_MIN_M and QSA_LOGIT_SLICE_BYTES (launch shapes, qsa__cuda_tuning: tuning
+ * switches, the bits do not depend on them). */
 #ifndef QSA_NO_CUDA
 
 #if defined(__cuda_cuda_h__) || defined(__NVRTC_H__) || defined(NCCL_H_)
@@ -9096,7 +9096,10 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    723.8 / 709.0 tok/s — the GDN input group 102.6 -> 49.9 us per launch, attention q/k/v 88.4 ->
    49.2, lm_head 1,328 -> 655 us; at 1, B=8 unchanged and B=1 105.4 -> 98.3.) */
 #define QSA__TILED_M 17
-#define QSA__LOGIT_SLICE_BYTES ((size_t)8 << 20) /* a batch's logits from 8 MiB on cross in slices (qsa__logit_slices) */
+/* A batch's logits from 8 MiB on (B >= 9 at the real vocabulary) cross to the host in QSA__LOGIT_SLICES
+   slices, each while the next is computed (qsa__logit_slices; the H200, B=32: 974.2 -> 986.5 tok/s,
+   +graphs 992.2 -> 1003.8, the greedy step's 1003.8 — the copy hidden; docs/PERFORMANCE.md) */
+#define QSA__LOGIT_SLICE_BYTES ((size_t)8 << 20)
 #define QSA__LOGIT_SLICES 4
 #define QSA__SCORE_KEYS 32 /* qsa__score_ys */
 /* The launch-shape switches read from the environment once per context (the bits do not depend on
@@ -9108,7 +9111,8 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    tiles); $QSA_GEMV_BLOCKS_PER_SM replaces QSA__GEMV_BLOCKS (qsa__gemv_blk_grid), $QSA_GEMV_BLK_MIN_M
    QSA__GEMV_BLK_MIN_M (qsa__gemv_groups), $QSA_GEMV_WHOLE_SEGS (0 or more) QSA__GEMV_WHOLE_SEGS
    and $QSA_GEMV_WHOLE_MIN_GROUPS (0: never) the SM count (qsa__gemv_blk); $QSA_SHARED_SIDE "0" keeps
-   the shared expert's down projection in the chain (qsa__cuda_moe). */
+   the shared expert's down projection in the chain (qsa__cuda_moe); $QSA_LOGIT_SLICE_BYTES (0: never)
+   replaces QSA__LOGIT_SLICE_BYTES (qsa__logit_slices). */
 QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     const char *e = getenv("QSA_GEMV_BLOCKS_PER_SM");
     g->gemv_blocks_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__GEMV_BLOCKS;
