@@ -10342,7 +10342,7 @@ QSA_PRIV qsa_result qsa__cuda_batch_forward(qsa_model *m, int B) {
     for (int c = 0; ns > 1 && c * W < V; c++) {
         qsa__dlin ws = qsa__dlin_rows(&g->lm_head, c * W, V - c * W < W ? V - c * W : W);
         QSA__TRY(qsa__dgemm(g, s->inp16, B, &ws, g->batch->logits + (size_t)c * W * B * 4, 0));
-        CUevent ev = g->batch->lg_ev[c];
+        CUevent ev = g->batch->lg_ev[c]; /* (qsa__prof_capturing: this thread is capturing the step's graph) */
         QSA__TRY(QSA__CU_R(qsa__prof_capturing ? qsa__cu.cuEventRecordWithFlags(ev, g->stream, QSA__CU_EVENT_RECORD_EXTERNAL)
                                                : qsa__cu.cuEventRecord(ev, g->stream)));
     }
