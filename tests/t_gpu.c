@@ -738,13 +738,7 @@ TEST(gpu, batch_allocation_invariance) {
 /* The CPU backend: qsa_seq_feed_batch is a loop over qsa_seq_feed (same bits), and a batch with one
    sequence that cannot take its token is refused as a whole, leaving every sequence unchanged. */
 TEST(cpu, seq_feed_batch_equals_feed_and_refuses_whole) {
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures"), "qsa_hc4_ple_sharded");
-    qsa_model_params mp;
-    memset(&mp, 0, sizeof mp);
-    mp.backend = QSA_BACKEND_CPU;
-    qsa_model *m = NULL;
-    CHECK_OK(qsa_model_load(dir, &mp, &m));
+    qsa_model *m = cpu_fixture("qsa_hc4_ple_sharded");
     if (!m) return;
     bd_pair *p = bd_pair_new(m);
     int reqs[3] = {2, 0, 1};

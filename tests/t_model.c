@@ -35,6 +35,22 @@ static int fixture_dirs(char names[][256], int max) {
     return n;
 }
 
+/* The fixture `name` (a directory of tests/fixtures) loaded on the CPU backend; NULL, and a failed
+   check, when it does not load. */
+static qsa_model *cpu_fixture(const char *name) {
+    char dir[600];
+    qsa_model *m = NULL;
+    if (snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures"), name) >= (int)sizeof dir) {
+        CHECKF(0, "fixture path too long: %s", name);
+        return NULL;
+    }
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.backend = QSA_BACKEND_CPU;
+    CHECK_OK(qsa_model_load(dir, &mp, &m));
+    return m;
+}
+
 /* Tolerance of the backend under test: max |d| <= atol + rtol * max(1, max |reference|). */
 static float g_atol = 1e-5f, g_rtol = 1e-4f, g_sel_eps = QSA_SEL_EPS;
 static qsa_backend g_backend = QSA_BACKEND_CPU;
@@ -325,13 +341,7 @@ static size_t seq_state_bytes(const qsa_seq *s, unsigned char *out) {
 /* Chunked prefill with the recurrent GDN form is bitwise identical to one pass: logits, selections
    and every carried state. */
 static void chunked_bitwise(const char *fixture) {
-    char dir[600];
-    if (snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures"), fixture) >= (int)sizeof dir) return;
-    qsa_model *m = NULL;
-    qsa_model_params mp;
-    memset(&mp, 0, sizeof mp);
-    mp.backend = QSA_BACKEND_CPU;
-    CHECK_OK(qsa_model_load(dir, &mp, &m));
+    qsa_model *m = cpu_fixture(fixture);
     if (!m) return;
     const qsa_model_config *c = qsa_model_get_config(m);
     int n = 150, V = c->vocab_size;
@@ -406,13 +416,7 @@ TEST(cpu, feed_rejects_bad_input_without_state_change) {
 TEST(cpu, host_alloc_blocks) {
     char names[32][256];
     if (fixture_dirs(names, 32) == 0) SKIP("no fixtures");
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures"), names[0]);
-    qsa_model_params mp;
-    memset(&mp, 0, sizeof mp);
-    mp.backend = QSA_BACKEND_CPU;
-    qsa_model *m = NULL;
-    CHECK_OK(qsa_model_load(dir, &mp, &m));
+    qsa_model *m = cpu_fixture(names[0]);
     if (!m) return;
     size_t sizes[3] = {1, 4096 + 3, (size_t)m->cfg.vocab_size * 4};
     for (int i = 0; i < 3; i++) {

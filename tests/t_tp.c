@@ -664,13 +664,9 @@ TEST(cpu, tp_views_reproduce_the_model) {
     char names[32][256];
     int nf = fixture_dirs(names, 32), checked = 0;
     for (int f = 0; f < nf; f++) {
-        char dir[600];
+        char dir[600]; /* (tp_host_model's) */
         if (snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures"), names[f]) >= (int)sizeof dir) return;
-        qsa_model_params mp;
-        memset(&mp, 0, sizeof mp);
-        mp.backend = QSA_BACKEND_CPU;
-        qsa_model *m = NULL;
-        CHECK_OK(qsa_model_load(dir, &mp, &m));
+        qsa_model *m = cpu_fixture(names[f]);
         if (!m) return;
         int n = 40, V = m->cfg.vocab_size;
         int32_t ids[40];
