@@ -9537,10 +9537,7 @@ QSA_PRIV qsa_result qsa__dgemm_ex(qsa__cuda *g, CUdeviceptr A16, int M, const qs
             if (!g->sc.gemv_slice)
                 QSA__TRY(qsa__dalloc(g, &g->sc.gemv_slice, QSA__GEMV_PART_BYTES, &g->bytes_scratch, "GEMV slices"));
             for (int n0 = 0; n0 < N; n0 += cols) {
-                qsa__dlin ws = *w;
-                ws.out = N - n0 < cols ? N - n0 : cols;
-                ws.w16 = w->w16 + (size_t)n0 * K * 2;
-                ws.bias = w->bias ? w->bias + (size_t)n0 * 4 : 0;
+                qsa__dlin ws = qsa__dlin_rows(w, n0, N - n0 < cols ? N - n0 : cols);
                 QSA__TRY(qsa__dgemm_ex(g, A16, M, &ws, g->sc.gemv_slice, 0, 0, 0.0f));
                 qsa__cu_memcpy2d cp;
                 memset(&cp, 0, sizeof cp);
