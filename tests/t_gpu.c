@@ -396,18 +396,23 @@ TEST(gpu, batch_decode_equals_single_feed) {
 /* (b0) qsa_seq_feed_batch_greedy: the arg-max on the device gives, step after step, the tokens that
    the host's arg-max of qsa_seq_feed_batch's logits gives (graphs on: eager first steps, then
    replays; the arg-max kernel runs after either), 12 requests. */
+/* 12 requests (order (7 k + off) % 12) step after step: mg's qsa_seq_feed_batch_greedy tokens are the
+   host's arg-max of m's qsa_seq_feed_batch logits. */
+static void bd_check_greedy_equal(qsa_model *m, qsa_model *mg, int off, const char *what) {
+    bd_pair *p = bd_pair_new(m);
+    int reqs[12];
+    for (int k = 0; k < 12; k++) reqs[k] = (k * 7 + off) % 12;
+    if (p) {
+        bd_run(m, reqs, 12, 1, 0, p->ref, p->rtok);
+        bd_run(mg, reqs, 12, 3, 0, p->lg, p->tok);
+        CHECKF(bd_tok_same(reqs, 12, p->rtok, p->tok), "%s: the device arg-max picked other tokens than the host's", what);
+    }
+    bd_pair_free(p);
+}
 TEST(gpu, batch_greedy_equals_host_argmax) {
     qsa_model *m = NULL;
     SHARDED_OR_SKIP(1, 1, &m);
-    bd_pair *p = bd_pair_new(m);
-    int reqs[12];
-    for (int k = 0; k < 12; k++) reqs[k] = (k * 7 + 2) % 12;
-    if (p) {
-        bd_run(m, reqs, 12, 1, 0, p->ref, p->rtok);
-        bd_run(m, reqs, 12, 3, 0, p->lg, p->tok);
-        CHECKF(bd_tok_same(reqs, 12, p->rtok, p->tok), "the device arg-max picked other tokens than the host's");
-    }
-    bd_pair_free(p);
+    bd_check_greedy_equal(m, m, 2, "one model");
     qsa_model_free(m);
 }
 
@@ -618,15 +623,7 @@ TEST(gpu, logit_slices_equal_whole) {
           qsa__logit_slice_w(me->cfg.vocab_size, QSA__LOGIT_SLICES) == 128);
     bd_check_graphs_equal_eager(m0, me, "logits in slices (eager) vs whole");
     bd_check_graphs_equal_eager(m0, mg, "logits in slices (graphs) vs whole");
-    bd_pair *p = bd_pair_new(m0);
-    int reqs[12];
-    for (int k = 0; k < 12; k++) reqs[k] = (k * 7 + 3) % 12;
-    if (p) {
-        bd_run(m0, reqs, 12, 1, 0, p->ref, p->rtok);
-        bd_run(mg, reqs, 12, 3, 0, p->lg, p->tok);
-        CHECKF(bd_tok_same(reqs, 12, p->rtok, p->tok), "the arg-max over sliced logits picked other tokens");
-    }
-    bd_pair_free(p);
+    bd_check_greedy_equal(m0, mg, 3, "logits in slices (graphs)");
     qsa_model_free(m0);
     qsa_model_free(me);
     qsa_model_free(mg);
