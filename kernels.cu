@@ -630,7 +630,14 @@ static __device__ __forceinline__ void qsa_ld_nvfp4_seg(const qsa_wsrc &w, int n
  * j + 4 in its high nibble (the checkpoint's byte j holds elements 2j and 2j + 1).  Per 8 weights: 6
  * integer operations for the fp16 high bytes of elements 0-3 (lo: byte j = element j's) and 4-7 (hi),
  * then a byte permute against zero (two high bytes, two zero low bytes: one fp16x2) and an fp16x2
- * multiply per pair — 14 instructions where the checkpoint's order needed a mask more per pair. */
+ * multiply per pair — 14 instructions where the checkpoint's order needed a mask more per pair.
+ * Which 8 elements of a row a word holds — the fragment order: when K is a multiple of 32 (every
+ * real shape), the 4 words t = 0..3 of each 32-element block (16 bytes) hold, as the word's elements
+ * j = 0..7, the block's k = 2 t + 8 (j / 2) + j % 2: exactly what lane t of a quad holds of that row
+ * in the mma's fragments of the block's two chunks of 16 (qsa_segs16_nvd dequantises them straight
+ * into registers).  The forms that stage rows in shared memory dequantise the block's 4 words and
+ * regroup the fp16 pairs in registers (qsa_dq32, qsa_dq16h: the same instructions).  Otherwise (K an
+ * odd multiple of 16) word i of a row holds its elements 8 i .. 8 i + 7. */
 static __device__ __forceinline__ qsa_u32 qsa_prmt(qsa_u32 a, qsa_u32 b, qsa_u32 sel) {
     qsa_u32 d;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
@@ -655,21 +662,82 @@ static __device__ __forceinline__ uint4 qsa_dq8(qsa_u32 w, qsa_u32 sc2) {
     u.w = qsa_hmul2(qsa_prmt(hi, 0u, 0x3424u), sc2); /* 6, 7 */
     return u;
 }
-/* A checkpoint word (element i in nibble i) in the device order (element j in nibble 2j, element j
-   + 4 in nibble 2j + 1; the tests check it against their host permutation, k1_order_q) */
-static __device__ __forceinline__ qsa_u32 qsa_nvfp4_order_word(qsa_u32 w) {
-    qsa_u32 r = 0u;
-#pragma unroll
-    for (int j = 0; j < 4; j++) r |= ((w >> (4 * j)) & 15u) << (8 * j) | ((w >> (4 * j + 16)) & 15u) << (8 * j + 4);
-    return r;
-}
-/* Packed NVFP4 weights, n words (4 bytes each: 8 elements of a row; rows are K/2 = 8j bytes), from the
- * checkpoint's order into the device order of qsa_dq8, in place.  The host runs it once per packed
- * tensor after its upload (qsa__dlin_up).  Launch: any grid, any block. */
-extern "C" __global__ void qsa_k_nvfp4_order(qsa_u32 *q, qsa_i64 n) {
+/* Element j (0..7) of a device word sits in nibble 2 j (j < 4) or 2 (j - 4) + 1 */
+static __device__ __forceinline__ int qsa_nvfp4_nib(int j) { return j < 4 ? 2 * j : 2 * (j - 4) + 1; }
+/* Packed NVFP4 weights from the checkpoint's order (element i of a row in nibble i % 8 of its word
+ * i / 8) into the device order (above), in place: n words (4 bytes each; rows are K / 2 = 8j bytes);
+ * frag (K % 32 == 0, so n % 4 == 0 and every 4 words are one block): the fragment order.  The host
+ * runs it once per packed tensor after its upload (qsa__dlin_up); the tests check it against their
+ * host permutation (k1_order_q).  Launch: any grid, any block. */
+extern "C" __global__ void qsa_k_nvfp4_order(qsa_u32 *q, qsa_i64 n, int frag) {
     QSA_PDL_ENTRY();
-    for (qsa_i64 i = (qsa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (qsa_i64)gridDim.x * blockDim.x)
-        q[i] = qsa_nvfp4_order_word(q[i]);
+    const qsa_i64 nb = frag ? n / 4 : n; /* units: blocks of 4 words, or single words */
+    for (qsa_i64 i = (qsa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < nb; i += (qsa_i64)gridDim.x * blockDim.x) {
+        if (!frag) {
+            const qsa_u32 w = q[i];
+            qsa_u32 r = 0u;
+#pragma unroll
+            for (int j = 0; j < 8; j++) r |= ((w >> (4 * j)) & 15u) << (4 * qsa_nvfp4_nib(j));
+            q[i] = r;
+            continue;
+        }
+        const qsa_u32 src[4] = {q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]};
+        qsa_u32 r[4];
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            r[t] = 0u;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int e = 2 * t + 8 * (j >> 1) + (j & 1); /* the block's element */
+                r[t] |= ((src[e >> 3] >> (4 * (e & 7))) & 15u) << (4 * qsa_nvfp4_nib(j));
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < 4; t++) q[4 * i + t] = r[t];
+    }
+}
+/* Elements 0-3 of a device word (its low nibbles) as two fp16x2 (0, 1 and 2, 3) times sc2; of w >> 4,
+   elements 4-7 (the high nibbles: qsa_dq8's hi) */
+static __device__ __forceinline__ uint2 qsa_dq4(qsa_u32 w, qsa_u32 sc2) {
+    const qsa_u32 lo = ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);
+    return make_uint2(qsa_hmul2(qsa_prmt(lo, 0u, 0x1404u), sc2), qsa_hmul2(qsa_prmt(lo, 0u, 0x3424u), sc2));
+}
+/* A word in the fragment order with its block's two group scales: l0 for elements 0-3 (the block's
+   first 16 k: the fp16 pairs at k 2 t and 2 t + 8), l1 for 4-7 (2 t + 16, 2 t + 24) */
+static __device__ __forceinline__ uint4 qsa_dq8s(qsa_u32 w, qsa_u32 l0, qsa_u32 l1) {
+    const qsa_u32 C = 0x0E0E0E0Eu, s = w & 0x88888888u;
+    const qsa_u32 lo = ((w << 1) & C) | ((s << 4) & ~C);
+    const qsa_u32 hi = ((w >> 3) & C) | (s & ~C);
+    uint4 u;
+    u.x = qsa_hmul2(qsa_prmt(lo, 0u, 0x1404u), l0);
+    u.y = qsa_hmul2(qsa_prmt(lo, 0u, 0x3424u), l0);
+    u.z = qsa_hmul2(qsa_prmt(hi, 0u, 0x1404u), l1);
+    u.w = qsa_hmul2(qsa_prmt(hi, 0u, 0x3424u), l1);
+    return u;
+}
+/* A block in the fragment order (its 4 words) as its 32 elements in row order, dst[i] = k 8 i .. 8 i + 7
+   (l0, l1: its two group scales) */
+static __device__ __forceinline__ void qsa_dq32(uint4 q, qsa_u32 l0, qsa_u32 l1, uint4 *dst) {
+    const uint4 d0 = qsa_dq8s(q.x, l0, l1), d1 = qsa_dq8s(q.y, l0, l1), d2 = qsa_dq8s(q.z, l0, l1),
+                d3 = qsa_dq8s(q.w, l0, l1);
+    dst[0] = make_uint4(d0.x, d1.x, d2.x, d3.x);
+    dst[1] = make_uint4(d0.y, d1.y, d2.y, d3.y);
+    dst[2] = make_uint4(d0.z, d1.z, d2.z, d3.z);
+    dst[3] = make_uint4(d0.w, d1.w, d2.w, d3.w);
+}
+/* Half h of such a block (k 16 h .. 16 h + 15, one group: scale sc2) in row order, dst[0..1] */
+static __device__ __forceinline__ void qsa_dq16h(uint4 q, int h, qsa_u32 sc2, uint4 *dst) {
+    const int sh = 4 * h;
+    const uint2 d0 = qsa_dq4(q.x >> sh, sc2), d1 = qsa_dq4(q.y >> sh, sc2), d2 = qsa_dq4(q.z >> sh, sc2),
+                d3 = qsa_dq4(q.w >> sh, sc2);
+    dst[0] = make_uint4(d0.x, d1.x, d2.x, d3.x);
+    dst[1] = make_uint4(d0.y, d1.y, d2.y, d3.y);
+}
+/* The block of a lane pair (lanes 2i, 2i + 1 of the warp, or threads of a block likewise) of which
+   each loaded 8 bytes (the even lane bytes 0-7, the odd lane 8-15), whole in both: every lane calls it */
+static __device__ __forceinline__ uint4 qsa_pair_block(uint2 mine) {
+    const qsa_u32 ox = __shfl_xor_sync(QSA_FULL_MASK, mine.x, 1), oy = __shfl_xor_sync(QSA_FULL_MASK, mine.y, 1);
+    return (threadIdx.x & 1) ? make_uint4(ox, oy, mine.x, mine.y) : make_uint4(mine.x, mine.y, ox, oy);
 }
 /* The two block scales of bytes 0 and 1 of v, each as fp16 in both halves (lo: byte 0's) */
 static __device__ __forceinline__ void qsa_scale2(qsa_u32 v, qsa_u32 &lo, qsa_u32 &hi) {
@@ -680,6 +748,20 @@ static __device__ __forceinline__ void qsa_scale2(qsa_u32 v, qsa_u32 &lo, qsa_u3
 static __device__ __forceinline__ qsa_u32 qsa_scale1(qsa_u32 b) {
     const qsa_u32 h = qsa_e4m3x2_to_h2(b & 0xffu);
     return qsa_prmt(h, h, 0x1010u);
+}
+/* The four block scales of v's bytes, each as fp16 in both halves (l[j]: byte j's): on sm_89+ the
+   bytes are paired first (s_j, s_j) and each pair converted as one e4m3x2 (the values of qsa_scale2) */
+static __device__ __forceinline__ void qsa_scale4(qsa_u32 v, qsa_u32 *l) {
+#if __CUDA_ARCH__ >= 890
+    const qsa_u32 p01 = qsa_prmt(v, 0u, 0x1100u), p23 = qsa_prmt(v, 0u, 0x3322u);
+    asm("{\n .reg .b16 a, b, c, e;\n mov.b32 {a, b}, %4;\n mov.b32 {c, e}, %5;\n cvt.rn.f16x2.e4m3x2 %0, a;\n"
+        " cvt.rn.f16x2.e4m3x2 %1, b;\n cvt.rn.f16x2.e4m3x2 %2, c;\n cvt.rn.f16x2.e4m3x2 %3, e;\n}"
+        : "=r"(l[0]), "=r"(l[1]), "=r"(l[2]), "=r"(l[3])
+        : "r"(p01), "r"(p23));
+#else
+    qsa_scale2(v, l[0], l[1]);
+    qsa_scale2(v >> 16, l[2], l[3]);
+#endif
 }
 /* The factor of an NVFP4 source's segment partials, and the multiply: a separate fp32 rounding
    (never contracted into the fold's addition), so that every path gives the same bits. */
@@ -697,11 +779,19 @@ template <bool NV = true>
 static __device__ __forceinline__ uint4 qsa_ld8_w(const qsa_wsrc &w, int n, int N, int k, int kend, int K) {
     if (n >= N || k >= kend) return qsa_u4_zero();
     if (!NV || w.w16) return qsa_ld8_f16(w.w16 + (qsa_i64)n * K, k, kend, w.vec && !(K & 7)); /* rows 16-byte aligned */
+    const qsa_u32 sc2 = qsa_scale1(w.s[(qsa_i64)n * (K >> 4) + (k >> 4)]);
+    if (!(K & 31)) { /* the fragment order: pair (k / 8) % 2 of half (k / 16) % 2 of the block's 4 words */
+        const uint4 b = qsa_ld_bytes(w.q + (qsa_i64)n * (K >> 1) + ((k >> 5) << 4), 16, w.vec);
+        const int h = (k >> 4) & 1, p = (k >> 3) & 1;
+        const uint2 d0 = qsa_dq4(b.x >> (4 * h), sc2), d1 = qsa_dq4(b.y >> (4 * h), sc2),
+                    d2 = qsa_dq4(b.z >> (4 * h), sc2), d3 = qsa_dq4(b.w >> (4 * h), sc2);
+        return p ? make_uint4(d0.y, d1.y, d2.y, d3.y) : make_uint4(d0.x, d1.x, d2.x, d3.x);
+    }
     const qsa_u8 *q = w.q + (qsa_i64)n * (K >> 1) + (k >> 1);
     qsa_u32 b;
     if (w.vec) b = *(const qsa_u32 *)q;
     else b = (qsa_u32)q[0] | ((qsa_u32)q[1] << 8) | ((qsa_u32)q[2] << 16) | ((qsa_u32)q[3] << 24);
-    return qsa_dq8(b, qsa_scale1(w.s[(qsa_i64)n * (K >> 4) + (k >> 4)]));
+    return qsa_dq8(b, sc2);
 }
 
 /* One warp: P[b] = the 16 x 16 tile (rows arow[0..15], weight rows n0..n0+15 of ws[b]) over
@@ -764,14 +854,19 @@ static __device__ __forceinline__ void qsa_seg16(const qsa_f16 *const *arow, int
         __syncwarp();
         *(uint4 *)(sa + r0 * QSA_ST + kp) = deep ? ra[j & 3] : ra[0];
         *(uint4 *)(sa + r1 * QSA_ST + kp) = deep ? qsa_u4_zero() : ra[1];
-        if (NV) { /* every lane dequantises its 16 weights of this sub-step */
+        if (NV) { /* every lane dequantises its 16 weights of this sub-step (the fragment order: its
+                     half of the block, whose other 8 bytes the pair's other lane loaded) */
 #pragma unroll
             for (int b = 0; b < NB; b++) {
                 const uint2 qq = q8[NV ? b : 0][j];
                 const qsa_u32 sc2 = qsa_scale1(sc[NV ? b : 0][j >> 2] >> (8 * (j & 3)));
                 uint4 *dst = (uint4 *)(sw + b * 16 * QSA_ST + nr * QSA_ST + nh * 16);
-                dst[0] = qsa_dq8(qq.x, sc2);
-                dst[1] = qsa_dq8(qq.y, sc2);
+                if (!(K & 31)) {
+                    qsa_dq16h(qsa_pair_block(qq), nh, sc2, dst);
+                } else {
+                    dst[0] = qsa_dq8(qq.x, sc2);
+                    dst[1] = qsa_dq8(qq.y, sc2);
+                }
             }
         } else {
 #pragma unroll
@@ -957,10 +1052,14 @@ static __device__ __forceinline__ void qsa_seg16_nvw(const qsa_f16 *const *arow,
         qsa_u32 l0, l1;
         qsa_scale2(s0 | (s1 << 8), l0, l1);
         uint4 *dst = (uint4 *)(sw + nr * QSA_STW + nh * 32);
-        dst[0] = qsa_dq8(q.x, l0);
-        dst[1] = qsa_dq8(q.y, l0);
-        dst[2] = qsa_dq8(q.z, l1);
-        dst[3] = qsa_dq8(q.w, l1);
+        if (!(K & 31)) {
+            qsa_dq32(q, l0, l1, dst);
+        } else { /* (the segment's last 16 may be half a piece: q.z, q.w zero) */
+            dst[0] = qsa_dq8(q.x, l0);
+            dst[1] = qsa_dq8(q.y, l0);
+            dst[2] = qsa_dq8(q.z, l1);
+            dst[3] = qsa_dq8(q.w, l1);
+        }
         __syncwarp();
         if (k0 + 64 < kend) { /* the next sub-step's A while the tensor cores work */
 #pragma unroll
@@ -1027,10 +1126,7 @@ static __device__ __forceinline__ void qsa_nvf_put(const uint4 *ra, unsigned liv
         if ((live >> i) & 1u) *(uint4 *)(sa + (ar + 4 * i) * QSA_STW + ak) = ra[i];
     qsa_u32 l0, l1;
     qsa_scale2(sw32 >> (16 * nh), l0, l1);
-    dst[0] = qsa_dq8(q.x, l0);
-    dst[1] = qsa_dq8(q.y, l0);
-    dst[2] = qsa_dq8(q.z, l1);
-    dst[3] = qsa_dq8(q.w, l1);
+    qsa_dq32(q, l0, l1, dst); /* (K % 64 == 0: the fragment order) */
     __syncwarp();
 }
 static __device__ __forceinline__ void qsa_nvf_mma4(qsa_u32 sau, qsa_u32 swu, qsa_frag_c &P) {
@@ -1115,9 +1211,9 @@ static __device__ __forceinline__ void qsa_seg16_nvf(const qsa_f16 *const *arow,
  * the same staging in the same order: the same bits.  Everything that does not change from one
  * segment to the next (this lane's copy sources and destinations, its scale row, its A rows, the
  * zero rows of the staging) is worked out once per tile, and one loop runs the sub-steps of all
- * segments; NA = 1 for tiles of up to 4 rows (a decode batch's experts mostly get one or two), so
- * that they carry one A piece per lane.  N a multiple of 16 (every weight row of a tile is real:
- * the expert kernels trap otherwise), K of 64. */
+ * segments.  Tiles of up to 4 rows (a decode batch's experts mostly get one or two) take the direct
+ * form, qsa_segs16_nvd.  N a multiple of 16 (every weight row of a tile is real: the expert kernels
+ * trap otherwise), K of 64. */
 #define QSA_PKS 160
 /* The 4 mma of a sub-step (qsa_nvf_mma4) spelled as the instructions wmma compiles to on sm_80+
    (ldmatrix x4 + mma m16n8k16 twice per chunk, the two halves of the tile's 16 columns into P.x[0..3]
@@ -1147,31 +1243,13 @@ static __device__ __forceinline__ void qsa_nvf_mma4_ld(qsa_u32 ab, qsa_u32 wb, q
     }
 }
 
-/* The same 4 chunks with the roles of the operands swapped, for tiles of at most 8 pairs: the W
-   rows are the mma's A (16 x 16, wa: this lane's W row lane % 16 at column 8 (lane / 16)) and the
-   pairs its B (k x 8 columns, xb: this lane's A row lane % 8 at column 8 (lane / 8), two chunks per
-   ldmatrix), one m16n8k16 per chunk into D (d[0..1]: W row lane / 4, pairs 2 (lane % 4) + {0, 1};
-   d[2..3]: W row lane / 4 + 8).  Each element is the same 16 products in the same positions of k
-   as in qsa_nvf_mma4_ld (tested against the one-block and the split forms). */
-static __device__ __forceinline__ void qsa_nvf_mma4_tr(qsa_u32 wa, qsa_u32 xb, float *d) {
-#pragma unroll
-    for (int c = 0; c < 4; c += 2) {
-        qsa_u32 fx[4], fw[4];
-        qsa_ldsm4(xb + 32 * c, fx);
-        qsa_ldsm4(wa + 32 * c, fw);
-        qsa_mma16816(d, fw, fx[0], fx[1]);
-        qsa_ldsm4(wa + 32 * (c + 1), fw);
-        qsa_mma16816(d, fw, fx[2], fx[3]);
-    }
-}
-
 /* qsa_seg16_cpa with the roles of the operands swapped, for A of at most QSA_GEMV_TR_ROWS rows
  * (decode), 16-byte aligned (avec): the segment's 16 W rows, copied by cp.async as there, are the
  * mma's A operand (16 x 16 per chunk, one ldmatrix), and the tile's A rows its B operand (8 columns
  * of m16n8k16), whose fragments each lane loads straight from global memory (row g = lane / 4, NULL
  * past M): no staging of A, no warp barrier in the loop, ~150 instructions per task instead of
  * ~1,700.  Each element is the same 16 products in the same positions of k per chunk, chunk after
- * chunk into a zeroed accumulator: the bits of qsa_seg16_cpa (as qsa_nvf_mma4_tr against
+ * chunk into a zeroed accumulator: the bits of qsa_seg16_cpa (as qsa_segs16_nvd against
  * qsa_nvf_mma4_ld; tested through the GEMV kernels against the one-block GEMM).  (ptxas places the
  * copy's wait among the activation loads rather than after them.)  d: the mma's D, W rows g and g + 8 against A rows 2 (lane % 4) and + 1 (d[0] (g, 2t), d[1]
  * (g, 2t + 1), d[2] (g + 8, 2t), d[3] (g + 8, 2t + 1)).  sw: W [16][QSA_SWS] halves, 32-byte aligned.
@@ -1220,11 +1298,147 @@ typedef struct {
     qsa_i64 pair;   /* floats between pairs */
     int seg, cnt;   /* floats between segments; the tile's pairs */
 } qsa_seg_range;
-template <int NA, int AS, bool RG = false>
-static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *const *ap, int na, const qsa_wsrc &w,
-                                                              int n0, int N, int K, int nseg, qsa_f16 *sa,
-                                                              qsa_f16 *sw, qsa_u8 *pk, qsa_frag_c &T, float *slot,
-                                                              qsa_seg_range rg = qsa_seg_range()) {
+/* The pipelined fold for tiles of up to 4 pairs (a decode batch's experts mostly get one or two), with
+ * the roles of the mma's operands swapped: the tile's 16 W rows are the A operand (16 x 16 per chunk),
+ * its pairs the B operand (8 columns of m16n8k16, staged rows lane / 8 from a0p when live; rows 4-7
+ * zero), and each lane dequantises its W fragments straight into registers: lane (g = lane / 4,
+ * t = lane % 4) reads word t of each 32-element block of rows g and g + 8, which in the fragment
+ * order (K % 64 == 0 here) holds exactly its a0 / a2 (row g) and a1 / a3 (row g + 8) of the block's
+ * two chunks — no staging of the dequantised tile and no ldmatrix of it (the staged form issued ~1.6x
+ * the instructions per sub-step).  The warp copies segment s + 1's packed weights and block scales
+ * (16 rows of QSA_PKD bytes: a row's 128 bytes of q, then its 16 scale bytes) into the other half of
+ * pk by cp.async before it works on segment s.  Each element is the same 16 products in the same
+ * positions of k per chunk as in qsa_nvf_mma4_ld, chunk after chunk into a zeroed accumulator, P_s
+ * scaled and folded in ascending segment order: the canonical bits (tested against the one-block and
+ * the split forms).  RG: segments rg.sb .. rg.se - 1 only, each P_s stored as the split forms store
+ * it; otherwise the tile's pairs 0..7 end as rows of slot (16 floats each, aliasing the staging). */
+#define QSA_PKD 144 /* the direct form's copy rows: 128 bytes of packed weights, then the 16 scale bytes */
+template <bool RG = false>
+static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool live, const qsa_wsrc &w, int n0, int K,
+                                                      int nseg, qsa_f16 *sa, qsa_u8 *pk, qsa_frag_c &T, float *slot,
+                                                      qsa_seg_range rg = qsa_seg_range()) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3, pr = lane >> 3, pc = lane & 7;
+    const qsa_u32 rb = (qsa_u32)(K >> 1), sb = (qsa_u32)(K >> 4);
+    const qsa_u8 *qrow = w.q + ((qsa_i64)(n0 + pr) * rb + 16 * pc);
+    const qsa_u32 cdst = qsa_smem_u32(pk) + pr * QSA_PKD + 16 * pc;
+    /* the scale copy: row lane (one 16-byte piece, svec16) or row lane / 2, words 2 (lane % 2) + {0, 1} */
+    const bool s16 = w.svec16;
+    const int sr_ = s16 ? (lane & 15) : lane >> 1, sw_ = s16 ? 0 : 2 * (lane & 1);
+    const qsa_u8 *srow = w.s + (qsa_i64)(n0 + sr_) * sb + 4 * sw_;
+    const qsa_u32 sdst = qsa_smem_u32(pk) + sr_ * QSA_PKD + 128 + 4 * sw_;
+    const qsa_u8 *pkg = pk + g * QSA_PKD; /* row g (row g + 8: 8 rows on) */
+    const qsa_u32 xb = qsa_smem_u32(sa) + 2 * ((lane & 7) * QSA_STW + (lane >> 3) * 8);
+    if (!live) *(uint4 *)(sa + pr * QSA_STW + 8 * pc) = qsa_u4_zero();
+#pragma unroll
+    for (int i = 1; i < 4; i++) *(uint4 *)(sa + (pr + 4 * i) * QSA_STW + 8 * pc) = qsa_u4_zero();
+    uint4 ra = live ? *(const uint4 *)(a0p + (RG ? QSA_SEG * rg.sb : 0) + 8 * pc) : qsa_u4_zero();
+    const float ps = qsa_pscale_of(w);
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 4; i++) T.x[i] = 0.0f;
+    const int s0 = RG ? rg.sb : 0, s1 = RG ? rg.se : nseg, nt = RG ? min(K >> 6, 4 * s1) : K >> 6;
+    /* the copy of segment sn into half sn % 2 of pk, committed as one group (empty past s1) */
+    auto copy = [&](int sn) {
+        if (sn < s1) {
+            const int kn = sn * QSA_SEG, np = min(QSA_SEG, K - kn) >> 5;
+            const qsa_u32 half = (sn & 1) * 16 * QSA_PKD;
+            if (pc < np) {
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(cdst + half + i * 4 * QSA_PKD),
+                                 "l"(qrow + (kn >> 1) + i * 4 * rb)
+                                 : "memory");
+            }
+            if (s16) {
+                if (lane < 16)
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sdst + half), "l"(srow + (kn >> 4))
+                                 : "memory");
+            } else {
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    if (sw_ + i < (np >> 1))
+                        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(sdst + half + 4 * i),
+                                     "l"(srow + (kn >> 4) + 4 * i)
+                                     : "memory");
+            }
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    copy(s0);
+    for (int seg = s0; seg < s1; seg++) {
+        __syncwarp(); /* every lane is done with the half that the next copy overwrites */
+        copy(seg + 1);
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
+        __syncwarp(); /* every lane's copies of segment seg have landed */
+        const qsa_u8 *pw = pkg + (seg & 1) * 16 * QSA_PKD;
+        enum { UNR = RG ? 1 : QSA_SEG / 64 }; /* (the ranged form's kernel: unrolled it spills) */
+#pragma unroll(UNR)
+        for (int J = 0; J < QSA_SEG / 64; J++) {
+            const int t = 4 * seg + J;
+            if (t >= nt) break;
+            /* row g's and row g + 8's word t of the sub-step's two blocks, and their scale words */
+            const qsa_u32 wg0 = *(const qsa_u32 *)(pw + 32 * J + 4 * t4),
+                          wg1 = *(const qsa_u32 *)(pw + 32 * J + 16 + 4 * t4);
+            const qsa_u32 wh0 = *(const qsa_u32 *)(pw + 8 * QSA_PKD + 32 * J + 4 * t4),
+                          wh1 = *(const qsa_u32 *)(pw + 8 * QSA_PKD + 32 * J + 16 + 4 * t4);
+            const qsa_u32 sg = *(const qsa_u32 *)(pw + 128 + 4 * J), sh = *(const qsa_u32 *)(pw + 8 * QSA_PKD + 128 + 4 * J);
+            __syncwarp(); /* the previous sub-step's B fragments are loaded */
+            if (live) *(uint4 *)(sa + pr * QSA_STW + 8 * pc) = ra;
+            __syncwarp();
+            if (live && t + 1 < nt) ra = *(const uint4 *)(a0p + 64 * (t + 1) + 8 * pc);
+            qsa_u32 fx[4], a[4], l[4], m[4];
+            qsa_scale4(sg, l);
+            qsa_scale4(sh, m);
+            uint4 ug = qsa_dq8s(wg0, l[0], l[1]), uh = qsa_dq8s(wh0, m[0], m[1]);
+            qsa_ldsm4(xb, fx);
+            a[0] = ug.x, a[1] = uh.x, a[2] = ug.y, a[3] = uh.y;
+            qsa_mma16816(d, a, fx[0], fx[1]);
+            a[0] = ug.z, a[1] = uh.z, a[2] = ug.w, a[3] = uh.w;
+            qsa_mma16816(d, a, fx[2], fx[3]);
+            ug = qsa_dq8s(wg1, l[2], l[3]);
+            uh = qsa_dq8s(wh1, m[2], m[3]);
+            qsa_ldsm4(xb + 64, fx);
+            a[0] = ug.x, a[1] = uh.x, a[2] = ug.y, a[3] = uh.y;
+            qsa_mma16816(d, a, fx[0], fx[1]);
+            a[0] = ug.z, a[1] = uh.z, a[2] = ug.w, a[3] = uh.w;
+            qsa_mma16816(d, a, fx[2], fx[3]);
+        }
+        /* the segment's end: T += P_s, the canonical fold, or P_s stored */
+#pragma unroll
+        for (int i = 0; i < 4; i++) d[i] = __fmul_rn(d[i], ps);
+        if (RG) {
+            const int c2 = 2 * t4;
+            float *o = rg.p + (qsa_i64)seg * rg.seg + g;
+            if (c2 < rg.cnt) {
+                o[c2 * rg.pair] = d[0];
+                o[c2 * rg.pair + 8] = d[2];
+            }
+            if (c2 + 1 < rg.cnt) {
+                o[(c2 + 1) * rg.pair] = d[1];
+                o[(c2 + 1) * rg.pair + 8] = d[3];
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) T.x[i] = T.x[i] + d[i];
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) d[i] = 0.0f;
+    }
+    if (!RG) { /* the tile's pairs 0..7 as rows of slot (16 floats each; the staging, read no more) */
+        const int c2 = 2 * t4;
+        __syncwarp();
+        slot[c2 * 16 + g] = T.x[0];
+        slot[(c2 + 1) * 16 + g] = T.x[1];
+        slot[c2 * 16 + g + 8] = T.x[2];
+        slot[(c2 + 1) * 16 + g + 8] = T.x[3];
+    }
+}
+
+/* The pipelined fold for tiles of 5 to 16 pairs: A rows ap[4 i] (this lane's rows lane / 8 + 4 i; NULL
+   or i >= na: zeros) staged by qsa_nvf_put, the segment's W dequantised there too, qsa_nvf_mma4_ld. */
+static __device__ __forceinline__ void qsa_segs16_nvf_pipe4(const qsa_f16 *const *ap, int na, const qsa_wsrc &w,
+                                                            int n0, int K, int nseg, qsa_f16 *sa, qsa_f16 *sw,
+                                                            qsa_u8 *pk, qsa_frag_c &T) {
     const int lane = threadIdx.x & 31, nr = lane >> 1, nh = lane & 1, pr = lane >> 3, pc = lane & 7;
     /* copy piece i of this lane: row pr + 4 i of the tile, bytes 16 pc .. 16 pc + 15 of the segment */
     const qsa_u32 rb = (qsa_u32)(K >> 1);
@@ -1233,23 +1447,18 @@ static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *con
     const qsa_u32 cdst = qsa_smem_u32(pk) + pr * QSA_PKS + 16 * pc;
     const qsa_u8 *srow = w.s + (qsa_i64)(n0 + nr) * (K >> 4);
     const qsa_u8 *pkl = pk + nr * QSA_PKS + 16 * nh; /* this lane's row and half of the copy */
-    /* TR (tiles of up to 4 pairs): qsa_nvf_mma4_tr into P.x[0..3], stored here into slot */
-    enum { TR = NA == 1 };
-    QSA_CT_CHECK(!RG || TR); /* segment ranges: tiles of up to 4 pairs */
-    const qsa_u32 ab = TR ? qsa_smem_u32(sw) + 2 * ((lane & 15) * QSA_STW + (lane >> 4) * 8)
-                          : qsa_smem_u32(sa) + 2 * ((lane & 15) * QSA_STW + (lane >> 4) * 8),
-                  wb = TR ? qsa_smem_u32(sa) + 2 * ((lane & 7) * QSA_STW + (lane >> 3) * 8)
-                          : qsa_smem_u32(sw) + 2 * (((lane >> 4) * 8 + (lane & 7)) * QSA_STW + ((lane >> 3) & 1) * 8);
+    const qsa_u32 ab = qsa_smem_u32(sa) + 2 * ((lane & 15) * QSA_STW + (lane >> 4) * 8),
+                  wb = qsa_smem_u32(sw) + 2 * (((lane >> 4) * 8 + (lane & 7)) * QSA_STW + ((lane >> 3) & 1) * 8);
     uint4 *dst = (uint4 *)(sw + nr * QSA_STW + nh * 32);
     /* A rows that are padding (past the tile's pairs) are zeros in the staging from here on: only the
        live pieces are loaded and stored (the warp's staging has no readers before this tile) */
-    uint4 ra[NA];
+    uint4 ra[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const qsa_f16 *a = i < na && i < NA ? ap[AS * i] : 0;
+        const qsa_f16 *a = i < na ? ap[4 * i] : 0;
         if (a) live |= 1u << i;
         else *(uint4 *)(sa + (pr + 4 * i) * QSA_STW + 8 * pc) = qsa_u4_zero();
-        if (i < NA) ra[i] = a ? *(const uint4 *)(a + (RG ? QSA_SEG * rg.sb : 0) + 8 * pc) : qsa_u4_zero();
+        ra[i] = a ? *(const uint4 *)(a + 8 * pc) : qsa_u4_zero();
     }
     qsa_u32 sc[QSA_SEG / 64], scn[QSA_SEG / 64];
     const float ps = qsa_pscale_of(w);
@@ -1258,12 +1467,12 @@ static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *con
     qsa_frag_zero(P);
     /* one loop over the sub-steps of all segments (K % 64 == 0): a segment's first sub-step starts
        the copy of the next one and waits for its own, its last adds P into T */
-    const int s0 = RG ? rg.sb : 0, s1 = RG ? rg.se : nseg, nt = RG ? min(K >> 6, 4 * s1) : K >> 6;
-    for (int t = 4 * s0 - 4; t < nt; t++) {
+    const int nt = K >> 6;
+    for (int t = -4; t < nt; t++) {
         const int seg = t >> 2, J = t & 3;
         if (J == 0) {
             const int sn = seg + 1; /* the segment whose copy starts now */
-            if (sn < s1) {
+            if (sn < nseg) {
                 const int kn = sn * QSA_SEG, np = min(QSA_SEG, K - kn) >> 5;
                 __syncwarp(); /* every lane is done with the half that this copy overwrites */
                 if (pc < np) {
@@ -1277,13 +1486,13 @@ static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *con
                 asm volatile("cp.async.commit_group;" ::: "memory");
                 qsa_nvf_scales_at(srow + (kn >> 4), w.svec16, np >> 1, scn);
             }
-            if (seg < s0) { /* the prologue: segment s0's copy is on its way */
+            if (seg < 0) { /* the prologue: segment 0's copy is on its way */
 #pragma unroll
                 for (int i = 0; i < QSA_SEG / 64; i++) sc[i] = scn[i];
                 t += 3;
                 continue;
             }
-            if (sn < s1) asm volatile("cp.async.wait_group 1;" ::: "memory");
+            if (sn < nseg) asm volatile("cp.async.wait_group 1;" ::: "memory");
             else asm volatile("cp.async.wait_group 0;" ::: "memory");
             __syncwarp(); /* every lane's copies of segment seg have landed */
         }
@@ -1291,43 +1500,21 @@ static __device__ __forceinline__ void qsa_segs16_nvf_pipe_na(const qsa_f16 *con
         const qsa_u32 sw32 = sc[0];
 #pragma unroll
         for (int i = 0; i + 1 < QSA_SEG / 64; i++) sc[i] = sc[i + 1];
-        qsa_nvf_put<NA>(ra, live, q, sw32, sa, dst);
+        qsa_nvf_put<4>(ra, live, q, sw32, sa, dst);
         if (t + 1 < nt) { /* the next sub-step's A while the tensor cores work */
 #pragma unroll
-            for (int i = 0; i < NA; i++)
-                if ((live >> i) & 1u) ra[i] = *(const uint4 *)(ap[AS * i] + 64 * (t + 1) + 8 * pc);
+            for (int i = 0; i < 4; i++)
+                if ((live >> i) & 1u) ra[i] = *(const uint4 *)(ap[4 * i] + 64 * (t + 1) + 8 * pc);
         }
-        if (TR) qsa_nvf_mma4_tr(ab, wb, P.x);
-        else qsa_nvf_mma4_ld(ab, wb, P);
+        qsa_nvf_mma4_ld(ab, wb, P);
         if (J == 3 || t + 1 == nt) { /* the segment's end: T += P_s, the canonical fold */
-            qsa_pscale<TR ? 4 : 8>(P, ps);
-            if (RG) { /* or P_s stored: d[0] (row g, pair 2 (lane % 4)), d[1] (g, + 1), d[2] (g + 8, ...), d[3] */
-                const int g = lane >> 2, c2 = 2 * (lane & 3);
-                float *o = rg.p + (qsa_i64)seg * rg.seg + g;
-                if (c2 < rg.cnt) {
-                    o[c2 * rg.pair] = P.x[0];
-                    o[c2 * rg.pair + 8] = P.x[2];
-                }
-                if (c2 + 1 < rg.cnt) {
-                    o[(c2 + 1) * rg.pair] = P.x[1];
-                    o[(c2 + 1) * rg.pair + 8] = P.x[3];
-                }
-            } else {
+            qsa_pscale(P, ps);
 #pragma unroll
-                for (int i = 0; i < (TR ? 4 : 8); i++) T.x[i] = T.x[i] + P.x[i];
-            }
+            for (int i = 0; i < 8; i++) T.x[i] = T.x[i] + P.x[i];
             qsa_frag_zero(P);
 #pragma unroll
             for (int i = 0; i < QSA_SEG / 64; i++) sc[i] = scn[i];
         }
-    }
-    if (TR && !RG) { /* the tile's pairs 0..7 as rows of slot (16 floats each; the staging, read no more) */
-        const int g = lane >> 2, c2 = 2 * (lane & 3);
-        __syncwarp();
-        slot[c2 * 16 + g] = T.x[0];
-        slot[(c2 + 1) * 16 + g] = T.x[1];
-        slot[c2 * 16 + g + 8] = T.x[2];
-        slot[(c2 + 1) * 16 + g + 8] = T.x[3];
     }
 }
 /* Returns whether the tile is already in slot (the pairs' rows of the partial tile, [16][16] fp32,
@@ -1338,11 +1525,12 @@ static __device__ __forceinline__ bool qsa_segs16_nvf_pipe(const qsa_f16 *const 
     const int na = min(4, (nrows + 3) >> 2);
     if (na == 1) { /* this lane's one A row in a register */
         const qsa_f16 *a0 = arow[(threadIdx.x & 31) >> 3];
-        qsa_segs16_nvf_pipe_na<1, 1>(&a0, 1, w, n0, N, K, nseg, sa, sw, pk, T, slot);
+        (void)sw;
+        qsa_segs16_nvd<false>(a0, a0 != 0, w, n0, K, nseg, sa, pk, T, slot);
         return true;
     }
     /* (rows from the shared list at each sub-step: four in registers spill) */
-    qsa_segs16_nvf_pipe_na<4, 4>(arow + ((threadIdx.x & 31) >> 3), na, w, n0, N, K, nseg, sa, sw, pk, T, slot);
+    qsa_segs16_nvf_pipe4(arow + ((threadIdx.x & 31) >> 3), na, w, n0, K, nseg, sa, sw, pk, T);
     return false;
 }
 #endif
@@ -1489,13 +1677,17 @@ static __device__ __forceinline__ void qsa_t64_load(qsa_t64op &o, const qsa_f16 
 }
 template <bool NV>
 static __device__ __forceinline__ void qsa_t64_stage(const qsa_t64op &o, const qsa_wsrc &ws, qsa_f16 *As, qsa_f16 *Ws,
-                                                     int row, int kp) {
+                                                     int row, int kp, int K) {
     *(uint4 *)(As + row * QSA_STW + kp) = o.a0;
     *(uint4 *)(As + row * QSA_STW + kp + 8) = o.a1;
     if (NV) {
         const qsa_u32 sc2 = qsa_scale1(o.sb);
-        *(uint4 *)(Ws + row * QSA_STW + kp) = qsa_dq8(o.q8.x, sc2);
-        *(uint4 *)(Ws + row * QSA_STW + kp + 8) = qsa_dq8(o.q8.y, sc2);
+        if (!(K & 31)) { /* the fragment order: threads tid, tid ^ 1 hold the two halves of a block */
+            qsa_dq16h(qsa_pair_block(o.q8), threadIdx.x & 1, sc2, (uint4 *)(Ws + row * QSA_STW + kp));
+        } else {
+            *(uint4 *)(Ws + row * QSA_STW + kp) = qsa_dq8(o.q8.x, sc2);
+            *(uint4 *)(Ws + row * QSA_STW + kp + 8) = qsa_dq8(o.q8.y, sc2);
+        }
     } else {
         *(uint4 *)(Ws + row * QSA_STW + kp) = o.w0;
         *(uint4 *)(Ws + row * QSA_STW + kp + 8) = o.w1;
@@ -1535,7 +1727,7 @@ static __device__ void qsa_tile64_core_w(const qsa_f16 *arow, int avec, const qs
     if (AHEAD == 1) {
         for (int j = 0; j < nsub; j++) {
             __syncthreads();
-            qsa_t64_stage<NV>(o0, ws, As, Ws, row, kp);
+            qsa_t64_stage<NV>(o0, ws, As, Ws, row, kp, K);
             __syncthreads();
             if (j + 1 < nsub) qsa_t64_load<NV>(o0, arow, avec, ws, qr, sr, wn, N, (j + 1) * 64 + kp, K);
             qsa_tile64_step<QSA_STW, 4, NV>(As, Ws, wm, wc, j * 64, K, (j & 3) == 3 || j + 1 == nsub, P0, P1, T0, T1, ps);
@@ -1547,13 +1739,13 @@ static __device__ void qsa_tile64_core_w(const qsa_f16 *arow, int avec, const qs
     for (int j = 0; j < nsub; j += 2) {
         /* sub-step j from o0, which then takes sub-step j + 2; the same for j + 1 and o1 */
         __syncthreads();
-        qsa_t64_stage<NV>(o0, ws, As, Ws, row, kp);
+        qsa_t64_stage<NV>(o0, ws, As, Ws, row, kp, K);
         __syncthreads();
         if (j + 2 < nsub) qsa_t64_load<NV>(o0, arow, avec, ws, qr, sr, wn, N, (j + 2) * 64 + kp, K);
         qsa_tile64_step<QSA_STW, 4, NV>(As, Ws, wm, wc, j * 64, K, (j & 3) == 3 || j + 1 == nsub, P0, P1, T0, T1, ps);
         if (j + 1 >= nsub) break;
         __syncthreads();
-        qsa_t64_stage<NV>(o1, ws, As, Ws, row, kp);
+        qsa_t64_stage<NV>(o1, ws, As, Ws, row, kp, K);
         __syncthreads();
         if (j + 3 < nsub) qsa_t64_load<NV>(o1, arow, avec, ws, qr, sr, wn, N, (j + 3) * 64 + kp, K);
         qsa_tile64_step<QSA_STW, 4, NV>(As, Ws, wm, wc, (j + 1) * 64, K, ((j + 1) & 3) == 3 || j + 2 == nsub, P0, P1, T0,
@@ -2844,8 +3036,7 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
             rg.pair = (qsa_i64)ncol * nsp * NB * 16;
             rg.seg = NB * 16;
             rg.cnt = cnt;
-            qsa_segs16_nvf_pipe_na<1, 1, true>(&a0, 1, ws, n0, N, Kd, nseg, sa, sa + 16 * QSA_STW, pk[warp], P,
-                                               slot, rg);
+            qsa_segs16_nvd<true>(a0, a0 != 0, ws, n0, Kd, nseg, sa, pk[warp], P, slot, rg);
             seg = se;
         }
 #endif
@@ -2902,7 +3093,7 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
     }
     if (lane == 0) *tk = 0u;
 }
-extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_gate_up_xw(
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 5) qsa_k_moe_gate_up_xw(
     const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
     int K, int act, float *part, unsigned *count, int nrange) {

@@ -8831,8 +8831,10 @@ QSA_PRIV qsa_result qsa__dlin_up(qsa__cuda *g, qsa__dlin *d, const qsa__lin *l, 
         d->s2 = l->qscale2;
         long long words = (long long)l->out * (l->in / 8);
         QSA__TRY(qsa__dupload(g, &d->q, l->q, (size_t)words * 4, what));
-        /* the packed words into the device order (kernels.cu: qsa_dq8), on the legacy stream after the copy */
-        void *args[] = {&d->q, &words};
+        /* the packed words into the device order (kernels.cu: qsa_dq8; the fragment order when the
+           rows are whole blocks of 32), on the legacy stream after the copy */
+        int frag = l->in % 32 == 0;
+        void *args[] = {&d->q, &words, &frag};
         unsigned gx = (unsigned)((words + 255) / 256 < 1024 ? (words + 255) / 256 : 1024);
         if (words) QSA__TRY(qsa__cu_launch_ex(g->k[QSA__K_nvfp4_order], "qsa_k_nvfp4_order", gx, 1, 1, 256, 1, 1, 0, 0, args, 0));
         return qsa__dupload(g, &d->s, l->qscale, (size_t)l->out * (size_t)(l->in / 16), what);

@@ -590,21 +590,30 @@ static void k1_dequant_nvfp4(const uint8_t *q, const uint8_t *s, float s2, float
 }
 
 /* Packed NVFP4 weights in the device order (kernels.cu: qsa_dq8; the runtime's qsa_k_nvfp4_order on
-   upload): per 4-byte group, byte j = element j (low nibble) and element j + 4 (high nibble), where the
-   checkpoint's byte j holds elements 2j and 2j + 1.  bytes: a multiple of 4. */
-static void k1_order_q(uint8_t *dst, const uint8_t *src, size_t bytes) {
+   upload): element j of a device word in the low nibble of byte j (j < 4) or the high nibble of byte
+   j - 4.  Rows of K elements (the checkpoint's byte i of a row holds elements 2i and 2i + 1); K % 32 ==
+   0, the fragment order: word t of each 16-byte block holds the block's elements 2t + 8 (j / 2) + j % 2;
+   otherwise word i the elements 8i .. 8i + 7.  bytes: whole rows. */
+static unsigned k1_nib(const uint8_t *src, size_t e) { return (src[e / 2] >> (4 * (e & 1))) & 15u; }
+static void k1_order_q(uint8_t *dst, const uint8_t *src, size_t bytes, int K) {
+    const int frag = K % 32 == 0;
     for (size_t i = 0; i + 4 <= bytes; i += 4) {
-        unsigned nib[8];
-        for (int e = 0; e < 8; e++) nib[e] = (src[i + e / 2] >> (4 * (e & 1))) & 15u;
-        for (int j = 0; j < 4; j++) dst[i + j] = (uint8_t)(nib[j] | nib[j + 4] << 4);
+        size_t w = i / 4, base = frag ? (w / 4) * 32 : w * 8; /* the first element of the block / word */
+        unsigned t = frag ? (unsigned)(w % 4) : 0u;
+        uint32_t v = 0;
+        for (int j = 0; j < 8; j++) {
+            size_t e = frag ? base + 2 * t + 8 * (j / 2) + (j % 2) : base + (size_t)j;
+            v |= (uint32_t)k1_nib(src, e) << (j < 4 ? 8 * j : 8 * (j - 4) + 4);
+        }
+        for (int b = 0; b < 4; b++) dst[i + b] = (uint8_t)(v >> (8 * b));
     }
 }
-/* device memory owned by m: checkpoint-order packed weights q (bytes) in the device order, `off` bytes
-   into the allocation (*d is its start) */
-static qsa_result k1_dev_q(k1_mem *m, CUdeviceptr *d, const uint8_t *q, size_t bytes, size_t off) {
+/* device memory owned by m: checkpoint-order packed weights q (bytes, rows of K elements) in the device
+   order, `off` bytes into the allocation (*d is its start) */
+static qsa_result k1_dev_q(k1_mem *m, CUdeviceptr *d, const uint8_t *q, size_t bytes, size_t off, int K) {
     uint8_t *t = (uint8_t *)calloc(bytes + off + 1, 1);
     if (!t) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "k1 test: out of host memory");
-    k1_order_q(t + off, q, bytes);
+    k1_order_q(t + off, q, bytes, K);
     qsa_result r = k1_dev(m, d, t, bytes + off);
     free(t);
     return r;
@@ -614,7 +623,7 @@ static qsa_result k1_dev_q(k1_mem *m, CUdeviceptr *d, const uint8_t *q, size_t b
    bytes over a grid that loops, and on all 16 codes in every nibble position. */
 TEST(gpu, k1_nvfp4_order) {
     K1_NEED_GPU();
-    enum { NW = 70001 };
+    enum { NW = 70000 }; /* whole blocks of 4 words */
     k1_mem mem = {{0}, 0, {0}, 0};
     uint8_t *q, *want, *got;
     CUdeviceptr dq;
@@ -624,27 +633,38 @@ TEST(gpu, k1_nvfp4_order) {
     K1_ALLOC(got, uint8_t, 4 * NW);
     k1_seed(77);
     for (size_t i = 0; i < 4 * (size_t)NW; i++) q[i] = (uint8_t)k1_u(0, 256);
-    for (int e = 0; e < 8; e++) /* words 0-15: code c in element e of word c, the other elements 0 */
+    for (int e = 0; e < 32; e++) /* blocks 0-15: code c in element e of block c (words 4c .. 4c + 3), the rest 0 */
         for (int c = 0; c < 16; c++) {
-            uint32_t w = (uint32_t)c << (4 * e);
-            for (int b = 0; b < 4; b++) q[4 * (16 * e + c) + b] = (uint8_t)(w >> (8 * b));
+            memset(q + 16 * (16 * e + c), 0, 16);
+            q[16 * (16 * e + c) + e / 2] = (uint8_t)(c << (4 * (e & 1)));
         }
-    k1_order_q(want, q, 4 * (size_t)NW);
-    K1_TRY(k1_dev(&mem, &dq, q, 4 * (size_t)NW));
-    {
-        void *args[] = {&dq, &n};
-        K1_TRY(k1_launch("qsa_k_nvfp4_order", 37, 1, 128, args));
+    for (int frag = 0; frag < 2; frag++) { /* rows of K = 32 * 7 (blocks) and 16 * 7 elements */
+        const int K = frag ? 224 : 112;
+        k1_order_q(want, q, 4 * (size_t)NW, K);
+        K1_TRY(k1_dev(&mem, &dq, q, 4 * (size_t)NW));
+        {
+            void *args[] = {&dq, &n, &frag};
+            K1_TRY(k1_launch("qsa_k_nvfp4_order", 37, 1, 128, args));
+        }
+        K1_TRY(k1_get(got, dq, 4 * (size_t)NW));
+        CHECKF(memcmp(got, want, 4 * (size_t)NW) == 0, "frag %d: the device order differs from k1_order_q", frag);
+        /* element e of a block lands where qsa_dq8 takes it: in word e / 8 (frag: word (e % 8) / 2, as
+           element 2 (e / 8) + e % 2), element j < 4 in the low nibble of byte j, else the high nibble of
+           byte j - 4 */
+        int bad = -1;
+        for (int e = 0; e < 32 && bad < 0; e++)
+            for (int c = 0; c < 16 && bad < 0; c++) {
+                const uint8_t *b = got + 16 * (16 * e + c);
+                const int wi = frag ? (e % 8) / 2 : e / 8, j = frag ? 2 * (e / 8) + e % 2 : e % 8;
+                for (int x = 0; x < 4; x++) {
+                    uint32_t v = (uint32_t)b[4 * x] | (uint32_t)b[4 * x + 1] << 8 | (uint32_t)b[4 * x + 2] << 16 |
+                                 (uint32_t)b[4 * x + 3] << 24;
+                    uint32_t w = x == wi ? (uint32_t)c << (j < 4 ? 8 * j : 8 * (j - 4) + 4) : 0u;
+                    if (v != w) bad = 16 * e + c;
+                }
+            }
+        CHECKF(bad < 0, "frag %d: element %d code %d lands elsewhere", frag, bad / 16, bad % 16);
     }
-    K1_TRY(k1_get(got, dq, 4 * (size_t)NW));
-    CHECK(memcmp(got, want, 4 * (size_t)NW) == 0);
-    /* element e of a word lands where qsa_dq8 takes it: e < 4 the low nibble of byte e, else the high
-       nibble of byte e - 4 */
-    for (int e = 0; e < 8; e++)
-        for (int c = 0; c < 16; c++) {
-            const uint8_t *w = got + 4 * (16 * e + c);
-            uint32_t v = (uint32_t)w[0] | (uint32_t)w[1] << 8 | (uint32_t)w[2] << 16 | (uint32_t)w[3] << 24;
-            CHECKF(v == (uint32_t)c << (e < 4 ? 8 * e : 8 * (e - 4) + 4), "element %d code %d -> word %08x", e, c, v);
-        }
 done:
     k1_free(&mem);
 }
@@ -719,7 +739,7 @@ static void k1_gemm_case(int M, int N, int K, int nvfp4) {
     K1_TRY(k1_dev(&mem, &dA, a16, sizeof(uint16_t) * M * K));
     K1_TRY(k1_dev(&mem, &dY, NULL, sizeof(float) * ny));
     if (nvfp4) {
-        K1_TRY(k1_dev_q(&mem, &dq, q, (size_t)N * K / 2, 0));
+        K1_TRY(k1_dev_q(&mem, &dq, q, (size_t)N * K / 2, 0, K));
         K1_TRY(k1_dev(&mem, &ds, s, (size_t)N * K / 16));
     } else {
         K1_TRY(k1_dev(&mem, &dW, w16, sizeof(uint16_t) * N * K));
@@ -760,7 +780,7 @@ static void k1_gemm_case(int M, int N, int K, int nvfp4) {
     CHECK(!k1_same("gemm: misaligned A", Y, Y2, ny, 4));
     if (nvfp4) {
         /* packed weights one byte off 4-byte alignment: byte loads, same bits */
-        K1_TRY(k1_dev_q(&mem, &dq1, q, (size_t)N * K / 2, 1));
+        K1_TRY(k1_dev_q(&mem, &dq1, q, (size_t)N * K / 2, 1, K));
         dq1 += 1;
         K1_TRY(k1_poison(dY, sizeof(float) * ny));
         K1_GEMM(k1_gemm_grid(M, N), dA, dq1, &acc0);
@@ -840,7 +860,7 @@ static void k1_gemm_batch(int nvfp4, int K) { /* K 784: 4 segments, 256, 256, 25
         K1_ALLOC(q, uint8_t, N * K / 2);
         K1_ALLOC(s, uint8_t, N * K / 16);
         k1_rand_nvfp4(q, s, s2, wf, N, K);
-        K1_TRY(k1_dev_q(&mem, &dq, q, (size_t)N * K / 2, 0));
+        K1_TRY(k1_dev_q(&mem, &dq, q, (size_t)N * K / 2, 0, K));
         K1_TRY(k1_dev(&mem, &ds, s, N * K / 16));
     } else {
         K1_ALLOC(w16, uint16_t, N * K);
@@ -937,7 +957,7 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
         K1_ALLOC(q, uint8_t, N * K / 2);
         K1_ALLOC(s, uint8_t, N * K / 16);
         k1_rand_nvfp4(q, s, s2, wf, N, K);
-        K1_TRY(k1_dev_q(&mem, &dq, q, (size_t)N * K / 2, 0));
+        K1_TRY(k1_dev_q(&mem, &dq, q, (size_t)N * K / 2, 0, K));
         K1_TRY(k1_dev(&mem, &ds, s, (size_t)N * K / 16));
     } else {
         K1_ALLOC(w16, uint16_t, N * K);
@@ -1591,7 +1611,7 @@ static void k1_moe_case(int M, int E, int K, int H, int I, int act) {
             else k1_rand_nvfp4(q + n / 2 * e, s + n / 16 * e, s2, wall + n * e, m < 2 ? I : H, m < 2 ? H : I);
         }
         K1_TRY(k1_dev(&mem, &d16, w16, n * 2 * E));
-        K1_TRY(k1_dev_q(&mem, &dq, q, n / 2 * E, 0));
+        K1_TRY(k1_dev_q(&mem, &dq, q, n / 2 * E, 0, m < 2 ? H : I));
         K1_TRY(k1_dev(&mem, &ds, s, n / 16 * E));
         for (int e = 0; e < E; e++) {
             unsigned long long p16 = e % 2 == 0 ? d16 + n * 2 * e : 0, pq = e % 2 ? dq + n / 2 * e : 0,
