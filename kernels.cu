@@ -749,20 +749,6 @@ static __device__ __forceinline__ qsa_u32 qsa_scale1(qsa_u32 b) {
     const qsa_u32 h = qsa_e4m3x2_to_h2(b & 0xffu);
     return qsa_prmt(h, h, 0x1010u);
 }
-/* The four block scales of v's bytes, each as fp16 in both halves (l[j]: byte j's): on sm_89+ the
-   bytes are paired first (s_j, s_j) and each pair converted as one e4m3x2 (the values of qsa_scale2) */
-static __device__ __forceinline__ void qsa_scale4(qsa_u32 v, qsa_u32 *l) {
-#if __CUDA_ARCH__ >= 890
-    const qsa_u32 p01 = qsa_prmt(v, 0u, 0x1100u), p23 = qsa_prmt(v, 0u, 0x3322u);
-    asm("{\n .reg .b16 a, b, c, e;\n mov.b32 {a, b}, %4;\n mov.b32 {c, e}, %5;\n cvt.rn.f16x2.e4m3x2 %0, a;\n"
-        " cvt.rn.f16x2.e4m3x2 %1, b;\n cvt.rn.f16x2.e4m3x2 %2, c;\n cvt.rn.f16x2.e4m3x2 %3, e;\n}"
-        : "=r"(l[0]), "=r"(l[1]), "=r"(l[2]), "=r"(l[3])
-        : "r"(p01), "r"(p23));
-#else
-    qsa_scale2(v, l[0], l[1]);
-    qsa_scale2(v >> 16, l[2], l[3]);
-#endif
-}
 /* The factor of an NVFP4 source's segment partials, and the multiply: a separate fp32 rounding
    (never contracted into the fold's addition), so that every path gives the same bits. */
 static __device__ __forceinline__ float qsa_pscale_of(const qsa_wsrc &w) { return w.s2 * 16384.0f; }
@@ -1312,6 +1298,20 @@ typedef struct {
  * scaled and folded in ascending segment order: the canonical bits (tested against the one-block and
  * the split forms).  RG: segments rg.sb .. rg.se - 1 only, each P_s stored as the split forms store
  * it; otherwise the tile's pairs 0..7 end as rows of slot (16 floats each, aliasing the staging). */
+/* The four block scales of v's bytes, each as fp16 in both halves (l[j]: byte j's): on sm_89+ the
+   bytes are paired first (s_j, s_j) and each pair converted as one e4m3x2 (the values of qsa_scale2) */
+static __device__ __forceinline__ void qsa_scale4(qsa_u32 v, qsa_u32 *l) {
+#if __CUDA_ARCH__ >= 890
+    const qsa_u32 p01 = qsa_prmt(v, 0u, 0x1100u), p23 = qsa_prmt(v, 0u, 0x3322u);
+    asm("{\n .reg .b16 a, b, c, e;\n mov.b32 {a, b}, %4;\n mov.b32 {c, e}, %5;\n cvt.rn.f16x2.e4m3x2 %0, a;\n"
+        " cvt.rn.f16x2.e4m3x2 %1, b;\n cvt.rn.f16x2.e4m3x2 %2, c;\n cvt.rn.f16x2.e4m3x2 %3, e;\n}"
+        : "=r"(l[0]), "=r"(l[1]), "=r"(l[2]), "=r"(l[3])
+        : "r"(p01), "r"(p23));
+#else
+    qsa_scale2(v, l[0], l[1]);
+    qsa_scale2(v >> 16, l[2], l[3]);
+#endif
+}
 #define QSA_PKD 144 /* the direct form's copy rows: 128 bytes of packed weights, then the 16 scale bytes */
 template <bool RG = false>
 static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool live, const qsa_wsrc &w, int n0, int K,
