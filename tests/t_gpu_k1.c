@@ -619,8 +619,9 @@ static qsa_result k1_dev_q(k1_mem *m, CUdeviceptr *d, const uint8_t *q, size_t b
     return r;
 }
 
-/* The runtime's reordering kernel (run on every packed tensor it uploads) against k1_order_q, on random
-   bytes over a grid that loops, and on all 16 codes in every nibble position. */
+/* The runtime's reordering kernel (run on every packed tensor it uploads) against k1_order_q, in both
+   orders (per word; the fragment order), on random bytes over a grid that loops, and on all 16 codes in
+   every element position of a block. */
 TEST(gpu, k1_nvfp4_order) {
     K1_NEED_GPU();
     enum { NW = 70000 }; /* whole blocks of 4 words */
