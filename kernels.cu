@@ -1313,19 +1313,58 @@ static __device__ __forceinline__ void qsa_scale4(qsa_u32 v, qsa_u32 *l) {
 #endif
 }
 #define QSA_PKD 144 /* the direct form's copy rows: 128 bytes of packed weights, then the 16 scale bytes */
+/* The direct form's copy of segment sn (16 rows of QSA_PKD bytes: 128 of packed weights, then the 16
+   scale bytes) into half sn % 2 of the warp's pk, committed as one group (empty past the last segment
+   s1, so that every segment is one group) */
+struct qsa_nvd_src {
+    const qsa_u8 *qrow, *srow; /* this lane's copy sources at segment 0 */
+    qsa_u32 cdst, sdst;        /* ... and destinations in half 0 */
+    qsa_u32 rb;                /* bytes between q rows */
+    int sw;                    /* the lane's first scale word (4-byte copies) */
+    bool s16;                  /* the scales in one 16-byte piece per row (svec16) */
+};
+static __device__ __forceinline__ void qsa_nvd_copy(const qsa_nvd_src &c, int K, int sn, int s1) {
+    const int lane = threadIdx.x & 31, pc = lane & 7;
+    if (sn < s1) {
+        const int kn = sn * QSA_SEG, np = min(QSA_SEG, K - kn) >> 5;
+        const qsa_u32 half = (sn & 1) * 16 * QSA_PKD;
+        if (pc < np) {
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(c.cdst + half + i * 4 * QSA_PKD),
+                             "l"(c.qrow + (kn >> 1) + i * 4 * c.rb)
+                             : "memory");
+        }
+        if (c.s16) {
+            if (lane < 16)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(c.sdst + half), "l"(c.srow + (kn >> 4))
+                             : "memory");
+        } else {
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                if (c.sw + i < (np >> 1))
+                    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(c.sdst + half + 4 * i),
+                                 "l"(c.srow + (kn >> 4) + 4 * i)
+                                 : "memory");
+        }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
 template <bool RG = false>
 static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool live, const qsa_wsrc &w, int n0, int K,
                                                       int nseg, qsa_f16 *sa, qsa_u8 *pk, qsa_frag_c &T, float *slot,
                                                       qsa_seg_range rg = qsa_seg_range()) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3, pr = lane >> 3, pc = lane & 7;
-    const qsa_u32 rb = (qsa_u32)(K >> 1), sb = (qsa_u32)(K >> 4);
-    const qsa_u8 *qrow = w.q + ((qsa_i64)(n0 + pr) * rb + 16 * pc);
-    const qsa_u32 cdst = qsa_smem_u32(pk) + pr * QSA_PKD + 16 * pc;
+    qsa_nvd_src cs;
+    cs.rb = (qsa_u32)(K >> 1);
+    cs.qrow = w.q + ((qsa_i64)(n0 + pr) * cs.rb + 16 * pc);
+    cs.cdst = qsa_smem_u32(pk) + pr * QSA_PKD + 16 * pc;
     /* the scale copy: row lane (one 16-byte piece, svec16) or row lane / 2, words 2 (lane % 2) + {0, 1} */
-    const bool s16 = w.svec16;
-    const int sr_ = s16 ? (lane & 15) : lane >> 1, sw_ = s16 ? 0 : 2 * (lane & 1);
-    const qsa_u8 *srow = w.s + (qsa_i64)(n0 + sr_) * sb + 4 * sw_;
-    const qsa_u32 sdst = qsa_smem_u32(pk) + sr_ * QSA_PKD + 128 + 4 * sw_;
+    cs.s16 = w.svec16;
+    const int sr_ = cs.s16 ? (lane & 15) : lane >> 1;
+    cs.sw = cs.s16 ? 0 : 2 * (lane & 1);
+    cs.srow = w.s + (qsa_i64)(n0 + sr_) * (K >> 4) + 4 * cs.sw;
+    cs.sdst = qsa_smem_u32(pk) + sr_ * QSA_PKD + 128 + 4 * cs.sw;
     const qsa_u8 *pkg = pk + g * QSA_PKD; /* row g (row g + 8: 8 rows on) */
     const qsa_u32 xb = qsa_smem_u32(sa) + 2 * ((lane & 7) * QSA_STW + (lane >> 3) * 8);
     if (!live) *(uint4 *)(sa + pr * QSA_STW + 8 * pc) = qsa_u4_zero();
@@ -1337,37 +1376,10 @@ static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool l
 #pragma unroll
     for (int i = 0; i < 4; i++) T.x[i] = 0.0f;
     const int s0 = RG ? rg.sb : 0, s1 = RG ? rg.se : nseg, nt = RG ? min(K >> 6, 4 * s1) : K >> 6;
-    /* the copy of segment sn into half sn % 2 of pk, committed as one group (empty past s1) */
-    auto copy = [&](int sn) {
-        if (sn < s1) {
-            const int kn = sn * QSA_SEG, np = min(QSA_SEG, K - kn) >> 5;
-            const qsa_u32 half = (sn & 1) * 16 * QSA_PKD;
-            if (pc < np) {
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(cdst + half + i * 4 * QSA_PKD),
-                                 "l"(qrow + (kn >> 1) + i * 4 * rb)
-                                 : "memory");
-            }
-            if (s16) {
-                if (lane < 16)
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sdst + half), "l"(srow + (kn >> 4))
-                                 : "memory");
-            } else {
-#pragma unroll
-                for (int i = 0; i < 2; i++)
-                    if (sw_ + i < (np >> 1))
-                        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(sdst + half + 4 * i),
-                                     "l"(srow + (kn >> 4) + 4 * i)
-                                     : "memory");
-            }
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    };
-    copy(s0);
+    qsa_nvd_copy(cs, K, s0, s1);
     for (int seg = s0; seg < s1; seg++) {
         __syncwarp(); /* every lane is done with the half that the next copy overwrites */
-        copy(seg + 1);
+        qsa_nvd_copy(cs, K, seg + 1, s1);
         asm volatile("cp.async.wait_group 1;" ::: "memory");
         __syncwarp(); /* every lane's copies of segment seg have landed */
         const qsa_u8 *pw = pkg + (seg & 1) * 16 * QSA_PKD;
