@@ -768,10 +768,9 @@ static __device__ __forceinline__ uint4 qsa_ld8_w(const qsa_wsrc &w, int n, int 
     const qsa_u32 sc2 = qsa_scale1(w.s[(qsa_i64)n * (K >> 4) + (k >> 4)]);
     if (!(K & 31)) { /* the fragment order: pair (k / 8) % 2 of half (k / 16) % 2 of the block's 4 words */
         const uint4 b = qsa_ld_bytes(w.q + (qsa_i64)n * (K >> 1) + ((k >> 5) << 4), 16, w.vec);
-        const int h = (k >> 4) & 1, p = (k >> 3) & 1;
-        const uint2 d0 = qsa_dq4(b.x >> (4 * h), sc2), d1 = qsa_dq4(b.y >> (4 * h), sc2),
-                    d2 = qsa_dq4(b.z >> (4 * h), sc2), d3 = qsa_dq4(b.w >> (4 * h), sc2);
-        return p ? make_uint4(d0.y, d1.y, d2.y, d3.y) : make_uint4(d0.x, d1.x, d2.x, d3.x);
+        uint4 d[2];
+        qsa_dq16h(b, (k >> 4) & 1, sc2, d);
+        return d[(k >> 3) & 1];
     }
     const qsa_u8 *q = w.q + (qsa_i64)n * (K >> 1) + (k >> 1);
     qsa_u32 b;
