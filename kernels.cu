@@ -1283,10 +1283,11 @@ typedef struct {
     qsa_i64 pair;   /* floats between pairs */
     int seg, cnt;   /* floats between segments; the tile's pairs */
 } qsa_seg_range;
-/* The pipelined fold for tiles of up to 4 pairs (a decode batch's experts mostly get one or two), with
- * the roles of the mma's operands swapped: the tile's 16 W rows are the A operand (16 x 16 per chunk),
- * its pairs the B operand (8 columns of m16n8k16, staged rows lane / 8 from a0p when live; rows 4-7
- * zero), and each lane dequantises its W fragments straight into registers: lane (g = lane / 4,
+/* The pipelined fold for tiles of up to 4 pairs (a decode batch's experts mostly get one or two; TWO: 8,
+ * qsa_moe_lean's passes), with the roles of the mma's operands swapped: the tile's 16 W rows are the A
+ * operand (16 x 16 per chunk), its pairs the B operand (8 columns of m16n8k16, staged rows 0-7: row
+ * lane / 8 from a0p when live, row lane / 8 + 4 from a1p when TWO and a1p is not NULL, zero otherwise;
+ * sa holds 8 rows of QSA_STW), and each lane dequantises its W fragments straight into registers: lane (g = lane / 4,
  * t = lane % 4) reads word t of each 32-element block of rows g and g + 8, which in the fragment
  * order (K % 64 == 0 here) holds exactly its a0 / a2 (row g) and a1 / a3 (row g + 8) of the block's
  * two chunks — no staging of the dequantised tile and no ldmatrix of it (the staged form issued ~1.6x
@@ -1349,10 +1350,10 @@ static __device__ __forceinline__ void qsa_nvd_copy(const qsa_nvd_src &c, int K,
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
-template <bool RG = false>
+template <bool RG = false, bool TWO = false>
 static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool live, const qsa_wsrc &w, int n0, int K,
                                                       int nseg, qsa_f16 *sa, qsa_u8 *pk, qsa_frag_c &T, float *slot,
-                                                      qsa_seg_range rg = qsa_seg_range()) {
+                                                      qsa_seg_range rg = qsa_seg_range(), const qsa_f16 *a1p = 0) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3, pr = lane >> 3, pc = lane & 7;
     qsa_nvd_src cs;
     cs.rb = (qsa_u32)(K >> 1);
@@ -1366,10 +1367,12 @@ static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool l
     cs.sdst = qsa_smem_u32(pk) + sr_ * QSA_PKD + 128 + 4 * cs.sw;
     const qsa_u8 *pkg = pk + g * QSA_PKD; /* row g (row g + 8: 8 rows on) */
     const qsa_u32 xb = qsa_smem_u32(sa) + 2 * ((lane & 7) * QSA_STW + (lane >> 3) * 8);
+    /* (the mma's B operand is staged rows 0-7: the pairs' rows lane / 8 and, TWO, lane / 8 + 4) */
+    const bool live1 = TWO && a1p != 0;
     if (!live) *(uint4 *)(sa + pr * QSA_STW + 8 * pc) = qsa_u4_zero();
-#pragma unroll
-    for (int i = 1; i < 4; i++) *(uint4 *)(sa + (pr + 4 * i) * QSA_STW + 8 * pc) = qsa_u4_zero();
+    if (!live1) *(uint4 *)(sa + (pr + 4) * QSA_STW + 8 * pc) = qsa_u4_zero();
     uint4 ra = live ? *(const uint4 *)(a0p + (RG ? QSA_SEG * rg.sb : 0) + 8 * pc) : qsa_u4_zero();
+    uint4 rb = live1 ? *(const uint4 *)(a1p + 8 * pc) : qsa_u4_zero();
     const float ps = qsa_pscale_of(w);
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -1395,8 +1398,10 @@ static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool l
             const qsa_u32 sg = *(const qsa_u32 *)(pw + 128 + 4 * J), sh = *(const qsa_u32 *)(pw + 8 * QSA_PKD + 128 + 4 * J);
             __syncwarp(); /* the previous sub-step's B fragments are loaded */
             if (live) *(uint4 *)(sa + pr * QSA_STW + 8 * pc) = ra;
+            if (live1) *(uint4 *)(sa + (pr + 4) * QSA_STW + 8 * pc) = rb;
             __syncwarp();
             if (live && t + 1 < nt) ra = *(const uint4 *)(a0p + 64 * (t + 1) + 8 * pc);
+            if (live1 && t + 1 < nt) rb = *(const uint4 *)(a1p + 64 * (t + 1) + 8 * pc);
             qsa_u32 fx[4], a[4], l[4], m[4];
             qsa_scale4(sg, l);
             qsa_scale4(sh, m);
@@ -3135,6 +3140,85 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down
     QSA_PDL_ENTRY();
     if ((H | I) & 15) __trap();
     qsa_moe_xwarp<1, true>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, 0, 0);
+}
+
+/* The whole forms for all-NVFP4 experts on sm_80+ (lean: qsa_k_moe_*_xwn), the host's choice for them
+ * where H and I are multiples of 64: the same tasks (tile, column tile, matrix), the same partials and
+ * tickets, the same bits (tested against the one-block kernels), but every tile through the direct
+ * fold (qsa_segs16_nvd) in passes of 8 pairs (a pass's weights come again from L2) and none through the
+ * staged one, so that a warp needs 8 staged A rows and the direct fold's copy buffer only: ~23 KB of
+ * shared memory per block and at most 85 registers, 6 blocks of 4 warps per SM where the whole forms fit
+ * 5.  (Measured on the H200 against the whole forms, alternating, graphs: B=8 557 -> 589 tok/s, B=32
+ * 1085 -> 1113-1121, B=128 1469 -> 1512-1517, B=1 unchanged; 7 blocks (72 registers, a few spilled)
+ * the same.)  Grid and arguments as qsa_k_moe_*_xwk; X, the experts' q and s 16-byte aligned. */
+#if QSA_CPA
+template <int NB>
+static __device__ void qsa_moe_lean(const qsa_f16 *X, int ldx, int rowdiv, const int *pairs, const int *tiles,
+                                    const int *ntiles, const qsa_expert_w *experts, int N, int Kd, int act,
+                                    qsa_f16 *h16, float *y, float *part, unsigned *count) {
+    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][8 * QSA_STW]; /* A rows, then the pass's tile */
+    __shared__ __align__(16) qsa_u8 pk[QSA_GEMV_WARPS][2 * 16 * QSA_PKD];
+    __shared__ int prow[QSA_GEMV_WARPS][16];
+    if (blockDim.x != 32 * QSA_GEMV_WARPS || (N & 15) || (Kd & 63) || (((qsa_u64)X) & 15u) || (ldx & 7)) __trap();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int ncol = N / 16, nseg = (Kd + QSA_SEG - 1) / QSA_SEG;
+    const qsa_i64 task = (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + warp;
+    if (task >= (qsa_i64)*ntiles * ncol * NB) return; /* warp-level from here on */
+    const unsigned per = (unsigned)(ncol * NB), tile = (unsigned)task / per, rem = (unsigned)task - tile * per;
+    const int ct = (int)(rem / NB), mat = (int)(rem % NB), n0 = ct * 16;
+    const int *tt = tiles + 3 * (qsa_i64)tile;
+    const int e = tt[0], first = tt[1], cnt = tt[2];
+    if (lane < 16) prow[warp][lane] = lane < cnt ? pairs[first + lane] : -1;
+    __syncwarp();
+    const qsa_wsrc ws = qsa_expert_ws(experts[e], NB == 1 ? 2 : mat, Kd);
+    if (ws.w16 || !qsa_nvf_ok(ws, 1, Kd)) __trap(); /* the host takes these kernels for NVFP4 experts only */
+    float *slot = (float *)stage[warp];
+    qsa_frag_c T;
+    for (int p0 = 0; p0 < cnt; p0 += 8) {
+        const int r0 = p0 + (lane >> 3), r1 = r0 + 4;
+        const qsa_f16 *a0 = r0 < cnt ? X + (qsa_i64)(prow[warp][r0] / rowdiv) * ldx : 0;
+        const qsa_f16 *a1 = r1 < cnt ? X + (qsa_i64)(prow[warp][r1] / rowdiv) * ldx : 0;
+        __syncwarp(); /* the previous pass's tile is read before this one stages over it */
+        qsa_segs16_nvd<false, true>(a0, a0 != 0, ws, n0, Kd, nseg, stage[warp], pk[warp], T, slot, qsa_seg_range(), a1);
+        __syncwarp();
+        for (int i = lane; i < min(8, cnt - p0) * 16; i += 32) {
+            const int r = p0 + (i >> 4);
+            if (NB == 1) y[(qsa_i64)prow[warp][r] * N + n0 + (i & 15)] = slot[i];
+            else part[(((qsa_i64)(first + r) * ncol + ct) * NB + mat) * 16 + (i & 15)] = slot[i];
+        }
+    }
+    if (NB == 1) return; /* the down tile is stored: nothing to wait for */
+    unsigned *tk = count + (qsa_i64)tile * ncol + ct;
+    if (!qsa_ticket_last(tk, (unsigned)NB)) return;
+    for (int i = lane; i < cnt * 16; i += 32) { /* the tile itself (no addition: the bits of the fold) */
+        const float *pp = part + ((qsa_i64)(first + (i >> 4)) * ncol + ct) * NB * 16 + (i & 15);
+        const float g = __ldcg(pp), u = __ldcg(pp + 16);
+        h16[(qsa_i64)prow[warp][i >> 4] * N + n0 + (i & 15)] = qsa_f32_to_f16(qsa_act(act, g) * u);
+    }
+    if (lane == 0) *tk = 0u;
+}
+#endif
+/* (below sm_80 the host never launches them: no direct fold there) */
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 6) qsa_k_moe_gate_up_xwn(
+    const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
+    const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
+    int K, int act, float *part, unsigned *count) {
+    QSA_PDL_ENTRY();
+#if QSA_CPA
+    qsa_moe_lean<2>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, part, count);
+#else
+    __trap();
+#endif
+}
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 6) qsa_k_moe_down_xwn(
+    const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
+    const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I) {
+    QSA_PDL_ENTRY();
+#if QSA_CPA
+    qsa_moe_lean<1>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, 0, 0);
+#else
+    __trap();
+#endif
 }
 
 /* The same two GEMMs with 64-pair tiles (qsa_k_moe_plan with tr = 64), for chunks where experts

@@ -1026,7 +1026,7 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
  *
  * Environment: QSA_CUDA_LIB, QSA_NVRTC_LIB, QSA_NCCL_LIB (a full path: only that file is tried),
  * QSA_ARCH (NVRTC target, e.g. compute_70 or sm_90; see qsa__nvrtc_pick_arch), QSA_PDL ("0": no
- * programmatic dependent launches, qsa__pdl_on), QSA_XW_WHOLE_PER_SM, QSA_XW_RANGE_PER_SM, QSA_MOE64_PAIRS,
+ * programmatic dependent launches, qsa__pdl_on), QSA_XW_WHOLE_PER_SM, QSA_XW_RANGE_PER_SM, QSA_MOE64_PAIRS, QSA_MOE_LEAN,
  * QSA_ATTN_DEC, QSA_ATTN_DEC_HEADS, QSA_ATTN_DEC_WARP, QSA_SCORE_KEYS, QSA_TILED_M, QSA_TILED_TILES,
  * QSA_GEMV_BLOCKS_PER_SM, QSA_GEMV_BLK_MIN_M and QSA_LOGIT_SLICE_BYTES (launch shapes, qsa__cuda_tuning: tuning
  * switches, the bits do not depend on them). */
@@ -8492,7 +8492,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inject) X(inject_rmsnorm) X(to_f16)                     \
-    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(gemv_gres) X(gemv_blk) X(gemv_blk_whole) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_combine)       \
+    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(gemv_gres) X(gemv_blk) X(gemv_blk_whole) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_gate_up_xwn) X(moe_down_xwn) X(moe_combine)       \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
@@ -8603,6 +8603,7 @@ typedef struct qsa__cuda {
     int shared_side;             /* the shared expert's down projection on the side stream (qsa__cuda_moe; $QSA_SHARED_SIDE "0": never) */
     long long side_launches;     /* ... how many times it went there (tests) */
     int moe64_pairs;             /* qsa__moe_tr's threshold (QSA__MOE64_PAIRS; $QSA_MOE64_PAIRS) */
+    int moe_lean;                /* the lean whole expert kernels where they apply (qsa__moe_lean; $QSA_MOE_LEAN "0": never) */
     int attn_dec_off;            /* $QSA_ATTN_DEC "0": never qsa_k_sparse_attn_dec (qsa__attn_dec_splits) */
     int attn_dec_heads;          /* $QSA_ATTN_DEC_HEADS: its heads per block (0: qsa__attn_dec_splits' rule) */
     int attn_dec_warp;           /* $QSA_ATTN_DEC_WARP: its heads per warp, 1 or 2 (0: the rule) */
@@ -9113,7 +9114,8 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    tiles); $QSA_GEMV_BLOCKS_PER_SM replaces QSA__GEMV_BLOCKS (qsa__gemv_blk_grid), $QSA_GEMV_BLK_MIN_M
    QSA__GEMV_BLK_MIN_M (qsa__gemv_groups), $QSA_GEMV_WHOLE_SEGS (0 or more) QSA__GEMV_WHOLE_SEGS
    and $QSA_GEMV_WHOLE_MIN_GROUPS (0: never) the SM count (qsa__gemv_blk); $QSA_SHARED_SIDE "0" keeps
-   the shared expert's down projection in the chain (qsa__cuda_moe); $QSA_LOGIT_SLICE_BYTES (0: never)
+   the shared expert's down projection in the chain (qsa__cuda_moe); $QSA_MOE_LEAN "0" keeps the whole
+   expert kernels off their lean forms (qsa__moe_lean); $QSA_LOGIT_SLICE_BYTES (0: never)
    replaces QSA__LOGIT_SLICE_BYTES (qsa__logit_slices). */
 QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     const char *e = getenv("QSA_GEMV_BLOCKS_PER_SM");
@@ -9132,6 +9134,8 @@ QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     g->xw_range_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__XW_RANGE_PER_SM;
     e = getenv("QSA_MOE64_PAIRS");
     g->moe64_pairs = e && atoi(e) > 0 ? atoi(e) : QSA__MOE64_PAIRS;
+    e = getenv("QSA_MOE_LEAN");
+    g->moe_lean = !(e && !strcmp(e, "0"));
     e = getenv("QSA_ATTN_DEC");
     g->attn_dec_off = e && !strcmp(e, "0");
     e = getenv("QSA_ATTN_DEC_HEADS");
@@ -9468,6 +9472,13 @@ QSA_PRIV int qsa__moe_xwarp(const qsa__cuda *g, int MK, int max_tiles, int H, in
 /* Pairs per tile of the routed-expert plan for MK (token, expert) pairs over E experts: 64 or 16. */
 QSA_PRIV int qsa__moe_tr(const qsa__cuda *g, int MK, int E) {
     return (long long)MK >= (long long)(g->moe64_pairs > 0 ? g->moe64_pairs : QSA__MOE64_PAIRS) * E ? 64 : 16;
+}
+/* Whether the whole expert tiles take the lean kernels (qsa_k_moe_*_xwn: every tile through the direct
+   fold, 6 blocks per SM where qsa_k_moe_*_xwk fit 5): an sm_80+ module, NVFP4 experts (all of a layer's
+   are, or the upload fails), H and I multiples of 64 (with the 256-byte alignment of every device
+   allocation, the 16-byte rows those kernels read).  The same bits either way. */
+QSA_PRIV int qsa__moe_lean(const qsa__cuda *g, const qsa__dlayer *d, int H, int I) {
+    return g->moe_lean && g->arch_num >= 80 && d->experts_nvfp4 && H > 0 && I > 0 && H % 64 == 0 && I % 64 == 0;
 }
 QSA_PRIV int qsa__xw_whole(const qsa__cuda *g, long long tiles) {
     return tiles >= (long long)g->xw_whole_per_sm * (g->sm_count > 0 ? g->sm_count : 1);
@@ -9954,13 +9965,20 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
             /* gate_up: a task per (tile, column tile, gate or up[, K segment range]) */
             unsigned gx1 = (unsigned)((t1 * 2 * nr1 + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
             unsigned gx2 = (unsigned)((t2 * nr2 + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
-            if (whole1)
+            int lean = qsa__moe_lean(g, d, H, I);
+            if (whole1 && lean)
+                QSA__LAUNCH(g, moe_gate_up_xwn, gx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
+                            &s->moe_h16, &H, &I, &K, &act, &part, &cnt);
+            else if (whole1)
                 QSA__LAUNCH(g, moe_gate_up_xwk, gx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
                             &s->moe_h16, &H, &I, &K, &act, &part, &cnt);
             else
                 QSA__LAUNCH(g, moe_gate_up_xw, gx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
                             &s->moe_h16, &H, &I, &K, &act, &part, &cnt, &nr1);
-            if (whole2)
+            if (whole2 && lean)
+                QSA__LAUNCH(g, moe_down_xwn, gx2, 1, bx, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
+                            &s->moe_y, &H, &I);
+            else if (whole2)
                 QSA__LAUNCH(g, moe_down_xwk, gx2, 1, bx, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
                             &s->moe_y, &H, &I);
             else

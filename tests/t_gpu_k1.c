@@ -1475,8 +1475,9 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
     k1_mem mem = {{0}, 0, {0}, 0};
     /* tr = -16: 16-pair tiles through the cross-warp kernels (qsa_k_moe_*_xw), a K segment of one matrix per warp;
        tr = -1 .. -15: the same kernels with -tr ranges of segments per tile (ranged forms, split where -tr
-       reaches the segment count); tr = -256: the whole-tile forms (qsa_k_moe_*_xwk) */
-    int xw = tr < 0, whole = tr == -256, nrange = tr < 0 && tr > -16 ? -tr : 1 << 20;
+       reaches the segment count); tr = -256: the whole-tile forms (qsa_k_moe_*_xwk); tr = -512: their lean
+       forms (qsa_k_moe_*_xwn: NVFP4 experts, H and I multiples of 64, sm_80+) */
+    int xw = tr < 0, lean = tr == -512, whole = tr == -256 || lean, nrange = tr < 0 && tr > -16 ? -tr : 1 << 20;
     if (xw) tr = 16;
     int MK = M * K, E = md->E, H = md->H, I = md->I, t64 = tr == 64;
     int max_tiles = (MK + tr - 1) / tr + (E < MK ? E : MK);
@@ -1505,7 +1506,7 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
     for (int rep = 0; rep < (xw ? 2 : 1); rep++) { /* xw twice: the tickets must be back at zero */
         if (r == QSA_OK && xw && whole) {
             void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act, &dpart, &dcnt};
-            r = k1_launch("qsa_k_moe_gate_up_xwk", (unsigned)(((size_t)max_tiles * (I / 16) * 2 + 3) / 4), 1, 128, args);
+            r = k1_launch(lean ? "qsa_k_moe_gate_up_xwn" : "qsa_k_moe_gate_up_xwk", (unsigned)(((size_t)max_tiles * (I / 16) * 2 + 3) / 4), 1, 128, args);
         } else if (r == QSA_OK && xw) {
             void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act, &dpart, &dcnt, &nrange};
             r = k1_launch("qsa_k_moe_gate_up_xw", (unsigned)(((size_t)max_tiles * (I / 16) * 2 * nuh + 3) / 4), 1, 128, args);
@@ -1516,7 +1517,7 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
         }
         if (r == QSA_OK && xw && whole) {
             void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I};
-            r = k1_launch("qsa_k_moe_down_xwk", (unsigned)(((size_t)max_tiles * (H / 16) + 3) / 4), 1, 128, args);
+            r = k1_launch(lean ? "qsa_k_moe_down_xwn" : "qsa_k_moe_down_xwk", (unsigned)(((size_t)max_tiles * (H / 16) + 3) / 4), 1, 128, args);
         } else if (r == QSA_OK && xw) {
             void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I, &dpart, &dcnt, &nrange};
             r = k1_launch("qsa_k_moe_down_xw", (unsigned)(((size_t)max_tiles * (H / 16) * nui + 3) / 4), 1, 128, args);
@@ -1542,9 +1543,10 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
     return r;
 }
 
-/* Experts: even ids dense fp16, odd ids NVFP4 (the kernels choose per matrix).  Checks the plan,
+/* Experts: even ids dense fp16, odd ids NVFP4 (the kernels choose per matrix), or all NVFP4 (allnv; with H
+   and I multiples of 64 on sm_80+ also through the lean whole forms).  Checks the plan,
    h = act(gate x) * up x, y = down h, the combine, and batch invariance (token `pos` alone). */
-static void k1_moe_case(int M, int E, int K, int H, int I, int act) {
+static void k1_moe_case(int M, int E, int K, int H, int I, int act, int allnv) {
     k1_mem mem = {{0}, 0, {0}, 0};
     int MK = M * K, pos = M > 21 ? 21 : M - 1;
     int max_tiles = (MK + 15) / 16 + (E < MK ? E : MK);
@@ -1608,16 +1610,16 @@ static void k1_moe_case(int M, int E, int K, int H, int I, int act) {
         K1_ALLOC(s, uint8_t, n / 16 * E);
         float s2 = 0.004f + 0.001f * (float)m;
         for (int e = 0; e < E; e++) {
-            if (e % 2 == 0) k1_fill16(w16 + n * e, wall + n * e, n, -0.3, 0.3);
+            if (e % 2 == 0 && !allnv) k1_fill16(w16 + n * e, wall + n * e, n, -0.3, 0.3);
             else k1_rand_nvfp4(q + n / 2 * e, s + n / 16 * e, s2, wall + n * e, m < 2 ? I : H, m < 2 ? H : I);
         }
         K1_TRY(k1_dev(&mem, &d16, w16, n * 2 * E));
         K1_TRY(k1_dev_q(&mem, &dq, q, n / 2 * E, 0, m < 2 ? H : I));
         K1_TRY(k1_dev(&mem, &ds, s, n / 16 * E));
         for (int e = 0; e < E; e++) {
-            unsigned long long p16 = e % 2 == 0 ? d16 + n * 2 * e : 0, pq = e % 2 ? dq + n / 2 * e : 0,
-                               ps = e % 2 ? ds + n / 16 * e : 0;
-            float ps2 = e % 2 ? s2 : 0.0f;
+            int nv = e % 2 || allnv;
+            unsigned long long p16 = nv ? 0 : d16 + n * 2 * e, pq = nv ? dq + n / 2 * e : 0, ps = nv ? ds + n / 16 * e : 0;
+            float ps2 = nv ? s2 : 0.0f;
             if (m == 0) { ex[e].gate16 = p16; ex[e].gate_q = pq; ex[e].gate_s = ps; ex[e].gate_s2 = ps2; wg[e] = wall + n * e; }
             if (m == 1) { ex[e].up16 = p16; ex[e].up_q = pq; ex[e].up_s = ps; ex[e].up_s2 = ps2; wu[e] = wall + n * e; }
             if (m == 2) { ex[e].down16 = p16; ex[e].down_q = pq; ex[e].down_s = ps; ex[e].down_s2 = ps2; wd[e] = wall + n * e; }
@@ -1728,6 +1730,12 @@ static void k1_moe_case(int M, int E, int K, int H, int I, int act) {
         CHECK(!k1_same("moe cross-warp, whole tiles == one-block kernels (h16)", h64, h16, (size_t)MK * I, 2));
         CHECK(!k1_same("moe cross-warp, whole tiles == one-block kernels (y)", y64, y, (size_t)MK * H, 4));
         CHECK(!k1_same("moe cross-warp, whole tiles == one-block kernels (out)", out64, out, (size_t)M * H, 4));
+        if (allnv && H % 64 == 0 && I % 64 == 0 && k1_arch_num() >= 80) {
+            K1_TRY(k1_run_moe(&md, x16, ids, tw, M, K, act, -512, h64, y64, out64, NULL, NULL, &nt64));
+            CHECK(!k1_same("moe cross-warp, lean whole tiles == one-block kernels (h16)", h64, h16, (size_t)MK * I, 2));
+            CHECK(!k1_same("moe cross-warp, lean whole tiles == one-block kernels (y)", y64, y, (size_t)MK * H, 4));
+            CHECK(!k1_same("moe cross-warp, lean whole tiles == one-block kernels (out)", out64, out, (size_t)M * H, 4));
+        }
         for (int nr = 1; nr <= 2; nr++) { /* segment ranges: one range of all segments, and two */
             K1_TRY(k1_run_moe(&md, x16, ids, tw, M, K, act, -nr, h64, y64, out64, NULL, NULL, &nt64));
             snprintf(what, sizeof what, "moe cross-warp, %d segment range(s) == one-block kernels", nr);
@@ -1907,14 +1915,20 @@ TEST(gpu, k1_moe_plan) {
 
 TEST(gpu, k1_moe) {
     K1_NEED_GPU();
-    k1_moe_case(37, 5, 3, 320, 272, 0); /* ~22 pairs per expert: 2 tiles each; 2 segments on both GEMMs */
-    k1_moe_case(150, 4, 2, 528, 80, 1); /* ~75 pairs per expert: 2 tiles of 64; 3 segments; columns past 64 */
-    k1_moe_case(5, 3, 2, 64, 48, 1);    /* sigmoid act; small shapes */
-    k1_moe_case(1, 512, 10, 64, 32, 0); /* decode-like routing: 10 single-pair tiles among 512 experts */
-    k1_moe_case(7, 8, 3, 256, 384, 0);  /* aligned 16-byte rows both ways, down's last segment half full */
-    k1_moe_case(4, 16, 4, 704, 640, 1); /* tiles of 1-4 pairs, 3 segments each way, K % 64 == 0: the ranges pipelined */
-    k1_moe_case(6, 24, 4, 1344, 576, 0); /* the same with 6 segments into gate_up: the 3-stage ring wraps */
-    k1_moe_case(40, 6, 3, 832, 704, 1);  /* tiles of 16 and ~4 pairs, 4 and 3 segments: both pipelined folds wrap */
+    k1_moe_case(37, 5, 3, 320, 272, 0, 0); /* ~22 pairs per expert: 2 tiles each; 2 segments on both GEMMs */
+    k1_moe_case(150, 4, 2, 528, 80, 1, 0); /* ~75 pairs per expert: 2 tiles of 64; 3 segments; columns past 64 */
+    k1_moe_case(5, 3, 2, 64, 48, 1, 0);    /* sigmoid act; small shapes */
+    k1_moe_case(1, 512, 10, 64, 32, 0, 0); /* decode-like routing: 10 single-pair tiles among 512 experts */
+    k1_moe_case(7, 8, 3, 256, 384, 0, 0);  /* aligned 16-byte rows both ways, down's last segment half full */
+    k1_moe_case(4, 16, 4, 704, 640, 1, 0); /* tiles of 1-4 pairs, 3 segments each way, K % 64 == 0: the ranges pipelined */
+    k1_moe_case(6, 24, 4, 1344, 576, 0, 0); /* the same with 6 segments into gate_up: the 3-stage ring wraps */
+    k1_moe_case(40, 6, 3, 832, 704, 1, 0);  /* tiles of 16 and ~4 pairs, 4 and 3 segments: both pipelined folds wrap */
+    /* all experts NVFP4, H and I multiples of 64: also the lean whole forms, in passes of 8 pairs */
+    k1_moe_case(40, 6, 3, 832, 704, 1, 1);  /* tiles of 16 (two full passes) and ~4 pairs */
+    k1_moe_case(9, 4, 3, 320, 192, 0, 1);   /* ~7 pairs per expert (second rows of a pass part-live); a last
+                                               segment of one sub-step; scales copied in 4-byte words */
+    k1_moe_case(3, 2, 2, 1024, 256, 1, 1);  /* scales copied 16 bytes per row (K % 256 == 0) both ways */
+    k1_moe_case(1, 512, 10, 128, 64, 0, 1); /* decode-like: single-pair tiles */
 }
 
 /* qsa_k_moe_combine with the shared expert: out = (sum over slots of w * y) + sigmoid(gl) * sh,
