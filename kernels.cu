@@ -1287,8 +1287,8 @@ typedef struct {
  * qsa_moe_lean's passes), with the roles of the mma's operands swapped: the tile's 16 W rows are the A
  * operand (16 x 16 per chunk), its pairs the B operand (8 columns of m16n8k16, staged rows 0-7: row
  * lane / 8 from a0p when live, row lane / 8 + 4 from a1p when TWO and a1p is not NULL, zero otherwise;
- * sa holds 8 rows of QSA_STW), and each lane dequantises its W fragments straight into registers: lane (g = lane / 4,
- * t = lane % 4) reads word t of each 32-element block of rows g and g + 8, which in the fragment
+ * sa holds 8 rows of QSA_STW), and each lane dequantises its W fragments straight into registers: lane
+ * (g = lane / 4, t = lane % 4) reads word t of each 32-element block of rows g and g + 8, which in the fragment
  * order (K % 64 == 0 here) holds exactly its a0 / a2 (row g) and a1 / a3 (row g + 8) of the block's
  * two chunks — no staging of the dequantised tile and no ldmatrix of it (the staged form issued ~1.6x
  * the instructions per sub-step).  The warp copies segment s + 1's packed weights and block scales

@@ -1026,8 +1026,8 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
  *
  * Environment: QSA_CUDA_LIB, QSA_NVRTC_LIB, QSA_NCCL_LIB (a full path: only that file is tried),
  * QSA_ARCH (NVRTC target, e.g. compute_70 or sm_90; see qsa__nvrtc_pick_arch), QSA_PDL ("0": no
- * programmatic dependent launches, qsa__pdl_on), QSA_XW_WHOLE_PER_SM, QSA_XW_RANGE_PER_SM, QSA_MOE64_PAIRS, QSA_MOE_LEAN,
- * QSA_ATTN_DEC, QSA_ATTN_DEC_HEADS, QSA_ATTN_DEC_WARP, QSA_SCORE_KEYS, QSA_TILED_M, QSA_TILED_TILES,
+ * programmatic dependent launches, qsa__pdl_on), QSA_XW_WHOLE_PER_SM, QSA_XW_RANGE_PER_SM, QSA_MOE64_PAIRS,
+ * QSA_MOE_LEAN, QSA_ATTN_DEC, QSA_ATTN_DEC_HEADS, QSA_ATTN_DEC_WARP, QSA_SCORE_KEYS, QSA_TILED_M, QSA_TILED_TILES,
  * QSA_GEMV_BLOCKS_PER_SM, QSA_GEMV_BLK_MIN_M and QSA_LOGIT_SLICE_BYTES (launch shapes, qsa__cuda_tuning: tuning
  * switches, the bits do not depend on them). */
 #ifndef QSA_NO_CUDA
@@ -8603,7 +8603,8 @@ typedef struct qsa__cuda {
     int shared_side;             /* the shared expert's down projection on the side stream (qsa__cuda_moe; $QSA_SHARED_SIDE "0": never) */
     long long side_launches;     /* ... how many times it went there (tests) */
     int moe64_pairs;             /* qsa__moe_tr's threshold (QSA__MOE64_PAIRS; $QSA_MOE64_PAIRS) */
-    int moe_lean;                /* the lean whole expert kernels where they apply (qsa__moe_lean; $QSA_MOE_LEAN "0": never) */
+    int moe_lean;                /* the lean whole expert kernels where they apply (qsa__moe_lean;
+                                    $QSA_MOE_LEAN "0": never) */
     int attn_dec_off;            /* $QSA_ATTN_DEC "0": never qsa_k_sparse_attn_dec (qsa__attn_dec_splits) */
     int attn_dec_heads;          /* $QSA_ATTN_DEC_HEADS: its heads per block (0: qsa__attn_dec_splits' rule) */
     int attn_dec_warp;           /* $QSA_ATTN_DEC_WARP: its heads per warp, 1 or 2 (0: the rule) */
@@ -9976,8 +9977,8 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
                 QSA__LAUNCH(g, moe_gate_up_xw, gx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
                             &s->moe_h16, &H, &I, &K, &act, &part, &cnt, &nr1);
             if (whole2 && lean)
-                QSA__LAUNCH(g, moe_down_xwn, gx2, 1, bx, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
-                            &s->moe_y, &H, &I);
+                QSA__LAUNCH(g, moe_down_xwn, gx2, 1, bx, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles,
+                            &ex, &s->moe_y, &H, &I);
             else if (whole2)
                 QSA__LAUNCH(g, moe_down_xwk, gx2, 1, bx, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
                             &s->moe_y, &H, &I);

@@ -1506,7 +1506,8 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
     for (int rep = 0; rep < (xw ? 2 : 1); rep++) { /* xw twice: the tickets must be back at zero */
         if (r == QSA_OK && xw && whole) {
             void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act, &dpart, &dcnt};
-            r = k1_launch(lean ? "qsa_k_moe_gate_up_xwn" : "qsa_k_moe_gate_up_xwk", (unsigned)(((size_t)max_tiles * (I / 16) * 2 + 3) / 4), 1, 128, args);
+            r = k1_launch(lean ? "qsa_k_moe_gate_up_xwn" : "qsa_k_moe_gate_up_xwk",
+                          (unsigned)(((size_t)max_tiles * (I / 16) * 2 + 3) / 4), 1, 128, args);
         } else if (r == QSA_OK && xw) {
             void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act, &dpart, &dcnt, &nrange};
             r = k1_launch("qsa_k_moe_gate_up_xw", (unsigned)(((size_t)max_tiles * (I / 16) * 2 * nuh + 3) / 4), 1, 128, args);
@@ -1517,7 +1518,8 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
         }
         if (r == QSA_OK && xw && whole) {
             void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I};
-            r = k1_launch(lean ? "qsa_k_moe_down_xwn" : "qsa_k_moe_down_xwk", (unsigned)(((size_t)max_tiles * (H / 16) + 3) / 4), 1, 128, args);
+            r = k1_launch(lean ? "qsa_k_moe_down_xwn" : "qsa_k_moe_down_xwk",
+                          (unsigned)(((size_t)max_tiles * (H / 16) + 3) / 4), 1, 128, args);
         } else if (r == QSA_OK && xw) {
             void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I, &dpart, &dcnt, &nrange};
             r = k1_launch("qsa_k_moe_down_xw", (unsigned)(((size_t)max_tiles * (H / 16) * nui + 3) / 4), 1, 128, args);
@@ -1618,7 +1620,8 @@ static void k1_moe_case(int M, int E, int K, int H, int I, int act, int allnv) {
         K1_TRY(k1_dev(&mem, &ds, s, n / 16 * E));
         for (int e = 0; e < E; e++) {
             int nv = e % 2 || allnv;
-            unsigned long long p16 = nv ? 0 : d16 + n * 2 * e, pq = nv ? dq + n / 2 * e : 0, ps = nv ? ds + n / 16 * e : 0;
+            unsigned long long p16 = nv ? 0 : d16 + n * 2 * e, pq = nv ? dq + n / 2 * e : 0,
+                               ps = nv ? ds + n / 16 * e : 0;
             float ps2 = nv ? s2 : 0.0f;
             if (m == 0) { ex[e].gate16 = p16; ex[e].gate_q = pq; ex[e].gate_s = ps; ex[e].gate_s2 = ps2; wg[e] = wall + n * e; }
             if (m == 1) { ex[e].up16 = p16; ex[e].up_q = pq; ex[e].up_s = ps; ex[e].up_s2 = ps2; wu[e] = wall + n * e; }
@@ -1734,7 +1737,8 @@ static void k1_moe_case(int M, int E, int K, int H, int I, int act, int allnv) {
             K1_TRY(k1_run_moe(&md, x16, ids, tw, M, K, act, -512, h64, y64, out64, NULL, NULL, &nt64));
             CHECK(!k1_same("moe cross-warp, lean whole tiles == one-block kernels (h16)", h64, h16, (size_t)MK * I, 2));
             CHECK(!k1_same("moe cross-warp, lean whole tiles == one-block kernels (y)", y64, y, (size_t)MK * H, 4));
-            CHECK(!k1_same("moe cross-warp, lean whole tiles == one-block kernels (out)", out64, out, (size_t)M * H, 4));
+            CHECK(!k1_same("moe cross-warp, lean whole tiles == one-block kernels (out)", out64, out, (size_t)M * H,
+                           4));
         }
         for (int nr = 1; nr <= 2; nr++) { /* segment ranges: one range of all segments, and two */
             K1_TRY(k1_run_moe(&md, x16, ids, tw, M, K, act, -nr, h64, y64, out64, NULL, NULL, &nt64));
