@@ -3179,7 +3179,11 @@ static __device__ void qsa_moe_lean(const qsa_f16 *X, int ldx, int rowdiv, const
         const qsa_f16 *a0 = r0 < cnt ? X + (qsa_i64)(prow[warp][r0] / rowdiv) * ldx : 0;
         const qsa_f16 *a1 = r1 < cnt ? X + (qsa_i64)(prow[warp][r1] / rowdiv) * ldx : 0;
         __syncwarp(); /* the previous pass's tile is read before this one stages over it */
-        qsa_segs16_nvd<false, true>(a0, a0 != 0, ws, n0, Kd, nseg, stage[warp], pk[warp], T, slot, qsa_seg_range(), a1);
+        if (cnt - p0 <= 4) /* (most decode tiles: the one-row fold, without the second row's copies) */
+            qsa_segs16_nvd<false, false>(a0, a0 != 0, ws, n0, Kd, nseg, stage[warp], pk[warp], T, slot);
+        else
+            qsa_segs16_nvd<false, true>(a0, a0 != 0, ws, n0, Kd, nseg, stage[warp], pk[warp], T, slot,
+                                        qsa_seg_range(), a1);
         __syncwarp();
         for (int i = lane; i < min(8, cnt - p0) * 16; i += 32) {
             const int r = p0 + (i >> 4);
