@@ -1369,10 +1369,13 @@ static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool l
     const qsa_u32 xb = qsa_smem_u32(sa) + 2 * ((lane & 7) * QSA_STW + (lane >> 3) * 8);
     /* (the mma's B operand is staged rows 0-7: the pairs' rows lane / 8 and, TWO, lane / 8 + 4) */
     const bool live1 = TWO && a1p != 0;
-    if (!live) *(uint4 *)(sa + pr * QSA_STW + 8 * pc) = qsa_u4_zero();
-    if (!live1) *(uint4 *)(sa + (pr + 4) * QSA_STW + 8 * pc) = qsa_u4_zero();
-    uint4 ra = live ? *(const uint4 *)(a0p + (RG ? QSA_SEG * rg.sb : 0) + 8 * pc) : qsa_u4_zero();
-    uint4 rb = live1 ? *(const uint4 *)(a1p + 8 * pc) : qsa_u4_zero();
+    uint4 *const st0 = (uint4 *)(sa + pr * QSA_STW + 8 * pc), *const st1 = st0 + QSA_STW / 2; /* rows pr, pr + 4 */
+    if (!live) *st0 = qsa_u4_zero();
+    if (!live1) *st1 = qsa_u4_zero();
+    /* this lane's 8 A elements of the sub-step (advanced by 64 at each) */
+    const uint4 *ap0 = (const uint4 *)(a0p + (RG ? QSA_SEG * rg.sb : 0) + 8 * pc), *ap1 = (const uint4 *)(a1p + 8 * pc);
+    uint4 ra = live ? *ap0 : qsa_u4_zero();
+    uint4 rb = live1 ? *ap1 : qsa_u4_zero();
     const float ps = qsa_pscale_of(w);
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -1397,11 +1400,13 @@ static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool l
                           wh1 = *(const qsa_u32 *)(pw + 8 * QSA_PKD + 32 * J + 16 + 4 * t4);
             const qsa_u32 sg = *(const qsa_u32 *)(pw + 128 + 4 * J), sh = *(const qsa_u32 *)(pw + 8 * QSA_PKD + 128 + 4 * J);
             __syncwarp(); /* the previous sub-step's B fragments are loaded */
-            if (live) *(uint4 *)(sa + pr * QSA_STW + 8 * pc) = ra;
-            if (live1) *(uint4 *)(sa + (pr + 4) * QSA_STW + 8 * pc) = rb;
+            if (live) *st0 = ra;
+            if (live1) *st1 = rb;
             __syncwarp();
-            if (live && t + 1 < nt) ra = *(const uint4 *)(a0p + 64 * (t + 1) + 8 * pc);
-            if (live1 && t + 1 < nt) rb = *(const uint4 *)(a1p + 64 * (t + 1) + 8 * pc);
+            ap0 += 8;
+            if (TWO) ap1 += 8;
+            if (live && t + 1 < nt) ra = *ap0;
+            if (live1 && t + 1 < nt) rb = *ap1;
             qsa_u32 fx[4], a[4], l[4], m[4];
             qsa_scale4(sg, l);
             qsa_scale4(sh, m);
