@@ -1325,27 +1325,27 @@ struct qsa_nvd_src {
 };
 static __device__ __forceinline__ void qsa_nvd_copy(const qsa_nvd_src &c, int K, int sn, int s1) {
     const int lane = threadIdx.x & 31, pc = lane & 7;
-    if (sn < s1) {
-        const int kn = sn * QSA_SEG, np = min(QSA_SEG, K - kn) >> 5;
-        const qsa_u32 half = (sn & 1) * 16 * QSA_PKD;
-        if (pc < np) {
+    if (sn < s1) { /* (one block of copies: a piece past K is a zero fill from a valid address, not a branch) */
+        const int kn = sn * QSA_SEG, rem = K - kn;
+        const qsa_u32 half = (sn & 1) * 16 * QSA_PKD, qn = 32 * pc < rem ? 16u : 0u;
+        const qsa_u8 *q = c.qrow + (qn ? kn >> 1 : 0);
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(c.cdst + half + i * 4 * QSA_PKD),
-                             "l"(c.qrow + (kn >> 1) + i * 4 * c.rb)
-                             : "memory");
-        }
+        for (int i = 0; i < 4; i++)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(c.cdst + half + i * 4 * QSA_PKD),
+                         "l"(q + i * 4 * c.rb), "r"(qn)
+                         : "memory");
         if (c.s16) {
             if (lane < 16)
                 asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(c.sdst + half), "l"(c.srow + (kn >> 4))
                              : "memory");
         } else {
 #pragma unroll
-            for (int i = 0; i < 2; i++)
-                if (c.sw + i < (np >> 1))
-                    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(c.sdst + half + 4 * i),
-                                 "l"(c.srow + (kn >> 4) + 4 * i)
-                                 : "memory");
+            for (int i = 0; i < 2; i++) {
+                const qsa_u32 sn4 = 64 * (c.sw + i) < rem ? 4u : 0u;
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(c.sdst + half + 4 * i),
+                             "l"(c.srow + (sn4 ? (kn >> 4) + 4 * i : 0)), "r"(sn4)
+                             : "memory");
+            }
         }
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
