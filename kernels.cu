@@ -2969,6 +2969,23 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down(
     if (r < cnt && n < H) y[(qsa_i64)prow[r] * H + n] = T[0];
 }
 
+/* The end of a whole-form gate/up task (NB = 2) whose folded tile (matrix gate or up) is already in
+   part: the tile's ticket; the second of its two warps forms fp16(act(gate) * up) of the tile's pairs
+   from both (no addition: the bits of the fold) and resets the ticket.  prow: the pairs' rows. */
+static __device__ __forceinline__ void qsa_moe_whole_gu_end(const float *part, unsigned *count, unsigned tile, int ncol,
+                                                            int ct, int first, int cnt, const int *prow, int N, int act,
+                                                            qsa_f16 *h16) {
+    const int lane = threadIdx.x & 31, n0 = ct * 16;
+    unsigned *tk = count + (qsa_i64)tile * ncol + ct;
+    if (!qsa_ticket_last(tk, 2u)) return;
+    for (int i = lane; i < cnt * 16; i += 32) {
+        const int n = n0 + (i & 15);
+        if (n >= N) continue;
+        const float *pp = part + ((qsa_i64)(first + (i >> 4)) * ncol + ct) * 2 * 16 + (i & 15);
+        h16[(qsa_i64)prow[i >> 4] * N + n] = qsa_f32_to_f16(qsa_act(act, __ldcg(pp)) * __ldcg(pp + 16));
+    }
+    if (lane == 0) *tk = 0u;
+}
 /* The same two GEMMs for decode-sized steps (16-pair tiles, a pair or two per expert), spread over
  * warps like qsa_k_gemv_*: a warp computes one matrix (gate_up: 0 gate, 1 up; down: NB = 1) of one
  * 16 x 16 tile (pair tile, column tile ct) over one K segment (split forms, qsa_k_moe_*_xw with
@@ -3074,12 +3091,15 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
             __syncwarp(); /* the slot is read before the next segment stages into it */
         }
     }
-    unsigned *tk = count + (qsa_i64)tile * ncol + ct;
-    if (whole)
+    if (whole) { /* (NB = 2 here: the whole down tile was stored above) */
         for (int i = lane; i < cnt * 16; i += 32)
             part[(((qsa_i64)(first + (i >> 4)) * ncol + ct) * NB + mat) * 16 + (i & 15)] = slot[i];
+        qsa_moe_whole_gu_end(part, count, tile, ncol, ct, first, cnt, prow[warp], N, act, h16);
+        return;
+    }
+    unsigned *tk = count + (qsa_i64)tile * ncol + ct;
     if (!qsa_ticket_last(tk, (unsigned)nst)) return;
-    if (cnt == 1 && !whole) { /* one pair (decode): two lanes per element, gate and up (NB = 2) or
+    if (cnt == 1) { /* one pair (decode): two lanes per element, gate and up (NB = 2) or
                                  the two halves of the segments (qsa_sum_parts_pair) */
         const int e = lane & 15, n = n0 + e;
         const bool ok = n < N;
@@ -3106,8 +3126,7 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
         const float *pp = part + ((qsa_i64)(first + r) * ncol + ct) * nsp * NB * 16 + (i & 15);
         float T[NB];
 #pragma unroll
-        for (int b = 0; b < NB; b++) /* whole: the tile itself (no addition: the bits of the fold) */
-            T[b] = whole ? __ldcg(pp + b * 16) : qsa_sum_parts(pp + b * 16, NB * 16, nseg);
+        for (int b = 0; b < NB; b++) T[b] = qsa_sum_parts(pp + b * 16, NB * 16, nseg);
         const qsa_i64 p = prow[warp][r];
         if (NB == 2) h16[p * N + n] = qsa_f32_to_f16(qsa_act(act, T[0]) * T[NB - 1]);
         else y[p * N + n] = T[0];
@@ -3196,15 +3215,7 @@ static __device__ void qsa_moe_lean(const qsa_f16 *X, int ldx, int rowdiv, const
             else part[(((qsa_i64)(first + r) * ncol + ct) * NB + mat) * 16 + (i & 15)] = slot[i];
         }
     }
-    if (NB == 1) return; /* the down tile is stored: nothing to wait for */
-    unsigned *tk = count + (qsa_i64)tile * ncol + ct;
-    if (!qsa_ticket_last(tk, (unsigned)NB)) return;
-    for (int i = lane; i < cnt * 16; i += 32) { /* the tile itself (no addition: the bits of the fold) */
-        const float *pp = part + ((qsa_i64)(first + (i >> 4)) * ncol + ct) * NB * 16 + (i & 15);
-        const float g = __ldcg(pp), u = __ldcg(pp + 16);
-        h16[(qsa_i64)prow[warp][i >> 4] * N + n0 + (i & 15)] = qsa_f32_to_f16(qsa_act(act, g) * u);
-    }
-    if (lane == 0) *tk = 0u;
+    if (NB == 2) qsa_moe_whole_gu_end(part, count, tile, ncol, ct, first, cnt, prow[warp], N, act, h16);
 }
 #endif
 /* (below sm_80 the host never launches them: no direct fold there) */
