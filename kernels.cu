@@ -3100,7 +3100,7 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
     unsigned *tk = count + (qsa_i64)tile * ncol + ct;
     if (!qsa_ticket_last(tk, (unsigned)nst)) return;
     if (cnt == 1) { /* one pair (decode): two lanes per element, gate and up (NB = 2) or
-                                 the two halves of the segments (qsa_sum_parts_pair) */
+                       the two halves of the segments (qsa_sum_parts_pair) */
         const int e = lane & 15, n = n0 + e;
         const bool ok = n < N;
         const float *pp = part + (qsa_i64)first * ncol * nsp * NB * 16 + (qsa_i64)ct * nsp * NB * 16 + e;
