@@ -3174,68 +3174,98 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down
  * shared memory per block and at most 85 registers, 6 blocks of 4 warps per SM where the whole forms fit
  * 5.  (Measured on the H200 against the whole forms, alternating, graphs: B=8 557 -> 589 tok/s, B=32
  * 1085 -> 1113-1121, B=128 1469 -> 1512-1517, B=1 unchanged; 7 blocks (72 registers, a few spilled)
- * the same.)  Grid and arguments as qsa_k_moe_*_xwk; X, the experts' q and s 16-byte aligned. */
+ * the same.)  A warp takes ctw (1, 2 or 4, dividing ncol NB) consecutive tasks of one tile, pass by
+ * pass (the tile, its pairs and its expert looked up once); with ctw >= 2 a gate/up warp holds both
+ * matrices of each column tile and forms fp16(act(gate) * up) from its registers (the ticket end's
+ * expression on the same values: no partials, no ticket).  Grid ceil(max_tiles ncol NB /
+ * (QSA_GEMV_WARPS ctw)), otherwise arguments as qsa_k_moe_*_xwk; X, the experts' q and s 16-byte
+ * aligned. */
 #if QSA_CPA
 template <int NB>
 static __device__ void qsa_moe_lean(const qsa_f16 *X, int ldx, int rowdiv, const int *pairs, const int *tiles,
                                     const int *ntiles, const qsa_expert_w *experts, int N, int Kd, int act,
-                                    qsa_f16 *h16, float *y, float *part, unsigned *count) {
+                                    qsa_f16 *h16, float *y, float *part, unsigned *count, int ctw) {
     __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][8 * QSA_STW]; /* A rows, then the pass's tile */
     __shared__ __align__(16) qsa_u8 pk[QSA_GEMV_WARPS][2 * 16 * QSA_PKD];
     __shared__ int prow[QSA_GEMV_WARPS][16];
-    if (blockDim.x != 32 * QSA_GEMV_WARPS || (N & 15) || (Kd & 63) || (((qsa_u64)X) & 15u) || (ldx & 7)) __trap();
+    const int ncol = N / 16, nseg = (Kd + QSA_SEG - 1) / QSA_SEG, per = ncol * NB;
+    if (blockDim.x != 32 * QSA_GEMV_WARPS || (N & 15) || (Kd & 63) || (((qsa_u64)X) & 15u) || (ldx & 7) ||
+        (ctw != 1 && ctw != 2 && ctw != 4) || (per & (ctw - 1)))
+        __trap();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int ncol = N / 16, nseg = (Kd + QSA_SEG - 1) / QSA_SEG;
-    const qsa_i64 task = (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + warp;
-    if (task >= (qsa_i64)*ntiles * ncol * NB) return; /* warp-level from here on */
-    const unsigned per = (unsigned)(ncol * NB), tile = (unsigned)task / per, rem = (unsigned)task - tile * per;
-    const int ct = (int)(rem / NB), mat = (int)(rem % NB), n0 = ct * 16;
+    /* (32-bit: a 64-bit division is a long call, paid per warp) */
+    const unsigned task0 = (blockIdx.x * QSA_GEMV_WARPS + warp) * (unsigned)ctw;
+    if ((qsa_i64)task0 >= (qsa_i64)*ntiles * per) return; /* warp-level from here on */
+    const unsigned tile = task0 / (unsigned)per;
+    const int rem0 = (int)(task0 - tile * (unsigned)per);
     const int *tt = tiles + 3 * (qsa_i64)tile;
     const int e = tt[0], first = tt[1], cnt = tt[2];
     if (lane < 16) prow[warp][lane] = lane < cnt ? pairs[first + lane] : -1;
     __syncwarp();
-    const qsa_wsrc ws = qsa_expert_ws(experts[e], NB == 1 ? 2 : mat, Kd);
-    if (ws.w16 || !qsa_nvf_ok(ws, 1, Kd)) __trap(); /* the host takes these kernels for NVFP4 experts only */
+    /* gate/up with both matrices of each column tile in this warp: act(gate) * up from registers, no ticket */
+    const bool fuse = NB == 2 && ctw > 1;
     float *slot = (float *)stage[warp];
     qsa_frag_c T;
+    float tg[4];
     for (int p0 = 0; p0 < cnt; p0 += 8) {
         const int r0 = p0 + (lane >> 3), r1 = r0 + 4;
         const qsa_f16 *a0 = r0 < cnt ? X + (qsa_i64)(prow[warp][r0] / rowdiv) * ldx : 0;
         const qsa_f16 *a1 = r1 < cnt ? X + (qsa_i64)(prow[warp][r1] / rowdiv) * ldx : 0;
-        __syncwarp(); /* the previous pass's tile is read before this one stages over it */
-        if (cnt - p0 <= 4) /* (most decode tiles: the one-row fold, without the second row's copies) */
-            qsa_segs16_nvd<false, false>(a0, a0 != 0, ws, n0, Kd, nseg, stage[warp], pk[warp], T, slot);
-        else
-            qsa_segs16_nvd<false, true>(a0, a0 != 0, ws, n0, Kd, nseg, stage[warp], pk[warp], T, slot,
-                                        qsa_seg_range(), a1);
-        __syncwarp();
-        for (int i = lane; i < min(8, cnt - p0) * 16; i += 32) {
-            const int r = p0 + (i >> 4);
-            if (NB == 1) y[(qsa_i64)prow[warp][r] * N + n0 + (i & 15)] = slot[i];
-            else part[(((qsa_i64)(first + r) * ncol + ct) * NB + mat) * 16 + (i & 15)] = slot[i];
+        for (int i = 0; i < ctw; i++) {
+            const int rem = rem0 + i, ct = rem / NB, mat = rem % NB, n0 = ct * 16;
+            const qsa_wsrc ws = qsa_expert_ws(experts[e], NB == 1 ? 2 : mat, Kd);
+            if (ws.w16 || !qsa_nvf_ok(ws, 1, Kd)) __trap(); /* the host takes these for NVFP4 experts only */
+            __syncwarp(); /* the previous fold's tile is read before this one stages over it */
+            if (cnt - p0 <= 4) /* (most decode tiles: the one-row fold, without the second row's copies) */
+                qsa_segs16_nvd<false, false>(a0, a0 != 0, ws, n0, Kd, nseg, stage[warp], pk[warp], T, slot);
+            else
+                qsa_segs16_nvd<false, true>(a0, a0 != 0, ws, n0, Kd, nseg, stage[warp], pk[warp], T, slot,
+                                            qsa_seg_range(), a1);
+            if (fuse) { /* T.x: rows g, g, g + 8, g + 8 of pairs 2 t, 2 t + 1, 2 t, 2 t + 1 (qsa_segs16_nvd) */
+                if (mat == 0) {
+#pragma unroll
+                    for (int k = 0; k < 4; k++) tg[k] = T.x[k];
+                } else {
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        const int p = p0 + 2 * (lane & 3) + (k & 1), n = n0 + (lane >> 2) + 8 * (k >> 1);
+                        if (p < cnt)
+                            h16[(qsa_i64)prow[warp][p] * N + n] = qsa_f32_to_f16(qsa_act(act, tg[k]) * T.x[k]);
+                    }
+                }
+                continue;
+            }
+            __syncwarp();
+            for (int j = lane; j < min(8, cnt - p0) * 16; j += 32) {
+                const int r = p0 + (j >> 4);
+                if (NB == 1) y[(qsa_i64)prow[warp][r] * N + n0 + (j & 15)] = slot[j];
+                else part[(((qsa_i64)(first + r) * ncol + ct) * NB + mat) * 16 + (j & 15)] = slot[j];
+            }
         }
     }
-    if (NB == 2) qsa_moe_whole_gu_end(part, count, tile, ncol, ct, first, cnt, prow[warp], N, act, h16);
+    if (NB == 2 && !fuse)
+        qsa_moe_whole_gu_end(part, count, tile, ncol, rem0 / NB, first, cnt, prow[warp], N, act, h16);
 }
 #endif
 /* (below sm_80 the host never launches them: no direct fold there) */
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 6) qsa_k_moe_gate_up_xwn(
     const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
-    int K, int act, float *part, unsigned *count) {
+    int K, int act, float *part, unsigned *count, int ctw) {
     QSA_PDL_ENTRY();
 #if QSA_CPA
-    qsa_moe_lean<2>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, part, count);
+    qsa_moe_lean<2>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, part, count, ctw);
 #else
     __trap();
 #endif
 }
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 6) qsa_k_moe_down_xwn(
     const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
-    const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I) {
+    const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I,
+    int ctw) {
     QSA_PDL_ENTRY();
 #if QSA_CPA
-    qsa_moe_lean<1>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, 0, 0);
+    qsa_moe_lean<1>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, 0, 0, ctw);
 #else
     __trap();
 #endif

@@ -1027,9 +1027,9 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
  * Environment: QSA_CUDA_LIB, QSA_NVRTC_LIB, QSA_NCCL_LIB (a full path: only that file is tried),
  * QSA_ARCH (NVRTC target, e.g. compute_70 or sm_90; see qsa__nvrtc_pick_arch), QSA_PDL ("0": no
  * programmatic dependent launches, qsa__pdl_on), QSA_XW_WHOLE_PER_SM, QSA_XW_RANGE_PER_SM, QSA_MOE64_PAIRS,
- * QSA_MOE_LEAN, QSA_ATTN_DEC, QSA_ATTN_DEC_HEADS, QSA_ATTN_DEC_WARP, QSA_SCORE_KEYS, QSA_TILED_M, QSA_TILED_TILES,
- * QSA_GEMV_BLOCKS_PER_SM, QSA_GEMV_BLK_MIN_M and QSA_LOGIT_SLICE_BYTES (launch shapes, qsa__cuda_tuning: tuning
- * switches, the bits do not depend on them). */
+ * QSA_MOE_LEAN, QSA_LEAN_TASKS, QSA_ATTN_DEC, QSA_ATTN_DEC_HEADS, QSA_ATTN_DEC_WARP, QSA_SCORE_KEYS,
+ * QSA_TILED_M, QSA_TILED_TILES, QSA_GEMV_BLOCKS_PER_SM, QSA_GEMV_BLK_MIN_M and QSA_LOGIT_SLICE_BYTES (launch
+ * shapes, qsa__cuda_tuning: tuning switches, the bits do not depend on them). */
 #ifndef QSA_NO_CUDA
 
 #if defined(__cuda_cuda_h__) || defined(__NVRTC_H__) || defined(NCCL_H_)
@@ -8605,6 +8605,8 @@ typedef struct qsa__cuda {
     int moe64_pairs;             /* qsa__moe_tr's threshold (QSA__MOE64_PAIRS; $QSA_MOE64_PAIRS) */
     int moe_lean;                /* the lean whole expert kernels where they apply (qsa__moe_lean;
                                     $QSA_MOE_LEAN "0": never) */
+    int lean_tasks[2];           /* ... tasks per warp of their gate/up and down launches, 1, 2 or 4
+                                    (QSA__LEAN_GU_TASKS, QSA__LEAN_DN_TASKS; $QSA_LEAN_TASKS "GU,DN") */
     int attn_dec_off;            /* $QSA_ATTN_DEC "0": never qsa_k_sparse_attn_dec (qsa__attn_dec_splits) */
     int attn_dec_heads;          /* $QSA_ATTN_DEC_HEADS: its heads per block (0: qsa__attn_dec_splits' rule) */
     int attn_dec_warp;           /* $QSA_ATTN_DEC_WARP: its heads per warp, 1 or 2 (0: the rule) */
@@ -9084,6 +9086,12 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    tickets.  Same bits either way.  (8 measured on the H200 against 32: batch 8 322 -> 340 tok/s,
    batch 1 and 32 unchanged; 2 makes batch 1's gate/up whole too: 92.0 -> 88.8.) */
 #define QSA__XW_WHOLE_PER_SM 8
+/* Tasks (column tile, matrix) per warp of the lean expert kernels, gate/up and down: consecutive ones
+   of one tile; gate/up with 2 or 4 has both matrices of a column tile and forms act(gate) * up without
+   the ticket */
+#define QSA__LEAN_GU_TASKS 2
+#define QSA__LEAN_DN_TASKS 4
+#define QSA__LEAN_MIN_WARPS 16
 /* Below that, the split expert kernels give each warp a range of a tile's K segments (copied a
    segment ahead, qsa_k_moe_*_xw with nrange < nseg) rather than one: as few ranges as make
    QSA__XW_RANGE_PER_SM warps per SM (qsa__xw_ranges; the 5 blocks of 4 warps that fit an SM).
@@ -9116,7 +9124,8 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    QSA__GEMV_BLK_MIN_M (qsa__gemv_groups), $QSA_GEMV_WHOLE_SEGS (0 or more) QSA__GEMV_WHOLE_SEGS
    and $QSA_GEMV_WHOLE_MIN_GROUPS (0: never) the SM count (qsa__gemv_blk); $QSA_SHARED_SIDE "0" keeps
    the shared expert's down projection in the chain (qsa__cuda_moe); $QSA_MOE_LEAN "0" keeps the whole
-   expert kernels off their lean forms (qsa__moe_lean); $QSA_LOGIT_SLICE_BYTES (0: never)
+   expert kernels off their lean forms (qsa__moe_lean) and $QSA_LEAN_TASKS ("GU,DN", each 1, 2 or 4) sets
+   their tasks per warp; $QSA_LOGIT_SLICE_BYTES (0: never)
    replaces QSA__LOGIT_SLICE_BYTES (qsa__logit_slices). */
 QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     const char *e = getenv("QSA_GEMV_BLOCKS_PER_SM");
@@ -9137,6 +9146,16 @@ QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     g->moe64_pairs = e && atoi(e) > 0 ? atoi(e) : QSA__MOE64_PAIRS;
     e = getenv("QSA_MOE_LEAN");
     g->moe_lean = !(e && !strcmp(e, "0"));
+    g->lean_tasks[0] = QSA__LEAN_GU_TASKS;
+    g->lean_tasks[1] = QSA__LEAN_DN_TASKS;
+    e = getenv("QSA_LEAN_TASKS");
+    if (e) {
+        int gu = 0, dn = 0;
+        if (sscanf(e, "%d,%d", &gu, &dn) == 2 && (gu == 1 || gu == 2 || gu == 4) && (dn == 1 || dn == 2 || dn == 4)) {
+            g->lean_tasks[0] = gu;
+            g->lean_tasks[1] = dn;
+        }
+    }
     e = getenv("QSA_ATTN_DEC");
     g->attn_dec_off = e && !strcmp(e, "0");
     e = getenv("QSA_ATTN_DEC_HEADS");
@@ -9483,6 +9502,14 @@ QSA_PRIV int qsa__moe_lean(const qsa__cuda *g, const qsa__dlayer *d, int H, int 
 }
 QSA_PRIV int qsa__xw_whole(const qsa__cuda *g, long long tiles) {
     return tiles >= (long long)g->xw_whole_per_sm * (g->sm_count > 0 ? g->sm_count : 1);
+}
+/* Tasks per warp of a lean expert launch (m: 0 gate/up, 1 down) of `tasks` tasks: the configured count,
+   halved while the warps would number fewer than QSA__LEAN_MIN_WARPS per SM (batch 1's down projection:
+   1,760 tasks at the real shape) */
+QSA_PRIV int qsa__lean_tasks(const qsa__cuda *g, int m, long long tasks) {
+    int t = g->lean_tasks[m];
+    while (t > 1 && tasks / t < (long long)QSA__LEAN_MIN_WARPS * (g->sm_count > 0 ? g->sm_count : 1)) t /= 2;
+    return t;
 }
 /* The segment ranges per task of the split expert kernels for `tasks` (tile, column tile, matrix)
    triples of nseg segments each: the fewest that give xw_range_per_sm warps per SM, at most nseg
@@ -9966,10 +9993,12 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
             /* gate_up: a task per (tile, column tile, gate or up[, K segment range]) */
             unsigned gx1 = (unsigned)((t1 * 2 * nr1 + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
             unsigned gx2 = (unsigned)((t2 * nr2 + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
-            int lean = qsa__moe_lean(g, d, H, I);
+            int lean = qsa__moe_lean(g, d, H, I), lt1 = qsa__lean_tasks(g, 0, t1 * 2), lt2 = qsa__lean_tasks(g, 1, t2);
+            unsigned lx1 = (unsigned)((t1 * 2 + QSA__GEMV_WARPS * lt1 - 1) / (QSA__GEMV_WARPS * lt1));
+            unsigned lx2 = (unsigned)((t2 + QSA__GEMV_WARPS * lt2 - 1) / (QSA__GEMV_WARPS * lt2));
             if (whole1 && lean)
-                QSA__LAUNCH(g, moe_gate_up_xwn, gx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
-                            &s->moe_h16, &H, &I, &K, &act, &part, &cnt);
+                QSA__LAUNCH(g, moe_gate_up_xwn, lx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
+                            &s->moe_h16, &H, &I, &K, &act, &part, &cnt, &lt1);
             else if (whole1)
                 QSA__LAUNCH(g, moe_gate_up_xwk, gx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
                             &s->moe_h16, &H, &I, &K, &act, &part, &cnt);
@@ -9977,8 +10006,8 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
                 QSA__LAUNCH(g, moe_gate_up_xw, gx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
                             &s->moe_h16, &H, &I, &K, &act, &part, &cnt, &nr1);
             if (whole2 && lean)
-                QSA__LAUNCH(g, moe_down_xwn, gx2, 1, bx, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles,
-                            &ex, &s->moe_y, &H, &I);
+                QSA__LAUNCH(g, moe_down_xwn, lx2, 1, bx, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles,
+                            &ex, &s->moe_y, &H, &I, &lt2);
             else if (whole2)
                 QSA__LAUNCH(g, moe_down_xwk, gx2, 1, bx, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
                             &s->moe_y, &H, &I);

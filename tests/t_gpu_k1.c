@@ -1475,9 +1475,10 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
     k1_mem mem = {{0}, 0, {0}, 0};
     /* tr = -16: 16-pair tiles through the cross-warp kernels (qsa_k_moe_*_xw), a K segment of one matrix per warp;
        tr = -1 .. -15: the same kernels with -tr ranges of segments per tile (ranged forms, split where -tr
-       reaches the segment count); tr = -256: the whole-tile forms (qsa_k_moe_*_xwk); tr = -512: their lean
-       forms (qsa_k_moe_*_xwn: NVFP4 experts, H and I multiples of 64, sm_80+) */
-    int xw = tr < 0, lean = tr == -512, whole = tr == -256 || lean, nrange = tr < 0 && tr > -16 ? -tr : 1 << 20;
+       reaches the segment count); tr = -256: the whole-tile forms (qsa_k_moe_*_xwk); tr = -512 - c: their lean
+       forms (qsa_k_moe_*_xwn: NVFP4 experts, H and I multiples of 64, sm_80+) with 2^c tasks per warp */
+    int xw = tr < 0, lean = tr <= -512 && tr >= -514, whole = tr == -256 || lean;
+    int nrange = tr < 0 && tr > -16 ? -tr : 1 << 20, ctw = lean ? 1 << (-512 - tr) : 1;
     if (xw) tr = 16;
     int MK = M * K, E = md->E, H = md->H, I = md->I, t64 = tr == 64;
     int max_tiles = (MK + tr - 1) / tr + (E < MK ? E : MK);
@@ -1505,9 +1506,9 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
     }
     for (int rep = 0; rep < (xw ? 2 : 1); rep++) { /* xw twice: the tickets must be back at zero */
         if (r == QSA_OK && xw && whole) {
-            void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act, &dpart, &dcnt};
+            void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act, &dpart, &dcnt, &ctw};
             r = k1_launch(lean ? "qsa_k_moe_gate_up_xwn" : "qsa_k_moe_gate_up_xwk",
-                          (unsigned)(((size_t)max_tiles * (I / 16) * 2 + 3) / 4), 1, 128, args);
+                          (unsigned)(((size_t)max_tiles * (I / 16) * 2 + 4 * ctw - 1) / (4 * ctw)), 1, 128, args);
         } else if (r == QSA_OK && xw) {
             void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act, &dpart, &dcnt, &nrange};
             r = k1_launch("qsa_k_moe_gate_up_xw", (unsigned)(((size_t)max_tiles * (I / 16) * 2 * nuh + 3) / 4), 1, 128, args);
@@ -1517,9 +1518,9 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
                           (unsigned)(t64 ? (I + 31) / 32 : (I + 15) / 16), 256, args);
         }
         if (r == QSA_OK && xw && whole) {
-            void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I};
+            void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I, &ctw};
             r = k1_launch(lean ? "qsa_k_moe_down_xwn" : "qsa_k_moe_down_xwk",
-                          (unsigned)(((size_t)max_tiles * (H / 16) + 3) / 4), 1, 128, args);
+                          (unsigned)(((size_t)max_tiles * (H / 16) + 4 * ctw - 1) / (4 * ctw)), 1, 128, args);
         } else if (r == QSA_OK && xw) {
             void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I, &dpart, &dcnt, &nrange};
             r = k1_launch("qsa_k_moe_down_xw", (unsigned)(((size_t)max_tiles * (H / 16) * nui + 3) / 4), 1, 128, args);
@@ -1733,12 +1734,14 @@ static void k1_moe_case(int M, int E, int K, int H, int I, int act, int allnv) {
         CHECK(!k1_same("moe cross-warp, whole tiles == one-block kernels (h16)", h64, h16, (size_t)MK * I, 2));
         CHECK(!k1_same("moe cross-warp, whole tiles == one-block kernels (y)", y64, y, (size_t)MK * H, 4));
         CHECK(!k1_same("moe cross-warp, whole tiles == one-block kernels (out)", out64, out, (size_t)M * H, 4));
-        if (allnv && H % 64 == 0 && I % 64 == 0 && k1_arch_num() >= 80) {
-            K1_TRY(k1_run_moe(&md, x16, ids, tw, M, K, act, -512, h64, y64, out64, NULL, NULL, &nt64));
-            CHECK(!k1_same("moe cross-warp, lean whole tiles == one-block kernels (h16)", h64, h16, (size_t)MK * I, 2));
-            CHECK(!k1_same("moe cross-warp, lean whole tiles == one-block kernels (y)", y64, y, (size_t)MK * H, 4));
-            CHECK(!k1_same("moe cross-warp, lean whole tiles == one-block kernels (out)", out64, out, (size_t)M * H,
-                           4));
+        for (int c = 0; allnv && H % 64 == 0 && I % 64 == 0 && k1_arch_num() >= 80 && c <= 2; c++) {
+            /* 1, 2 and 4 tasks per warp (2 and 4: gate and up of a column tile in one warp, no ticket) */
+            K1_TRY(k1_run_moe(&md, x16, ids, tw, M, K, act, -512 - c, h64, y64, out64, NULL, NULL, &nt64));
+            snprintf(what, sizeof what, "moe cross-warp, lean whole tiles, %d task(s) per warp == one-block kernels",
+                     1 << c);
+            CHECK(!k1_same(what, h64, h16, (size_t)MK * I, 2));
+            CHECK(!k1_same(what, y64, y, (size_t)MK * H, 4));
+            CHECK(!k1_same(what, out64, out, (size_t)M * H, 4));
         }
         for (int nr = 1; nr <= 2; nr++) { /* segment ranges: one range of all segments, and two */
             K1_TRY(k1_run_moe(&md, x16, ids, tw, M, K, act, -nr, h64, y64, out64, NULL, NULL, &nt64));
