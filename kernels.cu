@@ -2579,21 +2579,29 @@ static __device__ __forceinline__ qsa_wsrc qsa_expert_ws(const qsa_expert_w &ex,
  * Launch: grid (M), block 256 (the sum's bits depend on the block size: keep 256). */
 #define QSA_ROUTER_REG 4    /* probabilities per thread kept in registers: E <= 4 * blockDim.x (1,024 at 256) */
 #define QSA_ROUTER_CAND 512 /* candidates of the rank selection: blockDim.x / 32 * K at most */
-static __device__ void qsa_router_body(const float *__restrict__ logits, int *__restrict__ topk_ids,
-                                       float *__restrict__ topk_w, int E, int K, int norm) {
-    __shared__ float scratch[33];
-    __shared__ float sv[33];
-    __shared__ int si[33];
-    __shared__ int sel[64];
-    __shared__ float selw[64];
-    __shared__ float cv[QSA_ROUTER_CAND];
-    __shared__ int ci[QSA_ROUTER_CAND];
-    __shared__ int crank[QSA_ROUTER_CAND];
-    const float *l = logits + (qsa_i64)blockIdx.x * E;
+/* The body's shared memory (a struct, so that a kernel may place it in memory it uses otherwise later) */
+struct qsa_router_ws {
+    float scratch[33], sv[33];
+    int si[33], sel[64];
+    float selw[64], cv[QSA_ROUTER_CAND];
+    int ci[QSA_ROUTER_CAND], crank[QSA_ROUTER_CAND];
+};
+/* One token's row l of E logits -> its K ids and weights in ascending id order at ids[0..K) and
+ * w[0..K) (global or shared memory), by the whole block (every thread calls it; blockDim.x 256 or 128).
+ * The sum's bits are those of a block of 256 threads whatever the block size: thread x sums as the
+ * 256-thread block's threads x + blockDim.x j would (j < 256 / blockDim.x, each over e = x + blockDim.x j
+ * + 256 r in ascending r), each such sum goes through the butterfly of its 32-thread group, and the 8
+ * group sums through one more in group order (qsa_block_sum's order at 256 threads).  The max and the
+ * selection are exact, so any order gives their bits. */
+static __device__ void qsa_router_body(const float *__restrict__ l, int E, int K, int norm, int *ids, float *w,
+                                       qsa_router_ws &ws) {
+    float *const scratch = ws.scratch, *const sv = ws.sv, *const selw = ws.selw, *const cv = ws.cv;
+    int *const si = ws.si, *const sel = ws.sel, *const ci = ws.ci, *const crank = ws.crank;
+    if (blockDim.x != 256 && blockDim.x != 128) __trap();
     if (K < 1 || K > 64 || K > E) { /* unsupported: ids 0 and NaN weights, never out of bounds */
         for (int k = threadIdx.x; k < K; k += blockDim.x) {
-            topk_ids[(qsa_i64)blockIdx.x * K + k] = 0;
-            topk_w[(qsa_i64)blockIdx.x * K + k] = QSA_QNAN;
+            ids[k] = 0;
+            w[k] = QSA_QNAN;
         }
         return;
     }
@@ -2601,20 +2609,57 @@ static __device__ void qsa_router_body(const float *__restrict__ logits, int *__
     float mx = QSA_NEG_INF;
     for (int e = threadIdx.x; e < E; e += bd) mx = fmaxf(mx, l[e]);
     mx = qsa_block_max(mx, scratch);
-    float sum = 0.0f;
-    for (int e = threadIdx.x; e < E; e += bd) sum += expf(l[e] - mx);
-    sum = qsa_block_sum(sum, scratch);
+    /* the register form keeps each e = expf(l - max) for its probability (value r at expert x + r bd) */
+    const bool inreg = E <= QSA_ROUTER_REG * bd && nwarps * K <= QSA_ROUTER_CAND;
+    float p[QSA_ROUTER_REG];
+    float sum;
+    {
+        const int nv = 256 / bd; /* the 256-thread block's threads per thread: 1 or 2 */
+        float s[2] = {0.0f, 0.0f};
+        if (inreg) { /* thread x + bd j of 256 sums the values r = j + nv r' (expert x + bd j + 256 r') */
+#pragma unroll
+            for (int r = 0; r < QSA_ROUTER_REG; r++) {
+                const int e = threadIdx.x + r * bd;
+                p[r] = e < E ? expf(l[e] - mx) : 0.0f;
+            }
+#pragma unroll
+            for (int r = 0; r < QSA_ROUTER_REG; r++)
+                if (threadIdx.x + r * bd < E) {
+                    if (nv == 1 || !(r & 1)) s[0] += p[r];
+                    else s[1] += p[r];
+                }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                if (j < nv)
+                    for (int e = threadIdx.x + bd * j; e < E; e += 256) s[j] += expf(l[e] - mx);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            if (j < nv) s[j] = qsa_warp_sum(s[j]);
+        __syncthreads(); /* scratch may still be in use by the max */
+        if (lane == 0)
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                if (j < nv) scratch[warp + nwarps * j] = s[j];
+        __syncthreads();
+        if (warp == 0) {
+            const float t = qsa_warp_sum(lane < 8 ? scratch[lane] : 0.0f);
+            if (lane == 0) scratch[32] = t;
+        }
+        __syncthreads();
+        sum = scratch[32];
+    }
     for (int k = threadIdx.x; k < K; k += bd) { /* what a round without a candidate gives */
         sel[k] = 0;
         selw[k] = QSA_NEG_INF;
     }
-    if (E <= QSA_ROUTER_REG * bd && nwarps * K <= QSA_ROUTER_CAND) {
+    if (inreg) {
         const int R = (E + bd - 1) / bd; /* registers in use (uniform) */
-        float p[QSA_ROUTER_REG];
 #pragma unroll
-        for (int r = 0; r < QSA_ROUTER_REG; r++) {
+        for (int r = 0; r < QSA_ROUTER_REG; r++) { /* past E: NaN, never better, never a candidate */
             const int e = threadIdx.x + r * bd;
-            p[r] = e < E ? expf(l[e] - mx) / sum : QSA_QNAN; /* NaN: never better, never a candidate */
+            p[r] = e < E ? p[r] / sum : QSA_QNAN;
         }
         for (int c = threadIdx.x; c < nwarps * K; c += bd) {
             cv[c] = QSA_QNAN;
@@ -2633,6 +2678,21 @@ static __device__ void qsa_router_body(const float *__restrict__ logits, int *__
                     bv = p[r];
                     bi = (int)threadIdx.x + r * bd;
                 }
+#if __CUDA_ARCH__ >= 800
+            /* the warp's best by two integer reductions: the largest key (a probability is >= 0 or NaN,
+               so its bits order as unsigned; + 1 keeps +0 above a lane without a value), then the lowest
+               index among the lanes that hold it */
+            const qsa_u32 key = bi == 0x7fffffff ? 0u : __float_as_uint(bv) + 1u;
+            qsa_u32 mk, mi;
+            asm volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(mk) : "r"(key));
+            asm volatile("redux.sync.min.u32 %0, %1, 0xffffffff;" : "=r"(mi) : "r"(key == mk ? (qsa_u32)bi : 0x7fffffffu));
+            if (mk == 0u) break; /* (warp-uniform) no number left */
+            if ((qsa_u32)bi == mi) { /* the winner's lane */
+                cv[warp * K + k] = bv;
+                ci[warp * K + k] = bi;
+            }
+            bi = (int)mi;
+#else
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) {
                 const float ov = __shfl_xor_sync(QSA_FULL_MASK, bv, o);
@@ -2647,6 +2707,7 @@ static __device__ void qsa_router_body(const float *__restrict__ logits, int *__
                 cv[warp * K + k] = bv;
                 ci[warp * K + k] = bi;
             }
+#endif
 #pragma unroll
             for (int r = 0; r < QSA_ROUTER_REG; r++)
                 if ((int)threadIdx.x + r * bd == bi) p[r] = QSA_QNAN;
@@ -2692,16 +2753,16 @@ static __device__ void qsa_router_body(const float *__restrict__ logits, int *__
        the ascending-id order (equal ids — the rounds without a candidate — keep selection order) */
     if ((int)threadIdx.x < K) {
         const int k = threadIdx.x, id = sel[k];
-        float w = selw[k];
+        float wk = selw[k];
         if (norm) {
             float s = 0.0f;
             for (int j = 0; j < K; j++) s += selw[j];
-            w /= s;
+            wk /= s;
         }
         int pos = 0;
         for (int j = 0; j < K; j++) pos += sel[j] < id || (sel[j] == id && j < k);
-        topk_ids[(qsa_i64)blockIdx.x * K + pos] = id;
-        topk_w[(qsa_i64)blockIdx.x * K + pos] = w;
+        ids[pos] = id;
+        w[pos] = wk;
     }
 }
 
@@ -2733,6 +2794,7 @@ extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, i
                                              float *__restrict__ topk_w, int E, int K, int norm, qsa_router_extra x) {
     QSA_PDL_ENTRY();
     __shared__ unsigned last;
+    __shared__ qsa_router_ws ws;
     const qsa_i64 o = (qsa_i64)blockIdx.x * x.Is;
     const bool ahead = x.sa && x.Is <= QSA_ROUTER_SA * (int)blockDim.x;
     float va[QSA_ROUTER_SA], vb[QSA_ROUTER_SA];
@@ -2742,7 +2804,8 @@ extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, i
         va[r] = ahead && i < x.Is ? x.sa[o + i] : 0.0f;
         vb[r] = ahead && i < x.Is ? x.sb[o + i] : 0.0f;
     }
-    qsa_router_body(logits, topk_ids, topk_w, E, K, norm);
+    qsa_router_body(logits + (qsa_i64)blockIdx.x * E, E, K, norm, topk_ids + (qsa_i64)blockIdx.x * K,
+                    topk_w + (qsa_i64)blockIdx.x * K, ws);
     if (ahead) {
 #pragma unroll
         for (int r = 0; r < QSA_ROUTER_SA; r++) {
@@ -2794,10 +2857,11 @@ extern "C" __global__ void qsa_k_moe_plan(const int *__restrict__ topk_ids, int 
    an expert's first pair (the lowest lane of its match group) writes the expert's tiles after
    those of the lower experts.  The same pairs, tiles and count as the general plan (tested); the
    general one spends ~16 barriers and global-memory round trips on E-long scans. */
-static __device__ void qsa_moe_plan_small(const int *__restrict__ topk_ids, int MK, int E, int *__restrict__ pairs,
-                                          int *__restrict__ tiles, int *__restrict__ ntiles, int tr) {
-    const int lane = threadIdx.x & 31;
-    const int id = lane < MK ? __ldcg(topk_ids + lane) : -1, ok = id >= 0 && id < E;
+static __device__ void qsa_moe_plan_small(int id, int MK, int E, int *__restrict__ pairs, int *__restrict__ tiles,
+                                          int *__restrict__ ntiles, int tr) {
+    const int lane = threadIdx.x & 31; /* id: pair lane's expert (lanes < MK) */
+    if (lane >= MK) id = -1;
+    const int ok = id >= 0 && id < E;
     const qsa_u32 grp = __match_any_sync(QSA_FULL_MASK, ok ? id : -1);
     const int cnt = __popc(grp), lead = ok && (grp & ((1u << lane) - 1u)) == 0;
     const int nte = lead ? (cnt + tr - 1) / tr : 0; /* tiles of this lane's expert, on its leader */
@@ -2824,7 +2888,8 @@ static __device__ void qsa_moe_plan_body(const int *__restrict__ topk_ids, int M
                                          int *__restrict__ tiles, int *__restrict__ ntiles, int tr,
                                          int *__restrict__ wcnt) {
     if (MK <= 32) { /* (warp-uniform: the other warps have nothing to do) */
-        if (threadIdx.x < 32) qsa_moe_plan_small(topk_ids, MK, E, pairs, tiles, ntiles, tr);
+        if (threadIdx.x < 32)
+            qsa_moe_plan_small(threadIdx.x < MK ? __ldcg(topk_ids + threadIdx.x) : -1, MK, E, pairs, tiles, ntiles, tr);
         return;
     }
     __shared__ int scan[1024 + 1];
@@ -2986,6 +3051,55 @@ static __device__ __forceinline__ void qsa_moe_whole_gu_end(const float *part, u
     }
     if (lane == 0) *tk = 0u;
 }
+/* The router of one token inside the gate/up launch that follows it (decode of one token: no launch of
+ * its own).  Every block runs qsa_router_body on the token's logits (128 threads: the bits of the
+ * 256-thread router launch) and qsa_moe_plan_small on the ids (the plan of the router's launch), into
+ * shared memory that the block's tasks then read as their plan; block 0 also writes the ids, the
+ * weights and the plan where the router's launch would have (the down projection and the combine read
+ * them), and the blocks together write the shared expert's SwiGLU middle (the router's qsa_router_extra
+ * sa16).  K <= 32 pairs, tiles of 16. */
+struct qsa_route1 {
+    const float *logits; /* [E] */
+    int E, K, norm;
+    int *topk_ids;       /* [K] (block 0) */
+    float *topk_w;       /* [K] (block 0) */
+    int *pairs, *tiles, *ntiles; /* the plan (block 0) */
+    const float *sa, *sb;        /* the shared expert's gate and up rows [Is] (sa NULL: no shared expert) */
+    qsa_f16 *sa16;
+    int Is, act;
+};
+static __device__ void qsa_route1_block(const qsa_route1 &rt, qsa_router_ws &ws, const int *&pairs, const int *&tiles,
+                                        const int *&ntiles) {
+    __shared__ int rid[32], rplan[32 + 3 * 32 + 1]; /* ids; the plan: pairs [32], tiles [32][3], count */
+    __shared__ float rw[32];
+    const int tid = threadIdx.x, bd = blockDim.x, i0 = blockIdx.x * bd + tid;
+    if (rt.K < 1 || rt.K > 32) __trap(); /* the host checks it */
+    /* the first of this thread's shared-expert values loaded before the router's work */
+    const bool sh0 = rt.sa && i0 < rt.Is;
+    const float va = sh0 ? rt.sa[i0] : 0.0f, vb = sh0 ? rt.sb[i0] : 0.0f;
+    qsa_router_body(rt.logits, rt.E, rt.K, rt.norm, rid, rw, ws);
+    if (sh0) rt.sa16[i0] = qsa_f32_to_f16(qsa_act(rt.act, va) * vb);
+    if (rt.sa)
+        for (int i = i0 + (int)gridDim.x * bd; i < rt.Is; i += (int)gridDim.x * bd)
+            rt.sa16[i] = qsa_f32_to_f16(qsa_act(rt.act, rt.sa[i]) * rt.sb[i]);
+    __syncthreads(); /* rid, rw complete; ws read for the last time */
+    if (tid < 32) qsa_moe_plan_small(tid < rt.K ? rid[tid] : -1, rt.K, rt.E, rplan, rplan + 32, rplan + 128, 16);
+    __syncthreads();
+    if (blockIdx.x == 0) {
+        const int nt = rplan[128];
+        for (int i = tid; i < rt.K; i += bd) {
+            rt.topk_ids[i] = rid[i];
+            rt.topk_w[i] = rw[i];
+            rt.pairs[i] = rplan[i];
+        }
+        for (int i = tid; i < 3 * nt; i += bd) rt.tiles[i] = rplan[32 + i];
+        if (tid == 0) *rt.ntiles = nt;
+    }
+    pairs = rplan;
+    tiles = rplan + 32;
+    ntiles = rplan + 128;
+}
+
 /* The same two GEMMs for decode-sized steps (16-pair tiles, a pair or two per expert), spread over
  * warps like qsa_k_gemv_*: a warp computes one matrix (gate_up: 0 gate, 1 up; down: NB = 1) of one
  * 16 x 16 tile (pair tile, column tile ct) over one K segment (split forms, qsa_k_moe_*_xw with
@@ -3004,10 +3118,11 @@ static __device__ __forceinline__ void qsa_moe_whole_gu_end(const float *part, u
  * nseg split and ranged, 1 whole); count [max_tiles * ncol], zero before, left zero.  Grid
  * ceil(max_tiles * ncol * NB * nu / QSA_GEMV_WARPS) (tasks past *ntiles exit), block 32 *
  * QSA_GEMV_WARPS; H, I multiples of 16. */
-template <int NB, bool whole>
+template <int NB, bool whole, bool route = false>
 static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, const int *pairs, const int *tiles,
                                      const int *ntiles, const qsa_expert_w *experts, int N, int Kd, int act,
-                                     qsa_f16 *h16, float *y, float *part, unsigned *count, int nrange = 1) {
+                                     qsa_f16 *h16, float *y, float *part, unsigned *count, int nrange = 1,
+                                     const qsa_route1 *rt = 0) {
     /* per warp: A then W staging (dense: rows of QSA_ST), which then holds the partial tile (slot) */
     __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][2 * 16 * QSA_STW];
     __shared__ const qsa_f16 *arow[QSA_GEMV_WARPS][16];
@@ -3020,6 +3135,10 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
     qsa_u8 *pk[QSA_GEMV_WARPS] = {0};
 #endif
     if (blockDim.x != 32 * QSA_GEMV_WARPS || nrange < 1) __trap();
+    if (route) { /* the router's work and the plan in this block (the staging holds the router's scratch) */
+        QSA_CT_CHECK(sizeof(qsa_router_ws) <= sizeof(stage));
+        qsa_route1_block(*rt, *(qsa_router_ws *)stage, pairs, tiles, ntiles);
+    }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int ncol = (N + 15) / 16, nseg = (Kd + QSA_SEG - 1) / QSA_SEG, nsp = whole ? 1 : nseg;
     const bool ranged = !whole && nrange < nseg;
@@ -3140,6 +3259,16 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 5) qsa_k_moe_g
     QSA_PDL_ENTRY();
     if ((H | I) & 15) __trap(); /* the host validates the shapes (I padded to 16) */
     qsa_moe_xwarp<2, false>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, part, count, nrange);
+}
+/* qsa_k_moe_gate_up_xw of one token with its router (qsa_route1_block): the plan arguments come from
+   rt, which also names where the router's outputs go.  Grid as qsa_k_moe_gate_up_xw's for K tiles
+   (blocks past the tasks route and exit), block 32 * QSA_GEMV_WARPS (128). */
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 5) qsa_k_moe_gate_up_xwr(
+    const qsa_f16 *__restrict__ x16, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
+    int act, float *part, unsigned *count, int nrange, qsa_route1 rt) {
+    QSA_PDL_ENTRY();
+    if ((H | I) & 15) __trap();
+    qsa_moe_xwarp<2, false, true>(x16, H, rt.K, 0, 0, 0, experts, I, H, act, h16, 0, part, count, nrange, &rt);
 }
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down_xw(
     const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,

@@ -8492,7 +8492,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inject) X(inject_rmsnorm) X(to_f16)                     \
-    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(gemv_gres) X(gemv_blk) X(gemv_blk_whole) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_gate_up_xwn) X(moe_down_xwn) X(moe_combine)       \
+    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(gemv_gres) X(gemv_blk) X(gemv_blk_whole) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_gate_up_xwr) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_gate_up_xwn) X(moe_down_xwn) X(moe_combine)       \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
@@ -8601,6 +8601,7 @@ typedef struct qsa__cuda {
     int gemv_whole_min_groups;   /* ... and wherever its whole-K groups number at least this many (the SM count;
                                     $QSA_GEMV_WHOLE_MIN_GROUPS: a positive count, or 0: never) */
     int shared_side;             /* the shared expert's down projection on the side stream (qsa__cuda_moe; $QSA_SHARED_SIDE "0": never) */
+    int moe_route1;              /* one token's router inside its gate/up launch (qsa__moe_route1; $QSA_MOE_ROUTE1 "0": never) */
     long long side_launches;     /* ... how many times it went there (tests) */
     int moe64_pairs;             /* qsa__moe_tr's threshold (QSA__MOE64_PAIRS; $QSA_MOE64_PAIRS) */
     int moe_lean;                /* the lean whole expert kernels where they apply (qsa__moe_lean;
@@ -9123,7 +9124,8 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    tiles); $QSA_GEMV_BLOCKS_PER_SM replaces QSA__GEMV_BLOCKS (qsa__gemv_blk_grid), $QSA_GEMV_BLK_MIN_M
    QSA__GEMV_BLK_MIN_M (qsa__gemv_groups), $QSA_GEMV_WHOLE_SEGS (0 or more) QSA__GEMV_WHOLE_SEGS
    and $QSA_GEMV_WHOLE_MIN_GROUPS (0: never) the SM count (qsa__gemv_blk); $QSA_SHARED_SIDE "0" keeps
-   the shared expert's down projection in the chain (qsa__cuda_moe); $QSA_MOE_LEAN "0" keeps the whole
+   the shared expert's down projection in the chain (qsa__cuda_moe); $QSA_MOE_ROUTE1 "0" gives one
+   token's router its own launch (qsa__moe_route1); $QSA_MOE_LEAN "0" keeps the whole
    expert kernels off their lean forms (qsa__moe_lean) and $QSA_LEAN_TASKS ("GU,DN", each 1, 2 or 4) sets
    their tasks per warp; $QSA_LOGIT_SLICE_BYTES (0: never)
    replaces QSA__LOGIT_SLICE_BYTES (qsa__logit_slices). */
@@ -9138,6 +9140,8 @@ QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     g->gemv_whole_min_groups = e && atoi(e) >= 0 ? atoi(e) : (g->sm_count > 0 ? g->sm_count : 1);
     e = getenv("QSA_SHARED_SIDE");
     g->shared_side = !(e && !strcmp(e, "0"));
+    e = getenv("QSA_MOE_ROUTE1");
+    g->moe_route1 = !(e && !strcmp(e, "0"));
     e = getenv("QSA_XW_WHOLE_PER_SM");
     g->xw_whole_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__XW_WHOLE_PER_SM;
     e = getenv("QSA_XW_RANGE_PER_SM");
@@ -9932,6 +9936,27 @@ typedef struct qsa__router_extra {
     CUdeviceptr pairs, tiles, ntiles, wcnt, ticket;
     int tr;
 } qsa__router_extra;
+/* kernels.cu's qsa_route1 (the same layout) */
+typedef struct qsa__route1 {
+    CUdeviceptr logits;
+    int E, K, norm;
+    CUdeviceptr topk_ids, topk_w, pairs, tiles, ntiles, sa, sb, sa16;
+    int Is, act;
+} qsa__route1;
+
+/* Whether a step of M tokens routes inside its gate/up launch (qsa_k_moe_gate_up_xwr: the router's
+   launch goes away): one token (decode of one sequence) whose experts take the ranged cross-warp
+   gate/up kernel, K <= 32 (the one-warp plan), E <= 512 (the router's probabilities in the
+   registers of 128 threads), one GPU.  The same bits as the router's own launch (tested). */
+QSA_PRIV int qsa__moe_route1(const qsa_model *m, int M) {
+    const qsa__cuda *g = m->cuda;
+    const qsa_model_config *c = &m->cfg;
+    int H = c->hidden_size, I = c->moe_intermediate_size, E = c->num_experts, K = c->num_experts_per_tok;
+    if (!g->moe_route1 || M != 1 || m->tp || m->tpr || K < 1 || K > 32 || E > 4 * 32 * QSA__GEMV_WARPS || K > E) return 0;
+    if (M > g->sc.moe_tokens || qsa__moe_tr(g, K, E) != 16) return 0;
+    int max_tiles = 1 + (E < K ? E : K);
+    return qsa__moe_xwarp(g, K, max_tiles, H, I) && !qsa__xw_whole(g, (long long)max_tiles * ((I + 15) / 16));
+}
 
 /* MoE: router (with the shared expert's middle and, for one sub-chunk, the expert plan), the shared
    expert's down projection, grouped expert GEMMs over (token, slot) pairs, then the combine in
@@ -9953,8 +9978,9 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
         QSA__TRY(qsa__dgemm_group(g, s->inp16, M, 4, ws, ys, NULL, NULL));
     }
     /* the router's launch also forms the shared expert's middle and, when the step is one
-       sub-chunk (decode), the expert plan */
-    int plan1 = M <= s->moe_tokens, tr1 = qsa__moe_tr(g, M * K, E);
+       sub-chunk (decode), the expert plan; one token's router runs inside its gate/up launch instead
+       (route1: that launch forms the same three) */
+    int plan1 = M <= s->moe_tokens, tr1 = qsa__moe_tr(g, M * K, E), route1 = qsa__moe_route1(m, M);
     qsa__router_extra rx = {sa, sb, sa16, Is, act, 0, 0, 0, 0, 0, tr1};
     if (plan1) {
         rx.pairs = s->moe_pairs;
@@ -9963,14 +9989,16 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
         rx.wcnt = s->moe_wcnt;
         rx.ticket = s->moe_ticket;
     }
-    QSA__LAUNCH(g, router_topk, M, 1, 256, 0, &rl, &tid, &tw, &E, &K, &norm, &rx);
+    if (!route1) QSA__LAUNCH(g, router_topk, M, 1, 256, 0, &rl, &tid, &tw, &E, &K, &norm, &rx);
     /* the shared expert's down projection: its output sh joins the routed sum in qsa_k_moe_combine.
        On the side stream beside the routed experts where its launch needs no scratch (decode steps:
        batch 1's shared down took ~3.7 us of each layer's chain); the chain waits for it before the
-       first combine. */
+       first combine.  (route1: after the gate/up launch that forms its input.) */
     int side = g->shared_side && qsa__dgemm_side_ok(g, sa16, M, &d->sh_down);
-    if (side) QSA__TRY(qsa__dgemm_side(g, sa16, M, &d->sh_down, sh));
-    else QSA__TRY(qsa__dgemm(g, sa16, M, &d->sh_down, sh, 0));
+    if (!route1) {
+        if (side) QSA__TRY(qsa__dgemm_side(g, sa16, M, &d->sh_down, sh));
+        else QSA__TRY(qsa__dgemm(g, sa16, M, &d->sh_down, sh, 0));
+    }
     for (int t0 = 0; t0 < M; t0 += s->moe_tokens) {
         int mt = M - t0 < s->moe_tokens ? M - t0 : s->moe_tokens, MK = mt * K;
         /* tiles of 64 pairs once experts average 16 pairs (prefill); 16 for decode-sized steps: same bits */
@@ -9996,7 +10024,14 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
             int lean = qsa__moe_lean(g, d, H, I), lt1 = qsa__lean_tasks(g, 0, t1 * 2), lt2 = qsa__lean_tasks(g, 1, t2);
             unsigned lx1 = (unsigned)((t1 * 2 + QSA__GEMV_WARPS * lt1 - 1) / (QSA__GEMV_WARPS * lt1));
             unsigned lx2 = (unsigned)((t2 + QSA__GEMV_WARPS * lt2 - 1) / (QSA__GEMV_WARPS * lt2));
-            if (whole1 && lean)
+            if (route1) { /* (qsa__moe_route1: the ranged form, one sub-chunk) */
+                qsa__route1 rt = {rl, E, K, norm, tid, tw, s->moe_pairs, s->moe_tiles, s->moe_ntiles, sa, sb, sa16, Is, act};
+                /* at most K tiles (ntiles <= MK) */
+                unsigned gr = (unsigned)(((long long)K * ((I + 15) / 16) * 2 * nr1 + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
+                QSA__LAUNCH(g, moe_gate_up_xwr, gr, 1, bx, 0, &x16, &ex, &s->moe_h16, &H, &I, &act, &part, &cnt, &nr1, &rt);
+                if (side) QSA__TRY(qsa__dgemm_side(g, sa16, M, &d->sh_down, sh));
+                else QSA__TRY(qsa__dgemm(g, sa16, M, &d->sh_down, sh, 0));
+            } else if (whole1 && lean)
                 QSA__LAUNCH(g, moe_gate_up_xwn, lx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
                             &s->moe_h16, &H, &I, &K, &act, &part, &cnt, &lt1);
             else if (whole1)

@@ -684,6 +684,32 @@ TEST(gpu, shared_side_stream_equals_chain) {
     qsa_model_free(m0);
 }
 
+/* One token's router inside its gate/up launch (qsa__moe_route1, the default) gives the bits of the
+   router's own launch ($QSA_MOE_ROUTE1=0): one-token feeds through the chunked forward (the
+   reference's path, and the route's), batched decode eager and through graphs (its batches of one
+   route inside), and prefill (no token routes inside: the same launches). */
+TEST(gpu, moe_route1_equals_router_launch) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.cuda_batch_decode = 1;
+    qsa_model *m = NULL, *m0 = NULL;
+    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    if (!gpu_model_switched_off("qsa_hc4_ple_sharded", &mp, "QSA_MOE_ROUTE1", &m0)) { qsa_model_free(m); return; }
+    CHECKF(qsa__moe_route1(m, 1) && !qsa__moe_route1(m, 2) && !qsa__moe_route1(m0, 1),
+           "route1: one token %d, two %d, switched off %d", qsa__moe_route1(m, 1), qsa__moe_route1(m, 2),
+           qsa__moe_route1(m0, 1));
+    bd_pair *p = bd_pair_new(m);
+    static const int reqs[3] = {4, 17, 30};
+    for (int i = 0; i < 3 && p && !T_.failed; i++) {
+        bd_run(m0, reqs + i, 1, 0, 0, p->ref, p->rtok);
+        bd_run(m, reqs + i, 1, 0, 0, p->lg, p->tok);
+        CHECKF(bd_pair_same(m, reqs + i, 1, p), "request %d fed one token at a time: route1 differs from the router's launch",
+               reqs[i]);
+    }
+    bd_pair_free(p);
+    gpu_check_switch_same(m, m0, 41, "route1 vs QSA_MOE_ROUTE1=0");
+}
+
 /* Whole-K groups in the block-form GEMV (qsa_k_gemv_blk_whole), which the runtime takes for launches
    with at least one whole group per SM (none of this model's), give the bits of the split form: every
    block-form launch whole ($QSA_GEMV_WHOLE_MIN_GROUPS=1) against none (=0), prefill logits and

@@ -1852,6 +1852,153 @@ TEST(gpu, k1_router_extras) {
     k1_router_extra_case(300, 64, 4, 40, 0); /* 1,200 pairs >= 16 E: tiles of 64 */
 }
 
+/* One token's router inside its gate/up launch (qsa_k_moe_gate_up_xwr, 128 threads a block) against the
+   router's own launch (256 threads, with the shared expert's middle and the plan) followed by
+   qsa_k_moe_gate_up_xw with the same segment ranges: the same ids, weights, pairs, tiles, tile count,
+   shared-expert middle and h16, bit for bit, launched twice over poisoned outputs (the tickets back at
+   zero).  Rows: random logits, the K-th place among exact ties (edge 1), every logit NaN (edge 2: ids
+   all 0, one tile of K pairs).  Experts all NVFP4. */
+static void k1_route1_case(int E, int K, int H, int I, int Is, int act, int norm, int edge, int nrange) {
+    k1_mem mem = {{0}, 0, {0}, 0};
+    const int max_tiles = 1 + (E < K ? E : K), ncol = I / 16, nseg = (H + 255) / 256, nu = nrange < nseg ? nrange : nseg;
+    const unsigned grid0 = (unsigned)((max_tiles * ncol * 2 * nu + 3) / 4), grid1 = (unsigned)((K * ncol * 2 * nu + 3) / 4);
+    int nt0 = -1, nt1 = -2, tr = 16, *ids0, *ids1, *pairs0, *pairs1, *tiles0, *tiles1;
+    float *logits, *sa, *sb, *w0, *w1, *xf;
+    uint16_t *x16, *h0, *h1, *sh0, *sh1;
+    uint8_t *q, *s;
+    k1_expert *ex;
+    unsigned tk[64];
+    CUdeviceptr dl, dx, di, dw, dsa, dsb, dsh, dp, dt, dn, dwc, dtk, dh, dpart, dcnt, dex;
+    char what[160];
+    K1_ALLOC(logits, float, E);
+    K1_ALLOC(sa, float, Is);
+    K1_ALLOC(sb, float, Is);
+    K1_ALLOC(x16, uint16_t, H);
+    K1_ALLOC(xf, float, (size_t)I * H);
+    K1_ALLOC(h0, uint16_t, (size_t)K * I);
+    K1_ALLOC(h1, uint16_t, (size_t)K * I);
+    K1_ALLOC(sh0, uint16_t, Is);
+    K1_ALLOC(sh1, uint16_t, Is);
+    K1_ALLOC(ids0, int, K);
+    K1_ALLOC(ids1, int, K);
+    K1_ALLOC(w0, float, K);
+    K1_ALLOC(w1, float, K);
+    K1_ALLOC(pairs0, int, K);
+    K1_ALLOC(pairs1, int, K);
+    K1_ALLOC(tiles0, int, 3 * max_tiles);
+    K1_ALLOC(tiles1, int, 3 * max_tiles);
+    K1_ALLOC(q, uint8_t, (size_t)I * H / 2);
+    K1_ALLOC(s, uint8_t, (size_t)I * H / 16);
+    K1_ALLOC(ex, k1_expert, E);
+    k1_seed(777 + (uint64_t)(E * 7 + K * 3 + edge));
+    k1_fill(logits, (size_t)E, -4, 4);
+    if (edge == 1) /* K + 2 equal logits across the K-th place, spread over the block's threads */
+        for (int i = 0; i < K + 2; i++) logits[(i * 37 + 5) % E] = 6.0f;
+    if (edge == 2)
+        for (int e = 0; e < E; e++) logits[e] = NAN;
+    k1_fill(sa, (size_t)Is, -5, 5);
+    k1_fill(sb, (size_t)Is, -3, 3);
+    k1_fill16(x16, xf, (size_t)H, -1, 1);
+    /* experts: gate and up [I][H], down [H][I] per expert, all NVFP4 */
+    for (int m = 0; m < 3; m++) {
+        const size_t n = (size_t)I * H;
+        const float s2 = 0.004f + 0.001f * (float)m;
+        CUdeviceptr dq, ds;
+        uint8_t *qa, *sa_;
+        K1_ALLOC(qa, uint8_t, n / 2 * E);
+        K1_ALLOC(sa_, uint8_t, n / 16 * E);
+        for (int e = 0; e < E; e++) {
+            k1_rand_nvfp4(q, s, s2, xf, m < 2 ? I : H, m < 2 ? H : I);
+            memcpy(qa + n / 2 * e, q, n / 2);
+            memcpy(sa_ + n / 16 * e, s, n / 16);
+        }
+        K1_TRY(k1_dev_q(&mem, &dq, qa, n / 2 * E, 0, m < 2 ? H : I));
+        K1_TRY(k1_dev(&mem, &ds, sa_, n / 16 * E));
+        for (int e = 0; e < E; e++) {
+            unsigned long long pq = dq + n / 2 * e, ps = ds + n / 16 * e;
+            if (m == 0) { ex[e].gate_q = pq; ex[e].gate_s = ps; ex[e].gate_s2 = s2; }
+            if (m == 1) { ex[e].up_q = pq; ex[e].up_s = ps; ex[e].up_s2 = s2; }
+            if (m == 2) { ex[e].down_q = pq; ex[e].down_s = ps; ex[e].down_s2 = s2; }
+        }
+    }
+    K1_TRY(k1_dev(&mem, &dex, ex, sizeof(k1_expert) * (size_t)E));
+    K1_TRY(k1_dev(&mem, &dl, logits, sizeof(float) * E));
+    K1_TRY(k1_dev(&mem, &dx, x16, sizeof(uint16_t) * H));
+    K1_TRY(k1_dev(&mem, &dsa, sa, sizeof(float) * Is));
+    K1_TRY(k1_dev(&mem, &dsb, sb, sizeof(float) * Is));
+    K1_TRY(k1_dev(&mem, &di, NULL, sizeof(int) * K));
+    K1_TRY(k1_dev(&mem, &dw, NULL, sizeof(float) * K));
+    K1_TRY(k1_dev(&mem, &dsh, NULL, sizeof(uint16_t) * Is));
+    K1_TRY(k1_dev(&mem, &dp, NULL, sizeof(int) * K));
+    K1_TRY(k1_dev(&mem, &dt, NULL, sizeof(int) * 3 * max_tiles));
+    K1_TRY(k1_dev(&mem, &dn, NULL, sizeof(int)));
+    K1_TRY(k1_dev(&mem, &dwc, NULL, sizeof(int) * 32 * E));
+    K1_TRY(k1_dev(&mem, &dtk, NULL, sizeof(unsigned)));
+    K1_TRY(k1_dev(&mem, &dh, NULL, sizeof(uint16_t) * (size_t)K * I));
+    K1_TRY(k1_dev(&mem, &dpart, NULL, sizeof(float) * (size_t)K * ncol * nseg * 2 * 16));
+    K1_TRY(k1_dev(&mem, &dcnt, NULL, sizeof(unsigned) * (size_t)max_tiles * ncol));
+    K1_TRY(QSA__CU_R(qsa__cu.cuMemsetD8_v2(dtk, 0, sizeof(unsigned))));
+    K1_TRY(QSA__CU_R(qsa__cu.cuMemsetD8_v2(dcnt, 0, sizeof(unsigned) * (size_t)max_tiles * ncol)));
+    { /* the router's own launch, then the gate/up launch on its plan */
+        qsa__router_extra x = {dsa, dsb, dsh, Is, act, dp, dt, dn, dwc, dtk, tr};
+        void *a1[] = {&dl, &di, &dw, &E, &K, &norm, &x};
+        K1_TRY(k1_launch("qsa_k_router_topk", 1, 1, 256, a1));
+        void *a2[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act, &dpart, &dcnt, &nrange};
+        K1_TRY(k1_launch("qsa_k_moe_gate_up_xw", grid0, 1, 128, a2));
+        K1_TRY(k1_get(ids0, di, sizeof(int) * K));
+        K1_TRY(k1_get(w0, dw, sizeof(float) * K));
+        K1_TRY(k1_get(pairs0, dp, sizeof(int) * K));
+        K1_TRY(k1_get(&nt0, dn, sizeof(int)));
+        K1_TRY(k1_get(tiles0, dt, sizeof(int) * 3 * max_tiles));
+        K1_TRY(k1_get(sh0, dsh, sizeof(uint16_t) * Is));
+        K1_TRY(k1_get(h0, dh, sizeof(uint16_t) * (size_t)K * I));
+    }
+    CHECKF(nt0 >= 1 && nt0 <= K, "route1 E=%d K=%d edge %d: the router's plan has %d tiles", E, K, edge, nt0);
+    if (edge == 2) CHECKF(nt0 == 1 && ids0[0] == 0 && ids0[K - 1] == 0, "route1 NaN row: %d tiles, ids %d..%d", nt0, ids0[0], ids0[K - 1]);
+    for (int rep = 0; rep < 2 && nt0 >= 1 && nt0 <= K; rep++) {
+        K1_TRY(k1_poison(di, sizeof(int) * K));
+        K1_TRY(k1_poison(dw, sizeof(float) * K));
+        K1_TRY(k1_poison(dp, sizeof(int) * K));
+        K1_TRY(k1_poison(dt, sizeof(int) * 3 * max_tiles));
+        K1_TRY(k1_poison(dn, sizeof(int)));
+        K1_TRY(k1_poison(dsh, sizeof(uint16_t) * Is));
+        K1_TRY(k1_poison(dh, sizeof(uint16_t) * (size_t)K * I));
+        qsa__route1 rt = {dl, E, K, norm, di, dw, dp, dt, dn, dsa, dsb, dsh, Is, act};
+        void *a[] = {&dx, &dex, &dh, &H, &I, &act, &dpart, &dcnt, &nrange, &rt};
+        K1_TRY(k1_launch("qsa_k_moe_gate_up_xwr", grid1, 1, 128, a));
+        K1_TRY(k1_get(ids1, di, sizeof(int) * K));
+        K1_TRY(k1_get(w1, dw, sizeof(float) * K));
+        K1_TRY(k1_get(pairs1, dp, sizeof(int) * K));
+        K1_TRY(k1_get(&nt1, dn, sizeof(int)));
+        K1_TRY(k1_get(tiles1, dt, sizeof(int) * 3 * max_tiles));
+        K1_TRY(k1_get(sh1, dsh, sizeof(uint16_t) * Is));
+        K1_TRY(k1_get(h1, dh, sizeof(uint16_t) * (size_t)K * I));
+        K1_TRY(k1_get(tk, dcnt, sizeof(unsigned) * (size_t)(max_tiles * ncol < 64 ? max_tiles * ncol : 64)));
+        snprintf(what, sizeof what, "route1 E=%d K=%d H=%d I=%d Is=%d act=%d norm=%d edge %d ranges %d launch %d", E, K, H,
+                 I, Is, act, norm, edge, nrange, rep + 1);
+        CHECKF(!memcmp(ids0, ids1, sizeof(int) * K), "%s: ids", what);
+        CHECK(!k1_same(what, w1, w0, (size_t)K, 4));
+        CHECKF(nt1 == nt0 && !memcmp(pairs0, pairs1, sizeof(int) * K) &&
+                   !memcmp(tiles0, tiles1, sizeof(int) * 3 * (size_t)nt0), "%s: the plan (%d tiles, want %d)", what, nt1, nt0);
+        CHECK(!k1_same(what, sh1, sh0, (size_t)Is, 2));
+        CHECK(!k1_same(what, h1, h0, (size_t)K * I, 2));
+        int left = 0;
+        for (int i = 0; i < max_tiles * ncol && i < 64; i++) left += tk[i] != 0u;
+        CHECKF(left == 0, "%s: %d tickets left non-zero", what, left);
+    }
+done:
+    k1_free(&mem);
+}
+
+TEST(gpu, k1_moe_route1) {
+    K1_NEED_GPU();
+    k1_route1_case(512, 10, 256, 128, 640, 0, 1, 0, 3); /* the real routing: 512 experts, 10 of them; 3 ranges */
+    k1_route1_case(512, 10, 512, 64, 640, 1, 0, 1, 1);  /* ties across the K-th place; one range */
+    k1_route1_case(512, 10, 256, 64, 100, 0, 1, 2, 2);  /* every logit NaN: ids 0, one tile of 10 pairs */
+    k1_route1_case(300, 32, 256, 32, 64, 1, 1, 0, 2);   /* 32 pairs (the one-warp plan's most), E not a multiple of 128 */
+    k1_route1_case(20, 2, 256, 16, 1100, 0, 1, 0, 1);   /* one block: the shared expert's middle in a loop */
+}
+
 /* qsa_k_moe_plan against the plan built here (a stable counting sort): pairs, tiles, tile count
    equal for random routings with invalid ids, skewed and uniform expert choices, prefill-sized
    MK, both tile sizes and several block sizes (the plan must not depend on the block). */
