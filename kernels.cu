@@ -2575,8 +2575,9 @@ static __device__ __forceinline__ qsa_wsrc qsa_expert_ws(const qsa_expert_w &ex,
  * real shape, E = 512, K = 10, one token: ~12.5 us per launch when each value was ranked among its
  * warp's 64 by shuffles and each of the 80 candidates against all 80 by one thread; batch 1 +1.7%
  * with this.)  The entry point's last parameter (qsa_router_extra, below) adds the shared expert's
- * SwiGLU middle and the expert plan to the launch.
- * Launch: grid (M), block 256 (the sum's bits depend on the block size: keep 256). */
+ * SwiGLU middle and the expert plan to the launch.  On sm_80+ a round's warp arg-max is two integer
+ * reductions (redux.sync) instead of 5 shuffle steps; the probabilities stay the values e of the sum.
+ * Launch: grid (M), block 256 (qsa_router_body also runs in blocks of 128 with the same bits). */
 #define QSA_ROUTER_REG 4    /* probabilities per thread kept in registers: E <= 4 * blockDim.x (1,024 at 256) */
 #define QSA_ROUTER_CAND 512 /* candidates of the rank selection: blockDim.x / 32 * K at most */
 /* The body's shared memory (a struct, so that a kernel may place it in memory it uses otherwise later) */
@@ -3053,11 +3054,34 @@ static __device__ __forceinline__ void qsa_moe_whole_gu_end(const float *part, u
 }
 /* The router of one token inside the gate/up launch that follows it (decode of one token: no launch of
  * its own).  Every block runs qsa_router_body on the token's logits (128 threads: the bits of the
- * 256-thread router launch) and qsa_moe_plan_small on the ids (the plan of the router's launch), into
+ * 256-thread router launch) and qsa_moe_plan_sorted on its ids (ascending: the plan of the router's launch), into
  * shared memory that the block's tasks then read as their plan; block 0 also writes the ids, the
  * weights and the plan where the router's launch would have (the down projection and the combine read
  * them), and the blocks together write the shared expert's SwiGLU middle (the router's qsa_router_extra
  * sa16).  K <= 32 pairs, tiles of 16. */
+/* The plan (qsa_moe_plan_small's output) of MK <= 32 pairs whose ids, all in [0, E), ascend with the
+   pair index (lane i holds pair i's; one token's router output): pair i stays at place i, and a tile
+   starts at each run of equal ids and every tr pairs into a run — from two ballots where the general
+   one-warp plan runs 32 rounds of shuffles.  Warp 0 calls it. */
+static __device__ void qsa_moe_plan_sorted(int id, int MK, int *pairs, int *tiles, int *ntiles, int tr) {
+    const int lane = threadIdx.x & 31;
+    const bool in = lane < MK;
+    const int prev = __shfl_up_sync(QSA_FULL_MASK, id, 1);
+    const qsa_u32 runs = __ballot_sync(QSA_FULL_MASK, in && (lane == 0 || prev != id)); /* run starts */
+    const qsa_u32 upto = lane == 31 ? QSA_FULL_MASK : (2u << lane) - 1u;             /* lanes <= this one */
+    const int rs = 31 - __clz(runs & upto), after = __ffs(runs & ~upto);           /* (runs has lane 0) */
+    const int rend = after ? after - 1 : MK;                                       /* this run's end */
+    const bool ts = in && (lane - rs) % tr == 0;
+    const qsa_u32 tsm = __ballot_sync(QSA_FULL_MASK, ts);
+    if (in) pairs[lane] = lane;
+    if (ts) {
+        int *tt = tiles + 3 * __popc(tsm & ((1u << lane) - 1u));
+        tt[0] = id;
+        tt[1] = lane;
+        tt[2] = min(tr, rend - lane);
+    }
+    if (lane == 0) *ntiles = __popc(tsm);
+}
 struct qsa_route1 {
     const float *logits; /* [E] */
     int E, K, norm;
@@ -3083,7 +3107,7 @@ static __device__ void qsa_route1_block(const qsa_route1 &rt, qsa_router_ws &ws,
         for (int i = i0 + (int)gridDim.x * bd; i < rt.Is; i += (int)gridDim.x * bd)
             rt.sa16[i] = qsa_f32_to_f16(qsa_act(rt.act, rt.sa[i]) * rt.sb[i]);
     __syncthreads(); /* rid, rw complete; ws read for the last time */
-    if (tid < 32) qsa_moe_plan_small(tid < rt.K ? rid[tid] : -1, rt.K, rt.E, rplan, rplan + 32, rplan + 128, 16);
+    if (tid < 32) qsa_moe_plan_sorted(tid < rt.K ? rid[tid] : 0, rt.K, rplan, rplan + 32, rplan + 128, 16);
     __syncthreads();
     if (blockIdx.x == 0) {
         const int nt = rplan[128];
