@@ -2787,6 +2787,7 @@ typedef struct {
     int tr;
 } qsa_router_extra;
 
+#define QSA_PLAN_SMEM 4096 /* the plan's per-warp expert counts in shared memory up to this many ints */
 static __device__ void qsa_moe_plan_body(const int *__restrict__ topk_ids, int MK, int E, int *__restrict__ pairs,
                                          int *__restrict__ tiles, int *__restrict__ ntiles, int tr,
                                          int *__restrict__ wcnt);
@@ -2842,8 +2843,10 @@ extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, i
  * expert (lanes with the same id found by a warp match, the group's lowest lane adds its size);
  * then per expert the warps' counts become base offsets (ascending warps after the exclusive scan
  * of the experts' totals), and each warp places its pairs again in ascending order (a lane's
- * rank among equal ids below it in its group).  The output is a function of topk_ids alone, no
- * atomics.  Ids outside [0, E) are skipped (their pairs are never computed).  MK <= 32: warp 0
+ * rank among equal ids below it in its group).  The counts live in shared memory where the warps'
+ * E-long rows fit QSA_PLAN_SMEM ints (else in wcnt), and each chunk of blockDim.x experts is scanned
+ * by warp shuffles and one more scan of the warps' totals (two barriers; a Hillis-Steele scan took
+ * 16).  The output is a function of topk_ids alone, no atomics.  Ids outside [0, E) are skipped (their pairs are never computed).  MK <= 32: warp 0
  * alone (qsa_moe_plan_small), the same output.
  * Launch: grid (1), block 1024 (any multiple of 32 up to 1024). */
 extern "C" __global__ void qsa_k_moe_plan(const int *__restrict__ topk_ids, int MK, int E, int *__restrict__ pairs,
@@ -2893,13 +2896,16 @@ static __device__ void qsa_moe_plan_body(const int *__restrict__ topk_ids, int M
             qsa_moe_plan_small(threadIdx.x < MK ? __ldcg(topk_ids + threadIdx.x) : -1, MK, E, pairs, tiles, ntiles, tr);
         return;
     }
-    __shared__ int scan[1024 + 1];
-    __shared__ int tscan[1024 + 1];
-    __shared__ int carry[2];
+    /* per-warp counts in shared memory where they fit (the real shapes: 8 warps x 512 experts), else in wcnt;
+       the two running totals (pairs, tiles) of the expert chunks before, in registers */
+    __shared__ int wsm[QSA_PLAN_SMEM];
+    __shared__ int wtot[2][32][2]; /* per chunk parity: the warps' exclusive offsets (pairs, tiles) */
+    __shared__ int wsum[2][2];    /* ... and the chunk's totals */
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
     const int S = (MK + nw - 1) / nw, sbeg = min(MK, warp * S), send = min(MK, sbeg + S);
     const qsa_u32 below = (1u << lane) - 1u;
-    int *wc = wcnt + (qsa_i64)warp * E;
+    int *const wcb = nw * E <= QSA_PLAN_SMEM ? wsm : wcnt;
+    int *wc = wcb + (qsa_i64)warp * E;
     for (int e = lane; e < E; e += 32) wc[e] = 0;
     __syncwarp();
     for (int i0 = sbeg; i0 < send; i0 += 32) { /* pass 1: this warp's counts */
@@ -2909,36 +2915,61 @@ static __device__ void qsa_moe_plan_body(const int *__restrict__ topk_ids, int M
         __syncwarp();
     }
     __syncthreads();
-    if (tid == 0) carry[0] = carry[1] = 0;
-    for (int e0 = 0; e0 < E; e0 += nt) {
+    int carry0 = 0, carry1 = 0;
+    for (int e0 = 0, c = 0; e0 < E; e0 += nt, c ^= 1) {
         const int e = e0 + tid;
         int cnt = 0;
         if (e < E)
-            for (int w = 0; w < nw; w++) cnt += wcnt[(qsa_i64)w * E + e];
-        /* inclusive scans (Hillis-Steele, exact integers) of the counts and of the tile counts */
-        __syncthreads();
-        scan[tid] = cnt;
-        tscan[tid] = (cnt + tr - 1) / tr;
-        __syncthreads();
-        for (int d = 1; d < nt; d <<= 1) {
-            int a = tid >= d ? scan[tid - d] : 0, b = tid >= d ? tscan[tid - d] : 0;
-            __syncthreads();
-            scan[tid] += a;
-            tscan[tid] += b;
-            __syncthreads();
+            for (int w = 0; w < nw; w++) cnt += wcb[(qsa_i64)w * E + e];
+        const int tc = (cnt + tr - 1) / tr;
+        /* inclusive scans (exact integers) of the counts and the tile counts: within the warp, then over
+           the warps' totals by warp 0 (the buffer of this chunk's parity: the chunk before last was read
+           before the barrier that every thread passed to get here) */
+        int a = cnt, b = tc;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const int x = __shfl_up_sync(QSA_FULL_MASK, a, d), y = __shfl_up_sync(QSA_FULL_MASK, b, d);
+            if (lane >= d) {
+                a += x;
+                b += y;
+            }
         }
-        const int off = carry[0] + scan[tid] - cnt, toff = carry[1] + tscan[tid] - (cnt + tr - 1) / tr;
-        __syncthreads();
-        if (tid == nt - 1) {
-            carry[0] += scan[tid];
-            carry[1] += tscan[tid];
+        if (lane == 31) {
+            wtot[c][warp][0] = a;
+            wtot[c][warp][1] = b;
         }
+        __syncthreads();
+        if (warp == 0) {
+            const int x0 = lane < nw ? wtot[c][lane][0] : 0, y0 = lane < nw ? wtot[c][lane][1] : 0;
+            int x = x0, y = y0;
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                const int u = __shfl_up_sync(QSA_FULL_MASK, x, d), v = __shfl_up_sync(QSA_FULL_MASK, y, d);
+                if (lane >= d) {
+                    x += u;
+                    y += v;
+                }
+            }
+            __syncwarp();
+            if (lane < nw) {
+                wtot[c][lane][0] = x - x0;
+                wtot[c][lane][1] = y - y0;
+            }
+            if (lane == 31) { /* the chunk's totals (lane 31's inclusive sums: every warp's) */
+                wsum[c][0] = x;
+                wsum[c][1] = y;
+            }
+        }
+        __syncthreads();
+        const int off = carry0 + wtot[c][warp][0] + a - cnt, toff = carry1 + wtot[c][warp][1] + b - tc;
+        carry0 += wsum[c][0];
+        carry1 += wsum[c][1];
         if (e < E) {
             int base = off; /* the warps' counts become their first positions */
             for (int w = 0; w < nw; w++) {
-                const int c = wcnt[(qsa_i64)w * E + e];
-                wcnt[(qsa_i64)w * E + e] = base;
-                base += c;
+                const int cw = wcb[(qsa_i64)w * E + e];
+                wcb[(qsa_i64)w * E + e] = base;
+                base += cw;
             }
             for (int j = 0; j * tr < cnt; j++) {
                 int *tt = tiles + 3 * (qsa_i64)(toff + j);
@@ -2957,7 +2988,7 @@ static __device__ void qsa_moe_plan_body(const int *__restrict__ topk_ids, int M
         if (ok && (grp & below) == 0) wc[id] += __popc(grp);
         __syncwarp();
     }
-    if (tid == 0) *ntiles = carry[1];
+    if (tid == 0) *ntiles = carry1;
 }
 
 /* Routed experts, first half: for each pair p = t*K + k with expert e = topk_ids[p]:
