@@ -2788,6 +2788,18 @@ typedef struct {
 } qsa_router_extra;
 
 #define QSA_PLAN_SMEM 4096 /* the plan's per-warp expert counts in shared memory up to this many ints */
+/* Inclusive scans of a and b over the lanes of a warp (exact integers) */
+static __device__ __forceinline__ void qsa_warp_scan2(int &a, int &b) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int x = __shfl_up_sync(QSA_FULL_MASK, a, d), y = __shfl_up_sync(QSA_FULL_MASK, b, d);
+        if (lane >= d) {
+            a += x;
+            b += y;
+        }
+    }
+}
 static __device__ void qsa_moe_plan_body(const int *__restrict__ topk_ids, int MK, int E, int *__restrict__ pairs,
                                          int *__restrict__ tiles, int *__restrict__ ntiles, int tr,
                                          int *__restrict__ wcnt);
@@ -2926,14 +2938,7 @@ static __device__ void qsa_moe_plan_body(const int *__restrict__ topk_ids, int M
            the warps' totals by warp 0 (the buffer of this chunk's parity: the chunk before last was read
            before the barrier that every thread passed to get here) */
         int a = cnt, b = tc;
-#pragma unroll
-        for (int d = 1; d < 32; d <<= 1) {
-            const int x = __shfl_up_sync(QSA_FULL_MASK, a, d), y = __shfl_up_sync(QSA_FULL_MASK, b, d);
-            if (lane >= d) {
-                a += x;
-                b += y;
-            }
-        }
+        qsa_warp_scan2(a, b);
         if (lane == 31) {
             wtot[c][warp][0] = a;
             wtot[c][warp][1] = b;
@@ -2942,15 +2947,7 @@ static __device__ void qsa_moe_plan_body(const int *__restrict__ topk_ids, int M
         if (warp == 0) {
             const int x0 = lane < nw ? wtot[c][lane][0] : 0, y0 = lane < nw ? wtot[c][lane][1] : 0;
             int x = x0, y = y0;
-#pragma unroll
-            for (int d = 1; d < 32; d <<= 1) {
-                const int u = __shfl_up_sync(QSA_FULL_MASK, x, d), v = __shfl_up_sync(QSA_FULL_MASK, y, d);
-                if (lane >= d) {
-                    x += u;
-                    y += v;
-                }
-            }
-            __syncwarp();
+            qsa_warp_scan2(x, y);
             if (lane < nw) {
                 wtot[c][lane][0] = x - x0;
                 wtot[c][lane][1] = y - y0;
