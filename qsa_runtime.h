@@ -9959,9 +9959,10 @@ QSA_PRIV int qsa__moe_route1(const qsa_model *m, int M) {
 }
 
 /* MoE: router (with the shared expert's middle and, for one sub-chunk, the expert plan; one token:
-   inside its gate/up launch, qsa__moe_route1), the shared expert's down projection, grouped expert GEMMs over (token, slot) pairs, then the combine in
-   ascending expert id plus the shared expert's term.  The routed part runs over sub-chunks of
-   moe_tokens tokens to bound the [M*K][H] scratch; a token's bits do not depend on its sub-chunk. */
+   inside its gate/up launch, qsa__moe_route1), the shared expert's down projection, grouped expert
+   GEMMs over (token, slot) pairs, then the combine in ascending expert id plus the shared expert's
+   term.  The routed part runs over sub-chunks of moe_tokens tokens to bound the [M*K][H] scratch; a
+   token's bits do not depend on its sub-chunk. */
 QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
     const qsa_model_config *c = &m->cfg;
     qsa__cuda *g = m->cuda;
