@@ -3817,7 +3817,7 @@ extern "C" __global__ void qsa_k_gdn_conv_state(const float *__restrict__ qkv, f
 #define K2_GDN_PF1 9
 #define K2_GDN_STG 4096 /* floats of shared staging (16 KB: with 32 KB of dynamic memory, 48 KB) */
 #define K2_GDN_TMAX 16
-template <bool F16, int PF = K2_GDN_PF>
+template <bool F16, int PF = K2_GDN_PF, bool late = false>
 static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *__restrict__ q,
                                         const float *__restrict__ k, const float *__restrict__ v,
                                         const float *__restrict__ beta, const float *__restrict__ g, float *o, int M,
@@ -3843,6 +3843,7 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
             const long long gi = hbase + (long long)i * dv + j;
             st[u] = live && i < dk ? (F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi]) : 0.0f;
         }
+        if (late && c == 0) QSA_PDL_ENTRY();
         float pf[PF];
         /* element e of the chunk starting at token t0 (zero past M or past dv) */
 #define K2_GDN_FETCH(t0)                                                                          \
@@ -5279,9 +5280,9 @@ extern "C" __global__ void __launch_bounds__(128, 6)
     qsa_k_gdn_recurrent_batch(const unsigned long long *__restrict__ st, const float *__restrict__ q,
                               const float *__restrict__ k, const float *__restrict__ v, const float *__restrict__ beta,
                               const float *__restrict__ g, float *o, int nk, int nv, int dk, int dv) {
-    QSA_PDL_ENTRY();
+    QSA_PDL_LATE();
     const qsa_i64 b = blockIdx.z, kd = (qsa_i64)nk * dk, vd = (qsa_i64)nv * dv;
-    k2_gdn_recurrent<false, K2_GDN_PF1>(QSA_BPTR(float, st), 0, q + b * kd, k + b * kd, v + b * vd, beta + b * nv,
+    k2_gdn_recurrent<false, K2_GDN_PF1, true>(QSA_BPTR(float, st), 0, q + b * kd, k + b * kd, v + b * vd, beta + b * nv,
                                         g + b * nv, o + b * vd, 1, nk, nv, dk, dv);
 }
 
