@@ -303,15 +303,20 @@ extern "C" __global__ void qsa_k_inject_rmsnorm(float *__restrict__ X, const flo
             const int j = threadIdx.x + i * blockDim.x;
             nv[i] = j < H ? wr[j] : 0.0f;
         }
-        QSA_PDL_ENTRY();
-        const float w = 2.0f * qsa_sigmoid(inj[t * hc + s] / (float)hc);
         float *x = X + row * H;
+#pragma unroll
+        for (int i = 0; i < QSA_IRN_REGS; i++) {
+            const int j = threadIdx.x + i * blockDim.x;
+            v[i] = j < H ? x[j] : 0.0f;
+        }
+        const float wl = inj[t * hc + s];
+        QSA_PDL_ENTRY();
+        const float w = 2.0f * qsa_sigmoid(wl / (float)hc);
         const float *o = out + t * H;
         float ss = 0.0f;
 #pragma unroll
         for (int i = 0; i < QSA_IRN_REGS; i++) {
             const int j = threadIdx.x + i * blockDim.x;
-            v[i] = j < H ? x[j] : 0.0f;
             u[i] = j < H ? o[j] : 0.0f;
         }
 #pragma unroll
@@ -3947,16 +3952,20 @@ extern "C" __global__ void qsa_k_gdn_recurrent_f16state(qsa_f16 *S, const float 
 extern "C" __global__ void __launch_bounds__(128) qsa_k_gdn_norm_gate(float *o, const float *__restrict__ z,
                                                                       const float *__restrict__ w, qsa_f16 *o16,
                                                                       int nv, int dv, float eps, int act) {
-    QSA_PDL_ENTRY();
+    QSA_PDL_LATE();
     __shared__ float scratch[33];
     long long row = blockIdx.x;
     float *orow = o + row * dv;
     const float *zrow = z + row * dv;
+    const bool one = (int)threadIdx.x < dv;
+    const float z0 = one ? zrow[threadIdx.x] : 0.0f, w0 = one ? w[threadIdx.x] : 0.0f;
+    QSA_PDL_ENTRY();
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dv; i += blockDim.x) ss = fmaf(orow[i], orow[i], ss);
     float inv = 1.0f / sqrtf(qsa_block_sum(ss, scratch) / (float)dv + eps);
     for (int i = threadIdx.x; i < dv; i += blockDim.x) {
-        float y = __fmul_rn(__fmul_rn(w[i], __fmul_rn(orow[i], inv)), qsa_act(act, zrow[i]));
+        const bool first = i == (int)threadIdx.x;
+        float y = __fmul_rn(__fmul_rn(first ? w0 : w[i], __fmul_rn(orow[i], inv)), qsa_act(act, first ? z0 : zrow[i]));
         orow[i] = y;
         if (o16) o16[row * dv + i] = qsa_f32_to_f16(y);
     }
