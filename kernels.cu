@@ -43,9 +43,14 @@ template <> struct qsa_ct_check<true> { enum { ok = 1 }; };
  * visible, then launch_dependents lets the next kernel be scheduled behind this one.  Launched
  * normally, both are no-ops.  Nothing may be read or written before it (tests/t_jit.c checks that
  * every entry point waits before any memory access), with one exception: QSA_PDL_LATE() marks a
- * kernel that issues loads of weights (never written by any kernel) first and reaches
- * QSA_PDL_ENTRY() before it touches anything else, so its weight stream overlaps the previous
- * kernel's tail (the dense GEMV). */
+ * kernel that issues some loads first and reaches QSA_PDL_ENTRY() before it stores anything or
+ * loads anything else, so those loads overlap the previous kernel's tail.  It may load early only
+ * what no kernel writes (weights: the dense GEMV) or what no kernel since the one before its
+ * predecessor has written (a GDN layer's recurrent state, the residual stream X, the output of a
+ * projection two launches back): a kernel starts only once its predecessor has passed its own wait
+ * (QSA_PDL_ENTRY waits, then lets dependents launch; a predecessor that is not a kernel of ours, a
+ * copy or an event, is waited for whole), so every earlier launch of the stream has completed.
+ * Each such kernel names what it loads early and who last wrote it. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define QSA_PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
 #else
@@ -281,7 +286,8 @@ extern "C" __global__ void qsa_k_silu_scale(float *x, qsa_f16 *__restrict__ x16,
  *   xn[t][s*H+j] = X[t][s*H+j] * (1 / sqrtf(mean_j X[t][s*H+j]^2 + eps)) * (1 + nw[s*H+j]),
  *   xn16 its fp16 copy.  The operations and their order are those of the two kernels (the sum of
  *   squares: thread i adds elements i, i+256, ... then qsa_block_sum), so the same bits (tested).
- *   A decode-sized row loads its norm weights (never written by a kernel) before the PDL wait.
+ *   A decode-sized row loads its norm weights, X's row and the injection logit before the PDL wait
+ *   (QSA_PDL_LATE; `out` after it).
  * Launch: grid (M * hc), block 256 (the bits depend on the block size: keep 256). */
 #define QSA_IRN_REGS 16 /* rows of up to 16 * blockDim values are held in registers */
 extern "C" __global__ void qsa_k_inject_rmsnorm(float *__restrict__ X, const float *__restrict__ inj,
@@ -303,6 +309,9 @@ extern "C" __global__ void qsa_k_inject_rmsnorm(float *__restrict__ X, const flo
             const int j = threadIdx.x + i * blockDim.x;
             nv[i] = j < H ? wr[j] : 0.0f;
         }
+        /* X's row and the injection logit before the wait too: X was last written by the injection
+           before (this launch follows a projection or the MoE's combine), inj by the gated residual's
+           down projection group, two or more launches back */
         float *x = X + row * H;
 #pragma unroll
         for (int i = 0; i < QSA_IRN_REGS; i++) {
@@ -3848,7 +3857,7 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
             const long long gi = hbase + (long long)i * dv + j;
             st[u] = live && i < dk ? (F16 ? qsa_f16_to_f32(S16[gi]) : S32[gi]) : 0.0f;
         }
-        if (late && c == 0) QSA_PDL_ENTRY();
+        if (late && c == 0) QSA_PDL_ENTRY(); /* (late: the caller is QSA_PDL_LATE; S is read before the wait) */
         float pf[PF];
         /* element e of the chunk starting at token t0 (zero past M or past dv) */
 #define K2_GDN_FETCH(t0)                                                                          \
@@ -3957,6 +3966,8 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_gdn_norm_gate(float *o, 
     long long row = blockIdx.x;
     float *orow = o + row * dv;
     const float *zrow = z + row * dv;
+    /* this thread's first gate value and weight before the wait (z: the GDN input projections, with the
+       conv and the recurrence launched between) */
     const bool one = (int)threadIdx.x < dv;
     const float z0 = one ? zrow[threadIdx.x] : 0.0f, w0 = one ? w[threadIdx.x] : 0.0f;
     QSA_PDL_ENTRY();
@@ -5289,7 +5300,8 @@ extern "C" __global__ void __launch_bounds__(128, 6)
     qsa_k_gdn_recurrent_batch(const unsigned long long *__restrict__ st, const float *__restrict__ q,
                               const float *__restrict__ k, const float *__restrict__ v, const float *__restrict__ beta,
                               const float *__restrict__ g, float *o, int nk, int nv, int dk, int dv) {
-    QSA_PDL_LATE();
+    QSA_PDL_LATE(); /* (in k2_gdn_recurrent, late: the state's first columns before the wait; the state was
+                       last written by this layer's previous step, the conv launch comes between) */
     const qsa_i64 b = blockIdx.z, kd = (qsa_i64)nk * dk, vd = (qsa_i64)nv * dv;
     k2_gdn_recurrent<false, K2_GDN_PF1, true>(QSA_BPTR(float, st), 0, q + b * kd, k + b * kd, v + b * vd, beta + b * nv,
                                         g + b * nv, o + b * vd, 1, nk, nv, dk, dv);

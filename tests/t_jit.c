@@ -44,7 +44,8 @@ static int jit_pdl_late(const char name[64]) {
 /* For a PTX of compute_90+: every entry point waits for its programmatic predecessor
    (griddepcontrol.wait, QSA_PDL_ENTRY) before any memory access other than its parameters, or a
    kernel launched early by qsa__cu_launch_ex could read what the previous kernel is still writing.
-   A QSA_PDL_LATE kernel may load (its weights) first, but stores nothing before the wait. */
+   A QSA_PDL_LATE kernel may load first (weights, or what kernels two or more launches back wrote:
+   kernels.cu's QSA_PDL_ENTRY), but stores nothing before the wait. */
 static void jit_check_pdl_waits(const char *ptx) {
     char names[KERNEL_ENTRIES_MAX][64];
     int n = kernel_entry_names(names, KERNEL_ENTRIES_MAX), bad = 0, nlate = 0;
