@@ -3976,7 +3976,8 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_gdn_norm_gate(float *o, 
     float inv = 1.0f / sqrtf(qsa_block_sum(ss, scratch) / (float)dv + eps);
     for (int i = threadIdx.x; i < dv; i += blockDim.x) {
         const bool first = i == (int)threadIdx.x;
-        float y = __fmul_rn(__fmul_rn(first ? w0 : w[i], __fmul_rn(orow[i], inv)), qsa_act(act, first ? z0 : zrow[i]));
+        float y =
+            __fmul_rn(__fmul_rn(first ? w0 : w[i], __fmul_rn(orow[i], inv)), qsa_act(act, first ? z0 : zrow[i]));
         orow[i] = y;
         if (o16) o16[row * dv + i] = qsa_f32_to_f16(y);
     }
@@ -5303,8 +5304,8 @@ extern "C" __global__ void __launch_bounds__(128, 6)
     QSA_PDL_LATE(); /* (in k2_gdn_recurrent, late: the state's first columns before the wait; the state was
                        last written by this layer's previous step, the conv launch comes between) */
     const qsa_i64 b = blockIdx.z, kd = (qsa_i64)nk * dk, vd = (qsa_i64)nv * dv;
-    k2_gdn_recurrent<false, K2_GDN_PF1, true>(QSA_BPTR(float, st), 0, q + b * kd, k + b * kd, v + b * vd, beta + b * nv,
-                                        g + b * nv, o + b * vd, 1, nk, nv, dk, dv);
+    k2_gdn_recurrent<false, K2_GDN_PF1, true>(QSA_BPTR(float, st), 0, q + b * kd, k + b * kd, v + b * vd,
+                                              beta + b * nv, g + b * nv, o + b * vd, 1, nk, nv, dk, dv);
 }
 
 extern "C" __global__ void __launch_bounds__(128, 6)
