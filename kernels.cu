@@ -657,23 +657,35 @@ static __device__ __forceinline__ qsa_u32 qsa_prmt(qsa_u32 a, qsa_u32 b, qsa_u32
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
     return d;
 }
-static __device__ __forceinline__ qsa_u32 qsa_hmul2(qsa_u32 a, qsa_u32 b) {
+/* a (fp16x2) times half H of sp (0: bits 0-15) in both halves.  sp holds block scales as fp16 (a group's
+   scale, or two groups' side by side), and ptxas reads the broadcast as an operand selector of the
+   multiply (HMUL2 R, R, R.H0_H0): no instruction makes the scale pairs. */
+template <int H>
+static __device__ __forceinline__ qsa_u32 qsa_hmul2s(qsa_u32 a, qsa_u32 sp) {
     qsa_u32 d;
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    if (H == 0)
+        asm("{\n .reg .b16 l, h;\n .reg .b32 t;\n mov.b32 {l, h}, %2;\n mov.b32 t, {l, l};\n mul.rn.f16x2 %0, %1, t;\n}"
+            : "=r"(d)
+            : "r"(a), "r"(sp));
+    else
+        asm("{\n .reg .b16 l, h;\n .reg .b32 t;\n mov.b32 {l, h}, %2;\n mov.b32 t, {h, h};\n mul.rn.f16x2 %0, %1, t;\n}"
+            : "=r"(d)
+            : "r"(a), "r"(sp));
     return d;
 }
 /* 8 elements (one 32-bit word of q in the device order: element j in the low nibble of byte j,
-   element j + 4 in its high nibble) as fp16 bits of e2m1 * scale * 2^-14; sc2: the block scale as
-   fp16 in both halves */
-static __device__ __forceinline__ uint4 qsa_dq8(qsa_u32 w, qsa_u32 sc2) {
+   element j + 4 in its high nibble) as fp16 bits of e2m1 * scale * 2^-14: elements 0-3 times half HL of
+   sp, 4-7 times half HH (qsa_hmul2s) */
+template <int HL = 0, int HH = HL>
+static __device__ __forceinline__ uint4 qsa_dq8(qsa_u32 w, qsa_u32 sp) {
     const qsa_u32 C = 0x0E0E0E0Eu, s = w & 0x88888888u;
     const qsa_u32 lo = ((w << 1) & C) | ((s << 4) & ~C); /* magnitude bits 0-2 -> 1-3, sign 3 -> 7 */
     const qsa_u32 hi = ((w >> 3) & C) | (s & ~C);        /* magnitude bits 4-6 -> 1-3, sign 7 stays */
     uint4 u;
-    u.x = qsa_hmul2(qsa_prmt(lo, 0u, 0x1404u), sc2); /* elements 0, 1: bytes (0, lo 0, 0, lo 1) */
-    u.y = qsa_hmul2(qsa_prmt(lo, 0u, 0x3424u), sc2); /* 2, 3 */
-    u.z = qsa_hmul2(qsa_prmt(hi, 0u, 0x1404u), sc2); /* 4, 5 */
-    u.w = qsa_hmul2(qsa_prmt(hi, 0u, 0x3424u), sc2); /* 6, 7 */
+    u.x = qsa_hmul2s<HL>(qsa_prmt(lo, 0u, 0x1404u), sp); /* elements 0, 1: bytes (0, lo 0, 0, lo 1) */
+    u.y = qsa_hmul2s<HL>(qsa_prmt(lo, 0u, 0x3424u), sp); /* 2, 3 */
+    u.z = qsa_hmul2s<HH>(qsa_prmt(hi, 0u, 0x1404u), sp); /* 4, 5 */
+    u.w = qsa_hmul2s<HH>(qsa_prmt(hi, 0u, 0x3424u), sp); /* 6, 7 */
     return u;
 }
 /* Element j (0..7) of a device word sits in nibble 2 j (j < 4) or 2 (j - 4) + 1 */
@@ -710,36 +722,25 @@ extern "C" __global__ void qsa_k_nvfp4_order(qsa_u32 *q, qsa_i64 n, int frag) {
         for (int t = 0; t < 4; t++) q[4 * i + t] = r[t];
     }
 }
-/* Elements 0-3 of a device word (its low nibbles) as two fp16x2 (0, 1 and 2, 3) times sc2; of w >> 4,
-   elements 4-7 (the high nibbles: qsa_dq8's hi) */
-static __device__ __forceinline__ uint2 qsa_dq4(qsa_u32 w, qsa_u32 sc2) {
+/* Elements 0-3 of a device word (its low nibbles) as two fp16x2 (0, 1 and 2, 3) times the low half of
+   sp; of w >> 4, elements 4-7 (the high nibbles: qsa_dq8's hi) */
+static __device__ __forceinline__ uint2 qsa_dq4(qsa_u32 w, qsa_u32 sp) {
     const qsa_u32 lo = ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);
-    return make_uint2(qsa_hmul2(qsa_prmt(lo, 0u, 0x1404u), sc2), qsa_hmul2(qsa_prmt(lo, 0u, 0x3424u), sc2));
+    return make_uint2(qsa_hmul2s<0>(qsa_prmt(lo, 0u, 0x1404u), sp), qsa_hmul2s<0>(qsa_prmt(lo, 0u, 0x3424u), sp));
 }
-/* A word in the fragment order with its block's two group scales: l0 for elements 0-3 (the block's
-   first 16 k: the fp16 pairs at k 2 t and 2 t + 8), l1 for 4-7 (2 t + 16, 2 t + 24) */
-static __device__ __forceinline__ uint4 qsa_dq8s(qsa_u32 w, qsa_u32 l0, qsa_u32 l1) {
-    const qsa_u32 C = 0x0E0E0E0Eu, s = w & 0x88888888u;
-    const qsa_u32 lo = ((w << 1) & C) | ((s << 4) & ~C);
-    const qsa_u32 hi = ((w >> 3) & C) | (s & ~C);
-    uint4 u;
-    u.x = qsa_hmul2(qsa_prmt(lo, 0u, 0x1404u), l0);
-    u.y = qsa_hmul2(qsa_prmt(lo, 0u, 0x3424u), l0);
-    u.z = qsa_hmul2(qsa_prmt(hi, 0u, 0x1404u), l1);
-    u.w = qsa_hmul2(qsa_prmt(hi, 0u, 0x3424u), l1);
-    return u;
-}
-/* A block in the fragment order (its 4 words) as its 32 elements in row order, dst[i] = k 8 i .. 8 i + 7
-   (l0, l1: its two group scales) */
-static __device__ __forceinline__ void qsa_dq32(uint4 q, qsa_u32 l0, qsa_u32 l1, uint4 *dst) {
-    const uint4 d0 = qsa_dq8s(q.x, l0, l1), d1 = qsa_dq8s(q.y, l0, l1), d2 = qsa_dq8s(q.z, l0, l1),
-                d3 = qsa_dq8s(q.w, l0, l1);
+/* A block in the fragment order (its 4 words) as its 32 elements in row order, dst[i] = k 8 i .. 8 i + 7;
+   sp: its two group scales (low half: the first 16 k's, which a word's elements 0-3 are, at k 2 t,
+   2 t + 1, 2 t + 8, 2 t + 9; elements 4-7 at k 2 t + 16 .. 2 t + 25) */
+static __device__ __forceinline__ void qsa_dq32(uint4 q, qsa_u32 sp, uint4 *dst) {
+    const uint4 d0 = qsa_dq8<0, 1>(q.x, sp), d1 = qsa_dq8<0, 1>(q.y, sp), d2 = qsa_dq8<0, 1>(q.z, sp),
+                d3 = qsa_dq8<0, 1>(q.w, sp);
     dst[0] = make_uint4(d0.x, d1.x, d2.x, d3.x);
     dst[1] = make_uint4(d0.y, d1.y, d2.y, d3.y);
     dst[2] = make_uint4(d0.z, d1.z, d2.z, d3.z);
     dst[3] = make_uint4(d0.w, d1.w, d2.w, d3.w);
 }
-/* Half h of such a block (k 16 h .. 16 h + 15, one group: scale sc2) in row order, dst[0..1] */
+/* Half h of such a block (k 16 h .. 16 h + 15, one group: its scale the low half of sc2) in row order,
+   dst[0..1] */
 static __device__ __forceinline__ void qsa_dq16h(uint4 q, int h, qsa_u32 sc2, uint4 *dst) {
     const int sh = 4 * h;
     const uint2 d0 = qsa_dq4(q.x >> sh, sc2), d1 = qsa_dq4(q.y >> sh, sc2), d2 = qsa_dq4(q.z >> sh, sc2),
@@ -753,15 +754,13 @@ static __device__ __forceinline__ uint4 qsa_pair_block(uint2 mine) {
     const qsa_u32 ox = __shfl_xor_sync(QSA_FULL_MASK, mine.x, 1), oy = __shfl_xor_sync(QSA_FULL_MASK, mine.y, 1);
     return (threadIdx.x & 1) ? make_uint4(ox, oy, mine.x, mine.y) : make_uint4(mine.x, mine.y, ox, oy);
 }
-/* The two block scales of bytes 0 and 1 of v, each as fp16 in both halves (lo: byte 0's) */
-static __device__ __forceinline__ void qsa_scale2(qsa_u32 v, qsa_u32 &lo, qsa_u32 &hi) {
-    const qsa_u32 h = qsa_e4m3x2_to_h2(v);
-    lo = qsa_prmt(h, h, 0x1010u);
-    hi = qsa_prmt(h, h, 0x3232u);
-}
+/* The block scale of byte 0 of b as the low half of an fp16 pair (the high half: unused) */
 static __device__ __forceinline__ qsa_u32 qsa_scale1(qsa_u32 b) {
-    const qsa_u32 h = qsa_e4m3x2_to_h2(b & 0xffu);
-    return qsa_prmt(h, h, 0x1010u);
+#if __CUDA_ARCH__ >= 890
+    return qsa_e4m3x2_to_h2(b); /* (one conversion either way) */
+#else
+    return (qsa_u32)qsa_f32_to_f16(qsa_e4m3_to_f32(b & 0xffu));
+#endif
 }
 /* The factor of an NVFP4 source's segment partials, and the multiply: a separate fp32 rounding
    (never contracted into the fold's addition), so that every path gives the same bits. */
@@ -1047,17 +1046,15 @@ static __device__ __forceinline__ void qsa_seg16_nvw(const qsa_f16 *const *arow,
         sc.x = sc.y;
         sc.y = sc.z;
         sc.z = sc.w;
-        const qsa_u32 s0 = (sw32 >> (16 * nh)) & 0xffu, s1 = (sw32 >> (16 * nh + 8)) & 0xffu;
-        qsa_u32 l0, l1;
-        qsa_scale2(s0 | (s1 << 8), l0, l1);
+        const qsa_u32 sp = qsa_e4m3x2_to_h2(sw32 >> (16 * nh)); /* this lane's two groups */
         uint4 *dst = (uint4 *)(sw + nr * QSA_STW + nh * 32);
         if (!(K & 31)) {
-            qsa_dq32(q, l0, l1, dst);
+            qsa_dq32(q, sp, dst);
         } else { /* (the segment's last 16 may be half a piece: q.z, q.w zero) */
-            dst[0] = qsa_dq8(q.x, l0);
-            dst[1] = qsa_dq8(q.y, l0);
-            dst[2] = qsa_dq8(q.z, l1);
-            dst[3] = qsa_dq8(q.w, l1);
+            dst[0] = qsa_dq8<0>(q.x, sp);
+            dst[1] = qsa_dq8<0>(q.y, sp);
+            dst[2] = qsa_dq8<1>(q.z, sp);
+            dst[3] = qsa_dq8<1>(q.w, sp);
         }
         __syncwarp();
         if (k0 + 64 < kend) { /* the next sub-step's A while the tensor cores work */
@@ -1123,9 +1120,7 @@ static __device__ __forceinline__ void qsa_nvf_put(const uint4 *ra, unsigned liv
 #pragma unroll
     for (int i = 0; i < NA; i++)
         if ((live >> i) & 1u) *(uint4 *)(sa + (ar + 4 * i) * QSA_STW + ak) = ra[i];
-    qsa_u32 l0, l1;
-    qsa_scale2(sw32 >> (16 * nh), l0, l1);
-    qsa_dq32(q, l0, l1, dst); /* (K % 64 == 0: the fragment order) */
+    qsa_dq32(q, qsa_e4m3x2_to_h2(sw32 >> (16 * nh)), dst); /* (K % 64 == 0: the fragment order) */
     __syncwarp();
 }
 static __device__ __forceinline__ void qsa_nvf_mma4(qsa_u32 sau, qsa_u32 swu, qsa_frag_c &P) {
@@ -1312,18 +1307,15 @@ typedef struct {
  * scaled and folded in ascending segment order: the canonical bits (tested against the one-block and
  * the split forms).  RG: segments rg.sb .. rg.se - 1 only, each P_s stored as the split forms store
  * it; otherwise the tile's pairs 0..7 end as rows of slot (16 floats each, aliasing the staging). */
-/* The four block scales of v's bytes, each as fp16 in both halves (l[j]: byte j's): on sm_89+ the
-   bytes are paired first (s_j, s_j) and each pair converted as one e4m3x2 (the values of qsa_scale2) */
-static __device__ __forceinline__ void qsa_scale4(qsa_u32 v, qsa_u32 *l) {
+/* The four block scales of v's bytes as two fp16 pairs for qsa_dq8: lo = bytes 0 and 1, hi = 2 and 3 */
+static __device__ __forceinline__ void qsa_scale4(qsa_u32 v, qsa_u32 &lo, qsa_u32 &hi) {
 #if __CUDA_ARCH__ >= 890
-    const qsa_u32 p01 = qsa_prmt(v, 0u, 0x1100u), p23 = qsa_prmt(v, 0u, 0x3322u);
-    asm("{\n .reg .b16 a, b, c, e;\n mov.b32 {a, b}, %4;\n mov.b32 {c, e}, %5;\n cvt.rn.f16x2.e4m3x2 %0, a;\n"
-        " cvt.rn.f16x2.e4m3x2 %1, b;\n cvt.rn.f16x2.e4m3x2 %2, c;\n cvt.rn.f16x2.e4m3x2 %3, e;\n}"
-        : "=r"(l[0]), "=r"(l[1]), "=r"(l[2]), "=r"(l[3])
-        : "r"(p01), "r"(p23));
+    asm("{\n .reg .b16 a, b;\n mov.b32 {a, b}, %2;\n cvt.rn.f16x2.e4m3x2 %0, a;\n cvt.rn.f16x2.e4m3x2 %1, b;\n}"
+        : "=r"(lo), "=r"(hi)
+        : "r"(v));
 #else
-    qsa_scale2(v, l[0], l[1]);
-    qsa_scale2(v >> 16, l[2], l[3]);
+    lo = qsa_e4m3x2_to_h2(v);
+    hi = qsa_e4m3x2_to_h2(v >> 16);
 #endif
 }
 #define QSA_PKD 144 /* the direct form's copy rows: 128 bytes of packed weights, then the 16 scale bytes */
@@ -1421,17 +1413,17 @@ static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool l
             if (TWO) ap1 += 8;
             if (live && t + 1 < nt) ra = *ap0;
             if (live1 && t + 1 < nt) rb = *ap1;
-            qsa_u32 fx[4], a[4], l[4], m[4];
-            qsa_scale4(sg, l);
-            qsa_scale4(sh, m);
-            uint4 ug = qsa_dq8s(wg0, l[0], l[1]), uh = qsa_dq8s(wh0, m[0], m[1]);
+            qsa_u32 fx[4], a[4], l01, l23, m01, m23;
+            qsa_scale4(sg, l01, l23);
+            qsa_scale4(sh, m01, m23);
+            uint4 ug = qsa_dq8<0, 1>(wg0, l01), uh = qsa_dq8<0, 1>(wh0, m01);
             qsa_ldsm4(xb, fx);
             a[0] = ug.x, a[1] = uh.x, a[2] = ug.y, a[3] = uh.y;
             qsa_mma16816(d, a, fx[0], fx[1]);
             a[0] = ug.z, a[1] = uh.z, a[2] = ug.w, a[3] = uh.w;
             qsa_mma16816(d, a, fx[2], fx[3]);
-            ug = qsa_dq8s(wg1, l[2], l[3]);
-            uh = qsa_dq8s(wh1, m[2], m[3]);
+            ug = qsa_dq8<0, 1>(wg1, l23);
+            uh = qsa_dq8<0, 1>(wh1, m23);
             qsa_ldsm4(xb + 64, fx);
             a[0] = ug.x, a[1] = uh.x, a[2] = ug.y, a[3] = uh.y;
             qsa_mma16816(d, a, fx[0], fx[1]);
