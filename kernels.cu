@@ -640,11 +640,14 @@ static __device__ __forceinline__ void qsa_ld_nvfp4_seg(const qsa_wsrc &w, int n
  * The global scale times 2^14 multiplies each segment's fp32 partial P_s (qsa_pscale) before it is
  * folded or stored, in every NVFP4 path alike; the weights are never rounded.
  * On the device every 32-bit word of packed weights is in the dequantisation's order
- * (qsa_k_nvfp4_order, run once on upload): byte j holds element j in its low nibble and element
- * j + 4 in its high nibble (the checkpoint's byte j holds elements 2j and 2j + 1).  Per 8 weights: 6
- * integer operations for the fp16 high bytes of elements 0-3 (lo: byte j = element j's) and 4-7 (hi),
- * then a byte permute against zero (two high bytes, two zero low bytes: one fp16x2) and an fp16x2
- * multiply per pair — 14 instructions where the checkpoint's order needed a mask more per pair.
+ * (qsa_k_nvfp4_order, run once on upload; the checkpoint's byte j holds elements 2j and 2j + 1):
+ * elements 0, 1, 2, 3 sit in bytes 1, 3, 0, 2 already as fp16 high bytes (sign at bit 7, magnitude
+ * at bits 3-1), so that one mask makes the fp16 pair of elements 0 and 1 and a shift and a mask that
+ * of 2 and 3; elements 4-7 share those bytes, magnitude at bits 6-4 and sign at bit 0, and two shifts
+ * and two masks move all four to the fp16 high-byte bits, where a byte permute against zero makes
+ * each pair (qsa_nvfp4_put).  Per 8 weights: 7 integer operations on the ALU pipe (which the
+ * decode expert kernels fill: 9 in the previous order, the elements 0-3 as the 4-7 now), 2 shifts
+ * on the multiply pipe and an fp16x2 multiply per pair, 13 instructions.
  * Which 8 elements of a row a word holds — the fragment order: when K is a multiple of 32 (every
  * real shape), the 4 words t = 0..3 of each 32-element block (16 bytes) hold, as the word's elements
  * j = 0..7, the block's k = 2 t + 8 (j / 2) + j % 2: exactly what lane t of a quad holds of that row
@@ -673,23 +676,31 @@ static __device__ __forceinline__ qsa_u32 qsa_hmul2s(qsa_u32 a, qsa_u32 sp) {
             : "r"(a), "r"(sp));
     return d;
 }
-/* 8 elements (one 32-bit word of q in the device order: element j in the low nibble of byte j,
-   element j + 4 in its high nibble) as fp16 bits of e2m1 * scale * 2^-14: elements 0-3 times half HL of
-   sp, 4-7 times half HH (qsa_hmul2s) */
+/* Element j (0..7) of a device word with code c (sign bit 3, magnitude bits 2-0) as the word's bits:
+   j < 4 in byte 1, 3, 0, 2 (j = 0, 1, 2, 3) at bit 7 (sign) and 3-1 (magnitude); j >= 4 in the byte of
+   j - 4 at bits 6-4 (magnitude) and 0 (sign) */
+static __device__ __forceinline__ qsa_u32 qsa_nvfp4_put(int j, qsa_u32 c) {
+    const int b = 2 * (j & 1) + 1 - ((j >> 1) & 1);
+    return (j < 4 ? ((c & 8u) << 4) | ((c & 7u) << 1) : ((c & 7u) << 4) | (c >> 3)) << (8 * b);
+}
+/* Elements 4-7 of a device word moved to the fp16 high-byte bits of their bytes (sign 7, magnitude 3-1) */
+static __device__ __forceinline__ qsa_u32 qsa_nvfp4_hi(qsa_u32 w) {
+    return ((w >> 3) & 0x0E0E0E0Eu) | ((w << 7) & 0x80808080u);
+}
+/* The fp16 pairs of elements 0, 1 and 2, 3 of a device word, or of qsa_nvfp4_hi's 4, 5 and 6, 7 */
+#define QSA_NVFP4_P01 0x8E008E00u
+/* 8 elements (one 32-bit word of q in the device order, qsa_nvfp4_put) as fp16 bits of e2m1 * scale *
+   2^-14: elements 0-3 times half HL of sp, 4-7 times half HH (qsa_hmul2s) */
 template <int HL = 0, int HH = HL>
 static __device__ __forceinline__ uint4 qsa_dq8(qsa_u32 w, qsa_u32 sp) {
-    const qsa_u32 C = 0x0E0E0E0Eu, s = w & 0x88888888u;
-    const qsa_u32 lo = ((w << 1) & C) | ((s << 4) & ~C); /* magnitude bits 0-2 -> 1-3, sign 3 -> 7 */
-    const qsa_u32 hi = ((w >> 3) & C) | (s & ~C);        /* magnitude bits 4-6 -> 1-3, sign 7 stays */
+    const qsa_u32 hi = qsa_nvfp4_hi(w);
     uint4 u;
-    u.x = qsa_hmul2s<HL>(qsa_prmt(lo, 0u, 0x1404u), sp); /* elements 0, 1: bytes (0, lo 0, 0, lo 1) */
-    u.y = qsa_hmul2s<HL>(qsa_prmt(lo, 0u, 0x3424u), sp); /* 2, 3 */
-    u.z = qsa_hmul2s<HH>(qsa_prmt(hi, 0u, 0x1404u), sp); /* 4, 5 */
-    u.w = qsa_hmul2s<HH>(qsa_prmt(hi, 0u, 0x3424u), sp); /* 6, 7 */
+    u.x = qsa_hmul2s<HL>(w & QSA_NVFP4_P01, sp);        /* elements 0, 1: bytes 1, 3 */
+    u.y = qsa_hmul2s<HL>((w << 8) & QSA_NVFP4_P01, sp); /* 2, 3: bytes 0, 2 */
+    u.z = qsa_hmul2s<HH>(qsa_prmt(hi, 0u, 0x3414u), sp); /* 4, 5: bytes (0, hi 1, 0, hi 3) */
+    u.w = qsa_hmul2s<HH>(qsa_prmt(hi, 0u, 0x2404u), sp); /* 6, 7: bytes (0, hi 0, 0, hi 2) */
     return u;
 }
-/* Element j (0..7) of a device word sits in nibble 2 j (j < 4) or 2 (j - 4) + 1 */
-static __device__ __forceinline__ int qsa_nvfp4_nib(int j) { return j < 4 ? 2 * j : 2 * (j - 4) + 1; }
 /* Packed NVFP4 weights from the checkpoint's order (element i of a row in nibble i % 8 of its word
  * i / 8) into the device order (above), in place: n words (4 bytes each; rows are K / 2 = 8j bytes);
  * frag (K % 32 == 0, so n % 4 == 0 and every 4 words are one block): the fragment order.  The host
@@ -703,7 +714,7 @@ extern "C" __global__ void qsa_k_nvfp4_order(qsa_u32 *q, qsa_i64 n, int frag) {
             const qsa_u32 w = q[i];
             qsa_u32 r = 0u;
 #pragma unroll
-            for (int j = 0; j < 8; j++) r |= ((w >> (4 * j)) & 15u) << (4 * qsa_nvfp4_nib(j));
+            for (int j = 0; j < 8; j++) r |= qsa_nvfp4_put(j, (w >> (4 * j)) & 15u);
             q[i] = r;
             continue;
         }
@@ -715,18 +726,18 @@ extern "C" __global__ void qsa_k_nvfp4_order(qsa_u32 *q, qsa_i64 n, int frag) {
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 const int e = 2 * t + 8 * (j >> 1) + (j & 1); /* the block's element */
-                r[t] |= ((src[e >> 3] >> (4 * (e & 7))) & 15u) << (4 * qsa_nvfp4_nib(j));
+                r[t] |= qsa_nvfp4_put(j, (src[e >> 3] >> (4 * (e & 7))) & 15u);
             }
         }
 #pragma unroll
         for (int t = 0; t < 4; t++) q[4 * i + t] = r[t];
     }
 }
-/* Elements 0-3 of a device word (its low nibbles) as two fp16x2 (0, 1 and 2, 3) times the low half of
-   sp; of w >> 4, elements 4-7 (the high nibbles: qsa_dq8's hi) */
-static __device__ __forceinline__ uint2 qsa_dq4(qsa_u32 w, qsa_u32 sp) {
-    const qsa_u32 lo = ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);
-    return make_uint2(qsa_hmul2s<0>(qsa_prmt(lo, 0u, 0x1404u), sp), qsa_hmul2s<0>(qsa_prmt(lo, 0u, 0x3424u), sp));
+/* Elements 0-3 (h = 0) or 4-7 (h = 1) of a device word as two fp16x2 (0, 1 and 2, 3 of the four) times
+   the low half of sp: the same instructions for either h (h may differ between a warp's lanes) */
+static __device__ __forceinline__ uint2 qsa_dq4(qsa_u32 w, int h, qsa_u32 sp) {
+    const qsa_u32 v = h ? qsa_nvfp4_hi(w) : w;
+    return make_uint2(qsa_hmul2s<0>(v & QSA_NVFP4_P01, sp), qsa_hmul2s<0>((v << 8) & QSA_NVFP4_P01, sp));
 }
 /* A block in the fragment order (its 4 words) as its 32 elements in row order, dst[i] = k 8 i .. 8 i + 7;
    sp: its two group scales (low half: the first 16 k's, which a word's elements 0-3 are, at k 2 t,
@@ -742,9 +753,8 @@ static __device__ __forceinline__ void qsa_dq32(uint4 q, qsa_u32 sp, uint4 *dst)
 /* Half h of such a block (k 16 h .. 16 h + 15, one group: its scale the low half of sc2) in row order,
    dst[0..1] */
 static __device__ __forceinline__ void qsa_dq16h(uint4 q, int h, qsa_u32 sc2, uint4 *dst) {
-    const int sh = 4 * h;
-    const uint2 d0 = qsa_dq4(q.x >> sh, sc2), d1 = qsa_dq4(q.y >> sh, sc2), d2 = qsa_dq4(q.z >> sh, sc2),
-                d3 = qsa_dq4(q.w >> sh, sc2);
+    const uint2 d0 = qsa_dq4(q.x, h, sc2), d1 = qsa_dq4(q.y, h, sc2), d2 = qsa_dq4(q.z, h, sc2),
+                d3 = qsa_dq4(q.w, h, sc2);
     dst[0] = make_uint4(d0.x, d1.x, d2.x, d3.x);
     dst[1] = make_uint4(d0.y, d1.y, d2.y, d3.y);
 }

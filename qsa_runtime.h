@@ -8836,8 +8836,8 @@ QSA_PRIV qsa_result qsa__dlin_up(qsa__cuda *g, qsa__dlin *d, const qsa__lin *l, 
         d->s2 = l->qscale2;
         long long words = (long long)l->out * (l->in / 8);
         QSA__TRY(qsa__dupload(g, &d->q, l->q, (size_t)words * 4, what));
-        /* the packed words into the device order (kernels.cu: qsa_dq8; the fragment order when the
-           rows are whole blocks of 32), on the legacy stream after the copy */
+        /* the packed words into the device order (kernels.cu: qsa_dq8, qsa_nvfp4_put; the fragment order
+           when the rows are whole blocks of 32), on the legacy stream after the copy */
         int frag = l->in % 32 == 0;
         void *args[] = {&d->q, &words, &frag};
         unsigned gx = (unsigned)((words + 255) / 256 < 1024 ? (words + 255) / 256 : 1024);

@@ -590,11 +590,18 @@ static void k1_dequant_nvfp4(const uint8_t *q, const uint8_t *s, float s2, float
 }
 
 /* Packed NVFP4 weights in the device order (kernels.cu: qsa_dq8; the runtime's qsa_k_nvfp4_order on
-   upload): element j of a device word in the low nibble of byte j (j < 4) or the high nibble of byte
-   j - 4.  Rows of K elements (the checkpoint's byte i of a row holds elements 2i and 2i + 1); K % 32 ==
-   0, the fragment order: word t of each 16-byte block holds the block's elements 2t + 8 (j / 2) + j % 2;
-   otherwise word i the elements 8i .. 8i + 7.  bytes: whole rows. */
+   upload): element j < 4 of a device word with code c (sign bit 3) in byte 1, 3, 0, 2 (j = 0..3) at bits
+   7 (sign) and 3-1 (magnitude), element j >= 4 in the byte of j - 4 at bits 6-4 (magnitude) and 0
+   (sign), as k1_code_bits writes it.  Rows of K elements (the checkpoint's byte i of a row holds
+   elements 2i and 2i + 1); K % 32 == 0, the fragment order: word t of each 16-byte block holds the
+   block's elements 2t + 8 (j / 2) + j % 2; otherwise word i the elements 8i .. 8i + 7.  bytes: whole
+   rows. */
 static unsigned k1_nib(const uint8_t *src, size_t e) { return (src[e / 2] >> (4 * (e & 1))) & 15u; }
+static uint32_t k1_code_bits(int j, unsigned c) {
+    static const int byte_of[4] = {1, 3, 0, 2};
+    uint32_t v = j < 4 ? ((c & 8u) << 4) | ((c & 7u) << 1) : ((c & 7u) << 4) | (c >> 3);
+    return v << (8 * byte_of[j & 3]);
+}
 static void k1_order_q(uint8_t *dst, const uint8_t *src, size_t bytes, int K) {
     const int frag = K % 32 == 0;
     for (size_t i = 0; i + 4 <= bytes; i += 4) {
@@ -603,7 +610,7 @@ static void k1_order_q(uint8_t *dst, const uint8_t *src, size_t bytes, int K) {
         uint32_t v = 0;
         for (int j = 0; j < 8; j++) {
             size_t e = frag ? base + 2 * t + 8 * (j / 2) + (j % 2) : base + (size_t)j;
-            v |= (uint32_t)k1_nib(src, e) << (j < 4 ? 8 * j : 8 * (j - 4) + 4);
+            v |= k1_code_bits(j, k1_nib(src, e));
         }
         for (int b = 0; b < 4; b++) dst[i + b] = (uint8_t)(v >> (8 * b));
     }
@@ -650,8 +657,7 @@ TEST(gpu, k1_nvfp4_order) {
         K1_TRY(k1_get(got, dq, 4 * (size_t)NW));
         CHECKF(memcmp(got, want, 4 * (size_t)NW) == 0, "frag %d: the device order differs from k1_order_q", frag);
         /* element e of a block lands where qsa_dq8 takes it: in word e / 8 (frag: word (e % 8) / 2, as
-           element 2 (e / 8) + e % 2), element j < 4 in the low nibble of byte j, else the high nibble of
-           byte j - 4 */
+           element 2 (e / 8) + e % 2), at k1_code_bits's bits */
         int bad = -1;
         for (int e = 0; e < 32 && bad < 0; e++)
             for (int c = 0; c < 16 && bad < 0; c++) {
@@ -660,7 +666,7 @@ TEST(gpu, k1_nvfp4_order) {
                 for (int x = 0; x < 4; x++) {
                     uint32_t v = (uint32_t)b[4 * x] | (uint32_t)b[4 * x + 1] << 8 | (uint32_t)b[4 * x + 2] << 16 |
                                  (uint32_t)b[4 * x + 3] << 24;
-                    uint32_t w = x == wi ? (uint32_t)c << (j < 4 ? 8 * j : 8 * (j - 4) + 4) : 0u;
+                    uint32_t w = x == wi ? k1_code_bits(j, (unsigned)c) : 0u;
                     if (v != w) bad = 16 * e + c;
                 }
             }
