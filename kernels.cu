@@ -645,9 +645,9 @@ static __device__ __forceinline__ void qsa_ld_nvfp4_seg(const qsa_wsrc &w, int n
  * at bits 3-1), so that one mask makes the fp16 pair of elements 0 and 1 and a shift and a mask that
  * of 2 and 3; elements 4-7 share those bytes, magnitude at bits 6-4 and sign at bit 0, and two shifts
  * and two masks move all four to the fp16 high-byte bits, where a byte permute against zero makes
- * each pair (qsa_nvfp4_put).  Per 8 weights: 7 integer operations on the ALU pipe (which the
- * decode expert kernels fill: 9 in the previous order, the elements 0-3 as the 4-7 now), 2 shifts
- * on the multiply pipe and an fp16x2 multiply per pair, 13 instructions.
+ * each pair (qsa_nvfp4_put).  Per 8 weights: 7 integer operations on the ALU pipe, which the
+ * decode expert kernels fill (9 in the previous order, where elements 0-3 took the steps that 4-7
+ * take), 2 shifts on the multiply pipe and an fp16x2 multiply per pair: 13 instructions.
  * Which 8 elements of a row a word holds — the fragment order: when K is a multiple of 32 (every
  * real shape), the 4 words t = 0..3 of each 32-element block (16 bytes) hold, as the word's elements
  * j = 0..7, the block's k = 2 t + 8 (j / 2) + j % 2: exactly what lane t of a quad holds of that row
@@ -767,7 +767,7 @@ static __device__ __forceinline__ uint4 qsa_pair_block(uint2 mine) {
 /* The block scale of byte 0 of b as the low half of an fp16 pair (the high half: unused) */
 static __device__ __forceinline__ qsa_u32 qsa_scale1(qsa_u32 b) {
 #if __CUDA_ARCH__ >= 890
-    return qsa_e4m3x2_to_h2(b); /* (one conversion either way) */
+    return qsa_e4m3x2_to_h2(b); /* (the one cvt converts byte 1 as well) */
 #else
     return (qsa_u32)qsa_f32_to_f16(qsa_e4m3_to_f32(b & 0xffu));
 #endif
