@@ -1329,6 +1329,7 @@ static __device__ __forceinline__ void qsa_scale4(qsa_u32 v, qsa_u32 &lo, qsa_u3
 #endif
 }
 #define QSA_PKD 144 /* the direct form's copy rows: 128 bytes of packed weights, then the 16 scale bytes */
+#define QSA_NVD_SA 4608 /* the direct form's B operand staging per warp (bytes): a ring of 4 A rows, then 4 rows */
 /* The direct form's copy of segment sn (16 rows of QSA_PKD bytes: 128 of packed weights, then the 16
    scale bytes) into half sn % 2 of the warp's pk, committed as one group (empty past the last segment
    s1, so that every segment is one group) */
@@ -1338,6 +1339,8 @@ struct qsa_nvd_src {
     qsa_u32 rb;                /* bytes between q rows */
     int sw;                    /* the lane's first scale word (4-byte copies) */
     bool s16;                  /* the scales in one 16-byte piece per row (svec16) */
+    const qsa_f16 *arow;       /* this lane's A pieces at segment 0 (pair row lane / 8; NULL: none) */
+    qsa_u32 adst;              /* their destination in the A ring, half 0, sub-step 0 */
 };
 static __device__ __forceinline__ void qsa_nvd_copy(const qsa_nvd_src &c, int K, int sn, int s1) {
     const int lane = threadIdx.x & 31, pc = lane & 7;
@@ -1363,6 +1366,16 @@ static __device__ __forceinline__ void qsa_nvd_copy(const qsa_nvd_src &c, int K,
                              : "memory");
             }
         }
+        if (c.arow) { /* the A row's pieces 8 J + lane % 8 of the segment's sub-steps (kept in L1: the block's
+                         other warps mostly read the same rows; none past K, where the fold stops) */
+            const qsa_f16 *a = c.arow + kn;
+            const qsa_u32 ad = c.adst + (sn & 1) * 512;
+#pragma unroll
+            for (int J = 0; J < QSA_SEG / 64; J++)
+                if (64 * J < rem)
+                    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(ad + 128 * J), "l"(a + 64 * J)
+                                 : "memory");
+        }
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
@@ -1382,15 +1395,27 @@ static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool l
     cs.srow = w.s + (qsa_i64)(n0 + sr_) * (K >> 4) + 4 * cs.sw;
     cs.sdst = qsa_smem_u32(pk) + sr_ * QSA_PKD + 128 + 4 * cs.sw;
     const qsa_u8 *pkg = pk + g * QSA_PKD; /* row g (row g + 8: 8 rows on) */
-    const qsa_u32 xb = qsa_smem_u32(sa) + 2 * ((lane & 7) * QSA_STW + (lane >> 3) * 8);
-    /* (the mma's B operand is staged rows 0-7: the pairs' rows lane / 8 and, TWO, lane / 8 + 4) */
+    /* The mma's B operand, the pairs' rows 0-7 (row lane / 8 from a0p when live, row lane / 8 + 4 from
+       a1p when TWO and a1p is not NULL, zero otherwise), in sa (QSA_NVD_SA bytes): rows 0-3 a ring of two
+       segments that the segment copy fills with the weights (row r at r 1024 bytes, its 16-byte piece q
+       of 64 at 16 (q ^ r)), rows 4-7 the sub-step's 8 pieces that TWO stores from registers (row r at
+       4096 + 128 (r - 4), piece q at 16 (q ^ r)); the swizzle puts the 8 rows of every ldmatrix phase
+       in distinct banks.  This lane's ldmatrix row: r = lane % 8, pieces lane / 8 and lane / 8 + 4 of the
+       sub-step (+64 bytes in the ring, -64 in rows 4-7: the swizzle's bit 2). */
+    const int r8 = lane & 7, m8 = lane >> 3;
+    const qsa_u32 sab = qsa_smem_u32(sa), xmask = r8 < 4 ? ~0u : 0u;
+    const qsa_u32 xb = sab + (r8 < 4 ? r8 * 1024 : 4096 + (r8 - 4) * 128) + 16 * (m8 ^ r8);
+    const qsa_u32 xh = r8 < 4 ? 64u : (qsa_u32)-64;
     const bool live1 = TWO && a1p != 0;
-    uint4 *const st0 = (uint4 *)(sa + pr * QSA_STW + 8 * pc), *const st1 = st0 + QSA_STW / 2; /* rows pr, pr + 4 */
-    if (!live) *st0 = qsa_u4_zero();
+    cs.arow = live ? a0p + 8 * pc : 0;
+    cs.adst = sab + pr * 1024 + 16 * (pc ^ pr);
+    uint4 *const st1 = (uint4 *)(sa + 2048 + pr * 64 + 8 * (pc ^ (pr + 4))); /* row pr + 4, piece pc */
+    if (!live) /* (rows of no pair: zeros, which only their own outputs would see) */
+#pragma unroll
+        for (int i = 0; i < 2 * QSA_SEG / 64; i++)
+            *(uint4 *)(sa + pr * 512 + 256 * (i >> 2) + 64 * (i & 3) + 8 * (pc ^ pr)) = qsa_u4_zero();
     if (!live1) *st1 = qsa_u4_zero();
-    /* this lane's 8 A elements of the sub-step (advanced by 64 at each) */
-    const uint4 *ap0 = (const uint4 *)(a0p + (RG ? QSA_SEG * rg.sb : 0) + 8 * pc), *ap1 = (const uint4 *)(a1p + 8 * pc);
-    uint4 ra = live ? *ap0 : qsa_u4_zero();
+    const uint4 *ap1 = (const uint4 *)(a1p + 8 * pc); /* this lane's 8 elements of row pr + 4 (advanced by 64) */
     uint4 rb = live1 ? *ap1 : qsa_u4_zero();
     const float ps = qsa_pscale_of(w);
     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -1399,7 +1424,7 @@ static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool l
     const int s0 = RG ? rg.sb : 0, s1 = RG ? rg.se : nseg, nt = RG ? min(K >> 6, 4 * s1) : K >> 6;
     qsa_nvd_copy(cs, K, s0, s1);
     for (int seg = s0; seg < s1; seg++) {
-        __syncwarp(); /* every lane is done with the half that the next copy overwrites */
+        __syncwarp(); /* every lane is done with the halves that the next copy overwrites */
         qsa_nvd_copy(cs, K, seg + 1, s1);
         asm volatile("cp.async.wait_group 1;" ::: "memory");
         __syncwarp(); /* every lane's copies of segment seg have landed */
@@ -1415,26 +1440,26 @@ static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool l
             const qsa_u32 wh0 = *(const qsa_u32 *)(pw + 8 * QSA_PKD + 32 * J + 4 * t4),
                           wh1 = *(const qsa_u32 *)(pw + 8 * QSA_PKD + 32 * J + 16 + 4 * t4);
             const qsa_u32 sg = *(const qsa_u32 *)(pw + 128 + 4 * J), sh = *(const qsa_u32 *)(pw + 8 * QSA_PKD + 128 + 4 * J);
-            __syncwarp(); /* the previous sub-step's B fragments are loaded */
-            if (live) *st0 = ra;
-            if (live1) *st1 = rb;
-            __syncwarp();
-            ap0 += 8;
-            if (TWO) ap1 += 8;
-            if (live && t + 1 < nt) ra = *ap0;
-            if (live1 && t + 1 < nt) rb = *ap1;
+            if (TWO) {
+                __syncwarp(); /* the previous sub-step's B fragments are loaded */
+                if (live1) *st1 = rb;
+                __syncwarp();
+                ap1 += 8;
+                if (live1 && t + 1 < nt) rb = *ap1;
+            }
+            const qsa_u32 xa = xb + (xmask & (128u * (t & 7))); /* (t & 7: the ring half, then the sub-step) */
             qsa_u32 fx[4], a[4], l01, l23, m01, m23;
             qsa_scale4(sg, l01, l23);
             qsa_scale4(sh, m01, m23);
             uint4 ug = qsa_dq8<0, 1>(wg0, l01), uh = qsa_dq8<0, 1>(wh0, m01);
-            qsa_ldsm4(xb, fx);
+            qsa_ldsm4(xa, fx);
             a[0] = ug.x, a[1] = uh.x, a[2] = ug.y, a[3] = uh.y;
             qsa_mma16816(d, a, fx[0], fx[1]);
             a[0] = ug.z, a[1] = uh.z, a[2] = ug.w, a[3] = uh.w;
             qsa_mma16816(d, a, fx[2], fx[3]);
             ug = qsa_dq8<0, 1>(wg1, l23);
             uh = qsa_dq8<0, 1>(wh1, m23);
-            qsa_ldsm4(xb + 64, fx);
+            qsa_ldsm4(xa + xh, fx);
             a[0] = ug.x, a[1] = uh.x, a[2] = ug.y, a[3] = uh.y;
             qsa_mma16816(d, a, fx[0], fx[1]);
             a[0] = ug.z, a[1] = uh.z, a[2] = ug.w, a[3] = uh.w;
@@ -3203,6 +3228,9 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
     qsa_u8 *pk[QSA_GEMV_WARPS] = {0};
 #endif
     if (blockDim.x != 32 * QSA_GEMV_WARPS || nrange < 1) __trap();
+#if QSA_CPA
+    QSA_CT_CHECK(sizeof(stage[0]) >= QSA_NVD_SA); /* (the direct fold's staging) */
+#endif
     if (route) { /* the router's work and the plan in this block (the staging holds the router's scratch) */
         QSA_CT_CHECK(sizeof(qsa_router_ws) <= sizeof(stage));
         qsa_route1_block(*rt, *(qsa_router_ws *)stage, pairs, tiles, ntiles);
@@ -3382,7 +3410,7 @@ template <int NB>
 static __device__ void qsa_moe_lean(const qsa_f16 *X, int ldx, int rowdiv, const int *pairs, const int *tiles,
                                     const int *ntiles, const qsa_expert_w *experts, int N, int Kd, int act,
                                     qsa_f16 *h16, float *y, float *part, unsigned *count, int ctw) {
-    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][8 * QSA_STW]; /* A rows, then the pass's tile */
+    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][QSA_NVD_SA / 2]; /* A rows, then the pass's tile */
     __shared__ __align__(16) qsa_u8 pk[QSA_GEMV_WARPS][2 * 16 * QSA_PKD];
     __shared__ int prow[QSA_GEMV_WARPS][16];
     const int ncol = N / 16, nseg = (Kd + QSA_SEG - 1) / QSA_SEG, per = ncol * NB;
