@@ -1304,15 +1304,16 @@ typedef struct {
 } qsa_seg_range;
 /* The pipelined fold for tiles of up to 4 pairs (a decode batch's experts mostly get one or two; TWO: 8,
  * qsa_moe_lean's passes), with the roles of the mma's operands swapped: the tile's 16 W rows are the A
- * operand (16 x 16 per chunk), its pairs the B operand (8 columns of m16n8k16, staged rows 0-7: row
- * lane / 8 from a0p when live, row lane / 8 + 4 from a1p when TWO and a1p is not NULL, zero otherwise;
- * sa holds 8 rows of QSA_STW), and each lane dequantises its W fragments straight into registers: lane
+ * operand (16 x 16 per chunk), its pairs the B operand (8 columns of m16n8k16, staged rows 0-7 in sa's
+ * QSA_NVD_SA bytes, below), and each lane dequantises its W fragments straight into registers: lane
  * (g = lane / 4, t = lane % 4) reads word t of each 32-element block of rows g and g + 8, which in the fragment
  * order (K % 64 == 0 here) holds exactly its a0 / a2 (row g) and a1 / a3 (row g + 8) of the block's
  * two chunks — no staging of the dequantised tile and no ldmatrix of it (the staged form issued ~1.6x
  * the instructions per sub-step).  The warp copies segment s + 1's packed weights and block scales
  * (16 rows of QSA_PKD bytes: a row's 128 bytes of q, then its 16 scale bytes) into the other half of
- * pk by cp.async before it works on segment s.  Each element is the same 16 products in the same
+ * pk, and the segment's pieces of the pairs' rows 0-3 into the other half of sa's ring, by cp.async
+ * before it works on segment s (no register round trip of A, no barrier per sub-step: measured on the
+ * H200, B=32 +5%, B=8 +2%).  Each element is the same 16 products in the same
  * positions of k per chunk as in qsa_nvf_mma4_ld, chunk after chunk into a zeroed accumulator, P_s
  * scaled and folded in ascending segment order: the canonical bits (tested against the one-block and
  * the split forms).  RG: segments rg.sb .. rg.se - 1 only, each P_s stored as the split forms store
@@ -3395,9 +3396,9 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down
  * where H and I are multiples of 64: the same tasks (tile, column tile, matrix), the same partials and
  * tickets, the same bits (tested against the one-block kernels), but every tile through the direct
  * fold (qsa_segs16_nvd) in passes of 8 pairs (a pass's weights come again from L2) and none through the
- * staged one, so that a warp needs 8 staged A rows and the direct fold's copy buffer only: ~23 KB of
- * shared memory per block and at most 85 registers, 6 blocks of 4 warps per SM where the whole forms fit
- * 5.  (Measured on the H200 against the whole forms, alternating, graphs: B=8 557 -> 589 tok/s, B=32
+ * staged one, so that a warp needs the direct fold's A staging (QSA_NVD_SA) and copy buffer only: ~37 KB
+ * of shared memory per block and at most 85 registers, 6 blocks of 4 warps per SM where the whole forms
+ * fit 5.  (Measured on the H200 against the whole forms, alternating, graphs: B=8 557 -> 589 tok/s, B=32
  * 1085 -> 1113-1121, B=128 1469 -> 1512-1517, B=1 unchanged; 7 blocks (72 registers, a few spilled)
  * the same.)  A warp takes ctw (1, 2 or 4, dividing ncol NB) consecutive tasks of one tile, pass by
  * pass (the tile, its pairs and its expert looked up once); with ctw >= 2 a gate/up warp holds both
