@@ -1343,11 +1343,12 @@ struct qsa_nvd_src {
     const qsa_f16 *arow;       /* this lane's A pieces at segment 0 (pair row lane / 8; NULL: none) */
     qsa_u32 adst;              /* their destination in the A ring, half 0, sub-step 0 */
 };
-static __device__ __forceinline__ void qsa_nvd_copy(const qsa_nvd_src &c, int K, int sn, int s1) {
+template <int NM>
+static __device__ __forceinline__ void qsa_nvd_copy1(const qsa_nvd_src &c, int K, int sn, int s1) {
     const int lane = threadIdx.x & 31, pc = lane & 7;
     if (sn < s1) { /* (one block of copies: a piece past K is a zero fill from a valid address, not a branch) */
         const int kn = sn * QSA_SEG, rem = K - kn;
-        const qsa_u32 half = (sn & 1) * 16 * QSA_PKD, qn = 32 * pc < rem ? 16u : 0u;
+        const qsa_u32 half = (sn & 1) * NM * 16 * QSA_PKD, qn = 32 * pc < rem ? 16u : 0u;
         const qsa_u8 *q = c.qrow + (qn ? kn >> 1 : 0);
 #pragma unroll
         for (int i = 0; i < 4; i++)
@@ -1378,13 +1379,18 @@ static __device__ __forceinline__ void qsa_nvd_copy(const qsa_nvd_src &c, int K,
                                  : "memory");
         }
     }
+}
+/* The copy of segment sn of NM matrices (pk: half sn % 2 holds matrix m's 16 rows at m 16 QSA_PKD
+   bytes), committed as one group (empty past the last segment s1, so that every segment is one group) */
+template <int NM>
+static __device__ __forceinline__ void qsa_nvd_copy(const qsa_nvd_src *c, int K, int sn, int s1) {
+#pragma unroll
+    for (int m = 0; m < NM; m++) qsa_nvd_copy1<NM>(c[m], K, sn, s1);
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
-template <bool RG = false, bool TWO = false>
-static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool live, const qsa_wsrc &w, int n0, int K,
-                                                      int nseg, qsa_f16 *sa, qsa_u8 *pk, qsa_frag_c &T, float *slot,
-                                                      qsa_seg_range rg = qsa_seg_range(), const qsa_f16 *a1p = 0) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3, pr = lane >> 3, pc = lane & 7;
+/* This lane's copy of rows n0 .. n0 + 15 of w (no A row) into the 16 rows of QSA_PKD bytes at pk */
+static __device__ __forceinline__ qsa_nvd_src qsa_nvd_src_of(const qsa_wsrc &w, int n0, int K, const qsa_u8 *pk) {
+    const int lane = threadIdx.x & 31, pr = lane >> 3, pc = lane & 7;
     qsa_nvd_src cs;
     cs.rb = (qsa_u32)(K >> 1);
     cs.qrow = w.q + ((qsa_i64)(n0 + pr) * cs.rb + 16 * pc);
@@ -1395,6 +1401,29 @@ static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool l
     cs.sw = cs.s16 ? 0 : 2 * (lane & 1);
     cs.srow = w.s + (qsa_i64)(n0 + sr_) * (K >> 4) + 4 * cs.sw;
     cs.sdst = qsa_smem_u32(pk) + sr_ * QSA_PKD + 128 + 4 * cs.sw;
+    cs.arow = 0;
+    cs.adst = 0;
+    return cs;
+}
+/* NM = 2 (not with RG): the same fold of a second matrix w2 of the same shape (gate and up of an
+   expert) into *T2, in the same pass: its rows copied beside w's (pk twice the size), the B operand's
+   fragments loaded once for both. */
+template <bool RG = false, bool TWO = false, int NM = 1>
+static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool live, const qsa_wsrc &w, int n0, int K,
+                                                      int nseg, qsa_f16 *sa, qsa_u8 *pk, qsa_frag_c &T, float *slot,
+                                                      qsa_seg_range rg = qsa_seg_range(), const qsa_f16 *a1p = 0,
+                                                      const qsa_wsrc *w2 = 0, qsa_frag_c *T2 = 0) {
+    QSA_CT_CHECK(NM == 1 || (NM == 2 && !RG));
+    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3, pr = lane >> 3, pc = lane & 7;
+    qsa_nvd_src cs[NM];
+    qsa_frag_c *Tm[2] = {&T, T2};
+    float ps[NM];
+#pragma unroll
+    for (int m = 0; m < NM; m++) {
+        const qsa_wsrc &wm = m ? *w2 : w;
+        cs[m] = qsa_nvd_src_of(wm, n0, K, pk + m * 16 * QSA_PKD);
+        ps[m] = qsa_pscale_of(wm);
+    }
     const qsa_u8 *pkg = pk + g * QSA_PKD; /* row g (row g + 8: 8 rows on) */
     /* The mma's B operand, the pairs' rows 0-7 (row lane / 8 from a0p when live, row lane / 8 + 4 from
        a1p when TWO and a1p is not NULL, zero otherwise), in sa (QSA_NVD_SA bytes): rows 0-3 a ring of two
@@ -1408,8 +1437,8 @@ static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool l
     const qsa_u32 xb = sab + (r8 < 4 ? r8 * 1024 : 4096 + (r8 - 4) * 128) + 16 * (m8 ^ r8);
     const qsa_u32 xh = r8 < 4 ? 64u : (qsa_u32)-64;
     const bool live1 = TWO && a1p != 0;
-    cs.arow = live ? a0p + 8 * pc : 0;
-    cs.adst = sab + pr * 1024 + 16 * (pc ^ pr);
+    cs[0].arow = live ? a0p + 8 * pc : 0;
+    cs[0].adst = sab + pr * 1024 + 16 * (pc ^ pr);
     uint4 *const st1 = (uint4 *)(sa + 2048 + pr * 64 + 8 * (pc ^ (pr + 4))); /* row pr + 4, piece pc */
     if (!live) /* (rows of no pair: zeros, which only their own outputs would see) */
 #pragma unroll
@@ -1418,29 +1447,24 @@ static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool l
     if (!live1) *st1 = qsa_u4_zero();
     const uint4 *ap1 = (const uint4 *)(a1p + 8 * pc); /* this lane's 8 elements of row pr + 4 (advanced by 64) */
     uint4 rb = live1 ? *ap1 : qsa_u4_zero();
-    const float ps = qsa_pscale_of(w);
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float d[NM][4];
 #pragma unroll
-    for (int i = 0; i < 4; i++) T.x[i] = 0.0f;
+    for (int m = 0; m < NM; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) d[m][i] = Tm[m]->x[i] = 0.0f;
     const int s0 = RG ? rg.sb : 0, s1 = RG ? rg.se : nseg, nt = RG ? min(K >> 6, 4 * s1) : K >> 6;
-    qsa_nvd_copy(cs, K, s0, s1);
+    qsa_nvd_copy<NM>(cs, K, s0, s1);
     for (int seg = s0; seg < s1; seg++) {
         __syncwarp(); /* every lane is done with the halves that the next copy overwrites */
-        qsa_nvd_copy(cs, K, seg + 1, s1);
+        qsa_nvd_copy<NM>(cs, K, seg + 1, s1);
         asm volatile("cp.async.wait_group 1;" ::: "memory");
         __syncwarp(); /* every lane's copies of segment seg have landed */
-        const qsa_u8 *pw = pkg + (seg & 1) * 16 * QSA_PKD;
+        const qsa_u8 *pw0 = pkg + (seg & 1) * NM * 16 * QSA_PKD;
         enum { UNR = RG ? 1 : QSA_SEG / 64 }; /* (the ranged form's kernel: unrolled it spills) */
 #pragma unroll(UNR)
         for (int J = 0; J < QSA_SEG / 64; J++) {
             const int t = 4 * seg + J;
             if (t >= nt) break;
-            /* row g's and row g + 8's word t of the sub-step's two blocks, and their scale words */
-            const qsa_u32 wg0 = *(const qsa_u32 *)(pw + 32 * J + 4 * t4),
-                          wg1 = *(const qsa_u32 *)(pw + 32 * J + 16 + 4 * t4);
-            const qsa_u32 wh0 = *(const qsa_u32 *)(pw + 8 * QSA_PKD + 32 * J + 4 * t4),
-                          wh1 = *(const qsa_u32 *)(pw + 8 * QSA_PKD + 32 * J + 16 + 4 * t4);
-            const qsa_u32 sg = *(const qsa_u32 *)(pw + 128 + 4 * J), sh = *(const qsa_u32 *)(pw + 8 * QSA_PKD + 128 + 4 * J);
             if (TWO) {
                 __syncwarp(); /* the previous sub-step's B fragments are loaded */
                 if (live1) *st1 = rb;
@@ -1449,45 +1473,63 @@ static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool l
                 if (live1 && t + 1 < nt) rb = *ap1;
             }
             const qsa_u32 xa = xb + (xmask & (128u * (t & 7))); /* (t & 7: the ring half, then the sub-step) */
-            qsa_u32 fx[4], a[4], l01, l23, m01, m23;
-            qsa_scale4(sg, l01, l23);
-            qsa_scale4(sh, m01, m23);
-            uint4 ug = qsa_dq8<0, 1>(wg0, l01), uh = qsa_dq8<0, 1>(wh0, m01);
-            qsa_ldsm4(xa, fx);
-            a[0] = ug.x, a[1] = uh.x, a[2] = ug.y, a[3] = uh.y;
-            qsa_mma16816(d, a, fx[0], fx[1]);
-            a[0] = ug.z, a[1] = uh.z, a[2] = ug.w, a[3] = uh.w;
-            qsa_mma16816(d, a, fx[2], fx[3]);
-            ug = qsa_dq8<0, 1>(wg1, l23);
-            uh = qsa_dq8<0, 1>(wh1, m23);
-            qsa_ldsm4(xa + xh, fx);
-            a[0] = ug.x, a[1] = uh.x, a[2] = ug.y, a[3] = uh.y;
-            qsa_mma16816(d, a, fx[0], fx[1]);
-            a[0] = ug.z, a[1] = uh.z, a[2] = ug.w, a[3] = uh.w;
-            qsa_mma16816(d, a, fx[2], fx[3]);
+            qsa_u32 fx0[4], fx1[4]; /* the B fragments of the sub-step's two blocks (loaded for matrix 0) */
+#pragma unroll
+            for (int m = 0; m < NM; m++) {
+                const qsa_u8 *pw = pw0 + m * 16 * QSA_PKD;
+                /* row g's and row g + 8's word t of the sub-step's two blocks, and their scale words */
+                const qsa_u32 wg0 = *(const qsa_u32 *)(pw + 32 * J + 4 * t4),
+                              wg1 = *(const qsa_u32 *)(pw + 32 * J + 16 + 4 * t4);
+                const qsa_u32 wh0 = *(const qsa_u32 *)(pw + 8 * QSA_PKD + 32 * J + 4 * t4),
+                              wh1 = *(const qsa_u32 *)(pw + 8 * QSA_PKD + 32 * J + 16 + 4 * t4);
+                const qsa_u32 sg = *(const qsa_u32 *)(pw + 128 + 4 * J),
+                              sh = *(const qsa_u32 *)(pw + 8 * QSA_PKD + 128 + 4 * J);
+                qsa_u32 a[4], l01, l23, m01, m23;
+                qsa_scale4(sg, l01, l23);
+                qsa_scale4(sh, m01, m23);
+                uint4 ug = qsa_dq8<0, 1>(wg0, l01), uh = qsa_dq8<0, 1>(wh0, m01);
+                if (m == 0) qsa_ldsm4(xa, fx0);
+                a[0] = ug.x, a[1] = uh.x, a[2] = ug.y, a[3] = uh.y;
+                qsa_mma16816(d[m], a, fx0[0], fx0[1]);
+                a[0] = ug.z, a[1] = uh.z, a[2] = ug.w, a[3] = uh.w;
+                qsa_mma16816(d[m], a, fx0[2], fx0[3]);
+                ug = qsa_dq8<0, 1>(wg1, l23);
+                uh = qsa_dq8<0, 1>(wh1, m23);
+                if (m == 0) qsa_ldsm4(xa + xh, fx1);
+                a[0] = ug.x, a[1] = uh.x, a[2] = ug.y, a[3] = uh.y;
+                qsa_mma16816(d[m], a, fx1[0], fx1[1]);
+                a[0] = ug.z, a[1] = uh.z, a[2] = ug.w, a[3] = uh.w;
+                qsa_mma16816(d[m], a, fx1[2], fx1[3]);
+            }
         }
         /* the segment's end: T += P_s, the canonical fold, or P_s stored */
 #pragma unroll
-        for (int i = 0; i < 4; i++) d[i] = __fmul_rn(d[i], ps);
+        for (int m = 0; m < NM; m++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) d[m][i] = __fmul_rn(d[m][i], ps[m]);
         if (RG) {
             const int c2 = 2 * t4;
             float *o = rg.p + (qsa_i64)seg * rg.seg + g;
             if (c2 < rg.cnt) {
-                o[c2 * rg.pair] = d[0];
-                o[c2 * rg.pair + 8] = d[2];
+                o[c2 * rg.pair] = d[0][0];
+                o[c2 * rg.pair + 8] = d[0][2];
             }
             if (c2 + 1 < rg.cnt) {
-                o[(c2 + 1) * rg.pair] = d[1];
-                o[(c2 + 1) * rg.pair + 8] = d[3];
+                o[(c2 + 1) * rg.pair] = d[0][1];
+                o[(c2 + 1) * rg.pair + 8] = d[0][3];
             }
         } else {
 #pragma unroll
-            for (int i = 0; i < 4; i++) T.x[i] = T.x[i] + d[i];
+            for (int m = 0; m < NM; m++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) Tm[m]->x[i] = Tm[m]->x[i] + d[m][i];
         }
 #pragma unroll
-        for (int i = 0; i < 4; i++) d[i] = 0.0f;
+        for (int m = 0; m < NM; m++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) d[m][i] = 0.0f;
     }
-    if (!RG) { /* the tile's pairs 0..7 as rows of slot (16 floats each; the staging, read no more) */
+    if (!RG && NM == 1) { /* the tile's pairs 0..7 as rows of slot (16 floats each; the staging, read no more) */
         const int c2 = 2 * t4;
         __syncwarp();
         slot[c2 * 16 + g] = T.x[0];
@@ -3401,26 +3443,32 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down
  * fit 5.  (Measured on the H200 against the whole forms, alternating, graphs: B=8 557 -> 589 tok/s, B=32
  * 1085 -> 1113-1121, B=128 1469 -> 1512-1517, B=1 unchanged; 7 blocks (72 registers, a few spilled)
  * the same.)  A warp takes ctw (1, 2 or 4, dividing ncol NB) consecutive tasks of one tile, pass by
- * pass (the tile, its pairs and its expert looked up once); with ctw >= 2 a gate/up warp holds both
- * matrices of each column tile and forms fp16(act(gate) * up) from its registers (the ticket end's
- * expression on the same values: no partials, no ticket).  Grid ceil(max_tiles ncol NB /
- * (QSA_GEMV_WARPS ctw)), otherwise arguments as qsa_k_moe_*_xwk; X, the experts' q and s 16-byte
- * aligned. */
+ * pass (the tile, its pairs and its expert looked up once); with ctw >= 2 a gate/up warp folds both
+ * matrices of each column tile in one pass (qsa_segs16_nvd with NM = 2: both matrices' rows copied
+ * per segment, the pairs' B fragments loaded once for the two; ~14% fewer instructions per weight,
+ * two independent mma chains per warp) and forms fp16(act(gate) * up) from its registers (the ticket
+ * end's expression on the same values: no partials, no ticket).  Gate/up runs blocks of
+ * QSA_LEAN_GU_WARPS warps (its ~14 KB of shared memory per warp: 8 blocks, 16 warps per SM, at most
+ * 128 registers), down blocks of QSA_GEMV_WARPS (~9 KB per warp, 6 blocks, 24 warps per SM).  Grid
+ * ceil(max_tiles ncol NB / (warps per block * ctw)), otherwise arguments as qsa_k_moe_*_xwk; X, the
+ * experts' q and s 16-byte aligned. */
+#define QSA_LEAN_GU_WARPS 2 /* warps per block of qsa_k_moe_gate_up_xwn (down: QSA_GEMV_WARPS) */
 #if QSA_CPA
 template <int NB>
 static __device__ void qsa_moe_lean(const qsa_f16 *X, int ldx, int rowdiv, const int *pairs, const int *tiles,
                                     const int *ntiles, const qsa_expert_w *experts, int N, int Kd, int act,
                                     qsa_f16 *h16, float *y, float *part, unsigned *count, int ctw) {
-    __shared__ __align__(128) qsa_f16 stage[QSA_GEMV_WARPS][QSA_NVD_SA / 2]; /* A rows, then the pass's tile */
-    __shared__ __align__(16) qsa_u8 pk[QSA_GEMV_WARPS][2 * 16 * QSA_PKD];
-    __shared__ int prow[QSA_GEMV_WARPS][16];
+    enum { W = NB == 2 ? QSA_LEAN_GU_WARPS : QSA_GEMV_WARPS };
+    __shared__ __align__(128) qsa_f16 stage[W][QSA_NVD_SA / 2]; /* A rows, then the pass's tile */
+    __shared__ __align__(16) qsa_u8 pk[W][2 * NB * 16 * QSA_PKD]; /* (gate/up: both matrices' rows) */
+    __shared__ int prow[W][16];
     const int ncol = N / 16, nseg = (Kd + QSA_SEG - 1) / QSA_SEG, per = ncol * NB;
-    if (blockDim.x != 32 * QSA_GEMV_WARPS || (N & 15) || (Kd & 63) || (((qsa_u64)X) & 15u) || (ldx & 7) ||
+    if (blockDim.x != 32 * W || (N & 15) || (Kd & 63) || (((qsa_u64)X) & 15u) || (ldx & 7) ||
         (ctw != 1 && ctw != 2 && ctw != 4) || (per & (ctw - 1)))
         __trap();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     /* (32-bit: a 64-bit division is a long call, paid per warp) */
-    const unsigned task0 = (blockIdx.x * QSA_GEMV_WARPS + warp) * (unsigned)ctw;
+    const unsigned task0 = (blockIdx.x * W + warp) * (unsigned)ctw;
     if ((qsa_i64)task0 >= (qsa_i64)*ntiles * per) return; /* warp-level from here on */
     const unsigned tile = task0 / (unsigned)per;
     const int rem0 = (int)(task0 - tile * (unsigned)per);
@@ -3432,7 +3480,6 @@ static __device__ void qsa_moe_lean(const qsa_f16 *X, int ldx, int rowdiv, const
     const bool fuse = NB == 2 && ctw > 1;
     float *slot = (float *)stage[warp];
     qsa_frag_c T;
-    float tg[4];
     for (int p0 = 0; p0 < cnt; p0 += 8) {
         const int r0 = p0 + (lane >> 3), r1 = r0 + 4;
         const qsa_f16 *a0 = r0 < cnt ? X + (qsa_i64)(prow[warp][r0] / rowdiv) * ldx : 0;
@@ -3442,25 +3489,29 @@ static __device__ void qsa_moe_lean(const qsa_f16 *X, int ldx, int rowdiv, const
             const qsa_wsrc ws = qsa_expert_ws(experts[e], NB == 1 ? 2 : mat, Kd);
             if (ws.w16 || !qsa_nvf_ok(ws, 1, Kd)) __trap(); /* the host takes these for NVFP4 experts only */
             __syncwarp(); /* the previous fold's tile is read before this one stages over it */
+            if (fuse) { /* gate (rem0 + i even) and up in one fold: act(gate) * up from its registers */
+                const qsa_wsrc wu = qsa_expert_ws(experts[e], 1, Kd);
+                if (wu.w16 || !qsa_nvf_ok(wu, 1, Kd)) __trap();
+                qsa_frag_c U;
+                if (cnt - p0 <= 4)
+                    qsa_segs16_nvd<false, false, 2>(a0, a0 != 0, ws, n0, Kd, nseg, stage[warp], pk[warp], T, slot,
+                                                    qsa_seg_range(), 0, &wu, &U);
+                else
+                    qsa_segs16_nvd<false, true, 2>(a0, a0 != 0, ws, n0, Kd, nseg, stage[warp], pk[warp], T, slot,
+                                                   qsa_seg_range(), a1, &wu, &U);
+#pragma unroll
+                for (int k = 0; k < 4; k++) { /* T.x: rows g, g, g + 8, g + 8 of pairs 2 t, 2 t + 1, 2 t, 2 t + 1 */
+                    const int p = p0 + 2 * (lane & 3) + (k & 1), n = n0 + (lane >> 2) + 8 * (k >> 1);
+                    if (p < cnt) h16[(qsa_i64)prow[warp][p] * N + n] = qsa_f32_to_f16(qsa_act(act, T.x[k]) * U.x[k]);
+                }
+                i++; /* (the up task) */
+                continue;
+            }
             if (cnt - p0 <= 4) /* (most decode tiles: the one-row fold, without the second row's copies) */
                 qsa_segs16_nvd<false, false>(a0, a0 != 0, ws, n0, Kd, nseg, stage[warp], pk[warp], T, slot);
             else
                 qsa_segs16_nvd<false, true>(a0, a0 != 0, ws, n0, Kd, nseg, stage[warp], pk[warp], T, slot,
                                             qsa_seg_range(), a1);
-            if (fuse) { /* T.x: rows g, g, g + 8, g + 8 of pairs 2 t, 2 t + 1, 2 t, 2 t + 1 (qsa_segs16_nvd) */
-                if (mat == 0) {
-#pragma unroll
-                    for (int k = 0; k < 4; k++) tg[k] = T.x[k];
-                } else {
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        const int p = p0 + 2 * (lane & 3) + (k & 1), n = n0 + (lane >> 2) + 8 * (k >> 1);
-                        if (p < cnt)
-                            h16[(qsa_i64)prow[warp][p] * N + n] = qsa_f32_to_f16(qsa_act(act, tg[k]) * T.x[k]);
-                    }
-                }
-                continue;
-            }
             __syncwarp();
             for (int j = lane; j < min(8, cnt - p0) * 16; j += 32) {
                 const int r = p0 + (j >> 4);
@@ -3474,7 +3525,7 @@ static __device__ void qsa_moe_lean(const qsa_f16 *X, int ldx, int rowdiv, const
 }
 #endif
 /* (below sm_80 the host never launches them: no direct fold there) */
-extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 6) qsa_k_moe_gate_up_xwn(
+extern "C" __global__ void __launch_bounds__(32 * QSA_LEAN_GU_WARPS, 8) qsa_k_moe_gate_up_xwn(
     const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
     int K, int act, float *part, unsigned *count, int ctw) {
