@@ -1405,14 +1405,14 @@ static __device__ __forceinline__ qsa_nvd_src qsa_nvd_src_of(const qsa_wsrc &w, 
     cs.adst = 0;
     return cs;
 }
-/* NM = 2 (not with RG): the same fold of a second matrix w2 of the same shape (gate and up of an
-   expert) into *T2, in the same pass: its rows copied beside w's (pk twice the size), the B operand's
-   fragments loaded once for both. */
+/* NM = 2 (not with RG): the same fold of rows n1 .. n1 + 15 of a second matrix w2 of the same K (gate
+   and up of an expert, n1 = n0; or two column tiles of one matrix) into *T2, in the same pass: its rows
+   copied beside w's (pk twice the size), the B operand's fragments loaded once for both. */
 template <bool RG = false, bool TWO = false, int NM = 1>
 static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool live, const qsa_wsrc &w, int n0, int K,
                                                       int nseg, qsa_f16 *sa, qsa_u8 *pk, qsa_frag_c &T, float *slot,
                                                       qsa_seg_range rg = qsa_seg_range(), const qsa_f16 *a1p = 0,
-                                                      const qsa_wsrc *w2 = 0, qsa_frag_c *T2 = 0) {
+                                                      const qsa_wsrc *w2 = 0, qsa_frag_c *T2 = 0, int n1 = 0) {
     QSA_CT_CHECK(NM == 1 || (NM == 2 && !RG));
     const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3, pr = lane >> 3, pc = lane & 7;
     qsa_nvd_src cs[NM];
@@ -1421,7 +1421,7 @@ static __device__ __forceinline__ void qsa_segs16_nvd(const qsa_f16 *a0p, bool l
 #pragma unroll
     for (int m = 0; m < NM; m++) {
         const qsa_wsrc &wm = m ? *w2 : w;
-        cs[m] = qsa_nvd_src_of(wm, n0, K, pk + m * 16 * QSA_PKD);
+        cs[m] = qsa_nvd_src_of(wm, m ? n1 : n0, K, pk + m * 16 * QSA_PKD);
         ps[m] = qsa_pscale_of(wm);
     }
     const qsa_u8 *pkg = pk + g * QSA_PKD; /* row g (row g + 8: 8 rows on) */
@@ -3447,20 +3447,20 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down
  * matrices of each column tile in one pass (qsa_segs16_nvd with NM = 2: both matrices' rows copied
  * per segment, the pairs' B fragments loaded once for the two; ~14% fewer instructions per weight,
  * two independent mma chains per warp) and forms fp16(act(gate) * up) from its registers (the ticket
- * end's expression on the same values: no partials, no ticket).  Gate/up runs blocks of
- * QSA_LEAN_GU_WARPS warps (its ~14 KB of shared memory per warp: 8 blocks, 16 warps per SM, at most
- * 128 registers), down blocks of QSA_GEMV_WARPS (~9 KB per warp, 6 blocks, 24 warps per SM).  Grid
+ * end's expression on the same values: no partials, no ticket); a down warp folds two column tiles so.
+ * Blocks of QSA_LEAN_WARPS warps (~14 KB of shared memory per warp: 8 blocks, 16 warps per SM, at most
+ * 128 registers).  Grid
  * ceil(max_tiles ncol NB / (warps per block * ctw)), otherwise arguments as qsa_k_moe_*_xwk; X, the
  * experts' q and s 16-byte aligned. */
-#define QSA_LEAN_GU_WARPS 2 /* warps per block of qsa_k_moe_gate_up_xwn (down: QSA_GEMV_WARPS) */
+#define QSA_LEAN_WARPS 2 /* warps per block of qsa_k_moe_gate_up_xwn and qsa_k_moe_down_xwn */
 #if QSA_CPA
 template <int NB>
 static __device__ void qsa_moe_lean(const qsa_f16 *X, int ldx, int rowdiv, const int *pairs, const int *tiles,
                                     const int *ntiles, const qsa_expert_w *experts, int N, int Kd, int act,
                                     qsa_f16 *h16, float *y, float *part, unsigned *count, int ctw) {
-    enum { W = NB == 2 ? QSA_LEAN_GU_WARPS : QSA_GEMV_WARPS };
+    enum { W = QSA_LEAN_WARPS };
     __shared__ __align__(128) qsa_f16 stage[W][QSA_NVD_SA / 2]; /* A rows, then the pass's tile */
-    __shared__ __align__(16) qsa_u8 pk[W][2 * NB * 16 * QSA_PKD]; /* (gate/up: both matrices' rows) */
+    __shared__ __align__(16) qsa_u8 pk[W][2 * 2 * 16 * QSA_PKD]; /* (the two folds of a pass: 2 x 16 rows) */
     __shared__ int prow[W][16];
     const int ncol = N / 16, nseg = (Kd + QSA_SEG - 1) / QSA_SEG, per = ncol * NB;
     if (blockDim.x != 32 * W || (N & 15) || (Kd & 63) || (((qsa_u64)X) & 15u) || (ldx & 7) ||
@@ -3476,8 +3476,9 @@ static __device__ void qsa_moe_lean(const qsa_f16 *X, int ldx, int rowdiv, const
     const int e = tt[0], first = tt[1], cnt = tt[2];
     if (lane < 16) prow[warp][lane] = lane < cnt ? pairs[first + lane] : -1;
     __syncwarp();
-    /* gate/up with both matrices of each column tile in this warp: act(gate) * up from registers, no ticket */
-    const bool fuse = NB == 2 && ctw > 1;
+    /* two tasks per fold (gate/up: both matrices of a column tile, act(gate) * up from registers, no
+       ticket; down: two column tiles) */
+    const bool fuse = ctw > 1;
     float *slot = (float *)stage[warp];
     qsa_frag_c T;
     for (int p0 = 0; p0 < cnt; p0 += 8) {
@@ -3489,22 +3490,30 @@ static __device__ void qsa_moe_lean(const qsa_f16 *X, int ldx, int rowdiv, const
             const qsa_wsrc ws = qsa_expert_ws(experts[e], NB == 1 ? 2 : mat, Kd);
             if (ws.w16 || !qsa_nvf_ok(ws, 1, Kd)) __trap(); /* the host takes these for NVFP4 experts only */
             __syncwarp(); /* the previous fold's tile is read before this one stages over it */
-            if (fuse) { /* gate (rem0 + i even) and up in one fold: act(gate) * up from its registers */
-                const qsa_wsrc wu = qsa_expert_ws(experts[e], 1, Kd);
-                if (wu.w16 || !qsa_nvf_ok(wu, 1, Kd)) __trap();
+            if (fuse) { /* tasks i and i + 1 in one fold: gate (rem0 + i even) and up, or column tiles ct, ct + 1 */
+                const qsa_wsrc w2 = NB == 2 ? qsa_expert_ws(experts[e], 1, Kd) : ws;
+                const int n1 = NB == 2 ? n0 : n0 + 16;
+                if (w2.w16 || !qsa_nvf_ok(w2, 1, Kd)) __trap();
                 qsa_frag_c U;
                 if (cnt - p0 <= 4)
                     qsa_segs16_nvd<false, false, 2>(a0, a0 != 0, ws, n0, Kd, nseg, stage[warp], pk[warp], T, slot,
-                                                    qsa_seg_range(), 0, &wu, &U);
+                                                    qsa_seg_range(), 0, &w2, &U, n1);
                 else
                     qsa_segs16_nvd<false, true, 2>(a0, a0 != 0, ws, n0, Kd, nseg, stage[warp], pk[warp], T, slot,
-                                                   qsa_seg_range(), a1, &wu, &U);
+                                                   qsa_seg_range(), a1, &w2, &U, n1);
 #pragma unroll
                 for (int k = 0; k < 4; k++) { /* T.x: rows g, g, g + 8, g + 8 of pairs 2 t, 2 t + 1, 2 t, 2 t + 1 */
-                    const int p = p0 + 2 * (lane & 3) + (k & 1), n = n0 + (lane >> 2) + 8 * (k >> 1);
-                    if (p < cnt) h16[(qsa_i64)prow[warp][p] * N + n] = qsa_f32_to_f16(qsa_act(act, T.x[k]) * U.x[k]);
+                    const int p = p0 + 2 * (lane & 3) + (k & 1), n = (lane >> 2) + 8 * (k >> 1);
+                    if (p >= cnt) continue;
+                    const qsa_i64 o = (qsa_i64)prow[warp][p] * N;
+                    if (NB == 2) {
+                        h16[o + n0 + n] = qsa_f32_to_f16(qsa_act(act, T.x[k]) * U.x[k]);
+                    } else {
+                        y[o + n0 + n] = T.x[k];
+                        y[o + n1 + n] = U.x[k];
+                    }
                 }
-                i++; /* (the up task) */
+                i++; /* (the second task) */
                 continue;
             }
             if (cnt - p0 <= 4) /* (most decode tiles: the one-row fold, without the second row's copies) */
@@ -3525,7 +3534,7 @@ static __device__ void qsa_moe_lean(const qsa_f16 *X, int ldx, int rowdiv, const
 }
 #endif
 /* (below sm_80 the host never launches them: no direct fold there) */
-extern "C" __global__ void __launch_bounds__(32 * QSA_LEAN_GU_WARPS, 8) qsa_k_moe_gate_up_xwn(
+extern "C" __global__ void __launch_bounds__(32 * QSA_LEAN_WARPS, 8) qsa_k_moe_gate_up_xwn(
     const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
     int K, int act, float *part, unsigned *count, int ctw) {
@@ -3536,7 +3545,7 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_LEAN_GU_WARPS, 8) qsa_k_mo
     __trap();
 #endif
 }
-extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 6) qsa_k_moe_down_xwn(
+extern "C" __global__ void __launch_bounds__(32 * QSA_LEAN_WARPS, 8) qsa_k_moe_down_xwn(
     const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I,
     int ctw) {

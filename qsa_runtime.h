@@ -9093,8 +9093,8 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
 #define QSA__LEAN_GU_TASKS 2
 #define QSA__LEAN_DN_TASKS 4
 #define QSA__LEAN_MIN_WARPS 16
-/* Warps per block of the lean gate/up kernel (kernels.cu QSA_LEAN_GU_WARPS; down: QSA__GEMV_WARPS) */
-#define QSA__LEAN_GU_WARPS 2
+/* Warps per block of the lean expert kernels (kernels.cu QSA_LEAN_WARPS) */
+#define QSA__LEAN_WARPS 2
 /* Below that, the split expert kernels give each warp a range of a tile's K segments (copied a
    segment ahead, qsa_k_moe_*_xw with nrange < nseg) rather than one: as few ranges as make
    QSA__XW_RANGE_PER_SM warps per SM (qsa__xw_ranges; the 5 blocks of 4 warps that fit an SM).
@@ -10025,8 +10025,8 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
             unsigned gx1 = (unsigned)((t1 * 2 * nr1 + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
             unsigned gx2 = (unsigned)((t2 * nr2 + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
             int lean = qsa__moe_lean(g, d, H, I), lt1 = qsa__lean_tasks(g, 0, t1 * 2), lt2 = qsa__lean_tasks(g, 1, t2);
-            unsigned lx1 = (unsigned)((t1 * 2 + QSA__LEAN_GU_WARPS * lt1 - 1) / (QSA__LEAN_GU_WARPS * lt1));
-            unsigned lx2 = (unsigned)((t2 + QSA__GEMV_WARPS * lt2 - 1) / (QSA__GEMV_WARPS * lt2));
+            unsigned lx1 = (unsigned)((t1 * 2 + QSA__LEAN_WARPS * lt1 - 1) / (QSA__LEAN_WARPS * lt1));
+            unsigned lx2 = (unsigned)((t2 + QSA__LEAN_WARPS * lt2 - 1) / (QSA__LEAN_WARPS * lt2));
             if (route1) { /* (qsa__moe_route1: the ranged form, one sub-chunk) */
                 qsa__route1 rt = {rl, E, K, norm, tid, tw, s->moe_pairs, s->moe_tiles, s->moe_ntiles, sa, sb, sa16, Is, act};
                 /* at most K tiles (ntiles <= MK) */
@@ -10035,7 +10035,7 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
                 if (side) QSA__TRY(qsa__dgemm_side(g, sa16, M, &d->sh_down, sh));
                 else QSA__TRY(qsa__dgemm(g, sa16, M, &d->sh_down, sh, 0));
             } else if (whole1 && lean)
-                QSA__LAUNCH(g, moe_gate_up_xwn, lx1, 1, 32 * QSA__LEAN_GU_WARPS, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
+                QSA__LAUNCH(g, moe_gate_up_xwn, lx1, 1, 32 * QSA__LEAN_WARPS, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
                             &s->moe_h16, &H, &I, &K, &act, &part, &cnt, &lt1);
             else if (whole1)
                 QSA__LAUNCH(g, moe_gate_up_xwk, gx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
@@ -10044,7 +10044,7 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
                 QSA__LAUNCH(g, moe_gate_up_xw, gx1, 1, bx, 0, &x16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
                             &s->moe_h16, &H, &I, &K, &act, &part, &cnt, &nr1);
             if (whole2 && lean)
-                QSA__LAUNCH(g, moe_down_xwn, lx2, 1, bx, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles,
+                QSA__LAUNCH(g, moe_down_xwn, lx2, 1, 32 * QSA__LEAN_WARPS, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles,
                             &ex, &s->moe_y, &H, &I, &lt2);
             else if (whole2)
                 QSA__LAUNCH(g, moe_down_xwk, gx2, 1, bx, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,

@@ -1513,7 +1513,7 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
     for (int rep = 0; rep < (xw ? 2 : 1); rep++) { /* xw twice: the tickets must be back at zero */
         if (r == QSA_OK && xw && whole) {
             void *args[] = {&dx, &dp, &dt, &dn, &dex, &dh, &H, &I, &K, &act, &dpart, &dcnt, &ctw};
-            int w = lean ? QSA__LEAN_GU_WARPS : 4; /* warps per block */
+            int w = lean ? QSA__LEAN_WARPS : 4; /* warps per block */
             r = k1_launch(lean ? "qsa_k_moe_gate_up_xwn" : "qsa_k_moe_gate_up_xwk",
                           (unsigned)(((size_t)max_tiles * (I / 16) * 2 + w * ctw - 1) / (w * ctw)), 1, 32 * w, args);
         } else if (r == QSA_OK && xw) {
@@ -1526,8 +1526,9 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
         }
         if (r == QSA_OK && xw && whole) {
             void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I, &ctw};
+            int w = lean ? QSA__LEAN_WARPS : 4; /* warps per block */
             r = k1_launch(lean ? "qsa_k_moe_down_xwn" : "qsa_k_moe_down_xwk",
-                          (unsigned)(((size_t)max_tiles * (H / 16) + 4 * ctw - 1) / (4 * ctw)), 1, 128, args);
+                          (unsigned)(((size_t)max_tiles * (H / 16) + w * ctw - 1) / (w * ctw)), 1, 32 * w, args);
         } else if (r == QSA_OK && xw) {
             void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I, &dpart, &dcnt, &nrange};
             r = k1_launch("qsa_k_moe_down_xw", (unsigned)(((size_t)max_tiles * (H / 16) * nui + 3) / 4), 1, 128, args);
