@@ -1317,7 +1317,7 @@ typedef struct {
  * positions of k per chunk as in qsa_nvf_mma4_ld, chunk after chunk into a zeroed accumulator, P_s
  * scaled and folded in ascending segment order: the canonical bits (tested against the one-block and
  * the split forms).  RG: segments rg.sb .. rg.se - 1 only, each P_s stored as the split forms store
- * it; otherwise the tile's pairs 0..7 end as rows of slot (16 floats each, aliasing the staging). */
+ * it; otherwise (NM = 1) the tile's pairs 0..7 end as rows of slot (16 floats each, aliasing the staging). */
 /* The four block scales of v's bytes as two fp16 pairs for qsa_dq8: lo = bytes 0 and 1, hi = 2 and 3 */
 static __device__ __forceinline__ void qsa_scale4(qsa_u32 v, qsa_u32 &lo, qsa_u32 &hi) {
 #if __CUDA_ARCH__ >= 890
@@ -1331,9 +1331,10 @@ static __device__ __forceinline__ void qsa_scale4(qsa_u32 v, qsa_u32 &lo, qsa_u3
 }
 #define QSA_PKD 144 /* the direct form's copy rows: 128 bytes of packed weights, then the 16 scale bytes */
 #define QSA_NVD_SA 4608 /* the direct form's B operand staging per warp (bytes): a ring of 4 A rows, then 4 rows */
-/* The direct form's copy of segment sn (16 rows of QSA_PKD bytes: 128 of packed weights, then the 16
-   scale bytes) into half sn % 2 of the warp's pk, committed as one group (empty past the last segment
-   s1, so that every segment is one group) */
+/* One matrix's part of the direct form's copy of segment sn (16 rows of QSA_PKD bytes: 128 of packed
+   weights, then the 16 scale bytes; and, with arow, the segment's A pieces into the A ring): this lane's
+   sources and destinations (qsa_nvd_src_of), and the copy (qsa_nvd_copy1: into half sn % 2 of the warp's
+   pk, whose halves hold NM matrices' rows; nothing past the last segment s1) */
 struct qsa_nvd_src {
     const qsa_u8 *qrow, *srow; /* this lane's copy sources at segment 0 */
     qsa_u32 cdst, sdst;        /* ... and destinations in half 0 */
