@@ -1100,6 +1100,7 @@ typedef struct { char internal[128]; } ncclUniqueId;
 #define QSA__CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97
 #define QSA__CU_FUNC_ATTRIBUTE_NUM_REGS 4
 #define QSA__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
+#define QSA__CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT 9
 #define QSA__CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION 6
 #define QSA__CU_STREAM_NON_BLOCKING 0x1
 #define QSA__CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
@@ -8492,7 +8493,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inject) X(inject_rmsnorm) X(to_f16)                     \
-    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(gemv_gres) X(gemv_blk) X(gemv_blk_whole) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_gate_up_xwr) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_gate_up_xwn) X(moe_down_xwn) X(moe_combine)       \
+    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(gemv_deep) X(gemv_gres) X(gemv_blk) X(gemv_blk_whole) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_gate_up_xwr) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_gate_up_xwn) X(moe_down_xwn) X(moe_combine)       \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
@@ -8564,6 +8565,15 @@ typedef struct qsa__dlayer {
 } qsa__dlayer;
 
 /* Scratch for one chunk of up to max_tokens tokens. */
+/* qsa_k_gemv_deep (decode batches of 17 to 32 tokens, the wide projections that took the tiled group kernel,
+   sm_80+): its ring of stages holds up to QSA__DEEP_RING_BYTES of shared memory (two blocks per SM on the
+   H200's 228 KB: 6 stages of a 4-warp block, 4 of an 8-warp one); blocks of 8 warps (128 weight rows) where
+   those number at least QSA__DEEP_WIDE_PER_SM per SM, else of 4.  (Measured on the H200, batch 32, eager, per
+   launch: the GDN input group 41.5 us with 258 blocks of 4 warps, 43.2 with 130 of 8; each lm_head quarter
+   140.3 with 970 of 4, 101.5 with 485 of 8.) */
+#define QSA__DEEP_RING_BYTES 92160
+#define QSA__DEEP_WIDE_PER_SM 2
+#define QSA__DEEP_STAGE_BYTES(nw) (((nw) * 16 + 32) * (64 + 8) * 2) /* kernels.cu: QSA_DEEP_STAGE */
 #define QSA__GEMV_PART_BYTES ((size_t)32 << 20) /* cross-warp GEMV partial tiles (qsa__dgemm) */
 #define QSA__GEMV_TILES 65536                     /* and its tickets: at most this many tiles */
 #define QSA__GEMV_WARPS 4                         /* warps per block of qsa_k_gemv_* (kernels.cu: QSA_GEMV_WARPS) */
@@ -8594,6 +8604,10 @@ typedef struct qsa__cuda {
     int ordinal, cc, sm_count;
     int xw_whole_per_sm;         /* qsa__xw_whole's threshold (QSA__XW_WHOLE_PER_SM; $QSA_XW_WHOLE_PER_SM) */
     int xw_range_per_sm;         /* qsa__xw_ranges' warps per SM (QSA__XW_RANGE_PER_SM; $QSA_XW_RANGE_PER_SM) */
+    int deep_off;                /* $QSA_DEEP "0": no qsa_k_gemv_deep */
+    int deep_warps;              /* its warps per block, 4 or 8 ($QSA_DEEP_WARPS; 0: chosen per launch) */
+    int deep_stages[2];          /* its ring's stages for blocks of 4 and of 8 warps (0: not in this module:
+                                    below sm_80, or not two stages of shared memory) */
     int gemv_blocks_per_sm;      /* qsa__gemv_blk_grid's cap (QSA__GEMV_BLOCKS; $QSA_GEMV_BLOCKS_PER_SM) */
     int gemv_blk_min_m;          /* rows from which qsa__gemv_groups takes the block form (QSA__GEMV_BLK_MIN_M; $QSA_GEMV_BLK_MIN_M) */
     int gemv_whole_segs;         /* K segments up to which qsa__gemv_blk takes whole-K groups (QSA__GEMV_WHOLE_SEGS; $QSA_GEMV_WHOLE_SEGS) */
@@ -8809,6 +8823,23 @@ QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
         if (cr != 0) return qsa__fail(QSA_ERR_CUDA, "kernels: entry point %s not found in the module", qsa__kernel_names[i]);
     }
     g->pdl = qsa__pdl_on(g);
+    /* qsa_k_gemv_deep's ring: dynamic shared memory past the default 48 KB needs the function's limit
+       raised (and the whole carve-out preferred); without cp.async (a module below sm_80) or the room
+       for two stages it stays off */
+    int optin = 0, most = 0;
+    if (qsa__cu.cuDeviceGetAttribute(&optin, QSA__CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, g->dev) != 0)
+        optin = 0;
+    for (int i = 0; i < 2; i++) {
+        int stage = QSA__DEEP_STAGE_BYTES(4 << i), ring = QSA__DEEP_RING_BYTES < optin ? QSA__DEEP_RING_BYTES : optin;
+        g->deep_stages[i] = ring / stage > 8 ? 8 : ring / stage;
+        if (g->deep_off || g->arch_num < 80 || g->deep_stages[i] < 2) g->deep_stages[i] = 0;
+        if (g->deep_stages[i] * stage > most) most = g->deep_stages[i] * stage;
+    }
+    if (most && (qsa__cu.cuFuncSetAttribute(g->k[QSA__K_gemv_deep], QSA__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                            most) != 0 ||
+                 qsa__cu.cuFuncSetAttribute(g->k[QSA__K_gemv_deep], QSA__CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                                            100) != 0))
+        g->deep_stages[0] = g->deep_stages[1] = 0;
     return QSA_OK;
 }
 
@@ -9130,7 +9161,8 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    token's router its own launch (qsa__moe_route1); $QSA_MOE_LEAN "0" keeps the whole
    expert kernels off their lean forms (qsa__moe_lean) and $QSA_LEAN_TASKS ("GU,DN", each 1, 2 or 4) sets
    their tasks per warp; $QSA_LOGIT_SLICE_BYTES (0: never)
-   replaces QSA__LOGIT_SLICE_BYTES (qsa__logit_slices). */
+   replaces QSA__LOGIT_SLICE_BYTES (qsa__logit_slices); $QSA_DEEP "0" keeps decode batches' wide projections
+   on the tiled group kernel (no qsa_k_gemv_deep) and $QSA_DEEP_WARPS (4 or 8) fixes its blocks' warps. */
 QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     const char *e = getenv("QSA_GEMV_BLOCKS_PER_SM");
     g->gemv_blocks_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__GEMV_BLOCKS;
@@ -9174,6 +9206,10 @@ QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     g->tiled_min_m = e && atoi(e) > 0 ? atoi(e) : QSA__TILED_M;
     e = getenv("QSA_TILED_TILES");
     g->tiled_min_tiles = e && atoi(e) > 0 ? atoi(e) : 0;
+    e = getenv("QSA_DEEP");
+    g->deep_off = e && !strcmp(e, "0");
+    e = getenv("QSA_DEEP_WARPS");
+    g->deep_warps = e && (atoi(e) == 4 || atoi(e) == 8) ? atoi(e) : 0;
     e = getenv("QSA_LOGIT_SLICE_BYTES");
     g->logit_slice_bytes = e && atoll(e) >= 0 ? (size_t)atoll(e) : QSA__LOGIT_SLICE_BYTES;
 }
@@ -9693,8 +9729,23 @@ QSA_PRIV qsa_result qsa__dgemm_tiled(qsa__cuda *g, CUdeviceptr A16, int M, int n
     long long t64 = 0;
     qsa__gemv_group grp;
     qsa__gemv_group_fill(&grp, n, w, Y, Y16, scale); /* (the tiled kernel ignores Y16 and act_scale) */
-    for (int i = 0; i < n; i++) t64 += (long long)((M + 63) / 64) * ((w[i]->out + 63) / 64);
-    QSA__LAUNCH(g, gemm_f16_group, (unsigned)t64, 1, 256, 0, &A16, &grp, &M, &K);
+    int deep = g->deep_stages[0] > 0 && M <= 32 && K % 8 == 0 && A16 % 16 == 0;
+    long long wide = 0; /* the groups of 8-warp blocks (128 columns) */
+    for (int i = 0; i < n; i++) {
+        t64 += (long long)((M + 63) / 64) * ((w[i]->out + 63) / 64);
+        wide += (w[i]->out + 127) / 128;
+        deep = deep && w[i]->w16 % 16 == 0;
+    }
+    if (deep) { /* a block per group of 16 nw columns of a member */
+        int nw = g->deep_warps ? g->deep_warps : wide >= (long long)QSA__DEEP_WIDE_PER_SM * g->sm_count ? 8 : 4;
+        if (!g->deep_stages[nw / 8]) nw = 4;
+        int stages = g->deep_stages[nw / 8];
+        long long groups = nw == 8 ? wide : t64; /* (M <= 32: a 64 x 64 tile per group of 4 warps) */
+        QSA__LAUNCH(g, gemv_deep, (unsigned)groups, 1, 32 * nw, stages * QSA__DEEP_STAGE_BYTES(nw), &A16, &grp, &M, &K,
+                    &stages);
+    } else {
+        QSA__LAUNCH(g, gemm_f16_group, (unsigned)t64, 1, 256, 0, &A16, &grp, &M, &K);
+    }
     for (int i = 0; i < n; i++)
         if (Y16 && Y16[i]) QSA__TRY(qsa__dsilu_store(g, Y[i], Y16[i], M * w[i]->out, scale ? scale[i] : 0.0f));
     return QSA_OK;

@@ -123,6 +123,17 @@ static qsa_result k1_launch(const char *name, unsigned gx, unsigned gy, unsigned
     return QSA_OK;
 }
 
+/* k1_launch with `sh` bytes of dynamic shared memory (the function's limit raised to them) */
+static qsa_result k1_launch_sh(const char *name, unsigned gx, unsigned block, unsigned sh, void **args) {
+    CUfunction fn;
+    if (qsa__cu.cuModuleGetFunction(&fn, K1_.mod, name) != 0)
+        return qsa__fail(QSA_ERR_NOT_FOUND, "kernel %s is not in the k1 module", name);
+    QSA__CU(qsa__cu.cuFuncSetAttribute(fn, QSA__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)sh));
+    QSA__TRY(qsa__cu_launch(fn, name, gx, 1, 1, block, 1, 1, sh, NULL, args));
+    QSA__CU(qsa__cu.cuCtxSynchronize());
+    return QSA_OK;
+}
+
 /* A failed set-up step fails the test and jumps to its cleanup. */
 #define K1_TRY(expr) do { qsa_result k1_r_ = (expr); if (k1_r_ != QSA_OK) { T_.failed++; \
     printf("    %s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr, qsa_result_string(k1_r_), qsa_last_error()); \
@@ -1155,7 +1166,9 @@ TEST(gpu, k1_gemv_group_equals_single) {
 
 /* qsa_k_gemm_f16_group (the tiled group): each member (different N, bias on two) gets the bits of
    its own qsa_k_gemm_f16 launch — tiled too for M > 64, the split-K tiles for M <= 64 (decode batches'
-   wide projections) — with a full grid and with fewer blocks than tiles. */
+   wide projections) — with a full grid and with fewer blocks than tiles; and so does qsa_k_gemv_deep
+   (M <= 32, sm_80+, K % 8 == 0) with rings of 2, 3 and 8 stages — blocks of 4, 8 and 4 warps, the last
+   on a looping grid. */
 static void k1_gemm_group_case(int M, int K, int n) {
     k1_mem mem = {{0}, 0, {0}, 0};
     static const int Ns[QSA__GEMV_GROUP] = {300, 4, 130, 1};
@@ -1188,10 +1201,18 @@ static void k1_gemm_group_case(int M, int K, int n) {
         grp.m[b].N = Ns[b];
         t64 += ((M + 63) / 64) * ((Ns[b] + 63) / 64);
     }
-    for (int rep = 0; rep < 2; rep++) {
+    for (int rep = 0; rep < (M <= 32 && K1_BLOCK_FORM(K) ? 5 : 2); rep++) {
+        static const int stages[3] = {2, 3, 8};
         for (int b = 0; b < n; b++) K1_TRY(k1_poison(dY[b], sizeof(float) * M * Ns[b]));
         void *args[] = {&dA, &grp, &M, &K};
-        K1_TRY(k1_launch("qsa_k_gemm_f16_group", rep ? 7u : (unsigned)t64, 1, 256, args));
+        if (rep < 2) {
+            K1_TRY(k1_launch("qsa_k_gemm_f16_group", rep ? 7u : (unsigned)t64, 1, 256, args));
+        } else {
+            int st = stages[rep - 2], nw = rep == 3 ? 8 : 4;
+            void *dargs[] = {&dA, &grp, &M, &K, &st};
+            K1_TRY(k1_launch_sh("qsa_k_gemv_deep", rep == 4 ? 3u : (unsigned)t64, 32 * nw,
+                                (unsigned)(st * QSA__DEEP_STAGE_BYTES(nw)), dargs));
+        }
         for (int b = 0; b < n; b++) {
             char what[128];
             int N = Ns[b];
@@ -1201,8 +1222,8 @@ static void k1_gemm_group_case(int M, int K, int n) {
             void *a1[] = {&dA, &dW[b], &bb, &dY[b], &M, &N, &K, &acc0};
             K1_TRY(k1_launch("qsa_k_gemm_f16", (unsigned)(((M + 63) / 64) * ((N + 63) / 64)), 1, 256, a1));
             K1_TRY(k1_get(ref, dY[b], sizeof(float) * M * N));
-            snprintf(what, sizeof what, "gemm_f16_group M=%d K=%d member %d of %d (N=%d) grid %s", M, K, b, n, N,
-                     rep ? "7" : "full");
+            snprintf(what, sizeof what, "%s M=%d K=%d member %d of %d (N=%d) launch %d", rep < 2 ? "gemm_f16_group" : "gemv_deep",
+                     M, K, b, n, N, rep + 1);
             CHECK(!k1_same(what, ref, got, (size_t)M * N, 4));
         }
     }
@@ -1212,8 +1233,8 @@ done:
 
 TEST(gpu, k1_gemm_group_equals_single) {
     K1_NEED_GPU();
-    static const int cases[][3] = {{65, 300, 2}, {200, 2560, 4}, {130, 48, 3}, {1, 2560, 4},
-                                   {8, 640, 3},  {32, 2560, 4},  {17, 48, 2},  {64, 272, 4}};
+    static const int cases[][3] = {{65, 300, 2}, {200, 2560, 4}, {130, 48, 3}, {1, 2560, 4}, {8, 640, 3},
+                                   {32, 2560, 4}, {17, 48, 2},  {64, 272, 4}, {24, 328, 3}, {31, 520, 4}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) k1_gemm_group_case(cases[i][0], cases[i][1], cases[i][2]);
 }
 
