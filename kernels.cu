@@ -2637,9 +2637,9 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_f16_group(const qsa
  * `stages` buffers of QSA_DEEP_STAGE(nw) bytes (dynamic shared memory), stages - 1 of them in flight
  * while the warps work on one; one block barrier per stage.  Unlike the 64 x 64 tiles, no mma or
  * staging for padding rows, and no operand round trip through registers.  (On the H200 at batch 32:
- * the GDN input group 48.4 -> 41.5 us, lm_head quarters 172.7 -> 101.5 us with 8 warps; the stages
- * from 4 to 8 and A copied through L1 made no difference — the rate follows the warps per SM, not the
- * bytes in flight.)  Each element is the same 16 products in the same positions of k per chunk, chunk
+ * the GDN input group 48.4 -> 41.5 us, lm_head quarters 172.7 -> 101.5 us with 8 warps; 8 stages
+ * instead of 6, or A copied through L1, made no difference: the rate rose with the warps per SM, not
+ * with the bytes in flight.)  Each element is the same 16 products in the same positions of k per chunk, chunk
  * after chunk into an accumulator zeroed at each segment's start, T = ((0 + P_0) + P_1) + ... in
  * registers, then + bias: the canonical order.  Requires 1 <= M <= 32, K a positive multiple of 8, A
  * and every W 16-byte aligned, 2 <= stages <= 8, block 128 or 256 (else trap; the host checks).
