@@ -8564,7 +8564,6 @@ typedef struct qsa__dlayer {
     CUdeviceptr ple_nk, ple_nq, ple_nc, ple_conv_w;
 } qsa__dlayer;
 
-/* Scratch for one chunk of up to max_tokens tokens. */
 /* qsa_k_gemv_deep (decode batches of 17 to 32 tokens, the wide projections that took the tiled group kernel,
    sm_80+): its ring of stages holds up to QSA__DEEP_RING_BYTES of shared memory (two blocks per SM on the
    H200's 228 KB: 6 stages of a 4-warp block, 4 of an 8-warp one); blocks of 8 warps (128 weight rows) where
@@ -8574,6 +8573,7 @@ typedef struct qsa__dlayer {
 #define QSA__DEEP_RING_BYTES 92160
 #define QSA__DEEP_WIDE_PER_SM 2
 #define QSA__DEEP_STAGE_BYTES(nw) (((nw) * 16 + 32) * (64 + 8) * 2) /* kernels.cu: QSA_DEEP_STAGE */
+/* Scratch for one chunk of up to max_tokens tokens. */
 #define QSA__GEMV_PART_BYTES ((size_t)32 << 20) /* cross-warp GEMV partial tiles (qsa__dgemm) */
 #define QSA__GEMV_TILES 65536                     /* and its tickets: at most this many tiles */
 #define QSA__GEMV_WARPS 4                         /* warps per block of qsa_k_gemv_* (kernels.cu: QSA_GEMV_WARPS) */

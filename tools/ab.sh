@@ -6,8 +6,10 @@
 #   sh tools/ab.sh prepare REV...            # here: export each revision (git archive; "." = the tracked
 #                                            # files as they are now) into build/ab/<n>-<name>
 #   sh tools/ab.sh run [ROUNDS] [-- ARGS]    # on the GPU machine (carry build/ab): build tools/bench in each,
-#                                            # compile its kernels once into a cache shared by all (keyed by the source), then ROUNDS
-#                                            # (default 2) rounds of every revision's bench with ARGS
+#                                            # compile its kernels once into a cache that all share (its files
+#                                            # are keyed by the source), then ROUNDS (default 2) rounds of every
+#                                            # revision's bench with ARGS (a tree's ab.env, if any, is sourced
+#                                            # first: the same code under other tuning switches)
 #
 # ARGS default to "--no-ceilings --batches 1,8,32 --no-long --graphs --prefill 16 --prefill-reps 1
 # --steps 10".  Results go to build/ab/out as <n>-<name>.<round>.json (and .txt, the bench's output), and a
@@ -59,15 +61,15 @@ run)
             [ -z "${OUT:-}" ] || cp "$out/$(basename "$d").build.txt" "$OUT/"
             exit 1
         fi
-        # the kernels once into the revision's own cache (a warm JIT for every timed run)
+        # the kernels once into the shared cache (a warm JIT for every timed run)
         (cd "$d" && QSA_CACHE_DIR="/tmp/qsa-ab-cache/shared" ./tools/bench --quick --no-ceilings > /dev/null 2>&1) ||
             echo "ab.sh: $d: the warm-up run failed" >&2
     done
     for r in $(seq 1 "$rounds"); do
         for d in $trees; do
             b=$(basename "$d")
+            # (a tree's ab.env, if any, sets its environment)
             # shellcheck disable=SC2086
-            # (a tree's ab.env, if any, sets its environment: the same code under other tuning switches)
             (cd "$d" && { [ ! -f ab.env ] || . ./ab.env; } &&
                 QSA_CACHE_DIR="/tmp/qsa-ab-cache/shared" ./tools/bench $args --out "$out/$b.$r.json" > "$out/$b.$r.txt" 2>&1) ||
                 echo "ab.sh: $b round $r: the bench failed (see $out/$b.$r.txt)" >&2
