@@ -934,6 +934,10 @@ static __device__ __forceinline__ void qsa_seg16(const qsa_f16 *const *arow, int
 /* The segment [kbeg, kend) of W rows n0 .. n0 + 15 into sw [16][QSA_SWS] by cp.async, committed as one
    group: row i of the tile is 512 contiguous bytes, lane l copies the 16 at k = kbeg + 8 l; rows >= N
    and k >= kend are zero-filled (source size 0) */
+/* 16 bytes from src (ok) or zeros into the shared address dst */
+static __device__ __forceinline__ void qsa_cp16z(qsa_u32 dst, const void *src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
 static __device__ __forceinline__ void qsa_cpa_w16(const qsa_f16 *W, int n0, int N, int K, int kbeg, int kend,
                                                    qsa_f16 *sw) {
     const int k = kbeg + 8 * (threadIdx.x & 31);
@@ -941,10 +945,7 @@ static __device__ __forceinline__ void qsa_cpa_w16(const qsa_f16 *W, int n0, int
 #pragma unroll
     for (int i = 0; i < 16; i++) {
         const bool ok = n0 + i < N && k < kend;
-        const qsa_f16 *src = ok ? W + (qsa_i64)(n0 + i) * K + k : W;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + i * QSA_SWS * 2), "l"(src),
-                     "r"(ok ? 16 : 0)
-                     : "memory");
+        qsa_cp16z(dst + i * QSA_SWS * 2, ok ? W + (qsa_i64)(n0 + i) * K + k : W, ok);
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
@@ -2419,9 +2420,7 @@ static __device__ __forceinline__ void qsa_gb_copy(const qsa_f16 *A, const qsa_g
     for (int i = 0; i < 8; i++) {
         const int n = n0 + (lane >> 4) + 2 * i;
         const bool ok = n < mb.N && k < kend;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(wdst + i * 2 * QSA_GBK * 2),
-                     "l"(ok ? mb.W + (qsa_i64)n * K + k : mb.W), "r"(ok ? 16 : 0)
-                     : "memory");
+        qsa_cp16z(wdst + i * 2 * QSA_GBK * 2, ok ? mb.W + (qsa_i64)n * K + k : mb.W, ok);
     }
     if (pdl) QSA_PDL_ENTRY();
 #pragma unroll
@@ -2430,9 +2429,7 @@ static __device__ __forceinline__ void qsa_gb_copy(const qsa_f16 *A, const qsa_g
                   ka = j.seg * QSA_SEG + h * (QSA_SEG / 2) + 8 * (p & 15);
         const bool ok = j.m0 + r < M && ka < kend;
         const qsa_u32 dst = qsa_smem_u32(st + r * QSA_GBK + 8 * (p & 15));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
-                     "l"(ok ? A + (qsa_i64)(j.m0 + r) * K + ka : A), "r"(ok ? 16 : 0)
-                     : "memory");
+        qsa_cp16z(dst, ok ? A + (qsa_i64)(j.m0 + r) * K + ka : A, ok);
     }
 }
 
@@ -2661,10 +2658,6 @@ static __device__ __forceinline__ void qsa_cp_wait_n(int n) {
     case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
     default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
     }
-}
-/* 16 bytes from src (ok) or zeros into the shared address dst */
-static __device__ __forceinline__ void qsa_cp16z(qsa_u32 dst, const void *src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
 }
 /* Stage q's copies into buffer st (shared address): this warp's W rows n0 .. n0 + 15 (lane: rows lane / 8 + 4 i,
    k = 8 (lane % 8): a quarter-warp copies a row's 128 contiguous bytes) or, `a`, the block's share of
