@@ -1976,23 +1976,24 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16
 #define QSA_GEMV_TR_ROWS 4 /* sm_80+, the per-warp kernels' A rows up to this: qsa_seg16_tr (the host takes
                               qsa_k_gemv_blk instead wherever that applies, QSA__GEMV_BLK_MIN_M) */
 /* t = ((0 + p[0]) + p[stride]) + ... + p[(n-1)*stride], ascending (the canonical segment order), the
-   loads issued 8 at a time (the last batch predicated) so the completing warp waits on memory
-   ceil(n/8) times, not n (32 at a time measured slower: decode GEMVs 10-30% longer) */
+   loads issued NP at a time (the last batch predicated) so the completing warp waits on memory
+   ceil(n/NP) times, not n (32 at a time measured slower in the completing warps: decode GEMVs 10-30%
+   longer) */
 /* a part: through L2 (CG: another warp's, written in this launch) or a plain load (the warp's own, in
    shared memory: qsa_gemv_fold<false>) */
 template <bool CG>
 static __device__ __forceinline__ float qsa_ldpart(const float *p) {
     return CG ? __ldcg(p) : *p;
 }
-template <bool CG = true>
+template <bool CG = true, int NP = 8>
 static __device__ __forceinline__ float qsa_sum_parts(const float *p, qsa_i64 stride, int n) {
     float t = 0.0f;
-    for (int s = 0; s < n; s += 8) {
-        float v[8];
+    for (int s = 0; s < n; s += NP) {
+        float v[NP];
 #pragma unroll
-        for (int u = 0; u < 8; u++) v[u] = s + u < n ? qsa_ldpart<CG>(p + (qsa_i64)(s + u) * stride) : 0.0f;
+        for (int u = 0; u < NP; u++) v[u] = s + u < n ? qsa_ldpart<CG>(p + (qsa_i64)(s + u) * stride) : 0.0f;
 #pragma unroll
-        for (int u = 0; u < 8; u++)
+        for (int u = 0; u < NP; u++)
             if (s + u < n) t = t + v[u];
     }
     return t;
@@ -2353,6 +2354,15 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16
    sm_90): the copies in flight per SM scale with it (the host's QSA__GEMV_BLOCKS). */
 #define QSA_GEMV_BLOCKS 5
 
+/* member b of a launch's group (unrolled: the parameter struct is indexed statically) */
+static __device__ __forceinline__ qsa_gemv_member qsa_gemv_pick(const qsa_gemv_group &grp, int b) {
+    qsa_gemv_member r = grp.m[0];
+#pragma unroll
+    for (int i = 1; i < QSA_GEMV_GROUP; i++)
+        if (i == b) r = grp.m[i];
+    return r;
+}
+
 #if QSA_CPA
 /* Whether the block form (qsa_gemv_blocks) can take a dense GEMV launch: sm_80+, 1 to
    QSA_SPLITK_MAX_M rows, K a positive multiple of 8, A and every member's W 16-byte aligned (the
@@ -2363,15 +2373,6 @@ static __device__ __forceinline__ bool qsa_gemv_blockwise(const qsa_f16 *A, cons
     for (int b = 0; b < QSA_GEMV_GROUP; b++)
         if (b < grp.n && (((qsa_u64)grp.m[b].W) & 15u)) ok = false;
     return ok;
-}
-
-/* member b of a launch's group (unrolled: the parameter struct is indexed statically) */
-static __device__ __forceinline__ qsa_gemv_member qsa_gemv_pick(const qsa_gemv_group &grp, int b) {
-    qsa_gemv_member r = grp.m[0];
-#pragma unroll
-    for (int i = 1; i < QSA_GEMV_GROUP; i++)
-        if (i == b) r = grp.m[i];
-    return r;
 }
 
 /* Where group g of a block-form launch lies: member b, segment seg, row tile m0, the block's first
@@ -2540,8 +2541,9 @@ static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &g
             const int tile = ntile * mt + cur.m0 / 16;
             float *pt = part + cur.part_off + (qsa_i64)tile * nseg * prow * 16;
             qsa_gb_put_tile(pt + (qsa_i64)cur.seg * prow * 16, d, prow);
-            qsa_gemv_done(pt, count + cur.count_off, tile, cur.m0, ntile * 16, M, mb.N, nseg, mb.bias, mb.Y,
-                          mb.Y16, accumulate, mb.act_scale, gxn, ghc);
+            if (count) /* (else a qsa_k_gemv_fold launch folds the tiles) */
+                qsa_gemv_done(pt, count + cur.count_off, tile, cur.m0, ntile * 16, M, mb.N, nseg, mb.bias, mb.Y,
+                              mb.Y16, accumulate, mb.act_scale, gxn, ghc);
         }
         if (h) cur = nxt;
         __syncthreads(); /* every warp is done with this stage's buffer: the next iteration's copy refills it */
@@ -2553,8 +2555,9 @@ static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &g
  * (qsa_gemv_blocks): the members of grp over A (one: qsa_k_gemv_f16's work, with `accumulate`; one
  * and xn != NULL: qsa_k_gemv_gres's, hc its stream count; up to QSA_GEMV_GROUP:
  * qsa_k_gemv_f16_group's), the same partial tiles, tickets and outputs as those kernels: their bits
- * (tested); qsa_k_gemv_blk_whole: whole-K groups, no partial tiles or tickets (part and count
- * unused), the same outputs.  Only where qsa_gemv_blockwise holds (sm_80+, 1 to 64 rows, K % 8 ==
+ * (tested); count NULL: qsa_k_gemv_blk stores the partial tiles only (no tickets, no folds) and a
+ * qsa_k_gemv_fold launch after it folds them; qsa_k_gemv_blk_whole: whole-K groups, no partial tiles or
+ * tickets (part and count unused), the same outputs.  Only where qsa_gemv_blockwise holds (sm_80+, 1 to 64 rows, K % 8 ==
  * 0, 16-byte aligned A and W: the host's qsa__gemv_groups); elsewhere they trap.  Launch: any grid
  * (the host: at most QSA_GEMV_BLOCKS per SM), block 32 * QSA_GEMV_WARPS. */
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCKS)
@@ -2582,6 +2585,65 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCK
     (void)A, (void)grp, (void)M, (void)K, (void)accumulate, (void)part, (void)count, (void)xn, (void)hc;
     __trap();
 #endif
+}
+
+/* The folds of a qsa_k_gemv_blk launch made without tickets (count NULL; same grp, M, K, accumulate,
+ * part, xn and hc): one thread per output element of every member's tiles (with xn: per group of hc
+ * columns, qsa_k_gemv_gres's mix), its nseg partial tiles added in ascending order, ((0 + P_0) + P_1)
+ * + ..., 16 loads in flight, then the epilogue of qsa_gemv_fold — the same operations on the same
+ * values as the completing warp's fold: the same bits (tested).  Where the completing warps' folds
+ * are the launch's tail (batch 32: 42 warps fold 40 parts of 256 elements each for the HC down
+ * projection, 10 rounds of loads apiece, while the other SMs idle), this spreads them over a thread
+ * per element, for one launch more.  Launch: grid ceil(items / 256) (items: sum over members of
+ * ceil(M/16) ceil(N_b/16) prow 16, or / hc with xn; more blocks return), block 256. */
+extern "C" __global__ void __launch_bounds__(256) qsa_k_gemv_fold(qsa_gemv_group grp, int M, int K, int accumulate,
+                                                                  const float *__restrict__ part,
+                                                                  const float *__restrict__ xn, int hc) {
+    QSA_PDL_ENTRY();
+    if (M < 1 || M > QSA_SPLITK_MAX_M || K <= 0 || (xn && (grp.n != 1 || hc < 1 || 16 % hc || grp.m[0].N % hc)))
+        __trap(); /* the host checks these */
+    const int mt = (M + 15) / 16, prow = M < 16 ? M : 16, nseg = (K + QSA_SEG - 1) / QSA_SEG;
+    const int per = xn ? 16 / hc : 16, items = prow * per; /* per tile */
+    qsa_i64 i = (qsa_i64)blockIdx.x * blockDim.x + threadIdx.x, poff = 0;
+    int b = -1;
+#pragma unroll
+    for (int bb = 0; bb < QSA_GEMV_GROUP; bb++) { /* (the parameter struct is indexed statically) */
+        if (b >= 0 || bb >= grp.n) continue;
+        const qsa_i64 tiles = (qsa_i64)mt * ((grp.m[bb].N + 15) / 16);
+        if (i < tiles * items) {
+            b = bb;
+        } else {
+            i -= tiles * items;
+            poff += tiles * nseg * prow * 16;
+        }
+    }
+    if (b < 0) return;
+    const qsa_gemv_member mb = qsa_gemv_pick(grp, b);
+    const qsa_i64 tile = i / items;
+    const int e = (int)(i - tile * items), r = e / per, m = (int)(tile % mt) * 16 + r;
+    const int n = (int)(tile / mt) * 16 + (e % per) * (xn ? hc : 1);
+    if (m >= M || n >= mb.N) return;
+    const float *pe = part + poff + tile * nseg * prow * 16 + r * 16 + (e % per) * (xn ? hc : 1);
+    if (!xn) {
+        const float t = qsa_sum_parts<true, 16>(pe, (qsa_i64)prow * 16, nseg);
+        qsa_gemv_put(t, mb.bias, mb.Y + (qsa_i64)m * mb.N, mb.Y16 ? mb.Y16 + (qsa_i64)m * mb.N : mb.Y16, accumulate,
+                     mb.act_scale, n);
+        return;
+    }
+    float mwj[16];
+    for (int c0 = 0; c0 < hc; c0 += 4) {
+        float a[4];
+        qsa_sum_parts_multi<4, 4, true>(pe + c0, 1, (qsa_i64)prow * 16, nseg, hc - c0, a);
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            if (c0 + c < hc) mwj[c0 + c] = a[c];
+    }
+    if (mb.bias)
+        for (int st = 0; st < hc; st++) mwj[st] = mwj[st] + mb.bias[n + st];
+    const int H = mb.N / hc;
+    const float v = qsa_gres_mix1(mwj, xn + (qsa_i64)m * mb.N + n / hc, H, hc);
+    mb.Y[(qsa_i64)m * H + n / hc] = v;
+    mb.Y16[(qsa_i64)m * H + n / hc] = qsa_f32_to_f16(v);
 }
 
 /* The tiled form of qsa_k_gemv_f16_group: the 64 x 64 tiles of member 0, then member 1's, ..., each

@@ -8493,7 +8493,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inject) X(inject_rmsnorm) X(to_f16)                     \
-    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(gemv_deep) X(gemv_gres) X(gemv_blk) X(gemv_blk_whole) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_gate_up_xwr) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_gate_up_xwn) X(moe_down_xwn) X(moe_combine)       \
+    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(gemv_deep) X(gemv_gres) X(gemv_blk) X(gemv_blk_whole) X(gemv_fold) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_gate_up_xwr) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_gate_up_xwn) X(moe_down_xwn) X(moe_combine)       \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
@@ -8580,6 +8580,7 @@ typedef struct qsa__dlayer {
 #define QSA__GEMV_BLOCKS 5                        /* the dense GEMVs' block form: blocks per SM (kernels.cu: QSA_GEMV_BLOCKS) */
 #define QSA__GEMV_BLK_MIN_M 1                     /* ... and from how many rows (fewer: the per-warp kernels, qsa_seg16_tr up to 4) */
 #define QSA__GEMV_WHOLE_SEGS 2                    /* ... whole-K groups (no tickets) for K of up to this many segments */
+#define QSA__GEMV_FOLD_MIN_M 8                    /* ... the split groups' folds in a launch of their own from this many rows */
 #define QSA__MOE_PLAN_THREADS 1024                /* largest block of qsa_k_moe_plan; its scratch holds E counts per warp */
 
 typedef struct qsa__dscratch {
@@ -8611,6 +8612,7 @@ typedef struct qsa__cuda {
     int gemv_blocks_per_sm;      /* qsa__gemv_blk_grid's cap (QSA__GEMV_BLOCKS; $QSA_GEMV_BLOCKS_PER_SM) */
     int gemv_blk_min_m;          /* rows from which qsa__gemv_groups takes the block form (QSA__GEMV_BLK_MIN_M; $QSA_GEMV_BLK_MIN_M) */
     int gemv_whole_segs;         /* K segments up to which qsa__gemv_blk takes whole-K groups (QSA__GEMV_WHOLE_SEGS; $QSA_GEMV_WHOLE_SEGS) */
+    int gemv_fold_min_m;         /* rows from which qsa__gemv_blk folds split groups in qsa_k_gemv_fold (QSA__GEMV_FOLD_MIN_M; $QSA_GEMV_FOLD_MIN_M) */
     int gemv_force_whole;        /* qsa__gemv_blk takes whole-K groups whatever K (set around the side stream's launches) */
     int gemv_whole_min_groups;   /* ... and wherever its whole-K groups number at least this many (the SM count;
                                     $QSA_GEMV_WHOLE_MIN_GROUPS: a positive count, or 0: never) */
@@ -9155,7 +9157,8 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    more) replaces QSA__SCORE_KEYS (qsa__score_ys); $QSA_TILED_M
    and $QSA_TILED_TILES replace qsa__tiled_small's thresholds (QSA__TILED_M tokens, the SM count of
    tiles); $QSA_GEMV_BLOCKS_PER_SM replaces QSA__GEMV_BLOCKS (qsa__gemv_blk_grid), $QSA_GEMV_BLK_MIN_M
-   QSA__GEMV_BLK_MIN_M (qsa__gemv_groups), $QSA_GEMV_WHOLE_SEGS (0 or more) QSA__GEMV_WHOLE_SEGS
+   QSA__GEMV_BLK_MIN_M (qsa__gemv_groups), $QSA_GEMV_WHOLE_SEGS (0 or more) QSA__GEMV_WHOLE_SEGS,
+   $QSA_GEMV_FOLD_MIN_M (65: never) QSA__GEMV_FOLD_MIN_M (qsa__gemv_blk)
    and $QSA_GEMV_WHOLE_MIN_GROUPS (0: never) the SM count (qsa__gemv_blk); $QSA_SHARED_SIDE "0" keeps
    the shared expert's down projection in the chain (qsa__cuda_moe); $QSA_MOE_ROUTE1 "0" gives one
    token's router its own launch (qsa__moe_route1); $QSA_MOE_LEAN "0" keeps the whole
@@ -9170,6 +9173,8 @@ QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     g->gemv_blk_min_m = e && atoi(e) > 0 ? atoi(e) : QSA__GEMV_BLK_MIN_M;
     e = getenv("QSA_GEMV_WHOLE_SEGS");
     g->gemv_whole_segs = e && atoi(e) >= 0 ? atoi(e) : QSA__GEMV_WHOLE_SEGS;
+    e = getenv("QSA_GEMV_FOLD_MIN_M");
+    g->gemv_fold_min_m = e && atoi(e) > 0 ? atoi(e) : QSA__GEMV_FOLD_MIN_M;
     e = getenv("QSA_GEMV_WHOLE_MIN_GROUPS");
     g->gemv_whole_min_groups = e && atoi(e) >= 0 ? atoi(e) : (g->sm_count > 0 ? g->sm_count : 1);
     e = getenv("QSA_SHARED_SIDE");
@@ -9492,7 +9497,8 @@ QSA_PRIV unsigned qsa__gemv_blk_grid(const qsa__cuda *g, long long groups) {
    segments in registers; no partial tiles, no tickets; the same bits).  (The second rule: on the
    H200, real shape, the GDN input group's 258 groups and attention q/k/v's 208 at K = 2,560 and the
    lm_head's; B=1 134.8 / 134.1 -> 136.6 / 137.3 tok/s, B=8 +graphs 501.4 / 497.9 -> 508.5 / 507.8;
-   the lm_head alone: no change.) */
+   the lm_head alone: no change.)  Split groups of gemv_fold_min_m rows or more take no tickets: the
+   partial tiles, then qsa_k_gemv_fold (a thread per output element; the same bits). */
 QSA_PRIV qsa_result qsa__gemv_blk(qsa__cuda *g, CUdeviceptr A16, int M, int K, qsa__gemv_group *grp, int acc,
                                   CUdeviceptr xn, int hc, int *launched) {
     int Ns[QSA__GEMV_GROUP];
@@ -9510,9 +9516,18 @@ QSA_PRIV qsa_result qsa__gemv_blk(qsa__cuda *g, CUdeviceptr A16, int M, int K, q
         (g->gemv_whole_min_groups > 0 && groups / nseg >= g->gemv_whole_min_groups))
         QSA__LAUNCH(g, gemv_blk_whole, qsa__gemv_blk_grid(g, groups / nseg), 1, 32 * QSA__GEMV_WARPS, 0, &A16, grp, &M,
                     &K, &acc, &part, &cnt, &xn, &hc);
-    else
+    else if (M < g->gemv_fold_min_m)
         QSA__LAUNCH(g, gemv_blk, qsa__gemv_blk_grid(g, groups), 1, 32 * QSA__GEMV_WARPS, 0, &A16, grp, &M, &K, &acc,
                     &part, &cnt, &xn, &hc);
+    else { /* no tickets: the partial tiles, then their folds in a launch of their own */
+        CUdeviceptr none = 0;
+        long long items = 0;
+        for (int i = 0; i < grp->n; i++)
+            items += (long long)((M + 15) / 16) * ((grp->m[i].N + 15) / 16) * (M < 16 ? M : 16) * (xn ? 16 / hc : 16);
+        QSA__LAUNCH(g, gemv_blk, qsa__gemv_blk_grid(g, groups), 1, 32 * QSA__GEMV_WARPS, 0, &A16, grp, &M, &K, &acc,
+                    &part, &none, &xn, &hc);
+        QSA__LAUNCH(g, gemv_fold, (unsigned)((items + 255) / 256), 1, 256, 0, grp, &M, &K, &acc, &part, &xn, &hc);
+    }
     return QSA_OK;
 }
 

@@ -514,6 +514,34 @@ TEST(gpu, tiled_decode_projections_equal_gemv) {
     qsa_model_free(m);
 }
 
+/* (b'''') The block form's split groups folded in a launch of their own (qsa_k_gemv_fold, no tickets)
+   instead of by the warps that complete the tiles: with gemv_fold_min_m at 1 every split block-form
+   launch of batches 1 and 8 takes it, at 65 none does — the same bits, 8 requests, graphs captured
+   anew for each. */
+TEST(gpu, gemv_fold_launch_equals_ticket_fold) {
+    qsa_model *m = NULL;
+    SHARDED_OR_SKIP(1, 1, &m);
+    qsa__cuda *g = m->cuda;
+    bd_pair *p = bd_pair_new(m);
+    int reqs[8] = {5, 2, 7, 0, 3, 6, 1, 4};
+    for (int B = 1; B <= 8 && p && !T_.failed; B += 7) {
+        int keep = g->gemv_fold_min_m, keep_whole = g->gemv_whole_segs;
+        g->gemv_whole_segs = 0; /* (the tiny model's short K would take whole-K groups) */
+        g->gemv_fold_min_m = 65;
+        qsa__cuda_batch_drop_graphs(g);
+        bd_run(m, reqs, B, 1, 0, p->ref, p->rtok);
+        g->gemv_fold_min_m = 1;
+        qsa__cuda_batch_drop_graphs(g);
+        bd_run(m, reqs, B, 1, 0, p->lg, p->tok);
+        g->gemv_fold_min_m = keep;
+        g->gemv_whole_segs = keep_whole;
+        qsa__cuda_batch_drop_graphs(g);
+        CHECKF(bd_pair_same(m, reqs, B, p), "B %d: qsa_k_gemv_fold gives other bits than the completing warps", B);
+    }
+    bd_pair_free(p);
+    qsa_model_free(m);
+}
+
 /* (c) CUDA-graph decode gives the bits of eager decode (graphs captured at B's first step, then
    replayed while positions, pages, selections and slots change; more than max_batch requests run
    in groups). */

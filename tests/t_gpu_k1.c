@@ -948,6 +948,20 @@ static qsa__gemv_group k1_gemv_one(CUdeviceptr W, CUdeviceptr bias, CUdeviceptr 
     grp.m[0].N = N;
     return grp;
 }
+/* qsa_k_gemv_blk without tickets (count NULL) on `grid` blocks, then qsa_k_gemv_fold over its partial
+   tiles (the host's qsa__gemv_blk from QSA__GEMV_FOLD_MIN_M rows) */
+static qsa_result k1_blk_fold(CUdeviceptr A, qsa__gemv_group *grp, int M, int K, int acc, CUdeviceptr part,
+                              CUdeviceptr xn, int hc, unsigned grid) {
+    CUdeviceptr none = 0;
+    long long items = 0;
+    for (int b = 0; b < grp->n; b++)
+        items += (long long)((M + 15) / 16) * ((grp->m[b].N + 15) / 16) * (M < 16 ? M : 16) * (xn ? 16 / hc : 16);
+    void *a1[] = {&A, grp, &M, &K, &acc, &part, &none, &xn, &hc};
+    QSA__TRY(k1_launch("qsa_k_gemv_blk", grid, 1, 128, a1));
+    void *a2[] = {grp, &M, &K, &acc, &part, &xn, &hc};
+    return k1_launch("qsa_k_gemv_fold", (unsigned)((items + 255) / 256), 1, 256, a2);
+}
+
 static void k1_gemv_case(int M, int N, int K, int nvfp4) {
     k1_mem mem = {{0}, 0, {0}, 0};
     uint16_t *a16, *w16 = NULL;
@@ -1009,15 +1023,18 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
     /* one cross-warp launch: accumulate flag, silu store (Y16 or dnull) and its scale */
 #define K1_GEMV(accp, y16p, actp)                                                                       \
     do {                                                                                                \
-        gx = form == 1 ? k1_gemv_groups(M, N, K) : form == 3 ? k1_gemv_groups(M, N, K) / nseg            \
-             : form == 2 || form == 4 ? K1_GEMV_LOOP_GRID : (unsigned)((tiles * nseg + 3) / 4);            \
+        gx = form == 1 || form == 5 ? k1_gemv_groups(M, N, K) : form == 3 ? k1_gemv_groups(M, N, K) / nseg \
+             : form == 2 || form == 4 || form == 6 ? K1_GEMV_LOOP_GRID : (unsigned)((tiles * nseg + 3) / 4); \
         if (form) {                                                                                     \
             CUdeviceptr xn0 = 0;                                                                        \
             int hc0 = 0;                                                                                \
             grp.m[0].Y16 = *(CUdeviceptr *)(y16p);                                                      \
             grp.m[0].act_scale = *(float *)(actp);                                                      \
             void *a_[] = {&dA, &grp, &M, &K, (accp), &dpart, &dcnt, &xn0, &hc0};                        \
-            K1_TRY(k1_launch(form >= 3 ? "qsa_k_gemv_blk_whole" : "qsa_k_gemv_blk", gx, 1, bx, a_));   \
+            if (form >= 5)                                                                              \
+                K1_TRY(k1_blk_fold(dA, &grp, M, K, *(int *)(accp), dpart, xn0, hc0, gx));               \
+            else                                                                                        \
+                K1_TRY(k1_launch(form >= 3 ? "qsa_k_gemv_blk_whole" : "qsa_k_gemv_blk", gx, 1, bx, a_)); \
         } else if (nvfp4) {                                                                             \
             void *a_[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, (accp), &dpart, &dcnt, (y16p), (actp)};  \
             K1_TRY(k1_launch("qsa_k_gemv_nvfp4", gx, 1, bx, a_));                                      \
@@ -1028,13 +1045,14 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
     } while (0)
     /* form 0: the per-warp kernel, twice (the tickets must be back at zero); where the block form
        applies (qsa_k_gemv_blk) forms 1 and 2: it on its full grid and on K1_GEMV_LOOP_GRID blocks,
-       3 and 4: the same with whole-K groups (no tickets) */
-    int forms = !nvfp4 && K1_BLOCK_FORM(K) ? 5 : 1;
+       3 and 4: the same with whole-K groups (no tickets), 5 and 6: as 1 and 2 without tickets, folded by
+       qsa_k_gemv_fold */
+    int forms = !nvfp4 && K1_BLOCK_FORM(K) ? 7 : 1;
     qsa__gemv_group grp = k1_gemv_one(dW, dB, dY, 0, N);
     for (int form = 0; form < forms; form++)
         for (int rep = 0; rep < (form ? 1 : 2); rep++) {
             char what[160];
-            const char *kn = form >= 3 ? "blk whole" : form ? "blk" : nvfp4 ? "nvfp4" : "f16";
+            const char *kn = form >= 5 ? "blk + fold" : form >= 3 ? "blk whole" : form ? "blk" : nvfp4 ? "nvfp4" : "f16";
             K1_TRY(k1_poison(dY, sizeof(float) * M * N));
             K1_GEMV(&acc0, &dnull, &noact);
             K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
@@ -1059,7 +1077,7 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
         K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
         K1_TRY(k1_get(Y16, dY16, sizeof(uint16_t) * M * N));
         snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d grid %u silu epilogue vs gemm + silu_scale",
-                 form >= 3 ? "blk whole" : form ? "blk" : nvfp4 ? "nvfp4" : "f16", M, N, K, gx);
+                 form >= 5 ? "blk + fold" : form >= 3 ? "blk whole" : form ? "blk" : nvfp4 ? "nvfp4" : "f16", M, N, K, gx);
         CHECK(!k1_same(what, Yacc, Y1, (size_t)M * N, 4));
         CHECK(!k1_same(what, Z16, Y16, (size_t)M * N, 2));
     }
@@ -1115,8 +1133,8 @@ static void k1_gemv_group_case(int M, int K, int n) {
     }
     /* reps 0 and 1: the per-warp kernel (the tickets must be back at zero); where the block form
        applies, 2 and 3: qsa_k_gemv_blk on its full grid and on K1_GEMV_LOOP_GRID blocks, 4 and 5:
-       the same with whole-K groups */
-    for (int rep = 0; rep < (K1_BLOCK_FORM(K) ? 6 : 2); rep++) {
+       the same with whole-K groups, 6 and 7: as 2 and 3 without tickets, folded by qsa_k_gemv_fold */
+    for (int rep = 0; rep < (K1_BLOCK_FORM(K) ? 8 : 2); rep++) {
         for (int b = 0; b < n; b++) {
             K1_TRY(k1_poison(dY[b], sizeof(float) * M * Ns[b]));
             K1_TRY(k1_poison(dY16[b], sizeof(uint16_t) * M * Ns[b]));
@@ -1127,12 +1145,13 @@ static void k1_gemv_group_case(int M, int K, int n) {
             K1_TRY(k1_launch("qsa_k_gemv_f16_group", gx, 1, 128, args));
         } else {
             CUdeviceptr xn0 = 0;
-            int hc0 = 0, whole = rep >= 4;
+            int hc0 = 0, whole = rep == 4 || rep == 5;
             gx = K1_GEMV_LOOP_GRID;
-            if (rep == 2 || rep == 4)
+            if (rep == 2 || rep == 4 || rep == 6)
                 for (int b = gx = 0; b < n; b++) gx += k1_gemv_groups(M, Ns[b], K) / (whole ? nseg : 1);
             void *args[] = {&dA, &grp, &M, &K, &acc0, &dpart, &dcnt, &xn0, &hc0};
-            K1_TRY(k1_launch(whole ? "qsa_k_gemv_blk_whole" : "qsa_k_gemv_blk", gx, 1, 128, args));
+            if (rep >= 6) K1_TRY(k1_blk_fold(dA, &grp, M, K, acc0, dpart, xn0, hc0, gx));
+            else K1_TRY(k1_launch(whole ? "qsa_k_gemv_blk_whole" : "qsa_k_gemv_blk", gx, 1, 128, args));
         }
         for (int b = 0; b < n; b++) {
             char what[128];
@@ -1148,7 +1167,8 @@ static void k1_gemv_group_case(int M, int K, int n) {
             K1_TRY(k1_get(ref, dY[b], sizeof(float) * M * N));
             if (y16) K1_TRY(k1_get(r16, y16, sizeof(uint16_t) * M * N));
             snprintf(what, sizeof what, "gemv_%s M=%d K=%d member %d of %d (N=%d) launch %d grid %u",
-                     rep < 2 ? "f16_group" : rep < 4 ? "blk" : "blk whole", M, K, b, n, N, rep + 1, gx);
+                     rep < 2 ? "f16_group" : rep < 4 ? "blk" : rep < 6 ? "blk whole" : "blk + fold", M, K, b, n, N, rep + 1,
+                     gx);
             CHECK(!k1_same(what, ref, got, (size_t)M * N, 4));
             if (y16) CHECK(!k1_same(what, r16, g16, (size_t)M * N, 2));
         }
@@ -1282,8 +1302,8 @@ static void k1_gemv_gres_case(int M, int H, int hc, int K, int with_bias) {
     }
     /* reps 0 and 1: qsa_k_gemv_gres (the tickets must be back at zero); where the block form applies,
        2 and 3: qsa_k_gemv_blk with the mix, on its full grid and on K1_GEMV_LOOP_GRID blocks, 4 and
-       5: the same with whole-K groups */
-    for (int rep = 0; rep < (K1_BLOCK_FORM(K) ? 6 : 2); rep++) {
+       5: the same with whole-K groups, 6 and 7: as 2 and 3 without tickets, folded by qsa_k_gemv_fold */
+    for (int rep = 0; rep < (K1_BLOCK_FORM(K) ? 8 : 2); rep++) {
         char what[160];
         unsigned grid = gx;
         K1_TRY(k1_poison(dinp, sizeof(float) * M * H));
@@ -1293,15 +1313,17 @@ static void k1_gemv_gres_case(int M, int H, int hc, int K, int with_bias) {
             K1_TRY(k1_launch("qsa_k_gemv_gres", grid, 1, 128, args));
         } else {
             qsa__gemv_group grp = k1_gemv_one(dW, dB, dinp, dinp16, N);
-            int whole = rep >= 4;
-            grid = rep == 2 ? k1_gemv_groups(M, N, K) : rep == 4 ? k1_gemv_groups(M, N, K) / nseg : K1_GEMV_LOOP_GRID;
+            int whole = rep == 4 || rep == 5;
+            grid = rep == 2 || rep == 6 ? k1_gemv_groups(M, N, K) : rep == 4 ? k1_gemv_groups(M, N, K) / nseg
+                                                                               : K1_GEMV_LOOP_GRID;
             void *args[] = {&dA, &grp, &M, &K, &acc0, &dpart, &dcnt, &dxn, &hc};
-            K1_TRY(k1_launch(whole ? "qsa_k_gemv_blk_whole" : "qsa_k_gemv_blk", grid, 1, 128, args));
+            if (rep >= 6) K1_TRY(k1_blk_fold(dA, &grp, M, K, acc0, dpart, dxn, hc, grid));
+            else K1_TRY(k1_launch(whole ? "qsa_k_gemv_blk_whole" : "qsa_k_gemv_blk", grid, 1, 128, args));
         }
         K1_TRY(k1_get(got, dinp, sizeof(float) * M * H));
         K1_TRY(k1_get(g16, dinp16, sizeof(uint16_t) * M * H));
         snprintf(what, sizeof what, "gemv_%s M=%d H=%d hc=%d K=%d bias %d launch %d grid %u",
-                 rep < 2 ? "gres" : rep < 4 ? "blk" : "blk whole", M,
+                 rep < 2 ? "gres" : rep < 4 ? "blk" : rep < 6 ? "blk whole" : "blk + fold", M,
                  H, hc, K, with_bias, rep + 1, grid);
         CHECK(!k1_same(what, ref, got, (size_t)M * H, 4));
         CHECK(!k1_same(what, r16, g16, (size_t)M * H, 2));
