@@ -487,6 +487,23 @@ TEST(gpu, gemv_column_slices_equal_whole) {
     qsa_model_free(m);
 }
 
+/* Batched steps of the n requests reqs (graphs captured anew) with the launch-shape switches knob[i]
+   (fields of qsa__cuda) at ref[i], then at alt[i] (each restored after): whether they give the same
+   bits (p: the two runs' logits and tokens). */
+static int bd_knobs_same(qsa_model *m, const int *reqs, int n, bd_pair *p, int *const *knob, const int *ref,
+                         const int *alt, int nk) {
+    int keep[4];
+    for (int i = 0; i < nk; i++) keep[i] = *knob[i];
+    for (int run = 0; run < 2; run++) {
+        for (int i = 0; i < nk; i++) *knob[i] = run ? alt[i] : ref[i];
+        qsa__cuda_batch_drop_graphs(m->cuda);
+        bd_run(m, reqs, n, 1, 0, run ? p->lg : p->ref, run ? p->tok : p->rtok);
+    }
+    for (int i = 0; i < nk; i++) *knob[i] = keep[i];
+    qsa__cuda_batch_drop_graphs(m->cuda);
+    return bd_pair_same(m, reqs, n, p);
+}
+
 /* (b''') Decode batches' dense projections through the 64 x 64 tiled kernel (qsa__tiled_small, for
    wide projections of a batch on the real shape) instead of the cross-warp GEMV: with its thresholds
    lowered so that every dense projection of every batched step (batches 1 and 8; graphs captured
@@ -497,18 +514,12 @@ TEST(gpu, tiled_decode_projections_equal_gemv) {
     bd_pair *p = bd_pair_new(m);
     int reqs[8] = {3, 6, 0, 5, 2, 7, 4, 1};
     qsa__cuda *g = m->cuda;
+    int *const knob[2] = {&g->tiled_min_m, &g->tiled_min_tiles};
+    const int ref[2] = {g->tiled_min_m, g->tiled_min_tiles}, alt[2] = {1, 1};
     for (int B = 1; B <= 8 && p && !T_.failed; B += 7) {
-        int keep_m = g->tiled_min_m, keep_t = g->tiled_min_tiles;
         CHECKF(!qsa__tiled_small(g, B, 4), "the default thresholds take the tiled kernel for the tiny model");
-        bd_run(m, reqs, B, 1, 0, p->ref, p->rtok);
-        g->tiled_min_m = 1;
-        g->tiled_min_tiles = 1;
-        qsa__cuda_batch_drop_graphs(g);
-        bd_run(m, reqs, B, 1, 0, p->lg, p->tok);
-        g->tiled_min_m = keep_m;
-        g->tiled_min_tiles = keep_t;
-        qsa__cuda_batch_drop_graphs(g);
-        CHECKF(bd_pair_same(m, reqs, B, p), "B %d: tiled decode projections give other bits than the GEMV", B);
+        CHECKF(bd_knobs_same(m, reqs, B, p, knob, ref, alt, 2), "B %d: tiled decode projections give other bits than the GEMV",
+               B);
     }
     bd_pair_free(p);
     qsa_model_free(m);
@@ -524,20 +535,12 @@ TEST(gpu, gemv_fold_launch_equals_ticket_fold) {
     qsa__cuda *g = m->cuda;
     bd_pair *p = bd_pair_new(m);
     int reqs[8] = {5, 2, 7, 0, 3, 6, 1, 4};
-    for (int B = 1; B <= 8 && p && !T_.failed; B += 7) {
-        int keep = g->gemv_fold_min_m, keep_whole = g->gemv_whole_segs;
-        g->gemv_whole_segs = 0; /* (the tiny model's short K would take whole-K groups) */
-        g->gemv_fold_min_m = 65;
-        qsa__cuda_batch_drop_graphs(g);
-        bd_run(m, reqs, B, 1, 0, p->ref, p->rtok);
-        g->gemv_fold_min_m = 1;
-        qsa__cuda_batch_drop_graphs(g);
-        bd_run(m, reqs, B, 1, 0, p->lg, p->tok);
-        g->gemv_fold_min_m = keep;
-        g->gemv_whole_segs = keep_whole;
-        qsa__cuda_batch_drop_graphs(g);
-        CHECKF(bd_pair_same(m, reqs, B, p), "B %d: qsa_k_gemv_fold gives other bits than the completing warps", B);
-    }
+    /* (no whole-K groups: the tiny model's short K would take them) */
+    int *const knob[2] = {&g->gemv_fold_min_m, &g->gemv_whole_segs};
+    const int ref[2] = {65, 0}, alt[2] = {1, 0};
+    for (int B = 1; B <= 8 && p && !T_.failed; B += 7)
+        CHECKF(bd_knobs_same(m, reqs, B, p, knob, ref, alt, 2), "B %d: qsa_k_gemv_fold gives other bits than the completing warps",
+               B);
     bd_pair_free(p);
     qsa_model_free(m);
 }
