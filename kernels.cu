@@ -2054,12 +2054,12 @@ static __device__ __forceinline__ void qsa_sum_parts8(const float *p, qsa_i64 st
     qsa_sum_parts_multi<8, 4, CG>(p, 32, stride, n, ne, t);
 }
 /* The nc adjacent elements p[0 .. nc) of one lane (a hyper-connection group's mix weights), four at a
-   time with 2 parts of each per round. */
-template <bool CG = true>
+   time with NP parts of each per round. */
+template <bool CG = true, int NP = 2>
 static __device__ __forceinline__ void qsa_sum_parts_cols(const float *p, qsa_i64 stride, int n, int nc, float *t) {
     for (int c0 = 0; c0 < nc; c0 += 4) {
         float a[4];
-        qsa_sum_parts_multi<4, 2, CG>(p + c0, 1, stride, n, nc - c0, a);
+        qsa_sum_parts_multi<4, NP, CG>(p + c0, 1, stride, n, nc - c0, a);
 #pragma unroll
         for (int c = 0; c < 4; c++)
             if (c0 + c < nc) t[c0 + c] = a[c];
@@ -2139,6 +2139,18 @@ struct qsa_gemv_group {
     int n;
 };
 
+/* The mix output of row m, columns n .. n + ghc - 1 (qsa_k_gemv_gres): mwj their sums (+ bias), mixed
+   with the normed streams gxn [M][ghc][H] into Y [M][H] and its fp16 copy Y16 */
+static __device__ __forceinline__ void qsa_gres_put(float *mwj, const float *bias, const float *gxn, float *Y,
+                                                    qsa_f16 *Y16, int m, int n, int N, int ghc) {
+    const int H = N / ghc;
+    if (bias)
+        for (int st = 0; st < ghc; st++) mwj[st] = mwj[st] + bias[n + st];
+    const float v = qsa_gres_mix1(mwj, gxn + (qsa_i64)m * N + n / ghc, H, ghc);
+    Y[(qsa_i64)m * H + n / ghc] = v;
+    Y16[(qsa_i64)m * H + n / ghc] = qsa_f32_to_f16(v);
+}
+
 /* The outputs of a completed tile from its nseg partial tiles pt[seg] (added in ascending order: the
    canonical fold) — Y (+ bias, accumulation, the silu store) or, with gxn, qsa_k_gemv_gres's mix of
    its 16 / ghc groups.  CG: the parts are other warps' (read through L2); without it pt is the
@@ -2170,11 +2182,7 @@ static __device__ void qsa_gemv_fold(const float *pt, int m0, int n0, int M, int
             if (m >= M || n >= N) continue;
             float mwj[16];
             qsa_sum_parts_cols<CG>(pt + e * ghc, (qsa_i64)prow * 16, nseg, ghc, mwj);
-            if (bias)
-                for (int st = 0; st < ghc; st++) mwj[st] = mwj[st] + bias[n + st];
-            const float v = qsa_gres_mix1(mwj, gxn + (qsa_i64)m * N + n / ghc, H, ghc);
-            Y[(qsa_i64)m * H + n / ghc] = v;
-            Y16[(qsa_i64)m * H + n / ghc] = qsa_f32_to_f16(v);
+            qsa_gres_put(mwj, bias, gxn, Y, Y16, m, n, N, ghc);
         }
         return;
     }
@@ -2631,19 +2639,8 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemv_fold(qsa_gemv_group
         return;
     }
     float mwj[16];
-    for (int c0 = 0; c0 < hc; c0 += 4) {
-        float a[4];
-        qsa_sum_parts_multi<4, 4, true>(pe + c0, 1, (qsa_i64)prow * 16, nseg, hc - c0, a);
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-            if (c0 + c < hc) mwj[c0 + c] = a[c];
-    }
-    if (mb.bias)
-        for (int st = 0; st < hc; st++) mwj[st] = mwj[st] + mb.bias[n + st];
-    const int H = mb.N / hc;
-    const float v = qsa_gres_mix1(mwj, xn + (qsa_i64)m * mb.N + n / hc, H, hc);
-    mb.Y[(qsa_i64)m * H + n / hc] = v;
-    mb.Y16[(qsa_i64)m * H + n / hc] = qsa_f32_to_f16(v);
+    qsa_sum_parts_cols<true, 4>(pe, (qsa_i64)prow * 16, nseg, hc, mwj);
+    qsa_gres_put(mwj, mb.bias, xn, mb.Y, mb.Y16, m, n, mb.N, hc);
 }
 
 /* The tiled form of qsa_k_gemv_f16_group: the 64 x 64 tiles of member 0, then member 1's, ..., each
