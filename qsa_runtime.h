@@ -8580,7 +8580,7 @@ typedef struct qsa__dlayer {
 #define QSA__GEMV_BLOCKS 5                        /* the dense GEMVs' block form: blocks per SM (kernels.cu: QSA_GEMV_BLOCKS) */
 #define QSA__GEMV_BLK_MIN_M 1                     /* ... and from how many rows (fewer: the per-warp kernels, qsa_seg16_tr up to 4) */
 #define QSA__GEMV_WHOLE_SEGS 2                    /* ... whole-K groups (no tickets) for K of up to this many segments */
-#define QSA__GEMV_FOLD_MIN_M 4                    /* ... the split groups' folds in a launch of their own from this many rows */
+#define QSA__GEMV_FOLD_MIN_M 2                    /* ... the split groups' folds in a launch of their own from this many rows */
 #define QSA__MOE_PLAN_THREADS 1024                /* largest block of qsa_k_moe_plan; its scratch holds E counts per warp */
 
 typedef struct qsa__dscratch {

@@ -15,7 +15,7 @@
 set -u
 out=${OUT:-build}
 mkdir -p "$out"
-make -j16 tests/test_qsa tools/make_tiny_model tools/long_context > "$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; exit 1; }
+make -j16 tests/test_qsa tools/make_tiny_model tools/long_context models/tiny/config.json > "$out/build.txt" 2>&1 || { tail -30 "$out/build.txt"; exit 1; }
 nvidia-smi -L
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
 echo "=== the machine's NVRTC"
