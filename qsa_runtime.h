@@ -9490,6 +9490,14 @@ QSA_PRIV unsigned qsa__gemv_blk_grid(const qsa__cuda *g, long long groups) {
     long long cap = (long long)g->gemv_blocks_per_sm * (g->sm_count > 0 ? g->sm_count : 1);
     return (unsigned)(groups < cap ? groups : cap);
 }
+/* The output elements qsa_k_gemv_fold folds for grp's members over M rows (with xn: its groups of hc
+   columns), a thread each: its grid is this over its block size, rounded up. */
+QSA_PRIV long long qsa__gemv_fold_items(const qsa__gemv_group *grp, int M, CUdeviceptr xn, int hc) {
+    long long items = 0;
+    for (int i = 0; i < grp->n; i++)
+        items += (long long)((M + 15) / 16) * ((grp->m[i].N + 15) / 16) * (M < 16 ? M : 16) * (xn ? 16 / hc : 16);
+    return items;
+}
 /* qsa_k_gemv_blk over A16 for grp's members (accumulate, and the mix of qsa_k_gemv_gres with xn and
    hc) where the block form applies (qsa__gemv_groups); *launched says whether it did.  K of at most
    gemv_whole_segs segments (or gemv_force_whole), or a launch with at least gemv_whole_min_groups
@@ -9521,9 +9529,7 @@ QSA_PRIV qsa_result qsa__gemv_blk(qsa__cuda *g, CUdeviceptr A16, int M, int K, q
                     &part, &cnt, &xn, &hc);
     else { /* no tickets: the partial tiles, then their folds in a launch of their own */
         CUdeviceptr none = 0;
-        long long items = 0;
-        for (int i = 0; i < grp->n; i++)
-            items += (long long)((M + 15) / 16) * ((grp->m[i].N + 15) / 16) * (M < 16 ? M : 16) * (xn ? 16 / hc : 16);
+        long long items = qsa__gemv_fold_items(grp, M, xn, hc);
         QSA__LAUNCH(g, gemv_blk, qsa__gemv_blk_grid(g, groups), 1, 32 * QSA__GEMV_WARPS, 0, &A16, grp, &M, &K, &acc,
                     &part, &none, &xn, &hc);
         QSA__LAUNCH(g, gemv_fold, (unsigned)((items + 255) / 256), 1, 256, 0, grp, &M, &K, &acc, &part, &xn, &hc);

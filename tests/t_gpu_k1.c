@@ -953,9 +953,7 @@ static qsa__gemv_group k1_gemv_one(CUdeviceptr W, CUdeviceptr bias, CUdeviceptr 
 static qsa_result k1_blk_fold(CUdeviceptr A, qsa__gemv_group *grp, int M, int K, int acc, CUdeviceptr part,
                               CUdeviceptr xn, int hc, unsigned grid) {
     CUdeviceptr none = 0;
-    long long items = 0;
-    for (int b = 0; b < grp->n; b++)
-        items += (long long)((M + 15) / 16) * ((grp->m[b].N + 15) / 16) * (M < 16 ? M : 16) * (xn ? 16 / hc : 16);
+    long long items = qsa__gemv_fold_items(grp, M, xn, hc);
     void *a1[] = {&A, grp, &M, &K, &acc, &part, &none, &xn, &hc};
     QSA__TRY(k1_launch("qsa_k_gemv_blk", grid, 1, 128, a1));
     void *a2[] = {grp, &M, &K, &acc, &part, &xn, &hc};
