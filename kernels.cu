@@ -4236,6 +4236,90 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
     }
 }
 
+#if QSA_CPA
+/* The batched decode recurrence (one token per sequence) on sm_80+: k2_gdn_recurrent's lanes, rows,
+ * operations and order for M = 1 (the same bits: gpu/k2_gdn_recurrent runs it against the
+ * single-sequence kernel), with the block's slice of S (dk rows x cpb = 128 / P columns, at most 16 KB)
+ * in shared memory instead of registers: copied in by cp.async before the PDL wait (pieces of 16 bytes,
+ * 8 for P = 16, 4 where dv or the state's alignment do not allow them; columns past dv zero-filled),
+ * read by the first pass (s_i = S[i][j] exp(g), kv), read again by the second (the same s_i, the update
+ * written back in place, o) and stored back by the same pieces.  Row i's columns sit at positions
+ * jc ^ swz, swz = (cpb / 4) ((i / (32 / cpb)) % 4): a warp's 32 lanes read 32 distinct banks.  ~30
+ * registers and 20 KB of shared memory: 10 blocks (40 warps) per SM where the register form ran 6.
+ * Block 128 (trap otherwise). */
+#define K2_GDN_DEC_TILE 4096 /* floats: dk x 128 / P <= 4096 for every dk <= K2_GDN_MAX_DK */
+static __device__ __forceinline__ void k2_cpa(qsa_u32 dst, const float *src, int w, bool ok) {
+    if (w == 4)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+    else if (w == 2)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(ok ? 8 : 0) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
+}
+static __device__ void k2_gdn_rec_dec(float *S, const float *__restrict__ q, const float *__restrict__ k,
+                                      const float *__restrict__ v, const float *__restrict__ beta,
+                                      const float *__restrict__ g, float *o, int nk, int nv, int dk, int dv) {
+    __shared__ __align__(16) float tile[K2_GDN_DEC_TILE];
+    __shared__ float qks[2 * K2_GDN_MAX_DK];
+    const int P = dk <= 128 ? 4 : dk <= 256 ? 8 : 16, cpb = 128 / P;
+    if (dk > K2_GDN_MAX_DK || blockDim.x != 128) __trap(); /* the host validates dk and the block */
+    const int h = blockIdx.x, p = threadIdx.x % P, jc = threadIdx.x / P, kh = h / (nv / nk);
+    const int nu = (dk - p + P - 1) / P; /* this lane's rows i = u*P + p < dk: u < nu */
+    const int ncols = (dv + gridDim.y * cpb - 1) / (gridDim.y * cpb);
+    const qsa_i64 hbase = (qsa_i64)h * dk * dv;
+    /* pieces of w floats (a multiple of 4 bytes that keeps every piece aligned at both ends) */
+    const int wmax = cpb / 4 < 4 ? cpb / 4 : 4;
+    const int w = dv % wmax == 0 && ((qsa_u64)S & (4u * wmax - 1u)) == 0 ? wmax : 1, pr = cpb / w;
+    const int sh = 32 / cpb, swm = cpb / 4; /* the swizzle of row i: swm * ((i / sh) % 4) */
+    const int pos = jc ^ (swm * ((p / sh) & 3)); /* (i = u P + p: i / sh % 4 = p / sh % 4, P a multiple of 4 sh) */
+    const qsa_u32 t0 = qsa_smem_u32(tile);
+    for (int c = 0; c < ncols; c++) {
+        const int jb = (blockIdx.y + c * gridDim.y) * cpb, j = jb + jc;
+        const bool live = j < dv;
+        for (int x = threadIdx.x; x < dk * pr; x += 128) {
+            const int i = x / pr, cc = (x - i * pr) * w, jj = jb + cc;
+            const bool ok = jj < dv;
+            k2_cpa(t0 + 4u * (i * cpb + (cc ^ (swm * ((i / sh) & 3)))), S + hbase + (qsa_i64)i * dv + (ok ? jj : 0), w,
+                   ok);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        if (c == 0) QSA_PDL_ENTRY(); /* (the caller is QSA_PDL_LATE: S is copied before the wait) */
+        for (int i = threadIdx.x; i < 2 * dk; i += 128)
+            qks[i] = (i < dk ? q : k)[(qsa_i64)kh * dk + (i < dk ? i : i - dk)];
+        const float decay = expf(g[h]), bt = beta[h], vj = live ? v[(qsa_i64)h * dv + j] : 0.0f;
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        __syncthreads(); /* the slice and q, k in shared memory */
+        const float *ts = tile + pos, *qt = qks + p, *kt = qks + dk + p; /* row u: [u * P * cpb], [u * P] */
+        float kv = 0.0f;
+#pragma unroll 8
+        for (int u = 0; u < nu; u++) kv = fmaf(__fmul_rn(ts[(u * P + p) * cpb], decay), kt[u * P], kv);
+        for (int m = 1; m < P; m <<= 1) kv += __shfl_xor_sync(QSA_FULL_MASK, kv, m);
+        const float d = __fmul_rn(vj - kv, bt);
+        float oj = 0.0f;
+#pragma unroll 8
+        for (int u = 0; u < nu; u++) {
+            float *e = tile + (u * P + p) * cpb + pos;
+            const float sn = fmaf(kt[u * P], d, __fmul_rn(*e, decay));
+            *e = sn;
+            oj = fmaf(sn, qt[u * P], oj);
+        }
+        for (int m = 1; m < P; m <<= 1) oj += __shfl_xor_sync(QSA_FULL_MASK, oj, m);
+        if (live && p == 0) o[(qsa_i64)h * dv + j] = oj;
+        __syncthreads(); /* the slice updated */
+        for (int x = threadIdx.x; x < dk * pr; x += 128) {
+            const int i = x / pr, cc = (x - i * pr) * w, jj = jb + cc;
+            if (jj >= dv) continue;
+            const float *src = tile + i * cpb + (cc ^ (swm * ((i / sh) & 3)));
+            float *dst = S + hbase + (qsa_i64)i * dv + jj;
+            if (w == 4) *(float4 *)dst = *(const float4 *)src;
+            else if (w == 2) *(float2 *)dst = *(const float2 *)src;
+            else *dst = *src;
+        }
+        if (c + 1 < ncols) __syncthreads(); /* the next column pass copies over the slice */
+    }
+}
+#endif
+
 /* S [nv][dk][dv] fp32 (in/out); q, k [M][nk*dk] (normalised, q scaled); v [M][nv*dv];
  * beta, g [M][nv]; o [M][nv*dv] out.  Value head h uses key head h / (nv/nk).  dk <= 512.
  * Launch: grid (nv, Y), block B (multiple of 32), no dynamic shared memory (any given is unused).
@@ -5598,19 +5682,25 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv_batch(
                       v + b * (conv_dim - 2 * key_dim), 1, conv_dim, key_dim, Kc, act, nk, dk, gb, 1);
 }
 
-/* S: st.  Launch: grid (nv, Y, B), block 128 (the launch bound; six blocks per SM: 80 registers, a few
-   spilled, against 128-138 unbounded and three or four blocks — batch 32 at the real shape 83.3 ->
-   66.7 us per layer, batch 8 25.8 -> 21.6 on the H200; five blocks: 68.7 and 23.2), dynamic shared
-   memory as qsa_k_gdn_recurrent. */
-extern "C" __global__ void __launch_bounds__(128, 6)
+/* S: st.  Launch: grid (nv, Y, B), block 128, no dynamic shared memory.  sm_80+: k2_gdn_rec_dec, 10
+   blocks per SM (batch 32 +0.6% on the H200 against the register form below).  Below: the register form,
+   bound to six blocks per SM (80 registers, a few spilled, against 128-138 unbounded and three or four
+   blocks — batch 32 at the real shape 83.3 -> 66.7 us per layer, batch 8 25.8 -> 21.6 on the H200; five
+   blocks: 68.7 and 23.2). */
+extern "C" __global__ void __launch_bounds__(128, QSA_CPA ? 10 : 6)
     qsa_k_gdn_recurrent_batch(const unsigned long long *__restrict__ st, const float *__restrict__ q,
                               const float *__restrict__ k, const float *__restrict__ v, const float *__restrict__ beta,
                               const float *__restrict__ g, float *o, int nk, int nv, int dk, int dv) {
-    QSA_PDL_LATE(); /* (in k2_gdn_recurrent, late: the state's first columns before the wait; the state was
-                       last written by this layer's previous step, the conv launch comes between) */
+    QSA_PDL_LATE(); /* (late: the state's first column pass before the wait; the state was last written by
+                       this layer's previous step, the conv launch comes between) */
     const qsa_i64 b = blockIdx.z, kd = (qsa_i64)nk * dk, vd = (qsa_i64)nv * dv;
+#if QSA_CPA
+    k2_gdn_rec_dec(QSA_BPTR(float, st), q + b * kd, k + b * kd, v + b * vd, beta + b * nv, g + b * nv, o + b * vd, nk, nv,
+                   dk, dv);
+#else
     k2_gdn_recurrent<false, K2_GDN_PF1, true>(QSA_BPTR(float, st), 0, q + b * kd, k + b * kd, v + b * vd,
                                               beta + b * nv, g + b * nv, o + b * vd, 1, nk, nv, dk, dv);
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(128, 6)

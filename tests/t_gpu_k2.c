@@ -458,10 +458,90 @@ static void k2_gdn_case(int dk) {
     qsa_free(g); qsa_free(oc); qsa_free(og); qsa_free(og2); qsa_free(S16); qsa_free(S16b); qsa_free(S16c); qsa_free(S16f);
 }
 
+/* The batched decode kernel (qsa_k_gdn_recurrent_batch: one token of each of NB sequences per launch,
+   each sequence's state through the pointer array, grid (nv, Y, NB), block 128) against the
+   single-sequence kernel fed each sequence's tokens one launch at a time: the same bits (outputs and
+   states).  Y = 0: the runtime's (every column in one pass), else Y blocks with several column passes.
+   Sequence b's state starts b floats past a 16-byte boundary (sm_80+: 16-, 8- or 4-byte copies), in a
+   slot of nS + 4 floats. */
+static void k2_gdn_batch_case(int dk, int dv, int Y) {
+    enum { NB = 3, T = 4 };
+    int nk = K2T_NK, nv = K2T_NV, P = dk <= 128 ? 4 : dk <= 256 ? 8 : 16;
+    if (Y <= 0) Y = (dv + 128 / P - 1) / (128 / P);
+    size_t nS = (size_t)nv * dk * dv, kd = (size_t)nk * dk, vd = (size_t)nv * dv, n = (size_t)T * NB;
+    float *q = QSA__ALLOC(float, n * kd), *k = QSA__ALLOC(float, n * kd), *v = QSA__ALLOC(float, n * vd);
+    float *beta = QSA__ALLOC(float, n * nv), *g = QSA__ALLOC(float, n * nv), *ob = QSA__ALLOC(float, n * vd);
+    float *S = QSA__ALLOC(float, NB * (nS + 4)), *Sb = QSA__ALLOC(float, NB * (nS + 4)), *Sr = QSA__ALLOC(float, nS);
+    float *qs = QSA__ALLOC(float, T * kd), *ks = QSA__ALLOC(float, T * kd), *vs = QSA__ALLOC(float, T * vd);
+    float *bs = QSA__ALLOC(float, T * nv), *gs = QSA__ALLOC(float, T * nv), *os = QSA__ALLOC(float, T * vd);
+    k2t_seed(29 + dk + dv);
+    k2t_fill(S, NB * (nS + 4), -0.5, 0.5);
+    k2t_fill(q, n * kd, -1, 1);
+    k2t_fill(k, n * kd, -1, 1);
+    k2t_fill(v, n * vd, -1, 1);
+    for (size_t r = 0; r < n * nk; r++) {
+        qsa__l2norm(q + r * dk, dk);
+        qsa__l2norm(k + r * dk, dk);
+        for (int i = 0; i < dk; i++) q[r * dk + i] *= 1.0f / sqrtf((float)dk);
+    }
+    for (size_t i = 0; i < n * nv; i++) {
+        beta[i] = qsa__sigmoid((float)k2t_uniform(-4, 4));
+        g[i] = -expf((float)k2t_uniform(-3, 0.5)) * qsa__softplus((float)k2t_uniform(-4, 2));
+    }
+    memcpy(Sb, S, sizeof(float) * NB * (nS + 4));
+    /* the batch: T launches, token t of sequence b in row t * NB + b */
+    k2t_mem a = {{0}, 0};
+    CUdeviceptr dS, dq, dk_, dv_, db, dg, dO, dp;
+    qsa_result r = k2t_dev(&a, &dS, Sb, sizeof(float) * NB * (nS + 4));
+    unsigned long long ptr[NB];
+    for (int b = 0; b < NB; b++) ptr[b] = (unsigned long long)dS + 4ull * (b * (nS + 4) + (size_t)b);
+    if (r == QSA_OK) r = k2t_dev(&a, &dp, ptr, sizeof ptr);
+    if (r == QSA_OK) r = k2t_dev(&a, &dq, q, n * kd * 4);
+    if (r == QSA_OK) r = k2t_dev(&a, &dk_, k, n * kd * 4);
+    if (r == QSA_OK) r = k2t_dev(&a, &dv_, v, n * vd * 4);
+    if (r == QSA_OK) r = k2t_dev(&a, &db, beta, n * nv * 4);
+    if (r == QSA_OK) r = k2t_dev(&a, &dg, g, n * nv * 4);
+    if (r == QSA_OK) r = k2t_dev(&a, &dO, NULL, n * vd * 4);
+    for (int t = 0; t < T && r == QSA_OK; t++) {
+        CUdeviceptr qo = dq + (size_t)t * NB * kd * 4, ko = dk_ + (size_t)t * NB * kd * 4, vo = dv_ + (size_t)t * NB * vd * 4,
+                    bo = db + (size_t)t * NB * nv * 4, go = dg + (size_t)t * NB * nv * 4, oo = dO + (size_t)t * NB * vd * 4;
+        void *args[] = {&dp, &qo, &ko, &vo, &bo, &go, &oo, &nk, &nv, &dk, &dv};
+        r = k2t_launch3("qsa_k_gdn_recurrent_batch", (unsigned)nv, (unsigned)Y, NB, 128, 0, args);
+    }
+    if (r == QSA_OK) r = k2t_get(ob, dO, n * vd * 4);
+    if (r == QSA_OK) r = k2t_get(Sb, dS, sizeof(float) * NB * (nS + 4));
+    k2t_free(&a);
+    CHECK_OK(r);
+    /* each sequence alone through the single-sequence kernel, one token per launch */
+    for (int b = 0; b < NB && r == QSA_OK; b++) {
+        for (int t = 0; t < T; t++) {
+            size_t row = (size_t)t * NB + b;
+            memcpy(qs + t * kd, q + row * kd, kd * 4);
+            memcpy(ks + t * kd, k + row * kd, kd * 4);
+            memcpy(vs + t * vd, v + row * vd, vd * 4);
+            memcpy(bs + t * nv, beta + row * nv, (size_t)nv * 4);
+            memcpy(gs + t * nv, g + row * nv, (size_t)nv * 4);
+        }
+        memcpy(Sr, S + b * (nS + 4) + b, nS * 4);
+        r = k2t_gdn_run(0, Sr, qs, ks, vs, bs, gs, os, T, nk, nv, dk, dv, 1, (dv + 128 / P - 1) / (128 / P), 128, 0);
+        CHECK_OK(r);
+        int same = r == QSA_OK && k2t_same_bits(Sr, Sb + b * (nS + 4) + b, nS * 4);
+        for (int t = 0; t < T && same; t++) same = k2t_same_bits(os + t * vd, ob + ((size_t)t * NB + b) * vd, vd * 4);
+        CHECKF(r != QSA_OK || same, "dk %d dv %d grid y %d, sequence %d: the batched kernel differs from the single one",
+               dk, dv, Y, b);
+    }
+    qsa_free(q); qsa_free(k); qsa_free(v); qsa_free(beta); qsa_free(g); qsa_free(ob); qsa_free(S); qsa_free(Sb);
+    qsa_free(Sr); qsa_free(qs); qsa_free(ks); qsa_free(vs); qsa_free(bs); qsa_free(gs); qsa_free(os);
+}
+
 TEST(gpu, k2_gdn_recurrent) {
     K2_NEED_GPU();
     static const int dks[] = {K2T_DK, 48, 256, 512};
     for (size_t i = 0; i < sizeof dks / sizeof dks[0]; i++) k2_gdn_case(dks[i]);
+    /* the batched decode kernel: the model's head (16-byte copies), dv not a multiple of 4 (4-byte copies,
+       dead columns), column passes (grid y 1), rows past dk, 8 and 16 lanes per column */
+    static const int bc[][3] = {{128, 128, 0}, {128, 37, 0}, {128, 128, 1}, {48, 64, 0}, {256, 24, 0}, {512, 18, 0}, {512, 20, 1}};
+    for (size_t i = 0; i < sizeof bc / sizeof bc[0]; i++) k2_gdn_batch_case(bc[i][0], bc[i][1], bc[i][2]);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
