@@ -4248,9 +4248,10 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
  * registers and 20 KB of shared memory: 10 blocks (40 warps) per SM where the register form ran 6.
  * Block 128 (trap otherwise). */
 #define K2_GDN_DEC_TILE 4096 /* floats: dk x 128 / P <= 4096 for every dk <= K2_GDN_MAX_DK */
+/* w (4, 2 or 1) floats from src (ok) or zeros into the shared address dst */
 static __device__ __forceinline__ void k2_cpa(qsa_u32 dst, const float *src, int w, bool ok) {
     if (w == 4)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+        qsa_cp16z(dst, src, ok);
     else if (w == 2)
         asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(ok ? 8 : 0) : "memory");
     else
