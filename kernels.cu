@@ -4236,16 +4236,25 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
     }
 }
 
-#if QSA_CPA
-/* The batched decode recurrence (one token per sequence) on sm_80+: k2_gdn_recurrent's lanes, rows,
+/* K2_GDN_SMEM: k2_gdn_rec_dec where an SM holds at least as many of its blocks (20 KB of shared memory
+   each) as of the register form's (6, bound by registers): sm_80 and sm_87 (164 KB per SM: 7), sm_90 up
+   to sm_11x (228 KB: 10); not sm_86, sm_89 or sm_12x (100 KB: 4), which keep the register form. */
+#if QSA_CPA && (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 870 || (__CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1200))
+#define K2_GDN_SMEM 1
+#else
+#define K2_GDN_SMEM 0
+#endif
+#if K2_GDN_SMEM
+/* The batched decode recurrence (one token per sequence) on K2_GDN_SMEM archs: k2_gdn_recurrent's lanes, rows,
  * operations and order for M = 1 (the same bits: gpu/k2_gdn_recurrent runs it against the
  * single-sequence kernel), with the block's slice of S (dk rows x cpb = 128 / P columns, at most 16 KB)
  * in shared memory instead of registers: copied in by cp.async before the PDL wait (pieces of 16 bytes,
  * 8 for P = 16, 4 where dv or the state's alignment do not allow them; columns past dv zero-filled),
  * read by the first pass (s_i = S[i][j] exp(g), kv), read again by the second (the same s_i, the update
  * written back in place, o) and stored back by the same pieces.  Row i's columns sit at positions
- * jc ^ swz, swz = (cpb / 4) ((i / (32 / cpb)) % 4): a warp's 32 lanes read 32 distinct banks.  ~30
- * registers and 20 KB of shared memory: 10 blocks (40 warps) per SM where the register form ran 6.
+ * jc ^ swz, swz = (cpb / 4) ((i / (32 / cpb)) % 4): a warp's 32 lanes read 32 distinct banks.  48
+ * registers (nvcc 13, sm_90) and 20 KB of shared memory: 10 blocks (40 warps) per SM on sm_90 where the
+ * register form ran 6.
  * Block 128 (trap otherwise). */
 #define K2_GDN_DEC_TILE 4096 /* floats: dk x 128 / P <= 4096 for every dk <= K2_GDN_MAX_DK */
 /* w (4, 2 or 1) floats from src (ok) or zeros into the shared address dst */
@@ -5683,19 +5692,19 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv_batch(
                       v + b * (conv_dim - 2 * key_dim), 1, conv_dim, key_dim, Kc, act, nk, dk, gb, 1);
 }
 
-/* S: st.  Launch: grid (nv, Y, B), block 128, no dynamic shared memory.  sm_80+: k2_gdn_rec_dec, 10
-   blocks per SM (batch 32 +0.6% on the H200 against the register form below).  Below: the register form,
+/* S: st.  Launch: grid (nv, Y, B), block 128, no dynamic shared memory.  K2_GDN_SMEM: k2_gdn_rec_dec, 10
+   blocks per SM on sm_90 (batch 32 +0.6% on the H200 against the register form below).  Else the register form,
    bound to six blocks per SM (80 registers, a few spilled, against 128-138 unbounded and three or four
    blocks — batch 32 at the real shape 83.3 -> 66.7 us per layer, batch 8 25.8 -> 21.6 on the H200; five
    blocks: 68.7 and 23.2). */
-extern "C" __global__ void __launch_bounds__(128, QSA_CPA ? 10 : 6)
+extern "C" __global__ void __launch_bounds__(128, K2_GDN_SMEM ? 10 : 6)
     qsa_k_gdn_recurrent_batch(const unsigned long long *__restrict__ st, const float *__restrict__ q,
                               const float *__restrict__ k, const float *__restrict__ v, const float *__restrict__ beta,
                               const float *__restrict__ g, float *o, int nk, int nv, int dk, int dv) {
     QSA_PDL_LATE(); /* (late: the state's first column pass before the wait; the state was last written by
                        this layer's previous step, the conv launch comes between) */
     const qsa_i64 b = blockIdx.z, kd = (qsa_i64)nk * dk, vd = (qsa_i64)nv * dv;
-#if QSA_CPA
+#if K2_GDN_SMEM
     k2_gdn_rec_dec(QSA_BPTR(float, st), q + b * kd, k + b * kd, v + b * vd, beta + b * nv, g + b * nv, o + b * vd, nk, nv,
                    dk, dv);
 #else
