@@ -4266,6 +4266,11 @@ static __device__ __forceinline__ void k2_cpa(qsa_u32 dst, const float *src, int
     else
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
 }
+/* Where column cc (0 .. cpb - 1) of row i of the slice sits in k2_gdn_rec_dec's tile (floats): the row's
+   columns XOR-swizzled by swm * ((i / sh) % 4) */
+static __device__ __forceinline__ int k2_gdn_at(int i, int cc, int cpb, int sh, int swm) {
+    return i * cpb + (cc ^ (swm * ((i / sh) & 3)));
+}
 static __device__ void k2_gdn_rec_dec(float *S, const float *__restrict__ q, const float *__restrict__ k,
                                       const float *__restrict__ v, const float *__restrict__ beta,
                                       const float *__restrict__ g, float *o, int nk, int nv, int dk, int dv) {
@@ -4289,8 +4294,7 @@ static __device__ void k2_gdn_rec_dec(float *S, const float *__restrict__ q, con
         for (int x = threadIdx.x; x < dk * pr; x += 128) {
             const int i = x / pr, cc = (x - i * pr) * w, jj = jb + cc;
             const bool ok = jj < dv;
-            k2_cpa(t0 + 4u * (i * cpb + (cc ^ (swm * ((i / sh) & 3)))), S + hbase + (qsa_i64)i * dv + (ok ? jj : 0), w,
-                   ok);
+            k2_cpa(t0 + 4u * k2_gdn_at(i, cc, cpb, sh, swm), S + hbase + (qsa_i64)i * dv + (ok ? jj : 0), w, ok);
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
         if (c == 0) QSA_PDL_ENTRY(); /* (the caller is QSA_PDL_LATE: S is copied before the wait) */
@@ -4319,7 +4323,7 @@ static __device__ void k2_gdn_rec_dec(float *S, const float *__restrict__ q, con
         for (int x = threadIdx.x; x < dk * pr; x += 128) {
             const int i = x / pr, cc = (x - i * pr) * w, jj = jb + cc;
             if (jj >= dv) continue;
-            const float *src = tile + i * cpb + (cc ^ (swm * ((i / sh) & 3)));
+            const float *src = tile + k2_gdn_at(i, cc, cpb, sh, swm);
             float *dst = S + hbase + (qsa_i64)i * dv + jj;
             if (w == 4) *(float4 *)dst = *(const float4 *)src;
             else if (w == 2) *(float2 *)dst = *(const float2 *)src;
