@@ -3668,10 +3668,13 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down
  * experts' q and s 16-byte aligned. */
 #define QSA_LEAN_WARPS 2 /* warps per block of qsa_k_moe_gate_up_xwn and qsa_k_moe_down_xwn */
 #if QSA_CPA
+/* early (down only; the caller is QSA_PDL_LATE): the plan (ntiles, tiles, pairs) was written two or
+   more launches back, so the warp looks up its tile, pairs and expert before the PDL wait and asks
+   L2 for its first fold's weights (constant), and waits only before the first A row. */
 template <int NB>
 static __device__ void qsa_moe_lean(const qsa_f16 *X, int ldx, int rowdiv, const int *pairs, const int *tiles,
                                     const int *ntiles, const qsa_expert_w *experts, int N, int Kd, int act,
-                                    qsa_f16 *h16, float *y, float *part, unsigned *count, int ctw) {
+                                    qsa_f16 *h16, float *y, float *part, unsigned *count, int ctw, int early = 0) {
     enum { W = QSA_LEAN_WARPS };
     __shared__ __align__(128) qsa_f16 stage[W][QSA_NVD_SA / 2]; /* A rows, then the pass's tile */
     __shared__ __align__(16) qsa_u8 pk[W][2 * 2 * 16 * QSA_PKD]; /* (the two folds of a pass: 2 x 16 rows) */
@@ -3690,6 +3693,18 @@ static __device__ void qsa_moe_lean(const qsa_f16 *X, int ldx, int rowdiv, const
     const int e = tt[0], first = tt[1], cnt = tt[2];
     if (lane < 16) prow[warp][lane] = lane < cnt ? pairs[first + lane] : -1;
     __syncwarp();
+    if (early) { /* (NB = 1: task rem0 + i is column tile rem0 + i) the first fold's rows: 16 per task, up to 2 tasks */
+        const qsa_wsrc w0 = qsa_expert_ws(experts[e], 2, Kd);
+        const int rows = 16 * (ctw < 2 ? ctw : 2), rq = Kd >> 1, rs = Kd >> 4;
+        if (!w0.w16 && w0.q)
+            for (int r = lane; r < rows; r += 32) {
+                const qsa_i64 n = 16 * (qsa_i64)rem0 + r;
+                for (int b = 0; b < rq; b += 128)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(w0.q + n * rq + b));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(w0.s + n * rs));
+            }
+        QSA_PDL_ENTRY();
+    }
     /* two tasks per fold (gate/up: both matrices of a column tile, act(gate) * up from registers, no
        ticket; down: two column tiles) */
     const bool fuse = ctw > 1;
@@ -3762,10 +3777,12 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_LEAN_WARPS, 8) qsa_k_moe_g
 extern "C" __global__ void __launch_bounds__(32 * QSA_LEAN_WARPS, 8) qsa_k_moe_down_xwn(
     const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I,
-    int ctw) {
-    QSA_PDL_ENTRY();
+    int ctw, int early) {
+    QSA_PDL_LATE(); /* (early: qsa_moe_lean's look-ups and weights before the wait; the plan was written two or
+                       more launches back, the host says so) */
+    if (!early) QSA_PDL_ENTRY();
 #if QSA_CPA
-    qsa_moe_lean<1>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, 0, 0, ctw);
+    qsa_moe_lean<1>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, 0, 0, ctw, early);
 #else
     __trap();
 #endif

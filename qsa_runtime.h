@@ -10097,6 +10097,9 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
             unsigned gx1 = (unsigned)((t1 * 2 * nr1 + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
             unsigned gx2 = (unsigned)((t2 * nr2 + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS);
             int lean = qsa__moe_lean(g, d, H, I), lt1 = qsa__lean_tasks(g, 0, t1 * 2), lt2 = qsa__lean_tasks(g, 1, t2);
+            /* the lean down kernel may read the plan before its PDL wait where the plan's writer (the router's
+               launch or qsa_k_moe_plan) is two or more launches back: not when the gate/up launch routes */
+            int early = !route1;
             unsigned lx1 = (unsigned)((t1 * 2 + QSA__LEAN_WARPS * lt1 - 1) / (QSA__LEAN_WARPS * lt1));
             unsigned lx2 = (unsigned)((t2 + QSA__LEAN_WARPS * lt2 - 1) / (QSA__LEAN_WARPS * lt2));
             if (route1) { /* (qsa__moe_route1: the ranged form, one sub-chunk) */
@@ -10117,7 +10120,7 @@ QSA_PRIV qsa_result qsa__cuda_moe(qsa_model *m, int l, int M) {
                             &s->moe_h16, &H, &I, &K, &act, &part, &cnt, &nr1);
             if (whole2 && lean)
                 QSA__LAUNCH(g, moe_down_xwn, lx2, 1, 32 * QSA__LEAN_WARPS, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles,
-                            &ex, &s->moe_y, &H, &I, &lt2);
+                            &ex, &s->moe_y, &H, &I, &lt2, &early);
             else if (whole2)
                 QSA__LAUNCH(g, moe_down_xwk, gx2, 1, bx, 0, &s->moe_h16, &s->moe_pairs, &s->moe_tiles, &s->moe_ntiles, &ex,
                             &s->moe_y, &H, &I);

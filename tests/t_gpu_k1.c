@@ -1566,7 +1566,8 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
                           (unsigned)(t64 ? (I + 31) / 32 : (I + 15) / 16), 256, args);
         }
         if (r == QSA_OK && xw && whole) {
-            void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I, &ctw};
+            int early = ctw & 1; /* (the lean down kernel's look-ups before its PDL wait: a plain launch here) */
+            void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I, &ctw, &early};
             int w = lean ? QSA__LEAN_WARPS : 4; /* warps per block */
             r = k1_launch(lean ? "qsa_k_moe_down_xwn" : "qsa_k_moe_down_xwk",
                           (unsigned)(((size_t)max_tiles * (H / 16) + w * ctw - 1) / (w * ctw)), 1, 32 * w, args);
