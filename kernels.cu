@@ -2685,25 +2685,32 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_f16_group(const qsa
 /* The wide dense projections of a decode batch of 1 to 32 rows (sm_80+), the weights streamed through
  * a ring of cp.async stages: the same members, outputs and bits as qsa_k_gemm_f16_group (tested), for
  * the projections whose columns alone fill the GPU (the GDN input group, attention q/k/v, lm_head).
- * A block of nw = blockDim.x / 32 warps (4 or 8) takes group g (members' groups follow one another):
- * nw column tiles of one member over all of K, warp w the tile of rows 16 (g nw + w), which is the
- * mma's A operand (16 x 16 per chunk, one ldmatrix, as qsa_seg16_tr), the batch's rows its B operand
- * in four n8 column groups of 8 rows (two ldmatrix x4 per chunk; groups wholly past M skipped).  K goes
- * in stages of QSA_DEEP_K: the block copies a stage's W rows and A rows by cp.async into a ring of
- * `stages` buffers of QSA_DEEP_STAGE(nw) bytes (dynamic shared memory), stages - 1 of them in flight
- * while the warps work on one; one block barrier per stage.  Unlike the 64 x 64 tiles, no mma or
- * staging for padding rows, and no operand round trip through registers.  (On the H200 at batch 32:
- * the GDN input group 48.4 -> 41.5 us, lm_head quarters 172.7 -> 101.5 us with 8 warps; 8 stages
- * instead of 6, or A copied through L1, made no difference: the rate rose with the warps per SM, not
- * with the bytes in flight.)  Each element is the same 16 products in the same positions of k per chunk, chunk
- * after chunk into an accumulator zeroed at each segment's start, T = ((0 + P_0) + P_1) + ... in
- * registers, then + bias: the canonical order.  Requires 1 <= M <= 32, K a positive multiple of 8, A
- * and every W 16-byte aligned, 2 <= stages <= 8, block 128 or 256 (else trap; the host checks).
- * Launch: any grid (blocks loop over groups; best: one block per group), dynamic shared memory
- * stages * QSA_DEEP_STAGE(nw) bytes (over 48 KB: the host raises the function's limit). */
+ * A block of nw = blockDim.x / 32 warps (4 or 8) in kh K halves (1 or 2) takes group g (members' groups
+ * follow one another): nc = nw / kh column tiles of one member, warp w the tile of rows 16 (g nc + w %
+ * nc), which is the mma's A operand (16 x 16 per chunk, one ldmatrix, as qsa_seg16_tr), the batch's rows
+ * its B operand in four n8 column groups of 8 rows (two ldmatrix x4 per chunk; groups wholly past M
+ * skipped).  K goes in stages of QSA_DEEP_K: the block copies a stage's W rows and A rows by cp.async
+ * into a ring of `stages` buffers of QSA_DEEP_STAGE(nw, kh) bytes (dynamic shared memory), stages - 1 of
+ * them in flight while the warps work on one; one block barrier per stage.  Unlike the 64 x 64 tiles,
+ * no mma or staging for padding rows, and no operand round trip through registers.  Each element is
+ * the same 16 products in the same positions of k per chunk, chunk after chunk into an accumulator P
+ * zeroed at each segment's start (P_s), T = ((0 + P_0) + P_1) + ... in registers, then + bias: the
+ * canonical order.  kh = 2 (the halves): warps w < nc take the even segments, warps w + nc the odd ones
+ * of the same tile, side by side (stage i of the block: segment 2 (i / 4) + half, its stage i % 4, A rows
+ * of both halves staged); at the end of each pair of segments the odd half leaves its P_s in shared
+ * memory and the even half, after the next barrier, adds it after its own: the same T, with twice the
+ * warps per tile (for groups too few to give two 8-warp blocks per SM: the GDN input group's 1,030 tiles
+ * are ~8 warps per SM in whole-K warps).  (On the H200 at batch 32: the GDN input group 48.4 -> 41.5 us
+ * against the 64 x 64 tiles, lm_head quarters 172.7 -> 101.5 us with 8 warps; 8 stages instead of 6, or
+ * A copied through L1, made no difference: the rate rose with the warps per SM, not with the bytes in
+ * flight.)  Requires 1 <= M <= 32, K a positive multiple of 8, A and every W 16-byte aligned, 2 <= stages
+ * <= 8, block 128 or 256, kh 1 or 2 (else trap; the host checks).  Launch: any grid (blocks loop over
+ * groups; best: one block per group), dynamic shared memory stages * QSA_DEEP_STAGE(nw, kh) + (kh - 1) *
+ * QSA_DEEP_X(nw / kh) bytes (over 48 KB: the host raises the function's limit). */
 #define QSA_DEEP_K 64                 /* k per stage: 4 chunks */
 #define QSA_DEEP_LD (QSA_DEEP_K + 8)  /* staged row, halves: 144 bytes, ldmatrix rows on distinct banks */
-#define QSA_DEEP_STAGE(nw) (((nw) * 16 + 32) * QSA_DEEP_LD * 2) /* W rows of nw warps, then 32 A rows */
+#define QSA_DEEP_STAGE(nw, kh) (((nw) * 16 + 32 * (kh)) * QSA_DEEP_LD * 2) /* W rows of nw warps, 32 A rows per half */
+#define QSA_DEEP_X(nc) ((nc) * 16 * 32 * 4) /* the odd half's P_s handed over: 16 floats per lane per tile */
 #if QSA_CPA
 /* waits until at most n (0 .. 7) committed copy groups of this thread are in flight */
 static __device__ __forceinline__ void qsa_cp_wait_n(int n) {
@@ -2718,33 +2725,37 @@ static __device__ __forceinline__ void qsa_cp_wait_n(int n) {
     default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
     }
 }
-/* Stage q's copies into buffer st (shared address): this warp's W rows n0 .. n0 + 15 (lane: rows lane / 8 + 4 i,
-   k = 8 (lane % 8): a quarter-warp copies a row's 128 contiguous bytes) or, `a`, the block's share of
-   the A rows (thread: rows tid / 8 + 16 i); rows past N or M and k >= K zero-filled */
-static __device__ __forceinline__ void qsa_deep_copy_w(const qsa_f16 *W, int n0, int N, int K, int q, qsa_u32 st) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, k = q * QSA_DEEP_K + 8 * (lane & 7);
+/* The K stage of block stage i for half h: kh 1, i itself; kh 2, stage i % 4 of segment 2 (i / 4) + h */
+static __device__ __forceinline__ int qsa_deep_q(int i, int h, int kh) {
+    return kh == 1 ? i : (i >> 2) * 2 * (QSA_SEG / QSA_DEEP_K) + h * (QSA_SEG / QSA_DEEP_K) + (i & 3);
+}
+/* Stage i's copies into buffer st (shared address): this warp's W rows n0 .. n0 + 15 at its half h's
+   stage (lane: rows lane / 8 + 4 i, k = 8 (lane % 8): a quarter-warp copies a row's 128 contiguous
+   bytes) and the block's share of the A rows of every half (thread: rows tid / 8 + 16 i of the halves'
+   32 each); rows past N or M and k >= K zero-filled (a half's stage past K: all of it).  Only the W
+   copies with `a` false, only the A copies with `w` false. */
+static __device__ __forceinline__ void qsa_deep_copy(const qsa_f16 *W, int n0, int N, const qsa_f16 *A, int M, int K,
+                                                     int i, int h, int kh, int nw, qsa_u32 st, bool w, bool a) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, k = qsa_deep_q(i, h, kh) * QSA_DEEP_K + 8 * (lane & 7);
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int r = (lane >> 3) + 4 * i, n = n0 + r;
+    for (int j = 0; j < 4 && w; j++) {
+        const int r = (lane >> 3) + 4 * j, n = n0 + r;
         const bool ok = n < N && k < K;
         qsa_cp16z(st + 2 * ((warp * 16 + r) * QSA_DEEP_LD + 8 * (lane & 7)), ok ? W + (qsa_i64)n * K + k : W, ok);
     }
-}
-static __device__ __forceinline__ void qsa_deep_copy_a(const qsa_f16 *A, int M, int K, int q, int nw, qsa_u32 st) {
-    const int k = q * QSA_DEEP_K + 8 * (threadIdx.x & 7);
-    for (int r = (int)(threadIdx.x >> 3); r < 32; r += 4 * nw) {
-        const bool ok = r < M && k < K;
-        qsa_cp16z(st + 2 * ((nw * 16 + r) * QSA_DEEP_LD + 8 * (threadIdx.x & 7)), ok ? A + (qsa_i64)r * K + k : A, ok);
+    for (int r = (int)(threadIdx.x >> 3); r < 32 * kh && a; r += 4 * nw) {
+        const int ka = qsa_deep_q(i, kh == 1 ? 0 : r >> 5, kh) * QSA_DEEP_K + 8 * (threadIdx.x & 7), m = kh == 1 ? r : r & 31;
+        const bool ok = m < M && ka < K;
+        qsa_cp16z(st + 2 * ((nw * 16 + r) * QSA_DEEP_LD + 8 * (threadIdx.x & 7)), ok ? A + (qsa_i64)m * K + ka : A, ok);
     }
 }
-#endif
-extern "C" __global__ void __launch_bounds__(256) qsa_k_gemv_deep(const qsa_f16 *__restrict__ A,
-                                                                                 qsa_gemv_group grp, int M, int K,
-                                                                                 int stages) {
-    QSA_PDL_LATE();
-#if QSA_CPA
+/* the kernel for kh = KH (a template: the whole-K blocks compile to the code they had before the halves) */
+template <int KH>
+static __device__ __forceinline__ void qsa_gemv_deep(const qsa_f16 *__restrict__ A, const qsa_gemv_group &grp, int M,
+                                                     int K, int stages) {
+    enum { kh = KH };
     extern __shared__ __align__(128) unsigned char qsa_dyn[];
-    const int nw = blockDim.x >> 5, S = QSA_DEEP_STAGE(nw);
+    const int nw = blockDim.x >> 5, S = QSA_DEEP_STAGE(nw, kh);
     bool ok = M >= 1 && M <= 32 && K > 0 && !(K & 7) && !(((qsa_u64)A) & 15u) && stages >= 2 && stages <= 8 &&
               (blockDim.x == 128 || blockDim.x == 256);
 #pragma unroll
@@ -2752,50 +2763,58 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemv_deep(const qsa_f16 
         if (b < grp.n && (((qsa_u64)grp.m[b].W) & 15u)) ok = false;
     if (!ok) __trap(); /* the host checks these */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g8 = lane >> 2, t4 = lane & 3;
-    const int mg = (M + 7) / 8, nq = (K + QSA_DEEP_K - 1) / QSA_DEEP_K;
+    const int nc = nw / kh, h = kh == 1 ? 0 : warp / nc, mg = (M + 7) / 8, nq = (K + QSA_DEEP_K - 1) / QSA_DEEP_K;
+    const int nseg = (K + QSA_SEG - 1) / QSA_SEG, spq = QSA_SEG / QSA_DEEP_K;
+    const int ni = kh == 1 ? nq : spq * ((nseg + 1) / 2); /* the block's stages per group */
     const qsa_u32 s0 = qsa_smem_u32(qsa_dyn);
+    /* the odd half's handover of tile warp % nc: [16][32] floats (element e of lane l at e 32 + l) */
+    float *xh = (float *)(qsa_dyn + stages * S) + (warp % nc) * 16 * 32 + lane;
     /* this lane's ldmatrix addresses in a stage: W row lane % 16 of its warp's tile at k = 8 (lane /
-       16); A row 8 (lane / 16) + lane % 8 (+ 16 for groups 2 and 3) at k = 8 (lane / 8 % 2) */
+       16); A row 8 (lane / 16) + lane % 8 (+ 16 for groups 2 and 3) of its half at k = 8 (lane / 8 % 2) */
     const qsa_u32 wa = 2 * ((warp * 16 + (lane & 15)) * QSA_DEEP_LD + (lane >> 4) * 8),
-                  xa = 2 * ((nw * 16 + (lane >> 4) * 8 + (lane & 7)) * QSA_DEEP_LD + ((lane >> 3) & 1) * 8);
+                  xa = 2 * ((nw * 16 + 32 * h + (lane >> 4) * 8 + (lane & 7)) * QSA_DEEP_LD + ((lane >> 3) & 1) * 8);
     int G = 0;
 #pragma unroll
     for (int b = 0; b < QSA_GEMV_GROUP; b++)
-        if (b < grp.n) G += (grp.m[b].N + 16 * nw - 1) / (16 * nw);
+        if (b < grp.n) G += (grp.m[b].N + 16 * nc - 1) / (16 * nc);
     bool waited = false;
     for (int gi = blockIdx.x; gi < G; gi += gridDim.x) {
         int b = -1, g = gi;
 #pragma unroll
         for (int i = 0; i < QSA_GEMV_GROUP; i++) { /* (the parameter struct is indexed statically) */
             if (b >= 0 || i >= grp.n) continue;
-            const int gb = (grp.m[i].N + 16 * nw - 1) / (16 * nw);
+            const int gb = (grp.m[i].N + 16 * nc - 1) / (16 * nc);
             if (g < gb) b = i;
             else g -= gb;
         }
         const qsa_gemv_member mb = qsa_gemv_pick(grp, b);
-        const int n0 = (g * nw + warp) * 16;
+        const int n0 = (g * nc + warp % nc) * 16;
         /* the prologue: stages 0 .. stages - 2 in flight (the weights before the PDL wait: no kernel
            writes them) */
-        for (int q = 0; q < stages - 1 && q < nq; q++) qsa_deep_copy_w(mb.W, n0, mb.N, K, q, s0 + q * S);
+        for (int i = 0; i < stages - 1 && i < ni; i++)
+            qsa_deep_copy(mb.W, n0, mb.N, A, M, K, i, h, kh, nw, s0 + i * S, true, false);
         if (!waited) QSA_PDL_ENTRY();
         waited = true;
-        for (int q = 0; q < stages - 1; q++) {
-            if (q < nq) qsa_deep_copy_a(A, M, K, q, nw, s0 + q * S);
+        for (int i = 0; i < stages - 1; i++) {
+            if (i < ni) qsa_deep_copy(mb.W, n0, mb.N, A, M, K, i, h, kh, nw, s0 + i * S, false, true);
             asm volatile("cp.async.commit_group;" ::: "memory"); /* (possibly empty: one group per stage) */
         }
         float P[16], T[16];
 #pragma unroll
-        for (int i = 0; i < 16; i++) P[i] = T[i] = 0.0f;
-        for (int q = 0; q < nq; q++) {
-            qsa_cp_wait_n(stages - 2); /* stage q's copies (this thread's) have landed */
-            __syncthreads();           /* ... every thread's; and stage q - 1's buffer is free */
-            if (q + stages - 1 < nq) {
-                const qsa_u32 sn = s0 + ((q + stages - 1) % stages) * S;
-                qsa_deep_copy_w(mb.W, n0, mb.N, K, q + stages - 1, sn);
-                qsa_deep_copy_a(A, M, K, q + stages - 1, nw, sn);
-            }
+        for (int e = 0; e < 16; e++) P[e] = T[e] = 0.0f;
+        for (int i = 0; i < ni; i++) {
+            qsa_cp_wait_n(stages - 2); /* stage i's copies (this thread's) have landed */
+            __syncthreads();           /* ... every thread's; and stage i - 1's buffer is free */
+            if (i + stages - 1 < ni)
+                qsa_deep_copy(mb.W, n0, mb.N, A, M, K, i + stages - 1, h, kh, nw, s0 + ((i + stages - 1) % stages) * S,
+                              true, true);
             asm volatile("cp.async.commit_group;" ::: "memory");
-            const qsa_u32 so = s0 + (q % stages) * S;
+            if (kh == 2 && !h && i && !(i & 3) && qsa_deep_q(i - 4, 1, 2) < nq) { /* the odd segment before */
+#pragma unroll
+                for (int e = 0; e < 16; e++) T[e] = T[e] + xh[32 * e];
+            }
+            const int q = qsa_deep_q(i, h, kh);
+            const qsa_u32 so = s0 + (i % stages) * S;
 #pragma unroll
             for (int c = 0; c < QSA_DEEP_K / 16; c++) {
                 if (q * QSA_DEEP_K + 16 * c >= K) break;
@@ -2810,32 +2829,53 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemv_deep(const qsa_f16 
                     if (mg > 3) qsa_mma16816(P + 12, fw, fx[2], fx[3]);
                 }
             }
-            if ((q & 3) == 3 || q + 1 == nq) { /* a segment's end: T += P_s, P = 0 */
+            if ((i & 3) == 3 || i + 1 == ni) { /* a segment's end: T += P_s (the odd half: hand P_s over), P = 0 */
+                if (!h) {
 #pragma unroll
-                for (int i = 0; i < 16; i++) {
-                    T[i] = T[i] + P[i];
-                    P[i] = 0.0f;
+                    for (int e = 0; e < 16; e++) T[e] = T[e] + P[e];
+                } else if (qsa_deep_q(i & ~3, 1, 2) < nq) { /* (an odd segment past K: none) */
+#pragma unroll
+                    for (int e = 0; e < 16; e++) xh[32 * e] = P[e];
                 }
+#pragma unroll
+                for (int e = 0; e < 16; e++) P[e] = 0.0f;
             }
         }
-        /* P[4 j + 2 h + e]: W row n0 + g8 + 8 h, A row 8 j + 2 t4 + e */
+        if (kh == 2) {
+            __syncthreads(); /* the last odd segment's P_s */
+            if (!h && qsa_deep_q(ni - 4, 1, 2) < nq) {
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int n = n0 + g8 + 8 * h;
-            if (n >= mb.N) continue;
+                for (int e = 0; e < 16; e++) T[e] = T[e] + xh[32 * e];
+            }
+        }
+        /* T[4 j + 2 r + e]: W row n0 + g8 + 8 r, A row 8 j + 2 t4 + e */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int n = n0 + g8 + 8 * r;
+            if (h || n >= mb.N) continue;
             const float bias = mb.bias ? mb.bias[n] : 0.0f;
 #pragma unroll
             for (int j = 0; j < 4; j++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const int m = 8 * j + 2 * t4 + e;
-                    if (m < M) mb.Y[(qsa_i64)m * mb.N + n] = mb.bias ? T[4 * j + 2 * h + e] + bias : T[4 * j + 2 * h + e];
+                    if (m < M) mb.Y[(qsa_i64)m * mb.N + n] = mb.bias ? T[4 * j + 2 * r + e] + bias : T[4 * j + 2 * r + e];
                 }
         }
         __syncthreads(); /* every warp is done with the ring before the next group's prologue refills it */
     }
+}
+#endif
+extern "C" __global__ void __launch_bounds__(256) qsa_k_gemv_deep(const qsa_f16 *__restrict__ A,
+                                                                                 qsa_gemv_group grp, int M, int K,
+                                                                                 int stages, int kh) {
+    QSA_PDL_LATE();
+#if QSA_CPA
+    if (kh == 2) qsa_gemv_deep<2>(A, grp, M, K, stages);
+    else if (kh == 1) qsa_gemv_deep<1>(A, grp, M, K, stages);
+    else __trap(); /* the host checks kh */
 #else
-    (void)A, (void)grp, (void)M, (void)K, (void)stages;
+    (void)A, (void)grp, (void)M, (void)K, (void)stages, (void)kh;
     __trap(); /* (sm_80+ only: cp.async) */
 #endif
 }

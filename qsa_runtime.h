@@ -8569,10 +8569,13 @@ typedef struct qsa__dlayer {
    H200's 228 KB: 6 stages of a 4-warp block, 4 of an 8-warp one); blocks of 8 warps (128 weight rows) where
    those number at least QSA__DEEP_WIDE_PER_SM per SM, else of 4.  (Measured on the H200, batch 32, eager, per
    launch: the GDN input group 41.5 us with 258 blocks of 4 warps, 43.2 with 130 of 8; each lm_head quarter
-   140.3 with 970 of 4, 101.5 with 485 of 8.) */
+   140.3 with 970 of 4, 101.5 with 485 of 8.)  Where the 4-warp blocks are chosen and K has two segments or
+   more, blocks of 8 warps in two K halves take their 64 columns instead (kh = 2: twice the warps per tile;
+   $QSA_DEEP_KH "1": not). */
 #define QSA__DEEP_RING_BYTES 92160
 #define QSA__DEEP_WIDE_PER_SM 2
-#define QSA__DEEP_STAGE_BYTES(nw) (((nw) * 16 + 32) * (64 + 8) * 2) /* kernels.cu: QSA_DEEP_STAGE */
+#define QSA__DEEP_STAGE_BYTES(nw, kh) (((nw) * 16 + 32 * (kh)) * (64 + 8) * 2) /* kernels.cu: QSA_DEEP_STAGE */
+#define QSA__DEEP_X_BYTES(nc) ((nc) * 16 * 32 * 4)                        /* kernels.cu: QSA_DEEP_X */
 /* Scratch for one chunk of up to max_tokens tokens. */
 #define QSA__GEMV_PART_BYTES ((size_t)32 << 20) /* cross-warp GEMV partial tiles (qsa__dgemm) */
 #define QSA__GEMV_TILES 65536                     /* and its tickets: at most this many tiles */
@@ -8607,8 +8610,9 @@ typedef struct qsa__cuda {
     int xw_range_per_sm;         /* qsa__xw_ranges' warps per SM (QSA__XW_RANGE_PER_SM; $QSA_XW_RANGE_PER_SM) */
     int deep_off;                /* $QSA_DEEP "0": no qsa_k_gemv_deep */
     int deep_warps;              /* its warps per block, 4 or 8 ($QSA_DEEP_WARPS; 0: chosen per launch) */
-    int deep_stages[2];          /* its ring's stages for blocks of 4 and of 8 warps (0: not in this module:
-                                    below sm_80, or not two stages of shared memory) */
+    int deep_kh_off;             /* $QSA_DEEP_KH "1": no blocks in two K halves */
+    int deep_stages[3];          /* its ring's stages for blocks of 4 and of 8 warps, and of 8 in two K halves
+                                    (0: not in this module: below sm_80, or not two stages of shared memory) */
     int gemv_blocks_per_sm;      /* qsa__gemv_blk_grid's cap (QSA__GEMV_BLOCKS; $QSA_GEMV_BLOCKS_PER_SM) */
     int gemv_blk_min_m;          /* rows from which qsa__gemv_groups takes the block form (QSA__GEMV_BLK_MIN_M; $QSA_GEMV_BLK_MIN_M) */
     int gemv_whole_segs;         /* K segments up to which qsa__gemv_blk takes whole-K groups (QSA__GEMV_WHOLE_SEGS; $QSA_GEMV_WHOLE_SEGS) */
@@ -8831,17 +8835,18 @@ QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
     int optin = 0, most = 0;
     if (qsa__cu.cuDeviceGetAttribute(&optin, QSA__CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, g->dev) != 0)
         optin = 0;
-    for (int i = 0; i < 2; i++) {
-        int stage = QSA__DEEP_STAGE_BYTES(4 << i), ring = QSA__DEEP_RING_BYTES < optin ? QSA__DEEP_RING_BYTES : optin;
+    for (int i = 0; i < 3; i++) { /* (4, 1), (8, 1), (8, 2): warps, K halves */
+        int nw = i ? 8 : 4, kh = i == 2 ? 2 : 1, x = (kh - 1) * QSA__DEEP_X_BYTES(nw / kh);
+        int stage = QSA__DEEP_STAGE_BYTES(nw, kh), ring = (QSA__DEEP_RING_BYTES < optin ? QSA__DEEP_RING_BYTES : optin) - x;
         g->deep_stages[i] = ring / stage > 8 ? 8 : ring / stage;
-        if (g->deep_off || g->arch_num < 80 || g->deep_stages[i] < 2) g->deep_stages[i] = 0;
-        if (g->deep_stages[i] * stage > most) most = g->deep_stages[i] * stage;
+        if (g->deep_off || g->arch_num < 80 || g->deep_stages[i] < 2 || (kh == 2 && g->deep_kh_off)) g->deep_stages[i] = 0;
+        if (g->deep_stages[i] && g->deep_stages[i] * stage + x > most) most = g->deep_stages[i] * stage + x;
     }
     if (most && (qsa__cu.cuFuncSetAttribute(g->k[QSA__K_gemv_deep], QSA__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                             most) != 0 ||
                  qsa__cu.cuFuncSetAttribute(g->k[QSA__K_gemv_deep], QSA__CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
                                             100) != 0))
-        g->deep_stages[0] = g->deep_stages[1] = 0;
+        g->deep_stages[0] = g->deep_stages[1] = g->deep_stages[2] = 0;
     return QSA_OK;
 }
 
@@ -9165,7 +9170,8 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    expert kernels off their lean forms (qsa__moe_lean) and $QSA_LEAN_TASKS ("GU,DN", each 1, 2 or 4) sets
    their tasks per warp; $QSA_LOGIT_SLICE_BYTES (0: never)
    replaces QSA__LOGIT_SLICE_BYTES (qsa__logit_slices); $QSA_DEEP "0" keeps decode batches' wide projections
-   on the tiled group kernel (no qsa_k_gemv_deep) and $QSA_DEEP_WARPS (4 or 8) fixes its blocks' warps. */
+   on the tiled group kernel (no qsa_k_gemv_deep), $QSA_DEEP_WARPS (4 or 8) fixes its blocks' warps and
+   $QSA_DEEP_KH "1" keeps its blocks whole in K. */
 QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     const char *e = getenv("QSA_GEMV_BLOCKS_PER_SM");
     g->gemv_blocks_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__GEMV_BLOCKS;
@@ -9213,6 +9219,8 @@ QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     g->tiled_min_tiles = e && atoi(e) > 0 ? atoi(e) : 0;
     e = getenv("QSA_DEEP");
     g->deep_off = e && !strcmp(e, "0");
+    e = getenv("QSA_DEEP_KH");
+    g->deep_kh_off = e && !strcmp(e, "1");
     e = getenv("QSA_DEEP_WARPS");
     g->deep_warps = e && (atoi(e) == 4 || atoi(e) == 8) ? atoi(e) : 0;
     e = getenv("QSA_LOGIT_SLICE_BYTES");
@@ -9757,13 +9765,15 @@ QSA_PRIV qsa_result qsa__dgemm_tiled(qsa__cuda *g, CUdeviceptr A16, int M, int n
         wide += (w[i]->out + 127) / 128;
         deep = deep && w[i]->w16 % 16 == 0;
     }
-    if (deep) { /* a block per group of 16 nw columns of a member */
+    if (deep) { /* a block per group of 16 nw / kh columns of a member */
         int nw = g->deep_warps ? g->deep_warps : wide >= (long long)QSA__DEEP_WIDE_PER_SM * g->sm_count ? 8 : 4;
         if (!g->deep_stages[nw / 8]) nw = 4;
-        int stages = g->deep_stages[nw / 8];
-        long long groups = nw == 8 ? wide : t64; /* (M <= 32: a 64 x 64 tile per group of 4 warps) */
-        QSA__LAUNCH(g, gemv_deep, (unsigned)groups, 1, 32 * nw, stages * QSA__DEEP_STAGE_BYTES(nw), &A16, &grp, &M, &K,
-                    &stages);
+        int kh = nw == 4 && !g->deep_warps && K > 256 && g->deep_stages[2] ? 2 : 1, at = kh == 2 ? 2 : nw / 8;
+        int stages = g->deep_stages[at];
+        long long groups = nw == 8 && kh == 1 ? wide : t64; /* (M <= 32: a 64 x 64 tile per group of 64 columns) */
+        if (kh == 2) nw = 8;
+        unsigned sh = (unsigned)(stages * QSA__DEEP_STAGE_BYTES(nw, kh) + (kh - 1) * QSA__DEEP_X_BYTES(nw / kh));
+        QSA__LAUNCH(g, gemv_deep, (unsigned)groups, 1, 32 * nw, sh, &A16, &grp, &M, &K, &stages, &kh);
     } else {
         QSA__LAUNCH(g, gemm_f16_group, (unsigned)t64, 1, 256, 0, &A16, &grp, &M, &K);
     }

@@ -1186,7 +1186,8 @@ TEST(gpu, k1_gemv_group_equals_single) {
    its own qsa_k_gemm_f16 launch — tiled too for M > 64, the split-K tiles for M <= 64 (decode batches'
    wide projections) — with a full grid and with fewer blocks than tiles; and so does qsa_k_gemv_deep
    (M <= 32, sm_80+, K % 8 == 0) with rings of 2, 3 and 8 stages — blocks of 4, 8 and 4 warps, the last
-   on a looping grid. */
+   on a looping grid — and in two K halves (odd and even segment counts, partial last segments) with
+   rings of 3, 2 and 5 stages — blocks of 8, 4 (looping grid) and 8 warps. */
 static void k1_gemm_group_case(int M, int K, int n) {
     k1_mem mem = {{0}, 0, {0}, 0};
     static const int Ns[QSA__GEMV_GROUP] = {300, 4, 130, 1};
@@ -1219,17 +1220,18 @@ static void k1_gemm_group_case(int M, int K, int n) {
         grp.m[b].N = Ns[b];
         t64 += ((M + 63) / 64) * ((Ns[b] + 63) / 64);
     }
-    for (int rep = 0; rep < (M <= 32 && K1_BLOCK_FORM(K) ? 5 : 2); rep++) {
-        static const int stages[3] = {2, 3, 8};
+    for (int rep = 0; rep < (M <= 32 && K1_BLOCK_FORM(K) ? 8 : 2); rep++) {
+        static const int stages[6] = {2, 3, 8, 3, 2, 5};
         for (int b = 0; b < n; b++) K1_TRY(k1_poison(dY[b], sizeof(float) * M * Ns[b]));
         void *args[] = {&dA, &grp, &M, &K};
         if (rep < 2) {
             K1_TRY(k1_launch("qsa_k_gemm_f16_group", rep ? 7u : (unsigned)t64, 1, 256, args));
         } else {
-            int st = stages[rep - 2], nw = rep == 3 ? 8 : 4;
-            void *dargs[] = {&dA, &grp, &M, &K, &st};
-            K1_TRY(k1_launch_sh("qsa_k_gemv_deep", rep == 4 ? 3u : (unsigned)t64, 32 * nw,
-                                (unsigned)(st * QSA__DEEP_STAGE_BYTES(nw)), dargs));
+            int st = stages[rep - 2], nw = rep == 3 || rep == 5 || rep == 7 ? 8 : 4, kh = rep >= 5 ? 2 : 1;
+            void *dargs[] = {&dA, &grp, &M, &K, &st, &kh};
+            K1_TRY(k1_launch_sh("qsa_k_gemv_deep", rep == 4 || rep == 6 ? 3u : (unsigned)t64, 32 * nw,
+                                (unsigned)(st * QSA__DEEP_STAGE_BYTES(nw, kh) + (kh - 1) * QSA__DEEP_X_BYTES(nw / kh)),
+                                dargs));
         }
         for (int b = 0; b < n; b++) {
             char what[128];
