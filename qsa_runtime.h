@@ -9768,6 +9768,7 @@ QSA_PRIV qsa_result qsa__dgemm_tiled(qsa__cuda *g, CUdeviceptr A16, int M, int n
     if (deep) { /* a block per group of 16 nw / kh columns of a member */
         int nw = g->deep_warps ? g->deep_warps : wide >= (long long)QSA__DEEP_WIDE_PER_SM * g->sm_count ? 8 : 4;
         if (!g->deep_stages[nw / 8]) nw = 4;
+        /* (kh = 2 from two 256-k segments on) */
         int kh = nw == 4 && !g->deep_warps && K > 256 && g->deep_stages[2] ? 2 : 1, at = kh == 2 ? 2 : nw / 8;
         int stages = g->deep_stages[at];
         long long groups = nw == 8 && kh == 1 ? wide : t64; /* (M <= 32: a 64 x 64 tile per group of 64 columns) */
