@@ -2749,6 +2749,11 @@ static __device__ __forceinline__ void qsa_deep_copy(const qsa_f16 *W, int n0, i
         qsa_cp16z(st + 2 * ((nw * 16 + r) * QSA_DEEP_LD + 8 * (threadIdx.x & 7)), ok ? A + (qsa_i64)m * K + ka : A, ok);
     }
 }
+/* T += the odd half's P_s handed over at xh (element e at xh[32 e]) */
+static __device__ __forceinline__ void qsa_deep_take(float *T, const float *xh) {
+#pragma unroll
+    for (int e = 0; e < 16; e++) T[e] = T[e] + xh[32 * e];
+}
 /* the kernel for kh = KH (a template: each form's stage loop with kh a constant; nvcc sm_90 SASS: the whole-K
    form 991 instructions per loop where the form before the halves had 1,005, the halves' form 1,190) */
 template <int KH>
@@ -2810,10 +2815,7 @@ static __device__ __forceinline__ void qsa_gemv_deep(const qsa_f16 *__restrict__
                 qsa_deep_copy(mb.W, n0, mb.N, A, M, K, i + stages - 1, h, kh, nw, s0 + ((i + stages - 1) % stages) * S,
                               true, true);
             asm volatile("cp.async.commit_group;" ::: "memory");
-            if (kh == 2 && !h && i && !(i & 3) && qsa_deep_q(i - 4, 1, 2) < nq) { /* the odd segment before */
-#pragma unroll
-                for (int e = 0; e < 16; e++) T[e] = T[e] + xh[32 * e];
-            }
+            if (kh == 2 && !h && i && !(i & 3) && qsa_deep_q(i - 4, 1, 2) < nq) qsa_deep_take(T, xh); /* the odd segment before */
             const int q = qsa_deep_q(i, h, kh);
             const qsa_u32 so = s0 + (i % stages) * S;
 #pragma unroll
@@ -2844,10 +2846,7 @@ static __device__ __forceinline__ void qsa_gemv_deep(const qsa_f16 *__restrict__
         }
         if (kh == 2) {
             __syncthreads(); /* the last odd segment's P_s */
-            if (!h && qsa_deep_q(ni - 4, 1, 2) < nq) {
-#pragma unroll
-                for (int e = 0; e < 16; e++) T[e] = T[e] + xh[32 * e];
-            }
+            if (!h && qsa_deep_q(ni - 4, 1, 2) < nq) qsa_deep_take(T, xh);
         }
         /* T[4 j + 2 r + e]: W row n0 + g8 + 8 r, A row 8 j + 2 t4 + e */
 #pragma unroll
