@@ -1568,7 +1568,9 @@ static qsa_result k1_run_moe(const k1_moe_dev *md, const uint16_t *x16, const in
                           (unsigned)(t64 ? (I + 31) / 32 : (I + 15) / 16), 256, args);
         }
         if (r == QSA_OK && xw && whole) {
-            int early = ctw & 1; /* (the lean down kernel's look-ups before its PDL wait: a plain launch here) */
+            /* the lean down kernel's look-ups before its PDL wait (a plain launch here) at 1 and 4 tasks per warp
+               (its first fold's rows of one task and of two), not at 2 */
+            int early = ctw != 2;
             void *args[] = {&dh, &dp, &dt, &dn, &dex, &dy, &H, &I, &ctw, &early};
             int w = lean ? QSA__LEAN_WARPS : 4; /* warps per block */
             r = k1_launch(lean ? "qsa_k_moe_down_xwn" : "qsa_k_moe_down_xwk",
