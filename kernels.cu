@@ -5735,6 +5735,403 @@ extern "C" __global__ void __launch_bounds__(384, 2) qsa_k_sparse_attn_dec_batch
                 part + b * nh * smax * (hd + 2), count + b * gridDim.y, smax);
 }
 
+/* ============================================================================================== */
+/* Sparse attention on the tensor cores (sm_80+)                                                   */
+/* ============================================================================================== */
+/* One query's G = nh / nkv heads of KV head g = blockIdx.y over its selected tokens, visited as
+ * qsa_sparse_attn_body visits them (ascending logical order, the debug visit list when tokpos is
+ * given) and cut every K3_SPLIT (= QSA_ATTN_SPLIT, 128) visit indices.  A split's arithmetic, fixed
+ * whatever the launch (so prefill, a one-token feed and batched decode give the same bits):
+ *   - q is split into fp16 hi = fp16(q) and lo = fp16(q - hi) (K and V are fp16 already, so the
+ *     products lose nothing but lo's last bits); a score is the mma m16n8k16 chain over the head's
+ *     dims in 16-dim steps from 0 up, at each step hi then lo, accumulated in fp32 from zero; then
+ *     times hd^-0.5 (a NaN or a token past the split counts as -inf);
+ *   - m = the split's largest score (exact in any order); p = exp(score - m) (0 when m is -inf), split
+ *     the same way into fp16 hi and lo;
+ *   - l and every output dim are mma chains over the split's tokens in 16-token steps from 0 up (hi
+ *     then lo at each step), l against a column of ones, the outputs against V;
+ *   - the splits' (m, l, o) merge left to right as qsa_sparse_attn_body merges them, then o / l times
+ *     sigmoid(gate).
+ * Rows of the mma are independent, so the padding rows (heads G..15, zero) change nothing.  Against
+ * the fp32 kernels above: the same visit order and splits, the scores and sums in another order (the
+ * CPU tolerance of the tests holds).
+ * Block: 4 warps.  Warp w computes the scores of the split's tokens 32 w .. 32 w + 31 and the outputs
+ * of dims 64 v + 16 w .. 64 v + 16 w + 15 of every 64-dim slice v (so each score and output is one
+ * warp's chain: the same bits for any number of warps).  K then V pass through shared memory in
+ * slices of 128 tokens x 64 dims (cp.async, the next slice in flight), q (hi, lo) and the split's p
+ * (hi, lo) are staged there for ldmatrix.
+ * Two forms by gridDim.x: 1 — the block runs all the query's splits, merging each into registers as
+ * it ends (prefill); smax — block x runs split x and writes its threads' (m, l, o) fragments to part
+ * [nkv][smax][128][K3_PW(hd)], and the block that completes KV head g (an integer ticket in count[g],
+ * left zero) merges them from there in the same order (decode: more blocks per query). */
+#define K3_SPLIT 128
+#define K3_SLT 32   /* tokens per staged slice (of K, then of V): 4 + 4 slices per split */
+#define K3_RING 4   /* slices in the ring: three in flight while one is used */
+#define K3_MERGE 2  /* splits whose partials the merging block loads at once */
+#define K3_PW(hd) ((hd) / 8 + 4) /* floats of a thread's partial: its o fragments, m and l of its two rows */
+#define K3_QLD 264  /* q rows and slice rows: up to 256 dims + 8 halves (ldmatrix rows on distinct banks) */
+#define K3_PLD 136  /* p rows: 128 tokens + 8 */
+#define K3_SMEM_BYTES 98304 /* the dynamic shared memory a launch gives (the host's QSA__ATTN_TC_SMEM) */
+typedef struct k3_smem {
+    qsa_f16 ring[K3_RING][K3_SLT * K3_QLD];
+    qsa_f16 q[2][16 * K3_QLD]; /* hi, lo */
+    qsa_f16 p[2][16 * K3_PLD]; /* hi, lo */
+    int tsl[2][K3_SPLIT];      /* the pool slots of a split's visit indices (this split's and the next one's) */
+    float wmax[4][16];
+    unsigned last;
+} k3_smem;
+#if QSA_CPA
+extern __shared__ __align__(16) unsigned char k3_dyn[];
+static __device__ __forceinline__ void qsa_ldsm4t(qsa_u32 a, qsa_u32 *r) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+/* the pool slots of split s's visit indices into tsl, by the whole block */
+static __device__ __forceinline__ void k3_slots(int *tsl, int s, int ntok, const int *__restrict__ tokq,
+                                                const int *__restrict__ selq, int r, int nsr, int nb,
+                                                const int *__restrict__ bt, int page_size) {
+    const int k0 = s * K3_SPLIT, n = min(ntok - k0, K3_SPLIT);
+    for (int kk = threadIdx.x; kk < n; kk += blockDim.x) {
+        const int v = k0 + kk;
+        const int lp = tokq ? tokq[v] : v < nsr ? selq[v / r] * r + v % r : nb * r + (v - nsr);
+        tsl[kk] = bt[lp / page_size] * page_size + lp % page_size;
+    }
+}
+/* slice z of a split (z < 4: K of its tokens 32 z .. 32 z + 31; else V of tokens 32 (z - 4) ..; tokens
+   past n zero) into the ring buffer at dst, one cp.async group (committed even when empty, so that
+   the groups in flight count slices) */
+template <int HD>
+static __device__ __forceinline__ void k3_stage(qsa_u32 dst, const int *tsl, int n, int z, const qsa_f16 *Kpool,
+                                                const qsa_f16 *Vpool, int kvd, int g) {
+    enum { PT = HD / 8 }; /* 16-byte pieces per token */
+    if (z < 2 * K3_SPLIT / K3_SLT) {
+        const qsa_f16 *src = (z < K3_SPLIT / K3_SLT ? Kpool : Vpool) + (long long)g * HD;
+        const int t0 = K3_SLT * (z % (K3_SPLIT / K3_SLT));
+#pragma unroll
+        for (int j = 0; j < K3_SLT * PT / 128; j++) {
+            const int i = (int)threadIdx.x + 128 * j, tok = i / PT, pc = i % PT;
+            const bool ok = t0 + tok < n;
+            qsa_cp16z(dst + (qsa_u32)(tok * K3_QLD + 8 * pc) * 2, ok ? src + (long long)tsl[t0 + tok] * kvd + 8 * pc : src, ok);
+        }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+/* (Mx, Ls, ro) of row half rr <- the next split's (m, l, o), as qsa_sparse_attn_body's merge */
+template <int NT>
+static __device__ __forceinline__ void k3_merge(float &Mx, float &Ls, float (&ro)[NT][4], int rr, float m, float l,
+                                                const float (&o)[NT][4]) {
+    const float Mn = m > Mx ? m : Mx, fa = expf(Mx - Mn), fb = expf(m - Mn);
+    Ls = __fadd_rn(__fmul_rn(Ls, fa), __fmul_rn(l, fb));
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) ro[nt][2 * rr + e] = __fadd_rn(__fmul_rn(ro[nt][2 * rr + e], fa), __fmul_rn(o[nt][2 * rr + e], fb));
+    Mx = Mn;
+}
+/* this thread's (m, l, o) of a split from its K3_PW floats of part (the fragments' own layout: o by
+   n-tile, then m and l of rows r0 and r0 + 8) */
+template <int NT>
+static __device__ __forceinline__ void k3_part_load(const float *pt, float (&m)[2], float (&l)[2], float (&o)[NT][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const float4 v = __ldcg((const float4 *)pt + nt);
+        o[nt][0] = v.x;
+        o[nt][1] = v.y;
+        o[nt][2] = v.z;
+        o[nt][3] = v.w;
+    }
+    const float4 v = __ldcg((const float4 *)pt + NT);
+    m[0] = v.x;
+    m[1] = v.y;
+    l[0] = v.z;
+    l[1] = v.w;
+}
+template <int HD>
+static __device__ __forceinline__ void k3_attn_body(const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool,
+                                                    const qsa_f16 *__restrict__ Vpool, const int *__restrict__ bt,
+                                                    const int *__restrict__ selq, int ns, long long pos,
+                                                    const int *__restrict__ tokq, float *out, qsa_f16 *out16, int nh,
+                                                    int nkv, int r, int page_size, float *part, unsigned *count,
+                                                    int smax) {
+    enum { NZ = 2 * K3_SPLIT / K3_SLT, NK = K3_SPLIT / K3_SLT, NT = HD / 32, KS = HD / 16 };
+    k3_smem &sm = *(k3_smem *)k3_dyn;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = blockIdx.y, G = nh / nkv, kvd = nkv * HD;
+    if (blockDim.x != 128 || G > 16 || nh % nkv || r < 0 || (part && (int)gridDim.x != smax) || (!part && gridDim.x != 1))
+        __trap();
+    const int nb = r > 0 ? (int)((pos + 1) / r) : 0, nsr = ns * r;
+    const int ntok = (int)(nsr + (pos + 1 - (long long)nb * r)), nsplit = (ntok + K3_SPLIT - 1) / K3_SPLIT;
+    if (part && nsplit > smax) __trap();
+    const int sb = part ? (int)blockIdx.x : 0, se = part ? min((int)blockIdx.x + 1, nsplit) : nsplit;
+    if (part && sb >= nsplit && !(nsplit == 0 && sb == 0)) return; /* past the query's splits */
+    /* q of the G heads loaded (all of a thread's loads in flight: they and the slots' look-ups are the
+       block's first latency), the first split's slots and slices in flight, then q into shared memory
+       as fp16 hi and lo (rows G..15 zero) */
+    enum { QJ = 16 * HD / 4 / 128 };
+    const float *qg = q + (long long)g * G * 2 * HD;
+    float4 qx[QJ];
+#pragma unroll
+    for (int j = 0; j < QJ; j++) {
+        const int i = 4 * (tid + 128 * j), row = i / HD, d = i % HD;
+        qx[j] = row < G ? *(const float4 *)(qg + (long long)row * 2 * HD + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    const qsa_u32 ring = qsa_smem_u32(sm.ring[0]), RB = K3_SLT * K3_QLD * 2;
+    if (sb < se) {
+        k3_slots(sm.tsl[0], sb, ntok, tokq, selq, r, nsr, nb, bt, page_size);
+        __syncthreads();
+        const int n0 = min(ntok - sb * K3_SPLIT, K3_SPLIT);
+#pragma unroll
+        for (int z = 0; z < K3_RING - 1; z++) k3_stage<HD>(ring + z * RB, sm.tsl[0], n0, z, Kpool, Vpool, kvd, g);
+    }
+#pragma unroll
+    for (int j = 0; j < QJ; j++) {
+        const int i = 4 * (tid + 128 * j), row = i / HD, d = i % HD;
+        const float x[4] = {qx[j].x, qx[j].y, qx[j].z, qx[j].w};
+        qsa_u32 hi2[2], lo2[2];
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+            const qsa_f16 h0 = qsa_f32_to_f16(x[e]), h1 = qsa_f32_to_f16(x[e + 1]);
+            const qsa_f16 l0 = qsa_f32_to_f16(__fsub_rn(x[e], qsa_f16_to_f32(h0)));
+            const qsa_f16 l1 = qsa_f32_to_f16(__fsub_rn(x[e + 1], qsa_f16_to_f32(h1)));
+            hi2[e / 2] = (qsa_u32)h0 | (qsa_u32)h1 << 16;
+            lo2[e / 2] = (qsa_u32)l0 | (qsa_u32)l1 << 16;
+        }
+        *(uint2 *)&sm.q[0][row * K3_QLD + d] = make_uint2(hi2[0], hi2[1]);
+        *(uint2 *)&sm.q[1][row * K3_QLD + d] = make_uint2(lo2[0], lo2[1]);
+    }
+    const float scale = 1.0f / sqrtf((float)HD);
+    const int r0 = lane >> 2, cq = 2 * (lane & 3);
+    /* ldmatrix lane addresses: A rows lane % 16 at column 8 (lane / 16); K rows (B of the scores) token
+       8 w + lane % 8 at dim 8 (lane / 8); V rows (B of the outputs, transposed) token lane % 8 + 8 (lane / 8
+       % 2) at dim HD / 4 w + 8 (lane / 16) */
+    const qsa_u32 qa = qsa_smem_u32(&sm.q[0][(lane & 15) * K3_QLD + 8 * (lane >> 4)]), qlo = 16 * K3_QLD * 2;
+    const qsa_u32 pa = qsa_smem_u32(&sm.p[0][(lane & 15) * K3_PLD + 8 * (lane >> 4)]), plo = 16 * K3_PLD * 2;
+    const qsa_u32 kb = (qsa_u32)((8 * w + (lane & 7)) * K3_QLD + 8 * (lane >> 3)) * 2;
+    const qsa_u32 vb = (qsa_u32)(((lane & 7) + 8 * ((lane >> 3) & 1)) * K3_QLD + HD / 4 * w + 8 * (lane >> 4)) * 2;
+    const qsa_u32 ONES = 0x3C003C00u;
+    float Mx[2] = {QSA_NEG_INF, QSA_NEG_INF}, Ls[2] = {0.0f, 0.0f}, ro[NT][4];
+    float o[NT][4], sc[NK][4], lacc[4], mrow[2];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) ro[nt][e] = 0.0f;
+    for (int s = sb; s < se; s++) {
+        const int tb = (s - sb) & 1, n = min(ntok - s * K3_SPLIT, K3_SPLIT);
+        const bool more = s + 1 < se;
+        const int n1 = more ? min(ntok - (s + 1) * K3_SPLIT, K3_SPLIT) : 0;
+#pragma unroll
+        for (int z = 0; z < NZ; z++) {
+            asm volatile("cp.async.wait_group %0;" ::"n"(K3_RING - 2) : "memory"); /* slice z is in */
+            if (z == 0 && more) k3_slots(sm.tsl[tb ^ 1], s + 1, ntok, tokq, selq, r, nsr, nb, bt, page_size);
+            __syncthreads(); /* slice z is in for every thread; the buffer slice z - 1 used is free */
+            { /* the slice K3_RING - 1 ahead (this split's or the next one's) into that buffer */
+                const int za = z + K3_RING - 1;
+                if (za < NZ) k3_stage<HD>(ring + (za % K3_RING) * RB, sm.tsl[tb], n, za, Kpool, Vpool, kvd, g);
+                else k3_stage<HD>(ring + (za % K3_RING) * RB, sm.tsl[tb ^ 1], n1, more ? za - NZ : NZ, Kpool, Vpool, kvd, g);
+            }
+            const qsa_u32 cur = ring + (z % K3_RING) * RB;
+            if (z < NK) { /* scores of tokens 32 z + 8 w .. + 7 */
+#pragma unroll
+                for (int e = 0; e < 4; e++) sc[z][e] = 0.0f;
+                if (K3_SLT * z + 8 * w < n) {
+#pragma unroll
+                    for (int kp = 0; kp < KS / 2; kp++) {
+                        qsa_u32 ah0[4], al0[4], ah1[4], al1[4], b[4];
+                        qsa_ldsm4(qa + 64 * kp, ah0);
+                        qsa_ldsm4(qa + qlo + 64 * kp, al0);
+                        qsa_ldsm4(qa + 64 * kp + 32, ah1);
+                        qsa_ldsm4(qa + qlo + 64 * kp + 32, al1);
+                        qsa_ldsm4(cur + kb + 64 * kp, b);
+                        qsa_mma16816(sc[z], ah0, b[0], b[1]);
+                        qsa_mma16816(sc[z], al0, b[0], b[1]);
+                        qsa_mma16816(sc[z], ah1, b[2], b[3]);
+                        qsa_mma16816(sc[z], al1, b[2], b[3]);
+                    }
+                }
+                if (z == NK - 1) { /* the split's max, p = exp(score - m) as fp16 hi and lo */
+                    float mx0 = QSA_NEG_INF, mx1 = QSA_NEG_INF;
+#pragma unroll
+                    for (int j = 0; j < NK; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            float v = __fmul_rn(sc[j][e], scale);
+                            if (K3_SLT * j + 8 * w + cq + (e & 1) >= n || v != v) v = QSA_NEG_INF;
+                            sc[j][e] = v;
+                            if (e < 2) mx0 = fmaxf(mx0, v);
+                            else mx1 = fmaxf(mx1, v);
+                        }
+#pragma unroll
+                    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+                        mx0 = fmaxf(mx0, __shfl_xor_sync(QSA_FULL_MASK, mx0, o2));
+                        mx1 = fmaxf(mx1, __shfl_xor_sync(QSA_FULL_MASK, mx1, o2));
+                    }
+                    if ((lane & 3) == 0) {
+                        sm.wmax[w][r0] = mx0;
+                        sm.wmax[w][r0 + 8] = mx1;
+                    }
+                    __syncthreads();
+                    mrow[0] = fmaxf(fmaxf(sm.wmax[0][r0], sm.wmax[1][r0]), fmaxf(sm.wmax[2][r0], sm.wmax[3][r0]));
+                    mrow[1] = fmaxf(fmaxf(sm.wmax[0][r0 + 8], sm.wmax[1][r0 + 8]), fmaxf(sm.wmax[2][r0 + 8], sm.wmax[3][r0 + 8]));
+#pragma unroll
+                    for (int j = 0; j < NK; j++)
+#pragma unroll
+                        for (int rr = 0; rr < 2; rr++) {
+                            qsa_u32 hi2 = 0, lo2 = 0;
+#pragma unroll
+                            for (int e = 0; e < 2; e++) {
+                                const float m = mrow[rr], v = sc[j][2 * rr + e];
+                                const float p = m == QSA_NEG_INF ? 0.0f : expf(__fsub_rn(v, m));
+                                const qsa_f16 hi = qsa_f32_to_f16(p), lo = qsa_f32_to_f16(__fsub_rn(p, qsa_f16_to_f32(hi)));
+                                hi2 |= (qsa_u32)hi << (16 * e);
+                                lo2 |= (qsa_u32)lo << (16 * e);
+                            }
+                            const int at = (r0 + 8 * rr) * K3_PLD + K3_SLT * j + 8 * w + cq;
+                            *(qsa_u32 *)&sm.p[0][at] = hi2;
+                            *(qsa_u32 *)&sm.p[1][at] = lo2;
+                        }
+                }
+            } else { /* outputs of dims HD / 4 w .. over V tokens 32 (z - NK) .. (two 16-token steps), l with them */
+                if (z == NK) {
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) o[nt][e] = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < 4; e++) lacc[e] = 0.0f;
+                }
+#pragma unroll
+                for (int kh = 0; kh < K3_SLT / 16; kh++) {
+                    const int kt = (K3_SLT / 16) * (z - NK) + kh;
+                    if (16 * kt >= n) break; /* p and V are zero there */
+                    qsa_u32 ph[4], pl[4];
+                    qsa_ldsm4(pa + 32 * kt, ph);
+                    qsa_ldsm4(pa + plo + 32 * kt, pl);
+                    qsa_mma16816(lacc, ph, ONES, ONES);
+                    qsa_mma16816(lacc, pl, ONES, ONES);
+#pragma unroll
+                    for (int np = 0; np < NT / 2; np++) {
+                        qsa_u32 b[4];
+                        qsa_ldsm4t(cur + vb + (qsa_u32)(kh * 16 * K3_QLD + 16 * np) * 2, b);
+                        qsa_mma16816(o[2 * np], ph, b[0], b[1]);
+                        qsa_mma16816(o[2 * np], pl, b[0], b[1]);
+                        qsa_mma16816(o[2 * np + 1], ph, b[2], b[3]);
+                        qsa_mma16816(o[2 * np + 1], pl, b[2], b[3]);
+                    }
+                }
+            }
+        }
+        /* split s is done: (mrow, l, o) of rows r0 and r0 + 8 */
+        const float lrow[2] = {lacc[0], lacc[2]};
+        if (!part) {
+            k3_merge<NT>(Mx[0], Ls[0], ro, 0, mrow[0], lrow[0], o);
+            k3_merge<NT>(Mx[1], Ls[1], ro, 1, mrow[1], lrow[1], o);
+            continue;
+        }
+        { /* this thread's (m, l, o), K3_PW floats, in split s's slot of KV head g */
+            float4 *pt = (float4 *)(part + (((long long)g * smax + s) * 128 + tid) * K3_PW(HD));
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) pt[nt] = make_float4(o[nt][0], o[nt][1], o[nt][2], o[nt][3]);
+            pt[NT] = make_float4(mrow[0], mrow[1], lrow[0], lrow[1]);
+        }
+        __threadfence(); /* this block's partials are visible device-wide before its ticket */
+        __syncthreads();
+        if (tid == 0) sm.last = atomicAdd(&count[g], 1u) == (unsigned)nsplit - 1u;
+        __syncthreads();
+        if (!sm.last) return;
+        __threadfence();
+        /* left to right, K3_MERGE splits' partials loaded at once */
+        for (int i0 = 0; i0 < nsplit; i0 += K3_MERGE) {
+            float mg[K3_MERGE][2], lg[K3_MERGE][2], og[K3_MERGE][NT][4];
+#pragma unroll
+            for (int k = 0; k < K3_MERGE; k++)
+                if (i0 + k < nsplit)
+                    k3_part_load<NT>(part + (((long long)g * smax + i0 + k) * 128 + tid) * K3_PW(HD), mg[k], lg[k], og[k]);
+#pragma unroll
+            for (int k = 0; k < K3_MERGE; k++)
+                if (i0 + k < nsplit) {
+                    k3_merge<NT>(Mx[0], Ls[0], ro, 0, mg[k][0], lg[k][0], og[k]);
+                    k3_merge<NT>(Mx[1], Ls[1], ro, 1, mg[k][1], lg[k][1], og[k]);
+                }
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        const int row = r0 + 8 * rr;
+        if (row >= G) continue;
+        const int h = g * G + row;
+        float2 gt[NT]; /* the gates, loaded together */
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) gt[nt] = *(const float2 *)(q + (long long)h * 2 * HD + HD + HD / 4 * w + 8 * nt + cq);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int d = HD / 4 * w + 8 * nt + cq;
+            const float y0 = __fmul_rn(ro[nt][2 * rr] / Ls[rr], qsa_sigmoid(gt[nt].x));
+            const float y1 = __fmul_rn(ro[nt][2 * rr + 1] / Ls[rr], qsa_sigmoid(gt[nt].y));
+            if (out) *(float2 *)(out + (long long)h * HD + d) = make_float2(y0, y1);
+            if (out16) *(qsa_u32 *)(out16 + (long long)h * HD + d) = (qsa_u32)qsa_f32_to_f16(y0) | (qsa_u32)qsa_f32_to_f16(y1) << 16;
+        }
+    }
+    if (part && tid == 0 && nsplit > 0) count[g] = 0u;
+}
+#endif
+/* M queries at positions pos0 + t (t = blockIdx.z): q [M][nh][2 hd], sel [M][topk], nsel [M], out
+ * [M][nh][hd]; tokpos NULL or [M][ld_tok] the debug visit order (qsa_k_attn_phys_order).  part NULL
+ * (gridDim.x 1) or [M][nkv][smax][128][K3_PW(hd)] fp32 scratch with count [M][nkv] zero (left zero; gridDim.x
+ * smax >= any query's splits).  hd 128 or 256, nh / nkv <= 16.  Launch: grid (1 or smax, nkv, M),
+ * block 128, K3_SMEM_BYTES of dynamic shared memory; sm_80+ (traps below). */
+extern "C" __global__ void __launch_bounds__(128, 2) qsa_k_sparse_attn_tc(
+    const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
+    const int *__restrict__ bt, const int *__restrict__ sel, const int *__restrict__ nsel, float *out, qsa_f16 *out16,
+    int pos0, int nh, int nkv, int hd, int r, int topk, int page_size, const int *__restrict__ tokpos, int ld_tok,
+    float *part, unsigned *count, int smax) {
+    QSA_PDL_ENTRY();
+#if QSA_CPA
+    QSA_CT_CHECK(sizeof(k3_smem) <= K3_SMEM_BYTES);
+    const qsa_i64 t = blockIdx.z, o = t * nh * hd;
+    const int *selq = r > 0 ? sel + t * topk : sel;
+    const int *tokq = tokpos ? tokpos + t * ld_tok : tokpos;
+    const int ns = r > 0 ? nsel[t] : 0;
+    float *pt = part ? part + t * nkv * smax * 128 * K3_PW(hd) : part;
+    if (hd == 128)
+        k3_attn_body<128>(q + t * nh * 2 * hd, Kpool, Vpool, bt, selq, ns, (long long)pos0 + t, tokq, out ? out + o : out,
+                          out16 ? out16 + o : out16, nh, nkv, r, page_size, pt, count + t * nkv, smax);
+    else if (hd == 256)
+        k3_attn_body<256>(q + t * nh * 2 * hd, Kpool, Vpool, bt, selq, ns, (long long)pos0 + t, tokq, out ? out + o : out,
+                          out16 ? out16 + o : out16, nh, nkv, r, page_size, pt, count + t * nkv, smax);
+    else
+        __trap();
+#else
+    __trap();
+#endif
+}
+/* One token of each of B sequences (b = blockIdx.z; pos, bts as the other batched kernels): q [B][nh][2 hd],
+ * sel [B][topk], nsel [B], out [B][nh][hd], part [B][nkv][smax][128][K3_PW(hd)] or NULL, count [B][nkv].
+ * Launch: grid (1 or smax, nkv, B), block 128, K3_SMEM_BYTES of dynamic shared memory; sm_80+. */
+extern "C" __global__ void __launch_bounds__(128, 2) qsa_k_sparse_attn_tc_batch(
+    const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
+    const unsigned long long *__restrict__ bts, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
+    qsa_f16 *out16, const int *__restrict__ pos, int nh, int nkv, int hd, int r, int topk, int page_size, float *part,
+    unsigned *count, int smax) {
+    QSA_PDL_ENTRY();
+#if QSA_CPA
+    const qsa_i64 b = blockIdx.z, o = b * nh * hd;
+    const int *selq = r > 0 ? sel + b * topk : sel;
+    const int ns = r > 0 ? nsel[b] : 0;
+    float *pt = part ? part + b * nkv * smax * 128 * K3_PW(hd) : part;
+    if (hd == 128)
+        k3_attn_body<128>(q + b * nh * 2 * hd, Kpool, Vpool, QSA_BPTR(const int, bts), selq, ns, (long long)pos[b], NULL,
+                          out ? out + o : out, out16 ? out16 + o : out16, nh, nkv, r, page_size, pt, count + b * nkv, smax);
+    else if (hd == 256)
+        k3_attn_body<256>(q + b * nh * 2 * hd, Kpool, Vpool, QSA_BPTR(const int, bts), selq, ns, (long long)pos[b], NULL,
+                          out ? out + o : out, out16 ? out16 + o : out16, nh, nkv, r, page_size, pt, count + b * nkv, smax);
+    else
+        __trap();
+#else
+    __trap();
+#endif
+}
+
 /* conv state: st, advanced here (one token per sequence); the gates of sequence b: ga's rows b.
    Launch: grid (1, Y, B) with Y as qsa_k_gdn_conv, block 256. */
 extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv_batch(

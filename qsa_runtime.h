@@ -8499,6 +8499,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
     X(attn_qk_prep_batch) X(indexer_prep_batch) X(block_keys_batch) X(block_scores_batch)                \
     X(topk_blocks_batch) X(sparse_attn_batch) X(gdn_conv_batch) X(sparse_attn_dec) X(sparse_attn_dec_batch) \
+    X(sparse_attn_tc) X(sparse_attn_tc_batch)                                                          \
     X(gdn_recurrent_batch) X(gdn_recurrent_f16state_batch) X(ple_conv_batch)                             \
     X(tp_sum) X(tp_ple_unshard) X(argmax) X(nvfp4_order)
 
@@ -8604,6 +8605,10 @@ typedef struct qsa__dscratch {
     float *host_e;              /* PLE rows gathered on the host [max_tokens][ple_embed_dim] */
 } qsa__dscratch;
 
+#define QSA__ATTN_TC_SMEM 98304 /* qsa_k_sparse_attn_tc[_batch]'s dynamic shared memory: kernels.cu's K3_SMEM_BYTES */
+/* ... and the bytes of one query's partials there (kernels.cu: [nkv][smax][128][K3_PW(hd)] floats) */
+#define QSA__ATTN_TC_PART(nkv, smax, hd) ((long long)(nkv) * (smax) * 128 * ((hd) / 8 + 4) * 4)
+
 typedef struct qsa__cuda {
     int ordinal, cc, sm_count;
     int xw_whole_per_sm;         /* qsa__xw_whole's threshold (QSA__XW_WHOLE_PER_SM; $QSA_XW_WHOLE_PER_SM) */
@@ -8629,6 +8634,8 @@ typedef struct qsa__cuda {
     int lean_tasks[2];           /* ... tasks per warp of their gate/up and down launches, 1, 2 or 4
                                     (QSA__LEAN_GU_TASKS, QSA__LEAN_DN_TASKS; $QSA_LEAN_TASKS "GU,DN") */
     int attn_dec_off;            /* $QSA_ATTN_DEC "0": never qsa_k_sparse_attn_dec (qsa__attn_dec_splits) */
+    int attn_tc;                 /* qsa_k_sparse_attn_tc[_batch] in this module (sm_80+, the shared memory
+                                    granted; $QSA_ATTN_TC "0": never; qsa__attn_tc) */
     int attn_dec_heads;          /* $QSA_ATTN_DEC_HEADS: its heads per block (0: qsa__attn_dec_splits' rule) */
     int attn_dec_warp;           /* $QSA_ATTN_DEC_WARP: its heads per warp, 1 or 2 (0: the rule) */
     int score_keys;              /* block keys per block of qsa_k_block_scores[_batch]'s grid ($QSA_SCORE_KEYS, qsa__score_ys) */
@@ -8847,6 +8854,14 @@ QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
                  qsa__cu.cuFuncSetAttribute(g->k[QSA__K_gemv_deep], QSA__CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
                                             100) != 0))
         g->deep_stages[0] = g->deep_stages[1] = g->deep_stages[2] = 0;
+    /* the tensor-core attention: cp.async, ldmatrix and mma (sm_80+) and QSA__ATTN_TC_SMEM of dynamic shared memory */
+    if (g->arch_num < 80 || optin < QSA__ATTN_TC_SMEM) g->attn_tc = 0;
+    for (int i = 0; i < 2 && g->attn_tc; i++) {
+        CUfunction f = g->k[i ? QSA__K_sparse_attn_tc_batch : QSA__K_sparse_attn_tc];
+        if (qsa__cu.cuFuncSetAttribute(f, QSA__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, QSA__ATTN_TC_SMEM) != 0 ||
+            qsa__cu.cuFuncSetAttribute(f, QSA__CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100) != 0)
+            g->attn_tc = 0;
+    }
     return QSA_OK;
 }
 
@@ -9207,6 +9222,8 @@ QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     }
     e = getenv("QSA_ATTN_DEC");
     g->attn_dec_off = e && !strcmp(e, "0");
+    e = getenv("QSA_ATTN_TC");
+    g->attn_tc = !(e && !strcmp(e, "0"));
     e = getenv("QSA_ATTN_DEC_HEADS");
     g->attn_dec_heads = e && atoi(e) > 0 ? atoi(e) : 0;
     e = getenv("QSA_ATTN_DEC_WARP");
@@ -9362,6 +9379,16 @@ QSA_PRIV void qsa__cuda_seq_destroy(qsa_model *m, qsa_seq *s) {
 
 /* ---- forward ---- */
 
+/* Launch helper with a z dimension (the batched kernels: z = sequence; the tensor-core attention: z = query):
+   grid (gx, gy, gz), block bx, dynamic shared memory sh. */
+#define QSA__LAUNCH3(g, id, gx, gy, gz, bx, sh, ...)                                                         \
+    do {                                                                                                   \
+        void *qsa__args_[] = {__VA_ARGS__};                                                                \
+        QSA__TRY(qsa__cu_launch_ex((g)->k[QSA__K_##id], "qsa_k_" #id, (unsigned)(gx), (unsigned)(gy),       \
+                                   (unsigned)(gz), (unsigned)(bx), 1, 1, (unsigned)(sh), (g)->stream, qsa__args_, \
+                                   (g)->pdl));                                                              \
+    } while (0)
+
 /* Threads of a sparse-attention block: 16 warps (16 splits at once: a decode query's 2,048 selected
    tokens in one round, the 0-3 tail tokens in a second) when there are few queries, 8 for prefill.
    The bits do not depend on it. */
@@ -9405,6 +9432,21 @@ QSA_PRIV int qsa__attn_dec_splits(const qsa__cuda *g, int B, int nh, int nkv, in
     if ((long long)B * nh * smax * (hd + 2) * 4 > (long long)QSA__GEMV_PART_BYTES || (long long)B * (nh / *hb) > QSA__GEMV_TILES)
         return 0;
     return (int)smax;
+}
+
+/* The tensor-core sparse attention (qsa_k_sparse_attn_tc[_batch]: q and p as fp16 hi + lo on the mma,
+   one arithmetic for prefill and decode): usable for this layer shape?  Then *smax is the grid's x for
+   one query per sequence — every split its own block, merged by the last (the splits bounded by the
+   indexer's budget and their partials within the GEMV scratch) — or 1 (a block runs all of a query's
+   splits: prefill, and decode without an indexer).  The bits are the same either way. */
+QSA_PRIV int qsa__attn_tc(const qsa__cuda *g, int B, int nh, int nkv, int hd, int r, int topk, int split, int *smax) {
+    *smax = 1;
+    if (!g->attn_tc || nkv < 1 || nh % nkv || nh / nkv > 16 || (hd != 128 && hd != 256) || split != 128) return 0;
+    long long sx = r >= 1 && topk >= 1 ? ((long long)topk * r + r - 1 + split - 1) / split : 0;
+    if (B > 0 && sx > 1 && g->sc.gemv_part && (long long)B * QSA__ATTN_TC_PART(nkv, sx, hd) <= (long long)QSA__GEMV_PART_BYTES &&
+        (long long)B * nkv <= (long long)QSA__GEMV_TILES)
+        *smax = (int)sx;
+    return 1;
 }
 
 /* The grid's y of qsa_k_block_scores[_batch] for `rows` decode queries of up to maxb block keys: a
@@ -10000,8 +10042,14 @@ QSA_PRIV qsa_result qsa__cuda_attn(qsa_seq *sq, int l, int M) {
         tokpos = s->tokpos;
         QSA__LAUNCH(g, attn_phys_order, M, 1, 256, 0, &bt, &s->sel, &s->nsel, &tokpos, &pos0, &M, &r, &topk, &ps, &ld_tok);
     }
-    int hb = 1;
+    int hb = 1, tx = 1;
     unsigned nt = 0;
+    if (qsa__attn_tc(g, M == 1 && !tokpos ? 1 : 0, nh, nkv, hd, r, topk, split, &tx)) {
+        CUdeviceptr part = tx > 1 ? s->gemv_part : 0, cnt = s->gemv_count;
+        QSA__LAUNCH3(g, sparse_attn_tc, tx, nkv, M, 128, QSA__ATTN_TC_SMEM, &qg, &Kp, &Vp, &bt, &s->sel, &s->nsel, &att,
+                     &att16, &pos0, &nh, &nkv, &hd, &r, &topk, &ps, &tokpos, &ld_tok, &part, &cnt, &tx);
+        return qsa__dgemm(g, att16, M, &d->o, s->out, 0);
+    }
     int smax = M == 1 && !tokpos ? qsa__attn_dec_splits(g, 1, nh, nkv, hd, r, topk, split, &hb, &nt) : 0;
     if (smax) {
         CUdeviceptr part = s->gemv_part, cnt = s->gemv_count;
@@ -10376,15 +10424,6 @@ QSA_PRIV int qsa__cuda_batch_ready(qsa_model *m) {
     return 0;
 }
 
-/* Launch helper with a z dimension (the batched kernels: z = sequence). */
-#define QSA__LAUNCH3(g, id, gx, gy, gz, bx, sh, ...)                                                         \
-    do {                                                                                                   \
-        void *qsa__args_[] = {__VA_ARGS__};                                                                \
-        QSA__TRY(qsa__cu_launch_ex((g)->k[QSA__K_##id], "qsa_k_" #id, (unsigned)(gx), (unsigned)(gy),       \
-                                   (unsigned)(gz), (unsigned)(bx), 1, 1, (unsigned)(sh), (g)->stream, qsa__args_, \
-                                   (g)->pdl));                                                              \
-    } while (0)
-
 /* Per-layer pointer arrays of the step buffer: [L][mb] u64, row l. */
 #define QSA__BROW(b, arr, l) ((b)->arr + (size_t)(l) * (b)->max_batch * 8)
 
@@ -10476,8 +10515,14 @@ QSA_PRIV qsa_result qsa__cuda_attn_batch(qsa_model *m, int l, int B) {
         QSA__LAUNCH3(g, block_scores_batch, 1, ys, B, 256, 0, &iq, &bk, &sc, &pos, &ih, &ihd, &r, &ld, &topk);
         QSA__LAUNCH3(g, topk_blocks_batch, 1, 1, B, 1024, 0, &sc, &s->sel, &s->nsel, &pos, &r, &topk, &ld);
     }
-    int hb = 1;
+    int hb = 1, tx = 1;
     unsigned nt = 0;
+    if (qsa__attn_tc(g, B, nh, nkv, hd, r, topk, split, &tx)) {
+        CUdeviceptr part = tx > 1 ? s->gemv_part : 0, cnt = s->gemv_count;
+        QSA__LAUNCH3(g, sparse_attn_tc_batch, tx, nkv, B, 128, QSA__ATTN_TC_SMEM, &qg, &Kp, &Vp, &bts, &s->sel, &s->nsel,
+                     &att, &att16, &pos, &nh, &nkv, &hd, &r, &topk, &ps, &part, &cnt, &tx);
+        return qsa__dgemm(g, att16, B, &d->o, s->out, 0);
+    }
     int smax = qsa__attn_dec_splits(g, B, nh, nkv, hd, r, topk, split, &hb, &nt);
     if (smax) {
         CUdeviceptr part = s->gemv_part, cnt = s->gemv_count;

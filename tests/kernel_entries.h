@@ -6,7 +6,7 @@
 
 #include <string.h>
 
-#define KERNEL_ENTRIES_MAX 64
+#define KERNEL_ENTRIES_MAX 96
 
 /* Every `extern "C" __global__ void [__launch_bounds__(...)] NAME(` of the embedded kernels.cu, in
    source order, into names (at most cap); returns the count. */

@@ -1288,4 +1288,156 @@ TEST(gpu, k2_sparse_attn_determinism) {
     qsa_free(base); qsa_free(got); qsa_free(ref); qsa_free(logical); qsa_free(bt); qsa_free(order); qsa_free(order_cpu);
 }
 
+/* GPU, the tensor-core attention: queries [t0, t0+M) of the case through qsa_k_sparse_attn_tc (form
+   0: grid x 1, a block per (query, KV head) running all the splits; form 1: grid x smax, a block per
+   split, partials merged by the last) or qsa_k_sparse_attn_tc_batch (forms 2 and 3 likewise: the
+   queries as M sequences of one token, one block table); phys: the debug visit order (form 0 only,
+   qsa_k_attn_phys_order first).  Launched twice over a poisoned output (the tickets are left zero).
+   out [M][nh*hd]. */
+static qsa_result k3t_attn_tc_gpu(const k2t_attn *c, int ps, int n_pages, const int32_t *bt, int t0, int M, int form,
+                                  int phys, float *out) {
+    int kvd = c->nkv * c->hd, np = (c->ntok + ps - 1) / ps, nh = c->nh, nkv = c->nkv, hd = c->hd, r = c->r;
+    int topk = c->topk, split = QSA_ATTN_SPLIT, pos0 = c->pos0 + t0, ld = topk * r + r > 0 ? topk * r + r : 1;
+    int smax = form % 2 ? (topk * r + r - 1 + split - 1) / split : 1;
+    if (smax < 1) smax = 1;
+    size_t slots = (size_t)n_pages * ps;
+    uint16_t *Kp = k2t_attn_pool(c, ps, n_pages, bt, c->K), *Vp = k2t_attn_pool(c, ps, n_pages, bt, c->V);
+    uint16_t *o16 = QSA__ALLOC(uint16_t, (size_t)M * nh * hd);
+    int32_t *pos = QSA__ALLOC(int32_t, M);
+    uint64_t *bts = QSA__ALLOC(uint64_t, M);
+    unsigned *cnt = QSA__ALLOC(unsigned, (size_t)M * nkv);
+    k2t_mem a = {{0}, 0};
+    CUdeviceptr dq, dK, dV, dbt, dbts, dsel, dns, dout, do16, dpos, dpart = 0, dcnt, dtok = 0;
+    qsa_result res = Kp && Vp && o16 && pos && bts && cnt ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "test: out of memory");
+    if (res == QSA_OK) {
+        memset(cnt, 0, sizeof(unsigned) * (size_t)M * nkv);
+        for (int b = 0; b < M; b++) pos[b] = pos0 + b;
+        res = k2t_dev(&a, &dq, c->q + (size_t)t0 * nh * 2 * hd, (size_t)M * nh * 2 * hd * 4);
+    }
+    if (res == QSA_OK) res = k2t_dev(&a, &dK, Kp, slots * kvd * 2);
+    if (res == QSA_OK) res = k2t_dev(&a, &dV, Vp, slots * kvd * 2);
+    if (res == QSA_OK) res = k2t_dev(&a, &dbt, bt, (size_t)np * 4);
+    if (res == QSA_OK) {
+        for (int b = 0; b < M; b++) bts[b] = (uint64_t)dbt;
+        res = k2t_dev(&a, &dbts, bts, (size_t)M * 8);
+    }
+    if (res == QSA_OK) res = k2t_dev(&a, &dsel, c->sel + (size_t)t0 * (topk ? topk : 1), (size_t)M * (topk ? topk : 1) * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dns, c->nsel + t0, (size_t)M * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dpos, pos, (size_t)M * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dout, NULL, (size_t)M * nh * hd * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &do16, NULL, (size_t)M * nh * hd * 2);
+    if (res == QSA_OK && form % 2) res = k2t_dev(&a, &dpart, NULL, (size_t)M * QSA__ATTN_TC_PART(nkv, smax, hd));
+    if (res == QSA_OK) res = k2t_dev(&a, &dcnt, cnt, (size_t)M * nkv * 4);
+    if (res == QSA_OK && phys) {
+        res = k2t_dev(&a, &dtok, NULL, (size_t)M * ld * 4);
+        if (res == QSA_OK) {
+            void *args[] = {&dbt, &dsel, &dns, &dtok, &pos0, &M, &r, &topk, &ps, &ld};
+            res = k2t_launch("qsa_k_attn_phys_order", (unsigned)M, 1, 256, 0, args);
+        }
+    }
+    for (int rep = 0; rep < 2 && res == QSA_OK; rep++) {
+        if (rep) res = k2t_poison(dout, (size_t)M * nh * hd * 4);
+        if (res == QSA_OK && form < 2) {
+            void *args[] = {&dq, &dK, &dV, &dbt, &dsel, &dns, &dout, &do16, &pos0, &nh, &nkv, &hd, &r, &topk, &ps,
+                            &dtok, &ld, &dpart, &dcnt, &smax};
+            res = k2t_launch3("qsa_k_sparse_attn_tc", (unsigned)smax, (unsigned)nkv, (unsigned)M, 128, QSA__ATTN_TC_SMEM, args);
+        } else if (res == QSA_OK) {
+            void *args[] = {&dq, &dK, &dV, &dbts, &dsel, &dns, &dout, &do16, &dpos, &nh, &nkv, &hd, &r, &topk, &ps,
+                            &dpart, &dcnt, &smax};
+            res = k2t_launch3("qsa_k_sparse_attn_tc_batch", (unsigned)smax, (unsigned)nkv, (unsigned)M, 128,
+                              QSA__ATTN_TC_SMEM, args);
+        }
+    }
+    if (res == QSA_OK) res = k2t_get(out, dout, (size_t)M * nh * hd * 4);
+    if (res == QSA_OK) res = k2t_get(o16, do16, (size_t)M * nh * hd * 2);
+    if (res == QSA_OK) res = k2t_get(cnt, dcnt, (size_t)M * nkv * 4);
+    k2t_free(&a);
+    if (res == QSA_OK) {
+        int mism = 0, left = 0;
+        for (size_t i = 0; i < (size_t)M * nh * hd; i++) mism += o16[i] != qsa__f32_to_f16(out[i]);
+        for (int i = 0; i < M * nkv; i++) left += cnt[i] != 0;
+        if (mism) res = qsa__fail(QSA_ERR_INTERNAL, "sparse_attn_tc: %d fp16 outputs are not the rounded fp32 outputs", mism);
+        else if (left) res = qsa__fail(QSA_ERR_INTERNAL, "sparse_attn_tc: %d tickets not reset", left);
+    }
+    qsa_free(Kp); qsa_free(Vp); qsa_free(o16); qsa_free(pos); qsa_free(bts); qsa_free(cnt);
+    return res;
+}
+
+/* The tensor-core attention (sm_80+ modules): against the CPU reference within the fp32 kernels'
+   tolerance; one set of bits for its four launch forms (prefill's block per query, decode's block per
+   split, the batched entry's two), for a query alone and inside a chunk, and for any page size and
+   placement; the physical-order debug switch changes them on scattered pages (and matches the CPU's
+   physical-order plan).  Cases: hd 128 with 17 splits (GQA 2:1), hd 256 with the real shape's 12
+   query heads per KV head, 16 query heads on one KV head, early positions (one split, tails of 0..3
+   tokens), no indexer (r = 0: every token, the block-per-query forms only). */
+TEST(gpu, k3_sparse_attn_tc) {
+    K2_NEED_GPU();
+    if (atoi(K2G_.arch + 8) < 80) SKIP("needs an sm_80+ module (this one is %s)", K2G_.arch);
+    static const struct { int nh, nkv, hd, r, topk, M, pos0; uint64_t seed; const char *what; } cases[] = {
+        {4, 2, 128, 4, 512, 9, 4963, 91, "hd 128, 17 splits"},
+        {24, 2, 256, 4, 512, 3, 2500, 92, "hd 256, 12 query heads per KV head"},
+        {16, 1, 128, 4, 100, 5, 1000, 93, "hd 128, 16 query heads per KV head"},
+        {4, 1, 128, 4, 128, 12, 0, 94, "hd 128, early positions"},
+        {2, 1, 256, 0, 0, 6, 300, 95, "hd 256, no indexer"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        k2t_attn c;
+        k2t_attn_init(&c, cases[i].nh, cases[i].nkv, cases[i].hd, cases[i].r, cases[i].topk, cases[i].M, cases[i].pos0,
+                      cases[i].seed);
+        size_t no = (size_t)c.M * c.nh * c.hd, per = (size_t)c.nh * c.hd;
+        int np16 = (c.ntok + 15) / 16, cap = 2 * np16 + 5, forms = c.r ? 4 : 1;
+        int32_t *bt = QSA__ALLOC(int32_t, cap);
+        float *ref = QSA__ALLOC(float, no), *base = QSA__ALLOC(float, no), *got = QSA__ALLOC(float, no);
+        k2t_block_table(bt, np16, cap, 7 + i);
+        k2t_attn_cpu(&c, 16, cap, bt, 0, ref, NULL, 0);
+        qsa_result r = k3t_attn_tc_gpu(&c, 16, cap, bt, 0, c.M, 0, 0, base);
+        CHECK_OK(r);
+        if (r == QSA_OK)
+            CHECKF(k2t_compare(cases[i].what, base, ref, no, K2T_ATTN_ATOL, K2T_ATTN_RTOL) == 0, "%s: out of tolerance", cases[i].what);
+        for (int f = 1; f < forms && r == QSA_OK; f++) {
+            r = k3t_attn_tc_gpu(&c, 16, cap, bt, 0, c.M, f, 0, got);
+            CHECK_OK(r);
+            CHECKF(r != QSA_OK || k2t_same_bits(base, got, no * 4), "%s, form %d: the bits differ from form 0", cases[i].what, f);
+        }
+        for (int f = 0; f < forms && r == QSA_OK; f++) { /* the last query alone */
+            const int t = c.M - 1;
+            r = k3t_attn_tc_gpu(&c, 16, cap, bt, t, 1, f, 0, got);
+            CHECK_OK(r);
+            CHECKF(r != QSA_OK || k2t_same_bits(base + (size_t)t * per, got, per * 4),
+                   "%s, form %d: query %d alone differs from the chunk", cases[i].what, f, t);
+        }
+        static const int sizes[3] = {16, 400, 784};
+        for (int si = 0; si < 3 && r == QSA_OK; si++)
+            for (int perm = 0; perm < 2 && r == QSA_OK; perm++) {
+                int ps = sizes[si], np = (c.ntok + ps - 1) / ps;
+                k2t_block_table(bt, np, 2 * np + 5, perm ? (uint64_t)(300 + 10 * si + i) : 0);
+                r = k3t_attn_tc_gpu(&c, ps, 2 * np + 5, bt, 0, c.M, (si + perm) % forms, 0, got);
+                CHECK_OK(r);
+                CHECKF(r != QSA_OK || k2t_same_bits(base, got, no * 4), "%s, pages of %d, placement %d: the bits differ",
+                       cases[i].what, ps, perm);
+            }
+        if (i == 0 && r == QSA_OK) { /* the physical-order switch */
+            k2t_block_table(bt, np16, cap, 4242);
+            r = k3t_attn_tc_gpu(&c, 16, cap, bt, 0, c.M, 0, 1, got);
+            CHECK_OK(r);
+            if (r == QSA_OK) {
+                k2t_attn_cpu(&c, 16, cap, bt, 1, ref, NULL, 0);
+                CHECKF(k2t_compare("sparse_attn_tc physical order", got, ref, no, K2T_ATTN_ATOL, K2T_ATTN_RTOL) == 0,
+                       "physical order: out of tolerance against the CPU physical-order plan");
+                size_t diff = 0;
+                for (size_t k = 0; k < no; k++) diff += memcmp(&got[k], &base[k], 4) != 0;
+                printf("    tensor-core attention, physical order on scattered pages: %zu of %zu outputs change bits (must be > 0)\n",
+                       diff, no);
+                CHECKF(diff > 0, "the physical-order switch did not change any output bit");
+                k2t_block_table(bt, np16, cap, 0);
+                r = k3t_attn_tc_gpu(&c, 16, cap, bt, 0, c.M, 0, 1, got);
+                CHECK_OK(r);
+                CHECKF(r != QSA_OK || k2t_same_bits(base, got, no * 4), "pages in logical order: physical order must give the logical bits");
+            }
+        }
+        qsa_free(bt); qsa_free(ref); qsa_free(base); qsa_free(got);
+        k2t_attn_free(&c);
+    }
+}
+
 #endif /* QSA_NO_CUDA */
