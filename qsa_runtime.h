@@ -9173,7 +9173,8 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
 /* The launch-shape switches read from the environment once per context (the bits do not depend on
    them): $QSA_XW_WHOLE_PER_SM, $QSA_XW_RANGE_PER_SM and $QSA_MOE64_PAIRS, positive integers, replace
    QSA__XW_WHOLE_PER_SM, QSA__XW_RANGE_PER_SM and QSA__MOE64_PAIRS; $QSA_ATTN_DEC ("0": never), $QSA_ATTN_DEC_HEADS and
-   $QSA_ATTN_DEC_WARP choose and shape qsa_k_sparse_attn_dec (qsa__attn_dec_splits), $QSA_SCORE_KEYS (8 or
+   $QSA_ATTN_DEC_WARP choose and shape qsa_k_sparse_attn_dec (qsa__attn_dec_splits) where the tensor-core
+   attention does not apply ($QSA_ATTN_TC "0": never it — other bits, the fp32 kernels' — qsa__attn_tc), $QSA_SCORE_KEYS (8 or
    more) replaces QSA__SCORE_KEYS (qsa__score_ys); $QSA_TILED_M
    and $QSA_TILED_TILES replace qsa__tiled_small's thresholds (QSA__TILED_M tokens, the SM count of
    tiles); $QSA_GEMV_BLOCKS_PER_SM replaces QSA__GEMV_BLOCKS (qsa__gemv_blk_grid), $QSA_GEMV_BLK_MIN_M
