@@ -1092,67 +1092,102 @@ TEST(gpu, k2_sparse_attn_vs_cpu) {
     k2t_attn_free(&c);
 }
 
+/* The device side of a decode-form attention launch (k2t_attn_dec_gpu, k3t_attn_tc_gpu): queries [t0, t0+M)
+   of the case as M sequences of one token each on one block table (positions pos0 + t), the output
+   poisoned, ncnt tickets zero, part_bytes of partials (none: 0), and for the debug visit order (phys)
+   qsa_k_attn_phys_order's list, ld per query. */
+typedef struct k2t_attn_dev {
+    k2t_mem a;
+    CUdeviceptr q, K, V, bt, bts, sel, ns, pos, out, o16, part, cnt, tok;
+    int M, ncnt, pos0, ld;
+} k2t_attn_dev;
+static qsa_result k2t_attn_dev_init(k2t_attn_dev *d, const k2t_attn *c, int ps, int n_pages, const int32_t *bt, int t0, int M,
+                                    int ncnt, size_t part_bytes, int phys) {
+    int kvd = c->nkv * c->hd, np = (c->ntok + ps - 1) / ps, nh = c->nh, hd = c->hd, topk = c->topk, r = c->r;
+    size_t slots = (size_t)n_pages * ps, ts = topk ? (size_t)topk : 1;
+    memset(d, 0, sizeof *d);
+    d->M = M;
+    d->ncnt = ncnt;
+    d->pos0 = c->pos0 + t0;
+    d->ld = topk * r + r > 0 ? topk * r + r : 1;
+    uint16_t *Kp = k2t_attn_pool(c, ps, n_pages, bt, c->K), *Vp = k2t_attn_pool(c, ps, n_pages, bt, c->V);
+    int32_t *pos = QSA__ALLOC(int32_t, M);
+    uint64_t *bts = QSA__ALLOC(uint64_t, M);
+    unsigned *cnt = QSA__ALLOC(unsigned, (size_t)ncnt);
+    qsa_result res = Kp && Vp && pos && bts && cnt ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "test: out of memory");
+    if (res == QSA_OK) {
+        memset(cnt, 0, sizeof(unsigned) * (size_t)ncnt);
+        for (int b = 0; b < M; b++) pos[b] = d->pos0 + b;
+        res = k2t_dev(&d->a, &d->q, c->q + (size_t)t0 * nh * 2 * hd, (size_t)M * nh * 2 * hd * 4);
+    }
+    if (res == QSA_OK) res = k2t_dev(&d->a, &d->K, Kp, slots * kvd * 2);
+    if (res == QSA_OK) res = k2t_dev(&d->a, &d->V, Vp, slots * kvd * 2);
+    if (res == QSA_OK) res = k2t_dev(&d->a, &d->bt, bt, (size_t)np * 4);
+    if (res == QSA_OK) {
+        for (int b = 0; b < M; b++) bts[b] = (uint64_t)d->bt;
+        res = k2t_dev(&d->a, &d->bts, bts, (size_t)M * 8);
+    }
+    if (res == QSA_OK) res = k2t_dev(&d->a, &d->sel, c->sel + (size_t)t0 * ts, (size_t)M * ts * 4);
+    if (res == QSA_OK) res = k2t_dev(&d->a, &d->ns, c->nsel + t0, (size_t)M * 4);
+    if (res == QSA_OK) res = k2t_dev(&d->a, &d->pos, pos, (size_t)M * 4);
+    if (res == QSA_OK) res = k2t_dev(&d->a, &d->out, NULL, (size_t)M * nh * hd * 4);
+    if (res == QSA_OK) res = k2t_dev(&d->a, &d->o16, NULL, (size_t)M * nh * hd * 2);
+    if (res == QSA_OK && part_bytes) res = k2t_dev(&d->a, &d->part, NULL, part_bytes);
+    if (res == QSA_OK) res = k2t_dev(&d->a, &d->cnt, cnt, (size_t)ncnt * 4);
+    if (res == QSA_OK && phys) {
+        res = k2t_dev(&d->a, &d->tok, NULL, (size_t)M * d->ld * 4);
+        if (res == QSA_OK) {
+            void *args[] = {&d->bt, &d->sel, &d->ns, &d->tok, &d->pos0, &d->M, &r, &topk, &ps, &d->ld};
+            res = k2t_launch("qsa_k_attn_phys_order", (unsigned)M, 1, 256, 0, args);
+        }
+    }
+    qsa_free(Kp); qsa_free(Vp); qsa_free(pos); qsa_free(bts); qsa_free(cnt);
+    return res;
+}
+/* res of the launches, then the outputs into out [M][nh*hd], checked: out16 the rounded out, every ticket
+   back at zero; the device buffers freed */
+static qsa_result k2t_attn_dev_finish(k2t_attn_dev *d, qsa_result res, const k2t_attn *c, const char *what, float *out) {
+    size_t no = (size_t)d->M * c->nh * c->hd;
+    uint16_t *o16 = QSA__ALLOC(uint16_t, no);
+    unsigned *cnt = QSA__ALLOC(unsigned, (size_t)d->ncnt);
+    if (res == QSA_OK && (!o16 || !cnt)) res = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "test: out of memory");
+    if (res == QSA_OK) res = k2t_get(out, d->out, no * 4);
+    if (res == QSA_OK) res = k2t_get(o16, d->o16, no * 2);
+    if (res == QSA_OK) res = k2t_get(cnt, d->cnt, (size_t)d->ncnt * 4);
+    k2t_free(&d->a);
+    if (res == QSA_OK) {
+        int mism = 0, left = 0;
+        for (size_t i = 0; i < no; i++) mism += o16[i] != qsa__f32_to_f16(out[i]);
+        for (int i = 0; i < d->ncnt; i++) left += cnt[i] != 0;
+        if (mism) res = qsa__fail(QSA_ERR_INTERNAL, "%s: %d fp16 outputs are not the rounded fp32 outputs", what, mism);
+        else if (left) res = qsa__fail(QSA_ERR_INTERNAL, "%s: %d tickets not reset", what, left);
+    }
+    qsa_free(o16); qsa_free(cnt);
+    return res;
+}
+
 /* GPU, the decode kernels: queries [t0, t0+M) of the case as M sequences of one query each (the same
    block table, positions pos0 + t) through qsa_k_sparse_attn_dec_batch, or query t0 alone through
    qsa_k_sparse_attn_dec (single), hb query heads per block, hw per warp.  out [M][nh*hd]. */
 static qsa_result k2t_attn_dec_gpu(const k2t_attn *c, int ps, int n_pages, const int32_t *bt, int t0, int M, int single,
                                    int hb, int hw, float *out) {
-    int kvd = c->nkv * c->hd, np = (c->ntok + ps - 1) / ps, nh = c->nh, nkv = c->nkv, hd = c->hd, r = c->r;
-    int topk = c->topk, split = QSA_ATTN_SPLIT, smax = (topk * r + r - 1 + split - 1) / split, pos0 = c->pos0 + t0;
-    int rows = nh / hb; /* grid y: groups of hb query heads */
+    int nh = c->nh, nkv = c->nkv, hd = c->hd, r = c->r, topk = c->topk, split = QSA_ATTN_SPLIT;
+    int smax = (topk * r + r - 1 + split - 1) / split, rows = nh / hb; /* grid y: groups of hb query heads */
     unsigned threads = 32u * (unsigned)(hb / hw);
-    size_t slots = (size_t)n_pages * ps;
-    uint16_t *Kp = k2t_attn_pool(c, ps, n_pages, bt, c->K), *Vp = k2t_attn_pool(c, ps, n_pages, bt, c->V);
-    uint16_t *o16 = QSA__ALLOC(uint16_t, (size_t)M * nh * hd);
-    int32_t *pos = QSA__ALLOC(int32_t, M);
-    uint64_t *bts = QSA__ALLOC(uint64_t, M);
-    unsigned *cnt = QSA__ALLOC(unsigned, (size_t)M * rows);
-    k2t_mem a = {{0}, 0};
-    CUdeviceptr dq, dK, dV, dbt, dbts, dsel, dns, dout, do16, dpos, dpart, dcnt;
-    qsa_result res = Kp && Vp && o16 && pos && bts && cnt ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "test: out of memory");
-    if (res == QSA_OK) {
-        memset(cnt, 0, sizeof(unsigned) * (size_t)M * rows);
-        for (int b = 0; b < M; b++) pos[b] = pos0 + b;
-        res = k2t_dev(&a, &dq, c->q + (size_t)t0 * nh * 2 * hd, (size_t)M * nh * 2 * hd * 4);
-    }
-    if (res == QSA_OK) res = k2t_dev(&a, &dK, Kp, slots * kvd * 2);
-    if (res == QSA_OK) res = k2t_dev(&a, &dV, Vp, slots * kvd * 2);
-    if (res == QSA_OK) res = k2t_dev(&a, &dbt, bt, (size_t)np * 4);
-    if (res == QSA_OK) {
-        for (int b = 0; b < M; b++) bts[b] = (uint64_t)dbt;
-        res = k2t_dev(&a, &dbts, bts, (size_t)M * 8);
-    }
-    if (res == QSA_OK) res = k2t_dev(&a, &dsel, c->sel + (size_t)t0 * topk, (size_t)M * topk * 4);
-    if (res == QSA_OK) res = k2t_dev(&a, &dns, c->nsel + t0, (size_t)M * 4);
-    if (res == QSA_OK) res = k2t_dev(&a, &dpos, pos, (size_t)M * 4);
-    if (res == QSA_OK) res = k2t_dev(&a, &dout, NULL, (size_t)M * nh * hd * 4);
-    if (res == QSA_OK) res = k2t_dev(&a, &do16, NULL, (size_t)M * nh * hd * 2);
-    if (res == QSA_OK) res = k2t_dev(&a, &dpart, NULL, (size_t)M * nh * smax * (hd + 2) * 4);
-    if (res == QSA_OK) res = k2t_dev(&a, &dcnt, cnt, (size_t)M * rows * 4);
+    k2t_attn_dev d;
+    qsa_result res = k2t_attn_dev_init(&d, c, ps, n_pages, bt, t0, M, M * rows, (size_t)M * nh * smax * (hd + 2) * 4, 0);
     for (int rep = 0; rep < 2 && res == QSA_OK; rep++) { /* twice: the tickets are left zero for the next launch */
         if (single) {
-            void *args[] = {&dq, &dK, &dV, &dbt, &dsel, &dns, &dout, &do16, &pos0, &nh, &nkv, &hd, &r, &ps, &split,
-                            &dpart, &dcnt, &smax};
+            void *args[] = {&d.q, &d.K, &d.V, &d.bt, &d.sel, &d.ns, &d.out, &d.o16, &d.pos0, &nh, &nkv, &hd, &r, &ps, &split,
+                            &d.part, &d.cnt, &smax};
             res = k2t_launch("qsa_k_sparse_attn_dec", (unsigned)smax, (unsigned)rows, threads, 0, args);
         } else {
-            void *args[] = {&dq, &dK, &dV, &dbts, &dsel, &dns, &dout, &do16, &dpos, &nh, &nkv, &hd, &r, &topk, &ps,
-                            &split, &dpart, &dcnt, &smax};
+            void *args[] = {&d.q, &d.K, &d.V, &d.bts, &d.sel, &d.ns, &d.out, &d.o16, &d.pos, &nh, &nkv, &hd, &r, &topk, &ps,
+                            &split, &d.part, &d.cnt, &smax};
             res = k2t_launch3("qsa_k_sparse_attn_dec_batch", (unsigned)smax, (unsigned)rows, (unsigned)M, threads, 0, args);
         }
     }
-    if (res == QSA_OK) res = k2t_get(out, dout, (size_t)M * nh * hd * 4);
-    if (res == QSA_OK) res = k2t_get(o16, do16, (size_t)M * nh * hd * 2);
-    if (res == QSA_OK) res = k2t_get(cnt, dcnt, (size_t)M * rows * 4);
-    k2t_free(&a);
-    if (res == QSA_OK) {
-        int mism = 0, left = 0;
-        for (size_t i = 0; i < (size_t)M * nh * hd; i++) mism += o16[i] != qsa__f32_to_f16(out[i]);
-        for (int i = 0; i < M * rows; i++) left += cnt[i] != 0;
-        if (mism) res = qsa__fail(QSA_ERR_INTERNAL, "sparse_attn_dec: %d fp16 outputs are not the rounded fp32 outputs", mism);
-        else if (left) res = qsa__fail(QSA_ERR_INTERNAL, "sparse_attn_dec: %d tickets not reset", left);
-    }
-    qsa_free(Kp); qsa_free(Vp); qsa_free(o16); qsa_free(pos); qsa_free(bts); qsa_free(cnt);
-    return res;
+    return k2t_attn_dev_finish(&d, res, c, "sparse_attn_dec", out);
 }
 
 /* The decode kernels give qsa_k_sparse_attn's bits: each query of a case as its own sequence (one
@@ -1296,71 +1331,26 @@ TEST(gpu, k2_sparse_attn_determinism) {
    out [M][nh*hd]. */
 static qsa_result k3t_attn_tc_gpu(const k2t_attn *c, int ps, int n_pages, const int32_t *bt, int t0, int M, int form,
                                   int phys, float *out) {
-    int kvd = c->nkv * c->hd, np = (c->ntok + ps - 1) / ps, nh = c->nh, nkv = c->nkv, hd = c->hd, r = c->r;
-    int topk = c->topk, split = QSA_ATTN_SPLIT, pos0 = c->pos0 + t0, ld = topk * r + r > 0 ? topk * r + r : 1;
+    int nh = c->nh, nkv = c->nkv, hd = c->hd, r = c->r, topk = c->topk, split = QSA_ATTN_SPLIT;
     int smax = form % 2 ? (topk * r + r - 1 + split - 1) / split : 1;
     if (smax < 1) smax = 1;
-    size_t slots = (size_t)n_pages * ps;
-    uint16_t *Kp = k2t_attn_pool(c, ps, n_pages, bt, c->K), *Vp = k2t_attn_pool(c, ps, n_pages, bt, c->V);
-    uint16_t *o16 = QSA__ALLOC(uint16_t, (size_t)M * nh * hd);
-    int32_t *pos = QSA__ALLOC(int32_t, M);
-    uint64_t *bts = QSA__ALLOC(uint64_t, M);
-    unsigned *cnt = QSA__ALLOC(unsigned, (size_t)M * nkv);
-    k2t_mem a = {{0}, 0};
-    CUdeviceptr dq, dK, dV, dbt, dbts, dsel, dns, dout, do16, dpos, dpart = 0, dcnt, dtok = 0;
-    qsa_result res = Kp && Vp && o16 && pos && bts && cnt ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "test: out of memory");
-    if (res == QSA_OK) {
-        memset(cnt, 0, sizeof(unsigned) * (size_t)M * nkv);
-        for (int b = 0; b < M; b++) pos[b] = pos0 + b;
-        res = k2t_dev(&a, &dq, c->q + (size_t)t0 * nh * 2 * hd, (size_t)M * nh * 2 * hd * 4);
-    }
-    if (res == QSA_OK) res = k2t_dev(&a, &dK, Kp, slots * kvd * 2);
-    if (res == QSA_OK) res = k2t_dev(&a, &dV, Vp, slots * kvd * 2);
-    if (res == QSA_OK) res = k2t_dev(&a, &dbt, bt, (size_t)np * 4);
-    if (res == QSA_OK) {
-        for (int b = 0; b < M; b++) bts[b] = (uint64_t)dbt;
-        res = k2t_dev(&a, &dbts, bts, (size_t)M * 8);
-    }
-    if (res == QSA_OK) res = k2t_dev(&a, &dsel, c->sel + (size_t)t0 * (topk ? topk : 1), (size_t)M * (topk ? topk : 1) * 4);
-    if (res == QSA_OK) res = k2t_dev(&a, &dns, c->nsel + t0, (size_t)M * 4);
-    if (res == QSA_OK) res = k2t_dev(&a, &dpos, pos, (size_t)M * 4);
-    if (res == QSA_OK) res = k2t_dev(&a, &dout, NULL, (size_t)M * nh * hd * 4);
-    if (res == QSA_OK) res = k2t_dev(&a, &do16, NULL, (size_t)M * nh * hd * 2);
-    if (res == QSA_OK && form % 2) res = k2t_dev(&a, &dpart, NULL, (size_t)M * QSA__ATTN_TC_PART(nkv, smax, hd));
-    if (res == QSA_OK) res = k2t_dev(&a, &dcnt, cnt, (size_t)M * nkv * 4);
-    if (res == QSA_OK && phys) {
-        res = k2t_dev(&a, &dtok, NULL, (size_t)M * ld * 4);
-        if (res == QSA_OK) {
-            void *args[] = {&dbt, &dsel, &dns, &dtok, &pos0, &M, &r, &topk, &ps, &ld};
-            res = k2t_launch("qsa_k_attn_phys_order", (unsigned)M, 1, 256, 0, args);
-        }
-    }
+    k2t_attn_dev d;
+    qsa_result res = k2t_attn_dev_init(&d, c, ps, n_pages, bt, t0, M, M * nkv,
+                                       form % 2 ? (size_t)M * QSA__ATTN_TC_PART(nkv, smax, hd) : 0, phys);
     for (int rep = 0; rep < 2 && res == QSA_OK; rep++) {
-        if (rep) res = k2t_poison(dout, (size_t)M * nh * hd * 4);
+        if (rep) res = k2t_poison(d.out, (size_t)M * nh * hd * 4);
         if (res == QSA_OK && form < 2) {
-            void *args[] = {&dq, &dK, &dV, &dbt, &dsel, &dns, &dout, &do16, &pos0, &nh, &nkv, &hd, &r, &topk, &ps,
-                            &dtok, &ld, &dpart, &dcnt, &smax};
+            void *args[] = {&d.q, &d.K, &d.V, &d.bt, &d.sel, &d.ns, &d.out, &d.o16, &d.pos0, &nh, &nkv, &hd, &r, &topk, &ps,
+                            &d.tok, &d.ld, &d.part, &d.cnt, &smax};
             res = k2t_launch3("qsa_k_sparse_attn_tc", (unsigned)smax, (unsigned)nkv, (unsigned)M, 128, QSA__ATTN_TC_SMEM, args);
         } else if (res == QSA_OK) {
-            void *args[] = {&dq, &dK, &dV, &dbts, &dsel, &dns, &dout, &do16, &dpos, &nh, &nkv, &hd, &r, &topk, &ps,
-                            &dpart, &dcnt, &smax};
+            void *args[] = {&d.q, &d.K, &d.V, &d.bts, &d.sel, &d.ns, &d.out, &d.o16, &d.pos, &nh, &nkv, &hd, &r, &topk, &ps,
+                            &d.part, &d.cnt, &smax};
             res = k2t_launch3("qsa_k_sparse_attn_tc_batch", (unsigned)smax, (unsigned)nkv, (unsigned)M, 128,
                               QSA__ATTN_TC_SMEM, args);
         }
     }
-    if (res == QSA_OK) res = k2t_get(out, dout, (size_t)M * nh * hd * 4);
-    if (res == QSA_OK) res = k2t_get(o16, do16, (size_t)M * nh * hd * 2);
-    if (res == QSA_OK) res = k2t_get(cnt, dcnt, (size_t)M * nkv * 4);
-    k2t_free(&a);
-    if (res == QSA_OK) {
-        int mism = 0, left = 0;
-        for (size_t i = 0; i < (size_t)M * nh * hd; i++) mism += o16[i] != qsa__f32_to_f16(out[i]);
-        for (int i = 0; i < M * nkv; i++) left += cnt[i] != 0;
-        if (mism) res = qsa__fail(QSA_ERR_INTERNAL, "sparse_attn_tc: %d fp16 outputs are not the rounded fp32 outputs", mism);
-        else if (left) res = qsa__fail(QSA_ERR_INTERNAL, "sparse_attn_tc: %d tickets not reset", left);
-    }
-    qsa_free(Kp); qsa_free(Vp); qsa_free(o16); qsa_free(pos); qsa_free(bts); qsa_free(cnt);
-    return res;
+    return k2t_attn_dev_finish(&d, res, c, "sparse_attn_tc", out);
 }
 
 /* The tensor-core attention (sm_80+ modules): against the CPU reference within the fp32 kernels'
