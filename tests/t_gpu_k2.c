@@ -923,6 +923,16 @@ static void k2t_attn_init(k2t_attn *c, int nh, int nkv, int hd, int r, int topk,
     }
     qsa_free(sc);
 }
+
+/* One case of the decode-form tests' tables: the shape, the seed and what it covers. */
+typedef struct k2t_attn_case {
+    int nh, nkv, hd, r, topk, M, pos0;
+    uint64_t seed;
+    const char *what;
+} k2t_attn_case;
+static void k2t_attn_init_case(k2t_attn *c, const k2t_attn_case *k) {
+    k2t_attn_init(c, k->nh, k->nkv, k->hd, k->r, k->topk, k->M, k->pos0, k->seed);
+}
 static void k2t_attn_free(k2t_attn *c) {
     qsa_free(c->q); qsa_free(c->K); qsa_free(c->V); qsa_free(c->sel); qsa_free(c->nsel);
 }
@@ -1197,15 +1207,14 @@ static qsa_result k2t_attn_dec_gpu(const k2t_attn *c, int ps, int n_pages, const
    heads per KV head, and early positions (all blocks selected, tails of 0..3 tokens, one split). */
 TEST(gpu, k2_sparse_attn_decode_splits) {
     K2_NEED_GPU();
-    static const struct { int nh, nkv, hd, r, topk, M, pos0; uint64_t seed; const char *what; } cases[] = {
+    static const k2t_attn_case cases[] = {
         {4, 2, 128, 4, 512, 9, 4963, 81, "hd 128, 17 splits"},
         {24, 2, 256, 4, 512, 3, 2500, 82, "hd 256, 12 query heads per KV head"},
         {4, 1, 128, 4, 128, 12, 0, 83, "hd 128, early positions"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         k2t_attn c;
-        k2t_attn_init(&c, cases[i].nh, cases[i].nkv, cases[i].hd, cases[i].r, cases[i].topk, cases[i].M, cases[i].pos0,
-                      cases[i].seed);
+        k2t_attn_init_case(&c, &cases[i]);
         int ps = 16, np = (c.ntok + ps - 1) / ps, n_pages = 2 * np + 5, nq = c.nh / c.nkv;
         size_t no = (size_t)c.M * c.nh * c.hd, per = (size_t)c.nh * c.hd;
         int32_t *bt = QSA__ALLOC(int32_t, n_pages);
@@ -1363,7 +1372,7 @@ static qsa_result k3t_attn_tc_gpu(const k2t_attn *c, int ps, int n_pages, const 
 TEST(gpu, k3_sparse_attn_tc) {
     K2_NEED_GPU();
     if (atoi(K2G_.arch + 8) < 80) SKIP("needs an sm_80+ module (this one is %s)", K2G_.arch);
-    static const struct { int nh, nkv, hd, r, topk, M, pos0; uint64_t seed; const char *what; } cases[] = {
+    static const k2t_attn_case cases[] = {
         {4, 2, 128, 4, 512, 9, 4963, 91, "hd 128, 17 splits"},
         {24, 2, 256, 4, 512, 3, 2500, 92, "hd 256, 12 query heads per KV head"},
         {16, 1, 128, 4, 100, 5, 1000, 93, "hd 128, 16 query heads per KV head"},
@@ -1372,8 +1381,7 @@ TEST(gpu, k3_sparse_attn_tc) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         k2t_attn c;
-        k2t_attn_init(&c, cases[i].nh, cases[i].nkv, cases[i].hd, cases[i].r, cases[i].topk, cases[i].M, cases[i].pos0,
-                      cases[i].seed);
+        k2t_attn_init_case(&c, &cases[i]);
         size_t no = (size_t)c.M * c.nh * c.hd, per = (size_t)c.nh * c.hd;
         int np16 = (c.ntok + 15) / 16, cap = 2 * np16 + 5, forms = c.r ? 4 : 1;
         int32_t *bt = QSA__ALLOC(int32_t, cap);
