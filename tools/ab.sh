@@ -16,6 +16,10 @@
 # table of the decode rows' tok/s is printed (one line per revision and round).  With $OUT set (the device
 # tool's output folder, which takes only a few files) the table and one archive of build/ab/out go there:
 # $OUT/ab.txt and $OUT/ab.tgz.
+#
+# Later calls on the same (still held) machine find the trees built and their kernels cached: to profile one
+# of them, run `cd build/ab/<n>-<name> && QSA_CACHE_DIR=/tmp/qsa-ab-cache/shared ./tools/bench ...` *without*
+# carrying build/ab again — a carried copy replaces the machine's built trees with this checkout's unbuilt ones.
 set -eu
 dir=build/ab
 cmd=${1:-}
