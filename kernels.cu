@@ -2082,6 +2082,26 @@ static __device__ __forceinline__ bool qsa_ticket_last(unsigned *count, unsigned
     return true;
 }
 
+/* The same for a whole block (every thread calls it; flag: a shared word): the block barrier orders
+   every thread's earlier stores before thread 0's release atomic (a release is cumulative over what
+   the barrier ordered before it), and the block that arrives last acquires the others' by the acq_rel
+   fence before it reads them — where each thread's sequentially consistent __threadfence() was a
+   MEMBAR.SC and an L1 invalidation in every warp (ncu of the tensor-core attention at batch 32: 9.4%
+   of the warp samples on that fence's ERRBAR).  Returns, in every thread, whether this block arrived
+   last (of n). */
+static __device__ __forceinline__ bool qsa_block_ticket_last(unsigned *count, unsigned n, unsigned *flag) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned old;
+        asm volatile("atom.release.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(count) : "memory");
+        *flag = old == n - 1u;
+    }
+    __syncthreads();
+    if (!*flag) return false;
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    return true;
+}
+
 /* The canonical fold of a tile's segments inside one warp (one matrix): T = ((0 + P_0) + P_1) + ...,
    element-wise in the accumulator layout (the order qsa_sum_parts and the tiled core use, so the
    same bits).  NVFP4 through qsa_seg16_nvw: staging rows of QSA_STW halves. */
@@ -3173,12 +3193,7 @@ extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, i
     if (gridDim.x == 1) {
         __syncthreads(); /* the block's own ids are visible to the block */
     } else {
-        __threadfence(); /* this block's ids are visible device-wide before its ticket */
-        __syncthreads();
-        if (threadIdx.x == 0) last = atomicAdd(x.ticket, 1u) == gridDim.x - 1u;
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
+        if (!qsa_block_ticket_last(x.ticket, gridDim.x, &last)) return; /* this block's ids released */
     }
     qsa_moe_plan_body(topk_ids, (int)gridDim.x * K, E, x.pairs, x.tiles, x.ntiles, x.tr, x.wcnt);
     if (threadIdx.x == 0) *x.ticket = 0u;
@@ -5566,12 +5581,7 @@ static __device__ void k2_attn_dec_body(const float *__restrict__ q, const qsa_f
 #pragma unroll
             for (int c = 0; c < C; c++) sl[2 + lane * C + c] = acc[hw][c];
         }
-        __threadfence(); /* this block's partials are visible device-wide before its ticket */
-        __syncthreads();
-        if (tid == 0) last = atomicAdd(&count[blockIdx.y], 1u) == (unsigned)nsplit - 1u;
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
+        if (!qsa_block_ticket_last(&count[blockIdx.y], (unsigned)nsplit, &last)) return; /* partials released */
     } else if (!(nsplit == 0 && s == 0)) {
         return; /* past this query's splits (no split at all: block 0 writes what the merge of none gives) */
     }
@@ -6034,12 +6044,7 @@ static __device__ __forceinline__ void k3_attn_body(const float *__restrict__ q,
             for (int nt = 0; nt < NT; nt++) pt[nt] = make_float4(o[nt][0], o[nt][1], o[nt][2], o[nt][3]);
             pt[NT] = make_float4(mrow[0], mrow[1], lrow[0], lrow[1]);
         }
-        __threadfence(); /* this block's partials are visible device-wide before its ticket */
-        __syncthreads();
-        if (tid == 0) sm.last = atomicAdd(&count[g], 1u) == (unsigned)nsplit - 1u;
-        __syncthreads();
-        if (!sm.last) return;
-        __threadfence();
+        if (!qsa_block_ticket_last(&count[g], (unsigned)nsplit, &sm.last)) return; /* partials released */
         /* left to right, K3_MERGE splits' partials loaded at once */
         for (int i0 = 0; i0 < nsplit; i0 += K3_MERGE) {
             float mg[K3_MERGE][2], lg[K3_MERGE][2], og[K3_MERGE][NT][4];
