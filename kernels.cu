@@ -5777,7 +5777,9 @@ extern "C" __global__ void __launch_bounds__(384, 2) qsa_k_sparse_attn_dec_batch
 #define K3_SPLIT 128
 #define K3_SLT 32   /* tokens per staged slice (of K, then of V): 4 + 4 slices per split */
 #define K3_RING 4   /* slices in the ring: three in flight while one is used */
-#define K3_MERGE 2  /* splits whose partials the merging block loads at once */
+/* splits whose partials the merging block has in flight at once: as many as fit where the block's ring, q and
+   p were (5 at hd 256, 9 at hd 128) */
+#define K3_MSLOTS(hd) ((K3_RING * K3_SLT * K3_QLD + 2 * 16 * K3_QLD + 2 * 16 * K3_PLD) * 2 / (128 * K3_PW(hd) * 4))
 #define K3_PW(hd) ((hd) / 8 + 4) /* floats of a thread's partial: its o fragments, m and l of its two rows */
 #define K3_QLD 264  /* q rows and slice rows: up to 256 dims + 8 halves (ldmatrix rows on distinct banks) */
 #define K3_PLD 136  /* p rows: 128 tokens + 8 */
@@ -5840,19 +5842,19 @@ static __device__ __forceinline__ void k3_merge(float &Mx, float &Ls, float (&ro
         for (int e = 0; e < 2; e++) ro[nt][2 * rr + e] = __fadd_rn(__fmul_rn(ro[nt][2 * rr + e], fa), __fmul_rn(o[nt][2 * rr + e], fb));
     Mx = Mn;
 }
-/* this thread's (m, l, o) of a split from its K3_PW floats of part (the fragments' own layout: o by
-   n-tile, then m and l of rows r0 and r0 + 8) */
+/* this thread's (m, l, o) of a split from its K3_PW floats of a partial (the fragments' own layout: o by
+   n-tile, then m and l of rows r0 and r0 + 8), here a copy in shared memory */
 template <int NT>
 static __device__ __forceinline__ void k3_part_load(const float *pt, float (&m)[2], float (&l)[2], float (&o)[NT][4]) {
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
-        const float4 v = __ldcg((const float4 *)pt + nt);
+        const float4 v = ((const float4 *)pt)[nt];
         o[nt][0] = v.x;
         o[nt][1] = v.y;
         o[nt][2] = v.z;
         o[nt][3] = v.w;
     }
-    const float4 v = __ldcg((const float4 *)pt + NT);
+    const float4 v = ((const float4 *)pt)[NT];
     m[0] = v.x;
     m[1] = v.y;
     l[0] = v.z;
@@ -6045,19 +6047,35 @@ static __device__ __forceinline__ void k3_attn_body(const float *__restrict__ q,
             pt[NT] = make_float4(mrow[0], mrow[1], lrow[0], lrow[1]);
         }
         if (!qsa_block_ticket_last(&count[g], (unsigned)nsplit, &sm.last)) return; /* partials released */
-        /* left to right, K3_MERGE splits' partials loaded at once */
-        for (int i0 = 0; i0 < nsplit; i0 += K3_MERGE) {
-            float mg[K3_MERGE][2], lg[K3_MERGE][2], og[K3_MERGE][NT][4];
+        /* left to right, the partials streamed (cp.async, through L2) into the shared memory that the ring, q
+           and p no longer need, MS splits in flight: each thread copies its own K3_PW floats of a split and
+           reads back only those (so no barrier between), and copies the next split into a slot once it has
+           merged the slot's split */
+        enum { PW = K3_PW(HD), MS = K3_MSLOTS(HD) };
+        QSA_CT_CHECK(MS >= 2 && MS * 128 * PW * 4 <= (int)sizeof sm.ring + (int)sizeof sm.q + (int)sizeof sm.p);
+        float *const stg = (float *)(void *)sm.ring + tid * PW; /* (ring, q and p lie back to back) */
+        const qsa_u32 sdst = qsa_smem_u32(stg);
+        const float *src = part + ((long long)g * smax * 128 + tid) * PW; /* split i at src + i 128 PW */
+        asm volatile("cp.async.wait_all;" ::: "memory"); /* (the ring's last groups are empty) */
 #pragma unroll
-            for (int k = 0; k < K3_MERGE; k++)
-                if (i0 + k < nsplit)
-                    k3_part_load<NT>(part + (((long long)g * smax + i0 + k) * 128 + tid) * K3_PW(HD), mg[k], lg[k], og[k]);
+        for (int i = 0; i < MS; i++) {
 #pragma unroll
-            for (int k = 0; k < K3_MERGE; k++)
-                if (i0 + k < nsplit) {
-                    k3_merge<NT>(Mx[0], Ls[0], ro, 0, mg[k][0], lg[k][0], og[k]);
-                    k3_merge<NT>(Mx[1], Ls[1], ro, 1, mg[k][1], lg[k][1], og[k]);
-                }
+            for (int c = 0; c < PW / 4; c++)
+                qsa_cp16z(sdst + (qsa_u32)(i * 128 * PW + 4 * c) * 4, i < nsplit ? src + (long long)i * 128 * PW + 4 * c : src, i < nsplit);
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        }
+        for (int i = 0; i < nsplit; i++) {
+            asm volatile("cp.async.wait_group %0;" ::"n"(MS - 1) : "memory"); /* split i is in */
+            float mg[2], lg[2], og[NT][4];
+            k3_part_load<NT>(stg + (i % MS) * 128 * PW, mg, lg, og);
+            k3_merge<NT>(Mx[0], Ls[0], ro, 0, mg[0], lg[0], og);
+            k3_merge<NT>(Mx[1], Ls[1], ro, 1, mg[1], lg[1], og);
+            const int in = i + MS; /* into the slot just merged */
+#pragma unroll
+            for (int c = 0; c < PW / 4; c++)
+                qsa_cp16z(sdst + (qsa_u32)((i % MS) * 128 * PW + 4 * c) * 4,
+                          in < nsplit ? src + (long long)in * 128 * PW + 4 * c : src, in < nsplit);
+            asm volatile("cp.async.commit_group;" ::: "memory");
         }
     }
 #pragma unroll
