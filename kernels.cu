@@ -6059,9 +6059,11 @@ static __device__ __forceinline__ void k3_attn_body(const float *__restrict__ q,
         asm volatile("cp.async.wait_all;" ::: "memory"); /* (the ring's last groups are empty) */
 #pragma unroll
         for (int i = 0; i < MS; i++) {
+            if (i < nsplit) { /* (block-uniform; a group is committed either way: the groups count splits) */
 #pragma unroll
-            for (int c = 0; c < PW / 4; c++)
-                qsa_cp16z(sdst + (qsa_u32)(i * 128 * PW + 4 * c) * 4, i < nsplit ? src + (long long)i * 128 * PW + 4 * c : src, i < nsplit);
+                for (int c = 0; c < PW / 4; c++)
+                    qsa_cp16z(sdst + (qsa_u32)(i * 128 * PW + 4 * c) * 4, src + (long long)i * 128 * PW + 4 * c, true);
+            }
             asm volatile("cp.async.commit_group;" ::: "memory");
         }
         for (int i = 0; i < nsplit; i++) {
@@ -6071,10 +6073,11 @@ static __device__ __forceinline__ void k3_attn_body(const float *__restrict__ q,
             k3_merge<NT>(Mx[0], Ls[0], ro, 0, mg[0], lg[0], og);
             k3_merge<NT>(Mx[1], Ls[1], ro, 1, mg[1], lg[1], og);
             const int in = i + MS; /* into the slot just merged */
+            if (in < nsplit) {
 #pragma unroll
-            for (int c = 0; c < PW / 4; c++)
-                qsa_cp16z(sdst + (qsa_u32)((i % MS) * 128 * PW + 4 * c) * 4,
-                          in < nsplit ? src + (long long)in * 128 * PW + 4 * c : src, in < nsplit);
+                for (int c = 0; c < PW / 4; c++)
+                    qsa_cp16z(sdst + (qsa_u32)((i % MS) * 128 * PW + 4 * c) * 4, src + (long long)in * 128 * PW + 4 * c, true);
+            }
             asm volatile("cp.async.commit_group;" ::: "memory");
         }
     }
