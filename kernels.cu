@@ -1340,8 +1340,9 @@ struct qsa_nvd_src {
     const qsa_u8 *qrow, *srow; /* this lane's copy sources at segment 0 */
     qsa_u32 cdst, sdst;        /* ... and destinations in half 0 */
     qsa_u32 rb;                /* bytes between q rows */
-    int sw;                    /* the lane's first scale word (4-byte copies) */
+    int sw;                    /* the lane's first scale word (4- and 8-byte copies) */
     bool s16;                  /* the scales in one 16-byte piece per row (svec16) */
+    bool s8;                   /* ... else in two 8-byte pieces per row (s 8-byte aligned, K % 128 == 0) */
     const qsa_f16 *arow;       /* this lane's A pieces at segment 0 (pair row lane / 8; NULL: none) */
     qsa_u32 adst;              /* their destination in the A ring, half 0, sub-step 0 */
 };
@@ -1361,6 +1362,11 @@ static __device__ __forceinline__ void qsa_nvd_copy1(const qsa_nvd_src &c, int K
             if (lane < 16)
                 asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(c.sdst + half), "l"(c.srow + (kn >> 4))
                              : "memory");
+        } else if (c.s8) { /* (rem is a multiple of 128: a piece is whole or past K) */
+            const qsa_u32 sn8 = 64 * c.sw < rem ? 8u : 0u;
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(c.sdst + half),
+                         "l"(c.srow + (sn8 ? kn >> 4 : 0)), "r"(sn8)
+                         : "memory");
         } else {
 #pragma unroll
             for (int i = 0; i < 2; i++) {
@@ -1397,8 +1403,11 @@ static __device__ __forceinline__ qsa_nvd_src qsa_nvd_src_of(const qsa_wsrc &w, 
     cs.rb = (qsa_u32)(K >> 1);
     cs.qrow = w.q + ((qsa_i64)(n0 + pr) * cs.rb + 16 * pc);
     cs.cdst = qsa_smem_u32(pk) + pr * QSA_PKD + 16 * pc;
-    /* the scale copy: row lane (one 16-byte piece, svec16) or row lane / 2, words 2 (lane % 2) + {0, 1} */
+    /* the scale copy: row lane (one 16-byte piece, svec16) or row lane / 2, words 2 (lane % 2) + {0, 1}
+       (one 8-byte piece where s and the rows are 8-byte aligned: half the requests of two 4-byte words,
+       whose rows of K / 16 bytes are 40 apart at the real shape's down K = 640) */
     cs.s16 = w.svec16;
+    cs.s8 = !cs.s16 && !(((qsa_u64)w.s) & 7u) && !(K & 127);
     const int sr_ = cs.s16 ? (lane & 15) : lane >> 1;
     cs.sw = cs.s16 ? 0 : 2 * (lane & 1);
     cs.srow = w.s + (qsa_i64)(n0 + sr_) * (K >> 4) + 4 * cs.sw;
@@ -5768,8 +5777,8 @@ extern "C" __global__ void __launch_bounds__(384, 2) qsa_k_sparse_attn_dec_batch
  * Block: 4 warps.  Warp w computes the scores of the split's tokens 32 w .. 32 w + 31 and the outputs
  * of dims 64 v + 16 w .. 64 v + 16 w + 15 of every 64-dim slice v (so each score and output is one
  * warp's chain: the same bits for any number of warps).  K then V pass through shared memory in
- * slices of 128 tokens x 64 dims (cp.async, the next slice in flight), q (hi, lo) and the split's p
- * (hi, lo) are staged there for ldmatrix.
+ * slices of K3_SLT tokens x hd (cp.async, K3_RING - 1 slices in flight, the next split's first ones
+ * while this one ends), q (hi, lo) and the split's p (hi, lo) are staged there for ldmatrix.
  * Two forms by gridDim.x: 1 — the block runs all the query's splits, merging each into registers as
  * it ends (prefill); smax — block x runs split x and writes its threads' (m, l, o) fragments to part
  * [nkv][smax][128][K3_PW(hd)], and the block that completes KV head g (an integer ticket in count[g],

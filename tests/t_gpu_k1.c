@@ -2139,6 +2139,8 @@ TEST(gpu, k1_moe) {
     k1_moe_case(9, 4, 3, 320, 192, 0, 1);   /* ~7 pairs per expert (second rows of a pass part-live); a last
                                                segment of one sub-step; scales copied in 4-byte words */
     k1_moe_case(3, 2, 2, 1024, 256, 1, 1);  /* scales copied 16 bytes per row (K % 256 == 0) both ways */
+    k1_moe_case(9, 4, 3, 384, 640, 0, 1);   /* 8 bytes per row (K % 128 == 0) both ways, the last segments
+                                               half full (down's K the real shape's 640) */
     k1_moe_case(1, 512, 10, 128, 64, 0, 1); /* decode-like: single-pair tiles */
 }
 
