@@ -5839,6 +5839,30 @@ static __device__ __forceinline__ void k3_stage(qsa_u32 dst, const int *tsl, int
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
+/* The scores of one 8-token group of a K slice (its B operand at kb0) against q (hi at qa, lo at qa + qlo)
+   into s0: the chain over the head's dims in 16-dim steps, hi then lo; TWO: a second group (kb1) into
+   s1 beside it, the two chains' mma interleaved (q's fragments loaded once; each chain's order unchanged) */
+template <int KS, bool TWO>
+static __device__ __forceinline__ void k3_scores(qsa_u32 qa, qsa_u32 qlo, qsa_u32 kb0, qsa_u32 kb1, float *s0, float *s1) {
+#pragma unroll
+    for (int kp = 0; kp < KS / 2; kp++) {
+        qsa_u32 ah0[4], al0[4], ah1[4], al1[4], b[4], c[4];
+        qsa_ldsm4(qa + 64 * kp, ah0);
+        qsa_ldsm4(qa + qlo + 64 * kp, al0);
+        qsa_ldsm4(qa + 64 * kp + 32, ah1);
+        qsa_ldsm4(qa + qlo + 64 * kp + 32, al1);
+        qsa_ldsm4(kb0 + 64 * kp, b);
+        if (TWO) qsa_ldsm4(kb1 + 64 * kp, c);
+        qsa_mma16816(s0, ah0, b[0], b[1]);
+        if (TWO) qsa_mma16816(s1, ah0, c[0], c[1]);
+        qsa_mma16816(s0, al0, b[0], b[1]);
+        if (TWO) qsa_mma16816(s1, al0, c[0], c[1]);
+        qsa_mma16816(s0, ah1, b[2], b[3]);
+        if (TWO) qsa_mma16816(s1, ah1, c[2], c[3]);
+        qsa_mma16816(s0, al1, b[2], b[3]);
+        if (TWO) qsa_mma16816(s1, al1, c[2], c[3]);
+    }
+}
 /* (Mx, Ls, ro) of row half rr <- the next split's (m, l, o), as qsa_sparse_attn_body's merge */
 template <int NT>
 static __device__ __forceinline__ void k3_merge(float &Mx, float &Ls, float (&ro)[NT][4], int rr, float m, float l,
@@ -5877,6 +5901,7 @@ static __device__ __forceinline__ void k3_attn_body(const float *__restrict__ q,
                                                     int nkv, int r, int page_size, float *part, unsigned *count,
                                                     int smax) {
     enum { NZ = 2 * K3_SPLIT / K3_SLT, NK = K3_SPLIT / K3_SLT, NT = HD / 32, KS = HD / 16 };
+    QSA_CT_CHECK(NK == 4 && K3_RING == 4); /* (the staging schedule in the loop below) */
     k3_smem &sm = *(k3_smem *)k3_dyn;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = blockIdx.y, G = nh / nkv, kvd = nkv * HD;
     if (blockDim.x != 128 || G > 16 || nh % nkv || r < 0 || (part && (int)gridDim.x != smax) || (!part && gridDim.x != 1))
@@ -5945,30 +5970,28 @@ static __device__ __forceinline__ void k3_attn_body(const float *__restrict__ q,
         for (int z = 0; z < NZ; z++) {
             asm volatile("cp.async.wait_group %0;" ::"n"(K3_RING - 2) : "memory"); /* slice z is in */
             if (z == 0 && more) k3_slots(sm.tsl[tb ^ 1], s + 1, ntok, tokq, selq, r, nsr, nb, bt, page_size);
-            __syncthreads(); /* slice z is in for every thread; the buffer slice z - 1 used is free */
-            { /* the slice K3_RING - 1 ahead (this split's or the next one's) into that buffer */
-                const int za = z + K3_RING - 1;
-                if (za < NZ) k3_stage<HD>(ring + (za % K3_RING) * RB, sm.tsl[tb], n, za, Kpool, Vpool, kvd, g);
-                else k3_stage<HD>(ring + (za % K3_RING) * RB, sm.tsl[tb ^ 1], n1, more ? za - NZ : NZ, Kpool, Vpool, kvd, g);
+            __syncthreads(); /* slice z is in for every thread; the buffers of the slices computed before are free */
+            { /* slice j of a split lives in buffer j % K3_RING; step z stages: 0 slice 3; 2 slices 4 and 5; 4
+                 slices 6 and 7; 5, 6, 7 the next split's 0, 1, 2 — nothing at 1 and 3, where the pair of K slices
+                 being scored still holds the buffers (an empty group keeps the groups counting slices) */
+                const int za0 = z == 0 ? K3_RING - 1 : z <= NK ? z + 2 : z + K3_RING - 1;
+                const int nza = z == 0 || z > NK ? 1 : (z & 1) ? 0 : 2;
+                if (!nza) k3_stage<HD>(ring, sm.tsl[tb], n, NZ, Kpool, Vpool, kvd, g);
+#pragma unroll
+                for (int i = 0; i < nza; i++) {
+                    const int za = za0 + i;
+                    if (za < NZ) k3_stage<HD>(ring + (za % K3_RING) * RB, sm.tsl[tb], n, za, Kpool, Vpool, kvd, g);
+                    else k3_stage<HD>(ring + (za % K3_RING) * RB, sm.tsl[tb ^ 1], n1, more ? za - NZ : NZ, Kpool, Vpool, kvd, g);
+                }
             }
             const qsa_u32 cur = ring + (z % K3_RING) * RB;
-            if (z < NK) { /* scores of tokens 32 z + 8 w .. + 7 */
+            if (z < NK) {
+                if (z & 1) { /* scores of tokens 32 j + 8 w .. + 7 of slices j = z - 1 and z: two chains interleaved */
+                    const qsa_u32 prv = ring + ((z - 1) % K3_RING) * RB;
 #pragma unroll
-                for (int e = 0; e < 4; e++) sc[z][e] = 0.0f;
-                if (K3_SLT * z + 8 * w < n) {
-#pragma unroll
-                    for (int kp = 0; kp < KS / 2; kp++) {
-                        qsa_u32 ah0[4], al0[4], ah1[4], al1[4], b[4];
-                        qsa_ldsm4(qa + 64 * kp, ah0);
-                        qsa_ldsm4(qa + qlo + 64 * kp, al0);
-                        qsa_ldsm4(qa + 64 * kp + 32, ah1);
-                        qsa_ldsm4(qa + qlo + 64 * kp + 32, al1);
-                        qsa_ldsm4(cur + kb + 64 * kp, b);
-                        qsa_mma16816(sc[z], ah0, b[0], b[1]);
-                        qsa_mma16816(sc[z], al0, b[0], b[1]);
-                        qsa_mma16816(sc[z], ah1, b[2], b[3]);
-                        qsa_mma16816(sc[z], al1, b[2], b[3]);
-                    }
+                    for (int e = 0; e < 4; e++) sc[z - 1][e] = sc[z][e] = 0.0f;
+                    if (K3_SLT * z + 8 * w < n) k3_scores<KS, true>(qa, qlo, prv + kb, cur + kb, sc[z - 1], sc[z]);
+                    else if (K3_SLT * (z - 1) + 8 * w < n) k3_scores<KS, false>(qa, qlo, prv + kb, 0, sc[z - 1], sc[z]);
                 }
                 if (z == NK - 1) { /* the split's max, p = exp(score - m) as fp16 hi and lo */
                     float mx0 = QSA_NEG_INF, mx1 = QSA_NEG_INF;
