@@ -5777,15 +5777,15 @@ extern "C" __global__ void __launch_bounds__(384, 2) qsa_k_sparse_attn_dec_batch
  * Block: 4 warps.  Warp w computes the scores of the split's tokens 32 w .. 32 w + 31 and the outputs
  * of dims 64 v + 16 w .. 64 v + 16 w + 15 of every 64-dim slice v (so each score and output is one
  * warp's chain: the same bits for any number of warps).  K then V pass through shared memory in
- * slices of K3_SLT tokens x hd (cp.async, K3_RING - 1 slices in flight, the next split's first ones
- * while this one ends), q (hi, lo) and the split's p (hi, lo) are staged there for ldmatrix.
+ * slices of K3_SLT tokens x hd (cp.async, two or three slices in flight, the next split's first ones
+ * while this one ends; the K slices scored in pairs: k3_scores), q (hi, lo) and the split's p (hi, lo) are staged there for ldmatrix.
  * Two forms by gridDim.x: 1 — the block runs all the query's splits, merging each into registers as
  * it ends (prefill); smax — block x runs split x and writes its threads' (m, l, o) fragments to part
  * [nkv][smax][128][K3_PW(hd)], and the block that completes KV head g (an integer ticket in count[g],
  * left zero) merges them from there in the same order (decode: more blocks per query). */
 #define K3_SPLIT 128
 #define K3_SLT 32   /* tokens per staged slice (of K, then of V): 4 + 4 slices per split */
-#define K3_RING 4   /* slices in the ring: three in flight while one is used */
+#define K3_RING 4   /* slices in the ring (the loop's staging schedule: two or three in flight) */
 /* splits whose partials the merging block has in flight at once: as many as fit where the block's ring, q and
    p were (5 at hd 256, 9 at hd 128) */
 #define K3_MSLOTS(hd) ((K3_RING * K3_SLT * K3_QLD + 2 * 16 * K3_QLD + 2 * 16 * K3_PLD) * 2 / (128 * K3_PW(hd) * 4))
