@@ -5778,7 +5778,8 @@ extern "C" __global__ void __launch_bounds__(384, 2) qsa_k_sparse_attn_dec_batch
  * of dims 64 v + 16 w .. 64 v + 16 w + 15 of every 64-dim slice v (so each score and output is one
  * warp's chain: the same bits for any number of warps).  K then V pass through shared memory in
  * slices of K3_SLT tokens x hd (cp.async, two or three slices in flight, the next split's first ones
- * while this one ends; the K slices scored in pairs: k3_scores), q (hi, lo) and the split's p (hi, lo) are staged there for ldmatrix.
+ * while this one ends; the K slices scored in pairs: k3_scores), q (hi, lo) and the split's p (hi, lo)
+ * are staged there for ldmatrix.
  * Two forms by gridDim.x: 1 — the block runs all the query's splits, merging each into registers as
  * it ends (prefill); smax — block x runs split x and writes its threads' (m, l, o) fragments to part
  * [nkv][smax][128][K3_PW(hd)], and the block that completes KV head g (an integer ticket in count[g],
