@@ -3443,13 +3443,6 @@ static __device__ __forceinline__ void qsa_moe_whole_gu_end(const float *part, u
     }
     if (lane == 0) *tk = 0u;
 }
-/* The router of one token inside the gate/up launch that follows it (decode of one token: no launch of
- * its own).  Every block runs qsa_router_body on the token's logits (128 threads: the bits of the
- * 256-thread router launch) and qsa_moe_plan_sorted on its ids (ascending: the plan of the router's launch), into
- * shared memory that the block's tasks then read as their plan; block 0 also writes the ids, the
- * weights and the plan where the router's launch would have (the down projection and the combine read
- * them), and the blocks together write the shared expert's SwiGLU middle (the router's qsa_router_extra
- * sa16).  K <= 32 pairs, tiles of 16. */
 /* The plan (qsa_moe_plan_small's output) of MK <= 32 pairs whose ids, all in [0, E), ascend with the
    pair index (lane i holds pair i's; one token's router output): pair i stays at place i, and a tile
    starts at each run of equal ids and every tr pairs into a run — from two ballots where the general
@@ -3473,6 +3466,113 @@ static __device__ void qsa_moe_plan_sorted(int id, int MK, int *pairs, int *tile
     }
     if (lane == 0) *ntiles = __popc(tsm);
 }
+/* The largest of a warp's unsigned values (every lane gets it) */
+static __device__ __forceinline__ qsa_u32 qsa_warp_umax(qsa_u32 v) {
+#if __CUDA_ARCH__ >= 800
+    qsa_u32 r;
+    asm volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
+    return r;
+#else
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(QSA_FULL_MASK, v, o));
+    return v;
+#endif
+}
+static __device__ __forceinline__ qsa_u32 qsa_warp_umin(qsa_u32 v) {
+#if __CUDA_ARCH__ >= 800
+    qsa_u32 r;
+    asm volatile("redux.sync.min.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
+    return r;
+#else
+    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(QSA_FULL_MASK, v, o));
+    return v;
+#endif
+}
+/* One token's router by one warp: qsa_router_body's selection and bits for E <= QSA_ROUTE1_E logits
+ * (lane j holds experts j + 32 r, r < 16, in registers) and K <= 32, with no barrier and no shared
+ * scratch.  The max and the selection are exact; the sum keeps the 256-thread block's order (lane j
+ * forms the sums of that block's threads j + 32 w, w < 8, over experts j + 32 w and j + 32 w + 256,
+ * then the eight 32-thread butterflies and the butterfly of their eight sums).  Each of the K rounds
+ * takes the best probability (ties: lower id) by an in-lane tree and two warp reductions of its key
+ * (bits + 1: a probability is >= 0 or NaN, NaN key 0: never taken; a round without a key gives id 0
+ * and weight -inf, as qsa_router_body), lane k keeps round k's id and weight, and the weights' sum
+ * (norm) runs in selection order as the rounds go.  ids[0..K), w[0..K) in ascending id order (equal
+ * ids, the rounds without a candidate, in selection order); warp-level, every lane calls it. */
+#define QSA_ROUTE1_E 512
+static __device__ void qsa_router_warp(const float *__restrict__ l, int E, int K, int norm, int *ids, float *w) {
+    const int lane = threadIdx.x & 31;
+    float p[16];
+    float mx = QSA_NEG_INF;
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+        p[r] = lane + 32 * r < E ? l[lane + 32 * r] : QSA_NEG_INF;
+        mx = fmaxf(mx, p[r]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(QSA_FULL_MASK, mx, o));
+#pragma unroll
+    for (int r = 0; r < 16; r++) p[r] = lane + 32 * r < E ? expf(p[r] - mx) : 0.0f;
+    float t[8];
+#pragma unroll
+    for (int g = 0; g < 8; g++) { /* thread lane + 32 g of 256: experts lane + 32 g and lane + 32 g + 256 */
+        float s = 0.0f;
+        if (lane + 32 * g < E) s += p[g];
+        if (lane + 32 * g + 256 < E) s += p[g + 8];
+        t[g] = qsa_warp_sum(s);
+    }
+    float u = 0.0f;
+#pragma unroll
+    for (int g = 0; g < 8; g++)
+        if (lane == g) u = t[g];
+    const float sum = qsa_warp_sum(u);
+    qsa_u32 key[16];
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+        const float q = lane + 32 * r < E ? p[r] / sum : QSA_QNAN;
+        key[r] = q == q ? __float_as_uint(q) + 1u : 0u;
+    }
+    int sid = 0;
+    float sw = QSA_NEG_INF, ns = 0.0f;
+    for (int k = 0; k < K; k++) {
+        /* the lane's best: the largest key, the lower r among equals (a tree of pairs, left wins ties) */
+        qsa_u32 bk[8];
+        int br[8];
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            const bool right = key[2 * r + 1] > key[2 * r];
+            bk[r] = right ? key[2 * r + 1] : key[2 * r];
+            br[r] = right ? 2 * r + 1 : 2 * r;
+        }
+#pragma unroll
+        for (int h = 4; h > 0; h >>= 1)
+#pragma unroll
+            for (int r = 0; r < h; r++) {
+                const bool right = bk[r + h] > bk[r];
+                bk[r] = right ? bk[r + h] : bk[r];
+                br[r] = right ? br[r + h] : br[r];
+            }
+        const qsa_u32 mk = qsa_warp_umax(bk[0]);
+        const int eb = lane + 32 * br[0];
+        const qsa_u32 mi = qsa_warp_umin(bk[0] == mk ? (qsa_u32)eb : 0x7fffffffu);
+        const float v = mk ? __uint_as_float(mk - 1u) : QSA_NEG_INF;
+        if (lane == k) {
+            sid = mk ? (int)mi : 0;
+            sw = v;
+        }
+        ns += v;
+        const int taken = mk && (qsa_u32)eb == mi ? br[0] : -1; /* the winner's lane leaves its key */
+#pragma unroll
+        for (int r = 0; r < 16; r++) key[r] = r == taken ? 0u : key[r];
+    }
+    int pos = 0;
+    for (int j = 0; j < K; j++) {
+        const int o = __shfl_sync(QSA_FULL_MASK, sid, j);
+        pos += o < sid || (o == sid && j < lane);
+    }
+    if (lane < K) {
+        ids[pos] = sid;
+        w[pos] = norm ? sw / ns : sw;
+    }
+}
 struct qsa_route1 {
     const float *logits; /* [E] */
     int E, K, norm;
@@ -3483,23 +3583,29 @@ struct qsa_route1 {
     qsa_f16 *sa16;
     int Is, act;
 };
-static __device__ void qsa_route1_block(const qsa_route1 &rt, qsa_router_ws &ws, const int *&pairs, const int *&tiles,
-                                        const int *&ntiles) {
+/* The router of one token inside the gate/up launch that follows it (decode of one token: no launch of
+ * its own).  Warp 0 of every block runs qsa_router_warp on the token's logits (the bits of the router's
+ * launch) and qsa_moe_plan_sorted on its ids (ascending: the plan of the router's launch), into shared
+ * memory that the block's tasks then read as their plan, while the block's other warps write the
+ * shared expert's SwiGLU middle (the router's qsa_router_extra sa16; all blocks' together); block 0
+ * also writes the ids, the weights and the plan where the router's launch would have (the down
+ * projection and the combine read them).  K <= 32 pairs, tiles of 16.  (Measured on the H200 against
+ * every warp of every block running qsa_router_body: see docs/PERFORMANCE.md.) */
+static __device__ void qsa_route1_block(const qsa_route1 &rt, const int *&pairs, const int *&tiles, const int *&ntiles) {
     __shared__ int rid[32], rplan[32 + 3 * 32 + 1]; /* ids; the plan: pairs [32], tiles [32][3], count */
     __shared__ float rw[32];
-    const int tid = threadIdx.x, bd = blockDim.x, i0 = blockIdx.x * bd + tid;
-    if (rt.K < 1 || rt.K > 32) __trap(); /* the host checks it */
-    /* the first of this thread's shared-expert values loaded before the router's work */
-    const bool sh0 = rt.sa && i0 < rt.Is;
-    const float va = sh0 ? rt.sa[i0] : 0.0f, vb = sh0 ? rt.sb[i0] : 0.0f;
-    qsa_router_body(rt.logits, rt.E, rt.K, rt.norm, rid, rw, ws);
-    if (sh0) rt.sa16[i0] = qsa_f32_to_f16(qsa_act(rt.act, va) * vb);
-    if (rt.sa)
-        for (int i = i0 + (int)gridDim.x * bd; i < rt.Is; i += (int)gridDim.x * bd)
+    const int tid = threadIdx.x, bd = blockDim.x, warp = tid >> 5, lane = tid & 31;
+    if (rt.K < 1 || rt.K > 32 || rt.K > rt.E || rt.E > QSA_ROUTE1_E || bd < 64) __trap(); /* the host checks them */
+    if (warp == 0) {
+        qsa_router_warp(rt.logits, rt.E, rt.K, rt.norm, rid, rw);
+        __syncwarp();
+        qsa_moe_plan_sorted(lane < rt.K ? rid[lane] : 0, rt.K, rplan, rplan + 32, rplan + 128, 16);
+    } else if (rt.sa) {
+        const int n = bd - 32;
+        for (int i = (int)blockIdx.x * n + tid - 32; i < rt.Is; i += (int)gridDim.x * n)
             rt.sa16[i] = qsa_f32_to_f16(qsa_act(rt.act, rt.sa[i]) * rt.sb[i]);
-    __syncthreads(); /* rid, rw complete; ws read for the last time */
-    if (tid < 32) qsa_moe_plan_sorted(tid < rt.K ? rid[tid] : 0, rt.K, rplan, rplan + 32, rplan + 128, 16);
-    __syncthreads();
+    }
+    __syncthreads(); /* rid, rw and the plan complete */
     if (blockIdx.x == 0) {
         const int nt = rplan[128];
         for (int i = tid; i < rt.K; i += bd) {
@@ -3553,10 +3659,7 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
 #if QSA_CPA
     QSA_CT_CHECK(sizeof(stage[0]) >= QSA_NVD_SA); /* (the direct fold's staging) */
 #endif
-    if (route) { /* the router's work and the plan in this block (the staging holds the router's scratch) */
-        QSA_CT_CHECK(sizeof(qsa_router_ws) <= sizeof(stage));
-        qsa_route1_block(*rt, *(qsa_router_ws *)stage, pairs, tiles, ntiles);
-    }
+    if (route) qsa_route1_block(*rt, pairs, tiles, ntiles); /* the router's work and the plan in this block */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int ncol = (N + 15) / 16, nseg = (Kd + QSA_SEG - 1) / QSA_SEG, nsp = whole ? 1 : nseg;
     const bool ranged = !whole && nrange < nseg;

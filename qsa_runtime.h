@@ -10080,13 +10080,14 @@ typedef struct qsa__route1 {
 
 /* Whether a step of M tokens routes inside its gate/up launch (qsa_k_moe_gate_up_xwr: the router's
    launch goes away): one token (decode of one sequence) whose experts take the ranged cross-warp
-   gate/up kernel, K <= 32 (the one-warp plan), E <= 512 (the router's probabilities in the
-   registers of 128 threads), one GPU.  The same bits as the router's own launch (tested). */
+   gate/up kernel, K <= 32 (the one-warp plan), E <= QSA__ROUTE1_E (the router's probabilities in the
+   registers of one warp), one GPU.  The same bits as the router's own launch (tested). */
+#define QSA__ROUTE1_E 512 /* kernels.cu: QSA_ROUTE1_E */
 QSA_PRIV int qsa__moe_route1(const qsa_model *m, int M) {
     const qsa__cuda *g = m->cuda;
     const qsa_model_config *c = &m->cfg;
     int H = c->hidden_size, I = c->moe_intermediate_size, E = c->num_experts, K = c->num_experts_per_tok;
-    if (!g->moe_route1 || M != 1 || m->tp || m->tpr || K < 1 || K > 32 || E > 4 * 32 * QSA__GEMV_WARPS || K > E) return 0;
+    if (!g->moe_route1 || M != 1 || m->tp || m->tpr || K < 1 || K > 32 || E > QSA__ROUTE1_E || K > E) return 0;
     if (M > g->sc.moe_tokens || qsa__moe_tr(g, K, E) != 16) return 0;
     int max_tiles = 1 + (E < K ? E : K);
     return qsa__moe_xwarp(g, K, max_tiles, H, I) && !qsa__xw_whole(g, (long long)max_tiles * ((I + 15) / 16));
