@@ -2945,7 +2945,7 @@ static __device__ __forceinline__ qsa_wsrc qsa_expert_ws(const qsa_expert_w &ex,
  * with this.)  The entry point's last parameter (qsa_router_extra, below) adds the shared expert's
  * SwiGLU middle and the expert plan to the launch.  On sm_80+ a round's warp arg-max is two integer
  * reductions (redux.sync) instead of 5 shuffle steps; the probabilities stay the values e of the sum.
- * Launch: grid (M), block 256 (qsa_router_body also runs in blocks of 128 with the same bits). */
+ * Launch: grid (M), block 256. */
 #define QSA_ROUTER_REG 4    /* probabilities per thread kept in registers: E <= 4 * blockDim.x (1,024 at 256) */
 #define QSA_ROUTER_CAND 512 /* candidates of the rank selection: blockDim.x / 32 * K at most */
 /* The body's shared memory (a struct, so that a kernel may place it in memory it uses otherwise later) */
@@ -2956,17 +2956,15 @@ struct qsa_router_ws {
     int ci[QSA_ROUTER_CAND], crank[QSA_ROUTER_CAND];
 };
 /* One token's row l of E logits -> its K ids and weights in ascending id order at ids[0..K) and
- * w[0..K) (global or shared memory), by the whole block (every thread calls it; blockDim.x 256 or 128).
- * The sum's bits are those of a block of 256 threads whatever the block size: thread x sums as the
- * 256-thread block's threads x + blockDim.x j would (j < 256 / blockDim.x, each over e = x + blockDim.x j
- * + 256 r in ascending r), each such sum goes through the butterfly of its 32-thread group, and the 8
- * group sums through one more in group order (qsa_block_sum's order at 256 threads).  The max and the
- * selection are exact, so any order gives their bits. */
+ * w[0..K) (global or shared memory), by the whole block of 256 threads (every thread calls it).  The
+ * sum: thread x sums experts x + 256 r in ascending r, then qsa_block_sum's order (the butterfly of each
+ * 32-thread group, and of the 8 group sums in group order).  The max and the selection are exact, so
+ * any order gives their bits. */
 static __device__ void qsa_router_body(const float *__restrict__ l, int E, int K, int norm, int *ids, float *w,
                                        qsa_router_ws &ws) {
     float *const scratch = ws.scratch, *const sv = ws.sv, *const selw = ws.selw, *const cv = ws.cv;
     int *const si = ws.si, *const sel = ws.sel, *const ci = ws.ci, *const crank = ws.crank;
-    if (blockDim.x != 256 && blockDim.x != 128) __trap();
+    if (blockDim.x != 256) __trap();
     if (K < 1 || K > 64 || K > E) { /* unsupported: ids 0 and NaN weights, never out of bounds */
         for (int k = threadIdx.x; k < K; k += blockDim.x) {
             ids[k] = 0;
@@ -2974,51 +2972,27 @@ static __device__ void qsa_router_body(const float *__restrict__ l, int E, int K
         }
         return;
     }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5, bd = blockDim.x;
+    const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5, bd = blockDim.x;
     float mx = QSA_NEG_INF;
     for (int e = threadIdx.x; e < E; e += bd) mx = fmaxf(mx, l[e]);
     mx = qsa_block_max(mx, scratch);
     /* the register form keeps each e = expf(l - max) for its probability (value r at expert x + r bd) */
     const bool inreg = E <= QSA_ROUTER_REG * bd && nwarps * K <= QSA_ROUTER_CAND;
     float p[QSA_ROUTER_REG];
-    float sum;
-    {
-        const int nv = 256 / bd; /* the 256-thread block's threads per thread: 1 or 2 */
-        float s[2] = {0.0f, 0.0f};
-        if (inreg) { /* thread x + bd j of 256 sums the values r = j + nv r' (expert x + bd j + 256 r') */
+    float s = 0.0f; /* thread x sums experts x + 256 r in ascending r */
+    if (inreg) {
 #pragma unroll
-            for (int r = 0; r < QSA_ROUTER_REG; r++) {
-                const int e = threadIdx.x + r * bd;
-                p[r] = e < E ? expf(l[e] - mx) : 0.0f;
-            }
-#pragma unroll
-            for (int r = 0; r < QSA_ROUTER_REG; r++)
-                if (threadIdx.x + r * bd < E) {
-                    if (nv == 1 || !(r & 1)) s[0] += p[r];
-                    else s[1] += p[r];
-                }
-        } else {
-#pragma unroll
-            for (int j = 0; j < 2; j++)
-                if (j < nv)
-                    for (int e = threadIdx.x + bd * j; e < E; e += 256) s[j] += expf(l[e] - mx);
+        for (int r = 0; r < QSA_ROUTER_REG; r++) {
+            const int e = threadIdx.x + r * bd;
+            p[r] = e < E ? expf(l[e] - mx) : 0.0f;
         }
 #pragma unroll
-        for (int j = 0; j < 2; j++)
-            if (j < nv) s[j] = qsa_warp_sum(s[j]);
-        __syncthreads(); /* scratch may still be in use by the max */
-        if (lane == 0)
-#pragma unroll
-            for (int j = 0; j < 2; j++)
-                if (j < nv) scratch[warp + nwarps * j] = s[j];
-        __syncthreads();
-        if (warp == 0) {
-            const float t = qsa_warp_sum(lane < 8 ? scratch[lane] : 0.0f);
-            if (lane == 0) scratch[32] = t;
-        }
-        __syncthreads();
-        sum = scratch[32];
+        for (int r = 0; r < QSA_ROUTER_REG; r++)
+            if (threadIdx.x + r * bd < E) s += p[r];
+    } else {
+        for (int e = threadIdx.x; e < E; e += bd) s += expf(l[e] - mx);
     }
+    const float sum = qsa_block_sum(s, scratch);
     for (int k = threadIdx.x; k < K; k += bd) { /* what a round without a candidate gives */
         sel[k] = 0;
         selw[k] = QSA_NEG_INF;
@@ -3072,7 +3046,7 @@ static __device__ void qsa_router_body(const float *__restrict__ l, int E, int K
                 }
             }
             if (bi == 0x7fffffff) break; /* (warp-uniform) no number left */
-            if (lane == 0) {
+            if ((threadIdx.x & 31) == 0) {
                 cv[warp * K + k] = bv;
                 ci[warp * K + k] = bi;
             }
