@@ -3440,24 +3440,19 @@ static __device__ void qsa_moe_plan_sorted(int id, int MK, int *pairs, int *tile
     }
     if (lane == 0) *ntiles = __popc(tsm);
 }
-/* The largest of a warp's unsigned values (every lane gets it) */
-static __device__ __forceinline__ qsa_u32 qsa_warp_umax(qsa_u32 v) {
+/* The largest (MAX) or the smallest of a warp's unsigned values (every lane gets it) */
+template <bool MAX>
+static __device__ __forceinline__ qsa_u32 qsa_warp_uext(qsa_u32 v) {
 #if __CUDA_ARCH__ >= 800
     qsa_u32 r;
-    asm volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
+    if (MAX) asm volatile("redux.sync.max.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
+    else asm volatile("redux.sync.min.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
     return r;
 #else
-    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(QSA_FULL_MASK, v, o));
-    return v;
-#endif
-}
-static __device__ __forceinline__ qsa_u32 qsa_warp_umin(qsa_u32 v) {
-#if __CUDA_ARCH__ >= 800
-    qsa_u32 r;
-    asm volatile("redux.sync.min.u32 %0, %1, 0xffffffff;" : "=r"(r) : "r"(v));
-    return r;
-#else
-    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(QSA_FULL_MASK, v, o));
+    for (int o = 16; o > 0; o >>= 1) {
+        const qsa_u32 x = __shfl_xor_sync(QSA_FULL_MASK, v, o);
+        v = MAX ? max(v, x) : min(v, x);
+    }
     return v;
 #endif
 }
@@ -3524,9 +3519,9 @@ static __device__ void qsa_router_warp(const float *__restrict__ l, int E, int K
                 bk[r] = right ? bk[r + h] : bk[r];
                 br[r] = right ? br[r + h] : br[r];
             }
-        const qsa_u32 mk = qsa_warp_umax(bk[0]);
+        const qsa_u32 mk = qsa_warp_uext<true>(bk[0]);
         const int eb = lane + 32 * br[0];
-        const qsa_u32 mi = qsa_warp_umin(bk[0] == mk ? (qsa_u32)eb : 0x7fffffffu);
+        const qsa_u32 mi = qsa_warp_uext<false>(bk[0] == mk ? (qsa_u32)eb : 0x7fffffffu);
         const float v = mk ? __uint_as_float(mk - 1u) : QSA_NEG_INF;
         if (lane == k) {
             sid = mk ? (int)mi : 0;
