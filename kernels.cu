@@ -5854,14 +5854,11 @@ extern "C" __global__ void __launch_bounds__(384, 2) qsa_k_sparse_attn_dec_batch
  * are staged there for ldmatrix.
  * Two forms by gridDim.x: 1 — the block runs all the query's splits, merging each into registers as
  * it ends (prefill); smax — block x runs split x and writes its threads' (m, l, o) fragments to part
- * [nkv][smax][128][K3_PW(hd)], and the block that completes KV head g (an integer ticket in count[g],
- * left zero) merges them from there in the same order (decode: more blocks per query). */
+ * [nkv][smax][128][K3_PW(hd)], and qsa_k_sparse_attn_merge, the next launch, merges them in the same
+ * order, a thread per output element (decode: more blocks per query). */
 #define K3_SPLIT 128
 #define K3_SLT 32   /* tokens per staged slice (of K, then of V): 4 + 4 slices per split */
 #define K3_RING 4   /* slices in the ring (the loop's staging schedule: two or three in flight) */
-/* splits whose partials the merging block has in flight at once: as many as fit where the block's ring, q and
-   p were (5 at hd 256, 9 at hd 128) */
-#define K3_MSLOTS(hd) ((K3_RING * K3_SLT * K3_QLD + 2 * 16 * K3_QLD + 2 * 16 * K3_PLD) * 2 / (128 * K3_PW(hd) * 4))
 #define K3_PW(hd) ((hd) / 8 + 4) /* floats of a thread's partial: its o fragments, m and l of its two rows */
 #define K3_QLD 264  /* q rows and slice rows: up to 256 dims + 8 halves (ldmatrix rows on distinct banks) */
 #define K3_PLD 136  /* p rows: 128 tokens + 8 */
@@ -5872,8 +5869,14 @@ typedef struct k3_smem {
     qsa_f16 p[2][16 * K3_PLD]; /* hi, lo */
     int tsl[2][K3_SPLIT];      /* the pool slots of a split's visit indices (this split's and the next one's) */
     float wmax[4][16];
-    unsigned last;
 } k3_smem;
+/* the merge's weights of the running (Mx) and the next split's (m) terms; returns the new maximum */
+static __device__ __forceinline__ float k3_merge_w(float Mx, float m, float &fa, float &fb) {
+    const float Mn = m > Mx ? m : Mx;
+    fa = expf(Mx - Mn);
+    fb = expf(m - Mn);
+    return Mn;
+}
 #if QSA_CPA
 extern __shared__ __align__(16) unsigned char k3_dyn[];
 static __device__ __forceinline__ void qsa_ldsm4t(qsa_u32 a, qsa_u32 *r) {
@@ -5940,7 +5943,8 @@ static __device__ __forceinline__ void k3_scores(qsa_u32 qa, qsa_u32 qlo, qsa_u3
 template <int NT>
 static __device__ __forceinline__ void k3_merge(float &Mx, float &Ls, float (&ro)[NT][4], int rr, float m, float l,
                                                 const float (&o)[NT][4]) {
-    const float Mn = m > Mx ? m : Mx, fa = expf(Mx - Mn), fb = expf(m - Mn);
+    float fa, fb;
+    const float Mn = k3_merge_w(Mx, m, fa, fb);
     Ls = __fadd_rn(__fmul_rn(Ls, fa), __fmul_rn(l, fb));
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -5948,31 +5952,12 @@ static __device__ __forceinline__ void k3_merge(float &Mx, float &Ls, float (&ro
         for (int e = 0; e < 2; e++) ro[nt][2 * rr + e] = __fadd_rn(__fmul_rn(ro[nt][2 * rr + e], fa), __fmul_rn(o[nt][2 * rr + e], fb));
     Mx = Mn;
 }
-/* this thread's (m, l, o) of a split from its K3_PW floats of a partial (the fragments' own layout: o by
-   n-tile, then m and l of rows r0 and r0 + 8), here a copy in shared memory */
-template <int NT>
-static __device__ __forceinline__ void k3_part_load(const float *pt, float (&m)[2], float (&l)[2], float (&o)[NT][4]) {
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        const float4 v = ((const float4 *)pt)[nt];
-        o[nt][0] = v.x;
-        o[nt][1] = v.y;
-        o[nt][2] = v.z;
-        o[nt][3] = v.w;
-    }
-    const float4 v = ((const float4 *)pt)[NT];
-    m[0] = v.x;
-    m[1] = v.y;
-    l[0] = v.z;
-    l[1] = v.w;
-}
 template <int HD>
 static __device__ __forceinline__ void k3_attn_body(const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool,
                                                     const qsa_f16 *__restrict__ Vpool, const int *__restrict__ bt,
                                                     const int *__restrict__ selq, int ns, long long pos,
                                                     const int *__restrict__ tokq, float *out, qsa_f16 *out16, int nh,
-                                                    int nkv, int r, int page_size, float *part, unsigned *count,
-                                                    int smax) {
+                                                    int nkv, int r, int page_size, float *part, int smax) {
     enum { NZ = 2 * K3_SPLIT / K3_SLT, NK = K3_SPLIT / K3_SLT, NT = HD / 32, KS = HD / 16 };
     QSA_CT_CHECK(NK == 4 && K3_RING == 4); /* (the staging schedule in the loop below) */
     k3_smem &sm = *(k3_smem *)k3_dyn;
@@ -6151,41 +6136,9 @@ static __device__ __forceinline__ void k3_attn_body(const float *__restrict__ q,
             for (int nt = 0; nt < NT; nt++) pt[nt] = make_float4(o[nt][0], o[nt][1], o[nt][2], o[nt][3]);
             pt[NT] = make_float4(mrow[0], mrow[1], lrow[0], lrow[1]);
         }
-        if (!qsa_block_ticket_last(&count[g], (unsigned)nsplit, &sm.last)) return; /* partials released */
-        /* left to right, the partials streamed (cp.async, through L2) into the shared memory that the ring, q
-           and p no longer need, MS splits in flight: each thread copies its own K3_PW floats of a split and
-           reads back only those (so no barrier between), and copies the next split into a slot once it has
-           merged the slot's split */
-        enum { PW = K3_PW(HD), MS = K3_MSLOTS(HD) };
-        QSA_CT_CHECK(MS >= 2 && MS * 128 * PW * 4 <= (int)sizeof sm.ring + (int)sizeof sm.q + (int)sizeof sm.p);
-        float *const stg = (float *)(void *)sm.ring + tid * PW; /* (ring, q and p lie back to back) */
-        const qsa_u32 sdst = qsa_smem_u32(stg);
-        const float *src = part + ((long long)g * smax * 128 + tid) * PW; /* split i at src + i 128 PW */
-        asm volatile("cp.async.wait_all;" ::: "memory"); /* (the ring's last groups are empty) */
-#pragma unroll
-        for (int i = 0; i < MS; i++) {
-            if (i < nsplit) { /* (block-uniform; a group is committed either way: the groups count splits) */
-#pragma unroll
-                for (int c = 0; c < PW / 4; c++)
-                    qsa_cp16z(sdst + (qsa_u32)(i * 128 * PW + 4 * c) * 4, src + (long long)i * 128 * PW + 4 * c, true);
-            }
-            asm volatile("cp.async.commit_group;" ::: "memory");
-        }
-        for (int i = 0; i < nsplit; i++) {
-            asm volatile("cp.async.wait_group %0;" ::"n"(MS - 1) : "memory"); /* split i is in */
-            float mg[2], lg[2], og[NT][4];
-            k3_part_load<NT>(stg + (i % MS) * 128 * PW, mg, lg, og);
-            k3_merge<NT>(Mx[0], Ls[0], ro, 0, mg[0], lg[0], og);
-            k3_merge<NT>(Mx[1], Ls[1], ro, 1, mg[1], lg[1], og);
-            const int in = i + MS; /* into the slot just merged */
-            if (in < nsplit) {
-#pragma unroll
-                for (int c = 0; c < PW / 4; c++)
-                    qsa_cp16z(sdst + (qsa_u32)((i % MS) * 128 * PW + 4 * c) * 4, src + (long long)in * 128 * PW + 4 * c, true);
-            }
-            asm volatile("cp.async.commit_group;" ::: "memory");
-        }
+        return; /* (qsa_k_sparse_attn_merge merges the splits) */
     }
+    if (part) return; /* (no split: the merge writes the outputs) */
 #pragma unroll
     for (int rr = 0; rr < 2; rr++) {
         const int row = r0 + 8 * rr;
@@ -6203,19 +6156,18 @@ static __device__ __forceinline__ void k3_attn_body(const float *__restrict__ q,
             if (out16) *(qsa_u32 *)(out16 + (long long)h * HD + d) = (qsa_u32)qsa_f32_to_f16(y0) | (qsa_u32)qsa_f32_to_f16(y1) << 16;
         }
     }
-    if (part && tid == 0 && nsplit > 0) count[g] = 0u;
 }
 #endif
 /* M queries at positions pos0 + t (t = blockIdx.z): q [M][nh][2 hd], sel [M][topk], nsel [M], out
  * [M][nh][hd]; tokpos NULL or [M][ld_tok] the debug visit order (qsa_k_attn_phys_order).  part NULL
- * (gridDim.x 1) or [M][nkv][smax][128][K3_PW(hd)] fp32 scratch with count [M][nkv] zero (left zero; gridDim.x
- * smax >= any query's splits).  hd 128 or 256, nh / nkv <= 16.  Launch: grid (1 or smax, nkv, M),
- * block 128, K3_SMEM_BYTES of dynamic shared memory; sm_80+ (traps below). */
+ * (gridDim.x 1: out written) or [M][nkv][smax][128][K3_PW(hd)] fp32 scratch (gridDim.x smax >= any query's
+ * splits: the splits' partials written, out left to qsa_k_sparse_attn_merge).  hd 128 or 256, nh / nkv <= 16.
+ * Launch: grid (1 or smax, nkv, M), block 128, K3_SMEM_BYTES of dynamic shared memory; sm_80+ (traps below). */
 extern "C" __global__ void __launch_bounds__(128, 2) qsa_k_sparse_attn_tc(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
     const int *__restrict__ bt, const int *__restrict__ sel, const int *__restrict__ nsel, float *out, qsa_f16 *out16,
     int pos0, int nh, int nkv, int hd, int r, int topk, int page_size, const int *__restrict__ tokpos, int ld_tok,
-    float *part, unsigned *count, int smax) {
+    float *part, int smax) {
     QSA_PDL_ENTRY();
 #if QSA_CPA
     QSA_CT_CHECK(sizeof(k3_smem) <= K3_SMEM_BYTES);
@@ -6226,10 +6178,10 @@ extern "C" __global__ void __launch_bounds__(128, 2) qsa_k_sparse_attn_tc(
     float *pt = part ? part + t * nkv * smax * 128 * K3_PW(hd) : part;
     if (hd == 128)
         k3_attn_body<128>(q + t * nh * 2 * hd, Kpool, Vpool, bt, selq, ns, (long long)pos0 + t, tokq, out ? out + o : out,
-                          out16 ? out16 + o : out16, nh, nkv, r, page_size, pt, count + t * nkv, smax);
+                          out16 ? out16 + o : out16, nh, nkv, r, page_size, pt, smax);
     else if (hd == 256)
         k3_attn_body<256>(q + t * nh * 2 * hd, Kpool, Vpool, bt, selq, ns, (long long)pos0 + t, tokq, out ? out + o : out,
-                          out16 ? out16 + o : out16, nh, nkv, r, page_size, pt, count + t * nkv, smax);
+                          out16 ? out16 + o : out16, nh, nkv, r, page_size, pt, smax);
     else
         __trap();
 #else
@@ -6237,13 +6189,13 @@ extern "C" __global__ void __launch_bounds__(128, 2) qsa_k_sparse_attn_tc(
 #endif
 }
 /* One token of each of B sequences (b = blockIdx.z; pos, bts as the other batched kernels): q [B][nh][2 hd],
- * sel [B][topk], nsel [B], out [B][nh][hd], part [B][nkv][smax][128][K3_PW(hd)] or NULL, count [B][nkv].
+ * sel [B][topk], nsel [B], out [B][nh][hd], part [B][nkv][smax][128][K3_PW(hd)] or NULL (as above).
  * Launch: grid (1 or smax, nkv, B), block 128, K3_SMEM_BYTES of dynamic shared memory; sm_80+. */
 extern "C" __global__ void __launch_bounds__(128, 2) qsa_k_sparse_attn_tc_batch(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
     const unsigned long long *__restrict__ bts, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
     qsa_f16 *out16, const int *__restrict__ pos, int nh, int nkv, int hd, int r, int topk, int page_size, float *part,
-    unsigned *count, int smax) {
+    int smax) {
     QSA_PDL_ENTRY();
 #if QSA_CPA
     const qsa_i64 b = blockIdx.z, o = b * nh * hd;
@@ -6252,15 +6204,70 @@ extern "C" __global__ void __launch_bounds__(128, 2) qsa_k_sparse_attn_tc_batch(
     float *pt = part ? part + b * nkv * smax * 128 * K3_PW(hd) : part;
     if (hd == 128)
         k3_attn_body<128>(q + b * nh * 2 * hd, Kpool, Vpool, QSA_BPTR(const int, bts), selq, ns, (long long)pos[b], NULL,
-                          out ? out + o : out, out16 ? out16 + o : out16, nh, nkv, r, page_size, pt, count + b * nkv, smax);
+                          out ? out + o : out, out16 ? out16 + o : out16, nh, nkv, r, page_size, pt, smax);
     else if (hd == 256)
         k3_attn_body<256>(q + b * nh * 2 * hd, Kpool, Vpool, QSA_BPTR(const int, bts), selq, ns, (long long)pos[b], NULL,
-                          out ? out + o : out, out16 ? out16 + o : out16, nh, nkv, r, page_size, pt, count + b * nkv, smax);
+                          out ? out + o : out, out16 ? out16 + o : out16, nh, nkv, r, page_size, pt, smax);
     else
         __trap();
 #else
     __trap();
 #endif
+}
+
+/* The merge of the split form's partials (qsa_k_sparse_attn_tc[_batch] with part): query t = blockIdx.y,
+ * head h = blockIdx.x (row h % G of KV head h / G), dim d = threadIdx.x.  The element's (m, l, o) of each
+ * split, read where the split's block left them (the mma fragment of thread 32 w + 4 (row % 8) + (d % 8) / 2
+ * of warp w = d / (hd / 4): o at n-tile (d % (hd / 4)) / 8, slot 2 (row / 8) + d % 2; m and l of its row
+ * after the n-tiles), merged left to right from (-inf, 0, 0) by k3_merge's operations, then o / l times
+ * sigmoid(gate): what the block that ran all of the query's splits computes for that element, so the same
+ * bits (gpu/k3_sparse_attn_tc).  This is a thread per element where the last of the split blocks merged
+ * them all (32 elements per thread, 17 splits in a row: ~38k cycles of a 60k-cycle launch for one decode
+ * query on the H200).  q, nsel, r and the position as the attention launch had them (pos NULL: pos0 + t;
+ * else pos[t]); part [T][nkv][smax][128][K3_PW(hd)].  Launch: grid (nh, T), block hd (128 or 256). */
+extern "C" __global__ void __launch_bounds__(256) qsa_k_sparse_attn_merge(const float *__restrict__ q,
+                                                                          const float *__restrict__ part,
+                                                                          const int *__restrict__ nsel,
+                                                                          const int *__restrict__ pos, int pos0, float *out,
+                                                                          qsa_f16 *out16, int nh, int nkv, int hd, int r,
+                                                                          int smax) {
+    QSA_PDL_ENTRY();
+    const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x, G = nh / nkv, g = h / G, row = h % G;
+    if ((hd != 128 && hd != 256) || (int)blockDim.x != hd || nh % nkv || G > 16 || r < 0) __trap();
+    const long long p = pos ? (long long)pos[t] : (long long)pos0 + t;
+    const int nb = r > 0 ? (int)((p + 1) / r) : 0, ns = r > 0 ? nsel[t] : 0;
+    const int ntok = (int)(ns * r + (p + 1 - (long long)nb * r)), nsplit = (ntok + K3_SPLIT - 1) / K3_SPLIT;
+    if (nsplit > smax) __trap();
+    const int pw = hd / 8 + 4, q4 = hd / 4, w = d / q4, dd = d % q4;
+    const int tid = 32 * w + 4 * (row % 8) + (dd % 8) / 2, at = 4 * (dd / 8) + 2 * (row / 8) + (d & 1);
+    const float *pe = part + (((long long)t * nkv + g) * smax * 128 + tid) * pw; /* split s at pe + s 128 pw */
+    const int mo = pw - 4 + row / 8; /* m; l two floats on */
+    float Mx = QSA_NEG_INF, Ls = 0.0f, ro = 0.0f;
+    enum { S = 8 }; /* splits loaded ahead of their merges */
+    for (int s0 = 0; s0 < nsplit; s0 += S) {
+        float ms[S], ls[S], os[S];
+#pragma unroll
+        for (int i = 0; i < S; i++) {
+            const float *ps = pe + (long long)(s0 + i) * 128 * pw;
+            const bool ok = s0 + i < nsplit;
+            ms[i] = ok ? ps[mo] : 0.0f;
+            ls[i] = ok ? ps[mo + 2] : 0.0f;
+            os[i] = ok ? ps[at] : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < S; i++) {
+            if (s0 + i >= nsplit) break;
+            float fa, fb;
+            const float Mn = k3_merge_w(Mx, ms[i], fa, fb);
+            Ls = __fadd_rn(__fmul_rn(Ls, fa), __fmul_rn(ls[i], fb));
+            ro = __fadd_rn(__fmul_rn(ro, fa), __fmul_rn(os[i], fb));
+            Mx = Mn;
+        }
+    }
+    const long long oi = ((long long)t * nh + h) * hd + d;
+    const float y = __fmul_rn(ro / Ls, qsa_sigmoid(q[((long long)t * nh + h) * 2 * hd + hd + d]));
+    if (out) out[oi] = y;
+    if (out16) out16[oi] = qsa_f32_to_f16(y);
 }
 
 /* conv state: st, advanced here (one token per sequence); the gates of sequence b: ga's rows b.

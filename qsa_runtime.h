@@ -8499,7 +8499,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
     X(attn_qk_prep_batch) X(indexer_prep_batch) X(block_keys_batch) X(block_scores_batch)                \
     X(topk_blocks_batch) X(sparse_attn_batch) X(gdn_conv_batch) X(sparse_attn_dec) X(sparse_attn_dec_batch) \
-    X(sparse_attn_tc) X(sparse_attn_tc_batch)                                                          \
+    X(sparse_attn_tc) X(sparse_attn_tc_batch) X(sparse_attn_merge)                                     \
     X(gdn_recurrent_batch) X(gdn_recurrent_f16state_batch) X(ple_conv_batch)                             \
     X(tp_sum) X(tp_ple_unshard) X(argmax) X(nvfp4_order)
 
@@ -9437,15 +9437,15 @@ QSA_PRIV int qsa__attn_dec_splits(const qsa__cuda *g, int B, int nh, int nkv, in
 
 /* The tensor-core sparse attention (qsa_k_sparse_attn_tc[_batch]: q and p as fp16 hi + lo on the mma,
    one arithmetic for prefill and decode): usable for this layer shape?  Then *smax is the grid's x for
-   one query per sequence — every split its own block, merged by the last (the splits bounded by the
-   indexer's budget and their partials within the GEMV scratch) — or 1 (a block runs all of a query's
-   splits: prefill, and decode without an indexer).  The bits are the same either way. */
+   one query per sequence — every split its own block, merged by a qsa_k_sparse_attn_merge launch after
+   it (the splits bounded by the indexer's budget and their partials within the GEMV scratch) — or 1 (a
+   block runs all of a query's splits: prefill, and decode without an indexer).  The bits are the same
+   either way. */
 QSA_PRIV int qsa__attn_tc(const qsa__cuda *g, int B, int nh, int nkv, int hd, int r, int topk, int split, int *smax) {
     *smax = 1;
     if (!g->attn_tc || nkv < 1 || nh % nkv || nh / nkv > 16 || (hd != 128 && hd != 256) || split != 128) return 0;
     long long sx = r >= 1 && topk >= 1 ? ((long long)topk * r + r - 1 + split - 1) / split : 0;
-    if (B > 0 && sx > 1 && g->sc.gemv_part && (long long)B * QSA__ATTN_TC_PART(nkv, sx, hd) <= (long long)QSA__GEMV_PART_BYTES &&
-        (long long)B * nkv <= (long long)QSA__GEMV_TILES)
+    if (B > 0 && sx > 1 && g->sc.gemv_part && (long long)B * QSA__ATTN_TC_PART(nkv, sx, hd) <= (long long)QSA__GEMV_PART_BYTES)
         *smax = (int)sx;
     return 1;
 }
@@ -10046,9 +10046,12 @@ QSA_PRIV qsa_result qsa__cuda_attn(qsa_seq *sq, int l, int M) {
     int hb = 1, tx = 1;
     unsigned nt = 0;
     if (qsa__attn_tc(g, M == 1 && !tokpos ? 1 : 0, nh, nkv, hd, r, topk, split, &tx)) {
-        CUdeviceptr part = tx > 1 ? s->gemv_part : 0, cnt = s->gemv_count;
+        CUdeviceptr part = tx > 1 ? s->gemv_part : 0, none = 0;
         QSA__LAUNCH3(g, sparse_attn_tc, tx, nkv, M, 128, QSA__ATTN_TC_SMEM, &qg, &Kp, &Vp, &bt, &s->sel, &s->nsel, &att,
-                     &att16, &pos0, &nh, &nkv, &hd, &r, &topk, &ps, &tokpos, &ld_tok, &part, &cnt, &tx);
+                     &att16, &pos0, &nh, &nkv, &hd, &r, &topk, &ps, &tokpos, &ld_tok, &part, &tx);
+        if (part)
+            QSA__LAUNCH(g, sparse_attn_merge, nh, M, hd, 0, &qg, &part, &s->nsel, &none, &pos0, &att, &att16, &nh, &nkv, &hd, &r,
+                        &tx);
         return qsa__dgemm(g, att16, M, &d->o, s->out, 0);
     }
     int smax = M == 1 && !tokpos ? qsa__attn_dec_splits(g, 1, nh, nkv, hd, r, topk, split, &hb, &nt) : 0;
@@ -10520,9 +10523,13 @@ QSA_PRIV qsa_result qsa__cuda_attn_batch(qsa_model *m, int l, int B) {
     int hb = 1, tx = 1;
     unsigned nt = 0;
     if (qsa__attn_tc(g, B, nh, nkv, hd, r, topk, split, &tx)) {
-        CUdeviceptr part = tx > 1 ? s->gemv_part : 0, cnt = s->gemv_count;
+        CUdeviceptr part = tx > 1 ? s->gemv_part : 0;
+        int zero = 0;
         QSA__LAUNCH3(g, sparse_attn_tc_batch, tx, nkv, B, 128, QSA__ATTN_TC_SMEM, &qg, &Kp, &Vp, &bts, &s->sel, &s->nsel,
-                     &att, &att16, &pos, &nh, &nkv, &hd, &r, &topk, &ps, &part, &cnt, &tx);
+                     &att, &att16, &pos, &nh, &nkv, &hd, &r, &topk, &ps, &part, &tx);
+        if (part)
+            QSA__LAUNCH(g, sparse_attn_merge, nh, B, hd, 0, &qg, &part, &s->nsel, &pos, &zero, &att, &att16, &nh, &nkv, &hd, &r,
+                        &tx);
         return qsa__dgemm(g, att16, B, &d->o, s->out, 0);
     }
     int smax = qsa__attn_dec_splits(g, B, nh, nkv, hd, r, topk, split, &hb, &nt);

@@ -1334,10 +1334,10 @@ TEST(gpu, k2_sparse_attn_determinism) {
 
 /* GPU, the tensor-core attention: queries [t0, t0+M) of the case through qsa_k_sparse_attn_tc (form
    0: grid x 1, a block per (query, KV head) running all the splits; form 1: grid x smax, a block per
-   split, partials merged by the last) or qsa_k_sparse_attn_tc_batch (forms 2 and 3 likewise: the
-   queries as M sequences of one token, one block table); phys: the debug visit order (form 0 only,
-   qsa_k_attn_phys_order first).  Launched twice over a poisoned output (the tickets are left zero).
-   out [M][nh*hd]. */
+   split, its partials merged by a qsa_k_sparse_attn_merge launch) or qsa_k_sparse_attn_tc_batch (forms
+   2 and 3 likewise: the queries as M sequences of one token, one block table); phys: the debug visit
+   order (form 0 only, qsa_k_attn_phys_order first).  Launched twice over a poisoned output.  out
+   [M][nh*hd]. */
 static qsa_result k3t_attn_tc_gpu(const k2t_attn *c, int ps, int n_pages, const int32_t *bt, int t0, int M, int form,
                                   int phys, float *out) {
     int nh = c->nh, nkv = c->nkv, hd = c->hd, r = c->r, topk = c->topk, split = QSA_ATTN_SPLIT;
@@ -1350,13 +1350,18 @@ static qsa_result k3t_attn_tc_gpu(const k2t_attn *c, int ps, int n_pages, const 
         if (rep) res = k2t_poison(d.out, (size_t)M * nh * hd * 4);
         if (res == QSA_OK && form < 2) {
             void *args[] = {&d.q, &d.K, &d.V, &d.bt, &d.sel, &d.ns, &d.out, &d.o16, &d.pos0, &nh, &nkv, &hd, &r, &topk, &ps,
-                            &d.tok, &d.ld, &d.part, &d.cnt, &smax};
+                            &d.tok, &d.ld, &d.part, &smax};
             res = k2t_launch3("qsa_k_sparse_attn_tc", (unsigned)smax, (unsigned)nkv, (unsigned)M, 128, QSA__ATTN_TC_SMEM, args);
         } else if (res == QSA_OK) {
             void *args[] = {&d.q, &d.K, &d.V, &d.bts, &d.sel, &d.ns, &d.out, &d.o16, &d.pos, &nh, &nkv, &hd, &r, &topk, &ps,
-                            &d.part, &d.cnt, &smax};
+                            &d.part, &smax};
             res = k2t_launch3("qsa_k_sparse_attn_tc_batch", (unsigned)smax, (unsigned)nkv, (unsigned)M, 128,
                               QSA__ATTN_TC_SMEM, args);
+        }
+        if (res == QSA_OK && form % 2) { /* the split forms' merge: positions pos0 + t (form 1) or pos[t] (form 3) */
+            CUdeviceptr pos = form == 3 ? d.pos : 0;
+            void *args[] = {&d.q, &d.part, &d.ns, &pos, &d.pos0, &d.out, &d.o16, &nh, &nkv, &hd, &r, &smax};
+            res = k2t_launch("qsa_k_sparse_attn_merge", (unsigned)nh, (unsigned)M, (unsigned)hd, 0, args);
         }
     }
     return k2t_attn_dev_finish(&d, res, c, "sparse_attn_tc", out);
