@@ -78,13 +78,15 @@ int main(int argc, char **argv) {
     if (getenv("QSA_TEST_TP_CHILD")) return tp_child_main(getenv("QSA_TEST_TP_CHILD")); /* a rank of nccl/tp2_two_processes */
     const char *groups[8];
     int ngroups = 0, list = 0;
-    const char *filter = NULL;
+    const char *filter = NULL, *from = NULL; /* --from S: start at the first selected test whose name contains S
+                                                (resumes a run that a time limit stopped) */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--group") && i + 1 < argc && ngroups < 8) groups[ngroups++] = argv[++i];
         else if (!strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
+        else if (!strcmp(argv[i], "--from") && i + 1 < argc) from = argv[++i];
         else if (!strcmp(argv[i], "--list")) list = 1;
         else if (!strcmp(argv[i], "-v")) T_.verbose = 1;
-        else { fprintf(stderr, "usage: %s [--group G]... [--filter S] [--list] [-v]\n", argv[0]); return 2; }
+        else { fprintf(stderr, "usage: %s [--group G]... [--filter S] [--from S] [--list] [-v]\n", argv[0]); return 2; }
     }
     if (T_.verbose) qsa_set_logger(qsa_log_stderr, NULL, QSA_LOG_DEBUG);
     int passed = 0, failed = 0, skipped = 0;
@@ -93,6 +95,8 @@ int main(int argc, char **argv) {
         int want = ngroups == 0;
         for (int g = 0; g < ngroups; g++) if (!strcmp(groups[g], t->group)) want = 1;
         if (!want || (filter && !strstr(t->name, filter) && !strstr(t->group, filter))) continue;
+        if (from && !strstr(t->name, from)) continue;
+        from = NULL;
         if (list) { printf("%s/%s\n", t->group, t->name); continue; }
         printf("[%s] %s\n", t->group, t->name);
         fflush(stdout);
