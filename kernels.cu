@@ -5338,6 +5338,15 @@ static __device__ __noinline__ void k2_attn_split(const float *__restrict__ qh, 
  * queries (16 splits at once: a decode query's 2048 tokens in one round, its tail in a second), 256 threads and
  * H = 2 for prefill (K and V read once per pair of heads). */
 #define K2_ATTN_MAX_WARPS 16
+/* The weights with which an attention merge takes the next split's (m, l, o) into the running (Mx, Ls,
+   o): Ls fa + l fb and o fa + o_split fb (each product rounded, then the sum: no contraction, so the
+   same bits in every kernel that merges); returns the new maximum. */
+static __device__ __forceinline__ float qsa_attn_merge_w(float Mx, float m, float &fa, float &fb) {
+    const float Mn = m > Mx ? m : Mx;
+    fa = expf(Mx - Mn);
+    fb = expf(m - Mn);
+    return Mn;
+}
 #define K2_ATTN_MAX_SPLIT 256 /* at least the runtime's QSA_ATTN_SPLIT */
 static __device__ __forceinline__ void qsa_sparse_attn_body(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
@@ -5400,8 +5409,8 @@ static __device__ __forceinline__ void qsa_sparse_attn_body(
             int n = nsplit - s0 < nw ? nsplit - s0 : nw;
             for (int i = 0; i < n; i++) {
                 const float *sl = slots[i * H + warp];
-                float m = sl[0], l = sl[1];
-                float Mn = m > Mx ? m : Mx, fa = expf(Mx - Mn), fb = expf(m - Mn);
+                float fa, fb;
+                const float l = sl[1], Mn = qsa_attn_merge_w(Mx, sl[0], fa, fb);
                 Ls = __fadd_rn(__fmul_rn(Ls, fa), __fmul_rn(l, fb)); /* no contraction: the same bits in every entry point */
 #pragma unroll
                 for (int c = 0; c < 8; c++)
@@ -5441,11 +5450,12 @@ extern "C" __global__ void __launch_bounds__(512, 1) qsa_k_sparse_attn(
  * every score the same lane partials (C dims in order) summed in qsa_warp_sum's order (all of a
  * chunk's at once, k2_warp_sums), then the online softmax token after token, its running max, rescale
  * factors and exponentials worked out lane-parallel per (head, token) and broadcast: the same
- * operations on the same values.  Written as [m, l, acc[hd]] to part [nh][smax][hd + 2]; the block
- * that completes row y (an integer ticket in count[y] after a __threadfence; it resets it) merges
- * each of its heads' splits left to right as qsa_sparse_attn_body's warp 0 does and writes out /
- * out16.  So the bits of qsa_k_sparse_attn whatever HB and HW (tested), with nsplit * nh / HB blocks
- * instead of nh.
+ * operations on the same values.  Written as [m, l, acc[hd]] to part [nh][smax][hd + 2];
+ * qsa_k_sparse_attn_merge, the next launch, merges each head's splits left to right as
+ * qsa_sparse_attn_body's warp 0 does (a thread per output element) and writes out / out16.  So the
+ * bits of qsa_k_sparse_attn whatever HB and HW (tested), with nsplit * nh / HB blocks instead of nh.
+ * (Until the fifty-second session the block that completed a row, by a ticket, merged its heads'
+ * splits alone: the serial tail the tensor-core form lost in the fifty-first.)
  * Requires hd 128 or 256 (C = hd / 32 of 4 or 8), r >= 1, split <= 256 (else trap; the host uses
  * qsa_k_sparse_attn otherwise).  smax >= the splits of any query: (topk r + r - 1) / split rounded
  * up (blocks past a query's splits return at once). */
@@ -5599,9 +5609,9 @@ static __device__ __forceinline__ void k2_attn_dec_chunk(const qsa_f16 *Kc, cons
 template <int C, int HW>
 static __device__ void k2_attn_dec_body(const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool,
                                         const qsa_f16 *__restrict__ Vpool, const int *__restrict__ bt,
-                                        const int *__restrict__ selq, int ns, long long pos, float *out, qsa_f16 *out16,
-                                        int nh, int nkv, int r, int page_size, int split, float *part,
-                                        unsigned *count, int smax, qsa_f16 *kv, int *tsl, unsigned &last) {
+                                        const int *__restrict__ selq, int ns, long long pos, int nh, int nkv, int r,
+                                        int page_size, int split, float *part, int smax,
+                                        qsa_f16 *kv, int *tsl) {
     enum { HD = 32 * C };
 #define K2_KV(buf, isv, tok) (kv + ((((buf) * 2 + (isv)) * K2_DEC_T + (tok)) * HD)) /* [buffer][K, V][token][dim] */
     const int NQ = nh / nkv, HB = nh / (int)gridDim.y, s = blockIdx.x, tid = threadIdx.x, bd = blockDim.x;
@@ -5613,86 +5623,55 @@ static __device__ void k2_attn_dec_body(const float *__restrict__ q, const qsa_f
     const int ntok = (int)(nsr + (pos + 1 - (long long)nb * r)), nsplit = (ntok + split - 1) / split;
     if (nsplit > smax) __trap();
     const float scale = 1.0f / sqrtf((float)HD);
-    if (s < nsplit) {
-        const int k0 = s * split, n = min(ntok - k0, split);
-        for (int kk = tid; kk < n; kk += bd) {
-            const int v = k0 + kk;
-            const long long lp = v < nsr ? (long long)selq[v / r] * r + v % r : (long long)nb * r + (v - nsr);
-            tsl[kk] = (int)((long long)bt[lp / page_size] * page_size + lp % page_size);
+    if (s >= nsplit) return; /* past this query's splits */
+    const int k0 = s * split, n = min(ntok - k0, split);
+    for (int kk = tid; kk < n; kk += bd) {
+        const int v = k0 + kk;
+        const long long lp = v < nsr ? (long long)selq[v / r] * r + v % r : (long long)nb * r + (v - nsr);
+        tsl[kk] = (int)((long long)bt[lp / page_size] * page_size + lp % page_size);
+    }
+    __syncthreads();
+    float qr[HW][C], acc[HW][C], m[HW], l[HW];
+#pragma unroll
+    for (int hw = 0; hw < HW; hw++) {
+        m[hw] = QSA_NEG_INF;
+        l[hw] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            qr[hw][c] = q[(long long)(h0 + hw) * 2 * HD + lane * C + c];
+            acc[hw][c] = 0.0f;
         }
-        __syncthreads();
-        float qr[HW][C], acc[HW][C], m[HW], l[HW];
-#pragma unroll
-        for (int hw = 0; hw < HW; hw++) {
-            m[hw] = QSA_NEG_INF;
-            l[hw] = 0.0f;
-#pragma unroll
-            for (int c = 0; c < C; c++) {
-                qr[hw][c] = q[(long long)(h0 + hw) * 2 * HD + lane * C + c];
-                acc[hw][c] = 0.0f;
+    }
+    const int nch = (n + K2_DEC_T - 1) / K2_DEC_T, pieces = K2_DEC_T * 2 * (HD / 8);
+    for (int c0 = -1; c0 < nch; c0++) {
+        if (c0 + 1 < nch) { /* stage chunk c0 + 1 (its buffer was last read in chunk c0 - 1) */
+            const int base = (c0 + 1) * K2_DEC_T, buf = (c0 + 1) & 1;
+            for (int i = tid; i < pieces; i += bd) {
+                const int tok = i / (2 * (HD / 8)), rem = i % (2 * (HD / 8)), isv = rem / (HD / 8), pc = rem % (HD / 8);
+                if (base + tok < n)
+                    k2_cp16(K2_KV(buf, isv, tok) + pc * 8,
+                            (isv ? Vpool : Kpool) + (long long)tsl[base + tok] * kvd + (long long)g * HD + pc * 8);
             }
+            k2_cp_commit();
         }
-        const int nch = (n + K2_DEC_T - 1) / K2_DEC_T, pieces = K2_DEC_T * 2 * (HD / 8);
-        for (int c0 = -1; c0 < nch; c0++) {
-            if (c0 + 1 < nch) { /* stage chunk c0 + 1 (its buffer was last read in chunk c0 - 1) */
-                const int base = (c0 + 1) * K2_DEC_T, buf = (c0 + 1) & 1;
-                for (int i = tid; i < pieces; i += bd) {
-                    const int tok = i / (2 * (HD / 8)), rem = i % (2 * (HD / 8)), isv = rem / (HD / 8), pc = rem % (HD / 8);
-                    if (base + tok < n)
-                        k2_cp16(K2_KV(buf, isv, tok) + pc * 8,
-                                (isv ? Vpool : Kpool) + (long long)tsl[base + tok] * kvd + (long long)g * HD + pc * 8);
-                }
-                k2_cp_commit();
-            }
-            if (c0 < 0) continue;
-            k2_cp_wait(c0 + 1 < nch);
-            __syncthreads(); /* chunk c0 is in shared memory for every warp */
-            const int buf = c0 & 1, cnt = min(K2_DEC_T, n - c0 * K2_DEC_T);
-            if (cnt == K2_DEC_T) k2_attn_dec_chunk<C, HW, true>(K2_KV(buf, 0, 0), K2_KV(buf, 1, 0), cnt, scale, qr, acc, m, l);
-            else k2_attn_dec_chunk<C, HW, false>(K2_KV(buf, 0, 0), K2_KV(buf, 1, 0), cnt, scale, qr, acc, m, l);
-            __syncthreads(); /* every warp is done with this buffer before it is staged again */
-        }
-#pragma unroll
-        for (int hw = 0; hw < HW; hw++) {
-            float *sl = part + ((long long)(h0 + hw) * smax + s) * (HD + 2);
-            if (lane == 0) {
-                sl[0] = m[hw];
-                sl[1] = l[hw];
-            }
-#pragma unroll
-            for (int c = 0; c < C; c++) sl[2 + lane * C + c] = acc[hw][c];
-        }
-        if (!qsa_block_ticket_last(&count[blockIdx.y], (unsigned)nsplit, &last)) return; /* partials released */
-    } else if (!(nsplit == 0 && s == 0)) {
-        return; /* past this query's splits (no split at all: block 0 writes what the merge of none gives) */
+        if (c0 < 0) continue;
+        k2_cp_wait(c0 + 1 < nch);
+        __syncthreads(); /* chunk c0 is in shared memory for every warp */
+        const int buf = c0 & 1, cnt = min(K2_DEC_T, n - c0 * K2_DEC_T);
+        if (cnt == K2_DEC_T) k2_attn_dec_chunk<C, HW, true>(K2_KV(buf, 0, 0), K2_KV(buf, 1, 0), cnt, scale, qr, acc, m, l);
+        else k2_attn_dec_chunk<C, HW, false>(K2_KV(buf, 0, 0), K2_KV(buf, 1, 0), cnt, scale, qr, acc, m, l);
+        __syncthreads(); /* every warp is done with this buffer before it is staged again */
     }
 #pragma unroll
     for (int hw = 0; hw < HW; hw++) {
-        const int h = h0 + hw;
-        float Mx = QSA_NEG_INF, Ls = 0.0f, o[C];
-#pragma unroll
-        for (int c = 0; c < C; c++) o[c] = 0.0f;
-#pragma unroll 4
-        for (int i = 0; i < nsplit; i++) { /* left to right, as qsa_sparse_attn_body */
-            const float *sl = part + ((long long)h * smax + i) * (HD + 2);
-            const float mi = __ldcg(sl), li = __ldcg(sl + 1);
-            const float Mn = mi > Mx ? mi : Mx, fa = expf(Mx - Mn), fb = expf(mi - Mn);
-            Ls = __fadd_rn(__fmul_rn(Ls, fa), __fmul_rn(li, fb));
-#pragma unroll
-            for (int c = 0; c < C; c++)
-                o[c] = __fadd_rn(__fmul_rn(o[c], fa), __fmul_rn(__ldcg(sl + 2 + lane + 32 * c), fb));
-            Mx = Mn;
+        float *sl = part + ((long long)(h0 + hw) * smax + s) * (HD + 2);
+        if (lane == 0) {
+            sl[0] = m[hw];
+            sl[1] = l[hw];
         }
-        const float *qh = q + (long long)h * 2 * HD;
 #pragma unroll
-        for (int c = 0; c < C; c++) {
-            const int d = lane + 32 * c;
-            const float y = __fmul_rn(o[c] / Ls, qsa_sigmoid(qh[HD + d]));
-            if (out) out[(long long)h * HD + d] = y;
-            if (out16) out16[(long long)h * HD + d] = qsa_f32_to_f16(y);
-        }
+        for (int c = 0; c < C; c++) sl[2 + lane * C + c] = acc[hw][c];
     }
-    if (tid == 0 && nsplit > 0) count[blockIdx.y] = 0u;
 #undef K2_KV
 }
 /* the entry points' shared memory (one allocation for both head widths) and the dispatch on hd and
@@ -5701,26 +5680,23 @@ static __device__ void k2_attn_dec_body(const float *__restrict__ q, const qsa_f
     do {                                                                                                    \
         __shared__ __align__(16) qsa_f16 kv_[2 * 2 * K2_DEC_T * 256];                                        \
         __shared__ int tsl_[K2_ATTN_MAX_SPLIT];                                                             \
-        __shared__ unsigned last_;                                                                          \
         const bool two_ = (int)blockDim.x * 2 == 32 * (nh / (int)gridDim.y);                                \
-        if (hd == 256 && two_) k2_attn_dec_body<8, 2>(__VA_ARGS__, kv_, tsl_, last_);                        \
-        else if (hd == 256) k2_attn_dec_body<8, 1>(__VA_ARGS__, kv_, tsl_, last_);                           \
-        else if (hd == 128 && two_) k2_attn_dec_body<4, 2>(__VA_ARGS__, kv_, tsl_, last_);                   \
-        else if (hd == 128) k2_attn_dec_body<4, 1>(__VA_ARGS__, kv_, tsl_, last_);                           \
+        if (hd == 256 && two_) k2_attn_dec_body<8, 2>(__VA_ARGS__, kv_, tsl_);                              \
+        else if (hd == 256) k2_attn_dec_body<8, 1>(__VA_ARGS__, kv_, tsl_);                                 \
+        else if (hd == 128 && two_) k2_attn_dec_body<4, 2>(__VA_ARGS__, kv_, tsl_);                         \
+        else if (hd == 128) k2_attn_dec_body<4, 1>(__VA_ARGS__, kv_, tsl_);                                 \
         else __trap();                                                                                      \
     } while (0)
-/* One query (M = 1) at position pos0: q [nh][2 hd], sel [topk], nsel [1], out [nh][hd].  part
- * [nh][smax][hd + 2] fp32 scratch, count [nh / HB] zero (left zero).  Launch: grid (smax, nh / HB),
+/* One query (M = 1) at position pos0: q [nh][2 hd], sel [topk], nsel [1].  part [nh][smax][hd + 2]
+ * fp32 scratch (out: qsa_k_sparse_attn_merge's, the next launch).  Launch: grid (smax, nh / HB),
  * block 32 HB (a head per warp) or 16 HB (two; HB even) with HB dividing nh / nkv, at most 384 threads
  * (the launch bound, for 80 registers: 2 blocks of 12 warps or 4 of 6 per SM on sm_90). */
 extern "C" __global__ void __launch_bounds__(384, 2) qsa_k_sparse_attn_dec(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
-    const int *__restrict__ bt, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
-    qsa_f16 *out16, int pos0, int nh, int nkv, int hd, int r, int page_size, int split, float *part,
-    unsigned *count, int smax) {
+    const int *__restrict__ bt, const int *__restrict__ sel, const int *__restrict__ nsel, int pos0, int nh, int nkv,
+    int hd, int r, int page_size, int split, float *part, int smax) {
     QSA_PDL_ENTRY();
-    K2_DEC_CALL(q, Kpool, Vpool, bt, sel, nsel[0], (long long)pos0, out, out16, nh, nkv, r, page_size, split, part, count,
-                smax);
+    K2_DEC_CALL(q, Kpool, Vpool, bt, sel, nsel[0], (long long)pos0, nh, nkv, r, page_size, split, part, smax);
 }
 
 /* ============================================================================================== */
@@ -5812,18 +5788,17 @@ extern "C" __global__ void __launch_bounds__(512, 1) qsa_k_sparse_attn_batch(
                          split, 0, 0);
 }
 
-/* qsa_k_sparse_attn_dec for sequence b = blockIdx.z: part [B][nh][smax][hd + 2], count [B][nh / HB].
+/* qsa_k_sparse_attn_dec for sequence b = blockIdx.z: part [B][nh][smax][hd + 2].
  * Launch: grid (smax, nh / HB, B), block 32 HB or 16 HB as qsa_k_sparse_attn_dec. */
 extern "C" __global__ void __launch_bounds__(384, 2) qsa_k_sparse_attn_dec_batch(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
-    const unsigned long long *__restrict__ bts, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
-    qsa_f16 *out16, const int *__restrict__ pos, int nh, int nkv, int hd, int r, int topk, int page_size, int split,
-    float *part, unsigned *count, int smax) {
+    const unsigned long long *__restrict__ bts, const int *__restrict__ sel, const int *__restrict__ nsel,
+    const int *__restrict__ pos, int nh, int nkv, int hd, int r, int topk, int page_size, int split, float *part,
+    int smax) {
     QSA_PDL_ENTRY();
-    const qsa_i64 b = blockIdx.z, o = b * nh * hd;
-    K2_DEC_CALL(q + b * nh * 2 * hd, Kpool, Vpool, QSA_BPTR(const int, bts), sel + b * topk, nsel[b], (long long)pos[b],
-                out ? out + o : out, out16 ? out16 + o : out16, nh, nkv, r, page_size, split,
-                part + b * nh * smax * (hd + 2), count + b * gridDim.y, smax);
+    const qsa_i64 b = blockIdx.z;
+    K2_DEC_CALL(q + b * nh * 2 * hd, Kpool, Vpool, QSA_BPTR(const int, bts), sel + b * topk, nsel[b], (long long)pos[b], nh,
+                nkv, r, page_size, split, part + b * nh * smax * (hd + 2), smax);
 }
 
 /* ============================================================================================== */
@@ -5870,13 +5845,6 @@ typedef struct k3_smem {
     int tsl[2][K3_SPLIT];      /* the pool slots of a split's visit indices (this split's and the next one's) */
     float wmax[4][16];
 } k3_smem;
-/* the merge's weights of the running (Mx) and the next split's (m) terms; returns the new maximum */
-static __device__ __forceinline__ float k3_merge_w(float Mx, float m, float &fa, float &fb) {
-    const float Mn = m > Mx ? m : Mx;
-    fa = expf(Mx - Mn);
-    fb = expf(m - Mn);
-    return Mn;
-}
 #if QSA_CPA
 extern __shared__ __align__(16) unsigned char k3_dyn[];
 static __device__ __forceinline__ void qsa_ldsm4t(qsa_u32 a, qsa_u32 *r) {
@@ -5944,7 +5912,7 @@ template <int NT>
 static __device__ __forceinline__ void k3_merge(float &Mx, float &Ls, float (&ro)[NT][4], int rr, float m, float l,
                                                 const float (&o)[NT][4]) {
     float fa, fb;
-    const float Mn = k3_merge_w(Mx, m, fa, fb);
+    const float Mn = qsa_attn_merge_w(Mx, m, fa, fb);
     Ls = __fadd_rn(__fmul_rn(Ls, fa), __fmul_rn(l, fb));
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -6215,50 +6183,70 @@ extern "C" __global__ void __launch_bounds__(128, 2) qsa_k_sparse_attn_tc_batch(
 #endif
 }
 
-/* The merge of the split form's partials (qsa_k_sparse_attn_tc[_batch] with part): query t = blockIdx.y,
+/* The merge of a split decode attention's partials, a thread per output element: query t = blockIdx.y,
  * head h = blockIdx.x (row h % G of KV head h / G), dim d = threadIdx.x.  The element's (m, l, o) of each
- * split, read where the split's block left them (the mma fragment of thread 32 w + 4 (row % 8) + (d % 8) / 2
- * of warp w = d / (hd / 4): o at n-tile (d % (hd / 4)) / 8, slot 2 (row / 8) + d % 2; m and l of its row
- * after the n-tiles), merged left to right from (-inf, 0, 0) by k3_merge's operations, then o / l times
- * sigmoid(gate): what the block that ran all of the query's splits computes for that element, so the same
- * bits (gpu/k3_sparse_attn_tc).  This is a thread per element where the last of the split blocks merged
- * them all (32 elements per thread, 17 splits in a row: ~38k cycles of a 60k-cycle launch for one decode
- * query on the H200).  q, nsel, r and the position as the attention launch had them (pos NULL: pos0 + t;
- * else pos[t]); part [T][nkv][smax][128][K3_PW(hd)].  Launch: grid (nh, T), block hd (128 or 256). */
+ * split, read where the split's block left them, merged left to right from (-inf, 0, 0) by
+ * qsa_attn_merge_w's operations (those of every merge: qsa_sparse_attn_body's, k3_merge), then o / l
+ * times sigmoid(gate): what a block that ran all of the query's splits computes for that element, so the
+ * same bits (gpu/k3_sparse_attn_tc, gpu/k2_sparse_attn_decode_splits).  The layouts (frag):
+ *   1: qsa_k_sparse_attn_tc[_batch]'s, part [T][nkv][smax][128][K3_PW(hd)] (split must be K3_SPLIT): the
+ *      mma fragment of thread 32 w + 4 (row % 8) + (d % 8) / 2 of warp w = d / (hd / 4), o at n-tile
+ *      (d % (hd / 4)) / 8, slot 2 (row / 8) + d % 2; m and l of its row after the n-tiles;
+ *   0: qsa_k_sparse_attn_dec[_batch]'s, part [T][nh][smax][hd + 2]: m, l, o[hd] of a (head, split).
+ * This launch replaced the last split block's merge of all (the tensor-core form's: 32 elements per
+ * thread, 17 splits in a row, ~38k cycles of a 60k-cycle launch for one decode query on the H200).  q,
+ * nsel, r, split and the position as the attention launch had them (pos NULL: pos0 + t; else pos[t]).
+ * Launch: grid (nh, T), block hd (128 or 256). */
 extern "C" __global__ void __launch_bounds__(256) qsa_k_sparse_attn_merge(const float *__restrict__ q,
                                                                           const float *__restrict__ part,
                                                                           const int *__restrict__ nsel,
                                                                           const int *__restrict__ pos, int pos0, float *out,
                                                                           qsa_f16 *out16, int nh, int nkv, int hd, int r,
-                                                                          int smax) {
+                                                                          int split, int smax, int frag) {
     QSA_PDL_ENTRY();
     const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x, G = nh / nkv, g = h / G, row = h % G;
-    if ((hd != 128 && hd != 256) || (int)blockDim.x != hd || nh % nkv || G > 16 || r < 0) __trap();
+    if ((hd != 128 && hd != 256) || (int)blockDim.x != hd || nh % nkv || G > 16 || r < 0 || split < 1 ||
+        (frag && split != K3_SPLIT))
+        __trap();
     const long long p = pos ? (long long)pos[t] : (long long)pos0 + t;
     const int nb = r > 0 ? (int)((p + 1) / r) : 0, ns = r > 0 ? nsel[t] : 0;
-    const int ntok = (int)(ns * r + (p + 1 - (long long)nb * r)), nsplit = (ntok + K3_SPLIT - 1) / K3_SPLIT;
+    const int ntok = (int)(ns * r + (p + 1 - (long long)nb * r)), nsplit = (ntok + split - 1) / split;
     if (nsplit > smax) __trap();
-    const int pw = hd / 8 + 4, q4 = hd / 4, w = d / q4, dd = d % q4;
-    const int tid = 32 * w + 4 * (row % 8) + (dd % 8) / 2, at = 4 * (dd / 8) + 2 * (row / 8) + (d & 1);
-    const float *pe = part + (((long long)t * nkv + g) * smax * 128 + tid) * pw; /* split s at pe + s 128 pw */
-    const int mo = pw - 4 + row / 8; /* m; l two floats on */
+    const float *pe; /* split s's m at pe[s ss + mo], l at pe[s ss + lo], o at pe[s ss + at] */
+    long long ss;
+    int mo, lo, at;
+    if (frag) {
+        const int pw = hd / 8 + 4, q4 = hd / 4, w = d / q4, dd = d % q4;
+        const int tid = 32 * w + 4 * (row % 8) + (dd % 8) / 2;
+        pe = part + (((long long)t * nkv + g) * smax * 128 + tid) * pw;
+        ss = 128LL * pw;
+        at = 4 * (dd / 8) + 2 * (row / 8) + (d & 1);
+        mo = pw - 4 + row / 8;
+        lo = mo + 2;
+    } else {
+        pe = part + ((long long)t * nh + h) * smax * (hd + 2);
+        ss = hd + 2;
+        mo = 0;
+        lo = 1;
+        at = 2 + d;
+    }
     float Mx = QSA_NEG_INF, Ls = 0.0f, ro = 0.0f;
     enum { S = 8 }; /* splits loaded ahead of their merges */
     for (int s0 = 0; s0 < nsplit; s0 += S) {
         float ms[S], ls[S], os[S];
 #pragma unroll
         for (int i = 0; i < S; i++) {
-            const float *ps = pe + (long long)(s0 + i) * 128 * pw;
+            const float *ps = pe + (s0 + i) * ss;
             const bool ok = s0 + i < nsplit;
             ms[i] = ok ? ps[mo] : 0.0f;
-            ls[i] = ok ? ps[mo + 2] : 0.0f;
+            ls[i] = ok ? ps[lo] : 0.0f;
             os[i] = ok ? ps[at] : 0.0f;
         }
 #pragma unroll
         for (int i = 0; i < S; i++) {
             if (s0 + i >= nsplit) break;
             float fa, fb;
-            const float Mn = k3_merge_w(Mx, ms[i], fa, fb);
+            const float Mn = qsa_attn_merge_w(Mx, ms[i], fa, fb);
             Ls = __fadd_rn(__fmul_rn(Ls, fa), __fmul_rn(ls[i], fb));
             ro = __fadd_rn(__fmul_rn(ro, fa), __fmul_rn(os[i], fb));
             Mx = Mn;

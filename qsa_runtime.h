@@ -9396,8 +9396,8 @@ QSA_PRIV void qsa__cuda_seq_destroy(qsa_model *m, qsa_seq *s) {
 QSA_PRIV unsigned qsa__attn_threads(int M) { return M <= 64 ? 512u : 256u; }
 
 /* Decode attention of B queries (one per sequence) through qsa_k_sparse_attn_dec[_batch] (a block
-   per (split, group of *hb query heads of one KV head), K and V read once per group; the bits of
-   qsa_k_sparse_attn): returns the splits per query to launch for (the grid's x) and sets *hb and the
+   per (split, group of *hb query heads of one KV head), K and V read once per group, the splits merged
+   by a qsa_k_sparse_attn_merge launch after it; the bits of qsa_k_sparse_attn): returns the splits per query to launch for (the grid's x) and sets *hb and the
    block's *threads, or returns 0 for qsa_k_sparse_attn.  Used for any number of sequences (unless
    $QSA_ATTN_DEC is "0") with an indexer (r = 0: the context, not the budget, bounds the splits), hd
    128 or 256 and the partials within the GEMV scratch.  *hb: all the query
@@ -9430,8 +9430,7 @@ QSA_PRIV int qsa__attn_dec_splits(const qsa__cuda *g, int B, int nh, int nkv, in
         }
     }
     long long smax = ((long long)topk * r + r - 1 + split - 1) / split; /* ntok <= topk r + r - 1 */
-    if ((long long)B * nh * smax * (hd + 2) * 4 > (long long)QSA__GEMV_PART_BYTES || (long long)B * (nh / *hb) > QSA__GEMV_TILES)
-        return 0;
+    if ((long long)B * nh * smax * (hd + 2) * 4 > (long long)QSA__GEMV_PART_BYTES) return 0;
     return (int)smax;
 }
 
@@ -9448,6 +9447,17 @@ QSA_PRIV int qsa__attn_tc(const qsa__cuda *g, int B, int nh, int nkv, int hd, in
     if (B > 0 && sx > 1 && g->sc.gemv_part && (long long)B * QSA__ATTN_TC_PART(nkv, sx, hd) <= (long long)QSA__GEMV_PART_BYTES)
         *smax = (int)sx;
     return 1;
+}
+
+/* qsa_k_sparse_attn_merge after a split decode attention (frag 1: qsa_k_sparse_attn_tc[_batch]'s
+   partials; 0: qsa_k_sparse_attn_dec[_batch]'s) of T queries, positions pos[t] (pos 0: pos0 + t),
+   smax splits per query in part: out / out16 [T][nh][hd]. */
+QSA_PRIV qsa_result qsa__attn_merge(qsa__cuda *g, CUdeviceptr q, CUdeviceptr part, CUdeviceptr nsel, CUdeviceptr pos, int pos0,
+                                    CUdeviceptr out, CUdeviceptr out16, int T, int nh, int nkv, int hd, int r, int split,
+                                    int smax, int frag) {
+    QSA__LAUNCH(g, sparse_attn_merge, nh, T, hd, 0, &q, &part, &nsel, &pos, &pos0, &out, &out16, &nh, &nkv, &hd, &r, &split,
+                &smax, &frag);
+    return QSA_OK;
 }
 
 /* The grid's y of qsa_k_block_scores[_batch] for `rows` decode queries of up to maxb block keys: a
@@ -10046,19 +10056,18 @@ QSA_PRIV qsa_result qsa__cuda_attn(qsa_seq *sq, int l, int M) {
     int hb = 1, tx = 1;
     unsigned nt = 0;
     if (qsa__attn_tc(g, M == 1 && !tokpos ? 1 : 0, nh, nkv, hd, r, topk, split, &tx)) {
-        CUdeviceptr part = tx > 1 ? s->gemv_part : 0, none = 0;
+        CUdeviceptr part = tx > 1 ? s->gemv_part : 0;
         QSA__LAUNCH3(g, sparse_attn_tc, tx, nkv, M, 128, QSA__ATTN_TC_SMEM, &qg, &Kp, &Vp, &bt, &s->sel, &s->nsel, &att,
                      &att16, &pos0, &nh, &nkv, &hd, &r, &topk, &ps, &tokpos, &ld_tok, &part, &tx);
-        if (part)
-            QSA__LAUNCH(g, sparse_attn_merge, nh, M, hd, 0, &qg, &part, &s->nsel, &none, &pos0, &att, &att16, &nh, &nkv, &hd, &r,
-                        &tx);
+        if (part) QSA__TRY(qsa__attn_merge(g, qg, part, s->nsel, 0, pos0, att, att16, M, nh, nkv, hd, r, split, tx, 1));
         return qsa__dgemm(g, att16, M, &d->o, s->out, 0);
     }
     int smax = M == 1 && !tokpos ? qsa__attn_dec_splits(g, 1, nh, nkv, hd, r, topk, split, &hb, &nt) : 0;
     if (smax) {
-        CUdeviceptr part = s->gemv_part, cnt = s->gemv_count;
-        QSA__LAUNCH(g, sparse_attn_dec, smax, nh / hb, nt, 0, &qg, &Kp, &Vp, &bt, &s->sel, &s->nsel, &att, &att16, &pos0,
-                    &nh, &nkv, &hd, &r, &ps, &split, &part, &cnt, &smax);
+        CUdeviceptr part = s->gemv_part;
+        QSA__LAUNCH(g, sparse_attn_dec, smax, nh / hb, nt, 0, &qg, &Kp, &Vp, &bt, &s->sel, &s->nsel, &pos0, &nh, &nkv, &hd,
+                    &r, &ps, &split, &part, &smax);
+        QSA__TRY(qsa__attn_merge(g, qg, part, s->nsel, 0, pos0, att, att16, 1, nh, nkv, hd, r, split, smax, 0));
     } else {
         QSA__LAUNCH(g, sparse_attn, M, nh / qsa__attn_heads(M, nh, nkv, hd), qsa__attn_threads(M), 0, &qg, &Kp, &Vp, &bt, &s->sel,
                     &s->nsel, &att, &att16, &pos0, &M, &nh, &nkv, &hd, &r, &topk, &ps, &split, &tokpos, &ld_tok);
@@ -10524,19 +10533,17 @@ QSA_PRIV qsa_result qsa__cuda_attn_batch(qsa_model *m, int l, int B) {
     unsigned nt = 0;
     if (qsa__attn_tc(g, B, nh, nkv, hd, r, topk, split, &tx)) {
         CUdeviceptr part = tx > 1 ? s->gemv_part : 0;
-        int zero = 0;
         QSA__LAUNCH3(g, sparse_attn_tc_batch, tx, nkv, B, 128, QSA__ATTN_TC_SMEM, &qg, &Kp, &Vp, &bts, &s->sel, &s->nsel,
                      &att, &att16, &pos, &nh, &nkv, &hd, &r, &topk, &ps, &part, &tx);
-        if (part)
-            QSA__LAUNCH(g, sparse_attn_merge, nh, B, hd, 0, &qg, &part, &s->nsel, &pos, &zero, &att, &att16, &nh, &nkv, &hd, &r,
-                        &tx);
+        if (part) QSA__TRY(qsa__attn_merge(g, qg, part, s->nsel, pos, 0, att, att16, B, nh, nkv, hd, r, split, tx, 1));
         return qsa__dgemm(g, att16, B, &d->o, s->out, 0);
     }
     int smax = qsa__attn_dec_splits(g, B, nh, nkv, hd, r, topk, split, &hb, &nt);
     if (smax) {
-        CUdeviceptr part = s->gemv_part, cnt = s->gemv_count;
-        QSA__LAUNCH3(g, sparse_attn_dec_batch, smax, nh / hb, B, nt, 0, &qg, &Kp, &Vp, &bts, &s->sel, &s->nsel, &att, &att16,
-                     &pos, &nh, &nkv, &hd, &r, &topk, &ps, &split, &part, &cnt, &smax);
+        CUdeviceptr part = s->gemv_part;
+        QSA__LAUNCH3(g, sparse_attn_dec_batch, smax, nh / hb, B, nt, 0, &qg, &Kp, &Vp, &bts, &s->sel, &s->nsel, &pos, &nh,
+                     &nkv, &hd, &r, &topk, &ps, &split, &part, &smax);
+        QSA__TRY(qsa__attn_merge(g, qg, part, s->nsel, pos, 0, att, att16, B, nh, nkv, hd, r, split, smax, 0));
     } else {
         QSA__LAUNCH3(g, sparse_attn_batch, 1, nh, B, qsa__attn_threads(B), 0, &qg, &Kp, &Vp, &bts, &s->sel, &s->nsel, &att, &att16, &pos,
                      &nh, &nkv, &hd, &r, &topk, &ps, &split);

@@ -1104,29 +1104,26 @@ TEST(gpu, k2_sparse_attn_vs_cpu) {
 
 /* The device side of a decode-form attention launch (k2t_attn_dec_gpu, k3t_attn_tc_gpu): queries [t0, t0+M)
    of the case as M sequences of one token each on one block table (positions pos0 + t), the output
-   poisoned, ncnt tickets zero, part_bytes of partials (none: 0), and for the debug visit order (phys)
+   poisoned, part_bytes of partials (none: 0), and for the debug visit order (phys)
    qsa_k_attn_phys_order's list, ld per query. */
 typedef struct k2t_attn_dev {
     k2t_mem a;
-    CUdeviceptr q, K, V, bt, bts, sel, ns, pos, out, o16, part, cnt, tok;
-    int M, ncnt, pos0, ld;
+    CUdeviceptr q, K, V, bt, bts, sel, ns, pos, out, o16, part, tok;
+    int M, pos0, ld;
 } k2t_attn_dev;
 static qsa_result k2t_attn_dev_init(k2t_attn_dev *d, const k2t_attn *c, int ps, int n_pages, const int32_t *bt, int t0, int M,
-                                    int ncnt, size_t part_bytes, int phys) {
+                                    size_t part_bytes, int phys) {
     int kvd = c->nkv * c->hd, np = (c->ntok + ps - 1) / ps, nh = c->nh, hd = c->hd, topk = c->topk, r = c->r;
     size_t slots = (size_t)n_pages * ps, ts = topk ? (size_t)topk : 1;
     memset(d, 0, sizeof *d);
     d->M = M;
-    d->ncnt = ncnt;
     d->pos0 = c->pos0 + t0;
     d->ld = topk * r + r > 0 ? topk * r + r : 1;
     uint16_t *Kp = k2t_attn_pool(c, ps, n_pages, bt, c->K), *Vp = k2t_attn_pool(c, ps, n_pages, bt, c->V);
     int32_t *pos = QSA__ALLOC(int32_t, M);
     uint64_t *bts = QSA__ALLOC(uint64_t, M);
-    unsigned *cnt = QSA__ALLOC(unsigned, (size_t)ncnt);
-    qsa_result res = Kp && Vp && pos && bts && cnt ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "test: out of memory");
+    qsa_result res = Kp && Vp && pos && bts ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "test: out of memory");
     if (res == QSA_OK) {
-        memset(cnt, 0, sizeof(unsigned) * (size_t)ncnt);
         for (int b = 0; b < M; b++) pos[b] = d->pos0 + b;
         res = k2t_dev(&d->a, &d->q, c->q + (size_t)t0 * nh * 2 * hd, (size_t)M * nh * 2 * hd * 4);
     }
@@ -1143,7 +1140,6 @@ static qsa_result k2t_attn_dev_init(k2t_attn_dev *d, const k2t_attn *c, int ps, 
     if (res == QSA_OK) res = k2t_dev(&d->a, &d->out, NULL, (size_t)M * nh * hd * 4);
     if (res == QSA_OK) res = k2t_dev(&d->a, &d->o16, NULL, (size_t)M * nh * hd * 2);
     if (res == QSA_OK && part_bytes) res = k2t_dev(&d->a, &d->part, NULL, part_bytes);
-    if (res == QSA_OK) res = k2t_dev(&d->a, &d->cnt, cnt, (size_t)ncnt * 4);
     if (res == QSA_OK && phys) {
         res = k2t_dev(&d->a, &d->tok, NULL, (size_t)M * d->ld * 4);
         if (res == QSA_OK) {
@@ -1151,50 +1147,53 @@ static qsa_result k2t_attn_dev_init(k2t_attn_dev *d, const k2t_attn *c, int ps, 
             res = k2t_launch("qsa_k_attn_phys_order", (unsigned)M, 1, 256, 0, args);
         }
     }
-    qsa_free(Kp); qsa_free(Vp); qsa_free(pos); qsa_free(bts); qsa_free(cnt);
+    qsa_free(Kp); qsa_free(Vp); qsa_free(pos); qsa_free(bts);
     return res;
 }
-/* res of the launches, then the outputs into out [M][nh*hd], checked: out16 the rounded out, every ticket
-   back at zero; the device buffers freed */
+/* res of the launches, then the outputs into out [M][nh*hd], checked: out16 the rounded out; the device
+   buffers freed */
 static qsa_result k2t_attn_dev_finish(k2t_attn_dev *d, qsa_result res, const k2t_attn *c, const char *what, float *out) {
     size_t no = (size_t)d->M * c->nh * c->hd;
     uint16_t *o16 = QSA__ALLOC(uint16_t, no);
-    unsigned *cnt = QSA__ALLOC(unsigned, (size_t)d->ncnt);
-    if (res == QSA_OK && (!o16 || !cnt)) res = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "test: out of memory");
+    if (res == QSA_OK && !o16) res = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "test: out of memory");
     if (res == QSA_OK) res = k2t_get(out, d->out, no * 4);
     if (res == QSA_OK) res = k2t_get(o16, d->o16, no * 2);
-    if (res == QSA_OK) res = k2t_get(cnt, d->cnt, (size_t)d->ncnt * 4);
     k2t_free(&d->a);
     if (res == QSA_OK) {
-        int mism = 0, left = 0;
+        int mism = 0;
         for (size_t i = 0; i < no; i++) mism += o16[i] != qsa__f32_to_f16(out[i]);
-        for (int i = 0; i < d->ncnt; i++) left += cnt[i] != 0;
         if (mism) res = qsa__fail(QSA_ERR_INTERNAL, "%s: %d fp16 outputs are not the rounded fp32 outputs", what, mism);
-        else if (left) res = qsa__fail(QSA_ERR_INTERNAL, "%s: %d tickets not reset", what, left);
     }
-    qsa_free(o16); qsa_free(cnt);
+    qsa_free(o16);
     return res;
 }
 
 /* GPU, the decode kernels: queries [t0, t0+M) of the case as M sequences of one query each (the same
    block table, positions pos0 + t) through qsa_k_sparse_attn_dec_batch, or query t0 alone through
-   qsa_k_sparse_attn_dec (single), hb query heads per block, hw per warp.  out [M][nh*hd]. */
+   qsa_k_sparse_attn_dec (single), hb query heads per block, hw per warp, then qsa_k_sparse_attn_merge.
+   Launched twice over a poisoned output.  out [M][nh*hd]. */
 static qsa_result k2t_attn_dec_gpu(const k2t_attn *c, int ps, int n_pages, const int32_t *bt, int t0, int M, int single,
                                    int hb, int hw, float *out) {
     int nh = c->nh, nkv = c->nkv, hd = c->hd, r = c->r, topk = c->topk, split = QSA_ATTN_SPLIT;
     int smax = (topk * r + r - 1 + split - 1) / split, rows = nh / hb; /* grid y: groups of hb query heads */
     unsigned threads = 32u * (unsigned)(hb / hw);
     k2t_attn_dev d;
-    qsa_result res = k2t_attn_dev_init(&d, c, ps, n_pages, bt, t0, M, M * rows, (size_t)M * nh * smax * (hd + 2) * 4, 0);
-    for (int rep = 0; rep < 2 && res == QSA_OK; rep++) { /* twice: the tickets are left zero for the next launch */
-        if (single) {
-            void *args[] = {&d.q, &d.K, &d.V, &d.bt, &d.sel, &d.ns, &d.out, &d.o16, &d.pos0, &nh, &nkv, &hd, &r, &ps, &split,
-                            &d.part, &d.cnt, &smax};
+    qsa_result res = k2t_attn_dev_init(&d, c, ps, n_pages, bt, t0, M, (size_t)M * nh * smax * (hd + 2) * 4, 0);
+    for (int rep = 0; rep < 2 && res == QSA_OK; rep++) {
+        if (rep) res = k2t_poison(d.out, (size_t)M * nh * hd * 4);
+        if (res == QSA_OK && single) {
+            void *args[] = {&d.q, &d.K, &d.V, &d.bt, &d.sel, &d.ns, &d.pos0, &nh, &nkv, &hd, &r, &ps, &split, &d.part, &smax};
             res = k2t_launch("qsa_k_sparse_attn_dec", (unsigned)smax, (unsigned)rows, threads, 0, args);
-        } else {
-            void *args[] = {&d.q, &d.K, &d.V, &d.bts, &d.sel, &d.ns, &d.out, &d.o16, &d.pos, &nh, &nkv, &hd, &r, &topk, &ps,
-                            &split, &d.part, &d.cnt, &smax};
+        } else if (res == QSA_OK) {
+            void *args[] = {&d.q, &d.K, &d.V, &d.bts, &d.sel, &d.ns, &d.pos, &nh, &nkv, &hd, &r, &topk, &ps, &split, &d.part,
+                            &smax};
             res = k2t_launch3("qsa_k_sparse_attn_dec_batch", (unsigned)smax, (unsigned)rows, (unsigned)M, threads, 0, args);
+        }
+        if (res == QSA_OK) { /* positions pos0 + t (single) or pos[t] */
+            CUdeviceptr pos = single ? 0 : d.pos;
+            int frag = 0;
+            void *args[] = {&d.q, &d.part, &d.ns, &pos, &d.pos0, &d.out, &d.o16, &nh, &nkv, &hd, &r, &split, &smax, &frag};
+            res = k2t_launch("qsa_k_sparse_attn_merge", (unsigned)nh, (unsigned)M, (unsigned)hd, 0, args);
         }
     }
     return k2t_attn_dev_finish(&d, res, c, "sparse_attn_dec", out);
@@ -1344,8 +1343,8 @@ static qsa_result k3t_attn_tc_gpu(const k2t_attn *c, int ps, int n_pages, const 
     int smax = form % 2 ? (topk * r + r - 1 + split - 1) / split : 1;
     if (smax < 1) smax = 1;
     k2t_attn_dev d;
-    qsa_result res = k2t_attn_dev_init(&d, c, ps, n_pages, bt, t0, M, M * nkv,
-                                       form % 2 ? (size_t)M * QSA__ATTN_TC_PART(nkv, smax, hd) : 0, phys);
+    qsa_result res = k2t_attn_dev_init(&d, c, ps, n_pages, bt, t0, M, form % 2 ? (size_t)M * QSA__ATTN_TC_PART(nkv, smax, hd) : 0,
+                                       phys);
     for (int rep = 0; rep < 2 && res == QSA_OK; rep++) {
         if (rep) res = k2t_poison(d.out, (size_t)M * nh * hd * 4);
         if (res == QSA_OK && form < 2) {
@@ -1360,7 +1359,8 @@ static qsa_result k3t_attn_tc_gpu(const k2t_attn *c, int ps, int n_pages, const 
         }
         if (res == QSA_OK && form % 2) { /* the split forms' merge: positions pos0 + t (form 1) or pos[t] (form 3) */
             CUdeviceptr pos = form == 3 ? d.pos : 0;
-            void *args[] = {&d.q, &d.part, &d.ns, &pos, &d.pos0, &d.out, &d.o16, &nh, &nkv, &hd, &r, &smax};
+            int frag = 1;
+            void *args[] = {&d.q, &d.part, &d.ns, &pos, &d.pos0, &d.out, &d.o16, &nh, &nkv, &hd, &r, &split, &smax, &frag};
             res = k2t_launch("qsa_k_sparse_attn_merge", (unsigned)nh, (unsigned)M, (unsigned)hd, 0, args);
         }
     }
