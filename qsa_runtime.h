@@ -9929,7 +9929,7 @@ QSA_PRIV qsa_result qsa__cuda_ple(qsa_seq *sq, int l, const int32_t *ids, int M)
     QSA__TRY(qsa__dgemm(g, e16, M, &d->ple_key, keyp, 0));
     QSA__TRY(qsa__dgemm(g, e16, M, &d->ple_value, valp, 0));
     CUdeviceptr nk = d->ple_nk, nq = d->ple_nq, nc = d->ple_nc, cw = d->ple_conv_w, st = sq->cuda->ple_conv[l], X = s->X;
-    QSA__LAUNCH(g, ple_gate, M, 1, 256, 0, &keyp, &X, &valp, &nk, &nq, &nc, &gv, &gvn, &H, &hc, &eps);
+    QSA__LAUNCH(g, ple_gate, M, hc, 256, 0, &keyp, &X, &valp, &nk, &nq, &nc, &gv, &gvn, &H, &hc, &eps);
     QSA__LAUNCH(g, ple_conv, (hcH + 255) / 256, 1, 256, 0, &X, &gv, &gvn, &st, &cw, &M, &hcH, &Kc, &dil);
     return QSA_OK;
 }
@@ -10460,7 +10460,7 @@ QSA_PRIV qsa_result qsa__cuda_ple_batch(qsa_model *m, int l, int j, int B) {
     QSA__TRY(qsa__dgemm(g, e16, B, &d->ple_key, keyp, 0));
     QSA__TRY(qsa__dgemm(g, e16, B, &d->ple_value, valp, 0));
     CUdeviceptr nk = d->ple_nk, nq = d->ple_nq, nc = d->ple_nc, cw = d->ple_conv_w, st = QSA__BROW(bb, ple, l), X = s->X;
-    QSA__LAUNCH(g, ple_gate, B, 1, 256, 0, &keyp, &X, &valp, &nk, &nq, &nc, &gv, &gvn, &H, &hc, &eps);
+    QSA__LAUNCH(g, ple_gate, B, hc, 256, 0, &keyp, &X, &valp, &nk, &nq, &nc, &gv, &gvn, &H, &hc, &eps);
     QSA__LAUNCH3(g, ple_conv_batch, (hcH + 255) / 256, 1, B, 256, 0, &X, &gv, &gvn, &st, &cw, &hcH, &Kc, &dil);
     return QSA_OK;
 }

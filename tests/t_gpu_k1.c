@@ -2194,9 +2194,10 @@ done:
 /* PLE                                                                                             */
 /* ---------------------------------------------------------------------------------------------- */
 
+/* grid (M, ys): ys blocks share a token's streams */
 static qsa_result k1_run_ple_gate(const float *keyp, const float *X, const float *valp, const float *nk,
                                   const float *nq, const float *nc, float *gv, float *gvn, int M, int H, int hc,
-                                  float eps) {
+                                  float eps, int ys) {
     k1_mem mem = {{0}, 0, {0}, 0};
     size_t n = (size_t)M * hc * H;
     CUdeviceptr dk, dX, dv, dnk, dnq, dnc, dgv, dgvn;
@@ -2210,7 +2211,7 @@ static qsa_result k1_run_ple_gate(const float *keyp, const float *X, const float
     if (r == QSA_OK) r = k1_dev(&mem, &dgvn, NULL, n * 4);
     if (r == QSA_OK) {
         void *args[] = {&dk, &dX, &dv, &dnk, &dnq, &dnc, &dgv, &dgvn, &H, &hc, &eps};
-        r = k1_launch("qsa_k_ple_gate", (unsigned)M, 1, 256, args);
+        r = k1_launch("qsa_k_ple_gate", (unsigned)M, (unsigned)ys, 256, args);
     }
     if (r == QSA_OK) r = k1_get(gv, dgv, n * 4);
     if (r == QSA_OK) r = k1_get(gvn, dgvn, n * 4);
@@ -2247,7 +2248,7 @@ TEST(gpu, k1_ple_gate) {
     k1_fill(nk, HCH, -0.5, 0.5);
     k1_fill(nq, HCH, -0.5, 0.5);
     k1_fill(nc, HCH, -0.5, 0.5);
-    K1_TRY(k1_run_ple_gate(keyp, X, valp, nk, nq, nc, gv, gvn, M, H, HC, eps));
+    K1_TRY(k1_run_ple_gate(keyp, X, valp, nk, nq, nc, gv, gvn, M, H, HC, eps, HC)); /* a block per stream (the runtime's) */
     for (int t = 0; t < M; t++) {
         /* the CPU backend's steps (qsa__ple_fwd) */
         qsa__rmsnorm_1p(keyp + (size_t)t * HCH, nk, key, HCH, H, eps);
@@ -2278,9 +2279,9 @@ TEST(gpu, k1_ple_gate) {
     CHECK(k1_cmp("ple_gate gv", gv, want, (size_t)M * HCH, atol, 0, 0) == 0);
     for (size_t i = 0; i < (size_t)M * HCH; i++) want[i] = ref[i];
     CHECK(k1_cmp("ple_gate gvn", gvn, want, (size_t)M * HCH, NULL, 1e-7, 2e-5) == 0);
-    /* batch invariance */
+    /* batch invariance, and the same bits with one block walking a token's streams */
     K1_TRY(k1_run_ple_gate(keyp + (size_t)POS * HCH, X + (size_t)POS * HCH, valp + (size_t)POS * H, nk, nq, nc, gv1,
-                           gvn1, 1, H, HC, eps));
+                           gvn1, 1, H, HC, eps, 1));
     CHECK(!k1_same("ple_gate batch invariance (gv)", gv1, gv + (size_t)POS * HCH, HCH, 4));
     CHECK(!k1_same("ple_gate batch invariance (gvn)", gvn1, gvn + (size_t)POS * HCH, HCH, 4));
 done:
