@@ -6208,8 +6208,8 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_sparse_attn_merge(const 
                                                                           int split, int smax, int frag) {
     QSA_PDL_ENTRY();
     const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x, G = nh / nkv, g = h / G, row = h % G;
-    if ((hd != 128 && hd != 256) || (int)blockDim.x != hd || nh % nkv || G > 16 || r < 0 || split < 1 ||
-        (frag && split != K3_SPLIT))
+    if ((hd != 128 && hd != 256) || (int)blockDim.x != hd || nh % nkv || r < 0 || split < 1 ||
+        (frag && (split != K3_SPLIT || G > 16))) /* (the fp32 layout takes any number of heads per KV head) */
         __trap();
     const long long p = pos ? (long long)pos[t] : (long long)pos0 + t;
     const int nb = r > 0 ? (int)((p + 1) / r) : 0, ns = r > 0 ? nsel[t] : 0;

@@ -9397,8 +9397,9 @@ QSA_PRIV unsigned qsa__attn_threads(int M) { return M <= 64 ? 512u : 256u; }
 
 /* Decode attention of B queries (one per sequence) through qsa_k_sparse_attn_dec[_batch] (a block
    per (split, group of *hb query heads of one KV head), K and V read once per group, the splits merged
-   by a qsa_k_sparse_attn_merge launch after it; the bits of qsa_k_sparse_attn): returns the splits per query to launch for (the grid's x) and sets *hb and the
-   block's *threads, or returns 0 for qsa_k_sparse_attn.  Used for any number of sequences (unless
+   by a qsa_k_sparse_attn_merge launch after it; the bits of qsa_k_sparse_attn): returns the splits per
+   query to launch for (the grid's x) and sets *hb and the block's *threads, or returns 0 for
+   qsa_k_sparse_attn.  Used for any number of sequences (unless
    $QSA_ATTN_DEC is "0") with an indexer (r = 0: the context, not the budget, bounds the splits), hd
    128 or 256 and the partials within the GEMV scratch.  *hb: all the query
    heads of a KV head, or the largest divisor of them up to $QSA_ATTN_DEC_HEADS whose block fits

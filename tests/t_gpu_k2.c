@@ -1202,14 +1202,16 @@ static qsa_result k2t_attn_dec_gpu(const k2t_attn *c, int ps, int n_pages, const
 /* The decode kernels give qsa_k_sparse_attn's bits: each query of a case as its own sequence (one
    batched launch) and one query through the single-sequence entry, with all the query heads of a KV
    head per block, half of them, two and one (where they divide), each with one head per warp and,
-   for an even number of them, two per warp (blocks of up to QSA__ATTN_DEC_THREADS), at hd 128 (GQA 2:1, 17 splits), hd 256 with the real shape's 12 query
-   heads per KV head, and early positions (all blocks selected, tails of 0..3 tokens, one split). */
+   for an even number of them, two per warp (blocks of up to QSA__ATTN_DEC_THREADS), at hd 128 (GQA 2:1, 17
+   splits), hd 256 with the real shape's 12 query heads per KV head, early positions (all blocks selected, tails
+   of 0..3 tokens, one split) and 32 query heads on one KV head (more than the tensor-core form takes). */
 TEST(gpu, k2_sparse_attn_decode_splits) {
     K2_NEED_GPU();
     static const k2t_attn_case cases[] = {
         {4, 2, 128, 4, 512, 9, 4963, 81, "hd 128, 17 splits"},
         {24, 2, 256, 4, 512, 3, 2500, 82, "hd 256, 12 query heads per KV head"},
         {4, 1, 128, 4, 128, 12, 0, 83, "hd 128, early positions"},
+        {32, 1, 128, 4, 128, 3, 700, 84, "hd 128, 32 query heads per KV head (the merge launch past 16)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         k2t_attn c;
