@@ -5319,6 +5319,15 @@ static __device__ __noinline__ void k2_attn_split(const float *__restrict__ qh, 
     }
 }
 
+/* The weights with which an attention merge takes the next split's (m, l, o) into the running (Mx, Ls,
+   o): Ls fa + l fb and o fa + o_split fb (each product rounded, then the sum: no contraction, so the
+   same bits in every kernel that merges); returns the new maximum. */
+static __device__ __forceinline__ float qsa_attn_merge_w(float Mx, float m, float &fa, float &fb) {
+    const float Mn = m > Mx ? m : Mx;
+    fa = expf(Mx - Mn);
+    fb = expf(m - Mn);
+    return Mn;
+}
 /* Gated sparse attention of query t = blockIdx.x (position pos0+t), query heads h0 .. h0+H-1 with
  * H = nh / gridDim.y and h0 = blockIdx.y * H.
  *
@@ -5341,15 +5350,6 @@ static __device__ __noinline__ void k2_attn_split(const float *__restrict__ qh, 
  * queries (16 splits at once: a decode query's 2048 tokens in one round, its tail in a second), 256 threads and
  * H = 2 for prefill (K and V read once per pair of heads). */
 #define K2_ATTN_MAX_WARPS 16
-/* The weights with which an attention merge takes the next split's (m, l, o) into the running (Mx, Ls,
-   o): Ls fa + l fb and o fa + o_split fb (each product rounded, then the sum: no contraction, so the
-   same bits in every kernel that merges); returns the new maximum. */
-static __device__ __forceinline__ float qsa_attn_merge_w(float Mx, float m, float &fa, float &fb) {
-    const float Mn = m > Mx ? m : Mx;
-    fa = expf(Mx - Mn);
-    fb = expf(m - Mn);
-    return Mn;
-}
 #define K2_ATTN_MAX_SPLIT 256 /* at least the runtime's QSA_ATTN_SPLIT */
 static __device__ __forceinline__ void qsa_sparse_attn_body(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
