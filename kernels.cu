@@ -4553,11 +4553,12 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_gdn_norm_gate(float *o, 
  *   y <  nh : q half of q[t][y] ([q | gate] per head, row nh*2*hd): q_norm (1+w), RoPE at pos0+t, in place
  *   y >= nh : KV head y-nh: K = RoPE(k_norm(k_in)), stored fp16 in Kpool; V stored fp16 in Vpool.
  * k_in, v_in [M][nkv*hd]; qn, kn [hd] fp32 weights; inv_freq [rd/2]; rd <= hd <= 1024.
- * Launch: grid (M, Y) with any Y (nh + nkv: one block per head), block 128. */
+ * Launch: grid (M, Y) with any Y (nh + nkv: one block per head), block 128.  (The body: heads y0, y0 +
+ * ys, ... of token blockIdx.x.) */
 static __device__ __forceinline__ void qsa_attn_qk_prep_body(
     float *q, const float *__restrict__ k_in, const float *__restrict__ v_in, const float *__restrict__ qn,
     const float *__restrict__ kn, const float *__restrict__ inv_freq, const int *__restrict__ bt, qsa_f16 *Kpool,
-    qsa_f16 *Vpool, int pos0, int M, int nh, int nkv, int hd, int rd, int page_size, float eps) {
+    qsa_f16 *Vpool, int pos0, int M, int nh, int nkv, int hd, int rd, int page_size, float eps, int y0, int ys) {
     __shared__ float xs[K2_MAX_HD];
     __shared__ float scratch[33];
     int t = blockIdx.x;
@@ -4565,7 +4566,7 @@ static __device__ __forceinline__ void qsa_attn_qk_prep_body(
     long long pos = (long long)pos0 + t;
     int kvd = nkv * hd;
     long long slot = (long long)bt[pos / page_size] * page_size + pos % page_size;
-    for (int y = blockIdx.y; y < nh + nkv; y += gridDim.y) {
+    for (int y = y0; y < nh + nkv; y += ys) {
         __syncthreads(); /* xs of the previous head is no longer read */
         if (y < nh) {
             float *qh = q + ((long long)t * nh + y) * 2 * hd;
@@ -4604,24 +4605,25 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_attn_qk_prep(
     const float *__restrict__ kn, const float *__restrict__ inv_freq, const int *__restrict__ bt, qsa_f16 *Kpool,
     qsa_f16 *Vpool, int pos0, int M, int nh, int nkv, int hd, int rd, int page_size, float eps) {
     QSA_PDL_ENTRY();
-    qsa_attn_qk_prep_body(q, k_in, v_in, qn, kn, inv_freq, bt, Kpool, Vpool, pos0, M, nh, nkv, hd, rd, page_size, eps);
+    qsa_attn_qk_prep_body(q, k_in, v_in, qn, kn, inv_freq, bt, Kpool, Vpool, pos0, M, nh, nkv, hd, rd, page_size, eps,
+                          blockIdx.y, gridDim.y);
 }
 
 /* Indexer epilogue for token t = blockIdx.x, row iq[t] = [ih query heads | 1 raw key] of ihd:
  *   y < ih : q_layernorm (1+w, qln [ihd]) then RoPE (rd dims, rd <= ihd) at pos0+t, in place
  *   y == ih: the raw (un-normed) key is copied to Ipool at the token's slot.
- * Launch: grid (M, Y) with any Y (ih + 1: one block per head), block 128. */
+ * Launch: grid (M, Y) with any Y (ih + 1: one block per head), block 128.  (The body: heads y0, y0 + ys, ...) */
 static __device__ __forceinline__ void qsa_indexer_prep_body(float *iq, const float *__restrict__ qln,
                                                                      const float *__restrict__ inv_freq,
                                                                      const int *__restrict__ bt, float *Ipool,
                                                                      int pos0, int M, int ih, int ihd, int rd,
-                                                                     int page_size, float eps) {
+                                                                     int page_size, float eps, int y0, int ys) {
     __shared__ float xs[K2_MAX_HD];
     __shared__ float scratch[33];
     int t = blockIdx.x;
     if (t >= M) return;
     long long pos = (long long)pos0 + t;
-    for (int y = blockIdx.y; y <= ih; y += gridDim.y) {
+    for (int y = y0; y <= ih; y += ys) {
         __syncthreads();
         float *row = iq + (long long)t * (ih + 1) * ihd + (long long)y * ihd;
         if (y == ih) {
@@ -4641,22 +4643,22 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_indexer_prep(float *iq, 
                                                                      int pos0, int M, int ih, int ihd, int rd,
                                                                      int page_size, float eps) {
     QSA_PDL_ENTRY();
-    qsa_indexer_prep_body(iq, qln, inv_freq, bt, Ipool, pos0, M, ih, ihd, rd, page_size, eps);
+    qsa_indexer_prep_body(iq, qln, inv_freq, bt, Ipool, pos0, M, ih, ihd, rd, page_size, eps, blockIdx.y, gridDim.y);
 }
 
 /* Keys of the complete blocks b in [b0, b1): fp32 mean of the r raw keys (ascending, then / r, as
  * the CPU), k_layernorm (1+w, kln [ihd]), RoPE at position b*r.  bkeys [max_blocks][ihd] is the
  * sequence's logical block-key cache (a completed block's key never changes).
- * Launch: grid (b1 - b0), block 128. */
+ * Launch: grid (b1 - b0), block 128.  (The body: block b0 + i.) */
 static __device__ __forceinline__ void qsa_block_keys_body(const float *__restrict__ Ipool,
                                                                    const int *__restrict__ bt,
                                                                    const float *__restrict__ kln,
                                                                    const float *__restrict__ inv_freq, float *bkeys,
                                                                    int b0, int b1, int r, int ihd, int rd,
-                                                                   int page_size, float eps) {
+                                                                   int page_size, float eps, int i) {
     __shared__ float xs[K2_MAX_HD];
     __shared__ float scratch[33];
-    long long b = (long long)b0 + blockIdx.x;
+    long long b = (long long)b0 + i;
     if (b >= b1) return;
     for (int i = threadIdx.x; i < ihd; i += blockDim.x) {
         float s = 0.0f;
@@ -4677,7 +4679,7 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_block_keys(const float *
                                                                    int b0, int b1, int r, int ihd, int rd,
                                                                    int page_size, float eps) {
     QSA_PDL_ENTRY();
-    qsa_block_keys_body(Ipool, bt, kln, inv_freq, bkeys, b0, b1, r, ihd, rd, page_size, eps);
+    qsa_block_keys_body(Ipool, bt, kln, inv_freq, bkeys, b0, b1, r, ihd, rd, page_size, eps, blockIdx.x);
 }
 
 /* Block scores of query t = blockIdx.x (position pos0+t) against its complete blocks
@@ -5720,40 +5722,41 @@ extern "C" __global__ void __launch_bounds__(384, 2) qsa_k_sparse_attn_dec(
 
 #define QSA_BPTR(T, arr) ((T *)(arr)[blockIdx.z])
 
-/* Launch: grid (1, Y, B) (Y as qsa_k_attn_qk_prep), block 128. */
-extern "C" __global__ void __launch_bounds__(128) qsa_k_attn_qk_prep_batch(
+/* A decode step's attention epilogues, one launch (what qsa_k_attn_qk_prep, qsa_k_indexer_prep and
+ * qsa_k_block_keys do for the token, each block one of their blocks' work: the same bits).  Block y of
+ * sequence b = blockIdx.z:
+ *   y < nh + nkv: qsa_attn_qk_prep_body's head y (q in place; K and V into the pools);
+ *   with the indexer (iq != NULL), y = nh + nkv + i: i < ih, indexer query head i (in place); i == ih, the
+ *     token's raw indexer key into Ipool, then (after the block's barrier: its own stores) the key of
+ *     the block the token completes, if any: blocks [pos / r, (pos + 1) / r), at most one, into the
+ *     sequence's block keys bkeys[b] (qsa_block_keys_body; the block's other r - 1 raw keys were
+ *     written by earlier steps).
+ * This replaced three launches per QSA layer and step (the indexer's two after the q/k prep).
+ * Launch: grid (1, nh + nkv (+ ih + 1 with the indexer), B), block 128. */
+extern "C" __global__ void __launch_bounds__(128) qsa_k_attn_prep_batch(
     float *q, const float *__restrict__ k_in, const float *__restrict__ v_in, const float *__restrict__ qn,
     const float *__restrict__ kn, const float *__restrict__ inv_freq, const unsigned long long *__restrict__ bts,
     qsa_f16 *Kpool, qsa_f16 *Vpool, const int *__restrict__ pos, int nh, int nkv, int hd, int rd, int page_size,
-    float eps) {
+    float eps, float *iq, const float *__restrict__ qln, const float *__restrict__ kln, float *Ipool,
+    const unsigned long long *__restrict__ bkeys, int ih, int ihd, int r) {
     QSA_PDL_ENTRY();
     const qsa_i64 b = blockIdx.z, kvd = (qsa_i64)nkv * hd;
-    qsa_attn_qk_prep_body(q + b * nh * 2 * hd, k_in + b * kvd, v_in + b * kvd, qn, kn, inv_freq, QSA_BPTR(const int, bts),
-                          Kpool, Vpool, pos[b], 1, nh, nkv, hd, rd, page_size, eps);
-}
-
-/* Launch: grid (1, Y, B) (Y = ih + 1 recommended), block 128. */
-extern "C" __global__ void __launch_bounds__(128) qsa_k_indexer_prep_batch(
-    float *iq, const float *__restrict__ qln, const float *__restrict__ inv_freq,
-    const unsigned long long *__restrict__ bts, float *Ipool, const int *__restrict__ pos, int ih, int ihd, int rd,
-    int page_size, float eps) {
-    QSA_PDL_ENTRY();
-    const qsa_i64 b = blockIdx.z;
-    qsa_indexer_prep_body(iq + b * (ih + 1) * ihd, qln, inv_freq, QSA_BPTR(const int, bts), Ipool, pos[b], 1, ih, ihd,
-                          rd, page_size, eps);
-}
-
-/* The key of the block this token completes, if any: blocks [pos/r, (pos+1)/r) (at most one), as
- * qsa_k_block_keys with b0 = the sequence's block count before the step.  bkeys: st of the layer.
- * Launch: grid (1, 1, B), block 128. */
-extern "C" __global__ void __launch_bounds__(128) qsa_k_block_keys_batch(
-    const float *__restrict__ Ipool, const unsigned long long *__restrict__ bts, const float *__restrict__ kln,
-    const float *__restrict__ inv_freq, const unsigned long long *__restrict__ bkeys, const int *__restrict__ pos,
-    int r, int ihd, int rd, int page_size, float eps) {
-    QSA_PDL_ENTRY();
-    const int p = pos[blockIdx.z];
-    qsa_block_keys_body(Ipool, QSA_BPTR(const int, bts), kln, inv_freq, QSA_BPTR(float, bkeys), p / r, (p + 1) / r, r,
-                        ihd, rd, page_size, eps);
+    const int y = blockIdx.y, p = pos[b];
+    const int *bt = QSA_BPTR(const int, bts);
+    if (y < nh + nkv) {
+        qsa_attn_qk_prep_body(q + b * nh * 2 * hd, k_in + b * kvd, v_in + b * kvd, qn, kn, inv_freq, bt, Kpool, Vpool, p,
+                              1, nh, nkv, hd, rd, page_size, eps, y, nh + nkv);
+        return;
+    }
+    const int i = y - nh - nkv;
+    if (!iq || i > ih) return;
+    if (r < 1) __trap(); /* (the host passes the indexer with its ratio) */
+    qsa_indexer_prep_body(iq + b * (ih + 1) * ihd, qln, inv_freq, bt, Ipool, p, 1, ih, ihd, rd, page_size, eps, i,
+                          ih + 1);
+    if (i < ih) return;
+    __syncthreads(); /* the raw key just stored */
+    qsa_block_keys_body(Ipool, bt, kln, inv_freq, QSA_BPTR(float, bkeys), p / r, (p + 1) / r, r, ihd, rd, page_size, eps,
+                        0);
 }
 
 /* scores [B][ld].  Launch: grid (1, Y, B) with any Y (qsa__score_ys of max_blocks: an upper bound fixed

@@ -8497,7 +8497,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
-    X(attn_qk_prep_batch) X(indexer_prep_batch) X(block_keys_batch) X(block_scores_batch)                \
+    X(attn_prep_batch) X(block_scores_batch)                                                             \
     X(topk_blocks_batch) X(sparse_attn_batch) X(gdn_conv_batch) X(sparse_attn_dec) X(sparse_attn_dec_batch) \
     X(sparse_attn_tc) X(sparse_attn_tc_batch) X(sparse_attn_merge)                                     \
     X(gdn_recurrent_batch) X(gdn_recurrent_f16state_batch) X(ple_conv_batch)                             \
@@ -10514,19 +10514,23 @@ QSA_PRIV qsa_result qsa__cuda_attn_batch(qsa_model *m, int l, int B) {
     CUdeviceptr Ip = g->ipool + (size_t)pool->slot[l] * slot_tokens * pool->ihd * 4;
     CUdeviceptr bts = bb->bt, pos = bb->pos, inv = g->rope_inv_freq, qn = d->q_norm, kn = d->k_norm;
     CUdeviceptr qg = s->big[0], kin = s->big[1], vin = s->big[2], iq = s->big[3], att = s->big[4], att16 = s->big16[0];
-    { /* q, k, v and the indexer's queries: one input (attn_qk_prep_batch does not touch iq) */
+    { /* q, k, v and the indexer's queries: one input */
         const qsa__dlin *ws[4] = {&d->q, &d->k, &d->v, &d->idx_qk};
         CUdeviceptr ys[4] = {qg, kin, vin, iq};
         QSA__TRY(qsa__dgemm_group(g, s->inp16, B, c->has_qsa ? 4 : 3, ws, ys, NULL, NULL));
     }
-    QSA__LAUNCH3(g, attn_qk_prep_batch, 1, nh + nkv, B, 128, 0, &qg, &kin, &vin, &qn, &kn, &inv, &bts, &Kp, &Vp, &pos, &nh, &nkv, &hd,
-                 &rd, &ps, &eps);
+    { /* q/k prep, K and V into the pools, and with the indexer its queries, the token's raw key and the key
+         of the block it completes: one launch */
+        CUdeviceptr qln = c->has_qsa ? d->idx_q_norm : 0, kln = c->has_qsa ? d->idx_k_norm : 0;
+        CUdeviceptr bk = c->has_qsa ? QSA__BROW(bb, bkeys, l) : 0, iqp = c->has_qsa ? iq : 0;
+        unsigned ny = (unsigned)(nh + nkv + (c->has_qsa ? ih + 1 : 0));
+        QSA__LAUNCH3(g, attn_prep_batch, 1, ny, B, 128, 0, &qg, &kin, &vin, &qn, &kn, &inv, &bts, &Kp, &Vp, &pos, &nh, &nkv,
+                     &hd, &rd, &ps, &eps, &iqp, &qln, &kln, &Ip, &bk, &ih, &ihd, &r);
+    }
     if (c->has_qsa) {
-        CUdeviceptr qln = d->idx_q_norm, kln = d->idx_k_norm, bk = QSA__BROW(bb, bkeys, l), sc = bb->scores;
+        CUdeviceptr bk = QSA__BROW(bb, bkeys, l), sc = bb->scores;
         int ld = s->max_blocks;
         unsigned ys = qsa__score_ys(g, B, s->max_blocks);
-        QSA__LAUNCH3(g, indexer_prep_batch, 1, ih + 1, B, 128, 0, &iq, &qln, &inv, &bts, &Ip, &pos, &ih, &ihd, &rd, &ps, &eps);
-        QSA__LAUNCH3(g, block_keys_batch, 1, 1, B, 128, 0, &Ip, &bts, &kln, &inv, &bk, &pos, &r, &ihd, &rd, &ps, &eps);
         QSA__LAUNCH3(g, block_scores_batch, 1, ys, B, 256, 0, &iq, &bk, &sc, &pos, &ih, &ihd, &r, &ld, &topk);
         QSA__LAUNCH3(g, topk_blocks_batch, 1, 1, B, 1024, 0, &sc, &s->sel, &s->nsel, &pos, &r, &topk, &ld);
     }

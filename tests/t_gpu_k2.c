@@ -695,8 +695,89 @@ TEST(gpu, k2_attn_and_indexer_prep_block_keys) {
         res = k2t_launch("qsa_k_attn_qk_prep", M, 1, 128, 0, args);
     }
     if (res == QSA_OK) res = k2t_get(qg1, dq, nq * 4);
+    /* The decode step's one launch, qsa_k_attn_prep_batch: the M tokens as one-token sequences that share
+       the block table, a launch per place in an indexer block (pos % R = 0, 1, .., R - 1: a completing
+       token's block-mates are in the pool before it), each a batch of about M / R; then phase 0 again
+       without the indexer.  Every output must be bitwise the three kernels' above. */
+    enum { NB = (M + R - 1) / R + 1 };
+    float *qf = QSA__ALLOC(float, nq), *iqf = QSA__ALLOC(float, niq), *q0 = QSA__ALLOC(float, (size_t)NB * NH * 2 * HD);
+    float *qb = QSA__ALLOC(float, (size_t)NB * NH * 2 * HD), *kb = QSA__ALLOC(float, (size_t)NB * kvd),
+          *vb = QSA__ALLOC(float, (size_t)NB * kvd), *iqb = QSA__ALLOC(float, (size_t)NB * (IH + 1) * IHD);
+    uint16_t *Kf = QSA__ALLOC(uint16_t, slots * kvd), *Vf = QSA__ALLOC(uint16_t, slots * kvd);
+    float *Ipf = QSA__ALLOC(float, slots * IHD), *bkf = QSA__ALLOC(float, (size_t)b1 * IHD);
+    int tok[NB], posb[NB], n0 = 0;
+    unsigned long long btsb[NB], bksb[NB];
+    CUdeviceptr dK2, dV2, dI2, dbk2, dqb, dkb, dvb, diqb, dposb, dbtsb, dbksb, none = 0;
+    if (res == QSA_OK) res = k2t_dev(&a, &dK2, NULL, slots * kvd * 2);
+    if (res == QSA_OK) res = k2t_dev(&a, &dV2, NULL, slots * kvd * 2);
+    if (res == QSA_OK) res = k2t_dev(&a, &dI2, Ip_before, slots * IHD * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dbk2, NULL, (size_t)b1 * IHD * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dqb, NULL, (size_t)NB * NH * 2 * HD * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dkb, NULL, (size_t)NB * kvd * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dvb, NULL, (size_t)NB * kvd * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &diqb, NULL, (size_t)NB * (IH + 1) * IHD * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dposb, NULL, sizeof posb);
+    if (res == QSA_OK) res = k2t_dev(&a, &dbtsb, NULL, sizeof btsb);
+    if (res == QSA_OK) res = k2t_dev(&a, &dbksb, NULL, sizeof bksb);
+    size_t qr = (size_t)NH * 2 * HD, ir = (size_t)(IH + 1) * IHD;
+    for (int c = 0; c <= R && res == QSA_OK; c++) { /* c == R: phase 0 again, no indexer */
+        int n = 0, phase = c % R;
+        for (int t = 0; t < M; t++)
+            if ((POS0 + t) % R == phase) {
+                tok[n] = t;
+                posb[n] = POS0 + t;
+                btsb[n] = dbt;
+                bksb[n] = dbk2;
+                memcpy(qb + n * qr, q + tok[n] * qr, sizeof(float) * qr);
+                memcpy(kb + (size_t)n * kvd, kin + (size_t)t * kvd, sizeof(float) * kvd);
+                memcpy(vb + (size_t)n * kvd, vin + (size_t)t * kvd, sizeof(float) * kvd);
+                memcpy(iqb + n * ir, iq + tok[n] * ir, sizeof(float) * ir);
+                n++;
+            }
+        if (c == 0) n0 = n;
+        res = k2t_put(dqb, qb, sizeof(float) * n * qr);
+        if (res == QSA_OK) res = k2t_put(dkb, kb, sizeof(float) * n * kvd);
+        if (res == QSA_OK) res = k2t_put(dvb, vb, sizeof(float) * n * kvd);
+        if (res == QSA_OK) res = k2t_put(diqb, iqb, sizeof(float) * n * ir);
+        if (res == QSA_OK) res = k2t_put(dposb, posb, sizeof(int) * n);
+        if (res == QSA_OK) res = k2t_put(dbtsb, btsb, sizeof(btsb[0]) * n);
+        if (res == QSA_OK) res = k2t_put(dbksb, bksb, sizeof(bksb[0]) * n);
+        CUdeviceptr *piq = c < R ? &diqb : &none;
+        if (res == QSA_OK) {
+            void *args[] = {&dqb, &dkb, &dvb, &dqn, &dkn, &dinv, &dbtsb, &dK2, &dV2, &dposb, &nh, &nkv, &hd, &rd, &ps, &eps,
+                            piq, &dqln, &dkln, &dI2, &dbksb, &ih, &ihd, &r};
+            res = k2t_launch3("qsa_k_attn_prep_batch", 1, (unsigned)(NH + NKV + (c < R ? IH + 1 : 0)), (unsigned)n, 128, 0,
+                              args);
+        }
+        if (res == QSA_OK) res = k2t_get(c < R ? qb : q0, dqb, sizeof(float) * n * qr);
+        if (res == QSA_OK && c < R) res = k2t_get(iqb, diqb, sizeof(float) * n * ir);
+        for (int j = 0; j < n && c < R; j++) {
+            memcpy(qf + tok[j] * qr, qb + j * qr, sizeof(float) * qr);
+            memcpy(iqf + tok[j] * ir, iqb + j * ir, sizeof(float) * ir);
+        }
+    }
+    if (res == QSA_OK) res = k2t_get(Kf, dK2, slots * kvd * 2);
+    if (res == QSA_OK) res = k2t_get(Vf, dV2, slots * kvd * 2);
+    if (res == QSA_OK) res = k2t_get(Ipf, dI2, slots * IHD * 4);
+    if (res == QSA_OK) res = k2t_get(bkf, dbk2, (size_t)b1 * IHD * 4);
     k2t_free(&a);
     CHECK_OK(res);
+    if (res == QSA_OK) {
+        int bn = POS0 / R, badq0 = 0, unwritten = 0; /* blocks bn .. b1 - 1: completed by these tokens */
+        CHECKF(k2t_same_bits(qf, qg, nq * 4), "attn_prep_batch: q differs from qsa_k_attn_qk_prep's");
+        CHECKF(k2t_same_bits(iqf, iqg, niq * 4), "attn_prep_batch: indexer q differs from qsa_k_indexer_prep's");
+        CHECKF(k2t_same_bits(Kf, Kp, slots * kvd * 2) && k2t_same_bits(Vf, Vp, slots * kvd * 2),
+               "attn_prep_batch: the K / V pools differ from qsa_k_attn_qk_prep's");
+        CHECKF(k2t_same_bits(Ipf, Ipg, slots * IHD * 4), "attn_prep_batch: raw indexer keys differ");
+        CHECKF(k2t_same_bits(bkf + (size_t)bn * IHD, bkg + (size_t)bn * IHD, (size_t)(b1 - bn) * IHD * 4),
+               "attn_prep_batch: block keys %d..%d differ from qsa_k_block_keys'", bn, b1 - 1);
+        for (size_t i = 0; i < (size_t)bn * IHD; i++) unwritten += bkf[i] != bkf[i];
+        CHECKF(unwritten == bn * IHD, "attn_prep_batch wrote %d keys of blocks no token completed", bn * IHD - unwritten);
+        for (int j = 0; j < n0; j++) badq0 += !k2t_same_bits(q0 + j * qr, qf + tok[j] * qr, qr * 4); /* (tok: phase 0's) */
+        CHECKF(badq0 == 0, "attn_prep_batch without the indexer: q of %d of %d tokens differs", badq0, n0);
+    }
+    qsa_free(qf); qsa_free(iqf); qsa_free(q0); qsa_free(qb); qsa_free(kb); qsa_free(vb); qsa_free(iqb); qsa_free(Kf);
+    qsa_free(Vf); qsa_free(Ipf); qsa_free(bkf);
     if (res == QSA_OK) {
         /* RMSNorm over 128 values (tree vs sequential sum: a few ulp), the RoPE rotation is
            computed like the CPU (same cos/sin, unfused products): atol 1e-6, rtol 1e-5 */
