@@ -4649,16 +4649,16 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_indexer_prep(float *iq, 
 /* Keys of the complete blocks b in [b0, b1): fp32 mean of the r raw keys (ascending, then / r, as
  * the CPU), k_layernorm (1+w, kln [ihd]), RoPE at position b*r.  bkeys [max_blocks][ihd] is the
  * sequence's logical block-key cache (a completed block's key never changes).
- * Launch: grid (b1 - b0), block 128.  (The body: block b0 + i.) */
+ * Launch: grid (b1 - b0), block 128.  (The body: block b0 + bi.) */
 static __device__ __forceinline__ void qsa_block_keys_body(const float *__restrict__ Ipool,
                                                                    const int *__restrict__ bt,
                                                                    const float *__restrict__ kln,
                                                                    const float *__restrict__ inv_freq, float *bkeys,
                                                                    int b0, int b1, int r, int ihd, int rd,
-                                                                   int page_size, float eps, int i) {
+                                                                   int page_size, float eps, int bi) {
     __shared__ float xs[K2_MAX_HD];
     __shared__ float scratch[33];
-    long long b = (long long)b0 + i;
+    long long b = (long long)b0 + bi;
     if (b >= b1) return;
     for (int i = threadIdx.x; i < ihd; i += blockDim.x) {
         float s = 0.0f;
