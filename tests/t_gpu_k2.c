@@ -728,10 +728,10 @@ TEST(gpu, k2_attn_and_indexer_prep_block_keys) {
                 posb[n] = POS0 + t;
                 btsb[n] = dbt;
                 bksb[n] = dbk2;
-                memcpy(qb + n * qr, q + tok[n] * qr, sizeof(float) * qr);
+                memcpy(qb + n * qr, q + t * qr, sizeof(float) * qr);
                 memcpy(kb + (size_t)n * kvd, kin + (size_t)t * kvd, sizeof(float) * kvd);
                 memcpy(vb + (size_t)n * kvd, vin + (size_t)t * kvd, sizeof(float) * kvd);
-                memcpy(iqb + n * ir, iq + tok[n] * ir, sizeof(float) * ir);
+                memcpy(iqb + n * ir, iq + t * ir, sizeof(float) * ir);
                 n++;
             }
         if (c == 0) n0 = n;
@@ -772,7 +772,7 @@ TEST(gpu, k2_attn_and_indexer_prep_block_keys) {
         CHECKF(k2t_same_bits(bkf + (size_t)bn * IHD, bkg + (size_t)bn * IHD, (size_t)(b1 - bn) * IHD * 4),
                "attn_prep_batch: block keys %d..%d differ from qsa_k_block_keys'", bn, b1 - 1);
         for (size_t i = 0; i < (size_t)bn * IHD; i++) unwritten += bkf[i] != bkf[i];
-        CHECKF(unwritten == bn * IHD, "attn_prep_batch wrote %d keys of blocks no token completed", bn * IHD - unwritten);
+        CHECKF(unwritten == bn * IHD, "attn_prep_batch wrote %d key values of blocks no token completed", bn * IHD - unwritten);
         for (int j = 0; j < n0; j++) badq0 += !k2t_same_bits(q0 + j * qr, qf + tok[j] * qr, qr * 4); /* (tok: phase 0's) */
         CHECKF(badq0 == 0, "attn_prep_batch without the indexer: q of %d of %d tokens differs", badq0, n0);
     }
