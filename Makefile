@@ -3,6 +3,7 @@
 #   make                  kernels.cu.inc, tests/test_qsa, tools, examples/chat, models/tiny
 #   make test             build and run the test binary (GPU groups skip themselves without a GPU)
 #   make bench            build tools/bench and print how to run it (docs/PERFORMANCE.md; needs a GPU)
+#   make tools/libkernel_trace.so   the kernel timeline tracer (CUPTI; CUDA_HOME, default /usr/local/cuda)
 #   make test-asan        the cpu group under AddressSanitizer + UBSan
 #   make compile-check    the header as C99/C11 (gcc, clang) and C++17 (g++, clang++), -pedantic;
 #                         QSA_STATIC in two TUs; QSA_NO_CUDA; with poisoned CUDA headers
@@ -12,7 +13,7 @@
 #   make fuzz             libFuzzer harnesses in tests/fuzz/, FUZZ_SECONDS (default 30) each
 #   make clean
 #
-# Variables: CC, CXX, CLANG, CLANGXX, CFLAGS (default -O2 -g), LDFLAGS.
+# Variables: CC, CXX, CLANG, CLANGXX, CFLAGS (default -O2 -g), LDFLAGS, CUDA_HOME.
 
 CC ?= cc
 CXX ?= c++
@@ -73,6 +74,11 @@ $(TOOLS): tools/%: tools/%.c $(HDRS)
 
 $(EXAMPLES): examples/%: examples/%.c $(HDRS)
 	$(CC) $(STD) $(WARN) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LDLIBS)
+
+# the CUPTI injection library of tools/kernel_trace.c (not part of `all`: it needs the toolkit's CUPTI)
+CUDA_HOME ?= /usr/local/cuda
+tools/libkernel_trace.so: tools/kernel_trace.c
+	$(CC) $(STD) $(WARN) $(CFLAGS) -shared -fPIC -o $@ $< -I$(CUDA_HOME)/include -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -lcupti
 
 bench: tools/bench
 	@echo "tools/bench built.  On a GPU machine (one call, < 10 minutes on an H200; docs/PERFORMANCE.md):"
@@ -148,7 +154,7 @@ fuzz:
 	done
 
 clean:
-	rm -rf build models/tiny tests/test_qsa tests/test_qsa_asan $(TOOLS) $(EXAMPLES) kernels.cu.inc.tmp
+	rm -rf build models/tiny tests/test_qsa tests/test_qsa_asan $(TOOLS) $(EXAMPLES) kernels.cu.inc.tmp tools/libkernel_trace.so
 
 # ---- an NVRTC 11.8 archive small enough to carry to a GPU machine (tools/gpu_tests.sh) ----
 .PHONY: nvrtc118-archive
