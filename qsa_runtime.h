@@ -9245,6 +9245,17 @@ QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     g->logit_slice_bytes = e && atoll(e) >= 0 ? (size_t)atoll(e) : QSA__LOGIT_SLICE_BYTES;
 }
 
+/* The backend's streams on g's current context: the chain's, and the side stream with its fork and
+   join events (qsa__dgemm_side; without them every launch stays in the chain).  tools/bench builds
+   its qsa__cuda through this too, so that it measures the launches the runtime makes. */
+QSA_PRIV qsa_result qsa__cuda_streams(qsa__cuda *g) {
+    QSA__CU(qsa__cu.cuStreamCreate(&g->stream, QSA__CU_STREAM_NON_BLOCKING));
+    QSA__CU(qsa__cu.cuStreamCreate(&g->side, QSA__CU_STREAM_NON_BLOCKING));
+    QSA__CU(qsa__cu.cuEventCreate(&g->side_fork, QSA__CU_EVENT_DISABLE_TIMING));
+    QSA__CU(qsa__cu.cuEventCreate(&g->side_join, QSA__CU_EVENT_DISABLE_TIMING));
+    return QSA_OK;
+}
+
 QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, qsa__cuda **out) {
     *out = NULL;
     QSA__TRY(qsa__cuda_load());
@@ -9262,10 +9273,7 @@ QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, qsa__cuda **out) {
     QSA__G(QSA__CU_R(qsa__cu.cuDeviceGet(&g->dev, g->ordinal)));
     QSA__G(QSA__CU_R(qsa__cu.cuDevicePrimaryCtxRetain(&g->ctx, g->dev)));
     QSA__G(QSA__CU_R(qsa__cu.cuCtxSetCurrent(g->ctx)));
-    QSA__G(QSA__CU_R(qsa__cu.cuStreamCreate(&g->stream, QSA__CU_STREAM_NON_BLOCKING)));
-    QSA__G(QSA__CU_R(qsa__cu.cuStreamCreate(&g->side, QSA__CU_STREAM_NON_BLOCKING)));
-    QSA__G(QSA__CU_R(qsa__cu.cuEventCreate(&g->side_fork, QSA__CU_EVENT_DISABLE_TIMING)));
-    QSA__G(QSA__CU_R(qsa__cu.cuEventCreate(&g->side_join, QSA__CU_EVENT_DISABLE_TIMING)));
+    QSA__G(qsa__cuda_streams(g));
     QSA__G(qsa__cuda_module(g, m->params.arch));
     QSA__G(qsa__cuda_upload(m, g));
     {

@@ -944,7 +944,7 @@ static qsa_result bench_device_init(bench *b) {
     QSA__CU(qsa__cu.cuDeviceGet(&g->dev, g->ordinal));
     QSA__CU(qsa__cu.cuDevicePrimaryCtxRetain(&g->ctx, g->dev));
     QSA__CU(qsa__cu.cuCtxSetCurrent(g->ctx));
-    QSA__CU(qsa__cu.cuStreamCreate(&g->stream, QSA__CU_STREAM_NON_BLOCKING));
+    QSA__TRY(qsa__cuda_streams(g)); /* (the runtime's streams: the side stream too) */
     QSA__CU(qsa__cu.cuEventCreate(&b->ev0, 0));
     QSA__CU(qsa__cu.cuEventCreate(&b->ev1, 0));
     printf("device: %s (cc %d.%d, %d SMs, %.1f GiB), driver %d.%d, NVRTC %d.%d (%s)\n", b->info.name, b->info.cc_major,
