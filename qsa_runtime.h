@@ -9245,10 +9245,22 @@ QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     g->logit_slice_bytes = e && atoll(e) >= 0 ? (size_t)atoll(e) : QSA__LOGIT_SLICE_BYTES;
 }
 
-/* The backend's streams on g's current context: the chain's, and the side stream with its fork and
-   join events (qsa__dgemm_side; without them every launch stays in the chain).  tools/bench builds
-   its qsa__cuda through this too, so that it measures the launches the runtime makes. */
-QSA_PRIV qsa_result qsa__cuda_streams(qsa__cuda *g) {
+/* The backend's device bring-up on a zeroed g for device `ordinal`: its compute capability, SM count
+   and tuning switches, its primary context (current on this thread), the chain's stream and the side
+   stream with its fork and join events (qsa__dgemm_side; without them every launch stays in the
+   chain).  *info: the device's description.  tools/bench builds its qsa__cuda through this too, so
+   that it measures the launches the runtime makes (until the fifty-fourth session it made its own
+   stream only, and its decode steps never used the side stream).  On failure qsa__cuda_free(g)
+   releases what was made. */
+QSA_PRIV qsa_result qsa__cuda_open(qsa__cuda *g, int ordinal, qsa__gpu_info *info) {
+    g->ordinal = ordinal;
+    QSA__TRY(qsa__cu_device_info(ordinal, info));
+    g->cc = info->cc_major * 10 + info->cc_minor;
+    g->sm_count = info->sm_count;
+    qsa__cuda_tuning(g);
+    QSA__CU(qsa__cu.cuDeviceGet(&g->dev, ordinal));
+    QSA__CU(qsa__cu.cuDevicePrimaryCtxRetain(&g->ctx, g->dev));
+    QSA__CU(qsa__cu.cuCtxSetCurrent(g->ctx));
     QSA__CU(qsa__cu.cuStreamCreate(&g->stream, QSA__CU_STREAM_NON_BLOCKING));
     QSA__CU(qsa__cu.cuStreamCreate(&g->side, QSA__CU_STREAM_NON_BLOCKING));
     QSA__CU(qsa__cu.cuEventCreate(&g->side_fork, QSA__CU_EVENT_DISABLE_TIMING));
@@ -9263,17 +9275,9 @@ QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, qsa__cuda **out) {
     qsa__cuda *g = QSA__CALLOC(qsa__cuda, 1);
     if (!g) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
     qsa_result r = QSA_OK;
-    g->ordinal = m->params.device;
     qsa__gpu_info info;
 #define QSA__G(expr) do { if ((r = (expr)) != QSA_OK) goto fail; } while (0)
-    QSA__G(qsa__cu_device_info(g->ordinal, &info));
-    g->cc = info.cc_major * 10 + info.cc_minor;
-    g->sm_count = info.sm_count;
-    qsa__cuda_tuning(g);
-    QSA__G(QSA__CU_R(qsa__cu.cuDeviceGet(&g->dev, g->ordinal)));
-    QSA__G(QSA__CU_R(qsa__cu.cuDevicePrimaryCtxRetain(&g->ctx, g->dev)));
-    QSA__G(QSA__CU_R(qsa__cu.cuCtxSetCurrent(g->ctx)));
-    QSA__G(qsa__cuda_streams(g));
+    QSA__G(qsa__cuda_open(g, m->params.device, &info));
     QSA__G(qsa__cuda_module(g, m->params.arch));
     QSA__G(qsa__cuda_upload(m, g));
     {

@@ -936,15 +936,7 @@ static qsa_result bench_device_init(bench *b) {
     qsa__cuda *g = QSA__CALLOC(qsa__cuda, 1);
     if (!g) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "bench: out of host memory");
     b->g = g;
-    g->ordinal = b->o.device;
-    QSA__TRY(qsa__cu_device_info(g->ordinal, &b->info));
-    g->cc = b->info.cc_major * 10 + b->info.cc_minor;
-    g->sm_count = b->info.sm_count;
-    qsa__cuda_tuning(g);
-    QSA__CU(qsa__cu.cuDeviceGet(&g->dev, g->ordinal));
-    QSA__CU(qsa__cu.cuDevicePrimaryCtxRetain(&g->ctx, g->dev));
-    QSA__CU(qsa__cu.cuCtxSetCurrent(g->ctx));
-    QSA__TRY(qsa__cuda_streams(g)); /* (the runtime's streams: the side stream too) */
+    QSA__TRY(qsa__cuda_open(g, b->o.device, &b->info)); /* (the runtime's bring-up: its streams, the side stream too) */
     QSA__CU(qsa__cu.cuEventCreate(&b->ev0, 0));
     QSA__CU(qsa__cu.cuEventCreate(&b->ev1, 0));
     printf("device: %s (cc %d.%d, %d SMs, %.1f GiB), driver %d.%d, NVRTC %d.%d (%s)\n", b->info.name, b->info.cc_major,
