@@ -25,12 +25,9 @@ def replays_of(rows):
     by_node = collections.defaultdict(list)
     for r in rows:
         by_node[r['graph_node']].append(r)
-    n = min(len(v) for v in by_node.values())
-    out = []
-    for i in range(n):
-        rep = [sorted(v, key=lambda r: r['start'])[i] for v in by_node.values()]
-        out.append(sorted(rep, key=lambda r: r['start']))
-    return out
+    runs = [sorted(v, key=lambda r: r['start']) for v in by_node.values()]
+    n = min(len(v) for v in runs)
+    return [sorted((v[i] for v in runs), key=lambda r: r['start']) for i in range(n)]
 
 
 def analyse(rep):
