@@ -2382,11 +2382,15 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16
     qsa_gemv_xwarp<false>(A, ws, mb.bias, mb.Y, M, mb.N, K, 0, part, count, mb.Y16, mb.act_scale, task);
 }
 
-/* The block form's stage: A and each warp's W, 16 rows of half a segment (QSA_GBK halves apart: a
-   quarter-warp's ldmatrix rows hit distinct banks), twice (the stage in use and the one in flight) */
+/* The block form's stage: the group's RP row tiles of A (RP = QSA_GB_RP(M): 32 rows from 17 on, so
+   that each weight fragment serves both) and each warp's W, 16 rows of half a segment (QSA_GBK halves
+   apart: a quarter-warp's ldmatrix rows hit distinct banks), twice (the stage in use and the one in
+   flight): QSA_GB_SMEM(RP) bytes of dynamic shared memory (43,520 or 52,224; the host's QSA__GB_SMEM) */
 #define QSA_GBK (QSA_SEG / 2 + 8)
 #define QSA_GB_TILE (16 * QSA_GBK)
-#define QSA_GB_STAGE ((QSA_GEMV_WARPS + 1) * QSA_GB_TILE)
+#define QSA_GB_RP(M) ((M) > 16 ? 2 : 1)
+#define QSA_GB_STAGE(rp) ((QSA_GEMV_WARPS + (rp)) * QSA_GB_TILE)
+#define QSA_GB_SMEM(rp) (2 * QSA_GB_STAGE(rp) * 2)
 /* Blocks per SM qsa_k_gemv_blk is built for (registers; its 43.5 KB of shared memory also allows 5 on
    sm_90): the copies in flight per SM scale with it (the host's QSA__GEMV_BLOCKS). */
 #define QSA_GEMV_BLOCKS 5
@@ -2412,15 +2416,17 @@ static __device__ __forceinline__ bool qsa_gemv_blockwise(const qsa_f16 *A, cons
     return ok;
 }
 
-/* Where group g of a block-form launch lies: member b, segment seg, row tile m0, the block's first
- * column tile nt0 (warp w takes nt0 + w), and the member's partial tiles and tickets (part, count
- * offsets).  A member's groups go column groups fastest, then row tiles, then segments. */
+/* Where group g of a block-form launch lies: member b, segment seg, first row m0 (of its rp row
+ * tiles), the block's first column tile nt0 (warp w takes nt0 + w), and the member's partial tiles
+ * and tickets (part, count offsets: those are per 16-row tile whatever rp).  A member's groups go
+ * column groups fastest, then row groups of 16 rp rows, then segments. */
 struct qsa_gb_job {
     int b, seg, m0, nt0;
     qsa_i64 part_off, count_off;
 };
-static __device__ __forceinline__ qsa_gb_job qsa_gb_locate(const qsa_gemv_group &grp, int M, int nseg, int g) {
-    const int mt = (M + 15) / 16, prow = M < 16 ? M : 16;
+static __device__ __forceinline__ qsa_gb_job qsa_gb_locate(const qsa_gemv_group &grp, int M, int nseg, int g,
+                                                           int rp) {
+    const int mt = (M + 15) / 16, prow = M < 16 ? M : 16, mg = (M + 16 * rp - 1) / (16 * rp);
     qsa_gb_job j;
     j.b = -1;
     j.seg = j.m0 = j.nt0 = 0;
@@ -2428,13 +2434,13 @@ static __device__ __forceinline__ qsa_gb_job qsa_gb_locate(const qsa_gemv_group 
 #pragma unroll
     for (int b = 0; b < QSA_GEMV_GROUP; b++) {
         if (j.b >= 0 || b >= grp.n) continue;
-        const int nt = (grp.m[b].N + 15) / 16, ng = (nt + QSA_GEMV_WARPS - 1) / QSA_GEMV_WARPS, G = ng * mt * nseg;
+        const int nt = (grp.m[b].N + 15) / 16, ng = (nt + QSA_GEMV_WARPS - 1) / QSA_GEMV_WARPS, G = ng * mg * nseg;
         if (g < G) {
             const int r = g / ng;
             j.b = b;
             j.nt0 = (g - r * ng) * QSA_GEMV_WARPS;
-            j.m0 = (r % mt) * 16;
-            j.seg = r / mt;
+            j.m0 = (r % mg) * 16 * rp;
+            j.seg = r / mg;
         } else {
             g -= G;
             j.part_off += (qsa_i64)mt * nt * nseg * prow * 16;
@@ -2445,15 +2451,17 @@ static __device__ __forceinline__ qsa_gb_job qsa_gb_locate(const qsa_gemv_group 
 }
 /* The copies of one stage (half h of job j's segment) into st: this warp's 16 W rows (8 pieces of
    16 bytes per lane: rows lane / 16 + 2 i, k = 8 (lane % 16)) and, shared by the block, A rows m0 ..
-   m0 + 15 (2 pieces per thread); rows past M or N and k >= kend zero-filled.  With `pdl` the PDL wait
-   comes between the two (the weights are never written by a kernel; A is the previous kernel's). */
+   m0 + 16 RP - 1 (2 RP pieces per thread); rows past M or N and k >= kend zero-filled.  With `pdl`
+   the PDL wait comes between the two (the weights are never written by a kernel; A is the previous
+   kernel's). */
+template <int RP>
 static __device__ __forceinline__ void qsa_gb_copy(const qsa_f16 *A, const qsa_gemv_group &grp, int M, int K,
                                                    const qsa_gb_job &j, int h, qsa_f16 *st, bool pdl) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int kend = min(K, (j.seg + 1) * QSA_SEG), k = j.seg * QSA_SEG + h * (QSA_SEG / 2) + 8 * (lane & 15);
     const qsa_gemv_member mb = qsa_gemv_pick(grp, j.b);
     const int n0 = (j.nt0 + warp) * 16;
-    const qsa_u32 wdst = qsa_smem_u32(st + (1 + warp) * QSA_GB_TILE + (lane >> 4) * QSA_GBK + 8 * (lane & 15));
+    const qsa_u32 wdst = qsa_smem_u32(st + (RP + warp) * QSA_GB_TILE + (lane >> 4) * QSA_GBK + 8 * (lane & 15));
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         const int n = n0 + (lane >> 4) + 2 * i;
@@ -2462,7 +2470,7 @@ static __device__ __forceinline__ void qsa_gb_copy(const qsa_f16 *A, const qsa_g
     }
     if (pdl) QSA_PDL_ENTRY();
 #pragma unroll
-    for (int i = 0; i < 16 * 16 / (32 * QSA_GEMV_WARPS); i++) {
+    for (int i = 0; i < RP * 16 * 16 / (32 * QSA_GEMV_WARPS); i++) {
         const int p = threadIdx.x + 32 * QSA_GEMV_WARPS * i, r = p >> 4,
                   ka = j.seg * QSA_SEG + h * (QSA_SEG / 2) + 8 * (p & 15);
         const bool ok = j.m0 + r < M && ka < kend;
@@ -2500,28 +2508,37 @@ static __device__ __forceinline__ void qsa_gb_put_tile(float *p, const float *d,
             if (g + 8 * i < prow)
                 *(float2 *)(p + (g + 8 * i) * 16 + 8 * hh + c) = make_float2(d[4 * hh + 2 * i], d[4 * hh + 2 * i + 1]);
 }
-template <bool whole>
+/* the dynamic shared memory of this launch, bytes */
+static __device__ __forceinline__ unsigned qsa_dyn_smem_bytes(void) {
+    unsigned r;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+    return r;
+}
+template <bool whole, int RP>
 static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &grp, int M, int K, int accumulate,
                                        float *part, unsigned *count, const float *gxn, int ghc) {
-    __shared__ __align__(128) qsa_f16 st[2 * QSA_GB_STAGE];
+    extern __shared__ __align__(128) unsigned char qsa_dyn[];
+    qsa_f16 *const st = (qsa_f16 *)qsa_dyn;
+    if (qsa_dyn_smem_bytes() < QSA_GB_SMEM(RP)) __trap(); /* the host passes QSA__GB_SMEM(M) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mt = (M + 15) / 16, prow = M < 16 ? M : 16;
     const int nseg = (K + QSA_SEG - 1) / QSA_SEG, gseg = whole ? 1 : nseg, spg = whole ? nseg : 1;
+    const int mg = (M + 16 * RP - 1) / (16 * RP);
     int G = 0;
 #pragma unroll
     for (int b = 0; b < QSA_GEMV_GROUP; b++)
-        if (b < grp.n) G += (((grp.m[b].N + 15) / 16 + QSA_GEMV_WARPS - 1) / QSA_GEMV_WARPS) * mt * gseg;
+        if (b < grp.n) G += (((grp.m[b].N + 15) / 16 + QSA_GEMV_WARPS - 1) / QSA_GEMV_WARPS) * mg * gseg;
     if ((int)blockIdx.x >= G) return;
     /* stages: 2 per segment, spg segments per group */
     const int nq = 2 * spg * ((G - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x);
-    /* this lane's ldmatrix addresses in a stage: A row lane % 16 at column 8 (lane / 16); W row
-       8 (lane / 16) + lane % 8 at k = 8 (lane / 8 % 2) */
+    /* this lane's ldmatrix addresses in a stage: A row lane % 16 (of row tile r: + r QSA_GB_TILE) at
+       column 8 (lane / 16); W row 8 (lane / 16) + lane % 8 at k = 8 (lane / 8 % 2) */
     const qsa_u32 ab = qsa_smem_u32(st) + 2 * ((lane & 15) * QSA_GBK + (lane >> 4) * 8),
-                  wb = qsa_smem_u32(st + (1 + warp) * QSA_GB_TILE) +
+                  wb = qsa_smem_u32(st + (RP + warp) * QSA_GB_TILE) +
                        2 * (((lane >> 4) * 8 + (lane & 7)) * QSA_GBK + ((lane >> 3) & 1) * 8);
-    qsa_gb_job cur = qsa_gb_locate(grp, M, gseg, blockIdx.x), nxt = cur;
-    qsa_gb_copy(A, grp, M, K, cur, 0, st, true);
+    qsa_gb_job cur = qsa_gb_locate(grp, M, gseg, blockIdx.x, RP), nxt = cur;
+    qsa_gb_copy<RP>(A, grp, M, K, cur, 0, st, true);
     asm volatile("cp.async.commit_group;" ::: "memory");
-    float d[8], T[8];
+    float d[8 * RP], T[8 * RP]; /* row tile r: d[8 r ..], T[8 r ..] */
     for (int q = 0; q < nq; q++) {
         const int h = q & 1;
         if (q + 1 < nq) {
@@ -2531,56 +2548,67 @@ static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &g
                     nxt = cur;
                     nxt.seg = sn;
                 } else {
-                    nxt = qsa_gb_locate(grp, M, gseg, blockIdx.x + ((q + 1) >> 1) / spg * gridDim.x);
+                    nxt = qsa_gb_locate(grp, M, gseg, blockIdx.x + ((q + 1) >> 1) / spg * gridDim.x, RP);
                 }
             }
-            qsa_gb_copy(A, grp, M, K, nxt, h ^ 1, st + ((q + 1) & 1) * QSA_GB_STAGE, false);
+            qsa_gb_copy<RP>(A, grp, M, K, nxt, h ^ 1, st + ((q + 1) & 1) * QSA_GB_STAGE(RP), false);
         }
         asm volatile("cp.async.commit_group;" ::: "memory"); /* (possibly empty: one group per stage) */
         asm volatile("cp.async.wait_group 1;" ::: "memory");  /* this stage's copies have landed */
         __syncthreads(); /* ... every thread's */
         if (!h) {
 #pragma unroll
-            for (int i = 0; i < 8; i++) d[i] = 0.0f;
+            for (int i = 0; i < 8 * RP; i++) d[i] = 0.0f;
         }
         const int k0 = cur.seg * QSA_SEG + h * (QSA_SEG / 2), kend = min(K, (cur.seg + 1) * QSA_SEG);
-        const qsa_u32 so = 2 * (q & 1) * QSA_GB_STAGE;
+        const qsa_u32 so = 2 * (q & 1) * QSA_GB_STAGE(RP);
 #pragma unroll
         for (int c = 0; c < QSA_SEG / 32; c++) {
             if (k0 + 16 * c >= kend) break;
             qsa_u32 fa[4], fw[4];
-            qsa_ldsm4(ab + so + 32 * c, fa);
             qsa_ldsm4(wb + so + 32 * c, fw);
-            qsa_mma16816(d, fa, fw[0], fw[1]);
-            qsa_mma16816(d + 4, fa, fw[2], fw[3]);
+#pragma unroll
+            for (int r = 0; r < RP; r++) {
+                qsa_ldsm4(ab + so + 2 * r * QSA_GB_TILE + 32 * c, fa);
+                qsa_mma16816(d + 8 * r, fa, fw[0], fw[1]);
+                qsa_mma16816(d + 8 * r + 4, fa, fw[2], fw[3]);
+            }
         }
         const qsa_gemv_member mb = qsa_gemv_pick(grp, cur.b);
         const int ntile = cur.nt0 + warp;
         if (h && whole) {
             if (!cur.seg) {
 #pragma unroll
-                for (int i = 0; i < 8; i++) T[i] = 0.0f;
+                for (int i = 0; i < 8 * RP; i++) T[i] = 0.0f;
             }
 #pragma unroll
-            for (int i = 0; i < 8; i++) T[i] = T[i] + d[i];
+            for (int i = 0; i < 8 * RP; i++) T[i] = T[i] + d[i];
             if (cur.seg == nseg - 1 && ntile < (mb.N + 15) / 16) {
-                /* the folded tile [prow][16] into this warp's W tile of this stage (its ldmatrix
+                /* the folded tiles [prow][16] each into this warp's W tile of this stage (its ldmatrix
                    loads are done; the next copy into it follows the block barrier below) */
-                float *tt = (float *)(st + (q & 1) * QSA_GB_STAGE + (1 + warp) * QSA_GB_TILE);
+                float *tt = (float *)(st + (q & 1) * QSA_GB_STAGE(RP) + (RP + warp) * QSA_GB_TILE);
                 __syncwarp();
-                qsa_gb_put_tile(tt, T, prow);
+#pragma unroll
+                for (int r = 0; r < RP; r++) qsa_gb_put_tile(tt + r * 16 * 16, T + 8 * r, prow);
                 __syncwarp();
-                qsa_gemv_fold<false>(tt, cur.m0, ntile * 16, M, mb.N, 1, mb.bias, mb.Y, mb.Y16, accumulate,
-                                     mb.act_scale, gxn, ghc);
+#pragma unroll
+                for (int r = 0; r < RP; r++)
+                    if (RP == 1 || cur.m0 + 16 * r < M)
+                        qsa_gemv_fold<false>(tt + r * 16 * 16, cur.m0 + 16 * r, ntile * 16, M, mb.N, 1, mb.bias,
+                                             mb.Y, mb.Y16, accumulate, mb.act_scale, gxn, ghc);
             }
         } else if (h && ntile < (mb.N + 15) / 16) {
-            /* the partial tile straight from the mma's D */
-            const int tile = ntile * mt + cur.m0 / 16;
-            float *pt = part + cur.part_off + (qsa_i64)tile * nseg * prow * 16;
-            qsa_gb_put_tile(pt + (qsa_i64)cur.seg * prow * 16, d, prow);
-            if (count) /* (else a qsa_k_gemv_fold launch folds the tiles) */
-                qsa_gemv_done(pt, count + cur.count_off, tile, cur.m0, ntile * 16, M, mb.N, nseg, mb.bias, mb.Y,
-                              mb.Y16, accumulate, mb.act_scale, gxn, ghc);
+            /* the partial tiles straight from the mma's D */
+#pragma unroll
+            for (int r = 0; r < RP; r++) {
+                const int m0 = cur.m0 + 16 * r, tile = ntile * mt + m0 / 16;
+                if (RP > 1 && m0 >= M) continue; /* (RP 1: never; the test costs registers) */
+                float *pt = part + cur.part_off + (qsa_i64)tile * nseg * prow * 16;
+                qsa_gb_put_tile(pt + (qsa_i64)cur.seg * prow * 16, d + 8 * r, prow);
+                if (count) /* (else a qsa_k_gemv_fold launch folds the tiles) */
+                    qsa_gemv_done(pt, count + cur.count_off, tile, m0, ntile * 16, M, mb.N, nseg, mb.bias, mb.Y,
+                                  mb.Y16, accumulate, mb.act_scale, gxn, ghc);
+            }
         }
         if (h) cur = nxt;
         __syncthreads(); /* every warp is done with this stage's buffer: the next iteration's copy refills it */
@@ -2594,34 +2622,46 @@ static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &g
  * qsa_k_gemv_f16_group's), the same partial tiles, tickets and outputs as those kernels: their bits
  * (tested); count NULL: qsa_k_gemv_blk stores the partial tiles only (no tickets, no folds) and a
  * qsa_k_gemv_fold launch after it folds them; qsa_k_gemv_blk_whole: whole-K groups, no partial tiles or
- * tickets (part and count unused), the same outputs.  Only where qsa_gemv_blockwise holds (sm_80+, 1 to 64 rows, K % 8 ==
- * 0, 16-byte aligned A and W: the host's qsa__gemv_groups); elsewhere they trap.  Launch: any grid
- * (the host: at most QSA_GEMV_BLOCKS per SM), block 32 * QSA_GEMV_WARPS. */
-extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCKS)
-    qsa_k_gemv_blk(const qsa_f16 *__restrict__ A, qsa_gemv_group grp, int M, int K, int accumulate, float *part,
-                   unsigned *count, const float *__restrict__ xn, int hc) {
-    QSA_PDL_LATE();
+ * tickets (part and count unused), the same outputs.  qsa_k_gemv_blk32[_whole]: the same with groups of
+ * 32 rows (RP = 2), each weight fragment loaded once for both row tiles; the host takes them from 17
+ * rows on (QSA_GB_RP), either applies to any M.  Only where qsa_gemv_blockwise holds (sm_80+, 1 to 64
+ * rows, K % 8 == 0, 16-byte aligned A and W: the host's qsa__gemv_groups); elsewhere they trap.
+ * Launch: any grid (the host: at most QSA_GEMV_BLOCKS per SM, and as many as fit one), block 32 *
+ * QSA_GEMV_WARPS, dynamic shared memory QSA_GB_SMEM(RP) bytes (RP 2: past 48 KB, the function's
+ * limit raised). */
 #if QSA_CPA
+template <bool whole, int RP>
+static __device__ __forceinline__ void qsa_gemv_blk_entry(const qsa_f16 *A, const qsa_gemv_group &grp, int M, int K,
+                                                          int accumulate, float *part, unsigned *count,
+                                                          const float *xn, int hc) {
     if (blockDim.x != 32 * QSA_GEMV_WARPS || !qsa_gemv_blockwise(A, grp, M, K)) __trap(); /* the host checks these */
     if (xn && (grp.n != 1 || hc < 1 || 16 % hc || grp.m[0].N % hc)) __trap();
-    qsa_gemv_blocks<false>(A, grp, M, K, accumulate, part, count, xn, hc);
+    qsa_gemv_blocks<whole, RP>(A, grp, M, K, accumulate, part, count, xn, hc);
+}
+#define QSA_GEMV_BLK_BODY(whole, rp)                                                                          \
+    QSA_PDL_LATE();                                                                                           \
+    qsa_gemv_blk_entry<whole, rp>(A, grp, M, K, accumulate, part, count, xn, hc)
 #else
-    (void)A, (void)grp, (void)M, (void)K, (void)accumulate, (void)part, (void)count, (void)xn, (void)hc;
-    __trap(); /* (sm_80+ only: cp.async) */
+#define QSA_GEMV_BLK_BODY(whole, rp)                                                                          \
+    (void)A, (void)grp, (void)M, (void)K, (void)accumulate, (void)part, (void)count, (void)xn, (void)hc;    \
+    __trap() /* (sm_80+ only: cp.async) */
 #endif
+/* (blocks per SM at RP = 2: four fit the H200's 228 KB, so up to 128 registers) */
+#define QSA_GEMV_BLK_PARAMS                                                                                   \
+    const qsa_f16 *__restrict__ A, qsa_gemv_group grp, int M, int K, int accumulate, float *part, unsigned *count, \
+        const float *__restrict__ xn, int hc
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCKS) qsa_k_gemv_blk(QSA_GEMV_BLK_PARAMS) {
+    QSA_GEMV_BLK_BODY(false, 1);
 }
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCKS)
-    qsa_k_gemv_blk_whole(const qsa_f16 *__restrict__ A, qsa_gemv_group grp, int M, int K, int accumulate,
-                         float *part, unsigned *count, const float *__restrict__ xn, int hc) {
-    QSA_PDL_LATE();
-#if QSA_CPA
-    if (blockDim.x != 32 * QSA_GEMV_WARPS || !qsa_gemv_blockwise(A, grp, M, K)) __trap();
-    if (xn && (grp.n != 1 || hc < 1 || 16 % hc || grp.m[0].N % hc)) __trap();
-    qsa_gemv_blocks<true>(A, grp, M, K, accumulate, part, count, xn, hc);
-#else
-    (void)A, (void)grp, (void)M, (void)K, (void)accumulate, (void)part, (void)count, (void)xn, (void)hc;
-    __trap();
-#endif
+    qsa_k_gemv_blk_whole(QSA_GEMV_BLK_PARAMS) {
+    QSA_GEMV_BLK_BODY(true, 1);
+}
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 4) qsa_k_gemv_blk32(QSA_GEMV_BLK_PARAMS) {
+    QSA_GEMV_BLK_BODY(false, 2);
+}
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 4) qsa_k_gemv_blk32_whole(QSA_GEMV_BLK_PARAMS) {
+    QSA_GEMV_BLK_BODY(true, 2);
 }
 
 /* The folds of a qsa_k_gemv_blk launch made without tickets (count NULL; same grp, M, K, accumulate,

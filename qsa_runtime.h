@@ -8493,7 +8493,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inject) X(inject_rmsnorm) X(to_f16)                     \
-    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(gemv_deep) X(gemv_gres) X(gemv_blk) X(gemv_blk_whole) X(gemv_fold) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_gate_up_xwr) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_gate_up_xwn) X(moe_down_xwn) X(moe_combine)       \
+    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(gemv_deep) X(gemv_gres) X(gemv_blk) X(gemv_blk_whole) X(gemv_blk32) X(gemv_blk32_whole) X(gemv_fold) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_gate_up_xwr) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_gate_up_xwn) X(moe_down_xwn) X(moe_combine)       \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
@@ -8582,6 +8582,11 @@ typedef struct qsa__dlayer {
 #define QSA__GEMV_TILES 65536                     /* and its tickets: at most this many tiles */
 #define QSA__GEMV_WARPS 4                         /* warps per block of qsa_k_gemv_* (kernels.cu: QSA_GEMV_WARPS) */
 #define QSA__GEMV_BLOCKS 5                        /* the dense GEMVs' block form: blocks per SM (kernels.cu: QSA_GEMV_BLOCKS) */
+/* ... its row tiles per group for M rows: 2 (qsa_k_gemv_blk32[_whole]) from 17 rows on, else 1 (qsa_k_gemv_blk[_whole])
+   (kernels.cu: QSA_GB_RP); and the dynamic shared memory of a kernel of rp row tiles: two stages of
+   (QSA__GEMV_WARPS + rp) tiles of 16 x (128 + 8) halves (kernels.cu: QSA_GB_SMEM) */
+#define QSA__GB_RP(M) ((M) > 16 ? 2 : 1)
+#define QSA__GB_SMEM(rp) (2 * 2 * (QSA__GEMV_WARPS + (rp)) * 16 * (128 + 8))
 #define QSA__GEMV_BLK_MIN_M 1                     /* ... and from how many rows (fewer: the per-warp kernels, qsa_seg16_tr up to 4) */
 #define QSA__GEMV_WHOLE_SEGS 2                    /* ... whole-K groups (no tickets) for K of up to this many segments */
 #define QSA__GEMV_FOLD_MIN_M 2                    /* ... the split groups' folds in a launch of their own from this many rows */
@@ -8610,7 +8615,7 @@ typedef struct qsa__dscratch {
 #define QSA__ATTN_TC_PART(nkv, smax, hd) ((long long)(nkv) * (smax) * 128 * ((hd) / 8 + 4) * 4)
 
 typedef struct qsa__cuda {
-    int ordinal, cc, sm_count;
+    int ordinal, cc, sm_count, smem_per_sm;
     int xw_whole_per_sm;         /* qsa__xw_whole's threshold (QSA__XW_WHOLE_PER_SM; $QSA_XW_WHOLE_PER_SM) */
     int xw_range_per_sm;         /* qsa__xw_ranges' warps per SM (QSA__XW_RANGE_PER_SM; $QSA_XW_RANGE_PER_SM) */
     int deep_off;                /* $QSA_DEEP "0": no qsa_k_gemv_deep */
@@ -8619,6 +8624,8 @@ typedef struct qsa__cuda {
     int deep_stages[3];          /* its ring's stages for blocks of 4 and of 8 warps, and of 8 in two K halves
                                     (0: not in this module: below sm_80, or not two stages of shared memory) */
     int gemv_blocks_per_sm;      /* qsa__gemv_blk_grid's cap (QSA__GEMV_BLOCKS; $QSA_GEMV_BLOCKS_PER_SM) */
+    int gemv_blk_fit[2];         /* ... and the blocks of QSA__GB_SMEM bytes that fit an SM, rp 1 and 2 (0: that
+                                    shared memory not granted: no block form for those rows) */
     int gemv_blk_min_m;          /* rows from which qsa__gemv_groups takes the block form (QSA__GEMV_BLK_MIN_M; $QSA_GEMV_BLK_MIN_M) */
     int gemv_whole_segs;         /* K segments up to which qsa__gemv_blk takes whole-K groups (QSA__GEMV_WHOLE_SEGS; $QSA_GEMV_WHOLE_SEGS) */
     int gemv_fold_min_m;         /* rows from which qsa__gemv_blk folds split groups in qsa_k_gemv_fold (QSA__GEMV_FOLD_MIN_M; $QSA_GEMV_FOLD_MIN_M) */
@@ -8854,6 +8861,18 @@ QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
                  qsa__cu.cuFuncSetAttribute(g->k[QSA__K_gemv_deep], QSA__CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
                                             100) != 0))
         g->deep_stages[0] = g->deep_stages[1] = g->deep_stages[2] = 0;
+    /* the dense GEMVs' block form (sm_80+): QSA__GB_SMEM bytes of dynamic shared memory (past 48 KB from
+       17 rows on), the whole carve-out preferred; how many such blocks an SM holds (1 KB more each for
+       the system's reservation) caps its grids */
+    for (int i = 0; i < 2; i++) {
+        int sh = QSA__GB_SMEM(i + 1), ok = g->arch_num >= 80 && sh <= (optin > 49152 ? optin : 49152);
+        for (int k = 0; k < 2 && ok; k++) {
+            CUfunction f = g->k[i ? (k ? QSA__K_gemv_blk32_whole : QSA__K_gemv_blk32) : k ? QSA__K_gemv_blk_whole : QSA__K_gemv_blk];
+            ok = qsa__cu.cuFuncSetAttribute(f, QSA__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, sh) == 0 &&
+                 qsa__cu.cuFuncSetAttribute(f, QSA__CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100) == 0;
+        }
+        g->gemv_blk_fit[i] = ok ? (g->smem_per_sm > 0 ? g->smem_per_sm / (sh + 1024) : 1) : 0;
+    }
     /* the tensor-core attention: cp.async, ldmatrix and mma (sm_80+) and QSA__ATTN_TC_SMEM of dynamic shared memory */
     if (g->arch_num < 80 || optin < QSA__ATTN_TC_SMEM) g->attn_tc = 0;
     for (int i = 0; i < 2 && g->attn_tc; i++) {
@@ -9257,6 +9276,7 @@ QSA_PRIV qsa_result qsa__cuda_open(qsa__cuda *g, int ordinal, qsa__gpu_info *inf
     QSA__TRY(qsa__cu_device_info(ordinal, info));
     g->cc = info->cc_major * 10 + info->cc_minor;
     g->sm_count = info->sm_count;
+    g->smem_per_sm = info->smem_per_sm;
     qsa__cuda_tuning(g);
     QSA__CU(qsa__cu.cuDeviceGet(&g->dev, ordinal));
     QSA__CU(qsa__cu.cuDevicePrimaryCtxRetain(&g->ctx, g->dev));
@@ -9552,16 +9572,19 @@ QSA_PRIV void qsa__gemv_group_fill(qsa__gemv_group *grp, int n, const qsa__dlin 
 QSA_PRIV long long qsa__gemv_groups(const qsa__cuda *g, CUdeviceptr A16, int M, int K, int n, const int *N,
                                     const CUdeviceptr *W) {
     if (g->arch_num < 80 || M < g->gemv_blk_min_m || M > 64 || K <= 0 || K % 8 || A16 % 16) return 0;
-    long long groups = 0;
+    if (M >= 1 && !g->gemv_blk_fit[QSA__GB_RP(M) - 1]) return 0;
+    long long groups = 0, rows = 16 * QSA__GB_RP(M);
     for (int i = 0; i < n; i++) {
         if (W[i] % 16) return 0;
         long long col_groups = ((N[i] + 15) / 16 + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS;
-        groups += (long long)((M + 15) / 16) * col_groups * ((K + 255) / 256);
+        groups += (M + rows - 1) / rows * col_groups * ((K + 255) / 256);
     }
     return groups;
 }
-QSA_PRIV unsigned qsa__gemv_blk_grid(const qsa__cuda *g, long long groups) {
-    long long cap = (long long)g->gemv_blocks_per_sm * (g->sm_count > 0 ? g->sm_count : 1);
+/* at most gemv_blocks_per_sm blocks per SM, and no more than fit one (M rows: QSA__GB_SMEM(M) each) */
+QSA_PRIV unsigned qsa__gemv_blk_grid(const qsa__cuda *g, int M, long long groups) {
+    int per = g->gemv_blocks_per_sm, fit = g->gemv_blk_fit[QSA__GB_RP(M) - 1];
+    long long cap = (long long)(fit > 0 && fit < per ? fit : per) * (g->sm_count > 0 ? g->sm_count : 1);
     return (unsigned)(groups < cap ? groups : cap);
 }
 /* The output elements qsa_k_gemv_fold folds for grp's members over M rows (with xn: its groups of hc
@@ -9592,20 +9615,26 @@ QSA_PRIV qsa_result qsa__gemv_blk(qsa__cuda *g, CUdeviceptr A16, int M, int K, q
     long long groups = qsa__gemv_groups(g, A16, M, K, grp->n, Ns, Ws);
     *launched = groups > 0;
     if (!groups) return QSA_OK;
-    int nseg = (K + 255) / 256;
+    int nseg = (K + 255) / 256, rp = QSA__GB_RP(M);
+    unsigned sh = QSA__GB_SMEM(rp);
     CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
     if (g->gemv_force_whole || nseg <= g->gemv_whole_segs ||
-        (g->gemv_whole_min_groups > 0 && groups / nseg >= g->gemv_whole_min_groups))
-        QSA__LAUNCH(g, gemv_blk_whole, qsa__gemv_blk_grid(g, groups / nseg), 1, 32 * QSA__GEMV_WARPS, 0, &A16, grp, &M,
-                    &K, &acc, &part, &cnt, &xn, &hc);
-    else if (M < g->gemv_fold_min_m)
-        QSA__LAUNCH(g, gemv_blk, qsa__gemv_blk_grid(g, groups), 1, 32 * QSA__GEMV_WARPS, 0, &A16, grp, &M, &K, &acc,
-                    &part, &cnt, &xn, &hc);
-    else { /* no tickets: the partial tiles, then their folds in a launch of their own */
-        CUdeviceptr none = 0;
+        (g->gemv_whole_min_groups > 0 && groups / nseg >= g->gemv_whole_min_groups)) {
+        void *args[] = {&A16, grp, &M, &K, &acc, &part, &cnt, &xn, &hc};
+        return qsa__cu_launch_ex(g->k[rp == 2 ? QSA__K_gemv_blk32_whole : QSA__K_gemv_blk_whole],
+                                 rp == 2 ? "qsa_k_gemv_blk32_whole" : "qsa_k_gemv_blk_whole",
+                                 qsa__gemv_blk_grid(g, M, groups / nseg), 1, 1, 32 * QSA__GEMV_WARPS, 1, 1, sh, g->stream,
+                                 args, g->pdl);
+    }
+    /* split groups: tickets below gemv_fold_min_m rows, else none (the partial tiles, then their folds in a
+       launch of their own) */
+    CUdeviceptr tickets = M < g->gemv_fold_min_m ? cnt : 0;
+    void *args[] = {&A16, grp, &M, &K, &acc, &part, &tickets, &xn, &hc};
+    QSA__TRY(qsa__cu_launch_ex(g->k[rp == 2 ? QSA__K_gemv_blk32 : QSA__K_gemv_blk],
+                               rp == 2 ? "qsa_k_gemv_blk32" : "qsa_k_gemv_blk", qsa__gemv_blk_grid(g, M, groups), 1, 1,
+                               32 * QSA__GEMV_WARPS, 1, 1, sh, g->stream, args, g->pdl));
+    if (!tickets) {
         long long items = qsa__gemv_fold_items(grp, M, xn, hc);
-        QSA__LAUNCH(g, gemv_blk, qsa__gemv_blk_grid(g, groups), 1, 32 * QSA__GEMV_WARPS, 0, &A16, grp, &M, &K, &acc,
-                    &part, &none, &xn, &hc);
         QSA__LAUNCH(g, gemv_fold, (unsigned)((items + 255) / 256), 1, 256, 0, grp, &M, &K, &acc, &part, &xn, &hc);
     }
     return QSA_OK;

@@ -933,8 +933,21 @@ static int k1_arch_num(void) {
 }
 #define K1_BLOCK_FORM(K) (k1_arch_num() >= 80 && (K) % 8 == 0)
 #define K1_GEMV_LOOP_GRID 3 /* a grid smaller than the work: every block of qsa_k_gemv_blk loops */
+/* The block form's row tiles per group for M rows: the host's choice (QSA__GB_RP: qsa_k_gemv_blk32[_whole]
+   from 17 rows on), or with k1_blk_other set the other kernel (either gives every M the same bits) */
+static int k1_blk_other;
+static int k1_blk_rp(int M) { return k1_blk_other ? 3 - QSA__GB_RP(M) : QSA__GB_RP(M); }
 static unsigned k1_gemv_groups(int M, int N, int K) { /* (the host's qsa__gemv_groups) */
-    return (unsigned)(((M + 15) / 16) * (((N + 15) / 16 + 3) / 4) * ((K + 255) / 256));
+    int rows = 16 * k1_blk_rp(M);
+    return (unsigned)(((M + rows - 1) / rows) * (((N + 15) / 16 + 3) / 4) * ((K + 255) / 256));
+}
+/* a launch of the block form over M rows, split (whole 0) or whole-K groups: the kernel of k1_blk_rp(M)
+   row tiles with its dynamic shared memory */
+static qsa_result k1_launch_blk(int whole, unsigned gx, int M, void **args) {
+    int rp = k1_blk_rp(M);
+    const char *name = rp == 2 ? (whole ? "qsa_k_gemv_blk32_whole" : "qsa_k_gemv_blk32")
+                               : (whole ? "qsa_k_gemv_blk_whole" : "qsa_k_gemv_blk");
+    return k1_launch_sh(name, gx, 128, QSA__GB_SMEM(rp), args);
 }
 /* qsa_k_gemv_blk's parameter for one member */
 static qsa__gemv_group k1_gemv_one(CUdeviceptr W, CUdeviceptr bias, CUdeviceptr Y, CUdeviceptr Y16, int N) {
@@ -955,7 +968,7 @@ static qsa_result k1_blk_fold(CUdeviceptr A, qsa__gemv_group *grp, int M, int K,
     CUdeviceptr none = 0;
     long long items = qsa__gemv_fold_items(grp, M, xn, hc);
     void *a1[] = {&A, grp, &M, &K, &acc, &part, &none, &xn, &hc};
-    QSA__TRY(k1_launch("qsa_k_gemv_blk", grid, 1, 128, a1));
+    QSA__TRY(k1_launch_blk(0, grid, M, a1));
     void *a2[] = {grp, &M, &K, &acc, &part, &xn, &hc};
     return k1_launch("qsa_k_gemv_fold", (unsigned)((items + 255) / 256), 1, 256, a2);
 }
@@ -1032,7 +1045,7 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
             if (form >= 5)                                                                              \
                 K1_TRY(k1_blk_fold(dA, &grp, M, K, *(int *)(accp), dpart, xn0, hc0, gx));               \
             else                                                                                        \
-                K1_TRY(k1_launch(form >= 3 ? "qsa_k_gemv_blk_whole" : "qsa_k_gemv_blk", gx, 1, bx, a_)); \
+                K1_TRY(k1_launch_blk(form >= 3, gx, M, a_));                                              \
         } else if (nvfp4) {                                                                             \
             void *a_[] = {&dA, &dq, &ds, &s2, &dY, &M, &N, &K, (accp), &dpart, &dcnt, (y16p), (actp)};  \
             K1_TRY(k1_launch("qsa_k_gemv_nvfp4", gx, 1, bx, a_));                                      \
@@ -1054,11 +1067,13 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
             K1_TRY(k1_poison(dY, sizeof(float) * M * N));
             K1_GEMV(&acc0, &dnull, &noact);
             K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
-            snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d launch %d grid %u vs gemm", kn, M, N, K, rep + 1, gx);
+            snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d launch %d grid %u rp %d vs gemm", kn, M, N, K, rep + 1, gx,
+                     k1_blk_rp(M));
             CHECK(!k1_same(what, Y0, Y1, (size_t)M * N, 4));
             K1_GEMV(&acc1, &dnull, &noact);
             K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
-            snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d grid %u accumulate vs gemm", kn, M, N, K, gx);
+            snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d grid %u rp %d accumulate vs gemm", kn, M, N, K, gx,
+                     k1_blk_rp(M));
             CHECK(!k1_same(what, Yacc, Y1, (size_t)M * N, 4));
         }
     /* the fused silu epilogue (HC down projection): the bits of the GEMM then qsa_k_silu_scale */
@@ -1074,8 +1089,9 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
         K1_GEMV(&acc0, &dY16, &act);
         K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
         K1_TRY(k1_get(Y16, dY16, sizeof(uint16_t) * M * N));
-        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d grid %u silu epilogue vs gemm + silu_scale",
-                 form >= 5 ? "blk + fold" : form >= 3 ? "blk whole" : form ? "blk" : nvfp4 ? "nvfp4" : "f16", M, N, K, gx);
+        snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d grid %u rp %d silu epilogue vs gemm + silu_scale",
+                 form >= 5 ? "blk + fold" : form >= 3 ? "blk whole" : form ? "blk" : nvfp4 ? "nvfp4" : "f16", M, N, K, gx,
+                 k1_blk_rp(M));
         CHECK(!k1_same(what, Yacc, Y1, (size_t)M * N, 4));
         CHECK(!k1_same(what, Z16, Y16, (size_t)M * N, 2));
     }
@@ -1149,7 +1165,7 @@ static void k1_gemv_group_case(int M, int K, int n) {
                 for (int b = gx = 0; b < n; b++) gx += k1_gemv_groups(M, Ns[b], K) / (whole ? nseg : 1);
             void *args[] = {&dA, &grp, &M, &K, &acc0, &dpart, &dcnt, &xn0, &hc0};
             if (rep >= 6) K1_TRY(k1_blk_fold(dA, &grp, M, K, acc0, dpart, xn0, hc0, gx));
-            else K1_TRY(k1_launch(whole ? "qsa_k_gemv_blk_whole" : "qsa_k_gemv_blk", gx, 1, 128, args));
+            else K1_TRY(k1_launch_blk(whole, gx, M, args));
         }
         for (int b = 0; b < n; b++) {
             char what[128];
@@ -1164,9 +1180,9 @@ static void k1_gemv_group_case(int M, int K, int n) {
             K1_TRY(k1_launch("qsa_k_gemv_f16", gx1, 1, 128, a1));
             K1_TRY(k1_get(ref, dY[b], sizeof(float) * M * N));
             if (y16) K1_TRY(k1_get(r16, y16, sizeof(uint16_t) * M * N));
-            snprintf(what, sizeof what, "gemv_%s M=%d K=%d member %d of %d (N=%d) launch %d grid %u",
+            snprintf(what, sizeof what, "gemv_%s M=%d K=%d member %d of %d (N=%d) launch %d grid %u rp %d",
                      rep < 2 ? "f16_group" : rep < 4 ? "blk" : rep < 6 ? "blk whole" : "blk + fold", M, K, b, n, N, rep + 1,
-                     gx);
+                     gx, k1_blk_rp(M));
             CHECK(!k1_same(what, ref, got, (size_t)M * N, 4));
             if (y16) CHECK(!k1_same(what, r16, g16, (size_t)M * N, 2));
         }
@@ -1179,7 +1195,9 @@ TEST(gpu, k1_gemv_group_equals_single) {
     K1_NEED_GPU();
     static const int cases[][3] = {{1, 2560, 4},  {1, 300, 2},  {5, 48, 3},   {16, 2560, 4},
                                    {32, 2560, 4}, {25, 640, 3}, {37, 640, 4}, {64, 272, 4}, {4, 640, 3}};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) k1_gemv_group_case(cases[i][0], cases[i][1], cases[i][2]);
+    for (k1_blk_other = 0; k1_blk_other < 2; k1_blk_other++) /* (the block form: either kernel) */
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) k1_gemv_group_case(cases[i][0], cases[i][1], cases[i][2]);
+    k1_blk_other = 0;
 }
 
 /* qsa_k_gemm_f16_group (the tiled group): each member (different N, bias on two) gets the bits of
@@ -1318,13 +1336,13 @@ static void k1_gemv_gres_case(int M, int H, int hc, int K, int with_bias) {
                                                                                : K1_GEMV_LOOP_GRID;
             void *args[] = {&dA, &grp, &M, &K, &acc0, &dpart, &dcnt, &dxn, &hc};
             if (rep >= 6) K1_TRY(k1_blk_fold(dA, &grp, M, K, acc0, dpart, dxn, hc, grid));
-            else K1_TRY(k1_launch(whole ? "qsa_k_gemv_blk_whole" : "qsa_k_gemv_blk", grid, 1, 128, args));
+            else K1_TRY(k1_launch_blk(whole, grid, M, args));
         }
         K1_TRY(k1_get(got, dinp, sizeof(float) * M * H));
         K1_TRY(k1_get(g16, dinp16, sizeof(uint16_t) * M * H));
-        snprintf(what, sizeof what, "gemv_%s M=%d H=%d hc=%d K=%d bias %d launch %d grid %u",
+        snprintf(what, sizeof what, "gemv_%s M=%d H=%d hc=%d K=%d bias %d launch %d grid %u rp %d",
                  rep < 2 ? "gres" : rep < 4 ? "blk" : rep < 6 ? "blk whole" : "blk + fold", M,
-                 H, hc, K, with_bias, rep + 1, grid);
+                 H, hc, K, with_bias, rep + 1, grid, k1_blk_rp(M));
         CHECK(!k1_same(what, ref, got, (size_t)M * H, 4));
         CHECK(!k1_same(what, r16, g16, (size_t)M * H, 2));
     }
@@ -1336,8 +1354,10 @@ TEST(gpu, k1_gemv_gres_equals_gemv_and_mix) {
     K1_NEED_GPU();
     static const int cases[][5] = {{1, 2560 / 8, 4, 320, 0}, {5, 40, 4, 320, 1}, {16, 24, 2, 100, 0}, {37, 20, 8, 48, 1},
                                    {64, 33, 1, 272, 0},      {3, 4, 16, 600, 1}, {32, 20, 4, 320, 1}, {17, 40, 8, 48, 0}};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        k1_gemv_gres_case(cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
+    for (k1_blk_other = 0; k1_blk_other < 2; k1_blk_other++) /* (the block form: either kernel) */
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            k1_gemv_gres_case(cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4]);
+    k1_blk_other = 0;
 }
 
 TEST(gpu, k1_gemv_cross_warp_equals_gemm) {
@@ -1355,6 +1375,11 @@ TEST(gpu, k1_gemv_cross_warp_equals_gemm) {
             if (nv && shapes[i][2] % 16) continue;
             k1_gemv_case(shapes[i][0], shapes[i][1], shapes[i][2], nv);
         }
+    /* the block form's other kernel (groups of 32 rows up to 16 rows, of 16 from 17 on): the same bits */
+    k1_blk_other = 1;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        if (K1_BLOCK_FORM(shapes[i][2])) k1_gemv_case(shapes[i][0], shapes[i][1], shapes[i][2], 0);
+    k1_blk_other = 0;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
