@@ -2382,13 +2382,12 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16
     qsa_gemv_xwarp<false>(A, ws, mb.bias, mb.Y, M, mb.N, K, 0, part, count, mb.Y16, mb.act_scale, task);
 }
 
-/* The block form's stage: the group's RP row tiles of A (RP = QSA_GB_RP(M): 32 rows from 17 on, so
-   that each weight fragment serves both) and each warp's W, 16 rows of half a segment (QSA_GBK halves
-   apart: a quarter-warp's ldmatrix rows hit distinct banks), twice (the stage in use and the one in
-   flight): QSA_GB_SMEM(RP) bytes of dynamic shared memory (43,520 or 52,224; the host's QSA__GB_SMEM) */
+/* The block form's stage: the group's RP row tiles of A (RP 1, or 2: 32 rows, each weight fragment
+   serving both) and each warp's W, 16 rows of half a segment (QSA_GBK halves apart: a quarter-warp's
+   ldmatrix rows hit distinct banks), twice (the stage in use and the one in flight): QSA_GB_SMEM(RP)
+   bytes of dynamic shared memory (43,520 or 52,224; the host's QSA__GB_SMEM) */
 #define QSA_GBK (QSA_SEG / 2 + 8)
 #define QSA_GB_TILE (16 * QSA_GBK)
-#define QSA_GB_RP(M) ((M) > 16 ? 2 : 1)
 #define QSA_GB_STAGE(rp) ((QSA_GEMV_WARPS + (rp)) * QSA_GB_TILE)
 #define QSA_GB_SMEM(rp) (2 * QSA_GB_STAGE(rp) * 2)
 /* Blocks per SM qsa_k_gemv_blk is built for (registers; its 43.5 KB of shared memory also allows 5 on
@@ -2519,7 +2518,7 @@ static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &g
                                        float *part, unsigned *count, const float *gxn, int ghc) {
     extern __shared__ __align__(128) unsigned char qsa_dyn[];
     qsa_f16 *const st = (qsa_f16 *)qsa_dyn;
-    if (qsa_dyn_smem_bytes() < QSA_GB_SMEM(RP)) __trap(); /* the host passes QSA__GB_SMEM(M) */
+    if (qsa_dyn_smem_bytes() < QSA_GB_SMEM(RP)) __trap(); /* the host passes QSA__GB_SMEM(RP) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mt = (M + 15) / 16, prow = M < 16 ? M : 16;
     const int nseg = (K + QSA_SEG - 1) / QSA_SEG, gseg = whole ? 1 : nseg, spg = whole ? nseg : 1;
     const int mg = (M + 16 * RP - 1) / (16 * RP);
@@ -2623,8 +2622,8 @@ static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &g
  * (tested); count NULL: qsa_k_gemv_blk stores the partial tiles only (no tickets, no folds) and a
  * qsa_k_gemv_fold launch after it folds them; qsa_k_gemv_blk_whole: whole-K groups, no partial tiles or
  * tickets (part and count unused), the same outputs.  qsa_k_gemv_blk32[_whole]: the same with groups of
- * 32 rows (RP = 2), each weight fragment loaded once for both row tiles; the host takes them from 17
- * rows on (QSA_GB_RP), either applies to any M.  Only where qsa_gemv_blockwise holds (sm_80+, 1 to 64
+ * 32 rows (RP = 2), each weight fragment loaded once for both row tiles (the host takes qsa_k_gemv_blk32
+ * for split groups from 17 rows on, qsa__gemv_rp); either kernel applies to any M.  Only where qsa_gemv_blockwise holds (sm_80+, 1 to 64
  * rows, K % 8 == 0, 16-byte aligned A and W: the host's qsa__gemv_groups); elsewhere they trap.
  * Launch: any grid (the host: at most QSA_GEMV_BLOCKS per SM, and as many as fit one), block 32 *
  * QSA_GEMV_WARPS, dynamic shared memory QSA_GB_SMEM(RP) bytes (RP 2: past 48 KB, the function's

@@ -8582,10 +8582,9 @@ typedef struct qsa__dlayer {
 #define QSA__GEMV_TILES 65536                     /* and its tickets: at most this many tiles */
 #define QSA__GEMV_WARPS 4                         /* warps per block of qsa_k_gemv_* (kernels.cu: QSA_GEMV_WARPS) */
 #define QSA__GEMV_BLOCKS 5                        /* the dense GEMVs' block form: blocks per SM (kernels.cu: QSA_GEMV_BLOCKS) */
-/* ... its row tiles per group for M rows: 2 (qsa_k_gemv_blk32[_whole]) from 17 rows on, else 1 (qsa_k_gemv_blk[_whole])
-   (kernels.cu: QSA_GB_RP); and the dynamic shared memory of a kernel of rp row tiles: two stages of
-   (QSA__GEMV_WARPS + rp) tiles of 16 x (128 + 8) halves (kernels.cu: QSA_GB_SMEM) */
-#define QSA__GB_RP(M) ((M) > 16 ? 2 : 1)
+/* ... the dynamic shared memory of its kernels of rp row tiles per group (qsa_k_gemv_blk[_whole] 1,
+   qsa_k_gemv_blk32[_whole] 2): two stages of (QSA__GEMV_WARPS + rp) tiles of 16 x (128 + 8) halves
+   (kernels.cu: QSA_GB_SMEM) */
 #define QSA__GB_SMEM(rp) (2 * 2 * (QSA__GEMV_WARPS + (rp)) * 16 * (128 + 8))
 #define QSA__GEMV_BLK_MIN_M 1                     /* ... and from how many rows (fewer: the per-warp kernels, qsa_seg16_tr up to 4) */
 #define QSA__GEMV_WHOLE_SEGS 2                    /* ... whole-K groups (no tickets) for K of up to this many segments */
@@ -9571,19 +9570,25 @@ QSA_PRIV void qsa__gemv_group_fill(qsa__gemv_group *grp, int n, const qsa__dlin 
    B=2 195.1 / 194.7 -> 200.4 / 200.6, B=4 311.2 / 312.5 -> 317.0 / 319.2; the same bits, tested.) */
 QSA_PRIV long long qsa__gemv_groups(const qsa__cuda *g, CUdeviceptr A16, int M, int K, int n, const int *N,
                                     const CUdeviceptr *W) {
-    if (g->arch_num < 80 || M < g->gemv_blk_min_m || M > 64 || K <= 0 || K % 8 || A16 % 16) return 0;
-    if (M >= 1 && !g->gemv_blk_fit[QSA__GB_RP(M) - 1]) return 0;
-    long long groups = 0, rows = 16 * QSA__GB_RP(M);
+    if (g->arch_num < 80 || M < g->gemv_blk_min_m || M > 64 || K <= 0 || K % 8 || A16 % 16 || !g->gemv_blk_fit[0])
+        return 0;
+    long long groups = 0;
     for (int i = 0; i < n; i++) {
         if (W[i] % 16) return 0;
         long long col_groups = ((N[i] + 15) / 16 + QSA__GEMV_WARPS - 1) / QSA__GEMV_WARPS;
-        groups += (M + rows - 1) / rows * col_groups * ((K + 255) / 256);
+        groups += (long long)((M + 15) / 16) * col_groups * ((K + 255) / 256);
     }
     return groups;
 }
-/* at most gemv_blocks_per_sm blocks per SM, and no more than fit one (M rows: QSA__GB_SMEM(M) each) */
-QSA_PRIV unsigned qsa__gemv_blk_grid(const qsa__cuda *g, int M, long long groups) {
-    int per = g->gemv_blocks_per_sm, fit = g->gemv_blk_fit[QSA__GB_RP(M) - 1];
+/* The row tiles per group of a block-form launch of M rows: 2 (qsa_k_gemv_blk32, each weight fragment
+   loaded once for both) for split groups from 17 rows on where its shared memory was granted, else 1.
+   (Measured on the H200, real shape, batch 32, graphs, per launch: the out projections 19.4 -> 15.3 us
+   with 2, the HC down and router groups unchanged; whole-K groups not: the HC up projection's 320
+   groups, half as many with 2, 9.8 -> 12.3 us.) */
+QSA_PRIV int qsa__gemv_rp(const qsa__cuda *g, int M, int whole) { return !whole && M > 16 && g->gemv_blk_fit[1] ? 2 : 1; }
+/* at most gemv_blocks_per_sm blocks per SM, and no more than fit one (QSA__GB_SMEM(rp) bytes each) */
+QSA_PRIV unsigned qsa__gemv_blk_grid(const qsa__cuda *g, int rp, long long groups) {
+    int per = g->gemv_blocks_per_sm, fit = g->gemv_blk_fit[rp - 1];
     long long cap = (long long)(fit > 0 && fit < per ? fit : per) * (g->sm_count > 0 ? g->sm_count : 1);
     return (unsigned)(groups < cap ? groups : cap);
 }
@@ -9615,24 +9620,23 @@ QSA_PRIV qsa_result qsa__gemv_blk(qsa__cuda *g, CUdeviceptr A16, int M, int K, q
     long long groups = qsa__gemv_groups(g, A16, M, K, grp->n, Ns, Ws);
     *launched = groups > 0;
     if (!groups) return QSA_OK;
-    int nseg = (K + 255) / 256, rp = QSA__GB_RP(M);
-    unsigned sh = QSA__GB_SMEM(rp);
+    int nseg = (K + 255) / 256;
     CUdeviceptr part = g->sc.gemv_part, cnt = g->sc.gemv_count;
     if (g->gemv_force_whole || nseg <= g->gemv_whole_segs ||
         (g->gemv_whole_min_groups > 0 && groups / nseg >= g->gemv_whole_min_groups)) {
-        void *args[] = {&A16, grp, &M, &K, &acc, &part, &cnt, &xn, &hc};
-        return qsa__cu_launch_ex(g->k[rp == 2 ? QSA__K_gemv_blk32_whole : QSA__K_gemv_blk_whole],
-                                 rp == 2 ? "qsa_k_gemv_blk32_whole" : "qsa_k_gemv_blk_whole",
-                                 qsa__gemv_blk_grid(g, M, groups / nseg), 1, 1, 32 * QSA__GEMV_WARPS, 1, 1, sh, g->stream,
-                                 args, g->pdl);
+        QSA__LAUNCH(g, gemv_blk_whole, qsa__gemv_blk_grid(g, 1, groups / nseg), 1, 32 * QSA__GEMV_WARPS,
+                    QSA__GB_SMEM(1), &A16, grp, &M, &K, &acc, &part, &cnt, &xn, &hc);
+        return QSA_OK;
     }
-    /* split groups: tickets below gemv_fold_min_m rows, else none (the partial tiles, then their folds in a
-       launch of their own) */
+    /* split groups (of 32 rows: half as many), tickets below gemv_fold_min_m rows, else none (the partial
+       tiles, then their folds in a launch of their own) */
+    int rp = qsa__gemv_rp(g, M, 0);
+    long long rgroups = rp == 2 ? groups / ((M + 15) / 16) * ((M + 31) / 32) : groups;
     CUdeviceptr tickets = M < g->gemv_fold_min_m ? cnt : 0;
     void *args[] = {&A16, grp, &M, &K, &acc, &part, &tickets, &xn, &hc};
     QSA__TRY(qsa__cu_launch_ex(g->k[rp == 2 ? QSA__K_gemv_blk32 : QSA__K_gemv_blk],
-                               rp == 2 ? "qsa_k_gemv_blk32" : "qsa_k_gemv_blk", qsa__gemv_blk_grid(g, M, groups), 1, 1,
-                               32 * QSA__GEMV_WARPS, 1, 1, sh, g->stream, args, g->pdl));
+                               rp == 2 ? "qsa_k_gemv_blk32" : "qsa_k_gemv_blk", qsa__gemv_blk_grid(g, rp, rgroups), 1,
+                               1, 32 * QSA__GEMV_WARPS, 1, 1, QSA__GB_SMEM(rp), g->stream, args, g->pdl));
     if (!tickets) {
         long long items = qsa__gemv_fold_items(grp, M, xn, hc);
         QSA__LAUNCH(g, gemv_fold, (unsigned)((items + 255) / 256), 1, 256, 0, grp, &M, &K, &acc, &part, &xn, &hc);

@@ -933,10 +933,11 @@ static int k1_arch_num(void) {
 }
 #define K1_BLOCK_FORM(K) (k1_arch_num() >= 80 && (K) % 8 == 0)
 #define K1_GEMV_LOOP_GRID 3 /* a grid smaller than the work: every block of qsa_k_gemv_blk loops */
-/* The block form's row tiles per group for M rows: the host's choice (QSA__GB_RP: qsa_k_gemv_blk32[_whole]
-   from 17 rows on), or with k1_blk_other set the other kernel (either gives every M the same bits) */
+/* The block form's row tiles per group for M rows: 2 (qsa_k_gemv_blk32[_whole]) from 17 rows on, as the
+   host's split groups (qsa__gemv_rp), else 1; with k1_blk_other set the other kernel (either gives
+   every M the same bits) */
 static int k1_blk_other;
-static int k1_blk_rp(int M) { return k1_blk_other ? 3 - QSA__GB_RP(M) : QSA__GB_RP(M); }
+static int k1_blk_rp(int M) { return (M > 16) != (k1_blk_other != 0) ? 2 : 1; }
 static unsigned k1_gemv_groups(int M, int N, int K) { /* (the host's qsa__gemv_groups) */
     int rows = 16 * k1_blk_rp(M);
     return (unsigned)(((M + rows - 1) / rows) * (((N + 15) / 16 + 3) / 4) * ((K + 255) / 256));
