@@ -2479,16 +2479,16 @@ static __device__ __forceinline__ void qsa_gb_copy(const qsa_f16 *A, const qsa_g
 }
 
 /* The block form of the dense GEMV for decode batches (1 to 64 rows, sm_80+):
- * a block's warps take QSA_GEMV_WARPS column tiles of one row tile and segment (a group), so the
- * block copies that segment of A once for all of them, and each block loops over groups g =
+ * a block's warps take QSA_GEMV_WARPS column tiles of RP row tiles (16 or 32 rows) and one segment (a
+ * group), so the block copies that segment of A once for all of them, and each block loops over groups g =
  * blockIdx.x, + gridDim.x, ... in stages of half a segment, double-buffered: the copies of the next
  * stage (cp.async) are in flight while the warps work on this one and end their tasks (ticket, and
  * the completing warp's fold) — the per-warp form's warps did one task each and then waited on the
  * next block's copies (ncu at batch 32: DRAM busy ~20% of the time).  Per chunk of 16: an ldmatrix of
- * A and of W and two m16n8k16 (the instructions wmma compiles to on sm_80+, qsa_nvf_mma4_ld), chunk
- * after chunk into an accumulator zeroed at the segment's start: the bits of qsa_seg16_cpa, and the
- * same partial tiles, tickets and folds (qsa_gemv_done) as the per-warp form (tested against the
- * one-block GEMM, with grids that loop).
+ * W, and per row tile one of A and two m16n8k16 (the instructions wmma compiles to on sm_80+,
+ * qsa_nvf_mma4_ld), chunk after chunk into an accumulator zeroed at the segment's start: the bits of
+ * qsa_seg16_cpa, and the same partial tiles (one per 16-row tile whatever RP), tickets and folds
+ * (qsa_gemv_done) as the per-warp form (tested against the one-block GEMM, with grids that loop).
  * `whole` (qsa_k_gemv_blk_whole): a group is all of K instead of one segment (its stages run
  * through the segments in order); each warp folds its tile's segments in registers, T = ((0 + P_0) +
  * P_1) + ..., and writes the outputs itself from its own shared memory (qsa_gemv_fold<false>): no
