@@ -9580,12 +9580,12 @@ QSA_PRIV long long qsa__gemv_groups(const qsa__cuda *g, CUdeviceptr A16, int M, 
     }
     return groups;
 }
-/* The row tiles per group of a block-form launch of M rows: 2 (qsa_k_gemv_blk32, each weight fragment
-   loaded once for both) for split groups from 17 rows on where its shared memory was granted, else 1.
-   (Measured on the H200, real shape, batch 32, graphs, per launch: the out projections 19.4 -> 15.3 us
-   with 2, the HC down and router groups unchanged; whole-K groups not: the HC up projection's 320
-   groups, half as many with 2, 9.8 -> 12.3 us.) */
-QSA_PRIV int qsa__gemv_rp(const qsa__cuda *g, int M, int whole) { return !whole && M > 16 && g->gemv_blk_fit[1] ? 2 : 1; }
+/* The row tiles per split group of a block-form launch of M rows: 2 (qsa_k_gemv_blk32, each weight
+   fragment loaded once for both) from 17 rows on where its shared memory was granted, else 1.  Whole-K
+   groups keep 1.  (Measured on the H200, real shape, batch 32, graphs, per launch: the out projections
+   19.3 -> 15.4 us with 2, the HC down and router groups unchanged; whole-K groups with 2, the HC up
+   projection's 320 groups halved, 9.7 -> 12.3 us.) */
+QSA_PRIV int qsa__gemv_rp(const qsa__cuda *g, int M) { return M > 16 && g->gemv_blk_fit[1] ? 2 : 1; }
 /* at most gemv_blocks_per_sm blocks per SM, and no more than fit one (QSA__GB_SMEM(rp) bytes each) */
 QSA_PRIV unsigned qsa__gemv_blk_grid(const qsa__cuda *g, int rp, long long groups) {
     int per = g->gemv_blocks_per_sm, fit = g->gemv_blk_fit[rp - 1];
@@ -9630,7 +9630,7 @@ QSA_PRIV qsa_result qsa__gemv_blk(qsa__cuda *g, CUdeviceptr A16, int M, int K, q
     }
     /* split groups (of 32 rows: half as many), tickets below gemv_fold_min_m rows, else none (the partial
        tiles, then their folds in a launch of their own) */
-    int rp = qsa__gemv_rp(g, M, 0);
+    int rp = qsa__gemv_rp(g, M);
     long long rgroups = rp == 2 ? groups / ((M + 15) / 16) * ((M + 31) / 32) : groups;
     CUdeviceptr tickets = M < g->gemv_fold_min_m ? cnt : 0;
     void *args[] = {&A16, grp, &M, &K, &acc, &part, &tickets, &xn, &hc};
