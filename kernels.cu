@@ -2621,9 +2621,10 @@ static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &g
  * qsa_k_gemv_f16_group's), the same partial tiles, tickets and outputs as those kernels: their bits
  * (tested); count NULL: qsa_k_gemv_blk stores the partial tiles only (no tickets, no folds) and a
  * qsa_k_gemv_fold launch after it folds them; qsa_k_gemv_blk_whole: whole-K groups, no partial tiles or
- * tickets (part and count unused), the same outputs.  qsa_k_gemv_blk32[_whole]: the same with groups of
- * 32 rows (RP = 2), each weight fragment loaded once for both row tiles (the host takes qsa_k_gemv_blk32
- * for split groups from 17 rows on, qsa__gemv_rp); either kernel applies to any M.  Only where qsa_gemv_blockwise holds (sm_80+, 1 to 64
+ * tickets (part and count unused), the same outputs.  qsa_k_gemv_blk32: qsa_k_gemv_blk with groups of
+ * 32 rows (RP = 2), each weight fragment loaded once for both row tiles (the host takes it from 17 rows
+ * on, qsa__gemv_rp; whole-K groups of 32 rows measured slower, so no kernel has them); either applies
+ * to any M.  Only where qsa_gemv_blockwise holds (sm_80+, 1 to 64
  * rows, K % 8 == 0, 16-byte aligned A and W: the host's qsa__gemv_groups); elsewhere they trap.
  * Launch: any grid (the host: at most QSA_GEMV_BLOCKS per SM, and as many as fit one), block 32 *
  * QSA_GEMV_WARPS, dynamic shared memory QSA_GB_SMEM(RP) bytes (RP 2: past 48 KB, the function's
@@ -2658,9 +2659,6 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCK
 }
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 4) qsa_k_gemv_blk32(QSA_GEMV_BLK_PARAMS) {
     QSA_GEMV_BLK_BODY(false, 2);
-}
-extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 4) qsa_k_gemv_blk32_whole(QSA_GEMV_BLK_PARAMS) {
-    QSA_GEMV_BLK_BODY(true, 2);
 }
 
 /* The folds of a qsa_k_gemv_blk launch made without tickets (count NULL; same grp, M, K, accumulate,

@@ -8493,7 +8493,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inject) X(inject_rmsnorm) X(to_f16)                     \
-    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(gemv_deep) X(gemv_gres) X(gemv_blk) X(gemv_blk_whole) X(gemv_blk32) X(gemv_blk32_whole) X(gemv_fold) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_gate_up_xwr) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_gate_up_xwn) X(moe_down_xwn) X(moe_combine)       \
+    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(gemv_deep) X(gemv_gres) X(gemv_blk) X(gemv_blk_whole) X(gemv_blk32) X(gemv_fold) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_gate_up_xwr) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_gate_up_xwn) X(moe_down_xwn) X(moe_combine)       \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
@@ -8583,7 +8583,7 @@ typedef struct qsa__dlayer {
 #define QSA__GEMV_WARPS 4                         /* warps per block of qsa_k_gemv_* (kernels.cu: QSA_GEMV_WARPS) */
 #define QSA__GEMV_BLOCKS 5                        /* the dense GEMVs' block form: blocks per SM (kernels.cu: QSA_GEMV_BLOCKS) */
 /* ... the dynamic shared memory of its kernels of rp row tiles per group (qsa_k_gemv_blk[_whole] 1,
-   qsa_k_gemv_blk32[_whole] 2): two stages of (QSA__GEMV_WARPS + rp) tiles of 16 x (128 + 8) halves
+   qsa_k_gemv_blk32 2): two stages of (QSA__GEMV_WARPS + rp) tiles of 16 x (128 + 8) halves
    (kernels.cu: QSA_GB_SMEM) */
 #define QSA__GB_SMEM(rp) (2 * 2 * (QSA__GEMV_WARPS + (rp)) * 16 * (128 + 8))
 #define QSA__GEMV_BLK_MIN_M 1                     /* ... and from how many rows (fewer: the per-warp kernels, qsa_seg16_tr up to 4) */
@@ -8865,8 +8865,8 @@ QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
        the system's reservation) caps its grids */
     for (int i = 0; i < 2; i++) {
         int sh = QSA__GB_SMEM(i + 1), ok = g->arch_num >= 80 && sh <= (optin > 49152 ? optin : 49152);
-        for (int k = 0; k < 2 && ok; k++) {
-            CUfunction f = g->k[i ? (k ? QSA__K_gemv_blk32_whole : QSA__K_gemv_blk32) : k ? QSA__K_gemv_blk_whole : QSA__K_gemv_blk];
+        for (int k = 0; k < 2 - i && ok; k++) { /* (32 rows: the split kernel only) */
+            CUfunction f = g->k[i ? QSA__K_gemv_blk32 : k ? QSA__K_gemv_blk_whole : QSA__K_gemv_blk];
             ok = qsa__cu.cuFuncSetAttribute(f, QSA__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, sh) == 0 &&
                  qsa__cu.cuFuncSetAttribute(f, QSA__CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100) == 0;
         }

@@ -933,21 +933,21 @@ static int k1_arch_num(void) {
 }
 #define K1_BLOCK_FORM(K) (k1_arch_num() >= 80 && (K) % 8 == 0)
 #define K1_GEMV_LOOP_GRID 3 /* a grid smaller than the work: every block of qsa_k_gemv_blk loops */
-/* The block form's row tiles per group for M rows: 2 (qsa_k_gemv_blk32[_whole]) from 17 rows on, as the
-   host's split groups (qsa__gemv_rp), else 1; with k1_blk_other set the other kernel (either gives
-   every M the same bits) */
+/* The block form's row tiles per split group for M rows: 2 (qsa_k_gemv_blk32) from 17 rows on, as the
+   host (qsa__gemv_rp), else 1; with k1_blk_other set the other kernel (either gives every M the same
+   bits).  Whole-K groups are of 16 rows (qsa_k_gemv_blk_whole) either way. */
 static int k1_blk_other;
 static int k1_blk_rp(int M) { return (M > 16) != (k1_blk_other != 0) ? 2 : 1; }
-static unsigned k1_gemv_groups(int M, int N, int K) { /* (the host's qsa__gemv_groups) */
-    int rows = 16 * k1_blk_rp(M);
+static int k1_blk_rp_of(int whole, int M) { return whole ? 1 : k1_blk_rp(M); }
+static unsigned k1_gemv_groups(int whole, int M, int N, int K) { /* (the host's qsa__gemv_groups) */
+    int rows = 16 * k1_blk_rp_of(whole, M);
     return (unsigned)(((M + rows - 1) / rows) * (((N + 15) / 16 + 3) / 4) * ((K + 255) / 256));
 }
-/* a launch of the block form over M rows, split (whole 0) or whole-K groups: the kernel of k1_blk_rp(M)
-   row tiles with its dynamic shared memory */
+/* a launch of the block form over M rows, split (whole 0) or whole-K groups: the kernel of
+   k1_blk_rp_of(whole, M) row tiles with its dynamic shared memory */
 static qsa_result k1_launch_blk(int whole, unsigned gx, int M, void **args) {
-    int rp = k1_blk_rp(M);
-    const char *name = rp == 2 ? (whole ? "qsa_k_gemv_blk32_whole" : "qsa_k_gemv_blk32")
-                               : (whole ? "qsa_k_gemv_blk_whole" : "qsa_k_gemv_blk");
+    int rp = k1_blk_rp_of(whole, M);
+    const char *name = whole ? "qsa_k_gemv_blk_whole" : rp == 2 ? "qsa_k_gemv_blk32" : "qsa_k_gemv_blk";
     return k1_launch_sh(name, gx, 128, QSA__GB_SMEM(rp), args);
 }
 /* qsa_k_gemv_blk's parameter for one member */
@@ -1035,7 +1035,7 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
     /* one cross-warp launch: accumulate flag, silu store (Y16 or dnull) and its scale */
 #define K1_GEMV(accp, y16p, actp)                                                                       \
     do {                                                                                                \
-        gx = form == 1 || form == 5 ? k1_gemv_groups(M, N, K) : form == 3 ? k1_gemv_groups(M, N, K) / nseg \
+        gx = form == 1 || form == 5 ? k1_gemv_groups(0, M, N, K) : form == 3 ? k1_gemv_groups(1, M, N, K) / nseg \
              : form == 2 || form == 4 || form == 6 ? K1_GEMV_LOOP_GRID : (unsigned)((tiles * nseg + 3) / 4); \
         if (form) {                                                                                     \
             CUdeviceptr xn0 = 0;                                                                        \
@@ -1069,12 +1069,12 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
             K1_GEMV(&acc0, &dnull, &noact);
             K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
             snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d launch %d grid %u rp %d vs gemm", kn, M, N, K, rep + 1, gx,
-                     k1_blk_rp(M));
+                     k1_blk_rp_of(form == 3 || form == 4, M));
             CHECK(!k1_same(what, Y0, Y1, (size_t)M * N, 4));
             K1_GEMV(&acc1, &dnull, &noact);
             K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
             snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d grid %u rp %d accumulate vs gemm", kn, M, N, K, gx,
-                     k1_blk_rp(M));
+                     k1_blk_rp_of(form == 3 || form == 4, M));
             CHECK(!k1_same(what, Yacc, Y1, (size_t)M * N, 4));
         }
     /* the fused silu epilogue (HC down projection): the bits of the GEMM then qsa_k_silu_scale */
@@ -1092,7 +1092,7 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
         K1_TRY(k1_get(Y16, dY16, sizeof(uint16_t) * M * N));
         snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d grid %u rp %d silu epilogue vs gemm + silu_scale",
                  form >= 5 ? "blk + fold" : form >= 3 ? "blk whole" : form ? "blk" : nvfp4 ? "nvfp4" : "f16", M, N, K, gx,
-                 k1_blk_rp(M));
+                 k1_blk_rp_of(form == 3 || form == 4, M));
         CHECK(!k1_same(what, Yacc, Y1, (size_t)M * N, 4));
         CHECK(!k1_same(what, Z16, Y16, (size_t)M * N, 2));
     }
@@ -1163,7 +1163,7 @@ static void k1_gemv_group_case(int M, int K, int n) {
             int hc0 = 0, whole = rep == 4 || rep == 5;
             gx = K1_GEMV_LOOP_GRID;
             if (rep == 2 || rep == 4 || rep == 6)
-                for (int b = gx = 0; b < n; b++) gx += k1_gemv_groups(M, Ns[b], K) / (whole ? nseg : 1);
+                for (int b = gx = 0; b < n; b++) gx += k1_gemv_groups(whole, M, Ns[b], K) / (whole ? nseg : 1);
             void *args[] = {&dA, &grp, &M, &K, &acc0, &dpart, &dcnt, &xn0, &hc0};
             if (rep >= 6) K1_TRY(k1_blk_fold(dA, &grp, M, K, acc0, dpart, xn0, hc0, gx));
             else K1_TRY(k1_launch_blk(whole, gx, M, args));
@@ -1183,7 +1183,7 @@ static void k1_gemv_group_case(int M, int K, int n) {
             if (y16) K1_TRY(k1_get(r16, y16, sizeof(uint16_t) * M * N));
             snprintf(what, sizeof what, "gemv_%s M=%d K=%d member %d of %d (N=%d) launch %d grid %u rp %d",
                      rep < 2 ? "f16_group" : rep < 4 ? "blk" : rep < 6 ? "blk whole" : "blk + fold", M, K, b, n, N, rep + 1,
-                     gx, k1_blk_rp(M));
+                     gx, k1_blk_rp_of(rep == 4 || rep == 5, M));
             CHECK(!k1_same(what, ref, got, (size_t)M * N, 4));
             if (y16) CHECK(!k1_same(what, r16, g16, (size_t)M * N, 2));
         }
@@ -1333,7 +1333,7 @@ static void k1_gemv_gres_case(int M, int H, int hc, int K, int with_bias) {
         } else {
             qsa__gemv_group grp = k1_gemv_one(dW, dB, dinp, dinp16, N);
             int whole = rep == 4 || rep == 5;
-            grid = rep == 2 || rep == 6 ? k1_gemv_groups(M, N, K) : rep == 4 ? k1_gemv_groups(M, N, K) / nseg
+            grid = rep == 2 || rep == 6 ? k1_gemv_groups(0, M, N, K) : rep == 4 ? k1_gemv_groups(1, M, N, K) / nseg
                                                                                : K1_GEMV_LOOP_GRID;
             void *args[] = {&dA, &grp, &M, &K, &acc0, &dpart, &dcnt, &dxn, &hc};
             if (rep >= 6) K1_TRY(k1_blk_fold(dA, &grp, M, K, acc0, dpart, dxn, hc, grid));
@@ -1343,7 +1343,7 @@ static void k1_gemv_gres_case(int M, int H, int hc, int K, int with_bias) {
         K1_TRY(k1_get(g16, dinp16, sizeof(uint16_t) * M * H));
         snprintf(what, sizeof what, "gemv_%s M=%d H=%d hc=%d K=%d bias %d launch %d grid %u rp %d",
                  rep < 2 ? "gres" : rep < 4 ? "blk" : rep < 6 ? "blk whole" : "blk + fold", M,
-                 H, hc, K, with_bias, rep + 1, grid, k1_blk_rp(M));
+                 H, hc, K, with_bias, rep + 1, grid, k1_blk_rp_of(rep == 4 || rep == 5, M));
         CHECK(!k1_same(what, ref, got, (size_t)M * H, 4));
         CHECK(!k1_same(what, r16, g16, (size_t)M * H, 2));
     }
