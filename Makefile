@@ -4,6 +4,7 @@
 #   make test             build and run the test binary (GPU groups skip themselves without a GPU)
 #   make bench            build tools/bench and print how to run it (docs/PERFORMANCE.md; needs a GPU)
 #   make tools/libkernel_trace.so   the kernel timeline tracer (CUPTI; CUDA_HOME, default /usr/local/cuda)
+#   make tools/copy_patterns        the expert copies' microbenchmark (nvcc, sm_90; docs/PERFORMANCE.md)
 #   make test-asan        the cpu group under AddressSanitizer + UBSan
 #   make compile-check    the header as C99/C11 (gcc, clang) and C++17 (g++, clang++), -pedantic;
 #                         QSA_STATIC in two TUs; QSA_NO_CUDA; with poisoned CUDA headers
@@ -80,6 +81,10 @@ CUDA_HOME ?= /usr/local/cuda
 tools/libkernel_trace.so: tools/kernel_trace.c
 	$(CC) $(STD) $(WARN) $(CFLAGS) -shared -fPIC -o $@ $< -I$(CUDA_HOME)/include -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -lcupti
 
+# the expert copies' microbenchmark (not part of `all`: it needs nvcc and an sm_90 device to run)
+tools/copy_patterns: tools/copy_patterns.cu
+	$(CUDA_HOME)/bin/nvcc -O3 -std=c++17 -arch=sm_90 -o $@ $< -lcuda
+
 bench: tools/bench
 	@echo "tools/bench built.  On a GPU machine (one call, < 10 minutes on an H200; docs/PERFORMANCE.md):"
 	@echo "  tools/bench --quick                        # smoke run on a small model with the same layer pattern"
@@ -154,7 +159,7 @@ fuzz:
 	done
 
 clean:
-	rm -rf build models/tiny tests/test_qsa tests/test_qsa_asan $(TOOLS) $(EXAMPLES) kernels.cu.inc.tmp tools/libkernel_trace.so
+	rm -rf build models/tiny tests/test_qsa tests/test_qsa_asan $(TOOLS) $(EXAMPLES) kernels.cu.inc.tmp tools/libkernel_trace.so tools/copy_patterns
 
 # ---- an NVRTC 11.8 archive small enough to carry to a GPU machine (tools/gpu_tests.sh) ----
 .PHONY: nvrtc118-archive
