@@ -143,6 +143,21 @@ __global__ void __launch_bounds__(64) pat(const unsigned char *__restrict__ q, c
     if (acc == 0x12345678u) out[task * 32 + lane] = acc; /* (never: keeps the reads) */
 }
 
+// The two mbarriers at b0 and b0 + 8 (one arrival and the transaction bytes a phase), by lane 0, for the warp
+static __device__ __forceinline__ void bars_init(unsigned b0) {
+    if ((threadIdx.x & 31) == 0) {
+        asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(b0));
+        asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(b0 + 8));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncwarp();
+}
+// Until the phase of parity ph of the mbarrier at bar completes
+static __device__ __forceinline__ void bar_wait(unsigned bar, unsigned ph) {
+    asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(bar), "r"(ph)
+                 : "memory");
+}
+
 // The TMA patterns: bulk copies into the same buffer, completion on an mbarrier per half
 template <int P>
 __global__ void __launch_bounds__(64) bulk(const unsigned char *__restrict__ q, const unsigned char *__restrict__ s,
@@ -152,12 +167,7 @@ __global__ void __launch_bounds__(64) bulk(const unsigned char *__restrict__ q, 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int task = blockIdx.x * 2 + warp, e = task / TILES, t = task % TILES;
     const unsigned base = smem_u32(pk[warp]), b0 = smem_u32(&bar[warp][0]);
-    if (lane == 0) {
-        asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(b0));
-        asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(b0 + 8));
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncwarp();
+    bars_init(b0);
     auto copy = [&](int sn) {
         if (sn >= NSEG) return;
         const unsigned half = (sn & 1) * 2 * 16 * PKD, bb = b0 + 8 * (sn & 1);
@@ -189,10 +199,7 @@ __global__ void __launch_bounds__(64) bulk(const unsigned char *__restrict__ q, 
     for (int seg = 0; seg < NSEG; seg++) {
         __syncwarp();
         copy(seg + 1);
-        asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(
-                         b0 + 8 * (seg & 1)),
-                     "r"((seg >> 1) & 1)
-                     : "memory");
+        bar_wait(b0 + 8 * (seg & 1), (seg >> 1) & 1);
         acc = touch(pk[warp] + (seg & 1) * 2 * 16 * PKD + (lane >> 2) * PKD, acc);
     }
     if (acc == 0x12345678u) out[task * 32 + lane] = acc;
@@ -210,12 +217,7 @@ __global__ void __launch_bounds__(64) boxes(const __grid_constant__ CUtensorMap 
     const int task = blockIdx.x * 2 + warp, e = task / TILES, t = task % TILES;
     unsigned char *wp = (unsigned char *)(((size_t)dyn + 1023) & ~(size_t)1023) + warp * WB;
     const unsigned base = smem_u32(wp), b0 = smem_u32(&bar[warp][0]);
-    if (lane == 0) {
-        asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(b0));
-        asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(b0 + 8));
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncwarp();
+    bars_init(b0);
     auto copy = [&](int sn) {
         if (sn >= NSEG) return;
         const unsigned bb = b0 + 8 * (sn & 1);
@@ -237,10 +239,7 @@ __global__ void __launch_bounds__(64) boxes(const __grid_constant__ CUtensorMap 
     for (int seg = 0; seg < NSEG; seg++) {
         __syncwarp();
         copy(seg + 1);
-        asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(
-                         b0 + 8 * (seg & 1)),
-                     "r"((seg >> 1) & 1)
-                     : "memory");
+        bar_wait(b0 + 8 * (seg & 1), (seg >> 1) & 1);
 #pragma unroll
         for (int m = 0; m < 2; m++) { /* the fold's words: rows g and g + 8, pieces 2 J and 2 J + 1, swizzled */
             const unsigned char *pq = wp + ((seg & 1) * 2 + m) * 2048, *ps = wp + 8192 + ((seg & 1) * 2 + m) * 256;
