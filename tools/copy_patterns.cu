@@ -330,26 +330,21 @@ int main(int argc, char **argv) {
            prop.multiProcessorCount, E, I, K);
     timeit("memcpy (read + write)", 2.0 * cb, [&] { CK(cudaMemcpyAsync(big2, big, cb, cudaMemcpyDeviceToDevice)); });
     timeit("read-only stream", (double)cb, [&] { read_stream<<<prop.multiProcessorCount * 16, 256>>>((const uint4 *)big, cb / 16, out); });
-#define PAT(name, k) timeit(name, tb, [&] { k<<<blocks, 64>>>(q, s, out); })
-    PAT("cg (the kernel's)", pat<CG>);
-    PAT("seg-major cg", pat<SEG_CG>);
-    PAT("ca", pat<CA>);
-    PAT("2 segs", pat<TWO_SEGS>);
-    PAT("ca L2::128B", pat<CA_L2_128>);
-    PAT("cg L2::256B", pat<CG_L2_256>);
-    PAT("ca L2::256B", pat<CA_L2_256>);
-    PAT("ca+ca scales", pat<CA_SCALES_CA>);
-    PAT("seg-major ca", pat<SEG_CA>);
-    PAT("tile pf", pat<TILE_PF>);
-    PAT("scale pf", pat<SCALE_PF>);
-    PAT("TMA 128 B", bulk<TMA_ROWS>);
-    PAT("TMA 2 KB", bulk<TMA_SEG>);
+    typedef void (*copy_kernel)(const unsigned char *, const unsigned char *, unsigned *);
+    const struct {
+        const char *name;
+        copy_kernel k;
+    } kernels[] = {{"cg (the kernel's)", pat<CG>}, {"seg-major cg", pat<SEG_CG>}, {"ca", pat<CA>},
+                   {"2 segs", pat<TWO_SEGS>}, {"ca L2::128B", pat<CA_L2_128>}, {"cg L2::256B", pat<CG_L2_256>},
+                   {"ca L2::256B", pat<CA_L2_256>}, {"ca+ca scales", pat<CA_SCALES_CA>}, {"seg-major ca", pat<SEG_CA>},
+                   {"tile pf", pat<TILE_PF>}, {"scale pf", pat<SCALE_PF>}, {"TMA 128 B", bulk<TMA_ROWS>},
+                   {"TMA 2 KB", bulk<TMA_SEG>}};
+    for (const auto &kn : kernels) timeit(kn.name, tb, [&] { kn.k<<<blocks, 64>>>(q, s, out); });
     const CUtensorMap qmap = box_map(q, RB, (unsigned long long)E * 2 * I, 128, true);
     const CUtensorMap smap = box_map(s, SB, (unsigned long long)E * 2 * I, 16, false);
     CK(cudaFuncSetAttribute(boxes, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * 10240 + 1024));
     timeit("TMA boxes, row-major", tb, [&] { boxes<<<blocks, 64, 2 * 10240 + 1024>>>(qmap, smap, out); });
-    PAT("cg (the kernel's), again", pat<CG>);
-#undef PAT
+    timeit("cg (the kernel's), again", tb, [&] { pat<CG><<<blocks, 64>>>(q, s, out); });
     CK(cudaDeviceSynchronize());
     return 0;
 }
