@@ -157,6 +157,20 @@ static __device__ __forceinline__ void bar_wait(unsigned bar, unsigned ph) {
     asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(bar), "r"(ph)
                  : "memory");
 }
+// The bulk kernels' double buffer: copy(sn) asks for segment sn's bytes on half sn % 2's mbarrier, fold(seg, acc)
+// reads segment seg once they have landed
+template <class Copy, class Fold>
+static __device__ __forceinline__ unsigned bulk_segments(unsigned b0, Copy copy, Fold fold) {
+    unsigned acc = 0;
+    copy(0);
+    for (int seg = 0; seg < NSEG; seg++) {
+        __syncwarp();
+        copy(seg + 1);
+        bar_wait(b0 + 8 * (seg & 1), (seg >> 1) & 1);
+        acc = fold(seg, acc);
+    }
+    return acc;
+}
 
 // The TMA patterns: bulk copies into the same buffer, completion on an mbarrier per half
 template <int P>
@@ -194,14 +208,9 @@ __global__ void __launch_bounds__(64) bulk(const unsigned char *__restrict__ q, 
                              : "memory");
         }
     };
-    unsigned acc = 0;
-    copy(0);
-    for (int seg = 0; seg < NSEG; seg++) {
-        __syncwarp();
-        copy(seg + 1);
-        bar_wait(b0 + 8 * (seg & 1), (seg >> 1) & 1);
-        acc = touch(pk[warp] + (seg & 1) * 2 * 16 * PKD + (lane >> 2) * PKD, acc);
-    }
+    const unsigned acc = bulk_segments(b0, copy, [&](int seg, unsigned a) {
+        return touch(pk[warp] + (seg & 1) * 2 * 16 * PKD + (lane >> 2) * PKD, a);
+    });
     if (acc == 0x12345678u) out[task * 32 + lane] = acc;
 }
 
@@ -234,22 +243,18 @@ __global__ void __launch_bounds__(64) boxes(const __grid_constant__ CUtensorMap 
             }
         }
     };
-    unsigned acc = 0;
-    copy(0);
-    for (int seg = 0; seg < NSEG; seg++) {
-        __syncwarp();
-        copy(seg + 1);
-        bar_wait(b0 + 8 * (seg & 1), (seg >> 1) & 1);
+    const unsigned acc = bulk_segments(b0, copy, [&](int seg, unsigned a) {
 #pragma unroll
         for (int m = 0; m < 2; m++) { /* the fold's words: rows g and g + 8, pieces 2 J and 2 J + 1, swizzled */
             const unsigned char *pq = wp + ((seg & 1) * 2 + m) * 2048, *ps = wp + 8192 + ((seg & 1) * 2 + m) * 256;
 #pragma unroll
             for (int J = 0; J < 4; J++)
-                acc ^= *(const unsigned *)(pq + g * 128 + 16 * ((2 * J) ^ g) + 4 * t4) +
-                       *(const unsigned *)(pq + (g + 8) * 128 + 16 * ((2 * J + 1) ^ g) + 4 * t4) +
-                       *(const unsigned *)(ps + g * 16 + 4 * J);
+                a ^= *(const unsigned *)(pq + g * 128 + 16 * ((2 * J) ^ g) + 4 * t4) +
+                     *(const unsigned *)(pq + (g + 8) * 128 + 16 * ((2 * J + 1) ^ g) + 4 * t4) +
+                     *(const unsigned *)(ps + g * 16 + 4 * J);
         }
-    }
+        return a;
+    });
     if (acc == 0x12345678u) out[task * 32 + lane] = acc;
 }
 
