@@ -27,7 +27,9 @@
  *      (--graphs adds rows with CUDA graphs, and rows with CUDA graphs and the greedy pick on the
  *      device, qsa_seq_feed_batch_greedy: "batched+graphs, greedy ids", B ids to the host instead
  *      of B x vocabulary logits); batch 1 then runs "single" once more ("single, again": the two
- *      should agree).  Each row's note gives its fastest and slowest step.  The
+ *      should agree).  Each row's note gives its fastest and slowest step and an FNV-1a of its last
+ *      step's logits (ids): the same tokens each run, so two runs of one tree under different launch
+ *      switches ($QSA_MOE_HANDOFF=0, ...) must print the same.  The
  *      batched rows run after everything else, and a failure there is recorded in its row (a sticky
  *      CUDA error ends the run, the table is still printed).
  * Timings use CUDA events on the backend's stream (cuEventRecord / cuEventElapsedTime) around
@@ -1457,6 +1459,15 @@ static long count_nonfinite(const float *v, size_t n) {
     return k;
 }
 
+/* FNV-1a over n bytes: a row's last step in its note, so that two runs of one tree under different
+   launch switches (the same tokens: the rows draw them from the seeded generator) show the same bits */
+static unsigned long long fnv1a(const void *p, size_t n) {
+    const unsigned char *c = (const unsigned char *)p;
+    unsigned long long h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
+    return h;
+}
+
 /* NVML for the bench's device, found by its PCI address; without the library (or the device) the rows
    carry no clock note. */
 static void nvml_open(bench *b) {
@@ -1589,6 +1600,10 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     }
     m->params.cuda_batch_decode = 0;
     m->params.cuda_graphs = 0;
+    /* the last step's logits (or ids) */
+    unsigned long long fp = r != QSA_OK ? 0
+                            : mode == 4 ? fnv1a(next, sizeof(int32_t) * (size_t)B)
+                                        : fnv1a(logits, sizeof(float) * (size_t)(single ? 1 : B) * V);
     qsa__free(tok);
     if (r != QSA_OK) { row_fail(b, "decode", cfg, r); return r; }
     bench_row *w = row_add(b, "decode", cfg);
@@ -1604,8 +1619,9 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     /* (median sorted t: its first and last steps are the fastest and the slowest) */
     char clk[160];
     nvml_note(clk, sizeof clk, clk_lo, clk_hi, clk_why);
-    snprintf(w->note, sizeof w->note, "host wall %.3f ms; steps %.3f-%.3f ms; %.0f experts/layer%s%s", median(wall, n), t[0],
-             t[n - 1], d.unique_experts, clk, bad ? "; NON-FINITE LOGITS" : bad_ids ? "; IDS OUTSIDE THE VOCABULARY" : "");
+    snprintf(w->note, sizeof w->note, "host wall %.3f ms; steps %.3f-%.3f ms; %.0f experts/layer; last step %s fnv %016llx%s%s",
+             median(wall, n), t[0], t[n - 1], d.unique_experts, mode == 4 ? "ids" : "logits", fp, clk,
+             bad ? "; NON-FINITE LOGITS" : bad_ids ? "; IDS OUTSIDE THE VOCABULARY" : "");
     if (bad || bad_ids) b->failed = 1;
     row_print(w);
     return QSA_OK;
