@@ -1459,15 +1459,6 @@ static long count_nonfinite(const float *v, size_t n) {
     return k;
 }
 
-/* FNV-1a over n bytes: a row's last step in its note, so that two runs of one tree under different
-   launch switches (the same tokens: the rows draw them from the seeded generator) show the same bits */
-static unsigned long long fnv1a(const void *p, size_t n) {
-    const unsigned char *c = (const unsigned char *)p;
-    unsigned long long h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ c[i]) * 1099511628211ull;
-    return h;
-}
-
 /* NVML for the bench's device, found by its PCI address; without the library (or the device) the rows
    carry no clock note. */
 static void nvml_open(bench *b) {
@@ -1600,10 +1591,12 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     }
     m->params.cuda_batch_decode = 0;
     m->params.cuda_graphs = 0;
-    /* the last step's logits (or ids) */
+    /* FNV-1a of the last step's logits (or ids): two runs of one tree under different launch switches
+       draw the same tokens from the seeded generator, so they must show the same bits */
+    const uint64_t fnv0 = 0xcbf29ce484222325ull; /* (the offset basis, as the kernel cache's sums) */
     unsigned long long fp = r != QSA_OK ? 0
-                            : mode == 4 ? fnv1a(next, sizeof(int32_t) * (size_t)B)
-                                        : fnv1a(logits, sizeof(float) * (size_t)(single ? 1 : B) * V);
+                            : mode == 4 ? qsa__fnv(fnv0, next, sizeof(int32_t) * (size_t)B)
+                                        : qsa__fnv(fnv0, logits, sizeof(float) * (size_t)(single ? 1 : B) * V);
     qsa__free(tok);
     if (r != QSA_OK) { row_fail(b, "decode", cfg, r); return r; }
     bench_row *w = row_add(b, "decode", cfg);
