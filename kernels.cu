@@ -4199,11 +4199,27 @@ typedef struct {
     float *beta, *g;
     int nv;
 } qsa_gdn_gate_args;
-static __device__ __forceinline__ void qsa_gdn_gate(const qsa_gdn_gate_args &ga, qsa_i64 i, int h) {
-    ga.beta[i] = qsa_sigmoid(ga.b[i]);
-    float x = ga.a[i] + ga.dt_bias[h];
+/* beta and g of one (token, head) from its b and a and the head's A_log and dt_bias */
+static __device__ __forceinline__ void qsa_gdn_gate_of(float b, float a, float A_log, float dt_bias, float &beta, float &g) {
+    beta = qsa_sigmoid(b);
+    float x = a + dt_bias;
     float sp = x > 20.0f ? x : log1pf(expf(x));
-    ga.g[i] = -expf(ga.A_log[h]) * sp;
+    g = -expf(A_log) * sp;
+}
+static __device__ __forceinline__ void qsa_gdn_gate(const qsa_gdn_gate_args &ga, qsa_i64 i, int h) {
+    qsa_gdn_gate_of(ga.b[i], ga.a[i], ga.A_log[h], ga.dt_bias[h], ga.beta[i], ga.g[i]);
+}
+
+/* One head's L2 norm in place by one warp (x / sqrt(sum x^2 + 1e-6), then times qscale unless it is 0):
+   the lane's squares in ascending i, then qsa_warp_sum */
+static __device__ __forceinline__ void qsa_gdn_head_norm(float *x, int dk, int lane, float qscale) {
+    float ss = 0.0f;
+    for (int i = lane; i < dk; i += 32) ss = fmaf(x[i], x[i], ss);
+    float inv = 1.0f / sqrtf(qsa_warp_sum(ss) + 1e-6f);
+    for (int i = lane; i < dk; i += 32) {
+        float y = __fmul_rn(x[i], inv);
+        x[i] = qscale != 0.0f ? __fmul_rn(y, qscale) : y;
+    }
 }
 
 /* Causal depthwise conv + activation + split + per-head L2 norm, for token t = blockIdx.x.
@@ -4241,7 +4257,7 @@ static __device__ __forceinline__ void qsa_gdn_conv_body(const float *__restrict
             for (int j = 0; j < Kc; j++) {
                 int src = t + j - (Kc - 1); /* < 0: carried state row Kc-1+src */
                 float x = src < 0 ? state[(long long)(Kc - 1 + src) * conv_dim + ch] : qkv[(long long)src * conv_dim + ch];
-                acc = fmaf(w[(long long)ch * Kc + j], x, acc);
+                acc = fmaf(w[(long long)ch * Kc + j], x, acc); /* (qsa_gdn_fused_conv: the same chain) */
             }
             if (upd) /* M == 1: this thread alone reads and writes channel ch of the state (ascending rows) */
                 for (int i = 0; i < Kc - 1; i++)
@@ -4260,13 +4276,7 @@ static __device__ __forceinline__ void qsa_gdn_conv_body(const float *__restrict
     for (int i = warp; i < mine; i += nw) {
         int hh = blockIdx.y + i * gridDim.y;
         float *x = hh < nk ? q + (long long)t * key_dim + hh * dk : k + (long long)t * key_dim + (hh - nk) * dk;
-        float ss = 0.0f;
-        for (int i = lane; i < dk; i += 32) ss = fmaf(x[i], x[i], ss);
-        float inv = 1.0f / sqrtf(qsa_warp_sum(ss) + 1e-6f);
-        for (int i = lane; i < dk; i += 32) {
-            float y = __fmul_rn(x[i], inv);
-            x[i] = hh < nk ? __fmul_rn(y, qscale) : y;
-        }
+        qsa_gdn_head_norm(x, dk, lane, hh < nk ? qscale : 0.0f);
     }
 }
 extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv(const float *__restrict__ qkv, float *state,
@@ -4429,6 +4439,27 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
     }
 }
 
+/* The decode step's conv in the batched recurrence's launch (qsa_k_gdn_recurrent_batch on K2_GDN_SMEM archs; the
+ * host: qsa__gdn_fused): instead of reading q, k, v, beta and g that a qsa_k_gdn_conv_batch launch wrote, each
+ * block computes what it reads of them from the input projection's row — its key head's 2 dk q and k channels
+ * (conv, activation, then the head's L2 norm by one warp each: qsa_gdn_head_norm), its columns' v channels and
+ * its head's gates — with qsa_gdn_conv_body's and qsa_gdn_gate's operations in their order: the same bits (tested
+ * against the two launches).  A conv's chain takes the Kc - 1 state rows first and the input last, so the state's
+ * links run before the PDL wait (the state was last written by this layer's previous step) and only the input's
+ * after it.  The conv state advances as there, a v channel's here by the lane that alone reads it (its column's
+ * p = 0), the q and k channels' (which all the key head's (nv / nk)
+ * gridDim.y blocks read) by the next launch, qsa_k_gdn_norm_gate (its qsa_gdn_shift).  Needs dk <= 128 and
+ * Kc <= QSA_GDN_KC (the host checks; traps otherwise). */
+#define QSA_GDN_KC 4 /* the fused conv's largest kernel */
+typedef struct {
+    const float *qkv;                /* [B][conv_dim]: the in_proj_qkv rows; NULL: q, k, v, beta and g are given */
+    const unsigned long long *st;    /* [B]: sequence b's conv state [Kc-1][conv_dim] */
+    const float *w;                  /* [conv_dim][Kc] */
+    const float *b, *a;              /* [B][nv]: the gate projections */
+    const float *A_log, *dt_bias;    /* [nv] */
+    int conv_dim, Kc, act;
+} qsa_gdn_fuse;
+
 /* K2_GDN_SMEM: k2_gdn_rec_dec where an SM holds at least as many of its blocks (20 KB of shared memory
    each) as of the register form's (6, bound by registers): sm_80 and sm_87 (164 KB per SM: 7), sm_90 up
    to sm_11x (228 KB: 10); not sm_86, sm_89 or sm_12x (100 KB: 4), which keep the register form. */
@@ -4464,13 +4495,17 @@ static __device__ __forceinline__ void k2_cpa(qsa_u32 dst, const float *src, int
 static __device__ __forceinline__ int k2_gdn_at(int i, int cc, int cpb, int sh, int swm) {
     return i * cpb + (cc ^ (swm * ((i / sh) & 3)));
 }
+/* fz.qkv not NULL: the fused conv (above), fz's arrays already at sequence b (st: its state) */
 static __device__ void k2_gdn_rec_dec(float *S, const float *__restrict__ q, const float *__restrict__ k,
                                       const float *__restrict__ v, const float *__restrict__ beta,
-                                      const float *__restrict__ g, float *o, int nk, int nv, int dk, int dv) {
+                                      const float *__restrict__ g, float *o, int nk, int nv, int dk, int dv,
+                                      const qsa_gdn_fuse &fz, float *st) {
     __shared__ __align__(16) float tile[K2_GDN_DEC_TILE];
     __shared__ float qks[2 * K2_GDN_MAX_DK];
     const int P = dk <= 128 ? 4 : dk <= 256 ? 8 : 16, cpb = 128 / P;
-    if (dk > K2_GDN_MAX_DK || blockDim.x != 128) __trap(); /* the host validates dk and the block */
+    const bool fused = fz.qkv != 0;
+    if (dk > K2_GDN_MAX_DK || blockDim.x != 128 || (fused && (dk > 128 || fz.Kc < 1 || fz.Kc > QSA_GDN_KC)))
+        __trap(); /* the host validates these */
     const int h = blockIdx.x, p = threadIdx.x % P, jc = threadIdx.x / P, kh = h / (nv / nk);
     const int nu = (dk - p + P - 1) / P; /* this lane's rows i = u*P + p < dk: u < nu */
     const int ncols = (dv + gridDim.y * cpb - 1) / (gridDim.y * cpb);
@@ -4481,6 +4516,25 @@ static __device__ void k2_gdn_rec_dec(float *S, const float *__restrict__ q, con
     const int sh = 32 / cpb, swm = cpb / 4; /* the swizzle of row i: swm * ((i / sh) % 4) */
     const int pos = jc ^ (swm * ((p / sh) & 3)); /* (i = u P + p: i / sh % 4 = p / sh % 4, P a multiple of 4 sh) */
     const qsa_u32 t0 = qsa_smem_u32(tile);
+    /* the fused conv before the wait: this thread's q / k channels tid, tid + 128 (< 2 dk): their conv chains over
+       the state rows (the first Kc - 1 of its Kc links: the input's comes last) and the last weight; the head's
+       A_log and dt_bias */
+    const int Kc = fused ? fz.Kc : 1, cd = fz.conv_dim, key_dim = nk * dk;
+    float qa[2] = {0.0f, 0.0f}, ql[2] = {0.0f, 0.0f}, gA = 0.0f, gdt = 0.0f;
+    if (fused) {
+#pragma unroll
+        for (int ci = 0; ci < 2; ci++) {
+            const int i = threadIdx.x + 128 * ci, ch = (i < dk ? 0 : key_dim - dk) + kh * dk + i;
+            if (i >= 2 * dk) continue;
+#pragma unroll
+            for (int jj = 0; jj + 1 < QSA_GDN_KC; jj++)
+                if (jj < Kc - 1) qa[ci] = fmaf(fz.w[(qsa_i64)ch * Kc + jj], st[(qsa_i64)jj * cd + ch], qa[ci]);
+            ql[ci] = fz.w[(qsa_i64)ch * Kc + Kc - 1];
+        }
+        gA = fz.A_log[h];
+        gdt = fz.dt_bias[h];
+    }
+    float decay = 0.0f, bt = 0.0f;
     for (int c = 0; c < ncols; c++) {
         const int jb = (blockIdx.y + c * gridDim.y) * cpb, j = jb + jc;
         const bool live = j < dv;
@@ -4490,12 +4544,54 @@ static __device__ void k2_gdn_rec_dec(float *S, const float *__restrict__ q, con
             k2_cpa(t0 + 4u * k2_gdn_at(i, cc, cpb, sh, swm), S + hbase + (qsa_i64)i * dv + (ok ? jj : 0), w, ok);
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
+        /* (fused) the pass's v channel, by its column's lane p = 0 alone (it reads and writes the channel's state):
+           its chain over the state rows before the wait, the rows that move up kept for after it (no store before) */
+        const int cv = 2 * key_dim + h * dv + j;
+        float va = 0.0f, vl = 0.0f, vr[QSA_GDN_KC - 1];
+        if (fused && live && p == 0) {
+#pragma unroll
+            for (int jj = 0; jj + 1 < QSA_GDN_KC; jj++) {
+                vr[jj] = jj < Kc - 1 ? st[(qsa_i64)jj * cd + cv] : 0.0f;
+                if (jj < Kc - 1) va = fmaf(fz.w[(qsa_i64)cv * Kc + jj], vr[jj], va);
+            }
+            vl = fz.w[(qsa_i64)cv * Kc + Kc - 1];
+        }
         if (c == 0) QSA_PDL_ENTRY(); /* (the caller is QSA_PDL_LATE: S is copied before the wait) */
-        for (int i = threadIdx.x; i < 2 * dk; i += 128)
-            qks[i] = (i < dk ? q : k)[(qsa_i64)kh * dk + (i < dk ? i : i - dk)];
-        const float decay = expf(g[h]), bt = beta[h], vj = live ? v[(qsa_i64)h * dv + j] : 0.0f;
+        float vj = 0.0f;
+        if (!fused) {
+            for (int i = threadIdx.x; i < 2 * dk; i += 128)
+                qks[i] = (i < dk ? q : k)[(qsa_i64)kh * dk + (i < dk ? i : i - dk)];
+            decay = expf(g[h]);
+            bt = beta[h];
+            vj = live ? v[(qsa_i64)h * dv + j] : 0.0f;
+        } else {
+            if (c == 0) { /* the key head's q and k (before their norms) and the head's gates */
+#pragma unroll
+                for (int ci = 0; ci < 2; ci++) {
+                    const int i = threadIdx.x + 128 * ci;
+                    if (i < 2 * dk)
+                        qks[i] = qsa_act(fz.act, fmaf(ql[ci], fz.qkv[(i < dk ? 0 : key_dim - dk) + kh * dk + i], qa[ci]));
+                }
+                float gv;
+                qsa_gdn_gate_of(fz.b[h], fz.a[h], gA, gdt, bt, gv);
+                decay = expf(gv);
+            }
+            if (live && p == 0) {
+                const float xv = fz.qkv[cv];
+                vj = qsa_act(fz.act, fmaf(vl, xv, va));
+#pragma unroll
+                for (int jj = 0; jj + 1 < QSA_GDN_KC; jj++)
+                    if (jj < Kc - 1) st[(qsa_i64)jj * cd + cv] = jj + 2 < Kc ? vr[jj + 1] : xv;
+            }
+            vj = __shfl_sync(QSA_FULL_MASK, vj, (threadIdx.x & 31) & ~(P - 1)); /* to the column's P lanes */
+        }
         asm volatile("cp.async.wait_group 0;" ::: "memory");
         __syncthreads(); /* the slice and q, k in shared memory */
+        if (fused && c == 0) { /* the two heads' norms, as qsa_gdn_conv_body's */
+            const int wp = threadIdx.x >> 5, ln = threadIdx.x & 31;
+            if (wp < 2) qsa_gdn_head_norm(qks + wp * dk, dk, ln, wp == 0 ? 1.0f / sqrtf((float)dk) : 0.0f);
+            __syncthreads();
+        }
         const float *ts = tile + pos, *qt = qks + p, *kt = qks + dk + p; /* row u: [u * P * cpb], [u * P] */
         float kv = 0.0f;
 #pragma unroll 8
@@ -4554,12 +4650,35 @@ extern "C" __global__ void qsa_k_gdn_recurrent_f16state(qsa_f16 *S, const float 
  *   o [M][nv*dv] fp32 (in/out); z [M][nv*dv]; w [dv] plain weight; o16 (optional)
  *   receives the fp16 copy for out_proj.  act: 0 silu, 1 sigmoid.
  * Launch: grid (M*nv), block 128. */
+/* The q and k channels' conv state advance of a decode step whose conv ran inside the recurrence's launch
+   (qsa_gdn_fuse): sequence b's rows [Kc - 1][conv_dim] shift up by one, its input row's channel last; channel
+   h * blockDim.x + threadIdx.x < kd2 (= 2 key_dim <= nv blockDim.x, the host checks; traps otherwise) of
+   value head h's block.  The recurrence has read the rows when this launch's wait returns. */
+typedef struct {
+    const unsigned long long *st; /* [B]: sequence b's conv state; NULL: nothing to advance */
+    const float *qkv;             /* [B][conv_dim]: the in_proj_qkv rows */
+    int conv_dim, Kc, kd2;
+} qsa_gdn_shift;
 extern "C" __global__ void __launch_bounds__(128) qsa_k_gdn_norm_gate(float *o, const float *__restrict__ z,
                                                                       const float *__restrict__ w, qsa_f16 *o16,
-                                                                      int nv, int dv, float eps, int act) {
+                                                                      int nv, int dv, float eps, int act,
+                                                                      qsa_gdn_shift sh) {
     QSA_PDL_LATE();
     __shared__ float scratch[33];
     long long row = blockIdx.x;
+    /* (sh.st) this thread's channel's new rows before the wait (the old ones are read by the recurrence alone,
+       the input row was written before it), stored after */
+    float nr[QSA_GDN_KC - 1];
+    float *cs = 0;
+    const int b = (int)(row / nv), ch = (int)(row - (long long)b * nv) * blockDim.x + threadIdx.x,
+              cd = sh.conv_dim, Kc = sh.Kc;
+    if (sh.st) {
+        if (Kc < 1 || Kc > QSA_GDN_KC || sh.kd2 > nv * (int)blockDim.x) __trap();
+        cs = (float *)sh.st[b];
+#pragma unroll
+        for (int jj = 0; jj + 1 < QSA_GDN_KC; jj++)
+            nr[jj] = ch < sh.kd2 && jj < Kc - 1 ? (jj + 2 < Kc ? cs[(qsa_i64)(jj + 1) * cd + ch] : sh.qkv[(qsa_i64)b * cd + ch]) : 0.0f;
+    }
     float *orow = o + row * dv;
     const float *zrow = z + row * dv;
     /* this thread's first gate value and weight before the wait (z: the GDN input projections, with the
@@ -4577,6 +4696,10 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_gdn_norm_gate(float *o, 
         orow[i] = y;
         if (o16) o16[row * dv + i] = qsa_f32_to_f16(y);
     }
+    if (cs && ch < sh.kd2)
+#pragma unroll
+        for (int jj = 0; jj + 1 < QSA_GDN_KC; jj++)
+            if (jj < Kc - 1) cs[(qsa_i64)jj * cd + ch] = nr[jj];
 }
 
 /* ============================================================================================== */
@@ -6327,14 +6450,22 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv_batch(
 extern "C" __global__ void __launch_bounds__(128, K2_GDN_SMEM ? 10 : 6)
     qsa_k_gdn_recurrent_batch(const unsigned long long *__restrict__ st, const float *__restrict__ q,
                               const float *__restrict__ k, const float *__restrict__ v, const float *__restrict__ beta,
-                              const float *__restrict__ g, float *o, int nk, int nv, int dk, int dv) {
+                              const float *__restrict__ g, float *o, int nk, int nv, int dk, int dv, qsa_gdn_fuse fz) {
     QSA_PDL_LATE(); /* (late: the state's first column pass before the wait; the state was last written by
                        this layer's previous step, the conv launch comes between) */
     const qsa_i64 b = blockIdx.z, kd = (qsa_i64)nk * dk, vd = (qsa_i64)nv * dv;
 #if K2_GDN_SMEM
+    float *cst = 0;
+    if (fz.qkv) { /* sequence b's rows of the fused conv's inputs */
+        cst = QSA_BPTR(float, fz.st);
+        fz.qkv += b * fz.conv_dim;
+        fz.b += b * nv;
+        fz.a += b * nv;
+    }
     k2_gdn_rec_dec(QSA_BPTR(float, st), q + b * kd, k + b * kd, v + b * vd, beta + b * nv, g + b * nv, o + b * vd, nk, nv,
-                   dk, dv);
+                   dk, dv, fz, cst);
 #else
+    if (fz.qkv) __trap(); /* (the host fuses the conv on K2_GDN_SMEM modules only: qsa__gdn_fused) */
     k2_gdn_recurrent<false, K2_GDN_PF1, true>(QSA_BPTR(float, st), 0, q + b * kd, k + b * kd, v + b * vd,
                                               beta + b * nv, g + b * nv, o + b * vd, 1, nk, nv, dk, dv);
 #endif

@@ -1027,7 +1027,7 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
  * Environment: QSA_CUDA_LIB, QSA_NVRTC_LIB, QSA_NCCL_LIB (a full path: only that file is tried),
  * QSA_ARCH (NVRTC target, e.g. compute_70 or sm_90; see qsa__nvrtc_pick_arch), QSA_PDL ("0": no
  * programmatic dependent launches, qsa__pdl_on), QSA_XW_WHOLE_PER_SM, QSA_XW_RANGE_PER_SM, QSA_MOE64_PAIRS,
- * QSA_MOE_LEAN, QSA_LEAN_TASKS, QSA_ATTN_DEC, QSA_ATTN_DEC_HEADS, QSA_ATTN_DEC_WARP, QSA_SCORE_KEYS,
+ * QSA_MOE_LEAN, QSA_GDN_FUSE, QSA_LEAN_TASKS, QSA_ATTN_DEC, QSA_ATTN_DEC_HEADS, QSA_ATTN_DEC_WARP, QSA_SCORE_KEYS,
  * QSA_TILED_M, QSA_TILED_TILES, QSA_GEMV_BLOCKS_PER_SM, QSA_GEMV_BLK_MIN_M and QSA_LOGIT_SLICE_BYTES (launch
  * shapes, qsa__cuda_tuning: tuning switches, the bits do not depend on them). */
 #ifndef QSA_NO_CUDA
@@ -8633,6 +8633,7 @@ typedef struct qsa__cuda {
                                     $QSA_GEMV_WHOLE_MIN_GROUPS: a positive count, or 0: never) */
     int shared_side;             /* the shared expert's down projection on the side stream (qsa__cuda_moe; $QSA_SHARED_SIDE "0": never) */
     int moe_route1;              /* one token's router inside its gate/up launch (qsa__moe_route1; $QSA_MOE_ROUTE1 "0": never) */
+    int gdn_fuse;                /* a decode step's GDN conv inside the recurrence's launch (qsa__gdn_fused; $QSA_GDN_FUSE "0": never) */
     long long side_launches;     /* ... how many times it went there (tests) */
     int moe64_pairs;             /* qsa__moe_tr's threshold (QSA__MOE64_PAIRS; $QSA_MOE64_PAIRS) */
     int moe_lean;                /* the lean whole expert kernels where they apply (qsa__moe_lean;
@@ -9200,7 +9201,8 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    $QSA_GEMV_FOLD_MIN_M (65: never) QSA__GEMV_FOLD_MIN_M (qsa__gemv_blk)
    and $QSA_GEMV_WHOLE_MIN_GROUPS (0: never) the SM count (qsa__gemv_blk); $QSA_SHARED_SIDE "0" keeps
    the shared expert's down projection in the chain (qsa__cuda_moe); $QSA_MOE_ROUTE1 "0" gives one
-   token's router its own launch (qsa__moe_route1); $QSA_MOE_LEAN "0" keeps the whole
+   token's router its own launch (qsa__moe_route1); $QSA_GDN_FUSE "0" gives a decode step's GDN conv its
+   own launch (qsa__gdn_fused); $QSA_MOE_LEAN "0" keeps the whole
    expert kernels off their lean forms (qsa__moe_lean) and $QSA_LEAN_TASKS ("GU,DN", each 1, 2 or 4) sets
    their tasks per warp; $QSA_LOGIT_SLICE_BYTES (0: never)
    replaces QSA__LOGIT_SLICE_BYTES (qsa__logit_slices); $QSA_DEEP "0" keeps decode batches' wide projections
@@ -9221,6 +9223,8 @@ QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     g->shared_side = !(e && !strcmp(e, "0"));
     e = getenv("QSA_MOE_ROUTE1");
     g->moe_route1 = !(e && !strcmp(e, "0"));
+    e = getenv("QSA_GDN_FUSE");
+    g->gdn_fuse = !(e && !strcmp(e, "0"));
     e = getenv("QSA_XW_WHOLE_PER_SM");
     g->xw_whole_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__XW_WHOLE_PER_SM;
     e = getenv("QSA_XW_RANGE_PER_SM");
@@ -9985,6 +9989,29 @@ typedef struct qsa__gdn_gate_args {
     CUdeviceptr b, a, A_log, dt_bias, beta, g;
     int nv;
 } qsa__gdn_gate_args;
+/* kernels.cu's qsa_gdn_fuse (the same layout) */
+typedef struct qsa__gdn_fuse {
+    CUdeviceptr qkv, st, w, b, a, A_log, dt_bias;
+    int conv_dim, Kc, act;
+} qsa__gdn_fuse;
+/* kernels.cu's qsa_gdn_shift (qsa_k_gdn_norm_gate's advance of the fused conv's q and k state rows) */
+typedef struct qsa__gdn_shift {
+    CUdeviceptr st, qkv;
+    int conv_dim, Kc, kd2;
+} qsa__gdn_shift;
+#define QSA__GDN_KC 4 /* kernels.cu's QSA_GDN_KC */
+/* Whether a decode step's GDN conv runs inside the batched recurrence's launch (kernels.cu's qsa_gdn_fuse):
+   modules whose recurrence is k2_gdn_rec_dec (K2_GDN_SMEM there: compute_80, _87 and 90 up to 11x), dk <= 128,
+   a conv of at most QSA__GDN_KC, the fp32 state, and 2 key_dim <= nv 128 (qsa_k_gdn_norm_gate advances the q and k
+   channels' state, one per thread); $QSA_GDN_FUSE "0": never.  The same bits either way. */
+QSA_PRIV int qsa__gdn_fused(const qsa_model *m) {
+    const qsa__cuda *g = m->cuda;
+    const qsa_model_config *c = &m->cfg;
+    int a = g->arch_num, smem = a == 80 || a == 87 || (a >= 90 && a < 120);
+    return g->gdn_fuse && smem && !m->params.gdn_state_f16 && c->linear_key_head_dim <= 128 &&
+           c->linear_conv_kernel_dim >= 1 && c->linear_conv_kernel_dim <= QSA__GDN_KC &&
+           2 * c->linear_num_key_heads * c->linear_key_head_dim <= c->linear_num_value_heads * 128;
+}
 
 /* The GDN recurrence kernels' launch: blocks of 128 threads, P = 4 (dk <= 128), 8 or 16 lanes per
    state column (kernels.cu), so a block covers 128 / P columns of a value head. */
@@ -10026,7 +10053,8 @@ QSA_PRIV qsa_result qsa__cuda_gdn(qsa_seq *sq, int l, int M) {
     else
         QSA__LAUNCH(g, gdn_recurrent, nv, ny, QSA__GDN_REC_THREADS, smem, &S, &q, &k, &v, &beta, &gg, &o, &M, &nk, &nv, &dk, &dv);
     CUdeviceptr nw = d->gnorm_w, o16 = s->big16[0];
-    QSA__LAUNCH(g, gdn_norm_gate, M * nv, 1, 128, 0, &o, &z, &nw, &o16, &nv, &dv, &eps, &gact);
+    qsa__gdn_shift nosh = {0, 0, 0, 0, 0}; /* (the conv advanced its state) */
+    QSA__LAUNCH(g, gdn_norm_gate, M * nv, 1, 128, 0, &o, &z, &nw, &o16, &nv, &dv, &eps, &gact, &nosh);
     (void)value_dim;
     return qsa__dgemm(g, o16, M, &d->out, s->out, 0);
 }
@@ -10529,16 +10557,22 @@ QSA_PRIV qsa_result qsa__cuda_gdn_batch(qsa_model *m, int l, int B) {
     QSA__TRY(qsa__dgemm_group(g, s->inp16, B, 4, ws, ys, NULL, NULL));
     qsa__gdn_gate_args ga = {b, a, d->A_log, d->dt_bias, beta, gg, nv}; /* gates and state update in the conv */
     CUdeviceptr cst = QSA__BROW(g->batch, conv, l), cw = d->conv_w;
-    QSA__LAUNCH3(g, gdn_conv_batch, 1, 2 * nk + (conv_dim - 2 * key_dim + 255) / 256, B, 256, 0, &qkv, &cst, &cw, &q, &k, &v, &conv_dim, &key_dim, &Kc, &act, &nk, &dk,
-                 &ga);
+    int fused = qsa__gdn_fused(m); /* (the conv inside the recurrence's launch) */
+    qsa__gdn_fuse fz = {0, cst, cw, b, a, d->A_log, d->dt_bias, conv_dim, Kc, act};
+    qsa__gdn_shift sh = {0, qkv, conv_dim, Kc, 2 * key_dim}; /* (fused: the q and k state rows in the norm's launch) */
+    if (fused) fz.qkv = qkv, sh.st = cst;
+    else
+        QSA__LAUNCH3(g, gdn_conv_batch, 1, 2 * nk + (conv_dim - 2 * key_dim + 255) / 256, B, 256, 0, &qkv, &cst, &cw, &q, &k, &v,
+                     &conv_dim, &key_dim, &Kc, &act, &nk, &dk, &ga);
     CUdeviceptr S = QSA__BROW(g->batch, S, l);
     unsigned ny = qsa__gdn_rec_ny(dk, dv), smem = 0;
     if (m->params.gdn_state_f16)
         QSA__LAUNCH3(g, gdn_recurrent_f16state_batch, nv, ny, B, QSA__GDN_REC_THREADS, smem, &S, &q, &k, &v, &beta, &gg, &o, &nk, &nv, &dk, &dv);
     else
-        QSA__LAUNCH3(g, gdn_recurrent_batch, nv, ny, B, QSA__GDN_REC_THREADS, smem, &S, &q, &k, &v, &beta, &gg, &o, &nk, &nv, &dk, &dv);
+        QSA__LAUNCH3(g, gdn_recurrent_batch, nv, ny, B, QSA__GDN_REC_THREADS, smem, &S, &q, &k, &v, &beta, &gg, &o, &nk, &nv, &dk, &dv,
+                     &fz);
     CUdeviceptr nw = d->gnorm_w, o16 = s->big16[0];
-    QSA__LAUNCH(g, gdn_norm_gate, B * nv, 1, 128, 0, &o, &z, &nw, &o16, &nv, &dv, &eps, &gact);
+    QSA__LAUNCH(g, gdn_norm_gate, B * nv, 1, 128, 0, &o, &z, &nw, &o16, &nv, &dv, &eps, &gact, &sh);
     return qsa__dgemm(g, o16, B, &d->out, s->out, 0);
 }
 

@@ -741,6 +741,26 @@ TEST(gpu, moe_route1_equals_router_launch) {
     gpu_check_switch_same(m, m0, 41, "route1 vs QSA_MOE_ROUTE1=0");
 }
 
+/* A decode step's GDN conv inside the batched recurrence's launch (qsa__gdn_fused, the default on
+   K2_GDN_SMEM modules) gives the bits of its own launch ($QSA_GDN_FUSE=0): prefill (not fused: the
+   same launches), and graph-replayed batched decode against eager batched decode without it. */
+TEST(gpu, gdn_fused_conv_equals_conv_launch) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.cuda_batch_decode = 1;
+    qsa_model *m = NULL, *m0 = NULL;
+    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    if (!qsa__gdn_fused(m)) {
+        char arch[32];
+        snprintf(arch, sizeof arch, "%s", m->cuda->arch);
+        qsa_model_free(m);
+        SKIP("no fused GDN conv with a %s module (its recurrence is the register form)", arch);
+    }
+    if (!gpu_model_switched_off("qsa_hc4_ple_sharded", &mp, "QSA_GDN_FUSE", &m0)) { qsa_model_free(m); return; }
+    CHECK(!qsa__gdn_fused(m0));
+    gpu_check_switch_same(m, m0, 43, "fused GDN conv vs QSA_GDN_FUSE=0");
+}
+
 /* Whole-K groups in the block-form GEMV (qsa_k_gemv_blk_whole), which the runtime takes for launches
    with at least one whole group per SM (none of this model's), give the bits of the split form: every
    block-form launch whole ($QSA_GEMV_WHOLE_MIN_GROUPS=1) against none (=0), prefill logits and

@@ -306,7 +306,8 @@ TEST(gpu, k2_gdn_conv_gates_norm) {
                 r = k2t_launch("qsa_k_gdn_conv", (unsigned)M, 2, 256, 0, args);
             }
             if (r == QSA_OK) {
-                void *args[] = {&dO, &dz, &dnw, &do16, &nv, &dv, &eps, &gact};
+                qsa__gdn_shift nosh = {0, 0, 0, 0, 0};
+                void *args[] = {&dO, &dz, &dnw, &do16, &nv, &dv, &eps, &gact, &nosh};
                 r = k2t_launch("qsa_k_gdn_norm_gate", (unsigned)(M * nv), 1, 128, 0, args);
             }
             if (r == QSA_OK) r = k2t_get(gb, dbeta, n * 4);
@@ -505,7 +506,9 @@ static void k2_gdn_batch_case(int dk, int dv, int Y) {
     for (int t = 0; t < T && r == QSA_OK; t++) {
         CUdeviceptr qo = dq + (size_t)t * NB * kd * 4, ko = dk_ + (size_t)t * NB * kd * 4, vo = dv_ + (size_t)t * NB * vd * 4,
                     bo = db + (size_t)t * NB * nv * 4, go = dg + (size_t)t * NB * nv * 4, oo = dO + (size_t)t * NB * vd * 4;
-        void *args[] = {&dp, &qo, &ko, &vo, &bo, &go, &oo, &nk, &nv, &dk, &dv};
+        qsa__gdn_fuse nofz;
+        memset(&nofz, 0, sizeof nofz); /* (q, k, v, beta and g given) */
+        void *args[] = {&dp, &qo, &ko, &vo, &bo, &go, &oo, &nk, &nv, &dk, &dv, &nofz};
         r = k2t_launch3("qsa_k_gdn_recurrent_batch", (unsigned)nv, (unsigned)Y, NB, 128, 0, args);
     }
     if (r == QSA_OK) r = k2t_get(ob, dO, n * vd * 4);
@@ -532,6 +535,106 @@ static void k2_gdn_batch_case(int dk, int dv, int Y) {
     }
     qsa_free(q); qsa_free(k); qsa_free(v); qsa_free(beta); qsa_free(g); qsa_free(ob); qsa_free(S); qsa_free(Sb);
     qsa_free(Sr); qsa_free(qs); qsa_free(ks); qsa_free(vs); qsa_free(bs); qsa_free(gs); qsa_free(os);
+}
+
+/* The decode step's conv inside the batched recurrence's launch (qsa_gdn_fuse: K2_GDN_SMEM modules) against
+   qsa_k_gdn_conv_batch then the recurrence on its q, k, v, beta and g, each followed by qsa_k_gdn_norm_gate (which
+   advances the fused conv's q and k state rows): the same bits in the outputs, the recurrent states and the conv
+   states, over T steps of NB sequences.  Y = 0: the runtime's grid, else Y blocks (column passes); dv = 37: dead
+   columns. */
+static void k2_gdn_fused_case(int dv, int Y, int act) {
+    enum { NB = 3, T = 3 };
+    int nk = K2T_NK, nv = K2T_NV, dk = K2T_DK, Kc = K2T_KC, P = 4;
+    if (Y <= 0) Y = (dv + 128 / P - 1) / (128 / P);
+    int key_dim = nk * dk, conv_dim = 2 * key_dim + nv * dv, value_dim = nv * dv;
+    size_t nS = (size_t)nv * dk * dv, nC = (size_t)(Kc - 1) * conv_dim;
+    float *qkv = QSA__ALLOC(float, (size_t)T * NB * conv_dim), *w = QSA__ALLOC(float, (size_t)conv_dim * Kc);
+    float *gb = QSA__ALLOC(float, (size_t)T * NB * nv), *ga = QSA__ALLOC(float, (size_t)T * NB * nv);
+    float *Alog = QSA__ALLOC(float, nv), *dtb = QSA__ALLOC(float, nv), *nw = QSA__ALLOC(float, dv);
+    float *z = QSA__ALLOC(float, (size_t)T * NB * value_dim);
+    float *S0 = QSA__ALLOC(float, NB * nS), *C0 = QSA__ALLOC(float, NB * nC);
+    float *oA = QSA__ALLOC(float, (size_t)T * NB * value_dim), *oB = QSA__ALLOC(float, (size_t)T * NB * value_dim);
+    float *SA = QSA__ALLOC(float, NB * nS), *SB = QSA__ALLOC(float, NB * nS), *CA = QSA__ALLOC(float, NB * nC),
+          *CB = QSA__ALLOC(float, NB * nC);
+    k2t_seed(71 + dv + Y + act);
+    k2t_fill(qkv, (size_t)T * NB * conv_dim, -1, 1);
+    k2t_fill(w, (size_t)conv_dim * Kc, -0.6, 0.6);
+    k2t_fill(gb, (size_t)T * NB * nv, -4, 4);
+    k2t_fill(ga, (size_t)T * NB * nv, -4, 2);
+    k2t_fill(Alog, nv, -3, 0.5);
+    k2t_fill(dtb, nv, -1, 1);
+    k2t_fill(nw, dv, 0.5, 1.5);
+    k2t_fill(z, (size_t)T * NB * value_dim, -3, 3);
+    k2t_fill(S0, NB * nS, -0.5, 0.5);
+    k2t_fill(C0, NB * nC, -1, 1);
+    qsa_result r = QSA_OK;
+    for (int fused = 0; fused < 2 && r == QSA_OK; fused++) {
+        k2t_mem a = {{0}, 0};
+        CUdeviceptr dS, dC, dSp, dCp, dqkv, dw, dgb, dga, dAl, ddt, dq, dk_, dv_, dbeta, dg, dO, dz, dnw, no16 = 0;
+        r = k2t_dev(&a, &dS, S0, NB * nS * 4);
+        if (r == QSA_OK) r = k2t_dev(&a, &dC, C0, NB * nC * 4);
+        unsigned long long sp[NB], cp[NB];
+        for (int b = 0; b < NB; b++) {
+            sp[b] = (unsigned long long)dS + 4ull * b * nS;
+            cp[b] = (unsigned long long)dC + 4ull * b * nC;
+        }
+        if (r == QSA_OK) r = k2t_dev(&a, &dSp, sp, sizeof sp);
+        if (r == QSA_OK) r = k2t_dev(&a, &dCp, cp, sizeof cp);
+        if (r == QSA_OK) r = k2t_dev(&a, &dqkv, qkv, (size_t)T * NB * conv_dim * 4);
+        if (r == QSA_OK) r = k2t_dev(&a, &dw, w, (size_t)conv_dim * Kc * 4);
+        if (r == QSA_OK) r = k2t_dev(&a, &dgb, gb, (size_t)T * NB * nv * 4);
+        if (r == QSA_OK) r = k2t_dev(&a, &dga, ga, (size_t)T * NB * nv * 4);
+        if (r == QSA_OK) r = k2t_dev(&a, &dAl, Alog, (size_t)nv * 4);
+        if (r == QSA_OK) r = k2t_dev(&a, &ddt, dtb, (size_t)nv * 4);
+        if (r == QSA_OK) r = k2t_dev(&a, &dq, NULL, (size_t)NB * key_dim * 4);
+        if (r == QSA_OK) r = k2t_dev(&a, &dk_, NULL, (size_t)NB * key_dim * 4);
+        if (r == QSA_OK) r = k2t_dev(&a, &dv_, NULL, (size_t)NB * value_dim * 4);
+        if (r == QSA_OK) r = k2t_dev(&a, &dbeta, NULL, (size_t)NB * nv * 4);
+        if (r == QSA_OK) r = k2t_dev(&a, &dg, NULL, (size_t)NB * nv * 4);
+        if (r == QSA_OK) r = k2t_dev(&a, &dO, NULL, (size_t)T * NB * value_dim * 4);
+        if (r == QSA_OK) r = k2t_dev(&a, &dz, z, (size_t)T * NB * value_dim * 4);
+        if (r == QSA_OK) r = k2t_dev(&a, &dnw, nw, (size_t)dv * 4);
+        for (int t = 0; t < T && r == QSA_OK; t++) {
+            CUdeviceptr xo = dqkv + (size_t)t * NB * conv_dim * 4, bo = dgb + (size_t)t * NB * nv * 4,
+                        ao = dga + (size_t)t * NB * nv * 4, oo = dO + (size_t)t * NB * value_dim * 4,
+                        zo = dz + (size_t)t * NB * value_dim * 4;
+            qsa__gdn_fuse fz = {fused ? xo : 0, dCp, dw, bo, ao, dAl, ddt, conv_dim, Kc, act};
+            qsa__gdn_shift sh = {fused ? dCp : 0, xo, conv_dim, Kc, 2 * key_dim};
+            if (!fused) {
+                qsa__gdn_gate_args gg = {bo, ao, dAl, ddt, dbeta, dg, nv};
+                void *args[] = {&xo, &dCp, &dw, &dq, &dk_, &dv_, &conv_dim, &key_dim, &Kc, &act, &nk, &dk, &gg};
+                r = k2t_launch3("qsa_k_gdn_conv_batch", 1, (unsigned)(2 * nk + (value_dim + 255) / 256), NB, 256, 0, args);
+            }
+            void *args[] = {&dSp, &dq, &dk_, &dv_, &dbeta, &dg, &oo, &nk, &nv, &dk, &dv, &fz};
+            if (r == QSA_OK) r = k2t_launch3("qsa_k_gdn_recurrent_batch", (unsigned)nv, (unsigned)Y, NB, 128, 0, args);
+            float eps = 1e-6f;
+            int gact = 0;
+            void *nargs[] = {&oo, &zo, &dnw, &no16, &nv, &dv, &eps, &gact, &sh};
+            if (r == QSA_OK) r = k2t_launch("qsa_k_gdn_norm_gate", (unsigned)(NB * nv), 1, 128, 0, nargs);
+        }
+        if (r == QSA_OK) r = k2t_get(fused ? oB : oA, dO, (size_t)T * NB * value_dim * 4);
+        if (r == QSA_OK) r = k2t_get(fused ? SB : SA, dS, NB * nS * 4);
+        if (r == QSA_OK) r = k2t_get(fused ? CB : CA, dC, NB * nC * 4);
+        k2t_free(&a);
+    }
+    CHECK_OK(r);
+    if (r == QSA_OK) {
+        CHECKF(k2t_same_bits(oA, oB, (size_t)T * NB * value_dim * 4), "dv %d Y %d act %d: outputs differ", dv, Y, act);
+        CHECKF(k2t_same_bits(SA, SB, NB * nS * 4), "dv %d Y %d act %d: recurrent states differ", dv, Y, act);
+        CHECKF(k2t_same_bits(CA, CB, NB * nC * 4), "dv %d Y %d act %d: conv states differ", dv, Y, act);
+    }
+    qsa_free(qkv); qsa_free(w); qsa_free(gb); qsa_free(ga); qsa_free(Alog); qsa_free(dtb); qsa_free(nw); qsa_free(z);
+    qsa_free(S0); qsa_free(C0);
+    qsa_free(oA); qsa_free(oB); qsa_free(SA); qsa_free(SB); qsa_free(CA); qsa_free(CB);
+}
+
+TEST(gpu, k2_gdn_conv_fused) {
+    K2_NEED_GPU();
+    const char *us = strchr(K2G_.arch, '_');
+    int a = us ? atoi(us + 1) : 0;
+    if (!(a == 80 || a == 87 || (a >= 90 && a < 120))) SKIP("the fused conv needs a K2_GDN_SMEM module (this: %s)", K2G_.arch);
+    static const int cs[][3] = {{128, 0, 0}, {37, 0, 1}, {128, 1, 0}};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) k2_gdn_fused_case(cs[i][0], cs[i][1], cs[i][2]);
 }
 
 TEST(gpu, k2_gdn_recurrent) {
