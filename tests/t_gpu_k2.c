@@ -541,10 +541,10 @@ static void k2_gdn_batch_case(int dk, int dv, int Y) {
    qsa_k_gdn_conv_batch then the recurrence on its q, k, v, beta and g, each followed by qsa_k_gdn_norm_gate (which
    advances the fused conv's q and k state rows): the same bits in the outputs, the recurrent states and the conv
    states, over T steps of NB sequences.  Y = 0: the runtime's grid, else Y blocks (column passes); dv = 37: dead
-   columns. */
-static void k2_gdn_fused_case(int dv, int Y, int act) {
+   columns; conv kernels Kc of 4, 2 and 3. */
+static void k2_gdn_fused_case(int dv, int Y, int act, int Kc) {
     enum { NB = 3, T = 3 };
-    int nk = K2T_NK, nv = K2T_NV, dk = K2T_DK, Kc = K2T_KC, P = 4;
+    int nk = K2T_NK, nv = K2T_NV, dk = K2T_DK, P = 4;
     if (Y <= 0) Y = (dv + 128 / P - 1) / (128 / P);
     int key_dim = nk * dk, conv_dim = 2 * key_dim + nv * dv, value_dim = nv * dv;
     size_t nS = (size_t)nv * dk * dv, nC = (size_t)(Kc - 1) * conv_dim;
@@ -556,7 +556,7 @@ static void k2_gdn_fused_case(int dv, int Y, int act) {
     float *oA = QSA__ALLOC(float, (size_t)T * NB * value_dim), *oB = QSA__ALLOC(float, (size_t)T * NB * value_dim);
     float *SA = QSA__ALLOC(float, NB * nS), *SB = QSA__ALLOC(float, NB * nS), *CA = QSA__ALLOC(float, NB * nC),
           *CB = QSA__ALLOC(float, NB * nC);
-    k2t_seed(71 + dv + Y + act);
+    k2t_seed(71 + dv + Y + act + 5 * Kc);
     k2t_fill(qkv, (size_t)T * NB * conv_dim, -1, 1);
     k2t_fill(w, (size_t)conv_dim * Kc, -0.6, 0.6);
     k2t_fill(gb, (size_t)T * NB * nv, -4, 4);
@@ -619,9 +619,9 @@ static void k2_gdn_fused_case(int dv, int Y, int act) {
     }
     CHECK_OK(r);
     if (r == QSA_OK) {
-        CHECKF(k2t_same_bits(oA, oB, (size_t)T * NB * value_dim * 4), "dv %d Y %d act %d: outputs differ", dv, Y, act);
-        CHECKF(k2t_same_bits(SA, SB, NB * nS * 4), "dv %d Y %d act %d: recurrent states differ", dv, Y, act);
-        CHECKF(k2t_same_bits(CA, CB, NB * nC * 4), "dv %d Y %d act %d: conv states differ", dv, Y, act);
+        CHECKF(k2t_same_bits(oA, oB, (size_t)T * NB * value_dim * 4), "dv %d Y %d act %d Kc %d: outputs differ", dv, Y, act, Kc);
+        CHECKF(k2t_same_bits(SA, SB, NB * nS * 4), "dv %d Y %d act %d Kc %d: recurrent states differ", dv, Y, act, Kc);
+        CHECKF(k2t_same_bits(CA, CB, NB * nC * 4), "dv %d Y %d act %d Kc %d: conv states differ", dv, Y, act, Kc);
     }
     qsa_free(qkv); qsa_free(w); qsa_free(gb); qsa_free(ga); qsa_free(Alog); qsa_free(dtb); qsa_free(nw); qsa_free(z);
     qsa_free(S0); qsa_free(C0);
@@ -633,8 +633,8 @@ TEST(gpu, k2_gdn_conv_fused) {
     const char *us = strchr(K2G_.arch, '_');
     int a = us ? atoi(us + 1) : 0;
     if (!(a == 80 || a == 87 || (a >= 90 && a < 120))) SKIP("the fused conv needs a K2_GDN_SMEM module (this: %s)", K2G_.arch);
-    static const int cs[][3] = {{128, 0, 0}, {37, 0, 1}, {128, 1, 0}};
-    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) k2_gdn_fused_case(cs[i][0], cs[i][1], cs[i][2]);
+    static const int cs[][4] = {{128, 0, 0, K2T_KC}, {37, 0, 1, K2T_KC}, {128, 1, 0, K2T_KC}, {128, 0, 1, 2}, {37, 1, 0, 3}};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) k2_gdn_fused_case(cs[i][0], cs[i][1], cs[i][2], cs[i][3]);
 }
 
 TEST(gpu, k2_gdn_recurrent) {
