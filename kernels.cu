@@ -4257,7 +4257,7 @@ static __device__ __forceinline__ void qsa_gdn_conv_body(const float *__restrict
             for (int j = 0; j < Kc; j++) {
                 int src = t + j - (Kc - 1); /* < 0: carried state row Kc-1+src */
                 float x = src < 0 ? state[(long long)(Kc - 1 + src) * conv_dim + ch] : qkv[(long long)src * conv_dim + ch];
-                acc = fmaf(w[(long long)ch * Kc + j], x, acc); /* (qsa_gdn_fused_conv: the same chain) */
+                acc = fmaf(w[(long long)ch * Kc + j], x, acc); /* (qsa_gdn_fuse: the same chain) */
             }
             if (upd) /* M == 1: this thread alone reads and writes channel ch of the state (ascending rows) */
                 for (int i = 0; i < Kc - 1; i++)
