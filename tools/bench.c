@@ -103,6 +103,7 @@ typedef struct bench_opt {
     long long ple_base;
     const char *config, *out, *arch, *profiler_row;
     int gemv_n[BENCH_MAX_SHAPES], gemv_k[BENCH_MAX_SHAPES], n_gemv; /* --gemv-shapes */
+    int gemv_m[BENCH_MAX_BATCHES], n_gemv_m;                         /* --gemv-m (default 1) */
     unsigned long long seed;
     double max_seconds;
 } bench_opt;
@@ -139,7 +140,9 @@ static void usage(FILE *f) {
             "  --max-seconds S      stop starting new measurements after S seconds (default 480)\n"
             "  --keep-driver-cache  leave CUDA_CACHE_PATH alone (the cold JIT may then hit the driver's cache)\n"
             "  --gemv-shapes LIST   FP16 GEMVs of these N x K shapes (e.g. 2560x6144,320x10240), each launch timed\n"
-            "                       alone with L2 flushed before it and without\n"
+            "                       alone with L2 flushed before it and without, and 20 launches back to back\n"
+            "                       over copies of the weights that L2 cannot hold (the rate in a chain)\n"
+            "  --gemv-m LIST        the rows of A for --gemv-shapes (default 1; e.g. 1,32: a decode batch)\n"
             "  --pageable-logits    the logits of every row into pageable memory (malloc) instead of qsa_host_alloc's\n"
             "                       page-locked memory (what the copies cost without it)\n"
             "  --no-ceilings        skip the JIT cold/warm, copy-bandwidth, GEMM and GEMV measurements: kernels from\n"
@@ -221,6 +224,10 @@ static int parse_args(int argc, char **argv, bench_opt *o) {
                         BENCH_MAX_SHAPES);
                 return -1;
             }
+        }
+        else if (!strcmp(a, "--gemv-m")) {
+            o->n_gemv_m = parse_list(v, o->gemv_m, BENCH_MAX_BATCHES);
+            if (o->n_gemv_m <= 0) { fprintf(stderr, "bench: --gemv-m %s: expected a list like 1,32 (1..512)\n", v); return -1; }
         }
         else if (!strcmp(a, "--batches")) {
             o->n_batches = parse_list(v, o->batches, BENCH_MAX_BATCHES);
@@ -1109,8 +1116,15 @@ static void bench_launch_floor(bench *b) {
 }
 
 /* One GEMM shape through qsa__dgemm (the runtime's launch): FP16 or NVFP4 weights. */
+/* bench_gemm's `copies`: streamed rows rotate over this many bytes of weights at least (L2 holds 50 MB on
+   the H200), so that no launch finds its weights left in L2 by the launch before */
+#define BENCH_STREAM_BYTES ((size_t)256 << 20)
+/* One GEMM / GEMV shape through qsa__dgemm, the median of `reps` timed launches after two untimed ones;
+   flush: a buffer memset before each (outside the timed events); copies > 1 (a streamed GEMV row): each
+   timed sample is `reps` launches back to back, launch i on copy i % copies of the weights, over reps.
+   `gemv`: the row counts bytes (weights, A and Y) against the copy rate, else FLOPs against WMMA's. */
 static qsa_result bench_gemm(bench *b, const char *what, int M, int N, int K, int nvfp4, int reps, CUdeviceptr flush,
-                             size_t flush_bytes) {
+                             size_t flush_bytes, int copies, int gemv) {
     qsa__cuda *g = b->g;
     CUdeviceptr A = 0, W = 0, S = 0, Y = 0;
     qsa__dlin w;
@@ -1118,13 +1132,17 @@ static qsa_result bench_gemm(bench *b, const char *what, int M, int N, int K, in
     w.out = N;
     w.in = K;
     size_t wb = nvfp4 ? (size_t)N * K / 2 : (size_t)N * K * 2;
+    if (copies < 1 || nvfp4) copies = 1;
     qsa_result r = qsa__cuda_gemv_scratch(g); /* M <= 64 may take the cross-block GEMV, as in decode */
     if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuMemAlloc_v2(&A, (size_t)M * K * 2));
-    if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuMemAlloc_v2(&W, wb));
+    if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuMemAlloc_v2(&W, wb * (size_t)copies));
     if (r == QSA_OK && nvfp4) r = QSA__CU_R(qsa__cu.cuMemAlloc_v2(&S, (size_t)N * K / 16));
     if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuMemAlloc_v2(&Y, (size_t)M * N * 4));
     if (r == QSA_OK) r = fill_f16(b, A, (size_t)M * K, 1.0f, 0.0f);
-    if (r == QSA_OK && !nvfp4) { w.w16 = W; r = fill_f16(b, W, (size_t)N * K, BENCH_SQRT3 / sqrtf((float)K), 0.0f); }
+    if (r == QSA_OK && !nvfp4) {
+        w.w16 = W;
+        r = fill_f16(b, W, (size_t)N * K * (size_t)copies, BENCH_SQRT3 / sqrtf((float)K), 0.0f);
+    }
     if (r == QSA_OK && nvfp4) {
         w.q = W;
         w.s = S;
@@ -1138,9 +1156,13 @@ static qsa_result bench_gemm(bench *b, const char *what, int M, int N, int K, in
         double ms;
         if (flush) r = QSA__CU_R(qsa__cu.cuMemsetD8Async(flush, (unsigned char)i, flush_bytes, g->stream));
         if (r == QSA_OK) r = ev_begin(b);
-        if (r == QSA_OK) r = qsa__dgemm(g, A, M, &w, Y, 0);
+        for (int j = 0; r == QSA_OK && j < (copies > 1 ? reps : 1); j++) {
+            w.w16 = W + (CUdeviceptr)((size_t)(j % copies) * wb);
+            r = qsa__dgemm(g, A, M, &w, Y, 0);
+        }
         if (r == QSA_OK) r = ev_end(b, &ms);
-        if (r == QSA_OK && i >= 2) t[n++] = ms;
+        if (r == QSA_OK && i >= 2) t[n++] = copies > 1 ? ms / reps : ms;
+        if (copies > 1 && i >= 4) break; /* (three samples of reps launches each) */
     }
     if (A) qsa__cu.cuMemFree_v2(A);
     if (W) qsa__cu.cuMemFree_v2(W);
@@ -1148,13 +1170,15 @@ static qsa_result bench_gemm(bench *b, const char *what, int M, int N, int K, in
     if (Y) qsa__cu.cuMemFree_v2(Y);
     QSA__TRY(r);
     char cfg[64];
-    snprintf(cfg, sizeof cfg, "M=%d N=%d K=%d %s%s", M, N, K, nvfp4 ? "NVFP4" : "FP16", flush ? ", L2 flushed" : "");
+    snprintf(cfg, sizeof cfg, "M=%d N=%d K=%d %s%s", M, N, K, nvfp4 ? "NVFP4" : "FP16",
+             flush ? ", L2 flushed" : copies > 1 ? ", streamed" : "");
     bench_row *o = row_add(b, what, cfg);
     o->ms = median(t, n);
     o->n = n;
-    if (M == 1) { /* a GEMV: bandwidth-bound, bytes = weights (+ scales) */
+    if (copies > 1) snprintf(o->note, sizeof o->note, "%d launches a sample over %d weight copies", reps, copies);
+    if (M == 1 || gemv) { /* a GEMV: bandwidth-bound, bytes = weights (+ scales), A and Y */
         o->unit = 'B';
-        o->per_tok = (double)wb + (nvfp4 ? (double)N * K / 16 : 0) + 2.0 * K + 4.0 * N;
+        o->per_tok = (double)wb + (nvfp4 ? (double)N * K / 16 : 0) + 2.0 * M * K + 4.0 * M * N;
         o->achieved = o->per_tok / (o->ms * 1e-3) / 1e9;
         o->frac = b->copy_gbs > 0 ? o->achieved / b->copy_gbs : -1;
     } else {
@@ -1177,13 +1201,18 @@ static void bench_gemv_shapes(bench *b) {
     CUdeviceptr flush = 0;
     qsa_result r = QSA__CU_R(qsa__cu.cuMemAlloc_v2(&flush, fb));
     if (r != QSA_OK) { row_fail(b, "GEMV", "L2 flush buffer", r); return; }
-    for (int i = 0; i < b->o.n_gemv; i++) {
-        const int n = b->o.gemv_n[i], k = b->o.gemv_k[i];
-        if (may_run(b, "GEMV", "L2 flushed") && (r = bench_gemm(b, "GEMV", 1, n, k, 0, 20, flush, fb)) != QSA_OK)
-            row_fail(b, "GEMV", "L2 flushed", r);
-        if (may_run(b, "GEMV", "L2 warm") && (r = bench_gemm(b, "GEMV", 1, n, k, 0, 20, 0, 0)) != QSA_OK)
-            row_fail(b, "GEMV", "L2 warm", r);
-    }
+    for (int mi = 0; mi < (b->o.n_gemv_m ? b->o.n_gemv_m : 1); mi++)
+        for (int i = 0; i < b->o.n_gemv; i++) {
+            const int m = b->o.n_gemv_m ? b->o.gemv_m[mi] : 1, n = b->o.gemv_n[i], k = b->o.gemv_k[i];
+            const size_t wb = (size_t)n * k * 2;
+            const int copies = (int)((BENCH_STREAM_BYTES + wb - 1) / wb) < 2 ? 2 : (int)((BENCH_STREAM_BYTES + wb - 1) / wb);
+            if (may_run(b, "GEMV", "L2 flushed") && (r = bench_gemm(b, "GEMV", m, n, k, 0, 20, flush, fb, 1, 1)) != QSA_OK)
+                row_fail(b, "GEMV", "L2 flushed", r);
+            if (may_run(b, "GEMV", "L2 warm") && (r = bench_gemm(b, "GEMV", m, n, k, 0, 20, 0, 0, 1, 1)) != QSA_OK)
+                row_fail(b, "GEMV", "L2 warm", r);
+            if (may_run(b, "GEMV", "streamed") && (r = bench_gemm(b, "GEMV", m, n, k, 0, 20, 0, 0, copies, 1)) != QSA_OK)
+                row_fail(b, "GEMV", "streamed", r);
+        }
     qsa__cu.cuMemFree_v2(flush);
 }
 
@@ -1917,11 +1946,11 @@ int main(int argc, char **argv) {
     if (!b->o.no_ceilings) bench_launch_floor(b);
     if (!b->o.no_ceilings) {
         int S = b->o.quick ? 4096 : 8192;
-        if (may_run(b, "fp16 WMMA GEMM", "") && (r = bench_gemm(b, "fp16 WMMA GEMM", S, S, S, 0, 10, 0, 0)) != QSA_OK)
+        if (may_run(b, "fp16 WMMA GEMM", "") && (r = bench_gemm(b, "fp16 WMMA GEMM", S, S, S, 0, 10, 0, 0, 1, 0)) != QSA_OK)
             row_fail(b, "fp16 WMMA GEMM", "", r);
-        if (may_run(b, "nvfp4 GEMM", "") && (r = bench_gemm(b, "nvfp4 GEMM", S, S, S, 1, 10, 0, 0)) != QSA_OK) row_fail(b, "nvfp4 GEMM", "", r);
-        if (may_run(b, "fp16 GEMV", "") && (r = bench_gemm(b, "fp16 GEMV", 1, 4 * S, S, 0, 20, 0, 0)) != QSA_OK) row_fail(b, "fp16 GEMV", "", r);
-        if (may_run(b, "nvfp4 GEMV", "") && (r = bench_gemm(b, "nvfp4 GEMV", 1, 4 * S, S, 1, 20, 0, 0)) != QSA_OK) row_fail(b, "nvfp4 GEMV", "", r);
+        if (may_run(b, "nvfp4 GEMM", "") && (r = bench_gemm(b, "nvfp4 GEMM", S, S, S, 1, 10, 0, 0, 1, 0)) != QSA_OK) row_fail(b, "nvfp4 GEMM", "", r);
+        if (may_run(b, "fp16 GEMV", "") && (r = bench_gemm(b, "fp16 GEMV", 1, 4 * S, S, 0, 20, 0, 0, 1, 0)) != QSA_OK) row_fail(b, "fp16 GEMV", "", r);
+        if (may_run(b, "nvfp4 GEMV", "") && (r = bench_gemm(b, "nvfp4 GEMV", 1, 4 * S, S, 1, 20, 0, 0, 1, 0)) != QSA_OK) row_fail(b, "nvfp4 GEMV", "", r);
     }
     if (b->o.n_gemv) bench_gemv_shapes(b);
     if (b->broken) goto report;
