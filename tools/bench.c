@@ -1157,7 +1157,7 @@ static qsa_result bench_gemm(bench *b, const char *what, int M, int N, int K, in
         if (flush) r = QSA__CU_R(qsa__cu.cuMemsetD8Async(flush, (unsigned char)i, flush_bytes, g->stream));
         if (r == QSA_OK) r = ev_begin(b);
         for (int j = 0; r == QSA_OK && j < (copies > 1 ? reps : 1); j++) {
-            w.w16 = W + (CUdeviceptr)((size_t)(j % copies) * wb);
+            if (copies > 1) w.w16 = W + (CUdeviceptr)((size_t)(j % copies) * wb); /* (FP16 only) */
             r = qsa__dgemm(g, A, M, &w, Y, 0);
         }
         if (r == QSA_OK) r = ev_end(b, &ms);
