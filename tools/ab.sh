@@ -13,15 +13,76 @@
 #
 # ARGS default to "--no-ceilings --batches 1,8,32 --no-long --graphs --prefill 16 --prefill-reps 1
 # --steps 10".  Results go to build/ab/out as <n>-<name>.<round>.json (and .txt, the bench's output), and a
-# table of the decode rows' tok/s is printed (one line per revision and round).  With $OUT set (the device
+# table of the decode rows' tok/s is printed (one line per revision and round), then each revision's means
+# over the rounds with the change against the first revision's, and whether every row's last-step hash
+# equals the first revision's in the same round (the same bits).  With $OUT set (the device
 # tool's output folder, which takes only a few files) the table and one archive of build/ab/out go there:
 # $OUT/ab.txt and $OUT/ab.tgz.
+#
+#   sh tools/ab.sh table [DIR]               # anywhere: that table again from the JSON files in DIR (default
+#                                            # build/ab/out; e.g. an unpacked ab.tgz)
 #
 # Later calls on the same (still held) machine find the trees built and their kernels cached: to profile one
 # of them, run `cd build/ab/<n>-<name> && QSA_CACHE_DIR=/tmp/qsa-ab-cache/shared ./tools/bench ...` *without*
 # carrying build/ab again — a carried copy replaces the machine's built trees with this checkout's unbuilt ones.
 set -eu
 dir=build/ab
+# table DIR: the tok/s table of the bench JSON files in DIR (<n>-<name>.<round>.json), each revision's means and
+# changes, and the last-step hashes against the first revision's
+table() {
+    python3 - "$1" <<'EOF'
+import glob, json, os, re, sys
+out = sys.argv[1]
+rows, table, fnv = [], [], {}
+for f in sorted(glob.glob(os.path.join(out, '*.json')), key=lambda p: (p.rsplit('.', 2)[1], p)):
+    try:
+        d = json.load(open(f))
+    except (OSError, ValueError):
+        continue
+    name = os.path.basename(f)[:-5]
+    r = {}
+    for x in d.get('results', []):
+        if x.get('what') != 'decode' or x.get('status') != 'measured':
+            continue
+        r[x['config']] = x['tok_s']
+        h = re.search(r'fnv ([0-9a-f]+)', x.get('note', ''))
+        if h: fnv[(name, x['config'])] = h.group(1)
+    for k in r:
+        if k not in rows: rows.append(k)
+    table.append((name, r))
+print('tok/s | ' + ' | '.join(rows))
+for name, r in table:
+    print(name + ' | ' + ' | '.join('%.1f' % r[k] if k in r else '-' for k in rows))
+# each tree's means over its rounds, the change against the first tree's, and whether every row's last-step
+# hash (the bench's "fnv" of the last step's logits or ids) is the first tree's of the same round
+trees = []
+for name, _ in table:
+    if name.rsplit('.', 1)[0] not in trees: trees.append(name.rsplit('.', 1)[0])
+mean = {}
+for t in trees:
+    for k in rows:
+        v = [r[k] for name, r in table if name.rsplit('.', 1)[0] == t and k in r]
+        if v: mean[(t, k)] = sum(v) / len(v)
+print()
+print('mean (change) | ' + ' | '.join(rows))
+for t in trees:
+    cells = []
+    for k in rows:
+        if (t, k) not in mean: cells.append('-'); continue
+        c = '%.1f' % mean[(t, k)]
+        if t != trees[0] and (trees[0], k) in mean and mean[(trees[0], k)] > 0:
+            c += ' (%+.1f%%)' % (100.0 * (mean[(t, k)] / mean[(trees[0], k)] - 1.0))
+        cells.append(c)
+    print(t + ' | ' + ' | '.join(cells))
+for t in trees[1:]:
+    diff = [name.rsplit('.', 1)[1] + ': ' + k for name, _ in table if name.rsplit('.', 1)[0] == t for k in rows
+            if (name, k) in fnv and fnv.get((trees[0] + '.' + name.rsplit('.', 1)[1], k)) not in (None, fnv[(name, k)])]
+    same = sum(1 for name, _ in table if name.rsplit('.', 1)[0] == t for k in rows
+               if (name, k) in fnv and fnv.get((trees[0] + '.' + name.rsplit('.', 1)[1], k)) == fnv[(name, k)])
+    print('%s: last-step hashes %s' % (t, 'all %d equal to %s\'s' % (same, trees[0]) if not diff else
+                                       '%d equal, DIFFERENT in round %s' % (same, '; '.join(diff))))
+EOF
+}
 cmd=${1:-}
 [ -n "$cmd" ] && shift
 case "$cmd" in
@@ -79,31 +140,18 @@ run)
                 echo "ab.sh: $b round $r: the bench failed (see $out/$b.$r.txt)" >&2
         done
     done
-    python3 - "$out" > "$out/table.txt" <<'EOF'
-import glob, json, os, sys
-out = sys.argv[1]
-rows, table = [], []
-for f in sorted(glob.glob(os.path.join(out, '*.json')), key=lambda p: (p.rsplit('.', 2)[1], p)):
-    try:
-        d = json.load(open(f))
-    except (OSError, ValueError):
-        continue
-    r = {x['config']: x['tok_s'] for x in d.get('results', []) if x.get('what') == 'decode' and x.get('status') == 'measured'}
-    for k in r:
-        if k not in rows: rows.append(k)
-    table.append((os.path.basename(f)[:-5], r))
-print('tok/s | ' + ' | '.join(rows))
-for name, r in table:
-    print(name + ' | ' + ' | '.join('%.1f' % r[k] if k in r else '-' for k in rows))
-EOF
+    table "$out" > "$out/table.txt"
     cat "$out/table.txt"
     if [ -n "${OUT:-}" ]; then
         cp "$out/table.txt" "$OUT/ab.txt"
         tar -czf "$OUT/ab.tgz" -C "$dir" out
     fi
     ;;
+table)
+    table "${1:-$dir/out}"
+    ;;
 *)
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac
