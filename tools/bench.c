@@ -1115,11 +1115,10 @@ static void bench_launch_floor(bench *b) {
         if (may_run(b, "launch floor", "") && (r = bench_floor1(b, k)) != QSA_OK) row_fail(b, "launch floor", k ? "ticket" : "minimal", r);
 }
 
-/* One GEMM shape through qsa__dgemm (the runtime's launch): FP16 or NVFP4 weights. */
 /* bench_gemm's `copies`: streamed rows rotate over this many bytes of weights at least (L2 holds 50 MB on
    the H200), so that no launch finds its weights left in L2 by the launch before */
 #define BENCH_STREAM_BYTES ((size_t)256 << 20)
-/* One GEMM / GEMV shape through qsa__dgemm, the median of `reps` timed launches after two untimed ones;
+/* One GEMM / GEMV shape through qsa__dgemm (the runtime's launch; FP16 or NVFP4 weights), the median of `reps` timed launches after two untimed ones;
    flush: a buffer memset before each (outside the timed events); copies > 1 (a streamed GEMV row): each
    timed sample is `reps` launches back to back, launch i on copy i % copies of the weights, over reps.
    `gemv`: the row counts bytes (weights, A and Y) against the copy rate, else FLOPs against WMMA's. */
@@ -1204,8 +1203,8 @@ static void bench_gemv_shapes(bench *b) {
     for (int mi = 0; mi < (b->o.n_gemv_m ? b->o.n_gemv_m : 1); mi++)
         for (int i = 0; i < b->o.n_gemv; i++) {
             const int m = b->o.n_gemv_m ? b->o.gemv_m[mi] : 1, n = b->o.gemv_n[i], k = b->o.gemv_k[i];
-            const size_t wb = (size_t)n * k * 2;
-            const int copies = (int)((BENCH_STREAM_BYTES + wb - 1) / wb) < 2 ? 2 : (int)((BENCH_STREAM_BYTES + wb - 1) / wb);
+            const size_t wb = (size_t)n * k * 2, need = (BENCH_STREAM_BYTES + wb - 1) / wb;
+            const int copies = need < 2 ? 2 : (int)need;
             if (may_run(b, "GEMV", "L2 flushed") && (r = bench_gemm(b, "GEMV", m, n, k, 0, 20, flush, fb, 1, 1)) != QSA_OK)
                 row_fail(b, "GEMV", "L2 flushed", r);
             if (may_run(b, "GEMV", "L2 warm") && (r = bench_gemm(b, "GEMV", m, n, k, 0, 20, 0, 0, 1, 1)) != QSA_OK)
