@@ -3596,7 +3596,7 @@ struct qsa_route1 {
  * shared expert's SwiGLU middle (the router's qsa_router_extra sa16; all blocks' together); block 0
  * also writes the ids, the weights and the plan where the router's launch would have (the down
  * projection and the combine read them).  K <= 32 pairs, tiles of 16.  (Measured on the H200 against
- * every warp of every block running qsa_router_body: see docs/PERFORMANCE.md.) */
+ * every warp of every block running qsa_router_body: see docs/PERFORMANCE-LOG.md.) */
 static __device__ void qsa_route1_block(const qsa_route1 &rt, const int *&pairs, const int *&tiles, const int *&ntiles) {
     __shared__ int rid[32], rplan[32 + 3 * 32 + 1]; /* ids; the plan: pairs [32], tiles [32][3], count */
     __shared__ float rw[32];

@@ -57,7 +57,7 @@
  *   tensors whole; each rank's slices of the split ones are converted from the mapping and freed
  *   once uploaded.  The CUDA backend's scratch is sized for one forward call of max_chunk tokens
  *   (qsa_model_params.max_chunk, default 512; 2048 doubles prefill speed on the real shape,
- *   docs/PERFORMANCE.md), the routed experts' outputs taking up to 256 MiB of it per sub-chunk.
+ *   docs/PERFORMANCE-LOG.md), the routed experts' outputs taking up to 256 MiB of it per sub-chunk.
  *   Host allocations go through QSA_MALLOC/QSA_REALLOC/QSA_FREE.
  *
  * KERNEL CACHE
@@ -445,7 +445,7 @@ QSA_API const qsa_generation_config *qsa_model_get_generation_config(const qsa_m
 /* Host memory for the buffers a model's calls fill, logits above all.  On the CUDA backend it is
    page-locked, so the device's copies into it run by DMA at the link's rate (into pageable memory
    the driver stages them at a fraction of it: 32 MiB, a batch of 32 rows of logits at the real
-   vocabulary, took 2.0-3.9 ms against 0.61-0.64 ms on the H200 host of docs/PERFORMANCE.md, and
+   vocabulary, took 2.0-3.9 ms against 0.61-0.64 ms on the H200 host of docs/PERFORMANCE-LOG.md, and
    batch 32 decoded ~7% faster); on the CPU backend, or when page-locking fails (logged as a
    warning), ordinary memory.  16-byte aligned, usable like malloc's (any thread, any model); free it
    with qsa_host_free, before or after the model is freed.  NULL (with qsa_last_error) for 0 bytes or
@@ -9185,7 +9185,7 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
 #define QSA__TILED_M 17
 /* A batch's logits from 8 MiB on (B >= 9 at the real vocabulary) cross to the host in QSA__LOGIT_SLICES
    slices, each while the next is computed (qsa__logit_slices; the H200, B=32: 974.2 -> 986.5 tok/s,
-   +graphs 992.2 -> 1003.8, the greedy step's 1003.8 — the copy hidden; docs/PERFORMANCE.md) */
+   +graphs 992.2 -> 1003.8, the greedy step's 1003.8 — the copy hidden; docs/PERFORMANCE-LOG.md) */
 #define QSA__LOGIT_SLICE_BYTES ((size_t)8 << 20)
 #define QSA__LOGIT_SLICES 4
 #define QSA__SCORE_KEYS 32 /* qsa__score_ys */
