@@ -1,7 +1,13 @@
 /* make_tiny_model.c - writes the built-in tiny Qwen4-Exp checkpoint used by tests, examples and CI.
  *
  *   tools/make_tiny_model OUT_DIR [--seed N] [--max-position-embeddings N]
+ *   tools/make_tiny_model OUT_DIR --real-shape LAYERS [--ple-vocab-base N] [--seed N]
  *
+ * --real-shape writes, instead of the tiny model, LAYERS layers of the real Qwen3.8-Flash-Next shape
+ * (tools/bench's: hidden 2560, 512 experts of 640 in NVFP4 with ModelOpt's tensors and
+ * hf_quant_config.json, vocabulary 248,320, context 262,144) with the same tokenizer: a checkpoint to
+ * time the real loader with and to run the real shape end to end (tools/long_context --model DIR).
+ * Each tensor is drawn when it is written, so memory stays at one tensor (~1.3 GB for lm_head).
  * --max-position-embeddings sets the context the config announces (default 4096; tools/long_context
  * uses it for requests of 262,144 tokens).  Nothing else depends on it: the weights are the same.
  *
@@ -53,7 +59,7 @@ static void *xcalloc(size_t n, size_t sz)
 /* ------------------------------------------------------------------------------------------------ */
 /* the model configuration (one place; everything below derives from it)                            */
 
-enum { TM_MAX_LAYERS = 16, TM_MAX_PLE = 8 };
+enum { TM_MAX_LAYERS = 64, TM_MAX_PLE = 8 };
 
 typedef struct tm_config {
     int vocab_size; /* filled from the tokenizer: 256 bytes + merges + 3 special tokens */
@@ -73,6 +79,7 @@ typedef struct tm_config {
     int indexer_n_heads, indexer_kv_heads, indexer_head_dim, indexer_budget, indexer_compress_ratio;
     int max_position_embeddings;
     int eos_im_end, eos_endoftext; /* token ids, filled from the tokenizer */
+    int nvfp4_experts;             /* routed experts in NVFP4 (ModelOpt), else BF16 */
 } tm_config;
 
 static void tm_config_init(tm_config *c)
@@ -116,6 +123,51 @@ static void tm_config_init(tm_config *c)
     c->indexer_budget = 16;
     c->indexer_compress_ratio = 4;
     c->max_position_embeddings = 4096;
+}
+
+/* --real-shape: issue 9's Qwen3.8-Flash-Next shape (tools/bench's) with `layers` layers of its
+   pattern (3 GDN, then 1 QSA), NVFP4 experts, and the PLE table's n-gram vocabulary base
+   `ple_base` (the real 20,000,000 makes a ~100 GB table; tools/bench uses 100,000).  The vocabulary
+   stays the real 248,320 rows; the tokenizer is this tool's (ids past it are never produced). */
+static void tm_config_real(tm_config *c, int layers, int ple_base)
+{
+    int max_pos = c->max_position_embeddings;
+    memset(c, 0, sizeof(*c));
+    c->hidden_size = 2560;
+    c->num_hidden_layers = layers;
+    for (int l = 0; l < layers; ++l) c->is_sparse_attention[l] = (l + 1) % 4 == 0;
+    c->num_attention_heads = 24;
+    c->num_key_value_heads = 2;
+    c->head_dim = 256;
+    c->partial_rotary_factor = 0.25;
+    c->linear_num_key_heads = 16;
+    c->linear_num_value_heads = 48;
+    c->linear_key_head_dim = 128;
+    c->linear_value_head_dim = 128;
+    c->linear_conv_kernel_dim = 4;
+    c->num_experts = 512;
+    c->num_experts_per_tok = 10;
+    c->moe_intermediate_size = 640;
+    c->shared_expert_intermediate_size = 640;
+    c->hc_count = 4;
+    c->hc_lowrank = 320;
+    c->ple_layer_ids[0] = 1;
+    c->n_ple = layers >= 1;
+    c->ple_embed_dim = 2560; /* the reference's defaults from here on */
+    c->ple_conv_kernel_size = 4;
+    c->ngram_size = 3;
+    c->heads_per_ngram = 8;
+    c->ngram_vocab_size_base = ple_base;
+    c->make_ngram_vocab_size_divisible_by = 128;
+    c->seed = 1234;
+    c->split_ngram_parts = 512;
+    c->indexer_n_heads = 4;
+    c->indexer_kv_heads = 1;
+    c->indexer_head_dim = 128;
+    c->indexer_budget = 2048;
+    c->indexer_compress_ratio = 4;
+    c->max_position_embeddings = max_pos;
+    c->nvfp4_experts = 1;
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -625,6 +677,21 @@ static void tm_write_int_list(FILE *f, const int *v, int n)
     fputc(']', f);
 }
 
+/* the modules left in BF16 by an NVFP4 checkpoint: all but the routed experts */
+static const char tm_quant_exclude[] = "[\"lm_head\", \"model.embed_tokens\", \"*.mlp.gate\", \"*shared_expert*\", "
+                                       "\"*linear_attn*\", \"*self_attn*\", \"*.ple.*\", \"*hyper_connection*\"]";
+
+static void tm_write_hf_quant_config(const char *dir)
+{
+    char path[4096];
+    FILE *f = tm_open(dir, "hf_quant_config.json", path, sizeof(path));
+    fputs("{\n  \"producer\": {\"name\": \"modelopt\", \"version\": \"0.35.0\"},\n  \"quantization\": {\"quant_algo\": "
+          "\"NVFP4\", \"kv_cache_quant_algo\": null, \"group_size\": 16, \"exclude_modules\": ", f);
+    fputs(tm_quant_exclude, f);
+    fputs("}\n}\n", f);
+    tm_close(f, path);
+}
+
 static void tm_write_config(const char *dir, const tm_config *c)
 {
     char path[4096];
@@ -664,8 +731,18 @@ static void tm_write_config(const char *dir, const tm_config *c)
             c->ple_conv_kernel_size, c->ple_embed_dim);
     fputs("  \"ple_layer_ids\": ", f);
     tm_write_int_list(f, c->ple_layer_ids, c->n_ple);
+    if (c->nvfp4_experts) { /* what ModelOpt's convert_hf_quant_config_format() writes (tools/make_goldens.py) */
+        fputs(",\n  \"quantization_config\": {\"config_groups\": {\"group_0\": {"
+              "\"input_activations\": {\"dynamic\": false, \"group_size\": 16, \"num_bits\": 4, \"type\": \"float\"}, "
+              "\"targets\": [\"Linear\"], "
+              "\"weights\": {\"dynamic\": false, \"group_size\": 16, \"num_bits\": 4, \"type\": \"float\"}}}, \"ignore\": ",
+              f);
+        fputs(tm_quant_exclude, f);
+        fputs(", \"producer\": {\"name\": \"modelopt\", \"version\": \"0.35.0\"}, \"quant_algo\": \"NVFP4\", "
+              "\"quant_method\": \"modelopt\"}", f);
+    }
     fputs(",\n  \"rms_norm_eps\": 1e-06,\n", f);
-    fprintf(f, "  \"rope_parameters\": {\"partial_rotary_factor\": %.1f, \"rope_theta\": 10000000.0, "
+    fprintf(f, "  \"rope_parameters\": {\"partial_rotary_factor\": %g, \"rope_theta\": 10000000.0, "
                "\"rope_type\": \"default\"},\n",
             c->partial_rotary_factor);
     fprintf(f, "  \"router_aux_loss_coef\": 0.001,\n  \"seed\": %d,\n  \"shared_expert_intermediate_size\": %d,\n",
@@ -739,7 +816,9 @@ static uint16_t tm_f32_to_bf16(float x)
 /* ------------------------------------------------------------------------------------------------ */
 /* tensor list and safetensors writer                                                                */
 
-enum { TM_BF16, TM_I64 };
+enum { TM_BF16, TM_I64, TM_U8, TM_F8_E4M3, TM_F32 };
+static const char *const tm_dtype_name[] = {"BF16", "I64", "U8", "F8_E4M3", "F32"};
+static const unsigned tm_dtype_size[] = {2, 8, 1, 1, 4};
 
 enum tm_init {
     TM_INIT_NORMAL,   /* N(0, scale) */
@@ -747,7 +826,10 @@ enum tm_init {
     TM_INIT_NORM1,    /* plain RMSNorm weight (GDN gated norm): 1 + N(0, 0.1) */
     TM_INIT_ALOG,     /* log(uniform(1, 16)) */
     TM_INIT_DTBIAS,   /* 1 + N(0, 0.1) */
-    TM_INIT_INT       /* int64 values given */
+    TM_INIT_INT,      /* int64 values given */
+    TM_INIT_NIBBLES,  /* NVFP4 packed E2M1 pairs: random bytes (every code, -0 included) */
+    TM_INIT_E4M3,     /* NVFP4 block scales: E4M3 codes 0x30..0x3f (0.5 .. 1.875), never NaN */
+    TM_INIT_CONST     /* every element `scale` (F32) */
 };
 
 typedef struct tm_tensor {
@@ -756,7 +838,9 @@ typedef struct tm_tensor {
     int ndim;
     int64_t shape[4];
     int64_t numel;
-    unsigned char *data;
+    enum tm_init init; /* how the values are drawn (tm_fill), when the writer needs them */
+    double scale;
+    unsigned char *data; /* TM_INIT_INT only: the values given; else NULL */
     size_t nbytes;
 } tm_tensor;
 
@@ -785,9 +869,42 @@ static tm_tensor *tm_new_tensor(tm_tensors *ts, const char *name, int dtype, int
         t->shape[i] = shape[i];
         t->numel *= shape[i];
     }
-    t->nbytes = (size_t)t->numel * (dtype == TM_I64 ? 8u : 2u);
-    t->data = (unsigned char *)xmalloc(t->nbytes);
+    t->nbytes = (size_t)t->numel * tm_dtype_size[dtype];
     return t;
+}
+
+/* A tensor's values into out (t->nbytes), from its own stream (tm_rng_for): the writer draws each
+   tensor when it writes it, so only one is in memory at a time (a real-shape checkpoint is tens of GB) */
+static void tm_fill(const tm_tensor *t, uint64_t seed, unsigned char *out)
+{
+    tm_rng r = tm_rng_for(seed, t->name);
+    if (t->init == TM_INIT_NIBBLES || t->init == TM_INIT_E4M3) {
+        for (int64_t i = 0; i < t->numel; i += 8) {
+            uint64_t u = tm_next(&r);
+            for (int b = 0; b < 8 && i + b < t->numel; ++b) {
+                unsigned v = (unsigned)(u >> (8 * b)) & 0xffu;
+                out[i + b] = (unsigned char)(t->init == TM_INIT_E4M3 ? 0x30u + (v & 15u) : v);
+            }
+        }
+        return;
+    }
+    if (t->init == TM_INIT_CONST) {
+        float v = (float)t->scale;
+        for (int64_t i = 0; i < t->numel; ++i) memcpy(out + 4 * i, &v, 4); /* little endian hosts */
+        return;
+    }
+    uint16_t *o = (uint16_t *)(void *)out;
+    for (int64_t i = 0; i < t->numel; ++i) {
+        double v;
+        switch (t->init) {
+        case TM_INIT_NORM0: v = 0.1 * tm_normal(&r); break;
+        case TM_INIT_NORM1: v = 1.0 + 0.1 * tm_normal(&r); break;
+        case TM_INIT_ALOG: v = log(1.0 + 15.0 * tm_uniform(&r)); break;
+        case TM_INIT_DTBIAS: v = 1.0 + 0.1 * tm_normal(&r); break;
+        default: v = t->scale * tm_normal(&r); break;
+        }
+        o[i] = tm_f32_to_bf16((float)v);
+    }
 }
 
 static void tm_add_float(tm_tensors *ts, const char *name, enum tm_init init, double scale, int ndim, int64_t d0,
@@ -795,19 +912,8 @@ static void tm_add_float(tm_tensors *ts, const char *name, enum tm_init init, do
 {
     int64_t shape[3] = {d0, d1, d2};
     tm_tensor *t = tm_new_tensor(ts, name, TM_BF16, ndim, shape);
-    tm_rng r = tm_rng_for(ts->seed, name);
-    uint16_t *out = (uint16_t *)(void *)t->data;
-    for (int64_t i = 0; i < t->numel; ++i) {
-        double v;
-        switch (init) {
-        case TM_INIT_NORM0: v = 0.1 * tm_normal(&r); break;
-        case TM_INIT_NORM1: v = 1.0 + 0.1 * tm_normal(&r); break;
-        case TM_INIT_ALOG: v = log(1.0 + 15.0 * tm_uniform(&r)); break;
-        case TM_INIT_DTBIAS: v = 1.0 + 0.1 * tm_normal(&r); break;
-        default: v = scale * tm_normal(&r); break;
-        }
-        out[i] = tm_f32_to_bf16((float)v);
-    }
+    t->init = init;
+    t->scale = scale;
 }
 
 /* a linear layer weight [out, in] with std gain / sqrt(in) */
@@ -819,10 +925,36 @@ static void tm_add_linear(tm_tensors *ts, const char *name, int64_t out, int64_t
 static void tm_add_i64(tm_tensors *ts, const char *name, const int64_t *v, int64_t n)
 {
     tm_tensor *t = tm_new_tensor(ts, name, TM_I64, 1, &n);
+    t->init = TM_INIT_INT;
+    t->data = (unsigned char *)xmalloc(t->nbytes);
     for (int64_t i = 0; i < n; ++i) {
         uint64_t u = (uint64_t)v[i];
         for (int b = 0; b < 8; ++b) t->data[i * 8 + b] = (unsigned char)(u >> (8 * b)); /* little endian */
     }
+}
+
+/* An expert's linear [out, in] in NVFP4, ModelOpt's layout (what tools/make_goldens.py writes):
+   <base>.weight U8 [out, in / 2] (two E2M1 codes a byte, the first in the low nibble),
+   .weight_scale F8_E4M3 [out, in / 16] (one per 16 weights), .weight_scale_2 F32 [] (global) and
+   .input_scale F32 [].  Random codes and block scales (as tools/bench draws them: rms 2.926 and
+   ~1.24), the global scale giving the weights a std of 1 / sqrt(in). */
+static void tm_add_nvfp4(tm_tensors *ts, const char *base, int64_t out, int64_t in)
+{
+    char nm[192];
+    int64_t shape[2] = {out, in / 2};
+    snprintf(nm, sizeof(nm), "%s.weight", base);
+    tm_new_tensor(ts, nm, TM_U8, 2, shape)->init = TM_INIT_NIBBLES;
+    shape[1] = in / 16;
+    snprintf(nm, sizeof(nm), "%s.weight_scale", base);
+    tm_new_tensor(ts, nm, TM_F8_E4M3, 2, shape)->init = TM_INIT_E4M3;
+    snprintf(nm, sizeof(nm), "%s.weight_scale_2", base);
+    tm_tensor *t = tm_new_tensor(ts, nm, TM_F32, 0, shape);
+    t->init = TM_INIT_CONST;
+    t->scale = 1.0 / (sqrt((double)in) * 2.926 * 1.24);
+    snprintf(nm, sizeof(nm), "%s.input_scale", base);
+    t = tm_new_tensor(ts, nm, TM_F32, 0, shape);
+    t->init = TM_INIT_CONST;
+    t->scale = 1.0;
 }
 
 /* --- PLE helpers, exactly as the reference computes them --- */
@@ -943,12 +1075,17 @@ static void tm_build_tensors(tm_tensors *ts, const tm_config *c)
         snprintf(nm, sizeof(nm), "%s.mlp.gate.weight", lp);
         tm_add_linear(ts, nm, c->num_experts, H, 2.0);
         for (int e = 0; e < c->num_experts; ++e) {
-            snprintf(nm, sizeof(nm), "%s.mlp.experts.%d.gate_proj.weight", lp, e);
-            tm_add_linear(ts, nm, c->moe_intermediate_size, H, 1.0);
-            snprintf(nm, sizeof(nm), "%s.mlp.experts.%d.up_proj.weight", lp, e);
-            tm_add_linear(ts, nm, c->moe_intermediate_size, H, 1.0);
-            snprintf(nm, sizeof(nm), "%s.mlp.experts.%d.down_proj.weight", lp, e);
-            tm_add_linear(ts, nm, H, c->moe_intermediate_size, 1.0);
+            static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
+            for (int p = 0; p < 3; ++p) {
+                int64_t out = p < 2 ? c->moe_intermediate_size : H, in = p < 2 ? H : c->moe_intermediate_size;
+                snprintf(nm, sizeof(nm), "%s.mlp.experts.%d.%s", lp, e, proj[p]);
+                if (c->nvfp4_experts) {
+                    tm_add_nvfp4(ts, nm, out, in);
+                } else {
+                    strcat(nm, ".weight");
+                    tm_add_linear(ts, nm, out, in, 1.0);
+                }
+            }
         }
         snprintf(nm, sizeof(nm), "%s.mlp.shared_expert.gate_proj.weight", lp);
         tm_add_linear(ts, nm, c->shared_expert_intermediate_size, H, 1.0);
@@ -973,9 +1110,10 @@ static void tm_build_tensors(tm_tensors *ts, const tm_config *c)
                 total += sizes[h];
             }
             int64_t div = c->make_ngram_vocab_size_divisible_by;
+            /* the padded vocabulary in shards as torch.chunk cuts it: ceil(padded / parts) rows each, the
+               last one shorter (the tiny model's divide evenly) */
             int64_t padded = (total + div - 1) / div * div;
-            if (padded % c->split_ngram_parts != 0) die("config", "padded n-gram vocabulary not divisible by split_ngram_parts");
-            int64_t rows = padded / c->split_ngram_parts, cols = c->ple_embed_dim / ngram_heads;
+            int64_t rows = (padded + c->split_ngram_parts - 1) / c->split_ngram_parts, cols = c->ple_embed_dim / ngram_heads;
             tm_layer_multipliers(mult, c->vocab_size, c->ngram_size, ple_index, c->seed);
 
             snprintf(nm, sizeof(nm), "%s.ple.ple_embedding.layer_multipliers", lp);
@@ -984,9 +1122,9 @@ static void tm_build_tensors(tm_tensors *ts, const tm_config *c)
             tm_add_i64(ts, nm, offsets, ngram_heads);
             snprintf(nm, sizeof(nm), "%s.ple.ple_embedding.ngram_heads_vocab_sizes", lp);
             tm_add_i64(ts, nm, sizes, ngram_heads);
-            for (int s = 0; s < c->split_ngram_parts; ++s) {
+            for (int s = 0; (int64_t)s * rows < padded; ++s) {
                 snprintf(nm, sizeof(nm), "%s.ple.ple_embedding.ngram_embedding.shard_%d.weight", lp, s);
-                tm_add_float(ts, nm, TM_INIT_NORMAL, 0.5, 2, rows, cols, 0);
+                tm_add_float(ts, nm, TM_INIT_NORMAL, 0.5, 2, padded - s * rows < rows ? padded - s * rows : rows, cols, 0);
             }
             snprintf(nm, sizeof(nm), "%s.ple.key_proj.weight", lp);
             tm_add_linear(ts, nm, HC, c->ple_embed_dim, 1.0);
@@ -1009,7 +1147,7 @@ static void tm_build_tensors(tm_tensors *ts, const tm_config *c)
 static int tm_tensor_cmp(const void *pa, const void *pb)
 {
     const tm_tensor *a = (const tm_tensor *)pa, *b = (const tm_tensor *)pb;
-    if (a->dtype != b->dtype) return a->dtype == TM_I64 ? -1 : 1;
+    if (tm_dtype_size[a->dtype] != tm_dtype_size[b->dtype]) return tm_dtype_size[a->dtype] > tm_dtype_size[b->dtype] ? -1 : 1;
     return strcmp(a->name, b->name);
 }
 
@@ -1035,7 +1173,7 @@ static void tm_write_safetensors(const char *dir, tm_tensors *ts)
     size_t off = 0;
     for (int i = 0; i < ts->n; ++i) {
         tm_tensor *t = &ts->t[i];
-        TM_APPEND(",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name, t->dtype == TM_I64 ? "I64" : "BF16");
+        TM_APPEND(",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name, tm_dtype_name[t->dtype]);
         for (int d = 0; d < t->ndim; ++d) TM_APPEND("%s%lld", d ? "," : "", (long long)t->shape[d]);
         TM_APPEND("],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off, (unsigned long long)(off + t->nbytes));
         off += t->nbytes;
@@ -1050,7 +1188,15 @@ static void tm_write_safetensors(const char *dir, tm_tensors *ts)
     for (int b = 0; b < 8; ++b) n8[b] = (unsigned char)((uint64_t)len >> (8 * b));
     fwrite(n8, 1, 8, f);
     fwrite(hdr, 1, len, f);
-    for (int i = 0; i < ts->n; ++i) fwrite(ts->t[i].data, 1, ts->t[i].nbytes, f);
+    size_t most = 0;
+    for (int i = 0; i < ts->n; ++i) most = ts->t[i].nbytes > most ? ts->t[i].nbytes : most;
+    unsigned char *buf = (unsigned char *)xmalloc(most);
+    for (int i = 0; i < ts->n; ++i) {
+        const tm_tensor *t = &ts->t[i];
+        if (!t->data) tm_fill(t, ts->seed, buf);
+        if (fwrite(t->data ? t->data : buf, 1, t->nbytes, f) != t->nbytes) die("write failed", path);
+    }
+    free(buf);
     tm_close(f, path);
     free(hdr);
 }
@@ -1079,8 +1225,12 @@ static void tm_mkdir_p(const char *dir)
 static void tm_usage(void)
 {
     fprintf(stderr, "usage: make_tiny_model OUT_DIR [--seed N] [--max-position-embeddings N]\n"
+                    "                       [--real-shape LAYERS [--ple-vocab-base N]]\n"
                     "writes the built-in tiny Qwen4-Exp model (config, BF16 safetensors, BPE tokenizer);\n"
-                    "--max-position-embeddings: the context in config.json (default 4096; the weights do not change)\n");
+                    "--max-position-embeddings: the context in config.json (default 4096; the weights do not change)\n"
+                    "--real-shape: instead, LAYERS (1-64) layers of the real Qwen3.8-Flash-Next shape with NVFP4\n"
+                    "  experts (ModelOpt) and this tool's tokenizer: ~1.6 GB a layer plus 3.1 GB (embeddings,\n"
+                    "  lm_head, PLE table); --ple-vocab-base: the PLE n-gram vocabulary base (default 100000)\n");
     exit(2);
 }
 
@@ -1088,7 +1238,7 @@ int main(int argc, char **argv)
 {
     const char *out_dir = NULL;
     unsigned long long seed = 1;
-    long max_pos = 0;
+    long max_pos = 0, real_layers = 0, ple_base = 100000;
     for (int i = 1; i < argc; ++i) {
         if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
             char *end = NULL;
@@ -1099,6 +1249,16 @@ int main(int argc, char **argv)
             max_pos = strtol(argv[++i], &end, 10);
             if (!end || *end || max_pos < 16 || max_pos > 1L << 30)
                 die("--max-position-embeddings expects an integer in 16 .. 2^30", argv[i]);
+        } else if (strcmp(argv[i], "--real-shape") == 0 && i + 1 < argc) {
+            char *end = NULL;
+            real_layers = strtol(argv[++i], &end, 10);
+            if (!end || *end || real_layers < 1 || real_layers > TM_MAX_LAYERS)
+                die("--real-shape expects a layer count in 1 .. 64", argv[i]);
+        } else if (strcmp(argv[i], "--ple-vocab-base") == 0 && i + 1 < argc) {
+            char *end = NULL;
+            ple_base = strtol(argv[++i], &end, 10);
+            if (!end || *end || ple_base < 1000 || ple_base > 100000000)
+                die("--ple-vocab-base expects an integer in 1000 .. 10^8", argv[i]);
         } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             tm_usage();
         } else if (!out_dir && argv[i][0] != '-') {
@@ -1125,11 +1285,13 @@ int main(int argc, char **argv)
     tm_config cfg;
     tm_config_init(&cfg);
     if (max_pos) cfg.max_position_embeddings = (int)max_pos;
+    else if (real_layers) cfg.max_position_embeddings = 262144;
+    if (real_layers) tm_config_real(&cfg, (int)real_layers, (int)ple_base);
     const int target_vocab = 1024; /* including the 3 special tokens */
     tm_tokenizer tk;
     memset(&tk, 0, sizeof(tk));
     tm_train_bpe(&tk, corpus, target_vocab - 3);
-    cfg.vocab_size = tk.n_tokens + 3;
+    cfg.vocab_size = real_layers ? 248320 : tk.n_tokens + 3;
     cfg.eos_endoftext = tk.n_tokens + 0;
     cfg.eos_im_end = tk.n_tokens + 2;
 
@@ -1138,6 +1300,7 @@ int main(int argc, char **argv)
     tm_write_tokenizer_config(out_dir, &tk, &cfg);
     tm_write_config(out_dir, &cfg);
     tm_write_generation_config(out_dir, &cfg);
+    if (cfg.nvfp4_experts) tm_write_hf_quant_config(out_dir);
 
     tm_tensors ts;
     memset(&ts, 0, sizeof(ts));
@@ -1147,12 +1310,12 @@ int main(int argc, char **argv)
 
     size_t total = 0;
     for (int i = 0; i < ts.n; ++i) total += ts.t[i].nbytes;
-    printf("make_tiny_model: wrote %s (vocab %d = 256 bytes + %d merges -> %d tokens + 3 special; %d layers; "
+    printf("make_tiny_model: wrote %s (%s%d = 256 bytes + %d merges -> %d tokens + 3 special; %d layers; "
            "%d tensors, %zu bytes of weights; seed %llu; context %d)\n",
-           out_dir, cfg.vocab_size, tk.n_merges, tk.n_tokens, cfg.num_hidden_layers, ts.n, total, seed,
-           cfg.max_position_embeddings);
+           out_dir, real_layers ? "the real shape, vocab 248320; tokenizer " : "vocab ", tk.n_tokens + 3, tk.n_merges,
+           tk.n_tokens, cfg.num_hidden_layers, ts.n, total, seed, cfg.max_position_embeddings);
 
-    for (int i = 0; i < ts.n; ++i) free(ts.t[i].data);
+    for (int i = 0; i < ts.n; ++i) free(ts.t[i].data); /* (NULL but for the int64 buffers) */
     free(ts.t);
     for (int i = 0; i < tk.n_tokens; ++i) free(tk.bytes[i]);
     free(tk.bytes);
