@@ -20,6 +20,8 @@
  *   * per-sequence state: on CUDA the sequence's one device allocation, on the CPU the sizes of its
  *     host buffers (counted by this tool's allocator: QSA_MALLOC/QSA_REALLOC/QSA_FREE), against the
  *     formula with the documented allocation rules;
+ *   * the runtime's host heap after the load and at its peak during it (its allocations, counted by
+ *     this tool's allocator; the mapped checkpoint is not among them);
  *   * device memory in use (cuMemGetInfo) before the model is loaded, after, at the peak of the
  *     request (sampled after every scheduler step) and after the request, plus the runtime's own
  *     counters (weights, KV pool, scratch, sequence state).
@@ -35,12 +37,15 @@
 #include <string.h>
 
 /* ---- counting allocator: every host allocation of the runtime carries its size ---- */
-static size_t lc_live;
+static size_t lc_live, lc_peak; /* (the peak: of the live bytes after each growth, racy between threads) */
+static void lc_grew(size_t live) {
+    if (live > __atomic_load_n(&lc_peak, __ATOMIC_RELAXED)) __atomic_store_n(&lc_peak, live, __ATOMIC_RELAXED);
+}
 static void *lc_malloc(size_t n) {
     unsigned char *p = (unsigned char *)malloc(n + 16);
     if (!p) return NULL;
     memcpy(p, &n, sizeof n);
-    __atomic_add_fetch(&lc_live, n, __ATOMIC_RELAXED);
+    lc_grew(__atomic_add_fetch(&lc_live, n, __ATOMIC_RELAXED));
     return p + 16;
 }
 static void lc_free(void *q) {
@@ -60,7 +65,7 @@ static void *lc_realloc(void *q, size_t n) {
     if (!np) return NULL;
     memcpy(np, &n, sizeof n);
     __atomic_sub_fetch(&lc_live, old, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&lc_live, n, __ATOMIC_RELAXED);
+    lc_grew(__atomic_add_fetch(&lc_live, n, __ATOMIC_RELAXED));
     return np + 16;
 }
 /* bytes requested for a block of the runtime (0 for NULL) */
@@ -388,6 +393,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     t_load = qsa__now() - t_load;
+    size_t host_loaded = __atomic_load_n(&lc_live, __ATOMIC_RELAXED), host_load_peak = __atomic_load_n(&lc_peak, __ATOMIC_RELAXED);
     dev.used_loaded = lc_dev_used(&dev);
     lc_formula f;
     lc_formula_compute(&cfg, m->pool.page_size, n_held, gpu, &f);
@@ -396,6 +402,8 @@ int main(int argc, char **argv) {
     printf("  model: %d layers (%d QSA, %d GDN, %d PLE), hidden %d, context %d, QSA r %d budget %d, loaded in %.2f s\n",
            cfg.num_hidden_layers, f.n_qsa, f.n_gdn, f.n_ple, cfg.hidden_size, cfg.max_position_embeddings,
            cfg.indexer_compress_ratio, cfg.indexer_budget, t_load);
+    printf("  host heap: the runtime's allocations %.1f MiB after the load (%.1f MiB at its peak); the checkpoint is "
+           "mapped, not counted\n", mib((double)host_loaded), mib((double)host_load_peak));
     printf("  KV pool: %d pages of %d tokens (%d tokens)%s\n", m->pool.n_pages, m->pool.page_size,
            m->pool.n_pages * m->pool.page_size, gpu ? (o.eager ? "; decode: eager" : "; decode: batched path + CUDA graphs") : "");
     printf("  request: %lld prompt tokens in chunks of %d, %d generated (greedy, EOS ignored)\n", o.tokens, o.chunk, o.gen);
