@@ -21,6 +21,14 @@
 #
 #   sh tools/ab.sh table [DIR]               # anywhere: that table again from the JSON files in DIR (default
 #                                            # build/ab/out; e.g. an unpacked ab.tgz)
+#   sh tools/ab.sh load LAYERS [ROUNDS] [-- ARGS]
+#                                            # on the GPU machine: a checkpoint of LAYERS layers of the real shape
+#                                            # (the first tree's tools/make_tiny_model --real-shape, in $AB_MODEL or
+#                                            # /tmp/ab-real<LAYERS>; kept for later calls), then ROUNDS (default 1)
+#                                            # rounds of every revision's tools/long_context --model on it with ARGS
+#                                            # (default "--tokens 8192 --chunk 2048 --max-chunk 2048 --gen 32"); a
+#                                            # table of load time, host heap, device memory, prefill and decode
+#                                            # tok/s and the greedy tokens' hash ($OUT/ab-load.txt with $OUT set)
 #
 # Later calls on the same (still held) machine find the trees built and their kernels cached: to profile one
 # of them, run `cd build/ab/<n>-<name> && QSA_CACHE_DIR=/tmp/qsa-ab-cache/shared ./tools/bench ...` *without*
@@ -81,6 +89,21 @@ for t in trees[1:]:
                if (name, k) in fnv and fnv.get((trees[0] + '.' + name.rsplit('.', 1)[1], k)) == fnv[(name, k)])
     print('%s: last-step hashes %s' % (t, 'all %d equal to %s\'s' % (same, trees[0]) if not diff else
                                        '%d equal, DIFFERENT in round %s' % (same, '; '.join(diff))))
+EOF
+}
+# load_table DIR: the figures tools/long_context printed in DIR/<n>-<name>.<round>.txt, a line each
+load_table() {
+    python3 - "$1" <<'EOF'
+import glob, os, re, sys
+pats = [('load s', r'loaded in ([0-9.]+) s'), ('heap MiB', r'host heap: .*? ([0-9.]+) MiB after the load'),
+        ('heap peak MiB', r'\(([0-9.]+) MiB at its peak\)'), ('device MiB after load', r'after load ([0-9.]+) MiB'),
+        ('prefill tok/s', r'prefill +([0-9.]+) tok/s'), ('decode tok/s', r'decode +([0-9.]+) tok/s'),
+        ('tokens fnv', r'tokens fnv1a (0x[0-9a-f]+)')]
+print('tree.round | ' + ' | '.join(p[0] for p in pats))
+for f in sorted(glob.glob(os.path.join(sys.argv[1], '*.[0-9]*.txt')), key=lambda p: (p.rsplit('.', 2)[1], p)):
+    t = open(f).read()
+    cells = [(lambda m: m.group(1) if m else '-')(re.search(p, t)) for _, p in pats]
+    print(os.path.basename(f)[:-4] + ' | ' + ' | '.join(cells))
 EOF
 }
 cmd=${1:-}
@@ -147,11 +170,50 @@ run)
         tar -czf "$OUT/ab.tgz" -C "$dir" out
     fi
     ;;
+load)
+    [ $# -ge 1 ] || { echo "usage: sh tools/ab.sh load LAYERS [ROUNDS] [-- ARGS]" >&2; exit 2; }
+    layers=$1
+    shift
+    rounds=1
+    case "${1:-}" in [0-9]*) rounds=$1; shift ;; esac
+    [ "${1:-}" = -- ] && shift
+    args=${*:-"--tokens 8192 --chunk 2048 --max-chunk 2048 --gen 32"}
+    out=$(pwd)/$dir/out-load
+    rm -rf "$out"
+    mkdir -p "$out"
+    trees=$(ls -d "$dir"/[0-9]*-* 2>/dev/null) || true
+    [ -n "$trees" ] || { echo "ab.sh: nothing in $dir (sh tools/ab.sh prepare REV... first)" >&2; exit 2; }
+    for d in $trees; do (cd "$d" && make -j8 tools/long_context tools/make_tiny_model > "$out/$(basename "$d").build.txt" 2>&1) &
+    done
+    wait
+    model=${AB_MODEL:-/tmp/ab-real$layers}
+    first=$(echo "$trees" | head -n 1)
+    if [ ! -f "$model/model.safetensors" ]; then
+        rm -rf "$model"
+        "$first/tools/make_tiny_model" "$model" --real-shape "$layers" > "$out/model.txt" 2>&1 ||
+            { cat "$out/model.txt" >&2; exit 1; }
+    fi
+    for d in $trees; do # the kernels into the shared cache first (the tiny model's request), so no load compiles them
+        (cd "$d" && QSA_CACHE_DIR="/tmp/qsa-ab-cache/shared" ./tools/long_context --tokens 64 --gen 4 > /dev/null 2>&1) ||
+            echo "ab.sh: $d: the warm-up request failed" >&2
+    done
+    for r in $(seq 1 "$rounds"); do
+        for d in $trees; do
+            b=$(basename "$d")
+            # shellcheck disable=SC2086
+            (cd "$d" && QSA_CACHE_DIR="/tmp/qsa-ab-cache/shared" ./tools/long_context --model "$model" $args > "$out/$b.$r.txt" 2>&1) ||
+                echo "ab.sh: $b round $r: long_context failed (see $out/$b.$r.txt)" >&2
+        done
+    done
+    load_table "$out" > "$out/table.txt"
+    cat "$out/table.txt"
+    [ -z "${OUT:-}" ] || { cp "$out/table.txt" "$OUT/ab-load.txt"; tar -czf "$OUT/ab-load.tgz" -C "$dir" out-load; }
+    ;;
 table)
     table "${1:-$dir/out}"
     ;;
 *)
-    sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac
