@@ -524,6 +524,15 @@ TEST(cpu, safetensors_valid_file) {
         CHECK(over == 1 && h[0] == 0x3800 && h[1] == 0xfc00);
     }
     x = qsa__st_find(&s, "h"); CHECK(x && qsa__tensor_f32(x, 0) == 0.25f);
+    /* the bulk widening of every float dtype gives qsa__tensor_f32's values */
+    const char *wide[3] = {"layers.0.w", "norm.weight", "h"};
+    for (int k = 0; k < 3; k++) {
+        const qsa__tensor *y = qsa__st_find(&s, wide[k]);
+        float v[4];
+        if (!y) { CHECK(y != NULL); continue; }
+        qsa__tensor_to_f32(y, v);
+        for (size_t e = 0; e < qsa__tensor_numel(y); e++) CHECKF(v[e] == qsa__tensor_f32(y, e), "%s[%zu]", wide[k], e);
+    }
     x = qsa__st_find(&s, "s"); CHECK(x && qsa__tensor_f32(x, 0) == 1.0f && qsa__tensor_f32(x, 1) == -1.0f);
     if (x) { uint16_t h[2]; CHECK_ERR(qsa__tensor_to_f16(x, h, NULL), QSA_ERR_UNSUPPORTED, "tensor 'model.s': cannot convert F8_E4M3"); }
     x = qsa__st_find(&s, "u"); CHECK(x && qsa__tensor_f32(x, 0) == 200.0f);
