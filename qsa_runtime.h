@@ -350,6 +350,9 @@ QSA_API qsa_result qsa_tokenize(const qsa_tokenizer *tok, const char *text, size
 QSA_API qsa_result qsa_token_to_piece(const qsa_tokenizer *tok, int32_t id, const char **piece, size_t *len);
 
 #define QSA_DETOK_SKIP_SPECIAL 1 /* leave out special added tokens (skip_special_tokens=True) */
+#define QSA_DETOK_SKIP_UNKNOWN 2 /* ids >= 0 the tokenizer has no token for give no text (as `tokenizers`
+                                    decode drops them): a model's padded vocabulary rows (config vocab_size
+                                    past the tokenizer's ids) are real outputs; without it, an error */
 /* Ids -> text like `tokenizers` decode: pieces concatenated, invalid UTF-8 replaced by U+FFFD
    (maximal subparts).  *text is allocated and NUL-terminated (free with qsa_free). */
 QSA_API qsa_result qsa_detokenize(const qsa_tokenizer *tok, const int32_t *ids, size_t n, int flags,
@@ -544,7 +547,8 @@ typedef struct qsa_generate_params {
 typedef struct qsa_generation {
     int32_t *tokens;          /* generated tokens (free with qsa_free) */
     int n_tokens;
-    char *text;               /* their text, without a matched stop string (free with qsa_free) */
+    char *text;               /* their text, without a matched stop string; special tokens and ids past the
+                                 tokenizer (padded vocabulary rows) give none (free with qsa_free) */
     size_t text_len;
     qsa_stop_reason stop;
     qsa_stats stats;
@@ -5529,6 +5533,17 @@ QSA_IMPL qsa_result qsa_token_to_piece(const qsa_tokenizer *t, int32_t id, const
     return QSA_OK;
 }
 
+/* Id's text for the detokenizers under QSA_DETOK_* flags: *len 0 for what they leave out */
+QSA_PRIV qsa_result qsa__detok_piece(const qsa_tokenizer *t, int32_t id, int flags, const char **p, size_t *len) {
+    *p = "";
+    *len = 0;
+    int known = id >= 0 && id < t->n_ids && (t->flags[id] & QSA__TOK_EXISTS);
+    if (!known && id >= 0 && (flags & QSA_DETOK_SKIP_UNKNOWN)) return QSA_OK;
+    QSA__TRY(qsa_token_to_piece(t, id, p, len));
+    if ((flags & QSA_DETOK_SKIP_SPECIAL) && (t->flags[id] & QSA__TOK_SPECIAL)) *len = 0;
+    return QSA_OK;
+}
+
 QSA_IMPL qsa_result qsa_detokenize(const qsa_tokenizer *t, const int32_t *ids, size_t n, int flags, char **text,
                                    size_t *len) {
     if (!text) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_detokenize: text is NULL");
@@ -5539,13 +5554,12 @@ QSA_IMPL qsa_result qsa_detokenize(const qsa_tokenizer *t, const int32_t *ids, s
     for (size_t i = 0; i < n; i++) {
         const char *p = NULL;
         size_t pl = 0;
-        qsa_result r = qsa_token_to_piece(t, ids[i], &p, &pl);
+        qsa_result r = qsa__detok_piece(t, ids[i], flags, &p, &pl);
         if (r != QSA_OK) {
             qsa__buf_free(&raw);
             return qsa__fail(r, "qsa_detokenize: ids[%zu] = %d is not a token (vocabulary has %d ids)", i, ids[i], t->n_ids);
         }
-        if ((flags & QSA_DETOK_SKIP_SPECIAL) && (t->flags[ids[i]] & QSA__TOK_SPECIAL)) continue;
-        if (!qsa__buf_put(&raw, p, pl)) { qsa__buf_free(&raw); return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_detokenize: out of memory"); }
+        if (pl && !qsa__buf_put(&raw, p, pl)) { qsa__buf_free(&raw); return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_detokenize: out of memory"); }
     }
     char *out = QSA__ALLOC(char, 3 * raw.len + 1);
     if (!out) { qsa__buf_free(&raw); return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_detokenize: out of memory"); }
@@ -5583,8 +5597,7 @@ QSA_IMPL qsa_result qsa_detok_stream_push(qsa_detok_stream *s, int32_t id, const
     *len = 0;
     const char *p = NULL;
     size_t pl = 0;
-    QSA__TRY(qsa_token_to_piece(s->tok, id, &p, &pl));
-    if ((s->flags & QSA_DETOK_SKIP_SPECIAL) && (s->tok->flags[id] & QSA__TOK_SPECIAL)) pl = 0;
+    QSA__TRY(qsa__detok_piece(s->tok, id, s->flags, &p, &pl));
     size_t np = (size_t)s->n_pending, tot = np + pl;
     if (!qsa__detok_reserve(s, 4 * tot + 8))
         return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_detok_stream_push: out of memory");
@@ -7752,7 +7765,7 @@ QSA_IMPL qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prom
     memset(&text, 0, sizeof text);
     qsa_detok_stream ds;
     memset(&ds, 0, sizeof ds);
-    if (tok) qsa_detok_stream_init(&ds, tok, QSA_DETOK_SKIP_SPECIAL);
+    if (tok) qsa_detok_stream_init(&ds, tok, QSA_DETOK_SKIP_SPECIAL | QSA_DETOK_SKIP_UNKNOWN);
     size_t emitted = 0;
     qsa_result r = QSA_OK;
     if (!logits || !out->tokens || !qsa__buf_reserve(&text, 64)) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_generate: out of memory"); goto done; }
@@ -12708,7 +12721,7 @@ QSA_PRIV qsa_result qsa__sched_prepare(qsa_sched *s, qsa__sched_req *q, const qs
     q->on_token = p->on_token;
     q->user = p->user;
     if (s->m->tok) {
-        qsa_detok_stream_init(&q->ds, s->m->tok, QSA_DETOK_SKIP_SPECIAL);
+        qsa_detok_stream_init(&q->ds, s->m->tok, QSA_DETOK_SKIP_SPECIAL | QSA_DETOK_SKIP_UNKNOWN);
         q->has_ds = 1;
     }
     return QSA_OK;

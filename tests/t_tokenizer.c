@@ -474,6 +474,25 @@ TEST(cpu, tok_stream_decoder_split_chars) {
     CHECK_OK(qsa_detok_stream_push(&s, 267, &txt, &l)); CHECK(l == 0);
     CHECK_OK(qsa_detok_stream_push(&s, 273, &txt, &l)); CHECK(l == 7); /* <think> is not special */
     qsa_detok_stream_free(&s);
+    /* ids the tokenizer has no token for (a model's padded vocabulary rows) give no text with
+       QSA_DETOK_SKIP_UNKNOWN, as `tokenizers` decode drops them, and hold no pending bytes back; a
+       negative id is still refused */
+    qsa_detok_stream_init(&s, t, QSA_DETOK_SKIP_UNKNOWN);
+    CHECK_OK(qsa_detok_stream_push(&s, 0xc3, &txt, &l)); CHECK(l == 0);
+    CHECK_OK(qsa_detok_stream_push(&s, 99999, &txt, &l)); CHECK(l == 0);
+    CHECK_OK(qsa_detok_stream_push(&s, 0xa9, &txt, &l)); CHECK(l == 2 && memcmp(txt, "\xc3\xa9", 2) == 0);
+    CHECK_OK(qsa_detok_stream_push(&s, 267, &txt, &l)); CHECK(l == 10); /* special, not skipped */
+    CHECK_ERR(qsa_detok_stream_push(&s, -5, &txt, &l), QSA_ERR_INVALID_ARGUMENT, "id -5");
+    qsa_detok_stream_free(&s);
+    {
+        static const int32_t pad[] = {'o', 99999, 'k', 1 << 30};
+        char *w = NULL;
+        size_t n = 0;
+        CHECK_OK(qsa_detokenize(t, pad, 4, QSA_DETOK_SKIP_UNKNOWN, &w, &n));
+        CHECK(w && n == 2 && !strcmp(w, "ok"));
+        qsa_free(w);
+        CHECK_ERR(qsa_detokenize(t, pad, 4, 0, &w, &n), QSA_ERR_INVALID_ARGUMENT, "ids[1] = 99999 is not a token");
+    }
     /* whole decode == stream decode */
     static const int32_t ids[] = {104, 0xf0, 0x9f, 266, 0x98, 0x80, 264, 0xe4, 0xbd};
     char *whole = NULL;
