@@ -3560,22 +3560,59 @@ QSA_PRIV float qsa__tensor_f32(const qsa__tensor *t, size_t i) {
     }
 }
 
-/* BF16/F16/F32 -> fp32 into dst (numel elements), a loop per dtype (a checkpoint's dense weights at load:
-   billions of elements at the real shape, where qsa__tensor_f32 per element took ~4 ns each) */
-QSA_PRIV void qsa__tensor_to_f32(const qsa__tensor *t, float *dst) {
-    size_t n = qsa__tensor_numel(t);
+/* Elements i0 .. i1 - 1 of a BF16/F16/F32 tensor -> fp32 at dst[i0 ..], a loop per dtype (a checkpoint's
+   dense weights at load: billions of elements at the real shape, where qsa__tensor_f32 per element took
+   ~4 ns each) */
+QSA_PRIV void qsa__tensor_to_f32_range(const qsa__tensor *t, float *dst, size_t i0, size_t i1) {
     const uint8_t *p = t->data;
     if (t->dtype == QSA__F32) {
-        if (n) memcpy(dst, p, n * 4);
+        if (i1 > i0) memcpy(dst + i0, p + 4 * i0, (i1 - i0) * 4);
     } else if (t->dtype == QSA__BF16) {
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = i0; i < i1; i++) {
             uint16_t h;
             memcpy(&h, p + 2 * i, 2);
             dst[i] = qsa__bf16_to_f32(h);
         }
     } else {
-        for (size_t i = 0; i < n; i++) dst[i] = qsa__tensor_f32(t, i);
+        for (size_t i = i0; i < i1; i++) dst[i] = qsa__tensor_f32(t, i);
     }
+}
+QSA_PRIV void qsa__tensor_to_f32(const qsa__tensor *t, float *dst) { qsa__tensor_to_f32_range(t, dst, 0, qsa__tensor_numel(t)); }
+
+typedef struct qsa__widen_job {
+    const qsa__tensor *t;
+    float *dst;
+    size_t i0, i1;
+} qsa__widen_job;
+QSA_PRIV void *qsa__widen_thread(void *a) {
+    const qsa__widen_job *j = (const qsa__widen_job *)a;
+    qsa__tensor_to_f32_range(j->t, j->dst, j->i0, j->i1);
+    return NULL;
+}
+/* qsa__tensor_to_f32 over up to nt threads from 4 M elements on: each widens a slice and is the first to
+   touch its pages, so the kernel's zeroing of the fresh memory (most of a large load's time) runs in
+   parallel too.  The same values however it is split. */
+QSA_PRIV void qsa__tensor_to_f32_mt(const qsa__tensor *t, float *dst, int nt) {
+    size_t n = qsa__tensor_numel(t);
+    if (nt > 16) nt = 16;
+    if (nt <= 1 || n < ((size_t)4 << 20)) {
+        qsa__tensor_to_f32(t, dst);
+        return;
+    }
+    pthread_t th[16];
+    qsa__widen_job jobs[16];
+    int started[16] = {0};
+    for (int k = 0; k < nt; k++) {
+        jobs[k].t = t;
+        jobs[k].dst = dst;
+        jobs[k].i0 = n * (size_t)k / (size_t)nt;
+        jobs[k].i1 = n * (size_t)(k + 1) / (size_t)nt;
+        if (k) started[k] = pthread_create(&th[k], NULL, qsa__widen_thread, &jobs[k]) == 0;
+    }
+    for (int k = 0; k < nt; k++)
+        if (!started[k]) qsa__widen_thread(&jobs[k]); /* this thread's slice, and any whose thread did not start */
+    for (int k = 1; k < nt; k++)
+        if (started[k]) pthread_join(th[k], NULL);
 }
 
 /* BF16/F32/F16 -> FP16 into dst (numel elements); *n_overflow counts finite values that became inf. */
@@ -5942,7 +5979,7 @@ QSA_PRIV qsa_result qsa__load_f32(qsa_model *m, const char *name, int ndim, cons
     for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
     float *p = QSA__ALLOC(float, n);
     if (!p) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tensor '%s': out of memory for %zu floats", t->name, n);
-    qsa__tensor_to_f32(t, p);
+    qsa__tensor_to_f32_mt(t, p, m->n_threads);
     QSA__TRY(qsa__own(m, p));
     m->bytes_f32 += n * sizeof(float);
     *out = p;

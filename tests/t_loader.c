@@ -533,6 +533,32 @@ TEST(cpu, safetensors_valid_file) {
         qsa__tensor_to_f32(y, v);
         for (size_t e = 0; e < qsa__tensor_numel(y); e++) CHECKF(v[e] == qsa__tensor_f32(y, e), "%s[%zu]", wide[k], e);
     }
+    { /* a tensor large enough to be widened by threads (a load's): the same values with 1, 3 and 16 */
+        size_t n = ((size_t)4 << 20) + 7;
+        uint16_t *raw = (uint16_t *)malloc(n * 2);
+        float *a = (float *)malloc(n * 4), *b = (float *)malloc(n * 4);
+        if (raw && a && b) {
+            for (size_t e = 0; e < n; e++) raw[e] = (uint16_t)(e * 2654435761u >> 7);
+            qsa__tensor big;
+            memset(&big, 0, sizeof big);
+            big.name = "big";
+            big.dtype = QSA__BF16;
+            big.ndim = 1;
+            big.shape[0] = (int64_t)n;
+            big.data = (const uint8_t *)raw;
+            big.nbytes = n * 2;
+            qsa__tensor_to_f32(&big, a);
+            static const int nts[3] = {1, 3, 16};
+            for (int k = 0; k < 3; k++) {
+                memset(b, 0xff, n * 4);
+                qsa__tensor_to_f32_mt(&big, b, nts[k]);
+                CHECKF(!memcmp(a, b, n * 4), "widened by %d threads: values differ", nts[k]);
+            }
+        }
+        free(raw);
+        free(a);
+        free(b);
+    }
     x = qsa__st_find(&s, "s"); CHECK(x && qsa__tensor_f32(x, 0) == 1.0f && qsa__tensor_f32(x, 1) == -1.0f);
     if (x) { uint16_t h[2]; CHECK_ERR(qsa__tensor_to_f16(x, h, NULL), QSA_ERR_UNSUPPORTED, "tensor 'model.s': cannot convert F8_E4M3"); }
     x = qsa__st_find(&s, "u"); CHECK(x && qsa__tensor_f32(x, 0) == 200.0f);
