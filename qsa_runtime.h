@@ -3579,40 +3579,85 @@ QSA_PRIV void qsa__tensor_to_f32_range(const qsa__tensor *t, float *dst, size_t 
 }
 QSA_PRIV void qsa__tensor_to_f32(const qsa__tensor *t, float *dst) { qsa__tensor_to_f32_range(t, dst, 0, qsa__tensor_numel(t)); }
 
-typedef struct qsa__widen_job {
-    const qsa__tensor *t;
-    float *dst;
+/* fn(ctx, k, i0, i1) over [0, n) cut in nt slices k = 0 .. nt - 1 (at most QSA__PAR_MAX), each on a thread
+   of its own; this thread takes slice 0 and any whose thread did not start.  For the load's bulk
+   conversions: each slice's thread is also the first to touch its part of a fresh buffer, so the kernel's
+   zeroing of those pages (most of a large load's time) runs in parallel too. */
+#define QSA__PAR_MAX 16
+typedef void (*qsa__range_fn)(void *ctx, int k, size_t i0, size_t i1);
+typedef struct qsa__range_job {
+    qsa__range_fn fn;
+    void *ctx;
+    int k;
     size_t i0, i1;
-} qsa__widen_job;
-QSA_PRIV void *qsa__widen_thread(void *a) {
-    const qsa__widen_job *j = (const qsa__widen_job *)a;
-    qsa__tensor_to_f32_range(j->t, j->dst, j->i0, j->i1);
+} qsa__range_job;
+QSA_PRIV void *qsa__range_thread(void *a) {
+    const qsa__range_job *j = (const qsa__range_job *)a;
+    j->fn(j->ctx, j->k, j->i0, j->i1);
     return NULL;
 }
-/* qsa__tensor_to_f32 over up to nt threads from 4 M elements on: each widens a slice and is the first to
-   touch its pages, so the kernel's zeroing of the fresh memory (most of a large load's time) runs in
-   parallel too.  The same values however it is split. */
-QSA_PRIV void qsa__tensor_to_f32_mt(const qsa__tensor *t, float *dst, int nt) {
-    size_t n = qsa__tensor_numel(t);
-    if (nt > 16) nt = 16;
-    if (nt <= 1 || n < ((size_t)4 << 20)) {
-        qsa__tensor_to_f32(t, dst);
-        return;
-    }
-    pthread_t th[16];
-    qsa__widen_job jobs[16];
-    int started[16] = {0};
+QSA_PRIV void qsa__par_ranges(size_t n, int nt, qsa__range_fn fn, void *ctx) {
+    if (nt > QSA__PAR_MAX) nt = QSA__PAR_MAX;
+    if (nt < 1) nt = 1;
+    pthread_t th[QSA__PAR_MAX];
+    qsa__range_job jobs[QSA__PAR_MAX];
+    int started[QSA__PAR_MAX] = {0};
     for (int k = 0; k < nt; k++) {
-        jobs[k].t = t;
-        jobs[k].dst = dst;
+        jobs[k].fn = fn;
+        jobs[k].ctx = ctx;
+        jobs[k].k = k;
         jobs[k].i0 = n * (size_t)k / (size_t)nt;
         jobs[k].i1 = n * (size_t)(k + 1) / (size_t)nt;
-        if (k) started[k] = pthread_create(&th[k], NULL, qsa__widen_thread, &jobs[k]) == 0;
+        if (k) started[k] = pthread_create(&th[k], NULL, qsa__range_thread, &jobs[k]) == 0;
     }
     for (int k = 0; k < nt; k++)
-        if (!started[k]) qsa__widen_thread(&jobs[k]); /* this thread's slice, and any whose thread did not start */
+        if (!started[k]) qsa__range_thread(&jobs[k]);
     for (int k = 1; k < nt; k++)
         if (started[k]) pthread_join(th[k], NULL);
+}
+/* Threads for a bulk conversion of n elements: one below 4 M elements, else up to nt */
+QSA_PRIV int qsa__par_threads(size_t n, int nt) { return n < ((size_t)4 << 20) ? 1 : nt; }
+
+/* qsa__tensor_to_f32 over up to nt threads (qsa__par_ranges): the same values however it is split */
+typedef struct qsa__widen_ctx {
+    const qsa__tensor *t;
+    float *dst;
+} qsa__widen_ctx;
+QSA_PRIV void qsa__widen_range(void *c, int k, size_t i0, size_t i1) {
+    const qsa__widen_ctx *x = (const qsa__widen_ctx *)c;
+    (void)k;
+    qsa__tensor_to_f32_range(x->t, x->dst, i0, i1);
+}
+QSA_PRIV void qsa__tensor_to_f32_mt(const qsa__tensor *t, float *dst, int nt) {
+    size_t n = qsa__tensor_numel(t);
+    qsa__widen_ctx x = {t, dst};
+    qsa__par_ranges(n, qsa__par_threads(n, nt), qsa__widen_range, &x);
+}
+
+/* fp32 -> FP16 (qsa__f32_to_f16) over up to nt threads; returns how many finite values became inf */
+typedef struct qsa__narrow_ctx {
+    const float *src;
+    uint16_t *dst;
+    size_t over[QSA__PAR_MAX];
+} qsa__narrow_ctx;
+QSA_PRIV void qsa__narrow_range(void *c, int k, size_t i0, size_t i1) {
+    qsa__narrow_ctx *x = (qsa__narrow_ctx *)c;
+    size_t over = 0;
+    for (size_t i = i0; i < i1; i++) {
+        x->dst[i] = qsa__f32_to_f16(x->src[i]);
+        if ((x->dst[i] & 0x7c00) == 0x7c00 && isfinite(x->src[i])) over++;
+    }
+    x->over[k] = over;
+}
+QSA_PRIV size_t qsa__f32_to_f16_mt(const float *src, uint16_t *dst, size_t n, int nt) {
+    qsa__narrow_ctx x;
+    memset(&x, 0, sizeof x);
+    x.src = src;
+    x.dst = dst;
+    qsa__par_ranges(n, qsa__par_threads(n, nt), qsa__narrow_range, &x);
+    size_t over = 0;
+    for (int k = 0; k < QSA__PAR_MAX; k++) over += x.over[k];
+    return over;
 }
 
 /* BF16/F32/F16 -> FP16 into dst (numel elements); *n_overflow counts finite values that became inf. */
@@ -8728,6 +8773,7 @@ typedef struct qsa__cuda {
     double jit_seconds;         /* compile (or cache load) time of the module */
     int jit_from_cache;
     int pdl;                    /* launch kernels as programmatic dependents (qsa__cu_launch_ex; qsa__cuda_module) */
+    int host_threads;           /* the upload's host conversions (the model's n_threads; 0 or 1: this thread) */
     size_t bytes_weights, bytes_kv, bytes_state, bytes_scratch;
     CUdeviceptr embed16, rope_inv_freq;
     qsa__dlin lm_head;
@@ -8984,13 +9030,10 @@ QSA_PRIV qsa_result qsa__dlin_up(qsa__cuda *g, qsa__dlin *d, const qsa__lin *l, 
         if (words) QSA__TRY(qsa__cu_launch_ex(g->k[QSA__K_nvfp4_order], "qsa_k_nvfp4_order", gx, 1, 1, 256, 1, 1, 0, 0, args, 0));
         return qsa__dupload(g, &d->s, l->qscale, (size_t)l->out * (size_t)(l->in / 16), what);
     }
-    size_t n = (size_t)l->out * (size_t)l->in, over = 0;
+    size_t n = (size_t)l->out * (size_t)l->in;
     uint16_t *h = QSA__ALLOC(uint16_t, n);
     if (!h) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
-    for (size_t i = 0; i < n; i++) {
-        h[i] = qsa__f32_to_f16(l->w[i]);
-        if ((h[i] & 0x7c00) == 0x7c00 && isfinite(l->w[i])) over++;
-    }
+    size_t over = qsa__f32_to_f16_mt(l->w, h, n, g->host_threads);
     if (over) qsa__log(QSA_LOG_WARN, "%s: %zu of %zu values overflow FP16 (become inf)", what, over, n);
     qsa_result r = qsa__dupload(g, &d->w16, h, n * 2, what);
     qsa__free(h);
@@ -9365,6 +9408,7 @@ QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, qsa__cuda **out) {
     if (qsa__cu.device_count <= 0) return qsa__fail(QSA_ERR_NO_DEVICE, "cuda: no CUDA device");
     qsa__cuda *g = QSA__CALLOC(qsa__cuda, 1);
     if (!g) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
+    g->host_threads = m->n_threads;
     qsa_result r = QSA_OK;
     qsa__gpu_info info;
 #define QSA__G(expr) do { if ((r = (expr)) != QSA_OK) goto fail; } while (0)

@@ -554,6 +554,24 @@ TEST(cpu, safetensors_valid_file) {
                 qsa__tensor_to_f32_mt(&big, b, nts[k]);
                 CHECKF(!memcmp(a, b, n * 4), "widened by %d threads: values differ", nts[k]);
             }
+            /* and narrowed to FP16 (the CUDA upload's), with the count of finite values that became inf */
+            uint16_t *h1 = (uint16_t *)malloc(n * 2), *h2 = (uint16_t *)malloc(n * 2);
+            if (h1 && h2) {
+                size_t over = 0;
+                for (size_t e = 0; e < n; e++) {
+                    h1[e] = qsa__f32_to_f16(a[e]);
+                    over += (h1[e] & 0x7c00) == 0x7c00 && isfinite(a[e]);
+                }
+                CHECK(over > 0); /* (the pattern holds values beyond the FP16 range) */
+                for (int k = 0; k < 3; k++) {
+                    memset(h2, 0xff, n * 2);
+                    size_t o2 = qsa__f32_to_f16_mt(a, h2, n, nts[k]);
+                    CHECKF(o2 == over && !memcmp(h1, h2, n * 2), "narrowed by %d threads: %zu overflows against %zu, or values differ",
+                           nts[k], o2, over);
+                }
+            }
+            free(h1);
+            free(h2);
         }
         free(raw);
         free(a);
