@@ -1015,6 +1015,44 @@ QSA_PRIV uint16_t qsa__f32_to_bf16(float f) {
     return (uint16_t)(x >> 16);
 }
 
+/* fn(ctx, k, i0, i1) over [0, n) cut in nt slices k = 0 .. nt - 1 (at most QSA__PAR_MAX), each on a thread
+   of its own; this thread takes slice 0 and any whose thread did not start.  For a load's bulk
+   conversions each slice's thread is also the first to touch its part of a fresh buffer, so the kernel's
+   zeroing of those pages (most of a large load's time) runs in parallel too; the CPU matmuls split rows. */
+#define QSA__PAR_MAX 16
+typedef void (*qsa__range_fn)(void *ctx, int k, size_t i0, size_t i1);
+typedef struct qsa__range_job {
+    qsa__range_fn fn;
+    void *ctx;
+    int k;
+    size_t i0, i1;
+} qsa__range_job;
+QSA_PRIV void *qsa__range_thread(void *a) {
+    const qsa__range_job *j = (const qsa__range_job *)a;
+    j->fn(j->ctx, j->k, j->i0, j->i1);
+    return NULL;
+}
+QSA_PRIV void qsa__par_ranges(size_t n, int nt, qsa__range_fn fn, void *ctx) {
+    if (nt > QSA__PAR_MAX) nt = QSA__PAR_MAX;
+    if (nt < 1) nt = 1;
+    pthread_t th[QSA__PAR_MAX];
+    qsa__range_job jobs[QSA__PAR_MAX];
+    int started[QSA__PAR_MAX] = {0};
+    for (int k = 0; k < nt; k++) {
+        jobs[k].fn = fn;
+        jobs[k].ctx = ctx;
+        jobs[k].k = k;
+        jobs[k].i0 = n * (size_t)k / (size_t)nt;
+        jobs[k].i1 = n * (size_t)(k + 1) / (size_t)nt;
+        if (k) started[k] = pthread_create(&th[k], NULL, qsa__range_thread, &jobs[k]) == 0;
+    }
+    for (int k = 0; k < nt; k++)
+        if (!started[k]) qsa__range_thread(&jobs[k]);
+    for (int k = 1; k < nt; k++)
+        if (started[k]) pthread_join(th[k], NULL);
+}
+/* Threads for a bulk conversion of n elements: one below 4 M elements, else up to nt */
+QSA_PRIV int qsa__par_threads(size_t n, int nt) { return n < ((size_t)4 << 20) ? 1 : nt; }
 
 /* ============================================================================================== */
 /* >>dynload  dlopen tables for libcuda / libnvrtc / libnccl                                       */
@@ -3578,45 +3616,6 @@ QSA_PRIV void qsa__tensor_to_f32_range(const qsa__tensor *t, float *dst, size_t 
     }
 }
 QSA_PRIV void qsa__tensor_to_f32(const qsa__tensor *t, float *dst) { qsa__tensor_to_f32_range(t, dst, 0, qsa__tensor_numel(t)); }
-
-/* fn(ctx, k, i0, i1) over [0, n) cut in nt slices k = 0 .. nt - 1 (at most QSA__PAR_MAX), each on a thread
-   of its own; this thread takes slice 0 and any whose thread did not start.  For the load's bulk
-   conversions: each slice's thread is also the first to touch its part of a fresh buffer, so the kernel's
-   zeroing of those pages (most of a large load's time) runs in parallel too. */
-#define QSA__PAR_MAX 16
-typedef void (*qsa__range_fn)(void *ctx, int k, size_t i0, size_t i1);
-typedef struct qsa__range_job {
-    qsa__range_fn fn;
-    void *ctx;
-    int k;
-    size_t i0, i1;
-} qsa__range_job;
-QSA_PRIV void *qsa__range_thread(void *a) {
-    const qsa__range_job *j = (const qsa__range_job *)a;
-    j->fn(j->ctx, j->k, j->i0, j->i1);
-    return NULL;
-}
-QSA_PRIV void qsa__par_ranges(size_t n, int nt, qsa__range_fn fn, void *ctx) {
-    if (nt > QSA__PAR_MAX) nt = QSA__PAR_MAX;
-    if (nt < 1) nt = 1;
-    pthread_t th[QSA__PAR_MAX];
-    qsa__range_job jobs[QSA__PAR_MAX];
-    int started[QSA__PAR_MAX] = {0};
-    for (int k = 0; k < nt; k++) {
-        jobs[k].fn = fn;
-        jobs[k].ctx = ctx;
-        jobs[k].k = k;
-        jobs[k].i0 = n * (size_t)k / (size_t)nt;
-        jobs[k].i1 = n * (size_t)(k + 1) / (size_t)nt;
-        if (k) started[k] = pthread_create(&th[k], NULL, qsa__range_thread, &jobs[k]) == 0;
-    }
-    for (int k = 0; k < nt; k++)
-        if (!started[k]) qsa__range_thread(&jobs[k]);
-    for (int k = 1; k < nt; k++)
-        if (started[k]) pthread_join(th[k], NULL);
-}
-/* Threads for a bulk conversion of n elements: one below 4 M elements, else up to nt */
-QSA_PRIV int qsa__par_threads(size_t n, int nt) { return n < ((size_t)4 << 20) ? 1 : nt; }
 
 /* qsa__tensor_to_f32 over up to nt threads (qsa__par_ranges): the same values however it is split */
 typedef struct qsa__widen_ctx {
@@ -6606,54 +6605,37 @@ QSA_PRIV void qsa__matvec_rows(const qsa__lin *l, const float *x, float *y, int 
     }
 }
 
-typedef struct qsa__mv_job {
+/* Rows r0 .. r1 - 1 of y = W x for qsa__par_ranges: an NVFP4 map dequantises each row into a buffer of the
+   slice's own; failed[k] when it could not be had */
+typedef struct qsa__mv_ctx {
     const qsa__lin *l;
     const float *x;
     float *y;
-    int r0, r1;
-} qsa__mv_job;
-
-QSA_PRIV void *qsa__mv_thread(void *arg) {
-    qsa__mv_job *j = (qsa__mv_job *)arg;
-    float *tmp = j->l->w ? NULL : QSA__ALLOC(float, j->l->in);
-    if (j->l->w || tmp) qsa__matvec_rows(j->l, j->x, j->y, j->r0, j->r1, tmp);
+    int failed[QSA__PAR_MAX];
+} qsa__mv_ctx;
+QSA_PRIV void qsa__mv_range(void *c, int k, size_t r0, size_t r1) {
+    qsa__mv_ctx *v = (qsa__mv_ctx *)c;
+    float *tmp = v->l->w ? NULL : QSA__ALLOC(float, v->l->in);
+    if (!v->l->w && !tmp) {
+        v->failed[k] = 1;
+        return;
+    }
+    qsa__matvec_rows(v->l, v->x, v->y, (int)r0, (int)r1, tmp);
     qsa__free(tmp);
-    return NULL;
 }
 
 /* y = W x.  Large maps are split over threads by rows; each row's sum is the same whatever the
    split, so the result does not depend on the thread count. */
 QSA_PRIV qsa_result qsa__matvec(const qsa_model *m, const qsa__lin *l, const float *x, float *y) {
-    int nt = m->n_threads;
     size_t work = (size_t)l->out * (size_t)l->in;
-    if (nt <= 1 || work < (1u << 18)) {
-        float *tmp = l->w ? NULL : QSA__ALLOC(float, l->in);
-        if (!l->w && !tmp) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "matvec: out of memory");
-        qsa__matvec_rows(l, x, y, 0, l->out, tmp);
-        qsa__free(tmp);
-        return QSA_OK;
-    }
-    if (nt > 16) nt = 16;
-    pthread_t th[16];
-    qsa__mv_job jobs[16];
-    int started = 0;
-    for (int t = 0; t < nt; t++) {
-        jobs[t].l = l;
-        jobs[t].x = x;
-        jobs[t].y = y;
-        jobs[t].r0 = (int)((int64_t)l->out * t / nt);
-        jobs[t].r1 = (int)((int64_t)l->out * (t + 1) / nt);
-        if (t == 0) continue;
-        if (pthread_create(&th[t], NULL, qsa__mv_thread, &jobs[t]) != 0) {
-            qsa__mv_thread(&jobs[t]);
-            jobs[t].r0 = -1;
-        }
-        started++;
-    }
-    qsa__mv_thread(&jobs[0]);
-    for (int t = 1; t < nt; t++)
-        if (jobs[t].r0 >= 0) pthread_join(th[t], NULL);
-    (void)started;
+    qsa__mv_ctx v;
+    memset(&v, 0, sizeof v);
+    v.l = l;
+    v.x = x;
+    v.y = y;
+    qsa__par_ranges((size_t)l->out, work < (1u << 18) ? 1 : m->n_threads, qsa__mv_range, &v);
+    for (int k = 0; k < QSA__PAR_MAX; k++)
+        if (v.failed[k]) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "matvec: out of memory");
     return QSA_OK;
 }
 
