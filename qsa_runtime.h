@@ -3615,9 +3615,8 @@ QSA_PRIV void qsa__tensor_to_f32_range(const qsa__tensor *t, float *dst, size_t 
         for (size_t i = i0; i < i1; i++) dst[i] = qsa__tensor_f32(t, i);
     }
 }
-QSA_PRIV void qsa__tensor_to_f32(const qsa__tensor *t, float *dst) { qsa__tensor_to_f32_range(t, dst, 0, qsa__tensor_numel(t)); }
 
-/* qsa__tensor_to_f32 over up to nt threads (qsa__par_ranges): the same values however it is split */
+/* A whole tensor widened over up to nt threads (qsa__par_ranges): the same values however it is split */
 typedef struct qsa__widen_ctx {
     const qsa__tensor *t;
     float *dst;

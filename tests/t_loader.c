@@ -530,7 +530,7 @@ TEST(cpu, safetensors_valid_file) {
         const qsa__tensor *y = qsa__st_find(&s, wide[k]);
         float v[4];
         if (!y) { CHECK(y != NULL); continue; }
-        qsa__tensor_to_f32(y, v);
+        qsa__tensor_to_f32_mt(y, v, 1);
         for (size_t e = 0; e < qsa__tensor_numel(y); e++) CHECKF(v[e] == qsa__tensor_f32(y, e), "%s[%zu]", wide[k], e);
     }
     { /* a tensor large enough to be widened by threads (a load's): the same values with 1, 3 and 16 */
@@ -547,7 +547,7 @@ TEST(cpu, safetensors_valid_file) {
             big.shape[0] = (int64_t)n;
             big.data = (const uint8_t *)raw;
             big.nbytes = n * 2;
-            qsa__tensor_to_f32(&big, a);
+            qsa__tensor_to_f32_range(&big, a, 0, n); /* one thread, one loop */
             static const int nts[3] = {1, 3, 16};
             for (int k = 0; k < 3; k++) {
                 memset(b, 0xff, n * 4);
