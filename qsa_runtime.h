@@ -49,7 +49,8 @@
  * MEMORY
  *   Checkpoints are memory-mapped.  The CPU backend widens dense BF16/F16 weights to fp32 at load,
  *   keeps NVFP4 experts packed and reads the PLE tables from the mapping.  The CUDA backend uploads
- *   dense weights as FP16 (values beyond the FP16 range are reported), NVFP4 experts packed (each
+ *   dense weights as FP16, narrowed straight from the mapping on one GPU (no fp32 copies of the
+ *   matrices are made; values beyond the FP16 range are reported), NVFP4 experts packed (each
  *   4-byte word's nibbles reordered on the device for the kernels' dequantisation), and
  *   leaves the PLE tables in host memory (only gathered rows travel).  KV pages come from one pool
  *   per model (qsa_model_params.kv_pool_tokens); per-sequence recurrent state is allocated when a
@@ -3598,21 +3599,21 @@ QSA_PRIV float qsa__tensor_f32(const qsa__tensor *t, size_t i) {
     }
 }
 
-/* Elements i0 .. i1 - 1 of a BF16/F16/F32 tensor -> fp32 at dst[i0 ..], a loop per dtype (a checkpoint's
-   dense weights at load: billions of elements at the real shape, where qsa__tensor_f32 per element took
-   ~4 ns each) */
-QSA_PRIV void qsa__tensor_to_f32_range(const qsa__tensor *t, float *dst, size_t i0, size_t i1) {
+/* Elements i0 .. i0 + n - 1 of a BF16/F16/F32 tensor -> fp32 at dst[0 .. n), a loop per dtype (a
+   checkpoint's dense weights at load: billions of elements at the real shape, where qsa__tensor_f32 per
+   element took ~4 ns each) */
+QSA_PRIV void qsa__tensor_to_f32_range(const qsa__tensor *t, size_t i0, size_t n, float *dst) {
     const uint8_t *p = t->data;
     if (t->dtype == QSA__F32) {
-        if (i1 > i0) memcpy(dst + i0, p + 4 * i0, (i1 - i0) * 4);
+        if (n) memcpy(dst, p + 4 * i0, n * 4);
     } else if (t->dtype == QSA__BF16) {
-        for (size_t i = i0; i < i1; i++) {
+        for (size_t i = 0; i < n; i++) {
             uint16_t h;
-            memcpy(&h, p + 2 * i, 2);
+            memcpy(&h, p + 2 * (i0 + i), 2);
             dst[i] = qsa__bf16_to_f32(h);
         }
     } else {
-        for (size_t i = i0; i < i1; i++) dst[i] = qsa__tensor_f32(t, i);
+        for (size_t i = 0; i < n; i++) dst[i] = qsa__tensor_f32(t, i0 + i);
     }
 }
 
@@ -3624,7 +3625,7 @@ typedef struct qsa__widen_ctx {
 QSA_PRIV void qsa__widen_range(void *c, int k, size_t i0, size_t i1) {
     const qsa__widen_ctx *x = (const qsa__widen_ctx *)c;
     (void)k;
-    qsa__tensor_to_f32_range(x->t, x->dst, i0, i1);
+    qsa__tensor_to_f32_range(x->t, i0, i1 - i0, x->dst + i0);
 }
 QSA_PRIV void qsa__tensor_to_f32_mt(const qsa__tensor *t, float *dst, int nt) {
     size_t n = qsa__tensor_numel(t);
@@ -3632,51 +3633,54 @@ QSA_PRIV void qsa__tensor_to_f32_mt(const qsa__tensor *t, float *dst, int nt) {
     qsa__par_ranges(n, qsa__par_threads(n, nt), qsa__widen_range, &x);
 }
 
-/* fp32 -> FP16 (qsa__f32_to_f16) over up to nt threads; returns how many finite values became inf */
+/* Narrowing to FP16 (qsa__f32_to_f16 of the fp32 value, so a tensor narrowed straight from the mapping
+   gets the bits its fp32 copy would) over up to nt threads, from fp32 values or from elements off ..
+   off + n - 1 of a BF16/F16/F32 tensor; returns how many finite values became inf */
 typedef struct qsa__narrow_ctx {
-    const float *src;
+    const float *src;     /* fp32 values, or NULL: */
+    const qsa__tensor *t; /* the tensor's elements from off */
+    size_t off;
     uint16_t *dst;
     size_t over[QSA__PAR_MAX];
 } qsa__narrow_ctx;
+#define QSA__NARROW_CHUNK 1024
 QSA_PRIV void qsa__narrow_range(void *c, int k, size_t i0, size_t i1) {
     qsa__narrow_ctx *x = (qsa__narrow_ctx *)c;
     size_t over = 0;
-    for (size_t i = i0; i < i1; i++) {
-        x->dst[i] = qsa__f32_to_f16(x->src[i]);
-        if ((x->dst[i] & 0x7c00) == 0x7c00 && isfinite(x->src[i])) over++;
+    float buf[QSA__NARROW_CHUNK];
+    for (size_t a = i0; a < i1; a += QSA__NARROW_CHUNK) {
+        size_t n = i1 - a < QSA__NARROW_CHUNK ? i1 - a : QSA__NARROW_CHUNK;
+        const float *f = x->src ? x->src + a : buf;
+        if (!x->src) qsa__tensor_to_f32_range(x->t, x->off + a, n, buf);
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = qsa__f32_to_f16(f[i]);
+            x->dst[a + i] = h;
+            if ((h & 0x7c00) == 0x7c00 && isfinite(f[i])) over++;
+        }
     }
     x->over[k] = over;
+}
+QSA_PRIV size_t qsa__narrow_mt(qsa__narrow_ctx *x, size_t n, int nt) {
+    qsa__par_ranges(n, qsa__par_threads(n, nt), qsa__narrow_range, x);
+    size_t over = 0;
+    for (int k = 0; k < QSA__PAR_MAX; k++) over += x->over[k];
+    return over;
 }
 QSA_PRIV size_t qsa__f32_to_f16_mt(const float *src, uint16_t *dst, size_t n, int nt) {
     qsa__narrow_ctx x;
     memset(&x, 0, sizeof x);
     x.src = src;
     x.dst = dst;
-    qsa__par_ranges(n, qsa__par_threads(n, nt), qsa__narrow_range, &x);
-    size_t over = 0;
-    for (int k = 0; k < QSA__PAR_MAX; k++) over += x.over[k];
-    return over;
+    return qsa__narrow_mt(&x, n, nt);
 }
-
-/* BF16/F32/F16 -> FP16 into dst (numel elements); *n_overflow counts finite values that became inf. */
-QSA_PRIV qsa_result qsa__tensor_to_f16(const qsa__tensor *t, uint16_t *dst, size_t *n_overflow) {
-    size_t n = qsa__tensor_numel(t), over = 0;
-    if (t->dtype == QSA__F16) {
-        if (n) memcpy(dst, t->data, n * 2);
-    } else if (t->dtype == QSA__BF16 || t->dtype == QSA__F32) {
-        for (size_t i = 0; i < n; i++) {
-            float f;
-            if (t->dtype == QSA__BF16) { uint16_t h; memcpy(&h, t->data + 2 * i, 2); f = qsa__bf16_to_f32(h); }
-            else memcpy(&f, t->data + 4 * i, 4);
-            uint16_t h = qsa__f32_to_f16(f);
-            if ((h & 0x7fff) == 0x7c00 && f == f && f - f == 0) over++; /* finite in, inf out */
-            dst[i] = h;
-        }
-    } else {
-        return qsa__fail(QSA_ERR_UNSUPPORTED, "tensor '%s': cannot convert %s to FP16", t->name, qsa__dtype_name(t->dtype));
-    }
-    if (n_overflow) *n_overflow = over;
-    return QSA_OK;
+/* The caller checks the dtype (BF16, F16 or F32) and that off + n elements exist. */
+QSA_PRIV size_t qsa__tensor_to_f16_mt(const qsa__tensor *t, size_t off, size_t n, uint16_t *dst, int nt) {
+    qsa__narrow_ctx x;
+    memset(&x, 0, sizeof x);
+    x.t = t;
+    x.off = off;
+    x.dst = dst;
+    return qsa__narrow_mt(&x, n, nt);
 }
 
 /* ---- row views over tables split along dim 0 (PLE n-gram embeddings) ---- */
@@ -5758,7 +5762,11 @@ QSA_IMPL qsa_result qsa_chat_apply_template(const qsa_tokenizer *t, const qsa_ch
    e2m1(nibble) * e4m3(scale[r][i/16]) * global_scale, element 2j in the low nibble of byte j. */
 typedef struct qsa__lin {
     int out, in;
-    const float *w;        /* [out][in] fp32, or NULL for NVFP4 */
+    const float *w;        /* [out][in] fp32; NULL for NVFP4 (q set) and for a matrix left in the file: */
+    const qsa__tensor *src; /* with w NULL and q NULL: the weights are elements src_off .. src_off + out*in - 1 of
+                               this mapped BF16/F16/F32 tensor (a one-GPU load, qsa_model.bind_dev: the CUDA
+                               upload narrows them to FP16 from the mapping) */
+    size_t src_off;
     const float *bias;     /* [out] or NULL */
     const uint8_t *q;      /* NVFP4 packed [out][in/2] */
     const uint8_t *qscale; /* NVFP4 E4M3 block scales [out][in/16] */
@@ -5963,7 +5971,8 @@ struct qsa_model {
     qsa_model_params params;
     qsa__st_set st;
     qsa_tokenizer *tok;
-    const float *embed;    /* [vocab, H] */
+    const float *embed;    /* [vocab, H]; NULL when bind_dev left it in the file: */
+    const qsa__tensor *embed_t; /* the mapped embed_tokens.weight then */
     qsa__lin lm_head;      /* [vocab, H] */
     qsa__gres final_hc;
     qsa__layer_w *layers;
@@ -5979,6 +5988,9 @@ struct qsa_model {
     size_t bytes_f32;      /* bytes of the dense tensors converted to fp32 (what `owned` holds, rope aside) */
     int bind_tp;           /* > 1: the tensors the TP plan splits over bind_tp ranks were not converted; each
                               rank's view cuts its slices from the mapped file (>>tp); 0: every tensor bound */
+    int bind_dev;          /* 1: bound for one GPU: the dense matrices and the embedding were not converted
+                              (qsa__lin.src, embed_t); the CUDA upload narrows them to FP16 straight from the
+                              mapped file; the vectors (norms, biases, conv taps) are fp32 copies as always */
     /* thread pool for the CPU matmuls */
     int n_threads;
 };
@@ -6029,6 +6041,21 @@ QSA_PRIV qsa_result qsa__load_f32(qsa_model *m, const char *name, int ndim, cons
     return QSA_OK;
 }
 
+/* A dense matrix `name` (shape checked; dtype BF16/F16/F32): converted to fp32 at *w, or with m->bind_dev
+   left in the file at *src (*w NULL).  Under m->bind_tp as qsa__load_f32. */
+QSA_PRIV qsa_result qsa__load_mat(qsa_model *m, const char *name, int ndim, const int64_t *shape, const float **w,
+                                  const qsa__tensor **src) {
+    *src = NULL;
+    if (!m->bind_dev) return qsa__load_f32(m, name, ndim, shape, w);
+    const qsa__tensor *t;
+    QSA__TRY(qsa__st_get(&m->st, name, (qsa__dtype)-1, ndim, shape, &t));
+    if (t->dtype != QSA__F32 && t->dtype != QSA__F16 && t->dtype != QSA__BF16)
+        return qsa__fail(QSA_ERR_SHAPE, "tensor '%s': dtype %s, expected F32, F16 or BF16", t->name, qsa__dtype_name(t->dtype));
+    *w = NULL;
+    *src = t;
+    return QSA_OK;
+}
+
 QSA_PRIV qsa_result qsa__load_vec(qsa_model *m, const char *name, int64_t n, const float **out) {
     int64_t shape[1] = {n};
     return qsa__load_f32(m, name, 1, shape, out);
@@ -6049,21 +6076,34 @@ QSA_PRIV qsa_result qsa__load_lin(qsa_model *m, const char *base, int out, int i
     } else {
         int64_t shape[2] = {out, in};
         snprintf(name, sizeof name, "%s.weight", base);
-        QSA__TRY(qsa__load_f32(m, name, 2, shape, &l->w));
+        QSA__TRY(qsa__load_mat(m, name, 2, shape, &l->w, &l->src));
     }
     snprintf(name, sizeof name, "%s.bias", base);
     if (qsa__st_find(&m->st, name)) QSA__TRY(qsa__load_vec(m, name, out, &l->bias));
     return QSA_OK;
 }
 
-/* Row block [row0, row0 + out) of a dense fp32 matrix with `in` columns, as a linear map. */
-QSA_PRIV qsa__lin qsa__lin_rows(const float *w, int row0, int out, int in) {
+/* Row block [row0, row0 + out) of a dense matrix with `in` columns, as a linear map: of the fp32 array w,
+   or (w NULL) of the mapped tensor src. */
+QSA_PRIV qsa__lin qsa__lin_rows(const float *w, const qsa__tensor *src, size_t row0, int out, int in) {
     qsa__lin l;
     memset(&l, 0, sizeof l);
     l.out = out;
     l.in = in;
-    l.w = w + (size_t)row0 * (size_t)in;
+    if (w) l.w = w + row0 * (size_t)in;
+    else {
+        l.src = src;
+        l.src_off = row0 * (size_t)in;
+    }
     return l;
+}
+
+/* The FP16 image of a dense linear map's weights ([out][in], what the CUDA upload sends), narrowed from its
+   fp32 copy or straight from the mapped tensor (the same bits: qsa__narrow_ctx) over up to nt threads;
+   returns how many finite values became inf.  l is dense: w or src set. */
+QSA_PRIV size_t qsa__lin_f16(const qsa__lin *l, uint16_t *dst, int nt) {
+    size_t n = (size_t)l->out * (size_t)l->in;
+    return l->w ? qsa__f32_to_f16_mt(l->w, dst, n, nt) : qsa__tensor_to_f16_mt(l->src, l->src_off, n, dst, nt);
 }
 
 QSA_PRIV qsa_result qsa__load_gres(qsa_model *m, const char *base, int with_inject, qsa__gres *g) {
@@ -6158,17 +6198,17 @@ QSA_PRIV qsa_result qsa__load_moe(qsa_model *m, int L, qsa__moe_w *w) {
     snprintf(name, sizeof name, "%s.experts.gate_up_proj", b);
     if (qsa__st_find(&m->st, name)) {
         const float *gu, *dn;
+        const qsa__tensor *gut, *dnt;
         int64_t s1[3] = {E, 2 * I, H}, s2[3] = {E, H, I};
-        QSA__TRY(qsa__load_f32(m, name, 3, s1, &gu));
+        QSA__TRY(qsa__load_mat(m, name, 3, s1, &gu, &gut));
         snprintf(name, sizeof name, "%s.experts.down_proj", b);
-        QSA__TRY(qsa__load_f32(m, name, 3, s2, &dn));
-        for (int e = 0; e < E && gu; e++) {
-            const float *ge = gu + (size_t)e * 2 * (size_t)I * (size_t)H;
-            w->gate[e] = qsa__lin_rows(ge, 0, I, H);
-            w->up[e] = qsa__lin_rows(ge, I, I, H);
-            w->down[e] = qsa__lin_rows(dn + (size_t)e * (size_t)H * (size_t)I, 0, H, I);
+        QSA__TRY(qsa__load_mat(m, name, 3, s2, &dn, &dnt));
+        for (int e = 0; e < E && (gu || gut); e++) { /* expert e: rows 2Ie.. of gate_up, He.. of down */
+            w->gate[e] = qsa__lin_rows(gu, gut, (size_t)e * 2 * I, I, H);
+            w->up[e] = qsa__lin_rows(gu, gut, (size_t)e * 2 * I + I, I, H);
+            w->down[e] = qsa__lin_rows(dn, dnt, (size_t)e * H, H, I);
         }
-        for (int e = 0; e < E && !gu; e++) { /* split under m->bind_tp: shapes only, the ranks cut the file */
+        for (int e = 0; e < E && !gu && !gut; e++) { /* split under m->bind_tp: shapes only, the ranks cut the file */
             w->gate[e].out = w->up[e].out = I;
             w->gate[e].in = w->up[e].in = H;
             w->down[e].out = H;
@@ -6301,11 +6341,11 @@ QSA_PRIV qsa_result qsa__model_bind(qsa_model *m) {
     const qsa_model_config *c = &m->cfg;
     int H = c->hidden_size;
     int64_t eshape[2] = {c->vocab_size, H};
-    QSA__TRY(qsa__load_f32(m, "embed_tokens.weight", 2, eshape, &m->embed));
+    QSA__TRY(qsa__load_mat(m, "embed_tokens.weight", 2, eshape, &m->embed, &m->embed_t));
     if (qsa__st_find(&m->st, "lm_head.weight") || qsa__st_is_nvfp4(&m->st, "lm_head"))
         QSA__TRY(qsa__load_lin(m, "lm_head", c->vocab_size, H, &m->lm_head));
     else if (c->tie_word_embeddings)
-        m->lm_head = qsa__lin_rows(m->embed, 0, c->vocab_size, H);
+        m->lm_head = qsa__lin_rows(m->embed, m->embed_t, 0, c->vocab_size, H);
     else
         return qsa__fail(QSA_ERR_NOT_FOUND, "tensor 'lm_head.weight' not found and tie_word_embeddings is false");
     QSA__TRY(qsa__load_gres(m, "hyper_connection_mixer", 0, &m->final_hc));
@@ -6430,6 +6470,7 @@ QSA_PRIV void qsa__model_unbind(qsa_model *m) {
     m->bytes_f32 = 0;
     m->rope_inv_freq = NULL;
     m->embed = NULL;
+    m->embed_t = NULL;
     memset(&m->lm_head, 0, sizeof m->lm_head);
     memset(&m->final_hc, 0, sizeof m->final_hc);
 }
@@ -6449,18 +6490,20 @@ QSA_IMPL void qsa_model_free(qsa_model *m) {
 
 /* How many TP ranks the host model is bound for: m->params.tp when the CUDA backend may run it under
    tensor parallelism (then no tensor the plan splits is converted whole: each rank's view cuts its
-   slices from the mapped file, >>tp), 0 otherwise (one GPU, the CPU backend: every tensor bound). */
+   slices from the mapped file, >>tp), 1 when it may run on one GPU (then no dense matrix is converted:
+   qsa_model.bind_dev), 0 for the CPU backend (every tensor bound). */
 QSA_PRIV int qsa__load_bind_tp(const qsa_model_params *p) {
 #ifdef QSA_NO_CUDA
     (void)p;
     return 0;
 #else
-    return p->tp > 1 && p->backend != QSA_BACKEND_CPU ? p->tp : 0;
+    return p->backend == QSA_BACKEND_CPU ? 0 : p->tp > 1 ? p->tp : 1;
 #endif
 }
 
 /* The host model of `dir`: config, generation config, the mapped checkpoint and its tensors bound for
-   bind_tp ranks (qsa_model.bind_tp; 0 or a tp the model cannot be split over binds everything).
+   bind_tp ranks (qsa_model.bind_tp; a tp the model cannot be split over binds everything), for one GPU
+   (bind_tp 1: qsa_model.bind_dev) or for the CPU backend (0: every tensor converted).
    No backend, KV pool or tokenizer yet.  On failure *out is NULL and the error recorded. */
 QSA_PRIV qsa_result qsa__model_open(const char *dir, const qsa_model_params *params, int bind_tp, qsa_model **out) {
     *out = NULL;
@@ -6492,10 +6535,14 @@ QSA_PRIV qsa_result qsa__model_open(const char *dir, const qsa_model_params *par
         if (qsa_tp_check(&m->cfg, bind_tp) == QSA_OK) m->bind_tp = bind_tp;
         else qsa_clear_error(); /* qsa__tp_init reports it */
     }
+    m->bind_dev = bind_tp == 1;
     if (r == QSA_OK) r = qsa__model_bind(m);
     if (r == QSA_OK && m->bind_tp)
         qsa__log(QSA_LOG_INFO, "host weights for tp = %d: %.1f MiB converted whole (replicated); each rank's slices are cut "
                  "from the checkpoint", m->bind_tp, (double)m->bytes_f32 / 1048576.0);
+    if (r == QSA_OK && m->bind_dev)
+        qsa__log(QSA_LOG_INFO, "host weights for one GPU: %.1f MiB of vectors converted; the matrices go to FP16 straight "
+                 "from the checkpoint", (double)m->bytes_f32 / 1048576.0);
     if (r != QSA_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", qsa_last_error());
@@ -6534,9 +6581,9 @@ QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *para
             qsa__log(QSA_LOG_INFO, "CUDA backend unavailable (%s): using the CPU backend", qsa_last_error());
             qsa__pool_destroy(&m->pool);
             r = QSA_OK;
-            if (m->bind_tp) { /* the CPU backend needs every tensor whole */
+            if (m->bind_tp || m->bind_dev) { /* the CPU backend needs every tensor whole, in fp32 */
                 qsa__model_unbind(m);
-                m->bind_tp = 0;
+                m->bind_tp = m->bind_dev = 0;
                 r = qsa__model_bind(m);
             }
         }
@@ -8993,13 +9040,14 @@ QSA_PRIV qsa_result qsa__dvec(qsa__cuda *g, CUdeviceptr *p, const float *v, size
     return qsa__dupload(g, p, v, n * sizeof(float), what);
 }
 
-/* Host fp32 weights -> device FP16 (counting values beyond the FP16 range). */
+/* A linear map's weights -> the device: NVFP4 packed, dense as FP16 from the host's fp32 copy or straight
+   from the mapped file (qsa__lin_f16, counting values beyond the FP16 range). */
 QSA_PRIV qsa_result qsa__dlin_up(qsa__cuda *g, qsa__dlin *d, const qsa__lin *l, const char *what) {
     memset(d, 0, sizeof *d);
     d->out = l->out;
     d->in = l->in;
     if (l->bias) QSA__TRY(qsa__dvec(g, &d->bias, l->bias, (size_t)l->out, what));
-    if (!l->w) {
+    if (l->q) {
         d->s2 = l->qscale2;
         long long words = (long long)l->out * (l->in / 8);
         QSA__TRY(qsa__dupload(g, &d->q, l->q, (size_t)words * 4, what));
@@ -9011,10 +9059,11 @@ QSA_PRIV qsa_result qsa__dlin_up(qsa__cuda *g, qsa__dlin *d, const qsa__lin *l, 
         if (words) QSA__TRY(qsa__cu_launch_ex(g->k[QSA__K_nvfp4_order], "qsa_k_nvfp4_order", gx, 1, 1, 256, 1, 1, 0, 0, args, 0));
         return qsa__dupload(g, &d->s, l->qscale, (size_t)l->out * (size_t)(l->in / 16), what);
     }
+    if (!l->w && !l->src) return qsa__fail(QSA_ERR_INTERNAL, "%s: no weights bound", what);
     size_t n = (size_t)l->out * (size_t)l->in;
     uint16_t *h = QSA__ALLOC(uint16_t, n);
     if (!h) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
-    size_t over = qsa__f32_to_f16_mt(l->w, h, n, g->host_threads);
+    size_t over = qsa__lin_f16(l, h, g->host_threads);
     if (over) qsa__log(QSA_LOG_WARN, "%s: %zu of %zu values overflow FP16 (become inf)", what, over, n);
     qsa_result r = qsa__dupload(g, &d->w16, h, n * 2, what);
     qsa__free(h);
@@ -9028,23 +9077,27 @@ QSA_PRIV qsa_result qsa__dlin_up(qsa__cuda *g, qsa__dlin *d, const qsa__lin *l, 
 QSA_PRIV qsa_result qsa__dlin_up_hc(qsa__cuda *g, qsa__dlin *d, const qsa__lin *l, int hc, const char *what) {
     int H = hc > 0 ? l->out / hc : 0;
     if (hc <= 1 || H * hc != l->out) return qsa__dlin_up(g, d, l, what);
-    size_t in = (size_t)l->in, nq = l->w ? 0 : in / 2, ns = l->w ? 0 : in / 16;
-    float *w = l->w ? QSA__ALLOC(float, (size_t)l->out * in) : NULL, *b = l->bias ? QSA__ALLOC(float, (size_t)l->out) : NULL;
+    size_t in = (size_t)l->in, nq = l->q ? in / 2 : 0, ns = l->q ? in / 16 : 0;
+    float *w = l->q ? NULL : QSA__ALLOC(float, (size_t)l->out * in), *b = l->bias ? QSA__ALLOC(float, (size_t)l->out) : NULL;
     uint8_t *q = nq ? QSA__ALLOC(uint8_t, (size_t)l->out * nq) : NULL, *sc = ns ? QSA__ALLOC(uint8_t, (size_t)l->out * ns) : NULL;
     qsa_result r = QSA_OK;
-    if ((l->w && !w) || (l->bias && !b) || (nq && !q) || (ns && !sc)) {
+    if ((!l->q && !w) || (l->bias && !b) || (nq && !q) || (ns && !sc)) {
         r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
+    } else if (!l->q && !l->w && !l->src) {
+        r = qsa__fail(QSA_ERR_INTERNAL, "%s: no weights bound", what);
     } else {
         for (int j = 0; j < H; j++)
             for (int st = 0; st < hc; st++) {
                 size_t to = (size_t)j * hc + st, from = (size_t)st * H + j;
-                if (w) memcpy(w + to * in, l->w + from * in, in * sizeof(float));
+                if (w && l->w) memcpy(w + to * in, l->w + from * in, in * sizeof(float));
+                else if (w) qsa__tensor_to_f32_range(l->src, l->src_off + from * in, in, w + to * in);
                 if (b) b[to] = l->bias[from];
                 if (q) memcpy(q + to * nq, l->q + from * nq, nq);
                 if (sc) memcpy(sc + to * ns, l->qscale + from * ns, ns);
             }
         qsa__lin p = *l;
         p.w = w;
+        p.src = NULL;
         p.bias = b;
         p.q = q;
         p.qscale = sc;
@@ -9068,7 +9121,7 @@ QSA_PRIV qsa_result qsa__dgres_up(qsa__cuda *g, qsa__dgres *d, const qsa__gres *
 QSA_PRIV qsa_result qsa__cuda_upload(qsa_model *m, qsa__cuda *g) {
     const qsa_model_config *c = &m->cfg;
     int H = c->hidden_size, hcH = c->hc_count * H;
-    qsa__lin emb = qsa__lin_rows(m->embed, 0, c->vocab_size, H);
+    qsa__lin emb = qsa__lin_rows(m->embed, m->embed_t, 0, c->vocab_size, H);
     qsa__dlin demb;
     QSA__TRY(qsa__dlin_up(g, &demb, &emb, "embed_tokens"));
     g->embed16 = demb.w16;
@@ -9115,7 +9168,7 @@ QSA_PRIV qsa_result qsa__cuda_upload(qsa_model *m, qsa__cuda *g) {
         QSA__TRY(qsa__dlin_up(g, &d->sh_expert_gate, &mw->sh_expert_gate, "shared_expert_gate"));
         qsa__dexpert *ex = QSA__CALLOC(qsa__dexpert, c->num_experts);
         if (!ex) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
-        d->experts_nvfp4 = mw->gate[0].w == NULL;
+        d->experts_nvfp4 = mw->gate[0].q != NULL;
         for (int e = 0; e < c->num_experts; e++) {
             qsa__dlin gt, up, dn;
             qsa_result r = qsa__dlin_up(g, &gt, &mw->gate[e], "experts.gate_proj");

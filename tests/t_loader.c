@@ -511,19 +511,20 @@ TEST(cpu, safetensors_valid_file) {
         CHECK(qsa__tensor_f32(w, 0) == 1.5f && qsa__tensor_f32(w, 3) == 3.0f);
         CHECK(qsa__tensor_f32(w, 4) != qsa__tensor_f32(w, 4)); /* out of range: NaN */
         uint16_t h[4];
-        size_t over = 0;
-        CHECK_OK(qsa__tensor_to_f16(w, h, &over));
+        size_t over = qsa__tensor_to_f16_mt(w, 0, 4, h, 1);
         CHECK(over == 1 && h[0] == qsa__f32_to_f16(1.5f) && h[2] == 0x7c00);
+        over = qsa__tensor_to_f16_mt(w, 2, 2, h, 1); /* from element 2 on (a row block of a fused matrix) */
+        CHECK(over == 1 && h[0] == 0x7c00 && h[1] == qsa__f32_to_f16(3.0f));
     }
     const qsa__tensor *x = qsa__st_find(&s, "norm.weight");
     CHECK(x && x->dtype == QSA__BF16 && qsa__tensor_f32(x, 0) == 0.5f);
     if (x) {
         uint16_t h[2];
-        size_t over = 0;
-        CHECK_OK(qsa__tensor_to_f16(x, h, &over));
+        size_t over = qsa__tensor_to_f16_mt(x, 0, 2, h, 1);
         CHECK(over == 1 && h[0] == 0x3800 && h[1] == 0xfc00);
     }
     x = qsa__st_find(&s, "h"); CHECK(x && qsa__tensor_f32(x, 0) == 0.25f);
+    if (x) { uint16_t h = 0; CHECK(qsa__tensor_to_f16_mt(x, 0, 1, &h, 1) == 0 && h == 0x3400); }
     /* the bulk widening of every float dtype gives qsa__tensor_f32's values */
     const char *wide[3] = {"layers.0.w", "norm.weight", "h"};
     for (int k = 0; k < 3; k++) {
@@ -547,7 +548,9 @@ TEST(cpu, safetensors_valid_file) {
             big.shape[0] = (int64_t)n;
             big.data = (const uint8_t *)raw;
             big.nbytes = n * 2;
-            qsa__tensor_to_f32_range(&big, a, 0, n); /* one thread, one loop */
+            qsa__tensor_to_f32_range(&big, 0, n, a); /* one thread, one loop */
+            qsa__tensor_to_f32_range(&big, 1000, 5000, b); /* from an offset */
+            CHECK(!memcmp(a + 1000, b, 5000 * 4));
             static const int nts[3] = {1, 3, 16};
             for (int k = 0; k < 3; k++) {
                 memset(b, 0xff, n * 4);
@@ -568,7 +571,19 @@ TEST(cpu, safetensors_valid_file) {
                     size_t o2 = qsa__f32_to_f16_mt(a, h2, n, nts[k]);
                     CHECKF(o2 == over && !memcmp(h1, h2, n * 2), "narrowed by %d threads: %zu overflows against %zu, or values differ",
                            nts[k], o2, over);
+                    /* straight from the BF16 tensor (a one-GPU upload's): the bits of the fp32 copy's narrowing */
+                    memset(h2, 0xff, n * 2);
+                    o2 = qsa__tensor_to_f16_mt(&big, 0, n, h2, nts[k]);
+                    CHECKF(o2 == over && !memcmp(h1, h2, n * 2), "BF16 narrowed by %d threads: %zu overflows against %zu, or values differ",
+                           nts[k], o2, over);
                 }
+                /* and from an offset, as an expert's rows of a fused tensor */
+                size_t off = 12345, over_off = 0;
+                for (size_t e = off; e < n; e++) over_off += (h1[e] & 0x7c00) == 0x7c00 && isfinite(a[e]);
+                memset(h2, 0xff, n * 2);
+                size_t o3 = qsa__tensor_to_f16_mt(&big, off, n - off, h2, 3);
+                CHECKF(o3 == over_off && !memcmp(h1 + off, h2, (n - off) * 2), "BF16 from element %zu: %zu overflows against %zu, "
+                       "or values differ", off, o3, over_off);
             }
             free(h1);
             free(h2);
@@ -578,7 +593,6 @@ TEST(cpu, safetensors_valid_file) {
         free(b);
     }
     x = qsa__st_find(&s, "s"); CHECK(x && qsa__tensor_f32(x, 0) == 1.0f && qsa__tensor_f32(x, 1) == -1.0f);
-    if (x) { uint16_t h[2]; CHECK_ERR(qsa__tensor_to_f16(x, h, NULL), QSA_ERR_UNSUPPORTED, "tensor 'model.s': cannot convert F8_E4M3"); }
     x = qsa__st_find(&s, "u"); CHECK(x && qsa__tensor_f32(x, 0) == 200.0f);
     x = qsa__st_find(&s, "i"); CHECK(x && x->dtype == QSA__I64 && qsa__tensor_f32(x, 0) == -7.0f);
     x = qsa__st_find(&s, "j"); CHECK(x && x->dtype == QSA__I32 && qsa__tensor_f32(x, 0) == 123456.0f);

@@ -573,15 +573,16 @@ TEST(cpu, tp_slices_fixtures) {
 /* The TP forward's weight slices, emulated on the CPU (no GPU, no NCCL)                          */
 /* ============================================================================================== */
 
-/* A host model bound for bind_tp ranks as a TP load binds it (qsa__model_open; 0: whole, as the CPU
-   backend binds it), on the CPU backend. */
+/* A host model bound for bind_tp ranks as a TP load binds it (qsa__model_open; 1: for one GPU, 0: whole,
+   as the CPU backend binds it), on the CPU backend. */
 static qsa_model *tp_host_model(const char *dir, int bind_tp) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
     mp.backend = QSA_BACKEND_CPU;
     qsa_model *m = NULL;
     CHECK_OK(qsa__model_open(dir, &mp, bind_tp, &m));
-    if (m) CHECKF(m->bind_tp == bind_tp, "%s: bound for %d ranks, asked %d", dir, m->bind_tp, bind_tp);
+    if (m) CHECKF(m->bind_tp == (bind_tp > 1 ? bind_tp : 0) && m->bind_dev == (bind_tp == 1), "%s: bound for %d ranks "
+                  "(one GPU: %d), asked %d", dir, m->bind_tp, m->bind_dev, bind_tp);
     return m;
 }
 
@@ -715,6 +716,8 @@ static int tp_same_mem(const void *a, const void *b, size_t bytes) {
 typedef struct tp_cmp {
     const char *what; /* fixture, tp, rank (messages) */
     int tensors, diffs;
+    size_t in_file;   /* fp32 bytes of the second model's matrices left in the file (qsa__lin.src) */
+    int fp32_mats;    /* the second model's matrices with an fp32 copy (qsa__lin.w) */
 } tp_cmp;
 
 static void tp_cmp_mem(tp_cmp *k, const char *name, int l, const void *a, const void *b, size_t bytes) {
@@ -730,7 +733,19 @@ static void tp_cmp_lin(tp_cmp *k, const char *name, int l, const qsa__lin *a, co
         if (k->diffs++ < 8) printf("    %s: layer %d %s: [%d, %d] against [%d, %d]\n", k->what, l, name, a->out, a->in, b->out, b->in);
         return;
     }
-    tp_cmp_mem(k, name, l, a->w, b->w, n * 4);
+    k->fp32_mats += b->w != NULL;
+    if ((a->src || b->src) && n) { /* left in the file (a one-GPU load): the FP16 images the upload sends, overflows counted */
+        uint16_t *ha = (uint16_t *)malloc(n * 2), *hb = (uint16_t *)malloc(n * 2);
+        int same = ha && hb && (a->w || a->src) && (b->w || b->src) && qsa__lin_f16(a, ha, 2) == qsa__lin_f16(b, hb, 2) &&
+                   !memcmp(ha, hb, n * 2);
+        k->tensors++;
+        if (!same && k->diffs++ < 8) printf("    %s: layer %d %s: FP16 images differ\n", k->what, l, name);
+        if (b->src) k->in_file += n * 4;
+        free(ha);
+        free(hb);
+    } else {
+        tp_cmp_mem(k, name, l, a->w, b->w, n * 4);
+    }
     tp_cmp_mem(k, name, l, a->bias, b->bias, (size_t)a->out * 4);
     tp_cmp_mem(k, name, l, a->q, b->q, n / 2);
     tp_cmp_mem(k, name, l, a->qscale, b->qscale, n / 16);
@@ -749,7 +764,8 @@ static void tp_cmp_views(tp_cmp *k, const qsa_model *a, const qsa_model *b) {
     int H = c->hidden_size, hcH = c->hc_count * H, E = c->num_experts;
     k->tensors++;
     if (memcmp(&a->cfg, &b->cfg, sizeof a->cfg) || a->pool.kvd != b->pool.kvd) { k->diffs++; printf("    %s: local config differs\n", k->what); }
-    tp_cmp_mem(k, "embed_tokens", -1, a->embed, b->embed, (size_t)c->vocab_size * H * 4);
+    qsa__lin ea = qsa__lin_rows(a->embed, a->embed_t, 0, c->vocab_size, H), eb = qsa__lin_rows(b->embed, b->embed_t, 0, c->vocab_size, H);
+    tp_cmp_lin(k, "embed_tokens", -1, &ea, &eb);
     tp_cmp_lin(k, "lm_head", -1, &a->lm_head, &b->lm_head);
     tp_cmp_gres(k, "hyper_connection_mixer", -1, &a->final_hc, &b->final_hc, hcH);
     tp_cmp_mem(k, "rope_inv_freq", -1, a->rope_inv_freq, b->rope_inv_freq, (size_t)(c->rotary_dim / 2) * 4);
@@ -855,7 +871,7 @@ TEST(cpu, tp_views_cut_from_the_file) {
                 CHECK_OK(qsa__tp_view(whole, tp, r, &ca, &ka, &va));
                 CHECK_OK(qsa__tp_view(hm, tp, r, &cb, &kb, &vb));
                 if (!T_.failed) {
-                    tp_cmp k = {what, 0, 0};
+                    tp_cmp k = {what, 0, 0, 0, 0};
                     tp_cmp_views(&k, &va, &vb);
                     CHECKF(k.diffs == 0, "%s: %d of %d tensors differ", what, k.diffs, k.tensors);
                     tensors += k.tensors;
@@ -1037,7 +1053,7 @@ TEST(cpu, tp_views_cut_from_fused_experts) {
             CHECK_OK(qsa__tp_view(whole, 2, r, &ca, &ka, &va));
             CHECK_OK(qsa__tp_view(hm, 2, r, &cb, &kb, &vb));
             if (!T_.failed) {
-                tp_cmp k = {"fused experts", 0, 0};
+                tp_cmp k = {"fused experts", 0, 0, 0, 0};
                 tp_cmp_views(&k, &va, &vb);
                 CHECKF(k.diffs == 0, "rank %d: %d of %d tensors differ", r, k.diffs, k.tensors);
                 size_t repl, slices, split_whole;
@@ -1058,9 +1074,10 @@ TEST(cpu, tp_views_cut_from_fused_experts) {
     rmdir(dir);
 }
 
-/* Which loads bind for TP, and the CPU fallback of an AUTO load with tp = 2: it rebinds the whole model
-   and computes exactly what a CPU load does. */
-TEST(cpu, tp_load_binds_slices_only_for_cuda) {
+/* Which loads bind for the GPU (TP: the split tensors left in the file; one GPU: every dense matrix), and
+   the CPU fallback of an AUTO load with tp = 2 and with tp = 1: it rebinds the whole model and computes
+   exactly what a CPU load does. */
+TEST(cpu, cuda_loads_bind_for_the_gpu_and_fall_back_whole) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
     mp.tp = 2;
@@ -1071,42 +1088,147 @@ TEST(cpu, tp_load_binds_slices_only_for_cuda) {
     mp.backend = QSA_BACKEND_AUTO;
     CHECK(qsa__load_bind_tp(&mp) == 2);
     mp.tp = 1;
+    CHECK(qsa__load_bind_tp(&mp) == 1);
+    mp.tp = 0;
+    CHECK(qsa__load_bind_tp(&mp) == 1);
+    mp.backend = QSA_BACKEND_CPU;
     CHECK(qsa__load_bind_tp(&mp) == 0);
     char dir[600];
     snprintf(dir, sizeof dir, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
-    qsa_model *m = NULL, *cpu = NULL;
-    mp.tp = 2;
-    mp.backend = QSA_BACKEND_AUTO;
-    CHECK_OK(qsa_model_load(dir, &mp, &m));
-    if (!m) return;
-    if (m->cuda) { /* a machine with GPUs and NCCL brought TP up: the nccl group tests it */
-        CHECK(m->bind_tp == 2);
-        qsa_model_free(m);
-        return;
-    }
-    CHECK(m->bind_tp == 0);
+    qsa_model *cpu = NULL;
     mp.tp = 0;
     mp.backend = QSA_BACKEND_CPU;
     CHECK_OK(qsa_model_load(dir, &mp, &cpu));
-    if (!cpu) { qsa_model_free(m); return; }
-    CHECK(m->bytes_f32 == cpu->bytes_f32);
+    if (!cpu) return;
     int n = 12, V = cpu->cfg.vocab_size;
     int32_t ids[12];
     for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 37 + 3) % V);
     float *a = (float *)malloc(sizeof(float) * (size_t)n * V), *b = (float *)malloc(sizeof(float) * (size_t)n * V);
     qsa_seq *s = NULL;
-    CHECK_OK(qsa_seq_create(m, NULL, &s));
-    CHECK_OK(qsa_seq_feed(s, ids, n, a, 1));
-    qsa_seq_free(s);
-    s = NULL;
     CHECK_OK(qsa_seq_create(cpu, NULL, &s));
     CHECK_OK(qsa_seq_feed(s, ids, n, b, 1));
     qsa_seq_free(s);
-    CHECK(!memcmp(a, b, sizeof(float) * (size_t)n * V));
+    for (int tp = 2; tp >= 1; tp--) {
+        qsa_model *m = NULL;
+        mp.tp = tp;
+        mp.backend = QSA_BACKEND_AUTO;
+        CHECK_OK(qsa_model_load(dir, &mp, &m));
+        if (!m) continue;
+        if (m->cuda) { /* a machine with a GPU (and NCCL for tp 2) brought CUDA up */
+            CHECKF(tp == 2 ? m->bind_tp == 2 : m->bind_dev == 1 && !m->embed, "tp %d: bound for %d ranks, one GPU %d", tp,
+                   m->bind_tp, m->bind_dev);
+            qsa_model_free(m);
+            continue;
+        }
+        CHECKF(m->bind_tp == 0 && m->bind_dev == 0 && m->embed, "tp %d: the CPU fallback is bound for %d ranks, one GPU %d", tp,
+               m->bind_tp, m->bind_dev);
+        CHECK(m->bytes_f32 == cpu->bytes_f32);
+        s = NULL;
+        CHECK_OK(qsa_seq_create(m, NULL, &s));
+        CHECK_OK(qsa_seq_feed(s, ids, n, a, 1));
+        qsa_seq_free(s);
+        CHECKF(!memcmp(a, b, sizeof(float) * (size_t)n * V), "tp %d: the fallback's logits differ from a CPU load's", tp);
+        qsa_model_free(m);
+    }
     free(a);
     free(b);
     qsa_model_free(cpu);
-    qsa_model_free(m);
+}
+
+/* A load for one GPU (bound as qsa_model_load binds for the CUDA backend with tp <= 1) converts no dense
+   matrix: the embedding and every linear map stay in the mapped file, and the FP16 image the upload sends
+   of each (qsa__lin_f16, straight from the file) is the whole fp32 model's narrowed, bit for bit, with the
+   same overflow count; every vector, bias and NVFP4 tensor is the same; the host's fp32 bytes drop by
+   exactly the matrices'.  Every fixture, the tiny model, and a copy with the experts fused. */
+TEST(cpu, one_gpu_load_narrows_matrices_from_the_file) {
+    char dirs[41][600], fused[] = "/tmp/qsa_dev_fused_XXXXXX", p[700];
+    int nd = tp_model_dirs(dirs, 40);
+    int have_fused = mkdtemp(fused) != NULL;
+    CHECK(have_fused);
+    snprintf(p, sizeof p, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
+    if (have_fused && tp_write_fused(p, fused) && snprintf(dirs[nd], 600, "%s", fused) < 600) nd++;
+    else CHECK(0);
+    CHECK(nd >= 5);
+    for (int f = 0; f < nd; f++) {
+        qsa_model *whole = tp_host_model(dirs[f], 0), *dev = whole ? tp_host_model(dirs[f], 1) : NULL;
+        if (dev) {
+            tp_cmp k = {dirs[f], 0, 0, 0, 0};
+            tp_cmp_views(&k, whole, dev);
+            CHECKF(k.diffs == 0, "%s: %d of %d tensors differ", dirs[f], k.diffs, k.tensors);
+            CHECKF(k.fp32_mats == 0 && !dev->embed && dev->embed_t, "%s: %d matrices converted to fp32 (embedding %s)", dirs[f],
+                   k.fp32_mats, dev->embed ? "too" : "not");
+            CHECKF(k.in_file > 0 && dev->bytes_f32 + k.in_file == whole->bytes_f32, "%s: %zu fp32 bytes + %zu left in the file, "
+                   "against %zu whole", dirs[f], dev->bytes_f32, k.in_file, whole->bytes_f32);
+            if (T_.verbose)
+                printf("    %s: %d tensors equal; %.2f MiB of fp32 bound for one GPU against %.2f whole\n", dirs[f], k.tensors,
+                       dev->bytes_f32 / 1048576.0, whole->bytes_f32 / 1048576.0);
+        }
+        qsa_model_free(dev);
+        qsa_model_free(whole);
+    }
+    if (have_fused) {
+        snprintf(p, sizeof p, "%s/model.safetensors", fused);
+        remove(p);
+        snprintf(p, sizeof p, "%s/config.json", fused);
+        remove(p);
+        rmdir(fused);
+    }
+}
+
+/* A dense matrix of another dtype is refused by name, whether the load converts it or leaves it in the file. */
+TEST(cpu, load_refuses_a_matrix_of_another_dtype) {
+    char dir[] = "/tmp/qsa_dev_dtype_XXXXXX", src[600], p[700];
+    if (!mkdtemp(dir)) { CHECK(0); return; }
+    snprintf(src, sizeof src, "%s/qsa_first_no_ple", test_path("tests/fixtures"));
+    qsa__st_set st;
+    memset(&st, 0, sizeof st);
+    CHECK_OK(qsa__st_open_dir(src, &st));
+    qsa__st_out *t = (qsa__st_out *)calloc((size_t)st.ntensors + 1, sizeof(qsa__st_out));
+    int n = 0, retyped = 0;
+    char full[200];
+    for (int i = 0; t && i < st.ntensors; i++) {
+        const qsa__tensor *x = &st.tensors[i];
+        t[n].name = x->name;
+        t[n].dtype = x->dtype;
+        t[n].ndim = x->ndim;
+        for (int d = 0; d < x->ndim && d < 4; d++) t[n].shape[d] = x->shape[d];
+        t[n].data = x->data;
+        if (strstr(x->name, "layers.0.mlp.shared_expert.up_proj.weight") && x->dtype == QSA__F32) {
+            t[n].dtype = QSA__I32; /* the same bytes, read as integers */
+            snprintf(full, sizeof full, "%s", x->name);
+            retyped = 1;
+        }
+        n++;
+    }
+    CHECK(retyped);
+    char *cfg = NULL;
+    size_t len = 0;
+    int ok = retyped && snprintf(p, sizeof p, "%s/model.safetensors", dir) < (int)sizeof p && qsa__st_write(p, t, n) == QSA_OK;
+    if (ok && snprintf(p, sizeof p, "%s/config.json", src) < (int)sizeof p) ok = qsa__read_file(p, &cfg, &len) == QSA_OK;
+    if (ok && snprintf(p, sizeof p, "%s/config.json", dir) < (int)sizeof p) {
+        FILE *f = fopen(p, "wb");
+        ok = f && fwrite(cfg, 1, len, f) == len;
+        if (f && fclose(f)) ok = 0;
+    }
+    CHECK(ok);
+    qsa__free(cfg);
+    free(t);
+    qsa__st_close(&st);
+    char want[300];
+    snprintf(want, sizeof want, "tensor '%s': dtype I32, expected F32, F16 or BF16", full);
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.backend = QSA_BACKEND_CPU;
+    for (int bind = 0; ok && bind < 2; bind++) {
+        qsa_model *m = (qsa_model *)1;
+        CHECK_ERR(qsa__model_open(dir, &mp, bind, &m), QSA_ERR_SHAPE, want);
+        CHECK(m == NULL);
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    remove(p);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    remove(p);
+    rmdir(dir);
 }
 
 /* The multi-process rendezvous file: rank 0 publishes the id atomically, a waiting rank reads exactly
