@@ -6098,12 +6098,35 @@ QSA_PRIV qsa__lin qsa__lin_rows(const float *w, const qsa__tensor *src, size_t r
     return l;
 }
 
-/* The FP16 image of a dense linear map's weights ([out][in], what the CUDA upload sends), narrowed from its
-   fp32 copy or straight from the mapped tensor (the same bits: qsa__narrow_ctx) over up to nt threads;
-   returns how many finite values became inf.  l is dense: w or src set. */
-QSA_PRIV size_t qsa__lin_f16(const qsa__lin *l, uint16_t *dst, int nt) {
+/* Elements i0 .. i0 + n - 1 of the FP16 image of a dense linear map's weights ([out][in] row-major, what the
+   CUDA upload sends), narrowed from its fp32 copy or straight from the mapped tensor (the same bits:
+   qsa__narrow_ctx) over up to nt threads; returns how many finite values became inf.  l is dense (w or
+   src set) and i0 + n <= out * in. */
+QSA_PRIV size_t qsa__lin_f16(const qsa__lin *l, size_t i0, size_t n, uint16_t *dst, int nt) {
+    return l->w ? qsa__f32_to_f16_mt(l->w + i0, dst, n, nt) : qsa__tensor_to_f16_mt(l->src, l->src_off + i0, n, dst, nt);
+}
+
+/* The whole FP16 image of a dense linear map in pieces of at most `chunk` elements, through one host
+   buffer: put(ctx, first element, values, count) for each piece in order (the CUDA upload copies each to
+   the device, so the host never holds more than a piece); stops at put's first error.  *over: how many
+   finite values became inf. */
+typedef qsa_result (*qsa__f16_put_fn)(void *ctx, size_t i0, const uint16_t *h, size_t n);
+QSA_PRIV qsa_result qsa__lin_f16_pieces(const qsa__lin *l, size_t chunk, int nt, qsa__f16_put_fn put, void *ctx,
+                                        const char *what, size_t *over) {
     size_t n = (size_t)l->out * (size_t)l->in;
-    return l->w ? qsa__f32_to_f16_mt(l->w, dst, n, nt) : qsa__tensor_to_f16_mt(l->src, l->src_off, n, dst, nt);
+    *over = 0;
+    if (!l->w && !l->src) return qsa__fail(QSA_ERR_INTERNAL, "%s: no dense weights bound", what);
+    if (chunk == 0 || chunk > n) chunk = n;
+    uint16_t *h = QSA__ALLOC(uint16_t, chunk ? chunk : 1);
+    if (!h) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "%s: out of host memory for %zu FP16 values", what, chunk);
+    qsa_result r = QSA_OK;
+    for (size_t i0 = 0; i0 < n && r == QSA_OK; i0 += chunk) {
+        size_t k = n - i0 < chunk ? n - i0 : chunk;
+        *over += qsa__lin_f16(l, i0, k, h, nt);
+        r = put(ctx, i0, h, k);
+    }
+    qsa__free(h);
+    return r;
 }
 
 QSA_PRIV qsa_result qsa__load_gres(qsa_model *m, const char *base, int with_inject, qsa__gres *g) {
@@ -9040,8 +9063,18 @@ QSA_PRIV qsa_result qsa__dvec(qsa__cuda *g, CUdeviceptr *p, const float *v, size
     return qsa__dupload(g, p, v, n * sizeof(float), what);
 }
 
+/* A piece of an FP16 image -> its place in the device copy (qsa__lin_f16_pieces) */
+typedef struct qsa__f16_dev {
+    CUdeviceptr base;
+} qsa__f16_dev;
+QSA_PRIV qsa_result qsa__f16_to_dev(void *ctx, size_t i0, const uint16_t *h, size_t n) {
+    QSA__CU(qsa__cu.cuMemcpyHtoD_v2(((qsa__f16_dev *)ctx)->base + i0 * 2, h, n * 2));
+    return QSA_OK;
+}
+#define QSA__UPLOAD_PIECE ((size_t)32 << 20) /* FP16 values narrowed per host-to-device copy (64 MiB) */
+
 /* A linear map's weights -> the device: NVFP4 packed, dense as FP16 from the host's fp32 copy or straight
-   from the mapped file (qsa__lin_f16, counting values beyond the FP16 range). */
+   from the mapped file, in pieces (qsa__lin_f16_pieces, counting values beyond the FP16 range). */
 QSA_PRIV qsa_result qsa__dlin_up(qsa__cuda *g, qsa__dlin *d, const qsa__lin *l, const char *what) {
     memset(d, 0, sizeof *d);
     d->out = l->out;
@@ -9059,15 +9092,12 @@ QSA_PRIV qsa_result qsa__dlin_up(qsa__cuda *g, qsa__dlin *d, const qsa__lin *l, 
         if (words) QSA__TRY(qsa__cu_launch_ex(g->k[QSA__K_nvfp4_order], "qsa_k_nvfp4_order", gx, 1, 1, 256, 1, 1, 0, 0, args, 0));
         return qsa__dupload(g, &d->s, l->qscale, (size_t)l->out * (size_t)(l->in / 16), what);
     }
-    if (!l->w && !l->src) return qsa__fail(QSA_ERR_INTERNAL, "%s: no weights bound", what);
-    size_t n = (size_t)l->out * (size_t)l->in;
-    uint16_t *h = QSA__ALLOC(uint16_t, n);
-    if (!h) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "%s: out of host memory", what);
-    size_t over = qsa__lin_f16(l, h, g->host_threads);
+    size_t n = (size_t)l->out * (size_t)l->in, over;
+    QSA__TRY(qsa__dalloc(g, &d->w16, n * 2, &g->bytes_weights, what));
+    qsa__f16_dev x = {d->w16};
+    QSA__TRY(qsa__lin_f16_pieces(l, QSA__UPLOAD_PIECE, g->host_threads, qsa__f16_to_dev, &x, what, &over));
     if (over) qsa__log(QSA_LOG_WARN, "%s: %zu of %zu values overflow FP16 (become inf)", what, over, n);
-    qsa_result r = qsa__dupload(g, &d->w16, h, n * 2, what);
-    qsa__free(h);
-    return r;
+    return QSA_OK;
 }
 
 /* The hyper-connection up projection with its rows interleaved by stream: device row j * hc + s is

@@ -736,7 +736,7 @@ static void tp_cmp_lin(tp_cmp *k, const char *name, int l, const qsa__lin *a, co
     k->fp32_mats += b->w != NULL;
     if ((a->src || b->src) && n) { /* left in the file (a one-GPU load): the FP16 images the upload sends, overflows counted */
         uint16_t *ha = (uint16_t *)malloc(n * 2), *hb = (uint16_t *)malloc(n * 2);
-        int same = ha && hb && (a->w || a->src) && (b->w || b->src) && qsa__lin_f16(a, ha, 2) == qsa__lin_f16(b, hb, 2) &&
+        int same = ha && hb && (a->w || a->src) && (b->w || b->src) && qsa__lin_f16(a, 0, n, ha, 2) == qsa__lin_f16(b, 0, n, hb, 2) &&
                    !memcmp(ha, hb, n * 2);
         k->tensors++;
         if (!same && k->diffs++ < 8) printf("    %s: layer %d %s: FP16 images differ\n", k->what, l, name);
@@ -1173,6 +1173,71 @@ TEST(cpu, one_gpu_load_narrows_matrices_from_the_file) {
         remove(p);
         rmdir(fused);
     }
+}
+
+/* qsa__lin_f16_pieces (the CUDA upload's loop: narrow a piece, copy it) hands over the whole image in order
+   whatever the piece size, with the one-shot overflow count, and stops at the first piece put refuses. */
+typedef struct pieces_sink {
+    uint16_t *img;
+    size_t next, calls, fail_at;
+} pieces_sink;
+static qsa_result pieces_put(void *ctx, size_t i0, const uint16_t *h, size_t n) {
+    pieces_sink *k = (pieces_sink *)ctx;
+    if (i0 != k->next) return qsa__fail(QSA_ERR_INTERNAL, "piece at %zu, expected %zu", i0, k->next);
+    if (++k->calls == k->fail_at) return qsa__fail(QSA_ERR_CUDA, "copy %zu refused", k->calls);
+    memcpy(k->img + i0, h, n * 2);
+    k->next = i0 + n;
+    return QSA_OK;
+}
+TEST(cpu, fp16_image_in_pieces) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
+    qsa_model *dev = tp_host_model(dir, 1);
+    if (!dev) return;
+    qsa__lin ls[2] = {qsa__lin_rows(NULL, dev->embed_t, 0, dev->cfg.vocab_size, dev->cfg.hidden_size), dev->layers[0].moe.sh_down};
+    uint16_t big[2] = {0x7f00, 0x4000}; /* a BF16 beyond the FP16 range, and 2 */
+    qsa__tensor t;
+    memset(&t, 0, sizeof t);
+    t.name = "over";
+    t.dtype = QSA__BF16;
+    t.ndim = 1;
+    t.shape[0] = 2;
+    t.data = (const uint8_t *)big;
+    t.nbytes = 4;
+    qsa__lin lo = qsa__lin_rows(NULL, &t, 0, 1, 2);
+    for (int li = 0; li < 3; li++) {
+        const qsa__lin *l = li < 2 ? &ls[li] : &lo;
+        size_t n = (size_t)l->out * l->in, over1, over;
+        CHECK(l->src != NULL && n > 0);
+        uint16_t *ref = (uint16_t *)malloc(n * 2), *img = (uint16_t *)malloc(n * 2);
+        if (!ref || !img || !l->src) { free(ref); free(img); continue; }
+        over1 = qsa__lin_f16(l, 0, n, ref, 1);
+        CHECK(li < 2 ? over1 == 0 : over1 == 1);
+        size_t sizes[6] = {1, 7, n > 1 ? n - 1 : 1, n, 2 * n, 0};
+        for (int k = 0; k < 6; k++) {
+            if (sizes[k] == 1 && n > 100000) continue;
+            pieces_sink sk = {img, 0, 0, 0};
+            memset(img, 0xff, n * 2);
+            CHECK_OK(qsa__lin_f16_pieces(l, sizes[k], 2, pieces_put, &sk, "test", &over));
+            size_t want = sizes[k] == 0 || sizes[k] >= n ? 1 : (n + sizes[k] - 1) / sizes[k];
+            CHECKF(sk.next == n && sk.calls == want && over == over1 && !memcmp(img, ref, n * 2),
+                   "matrix %d in pieces of %zu: %zu of %zu values in %zu pieces (expected %zu), %zu overflows against %zu", li,
+                   sizes[k], sk.next, n, sk.calls, want, over, over1);
+        }
+        if (n >= 3) {
+            pieces_sink sk = {img, 0, 0, 2};
+            CHECK_ERR(qsa__lin_f16_pieces(l, n / 3, 2, pieces_put, &sk, "test", &over), QSA_ERR_CUDA, "copy 2 refused");
+            CHECK(sk.calls == 2 && sk.next == n / 3);
+        }
+        free(ref);
+        free(img);
+    }
+    qsa__lin none = qsa__lin_rows(NULL, NULL, 0, 2, 2);
+    size_t over;
+    pieces_sink sk = {NULL, 0, 0, 0};
+    CHECK_ERR(qsa__lin_f16_pieces(&none, 0, 1, pieces_put, &sk, "layers.0.x", &over), QSA_ERR_INTERNAL,
+              "layers.0.x: no dense weights bound");
+    qsa_model_free(dev);
 }
 
 /* A dense matrix of another dtype is refused by name, whether the load converts it or leaves it in the file. */
