@@ -1175,6 +1175,65 @@ TEST(cpu, one_gpu_load_narrows_matrices_from_the_file) {
     }
 }
 
+#ifndef QSA_NO_CUDA
+/* The one-GPU upload from the file (qsa_model_load for CUDA: bind_dev) computes the logits of the same model
+   uploaded from fp32 host copies (bound whole, then the same qsa__cuda_init) bit for bit: every fixture, the
+   tiny model, and a copy with the experts fused. */
+TEST(gpu, upload_from_the_file_equals_fp32_copies) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    qsa_model *probe = NULL;
+    GPU_OR_SKIP("qsa_first_no_ple", &mp, &probe);
+    qsa_model_free(probe);
+    char dirs[41][600], fused[] = "/tmp/qsa_dev_fused_XXXXXX", p[700];
+    int nd = tp_model_dirs(dirs, 40), have_fused = mkdtemp(fused) != NULL;
+    snprintf(p, sizeof p, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
+    if (have_fused && tp_write_fused(p, fused) && snprintf(dirs[nd], 600, "%s", fused) < 600) nd++;
+    else CHECK(0);
+    for (int f = 0; f < nd; f++) {
+        qsa_model *a = NULL, *b = NULL;
+        memset(&mp, 0, sizeof mp);
+        mp.backend = QSA_BACKEND_CUDA;
+        CHECK_OK(qsa_model_load(dirs[f], &mp, &a));
+        if (!a) continue;
+        CHECKF(a->bind_dev == 1 && !a->embed && a->embed_t, "%s: not bound for one GPU", dirs[f]);
+        CHECK_OK(qsa__model_open(dirs[f], &a->params, 0, &b)); /* whole, with the load's settled parameters */
+        if (b) {
+            CHECK_OK(qsa__pool_create(b, 0));
+            CHECK_OK(qsa__cuda_init(b, &b->cuda));
+        }
+        if (b && b->cuda) {
+            int n = 12, V = a->cfg.vocab_size;
+            int32_t ids[12];
+            for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 53 + 5) % V);
+            float *la = (float *)malloc(sizeof(float) * (size_t)n * V), *lb = (float *)malloc(sizeof(float) * (size_t)n * V);
+            qsa_model *ms[2] = {a, b};
+            float *ls[2] = {la, lb};
+            for (int k = 0; k < 2; k++) {
+                qsa_seq *s = NULL;
+                CHECK_OK(qsa_seq_create(ms[k], NULL, &s));
+                if (s) CHECK_OK(qsa_seq_feed(s, ids, n, ls[k], 1));
+                qsa_seq_free(s);
+            }
+            CHECKF(!memcmp(la, lb, sizeof(float) * (size_t)n * V), "%s: logits differ between the upload from the file and "
+                   "from fp32 copies", dirs[f]);
+            if (T_.verbose) printf("    %s: %d x %d logits equal\n", dirs[f], n, V);
+            free(la);
+            free(lb);
+        }
+        qsa_model_free(b);
+        qsa_model_free(a);
+    }
+    if (have_fused) {
+        snprintf(p, sizeof p, "%s/model.safetensors", fused);
+        remove(p);
+        snprintf(p, sizeof p, "%s/config.json", fused);
+        remove(p);
+        rmdir(fused);
+    }
+}
+#endif
+
 /* qsa__lin_f16_pieces (the CUDA upload's loop: narrow a piece, copy it) hands over the whole image in order
    whatever the piece size, with the one-shot overflow count, and stops at the first piece put refuses. */
 typedef struct pieces_sink {
