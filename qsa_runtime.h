@@ -47,17 +47,18 @@
  *   qsa_log_stderr is a ready-made callback.
  *
  * MEMORY
- *   Checkpoints are memory-mapped.  The CPU backend widens dense BF16/F16 weights to fp32 at load,
- *   keeps NVFP4 experts packed and reads the PLE tables from the mapping.  The CUDA backend uploads
- *   dense weights as FP16, narrowed straight from the mapping on one GPU (no fp32 copies of the
- *   matrices are made; values beyond the FP16 range are reported), NVFP4 experts packed (each
- *   4-byte word's nibbles reordered on the device for the kernels' dequantisation), and
- *   leaves the PLE tables in host memory (only gathered rows travel).  KV pages come from one pool
- *   per model (qsa_model_params.kv_pool_tokens); per-sequence recurrent state is allocated when a
- *   sequence is created.  Under tensor parallelism the host converts only the replicated dense
- *   tensors whole; each rank's slices of the split ones are converted from the mapping and freed
- *   once uploaded.  The CUDA backend's scratch is sized for one forward call of max_chunk tokens
- *   (qsa_model_params.max_chunk, default 512; 2048 doubles prefill speed on the real shape,
+ *   Checkpoints are memory-mapped, and no host copy of a weight matrix is made: the CPU backend
+ *   reads dense BF16/F16/F32 matrices from the mapping (each value widened exactly to fp32 as it is
+ *   used), keeps NVFP4 experts packed and reads the PLE tables there too; only vectors (norms,
+ *   biases, conv taps) get fp32 copies.  The CUDA backend uploads dense weights as FP16, narrowed
+ *   from the mapping in 64 MiB pieces (values beyond the FP16 range are reported), NVFP4 experts
+ *   packed (each 4-byte word's nibbles reordered on the device for the kernels' dequantisation),
+ *   and leaves the PLE tables in host memory (only gathered rows travel).  KV pages come from one
+ *   pool per model (qsa_model_params.kv_pool_tokens); per-sequence recurrent state is allocated
+ *   when a sequence is created.  Under tensor parallelism the host converts the replicated dense
+ *   tensors whole to fp32; each rank's slices of the split ones are converted from the mapping and
+ *   freed once uploaded.  The CUDA backend's scratch is sized for one forward call of max_chunk
+ *   tokens (qsa_model_params.max_chunk, default 512; 2048 doubles prefill speed on the real shape,
  *   docs/PERFORMANCE-LOG.md), the routed experts' outputs taking up to 256 MiB of it per sub-chunk.
  *   Host allocations go through QSA_MALLOC/QSA_REALLOC/QSA_FREE.
  *
@@ -5764,7 +5765,7 @@ typedef struct qsa__lin {
     int out, in;
     const float *w;        /* [out][in] fp32; NULL for NVFP4 (q set) and for a matrix left in the file: */
     const qsa__tensor *src; /* with w NULL and q NULL: the weights are elements src_off .. src_off + out*in - 1 of
-                               this mapped BF16/F16/F32 tensor (a one-GPU load, qsa_model.bind_dev: the CUDA
+                               this mapped BF16/F16/F32 tensor (a one-GPU load, qsa_model.bind_file: the CUDA
                                upload narrows them to FP16 from the mapping) */
     size_t src_off;
     const float *bias;     /* [out] or NULL */
@@ -5971,7 +5972,7 @@ struct qsa_model {
     qsa_model_params params;
     qsa__st_set st;
     qsa_tokenizer *tok;
-    const float *embed;    /* [vocab, H]; NULL when bind_dev left it in the file: */
+    const float *embed;    /* [vocab, H]; NULL when bind_file left it in the file: */
     const qsa__tensor *embed_t; /* the mapped embed_tokens.weight then */
     qsa__lin lm_head;      /* [vocab, H] */
     qsa__gres final_hc;
@@ -5988,9 +5989,9 @@ struct qsa_model {
     size_t bytes_f32;      /* bytes of the dense tensors converted to fp32 (what `owned` holds, rope aside) */
     int bind_tp;           /* > 1: the tensors the TP plan splits over bind_tp ranks were not converted; each
                               rank's view cuts its slices from the mapped file (>>tp); 0: every tensor bound */
-    int bind_dev;          /* 1: bound for one GPU: the dense matrices and the embedding were not converted
-                              (qsa__lin.src, embed_t); the CUDA upload narrows them to FP16 straight from the
-                              mapped file; the vectors (norms, biases, conv taps) are fp32 copies as always */
+    int bind_file;         /* 1: the dense matrices and the embedding were not converted (qsa__lin.src,
+                              embed_t): the CPU backend reads them from the mapped file, the CUDA upload narrows
+                              them to FP16 from there; the vectors (norms, biases, conv taps) are fp32 copies */
     /* thread pool for the CPU matmuls */
     int n_threads;
 };
@@ -6041,12 +6042,12 @@ QSA_PRIV qsa_result qsa__load_f32(qsa_model *m, const char *name, int ndim, cons
     return QSA_OK;
 }
 
-/* A dense matrix `name` (shape checked; dtype BF16/F16/F32): converted to fp32 at *w, or with m->bind_dev
+/* A dense matrix `name` (shape checked; dtype BF16/F16/F32): converted to fp32 at *w, or with m->bind_file
    left in the file at *src (*w NULL).  Under m->bind_tp as qsa__load_f32. */
 QSA_PRIV qsa_result qsa__load_mat(qsa_model *m, const char *name, int ndim, const int64_t *shape, const float **w,
                                   const qsa__tensor **src) {
     *src = NULL;
-    if (!m->bind_dev) return qsa__load_f32(m, name, ndim, shape, w);
+    if (!m->bind_file) return qsa__load_f32(m, name, ndim, shape, w);
     const qsa__tensor *t;
     QSA__TRY(qsa__st_get(&m->st, name, (qsa__dtype)-1, ndim, shape, &t));
     if (t->dtype != QSA__F32 && t->dtype != QSA__F16 && t->dtype != QSA__BF16)
@@ -6395,7 +6396,7 @@ QSA_PRIV qsa_result qsa__model_bind(qsa_model *m) {
     }
     /* RoPE inverse frequencies in fp32, as the reference computes them */
     int rd = c->rotary_dim;
-    m->rope_inv_freq = QSA__ALLOC(float, rd / 2 + 1);
+    m->rope_inv_freq = QSA__CALLOC(float, rd / 2 + 1); /* (the device copy is one float longer: zero) */
     if (!m->rope_inv_freq) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "model load: out of memory");
     for (int i = 0; i < rd / 2; i++) {
         float e = (float)(2 * i) / (float)rd;
@@ -6511,22 +6512,22 @@ QSA_IMPL void qsa_model_free(qsa_model *m) {
     qsa__free(m);
 }
 
-/* How many TP ranks the host model is bound for: m->params.tp when the CUDA backend may run it under
-   tensor parallelism (then no tensor the plan splits is converted whole: each rank's view cuts its
-   slices from the mapped file, >>tp), 1 when it may run on one GPU (then no dense matrix is converted:
-   qsa_model.bind_dev), 0 for the CPU backend (every tensor bound). */
+/* How the host model is bound: for m->params.tp ranks when the CUDA backend may run it under tensor
+   parallelism (no tensor the plan splits is converted whole: each rank's view cuts its slices from the
+   mapped file, >>tp), else 1: no dense matrix is converted (qsa_model.bind_file; one GPU or the CPU). */
 QSA_PRIV int qsa__load_bind_tp(const qsa_model_params *p) {
 #ifdef QSA_NO_CUDA
     (void)p;
-    return 0;
+    return 1;
 #else
-    return p->backend == QSA_BACKEND_CPU ? 0 : p->tp > 1 ? p->tp : 1;
+    return p->tp > 1 && p->backend != QSA_BACKEND_CPU ? p->tp : 1;
 #endif
 }
 
 /* The host model of `dir`: config, generation config, the mapped checkpoint and its tensors bound for
-   bind_tp ranks (qsa_model.bind_tp; a tp the model cannot be split over binds everything), for one GPU
-   (bind_tp 1: qsa_model.bind_dev) or for the CPU backend (0: every tensor converted).
+   bind_tp ranks (qsa_model.bind_tp; a tp the model cannot be split over binds as 1), with the dense
+   matrices left in the file (1: qsa_model.bind_file), or every tensor converted to fp32 (0: the whole
+   model that tests slice TP views from).
    No backend, KV pool or tokenizer yet.  On failure *out is NULL and the error recorded. */
 QSA_PRIV qsa_result qsa__model_open(const char *dir, const qsa_model_params *params, int bind_tp, qsa_model **out) {
     *out = NULL;
@@ -6558,14 +6559,14 @@ QSA_PRIV qsa_result qsa__model_open(const char *dir, const qsa_model_params *par
         if (qsa_tp_check(&m->cfg, bind_tp) == QSA_OK) m->bind_tp = bind_tp;
         else qsa_clear_error(); /* qsa__tp_init reports it */
     }
-    m->bind_dev = bind_tp == 1;
+    m->bind_file = bind_tp == 1 || (bind_tp > 1 && !m->bind_tp);
     if (r == QSA_OK) r = qsa__model_bind(m);
     if (r == QSA_OK && m->bind_tp)
         qsa__log(QSA_LOG_INFO, "host weights for tp = %d: %.1f MiB converted whole (replicated); each rank's slices are cut "
                  "from the checkpoint", m->bind_tp, (double)m->bytes_f32 / 1048576.0);
-    if (r == QSA_OK && m->bind_dev)
-        qsa__log(QSA_LOG_INFO, "host weights for one GPU: %.1f MiB of vectors converted; the matrices go to FP16 straight "
-                 "from the checkpoint", (double)m->bytes_f32 / 1048576.0);
+    if (r == QSA_OK && m->bind_file)
+        qsa__log(QSA_LOG_DEBUG, "host weights: %.1f MiB of vectors converted to fp32; the matrices are read from the "
+                 "checkpoint", (double)m->bytes_f32 / 1048576.0);
     if (r != QSA_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", qsa_last_error());
@@ -6604,9 +6605,10 @@ QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *para
             qsa__log(QSA_LOG_INFO, "CUDA backend unavailable (%s): using the CPU backend", qsa_last_error());
             qsa__pool_destroy(&m->pool);
             r = QSA_OK;
-            if (m->bind_tp || m->bind_dev) { /* the CPU backend needs every tensor whole, in fp32 */
+            if (m->bind_tp) { /* the CPU backend needs every tensor whole (its matrices in the file) */
                 qsa__model_unbind(m);
-                m->bind_tp = m->bind_dev = 0;
+                m->bind_tp = 0;
+                m->bind_file = 1;
                 r = qsa__model_bind(m);
             }
         }
@@ -6664,12 +6666,52 @@ QSA_PRIV const float *qsa__lin_row(const qsa__lin *l, int r, float *tmp) {
     return tmp;
 }
 
-/* y[r] = sum_i W[r][i] x[i] for r in [r0, r1), fp32 accumulation in index order. */
+/* sum_i W[i] x[i] for a row of n BF16 / F16 / F32 weights in the mapped file (p: its first byte, of any
+   alignment), fp32 accumulation in index order: each weight widened exactly, so the sum of the row's
+   fp32 copy */
+QSA_PRIV float qsa__dot_mapped(qsa__dtype dt, const uint8_t *p, const float *x, int n) {
+    float acc = 0.0f;
+    if (dt == QSA__BF16) {
+        for (int i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * (size_t)i, 2);
+            acc += qsa__bf16_to_f32(h) * x[i];
+        }
+    } else if (dt == QSA__F16) {
+        for (int i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * (size_t)i, 2);
+            acc += qsa__f16_to_f32(h) * x[i];
+        }
+    } else {
+        for (int i = 0; i < n; i++) {
+            float w;
+            memcpy(&w, p + 4 * (size_t)i, 4);
+            acc += w * x[i];
+        }
+    }
+    return acc;
+}
+
+/* Row `id` of the embedding table as fp32 (H values), from the fp32 copy or the mapped file. */
+QSA_PRIV void qsa__embed_row(const qsa_model *m, int32_t id, float *dst) {
+    size_t H = (size_t)m->cfg.hidden_size;
+    if (m->embed) memcpy(dst, m->embed + (size_t)id * H, sizeof(float) * H);
+    else qsa__tensor_to_f32_range(m->embed_t, (size_t)id * H, H, dst);
+}
+
+/* y[r] = sum_i W[r][i] x[i] for r in [r0, r1), fp32 accumulation in index order (weights from the fp32
+   copy, the mapped file, or NVFP4 dequantised into tmp: the same sums). */
 QSA_PRIV void qsa__matvec_rows(const qsa__lin *l, const float *x, float *y, int r0, int r1, float *tmp) {
     for (int r = r0; r < r1; r++) {
-        const float *w = qsa__lin_row(l, r, tmp);
         float acc = 0.0f;
-        for (int i = 0; i < l->in; i++) acc += w[i] * x[i];
+        if (!l->w && !l->q) {
+            size_t es = qsa__dtype_size(l->src->dtype);
+            acc = qsa__dot_mapped(l->src->dtype, l->src->data + (l->src_off + (size_t)r * (size_t)l->in) * es, x, l->in);
+        } else {
+            const float *w = qsa__lin_row(l, r, tmp);
+            for (int i = 0; i < l->in; i++) acc += w[i] * x[i];
+        }
         y[r] = acc + (l->bias ? l->bias[r] : 0.0f);
     }
 }
@@ -6684,8 +6726,8 @@ typedef struct qsa__mv_ctx {
 } qsa__mv_ctx;
 QSA_PRIV void qsa__mv_range(void *c, int k, size_t r0, size_t r1) {
     qsa__mv_ctx *v = (qsa__mv_ctx *)c;
-    float *tmp = v->l->w ? NULL : QSA__ALLOC(float, v->l->in);
-    if (!v->l->w && !tmp) {
+    float *tmp = v->l->q ? QSA__ALLOC(float, v->l->in) : NULL;
+    if (v->l->q && !tmp) {
         v->failed[k] = 1;
         return;
     }
@@ -7598,7 +7640,7 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
     if (!X || !sc.xn || !sc.mw || !sc.low || !sc.inj || !sc.inp || !sc.out) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_seq_feed: out of memory"); goto done; }
     /* embedding, repeated into hc streams */
     for (int t = 0; t < n; t++)
-        for (int s = 0; s < hc; s++) memcpy(X + (size_t)t * hcH + s * H, m->embed + (size_t)ids[t] * H, sizeof(float) * H);
+        for (int s = 0; s < hc; s++) qsa__embed_row(m, ids[t], X + (size_t)t * hcH + s * H);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const qsa__layer_w *lw = &m->layers[l];
         if (lw->ple && (r = qsa__ple_fwd(sq, l, ids, n, X, &sc)) != QSA_OK) goto done;
@@ -8825,6 +8867,7 @@ typedef struct qsa__cuda {
     int jit_from_cache;
     int pdl;                    /* launch kernels as programmatic dependents (qsa__cu_launch_ex; qsa__cuda_module) */
     int host_threads;           /* the upload's host conversions (the model's n_threads; 0 or 1: this thread) */
+    size_t upload_piece;        /* FP16 values narrowed per host-to-device copy (0: QSA__UPLOAD_PIECE) */
     size_t bytes_weights, bytes_kv, bytes_state, bytes_scratch;
     CUdeviceptr embed16, rope_inv_freq;
     qsa__dlin lm_head;
@@ -9095,7 +9138,8 @@ QSA_PRIV qsa_result qsa__dlin_up(qsa__cuda *g, qsa__dlin *d, const qsa__lin *l, 
     size_t n = (size_t)l->out * (size_t)l->in, over;
     QSA__TRY(qsa__dalloc(g, &d->w16, n * 2, &g->bytes_weights, what));
     qsa__f16_dev x = {d->w16};
-    QSA__TRY(qsa__lin_f16_pieces(l, QSA__UPLOAD_PIECE, g->host_threads, qsa__f16_to_dev, &x, what, &over));
+    QSA__TRY(qsa__lin_f16_pieces(l, g->upload_piece ? g->upload_piece : QSA__UPLOAD_PIECE, g->host_threads, qsa__f16_to_dev,
+                                 &x, what, &over));
     if (over) qsa__log(QSA_LOG_WARN, "%s: %zu of %zu values overflow FP16 (become inf)", what, over, n);
     return QSA_OK;
 }
@@ -11253,6 +11297,12 @@ QSA_PRIV qsa_result qsa__tp_lin_at(const qsa__tp_cut *x, const char *base, const
             row0 = 0;
         }
     }
+    if (!full->w && !full->q && !src && full->src && in > 0) { /* a host model bound from the file (bind_file) */
+        src = full->src;
+        row0 = (int64_t)(full->src_off / (size_t)in);
+    }
+    out->src = NULL; /* a slice is a host copy */
+    out->src_off = 0;
     if (!full->w && !full->q) {
         if (!src) return qsa__fail(QSA_ERR_INTERNAL, "tp: %s: not bound and not cut from the checkpoint (host model bound for "
                                    "tp = %d, view for tp = %d)", name, x->bind_tp, x->tp);

@@ -573,16 +573,16 @@ TEST(cpu, tp_slices_fixtures) {
 /* The TP forward's weight slices, emulated on the CPU (no GPU, no NCCL)                          */
 /* ============================================================================================== */
 
-/* A host model bound for bind_tp ranks as a TP load binds it (qsa__model_open; 1: for one GPU, 0: whole,
-   as the CPU backend binds it), on the CPU backend. */
+/* A host model bound for bind_tp ranks as a TP load binds it (qsa__model_open; 1: its matrices left in the
+   file, as the CPU and one-GPU loads bind it; 0: whole, in fp32), on the CPU backend. */
 static qsa_model *tp_host_model(const char *dir, int bind_tp) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
     mp.backend = QSA_BACKEND_CPU;
     qsa_model *m = NULL;
     CHECK_OK(qsa__model_open(dir, &mp, bind_tp, &m));
-    if (m) CHECKF(m->bind_tp == (bind_tp > 1 ? bind_tp : 0) && m->bind_dev == (bind_tp == 1), "%s: bound for %d ranks "
-                  "(one GPU: %d), asked %d", dir, m->bind_tp, m->bind_dev, bind_tp);
+    if (m) CHECKF(m->bind_tp == (bind_tp > 1 ? bind_tp : 0) && m->bind_file == (bind_tp == 1), "%s: bound for %d ranks "
+                  "(from the file: %d), asked %d", dir, m->bind_tp, m->bind_file, bind_tp);
     return m;
 }
 
@@ -615,7 +615,7 @@ static void tp_emulate_prefill(qsa_model *m, int tp, const int32_t *ids, int n, 
     sc.inp = (float *)malloc(sizeof(float) * (size_t)n * H);
     sc.out = sum;
     for (int t = 0; t < n; t++)
-        for (int s = 0; s < hc; s++) memcpy(X + (size_t)t * hcH + s * H, m->embed + (size_t)ids[t] * H, sizeof(float) * H);
+        for (int s = 0; s < hc; s++) qsa__embed_row(m, ids[t], X + (size_t)t * hcH + s * H);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const qsa__layer_w *lw = &m->layers[l];
         if (lw->ple) CHECK_OK(qsa__ple_fwd(seqs[0], l, ids, n, X, &sc)); /* replicated (its columns are only gathered) */
@@ -1034,6 +1034,52 @@ static int tp_write_fused(const char *src, const char *dst) {
     return ok;
 }
 
+/* A copy of the F32 checkpoint `src` in `dst` with every matrix (2 or 3 dimensions) stored as F16 (values
+   rounded to FP16 once; the file's values are then exactly what both bindings read); config.json copied. */
+static int tp_write_f16(const char *src, const char *dst) {
+    qsa__st_set st;
+    memset(&st, 0, sizeof st);
+    if (qsa__st_open_dir(src, &st) != QSA_OK) return 0;
+    qsa__st_out *t = (qsa__st_out *)calloc((size_t)st.ntensors, sizeof(qsa__st_out));
+    void **bufs = (void **)calloc((size_t)st.ntensors, sizeof(void *));
+    int n = 0, ok = t && bufs, halves = 0;
+    for (int i = 0; ok && i < st.ntensors; i++) {
+        const qsa__tensor *x = &st.tensors[i];
+        t[n].name = x->name;
+        t[n].dtype = x->dtype;
+        t[n].ndim = x->ndim;
+        for (int d = 0; d < x->ndim && d < 4; d++) t[n].shape[d] = x->shape[d];
+        t[n].data = x->data;
+        if (x->dtype == QSA__F32 && x->ndim >= 2) {
+            size_t k = qsa__tensor_numel(x);
+            uint16_t *h = (uint16_t *)malloc(k * 2 + 2);
+            ok = h != NULL;
+            for (size_t e = 0; ok && e < k; e++) h[e] = qsa__f32_to_f16(qsa__tensor_f32(x, e));
+            bufs[i] = h;
+            t[n].dtype = QSA__F16;
+            t[n].data = h;
+            halves++;
+        }
+        n++;
+    }
+    char p[700], *cfg = NULL;
+    size_t len = 0;
+    ok = ok && halves > 0;
+    if (ok && snprintf(p, sizeof p, "%s/model.safetensors", dst) < (int)sizeof p) ok = qsa__st_write(p, t, n) == QSA_OK;
+    if (ok && snprintf(p, sizeof p, "%s/config.json", src) < (int)sizeof p) ok = qsa__read_file(p, &cfg, &len) == QSA_OK;
+    if (ok && snprintf(p, sizeof p, "%s/config.json", dst) < (int)sizeof p) {
+        FILE *f = fopen(p, "wb");
+        ok = f && fwrite(cfg, 1, len, f) == len;
+        if (f && fclose(f)) ok = 0;
+    }
+    qsa__free(cfg);
+    for (int i = 0; bufs && i < st.ntensors; i++) free(bufs[i]);
+    free(bufs);
+    free(t);
+    qsa__st_close(&st);
+    return ok;
+}
+
 /* Fused dense experts: the views cut from the file (expert e at rows 2Ie.. of gate_up_proj and He.. of
    down_proj) equal those of the whole model bit for bit, and the rank's bytes follow the formula. */
 TEST(cpu, tp_views_cut_from_fused_experts) {
@@ -1074,15 +1120,15 @@ TEST(cpu, tp_views_cut_from_fused_experts) {
     rmdir(dir);
 }
 
-/* Which loads bind for the GPU (TP: the split tensors left in the file; one GPU: every dense matrix), and
-   the CPU fallback of an AUTO load with tp = 2 and with tp = 1: it rebinds the whole model and computes
-   exactly what a CPU load does. */
-TEST(cpu, cuda_loads_bind_for_the_gpu_and_fall_back_whole) {
+/* How loads bind (TP on the CUDA backend: the split tensors left in the file, the replicated ones in fp32;
+   otherwise every dense matrix left in the file), and the CPU fallback of an AUTO load with tp = 2 and with
+   tp = 1: the model bound for the CPU, computing exactly what a CPU load does. */
+TEST(cpu, loads_bind_for_their_backend_and_fall_back_to_the_cpu) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
     mp.tp = 2;
     mp.backend = QSA_BACKEND_CPU;
-    CHECK(qsa__load_bind_tp(&mp) == 0);
+    CHECK(qsa__load_bind_tp(&mp) == 1);
     mp.backend = QSA_BACKEND_CUDA;
     CHECK(qsa__load_bind_tp(&mp) == 2);
     mp.backend = QSA_BACKEND_AUTO;
@@ -1092,7 +1138,7 @@ TEST(cpu, cuda_loads_bind_for_the_gpu_and_fall_back_whole) {
     mp.tp = 0;
     CHECK(qsa__load_bind_tp(&mp) == 1);
     mp.backend = QSA_BACKEND_CPU;
-    CHECK(qsa__load_bind_tp(&mp) == 0);
+    CHECK(qsa__load_bind_tp(&mp) == 1);
     char dir[600];
     snprintf(dir, sizeof dir, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
     qsa_model *cpu = NULL;
@@ -1115,13 +1161,13 @@ TEST(cpu, cuda_loads_bind_for_the_gpu_and_fall_back_whole) {
         CHECK_OK(qsa_model_load(dir, &mp, &m));
         if (!m) continue;
         if (m->cuda) { /* a machine with a GPU (and NCCL for tp 2) brought CUDA up */
-            CHECKF(tp == 2 ? m->bind_tp == 2 : m->bind_dev == 1 && !m->embed, "tp %d: bound for %d ranks, one GPU %d", tp,
-                   m->bind_tp, m->bind_dev);
+            CHECKF(tp == 2 ? m->bind_tp == 2 : m->bind_file == 1 && !m->embed, "tp %d: bound for %d ranks, from the file %d", tp,
+                   m->bind_tp, m->bind_file);
             qsa_model_free(m);
             continue;
         }
-        CHECKF(m->bind_tp == 0 && m->bind_dev == 0 && m->embed, "tp %d: the CPU fallback is bound for %d ranks, one GPU %d", tp,
-               m->bind_tp, m->bind_dev);
+        CHECKF(m->bind_tp == 0 && m->bind_file == 1 && !m->embed, "tp %d: the CPU fallback is bound for %d ranks, from the file %d",
+               tp, m->bind_tp, m->bind_file);
         CHECK(m->bytes_f32 == cpu->bytes_f32);
         s = NULL;
         CHECK_OK(qsa_seq_create(m, NULL, &s));
@@ -1135,20 +1181,33 @@ TEST(cpu, cuda_loads_bind_for_the_gpu_and_fall_back_whole) {
     qsa_model_free(cpu);
 }
 
-/* A load for one GPU (bound as qsa_model_load binds for the CUDA backend with tp <= 1) converts no dense
+/* A model bound from the file (as qsa_model_load binds it for the CPU and for one GPU) converts no dense
    matrix: the embedding and every linear map stay in the mapped file, and the FP16 image the upload sends
    of each (qsa__lin_f16, straight from the file) is the whole fp32 model's narrowed, bit for bit, with the
    same overflow count; every vector, bias and NVFP4 tensor is the same; the host's fp32 bytes drop by
-   exactly the matrices'.  Every fixture, the tiny model, and a copy with the experts fused. */
-TEST(cpu, one_gpu_load_narrows_matrices_from_the_file) {
-    char dirs[41][600], fused[] = "/tmp/qsa_dev_fused_XXXXXX", p[700];
+   exactly the matrices'; the CPU forward reading the file computes the whole model's logits bit for bit.
+   Every fixture, the tiny model, a copy with the experts fused and one with F16 matrices. */
+static void file_cpu_logits(qsa_model *m, float *out, int n) {
+    int32_t ids[12];
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 61 + 7) % m->cfg.vocab_size);
+    qsa_seq *s = NULL;
+    CHECK_OK(qsa__pool_create(m, 1));
+    CHECK_OK(qsa_seq_create(m, NULL, &s));
+    if (s) CHECK_OK(qsa_seq_feed(s, ids, n, out, 1));
+    qsa_seq_free(s);
+}
+TEST(cpu, file_bound_model_reads_matrices_from_the_file) {
+    char dirs[42][600], fused[] = "/tmp/qsa_dev_fused_XXXXXX", half[] = "/tmp/qsa_dev_f16_XXXXXX", p[700];
     int nd = tp_model_dirs(dirs, 40);
-    int have_fused = mkdtemp(fused) != NULL;
-    CHECK(have_fused);
+    int have_fused = mkdtemp(fused) != NULL, have_half = mkdtemp(half) != NULL;
+    CHECK(have_fused && have_half);
     snprintf(p, sizeof p, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
     if (have_fused && tp_write_fused(p, fused) && snprintf(dirs[nd], 600, "%s", fused) < 600) nd++;
     else CHECK(0);
-    CHECK(nd >= 5);
+    snprintf(p, sizeof p, "%s/qsa_first_no_ple", test_path("tests/fixtures"));
+    if (have_half && tp_write_f16(p, half) && snprintf(dirs[nd], 600, "%s", half) < 600) nd++;
+    else CHECK(0);
+    CHECK(nd >= 6);
     for (int f = 0; f < nd; f++) {
         qsa_model *whole = tp_host_model(dirs[f], 0), *dev = whole ? tp_host_model(dirs[f], 1) : NULL;
         if (dev) {
@@ -1159,12 +1218,30 @@ TEST(cpu, one_gpu_load_narrows_matrices_from_the_file) {
                    k.fp32_mats, dev->embed ? "too" : "not");
             CHECKF(k.in_file > 0 && dev->bytes_f32 + k.in_file == whole->bytes_f32, "%s: %zu fp32 bytes + %zu left in the file, "
                    "against %zu whole", dirs[f], dev->bytes_f32, k.in_file, whole->bytes_f32);
+            int n = 12;
+            size_t nl = (size_t)n * whole->cfg.vocab_size;
+            float *la = (float *)malloc(nl * 4), *lb = (float *)malloc(nl * 4);
+            if (la && lb) {
+                file_cpu_logits(whole, la, n);
+                file_cpu_logits(dev, lb, n);
+                CHECKF(!memcmp(la, lb, nl * 4), "%s: the CPU forward from the file differs from the fp32 copies'", dirs[f]);
+            }
+            free(la);
+            free(lb);
             if (T_.verbose)
-                printf("    %s: %d tensors equal; %.2f MiB of fp32 bound for one GPU against %.2f whole\n", dirs[f], k.tensors,
-                       dev->bytes_f32 / 1048576.0, whole->bytes_f32 / 1048576.0);
+                printf("    %s: %d tensors equal, %d x %d CPU logits equal; %.2f MiB of fp32 bound from the file against %.2f "
+                       "whole\n", dirs[f], k.tensors, n, whole->cfg.vocab_size, dev->bytes_f32 / 1048576.0,
+                       whole->bytes_f32 / 1048576.0);
         }
         qsa_model_free(dev);
         qsa_model_free(whole);
+    }
+    if (have_half) {
+        snprintf(p, sizeof p, "%s/model.safetensors", half);
+        remove(p);
+        snprintf(p, sizeof p, "%s/config.json", half);
+        remove(p);
+        rmdir(half);
     }
     if (have_fused) {
         snprintf(p, sizeof p, "%s/model.safetensors", fused);
@@ -1176,7 +1253,7 @@ TEST(cpu, one_gpu_load_narrows_matrices_from_the_file) {
 }
 
 #ifndef QSA_NO_CUDA
-/* The one-GPU upload from the file (qsa_model_load for CUDA: bind_dev) computes the logits of the same model
+/* The one-GPU upload from the file (qsa_model_load for CUDA: bind_file) computes the logits of the same model
    uploaded from fp32 host copies (bound whole, then the same qsa__cuda_init) bit for bit: every fixture, the
    tiny model, and a copy with the experts fused. */
 TEST(gpu, upload_from_the_file_equals_fp32_copies) {
@@ -1196,7 +1273,7 @@ TEST(gpu, upload_from_the_file_equals_fp32_copies) {
         mp.backend = QSA_BACKEND_CUDA;
         CHECK_OK(qsa_model_load(dirs[f], &mp, &a));
         if (!a) continue;
-        CHECKF(a->bind_dev == 1 && !a->embed && a->embed_t, "%s: not bound for one GPU", dirs[f]);
+        CHECKF(a->bind_file == 1 && !a->embed && a->embed_t, "%s: not bound from the file", dirs[f]);
         CHECK_OK(qsa__model_open(dirs[f], &a->params, 0, &b)); /* whole, with the load's settled parameters */
         if (b) {
             CHECK_OK(qsa__pool_create(b, 0));
@@ -1224,6 +1301,117 @@ TEST(gpu, upload_from_the_file_equals_fp32_copies) {
         qsa_model_free(b);
         qsa_model_free(a);
     }
+    if (have_fused) {
+        snprintf(p, sizeof p, "%s/model.safetensors", fused);
+        remove(p);
+        snprintf(p, sizeof p, "%s/config.json", fused);
+        remove(p);
+        rmdir(fused);
+    }
+}
+#endif
+
+#ifndef QSA_NO_CUDA
+/* ---- the CUDA upload's host side, with device memory in host memory (no GPU needed) ----
+   The driver entries the upload calls, answered from one host buffer: allocations bump through it (the
+   same addresses for the same sequence of allocations, so device pointers stored in uploaded tables
+   compare equal too), copies are memcpy, launches (the NVFP4 word order) are counted. */
+static unsigned char *fd_mem;
+static size_t fd_used, fd_cap;
+static int fd_launches;
+static CUresult fd_alloc(CUdeviceptr *p, size_t n) {
+    size_t take = (n + 255) / 256 * 256;
+    if (fd_used + take > fd_cap) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+    *p = (CUdeviceptr)(uintptr_t)(fd_mem + fd_used);
+    fd_used += take;
+    return 0;
+}
+static CUresult fd_free(CUdeviceptr p) { (void)p; return 0; }
+static CUresult fd_htod(CUdeviceptr d, const void *src, size_t n) {
+    unsigned char *q = (unsigned char *)(uintptr_t)d;
+    if (q < fd_mem || q + n > fd_mem + fd_used) return 1; /* outside every allocation */
+    memcpy(q, src, n);
+    return 0;
+}
+static CUresult fd_info(size_t *fr, size_t *tot) { *fr = fd_cap - fd_used; *tot = fd_cap; return 0; }
+static CUresult fd_launch(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                          unsigned shmem, CUstream st, void **params, void **extra) {
+    (void)fn; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)st; (void)params; (void)extra;
+    fd_launches++;
+    return 0;
+}
+/* qsa__cuda_upload of m into the host buffer (dense weights copied in pieces of `piece` values, 0: the
+   default): a copy of what it wrote (*bytes), the embedding's device copy
+   (*embed16, an offset), the counted weight bytes; NULL when it failed */
+static unsigned char *fd_upload(qsa_model *m, size_t piece, size_t *bytes, size_t *embed16, size_t *weights, int *launches) {
+    qsa__cuda g;
+    memset(&g, 0, sizeof g);
+    g.host_threads = 2;
+    g.upload_piece = piece;
+    memset(fd_mem, 0, fd_used);
+    fd_used = 0;
+    fd_launches = 0;
+    qsa_result r = qsa__cuda_upload(m, &g);
+    CHECKF(r == QSA_OK, "upload: %s", qsa_last_error());
+    unsigned char *snap = r == QSA_OK ? (unsigned char *)malloc(fd_used ? fd_used : 1) : NULL;
+    if (snap) memcpy(snap, fd_mem, fd_used);
+    *bytes = fd_used;
+    *embed16 = g.embed16 ? (size_t)((unsigned char *)(uintptr_t)g.embed16 - fd_mem) : 0;
+    *weights = g.bytes_weights;
+    *launches = fd_launches;
+    qsa__free(g.allocs);
+    qsa__free(g.layers);
+    return snap;
+}
+
+/* The upload from the file (bound as for one GPU) writes exactly the device bytes of the upload from fp32
+   copies (bound whole), even in pieces of 1000 values: every allocation, in the same order, with the same
+   contents, and the same launches; the embedding's device copy is its FP16 image.  Every fixture, the tiny model, and a copy
+   with the experts fused.  Runs the upload's host code with the driver entries above. */
+TEST(cpu, upload_from_the_file_writes_the_same_device_bytes) {
+    qsa__cuda_api saved = qsa__cu;
+    fd_cap = (size_t)256 << 20;
+    fd_mem = (unsigned char *)calloc(fd_cap, 1);
+    if (!fd_mem) { CHECK(0); return; }
+    fd_used = fd_cap; /* (the first fd_upload clears what it will use) */
+    memset(&qsa__cu, 0, sizeof qsa__cu);
+    qsa__cu.cuMemAlloc_v2 = fd_alloc;
+    qsa__cu.cuMemFree_v2 = fd_free;
+    qsa__cu.cuMemcpyHtoD_v2 = fd_htod;
+    qsa__cu.cuMemGetInfo_v2 = fd_info;
+    qsa__cu.cuLaunchKernel = fd_launch;
+    char dirs[41][600], fused[] = "/tmp/qsa_dev_fused_XXXXXX", p[700];
+    int nd = tp_model_dirs(dirs, 40), have_fused = mkdtemp(fused) != NULL;
+    snprintf(p, sizeof p, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
+    if (have_fused && tp_write_fused(p, fused) && snprintf(dirs[nd], 600, "%s", fused) < 600) nd++;
+    else CHECK(0);
+    for (int f = 0; f < nd; f++) {
+        qsa_model *whole = tp_host_model(dirs[f], 0), *dev = whole ? tp_host_model(dirs[f], 1) : NULL;
+        if (!dev) { qsa_model_free(whole); continue; }
+        size_t na, nb, ea, eb, wa, wb;
+        int la, lb;
+        /* (from the file in pieces of 1000 values: every larger matrix crosses pieces) */
+        unsigned char *a = fd_upload(whole, 0, &na, &ea, &wa, &la), *b = fd_upload(dev, 1000, &nb, &eb, &wb, &lb);
+        if (a && b) {
+            CHECKF(na == nb && ea == eb && wa == wb && la == lb && !memcmp(a, b, na), "%s: from the file %zu bytes (embedding at %zu, "
+                   "%zu of weights, %d launches), from fp32 copies %zu (%zu, %zu, %d), or their contents differ", dirs[f], nb, eb,
+                   wb, lb, na, ea, wa, la);
+            size_t n = (size_t)whole->cfg.vocab_size * whole->cfg.hidden_size;
+            uint16_t *img = (uint16_t *)malloc(n * 2);
+            qsa__lin e = qsa__lin_rows(whole->embed, NULL, 0, whole->cfg.vocab_size, whole->cfg.hidden_size);
+            if (img) qsa__lin_f16(&e, 0, n, img, 1);
+            CHECKF(img && ea + n * 2 <= na && !memcmp(a + ea, img, n * 2), "%s: the embedding's device copy is not its FP16 image", dirs[f]);
+            free(img);
+            if (T_.verbose) printf("    %s: %zu device bytes equal (%zu of weights, %d launches)\n", dirs[f], na, wa, la);
+        }
+        free(a);
+        free(b);
+        qsa_model_free(dev);
+        qsa_model_free(whole);
+    }
+    qsa__cu = saved;
+    free(fd_mem);
+    fd_mem = NULL;
     if (have_fused) {
         snprintf(p, sizeof p, "%s/model.safetensors", fused);
         remove(p);
