@@ -5765,8 +5765,8 @@ typedef struct qsa__lin {
     int out, in;
     const float *w;        /* [out][in] fp32; NULL for NVFP4 (q set) and for a matrix left in the file: */
     const qsa__tensor *src; /* with w NULL and q NULL: the weights are elements src_off .. src_off + out*in - 1 of
-                               this mapped BF16/F16/F32 tensor (a one-GPU load, qsa_model.bind_file: the CUDA
-                               upload narrows them to FP16 from the mapping) */
+                               this mapped BF16/F16/F32 tensor (qsa_model.bind_file: the CPU backend reads them
+                               there, the CUDA upload narrows them to FP16 from there) */
     size_t src_off;
     const float *bias;     /* [out] or NULL */
     const uint8_t *q;      /* NVFP4 packed [out][in/2] */
