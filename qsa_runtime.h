@@ -5987,8 +5987,6 @@ struct qsa_model {
     float **owned;
     int n_owned, cap_owned;
     size_t bytes_f32;      /* bytes of the dense tensors converted to fp32 (what `owned` holds, rope aside) */
-    int bind_tp;           /* > 1: the tensors the TP plan splits over bind_tp ranks were not converted; each
-                              rank's view cuts its slices from the mapped file (>>tp); 0: every tensor bound */
     int bind_file;         /* 1: the dense matrices and the embedding were not converted (qsa__lin.src,
                               embed_t): the CPU backend reads them from the mapped file, the CUDA upload narrows
                               them to FP16 from there; the vectors (norms, biases, conv taps) are fp32 copies */
@@ -6008,29 +6006,12 @@ QSA_PRIV qsa_result qsa__own(qsa_model *m, float *p) {
     return QSA_OK;
 }
 
-/* Whether the TP plan cuts tensor `name` over m->bind_tp ranks (then no rank needs it whole). */
-QSA_PRIV qsa_result qsa__bind_split(const qsa_model *m, const char *name, int *split) {
-    qsa_tp_slice sl;
-    *split = 0;
-    if (m->bind_tp <= 1) return QSA_OK;
-    QSA__TRY(qsa_tp_slice_for(&m->cfg, m->bind_tp, 0, name, &sl));
-    *split = sl.kind != QSA_TP_REPLICATED;
-    return QSA_OK;
-}
-
-/* Tensor `name` (shape checked against ndim/shape, -1 = any) converted to a new fp32 array.  With
-   m->bind_tp, a tensor the plan splits is checked but not converted: *out = NULL. */
+/* Tensor `name` (shape checked against ndim/shape, -1 = any) converted to a new fp32 array. */
 QSA_PRIV qsa_result qsa__load_f32(qsa_model *m, const char *name, int ndim, const int64_t *shape, const float **out) {
     const qsa__tensor *t;
-    int split;
     QSA__TRY(qsa__st_get(&m->st, name, (qsa__dtype)-1, ndim, shape, &t));
     if (t->dtype != QSA__F32 && t->dtype != QSA__F16 && t->dtype != QSA__BF16)
         return qsa__fail(QSA_ERR_SHAPE, "tensor '%s': dtype %s, expected F32, F16 or BF16", t->name, qsa__dtype_name(t->dtype));
-    QSA__TRY(qsa__bind_split(m, name, &split));
-    if (split) {
-        *out = NULL;
-        return QSA_OK;
-    }
     size_t n = 1;
     for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
     float *p = QSA__ALLOC(float, n);
@@ -6043,7 +6024,7 @@ QSA_PRIV qsa_result qsa__load_f32(qsa_model *m, const char *name, int ndim, cons
 }
 
 /* A dense matrix `name` (shape checked; dtype BF16/F16/F32): converted to fp32 at *w, or with m->bind_file
-   left in the file at *src (*w NULL).  Under m->bind_tp as qsa__load_f32. */
+   left in the file at *src (*w NULL). */
 QSA_PRIV qsa_result qsa__load_mat(qsa_model *m, const char *name, int ndim, const int64_t *shape, const float **w,
                                   const qsa__tensor **src) {
     *src = NULL;
@@ -6227,16 +6208,10 @@ QSA_PRIV qsa_result qsa__load_moe(qsa_model *m, int L, qsa__moe_w *w) {
         QSA__TRY(qsa__load_mat(m, name, 3, s1, &gu, &gut));
         snprintf(name, sizeof name, "%s.experts.down_proj", b);
         QSA__TRY(qsa__load_mat(m, name, 3, s2, &dn, &dnt));
-        for (int e = 0; e < E && (gu || gut); e++) { /* expert e: rows 2Ie.. of gate_up, He.. of down */
+        for (int e = 0; e < E; e++) { /* expert e: rows 2Ie.. of gate_up, He.. of down */
             w->gate[e] = qsa__lin_rows(gu, gut, (size_t)e * 2 * I, I, H);
             w->up[e] = qsa__lin_rows(gu, gut, (size_t)e * 2 * I + I, I, H);
             w->down[e] = qsa__lin_rows(dn, dnt, (size_t)e * H, H, I);
-        }
-        for (int e = 0; e < E && !gu && !gut; e++) { /* split under m->bind_tp: shapes only, the ranks cut the file */
-            w->gate[e].out = w->up[e].out = I;
-            w->gate[e].in = w->up[e].in = H;
-            w->down[e].out = H;
-            w->down[e].in = I;
         }
     } else {
         for (int e = 0; e < E; e++) {
@@ -6512,24 +6487,11 @@ QSA_IMPL void qsa_model_free(qsa_model *m) {
     qsa__free(m);
 }
 
-/* How the host model is bound: for m->params.tp ranks when the CUDA backend may run it under tensor
-   parallelism (no tensor the plan splits is converted whole: each rank's view cuts its slices from the
-   mapped file, >>tp), else 1: no dense matrix is converted (qsa_model.bind_file; one GPU or the CPU). */
-QSA_PRIV int qsa__load_bind_tp(const qsa_model_params *p) {
-#ifdef QSA_NO_CUDA
-    (void)p;
-    return 1;
-#else
-    return p->tp > 1 && p->backend != QSA_BACKEND_CPU ? p->tp : 1;
-#endif
-}
-
-/* The host model of `dir`: config, generation config, the mapped checkpoint and its tensors bound for
-   bind_tp ranks (qsa_model.bind_tp; a tp the model cannot be split over binds as 1), with the dense
-   matrices left in the file (1: qsa_model.bind_file), or every tensor converted to fp32 (0: the whole
-   model that tests slice TP views from).
-   No backend, KV pool or tokenizer yet.  On failure *out is NULL and the error recorded. */
-QSA_PRIV qsa_result qsa__model_open(const char *dir, const qsa_model_params *params, int bind_tp, qsa_model **out) {
+/* The host model of `dir`: config, generation config, the mapped checkpoint and its tensors bound with the
+   dense matrices left in the file (qsa_model.bind_file, as every load binds them), or with `whole` every
+   tensor converted to fp32 (the reference that tests slice TP views from).  No backend, KV pool or
+   tokenizer yet.  On failure *out is NULL and the error recorded. */
+QSA_PRIV qsa_result qsa__model_open(const char *dir, const qsa_model_params *params, int whole, qsa_model **out) {
     *out = NULL;
     qsa_model *m = QSA__CALLOC(qsa_model, 1);
     if (!m) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_model_load: out of memory");
@@ -6555,15 +6517,8 @@ QSA_PRIV qsa_result qsa__model_open(const char *dir, const qsa_model_params *par
         qsa__free(gpath);
     }
     if (r == QSA_OK) r = qsa__st_open_dir(dir, &m->st);
-    if (r == QSA_OK && bind_tp > 1) {
-        if (qsa_tp_check(&m->cfg, bind_tp) == QSA_OK) m->bind_tp = bind_tp;
-        else qsa_clear_error(); /* qsa__tp_init reports it */
-    }
-    m->bind_file = bind_tp == 1 || (bind_tp > 1 && !m->bind_tp);
+    m->bind_file = !whole;
     if (r == QSA_OK) r = qsa__model_bind(m);
-    if (r == QSA_OK && m->bind_tp)
-        qsa__log(QSA_LOG_INFO, "host weights for tp = %d: %.1f MiB converted whole (replicated); each rank's slices are cut "
-                 "from the checkpoint", m->bind_tp, (double)m->bytes_f32 / 1048576.0);
     if (r == QSA_OK && m->bind_file)
         qsa__log(QSA_LOG_DEBUG, "host weights: %.1f MiB of vectors converted to fp32; the matrices are read from the "
                  "checkpoint", (double)m->bytes_f32 / 1048576.0);
@@ -6581,10 +6536,8 @@ QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *para
     if (!dir || !out) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_model_load: NULL argument");
     *out = NULL;
     double t0 = qsa__now();
-    qsa_model_params none;
-    memset(&none, 0, sizeof none);
     qsa_model *m;
-    QSA__TRY(qsa__model_open(dir, params, qsa__load_bind_tp(params ? params : &none), &m));
+    QSA__TRY(qsa__model_open(dir, params, 0, &m));
     qsa_result r = QSA_OK;
     if (m->params.tp > 1 && m->params.backend == QSA_BACKEND_CPU)
         r = qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_model_load: tp = %d needs the CUDA backend", m->params.tp);
@@ -6605,12 +6558,6 @@ QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *para
             qsa__log(QSA_LOG_INFO, "CUDA backend unavailable (%s): using the CPU backend", qsa_last_error());
             qsa__pool_destroy(&m->pool);
             r = QSA_OK;
-            if (m->bind_tp) { /* the CPU backend needs every tensor whole (its matrices in the file) */
-                qsa__model_unbind(m);
-                m->bind_tp = 0;
-                m->bind_file = 1;
-                r = qsa__model_bind(m);
-            }
         }
 #endif
     }
@@ -11123,11 +11070,12 @@ QSA_IMPL void qsa_host_free(void *p) {
 /* A rank runs the single-GPU forward of >>cuda unchanged on its *view* of the model: a qsa_model
    whose config has the rank's local dimensions (query / KV heads, GDN key and value heads, expert
    and shared-expert widths divided by tp) and whose weights are the rank's slices (qsa_tp_slice_for).
-   A TP load binds the host model for tp ranks (qsa_model.bind_tp): only the replicated tensors are
-   converted to fp32, and each rank's view converts its slices of the split dense tensors straight
-   from the mapped checkpoint into host copies, which rank bring-up uploads and frees; NVFP4 slices
-   are views into the mapping or copies of its bytes.  (A host model bound whole, as the tests build
-   it, is sliced in memory instead: the same bits.)  The
+   The host model is bound as every load binds it (qsa_model.bind_file): dense matrices stay in the
+   mapped checkpoint.  A replicated one is uploaded by each rank from there; each rank's view converts
+   its slices of a split one from the mapping into fp32 host copies, which rank bring-up uploads and
+   frees; split vectors are cut from their fp32 copies; NVFP4 slices are views into the mapping or
+   copies of its bytes.  (A host model bound whole in fp32, as the tests build it, is sliced in memory
+   instead: the same bits.)  The
    forward leaves a partial sum at three kinds of points and calls a hook there (a no-op without
    TP, so one GPU runs exactly as before):
      qsa__tp_reduce    after the mixer's o_proj / out_proj and after the MoE (routed experts +
@@ -11231,7 +11179,7 @@ QSA_PRIV const float *qsa__tp_rows_st(qsa__tp_own *o, const qsa__tensor *t, int6
     if (!d) return NULL;
     for (int i = 0; i < sl->n_runs; i++) {
         size_t src = (size_t)(row0 + sl->run_begin[i]) * row_len, n = (size_t)sl->run_count[i] * row_len;
-        for (size_t j = 0; j < n; j++) d[at + j] = qsa__tensor_f32(t, src + j);
+        qsa__tensor_to_f32_range(t, src, n, d + at);
         at += n;
     }
     return d;
@@ -11248,21 +11196,19 @@ QSA_PRIV const float *qsa__tp_cols_st(qsa__tp_own *o, const qsa__tensor *t, int6
         float *dst = d + (size_t)r * (size_t)cols;
         for (int i = 0; i < sl->n_runs; i++) {
             size_t b = (size_t)(sl->run_begin[i] * per), n = (size_t)(sl->run_count[i] * per);
-            for (size_t j = 0; j < n; j++) dst[j] = qsa__tensor_f32(t, src + b + j);
+            qsa__tensor_to_f32_range(t, src + b, n, dst);
             dst += n;
         }
     }
     return d;
 }
 
-/* What one rank's slices are cut from.  Tensors of the host model are sliced in memory (views or
-   copies); a dense tensor that the host model did not convert because the plan splits it (the model
-   was bound for bind_tp == tp ranks, qsa_model.bind_tp) is converted slice by slice from the mapped
-   checkpoint `st`, so no process ever holds it whole. */
+/* What one rank's slices are cut from: the host model's tensors, sliced in memory (views or copies) or,
+   for a matrix left in the mapped file, converted slice by slice from there (no process ever holds it
+   whole in fp32). */
 typedef struct qsa__tp_cut {
     const qsa_model_config *c;
-    int tp, rank, bind_tp;
-    const qsa__st_set *st;
+    int tp, rank;
     qsa__tp_own *o; /* the rank's host copies */
 } qsa__tp_cut;
 
@@ -11272,10 +11218,9 @@ typedef struct qsa__tp_cut {
    rank's output rows, padded with zero rows to `pad` (the lm_head to ceil(V/tp); expert gate/up to a
    multiple of 16); COLS: its input columns, padded with zero columns to `pad` (expert down), the bias
    kept by rank 0 only (it is added once, before the reduction).  Zero padding adds exact zeros.
-   A dense weight the host model left in the file is read from `src` (rows counted from row0) when
-   given, else from "<base>.weight"; a row-split bias left there from "<base>.bias". */
-QSA_PRIV qsa_result qsa__tp_lin_at(const qsa__tp_cut *x, const char *base, const qsa__lin *full, const qsa__tensor *src,
-                                   int64_t row0, int64_t pad, qsa__lin *out) {
+   A dense weight left in the file (full->src) is converted from there, its rows counted from its
+   offset (an expert of a fused tensor). */
+QSA_PRIV qsa_result qsa__tp_lin(const qsa__tp_cut *x, const char *base, const qsa__lin *full, int64_t pad, qsa__lin *out) {
     int rank = x->rank;
     int64_t pad_rows = pad;
     char name[320];
@@ -11287,31 +11232,11 @@ QSA_PRIV qsa_result qsa__tp_lin_at(const qsa__tp_cut *x, const char *base, const
     QSA__TRY(qsa_tp_slice_for(x->c, x->tp, rank, name, &sl));
     int in = full->in;
     if (sl.kind == QSA_TP_REPLICATED) return QSA_OK;
-    const qsa__tensor *bias_t = NULL;
-    if (x->bind_tp == x->tp && x->st) { /* what the host model did not convert is in the file */
-        char bn[320];
-        snprintf(bn, sizeof bn, "%s.bias", base);
-        if (!full->bias) bias_t = qsa__st_find(x->st, bn);
-        if (!full->w && !full->q && !src) {
-            src = qsa__st_find(x->st, name);
-            row0 = 0;
-        }
-    }
-    if (!full->w && !full->q && !src && full->src && in > 0) { /* a host model bound from the file (bind_file) */
-        src = full->src;
-        row0 = (int64_t)(full->src_off / (size_t)in);
-    }
+    if (!full->w && !full->q && (!full->src || in <= 0)) return qsa__fail(QSA_ERR_INTERNAL, "tp: %s: no weights bound", name);
+    const qsa__tensor *src = full->src;
+    int64_t row0 = src ? (int64_t)(full->src_off / (size_t)in) : 0;
     out->src = NULL; /* a slice is a host copy */
     out->src_off = 0;
-    if (!full->w && !full->q) {
-        if (!src) return qsa__fail(QSA_ERR_INTERNAL, "tp: %s: not bound and not cut from the checkpoint (host model bound for "
-                                   "tp = %d, view for tp = %d)", name, x->bind_tp, x->tp);
-        if (qsa__tensor_numel(src) < (size_t)(row0 + full->out) * (size_t)in)
-            return qsa__fail(QSA_ERR_SHAPE, "tp: %s: tensor '%s' holds %zu values, fewer than rows %lld..%lld of %d", name,
-                             src->name, qsa__tensor_numel(src), (long long)row0, (long long)(row0 + full->out), in);
-    }
-    if (bias_t && qsa__tensor_numel(bias_t) != (size_t)full->out)
-        return qsa__fail(QSA_ERR_SHAPE, "tp: tensor '%s': %zu values, expected %d", bias_t->name, qsa__tensor_numel(bias_t), full->out);
     if (sl.kind == QSA_TP_ROWS) {
         out->out = (int)(sl.count > pad_rows ? sl.count : pad_rows);
         if (full->w) QSA__TP_OOM(out->w = (const float *)qsa__tp_rows(o, full->w, (size_t)in * 4, &sl, pad_rows));
@@ -11320,7 +11245,6 @@ QSA_PRIV qsa_result qsa__tp_lin_at(const qsa__tp_cut *x, const char *base, const
             QSA__TP_OOM(out->qscale = (const uint8_t *)qsa__tp_rows(o, full->qscale, (size_t)in / 16, &sl, pad_rows));
         } else QSA__TP_OOM(out->w = qsa__tp_rows_st(o, src, row0, (size_t)in, &sl, pad_rows));
         if (full->bias) QSA__TP_OOM(out->bias = (const float *)qsa__tp_rows(o, full->bias, 4, &sl, pad_rows));
-        else if (bias_t) QSA__TP_OOM(out->bias = qsa__tp_rows_st(o, bias_t, 0, 1, &sl, pad_rows));
         return QSA_OK;
     }
     /* COLS: the slice is in the units of the tensor as the config describes it (packed bytes when the
@@ -11339,12 +11263,8 @@ QSA_PRIV qsa_result qsa__tp_lin_at(const qsa__tp_cut *x, const char *base, const
     return QSA_OK;
 }
 
-QSA_PRIV qsa_result qsa__tp_lin(const qsa__tp_cut *x, const char *base, const qsa__lin *full, int64_t pad, qsa__lin *out) {
-    return qsa__tp_lin_at(x, base, full, NULL, 0, pad, out);
-}
-
-/* Rows of a float tensor `name` of the plan (conv1d channels, A_log, dt_bias) with row_len floats per
-   row; `full` NULL: the host model left it in the file. */
+/* Rows of a float tensor `name` of the plan (conv1d channels, A_log, dt_bias: fp32 copies) with row_len
+   floats per row. */
 QSA_PRIV qsa_result qsa__tp_vec(const qsa__tp_cut *x, const char *name, const float *full, int row_len, const float **out) {
     int rank = x->rank;
     qsa_tp_slice sl;
@@ -11352,16 +11272,8 @@ QSA_PRIV qsa_result qsa__tp_vec(const qsa__tp_cut *x, const char *name, const fl
     *out = full;
     if (sl.kind == QSA_TP_REPLICATED) return QSA_OK;
     if (sl.kind != QSA_TP_ROWS) return qsa__fail(QSA_ERR_INTERNAL, "tp: %s: expected a row split", name);
-    if (full) {
-        QSA__TP_OOM(*out = (const float *)qsa__tp_rows(x->o, full, (size_t)row_len * 4, &sl, 0));
-        return QSA_OK;
-    }
-    const qsa__tensor *t = x->bind_tp == x->tp && x->st ? qsa__st_find(x->st, name) : NULL;
-    if (!t) return qsa__fail(QSA_ERR_INTERNAL, "tp: %s: not bound and not cut from the checkpoint", name);
-    if (qsa__tensor_numel(t) != (size_t)sl.global[0] * (size_t)row_len)
-        return qsa__fail(QSA_ERR_SHAPE, "tp: tensor '%s': %zu values, expected %lld x %d", t->name, qsa__tensor_numel(t),
-                         (long long)sl.global[0], row_len);
-    QSA__TP_OOM(*out = qsa__tp_rows_st(x->o, t, 0, (size_t)row_len, &sl, 0));
+    if (!full) return qsa__fail(QSA_ERR_INTERNAL, "tp: %s: not bound", name);
+    QSA__TP_OOM(*out = (const float *)qsa__tp_rows(x->o, full, (size_t)row_len * 4, &sl, 0));
     return QSA_OK;
 }
 
@@ -11391,8 +11303,8 @@ QSA_PRIV qsa_result qsa__tp_vec_in(const qsa__tp_cut *x, const char *b, const ch
 /* Rank `rank`'s view of the loaded model m: local config, sliced weights (views into m or copies in
    `copies`), its own KV-pool geometry; the tokenizer, checkpoint mapping, PLE tables and replicated
    weights are m's, shared read-only.  `keep` receives the view's own arrays (layers, expert tables).
-   A model bound for tp ranks (m->bind_tp == tp) holds only the replicated tensors: every slice is
-   then converted here from the mapped checkpoint, once per rank that holds it.
+   Slices of the matrices left in the file are converted here from the mapping, once per rank that holds
+   them.
    The view has no backend; it is never passed to qsa_model_free. */
 QSA_PRIV qsa_result qsa__tp_view(const qsa_model *m, int tp, int rank, qsa__tp_own *copies, qsa__tp_own *keep, qsa_model *v) {
     const qsa_model_config *c = &m->cfg;
@@ -11404,8 +11316,6 @@ QSA_PRIV qsa_result qsa__tp_view(const qsa_model *m, int tp, int rank, qsa__tp_o
     x.c = c;
     x.tp = tp;
     x.rank = rank;
-    x.bind_tp = m->bind_tp;
-    x.st = &m->st;
     x.o = copies;
     memcpy(v, m, sizeof *v);
     v->cuda = NULL;
@@ -11446,28 +11356,20 @@ QSA_PRIV qsa_result qsa__tp_view(const qsa_model *m, int tp, int rank, qsa__tp_o
         /* the MoE kernels work on tiles of 16 intermediate columns (docs/CUDA.md): a rank's share that is not a
            multiple of 16 (only in small models; NVFP4 experts always split into whole groups) is padded with
            zero gate/up rows and zero down columns, whose products add exact zeros */
-        int64_t Ipad = (v->cfg.moe_intermediate_size + 15) / 16 * 16, I = c->moe_intermediate_size, H = c->hidden_size;
+        int64_t Ipad = (v->cfg.moe_intermediate_size + 15) / 16 * 16;
         size_t tbl = (size_t)E * sizeof(qsa__lin);
         d->moe.gate = (qsa__lin *)qsa__tp_keep(keep, qsa__calloc((size_t)E, sizeof(qsa__lin)), tbl);
         d->moe.up = (qsa__lin *)qsa__tp_keep(keep, qsa__calloc((size_t)E, sizeof(qsa__lin)), tbl);
         d->moe.down = (qsa__lin *)qsa__tp_keep(keep, qsa__calloc((size_t)E, sizeof(qsa__lin)), tbl);
         QSA__TP_OOM(d->moe.gate && d->moe.up && d->moe.down);
-        /* fused experts left in the file: expert e is rows [2Ie, 2Ie + I) (gate), [2Ie + I, 2I(e+1)) (up) of
-           gate_up_proj [E, 2I, H] and rows [He, H(e+1)) of down_proj [E, H, I] */
-        const qsa__tensor *fgu = NULL, *fdn = NULL;
-        if (E > 0 && !f->moe.gate[0].w && !f->moe.gate[0].q && x.bind_tp == tp) {
-            snprintf(name, sizeof name, "%s.experts.gate_up_proj", b);
-            fgu = qsa__st_find(&m->st, name);
-            snprintf(name, sizeof name, "%s.experts.down_proj", b);
-            fdn = qsa__st_find(&m->st, name);
-        }
+        /* (fused experts left in the file: each expert's lin carries its rows' offset, qsa__load_moe) */
         for (int e = 0; e < E; e++) {
             snprintf(name, sizeof name, "%s.experts.%d.gate_proj", b, e);
-            QSA__TRY(qsa__tp_lin_at(&x, name, &f->moe.gate[e], fgu, 2 * I * e, Ipad, &d->moe.gate[e]));
+            QSA__TRY(qsa__tp_lin(&x, name, &f->moe.gate[e], Ipad, &d->moe.gate[e]));
             snprintf(name, sizeof name, "%s.experts.%d.up_proj", b, e);
-            QSA__TRY(qsa__tp_lin_at(&x, name, &f->moe.up[e], fgu, 2 * I * e + I, Ipad, &d->moe.up[e]));
+            QSA__TRY(qsa__tp_lin(&x, name, &f->moe.up[e], Ipad, &d->moe.up[e]));
             snprintf(name, sizeof name, "%s.experts.%d.down_proj", b, e);
-            QSA__TRY(qsa__tp_lin_at(&x, name, &f->moe.down[e], fdn, H * e, Ipad, &d->moe.down[e]));
+            QSA__TRY(qsa__tp_lin(&x, name, &f->moe.down[e], Ipad, &d->moe.down[e]));
         }
         QSA__TRY(qsa__tp_lin_in(&x, b, "shared_expert.gate_proj", &f->moe.sh_gate, &d->moe.sh_gate));
         QSA__TRY(qsa__tp_lin_in(&x, b, "shared_expert.up_proj", &f->moe.sh_up, &d->moe.sh_up));

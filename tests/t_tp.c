@@ -573,16 +573,15 @@ TEST(cpu, tp_slices_fixtures) {
 /* The TP forward's weight slices, emulated on the CPU (no GPU, no NCCL)                          */
 /* ============================================================================================== */
 
-/* A host model bound for bind_tp ranks as a TP load binds it (qsa__model_open; 1: its matrices left in the
-   file, as the CPU and one-GPU loads bind it; 0: whole, in fp32), on the CPU backend. */
-static qsa_model *tp_host_model(const char *dir, int bind_tp) {
+/* A host model (qsa__model_open) bound as every load binds it, its matrices left in the file (whole 0), or
+   every tensor converted to fp32 (whole 1), on the CPU backend. */
+static qsa_model *tp_host_model(const char *dir, int whole) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
     mp.backend = QSA_BACKEND_CPU;
     qsa_model *m = NULL;
-    CHECK_OK(qsa__model_open(dir, &mp, bind_tp, &m));
-    if (m) CHECKF(m->bind_tp == (bind_tp > 1 ? bind_tp : 0) && m->bind_file == (bind_tp == 1), "%s: bound for %d ranks "
-                  "(from the file: %d), asked %d", dir, m->bind_tp, m->bind_file, bind_tp);
+    CHECK_OK(qsa__model_open(dir, &mp, whole, &m));
+    if (m) CHECKF(m->bind_file == !whole, "%s: bound from the file: %d, asked whole %d", dir, m->bind_file, whole);
     return m;
 }
 
@@ -689,12 +688,14 @@ TEST(cpu, tp_views_reproduce_the_model) {
             CHECKF(d <= 1e-5f + 1e-4f * scale, "%s tp %d: emulated logits max |d| %g (scale %g)", names[f], tp, d, scale);
             if (T_.verbose) printf("    %s tp %d: emulated TP vs CPU logits max |d| %.3g (scale %.3g)\n", names[f], tp, d, scale);
             checked++;
-            /* the same views cut from the checkpoint by a host model bound for tp ranks: the same bits */
-            qsa_model *hm = tp_host_model(dir, tp);
+            /* the model's matrices are in the file (as every load binds them): views of the same model bound
+               whole in fp32, sliced in memory, give the same bits */
+            qsa_model *hm = tp_host_model(dir, 1);
             if (!hm) continue;
             float *lg2 = (float *)calloc((size_t)n * V, sizeof(float));
             tp_emulate_prefill(hm, tp, ids, n, lg2);
-            CHECKF(!memcmp(lg, lg2, sizeof(float) * (size_t)n * V), "%s tp %d: views cut from the file give other logits", names[f], tp);
+            CHECKF(!memcmp(lg, lg2, sizeof(float) * (size_t)n * V), "%s tp %d: views cut from the file give other logits than "
+                   "views of the fp32 copies", names[f], tp);
             free(lg2);
             qsa_model_free(hm);
         }
@@ -845,22 +846,19 @@ static int tp_model_dirs(char dirs[][600], int max) {
     return n;
 }
 
-/* A TP load binds only the replicated tensors and cuts every rank's slices from the checkpoint
-   (qsa_model.bind_tp): every tensor of every layer of every rank's view equals, bit for bit, the view
-   cut from the whole fp32 model as before (what qsa__cuda_upload reads: the same fields, layouts,
-   padding, rank-0 biases, shared replicated tensors). */
+/* The rank views of a model bound as every load binds it (its matrices in the file, qsa_model.bind_file)
+   cut the split matrices from the file: every tensor of every layer of every rank's view equals, bit for
+   bit, the view cut from the whole fp32 model (what qsa__cuda_upload reads: the same fields, layouts,
+   padding, rank-0 biases; the replicated matrices' FP16 images). */
 TEST(cpu, tp_views_cut_from_the_file) {
     char dirs[40][600];
     int nd = tp_model_dirs(dirs, 40), pairs = 0;
     for (int f = 0; f < nd; f++) {
-        qsa_model *whole = tp_host_model(dirs[f], 0);
-        if (!whole) return;
+        qsa_model *whole = tp_host_model(dirs[f], 1), *hm = whole ? tp_host_model(dirs[f], 0) : NULL;
+        if (!hm) { qsa_model_free(whole); return; }
+        CHECKF(hm->bytes_f32 < whole->bytes_f32, "%s: %zu bytes bound against %zu whole", dirs[f], hm->bytes_f32, whole->bytes_f32);
         for (int tp = 2; tp <= 8; tp *= 2) {
             if (qsa_tp_check(&whole->cfg, tp) != QSA_OK) { qsa_clear_error(); continue; }
-            qsa_model *hm = tp_host_model(dirs[f], tp);
-            if (!hm) break;
-            CHECKF(hm->bytes_f32 < whole->bytes_f32, "%s tp %d: %zu bytes bound against %zu whole", dirs[f], tp, hm->bytes_f32,
-                   whole->bytes_f32);
             int tensors = 0;
             for (int r = 0; r < tp; r++) {
                 qsa_model va, vb;
@@ -880,22 +878,25 @@ TEST(cpu, tp_views_cut_from_the_file) {
             }
             if (T_.verbose) printf("    %s tp %d: %d tensors of %d rank views bitwise equal\n", dirs[f], tp, tensors, tp);
             pairs++;
-            qsa_model_free(hm);
         }
+        qsa_model_free(hm);
         qsa_model_free(whole);
     }
     CHECKF(pairs >= 4, "only %d model/tp pairs split", pairs);
 }
 
-/* The host bytes of one rank's weights predicted from the checkpoint and the plan alone: every dense
-   tensor the loader converts, whole when replicated (*repl), else the rank's local shape from
-   qsa_tp_slice_for (*slices), with the zero padding of the views (routed experts to a multiple of 16
-   intermediate columns, the lm_head to ceil(V/tp) rows); NVFP4 parts count where the view must copy
-   them (column slices, padded rows); *split_whole: the split dense tensors whole. */
-static void tp_rank_formula(const qsa_model *m, int tp, int rank, size_t *repl, size_t *slices, size_t *split_whole) {
+/* The host bytes of one rank's weights predicted from the checkpoint and the plan alone.  *vec: the dense
+   tensors the loader converts to fp32 (every one but the matrices: those of 2 or more dimensions other than
+   the conv taps), whole; *slices: the split matrices' local shapes from qsa_tp_slice_for in fp32 (cut from
+   the file), with the zero padding of the views (routed experts to a multiple of 16 intermediate columns,
+   the lm_head to ceil(V/tp) rows), and the split vectors and NVFP4 parts where the view must copy them
+   (column slices, several runs, padded rows; else it points into the host's copy or the mapping);
+   *split_whole: the split dense tensors whole in fp32; *all: every dense tensor whole in fp32 (the model
+   bound whole). */
+static void tp_rank_formula(const qsa_model *m, int tp, int rank, size_t *vec, size_t *slices, size_t *split_whole, size_t *all) {
     const qsa_model_config *c = &m->cfg;
     int64_t Il = c->moe_intermediate_size / tp, Ipad = (Il + 15) / 16 * 16, V = c->vocab_size, vmax = (V + tp - 1) / tp;
-    *repl = *slices = *split_whole = 0;
+    *vec = *slices = *split_whole = *all = 0;
     for (int i = 0; i < m->st.ntensors; i++) {
         const qsa__tensor *t = &m->st.tensors[i];
         const char *n = t->name;
@@ -907,60 +908,53 @@ static void tp_rank_formula(const qsa_model *m, int tp, int rank, size_t *repl, 
         qsa_tp_slice s;
         if (qsa_tp_slice_for(c, tp, rank, n, &s) != QSA_OK) { qsa_clear_error(); continue; } /* not bound */
         size_t numel = qsa__tensor_numel(t), local = (size_t)s.shape[0] * (size_t)s.shape[1] * (size_t)s.shape[2];
-        if (s.kind == QSA_TP_REPLICATED) {
-            if (dense) *repl += numel * 4;
-            continue;
-        }
+        int matrix = dense && t->ndim >= 2 && !tp_ends(n, "conv1d.weight");
+        if (dense) *all += numel * 4;
+        if (dense && !matrix) *vec += numel * 4;
+        if (s.kind == QSA_TP_REPLICATED) continue;
         int expert = strstr(n, ".mlp.experts.") != NULL, head = strstr(n, "lm_head.") != NULL;
         /* the padded count along the split dimension, in the tensor's units (NVFP4: packed or scale columns) */
         int64_t units = expert ? s.count * Ipad / Il : head ? vmax : s.count;
         local = local / (size_t)s.count * (size_t)units;
-        if (dense) {
-            *slices += local * 4;
-            *split_whole += numel * 4;
-        } else if (s.kind == QSA_TP_COLS || s.n_runs > 1 || units != s.count) {
-            *slices += local; /* one byte per element */
-        }
+        int copied = matrix || s.kind == QSA_TP_COLS || s.n_runs > 1 || units != s.count; /* else a view of the host copy */
+        if (dense) *split_whole += numel * 4;
+        if (copied) *slices += local * (dense ? 4 : 1); /* fp32, or one byte per element */
     }
 }
 
-/* A multi-process rank's host memory for weights: the replicated tensors converted once plus its own
-   slices, as tp_rank_formula predicts from the file and the plan (about 1/tp of the split tensors),
-   against the whole fp32 model plus the slices before. */
+/* A rank's host memory for weights: the vectors converted once plus its own slices, as tp_rank_formula
+   predicts from the file and the plan (about 1/tp of the split tensors), against the whole fp32 model plus
+   its slices. */
 TEST(cpu, tp_rank_host_bytes) {
     char dirs[40][600];
     int nd = tp_model_dirs(dirs, 40), pairs = 0;
     for (int f = 0; f < nd; f++) {
-        qsa_model *whole = tp_host_model(dirs[f], 0);
-        if (!whole) return;
+        qsa_model *whole = tp_host_model(dirs[f], 1), *hm = whole ? tp_host_model(dirs[f], 0) : NULL;
+        if (!hm) { qsa_model_free(whole); return; }
         for (int tp = 2; tp <= 8; tp *= 2) {
             if (qsa_tp_check(&whole->cfg, tp) != QSA_OK) { qsa_clear_error(); continue; }
-            qsa_model *hm = tp_host_model(dirs[f], tp);
-            if (!hm) break;
             for (int r = 0; r < tp; r++) {
-                size_t repl, slices, split_whole;
-                tp_rank_formula(hm, tp, r, &repl, &slices, &split_whole);
+                size_t vec, slices, split_whole, all;
+                tp_rank_formula(hm, tp, r, &vec, &slices, &split_whole, &all);
                 qsa_model va, vb;
                 qsa__tp_own ca, ka, cb, kb;
                 memset(&ca, 0, sizeof ca); memset(&ka, 0, sizeof ka); memset(&cb, 0, sizeof cb); memset(&kb, 0, sizeof kb);
                 CHECK_OK(qsa__tp_view(whole, tp, r, &ca, &ka, &va));
                 CHECK_OK(qsa__tp_view(hm, tp, r, &cb, &kb, &vb));
-                CHECKF(whole->bytes_f32 == repl + split_whole, "%s tp %d: whole model %zu bytes, formula %zu + %zu", dirs[f], tp,
-                       whole->bytes_f32, repl, split_whole);
-                CHECKF(hm->bytes_f32 == repl, "%s tp %d: %zu bytes converted whole, formula (replicated) %zu", dirs[f], tp, hm->bytes_f32, repl);
+                CHECKF(whole->bytes_f32 == all, "%s tp %d: whole model %zu bytes, formula %zu", dirs[f], tp, whole->bytes_f32, all);
+                CHECKF(hm->bytes_f32 == vec, "%s tp %d: %zu bytes converted, formula (vectors) %zu", dirs[f], tp, hm->bytes_f32, vec);
                 CHECKF(cb.bytes == slices, "%s tp %d rank %d: %zu bytes of slices, formula %zu", dirs[f], tp, r, cb.bytes, slices);
-                /* the shape of the saving: at most the replicated tensors plus 1/tp of the split ones, give or take
-                   the padding and the KV heads a rank shares (tp > num_key_value_heads) */
+                /* the shape of the saving: at most the vectors plus 1/tp of the split tensors, give or take the
+                   padding and the KV heads a rank shares (tp > num_key_value_heads) */
                 CHECK(cb.bytes < split_whole);
                 if (T_.verbose && r == tp - 1)
-                    printf("    %s tp %d rank %d host weights: before %zu (whole fp32 %zu + slices %zu), now %zu (replicated %zu + "
-                           "slices %zu; formula replicated + split/tp = %zu)\n", dirs[f], tp, r, whole->bytes_f32 + ca.bytes,
-                           whole->bytes_f32, ca.bytes, hm->bytes_f32 + cb.bytes, hm->bytes_f32, cb.bytes, repl + split_whole / (size_t)tp);
+                    printf("    %s tp %d rank %d host weights: whole fp32 %zu + slices %zu; from the file: vectors %zu + slices "
+                           "%zu\n", dirs[f], tp, r, whole->bytes_f32, ca.bytes, hm->bytes_f32, cb.bytes);
                 qsa__tp_own_free(&ca); qsa__tp_own_free(&ka); qsa__tp_own_free(&cb); qsa__tp_own_free(&kb);
             }
             pairs++;
-            qsa_model_free(hm);
         }
+        qsa_model_free(hm);
         qsa_model_free(whole);
     }
     CHECKF(pairs >= 4, "only %d model/tp pairs split", pairs);
@@ -1087,7 +1081,7 @@ TEST(cpu, tp_views_cut_from_fused_experts) {
     if (!mkdtemp(dir)) { CHECK(0); return; }
     snprintf(p, sizeof p, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
     CHECK(tp_write_fused(p, dir));
-    qsa_model *whole = tp_host_model(dir, 0), *hm = whole ? tp_host_model(dir, 2) : NULL;
+    qsa_model *whole = tp_host_model(dir, 1), *hm = whole ? tp_host_model(dir, 0) : NULL;
     if (whole && hm) {
         char gu[96];
         snprintf(gu, sizeof gu, "layers.0.mlp.experts.gate_up_proj");
@@ -1102,11 +1096,11 @@ TEST(cpu, tp_views_cut_from_fused_experts) {
                 tp_cmp k = {"fused experts", 0, 0, 0, 0};
                 tp_cmp_views(&k, &va, &vb);
                 CHECKF(k.diffs == 0, "rank %d: %d of %d tensors differ", r, k.diffs, k.tensors);
-                size_t repl, slices, split_whole;
-                tp_rank_formula(hm, 2, r, &repl, &slices, &split_whole);
-                CHECKF(hm->bytes_f32 == repl && cb.bytes == slices, "rank %d: %zu + %zu bytes, formula %zu + %zu", r, hm->bytes_f32,
-                       cb.bytes, repl, slices);
-                if (T_.verbose) printf("    fused experts tp 2 rank %d: %d tensors bitwise equal; %zu + %zu bytes\n", r, k.tensors, repl, slices);
+                size_t vec, slices, split_whole, all;
+                tp_rank_formula(hm, 2, r, &vec, &slices, &split_whole, &all);
+                CHECKF(hm->bytes_f32 == vec && cb.bytes == slices, "rank %d: %zu + %zu bytes, formula %zu + %zu", r, hm->bytes_f32,
+                       cb.bytes, vec, slices);
+                if (T_.verbose) printf("    fused experts tp 2 rank %d: %d tensors bitwise equal; %zu + %zu bytes\n", r, k.tensors, vec, slices);
             }
             qsa__tp_own_free(&ca); qsa__tp_own_free(&ka); qsa__tp_own_free(&cb); qsa__tp_own_free(&kb);
         }
@@ -1120,25 +1114,11 @@ TEST(cpu, tp_views_cut_from_fused_experts) {
     rmdir(dir);
 }
 
-/* How loads bind (TP on the CUDA backend: the split tensors left in the file, the replicated ones in fp32;
-   otherwise every dense matrix left in the file), and the CPU fallback of an AUTO load with tp = 2 and with
-   tp = 1: the model bound for the CPU, computing exactly what a CPU load does. */
-TEST(cpu, loads_bind_for_their_backend_and_fall_back_to_the_cpu) {
+/* Every load leaves the dense matrices in the file, whatever the backend and tp; an AUTO load with tp = 2
+   or tp = 1 that falls back to the CPU computes exactly what a CPU load does. */
+TEST(cpu, loads_bind_from_the_file_and_fall_back_to_the_cpu) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
-    mp.tp = 2;
-    mp.backend = QSA_BACKEND_CPU;
-    CHECK(qsa__load_bind_tp(&mp) == 1);
-    mp.backend = QSA_BACKEND_CUDA;
-    CHECK(qsa__load_bind_tp(&mp) == 2);
-    mp.backend = QSA_BACKEND_AUTO;
-    CHECK(qsa__load_bind_tp(&mp) == 2);
-    mp.tp = 1;
-    CHECK(qsa__load_bind_tp(&mp) == 1);
-    mp.tp = 0;
-    CHECK(qsa__load_bind_tp(&mp) == 1);
-    mp.backend = QSA_BACKEND_CPU;
-    CHECK(qsa__load_bind_tp(&mp) == 1);
     char dir[600];
     snprintf(dir, sizeof dir, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
     qsa_model *cpu = NULL;
@@ -1160,14 +1140,11 @@ TEST(cpu, loads_bind_for_their_backend_and_fall_back_to_the_cpu) {
         mp.backend = QSA_BACKEND_AUTO;
         CHECK_OK(qsa_model_load(dir, &mp, &m));
         if (!m) continue;
+        CHECKF(m->bind_file == 1 && m->embed_t, "tp %d: not bound from the file", tp);
         if (m->cuda) { /* a machine with a GPU (and NCCL for tp 2) brought CUDA up */
-            CHECKF(tp == 2 ? m->bind_tp == 2 : m->bind_file == 1 && !m->embed, "tp %d: bound for %d ranks, from the file %d", tp,
-                   m->bind_tp, m->bind_file);
             qsa_model_free(m);
             continue;
         }
-        CHECKF(m->bind_tp == 0 && m->bind_file == 1 && !m->embed, "tp %d: the CPU fallback is bound for %d ranks, from the file %d",
-               tp, m->bind_tp, m->bind_file);
         CHECK(m->bytes_f32 == cpu->bytes_f32);
         s = NULL;
         CHECK_OK(qsa_seq_create(m, NULL, &s));
@@ -1209,7 +1186,7 @@ TEST(cpu, file_bound_model_reads_matrices_from_the_file) {
     else CHECK(0);
     CHECK(nd >= 6);
     for (int f = 0; f < nd; f++) {
-        qsa_model *whole = tp_host_model(dirs[f], 0), *dev = whole ? tp_host_model(dirs[f], 1) : NULL;
+        qsa_model *whole = tp_host_model(dirs[f], 1), *dev = whole ? tp_host_model(dirs[f], 0) : NULL;
         if (dev) {
             tp_cmp k = {dirs[f], 0, 0, 0, 0};
             tp_cmp_views(&k, whole, dev);
@@ -1386,7 +1363,7 @@ TEST(cpu, upload_from_the_file_writes_the_same_device_bytes) {
     if (have_fused && tp_write_fused(p, fused) && snprintf(dirs[nd], 600, "%s", fused) < 600) nd++;
     else CHECK(0);
     for (int f = 0; f < nd; f++) {
-        qsa_model *whole = tp_host_model(dirs[f], 0), *dev = whole ? tp_host_model(dirs[f], 1) : NULL;
+        qsa_model *whole = tp_host_model(dirs[f], 1), *dev = whole ? tp_host_model(dirs[f], 0) : NULL;
         if (!dev) { qsa_model_free(whole); continue; }
         size_t na, nb, ea, eb, wa, wb;
         int la, lb;
@@ -1406,6 +1383,23 @@ TEST(cpu, upload_from_the_file_writes_the_same_device_bytes) {
         }
         free(a);
         free(b);
+        /* and each TP = 2 rank's upload of its view (replicated matrices from the file, slices cut from it) */
+        for (int r = 0; r < 2 && qsa_tp_check(&whole->cfg, 2) == QSA_OK; r++) {
+            qsa_model va, vb;
+            qsa__tp_own ca, ka, cb, kb;
+            memset(&ca, 0, sizeof ca); memset(&ka, 0, sizeof ka); memset(&cb, 0, sizeof cb); memset(&kb, 0, sizeof kb);
+            CHECK_OK(qsa__tp_view(whole, 2, r, &ca, &ka, &va));
+            CHECK_OK(qsa__tp_view(dev, 2, r, &cb, &kb, &vb));
+            a = T_.failed ? NULL : fd_upload(&va, 0, &na, &ea, &wa, &la);
+            b = T_.failed ? NULL : fd_upload(&vb, 1000, &nb, &eb, &wb, &lb);
+            CHECKF(a && b && na == nb && wa == wb && la == lb && !memcmp(a, b, na), "%s: tp 2 rank %d: the view's upload from the file "
+                   "differs from the fp32 view's", dirs[f], r);
+            if (T_.verbose && a && b) printf("    %s tp 2 rank %d: %zu device bytes equal\n", dirs[f], r, na);
+            free(a);
+            free(b);
+            qsa__tp_own_free(&ca); qsa__tp_own_free(&ka); qsa__tp_own_free(&cb); qsa__tp_own_free(&kb);
+        }
+        qsa_clear_error();
         qsa_model_free(dev);
         qsa_model_free(whole);
     }
@@ -1439,7 +1433,7 @@ static qsa_result pieces_put(void *ctx, size_t i0, const uint16_t *h, size_t n) 
 TEST(cpu, fp16_image_in_pieces) {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
-    qsa_model *dev = tp_host_model(dir, 1);
+    qsa_model *dev = tp_host_model(dir, 0);
     if (!dev) return;
     qsa__lin ls[2] = {qsa__lin_rows(NULL, dev->embed_t, 0, dev->cfg.vocab_size, dev->cfg.hidden_size), dev->layers[0].moe.sh_down};
     uint16_t big[2] = {0x7f00, 0x4000}; /* a BF16 beyond the FP16 range, and 2 */
