@@ -3607,10 +3607,21 @@ QSA_PRIV void qsa__tensor_to_f32_range(const qsa__tensor *t, size_t i0, size_t n
     const uint8_t *p = t->data;
     if (t->dtype == QSA__F32) {
         if (n) memcpy(dst, p + 4 * i0, n * 4);
-    } else if (t->dtype == QSA__BF16) {
-        for (size_t i = 0; i < n; i++) {
+    } else if (t->dtype == QSA__BF16) { /* in blocks of 16 (a fixed count the compiler vectorises), then the rest */
+        const uint8_t *q = p + 2 * i0;
+        size_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            uint32_t v[16];
+            for (int k = 0; k < 16; k++) {
+                uint16_t h;
+                memcpy(&h, q + 2 * (i + (size_t)k), 2);
+                v[k] = (uint32_t)h << 16;
+            }
+            memcpy(dst + i, v, sizeof v);
+        }
+        for (; i < n; i++) {
             uint16_t h;
-            memcpy(&h, p + 2 * (i0 + i), 2);
+            memcpy(&h, q + 2 * i, 2);
             dst[i] = qsa__bf16_to_f32(h);
         }
     } else {
@@ -6597,9 +6608,14 @@ QSA_PRIV float qsa__softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); 
 QSA_PRIV const float qsa__e2m1_values[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                              -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-/* Row r of a linear map as fp32 (dense rows are returned in place; NVFP4 rows are dequantised into tmp). */
+/* Row r of a linear map as fp32: an fp32 copy's in place; a row in the mapped file widened into tmp (the
+   same values); NVFP4 dequantised into tmp. */
 QSA_PRIV const float *qsa__lin_row(const qsa__lin *l, int r, float *tmp) {
     if (l->w) return l->w + (size_t)r * (size_t)l->in;
+    if (!l->q) {
+        qsa__tensor_to_f32_range(l->src, l->src_off + (size_t)r * (size_t)l->in, (size_t)l->in, tmp);
+        return tmp;
+    }
     const uint8_t *q = l->q + (size_t)r * (size_t)(l->in / 2);
     const uint8_t *s = l->qscale + (size_t)r * (size_t)(l->in / 16);
     for (int g = 0; g < l->in / 16; g++) {
@@ -6613,33 +6629,6 @@ QSA_PRIV const float *qsa__lin_row(const qsa__lin *l, int r, float *tmp) {
     return tmp;
 }
 
-/* sum_i W[i] x[i] for a row of n BF16 / F16 / F32 weights in the mapped file (p: its first byte, of any
-   alignment), fp32 accumulation in index order: each weight widened exactly, so the sum of the row's
-   fp32 copy */
-QSA_PRIV float qsa__dot_mapped(qsa__dtype dt, const uint8_t *p, const float *x, int n) {
-    float acc = 0.0f;
-    if (dt == QSA__BF16) {
-        for (int i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, p + 2 * (size_t)i, 2);
-            acc += qsa__bf16_to_f32(h) * x[i];
-        }
-    } else if (dt == QSA__F16) {
-        for (int i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, p + 2 * (size_t)i, 2);
-            acc += qsa__f16_to_f32(h) * x[i];
-        }
-    } else {
-        for (int i = 0; i < n; i++) {
-            float w;
-            memcpy(&w, p + 4 * (size_t)i, 4);
-            acc += w * x[i];
-        }
-    }
-    return acc;
-}
-
 /* Row `id` of the embedding table as fp32 (H values), from the fp32 copy or the mapped file. */
 QSA_PRIV void qsa__embed_row(const qsa_model *m, int32_t id, float *dst) {
     size_t H = (size_t)m->cfg.hidden_size;
@@ -6647,18 +6636,12 @@ QSA_PRIV void qsa__embed_row(const qsa_model *m, int32_t id, float *dst) {
     else qsa__tensor_to_f32_range(m->embed_t, (size_t)id * H, H, dst);
 }
 
-/* y[r] = sum_i W[r][i] x[i] for r in [r0, r1), fp32 accumulation in index order (weights from the fp32
-   copy, the mapped file, or NVFP4 dequantised into tmp: the same sums). */
+/* y[r] = sum_i W[r][i] x[i] for r in [r0, r1), fp32 accumulation in index order. */
 QSA_PRIV void qsa__matvec_rows(const qsa__lin *l, const float *x, float *y, int r0, int r1, float *tmp) {
     for (int r = r0; r < r1; r++) {
+        const float *w = qsa__lin_row(l, r, tmp);
         float acc = 0.0f;
-        if (!l->w && !l->q) {
-            size_t es = qsa__dtype_size(l->src->dtype);
-            acc = qsa__dot_mapped(l->src->dtype, l->src->data + (l->src_off + (size_t)r * (size_t)l->in) * es, x, l->in);
-        } else {
-            const float *w = qsa__lin_row(l, r, tmp);
-            for (int i = 0; i < l->in; i++) acc += w[i] * x[i];
-        }
+        for (int i = 0; i < l->in; i++) acc += w[i] * x[i];
         y[r] = acc + (l->bias ? l->bias[r] : 0.0f);
     }
 }
@@ -6673,8 +6656,8 @@ typedef struct qsa__mv_ctx {
 } qsa__mv_ctx;
 QSA_PRIV void qsa__mv_range(void *c, int k, size_t r0, size_t r1) {
     qsa__mv_ctx *v = (qsa__mv_ctx *)c;
-    float *tmp = v->l->q ? QSA__ALLOC(float, v->l->in) : NULL;
-    if (v->l->q && !tmp) {
+    float *tmp = v->l->w ? NULL : QSA__ALLOC(float, v->l->in);
+    if (!v->l->w && !tmp) {
         v->failed[k] = 1;
         return;
     }
