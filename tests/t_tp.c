@@ -960,6 +960,43 @@ TEST(cpu, tp_rank_host_bytes) {
     CHECKF(pairs >= 4, "only %d model/tp pairs split", pairs);
 }
 
+/* A mapped tensor as the writer's entry: the same name, dtype, shape and bytes */
+static qsa__st_out tp_out_of(const qsa__tensor *x) {
+    qsa__st_out o;
+    memset(&o, 0, sizeof o);
+    o.name = x->name;
+    o.dtype = x->dtype;
+    o.ndim = x->ndim;
+    for (int d = 0; d < x->ndim && d < 4; d++) o.shape[d] = x->shape[d];
+    o.data = x->data;
+    return o;
+}
+
+/* dst/model.safetensors with the tensors t[0 .. n) and src's config.json copied beside it; 1 when written */
+static int tp_write_model(const char *src, const char *dst, const qsa__st_out *t, int n) {
+    char p[700], *cfg = NULL;
+    size_t len = 0;
+    int ok = snprintf(p, sizeof p, "%s/model.safetensors", dst) < (int)sizeof p && qsa__st_write(p, t, n) == QSA_OK;
+    if (ok && snprintf(p, sizeof p, "%s/config.json", src) < (int)sizeof p) ok = qsa__read_file(p, &cfg, &len) == QSA_OK;
+    if (ok && snprintf(p, sizeof p, "%s/config.json", dst) < (int)sizeof p) {
+        FILE *f = fopen(p, "wb");
+        ok = f && fwrite(cfg, 1, len, f) == len;
+        if (f && fclose(f)) ok = 0;
+    }
+    qsa__free(cfg);
+    return ok;
+}
+
+/* Removes a directory that tp_write_model wrote */
+static void tp_remove_model(const char *dir) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    remove(p);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    remove(p);
+    rmdir(dir);
+}
+
 /* A copy of checkpoint `src` in `dst` with the routed experts fused as the reference module holds
    them (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]); config.json copied. */
 static int tp_write_fused(const char *src, const char *dst) {
@@ -976,11 +1013,7 @@ static int tp_write_fused(const char *src, const char *dst) {
     for (int i = 0; ok && i < st.ntensors; i++)
         if (!strstr(st.tensors[i].name, ".mlp.experts.")) {
             const qsa__tensor *x = &st.tensors[i];
-            t[n].name = x->name;
-            t[n].dtype = x->dtype;
-            t[n].ndim = x->ndim;
-            for (int d = 0; d < x->ndim && d < 4; d++) t[n].shape[d] = x->shape[d];
-            t[n++].data = x->data;
+            t[n++] = tp_out_of(x);
         }
     for (int l = 0; ok && l < L; l++) {
         const char *proj[3] = {"gate_proj", "up_proj", "down_proj"};
@@ -1010,16 +1043,7 @@ static int tp_write_fused(const char *src, const char *dst) {
         t[n++] = a;
         t[n++] = b;
     }
-    char p[700], *cfg = NULL;
-    size_t len = 0;
-    if (ok && snprintf(p, sizeof p, "%s/model.safetensors", dst) < (int)sizeof p) ok = qsa__st_write(p, t, n) == QSA_OK;
-    if (ok && snprintf(p, sizeof p, "%s/config.json", src) < (int)sizeof p) ok = qsa__read_file(p, &cfg, &len) == QSA_OK;
-    if (ok && snprintf(p, sizeof p, "%s/config.json", dst) < (int)sizeof p) {
-        FILE *f = fopen(p, "wb");
-        ok = f && fwrite(cfg, 1, len, f) == len;
-        if (f && fclose(f)) ok = 0;
-    }
-    qsa__free(cfg);
+    ok = ok && tp_write_model(src, dst, t, n);
     for (int i = 0; i < 2 * L; i++) free(bufs[i]);
     free(bufs);
     free(names);
@@ -1039,11 +1063,7 @@ static int tp_write_f16(const char *src, const char *dst) {
     int n = 0, ok = t && bufs, halves = 0;
     for (int i = 0; ok && i < st.ntensors; i++) {
         const qsa__tensor *x = &st.tensors[i];
-        t[n].name = x->name;
-        t[n].dtype = x->dtype;
-        t[n].ndim = x->ndim;
-        for (int d = 0; d < x->ndim && d < 4; d++) t[n].shape[d] = x->shape[d];
-        t[n].data = x->data;
+        t[n] = tp_out_of(x);
         if (x->dtype == QSA__F32 && x->ndim >= 2) {
             size_t k = qsa__tensor_numel(x);
             uint16_t *h = (uint16_t *)malloc(k * 2 + 2);
@@ -1056,22 +1076,25 @@ static int tp_write_f16(const char *src, const char *dst) {
         }
         n++;
     }
-    char p[700], *cfg = NULL;
-    size_t len = 0;
-    ok = ok && halves > 0;
-    if (ok && snprintf(p, sizeof p, "%s/model.safetensors", dst) < (int)sizeof p) ok = qsa__st_write(p, t, n) == QSA_OK;
-    if (ok && snprintf(p, sizeof p, "%s/config.json", src) < (int)sizeof p) ok = qsa__read_file(p, &cfg, &len) == QSA_OK;
-    if (ok && snprintf(p, sizeof p, "%s/config.json", dst) < (int)sizeof p) {
-        FILE *f = fopen(p, "wb");
-        ok = f && fwrite(cfg, 1, len, f) == len;
-        if (f && fclose(f)) ok = 0;
-    }
-    qsa__free(cfg);
+    ok = ok && halves > 0 && tp_write_model(src, dst, t, n);
     for (int i = 0; bufs && i < st.ntensors; i++) free(bufs[i]);
     free(bufs);
     free(t);
     qsa__st_close(&st);
     return ok;
+}
+
+/* The model directories of tp_model_dirs (at most 40) and, in dirs[nd], a copy of qsa_hc2_ple_bf16 with its
+   experts fused (tp_write_fused) in `fused` (a mkdtemp template; the caller removes it with
+   tp_remove_model when *made); returns the count. */
+static int tp_dirs_and_fused(char dirs[][600], char *fused, int *made) {
+    char p[700];
+    int nd = tp_model_dirs(dirs, 40);
+    *made = mkdtemp(fused) != NULL;
+    snprintf(p, sizeof p, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
+    if (*made && tp_write_fused(p, fused) && snprintf(dirs[nd], 600, "%s", fused) < 600) nd++;
+    else CHECK(0);
+    return nd;
 }
 
 /* Fused dense experts: the views cut from the file (expert e at rows 2Ie.. of gate_up_proj and He.. of
@@ -1107,11 +1130,7 @@ TEST(cpu, tp_views_cut_from_fused_experts) {
     }
     qsa_model_free(hm);
     qsa_model_free(whole);
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    remove(p);
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    remove(p);
-    rmdir(dir);
+    tp_remove_model(dir);
 }
 
 /* Every load leaves the dense matrices in the file, whatever the backend and tp; an AUTO load with tp = 2
@@ -1175,12 +1194,8 @@ static void file_cpu_logits(qsa_model *m, float *out, int n) {
 }
 TEST(cpu, file_bound_model_reads_matrices_from_the_file) {
     char dirs[42][600], fused[] = "/tmp/qsa_dev_fused_XXXXXX", half[] = "/tmp/qsa_dev_f16_XXXXXX", p[700];
-    int nd = tp_model_dirs(dirs, 40);
-    int have_fused = mkdtemp(fused) != NULL, have_half = mkdtemp(half) != NULL;
-    CHECK(have_fused && have_half);
-    snprintf(p, sizeof p, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
-    if (have_fused && tp_write_fused(p, fused) && snprintf(dirs[nd], 600, "%s", fused) < 600) nd++;
-    else CHECK(0);
+    int have_fused, nd = tp_dirs_and_fused(dirs, fused, &have_fused), have_half = mkdtemp(half) != NULL;
+    CHECK(have_half);
     snprintf(p, sizeof p, "%s/qsa_first_no_ple", test_path("tests/fixtures"));
     if (have_half && tp_write_f16(p, half) && snprintf(dirs[nd], 600, "%s", half) < 600) nd++;
     else CHECK(0);
@@ -1213,20 +1228,8 @@ TEST(cpu, file_bound_model_reads_matrices_from_the_file) {
         qsa_model_free(dev);
         qsa_model_free(whole);
     }
-    if (have_half) {
-        snprintf(p, sizeof p, "%s/model.safetensors", half);
-        remove(p);
-        snprintf(p, sizeof p, "%s/config.json", half);
-        remove(p);
-        rmdir(half);
-    }
-    if (have_fused) {
-        snprintf(p, sizeof p, "%s/model.safetensors", fused);
-        remove(p);
-        snprintf(p, sizeof p, "%s/config.json", fused);
-        remove(p);
-        rmdir(fused);
-    }
+    if (have_half) tp_remove_model(half);
+    if (have_fused) tp_remove_model(fused);
 }
 
 #ifndef QSA_NO_CUDA
@@ -1239,11 +1242,8 @@ TEST(gpu, upload_from_the_file_equals_fp32_copies) {
     qsa_model *probe = NULL;
     GPU_OR_SKIP("qsa_first_no_ple", &mp, &probe);
     qsa_model_free(probe);
-    char dirs[41][600], fused[] = "/tmp/qsa_dev_fused_XXXXXX", p[700];
-    int nd = tp_model_dirs(dirs, 40), have_fused = mkdtemp(fused) != NULL;
-    snprintf(p, sizeof p, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
-    if (have_fused && tp_write_fused(p, fused) && snprintf(dirs[nd], 600, "%s", fused) < 600) nd++;
-    else CHECK(0);
+    char dirs[41][600], fused[] = "/tmp/qsa_dev_fused_XXXXXX";
+    int have_fused, nd = tp_dirs_and_fused(dirs, fused, &have_fused);
     for (int f = 0; f < nd; f++) {
         qsa_model *a = NULL, *b = NULL;
         memset(&mp, 0, sizeof mp);
@@ -1278,13 +1278,7 @@ TEST(gpu, upload_from_the_file_equals_fp32_copies) {
         qsa_model_free(b);
         qsa_model_free(a);
     }
-    if (have_fused) {
-        snprintf(p, sizeof p, "%s/model.safetensors", fused);
-        remove(p);
-        snprintf(p, sizeof p, "%s/config.json", fused);
-        remove(p);
-        rmdir(fused);
-    }
+    if (have_fused) tp_remove_model(fused);
 }
 #endif
 
@@ -1357,11 +1351,8 @@ TEST(cpu, upload_from_the_file_writes_the_same_device_bytes) {
     qsa__cu.cuMemcpyHtoD_v2 = fd_htod;
     qsa__cu.cuMemGetInfo_v2 = fd_info;
     qsa__cu.cuLaunchKernel = fd_launch;
-    char dirs[41][600], fused[] = "/tmp/qsa_dev_fused_XXXXXX", p[700];
-    int nd = tp_model_dirs(dirs, 40), have_fused = mkdtemp(fused) != NULL;
-    snprintf(p, sizeof p, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
-    if (have_fused && tp_write_fused(p, fused) && snprintf(dirs[nd], 600, "%s", fused) < 600) nd++;
-    else CHECK(0);
+    char dirs[41][600], fused[] = "/tmp/qsa_dev_fused_XXXXXX";
+    int have_fused, nd = tp_dirs_and_fused(dirs, fused, &have_fused);
     for (int f = 0; f < nd; f++) {
         qsa_model *whole = tp_host_model(dirs[f], 1), *dev = whole ? tp_host_model(dirs[f], 0) : NULL;
         if (!dev) { qsa_model_free(whole); continue; }
@@ -1406,13 +1397,7 @@ TEST(cpu, upload_from_the_file_writes_the_same_device_bytes) {
     qsa__cu = saved;
     free(fd_mem);
     fd_mem = NULL;
-    if (have_fused) {
-        snprintf(p, sizeof p, "%s/model.safetensors", fused);
-        remove(p);
-        snprintf(p, sizeof p, "%s/config.json", fused);
-        remove(p);
-        rmdir(fused);
-    }
+    if (have_fused) tp_remove_model(fused);
 }
 #endif
 
@@ -1483,7 +1468,7 @@ TEST(cpu, fp16_image_in_pieces) {
 
 /* A dense matrix of another dtype is refused by name, whether the load converts it or leaves it in the file. */
 TEST(cpu, load_refuses_a_matrix_of_another_dtype) {
-    char dir[] = "/tmp/qsa_dev_dtype_XXXXXX", src[600], p[700];
+    char dir[] = "/tmp/qsa_dev_dtype_XXXXXX", src[600];
     if (!mkdtemp(dir)) { CHECK(0); return; }
     snprintf(src, sizeof src, "%s/qsa_first_no_ple", test_path("tests/fixtures"));
     qsa__st_set st;
@@ -1494,11 +1479,7 @@ TEST(cpu, load_refuses_a_matrix_of_another_dtype) {
     char full[200];
     for (int i = 0; t && i < st.ntensors; i++) {
         const qsa__tensor *x = &st.tensors[i];
-        t[n].name = x->name;
-        t[n].dtype = x->dtype;
-        t[n].ndim = x->ndim;
-        for (int d = 0; d < x->ndim && d < 4; d++) t[n].shape[d] = x->shape[d];
-        t[n].data = x->data;
+        t[n] = tp_out_of(x);
         if (strstr(x->name, "layers.0.mlp.shared_expert.up_proj.weight") && x->dtype == QSA__F32) {
             t[n].dtype = QSA__I32; /* the same bytes, read as integers */
             snprintf(full, sizeof full, "%s", x->name);
@@ -1507,17 +1488,8 @@ TEST(cpu, load_refuses_a_matrix_of_another_dtype) {
         n++;
     }
     CHECK(retyped);
-    char *cfg = NULL;
-    size_t len = 0;
-    int ok = retyped && snprintf(p, sizeof p, "%s/model.safetensors", dir) < (int)sizeof p && qsa__st_write(p, t, n) == QSA_OK;
-    if (ok && snprintf(p, sizeof p, "%s/config.json", src) < (int)sizeof p) ok = qsa__read_file(p, &cfg, &len) == QSA_OK;
-    if (ok && snprintf(p, sizeof p, "%s/config.json", dir) < (int)sizeof p) {
-        FILE *f = fopen(p, "wb");
-        ok = f && fwrite(cfg, 1, len, f) == len;
-        if (f && fclose(f)) ok = 0;
-    }
+    int ok = retyped && tp_write_model(src, dir, t, n);
     CHECK(ok);
-    qsa__free(cfg);
     free(t);
     qsa__st_close(&st);
     char want[300];
@@ -1530,11 +1502,7 @@ TEST(cpu, load_refuses_a_matrix_of_another_dtype) {
         CHECK_ERR(qsa__model_open(dir, &mp, bind, &m), QSA_ERR_SHAPE, want);
         CHECK(m == NULL);
     }
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    remove(p);
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    remove(p);
-    rmdir(dir);
+    tp_remove_model(dir);
 }
 
 /* The multi-process rendezvous file: rank 0 publishes the id atomically, a waiting rank reads exactly
