@@ -6680,6 +6680,73 @@ QSA_PRIV qsa_result qsa__matvec(const qsa_model *m, const qsa__lin *l, const flo
     return QSA_OK;
 }
 
+/* Y[t][r] = sum_i W[r][i] X[t][i] (+ bias[r]) for the T tokens of a chunk (rows of X ldx floats apart, of Y
+   ldy apart): each weight row is had once (in place, widened from the file or dequantised) for all T, and
+   four tokens' sums run side by side (independent chains); every sum is in index order, so each token's
+   outputs are qsa__matvec's bits.  Split over threads by rows like qsa__matvec. */
+typedef struct qsa__mm_ctx {
+    const qsa__lin *l;
+    const float *X;
+    float *Y;
+    int T;
+    size_t ldx, ldy;
+    int failed[QSA__PAR_MAX];
+} qsa__mm_ctx;
+QSA_PRIV void qsa__mm_range(void *c, int k, size_t r0, size_t r1) {
+    qsa__mm_ctx *v = (qsa__mm_ctx *)c;
+    const qsa__lin *l = v->l;
+    const int n = l->in, T = v->T;
+    const size_t lx = v->ldx, ly = v->ldy;
+    float *tmp = l->w ? NULL : QSA__ALLOC(float, n);
+    if (!l->w && !tmp) {
+        v->failed[k] = 1;
+        return;
+    }
+    for (size_t r = r0; r < r1; r++) {
+        const float *w = qsa__lin_row(l, (int)r, tmp);
+        const float b = l->bias ? l->bias[r] : 0.0f;
+        int t = 0;
+        for (; t + 4 <= T; t += 4) {
+            const float *x0 = v->X + (size_t)t * lx, *x1 = x0 + lx, *x2 = x1 + lx, *x3 = x2 + lx;
+            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+            for (int i = 0; i < n; i++) {
+                a0 += w[i] * x0[i];
+                a1 += w[i] * x1[i];
+                a2 += w[i] * x2[i];
+                a3 += w[i] * x3[i];
+            }
+            float *y = v->Y + (size_t)t * ly + r;
+            y[0] = a0 + b;
+            y[ly] = a1 + b;
+            y[2 * ly] = a2 + b;
+            y[3 * ly] = a3 + b;
+        }
+        for (; t < T; t++) {
+            const float *x = v->X + (size_t)t * lx;
+            float a = 0.0f;
+            for (int i = 0; i < n; i++) a += w[i] * x[i];
+            v->Y[(size_t)t * ly + r] = a + b;
+        }
+    }
+    qsa__free(tmp);
+}
+QSA_PRIV qsa_result qsa__matmul(const qsa_model *m, const qsa__lin *l, const float *X, size_t ldx, int T, float *Y, size_t ldy) {
+    size_t work = (size_t)l->out * (size_t)l->in * (size_t)(T > 0 ? T : 0);
+    qsa__mm_ctx v;
+    memset(&v, 0, sizeof v);
+    v.l = l;
+    v.X = X;
+    v.Y = Y;
+    v.T = T;
+    v.ldx = ldx;
+    v.ldy = ldy;
+    if (T <= 0) return QSA_OK;
+    qsa__par_ranges((size_t)l->out, work < (1u << 18) ? 1 : m->n_threads, qsa__mm_range, &v);
+    for (int k = 0; k < QSA__PAR_MAX; k++)
+        if (v.failed[k]) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "matmul: out of memory");
+    return QSA_OK;
+}
+
 /* RMSNorm over groups of `group` values: x * rsqrt(mean(x^2) + eps) * (1 + w) (zero-centred). */
 QSA_PRIV void qsa__rmsnorm_1p(const float *x, const float *w, float *y, int n, int group, float eps) {
     for (int g0 = 0; g0 < n; g0 += group) {
@@ -7148,23 +7215,20 @@ QSA_PRIV qsa_result qsa__gdn_fwd(qsa_seq *sq, int l, const float *inp, float *ou
     float *v = QSA__ALLOC(float, (size_t)n * value_dim), *z = QSA__ALLOC(float, (size_t)n * value_dim);
     float *o = QSA__ALLOC(float, (size_t)n * value_dim);
     float *beta = QSA__ALLOC(float, (size_t)n * nv), *g = QSA__ALLOC(float, (size_t)n * nv);
+    float *bb = QSA__ALLOC(float, (size_t)n * nv), *aa = QSA__ALLOC(float, (size_t)n * nv);
     qsa_result r = QSA_OK;
-    if (!qkv || !q || !k || !v || !z || !o || !beta || !g) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "GDN: out of memory"); goto done; }
-    /* projections; conv inputs are laid out after the K-1 carried columns */
+    if (!qkv || !q || !k || !v || !z || !o || !beta || !g || !bb || !aa) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "GDN: out of memory"); goto done; }
+    /* projections of the whole chunk; conv inputs are laid out after the K-1 carried columns */
     if (K > 1) memcpy(qkv, sl->conv, sizeof(float) * (size_t)(K - 1) * conv_dim);
-    for (int t = 0; t < n; t++) {
-        const float *x = inp + (size_t)t * H;
-        if ((r = qsa__matvec(m, &w->in_qkv, x, qkv + (size_t)(K - 1 + t) * conv_dim)) != QSA_OK) goto done;
-        if ((r = qsa__matvec(m, &w->in_z, x, z + (size_t)t * value_dim)) != QSA_OK) goto done;
-        float bb[1024], aa[1024];
-        if (nv > 1024) { r = qsa__fail(QSA_ERR_UNSUPPORTED, "GDN: more than 1024 value heads"); goto done; }
-        if ((r = qsa__matvec(m, &w->in_b, x, bb)) != QSA_OK) goto done;
-        if ((r = qsa__matvec(m, &w->in_a, x, aa)) != QSA_OK) goto done;
+    if ((r = qsa__matmul(m, &w->in_qkv, inp, (size_t)H, n, qkv + (size_t)(K - 1) * conv_dim, (size_t)conv_dim)) != QSA_OK) goto done;
+    if ((r = qsa__matmul(m, &w->in_z, inp, (size_t)H, n, z, (size_t)value_dim)) != QSA_OK) goto done;
+    if ((r = qsa__matmul(m, &w->in_b, inp, (size_t)H, n, bb, (size_t)nv)) != QSA_OK) goto done;
+    if ((r = qsa__matmul(m, &w->in_a, inp, (size_t)H, n, aa, (size_t)nv)) != QSA_OK) goto done;
+    for (int t = 0; t < n; t++)
         for (int h = 0; h < nv; h++) {
-            beta[t * nv + h] = qsa__sigmoid(bb[h]);
-            g[t * nv + h] = -expf(w->A_log[h]) * qsa__softplus(aa[h] + w->dt_bias[h]);
+            beta[t * nv + h] = qsa__sigmoid(bb[t * nv + h]);
+            g[t * nv + h] = -expf(w->A_log[h]) * qsa__softplus(aa[t * nv + h] + w->dt_bias[h]);
         }
-    }
     /* causal depthwise conv (kernel K) + activation, then split into q, k, v */
     for (int t = 0; t < n; t++) {
         for (int ch = 0; ch < conv_dim; ch++) {
@@ -7201,10 +7265,11 @@ QSA_PRIV qsa_result qsa__gdn_fwd(qsa_seq *sq, int l, const float *inp, float *ou
             for (int j = 0; j < dv; j++)
                 ot[h * dv + j] = w->norm_w[j] * (ot[h * dv + j] * inv) * qsa__act(c->output_gate_act, zt[h * dv + j]);
         }
-        if ((r = qsa__matvec(m, &w->out, ot, out + (size_t)t * H)) != QSA_OK) goto done;
     }
+    r = qsa__matmul(m, &w->out, o, (size_t)value_dim, n, out, (size_t)H);
 done:
     qsa__free(qkv); qsa__free(q); qsa__free(k); qsa__free(v); qsa__free(z); qsa__free(o); qsa__free(beta); qsa__free(g);
+    qsa__free(bb); qsa__free(aa);
     return r;
 }
 
@@ -7346,26 +7411,29 @@ QSA_PRIV qsa_result qsa__attn_fwd(qsa_seq *sq, int l, const float *inp, float *o
     int ih = c->indexer_n_heads, ihd = c->indexer_head_dim, r = c->has_qsa ? c->indexer_compress_ratio : 1;
     int topk = c->has_qsa ? c->indexer_budget / r : 0;
     float *qg = QSA__ALLOC(float, (size_t)n * nh * hd * 2);
+    float *kg = QSA__ALLOC(float, (size_t)n * nkv * hd), *vg = QSA__ALLOC(float, (size_t)n * nkv * hd);
     float *iq = QSA__ALLOC(float, (size_t)n * (ih + 1) * ihd + 1);
-    float *att = QSA__ALLOC(float, (size_t)nh * hd), *acc = QSA__ALLOC(float, hd);
+    float *atts = QSA__ALLOC(float, (size_t)n * nh * hd), *acc = QSA__ALLOC(float, hd);
     float *scores = QSA__ALLOC(float, (size_t)(p0 + n) / r + 1);
     int32_t *sel = QSA__ALLOC(int32_t, topk + 1);
     float *ikeys = QSA__ALLOC(float, (size_t)r * ihd + 1);
     qsa__plan plan;
     memset(&plan, 0, sizeof plan);
     qsa_result res = QSA_OK;
-    if (!qg || !iq || !att || !acc || !scores || !sel || !ikeys) { res = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "attention: out of memory"); goto done; }
-    /* 1. projections for every token of the chunk; K, V and raw indexer keys go to the token's page */
+    if (!qg || !kg || !vg || !iq || !atts || !acc || !scores || !sel || !ikeys) { res = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "attention: out of memory"); goto done; }
+    /* 1. projections of the whole chunk; K, V and raw indexer keys go to each token's page */
+    if ((res = qsa__matmul(m, &a->q, inp, (size_t)H, n, qg, (size_t)nh * hd * 2)) != QSA_OK) goto done;
+    if ((res = qsa__matmul(m, &a->k, inp, (size_t)H, n, kg, (size_t)nkv * hd)) != QSA_OK) goto done;
+    if ((res = qsa__matmul(m, &a->v, inp, (size_t)H, n, vg, (size_t)nkv * hd)) != QSA_OK) goto done;
+    if (c->has_qsa && (res = qsa__matmul(m, &a->idx_qk, inp, (size_t)H, n, iq, (size_t)(ih + 1) * ihd)) != QSA_OK) goto done;
     for (int t = 0; t < n; t++) {
-        const float *x = inp + (size_t)t * H;
         int64_t pos = p0 + t;
         int32_t page = sq->bt[pos / ps];
         int off = (int)(pos % ps);
         float *qt = qg + (size_t)t * nh * hd * 2;
-        if ((res = qsa__matvec(m, &a->q, x, qt)) != QSA_OK) goto done;
         float *kt = qsa__pool_k(pool, slot, page, off), *vt = qsa__pool_v(pool, slot, page, off);
-        if ((res = qsa__matvec(m, &a->k, x, kt)) != QSA_OK) goto done;
-        if ((res = qsa__matvec(m, &a->v, x, vt)) != QSA_OK) goto done;
+        memcpy(kt, kg + (size_t)t * nkv * hd, sizeof(float) * (size_t)nkv * hd);
+        memcpy(vt, vg + (size_t)t * nkv * hd, sizeof(float) * (size_t)nkv * hd);
         for (int h = 0; h < nh; h++) { /* q_norm then RoPE on the q half of [q | gate] */
             float *qh = qt + (size_t)h * 2 * hd;
             qsa__rmsnorm_1p(qh, a->q_norm, qh, hd, hd, c->rms_norm_eps);
@@ -7377,7 +7445,6 @@ QSA_PRIV qsa_result qsa__attn_fwd(qsa_seq *sq, int l, const float *inp, float *o
         }
         if (c->has_qsa) {
             float *it = iq + (size_t)t * (ih + 1) * ihd;
-            if ((res = qsa__matvec(m, &a->idx_qk, x, it)) != QSA_OK) goto done;
             for (int h = 0; h < ih; h++) { /* indexer queries: q_layernorm then RoPE */
                 qsa__rmsnorm_1p(it + h * ihd, a->idx_q_norm, it + h * ihd, ihd, ihd, c->rms_norm_eps);
                 qsa__rope(m, it + h * ihd, pos);
@@ -7417,6 +7484,7 @@ QSA_PRIV qsa_result qsa__attn_fwd(qsa_seq *sq, int l, const float *inp, float *o
         }
         if ((res = qsa__plan_build(&plan, sel, ns, nb, r, pos, ps, sq->bt, m->params.debug_physical_order)) != QSA_OK) goto done;
         const float *qt = qg + (size_t)t * nh * hd * 2;
+        float *att = atts + (size_t)t * nh * hd;
         for (int h = 0; h < nh; h++) {
             const float *qh = qt + (size_t)h * 2 * hd, *gate = qh + hd;
             float *oh = att + (size_t)h * hd;
@@ -7426,10 +7494,11 @@ QSA_PRIV qsa_result qsa__attn_fwd(qsa_seq *sq, int l, const float *inp, float *o
         if (sq->cap && sq->cap->layer == l &&
             (res = qsa__capture_query(sq->cap, pos, qt, nh * hd * 2, sel, ns, topk, &plan, att, nh * hd)) != QSA_OK)
             goto done;
-        if ((res = qsa__matvec(m, &a->o, att, out + (size_t)t * H)) != QSA_OK) goto done;
     }
+    res = qsa__matmul(m, &a->o, atts, (size_t)nh * hd, n, out, (size_t)H);
 done:
-    qsa__free(qg); qsa__free(iq); qsa__free(att); qsa__free(acc); qsa__free(scores); qsa__free(sel); qsa__free(ikeys);
+    qsa__free(qg); qsa__free(kg); qsa__free(vg); qsa__free(iq); qsa__free(atts); qsa__free(acc); qsa__free(scores); qsa__free(sel);
+    qsa__free(ikeys);
     qsa__free(plan.seg);
     return res;
 }

@@ -376,6 +376,70 @@ static void chunked_bitwise(const char *fixture) {
     qsa_model_free(m);
 }
 
+/* qsa__matmul (a chunk's projections: each row had once, four tokens' sums side by side) gives every
+   token the bits of qsa__matvec, for 1 to 9 tokens and rows from an fp32 copy, from the file (BF16) and
+   NVFP4, with and without a bias, and strided inputs and outputs; on 1 and 2 threads. */
+TEST(cpu, matmul_is_matvec_per_token) {
+    qsa_model *m = cpu_fixture("nvfp4_experts"), *b = cpu_fixture("qsa_hc2_ple_bf16");
+    if (!m || !b) { qsa_model_free(m); qsa_model_free(b); return; }
+    const qsa__lin *nv = &m->layers[0].moe.gate[0], *bf = &b->lm_head;
+    CHECK(nv->q != NULL && bf->src != NULL && bf->src->dtype == QSA__BF16);
+    int in = bf->in, out = bf->out;
+    float *w = (float *)malloc(sizeof(float) * (size_t)out * in), *bias = (float *)malloc(sizeof(float) * (size_t)out);
+    for (int r = 0; r < out; r++) {
+        qsa__tensor_to_f32_range(bf->src, bf->src_off + (size_t)r * in, (size_t)in, w + (size_t)r * in);
+        bias[r] = 0.001f * (float)(r % 17) - 0.007f;
+    }
+    qsa__lin f32 = qsa__lin_rows(w, NULL, 0, out, in), f32b = f32, bfb = *bf;
+    f32b.bias = bias;
+    bfb.bias = bias;
+    /* and a BF16 map large enough to be split over the threads (600 x 512, odd-aligned in memory) */
+    int bo = 600, bi = 512;
+    uint8_t *raw = (uint8_t *)malloc((size_t)bo * bi * 2 + 1);
+    for (size_t i = 0; i < (size_t)bo * bi * 2; i++) raw[1 + i] = (uint8_t)(i & 1 ? 0x3c + (i >> 1) % 5 : (i * 37) & 0xff);
+    qsa__tensor big;
+    memset(&big, 0, sizeof big);
+    big.name = "big";
+    big.dtype = QSA__BF16;
+    big.ndim = 2;
+    big.shape[0] = bo;
+    big.shape[1] = bi;
+    big.data = raw + 1;
+    big.nbytes = (size_t)bo * bi * 2;
+    qsa__lin bigl = qsa__lin_rows(NULL, &big, 0, bo, bi);
+    const qsa__lin *ls[6] = {&f32, &f32b, bf, &bfb, nv, &bigl};
+    int nt = 0;
+    for (int li = 0; li < 6; li++) {
+        const qsa__lin *l = ls[li];
+        size_t ldx = (size_t)l->in + 3, ldy = (size_t)l->out + 5;
+        float *X = (float *)malloc(sizeof(float) * 9 * ldx), *Y = (float *)malloc(sizeof(float) * 9 * ldy);
+        float *y1 = (float *)malloc(sizeof(float) * (size_t)l->out);
+        for (size_t i = 0; i < 9 * ldx; i++) X[i] = sinf(0.37f * (float)i) * (1.0f + (float)(i % 5));
+        for (int threads = 1; threads <= 2; threads++) {
+            m->n_threads = threads;
+            for (int T = 1; T <= 9; T++) {
+                memset(Y, 0, sizeof(float) * 9 * ldy);
+                CHECK_OK(qsa__matmul(m, l, X, ldx, T, Y, ldy));
+                for (int t = 0; t < T; t++) {
+                    CHECK_OK(qsa__matvec(m, l, X + (size_t)t * ldx, y1));
+                    CHECKF(!memcmp(y1, Y + (size_t)t * ldy, sizeof(float) * (size_t)l->out), "map %d, %d tokens, %d threads: token %d "
+                           "differs from its matvec", li, T, threads, t);
+                    nt++;
+                }
+            }
+        }
+        free(X);
+        free(Y);
+        free(y1);
+    }
+    if (T_.verbose) printf("    %d token outputs equal to their matvecs\n", nt);
+    free(raw);
+    free(w);
+    free(bias);
+    qsa_model_free(m);
+    qsa_model_free(b);
+}
+
 TEST(cpu, chunked_prefill_bitwise_states) {
     char names[32][256];
     int nf = fixture_dirs(names, 32);
