@@ -7503,72 +7503,84 @@ done:
     return res;
 }
 
-/* MoE on one token: softmax router in fp32, top-k (ties: lower expert id), optional renormalisation,
-   SwiGLU experts, plus the shared expert scaled by sigmoid(shared_expert_gate(x)). */
-QSA_PRIV qsa_result qsa__moe_fwd(const qsa_model *m, const qsa__moe_w *w, const float *x, float *out, float *margin) {
+/* MoE on the n tokens x [n][H] of a chunk: softmax router in fp32, top-k (ties: lower expert id), optional
+   renormalisation, SwiGLU experts in ascending id, plus the shared expert scaled by
+   sigmoid(shared_expert_gate(x)).  The router and the shared expert, whose weights every token uses, by
+   qsa__matmul (each token's bits as its own matvecs); the routed experts token by token.  margin[t] (when
+   given): the token's routing margin. */
+QSA_PRIV qsa_result qsa__moe_chunk(const qsa_model *m, const qsa__moe_w *w, const float *x, int n, float *out, float *margin) {
     const qsa_model_config *c = &m->cfg;
     int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size,
         Is = c->shared_expert_intermediate_size;
-    int mi = I > Is ? I : Is;
-    float *logits = QSA__ALLOC(float, E), *a = QSA__ALLOC(float, mi), *b = QSA__ALLOC(float, mi), *y = QSA__ALLOC(float, H);
+    float *logits = QSA__ALLOC(float, (size_t)n * E), *a = QSA__ALLOC(float, I), *b = QSA__ALLOC(float, I), *y = QSA__ALLOC(float, H);
+    float *sa = QSA__ALLOC(float, (size_t)n * Is), *sb = QSA__ALLOC(float, (size_t)n * Is), *sy = QSA__ALLOC(float, (size_t)n * H);
+    float *sg = QSA__ALLOC(float, n);
     int *top = QSA__ALLOC(int, K);
     float *topw = QSA__ALLOC(float, K);
     qsa_result r = QSA_OK;
-    if (!logits || !a || !b || !y || !top || !topw) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "MoE: out of memory"); goto done; }
-    if ((r = qsa__matvec(m, &w->router, x, logits)) != QSA_OK) goto done;
-    float mx, sum;
-    mx = -INFINITY;
-    sum = 0.0f;
-    for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
-    for (int e = 0; e < E; e++) { logits[e] = expf(logits[e] - mx); sum += logits[e]; }
-    for (int e = 0; e < E; e++) logits[e] /= sum;
-    for (int k = 0; k < K; k++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            int used = 0;
-            for (int j = 0; j < k; j++) used |= top[j] == e;
-            if (!used && (best < 0 || logits[e] > logits[best])) best = e;
+    if (!logits || !a || !b || !y || !sa || !sb || !sy || !sg || !top || !topw) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "MoE: out of memory"); goto done; }
+    if ((r = qsa__matmul(m, &w->router, x, (size_t)H, n, logits, (size_t)E)) != QSA_OK) goto done;
+    /* the shared expert of every token */
+    if ((r = qsa__matmul(m, &w->sh_gate, x, (size_t)H, n, sa, (size_t)Is)) != QSA_OK) goto done;
+    if ((r = qsa__matmul(m, &w->sh_up, x, (size_t)H, n, sb, (size_t)Is)) != QSA_OK) goto done;
+    for (size_t i = 0; i < (size_t)n * Is; i++) sa[i] = qsa__act(c->hidden_act, sa[i]) * sb[i];
+    if ((r = qsa__matmul(m, &w->sh_down, sa, (size_t)Is, n, sy, (size_t)H)) != QSA_OK) goto done;
+    if ((r = qsa__matmul(m, &w->sh_expert_gate, x, (size_t)H, n, sg, 1)) != QSA_OK) goto done;
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * H;
+        float *lt = logits + (size_t)t * E, *ot = out + (size_t)t * H;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int e = 0; e < E; e++) mx = lt[e] > mx ? lt[e] : mx;
+        for (int e = 0; e < E; e++) { lt[e] = expf(lt[e] - mx); sum += lt[e]; }
+        for (int e = 0; e < E; e++) lt[e] /= sum;
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int used = 0;
+                for (int j = 0; j < k; j++) used |= top[j] == e;
+                if (!used && (best < 0 || lt[e] > lt[best])) best = e;
+            }
+            top[k] = best;
+            topw[k] = lt[best];
         }
-        top[k] = best;
-        topw[k] = logits[best];
-    }
-    if (margin) { /* routing margin: the last chosen probability minus the best one left out */
-        float next = 0.0f;
-        for (int e = 0; e < E; e++) {
-            int used = 0;
-            for (int j = 0; j < K; j++) used |= top[j] == e;
-            if (!used && logits[e] > next) next = logits[e];
+        if (margin) { /* routing margin: the last chosen probability minus the best one left out */
+            float next = 0.0f;
+            for (int e = 0; e < E; e++) {
+                int used = 0;
+                for (int j = 0; j < K; j++) used |= top[j] == e;
+                if (!used && lt[e] > next) next = lt[e];
+            }
+            margin[t] = K < E ? topw[K - 1] - next : INFINITY;
         }
-        *margin = K < E ? topw[K - 1] - next : INFINITY;
+        if (c->norm_topk_prob) {
+            float s = 0.0f;
+            for (int k = 0; k < K; k++) s += topw[k];
+            for (int k = 0; k < K; k++) topw[k] /= s;
+        }
+        for (int j = 0; j < H; j++) ot[j] = 0.0f;
+        /* experts in ascending id order, as the reference accumulates them */
+        for (int e = 0; e < E; e++) {
+            int k = -1;
+            for (int j = 0; j < K; j++) if (top[j] == e) k = j;
+            if (k < 0) continue;
+            if ((r = qsa__matvec(m, &w->gate[e], xt, a)) != QSA_OK) goto done;
+            if ((r = qsa__matvec(m, &w->up[e], xt, b)) != QSA_OK) goto done;
+            for (int i = 0; i < I; i++) a[i] = qsa__act(c->hidden_act, a[i]) * b[i];
+            if ((r = qsa__matvec(m, &w->down[e], a, y)) != QSA_OK) goto done;
+            for (int j = 0; j < H; j++) ot[j] += y[j] * topw[k];
+        }
+        float gl = qsa__sigmoid(sg[t]);
+        for (int j = 0; j < H; j++) ot[j] += gl * sy[(size_t)t * H + j];
     }
-    if (c->norm_topk_prob) {
-        float s = 0.0f;
-        for (int k = 0; k < K; k++) s += topw[k];
-        for (int k = 0; k < K; k++) topw[k] /= s;
-    }
-    for (int j = 0; j < H; j++) out[j] = 0.0f;
-    /* experts in ascending id order, as the reference accumulates them */
-    for (int e = 0; e < E; e++) {
-        int k = -1;
-        for (int j = 0; j < K; j++) if (top[j] == e) k = j;
-        if (k < 0) continue;
-        if ((r = qsa__matvec(m, &w->gate[e], x, a)) != QSA_OK) goto done;
-        if ((r = qsa__matvec(m, &w->up[e], x, b)) != QSA_OK) goto done;
-        for (int i = 0; i < I; i++) a[i] = qsa__act(c->hidden_act, a[i]) * b[i];
-        if ((r = qsa__matvec(m, &w->down[e], a, y)) != QSA_OK) goto done;
-        for (int j = 0; j < H; j++) out[j] += y[j] * topw[k];
-    }
-    if ((r = qsa__matvec(m, &w->sh_gate, x, a)) != QSA_OK) goto done;
-    if ((r = qsa__matvec(m, &w->sh_up, x, b)) != QSA_OK) goto done;
-    for (int i = 0; i < Is; i++) a[i] = qsa__act(c->hidden_act, a[i]) * b[i];
-    if ((r = qsa__matvec(m, &w->sh_down, a, y)) != QSA_OK) goto done;
-    float gl;
-    if ((r = qsa__matvec(m, &w->sh_expert_gate, x, &gl)) != QSA_OK) goto done;
-    gl = qsa__sigmoid(gl);
-    for (int j = 0; j < H; j++) out[j] += gl * y[j];
 done:
-    qsa__free(logits); qsa__free(a); qsa__free(b); qsa__free(y); qsa__free(top); qsa__free(topw);
+    qsa__free(logits); qsa__free(a); qsa__free(b); qsa__free(y); qsa__free(sa); qsa__free(sb); qsa__free(sy); qsa__free(sg);
+    qsa__free(top); qsa__free(topw);
     return r;
+}
+
+/* MoE on one token (qsa__moe_chunk of one). */
+QSA_PRIV qsa_result qsa__moe_fwd(const qsa_model *m, const qsa__moe_w *w, const float *x, float *out, float *margin) {
+    return qsa__moe_chunk(m, w, x, 1, out, margin);
 }
 
 /* What qsa_seq_feed checks before anything changes: context room and token ids. */
@@ -7635,8 +7647,9 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
     sc.inj = QSA__ALLOC(float, (size_t)n * hc);
     sc.inp = QSA__ALLOC(float, (size_t)n * H);
     sc.out = QSA__ALLOC(float, (size_t)n * H);
+    float *margins = QSA__ALLOC(float, n);
     qsa_result r = QSA_OK;
-    if (!X || !sc.xn || !sc.mw || !sc.low || !sc.inj || !sc.inp || !sc.out) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_seq_feed: out of memory"); goto done; }
+    if (!X || !sc.xn || !sc.mw || !sc.low || !sc.inj || !sc.inp || !sc.out || !margins) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_seq_feed: out of memory"); goto done; }
     /* embedding, repeated into hc streams */
     for (int t = 0; t < n; t++)
         for (int s = 0; s < hc; s++) qsa__embed_row(m, ids[t], X + (size_t)t * hcH + s * H);
@@ -7648,13 +7661,12 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
         r = lw->type == QSA_LAYER_LINEAR ? qsa__gdn_fwd(sq, l, sc.inp, sc.out, n) : qsa__attn_fwd(sq, l, sc.inp, sc.out, n);
         if (r != QSA_OK) goto done;
         for (int t = 0; t < n; t++) qsa__inject(c, X + (size_t)t * hcH, sc.inj + t * hc, sc.out + (size_t)t * H);
+        for (int t = 0; t < n; t++)
+            if ((r = qsa__gres_fwd(m, &lw->mlp_hc, X + (size_t)t * hcH, sc.inp + (size_t)t * H, sc.inj + t * hc, &sc)) != QSA_OK) goto done;
+        if ((r = qsa__moe_chunk(m, &lw->moe, sc.inp, n, sc.out, margins)) != QSA_OK) goto done;
         for (int t = 0; t < n; t++) {
-            float *x = X + (size_t)t * hcH;
-            if ((r = qsa__gres_fwd(m, &lw->mlp_hc, x, sc.inp, sc.inj, &sc)) != QSA_OK) goto done;
-            float margin = INFINITY;
-            if ((r = qsa__moe_fwd(m, &lw->moe, sc.inp, sc.out, &margin)) != QSA_OK) goto done;
-            if (sq->route_hook) sq->route_hook(sq->sel_user, l, sq->pos + t, margin);
-            qsa__inject(c, x, sc.inj, sc.out);
+            if (sq->route_hook) sq->route_hook(sq->sel_user, l, sq->pos + t, margins[t]);
+            qsa__inject(c, X + (size_t)t * hcH, sc.inj + t * hc, sc.out + (size_t)t * H);
         }
     }
     /* final mixer and lm_head */
@@ -7668,6 +7680,7 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
     sq->pos += n;
 done:
     qsa__free(X); qsa__free(sc.xn); qsa__free(sc.mw); qsa__free(sc.low); qsa__free(sc.inj); qsa__free(sc.inp); qsa__free(sc.out);
+    qsa__free(margins);
     return r;
 }
 
