@@ -6636,50 +6636,6 @@ QSA_PRIV void qsa__embed_row(const qsa_model *m, int32_t id, float *dst) {
     else qsa__tensor_to_f32_range(m->embed_t, (size_t)id * H, H, dst);
 }
 
-/* y[r] = sum_i W[r][i] x[i] for r in [r0, r1), fp32 accumulation in index order. */
-QSA_PRIV void qsa__matvec_rows(const qsa__lin *l, const float *x, float *y, int r0, int r1, float *tmp) {
-    for (int r = r0; r < r1; r++) {
-        const float *w = qsa__lin_row(l, r, tmp);
-        float acc = 0.0f;
-        for (int i = 0; i < l->in; i++) acc += w[i] * x[i];
-        y[r] = acc + (l->bias ? l->bias[r] : 0.0f);
-    }
-}
-
-/* Rows r0 .. r1 - 1 of y = W x for qsa__par_ranges: an NVFP4 map dequantises each row into a buffer of the
-   slice's own; failed[k] when it could not be had */
-typedef struct qsa__mv_ctx {
-    const qsa__lin *l;
-    const float *x;
-    float *y;
-    int failed[QSA__PAR_MAX];
-} qsa__mv_ctx;
-QSA_PRIV void qsa__mv_range(void *c, int k, size_t r0, size_t r1) {
-    qsa__mv_ctx *v = (qsa__mv_ctx *)c;
-    float *tmp = v->l->w ? NULL : QSA__ALLOC(float, v->l->in);
-    if (!v->l->w && !tmp) {
-        v->failed[k] = 1;
-        return;
-    }
-    qsa__matvec_rows(v->l, v->x, v->y, (int)r0, (int)r1, tmp);
-    qsa__free(tmp);
-}
-
-/* y = W x.  Large maps are split over threads by rows; each row's sum is the same whatever the
-   split, so the result does not depend on the thread count. */
-QSA_PRIV qsa_result qsa__matvec(const qsa_model *m, const qsa__lin *l, const float *x, float *y) {
-    size_t work = (size_t)l->out * (size_t)l->in;
-    qsa__mv_ctx v;
-    memset(&v, 0, sizeof v);
-    v.l = l;
-    v.x = x;
-    v.y = y;
-    qsa__par_ranges((size_t)l->out, work < (1u << 18) ? 1 : m->n_threads, qsa__mv_range, &v);
-    for (int k = 0; k < QSA__PAR_MAX; k++)
-        if (v.failed[k]) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "matvec: out of memory");
-    return QSA_OK;
-}
-
 /* Y[t][r] = sum_i W[r][i] X[t][i] (+ bias[r]) for the T tokens of a chunk (rows of X ldx floats apart, of Y
    ldy apart): each weight row is had once (in place, widened from the file or dequantised) for all T, and
    four tokens' sums run side by side (independent chains); every sum is in index order, so each token's
@@ -6745,6 +6701,12 @@ QSA_PRIV qsa_result qsa__matmul(const qsa_model *m, const qsa__lin *l, const flo
     for (int k = 0; k < QSA__PAR_MAX; k++)
         if (v.failed[k]) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "matmul: out of memory");
     return QSA_OK;
+}
+
+/* y = W x (+ bias): qsa__matmul of one token.  Large maps are split over threads by rows; each row's sum is
+   the same whatever the split, so the result does not depend on the thread count. */
+QSA_PRIV qsa_result qsa__matvec(const qsa_model *m, const qsa__lin *l, const float *x, float *y) {
+    return qsa__matmul(m, l, x, (size_t)l->in, 1, y, (size_t)l->out);
 }
 
 /* RMSNorm over groups of `group` values: x * rsqrt(mean(x^2) + eps) * (1 + w) (zero-centred). */
