@@ -6637,9 +6637,10 @@ QSA_PRIV void qsa__embed_row(const qsa_model *m, int32_t id, float *dst) {
 }
 
 /* Y[t][r] = sum_i W[r][i] X[t][i] (+ bias[r]) for the T tokens of a chunk (rows of X ldx floats apart, of Y
-   ldy apart): each weight row is had once (in place, widened from the file or dequantised) for all T, and
-   four tokens' sums run side by side (independent chains); every sum is in index order, so each token's
-   outputs are qsa__matvec's bits.  Split over threads by rows like qsa__matvec. */
+   ldy apart).  Rows are taken four at a time (in place, widened from the file or dequantised), each once for
+   all T; four tokens' sums run side by side for one row, and a token left over runs the four rows' sums side
+   by side: independent chains, every sum still in index order, so each (token, row) gets the bits of the plain
+   loop whatever T and the thread split (cpu/matmul_is_matvec_per_token).  Split over threads by rows. */
 typedef struct qsa__mm_ctx {
     const qsa__lin *l;
     const float *X;
@@ -6653,35 +6654,59 @@ QSA_PRIV void qsa__mm_range(void *c, int k, size_t r0, size_t r1) {
     const qsa__lin *l = v->l;
     const int n = l->in, T = v->T;
     const size_t lx = v->ldx, ly = v->ldy;
-    float *tmp = l->w ? NULL : QSA__ALLOC(float, n);
+    float *tmp = l->w ? NULL : QSA__ALLOC(float, 4 * (size_t)n);
     if (!l->w && !tmp) {
         v->failed[k] = 1;
         return;
     }
-    for (size_t r = r0; r < r1; r++) {
-        const float *w = qsa__lin_row(l, (int)r, tmp);
-        const float b = l->bias ? l->bias[r] : 0.0f;
-        int t = 0;
-        for (; t + 4 <= T; t += 4) {
-            const float *x0 = v->X + (size_t)t * lx, *x1 = x0 + lx, *x2 = x1 + lx, *x3 = x2 + lx;
-            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-            for (int i = 0; i < n; i++) {
-                a0 += w[i] * x0[i];
-                a1 += w[i] * x1[i];
-                a2 += w[i] * x2[i];
-                a3 += w[i] * x3[i];
-            }
-            float *y = v->Y + (size_t)t * ly + r;
-            y[0] = a0 + b;
-            y[ly] = a1 + b;
-            y[2 * ly] = a2 + b;
-            y[3 * ly] = a3 + b;
+    for (size_t r = r0; r < r1; r += 4) {
+        const int R = r1 - r < 4 ? (int)(r1 - r) : 4;
+        const float *w[4];
+        float b[4];
+        for (int j = 0; j < R; j++) {
+            w[j] = qsa__lin_row(l, (int)(r + j), tmp ? tmp + (size_t)j * n : NULL);
+            b[j] = l->bias ? l->bias[r + j] : 0.0f;
         }
-        for (; t < T; t++) {
+        int t = 0;
+        for (; t + 4 <= T; t += 4) /* four tokens of one row at a time */
+            for (int j = 0; j < R; j++) {
+                const float *x0 = v->X + (size_t)t * lx, *x1 = x0 + lx, *x2 = x1 + lx, *x3 = x2 + lx, *wj = w[j];
+                float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+                for (int i = 0; i < n; i++) {
+                    a0 += wj[i] * x0[i];
+                    a1 += wj[i] * x1[i];
+                    a2 += wj[i] * x2[i];
+                    a3 += wj[i] * x3[i];
+                }
+                float *y = v->Y + (size_t)t * ly + r + j;
+                y[0] = a0 + b[j];
+                y[ly] = a1 + b[j];
+                y[2 * ly] = a2 + b[j];
+                y[3 * ly] = a3 + b[j];
+            }
+        for (; t < T; t++) { /* a token left over: four rows at a time */
             const float *x = v->X + (size_t)t * lx;
-            float a = 0.0f;
-            for (int i = 0; i < n; i++) a += w[i] * x[i];
-            v->Y[(size_t)t * ly + r] = a + b;
+            float *y = v->Y + (size_t)t * ly + r;
+            if (R == 4) {
+                const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+                float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+                for (int i = 0; i < n; i++) {
+                    a0 += w0[i] * x[i];
+                    a1 += w1[i] * x[i];
+                    a2 += w2[i] * x[i];
+                    a3 += w3[i] * x[i];
+                }
+                y[0] = a0 + b[0];
+                y[1] = a1 + b[1];
+                y[2] = a2 + b[2];
+                y[3] = a3 + b[3];
+            } else {
+                for (int j = 0; j < R; j++) {
+                    float a = 0.0f;
+                    for (int i = 0; i < n; i++) a += w[j][i] * x[i];
+                    y[j] = a + b[j];
+                }
+            }
         }
     }
     qsa__free(tmp);
