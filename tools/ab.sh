@@ -11,6 +11,8 @@
 #                                            # revision's bench with ARGS (a tree's ab.env, if any, is sourced
 #                                            # first: the same code under other tuning switches)
 #
+# (AB_DIR names another folder than build/ab: two sets of trees prepared and carried together.)
+#
 # ARGS default to "--no-ceilings --batches 1,8,32 --no-long --graphs --prefill 16 --prefill-reps 1
 # --steps 10".  Results go to build/ab/out as <n>-<name>.<round>.json (and .txt, the bench's output), and a
 # table of the decode rows' tok/s is printed (one line per revision and round), then each revision's means
@@ -34,7 +36,7 @@
 # of them, run `cd build/ab/<n>-<name> && QSA_CACHE_DIR=/tmp/qsa-ab-cache/shared ./tools/bench ...` *without*
 # carrying build/ab again — a carried copy replaces the machine's built trees with this checkout's unbuilt ones.
 set -eu
-dir=build/ab
+dir=${AB_DIR:-build/ab} # (another folder in $AB_DIR: two sets of trees carried together)
 # table DIR: the tok/s table of the bench JSON files in DIR (<n>-<name>.<round>.json), each revision's means and
 # changes, and the last-step hashes against the first revision's
 table() {
