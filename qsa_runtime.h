@@ -8881,6 +8881,8 @@ typedef struct qsa__cuda {
                                      them; counted at each call, and at each launch of a graph for the calls it recorded */
     CUdeviceptr *allocs;        /* everything allocated, freed at unload */
     int n_allocs, cap_allocs;
+    CUdeviceptr arena;          /* while arena_cap: qsa__dalloc carves from here (a layer's experts, qsa__cuda_upload) */
+    size_t arena_used, arena_cap;
 } qsa__cuda;
 
 QSA_PRIV void qsa__cuda_batch_free(qsa__cuda *g);
@@ -8911,9 +8913,24 @@ QSA_PRIV qsa_result qsa__tp_seq_create(qsa_model *m, qsa_seq *s);
 QSA_PRIV qsa_result qsa__tp_seq_reset(qsa_model *m, qsa_seq *s);
 QSA_PRIV void qsa__tp_seq_destroy(qsa_model *m, qsa_seq *s);
 
+#define QSA__ARENA_ALIGN 256 /* what cuMemAlloc guarantees; the kernels' vector loads need 16 */
+QSA_PRIV size_t qsa__arena_take(size_t bytes) {
+    return ((bytes ? bytes : 16) + QSA__ARENA_ALIGN - 1) / QSA__ARENA_ALIGN * QSA__ARENA_ALIGN;
+}
+
 QSA_PRIV qsa_result qsa__dalloc(qsa__cuda *g, CUdeviceptr *p, size_t bytes, size_t *counter, const char *what) {
     *p = 0;
     if (bytes == 0) bytes = 16;
+    if (g->arena_cap) { /* qsa__arena_take(bytes) of the arena (sized by qsa__dlin_dev_bytes: running short is a bug) */
+        size_t take = qsa__arena_take(bytes);
+        if (take > g->arena_cap - g->arena_used)
+            return qsa__fail(QSA_ERR_INTERNAL, "cuda: %s: %zu bytes past the end of its arena (%zu of %zu used)", what, bytes,
+                             g->arena_used, g->arena_cap);
+        *p = g->arena + g->arena_used;
+        g->arena_used += take;
+        if (counter) *counter += bytes;
+        return QSA_OK;
+    }
     CUresult r = qsa__cu.cuMemAlloc_v2(p, bytes);
     if (r != 0) {
         size_t fr = 0, tot = 0;
@@ -9143,6 +9160,14 @@ QSA_PRIV qsa_result qsa__dlin_up(qsa__cuda *g, qsa__dlin *d, const qsa__lin *l, 
     return QSA_OK;
 }
 
+/* The device bytes qsa__dlin_up allocates for l, in an arena: the bias, then the packed words and the
+   block scales (NVFP4) or the FP16 weights. */
+QSA_PRIV size_t qsa__dlin_dev_bytes(const qsa__lin *l) {
+    size_t out = (size_t)l->out, in = (size_t)l->in, b = l->bias ? qsa__arena_take(out * 4) : 0;
+    if (l->q) return b + qsa__arena_take(out * (in / 8) * 4) + qsa__arena_take(out * (in / 16));
+    return b + qsa__arena_take(out * in * 2);
+}
+
 /* The hyper-connection up projection with its rows interleaved by stream: device row j * hc + s is
    the checkpoint's row s * H + j (H = out / hc), so the hc mix weights of one hidden index j are
    adjacent (qsa_k_gres_mix reads them so, and the decode GEMV's 16-row tiles hold whole groups:
@@ -9242,6 +9267,15 @@ QSA_PRIV qsa_result qsa__cuda_upload(qsa_model *m, qsa__cuda *g) {
         qsa__dexpert *ex = QSA__CALLOC(qsa__dexpert, c->num_experts);
         if (!ex) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
         d->experts_nvfp4 = mw->gate[0].q != NULL;
+        /* the layer's experts in one allocation (3 E matrices; one cuMemAlloc each took most of a real
+           checkpoint's expert upload): qsa__dalloc carves it while arena_cap is set */
+        size_t arena = 0;
+        for (int e = 0; e < c->num_experts; e++)
+            arena += qsa__dlin_dev_bytes(&mw->gate[e]) + qsa__dlin_dev_bytes(&mw->up[e]) + qsa__dlin_dev_bytes(&mw->down[e]);
+        qsa_result ra = qsa__dalloc(g, &g->arena, arena, NULL, "a layer's experts");
+        if (ra != QSA_OK) { qsa__free(ex); return ra; }
+        g->arena_used = 0;
+        g->arena_cap = arena;
         for (int e = 0; e < c->num_experts; e++) {
             qsa__dlin gt, up, dn;
             qsa_result r = qsa__dlin_up(g, &gt, &mw->gate[e], "experts.gate_proj");
@@ -9249,11 +9283,12 @@ QSA_PRIV qsa_result qsa__cuda_upload(qsa_model *m, qsa__cuda *g) {
             if (r == QSA_OK) r = qsa__dlin_up(g, &dn, &mw->down[e], "experts.down_proj");
             if (r == QSA_OK && (gt.w16 == 0) != d->experts_nvfp4)
                 r = qsa__fail(QSA_ERR_UNSUPPORTED, "layer %d: experts mix NVFP4 and dense weights", l);
-            if (r != QSA_OK) { qsa__free(ex); return r; }
+            if (r != QSA_OK) { g->arena_cap = 0; qsa__free(ex); return r; }
             ex[e].gate_q = gt.q; ex[e].gate_s = gt.s; ex[e].gate_s2 = gt.s2; ex[e].gate16 = gt.w16;
             ex[e].up_q = up.q; ex[e].up_s = up.s; ex[e].up_s2 = up.s2; ex[e].up16 = up.w16;
             ex[e].down_q = dn.q; ex[e].down_s = dn.s; ex[e].down_s2 = dn.s2; ex[e].down16 = dn.w16;
         }
+        g->arena_cap = 0;
         qsa_result r = qsa__dupload(g, &d->experts, ex, sizeof(qsa__dexpert) * (size_t)c->num_experts, "expert table");
         qsa__free(ex);
         QSA__TRY(r);
