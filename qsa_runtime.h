@@ -5994,7 +5994,7 @@ struct qsa_model {
     struct qsa__tp *tp;     /* tensor parallelism (>>tp): the ranks this process drives; NULL without TP */
     struct qsa__tp_rank *tpr; /* set in a rank's view of the model (its local dims and weights): the forward's
                                  reduction points talk to the other ranks through it; NULL otherwise */
-    /* owned fp32 copies of dense tensors */
+    /* owned fp32 copies of dense tensors (on one GPU: freed once uploaded, qsa__model_drop_dense) */
     float **owned;
     int n_owned, cap_owned;
     size_t bytes_f32;      /* bytes of the dense tensors converted to fp32 (what `owned` holds, rope aside) */
@@ -6485,6 +6485,35 @@ QSA_PRIV void qsa__model_unbind(qsa_model *m) {
     memset(&m->final_hc, 0, sizeof m->final_hc);
 }
 
+/* After a one-GPU upload the forward reads, of the host model, only the layer types and each PLE
+   layer's table and hashing (the n-gram rows are gathered on the host): the fp32 copies of the
+   dense weights (twice a BF16 checkpoint's dense bytes: ~17 GB at the real shape) and the views of
+   the experts go, and every pointer to them with them. */
+QSA_PRIV void qsa__model_drop_dense(qsa_model *m) {
+    for (int L = 0; L < m->cfg.num_hidden_layers && m->layers; L++) {
+        qsa__layer_w *lw = &m->layers[L];
+        int type = lw->type;
+        qsa__ple_w *ple = lw->ple;
+        qsa__free(lw->moe.gate);
+        qsa__free(lw->moe.up);
+        qsa__free(lw->moe.down);
+        memset(lw, 0, sizeof *lw);
+        lw->type = type;
+        lw->ple = ple;
+        if (ple) {
+            memset(&ple->key, 0, sizeof ple->key);
+            memset(&ple->value, 0, sizeof ple->value);
+            ple->norm_key = ple->norm_query = ple->norm_conv = ple->conv_w = NULL;
+        }
+    }
+    for (int i = 0; i < m->n_owned; i++) qsa__free(m->owned[i]);
+    m->n_owned = 0;
+    m->bytes_f32 = 0;
+    m->embed = NULL;
+    memset(&m->lm_head, 0, sizeof m->lm_head);
+    memset(&m->final_hc, 0, sizeof m->final_hc);
+}
+
 QSA_IMPL void qsa_model_free(qsa_model *m) {
     if (!m) return;
 #ifndef QSA_NO_CUDA
@@ -6564,6 +6593,7 @@ QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *para
         /* the pool's page size is needed by the device allocation: settle it first */
         r = qsa__pool_create(m, 0);
         if (r == QSA_OK) r = m->params.tp > 1 ? qsa__tp_init(m) : qsa__cuda_init(m, &m->cuda);
+        if (r == QSA_OK && m->cuda && !m->tp) qsa__model_drop_dense(m); /* uploaded: the host copies go */
         /* a rank of a multi-process group may not fall back: the others would wait for it */
         if (r != QSA_OK && m->params.backend == QSA_BACKEND_AUTO && !(m->params.tp > 1 && m->params.tp_rendezvous)) {
             qsa__log(QSA_LOG_INFO, "CUDA backend unavailable (%s): using the CPU backend", qsa_last_error());

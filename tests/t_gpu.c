@@ -71,7 +71,8 @@ TEST(gpu, golden_fixtures_match_reference) {
     cpu_tolerances();
 }
 
-/* Greedy generation gives the same tokens on the GPU as on the CPU. */
+/* Greedy generation gives the same tokens on the GPU as on the CPU, for every fixture, the GPU's
+   model holding no host copies of its dense weights. */
 TEST(gpu, greedy_tokens_equal_cpu) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
@@ -90,6 +91,11 @@ TEST(gpu, greedy_tokens_equal_cpu) {
             qsa_model *m = NULL;
             CHECK_OK(qsa_model_load(dir, &mp, &m));
             if (!m) return;
+            if (b) /* uploaded to one GPU: the host's fp32 copies are gone, its PLE tables kept (qsa__model_drop_dense) */
+                for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+                    CHECKF(m->n_owned == 0 && m->bytes_f32 == 0 && !m->embed && !m->layers[l].gdn.in_qkv.w &&
+                               (!m->layers[l].ple || m->layers[l].ple->head_vocab),
+                           "%s layer %d: host weights left after the upload", names[i], l);
             qsa__st_set g;
             char gpath[700];
             if (snprintf(gpath, sizeof gpath, "%s/golden.safetensors", dir) >= (int)sizeof gpath) return;
