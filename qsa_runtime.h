@@ -53,8 +53,9 @@
  *   biases, conv taps) get fp32 copies.  The CUDA backend uploads dense weights as FP16, narrowed
  *   from the mapping in 64 MiB pieces (values beyond the FP16 range are reported), NVFP4 experts
  *   packed (each 4-byte word's nibbles reordered on the device for the kernels' dequantisation),
- *   and leaves the PLE tables in host memory (only gathered rows travel).  KV pages come from one
- *   pool per model (qsa_model_params.kv_pool_tokens); per-sequence recurrent state is allocated
+ *   and leaves the PLE tables in host memory (only gathered rows travel); on one GPU the vectors'
+ *   fp32 copies are freed once uploaded.  KV pages come from one pool per model
+ *   (qsa_model_params.kv_pool_tokens); per-sequence recurrent state is allocated
  *   when a sequence is created.  Under tensor parallelism the host converts the replicated dense
  *   tensors whole to fp32; each rank's slices of the split ones are converted from the mapping and
  *   freed once uploaded.  The CUDA backend's scratch is sized for one forward call of max_chunk
@@ -6487,7 +6488,7 @@ QSA_PRIV void qsa__model_unbind(qsa_model *m) {
 
 /* After a one-GPU upload the forward reads, of the host model, only the layer types and each PLE
    layer's table and hashing (the n-gram rows are gathered on the host): the fp32 copies of the
-   dense weights (twice a BF16 checkpoint's dense bytes: ~17 GB at the real shape) and the views of
+   dense weights (~20 GB at the real shape: twice the FP16 bytes, the embedding table with them) and the views of
    the experts go, and every pointer to them with them. */
 QSA_PRIV void qsa__model_drop_dense(qsa_model *m) {
     for (int L = 0; L < m->cfg.num_hidden_layers && m->layers; L++) {
