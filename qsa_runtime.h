@@ -5995,7 +5995,7 @@ struct qsa_model {
     struct qsa__tp *tp;     /* tensor parallelism (>>tp): the ranks this process drives; NULL without TP */
     struct qsa__tp_rank *tpr; /* set in a rank's view of the model (its local dims and weights): the forward's
                                  reduction points talk to the other ranks through it; NULL otherwise */
-    /* owned fp32 copies of dense tensors (on one GPU: freed once uploaded, qsa__model_drop_dense) */
+    /* owned fp32 copies of dense tensors (on one GPU only vectors: freed once uploaded, qsa__model_drop_dense) */
     float **owned;
     int n_owned, cap_owned;
     size_t bytes_f32;      /* bytes of the dense tensors converted to fp32 (what `owned` holds, rope aside) */
@@ -6488,8 +6488,8 @@ QSA_PRIV void qsa__model_unbind(qsa_model *m) {
 
 /* After a one-GPU upload the forward reads, of the host model, only the layer types and each PLE
    layer's table and hashing (the n-gram rows are gathered on the host): the fp32 copies of the
-   dense weights (~20 GB at the real shape: twice the FP16 bytes, the embedding table with them) and the views of
-   the experts go, and every pointer to them with them. */
+   vectors (the matrices were never converted: bind_dev), the expert tables of views (~10 MB at the real
+   shape) and every pointer into the mapped matrices go. */
 QSA_PRIV void qsa__model_drop_dense(qsa_model *m) {
     for (int L = 0; L < m->cfg.num_hidden_layers && m->layers; L++) {
         qsa__layer_w *lw = &m->layers[L];
@@ -6511,6 +6511,7 @@ QSA_PRIV void qsa__model_drop_dense(qsa_model *m) {
     m->n_owned = 0;
     m->bytes_f32 = 0;
     m->embed = NULL;
+    m->embed_t = NULL;
     memset(&m->lm_head, 0, sizeof m->lm_head);
     memset(&m->final_hc, 0, sizeof m->final_hc);
 }

@@ -1250,7 +1250,7 @@ TEST(gpu, upload_from_the_file_equals_fp32_copies) {
         mp.backend = QSA_BACKEND_CUDA;
         CHECK_OK(qsa_model_load(dirs[f], &mp, &a));
         if (!a) continue;
-        CHECKF(a->bind_file == 1 && !a->embed && a->embed_t, "%s: not bound from the file", dirs[f]);
+        CHECKF(a->bind_file == 1 && !a->embed, "%s: not bound from the file", dirs[f]);
         CHECK_OK(qsa__model_open(dirs[f], &a->params, 0, &b)); /* whole, with the load's settled parameters */
         if (b) {
             CHECK_OK(qsa__pool_create(b, 0));
