@@ -6488,7 +6488,7 @@ QSA_PRIV void qsa__model_unbind(qsa_model *m) {
 
 /* After a one-GPU upload the forward reads, of the host model, only the layer types and each PLE
    layer's table and hashing (the n-gram rows are gathered on the host): the fp32 copies of the
-   vectors (the matrices were never converted: bind_dev), the expert tables of views (~10 MB at the real
+   vectors (the matrices were never converted: bind_file), the expert tables of views (~10 MB at the real
    shape) and every pointer into the mapped matrices go. */
 QSA_PRIV void qsa__model_drop_dense(qsa_model *m) {
     for (int L = 0; L < m->cfg.num_hidden_layers && m->layers; L++) {
