@@ -6100,26 +6100,28 @@ QSA_PRIV size_t qsa__lin_f16(const qsa__lin *l, size_t i0, size_t n, uint16_t *d
     return l->w ? qsa__f32_to_f16_mt(l->w + i0, dst, n, nt) : qsa__tensor_to_f16_mt(l->src, l->src_off + i0, n, dst, nt);
 }
 
-/* The whole FP16 image of a dense linear map in pieces of at most `chunk` elements, through one host
-   buffer: put(ctx, first element, values, count) for each piece in order (the CUDA upload copies each to
-   the device, so the host never holds more than a piece); stops at put's first error.  *over: how many
-   finite values became inf. */
+/* The whole FP16 image of a dense linear map in pieces of at most `chunk` elements: each narrowed into
+   the buffer take(ctx, count, &buffer) gives (take NULL: one host buffer of a piece), then put(ctx, first
+   element, values, count), in order (the CUDA upload's stage: the host never holds more than a piece);
+   stops at the first error.  *over: how many finite values became inf. */
+typedef qsa_result (*qsa__f16_take_fn)(void *ctx, size_t n, uint16_t **h);
 typedef qsa_result (*qsa__f16_put_fn)(void *ctx, size_t i0, const uint16_t *h, size_t n);
-QSA_PRIV qsa_result qsa__lin_f16_pieces(const qsa__lin *l, size_t chunk, int nt, qsa__f16_put_fn put, void *ctx,
-                                        const char *what, size_t *over) {
+QSA_PRIV qsa_result qsa__lin_f16_pieces(const qsa__lin *l, size_t chunk, int nt, qsa__f16_take_fn take, qsa__f16_put_fn put,
+                                        void *ctx, const char *what, size_t *over) {
     size_t n = (size_t)l->out * (size_t)l->in;
     *over = 0;
     if (!l->w && !l->src) return qsa__fail(QSA_ERR_INTERNAL, "%s: no dense weights bound", what);
     if (chunk == 0 || chunk > n) chunk = n;
-    uint16_t *h = QSA__ALLOC(uint16_t, chunk ? chunk : 1);
-    if (!h) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "%s: out of host memory for %zu FP16 values", what, chunk);
+    uint16_t *own = take ? NULL : QSA__ALLOC(uint16_t, chunk ? chunk : 1), *h = own;
+    if (!take && !own) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "%s: out of host memory for %zu FP16 values", what, chunk);
     qsa_result r = QSA_OK;
     for (size_t i0 = 0; i0 < n && r == QSA_OK; i0 += chunk) {
         size_t k = n - i0 < chunk ? n - i0 : chunk;
+        if (take && (r = take(ctx, k, &h)) != QSA_OK) break;
         *over += qsa__lin_f16(l, i0, k, h, nt);
         r = put(ctx, i0, h, k);
     }
-    qsa__free(h);
+    qsa__free(own);
     return r;
 }
 
@@ -8899,6 +8901,13 @@ typedef struct qsa__cuda {
     int pdl;                    /* launch kernels as programmatic dependents (qsa__cu_launch_ex; qsa__cuda_module) */
     int host_threads;           /* the upload's host conversions (the model's n_threads; 0 or 1: this thread) */
     size_t upload_piece;        /* FP16 values narrowed per host-to-device copy (0: QSA__UPLOAD_PIECE) */
+    /* the upload's stage (qsa__stage_open .. qsa__stage_close): two pinned slots of stage_cap bytes, one
+       filled while the other's copies run on the stream (stage_done[i]: recorded behind slot i's copies,
+       stage_used of slot stage_cur taken), or (stage_pinned 0) one ordinary buffer and synchronous copies */
+    unsigned char *stage[2];
+    CUevent stage_done[2];
+    size_t stage_cap, stage_used;
+    int stage_cur, stage_pinned;
     size_t bytes_weights, bytes_kv, bytes_state, bytes_scratch;
     CUdeviceptr embed16, rope_inv_freq;
     qsa__dlin lm_head;
@@ -8982,9 +8991,108 @@ QSA_PRIV qsa_result qsa__dalloc(qsa__cuda *g, CUdeviceptr *p, size_t bytes, size
     return QSA_OK;
 }
 
+/* ---- the weights' way to the device: staging in pinned memory ----
+   While qsa__cuda_upload runs, every copy goes through the stage: two slots of pinned host memory
+   (cuMemHostAlloc'd for the upload, freed after it), filled by the host (FP16 narrowed from the mapping,
+   or packed NVFP4 words and vectors copied, over the model's threads) and sent by cuMemcpyHtoDAsync on
+   the stream, so that one slot's copies run while the other is filled.  Pieces are packed into a slot
+   one after another (a real layer has 3 x 512 small expert matrices); a slot is filled again only after
+   the event recorded behind its last copy has passed.  Without pinned memory the stage is one ordinary
+   buffer and the copies are synchronous.  The same bytes either way
+   (cpu/upload_from_the_file_writes_the_same_device_bytes runs both, the pinned form's copies deferred
+   until an event behind them is waited on, as a slow device would). */
+#define QSA__STAGE_ALIGN 256 /* pieces start at this alignment within a slot */
+QSA_PRIV void qsa__stage_free(qsa__cuda *g) {
+    for (int i = 0; i < 2; i++) {
+        if (g->stage_pinned && g->stage[i]) qsa__cu.cuMemFreeHost(g->stage[i]);
+        if (!g->stage_pinned) qsa__free(g->stage[i]);
+        if (g->stage_done[i]) qsa__cu.cuEventDestroy_v2(g->stage_done[i]);
+        g->stage[i] = NULL;
+        g->stage_done[i] = NULL;
+    }
+    g->stage_cap = g->stage_used = 0;
+    g->stage_cur = g->stage_pinned = 0;
+}
+/* The stage: two pinned slots of `bytes` each, else one ordinary buffer of that size. */
+QSA_PRIV qsa_result qsa__stage_open(qsa__cuda *g, size_t bytes) {
+    qsa__stage_free(g);
+    g->stage_pinned = 1;
+    for (int i = 0; i < 2; i++) {
+        void *p = NULL;
+        if (qsa__cu.cuMemHostAlloc(&p, bytes, 0) != 0 || !p ||
+            qsa__cu.cuEventCreate(&g->stage_done[i], QSA__CU_EVENT_DISABLE_TIMING) != 0) {
+            if (p) qsa__cu.cuMemFreeHost(p);
+            qsa__stage_free(g);
+            qsa__log(QSA_LOG_INFO, "cuda: no pinned memory for the upload (%zu bytes): synchronous copies", 2 * bytes);
+            g->stage[0] = QSA__ALLOC(unsigned char, bytes);
+            if (!g->stage[0]) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "cuda: out of host memory for the upload's stage");
+            break;
+        }
+        g->stage[i] = (unsigned char *)p;
+    }
+    g->stage_cap = bytes;
+    return QSA_OK;
+}
+/* Room for `bytes` (<= stage_cap) in the stage: the current slot's next piece, or the other slot once
+   its copies have finished. */
+QSA_PRIV qsa_result qsa__stage_take(qsa__cuda *g, size_t bytes, void **h) {
+    if (bytes > g->stage_cap) return qsa__fail(QSA_ERR_INTERNAL, "cuda: a piece of %zu bytes past the stage's %zu", bytes, g->stage_cap);
+    if (!g->stage_pinned) { *h = g->stage[0]; return QSA_OK; }
+    if (g->stage_used + bytes > g->stage_cap) {
+        QSA__CU(qsa__cu.cuEventRecord(g->stage_done[g->stage_cur], g->stream));
+        g->stage_cur ^= 1;
+        g->stage_used = 0;
+        QSA__CU(qsa__cu.cuEventSynchronize(g->stage_done[g->stage_cur]));
+    }
+    *h = g->stage[g->stage_cur] + g->stage_used;
+    g->stage_used += (bytes + QSA__STAGE_ALIGN - 1) / QSA__STAGE_ALIGN * QSA__STAGE_ALIGN;
+    return QSA_OK;
+}
+/* The piece at h (taken from the stage) -> dst */
+QSA_PRIV qsa_result qsa__stage_send(qsa__cuda *g, CUdeviceptr dst, const void *h, size_t bytes) {
+    if (g->stage_pinned) QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(dst, h, bytes, g->stream));
+    else QSA__CU(qsa__cu.cuMemcpyHtoD_v2(dst, h, bytes));
+    return QSA_OK;
+}
+/* The stream the upload's kernels follow its copies on: the stage's (the legacy stream after
+   synchronous pageable copies, which may still be in flight when they return) */
+QSA_PRIV CUstream qsa__stage_stream(const qsa__cuda *g) { return g->stage_pinned ? g->stream : 0; }
+/* Every copy finished, the stage freed; returns the first error of the copies */
+QSA_PRIV qsa_result qsa__stage_close(qsa__cuda *g) {
+    qsa_result r = QSA_OK;
+    if (g->stage_pinned) r = QSA__CU_R(qsa__cu.cuStreamSynchronize(g->stream));
+    qsa__stage_free(g);
+    return r;
+}
+
+/* bytes of src -> dst through the stage in pieces, each copied into it over the model's threads */
+typedef struct qsa__copy_ctx {
+    unsigned char *dst;
+    const unsigned char *src;
+} qsa__copy_ctx;
+QSA_PRIV void qsa__copy_range(void *c, int k, size_t i0, size_t i1) {
+    const qsa__copy_ctx *x = (const qsa__copy_ctx *)c;
+    (void)k;
+    memcpy(x->dst + i0, x->src + i0, i1 - i0);
+}
+QSA_PRIV qsa_result qsa__stage_bytes(qsa__cuda *g, CUdeviceptr dst, const void *src, size_t bytes) {
+    for (size_t o = 0; o < bytes;) {
+        size_t k = bytes - o < g->stage_cap ? bytes - o : g->stage_cap;
+        void *h;
+        QSA__TRY(qsa__stage_take(g, k, &h));
+        qsa__copy_ctx x = {(unsigned char *)h, (const unsigned char *)src + o};
+        qsa__par_ranges(k, qsa__par_threads(k, g->host_threads), qsa__copy_range, &x);
+        QSA__TRY(qsa__stage_send(g, dst + o, h, k));
+        o += k;
+    }
+    return QSA_OK;
+}
+
 QSA_PRIV qsa_result qsa__dupload(qsa__cuda *g, CUdeviceptr *p, const void *src, size_t bytes, const char *what) {
     QSA__TRY(qsa__dalloc(g, p, bytes, &g->bytes_weights, what));
-    if (bytes) QSA__CU(qsa__cu.cuMemcpyHtoD_v2(*p, src, bytes));
+    if (!bytes) return QSA_OK;
+    if (g->stage_cap) return qsa__stage_bytes(g, *p, src, bytes);
+    QSA__CU(qsa__cu.cuMemcpyHtoD_v2(*p, src, bytes));
     return QSA_OK;
 }
 
@@ -9156,13 +9264,20 @@ QSA_PRIV qsa_result qsa__dvec(qsa__cuda *g, CUdeviceptr *p, const float *v, size
 
 /* A piece of an FP16 image -> its place in the device copy (qsa__lin_f16_pieces) */
 typedef struct qsa__f16_dev {
+    qsa__cuda *g;
     CUdeviceptr base;
 } qsa__f16_dev;
-QSA_PRIV qsa_result qsa__f16_to_dev(void *ctx, size_t i0, const uint16_t *h, size_t n) {
-    QSA__CU(qsa__cu.cuMemcpyHtoD_v2(((qsa__f16_dev *)ctx)->base + i0 * 2, h, n * 2));
+QSA_PRIV qsa_result qsa__f16_stage(void *ctx, size_t n, uint16_t **h) {
+    void *p;
+    QSA__TRY(qsa__stage_take(((qsa__f16_dev *)ctx)->g, n * 2, &p));
+    *h = (uint16_t *)p;
     return QSA_OK;
 }
-#define QSA__UPLOAD_PIECE ((size_t)32 << 20) /* FP16 values narrowed per host-to-device copy (64 MiB) */
+QSA_PRIV qsa_result qsa__f16_to_dev(void *ctx, size_t i0, const uint16_t *h, size_t n) {
+    const qsa__f16_dev *x = (const qsa__f16_dev *)ctx;
+    return qsa__stage_send(x->g, x->base + i0 * 2, h, n * 2);
+}
+#define QSA__UPLOAD_PIECE ((size_t)32 << 20) /* FP16 values narrowed per host-to-device copy (64 MiB: a stage slot) */
 
 /* A linear map's weights -> the device: NVFP4 packed, dense as FP16 from the host's fp32 copy or straight
    from the mapped file, in pieces (qsa__lin_f16_pieces, counting values beyond the FP16 range). */
@@ -9176,18 +9291,19 @@ QSA_PRIV qsa_result qsa__dlin_up(qsa__cuda *g, qsa__dlin *d, const qsa__lin *l, 
         long long words = (long long)l->out * (l->in / 8);
         QSA__TRY(qsa__dupload(g, &d->q, l->q, (size_t)words * 4, what));
         /* the packed words into the device order (kernels.cu: qsa_dq8, qsa_nvfp4_put; the fragment order
-           when the rows are whole blocks of 32), on the legacy stream after the copy */
+           when the rows are whole blocks of 32), on the stream after the copy (qsa__stage_stream) */
         int frag = l->in % 32 == 0;
         void *args[] = {&d->q, &words, &frag};
         unsigned gx = (unsigned)((words + 255) / 256 < 1024 ? (words + 255) / 256 : 1024);
-        if (words) QSA__TRY(qsa__cu_launch_ex(g->k[QSA__K_nvfp4_order], "qsa_k_nvfp4_order", gx, 1, 1, 256, 1, 1, 0, 0, args, 0));
+        if (words)
+            QSA__TRY(qsa__cu_launch_ex(g->k[QSA__K_nvfp4_order], "qsa_k_nvfp4_order", gx, 1, 1, 256, 1, 1, 0,
+                                       qsa__stage_stream(g), args, 0));
         return qsa__dupload(g, &d->s, l->qscale, (size_t)l->out * (size_t)(l->in / 16), what);
     }
     size_t n = (size_t)l->out * (size_t)l->in, over;
     QSA__TRY(qsa__dalloc(g, &d->w16, n * 2, &g->bytes_weights, what));
-    qsa__f16_dev x = {d->w16};
-    QSA__TRY(qsa__lin_f16_pieces(l, g->upload_piece ? g->upload_piece : QSA__UPLOAD_PIECE, g->host_threads, qsa__f16_to_dev,
-                                 &x, what, &over));
+    qsa__f16_dev x = {g, d->w16};
+    QSA__TRY(qsa__lin_f16_pieces(l, g->stage_cap / 2, g->host_threads, qsa__f16_stage, qsa__f16_to_dev, &x, what, &over));
     if (over) qsa__log(QSA_LOG_WARN, "%s: %zu of %zu values overflow FP16 (become inf)", what, over, n);
     return QSA_OK;
 }
@@ -9248,7 +9364,7 @@ QSA_PRIV qsa_result qsa__dgres_up(qsa__cuda *g, qsa__dgres *d, const qsa__gres *
     return QSA_OK;
 }
 
-QSA_PRIV qsa_result qsa__cuda_upload(qsa_model *m, qsa__cuda *g) {
+QSA_PRIV qsa_result qsa__cuda_upload_all(qsa_model *m, qsa__cuda *g) {
     const qsa_model_config *c = &m->cfg;
     int H = c->hidden_size, hcH = c->hc_count * H;
     qsa__lin emb = qsa__lin_rows(m->embed, m->embed_t, 0, c->vocab_size, H);
@@ -9334,6 +9450,16 @@ QSA_PRIV qsa_result qsa__cuda_upload(qsa_model *m, qsa__cuda *g) {
         }
     }
     return QSA_OK;
+}
+/* The model's weights -> the device through the stage (slots of g->upload_piece FP16 values' bytes, default
+   QSA__UPLOAD_PIECE); returns when every copy has finished, or with the first error. */
+QSA_PRIV qsa_result qsa__cuda_upload(qsa_model *m, qsa__cuda *g) {
+    QSA__TRY(qsa__stage_open(g, 2 * (g->upload_piece ? g->upload_piece : QSA__UPLOAD_PIECE)));
+    qsa_result r = qsa__cuda_upload_all(m, g);
+    if (r == QSA_OK) return qsa__stage_close(g);
+    if (g->stage_pinned) qsa__cu.cuStreamSynchronize(g->stream); /* (the copies read the stage: their error is r's) */
+    qsa__stage_free(g);
+    return r;
 }
 
 /* Scratch sized for chunks of `max_tokens`. */
@@ -9588,7 +9714,9 @@ QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, qsa__cuda **out) {
 #define QSA__G(expr) do { if ((r = (expr)) != QSA_OK) goto fail; } while (0)
     QSA__G(qsa__cuda_open(g, m->params.device, &info));
     QSA__G(qsa__cuda_module(g, m->params.arch));
+    double t0 = qsa__now();
     QSA__G(qsa__cuda_upload(m, g));
+    double up_s = qsa__now() - t0;
     {
         const qsa__pool *p = &m->pool;
         size_t slots = (size_t)p->n_qsa * p->n_pages * p->page_size;
@@ -9601,8 +9729,9 @@ QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, qsa__cuda **out) {
        which the backend's non-blocking stream does not wait for: finish them before any kernel */
     QSA__G(QSA__CU_R(qsa__cu.cuCtxSynchronize()));
 #undef QSA__G
-    qsa__log(QSA_LOG_INFO, "cuda: %s (cc %d.%d), memory: weights %.1f MiB, KV pool %.1f MiB, scratch %.1f MiB", info.name,
-             info.cc_major, info.cc_minor, g->bytes_weights / 1048576.0, g->bytes_kv / 1048576.0, g->bytes_scratch / 1048576.0);
+    qsa__log(QSA_LOG_INFO, "cuda: %s (cc %d.%d), memory: weights %.1f MiB (uploaded in %.2f s, %.2f GB/s), KV pool %.1f MiB, "
+             "scratch %.1f MiB", info.name, info.cc_major, info.cc_minor, g->bytes_weights / 1048576.0, up_s,
+             up_s > 0 ? g->bytes_weights / up_s * 1e-9 : 0.0, g->bytes_kv / 1048576.0, g->bytes_scratch / 1048576.0);
     *out = g;
     return QSA_OK;
 fail:

@@ -1286,10 +1286,21 @@ TEST(gpu, upload_from_the_file_equals_fp32_copies) {
 /* ---- the CUDA upload's host side, with device memory in host memory (no GPU needed) ----
    The driver entries the upload calls, answered from one host buffer: allocations bump through it (the
    same addresses for the same sequence of allocations, so device pointers stored in uploaded tables
-   compare equal too), copies are memcpy, launches (the NVFP4 word order) are counted. */
+   compare equal too), copies are memcpy, launches (the NVFP4 word order) are counted.  Pinned memory is
+   malloc'd (or refused: fd_pinned 0), and asynchronous copies wait in a queue until an event recorded
+   behind them, or the stream, is synchronised: a stage slot refilled before its copies ran would send
+   the new bytes. */
 static unsigned char *fd_mem;
 static size_t fd_used, fd_cap;
-static int fd_launches;
+static int fd_launches, fd_pinned, fd_hosts;
+typedef struct fd_copy {
+    CUdeviceptr dst;
+    const void *src;
+    size_t n;
+} fd_copy;
+static fd_copy fd_queue[1 << 16];
+static int fd_queued, fd_ran, fd_overflow;
+static int fd_marks[2];
 static CUresult fd_alloc(CUdeviceptr *p, size_t n) {
     size_t take = (n + 255) / 256 * 256;
     if (fd_used + take > fd_cap) return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
@@ -1305,16 +1316,47 @@ static CUresult fd_htod(CUdeviceptr d, const void *src, size_t n) {
     return 0;
 }
 static CUresult fd_info(size_t *fr, size_t *tot) { *fr = fd_cap - fd_used; *tot = fd_cap; return 0; }
+static CUresult fd_host_alloc(void **p, size_t n, unsigned flags) {
+    (void)flags;
+    if (!fd_pinned || !(*p = malloc(n))) return 2;
+    fd_hosts++;
+    return 0;
+}
+static CUresult fd_host_free(void *p) { free(p); fd_hosts--; return 0; }
+static CUresult fd_htod_async(CUdeviceptr d, const void *src, size_t n, CUstream st) {
+    (void)st;
+    if (fd_queued == (int)(sizeof fd_queue / sizeof fd_queue[0])) { fd_overflow = 1; return 1; }
+    fd_queue[fd_queued++] = (fd_copy){d, src, n};
+    return 0;
+}
+static CUresult fd_run_to(int upto) { /* the queued copies before upto, in order */
+    for (; fd_ran < upto; fd_ran++)
+        if (fd_htod(fd_queue[fd_ran].dst, fd_queue[fd_ran].src, fd_queue[fd_ran].n)) return 1;
+    return 0;
+}
+static CUresult fd_event_create(CUevent *e, unsigned flags) {
+    static int next;
+    (void)flags;
+    *e = (CUevent)&fd_marks[next++ & 1];
+    *(int *)*e = 0;
+    return 0;
+}
+static CUresult fd_event_record(CUevent e, CUstream st) { (void)st; *(int *)e = fd_queued; return 0; }
+static CUresult fd_event_sync(CUevent e) { return fd_run_to(*(int *)e); }
+static CUresult fd_event_destroy(CUevent e) { (void)e; return 0; }
+static CUresult fd_stream_sync(CUstream st) { (void)st; return fd_run_to(fd_queued); }
 static CUresult fd_launch(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                           unsigned shmem, CUstream st, void **params, void **extra) {
     (void)fn; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)st; (void)params; (void)extra;
     fd_launches++;
     return 0;
 }
-/* qsa__cuda_upload of m into the host buffer (dense weights copied in pieces of `piece` values, 0: the
-   default): a copy of what it wrote (*bytes), the embedding's device copy
-   (*embed16, an offset), the counted weight bytes; NULL when it failed */
-static unsigned char *fd_upload(qsa_model *m, size_t piece, size_t *bytes, size_t *embed16, size_t *weights, int *launches) {
+/* qsa__cuda_upload of m into the host buffer (its stage's slots `piece` FP16 values, 0: the default;
+   pinned or not): a copy of what it wrote (*bytes), the embedding's device copy (*embed16, an offset), the
+   counted weight bytes; NULL when it failed.  Every queued copy has run when it returns, and the stage is
+   freed. */
+static unsigned char *fd_upload(qsa_model *m, size_t piece, int pinned, size_t *bytes, size_t *embed16, size_t *weights,
+                                int *launches) {
     qsa__cuda g;
     memset(&g, 0, sizeof g);
     g.host_threads = 2;
@@ -1322,8 +1364,13 @@ static unsigned char *fd_upload(qsa_model *m, size_t piece, size_t *bytes, size_
     memset(fd_mem, 0, fd_used);
     fd_used = 0;
     fd_launches = 0;
+    fd_pinned = pinned;
+    fd_hosts = fd_queued = fd_ran = fd_overflow = 0;
     qsa_result r = qsa__cuda_upload(m, &g);
     CHECKF(r == QSA_OK, "upload: %s", qsa_last_error());
+    CHECKF(fd_ran == fd_queued && !fd_overflow && fd_hosts == 0 && !g.stage[0] && !g.stage_cap && (pinned ? fd_queued > 0 : !fd_queued),
+           "upload (pinned %d): %d of %d queued copies ran (overflow %d), %d pinned buffers left", pinned, fd_ran, fd_queued,
+           fd_overflow, fd_hosts);
     unsigned char *snap = r == QSA_OK ? (unsigned char *)malloc(fd_used ? fd_used : 1) : NULL;
     if (snap) memcpy(snap, fd_mem, fd_used);
     *bytes = fd_used;
@@ -1351,6 +1398,14 @@ TEST(cpu, upload_from_the_file_writes_the_same_device_bytes) {
     qsa__cu.cuMemcpyHtoD_v2 = fd_htod;
     qsa__cu.cuMemGetInfo_v2 = fd_info;
     qsa__cu.cuLaunchKernel = fd_launch;
+    qsa__cu.cuMemHostAlloc = fd_host_alloc;
+    qsa__cu.cuMemFreeHost = fd_host_free;
+    qsa__cu.cuMemcpyHtoDAsync_v2 = fd_htod_async;
+    qsa__cu.cuEventCreate = fd_event_create;
+    qsa__cu.cuEventRecord = fd_event_record;
+    qsa__cu.cuEventSynchronize = fd_event_sync;
+    qsa__cu.cuEventDestroy_v2 = fd_event_destroy;
+    qsa__cu.cuStreamSynchronize = fd_stream_sync;
     char dirs[41][600], fused[] = "/tmp/qsa_dev_fused_XXXXXX";
     int have_fused, nd = tp_dirs_and_fused(dirs, fused, &have_fused);
     for (int f = 0; f < nd; f++) {
@@ -1358,8 +1413,10 @@ TEST(cpu, upload_from_the_file_writes_the_same_device_bytes) {
         if (!dev) { qsa_model_free(whole); continue; }
         size_t na, nb, ea, eb, wa, wb;
         int la, lb;
-        /* (from the file in pieces of 1000 values: every larger matrix crosses pieces) */
-        unsigned char *a = fd_upload(whole, 0, &na, &ea, &wa, &la), *b = fd_upload(dev, 1000, &nb, &eb, &wb, &lb);
+        /* (from the file through a pinned stage of pieces of 1000 values, its copies deferred: every larger
+           matrix crosses pieces, and a slot holds a few of the small ones; from the copies through an
+           ordinary buffer, synchronously) */
+        unsigned char *a = fd_upload(whole, 0, 0, &na, &ea, &wa, &la), *b = fd_upload(dev, 1000, 1, &nb, &eb, &wb, &lb);
         if (a && b) {
             CHECKF(na == nb && ea == eb && wa == wb && la == lb && !memcmp(a, b, na), "%s: from the file %zu bytes (embedding at %zu, "
                    "%zu of weights, %d launches), from fp32 copies %zu (%zu, %zu, %d), or their contents differ", dirs[f], nb, eb,
@@ -1381,8 +1438,8 @@ TEST(cpu, upload_from_the_file_writes_the_same_device_bytes) {
             memset(&ca, 0, sizeof ca); memset(&ka, 0, sizeof ka); memset(&cb, 0, sizeof cb); memset(&kb, 0, sizeof kb);
             CHECK_OK(qsa__tp_view(whole, 2, r, &ca, &ka, &va));
             CHECK_OK(qsa__tp_view(dev, 2, r, &cb, &kb, &vb));
-            a = T_.failed ? NULL : fd_upload(&va, 0, &na, &ea, &wa, &la);
-            b = T_.failed ? NULL : fd_upload(&vb, 1000, &nb, &eb, &wb, &lb);
+            a = T_.failed ? NULL : fd_upload(&va, 0, 0, &na, &ea, &wa, &la);
+            b = T_.failed ? NULL : fd_upload(&vb, 1000, 1, &nb, &eb, &wb, &lb);
             CHECKF(a && b && na == nb && wa == wb && la == lb && !memcmp(a, b, na), "%s: tp 2 rank %d: the view's upload from the file "
                    "differs from the fp32 view's", dirs[f], r);
             if (T_.verbose && a && b) printf("    %s tp 2 rank %d: %zu device bytes equal\n", dirs[f], r, na);
@@ -1444,7 +1501,7 @@ TEST(cpu, fp16_image_in_pieces) {
             if (sizes[k] == 1 && n > 100000) continue;
             pieces_sink sk = {img, 0, 0, 0};
             memset(img, 0xff, n * 2);
-            CHECK_OK(qsa__lin_f16_pieces(l, sizes[k], 2, pieces_put, &sk, "test", &over));
+            CHECK_OK(qsa__lin_f16_pieces(l, sizes[k], 2, NULL, pieces_put, &sk, "test", &over));
             size_t want = sizes[k] == 0 || sizes[k] >= n ? 1 : (n + sizes[k] - 1) / sizes[k];
             CHECKF(sk.next == n && sk.calls == want && over == over1 && !memcmp(img, ref, n * 2),
                    "matrix %d in pieces of %zu: %zu of %zu values in %zu pieces (expected %zu), %zu overflows against %zu", li,
@@ -1452,7 +1509,7 @@ TEST(cpu, fp16_image_in_pieces) {
         }
         if (n >= 3) {
             pieces_sink sk = {img, 0, 0, 2};
-            CHECK_ERR(qsa__lin_f16_pieces(l, n / 3, 2, pieces_put, &sk, "test", &over), QSA_ERR_CUDA, "copy 2 refused");
+            CHECK_ERR(qsa__lin_f16_pieces(l, n / 3, 2, NULL, pieces_put, &sk, "test", &over), QSA_ERR_CUDA, "copy 2 refused");
             CHECK(sk.calls == 2 && sk.next == n / 3);
         }
         free(ref);
@@ -1461,7 +1518,7 @@ TEST(cpu, fp16_image_in_pieces) {
     qsa__lin none = qsa__lin_rows(NULL, NULL, 0, 2, 2);
     size_t over;
     pieces_sink sk = {NULL, 0, 0, 0};
-    CHECK_ERR(qsa__lin_f16_pieces(&none, 0, 1, pieces_put, &sk, "layers.0.x", &over), QSA_ERR_INTERNAL,
+    CHECK_ERR(qsa__lin_f16_pieces(&none, 0, 1, NULL, pieces_put, &sk, "layers.0.x", &over), QSA_ERR_INTERNAL,
               "layers.0.x: no dense weights bound");
     qsa_model_free(dev);
 }
