@@ -9725,8 +9725,9 @@ QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, qsa__cuda **out) {
         QSA__G(qsa__dalloc(g, &g->ipool, slots * p->ihd * 4, &g->bytes_kv, "KV pool (indexer keys)"));
     }
     QSA__G(qsa__cuda_scratch(m, g, m->params.max_chunk));
-    /* the uploads ran on the legacy stream (pageable copies may still be in flight when they return),
-       which the backend's non-blocking stream does not wait for: finish them before any kernel */
+    /* without pinned memory the upload's copies and word-order launches ran on the legacy stream
+       (pageable copies may still be in flight when they return), which the backend's non-blocking
+       stream does not wait for: finish everything before any kernel */
     QSA__G(QSA__CU_R(qsa__cu.cuCtxSynchronize()));
 #undef QSA__G
     qsa__log(QSA_LOG_INFO, "cuda: %s (cc %d.%d), memory: weights %.1f MiB (uploaded in %.2f s, %.2f GB/s), KV pool %.1f MiB, "
