@@ -7526,20 +7526,26 @@ done:
 
 /* MoE on the n tokens x [n][H] of a chunk: softmax router in fp32, top-k (ties: lower expert id), optional
    renormalisation, SwiGLU experts in ascending id, plus the shared expert scaled by
-   sigmoid(shared_expert_gate(x)).  The router and the shared expert, whose weights every token uses, by
-   qsa__matmul (each token's bits as its own matvecs); the routed experts token by token.  margin[t] (when
-   given): the token's routing margin. */
+   sigmoid(shared_expert_gate(x)).  Every matrix by qsa__matmul over the tokens that use it (each token's
+   bits as its own matvecs): the router and the shared expert over all n, each routed expert over the
+   tokens that chose it (gathered, in order), so a chunk reads an expert's weights once however many of its
+   tokens chose it.  Each token sums its experts' outputs in ascending id.  margin[t] (when given): the
+   token's routing margin. */
 QSA_PRIV qsa_result qsa__moe_chunk(const qsa_model *m, const qsa__moe_w *w, const float *x, int n, float *out, float *margin) {
     const qsa_model_config *c = &m->cfg;
     int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size,
         Is = c->shared_expert_intermediate_size;
-    float *logits = QSA__ALLOC(float, (size_t)n * E), *a = QSA__ALLOC(float, I), *b = QSA__ALLOC(float, I), *y = QSA__ALLOC(float, H);
+    float *logits = QSA__ALLOC(float, (size_t)n * E), *a = QSA__ALLOC(float, (size_t)n * I), *b = QSA__ALLOC(float, (size_t)n * I);
+    float *xe = QSA__ALLOC(float, (size_t)n * H), *y = QSA__ALLOC(float, (size_t)n * H);
     float *sa = QSA__ALLOC(float, (size_t)n * Is), *sb = QSA__ALLOC(float, (size_t)n * Is), *sy = QSA__ALLOC(float, (size_t)n * H);
     float *sg = QSA__ALLOC(float, n);
-    int *top = QSA__ALLOC(int, K);
-    float *topw = QSA__ALLOC(float, K);
+    int *top = QSA__ALLOC(int, (size_t)n * K), *who = QSA__ALLOC(int, n), *slot = QSA__ALLOC(int, n);
+    float *topw = QSA__ALLOC(float, (size_t)n * K);
     qsa_result r = QSA_OK;
-    if (!logits || !a || !b || !y || !sa || !sb || !sy || !sg || !top || !topw) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "MoE: out of memory"); goto done; }
+    if (!logits || !a || !b || !xe || !y || !sa || !sb || !sy || !sg || !top || !who || !slot || !topw) {
+        r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "MoE: out of memory");
+        goto done;
+    }
     if ((r = qsa__matmul(m, &w->router, x, (size_t)H, n, logits, (size_t)E)) != QSA_OK) goto done;
     /* the shared expert of every token */
     if ((r = qsa__matmul(m, &w->sh_gate, x, (size_t)H, n, sa, (size_t)Is)) != QSA_OK) goto done;
@@ -7547,9 +7553,10 @@ QSA_PRIV qsa_result qsa__moe_chunk(const qsa_model *m, const qsa__moe_w *w, cons
     for (size_t i = 0; i < (size_t)n * Is; i++) sa[i] = qsa__act(c->hidden_act, sa[i]) * sb[i];
     if ((r = qsa__matmul(m, &w->sh_down, sa, (size_t)Is, n, sy, (size_t)H)) != QSA_OK) goto done;
     if ((r = qsa__matmul(m, &w->sh_expert_gate, x, (size_t)H, n, sg, 1)) != QSA_OK) goto done;
+    /* each token's route */
     for (int t = 0; t < n; t++) {
-        const float *xt = x + (size_t)t * H;
-        float *lt = logits + (size_t)t * E, *ot = out + (size_t)t * H;
+        float *lt = logits + (size_t)t * E, *tw = topw + (size_t)t * K;
+        int *tk = top + (size_t)t * K;
         float mx = -INFINITY, sum = 0.0f;
         for (int e = 0; e < E; e++) mx = lt[e] > mx ? lt[e] : mx;
         for (int e = 0; e < E; e++) { lt[e] = expf(lt[e] - mx); sum += lt[e]; }
@@ -7558,44 +7565,53 @@ QSA_PRIV qsa_result qsa__moe_chunk(const qsa_model *m, const qsa__moe_w *w, cons
             int best = -1;
             for (int e = 0; e < E; e++) {
                 int used = 0;
-                for (int j = 0; j < k; j++) used |= top[j] == e;
+                for (int j = 0; j < k; j++) used |= tk[j] == e;
                 if (!used && (best < 0 || lt[e] > lt[best])) best = e;
             }
-            top[k] = best;
-            topw[k] = lt[best];
+            tk[k] = best;
+            tw[k] = lt[best];
         }
         if (margin) { /* routing margin: the last chosen probability minus the best one left out */
             float next = 0.0f;
             for (int e = 0; e < E; e++) {
                 int used = 0;
-                for (int j = 0; j < K; j++) used |= top[j] == e;
+                for (int j = 0; j < K; j++) used |= tk[j] == e;
                 if (!used && lt[e] > next) next = lt[e];
             }
-            margin[t] = K < E ? topw[K - 1] - next : INFINITY;
+            margin[t] = K < E ? tw[K - 1] - next : INFINITY;
         }
         if (c->norm_topk_prob) {
             float s = 0.0f;
-            for (int k = 0; k < K; k++) s += topw[k];
-            for (int k = 0; k < K; k++) topw[k] /= s;
+            for (int k = 0; k < K; k++) s += tw[k];
+            for (int k = 0; k < K; k++) tw[k] /= s;
         }
-        for (int j = 0; j < H; j++) ot[j] = 0.0f;
-        /* experts in ascending id order, as the reference accumulates them */
-        for (int e = 0; e < E; e++) {
-            int k = -1;
-            for (int j = 0; j < K; j++) if (top[j] == e) k = j;
-            if (k < 0) continue;
-            if ((r = qsa__matvec(m, &w->gate[e], xt, a)) != QSA_OK) goto done;
-            if ((r = qsa__matvec(m, &w->up[e], xt, b)) != QSA_OK) goto done;
-            for (int i = 0; i < I; i++) a[i] = qsa__act(c->hidden_act, a[i]) * b[i];
-            if ((r = qsa__matvec(m, &w->down[e], a, y)) != QSA_OK) goto done;
-            for (int j = 0; j < H; j++) ot[j] += y[j] * topw[k];
+    }
+    for (size_t i = 0; i < (size_t)n * H; i++) out[i] = 0.0f;
+    /* the routed experts in ascending id (as the reference accumulates them), each over its tokens */
+    for (int e = 0; e < E; e++) {
+        int cnt = 0;
+        for (int t = 0; t < n; t++)
+            for (int k = 0; k < K; k++)
+                if (top[(size_t)t * K + k] == e) { who[cnt] = t; slot[cnt++] = k; }
+        if (!cnt) continue;
+        for (int i = 0; i < cnt; i++) memcpy(xe + (size_t)i * H, x + (size_t)who[i] * H, sizeof(float) * H);
+        if ((r = qsa__matmul(m, &w->gate[e], xe, (size_t)H, cnt, a, (size_t)I)) != QSA_OK) goto done;
+        if ((r = qsa__matmul(m, &w->up[e], xe, (size_t)H, cnt, b, (size_t)I)) != QSA_OK) goto done;
+        for (size_t i = 0; i < (size_t)cnt * I; i++) a[i] = qsa__act(c->hidden_act, a[i]) * b[i];
+        if ((r = qsa__matmul(m, &w->down[e], a, (size_t)I, cnt, y, (size_t)H)) != QSA_OK) goto done;
+        for (int i = 0; i < cnt; i++) {
+            float *ot = out + (size_t)who[i] * H, wk = topw[(size_t)who[i] * K + slot[i]];
+            const float *yi = y + (size_t)i * H;
+            for (int j = 0; j < H; j++) ot[j] += yi[j] * wk;
         }
-        float gl = qsa__sigmoid(sg[t]);
+    }
+    for (int t = 0; t < n; t++) {
+        float gl = qsa__sigmoid(sg[t]), *ot = out + (size_t)t * H;
         for (int j = 0; j < H; j++) ot[j] += gl * sy[(size_t)t * H + j];
     }
 done:
-    qsa__free(logits); qsa__free(a); qsa__free(b); qsa__free(y); qsa__free(sa); qsa__free(sb); qsa__free(sy); qsa__free(sg);
-    qsa__free(top); qsa__free(topw);
+    qsa__free(logits); qsa__free(a); qsa__free(b); qsa__free(xe); qsa__free(y); qsa__free(sa); qsa__free(sb); qsa__free(sy);
+    qsa__free(sg); qsa__free(top); qsa__free(who); qsa__free(slot); qsa__free(topw);
     return r;
 }
 
