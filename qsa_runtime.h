@@ -8924,6 +8924,9 @@ typedef struct qsa__cuda {
     CUevent stage_done[2];
     size_t stage_cap, stage_used;
     int stage_cur, stage_pinned;
+    int stage_defer;                 /* pieces wait in stage_pend until qsa__stage_flush (a layer's experts) */
+    struct qsa__stage_piece *stage_pend;
+    int n_pend, cap_pend;
     size_t bytes_weights, bytes_kv, bytes_state, bytes_scratch;
     CUdeviceptr embed16, rope_inv_freq;
     qsa__dlin lm_head;
@@ -9028,6 +9031,9 @@ QSA_PRIV void qsa__stage_free(qsa__cuda *g) {
     }
     g->stage_cap = g->stage_used = 0;
     g->stage_cur = g->stage_pinned = 0;
+    qsa__free(g->stage_pend);
+    g->stage_pend = NULL;
+    g->n_pend = g->cap_pend = g->stage_defer = 0;
 }
 /* The stage: two pinned slots of `bytes` each, else one ordinary buffer of that size. */
 QSA_PRIV qsa_result qsa__stage_open(qsa__cuda *g, size_t bytes) {
@@ -9050,15 +9056,16 @@ QSA_PRIV qsa_result qsa__stage_open(qsa__cuda *g, size_t bytes) {
     return QSA_OK;
 }
 /* Room for `bytes` (<= stage_cap) in the stage: the current slot's next piece, or the other slot once
-   its copies have finished. */
+   its copies have finished (the ordinary buffer: its start again). */
 QSA_PRIV qsa_result qsa__stage_take(qsa__cuda *g, size_t bytes, void **h) {
     if (bytes > g->stage_cap) return qsa__fail(QSA_ERR_INTERNAL, "cuda: a piece of %zu bytes past the stage's %zu", bytes, g->stage_cap);
-    if (!g->stage_pinned) { *h = g->stage[0]; return QSA_OK; }
     if (g->stage_used + bytes > g->stage_cap) {
-        QSA__CU(qsa__cu.cuEventRecord(g->stage_done[g->stage_cur], g->stream));
-        g->stage_cur ^= 1;
+        if (g->stage_pinned) { /* (the ordinary buffer's copies are done when they return) */
+            QSA__CU(qsa__cu.cuEventRecord(g->stage_done[g->stage_cur], g->stream));
+            g->stage_cur ^= 1;
+            QSA__CU(qsa__cu.cuEventSynchronize(g->stage_done[g->stage_cur]));
+        }
         g->stage_used = 0;
-        QSA__CU(qsa__cu.cuEventSynchronize(g->stage_done[g->stage_cur]));
     }
     *h = g->stage[g->stage_cur] + g->stage_used;
     g->stage_used += (bytes + QSA__STAGE_ALIGN - 1) / QSA__STAGE_ALIGN * QSA__STAGE_ALIGN;
@@ -9104,12 +9111,86 @@ QSA_PRIV qsa_result qsa__stage_bytes(qsa__cuda *g, CUdeviceptr dst, const void *
     return QSA_OK;
 }
 
+/* The packed NVFP4 words at dst into the device order (kernels.cu: qsa_dq8, qsa_nvfp4_put; the fragment
+   order when the rows are whole blocks of 32: frag), on the stream after their copy (qsa__stage_stream) */
+QSA_PRIV qsa_result qsa__nvfp4_order(qsa__cuda *g, CUdeviceptr dst, long long words, int frag) {
+    void *args[] = {&dst, &words, &frag};
+    unsigned gx = (unsigned)((words + 255) / 256 < 1024 ? (words + 255) / 256 : 1024);
+    return qsa__cu_launch_ex(g->k[QSA__K_nvfp4_order], "qsa_k_nvfp4_order", gx, 1, 1, 256, 1, 1, 0, qsa__stage_stream(g), args, 0);
+}
+
+/* Pieces put off while stage_defer is set (a layer's experts: thousands of small copies, each too small to
+   split over threads): qsa__stage_flush packs as many as fit in a slot, copies them into it over the
+   model's threads, a piece each, then sends them in order (and the word-order launch after a piece of
+   words: `words` > 0).  The same copies and launches in the same order as without the deferral. */
+typedef struct qsa__stage_piece {
+    CUdeviceptr dst;
+    const unsigned char *src;
+    size_t bytes;
+    unsigned char *h; /* its place in the stage (qsa__stage_flush) */
+    long long words;  /* > 0: qsa__nvfp4_order(dst of the matrix's first piece, words, frag) after it */
+    CUdeviceptr wdst;
+    int frag;
+} qsa__stage_piece;
+QSA_PRIV qsa_result qsa__stage_later(qsa__cuda *g, CUdeviceptr dst, const void *src, size_t bytes, long long words, int frag) {
+    for (size_t o = 0; o < bytes;) { /* (pieces of at most a slot; words > 0 only with bytes = 4 words) */
+        size_t k = bytes - o < g->stage_cap ? bytes - o : g->stage_cap;
+        if (g->n_pend == g->cap_pend) {
+            int cap = g->cap_pend ? 2 * g->cap_pend : 4096;
+            qsa__stage_piece *q = (qsa__stage_piece *)qsa__realloc(g->stage_pend, sizeof(qsa__stage_piece) * (size_t)cap);
+            if (!q) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "cuda: out of host memory for the upload's pieces");
+            g->stage_pend = q;
+            g->cap_pend = cap;
+        }
+        qsa__stage_piece *p = &g->stage_pend[g->n_pend++];
+        memset(p, 0, sizeof *p);
+        p->dst = dst + o;
+        p->src = (const unsigned char *)src + o;
+        p->bytes = k;
+        o += k;
+        if (o >= bytes && words) { p->words = words; p->wdst = dst; p->frag = frag; }
+    }
+    return QSA_OK;
+}
+QSA_PRIV void qsa__piece_fill(void *c, int t, size_t i0, size_t i1) {
+    const qsa__stage_piece *p = (const qsa__stage_piece *)c;
+    (void)t;
+    for (size_t i = i0; i < i1; i++) memcpy(p[i].h, p[i].src, p[i].bytes);
+}
+QSA_PRIV qsa_result qsa__stage_flush(qsa__cuda *g) {
+    qsa__stage_piece *p = g->stage_pend;
+    int n = g->n_pend;
+    g->n_pend = 0;
+    for (int i = 0, j; i < n; i = j) {
+        void *h;
+        size_t run = 0;
+        QSA__TRY(qsa__stage_take(g, p[i].bytes, &h));
+        p[i].h = (unsigned char *)h;
+        run += p[i].bytes;
+        for (j = i + 1; j < n && g->stage_used + p[j].bytes <= g->stage_cap; j++) {
+            QSA__TRY(qsa__stage_take(g, p[j].bytes, &h));
+            p[j].h = (unsigned char *)h;
+            run += p[j].bytes;
+        }
+        qsa__par_ranges((size_t)(j - i), run < ((size_t)1 << 20) ? 1 : g->host_threads, qsa__piece_fill, p + i);
+        for (int k = i; k < j; k++) {
+            if (p[k].bytes) QSA__TRY(qsa__stage_send(g, p[k].dst, p[k].h, p[k].bytes));
+            if (p[k].words) QSA__TRY(qsa__nvfp4_order(g, p[k].wdst, p[k].words, p[k].frag));
+        }
+    }
+    return QSA_OK;
+}
+
+/* bytes of src -> dst (now, or put off while stage_defer is set), then the word-order launch when words > 0 */
+QSA_PRIV qsa_result qsa__stage_piece_up(qsa__cuda *g, CUdeviceptr dst, const void *src, size_t bytes, long long words, int frag) {
+    if (g->stage_defer) return qsa__stage_later(g, dst, src, bytes, words, frag);
+    if (bytes) QSA__TRY(g->stage_cap ? qsa__stage_bytes(g, dst, src, bytes) : QSA__CU_R(qsa__cu.cuMemcpyHtoD_v2(dst, src, bytes)));
+    return words ? qsa__nvfp4_order(g, dst, words, frag) : QSA_OK;
+}
+
 QSA_PRIV qsa_result qsa__dupload(qsa__cuda *g, CUdeviceptr *p, const void *src, size_t bytes, const char *what) {
     QSA__TRY(qsa__dalloc(g, p, bytes, &g->bytes_weights, what));
-    if (!bytes) return QSA_OK;
-    if (g->stage_cap) return qsa__stage_bytes(g, *p, src, bytes);
-    QSA__CU(qsa__cu.cuMemcpyHtoD_v2(*p, src, bytes));
-    return QSA_OK;
+    return qsa__stage_piece_up(g, *p, src, bytes, 0, 0);
 }
 
 /* ---- the kernel module: NVRTC at first use, cached on disk ---- */
@@ -9305,15 +9386,8 @@ QSA_PRIV qsa_result qsa__dlin_up(qsa__cuda *g, qsa__dlin *d, const qsa__lin *l, 
     if (l->q) {
         d->s2 = l->qscale2;
         long long words = (long long)l->out * (l->in / 8);
-        QSA__TRY(qsa__dupload(g, &d->q, l->q, (size_t)words * 4, what));
-        /* the packed words into the device order (kernels.cu: qsa_dq8, qsa_nvfp4_put; the fragment order
-           when the rows are whole blocks of 32), on the stream after the copy (qsa__stage_stream) */
-        int frag = l->in % 32 == 0;
-        void *args[] = {&d->q, &words, &frag};
-        unsigned gx = (unsigned)((words + 255) / 256 < 1024 ? (words + 255) / 256 : 1024);
-        if (words)
-            QSA__TRY(qsa__cu_launch_ex(g->k[QSA__K_nvfp4_order], "qsa_k_nvfp4_order", gx, 1, 1, 256, 1, 1, 0,
-                                       qsa__stage_stream(g), args, 0));
+        QSA__TRY(qsa__dalloc(g, &d->q, (size_t)words * 4, &g->bytes_weights, what));
+        QSA__TRY(qsa__stage_piece_up(g, d->q, l->q, (size_t)words * 4, words, l->in % 32 == 0)); /* (+ the word order) */
         return qsa__dupload(g, &d->s, l->qscale, (size_t)l->out * (size_t)(l->in / 16), what);
     }
     size_t n = (size_t)l->out * (size_t)l->in, over;
@@ -9440,6 +9514,7 @@ QSA_PRIV qsa_result qsa__cuda_upload_all(qsa_model *m, qsa__cuda *g) {
         if (ra != QSA_OK) { qsa__free(ex); return ra; }
         g->arena_used = 0;
         g->arena_cap = arena;
+        g->stage_defer = 1; /* (their copies by qsa__stage_flush below, over the threads) */
         for (int e = 0; e < c->num_experts; e++) {
             qsa__dlin gt, up, dn;
             qsa_result r = qsa__dlin_up(g, &gt, &mw->gate[e], "experts.gate_proj");
@@ -9453,7 +9528,9 @@ QSA_PRIV qsa_result qsa__cuda_upload_all(qsa_model *m, qsa__cuda *g) {
             ex[e].down_q = dn.q; ex[e].down_s = dn.s; ex[e].down_s2 = dn.s2; ex[e].down16 = dn.w16;
         }
         g->arena_cap = 0;
-        qsa_result r = qsa__dupload(g, &d->experts, ex, sizeof(qsa__dexpert) * (size_t)c->num_experts, "expert table");
+        g->stage_defer = 0;
+        qsa_result r = qsa__stage_flush(g);
+        if (r == QSA_OK) r = qsa__dupload(g, &d->experts, ex, sizeof(qsa__dexpert) * (size_t)c->num_experts, "expert table");
         qsa__free(ex);
         QSA__TRY(r);
         if (w->ple) {

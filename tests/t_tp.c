@@ -1286,20 +1286,24 @@ TEST(gpu, upload_from_the_file_equals_fp32_copies) {
 /* ---- the CUDA upload's host side, with device memory in host memory (no GPU needed) ----
    The driver entries the upload calls, answered from one host buffer: allocations bump through it (the
    same addresses for the same sequence of allocations, so device pointers stored in uploaded tables
-   compare equal too), copies are memcpy, launches (the NVFP4 word order) are counted.  Pinned memory is
-   malloc'd (or refused: fd_pinned 0), and asynchronous copies wait in a queue until an event recorded
-   behind them, or the stream, is synchronised: a stage slot refilled before its copies ran would send
-   the new bytes. */
-static unsigned char *fd_mem;
+   compare equal too), copies are memcpy, launches (the NVFP4 word order) are counted and stand for their
+   kernel by flipping bits of its words.  Pinned memory is malloc'd (or refused: fd_pinned 0); the
+   asynchronous copies and the launches wait in one queue, in order, until an event recorded behind them,
+   the stream or a synchronous copy is synchronised.  An asynchronous copy sends its source as it is when
+   queued, and its source must not change until it has run (fd_raced): a stage slot filled after its copy
+   was queued sends the old bytes, one refilled before its copies ran is caught, and so is a launch that
+   runs before every byte of its words was written (fd_unwritten). */
+static unsigned char *fd_mem, *fd_wmem; /* fd_wmem[i]: byte i of fd_mem written by a copy */
 static size_t fd_used, fd_cap;
 static int fd_launches, fd_pinned, fd_hosts;
 typedef struct fd_copy {
     CUdeviceptr dst;
-    const void *src;
+    const void *src;     /* NULL: a word-order launch over n bytes */
+    unsigned char *snap; /* src's bytes when the copy was queued */
     size_t n;
 } fd_copy;
 static fd_copy fd_queue[1 << 16];
-static int fd_queued, fd_ran, fd_overflow;
+static int fd_ran, fd_overflow, fd_raced, fd_unwritten;
 static int fd_marks[2];
 static CUresult fd_alloc(CUdeviceptr *p, size_t n) {
     size_t take = (n + 255) / 256 * 256;
@@ -1309,12 +1313,22 @@ static CUresult fd_alloc(CUdeviceptr *p, size_t n) {
     return 0;
 }
 static CUresult fd_free(CUdeviceptr p) { (void)p; return 0; }
-static CUresult fd_htod(CUdeviceptr d, const void *src, size_t n) {
+static CUresult fd_write(CUdeviceptr d, const void *src, size_t n) {
     unsigned char *q = (unsigned char *)(uintptr_t)d;
     if (q < fd_mem || q + n > fd_mem + fd_used) return 1; /* outside every allocation */
-    memcpy(q, src, n);
+    unsigned char *w = fd_wmem + (q - fd_mem);
+    if (src) {
+        memcpy(q, src, n);
+        memset(w, 1, n);
+    } else {
+        for (size_t i = 0; i < n; i++) q[i] ^= (unsigned char)(0x5a + i);
+        if (n && (w[0] != 1 || memcmp(w, w + 1, n - 1))) fd_unwritten++;
+    }
     return 0;
 }
+static CUresult fd_run_to(int upto);
+static int fd_queued;
+static CUresult fd_htod(CUdeviceptr d, const void *src, size_t n) { return fd_run_to(fd_queued) ? 1 : fd_write(d, src, n); }
 static CUresult fd_info(size_t *fr, size_t *tot) { *fr = fd_cap - fd_used; *tot = fd_cap; return 0; }
 static CUresult fd_host_alloc(void **p, size_t n, unsigned flags) {
     (void)flags;
@@ -1325,13 +1339,21 @@ static CUresult fd_host_alloc(void **p, size_t n, unsigned flags) {
 static CUresult fd_host_free(void *p) { free(p); fd_hosts--; return 0; }
 static CUresult fd_htod_async(CUdeviceptr d, const void *src, size_t n, CUstream st) {
     (void)st;
-    if (fd_queued == (int)(sizeof fd_queue / sizeof fd_queue[0])) { fd_overflow = 1; return 1; }
-    fd_queue[fd_queued++] = (fd_copy){d, src, n};
+    unsigned char *snap = src ? (unsigned char *)malloc(n ? n : 1) : NULL;
+    if (fd_queued == (int)(sizeof fd_queue / sizeof fd_queue[0]) || (src && !snap)) { fd_overflow = 1; free(snap); return 1; }
+    if (src) memcpy(snap, src, n);
+    fd_queue[fd_queued++] = (fd_copy){d, src, snap, n};
     return 0;
 }
-static CUresult fd_run_to(int upto) { /* the queued copies before upto, in order */
-    for (; fd_ran < upto; fd_ran++)
-        if (fd_htod(fd_queue[fd_ran].dst, fd_queue[fd_ran].src, fd_queue[fd_ran].n)) return 1;
+static CUresult fd_run_to(int upto) { /* the queued copies and launches before upto, in order */
+    for (; fd_ran < upto; fd_ran++) {
+        fd_copy *c = &fd_queue[fd_ran];
+        if (c->src && memcmp(c->src, c->snap, c->n)) fd_raced++;
+        CUresult r = fd_write(c->dst, c->snap, c->n);
+        free(c->snap);
+        c->snap = NULL;
+        if (r) return 1;
+    }
     return 0;
 }
 static CUresult fd_event_create(CUevent *e, unsigned flags) {
@@ -1347,9 +1369,9 @@ static CUresult fd_event_destroy(CUevent e) { (void)e; return 0; }
 static CUresult fd_stream_sync(CUstream st) { (void)st; return fd_run_to(fd_queued); }
 static CUresult fd_launch(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                           unsigned shmem, CUstream st, void **params, void **extra) {
-    (void)fn; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)st; (void)params; (void)extra;
-    fd_launches++;
-    return 0;
+    (void)fn; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)extra;
+    fd_launches++; /* (the upload's only kernel: qsa_k_nvfp4_order(words, count, frag)) */
+    return fd_htod_async(*(CUdeviceptr *)params[0], NULL, (size_t)*(long long *)params[1] * 4, st);
 }
 /* qsa__cuda_upload of m into the host buffer (its stage's slots `piece` FP16 values, 0: the default;
    pinned or not): a copy of what it wrote (*bytes), the embedding's device copy (*embed16, an offset), the
@@ -1362,15 +1384,18 @@ static unsigned char *fd_upload(qsa_model *m, size_t piece, int pinned, size_t *
     g.host_threads = 2;
     g.upload_piece = piece;
     memset(fd_mem, 0, fd_used);
+    memset(fd_wmem, 0, fd_used);
     fd_used = 0;
     fd_launches = 0;
     fd_pinned = pinned;
-    fd_hosts = fd_queued = fd_ran = fd_overflow = 0;
+    fd_hosts = fd_queued = fd_ran = fd_overflow = fd_raced = fd_unwritten = 0;
     qsa_result r = qsa__cuda_upload(m, &g);
     CHECKF(r == QSA_OK, "upload: %s", qsa_last_error());
-    CHECKF(fd_ran == fd_queued && !fd_overflow && fd_hosts == 0 && !g.stage[0] && !g.stage_cap && (pinned ? fd_queued > 0 : !fd_queued),
-           "upload (pinned %d): %d of %d queued copies ran (overflow %d), %d pinned buffers left", pinned, fd_ran, fd_queued,
-           fd_overflow, fd_hosts);
+    fd_run_to(pinned ? fd_ran : fd_queued); /* (without pinned memory the launches' queue runs at the backend's cuCtxSynchronize) */
+    CHECKF(fd_ran == fd_queued && !fd_overflow && !fd_raced && !fd_unwritten && fd_hosts == 0 && !g.stage[0] && !g.stage_cap &&
+           !g.stage_pend, "upload (pinned %d): %d of %d queued copies and launches ran (overflow %d), %d sources changed while "
+           "in flight, %d launches before their words, %d pinned buffers left", pinned, fd_ran, fd_queued, fd_overflow, fd_raced,
+           fd_unwritten, fd_hosts);
     unsigned char *snap = r == QSA_OK ? (unsigned char *)malloc(fd_used ? fd_used : 1) : NULL;
     if (snap) memcpy(snap, fd_mem, fd_used);
     *bytes = fd_used;
@@ -1390,7 +1415,8 @@ TEST(cpu, upload_from_the_file_writes_the_same_device_bytes) {
     qsa__cuda_api saved = qsa__cu;
     fd_cap = (size_t)256 << 20;
     fd_mem = (unsigned char *)calloc(fd_cap, 1);
-    if (!fd_mem) { CHECK(0); return; }
+    fd_wmem = (unsigned char *)calloc(fd_cap, 1);
+    if (!fd_mem || !fd_wmem) { CHECK(0); free(fd_mem); free(fd_wmem); return; }
     fd_used = fd_cap; /* (the first fd_upload clears what it will use) */
     memset(&qsa__cu, 0, sizeof qsa__cu);
     qsa__cu.cuMemAlloc_v2 = fd_alloc;
@@ -1453,7 +1479,8 @@ TEST(cpu, upload_from_the_file_writes_the_same_device_bytes) {
     }
     qsa__cu = saved;
     free(fd_mem);
-    fd_mem = NULL;
+    free(fd_wmem);
+    fd_mem = fd_wmem = NULL;
     if (have_fused) tp_remove_model(fused);
 }
 #endif
