@@ -97,7 +97,7 @@ EOF
 load_table() {
     python3 - "$1" <<'EOF'
 import glob, os, re, sys
-pats = [('load s', r'loaded in ([0-9.]+) s'), ('heap MiB', r'host heap: .*? ([0-9.]+) MiB after the load'),
+pats = [('load s', r'(?<!up)loaded in ([0-9.]+) s'), ('heap MiB', r'host heap: .*? ([0-9.]+) MiB after the load'),
         ('heap peak MiB', r'\(([0-9.]+) MiB at its peak\)'), ('device MiB after load', r'after load ([0-9.]+) MiB'),
         ('upload s', r'uploaded in ([0-9.]+) s'), ('upload GB/s', r'uploaded in [0-9.]+ s, ([0-9.]+) GB/s'),
         ('prefill tok/s', r'prefill +([0-9.]+) tok/s'), ('decode tok/s', r'decode +([0-9.]+) tok/s'),
