@@ -51,14 +51,16 @@
  *   reads dense BF16/F16/F32 matrices from the mapping (each value widened exactly to fp32 as it is
  *   used), keeps NVFP4 experts packed and reads the PLE tables there too; only vectors (norms,
  *   biases, conv taps) get fp32 copies.  The CUDA backend uploads dense weights as FP16, narrowed
- *   from the mapping in 64 MiB pieces (values beyond the FP16 range are reported), NVFP4 experts
- *   packed (each 4-byte word's nibbles reordered on the device for the kernels' dequantisation),
- *   and leaves the PLE tables in host memory (only gathered rows travel); on one GPU the vectors'
- *   fp32 copies are freed once uploaded.  KV pages come from one pool per model
- *   (qsa_model_params.kv_pool_tokens); per-sequence recurrent state is allocated
- *   when a sequence is created.  Under tensor parallelism the host converts the replicated dense
- *   tensors whole to fp32; each rank's slices of the split ones are converted from the mapping and
- *   freed once uploaded.  The CUDA backend's scratch is sized for one forward call of max_chunk
+ *   from the mapping (values beyond the FP16 range are reported), NVFP4 experts packed (each 4-byte
+ *   word's nibbles reordered on the device for the kernels' dequantisation), each layer's experts
+ *   in one device allocation; everything travels through two 64 MiB slots of pinned host memory
+ *   held for the upload alone (one filled while the other's copies run).  The PLE tables stay in
+ *   host memory (only gathered rows travel); on one GPU the vectors' fp32 copies are freed once
+ *   uploaded.  KV pages come from one pool per model (qsa_model_params.kv_pool_tokens);
+ *   per-sequence recurrent state is allocated when a sequence is created.  Under tensor
+ *   parallelism replicated dense tensors are uploaded from the mapping the same way; each rank's
+ *   slices of the split ones are converted to fp32 from the mapping, uploaded and freed (docs/TP.md).
+ *   The CUDA backend's scratch is sized for one forward call of max_chunk
  *   tokens (qsa_model_params.max_chunk, default 512; 2048 doubles prefill speed on the real shape,
  *   docs/PERFORMANCE-LOG.md), the routed experts' outputs taking up to 256 MiB of it per sub-chunk.
  *   Host allocations go through QSA_MALLOC/QSA_REALLOC/QSA_FREE.
