@@ -347,7 +347,7 @@ TEST(gpu, k1_gres_mix) {
     k1_fill(xn, (size_t)M * HC * H, -3, 3);
     for (int t = 0; t < M; t++)
         for (int j = 0; j < H; j++) {
-            float acc = 0.0f; /* the CPU backend's loop (qsa__gres_fwd) */
+            float acc = 0.0f; /* the CPU backend's loop (qsa__gres_chunk) */
             double mag = 0;
             for (int s = 0; s < HC; s++) {
                 /* the device's mix weights are interleaved by stream: [t][j][s] (qsa__dlin_up_hc) */
@@ -439,7 +439,7 @@ TEST(gpu, k1_elementwise) {
     for (int i = 0; i < N; i++) h16[i] = qsa__f32_to_f16(x[i]);
     CHECK(!k1_same("to_f16", x16, h16, N, 2));
     /* inject: X[t][s*H+j] += w * out[t][j], w = 2 * sigmoid(inj[t][s] / hc) from the raw projection
-       (the CPU's qsa__gres_fwd weight, then its qsa__inject loop): the weight to expf's ulps (as
+       (the CPU's qsa__gres_chunk weight, then its qsa__inject loop): the weight to expf's ulps (as
        silu_scale above), then one IEEE multiply and one add */
     k1_fill(inj, M * HC, -3, 3);
     k1_fill(out, (size_t)M * H, -4, 4);
