@@ -9809,12 +9809,13 @@ QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, qsa__cuda **out) {
     g->host_threads = m->n_threads;
     qsa_result r = QSA_OK;
     qsa__gpu_info info;
+    double up_s = 0.0; /* the upload's time */
 #define QSA__G(expr) do { if ((r = (expr)) != QSA_OK) goto fail; } while (0)
     QSA__G(qsa__cuda_open(g, m->params.device, &info));
     QSA__G(qsa__cuda_module(g, m->params.arch));
-    double t0 = qsa__now();
+    up_s = qsa__now();
     QSA__G(qsa__cuda_upload(m, g));
-    double up_s = qsa__now() - t0;
+    up_s = qsa__now() - up_s;
     {
         const qsa__pool *p = &m->pool;
         size_t slots = (size_t)p->n_qsa * p->n_pages * p->page_size;
