@@ -9093,29 +9093,6 @@ QSA_PRIV qsa_result qsa__stage_close(qsa__cuda *g) {
     return r;
 }
 
-/* bytes of src -> dst through the stage in pieces, each copied into it over the model's threads */
-typedef struct qsa__copy_ctx {
-    unsigned char *dst;
-    const unsigned char *src;
-} qsa__copy_ctx;
-QSA_PRIV void qsa__copy_range(void *c, int k, size_t i0, size_t i1) {
-    const qsa__copy_ctx *x = (const qsa__copy_ctx *)c;
-    (void)k;
-    memcpy(x->dst + i0, x->src + i0, i1 - i0);
-}
-QSA_PRIV qsa_result qsa__stage_bytes(qsa__cuda *g, CUdeviceptr dst, const void *src, size_t bytes) {
-    for (size_t o = 0; o < bytes;) {
-        size_t k = bytes - o < g->stage_cap ? bytes - o : g->stage_cap;
-        void *h;
-        QSA__TRY(qsa__stage_take(g, k, &h));
-        qsa__copy_ctx x = {(unsigned char *)h, (const unsigned char *)src + o};
-        qsa__par_ranges(k, qsa__par_threads(k, g->host_threads), qsa__copy_range, &x);
-        QSA__TRY(qsa__stage_send(g, dst + o, h, k));
-        o += k;
-    }
-    return QSA_OK;
-}
-
 /* The packed NVFP4 words at dst into the device order (kernels.cu: qsa_dq8, qsa_nvfp4_put; the fragment
    order when the rows are whole blocks of 32: frag), on the stream after their copy (qsa__stage_stream) */
 QSA_PRIV qsa_result qsa__nvfp4_order(qsa__cuda *g, CUdeviceptr dst, long long words, int frag) {
@@ -9124,10 +9101,11 @@ QSA_PRIV qsa_result qsa__nvfp4_order(qsa__cuda *g, CUdeviceptr dst, long long wo
     return qsa__cu_launch_ex(g->k[QSA__K_nvfp4_order], "qsa_k_nvfp4_order", gx, 1, 1, 256, 1, 1, 0, qsa__stage_stream(g), args, 0);
 }
 
-/* Pieces put off while stage_defer is set (a layer's experts: thousands of small copies, each too small to
-   split over threads): qsa__stage_flush packs as many as fit in a slot, copies them into it over the
-   model's threads, a piece each, then sends them in order (and the word-order launch after a piece of
-   words: `words` > 0).  The same copies and launches in the same order as without the deferral. */
+/* Every copy is a list of pieces of at most a slot (qsa__stage_later), sent by qsa__stage_flush: as many
+   as fit in a slot are copied into it over the model's threads, a piece each, then sent in order (and the
+   word-order launch after a piece of words: `words` > 0).  Pieces wait in the list while stage_defer is set
+   (a layer's experts: thousands of small copies, each too small to split over threads), else they are
+   flushed at once: the same copies and launches in the same order either way. */
 typedef struct qsa__stage_piece {
     CUdeviceptr dst;
     const unsigned char *src;
@@ -9138,6 +9116,7 @@ typedef struct qsa__stage_piece {
     int frag;
 } qsa__stage_piece;
 QSA_PRIV qsa_result qsa__stage_later(qsa__cuda *g, CUdeviceptr dst, const void *src, size_t bytes, long long words, int frag) {
+    if (!g->stage_cap) return qsa__fail(QSA_ERR_INTERNAL, "cuda: a copy outside the upload's stage");
     for (size_t o = 0; o < bytes;) { /* (pieces of at most a slot; words > 0 only with bytes = 4 words) */
         size_t k = bytes - o < g->stage_cap ? bytes - o : g->stage_cap;
         if (g->n_pend == g->cap_pend) {
@@ -9186,11 +9165,11 @@ QSA_PRIV qsa_result qsa__stage_flush(qsa__cuda *g) {
     return QSA_OK;
 }
 
-/* bytes of src -> dst (now, or put off while stage_defer is set), then the word-order launch when words > 0 */
+/* bytes of src -> dst through the stage (now, or put off while stage_defer is set), then the word-order
+   launch when words > 0 */
 QSA_PRIV qsa_result qsa__stage_piece_up(qsa__cuda *g, CUdeviceptr dst, const void *src, size_t bytes, long long words, int frag) {
-    if (g->stage_defer) return qsa__stage_later(g, dst, src, bytes, words, frag);
-    if (bytes) QSA__TRY(g->stage_cap ? qsa__stage_bytes(g, dst, src, bytes) : QSA__CU_R(qsa__cu.cuMemcpyHtoD_v2(dst, src, bytes)));
-    return words ? qsa__nvfp4_order(g, dst, words, frag) : QSA_OK;
+    QSA__TRY(qsa__stage_later(g, dst, src, bytes, words, frag));
+    return g->stage_defer ? QSA_OK : qsa__stage_flush(g);
 }
 
 QSA_PRIV qsa_result qsa__dupload(qsa__cuda *g, CUdeviceptr *p, const void *src, size_t bytes, const char *what) {
