@@ -196,10 +196,15 @@ load)
         "$first/tools/make_tiny_model" "$model" --real-shape "$layers" > "$out/model.txt" 2>&1 ||
             { cat "$out/model.txt" >&2; exit 1; }
     fi
-    for d in $trees; do # the kernels into the shared cache first (the tiny model's request), so no load compiles them
-        (cd "$d" && QSA_CACHE_DIR="/tmp/qsa-ab-cache/shared" ./tools/long_context --tokens 64 --gen 4 > /dev/null 2>&1) ||
-            echo "ab.sh: $d: the warm-up request failed" >&2
-    done
+    case " $args " in # the kernels into the shared cache first (the tiny model's request), so no load compiles
+    *" --backend cpu "*) ;; # them (the CPU backend has none)
+    *)
+        for d in $trees; do
+            (cd "$d" && QSA_CACHE_DIR="/tmp/qsa-ab-cache/shared" ./tools/long_context --tokens 64 --gen 4 > /dev/null 2>&1) ||
+                echo "ab.sh: $d: the warm-up request failed" >&2
+        done
+        ;;
+    esac
     for r in $(seq 1 "$rounds"); do
         for d in $trees; do
             b=$(basename "$d")
