@@ -8932,6 +8932,9 @@ typedef struct qsa__cuda {
     int stage_defer;                 /* pieces wait in stage_pend until qsa__stage_flush (a layer's experts) */
     struct qsa__stage_piece *stage_pend;
     int n_pend, cap_pend;
+    /* the upload's time (-v log): filling the stage (the expert pieces' copies into it, the dense pieces'
+       narrowing) and blocked on the copies of a slot to refill, or of the last ones */
+    double up_fill_s, up_wait_s, up_t0;
     size_t bytes_weights, bytes_kv, bytes_state, bytes_scratch;
     CUdeviceptr embed16, rope_inv_freq;
     qsa__dlin lm_head;
@@ -9068,7 +9071,9 @@ QSA_PRIV qsa_result qsa__stage_take(qsa__cuda *g, size_t bytes, void **h) {
         if (g->stage_pinned) { /* (the ordinary buffer's copies are done when they return) */
             QSA__CU(qsa__cu.cuEventRecord(g->stage_done[g->stage_cur], g->stream));
             g->stage_cur ^= 1;
+            double t0 = qsa__now();
             QSA__CU(qsa__cu.cuEventSynchronize(g->stage_done[g->stage_cur]));
+            g->up_wait_s += qsa__now() - t0;
         }
         g->stage_used = 0;
     }
@@ -9088,7 +9093,9 @@ QSA_PRIV CUstream qsa__stage_stream(const qsa__cuda *g) { return g->stage_pinned
 /* Every copy finished, the stage freed; returns the first error of the copies */
 QSA_PRIV qsa_result qsa__stage_close(qsa__cuda *g) {
     qsa_result r = QSA_OK;
+    double t0 = qsa__now();
     if (g->stage_pinned) r = QSA__CU_R(qsa__cu.cuStreamSynchronize(g->stream));
+    g->up_wait_s += qsa__now() - t0;
     qsa__stage_free(g);
     return r;
 }
@@ -9156,7 +9163,9 @@ QSA_PRIV qsa_result qsa__stage_flush(qsa__cuda *g) {
             p[j].h = (unsigned char *)h;
             run += p[j].bytes;
         }
+        double t0 = qsa__now();
         qsa__par_ranges((size_t)(j - i), run < ((size_t)1 << 20) ? 1 : g->host_threads, qsa__piece_fill, p + i);
+        g->up_fill_s += qsa__now() - t0;
         for (int k = i; k < j; k++) {
             if (p[k].bytes) QSA__TRY(qsa__stage_send(g, p[k].dst, p[k].h, p[k].bytes));
             if (p[k].words) QSA__TRY(qsa__nvfp4_order(g, p[k].wdst, p[k].words, p[k].frag));
@@ -9350,12 +9359,15 @@ typedef struct qsa__f16_dev {
 } qsa__f16_dev;
 QSA_PRIV qsa_result qsa__f16_stage(void *ctx, size_t n, uint16_t **h) {
     void *p;
-    QSA__TRY(qsa__stage_take(((qsa__f16_dev *)ctx)->g, n * 2, &p));
+    qsa__cuda *g = ((qsa__f16_dev *)ctx)->g;
+    QSA__TRY(qsa__stage_take(g, n * 2, &p));
     *h = (uint16_t *)p;
+    g->up_t0 = qsa__now(); /* (the piece's narrowing: until its send) */
     return QSA_OK;
 }
 QSA_PRIV qsa_result qsa__f16_to_dev(void *ctx, size_t i0, const uint16_t *h, size_t n) {
     const qsa__f16_dev *x = (const qsa__f16_dev *)ctx;
+    x->g->up_fill_s += qsa__now() - x->g->up_t0;
     return qsa__stage_send(x->g, x->base + i0 * 2, h, n * 2);
 }
 #define QSA__UPLOAD_PIECE ((size_t)32 << 20) /* FP16 values narrowed per host-to-device copy (64 MiB: a stage slot) */
@@ -9808,9 +9820,10 @@ QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, qsa__cuda **out) {
        stream does not wait for: finish everything before any kernel */
     QSA__G(QSA__CU_R(qsa__cu.cuCtxSynchronize()));
 #undef QSA__G
-    qsa__log(QSA_LOG_INFO, "cuda: %s (cc %d.%d), memory: weights %.1f MiB (uploaded in %.2f s, %.2f GB/s), KV pool %.1f MiB, "
-             "scratch %.1f MiB", info.name, info.cc_major, info.cc_minor, g->bytes_weights / 1048576.0, up_s,
-             up_s > 0 ? g->bytes_weights / up_s * 1e-9 : 0.0, g->bytes_kv / 1048576.0, g->bytes_scratch / 1048576.0);
+    qsa__log(QSA_LOG_INFO, "cuda: %s (cc %d.%d), memory: weights %.1f MiB (uploaded in %.2f s, %.2f GB/s: filling the stage "
+             "%.2f s, waiting on copies %.2f s), KV pool %.1f MiB, scratch %.1f MiB", info.name, info.cc_major, info.cc_minor,
+             g->bytes_weights / 1048576.0, up_s, up_s > 0 ? g->bytes_weights / up_s * 1e-9 : 0.0, g->up_fill_s, g->up_wait_s,
+             g->bytes_kv / 1048576.0, g->bytes_scratch / 1048576.0);
     *out = g;
     return QSA_OK;
 fail:

@@ -1395,6 +1395,10 @@ static unsigned char *fd_upload(qsa_model *m, size_t piece, int pinned, size_t *
            !g.stage_pend, "upload (pinned %d): %d of %d queued copies and launches ran (overflow %d), %d sources changed while "
            "in flight, %d launches before their words, %d pinned buffers left", pinned, fd_ran, fd_queued, fd_overflow, fd_raced,
            fd_unwritten, fd_hosts);
+    /* (the -v log's split of the upload's time: the stage's fills and the waits on its copies, which the queue
+       above runs, were both timed) */
+    CHECKF(!pinned || r != QSA_OK || (g.up_fill_s > 0.0 && g.up_wait_s > 0.0), "upload (pinned): filling %g s, waiting %g s",
+           g.up_fill_s, g.up_wait_s);
     unsigned char *snap = r == QSA_OK ? (unsigned char *)malloc(fd_used ? fd_used : 1) : NULL;
     if (snap) memcpy(snap, fd_mem, fd_used);
     *bytes = fd_used;
