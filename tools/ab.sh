@@ -100,6 +100,7 @@ import glob, os, re, sys
 pats = [('load s', r'(?<!up)loaded in ([0-9.]+) s'), ('heap MiB', r'host heap: .*? ([0-9.]+) MiB after the load'),
         ('heap peak MiB', r'\(([0-9.]+) MiB at its peak\)'), ('device MiB after load', r'after load ([0-9.]+) MiB'),
         ('upload s', r'uploaded in ([0-9.]+) s'), ('upload GB/s', r'uploaded in [0-9.]+ s, ([0-9.]+) GB/s'),
+        ('fill s', r'filling the stage ([0-9.]+) s'), ('wait s', r'waiting on copies ([0-9.]+) s'),
         ('prefill tok/s', r'prefill +([0-9.]+) tok/s'), ('decode tok/s', r'decode +([0-9.]+) tok/s'),
         ('tokens fnv', r'tokens fnv1a (0x[0-9a-f]+)')]
 print('tree.round | ' + ' | '.join(p[0] for p in pats))
