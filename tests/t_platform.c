@@ -22,3 +22,61 @@ TEST(cpu, fp16_roundtrip_exhaustive) {
     CHECK(qsa__f32_to_f16(5.9604645e-8f) == 0x0001);      /* smallest subnormal */
     CHECK(qsa__bf16_to_f32(qsa__f32_to_bf16(3.0f)) == 3.0f);
 }
+
+/* The load's narrowing to FP16 (qsa__tensor_to_f16_mt, qsa__f32_to_f16_mt: chunks of QSA__NARROW_CHUNK values,
+   a branch-free fast path where every value of a chunk is zero or in FP16's normal range, else value by value)
+   gives qsa__f32_to_f16's bits and overflow count: every BF16 pattern in order (chunks that take the fast path
+   and chunks that do not), then shifted by one (chunks across the range's ends, a short last chunk); fp32
+   patterns of every exponent, from a BF16 tensor's fp32 copy, an F32 tensor and fp32 values. */
+static void narrow_expect(const float *f, size_t n, uint16_t *want, size_t *over) {
+    *over = 0;
+    for (size_t i = 0; i < n; i++) {
+        want[i] = qsa__f32_to_f16(f[i]);
+        *over += (want[i] & 0x7c00) == 0x7c00 && isfinite(f[i]);
+    }
+}
+TEST(cpu, fp16_narrowing_fast_path_bits) {
+    size_t nb = 65536, nf = (size_t)1 << 20;
+    uint16_t *bf = (uint16_t *)malloc(nb * 2), *got = (uint16_t *)malloc(nf * 2), *want = (uint16_t *)malloc(nf * 2);
+    float *f = (float *)malloc(nf * 4);
+    if (!bf || !got || !want || !f) { CHECK(0); free(bf); free(got); free(want); free(f); return; }
+    for (size_t i = 0; i < nb; i++) bf[i] = (uint16_t)i;
+    qsa__tensor t;
+    memset(&t, 0, sizeof t);
+    t.name = "narrow";
+    t.dtype = QSA__BF16;
+    t.ndim = 1;
+    t.shape[0] = (int64_t)nb;
+    t.data = (const uint8_t *)bf;
+    t.nbytes = nb * 2;
+    for (size_t off = 0; off < 2; off++) {
+        size_t over = 0, n = nb - off;
+        for (size_t i = 0; i < n; i++) f[i] = qsa__bf16_to_f32(bf[off + i]);
+        narrow_expect(f, n, want, &over);
+        for (int nt = 1; nt <= 3; nt += 2) {
+            memset(got, 0, n * 2);
+            size_t o = qsa__tensor_to_f16_mt(&t, off, n, got, nt);
+            CHECKF(!memcmp(got, want, n * 2) && o == over, "BF16 from %zu, %d threads: other bits (or %zu overflows, not %zu)",
+                   off, nt, o, over);
+        }
+    }
+    /* fp32: patterns 0, s, 2 s, ... of the whole 32-bit range (s odd: every exponent, both signs) */
+    uint32_t stride = (uint32_t)(((uint64_t)1 << 32) / nf) | 1u;
+    for (size_t i = 0; i < nf; i++) {
+        uint32_t x = (uint32_t)(i * stride);
+        memcpy(f + i, &x, 4);
+    }
+    size_t over = 0;
+    narrow_expect(f, nf, want, &over);
+    memset(got, 0, nf * 2);
+    size_t o = qsa__f32_to_f16_mt(f, got, nf, 2);
+    CHECKF(!memcmp(got, want, nf * 2) && o == over, "fp32 values: other bits (or %zu overflows, not %zu)", o, over);
+    t.dtype = QSA__F32;
+    t.shape[0] = (int64_t)nf;
+    t.data = (const uint8_t *)f;
+    t.nbytes = nf * 4;
+    memset(got, 0, nf * 2);
+    o = qsa__tensor_to_f16_mt(&t, 0, nf, got, 2);
+    CHECKF(!memcmp(got, want, nf * 2) && o == over, "F32 tensor: other bits (or %zu overflows, not %zu)", o, over);
+    free(bf); free(got); free(want); free(f);
+}
