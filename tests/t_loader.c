@@ -540,14 +540,7 @@ TEST(cpu, safetensors_valid_file) {
         float *a = (float *)malloc(n * 4), *b = (float *)malloc(n * 4);
         if (raw && a && b) {
             for (size_t e = 0; e < n; e++) raw[e] = (uint16_t)(e * 2654435761u >> 7);
-            qsa__tensor big;
-            memset(&big, 0, sizeof big);
-            big.name = "big";
-            big.dtype = QSA__BF16;
-            big.ndim = 1;
-            big.shape[0] = (int64_t)n;
-            big.data = (const uint8_t *)raw;
-            big.nbytes = n * 2;
+            qsa__tensor big = test_tensor("big", QSA__BF16, raw, (int64_t)n, 0);
             qsa__tensor_to_f32_range(&big, 0, n, a); /* one thread, one loop */
             qsa__tensor_to_f32_range(&big, 1000, 5000, b); /* from an offset */
             CHECK(!memcmp(a + 1000, b, 5000 * 4));

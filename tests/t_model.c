@@ -399,15 +399,7 @@ TEST(cpu, matmul_is_matvec_per_token) {
     int bo = 602, bi = 512; /* (602 rows: 301 a thread, a group of fewer than 4 rows left) */
     uint8_t *raw = (uint8_t *)malloc((size_t)bo * bi * 2 + 1);
     for (size_t i = 0; i < (size_t)bo * bi * 2; i++) raw[1 + i] = (uint8_t)(i & 1 ? 0x3c + (i >> 1) % 5 : (i * 37) & 0xff);
-    qsa__tensor big;
-    memset(&big, 0, sizeof big);
-    big.name = "big";
-    big.dtype = QSA__BF16;
-    big.ndim = 2;
-    big.shape[0] = bo;
-    big.shape[1] = bi;
-    big.data = raw + 1;
-    big.nbytes = (size_t)bo * bi * 2;
+    qsa__tensor big = test_tensor("big", QSA__BF16, raw + 1, bo, bi);
     qsa__lin bigl = qsa__lin_rows(NULL, &big, 0, bo, bi);
     const qsa__lin *ls[6] = {&f32, &f32b, bf, &bfb, nv, &bigl};
     int nt = 0;

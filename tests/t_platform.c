@@ -41,14 +41,7 @@ TEST(cpu, fp16_narrowing_fast_path_bits) {
     float *f = (float *)malloc(nf * 4);
     if (!bf || !got || !want || !f) { CHECK(0); free(bf); free(got); free(want); free(f); return; }
     for (size_t i = 0; i < nb; i++) bf[i] = (uint16_t)i;
-    qsa__tensor t;
-    memset(&t, 0, sizeof t);
-    t.name = "narrow";
-    t.dtype = QSA__BF16;
-    t.ndim = 1;
-    t.shape[0] = (int64_t)nb;
-    t.data = (const uint8_t *)bf;
-    t.nbytes = nb * 2;
+    qsa__tensor t = test_tensor("narrow", QSA__BF16, bf, (int64_t)nb, 0);
     for (size_t off = 0; off < 2; off++) {
         size_t over = 0, n = nb - off;
         for (size_t i = 0; i < n; i++) f[i] = qsa__bf16_to_f32(bf[off + i]);
@@ -71,10 +64,7 @@ TEST(cpu, fp16_narrowing_fast_path_bits) {
     memset(got, 0, nf * 2);
     size_t o = qsa__f32_to_f16_mt(f, got, nf, 2);
     CHECKF(!memcmp(got, want, nf * 2) && o == over, "fp32 values: other bits (or %zu overflows, not %zu)", o, over);
-    t.dtype = QSA__F32;
-    t.shape[0] = (int64_t)nf;
-    t.data = (const uint8_t *)f;
-    t.nbytes = nf * 4;
+    t = test_tensor("narrow", QSA__F32, f, (int64_t)nf, 0);
     memset(got, 0, nf * 2);
     o = qsa__tensor_to_f16_mt(&t, 0, nf, got, 2);
     CHECKF(!memcmp(got, want, nf * 2) && o == over, "F32 tensor: other bits (or %zu overflows, not %zu)", o, over);

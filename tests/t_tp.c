@@ -1509,14 +1509,7 @@ TEST(cpu, fp16_image_in_pieces) {
     if (!dev) return;
     qsa__lin ls[2] = {qsa__lin_rows(NULL, dev->embed_t, 0, dev->cfg.vocab_size, dev->cfg.hidden_size), dev->layers[0].moe.sh_down};
     uint16_t big[2] = {0x7f00, 0x4000}; /* a BF16 beyond the FP16 range, and 2 */
-    qsa__tensor t;
-    memset(&t, 0, sizeof t);
-    t.name = "over";
-    t.dtype = QSA__BF16;
-    t.ndim = 1;
-    t.shape[0] = 2;
-    t.data = (const uint8_t *)big;
-    t.nbytes = 4;
+    qsa__tensor t = test_tensor("over", QSA__BF16, big, 2, 0);
     qsa__lin lo = qsa__lin_rows(NULL, &t, 0, 1, 2);
     for (int li = 0; li < 3; li++) {
         const qsa__lin *l = li < 2 ? &ls[li] : &lo;

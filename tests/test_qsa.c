@@ -60,6 +60,20 @@ static QSA__UNUSED const char *test_path(const char *rel) {
     return buf[k];
 }
 
+/* A tensor of the given dtype over data: d0 elements (d1 0), or d0 x d1 */
+static QSA__UNUSED qsa__tensor test_tensor(const char *name, qsa__dtype dtype, const void *data, int64_t d0, int64_t d1) {
+    qsa__tensor t;
+    memset(&t, 0, sizeof t);
+    t.name = name;
+    t.dtype = dtype;
+    t.ndim = d1 > 0 ? 2 : 1;
+    t.shape[0] = d0;
+    t.shape[1] = d1;
+    t.data = (const uint8_t *)data;
+    t.nbytes = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1) * qsa__dtype_size(dtype);
+    return t;
+}
+
 /* ---- test groups (one file each) ---- */
 #include "t_platform.c"
 #include "t_loader.c"
