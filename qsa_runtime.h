@@ -9203,9 +9203,15 @@ QSA_PRIV qsa_result qsa__stage_flush(qsa__cuda *g) {
         double t0 = qsa__now();
         qsa__par_ranges((size_t)(j - i), run < ((size_t)1 << 20) ? 1 : g->host_threads, qsa__piece_fill, p + i);
         g->up_fill_s += qsa__now() - t0;
-        for (int k = i; k < j; k++) {
-            if (p[k].bytes) QSA__TRY(qsa__stage_send(g, p[k].dst, p[k].h, p[k].bytes));
-            if (p[k].words) QSA__TRY(qsa__nvfp4_order(g, p[k].wdst, p[k].words, p[k].frag));
+        for (int k = i, m; k < j; k = m) { /* pieces k .. m - 1 that follow each other on both sides: one copy
+                                              (a layer's experts, carved from one arena: a copy per slot), then
+                                              their word-order launches */
+            size_t bytes = p[k].bytes;
+            for (m = k + 1; m < j && p[m].dst == p[m - 1].dst + p[m - 1].bytes && p[m].h == p[m - 1].h + p[m - 1].bytes; m++)
+                bytes += p[m].bytes;
+            if (bytes) QSA__TRY(qsa__stage_send(g, p[k].dst, p[k].h, bytes));
+            for (int q = k; q < m; q++)
+                if (p[q].words) QSA__TRY(qsa__nvfp4_order(g, p[q].wdst, p[q].words, p[q].frag));
         }
     }
     return QSA_OK;
