@@ -6999,25 +6999,26 @@ QSA_IMPL int qsa_seq_pos(const qsa_seq *s) { return s->pos; }
 
 /* Scratch buffers for one chunk of n tokens. */
 typedef struct qsa__scratch {
-    float *xn, *mw;         /* one token's [hcH] (the PLE's key and normed query) */
+    float *xn, *mw;         /* [n][hcH]: GatedResidual's normed streams and mix weights (the PLE: one token's) */
+    float *low;             /* [n][hc_lowrank]: GatedResidual's low rank */
     float *inj;             /* [n][hc] injection weights */
     float *inp, *out;       /* [n][H] layer input / output */
 } qsa__scratch;
 
 /* GatedResidual on the streams X[n][hcH] of n tokens: writes the mixed inputs inp[n][H] and inj[n][hc] (if
-   any).  Its projections by qsa__matmul over the n tokens (each token's bits as its own matvecs). */
-QSA_PRIV qsa_result qsa__gres_chunk(const qsa_model *m, const qsa__gres *g, const float *X, int n, float *inp, float *inj) {
+   any), with sc's xn, mw and low (sized for n tokens).  Its projections by qsa__matmul over the n tokens
+   (each token's bits as its own matvecs). */
+QSA_PRIV qsa_result qsa__gres_chunk(const qsa_model *m, const qsa__gres *g, const float *X, int n, float *inp, float *inj,
+                                    qsa__scratch *sc) {
     const qsa_model_config *c = &m->cfg;
     int H = c->hidden_size, hc = c->hc_count, hcH = hc * H, R = c->hc_lowrank;
-    float *xn = QSA__ALLOC(float, (size_t)n * hcH), *mw = QSA__ALLOC(float, (size_t)n * hcH), *low = QSA__ALLOC(float, (size_t)n * R);
-    qsa_result r = QSA_OK;
-    if (!xn || !mw || !low) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "hyper-connections: out of memory"); goto done; }
+    float *xn = sc->xn, *mw = sc->mw, *low = sc->low;
     /* xn = group RMSNorm of the streams */
     for (int t = 0; t < n; t++) qsa__rmsnorm_1p(X + (size_t)t * hcH, g->norm_w, xn + (size_t)t * hcH, hcH, H, c->rms_norm_eps);
     /* w = sigmoid(up(silu(down(xn) / hc))) */
-    if ((r = qsa__matmul(m, &g->down, xn, (size_t)hcH, n, low, (size_t)R)) != QSA_OK) goto done;
+    QSA__TRY(qsa__matmul(m, &g->down, xn, (size_t)hcH, n, low, (size_t)R));
     for (size_t i = 0; i < (size_t)n * R; i++) low[i] = qsa__silu(low[i] / (float)hc);
-    if ((r = qsa__matmul(m, &g->up, low, (size_t)R, n, mw, (size_t)hcH)) != QSA_OK) goto done;
+    QSA__TRY(qsa__matmul(m, &g->up, low, (size_t)R, n, mw, (size_t)hcH));
     /* input = mean over streams of w * xn */
     for (int t = 0; t < n; t++) {
         const float *wt = mw + (size_t)t * hcH, *xt = xn + (size_t)t * hcH;
@@ -7029,12 +7030,10 @@ QSA_PRIV qsa_result qsa__gres_chunk(const qsa_model *m, const qsa__gres *g, cons
     }
     /* injection = 2 * sigmoid(inject(xn) / hc) per stream */
     if (inj) {
-        if ((r = qsa__matmul(m, &g->inject, xn, (size_t)hcH, n, inj, (size_t)hc)) != QSA_OK) goto done;
+        QSA__TRY(qsa__matmul(m, &g->inject, xn, (size_t)hcH, n, inj, (size_t)hc));
         for (size_t i = 0; i < (size_t)n * hc; i++) inj[i] = 2.0f * qsa__sigmoid(inj[i] / (float)hc);
     }
-done:
-    qsa__free(xn); qsa__free(mw); qsa__free(low);
-    return r;
+    return QSA_OK;
 }
 
 /* new stream s = old stream s + inj[s] * out */
@@ -7725,25 +7724,26 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
     qsa__scratch sc;
     memset(&sc, 0, sizeof sc);
     float *X = QSA__ALLOC(float, (size_t)n * hcH);
-    sc.xn = QSA__ALLOC(float, hcH);
-    sc.mw = QSA__ALLOC(float, hcH);
+    sc.xn = QSA__ALLOC(float, (size_t)n * hcH);
+    sc.mw = QSA__ALLOC(float, (size_t)n * hcH);
+    sc.low = QSA__ALLOC(float, (size_t)n * c->hc_lowrank);
     sc.inj = QSA__ALLOC(float, (size_t)n * hc);
     sc.inp = QSA__ALLOC(float, (size_t)n * H);
     sc.out = QSA__ALLOC(float, (size_t)n * H);
     float *margins = QSA__ALLOC(float, n);
     qsa_result r = QSA_OK;
-    if (!X || !sc.xn || !sc.mw || !sc.inj || !sc.inp || !sc.out || !margins) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_seq_feed: out of memory"); goto done; }
+    if (!X || !sc.xn || !sc.mw || !sc.low || !sc.inj || !sc.inp || !sc.out || !margins) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_seq_feed: out of memory"); goto done; }
     /* embedding, repeated into hc streams */
     for (int t = 0; t < n; t++)
         for (int s = 0; s < hc; s++) qsa__embed_row(m, ids[t], X + (size_t)t * hcH + s * H);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const qsa__layer_w *lw = &m->layers[l];
         if (lw->ple && (r = qsa__ple_fwd(sq, l, ids, n, X, &sc)) != QSA_OK) goto done;
-        if ((r = qsa__gres_chunk(m, &lw->attn_hc, X, n, sc.inp, sc.inj)) != QSA_OK) goto done;
+        if ((r = qsa__gres_chunk(m, &lw->attn_hc, X, n, sc.inp, sc.inj, &sc)) != QSA_OK) goto done;
         r = lw->type == QSA_LAYER_LINEAR ? qsa__gdn_fwd(sq, l, sc.inp, sc.out, n) : qsa__attn_fwd(sq, l, sc.inp, sc.out, n);
         if (r != QSA_OK) goto done;
         for (int t = 0; t < n; t++) qsa__inject(c, X + (size_t)t * hcH, sc.inj + t * hc, sc.out + (size_t)t * H);
-        if ((r = qsa__gres_chunk(m, &lw->mlp_hc, X, n, sc.inp, sc.inj)) != QSA_OK) goto done;
+        if ((r = qsa__gres_chunk(m, &lw->mlp_hc, X, n, sc.inp, sc.inj, &sc)) != QSA_OK) goto done;
         if ((r = qsa__moe_chunk(m, &lw->moe, sc.inp, n, sc.out, margins)) != QSA_OK) goto done;
         for (int t = 0; t < n; t++) {
             if (sq->route_hook) sq->route_hook(sq->sel_user, l, sq->pos + t, margins[t]);
@@ -7751,14 +7751,14 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
         }
     }
     /* final mixer and lm_head (every token's logits, or the last one's) */
-    if ((r = qsa__gres_chunk(m, &m->final_hc, X, n, sc.inp, NULL)) != QSA_OK) goto done;
+    if ((r = qsa__gres_chunk(m, &m->final_hc, X, n, sc.inp, NULL, &sc)) != QSA_OK) goto done;
     if (sq->hidden_out) memcpy(sq->hidden_out, sc.inp, sizeof(float) * (size_t)n * H);
     if (logits && all_logits && (r = qsa__matmul(m, &m->lm_head, sc.inp, (size_t)H, n, logits, (size_t)V)) != QSA_OK) goto done;
     if (logits && !all_logits && (r = qsa__matvec(m, &m->lm_head, sc.inp + (size_t)(n - 1) * H, logits)) != QSA_OK) goto done;
     memcpy(sq->tokens + sq->pos, ids, sizeof(int32_t) * (size_t)n);
     sq->pos += n;
 done:
-    qsa__free(X); qsa__free(sc.xn); qsa__free(sc.mw); qsa__free(sc.inj); qsa__free(sc.inp); qsa__free(sc.out);
+    qsa__free(X); qsa__free(sc.xn); qsa__free(sc.mw); qsa__free(sc.low); qsa__free(sc.inj); qsa__free(sc.inp); qsa__free(sc.out);
     qsa__free(margins);
     return r;
 }

@@ -607,8 +607,9 @@ static void tp_emulate_prefill(qsa_model *m, int tp, const int32_t *ids, int n, 
     qsa__scratch sc;
     float *X = (float *)malloc(sizeof(float) * (size_t)n * hcH), *part = (float *)malloc(sizeof(float) * (size_t)n * (H > V ? H : V));
     float *sum = (float *)malloc(sizeof(float) * (size_t)n * H);
-    sc.xn = (float *)malloc(sizeof(float) * hcH);
-    sc.mw = (float *)malloc(sizeof(float) * hcH);
+    sc.xn = (float *)malloc(sizeof(float) * (size_t)n * hcH);
+    sc.mw = (float *)malloc(sizeof(float) * (size_t)n * hcH);
+    sc.low = (float *)malloc(sizeof(float) * (size_t)n * c->hc_lowrank);
     sc.inj = (float *)malloc(sizeof(float) * (size_t)n * hc);
     sc.inp = (float *)malloc(sizeof(float) * (size_t)n * H);
     sc.out = sum;
@@ -617,7 +618,7 @@ static void tp_emulate_prefill(qsa_model *m, int tp, const int32_t *ids, int n, 
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const qsa__layer_w *lw = &m->layers[l];
         if (lw->ple) CHECK_OK(qsa__ple_fwd(seqs[0], l, ids, n, X, &sc)); /* replicated (its columns are only gathered) */
-        CHECK_OK(qsa__gres_chunk(m, &lw->attn_hc, X, n, sc.inp, sc.inj));
+        CHECK_OK(qsa__gres_chunk(m, &lw->attn_hc, X, n, sc.inp, sc.inj, &sc));
         for (int r = 0; r < tp; r++) {
             float *dst = r ? part : sum;
             CHECK_OK(lw->type == QSA_LAYER_LINEAR ? qsa__gdn_fwd(seqs[r], l, sc.inp, dst, n) : qsa__attn_fwd(seqs[r], l, sc.inp, dst, n));
@@ -626,7 +627,7 @@ static void tp_emulate_prefill(qsa_model *m, int tp, const int32_t *ids, int n, 
         for (int t = 0; t < n; t++) qsa__inject(c, X + (size_t)t * hcH, sc.inj + t * hc, sum + (size_t)t * H);
         for (int t = 0; t < n; t++) {
             float *x = X + (size_t)t * hcH, margin;
-            CHECK_OK(qsa__gres_chunk(m, &lw->mlp_hc, x, 1, sc.inp, sc.inj));
+            CHECK_OK(qsa__gres_chunk(m, &lw->mlp_hc, x, 1, sc.inp, sc.inj, &sc));
             for (int r = 0; r < tp; r++) {
                 CHECK_OK(qsa__moe_fwd(&views[r], &views[r].layers[l].moe, sc.inp, r ? part : sum, &margin));
                 if (r) for (int j = 0; j < H; j++) sum[j] += part[j];
@@ -635,7 +636,7 @@ static void tp_emulate_prefill(qsa_model *m, int tp, const int32_t *ids, int n, 
         }
     }
     for (int t = 0; t < n; t++) {
-        CHECK_OK(qsa__gres_chunk(m, &m->final_hc, X + (size_t)t * hcH, 1, sc.inp, NULL));
+        CHECK_OK(qsa__gres_chunk(m, &m->final_hc, X + (size_t)t * hcH, 1, sc.inp, NULL, &sc));
         for (int r = 0; r < tp; r++) {
             int64_t b = 0, k = 0;
             CHECK_OK(qsa__tp_vocab_rows(c, tp, r, &b, &k));
@@ -651,7 +652,7 @@ static void tp_emulate_prefill(qsa_model *m, int tp, const int32_t *ids, int n, 
         qsa__tp_own_free(&cp[r]);
         qsa__tp_own_free(&kp[r]);
     }
-    free(X); free(part); free(sum); free(sc.xn); free(sc.mw); free(sc.inj); free(sc.inp);
+    free(X); free(part); free(sum); free(sc.xn); free(sc.mw); free(sc.low); free(sc.inj); free(sc.inp);
     free(views); free(cp); free(kp); free(seqs);
 }
 
