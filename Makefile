@@ -33,7 +33,7 @@ TEST_SRCS := $(wildcard tests/*.c tests/*.h)
 TOOLS := $(patsubst %.c,%,$(wildcard tools/tokenize.c tools/logits.c tools/replay.c tools/make_tiny_model.c tools/bench.c tools/long_context.c))
 EXAMPLES := $(patsubst %.c,%,$(wildcard examples/chat.c examples/batch.c examples/tp_launch.c))
 TINY := $(if $(wildcard tools/make_tiny_model.c),models/tiny/config.json)
-FUZZERS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_json.c tests/fuzz/fuzz_safetensors.c tests/fuzz/fuzz_tokenizer.c))
+FUZZERS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_json.c tests/fuzz/fuzz_safetensors.c tests/fuzz/fuzz_tokenizer.c tests/fuzz/fuzz_model.c))
 
 .PHONY: all test test-asan compile-check check-kernels nvrtc-check fuzz clean bench
 .DELETE_ON_ERROR:
@@ -149,13 +149,14 @@ nvrtc-check: build/nvrtc_check
 FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 fuzz:
 	@mkdir -p build/fuzz
-	@if [ -z "$(FUZZERS)" ]; then echo "fuzz: no harness in tests/fuzz/ (fuzz_json.c, fuzz_safetensors.c, fuzz_tokenizer.c)"; fi
+	@if [ -z "$(FUZZERS)" ]; then echo "fuzz: no harness in tests/fuzz/ (fuzz_json.c, fuzz_safetensors.c, fuzz_tokenizer.c, fuzz_model.c)"; fi
 	@set -e; for f in $(FUZZERS); do \
 	  echo "== $$f ($(FUZZ_SECONDS) s)"; \
 	  $(CLANG) $(STD) $(WARN) $(FUZZ_FLAGS) -o build/fuzz/$$f tests/fuzz/$$f.c $(LDLIBS); \
 	  mkdir -p build/fuzz/corpus_$$f; \
 	  seeds=""; for d in tests/fuzz/corpus_$$f tests/fuzz/corpus/$$f; do [ -d $$d ] && seeds="$$seeds $$d"; done; \
-	  ./build/fuzz/$$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 build/fuzz/corpus_$$f $$seeds; \
+	  dict=""; [ -f tests/fuzz/$$f.dict ] && dict="-dict=tests/fuzz/$$f.dict"; \
+	  ./build/fuzz/$$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $$dict build/fuzz/corpus_$$f $$seeds; \
 	done
 
 clean:

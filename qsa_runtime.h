@@ -961,6 +961,7 @@ QSA_PRIV int qsa__buf_reserve(qsa__buf *b, size_t extra) {
     while (cap < b->len + extra + 1) cap *= 2;
     char *d = (char *)qsa__realloc(b->data, cap);
     if (!d) return 0;
+    d[b->len] = 0; /* data is a C string at every moment, also before the first put */
     b->data = d;
     b->cap = cap;
     return 1;
@@ -7987,6 +7988,20 @@ QSA_IMPL void qsa_generation_free(qsa_generation *g) {
     memset(g, 0, sizeof *g);
 }
 
+/* Where the earliest stop string in text[0, len) starts, or -1, among the matches that end past `old`
+   (the text up to `old` was searched before).  The text may hold NUL bytes (a byte-level token can
+   decode to one); an empty stop string never matches. */
+QSA_PRIV int64_t qsa__stop_find(const char *text, size_t len, size_t old, const char *const *stops, int n) {
+    int64_t best = -1;
+    for (int i = 0; i < n; i++) {
+        size_t sl = strlen(stops[i]);
+        if (sl == 0 || len < sl) continue;
+        for (size_t k = old >= sl ? old - sl + 1 : 0; k + sl <= len && (best < 0 || (int64_t)k < best); k++)
+            if (text[k] == stops[i][0] && memcmp(text + k, stops[i], sl) == 0) { best = (int64_t)k; break; }
+    }
+    return best;
+}
+
 /* Length of the longest suffix of text that is a proper prefix of some stop string: that much
    text is held back from the callback because it may become a stop string. */
 QSA_PRIV size_t qsa__stop_holdback(const char *text, size_t len, const char *const *stops, int n) {
@@ -8007,6 +8022,10 @@ QSA_IMPL qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prom
     qsa_generate_params p;
     memset(&p, 0, sizeof p);
     if (gp) p = *gp;
+    if (p.n_stop_strings > 0 && !p.stop_strings)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_generate: n_stop_strings %d with NULL stop_strings", p.n_stop_strings);
+    for (int i = 0; i < p.n_stop_strings; i++)
+        if (!p.stop_strings[i]) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_generate: stop string %d is NULL", i);
     qsa_model *m = seq->m;
     const qsa_tokenizer *tok = m->tok;
     int V = m->cfg.vocab_size;
@@ -8051,6 +8070,7 @@ QSA_IMPL qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prom
         int is_eos = 0;
         for (int i = 0; i < n_eos; i++) is_eos |= eos[i] == t;
         if (is_eos && !p.ignore_eos) { out->stop = QSA_STOP_EOS; break; }
+        size_t old = text.len;
         if (tok) {
             const char *piece;
             size_t plen;
@@ -8058,11 +8078,9 @@ QSA_IMPL qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prom
             if (!qsa__buf_put(&text, piece, plen)) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_generate: out of memory"); goto done; }
         }
         /* stop strings: cut the text at the earliest match */
-        int stopped = 0;
-        for (int i = 0; i < p.n_stop_strings && !stopped; i++) {
-            const char *hit = p.stop_strings[i][0] ? strstr(text.data, p.stop_strings[i]) : NULL;
-            if (hit) { text.len = (size_t)(hit - text.data); text.data[text.len] = 0; stopped = 1; }
-        }
+        int64_t at = qsa__stop_find(text.data, text.len, old, p.stop_strings, p.n_stop_strings);
+        int stopped = at >= 0;
+        if (stopped) { text.len = (size_t)at; text.data[text.len] = 0; }
         size_t hold = stopped ? 0 : qsa__stop_holdback(text.data, text.len, p.stop_strings, p.n_stop_strings);
         size_t upto = text.len > hold ? text.len - hold : 0;
         if (p.on_token && upto >= emitted) {
@@ -12895,7 +12913,6 @@ typedef struct qsa__sched_req {
     qsa_sampler *smp;
     char **stops;
     int n_stops;
-    size_t max_stop;           /* longest stop string */
     int32_t *eos;
     int n_eos, ignore_eos;
     qsa_token_callback on_token;
@@ -13122,7 +13139,6 @@ QSA_PRIV qsa_result qsa__sched_copy_stops(qsa__sched_req *q, const qsa_request_p
         char *d = qsa__strdup(p->stop_strings[i]);
         if (!d) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sched_submit: out of memory");
         q->stops[q->n_stops++] = d;
-        if (strlen(d) > q->max_stop) q->max_stop = strlen(d);
     }
     return QSA_OK;
 }
@@ -13250,14 +13266,6 @@ QSA_PRIV int32_t qsa__sched_sample(qsa_sched *s, qsa__sched_req *q, float *logit
     return qsa_sampler_sample(q->smp, logits, V, q->seq->tokens, q->seq->pos);
 }
 
-/* First position of needle in hay, or -1 (the text may hold NUL bytes). */
-QSA_PRIV int64_t qsa__memfind(const char *hay, size_t hl, const char *needle, size_t nl, size_t from) {
-    if (nl == 0 || hl < nl) return -1;
-    for (size_t i = from; i + nl <= hl; i++)
-        if (hay[i] == needle[0] && memcmp(hay + i, needle, nl) == 0) return (int64_t)i;
-    return -1;
-}
-
 /* Finish normally: text held back for a stop string that never came and an incomplete UTF-8
    tail are flushed to the text and the callback (not after a stop string or a callback stop). */
 QSA_PRIV void qsa__sched_finish(qsa_sched *s, qsa__sched_req *q, qsa_stop_reason stop) {
@@ -13302,21 +13310,10 @@ QSA_PRIV void qsa__sched_accept(qsa_sched *s, qsa__sched_req *q, int32_t t) {
         if (r == QSA_OK && !qsa__buf_put(&q->text, piece, plen)) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "request %lld: out of memory", (long long)q->id);
         if (r != QSA_OK) { qsa__sched_end_failed(s, q, QSA_REQ_ERROR, r, qsa_last_error()); return; }
     }
-    /* a stop string ends in the new text: look from max_stop - 1 bytes before it; cut at the earliest */
-    int stopped = 0;
-    if (q->n_stops && q->text.len > old) {
-        size_t from = old > q->max_stop - 1 ? old - (q->max_stop - 1) : 0;
-        int64_t best = -1;
-        for (int i = 0; i < q->n_stops; i++) {
-            int64_t at = qsa__memfind(q->text.data, q->text.len, q->stops[i], strlen(q->stops[i]), from);
-            if (at >= 0 && (best < 0 || at < best)) best = at;
-        }
-        if (best >= 0) {
-            q->text.len = (size_t)best;
-            q->text.data[q->text.len] = 0;
-            stopped = 1;
-        }
-    }
+    /* a stop string that ends in the new text: cut at the earliest */
+    int64_t at = qsa__stop_find(q->text.data, q->text.len, old, (const char *const *)q->stops, q->n_stops);
+    int stopped = at >= 0;
+    if (stopped) { q->text.len = (size_t)at; q->text.data[q->text.len] = 0; }
     size_t hold = stopped ? 0 : qsa__stop_holdback(q->text.data, q->text.len, (const char *const *)q->stops, q->n_stops);
     size_t upto = q->text.len > hold ? q->text.len - hold : 0;
     if (q->on_token && upto >= q->emitted) {

@@ -486,6 +486,50 @@ static void ts_stop_conditions(qsa_backend be) {
 }
 TS_BOTH(stop_conditions)
 
+/* Stop strings found in text with NUL bytes (a byte-level token can decode to one), the earliest of
+   several, only among matches that end in the new text; and qsa_generate with stop strings on a model
+   without a tokenizer (no text at all: its buffer was read as a C string before it held one). */
+TEST(cpu, generate_stop_strings) {
+    const char text[] = "ab\0cd\nef";
+    const char *nl[1] = {"\n"}, *three[3] = {"zz", "cd", "b"}, *empty[1] = {""};
+    CHECK(qsa__stop_find(text, 8, 0, nl, 1) == 5);        /* past the NUL */
+    CHECK(qsa__stop_find(text, 8, 0, three, 3) == 1);     /* "b" starts before "cd" */
+    CHECK(qsa__stop_find(text, 8, 5, three, 3) == -1);    /* both end by the old length */
+    CHECK(qsa__stop_find(text, 8, 4, three, 3) == 3);     /* "cd" ends past it, "b" does not */
+    CHECK(qsa__stop_find(text, 8, 1, three, 3) == 1);
+    CHECK(qsa__stop_find(text, 8, 0, empty, 1) == -1);
+    CHECK(qsa__stop_find(text, 1, 0, nl, 1) == -1);
+    const char *abc[1] = {"abc"};
+    CHECK(qsa__stop_find("abcabc", 6, 3, abc, 1) == 3 && qsa__stop_find("abcabc", 6, 2, abc, 1) == 0);
+
+    qsa_model *m = ts_load(QSA_BACKEND_CPU, TS_FIXTURE, 0, 0);
+    if (!m) SKIP("fixture %s: %s", TS_FIXTURE, qsa_last_error());
+    CHECK(qsa_model_get_tokenizer(m) == NULL);
+    qsa_seq *s = NULL;
+    CHECK_OK(qsa_seq_create(m, NULL, &s));
+    int32_t p[6];
+    ts_prompt(p, 6, 3, qsa_model_get_config(m)->vocab_size);
+    qsa_generate_params gp;
+    memset(&gp, 0, sizeof gp);
+    gp.max_tokens = 3;
+    gp.ignore_eos = 1;
+    const char *stops[2] = {"\n", NULL};
+    gp.stop_strings = stops;
+    gp.n_stop_strings = 1;
+    qsa_generation g;
+    CHECK_OK(qsa_generate(s, p, 6, &gp, &g));
+    CHECK(g.stop == QSA_STOP_MAX_TOKENS && g.n_tokens == 3 && g.text_len == 0 && g.text && g.text[0] == 0);
+    qsa_generation_free(&g);
+    qsa_seq_reset(s);
+    gp.n_stop_strings = 2;
+    CHECK_ERR(qsa_generate(s, p, 6, &gp, &g), QSA_ERR_INVALID_ARGUMENT, "stop string 1 is NULL");
+    gp.stop_strings = NULL;
+    CHECK_ERR(qsa_generate(s, p, 6, &gp, &g), QSA_ERR_INVALID_ARGUMENT, "n_stop_strings 2 with NULL stop_strings");
+    CHECK(qsa_seq_pos(s) == 0);
+    qsa_seq_free(s);
+    qsa_model_free(m);
+}
+
 /* Same seed, same tokens (also beside each other in one batch); another seed, other tokens. */
 static void ts_seeds(qsa_backend be) {
     qsa_model *m = ts_load(be, TS_FIXTURE, 16, 0);
