@@ -1,7 +1,7 @@
 /* fuzz_model.c - libFuzzer harness for loading a model directory and running it on the CPU backend.
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -o fuzz_model tests/fuzz/fuzz_model.c -lm -ldl -lpthread
- *   ./fuzz_model -max_total_time=60 -dict=tests/fuzz/fuzz_model.dict corpus/
+ *   ./fuzz_model -max_total_time=60 -dict=tests/fuzz/fuzz_model.dict -len_control=0 corpus/
  *
  * Run from the repository root (the bases are models/tiny and three of tests/fixtures).  Each input
  * replaces one file of one base model directory: byte 0 picks the pair (fz_targets), the rest is the
@@ -13,7 +13,8 @@
  * sanitizer report (ASan sees every read of the mapped files).
  *
  * libFuzzer cannot make a valid header from nothing, so the harness writes each target's unmodified
- * text into the first corpus directory on the command line as its seeds. */
+ * text into the first corpus directory on the command line as its seeds (up to 56 KB each: with
+ * -len_control=0 the mutations start from their whole length at once). */
 #define QSA_RUNTIME_IMPLEMENTATION
 #include "../../qsa_runtime.h"
 
