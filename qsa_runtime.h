@@ -486,7 +486,10 @@ QSA_API void qsa_seq_free(qsa_seq *seq);
 QSA_API void qsa_seq_reset(qsa_seq *seq);
 QSA_API int qsa_seq_pos(const qsa_seq *seq); /* tokens fed so far */
 /* Feed n tokens.  logits (may be NULL): receives vocab_size floats for the last token, or
-   n * vocab_size floats (row i for token i) when all_logits is non-zero. */
+   n * vocab_size floats (row i for token i) when all_logits is non-zero.  A refusal (bad ids, a full
+   context, no KV pages) changes nothing.  A failure part-way through the forward pass (out of memory,
+   a device error) leaves some layers' states advanced: the sequence then refuses every feed, saying
+   so, until qsa_seq_reset. */
 QSA_API qsa_result qsa_seq_feed(qsa_seq *seq, const int32_t *ids, int n, float *logits, int all_logits);
 /* One decode step for n sequences of one model: tokens[i] is fed to seqs[i] (distinct sequences);
    logits (may be NULL) receives n * vocab_size floats, row i for sequence i.  Bitwise the same as
@@ -494,7 +497,8 @@ QSA_API qsa_result qsa_seq_feed(qsa_seq *seq, const int32_t *ids, int n, float *
    order (on the CPU backend it is that loop; on CUDA one forward pass for the batch).  Every
    sequence is checked (context, vocabulary, KV pages) before anything changes: a refusal leaves all
    of them as they were.  A failure during the forward pass (device error, out of memory) may leave
-   some sequences advanced (qsa_seq_pos tells which). */
+   some sequences advanced (qsa_seq_pos tells which) and others refusing feeds until qsa_seq_reset,
+   as qsa_seq_feed does. */
 QSA_API qsa_result qsa_seq_feed_batch(qsa_seq **seqs, const int32_t *tokens, int n, float *logits);
 /* The same step, returning each sequence's greedy next token instead of its logits: next[i] = the
    id of the largest logit of row i (the lowest id among equal maxima; NaN never wins), the token
@@ -517,7 +521,9 @@ typedef struct qsa_sampler qsa_sampler;
 QSA_API qsa_result qsa_sampler_create(const qsa_sampling_params *params, qsa_sampler **out);
 QSA_API void qsa_sampler_free(qsa_sampler *s);
 /* Pick a token from logits[vocab] given the history (for the repetition penalty).  logits are
-   modified in place. */
+   modified in place.  -1 when it cannot allocate its work buffers (a first sampling call at temperature
+   > 0 with this vocabulary size: QSA_ERR_OUT_OF_MEMORY, in qsa_last_error()); the logits are then as
+   they came. */
 QSA_API int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, const int32_t *history, int n_history);
 
 /* Generation. */
@@ -648,7 +654,8 @@ typedef struct qsa_request_params {
     /* Continue a caller-owned sequence (multi-turn chat without recomputing history): the prompt
        is fed after what the sequence holds, within its n_ctx.  NULL: a new sequence, owned and
        freed by the scheduler.  The caller must not use the sequence while the request is live;
-       afterwards it holds everything fed (as with qsa_generate, not the last generated token). */
+       afterwards it holds everything fed (as with qsa_generate, not the last generated token), or,
+       after a failure part-way through a feed, refuses feeds until qsa_seq_reset. */
     qsa_seq *seq;
 } qsa_request_params;
 
@@ -6589,7 +6596,8 @@ QSA_PRIV qsa_result qsa__model_open(const char *dir, const qsa_model_params *par
     qsa_result r = qsa_config_load_dir(dir, &m->cfg);
     if (r == QSA_OK) {
         char *gpath = qsa__path_join(dir, "generation_config.json");
-        if (gpath && qsa__file_exists(gpath)) {
+        if (!gpath) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_model_load: out of memory");
+        else if (qsa__file_exists(gpath)) {
             char *text;
             size_t len;
             r = qsa__read_file(gpath, &text, &len);
@@ -6649,7 +6657,8 @@ QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *para
     if (r == QSA_OK && !m->cuda) r = qsa__pool_create(m, 1);
     if (r == QSA_OK && !m->params.no_tokenizer) {
         char *tpath = qsa__path_join(dir, "tokenizer.json");
-        if (tpath && qsa__file_exists(tpath)) r = qsa_tokenizer_load_dir(dir, &m->tok);
+        if (!tpath) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_model_load: out of memory");
+        else if (qsa__file_exists(tpath)) r = qsa_tokenizer_load_dir(dir, &m->tok);
         qsa__free(tpath);
     }
     if (r != QSA_OK) {
@@ -6870,6 +6879,8 @@ struct qsa_seq {
     struct qsa__cuda_seq *cuda; /* device state on the CUDA backend (under TP: local rank 0's) */
     struct qsa__tp_seq *tp;     /* under TP: every local rank's device state and host-side layer state */
     qsa__capture *cap;          /* debug capture, NULL when off */
+    int broken;                 /* a feed failed part-way through its forward pass: the states no longer
+                                   match pos, so feeds are refused until qsa_seq_reset */
 };
 
 /* Make sure the sequence holds the pages for `need` tokens; all or nothing. */
@@ -6909,6 +6920,7 @@ QSA_IMPL void qsa_seq_reset(qsa_seq *s) {
     }
     qsa__seq_release(s);
     s->pos = 0;
+    s->broken = 0;
 #ifndef QSA_NO_CUDA
     if (s->cuda) qsa__cuda_seq_reset(s->m, s); /* a memset of device memory we own: cannot fail in practice */
 #endif
@@ -7149,11 +7161,12 @@ done:
 
 /* Gated DeltaNet core on the normalised q, k (per key head) and v, beta, g of n tokens, recurrent
    form: S *= exp(g); kv = S^T k; d = (v - kv) * beta; S += k d^T; o = S^T q. */
-QSA_PRIV void qsa__gdn_recurrent(const qsa_model_config *c, float *S, const float *q, const float *k, const float *v,
-                                 const float *beta, const float *g, float *o, int n) {
+QSA_PRIV qsa_result qsa__gdn_recurrent(const qsa_model_config *c, float *S, const float *q, const float *k, const float *v,
+                                       const float *beta, const float *g, float *o, int n) {
     int nk = c->linear_num_key_heads, nv = c->linear_num_value_heads, dk = c->linear_key_head_dim,
         dv = c->linear_value_head_dim, rep = nv / nk;
     float *kv = QSA__ALLOC(float, dv);
+    if (!kv) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "GDN: out of memory");
     for (int t = 0; t < n; t++) {
         for (int h = 0; h < nv; h++) {
             float *Sh = S + (size_t)h * dk * dv;
@@ -7174,6 +7187,7 @@ QSA_PRIV void qsa__gdn_recurrent(const qsa_model_config *c, float *S, const floa
         }
     }
     qsa__free(kv);
+    return QSA_OK;
 }
 
 /* The same computation in the chunked form of the reference (UT transform within chunks of C tokens,
@@ -7320,7 +7334,7 @@ QSA_PRIV qsa_result qsa__gdn_fwd(qsa_seq *sq, int l, const float *inp, float *ou
     if (m->params.gdn_chunked_prefill && n > 1)
         r = qsa__gdn_chunked(c, sl->S, q, k, v, beta, g, o, n, m->params.gdn_chunk_size);
     else
-        qsa__gdn_recurrent(c, sl->S, q, k, v, beta, g, o, n);
+        r = qsa__gdn_recurrent(c, sl->S, q, k, v, beta, g, o, n);
     if (r != QSA_OK) goto done;
     /* gated RMSNorm per head: (o * rsqrt(mean(o^2) + eps)) * w * act(z), then out_proj */
     for (int t = 0; t < n; t++) {
@@ -7670,6 +7684,9 @@ QSA_PRIV qsa_result qsa__moe_fwd(const qsa_model *m, const qsa__moe_w *w, const 
 /* What qsa_seq_feed checks before anything changes: context room and token ids. */
 QSA_PRIV qsa_result qsa__seq_feed_check(const qsa_seq *sq, const int32_t *ids, int n) {
     int V = sq->m->cfg.vocab_size;
+    if (sq->broken)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed: an earlier feed of this sequence failed part-way through "
+                         "its forward pass; qsa_seq_reset it first");
     if (sq->pos + n > sq->n_ctx)
         return qsa__fail(QSA_ERR_CONTEXT_FULL, "qsa_seq_feed: %d + %d tokens exceed the context of %d", sq->pos, n, sq->n_ctx);
     for (int t = 0; t < n; t++)
@@ -7702,7 +7719,8 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
        replay); the same bits (tests/t_gpu.c).  Its per-step buffers are made at the first such
        feed; if they cannot be, the chunked forward serves. */
     if (n == 1 && !m->tp && qsa__seq_batchable(sq) && qsa__cuda_batch_ready(m)) {
-        QSA__TRY(qsa__cuda_decode_batch(m, &sq, ids, 1, logits, NULL));
+        qsa_result r = qsa__cuda_decode_batch(m, &sq, ids, 1, logits, NULL);
+        if (r != QSA_OK) { sq->broken = 1; return r; }
         sq->tokens[sq->pos++] = ids[0];
         return QSA_OK;
     }
@@ -7714,7 +7732,7 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
             if (hid) sq->hidden_out = hid + (size_t)t0 * H;
             qsa_result r = qsa__cuda_chunk(sq, ids + t0, k, lg, all_logits);
             sq->hidden_out = hid;
-            if (r != QSA_OK) return r;
+            if (r != QSA_OK) { sq->broken = 1; return r; }
             memcpy(sq->tokens + sq->pos, ids + t0, sizeof(int32_t) * (size_t)k);
             sq->pos += k;
             t0 += k;
@@ -7737,6 +7755,7 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
     /* embedding, repeated into hc streams */
     for (int t = 0; t < n; t++)
         for (int s = 0; s < hc; s++) qsa__embed_row(m, ids[t], X + (size_t)t * hcH + s * H);
+    sq->broken = 1; /* until the layers are through: a failure among them leaves their states part-way */
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const qsa__layer_w *lw = &m->layers[l];
         if (lw->ple && (r = qsa__ple_fwd(sq, l, ids, n, X, &sc)) != QSA_OK) goto done;
@@ -7758,6 +7777,7 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
     if (logits && !all_logits && (r = qsa__matvec(m, &m->lm_head, sc.inp + (size_t)(n - 1) * H, logits)) != QSA_OK) goto done;
     memcpy(sq->tokens + sq->pos, ids, sizeof(int32_t) * (size_t)n);
     sq->pos += n;
+    sq->broken = 0;
 done:
     qsa__free(X); qsa__free(sc.xn); qsa__free(sc.mw); qsa__free(sc.low); qsa__free(sc.inj); qsa__free(sc.inp); qsa__free(sc.out);
     qsa__free(margins);
@@ -7827,7 +7847,10 @@ QSA_PRIV qsa_result qsa__feed_batch(qsa_seq **seqs, const int32_t *tokens, int n
             int B = n - t0 < group ? n - t0 : group;
             r = qsa__cuda_decode_batch(m, seqs + t0, tokens + t0, B, logits ? logits + (size_t)t0 * V : NULL,
                                        next ? next + t0 : NULL);
-            if (r != QSA_OK) break;
+            if (r != QSA_OK) {
+                for (int k = t0; k < t0 + B; k++) seqs[k]->broken = 1;
+                break;
+            }
             for (int k = t0; k < t0 + B; k++) seqs[k]->tokens[seqs[k]->pos++] = tokens[k];
         }
         return r;
@@ -7930,6 +7953,17 @@ QSA_PRIV void qsa__cand_sort(const float *l, int32_t *v, int n) {
 
 QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, const int32_t *hist, int n_hist) {
     const qsa_sampling_params *p = &s->p;
+    if (p->temperature > 0.0f && s->cap < vocab) {
+        int32_t *idx = (int32_t *)qsa__realloc(s->idx, sizeof(int32_t) * (size_t)vocab);
+        if (idx) s->idx = idx;
+        float *prob = (float *)qsa__realloc(s->prob, sizeof(float) * (size_t)vocab);
+        if (prob) s->prob = prob;
+        if (!idx || !prob) {
+            qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sampler_sample: out of memory for %d candidates", vocab);
+            return -1;
+        }
+        s->cap = vocab;
+    }
     if (p->repetition_penalty > 0 && p->repetition_penalty != 1.0f && hist) {
         int from = p->penalty_last_n < 0 || p->penalty_last_n > n_hist ? 0 : n_hist - p->penalty_last_n;
         for (int i = from; i < n_hist; i++) {
@@ -7941,14 +7975,6 @@ QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, co
         }
     }
     if (p->temperature <= 0.0f) return qsa__argmax(logits, vocab);
-    if (s->cap < vocab) {
-        int32_t *idx = (int32_t *)qsa__realloc(s->idx, sizeof(int32_t) * (size_t)vocab);
-        if (idx) s->idx = idx;
-        float *prob = (float *)qsa__realloc(s->prob, sizeof(float) * (size_t)vocab);
-        if (prob) s->prob = prob;
-        if (!idx || !prob) return qsa__argmax(logits, vocab); /* cannot sample: degrade to greedy */
-        s->cap = vocab;
-    }
     for (int i = 0; i < vocab; i++) logits[i] /= p->temperature;
     int n = vocab;
     for (int i = 0; i < vocab; i++) s->idx[i] = i;
@@ -8063,6 +8089,7 @@ QSA_IMPL qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prom
     out->stats.prefill_s = qsa__now() - t0;
     for (;;) {
         int32_t t = qsa_sampler_sample(smp, logits, V, seq->tokens, seq->pos);
+        if (t < 0) { r = QSA_ERR_OUT_OF_MEMORY; goto done; }
         out->tokens[out->n_tokens++] = t;
         double now = qsa__now();
         if (out->n_tokens == 1) { t_first = now; out->stats.ttft_s = now - t0; }
@@ -13285,6 +13312,10 @@ QSA_PRIV void qsa__sched_finish(qsa_sched *s, qsa__sched_req *q, qsa_stop_reason
 
 /* A sampled token: record it, stream its text, apply the stop conditions (as qsa_generate). */
 QSA_PRIV void qsa__sched_accept(qsa_sched *s, qsa__sched_req *q, int32_t t) {
+    if (t < 0) { /* the sampler could not allocate */
+        qsa__sched_end_failed(s, q, QSA_REQ_ERROR, QSA_ERR_OUT_OF_MEMORY, qsa_last_error());
+        return;
+    }
     if (q->n_tokens == q->cap_tokens) {
         int cap = q->cap_tokens * 2 < q->max_new ? q->cap_tokens * 2 : q->max_new;
         int32_t *nt = (int32_t *)qsa__realloc(q->tokens, sizeof(int32_t) * (size_t)cap);

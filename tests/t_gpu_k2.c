@@ -401,7 +401,7 @@ static void k2_gdn_case(int dk) {
     c.linear_value_head_dim = dv;
     /* fp32 state: CPU reference */
     memcpy(Sc, S0, sizeof(float) * nS);
-    qsa__gdn_recurrent(&c, Sc, q, k, v, beta, g, oc, M);
+    CHECK_OK(qsa__gdn_recurrent(&c, Sc, q, k, v, beta, g, oc, M));
     /* the runtime's launch: blocks of 128 threads, 4 lanes per column (dk <= 128) */
     memcpy(Sg, S0, sizeof(float) * nS);
     qsa_result r = k2t_gdn_run(0, Sg, q, k, v, beta, g, og, M, nk, nv, dk, dv, 0, (dv + 31) / 32, 128, 0);
@@ -431,8 +431,8 @@ static void k2_gdn_case(int dk) {
        each token (o from the fp32 state before the rounding) */
     memcpy(Sc, S0, sizeof(float) * nS);
     for (int t = 0; t < M; t++) {
-        qsa__gdn_recurrent(&c, Sc, q + (size_t)t * nk * dk, k + (size_t)t * nk * dk, v + (size_t)t * nv * dv,
-                           beta + (size_t)t * nv, g + (size_t)t * nv, oc + (size_t)t * nv * dv, 1);
+        CHECK_OK(qsa__gdn_recurrent(&c, Sc, q + (size_t)t * nk * dk, k + (size_t)t * nk * dk, v + (size_t)t * nv * dv,
+                                    beta + (size_t)t * nv, g + (size_t)t * nv, oc + (size_t)t * nv * dv, 1));
         for (size_t i = 0; i < nS; i++) Sc[i] = k2t_f16_round(Sc[i]);
     }
     for (size_t i = 0; i < nS; i++) S16[i] = qsa__f32_to_f16(S0[i]);

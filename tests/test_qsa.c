@@ -7,12 +7,46 @@
  * The last line is always "N passed, M failed" (plus ", K skipped"); the exit status is non-zero
  * when anything failed.  Fixture paths are relative to the repository root unless QSA_TEST_ROOT is set.
  */
+#include <stddef.h>
+
+/* The library's host allocator in this binary (defined below): it counts the blocks it holds and fails
+   the allocation tq_fail_at names, so that tests/t_oom.c can run out of memory at each allocation of a
+   call. */
+static void *tq_malloc(size_t n);
+static void *tq_realloc(void *p, size_t n);
+static void tq_free(void *p);
+#define QSA_MALLOC(sz) tq_malloc(sz)
+#define QSA_REALLOC(p, sz) tq_realloc(p, sz)
+#define QSA_FREE(p) tq_free(p)
+
 #define QSA_RUNTIME_IMPLEMENTATION
 #include "../qsa_runtime.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+static long tq_live;          /* blocks allocated and not yet freed */
+static long tq_fail_at = -1;  /* allocations left before one fails; -1: none fails */
+static long tq_allocs;        /* allocations so far (also those that failed) */
+static int tq_fail_now(void) {
+    __atomic_fetch_add(&tq_allocs, 1, __ATOMIC_RELAXED);
+    return __atomic_load_n(&tq_fail_at, __ATOMIC_RELAXED) >= 0 && __atomic_fetch_sub(&tq_fail_at, 1, __ATOMIC_RELAXED) == 0;
+}
+static void *tq_malloc(size_t n) {
+    if (tq_fail_now()) return NULL;
+    void *p = malloc(n);
+    if (p) __atomic_fetch_add(&tq_live, 1, __ATOMIC_RELAXED);
+    return p;
+}
+static void *tq_realloc(void *p, size_t n) {
+    if (!p) return tq_malloc(n);
+    return tq_fail_now() ? NULL : realloc(p, n);
+}
+static void tq_free(void *p) {
+    if (p) __atomic_fetch_sub(&tq_live, 1, __ATOMIC_RELAXED);
+    free(p);
+}
 
 typedef struct test_ctx {
     int failed;   /* checks failed in the current test */
@@ -87,6 +121,7 @@ static QSA__UNUSED qsa__tensor test_tensor(const char *name, qsa__dtype dtype, c
 #include "t_tp.c"
 #include "t_tp_rdv.c"
 #include "t_sched.c"
+#include "t_oom.c"
 
 int main(int argc, char **argv) {
     if (getenv("QSA_TEST_TP_CHILD")) return tp_child_main(getenv("QSA_TEST_TP_CHILD")); /* a rank of nccl/tp2_two_processes */

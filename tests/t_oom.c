@@ -1,0 +1,216 @@
+/* tests/t_oom.c - out of memory at each host allocation of a call, through test_qsa.c's allocator
+ * (tq_fail_at fails the allocation it names, tq_live counts the blocks held).
+ *
+ * A call that cannot allocate must return QSA_ERR_OUT_OF_MEMORY with a message, hold none of the
+ * blocks it took, and leave what existed before it usable: a model that loads after the failures gives
+ * the same tokens, a sequence whose generation failed generates the same tokens once reset, and a
+ * scheduler serves the next requests exactly.  Models: models/tiny (tokenizer, PLE, HC, both layer
+ * kinds), the CPU backend on one thread. */
+
+#define TO_MODEL "models/tiny"
+/* Every allocation in the plain build; under AddressSanitizer (ten times slower) every fifth, which
+   still puts its checks on each kind of failure path. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TO_STRIDE 5
+#define TO_WHICH "every fifth"
+#else
+#define TO_STRIDE 1
+#define TO_WHICH "each"
+#endif
+
+static qsa_model *to_load(qsa_result *r) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.backend = QSA_BACKEND_CPU;
+    mp.n_threads = 1;
+    qsa_model *m = (qsa_model *)1;
+    *r = qsa_model_load(test_path(TO_MODEL), &mp, &m);
+    return m;
+}
+
+/* The tokens of a short chat answer: the oracle the failures are compared with. */
+static qsa_result to_generate(qsa_seq *s, const int32_t *prompt, int n, qsa_generation *g) {
+    qsa_generate_params gp;
+    memset(&gp, 0, sizeof gp);
+    gp.max_tokens = 3;
+    gp.ignore_eos = 1;
+    const char *stops[1] = {"\x01never\x01"};
+    gp.stop_strings = stops;
+    gp.n_stop_strings = 1;
+    return qsa_generate(s, prompt, n, &gp, g);
+}
+
+/* A failure's record: the first allocation at which a check failed, so one line tells where. */
+#define TO_EXPECT(cond, k, n, what)                                                                          \
+    do {                                                                                                       \
+        if (!(cond)) {                                                                                         \
+            CHECKF(cond, "%s, allocation %ld of %ld failed: %s: %s (%ld blocks held)", what, (long)(k), (long)(n), qsa_result_string(r), \
+                   qsa_last_error(), tq_live - live0);                                                         \
+            break;                                                                                             \
+        }                                                                                                      \
+    } while (0)
+
+TEST(cpu, out_of_memory_at_each_allocation_of_a_load) {
+    qsa_result r;
+    long live0 = tq_live, a0 = tq_allocs;
+    qsa_model *m = to_load(&r);
+    if (r != QSA_OK) SKIP("%s: %s (built by make)", TO_MODEL, qsa_last_error());
+    long n = tq_allocs - a0;
+    qsa_model_free(m);
+    CHECKF(tq_live == live0, "a load and a free hold %ld blocks", tq_live - live0);
+    int bad = 0;
+    for (long k = 0; k < n && !bad; k += TO_STRIDE) {
+        tq_fail_at = k;
+        m = to_load(&r);
+        tq_fail_at = -1;
+        if (r == QSA_OK) qsa_model_free(m);
+        bad = r != QSA_ERR_OUT_OF_MEMORY || m != NULL || tq_live != live0 || !qsa_last_error()[0];
+        TO_EXPECT(!bad, k, n, "qsa_model_load");
+    }
+    printf("    %ld allocations in a load of %s, " TO_WHICH " made to fail\n", n, TO_MODEL);
+}
+
+TEST(cpu, out_of_memory_at_each_allocation_of_a_generation) {
+    qsa_result r;
+    qsa_model *m = to_load(&r);
+    if (r != QSA_OK) SKIP("%s: %s (built by make)", TO_MODEL, qsa_last_error());
+    const qsa_tokenizer *tok = qsa_model_get_tokenizer(m);
+    qsa_chat_message msg = {"user", "What is a page pool?"};
+    char *text = NULL;
+    int32_t *ids = NULL;
+    size_t np = 0;
+    CHECK_OK(qsa_chat_apply_template(tok, &msg, 1, 1, &text));
+    CHECK_OK(qsa_tokenize(tok, text, strlen(text), 1, &ids, &np));
+    qsa_free(text);
+    /* the oracle, and how many allocations a sequence and a generation make */
+    qsa_seq *s = NULL;
+    qsa_generation ref;
+    long a0 = tq_allocs;
+    CHECK_OK(qsa_seq_create(m, NULL, &s));
+    CHECK_OK(to_generate(s, ids, (int)np, &ref));
+    long n = tq_allocs - a0;
+    qsa_seq_free(s);
+    long live0 = tq_live;
+    int bad = 0;
+    for (long k = 0; k < n && !bad; k += TO_STRIDE) {
+        qsa_generation g;
+        memset(&g, 0, sizeof g);
+        s = NULL;
+        tq_fail_at = k;
+        r = qsa_seq_create(m, NULL, &s);
+        if (r == QSA_OK) r = to_generate(s, ids, (int)np, &g);
+        tq_fail_at = -1;
+        bad = r != QSA_ERR_OUT_OF_MEMORY || !qsa_last_error()[0];
+        TO_EXPECT(!bad, k, n, "qsa_seq_create + qsa_generate");
+        if (s) { /* the sequence that failed: refused while broken, the oracle's tokens once reset */
+            if (s->broken) {
+                bad = qsa_seq_feed(s, ids, 1, NULL, 0) != QSA_ERR_INVALID_ARGUMENT || !strstr(qsa_last_error(), "qsa_seq_reset");
+                TO_EXPECT(!bad, k, n, "a feed of the broken sequence");
+            }
+            qsa_seq_reset(s);
+            qsa_generation again;
+            r = to_generate(s, ids, (int)np, &again);
+            bad = r != QSA_OK || again.n_tokens != ref.n_tokens ||
+                  memcmp(again.tokens, ref.tokens, sizeof(int32_t) * (size_t)ref.n_tokens) != 0;
+            TO_EXPECT(!bad, k, n, "the same sequence, reset, without the failure");
+            qsa_generation_free(&again);
+            qsa_seq_free(s);
+        }
+        bad |= tq_live != live0;
+        TO_EXPECT(!bad, k, n, "blocks held after the sequence is freed");
+    }
+    printf("    %ld allocations in a sequence and a generation, " TO_WHICH " made to fail\n", n);
+    qsa_generation_free(&ref);
+    qsa_free(ids);
+    qsa_model_free(m);
+}
+
+TEST(cpu, out_of_memory_at_each_allocation_of_the_scheduler) {
+    qsa_result r;
+    qsa_model *m = to_load(&r);
+    if (r != QSA_OK) SKIP("%s: %s (built by make)", TO_MODEL, qsa_last_error());
+    qsa_request_params rp[2];
+    memset(rp, 0, sizeof rp);
+    rp[0].text = "Two requests share";
+    rp[0].chat = 1;
+    rp[1].text = "one batch";
+    for (int i = 0; i < 2; i++) {
+        rp[i].max_tokens = 3;
+        rp[i].ignore_eos = 1;
+        rp[i].sampling.temperature = 0.7f;
+        rp[i].sampling.seed = 11u + (unsigned)i;
+    }
+    long live0 = tq_live;
+    /* k = -1: the oracle, both requests without failures; then allocation k fails during the calls,
+       after which the scheduler runs on without failures: each request that was taken ends as the
+       oracle's, or in QSA_REQ_ERROR with QSA_ERR_OUT_OF_MEMORY */
+    int32_t want[2][3];
+    int nwant[2] = {0, 0};
+    long n = 0;
+    for (long k = -1; k < n; k = k < 0 ? 0 : k + TO_STRIDE) {
+        long a0 = tq_allocs;
+        qsa_sched *s = NULL;
+        int64_t id[2] = {0, 0};
+        tq_fail_at = k;
+        r = qsa_sched_create(m, NULL, &s);
+        for (int i = 0; i < 2 && r == QSA_OK; i++) r = qsa_sched_submit(s, &rp[i], &id[i]);
+        if (r == QSA_OK) r = qsa_sched_run(s);
+        tq_fail_at = -1;
+        if (k < 0) n = tq_allocs - a0;
+        int failed = r != QSA_OK;
+        if (failed) CHECKF(r == QSA_ERR_OUT_OF_MEMORY && qsa_last_error()[0], "allocation %ld: %s: %s", k, qsa_result_string(r), qsa_last_error());
+        if (s) CHECKF(qsa_sched_run(s) == QSA_OK, "allocation %ld: the run after it: %s", k, qsa_last_error());
+        for (int i = 0; i < 2 && s; i++) {
+            qsa_request_result res;
+            if (!id[i]) continue; /* its submit failed: no record */
+            CHECK_OK(qsa_sched_poll(s, id[i], &res));
+            if (k < 0) {
+                CHECK(res.status == QSA_REQ_DONE && res.n_tokens == 3);
+                nwant[i] = res.n_tokens;
+                memcpy(want[i], res.tokens, sizeof(int32_t) * (size_t)res.n_tokens);
+            } else if (res.status == QSA_REQ_ERROR) {
+                failed = 1;
+                CHECKF(res.error == QSA_ERR_OUT_OF_MEMORY && res.message[0], "request %d, allocation %ld: %s", i, k, res.message);
+            } else {
+                int same = res.status == QSA_REQ_DONE && res.n_tokens == nwant[i] &&
+                           !memcmp(res.tokens, want[i], sizeof(int32_t) * (size_t)nwant[i]);
+                CHECKF(same, "request %d, allocation %ld: %s, %d tokens", i, k, qsa_request_status_string(res.status), res.n_tokens);
+            }
+        }
+        if (k >= 0) CHECKF(failed, "allocation %ld of %ld failed and nothing said so", k, n);
+        qsa_sched_free(s);
+        CHECKF(tq_live == live0, "allocation %ld: %ld blocks held after qsa_sched_free", k, tq_live - live0);
+        if (T_.failed) break;
+    }
+    printf("    %ld allocations in two requests through the scheduler, " TO_WHICH " made to fail\n", n);
+    qsa_model_free(m);
+}
+
+/* The sampler's first call at temperature > 0 allocates its candidates: when it cannot, -1 and the
+   logits as they came (the repetition penalty not yet applied); the next call samples as a fresh
+   sampler of the same seed does. */
+TEST(cpu, out_of_memory_in_the_sampler) {
+    enum { V = 64 };
+    float base[V], l[V], l2[V];
+    for (int i = 0; i < V; i++) base[i] = (float)((i * 37) % V) / 8.0f;
+    const int32_t hist[3] = {5, 9, 5};
+    qsa_sampling_params p;
+    memset(&p, 0, sizeof p);
+    p.temperature = 0.8f;
+    p.top_k = 20;
+    p.repetition_penalty = 1.5f;
+    p.seed = 3;
+    qsa_sampler *a = NULL, *b = NULL;
+    CHECK_OK(qsa_sampler_create(&p, &a));
+    CHECK_OK(qsa_sampler_create(&p, &b));
+    if (!a || !b) { qsa_sampler_free(a); qsa_sampler_free(b); return; }
+    memcpy(l, base, sizeof l);
+    tq_fail_at = 0;
+    int32_t t = qsa_sampler_sample(a, l, V, hist, 3);
+    tq_fail_at = -1;
+    CHECK(t == -1 && strstr(qsa_last_error(), "out of memory") && !memcmp(l, base, sizeof l));
+    memcpy(l2, base, sizeof l2);
+    CHECK(qsa_sampler_sample(a, l, V, hist, 3) == qsa_sampler_sample(b, l2, V, hist, 3));
+    qsa_sampler_free(a);
+    qsa_sampler_free(b);
+}
