@@ -366,8 +366,9 @@ QSA_API qsa_result qsa_detokenize(const qsa_tokenizer *tok, const int32_t *ids, 
 /* Streaming detokenizer: push ids one at a time and get back only complete UTF-8 text; a
    multi-byte character split over several tokens is held back until complete.  Bytes that can
    never become valid are replaced by U+FFFD at once; an incomplete tail becomes U+FFFD at flush.
-   The concatenation of all outputs equals qsa_detokenize of all ids.  Zero-initialise, then init;
-   returned text stays valid until the next call on the stream.  Free with qsa_detok_stream_free. */
+   The concatenation of all outputs equals qsa_detokenize of all ids.  init sets every field (a
+   stream used before must have been freed); returned text stays valid until the next call on the
+   stream.  Free with qsa_detok_stream_free. */
 typedef struct qsa_detok_stream {
     const qsa_tokenizer *tok;
     int flags;                 /* QSA_DETOK_* */
@@ -5718,9 +5719,9 @@ QSA_IMPL qsa_result qsa_detokenize(const qsa_tokenizer *t, const int32_t *ids, s
 
 QSA_IMPL void qsa_detok_stream_init(qsa_detok_stream *s, const qsa_tokenizer *tok, int flags) {
     if (!s) return;
+    memset(s, 0, sizeof *s);
     s->tok = tok;
     s->flags = flags;
-    s->n_pending = 0;
 }
 
 QSA_PRIV int qsa__detok_reserve(qsa_detok_stream *s, size_t need) {

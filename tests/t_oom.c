@@ -18,15 +18,16 @@
 #define TO_WHICH "each"
 #endif
 
-static qsa_model *to_load(qsa_result *r) {
+static qsa_model *to_load_dir(const char *dir, qsa_result *r) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
     mp.backend = QSA_BACKEND_CPU;
     mp.n_threads = 1;
     qsa_model *m = (qsa_model *)1;
-    *r = qsa_model_load(test_path(TO_MODEL), &mp, &m);
+    *r = qsa_model_load(test_path(dir), &mp, &m);
     return m;
 }
+static qsa_model *to_load(qsa_result *r) { return to_load_dir(TO_MODEL, r); }
 
 /* The tokens of a short chat answer: the oracle the failures are compared with. */
 static qsa_result to_generate(qsa_seq *s, const int32_t *prompt, int n, qsa_generation *g) {
@@ -50,24 +51,29 @@ static qsa_result to_generate(qsa_seq *s, const int32_t *prompt, int n, qsa_gene
         }                                                                                                      \
     } while (0)
 
+/* The tiny model (tokenizer, generation config), NVFP4 experts (hf_quant_config.json) and a sharded
+   checkpoint (model.safetensors.index.json). */
 TEST(cpu, out_of_memory_at_each_allocation_of_a_load) {
-    qsa_result r;
-    long live0 = tq_live, a0 = tq_allocs;
-    qsa_model *m = to_load(&r);
-    if (r != QSA_OK) SKIP("%s: %s (built by make)", TO_MODEL, qsa_last_error());
-    long n = tq_allocs - a0;
-    qsa_model_free(m);
-    CHECKF(tq_live == live0, "a load and a free hold %ld blocks", tq_live - live0);
-    int bad = 0;
-    for (long k = 0; k < n && !bad; k += TO_STRIDE) {
-        tq_fail_at = k;
-        m = to_load(&r);
-        tq_fail_at = -1;
-        if (r == QSA_OK) qsa_model_free(m);
-        bad = r != QSA_ERR_OUT_OF_MEMORY || m != NULL || tq_live != live0 || !qsa_last_error()[0];
-        TO_EXPECT(!bad, k, n, "qsa_model_load");
+    static const char *const dirs[3] = {TO_MODEL, "tests/fixtures/nvfp4_experts", "tests/fixtures/qsa_hc4_ple_sharded"};
+    for (int d = 0; d < 3; d++) {
+        qsa_result r;
+        long live0 = tq_live, a0 = tq_allocs;
+        qsa_model *m = to_load_dir(dirs[d], &r);
+        if (r != QSA_OK) SKIP("%s: %s (models/tiny is built by make)", dirs[d], qsa_last_error());
+        long n = tq_allocs - a0;
+        qsa_model_free(m);
+        CHECKF(tq_live == live0, "%s: a load and a free hold %ld blocks", dirs[d], tq_live - live0);
+        int bad = 0;
+        for (long k = 0; k < n && !bad; k += TO_STRIDE) {
+            tq_fail_at = k;
+            m = to_load_dir(dirs[d], &r);
+            tq_fail_at = -1;
+            if (r == QSA_OK) qsa_model_free(m);
+            bad = r != QSA_ERR_OUT_OF_MEMORY || m != NULL || tq_live != live0 || !qsa_last_error()[0];
+            TO_EXPECT(!bad, k, n, dirs[d]);
+        }
+        printf("    %ld allocations in a load of %s, " TO_WHICH " made to fail\n", n, dirs[d]);
     }
-    printf("    %ld allocations in a load of %s, " TO_WHICH " made to fail\n", n, TO_MODEL);
 }
 
 TEST(cpu, out_of_memory_at_each_allocation_of_a_generation) {
@@ -213,4 +219,72 @@ TEST(cpu, out_of_memory_in_the_sampler) {
     CHECK(qsa_sampler_sample(a, l, V, hist, 3) == qsa_sampler_sample(b, l2, V, hist, 3));
     qsa_sampler_free(a);
     qsa_sampler_free(b);
+}
+
+/* The real Qwen3 tokenizer (151,669 ids; skipped without it): its load, then encoding and decoding a
+   chat prompt with special tokens, non-ASCII text and a streaming decoder. */
+TEST(cpu, out_of_memory_at_each_allocation_of_the_tokenizer) {
+    const char *path = tok_real_path("QSA_QWEN3_TOKENIZER", "../shared/data/qwen3-tokenizer/tokenizer.json");
+    if (!path || !qsa__file_exists(path)) SKIP("no Qwen3 tokenizer.json (QSA_QWEN3_TOKENIZER)");
+    long live0 = tq_live, a0 = tq_allocs;
+    qsa_tokenizer *t = NULL;
+    CHECK_OK(qsa_tokenizer_load(path, &t));
+    if (!t) return;
+    long n = tq_allocs - a0;
+    qsa_tokenizer_free(t);
+    int bad = 0;
+    for (long k = 0; k < n && !bad; k += TO_STRIDE) {
+        qsa_tokenizer *f = (qsa_tokenizer *)1;
+        tq_fail_at = k;
+        qsa_result r = qsa_tokenizer_load(path, &f);
+        tq_fail_at = -1;
+        if (r == QSA_OK) qsa_tokenizer_free(f);
+        bad = r != QSA_ERR_OUT_OF_MEMORY || f != NULL || tq_live != live0 || !qsa_last_error()[0];
+        TO_EXPECT(!bad, k, n, "qsa_tokenizer_load");
+    }
+    printf("    %ld allocations in a load of the Qwen3 tokenizer, " TO_WHICH " made to fail\n", n);
+    CHECK_OK(qsa_tokenizer_load(path, &t));
+    if (!t) return;
+    /* encode a conversation and decode it back, in one piece and streamed */
+    qsa_chat_message msgs[2] = {{"system", "Réponds en français. 你好!"}, {"user", "What is 2+2? <|im_end|> stays text"}};
+    live0 = tq_live;
+    long m = 0;
+    for (long k = -1; k < m && !bad; k = k < 0 ? 0 : k + TO_STRIDE) {
+        a0 = tq_allocs;
+        tq_fail_at = k;
+        char *text = NULL, *back = NULL;
+        int32_t *ids = NULL;
+        size_t nids = 0, nback = 0;
+        qsa_result r = qsa_chat_apply_template(t, msgs, 2, 1, &text);
+        if (r == QSA_OK) r = qsa_tokenize(t, text, strlen(text), 1, &ids, &nids);
+        if (r == QSA_OK) r = qsa_detokenize(t, ids, nids, 0, &back, &nback);
+        qsa_detok_stream ds;
+        qsa_detok_stream_init(&ds, t, 0);
+        qsa__buf streamed;
+        memset(&streamed, 0, sizeof streamed);
+        for (size_t i = 0; r == QSA_OK && i <= nids; i++) {
+            const char *piece;
+            size_t plen;
+            r = i < nids ? qsa_detok_stream_push(&ds, ids[i], &piece, &plen) : qsa_detok_stream_flush(&ds, &piece, &plen);
+            if (r == QSA_OK && !qsa__buf_put(&streamed, piece, plen)) r = QSA_ERR_OUT_OF_MEMORY;
+        }
+        qsa_detok_stream_free(&ds);
+        tq_fail_at = -1;
+        if (k < 0) {
+            m = tq_allocs - a0;
+            CHECK(r == QSA_OK && nback == strlen(text) && !memcmp(back, text, nback) && streamed.len == nback &&
+                  !memcmp(streamed.data, text, nback));
+        } else {
+            bad = r != QSA_ERR_OUT_OF_MEMORY || !qsa_last_error()[0];
+            TO_EXPECT(!bad, k, m, "template, tokenize, detokenize, stream");
+        }
+        qsa__buf_free(&streamed);
+        qsa_free(back);
+        qsa_free(ids);
+        qsa_free(text);
+        bad |= tq_live != live0;
+        TO_EXPECT(!bad, k, m, "blocks held after the texts are freed");
+    }
+    printf("    %ld allocations in a chat prompt's template, encoding and decoding, " TO_WHICH " made to fail\n", m);
+    qsa_tokenizer_free(t);
 }
