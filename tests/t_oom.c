@@ -41,15 +41,10 @@ static qsa_result to_generate(qsa_seq *s, const int32_t *prompt, int n, qsa_gene
     return qsa_generate(s, prompt, n, &gp, g);
 }
 
-/* A failure's record: the first allocation at which a check failed, so one line tells where. */
-#define TO_EXPECT(cond, k, n, what)                                                                          \
-    do {                                                                                                       \
-        if (!(cond)) {                                                                                         \
-            CHECKF(cond, "%s, allocation %ld of %ld failed: %s: %s (%ld blocks held)", what, (long)(k), (long)(n), qsa_result_string(r), \
-                   qsa_last_error(), tq_live - live0);                                                         \
-            break;                                                                                             \
-        }                                                                                                      \
-    } while (0)
+/* A check of the failure at allocation k of n (the loops stop at the first: `bad`). */
+#define TO_EXPECT(cond, k, n, what)                                                                              \
+    CHECKF(cond, "%s, allocation %ld of %ld failed: %s: %s (%ld blocks held)", what, (long)(k), (long)(n),   \
+           qsa_result_string(r), qsa_last_error(), tq_live - live0)
 
 /* The tiny model (tokenizer, generation config), NVFP4 experts (hf_quant_config.json) and a sharded
    checkpoint (model.safetensors.index.json). */
@@ -106,24 +101,24 @@ TEST(cpu, out_of_memory_at_each_allocation_of_a_generation) {
         r = qsa_seq_create(m, NULL, &s);
         if (r == QSA_OK) r = to_generate(s, ids, (int)np, &g);
         tq_fail_at = -1;
-        bad = r != QSA_ERR_OUT_OF_MEMORY || !qsa_last_error()[0];
-        TO_EXPECT(!bad, k, n, "qsa_seq_create + qsa_generate");
+        int failed = r == QSA_ERR_OUT_OF_MEMORY && qsa_last_error()[0], refused = 1, again_same = 1;
+        TO_EXPECT(failed, k, n, "qsa_seq_create + qsa_generate");
         if (s) { /* the sequence that failed: refused while broken, the oracle's tokens once reset */
             if (s->broken) {
-                bad = qsa_seq_feed(s, ids, 1, NULL, 0) != QSA_ERR_INVALID_ARGUMENT || !strstr(qsa_last_error(), "qsa_seq_reset");
-                TO_EXPECT(!bad, k, n, "a feed of the broken sequence");
+                refused = qsa_seq_feed(s, ids, 1, NULL, 0) == QSA_ERR_INVALID_ARGUMENT && strstr(qsa_last_error(), "qsa_seq_reset");
+                TO_EXPECT(refused, k, n, "a feed of the broken sequence");
             }
             qsa_seq_reset(s);
             qsa_generation again;
             r = to_generate(s, ids, (int)np, &again);
-            bad = r != QSA_OK || again.n_tokens != ref.n_tokens ||
-                  memcmp(again.tokens, ref.tokens, sizeof(int32_t) * (size_t)ref.n_tokens) != 0;
-            TO_EXPECT(!bad, k, n, "the same sequence, reset, without the failure");
+            again_same = r == QSA_OK && again.n_tokens == ref.n_tokens &&
+                         !memcmp(again.tokens, ref.tokens, sizeof(int32_t) * (size_t)ref.n_tokens);
+            TO_EXPECT(again_same, k, n, "the same sequence, reset, without the failure");
             qsa_generation_free(&again);
             qsa_seq_free(s);
         }
-        bad |= tq_live != live0;
-        TO_EXPECT(!bad, k, n, "blocks held after the sequence is freed");
+        TO_EXPECT(tq_live == live0, k, n, "blocks held after the sequence is freed");
+        bad = !failed || !refused || !again_same || tq_live != live0;
     }
     printf("    %ld allocations in a sequence and a generation, " TO_WHICH " made to fail\n", n);
     qsa_generation_free(&ref);
@@ -282,9 +277,65 @@ TEST(cpu, out_of_memory_at_each_allocation_of_the_tokenizer) {
         qsa_free(back);
         qsa_free(ids);
         qsa_free(text);
+        TO_EXPECT(tq_live == live0, k, m, "blocks held after the texts are freed");
         bad |= tq_live != live0;
-        TO_EXPECT(!bad, k, m, "blocks held after the texts are freed");
     }
     printf("    %ld allocations in a chat prompt's template, encoding and decoding, " TO_WHICH " made to fail\n", m);
     qsa_tokenizer_free(t);
+}
+
+/* Capture and replay of a QSA layer (tests/t_planner.c has the same flow without failures), and a
+   prefill through the chunked GDN form: each allocation made to fail gives QSA_ERR_OUT_OF_MEMORY,
+   no file is left half-written under the capture's name, and nothing is held after. */
+TEST(cpu, out_of_memory_at_each_allocation_of_a_capture_and_replay) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.backend = QSA_BACKEND_CPU;
+    mp.n_threads = 1;
+    mp.kv_page_size = 16;
+    mp.gdn_chunked_prefill = 1;
+    mp.gdn_chunk_size = 16;
+    qsa_model *m = NULL;
+    CHECK_OK(qsa_model_load(test_path("tests/fixtures/qsa_hc4_ple_sharded"), &mp, &m));
+    if (!m) return;
+    int32_t ids[40];
+    for (int i = 0; i < 40; i++) ids[i] = (int32_t)((i * 37 + 11) % m->cfg.vocab_size);
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/qsa_test_oom_capture_%d.safetensors", (int)getpid());
+    long live0 = tq_live, n = 0;
+    int bad = 0;
+    for (long k = -1; k < n && !bad; k = k < 0 ? 0 : k + TO_STRIDE) {
+        long a0 = tq_allocs;
+        remove(path);
+        qsa_seq *s = NULL;
+        qsa_replay_report rep;
+        memset(&rep, 0, sizeof rep);
+        tq_fail_at = k;
+        int stage = 0; /* calls that succeeded */
+        qsa_result r = qsa_seq_create(m, NULL, &s);
+        if (r == QSA_OK && ++stage) r = qsa_seq_capture_begin(s, 1);
+        if (r == QSA_OK && ++stage) r = qsa_seq_feed(s, ids, 40, NULL, 0);
+        if (r == QSA_OK && ++stage) r = qsa_seq_capture_end(s, path);
+        if (r == QSA_OK && ++stage) r = qsa_replay_capture(path, QSA_REPLAY_PLANNER, &rep);
+        tq_fail_at = -1;
+        if (r != QSA_OK && stage <= 3) {
+            bad = qsa__file_exists(path);
+            TO_EXPECT(!bad, k, n, "a capture file left by a failed capture");
+        }
+        int left = bad;
+        if (k < 0) {
+            n = tq_allocs - a0;
+            CHECK(r == QSA_OK && rep.n_queries == 40 && rep.n_differ == 0);
+        } else {
+            bad = r != QSA_ERR_OUT_OF_MEMORY || !qsa_last_error()[0];
+            TO_EXPECT(!bad, k, n, "capture, chunked prefill, replay");
+            bad |= left;
+        }
+        qsa_seq_free(s);
+        TO_EXPECT(tq_live == live0, k, n, "blocks held after the sequence is freed");
+        bad |= tq_live != live0;
+    }
+    printf("    %ld allocations in a captured chunked prefill and its replay, " TO_WHICH " made to fail\n", n);
+    remove(path);
+    qsa_model_free(m);
 }

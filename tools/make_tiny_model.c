@@ -568,18 +568,26 @@ static void tm_json_token(FILE *f, const unsigned char *b, int n)
     fputc('"', f);
 }
 
+/* Files are written under <name>.tmp and renamed over <name> when complete: a process that has the
+   old file mapped (a chat session on models/tiny while `make` rebuilds it) keeps reading the old one
+   instead of taking SIGBUS on a truncated mapping, and an interrupted run leaves no half-written file. */
 static FILE *tm_open(const char *dir, const char *name, char *path, size_t path_cap)
 {
     int n = snprintf(path, path_cap, "%s/%s", dir, name);
-    if (n < 0 || (size_t)n >= path_cap) die("path too long", name);
-    FILE *f = fopen(path, "wb");
-    if (!f) die("cannot open for writing", path);
+    if (n < 0 || (size_t)n + 4 >= path_cap) die("path too long", name);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) die("cannot open for writing", tmp);
     return f;
 }
 
 static void tm_close(FILE *f, const char *path)
 {
-    if (ferror(f) || fclose(f) != 0) die("write failed", path);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (ferror(f) || fclose(f) != 0) die("write failed", tmp);
+    if (rename(tmp, path) != 0) die("cannot rename into place", path);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
