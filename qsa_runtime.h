@@ -6479,8 +6479,6 @@ QSA_PRIV qsa_result qsa__pool_create(qsa_model *m, int host_storage) {
         else qsa_clear_error(); /* qsa__tp_init reports it */
     }
     p->page_size = m->params.kv_page_size > 0 ? m->params.kv_page_size : qsa__default_page_size(&local);
-    if (m->params.kv_page_size > 0 && m->params.kv_page_size < 16)
-        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "kv_page_size %d: expected at least 16 tokens", m->params.kv_page_size);
     int64_t tokens = m->params.kv_pool_tokens > 0 ? m->params.kv_pool_tokens
                                                   : (c->max_position_embeddings < 32768 ? c->max_position_embeddings : 32768);
     p->n_pages = (int)((tokens + p->page_size - 1) / p->page_size);
@@ -6579,12 +6577,41 @@ QSA_IMPL void qsa_model_free(qsa_model *m) {
     qsa__free(m);
 }
 
+/* Parameters no value of which means anything: refused before anything is read (0 is every field's
+   default; cuda_batch_decode and cuda_graphs also take -1). */
+QSA_PRIV qsa_result qsa__model_params_check(const qsa_model_params *p) {
+    const char *bad = NULL;
+    int v = 0;
+#define QSA__PARAM(cond, field) if (!bad && !(cond)) { bad = #field; v = (int)p->field; }
+    QSA__PARAM(p->backend >= QSA_BACKEND_AUTO && p->backend <= QSA_BACKEND_CUDA, backend)
+    QSA__PARAM(p->n_threads >= 0, n_threads)
+    QSA__PARAM(p->gdn_chunk_size >= 0 && p->gdn_chunk_size <= 4096, gdn_chunk_size)
+    QSA__PARAM(p->kv_page_size == 0 || p->kv_page_size >= 16, kv_page_size)
+    QSA__PARAM(p->kv_pool_tokens >= 0, kv_pool_tokens)
+    QSA__PARAM(p->device >= 0, device)
+    QSA__PARAM(p->max_chunk >= 0, max_chunk)
+    QSA__PARAM(p->max_batch >= 0, max_batch)
+    QSA__PARAM(p->cuda_batch_decode >= -1 && p->cuda_batch_decode <= 1, cuda_batch_decode)
+    QSA__PARAM(p->cuda_graphs >= -1 && p->cuda_graphs <= 1, cuda_graphs)
+    QSA__PARAM(p->tp >= 0, tp)
+    QSA__PARAM(p->tp_timeout_s >= 0, tp_timeout_s)
+#undef QSA__PARAM
+    if (!bad) return QSA_OK;
+    return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_model_load: %s %d: %s", bad, v,
+                     !strcmp(bad, "kv_page_size")   ? "expected 0 (the hybrid rule) or at least 16 tokens"
+                     : !strcmp(bad, "gdn_chunk_size") ? "expected 0 (64) to 4096"
+                     : !strcmp(bad, "backend")        ? "expected QSA_BACKEND_AUTO, _CPU or _CUDA"
+                     : !strncmp(bad, "cuda_", 5)      ? "expected -1 (off), 0 (default: on) or 1"
+                                                      : "expected >= 0 (0: the default)");
+}
+
 /* The host model of `dir`: config, generation config, the mapped checkpoint and its tensors bound with the
    dense matrices left in the file (qsa_model.bind_file, as every load binds them), or with `whole` every
    tensor converted to fp32 (the reference that tests slice TP views from).  No backend, KV pool or
    tokenizer yet.  On failure *out is NULL and the error recorded. */
 QSA_PRIV qsa_result qsa__model_open(const char *dir, const qsa_model_params *params, int whole, qsa_model **out) {
     *out = NULL;
+    if (params) QSA__TRY(qsa__model_params_check(params));
     qsa_model *m = QSA__CALLOC(qsa_model, 1);
     if (!m) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_model_load: out of memory");
     if (params) m->params = *params;
@@ -6961,6 +6988,9 @@ QSA_IMPL void qsa_seq_free(qsa_seq *s) {
 
 QSA_IMPL qsa_result qsa_seq_create(qsa_model *m, const qsa_seq_params *params, qsa_seq **out) {
     if (!m || !out) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_create: NULL argument");
+    *out = NULL;
+    if (params && params->n_ctx < 0)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_create: n_ctx %d: expected >= 0 (0: max_position_embeddings)", params->n_ctx);
     const qsa_model_config *c = &m->cfg;
     qsa_seq *s = QSA__CALLOC(qsa_seq, 1);
     if (!s) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_seq_create: out of memory");

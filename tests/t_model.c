@@ -480,6 +480,35 @@ TEST(cpu, feed_rejects_bad_input_without_state_change) {
     qsa_model_free(m);
 }
 
+/* Parameters that mean nothing are refused by name before anything is read; a negative context too. */
+TEST(cpu, model_params_refused_by_name) {
+    static const struct { int field; int value; const char *msg; } bad[] = {
+        {0, 5, "kv_page_size 5: expected 0 (the hybrid rule) or at least 16"}, {0, -16, "kv_page_size -16"},
+        {1, -1, "kv_pool_tokens -1: expected >= 0"}, {2, -4, "gdn_chunk_size -4"}, {2, 5000, "gdn_chunk_size 5000: expected 0 (64) to 4096"},
+        {3, -2, "tp -2"}, {4, -1, "n_threads -1"}, {5, 2, "cuda_graphs 2: expected -1 (off), 0 (default: on) or 1"},
+        {6, 7, "backend 7"}, {7, -1, "max_batch -1"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        qsa_model_params mp;
+        memset(&mp, 0, sizeof mp);
+        mp.backend = QSA_BACKEND_CPU;
+        int *f[8] = {&mp.kv_page_size, &mp.kv_pool_tokens, &mp.gdn_chunk_size, &mp.tp, &mp.n_threads, &mp.cuda_graphs,
+                     (int *)&mp.backend, &mp.max_batch};
+        *f[bad[i].field] = bad[i].value;
+        qsa_model *m = (qsa_model *)1;
+        CHECK_ERR(qsa_model_load(test_path("tests/fixtures/qsa_first_no_ple"), &mp, &m), QSA_ERR_INVALID_ARGUMENT, bad[i].msg);
+        CHECK(m == NULL);
+    }
+    qsa_model *m = NULL;
+    CHECK_OK(qsa_model_load(test_path("tests/fixtures/qsa_first_no_ple"), NULL, &m));
+    if (!m) return;
+    qsa_seq_params sp = {-5};
+    qsa_seq *s = (qsa_seq *)1;
+    CHECK_ERR(qsa_seq_create(m, &sp, &s), QSA_ERR_INVALID_ARGUMENT, "n_ctx -5: expected >= 0");
+    CHECK(s == NULL);
+    qsa_model_free(m);
+}
+
 /* qsa_host_alloc on the CPU backend: ordinary memory behind the same header (16-byte aligned, as
    large as asked, writable), the refusals, and qsa_host_free of NULL.  (The page-locked form on a
    GPU: gpu/host_alloc_logits_equal_pageable.) */
