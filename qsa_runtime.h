@@ -7931,12 +7931,13 @@ QSA_IMPL qsa_result qsa_sampler_create(const qsa_sampling_params *params, qsa_sa
     if (!s) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sampler_create: out of memory");
     if (params) s->p = *params;
     qsa_sampling_params p = s->p;
-    if (p.temperature < 0 || p.top_p < 0 || p.top_p > 1 || p.min_p < 0 || p.min_p > 1 || p.repetition_penalty < 0 ||
-        p.top_k < 0) {
+    /* written so that NaN fails every test */
+    if (!(p.temperature >= 0 && p.temperature < INFINITY) || !(p.top_p >= 0 && p.top_p <= 1) || !(p.min_p >= 0 && p.min_p <= 1) ||
+        !(p.repetition_penalty >= 0 && p.repetition_penalty < INFINITY) || p.top_k < 0) {
         qsa__free(s);
         return qsa__fail(QSA_ERR_INVALID_ARGUMENT,
                          "qsa_sampler_create: temperature %g, top_k %d, top_p %g, min_p %g, repetition_penalty %g: "
-                         "expected temperature >= 0, top_k >= 0, top_p and min_p in [0, 1], penalty >= 0",
+                         "expected a finite temperature >= 0, top_k >= 0, top_p and min_p in [0, 1], a finite penalty >= 0",
                          p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty);
     }
     QSA__DEF(s->p.penalty_last_n, 64);

@@ -609,7 +609,20 @@ TEST(cpu, sampler_greedy_seeded_and_filters) {
     int32_t hist[1] = {order[0]};
     CHECK(qsa_sampler_sample(s, l, V, hist, 1) == order[1]);
     qsa_sampler_free(s);
-    /* bad parameters are refused */
+    /* bad parameters are refused, NaN and infinities too */
     p.top_p = 2.0f;
     CHECK_ERR(qsa_sampler_create(&p, &s), QSA_ERR_INVALID_ARGUMENT, "top_p");
+    p.top_p = 0.5f;
+    float nonsense[3] = {NAN, INFINITY, -1.0f};
+    for (int i = 0; i < 3; i++) {
+        qsa_sampling_params q = p;
+        q.temperature = nonsense[i];
+        CHECK_ERR(qsa_sampler_create(&q, &s), QSA_ERR_INVALID_ARGUMENT, "expected a finite temperature");
+        q = p;
+        q.repetition_penalty = nonsense[i];
+        CHECK_ERR(qsa_sampler_create(&q, &s), QSA_ERR_INVALID_ARGUMENT, "a finite penalty");
+        q = p;
+        q.min_p = nonsense[i];
+        CHECK_ERR(qsa_sampler_create(&q, &s), QSA_ERR_INVALID_ARGUMENT, "min_p");
+    }
 }
