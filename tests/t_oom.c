@@ -339,3 +339,56 @@ TEST(cpu, out_of_memory_at_each_allocation_of_a_capture_and_replay) {
     remove(path);
     qsa_model_free(m);
 }
+
+#ifndef QSA_NO_CUDA
+/* The CUDA upload's host side (tests/t_tp.c's driver entries: device memory in host memory), the tiny
+   model from its file through a pinned stage of 1,000-value pieces: each host allocation made to fail
+   gives QSA_ERR_OUT_OF_MEMORY, with every copy it queued run before it returns (a copy still queued
+   would read a freed stage on a GPU), no pinned buffer left and no block held once the caller has
+   freed the backend's tables. */
+TEST(cpu, out_of_memory_at_each_allocation_of_an_upload) {
+    qsa_result r;
+    qsa_model *m = to_load(&r);
+    if (r != QSA_OK) SKIP("%s: %s (built by make)", TO_MODEL, qsa_last_error());
+    qsa__cuda_api saved;
+    if (!fd_install(&saved)) { CHECK(0); qsa_model_free(m); return; }
+    long live0 = tq_live, n = 0;
+    int bad = 0;
+    for (long k = -1; k < n && !bad; k = k < 0 ? 0 : k + TO_STRIDE) {
+        qsa__cuda g;
+        memset(&g, 0, sizeof g);
+        g.host_threads = 2;
+        g.upload_piece = 1000;
+        memset(fd_mem, 0, fd_used);
+        memset(fd_wmem, 0, fd_used);
+        fd_used = 0;
+        fd_launches = 0;
+        fd_pinned = 1;
+        fd_hosts = fd_queued = fd_ran = fd_overflow = fd_raced = fd_unwritten = 0;
+        long a0 = tq_allocs;
+        tq_fail_at = k;
+        r = qsa__cuda_upload(m, &g);
+        tq_fail_at = -1;
+        int drained = fd_ran == fd_queued;
+        fd_run_to(fd_queued);
+        if (k < 0) {
+            n = tq_allocs - a0;
+            CHECK(r == QSA_OK);
+        } else {
+            bad = r != QSA_ERR_OUT_OF_MEMORY || !qsa_last_error()[0];
+            TO_EXPECT(!bad, k, n, "qsa__cuda_upload");
+            TO_EXPECT(drained, k, n, "copies still queued when the upload returned");
+            bad |= !drained;
+        }
+        TO_EXPECT(fd_hosts == 0 && !g.stage[0] && !g.stage_cap, k, n, "pinned stage left");
+        bad |= fd_hosts != 0 || g.stage[0] || g.stage_cap;
+        qsa__free(g.allocs);
+        qsa__free(g.layers);
+        TO_EXPECT(tq_live == live0, k, n, "blocks held after the backend's tables are freed");
+        bad |= tq_live != live0;
+    }
+    printf("    %ld allocations in an upload of %s, " TO_WHICH " made to fail\n", n, TO_MODEL);
+    fd_remove(&saved);
+    qsa_model_free(m);
+}
+#endif

@@ -1415,12 +1415,14 @@ static unsigned char *fd_upload(qsa_model *m, size_t piece, int pinned, size_t *
    copies (bound whole), even in pieces of 1000 values: every allocation, in the same order, with the same
    contents, and the same launches; the embedding's device copy is its FP16 image.  Every fixture, the tiny model, and a copy
    with the experts fused.  Runs the upload's host code with the driver entries above. */
-TEST(cpu, upload_from_the_file_writes_the_same_device_bytes) {
-    qsa__cuda_api saved = qsa__cu;
+/* The driver entries above in place of the real ones, over a host buffer of 256 MiB; 0 when it cannot be
+   had.  fd_remove puts the saved entries back. */
+static int fd_install(qsa__cuda_api *saved) {
+    *saved = qsa__cu;
     fd_cap = (size_t)256 << 20;
     fd_mem = (unsigned char *)calloc(fd_cap, 1);
     fd_wmem = (unsigned char *)calloc(fd_cap, 1);
-    if (!fd_mem || !fd_wmem) { CHECK(0); free(fd_mem); free(fd_wmem); return; }
+    if (!fd_mem || !fd_wmem) { free(fd_mem); free(fd_wmem); fd_mem = fd_wmem = NULL; return 0; }
     fd_used = fd_cap; /* (the first fd_upload clears what it will use) */
     memset(&qsa__cu, 0, sizeof qsa__cu);
     qsa__cu.cuMemAlloc_v2 = fd_alloc;
@@ -1436,6 +1438,18 @@ TEST(cpu, upload_from_the_file_writes_the_same_device_bytes) {
     qsa__cu.cuEventSynchronize = fd_event_sync;
     qsa__cu.cuEventDestroy_v2 = fd_event_destroy;
     qsa__cu.cuStreamSynchronize = fd_stream_sync;
+    return 1;
+}
+static void fd_remove(const qsa__cuda_api *saved) {
+    qsa__cu = *saved;
+    free(fd_mem);
+    free(fd_wmem);
+    fd_mem = fd_wmem = NULL;
+}
+
+TEST(cpu, upload_from_the_file_writes_the_same_device_bytes) {
+    qsa__cuda_api saved;
+    if (!fd_install(&saved)) { CHECK(0); return; }
     char dirs[41][600], fused[] = "/tmp/qsa_dev_fused_XXXXXX";
     int have_fused, nd = tp_dirs_and_fused(dirs, fused, &have_fused);
     for (int f = 0; f < nd; f++) {
@@ -1481,10 +1495,7 @@ TEST(cpu, upload_from_the_file_writes_the_same_device_bytes) {
         qsa_model_free(dev);
         qsa_model_free(whole);
     }
-    qsa__cu = saved;
-    free(fd_mem);
-    free(fd_wmem);
-    fd_mem = fd_wmem = NULL;
+    fd_remove(&saved);
     if (have_fused) tp_remove_model(fused);
 }
 #endif
