@@ -43,6 +43,9 @@
  * ERRORS AND LOGGING
  *   Every fallible call returns a qsa_result.  qsa_last_error() (thread-local) gives a message that
  *   names the call, the file/tensor/field and what was expected vs found.  The library never exits.
+ *   A refused call changes nothing; a host allocation that fails gives QSA_ERR_OUT_OF_MEMORY and
+ *   holds nothing it took (tests/t_oom.c fails each allocation in turn); a feed that fails part-way
+ *   through its forward pass leaves its sequence refusing feeds until qsa_seq_reset.
  *   Logging goes to a callback set with qsa_set_logger(); without one the library is silent.
  *   qsa_log_stderr is a ready-made callback.
  *
