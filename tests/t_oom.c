@@ -141,10 +141,16 @@ TEST(cpu, out_of_memory_at_each_allocation_of_the_scheduler) {
         rp[i].sampling.temperature = 0.7f;
         rp[i].sampling.seed = 11u + (unsigned)i;
     }
+    /* request 1 runs on a sequence of the caller's (made before the failures, freed after them) */
+    qsa_seq *own = NULL;
+    CHECK_OK(qsa_seq_create(m, NULL, &own));
+    if (!own) { qsa_model_free(m); return; }
+    rp[1].seq = own;
     long live0 = tq_live;
     /* k = -1: the oracle, both requests without failures; then allocation k fails during the calls,
        after which the scheduler runs on without failures: each request that was taken ends as the
-       oracle's, or in QSA_REQ_ERROR with QSA_ERR_OUT_OF_MEMORY */
+       oracle's, or in QSA_REQ_ERROR with QSA_ERR_OUT_OF_MEMORY; the caller's sequence then holds the
+       prompt and the tokens fed, or refuses feeds until reset */
     int32_t want[2][3];
     int nwant[2] = {0, 0};
     long n = 0;
@@ -152,6 +158,7 @@ TEST(cpu, out_of_memory_at_each_allocation_of_the_scheduler) {
         long a0 = tq_allocs;
         qsa_sched *s = NULL;
         int64_t id[2] = {0, 0};
+        qsa_seq_reset(own);
         tq_fail_at = k;
         r = qsa_sched_create(m, NULL, &s);
         for (int i = 0; i < 2 && r == QSA_OK; i++) r = qsa_sched_submit(s, &rp[i], &id[i]);
@@ -172,11 +179,16 @@ TEST(cpu, out_of_memory_at_each_allocation_of_the_scheduler) {
             } else if (res.status == QSA_REQ_ERROR) {
                 failed = 1;
                 CHECKF(res.error == QSA_ERR_OUT_OF_MEMORY && res.message[0], "request %d, allocation %ld: %s", i, k, res.message);
+                if (i == 1 && own->broken)
+                    CHECK_ERR(qsa_seq_feed(own, want[1], 1, NULL, 0), QSA_ERR_INVALID_ARGUMENT, "qsa_seq_reset");
             } else {
                 int same = res.status == QSA_REQ_DONE && res.n_tokens == nwant[i] &&
                            !memcmp(res.tokens, want[i], sizeof(int32_t) * (size_t)nwant[i]);
                 CHECKF(same, "request %d, allocation %ld: %s, %d tokens", i, k, qsa_request_status_string(res.status), res.n_tokens);
             }
+            if (i == 1 && res.status == QSA_REQ_DONE) /* the prompt and every generated token but the last */
+                CHECKF(qsa_seq_pos(own) == res.n_prompt_fed + res.n_tokens - 1 && !own->broken, "allocation %ld: the caller's "
+                       "sequence at %d after %d prompt tokens and %d generated", k, qsa_seq_pos(own), res.n_prompt_fed, res.n_tokens);
         }
         if (k >= 0) CHECKF(failed, "allocation %ld of %ld failed and nothing said so", k, n);
         qsa_sched_free(s);
@@ -184,6 +196,7 @@ TEST(cpu, out_of_memory_at_each_allocation_of_the_scheduler) {
         if (T_.failed) break;
     }
     printf("    %ld allocations in two requests through the scheduler, " TO_WHICH " made to fail\n", n);
+    qsa_seq_free(own);
     qsa_model_free(m);
 }
 
