@@ -405,3 +405,42 @@ TEST(cpu, out_of_memory_at_each_allocation_of_an_upload) {
     qsa_model_free(m);
 }
 #endif
+
+#ifndef QSA_NO_CUDA
+/* A tensor-parallel rank's view of a model bound from its file (every fixture with PLE, HC, QSA and
+   GDN layers split two ways; slices of file-bound matrices are converted here): each allocation made
+   to fail gives QSA_ERR_OUT_OF_MEMORY, and once the caller frees what the view owns, nothing is held. */
+TEST(cpu, out_of_memory_at_each_allocation_of_a_tp_view) {
+    qsa_model *m = tp_host_model(test_path("tests/fixtures/qsa_hc4_ple_sharded"), 0);
+    if (!m) return;
+    CHECK_OK(qsa_tp_check(&m->cfg, 2));
+    long live0 = tq_live, n = 0;
+    int bad = 0;
+    for (int rank = 0; rank < 2 && !bad; rank++) {
+        for (long k = -1; k < n && !bad; k = k < 0 ? 0 : k + TO_STRIDE) {
+            qsa_model v;
+            qsa__tp_own copies, keep;
+            memset(&copies, 0, sizeof copies);
+            memset(&keep, 0, sizeof keep);
+            long a0 = tq_allocs;
+            tq_fail_at = k;
+            qsa_result r = qsa__tp_view(m, 2, rank, &copies, &keep, &v);
+            tq_fail_at = -1;
+            if (k < 0) {
+                n = tq_allocs - a0;
+                CHECK(r == QSA_OK);
+            } else {
+                bad = r != QSA_ERR_OUT_OF_MEMORY || !qsa_last_error()[0];
+                TO_EXPECT(!bad, k, n, rank ? "qsa__tp_view, rank 1" : "qsa__tp_view, rank 0");
+            }
+            qsa__tp_own_free(&copies);
+            qsa__tp_own_free(&keep);
+            TO_EXPECT(tq_live == live0, k, n, "blocks held after the view's own arrays are freed");
+            bad |= tq_live != live0;
+        }
+        printf("    rank %d: %ld allocations in its view, " TO_WHICH " made to fail\n", rank, n);
+        n = 0;
+    }
+    qsa_model_free(m);
+}
+#endif
