@@ -7,12 +7,13 @@
  * twice on the CPU backend, once with a KV pool of ten 16-token pages (the scheduler's) and once
  * unconstrained (the oracle's).  The input's bytes are read as a sequence of calls: submit (a prompt of
  * ids, some past the vocabulary, or of raw text, chat text or two messages; the context, token limit,
- * sampling, seed, stop strings and EOS handling from the next bytes; a streaming callback), cancel,
- * release, poll and step, with the scheduler's invariants checked after each call.  Then every
+ * sampling, seed, stop strings and EOS handling from the next bytes; a streaming callback that may
+ * stop its request or cancel one; a fresh sequence of the caller's to run on), cancel, release, poll
+ * and step, with the scheduler's invariants checked after each call.  Then every
  * request runs to its end and each one that finished normally must equal the same request through
  * qsa_generate on a fresh sequence of the oracle model, token for token and byte for byte: whatever
- * ran beside it, whichever pages it got, however it was cancelled around.  At the end, with every
- * record released, the pool must be whole. */
+ * ran beside it, whichever pages it got, however it was cancelled around; a caller's sequence then
+ * holds its prompt and the tokens fed.  At the end, with every record released, the pool must be whole. */
 #define QSA_RUNTIME_IMPLEMENTATION
 #include "../../qsa_runtime.h"
 
@@ -55,7 +56,7 @@ typedef struct { const uint8_t *p; size_t n, at; } fz_in;
 static unsigned fz_b(fz_in *in) { return in->at < in->n ? in->p[in->at++] : 0u; }
 
 /* One request as submitted, kept to replay it through qsa_generate. */
-#define FZ_MAXREQ 8
+#define FZ_MAXREQ ((int)(sizeof fz_reqs / sizeof fz_reqs[0]))
 typedef struct {
     int64_t id;
     int released;
@@ -70,18 +71,30 @@ typedef struct {
     qsa_request_params rp;
     int cb_stop_after;         /* the callback asks to stop on this call (0: never) */
     int cb_calls;
+    qsa_sched *sched;          /* the callback's first call cancels request cancel_target there (-1: none) */
+    int cancel_target;
+    qsa_seq *own;              /* a sequence of the caller's the request runs on, or NULL */
     qsa__buf streamed;         /* what the callback received */
 } fz_req;
+
+static fz_req fz_reqs[8];
+static int fz_nreq;
 
 static int fz_on_token(void *user, int32_t token, const char *text, size_t len) {
     fz_req *q = (fz_req *)user;
     FZ_ASSERT(token >= -1 && token < fz_vocab);
     FZ_ASSERT(qsa__buf_put(&q->streamed, text, len));
+    if (q->cb_calls == 0 && q->cancel_target >= 0 && q->cancel_target < fz_nreq && !fz_reqs[q->cancel_target].released) {
+        qsa_result r = qsa_sched_cancel(q->sched, fz_reqs[q->cancel_target].id); /* callbacks may cancel, themselves too */
+        FZ_ASSERT(r == QSA_OK);
+    }
     return ++q->cb_calls == q->cb_stop_after;
 }
 
-static void fz_fill(fz_req *q, fz_in *in) {
+static void fz_fill(fz_req *q, fz_in *in, qsa_sched *s) {
     memset(q, 0, sizeof *q);
+    q->sched = s;
+    q->cancel_target = -1;
     q->kind = (int)(fz_b(in) % 4);
     qsa_request_params *rp = &q->rp;
     if (q->kind == 0) {
@@ -135,7 +148,14 @@ static void fz_fill(fz_req *q, fz_in *in) {
     if (st & 0x40) {
         rp->on_token = fz_on_token;
         rp->user = q;
-        q->cb_stop_after = (int)(fz_b(in) % 6);
+        unsigned cb = fz_b(in);
+        q->cb_stop_after = (int)(cb % 6);
+        if (cb & 0x80) q->cancel_target = (int)(cb >> 3 & 7);
+    }
+    if (st & 0x80) { /* on a fresh sequence of the caller's, of the request's context */
+        qsa_seq_params sp = {rp->n_ctx};
+        FZ_ASSERT(qsa_seq_create(fz_m, rp->n_ctx ? &sp : NULL, &q->own) == QSA_OK);
+        rp->seq = q->own;
     }
 }
 
@@ -198,27 +218,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     sp.max_queued = 1 + (int)(fz_b(&in) % 8);
     qsa_sched *s = NULL;
     FZ_ASSERT(qsa_sched_create(fz_m, &sp, &s) == QSA_OK);
-    static fz_req reqs[FZ_MAXREQ];
-    int nq = 0;
+    fz_nreq = 0;
     for (int ops = 0; in.at < in.n && ops < 64; ops++) {
         unsigned op = fz_b(&in) % 8, pick = fz_b(&in);
-        fz_req *q = nq ? &reqs[pick % (unsigned)nq] : NULL;
-        if (op <= 1 && nq < FZ_MAXREQ) {
-            fz_req *n = &reqs[nq];
-            fz_fill(n, &in);
+        fz_req *q = fz_nreq ? &fz_reqs[pick % (unsigned)fz_nreq] : NULL;
+        if (op <= 1 && fz_nreq < FZ_MAXREQ) {
+            fz_req *n = &fz_reqs[fz_nreq];
+            fz_fill(n, &in, s);
             qsa_sched_info before, after;
             qsa_sched_get_info(s, &before);
             int64_t id = -7;
             if (qsa_sched_submit(s, &n->rp, &id) == QSA_OK) {
                 FZ_ASSERT(id > 0);
                 n->id = id;
-                nq++;
+                fz_nreq++;
             } else { /* refused at once, with no record and nothing taken */
                 FZ_ASSERT(qsa_last_error()[0] != 0);
                 qsa_sched_get_info(s, &after);
                 FZ_ASSERT(after.n_queued == before.n_queued && after.pages_free == before.pages_free &&
                           after.pages_reserved == before.pages_reserved);
                 qsa__buf_free(&n->streamed);
+                if (n->own) FZ_ASSERT(qsa_seq_pos(n->own) == 0);
+                qsa_seq_free(n->own);
             }
         } else if (op == 2 && q && !q->released) {
             FZ_ASSERT(qsa_sched_cancel(s, q->id) == QSA_OK);
@@ -242,8 +263,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     FZ_ASSERT(qsa_sched_run(s) == QSA_OK);
     FZ_ASSERT(qsa_sched_active(s) == 0);
-    for (int i = 0; i < nq; i++) {
-        fz_req *q = &reqs[i];
+    for (int i = 0; i < fz_nreq; i++) {
+        fz_req *q = &fz_reqs[i];
         qsa_request_result r;
         if (!q->released) {
             FZ_ASSERT(qsa_sched_poll(s, q->id, &r) == QSA_OK);
@@ -252,14 +273,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (q->rp.on_token && r.status == QSA_REQ_DONE && r.stop != QSA_STOP_CALLBACK)
                 FZ_ASSERT(q->streamed.len == r.text_len && !memcmp(q->streamed.data ? q->streamed.data : "", r.text, r.text_len));
             if (r.status == QSA_REQ_DONE && r.stop != QSA_STOP_CALLBACK) fz_check_alone(q, &r);
+            /* a caller's sequence holds the prompt and every generated token but the last */
+            if (q->own && r.status == QSA_REQ_DONE)
+                FZ_ASSERT(qsa_seq_pos(q->own) == r.n_prompt_fed + r.n_tokens - 1 && !q->own->broken);
             if (fz_verbose)
-                fprintf(stderr, "fuzz_sched: request %d (kind %d): %s, stop %d, %d prompt tokens, %d generated%s\n", i,
-                        q->kind, qsa_request_status_string(r.status), (int)r.stop, r.n_prompt_fed, r.n_tokens,
+                fprintf(stderr, "fuzz_sched: request %d (kind %d%s): %s, stop %d, %d prompt tokens, %d generated%s\n", i,
+                        q->kind, q->own ? ", the caller's sequence" : "", qsa_request_status_string(r.status), (int)r.stop,
+                        r.n_prompt_fed, r.n_tokens,
                         r.status == QSA_REQ_DONE && r.stop != QSA_STOP_CALLBACK ? ", equal to qsa_generate alone" : "");
             FZ_ASSERT(qsa_sched_release(s, q->id) == QSA_OK);
         }
         qsa__buf_free(&q->streamed);
     }
+    for (int i = 0; i < fz_nreq; i++) qsa_seq_free(fz_reqs[i].own); /* after every request is released */
     qsa_sched_info end;
     qsa_sched_get_info(s, &end);
     FZ_ASSERT(end.pages_free == end.pages_total && end.pages_reserved == 0 && end.n_finished == 0);
