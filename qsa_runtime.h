@@ -6583,29 +6583,23 @@ QSA_IMPL void qsa_model_free(qsa_model *m) {
 /* Parameters no value of which means anything: refused before anything is read (0 is every field's
    default; cuda_batch_decode and cuda_graphs also take -1). */
 QSA_PRIV qsa_result qsa__model_params_check(const qsa_model_params *p) {
-    const char *bad = NULL;
-    int v = 0;
-#define QSA__PARAM(cond, field) if (!bad && !(cond)) { bad = #field; v = (int)p->field; }
-    QSA__PARAM(p->backend >= QSA_BACKEND_AUTO && p->backend <= QSA_BACKEND_CUDA, backend)
-    QSA__PARAM(p->n_threads >= 0, n_threads)
-    QSA__PARAM(p->gdn_chunk_size >= 0 && p->gdn_chunk_size <= 4096, gdn_chunk_size)
-    QSA__PARAM(p->kv_page_size == 0 || p->kv_page_size >= 16, kv_page_size)
-    QSA__PARAM(p->kv_pool_tokens >= 0, kv_pool_tokens)
-    QSA__PARAM(p->device >= 0, device)
-    QSA__PARAM(p->max_chunk >= 0, max_chunk)
-    QSA__PARAM(p->max_batch >= 0, max_batch)
-    QSA__PARAM(p->cuda_batch_decode >= -1 && p->cuda_batch_decode <= 1, cuda_batch_decode)
-    QSA__PARAM(p->cuda_graphs >= -1 && p->cuda_graphs <= 1, cuda_graphs)
-    QSA__PARAM(p->tp >= 0, tp)
-    QSA__PARAM(p->tp_timeout_s >= 0, tp_timeout_s)
+    static const char *const nonneg = "expected >= 0 (0: the default)", *const sw = "expected -1 (off), 0 (default: on) or 1";
+#define QSA__PARAM(cond, field, expected) \
+    if (!(cond)) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_model_load: " #field " %d: %s", (int)p->field, expected)
+    QSA__PARAM(p->backend >= QSA_BACKEND_AUTO && p->backend <= QSA_BACKEND_CUDA, backend, "expected QSA_BACKEND_AUTO, _CPU or _CUDA");
+    QSA__PARAM(p->n_threads >= 0, n_threads, nonneg);
+    QSA__PARAM(p->gdn_chunk_size >= 0 && p->gdn_chunk_size <= 4096, gdn_chunk_size, "expected 0 (64) to 4096");
+    QSA__PARAM(p->kv_page_size == 0 || p->kv_page_size >= 16, kv_page_size, "expected 0 (the hybrid rule) or at least 16 tokens");
+    QSA__PARAM(p->kv_pool_tokens >= 0, kv_pool_tokens, nonneg);
+    QSA__PARAM(p->device >= 0, device, nonneg);
+    QSA__PARAM(p->max_chunk >= 0, max_chunk, nonneg);
+    QSA__PARAM(p->max_batch >= 0, max_batch, nonneg);
+    QSA__PARAM(p->cuda_batch_decode >= -1 && p->cuda_batch_decode <= 1, cuda_batch_decode, sw);
+    QSA__PARAM(p->cuda_graphs >= -1 && p->cuda_graphs <= 1, cuda_graphs, sw);
+    QSA__PARAM(p->tp >= 0, tp, nonneg);
+    QSA__PARAM(p->tp_timeout_s >= 0, tp_timeout_s, nonneg);
 #undef QSA__PARAM
-    if (!bad) return QSA_OK;
-    return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_model_load: %s %d: %s", bad, v,
-                     !strcmp(bad, "kv_page_size")   ? "expected 0 (the hybrid rule) or at least 16 tokens"
-                     : !strcmp(bad, "gdn_chunk_size") ? "expected 0 (64) to 4096"
-                     : !strcmp(bad, "backend")        ? "expected QSA_BACKEND_AUTO, _CPU or _CUDA"
-                     : !strncmp(bad, "cuda_", 5)      ? "expected -1 (off), 0 (default: on) or 1"
-                                                      : "expected >= 0 (0: the default)");
+    return QSA_OK;
 }
 
 /* The host model of `dir`: config, generation config, the mapped checkpoint and its tensors bound with the
