@@ -9329,26 +9329,33 @@ QSA_PRIV int qsa__cache_dir(char *out, size_t cap) {
 }
 
 /* Cache file layout: "QSAK" magic, u64 key, u64 image length, image, u64 FNV of the image.  A file
-   that is short, has another key or a bad checksum is a miss (and gets rewritten). */
-QSA_PRIV char *qsa__cache_read(const char *path, uint64_t key, size_t *len) {
+   that is short, has another key or a bad checksum is a miss (*img NULL; it gets rewritten).  A hit
+   whose copy cannot be allocated is QSA_ERR_OUT_OF_MEMORY, not a miss (a miss compiles the kernels
+   again: a minute of NVRTC that would need more memory still). */
+QSA_PRIV qsa_result qsa__cache_read(const char *path, uint64_t key, char **img, size_t *len) {
     qsa__map m;
-    if (qsa__map_file(path, &m) != QSA_OK) { qsa_clear_error(); return NULL; }
-    char *img = NULL;
+    *img = NULL;
+    if (qsa__map_file(path, &m) != QSA_OK) { qsa_clear_error(); return QSA_OK; }
     uint64_t k, n, sum;
+    qsa_result r = QSA_OK;
     if (m.size >= 28 && !memcmp(m.data, "QSAK", 4)) {
         memcpy(&k, m.data + 4, 8);
         memcpy(&n, m.data + 12, 8);
         if (k == key && n <= m.size - 28) {
             memcpy(&sum, m.data + 20 + n, 8);
-            if (sum == qsa__fnv(0xcbf29ce484222325ull, m.data + 20, (size_t)n) && (img = QSA__ALLOC(char, (size_t)n + 1))) {
-                memcpy(img, m.data + 20, (size_t)n);
-                img[n] = 0;
-                *len = (size_t)n;
+            if (sum == qsa__fnv(0xcbf29ce484222325ull, m.data + 20, (size_t)n)) {
+                if ((*img = QSA__ALLOC(char, (size_t)n + 1))) {
+                    memcpy(*img, m.data + 20, (size_t)n);
+                    (*img)[n] = 0;
+                    *len = (size_t)n;
+                } else {
+                    r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "kernels: out of memory reading the cached module %s", path);
+                }
             }
         }
     }
     qsa__unmap(&m);
-    return img;
+    return r;
 }
 
 QSA_PRIV void qsa__cache_write(const char *path, uint64_t key, const char *img, size_t len) {
@@ -9395,9 +9402,10 @@ QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
     if (use_cache) snprintf(path, sizeof path, "%s/kernels-%016llx.%s", dir, (unsigned long long)key, strncmp(arch, "sm_", 3) ? "ptx" : "cubin");
     double t0 = qsa__now();
     size_t len = 0;
-    char *img = use_cache ? qsa__cache_read(path, key, &len) : NULL;
+    char *img = NULL;
+    if (use_cache) r = qsa__cache_read(path, key, &img, &len);
     g->jit_from_cache = img != NULL;
-    if (!img) {
+    if (r == QSA_OK && !img) {
         r = qsa__nvrtc_compile(src, "kernels.cu", opts, nopts, arch, &img, &len, NULL);
         if (r == QSA_OK && use_cache) qsa__cache_write(path, key, img, len);
     }

@@ -5,7 +5,9 @@
  * blocks it took, and leave what existed before it usable: a model that loads after the failures gives
  * the same tokens, a sequence whose generation failed generates the same tokens once reset, and a
  * scheduler serves the next requests exactly.  Models: models/tiny (tokenizer, PLE, HC, both layer
- * kinds), the CPU backend on one thread. */
+ * kinds), the CPU backend on one thread; the loads, the generation and the scheduler again on the CUDA
+ * backend (group gpu), where the host code also uploads, plans batches, captures graphs, and no device
+ * memory may be left behind either. */
 
 #define TO_MODEL "models/tiny"
 /* Every allocation in the plain build; under AddressSanitizer (ten times slower) every fifth, which
@@ -17,17 +19,37 @@
 #define TO_STRIDE 1
 #define TO_WHICH "each"
 #endif
+/* On the GPU (a load ~50 ms even with the kernels cached): every third */
+#define TO_GPU_STRIDE 3
+static const char *to_which(long stride) { return stride == 1 ? "each" : stride == 3 ? "every third" : "every fifth"; }
 
-static qsa_model *to_load_dir(const char *dir, qsa_result *r) {
+static qsa_model *to_load_dir(const char *dir, qsa_backend backend, qsa_result *r) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
-    mp.backend = QSA_BACKEND_CPU;
-    mp.n_threads = 1;
+    mp.backend = backend;
+    mp.n_threads = backend == QSA_BACKEND_CPU ? 1 : 0;
     qsa_model *m = (qsa_model *)1;
     *r = qsa_model_load(test_path(dir), &mp, &m);
     return m;
 }
-static qsa_model *to_load(qsa_result *r) { return to_load_dir(TO_MODEL, r); }
+static qsa_model *to_load(qsa_result *r) { return to_load_dir(TO_MODEL, QSA_BACKEND_CPU, r); }
+
+/* The device memory free in the context of m (a model on the CUDA backend), to see that failures leave
+   none of it behind; 0 for a model on the CPU.  A leak of a failed load's weights or scratch (MiBs to
+   tens of MiBs, over dozens of failures) would show far past TO_DEV_SLACK. */
+#define TO_DEV_SLACK ((long long)16 << 20)
+static long long to_dev_free(const qsa_model *m) {
+#ifndef QSA_NO_CUDA
+    size_t fr = 0, tot = 0;
+    if (m && m->cuda && qsa__cu.cuCtxSetCurrent(m->cuda->ctx) == 0 && qsa__cu.cuMemGetInfo_v2(&fr, &tot) == 0) return (long long)fr;
+#else
+    (void)m;
+#endif
+    return 0;
+}
+#define TO_DEV_EXPECT(m, before, what)                                                                            \
+    CHECKF(llabs(to_dev_free(m) - (before)) <= TO_DEV_SLACK, "%s: device memory free %.1f MiB before, %.1f after", \
+           what, (double)(before) / 1048576.0, (double)to_dev_free(m) / 1048576.0)
 
 /* The tokens of a short chat answer: the oracle the failures are compared with. */
 static qsa_result to_generate(qsa_seq *s, const int32_t *prompt, int n, qsa_generation *g) {
@@ -47,34 +69,43 @@ static qsa_result to_generate(qsa_seq *s, const int32_t *prompt, int n, qsa_gene
            qsa_result_string(r), qsa_last_error(), tq_live - live0)
 
 /* The tiny model (tokenizer, generation config), NVFP4 experts (hf_quant_config.json) and a sharded
-   checkpoint (model.safetensors.index.json). */
-TEST(cpu, out_of_memory_at_each_allocation_of_a_load) {
+   checkpoint (model.safetensors.index.json), loaded on the backend with every stride-th allocation made
+   to fail in turn: QSA_ERR_OUT_OF_MEMORY with a message, no model, no block held.  The allocations are
+   counted on a second load (the first on a backend may set up what the process keeps).  dev: a model
+   held on the CUDA backend throughout (its context stays, and the device memory is compared in it). */
+static void to_sweep_loads(qsa_backend backend, long stride, const qsa_model *dev) {
     static const char *const dirs[3] = {TO_MODEL, "tests/fixtures/nvfp4_experts", "tests/fixtures/qsa_hc4_ple_sharded"};
     for (int d = 0; d < 3; d++) {
         qsa_result r;
-        long live0 = tq_live, a0 = tq_allocs;
-        qsa_model *m = to_load_dir(dirs[d], &r);
+        qsa_model *m = to_load_dir(dirs[d], backend, &r);
         if (r != QSA_OK) SKIP("%s: %s (models/tiny is built by make)", dirs[d], qsa_last_error());
+        qsa_model_free(m);
+        long live0 = tq_live, a0 = tq_allocs;
+        m = to_load_dir(dirs[d], backend, &r);
+        CHECK_OK(r);
+        if (r != QSA_OK) return;
         long n = tq_allocs - a0;
         qsa_model_free(m);
         CHECKF(tq_live == live0, "%s: a load and a free hold %ld blocks", dirs[d], tq_live - live0);
+        long long free0 = to_dev_free(dev);
         int bad = 0;
-        for (long k = 0; k < n && !bad; k += TO_STRIDE) {
+        for (long k = 0; k < n && !bad; k += stride) {
             tq_fail_at = k;
-            m = to_load_dir(dirs[d], &r);
+            m = to_load_dir(dirs[d], backend, &r);
             tq_fail_at = -1;
             if (r == QSA_OK) qsa_model_free(m);
             bad = r != QSA_ERR_OUT_OF_MEMORY || m != NULL || tq_live != live0 || !qsa_last_error()[0];
             TO_EXPECT(!bad, k, n, dirs[d]);
         }
-        printf("    %ld allocations in a load of %s, " TO_WHICH " made to fail\n", n, dirs[d]);
+        if (free0) TO_DEV_EXPECT(dev, free0, dirs[d]);
+        printf("    %ld allocations in a load of %s, %s made to fail\n", n, dirs[d], to_which(stride));
     }
 }
+TEST(cpu, out_of_memory_at_each_allocation_of_a_load) { to_sweep_loads(QSA_BACKEND_CPU, TO_STRIDE, NULL); }
 
-TEST(cpu, out_of_memory_at_each_allocation_of_a_generation) {
+/* A sequence and a short generation on m, every stride-th allocation made to fail in turn */
+static void to_sweep_generation(qsa_model *m, long stride) {
     qsa_result r;
-    qsa_model *m = to_load(&r);
-    if (r != QSA_OK) SKIP("%s: %s (built by make)", TO_MODEL, qsa_last_error());
     const qsa_tokenizer *tok = qsa_model_get_tokenizer(m);
     qsa_chat_message msg = {"user", "What is a page pool?"};
     char *text = NULL;
@@ -92,8 +123,9 @@ TEST(cpu, out_of_memory_at_each_allocation_of_a_generation) {
     long n = tq_allocs - a0;
     qsa_seq_free(s);
     long live0 = tq_live;
+    long long free0 = to_dev_free(m);
     int bad = 0;
-    for (long k = 0; k < n && !bad; k += TO_STRIDE) {
+    for (long k = 0; k < n && !bad; k += stride) {
         qsa_generation g;
         memset(&g, 0, sizeof g);
         s = NULL;
@@ -120,16 +152,23 @@ TEST(cpu, out_of_memory_at_each_allocation_of_a_generation) {
         TO_EXPECT(tq_live == live0, k, n, "blocks held after the sequence is freed");
         bad = !failed || !refused || !again_same || tq_live != live0;
     }
-    printf("    %ld allocations in a sequence and a generation, " TO_WHICH " made to fail\n", n);
+    if (free0) TO_DEV_EXPECT(m, free0, "sequences and generations that failed");
+    printf("    %ld allocations in a sequence and a generation, %s made to fail\n", n, to_which(stride));
     qsa_generation_free(&ref);
     qsa_free(ids);
-    qsa_model_free(m);
 }
-
-TEST(cpu, out_of_memory_at_each_allocation_of_the_scheduler) {
+TEST(cpu, out_of_memory_at_each_allocation_of_a_generation) {
     qsa_result r;
     qsa_model *m = to_load(&r);
     if (r != QSA_OK) SKIP("%s: %s (built by make)", TO_MODEL, qsa_last_error());
+    to_sweep_generation(m, TO_STRIDE);
+    qsa_model_free(m);
+}
+
+/* Two scheduler requests on m, one on a sequence of the caller's, every stride-th allocation made to fail
+   in turn */
+static void to_sweep_sched(qsa_model *m, long stride) {
+    qsa_result r;
     qsa_request_params rp[2];
     memset(rp, 0, sizeof rp);
     rp[0].text = "Two requests share";
@@ -144,7 +183,7 @@ TEST(cpu, out_of_memory_at_each_allocation_of_the_scheduler) {
     /* request 1 runs on a sequence of the caller's (made before the failures, freed after them) */
     qsa_seq *own = NULL;
     CHECK_OK(qsa_seq_create(m, NULL, &own));
-    if (!own) { qsa_model_free(m); return; }
+    if (!own) return;
     rp[1].seq = own;
     long live0 = tq_live;
     /* k = -1: the oracle, both requests without failures; then allocation k fails during the calls,
@@ -154,7 +193,8 @@ TEST(cpu, out_of_memory_at_each_allocation_of_the_scheduler) {
     int32_t want[2][3];
     int nwant[2] = {0, 0};
     long n = 0;
-    for (long k = -1; k < n; k = k < 0 ? 0 : k + TO_STRIDE) {
+    long long free0 = 0;
+    for (long k = -1; k < n; k = k < 0 ? 0 : k + stride) {
         long a0 = tq_allocs;
         qsa_sched *s = NULL;
         int64_t id[2] = {0, 0};
@@ -193,10 +233,18 @@ TEST(cpu, out_of_memory_at_each_allocation_of_the_scheduler) {
         if (k >= 0) CHECKF(failed, "allocation %ld of %ld failed and nothing said so", k, n);
         qsa_sched_free(s);
         CHECKF(tq_live == live0, "allocation %ld: %ld blocks held after qsa_sched_free", k, tq_live - live0);
+        if (k < 0) free0 = to_dev_free(m);
         if (T_.failed) break;
     }
-    printf("    %ld allocations in two requests through the scheduler, " TO_WHICH " made to fail\n", n);
+    if (free0) TO_DEV_EXPECT(m, free0, "scheduler runs that failed");
+    printf("    %ld allocations in two requests through the scheduler, %s made to fail\n", n, to_which(stride));
     qsa_seq_free(own);
+}
+TEST(cpu, out_of_memory_at_each_allocation_of_the_scheduler) {
+    qsa_result r;
+    qsa_model *m = to_load(&r);
+    if (r != QSA_OK) SKIP("%s: %s (built by make)", TO_MODEL, qsa_last_error());
+    to_sweep_sched(m, TO_STRIDE);
     qsa_model_free(m);
 }
 
@@ -296,6 +344,33 @@ TEST(cpu, out_of_memory_at_each_allocation_of_the_tokenizer) {
     printf("    %ld allocations in a chat prompt's template, encoding and decoding, " TO_WHICH " made to fail\n", m);
     qsa_tokenizer_free(t);
 }
+
+#ifndef QSA_NO_CUDA
+/* The same on the CUDA backend: the load's host side now also builds the device tables, uploads and sets up
+   the scratch; a generation's also plans its launches, the scheduler's batched steps capture and replay
+   graphs.  Each failure also leaves the device memory as it was.  The model for the generation and the
+   scheduler is loaded once (their graphs captured by the oracle's run); ref holds the context during the
+   loads. */
+TEST(gpu, out_of_memory_at_each_host_allocation_of_a_cuda_load) {
+    qsa_result r;
+    qsa_model *ref = to_load_dir(TO_MODEL, QSA_BACKEND_CUDA, &r);
+    if (r == QSA_ERR_NO_DEVICE) SKIP("no CUDA device: %s", qsa_last_error());
+    CHECK_OK(r);
+    if (r != QSA_OK) return;
+    to_sweep_loads(QSA_BACKEND_CUDA, TO_GPU_STRIDE, ref);
+    qsa_model_free(ref);
+}
+TEST(gpu, out_of_memory_at_each_host_allocation_of_a_cuda_generation) {
+    qsa_result r;
+    qsa_model *m = to_load_dir(TO_MODEL, QSA_BACKEND_CUDA, &r);
+    if (r == QSA_ERR_NO_DEVICE) SKIP("no CUDA device: %s", qsa_last_error());
+    CHECK_OK(r);
+    if (r != QSA_OK) return;
+    to_sweep_generation(m, TO_GPU_STRIDE);
+    to_sweep_sched(m, TO_GPU_STRIDE);
+    qsa_model_free(m);
+}
+#endif
 
 /* Capture and replay of a QSA layer (tests/t_planner.c has the same flow without failures), and a
    prefill through the chunked GDN form: each allocation made to fail gives QSA_ERR_OUT_OF_MEMORY,
