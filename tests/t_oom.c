@@ -33,6 +33,17 @@ static qsa_model *to_load_dir(const char *dir, qsa_backend backend, qsa_result *
     return m;
 }
 static qsa_model *to_load(qsa_result *r) { return to_load_dir(TO_MODEL, QSA_BACKEND_CPU, r); }
+/* The tiny model on the backend into m, or the test skips (no device; on the CPU no models/tiny, which make
+   builds) or fails */
+#define TO_MODEL_OR_SKIP(backend, m)                                                                        \
+    do {                                                                                                    \
+        qsa_result r_;                                                                                      \
+        (m) = to_load_dir(TO_MODEL, (backend), &r_);                                                        \
+        if (r_ == QSA_ERR_NO_DEVICE || (r_ != QSA_OK && (backend) == QSA_BACKEND_CPU))                      \
+            SKIP("%s: %s", TO_MODEL, qsa_last_error());                                                     \
+        CHECK_OK(r_);                                                                                       \
+        if (r_ != QSA_OK) return;                                                                           \
+    } while (0)
 
 /* The device memory free in the context of m (a model on the CUDA backend), to see that failures leave
    none of it behind; 0 for a model on the CPU.  A leak of a failed load's weights or scratch (MiBs to
@@ -158,9 +169,8 @@ static void to_sweep_generation(qsa_model *m, long stride) {
     qsa_free(ids);
 }
 TEST(cpu, out_of_memory_at_each_allocation_of_a_generation) {
-    qsa_result r;
-    qsa_model *m = to_load(&r);
-    if (r != QSA_OK) SKIP("%s: %s (built by make)", TO_MODEL, qsa_last_error());
+    qsa_model *m;
+    TO_MODEL_OR_SKIP(QSA_BACKEND_CPU, m);
     to_sweep_generation(m, TO_STRIDE);
     qsa_model_free(m);
 }
@@ -241,9 +251,8 @@ static void to_sweep_sched(qsa_model *m, long stride) {
     qsa_seq_free(own);
 }
 TEST(cpu, out_of_memory_at_each_allocation_of_the_scheduler) {
-    qsa_result r;
-    qsa_model *m = to_load(&r);
-    if (r != QSA_OK) SKIP("%s: %s (built by make)", TO_MODEL, qsa_last_error());
+    qsa_model *m;
+    TO_MODEL_OR_SKIP(QSA_BACKEND_CPU, m);
     to_sweep_sched(m, TO_STRIDE);
     qsa_model_free(m);
 }
@@ -352,20 +361,14 @@ TEST(cpu, out_of_memory_at_each_allocation_of_the_tokenizer) {
    scheduler is loaded once (their graphs captured by the oracle's run); ref holds the context during the
    loads. */
 TEST(gpu, out_of_memory_at_each_host_allocation_of_a_cuda_load) {
-    qsa_result r;
-    qsa_model *ref = to_load_dir(TO_MODEL, QSA_BACKEND_CUDA, &r);
-    if (r == QSA_ERR_NO_DEVICE) SKIP("no CUDA device: %s", qsa_last_error());
-    CHECK_OK(r);
-    if (r != QSA_OK) return;
+    qsa_model *ref;
+    TO_MODEL_OR_SKIP(QSA_BACKEND_CUDA, ref);
     to_sweep_loads(QSA_BACKEND_CUDA, TO_GPU_STRIDE, ref);
     qsa_model_free(ref);
 }
 TEST(gpu, out_of_memory_at_each_host_allocation_of_a_cuda_generation) {
-    qsa_result r;
-    qsa_model *m = to_load_dir(TO_MODEL, QSA_BACKEND_CUDA, &r);
-    if (r == QSA_ERR_NO_DEVICE) SKIP("no CUDA device: %s", qsa_last_error());
-    CHECK_OK(r);
-    if (r != QSA_OK) return;
+    qsa_model *m;
+    TO_MODEL_OR_SKIP(QSA_BACKEND_CUDA, m);
     to_sweep_generation(m, TO_GPU_STRIDE);
     to_sweep_sched(m, TO_GPU_STRIDE);
     qsa_model_free(m);
