@@ -14,10 +14,8 @@
    still puts its checks on each kind of failure path. */
 #if defined(__SANITIZE_ADDRESS__)
 #define TO_STRIDE 5
-#define TO_WHICH "every fifth"
 #else
 #define TO_STRIDE 1
-#define TO_WHICH "each"
 #endif
 /* On the GPU (a load ~50 ms even with the kernels cached): every third */
 #define TO_GPU_STRIDE 3
@@ -33,17 +31,18 @@ static qsa_model *to_load_dir(const char *dir, qsa_backend backend, qsa_result *
     return m;
 }
 static qsa_model *to_load(qsa_result *r) { return to_load_dir(TO_MODEL, QSA_BACKEND_CPU, r); }
-/* The tiny model on the backend into m, or the test skips (no device; on the CPU no models/tiny, which make
-   builds) or fails */
-#define TO_MODEL_OR_SKIP(backend, m)                                                                        \
+/* The model in dir (TO_MODEL: the tiny one) on the backend into m, or the test skips (no device; on the CPU
+   no models/tiny, which make builds) or fails (a load on the device that fails otherwise) */
+#define TO_LOAD_OR_SKIP(dir, backend, m)                                                                    \
     do {                                                                                                    \
         qsa_result r_;                                                                                      \
-        (m) = to_load_dir(TO_MODEL, (backend), &r_);                                                        \
+        (m) = to_load_dir((dir), (backend), &r_);                                                           \
         if (r_ == QSA_ERR_NO_DEVICE || (r_ != QSA_OK && (backend) == QSA_BACKEND_CPU))                      \
-            SKIP("%s: %s", TO_MODEL, qsa_last_error());                                                     \
+            SKIP("%s: %s", (dir), qsa_last_error());                                                        \
         CHECK_OK(r_);                                                                                       \
         if (r_ != QSA_OK) return;                                                                           \
     } while (0)
+#define TO_MODEL_OR_SKIP(backend, m) TO_LOAD_OR_SKIP(TO_MODEL, backend, m)
 
 /* The device memory free in the context of m (a model on the CUDA backend), to see that failures leave
    none of it behind; 0 for a model on the CPU.  A leak of a failed load's weights or scratch (MiBs to
@@ -88,8 +87,8 @@ static void to_sweep_loads(qsa_backend backend, long stride, const qsa_model *de
     static const char *const dirs[3] = {TO_MODEL, "tests/fixtures/nvfp4_experts", "tests/fixtures/qsa_hc4_ple_sharded"};
     for (int d = 0; d < 3; d++) {
         qsa_result r;
-        qsa_model *m = to_load_dir(dirs[d], backend, &r);
-        if (r != QSA_OK) SKIP("%s: %s (models/tiny is built by make)", dirs[d], qsa_last_error());
+        qsa_model *m;
+        TO_LOAD_OR_SKIP(dirs[d], backend, m);
         qsa_model_free(m);
         long live0 = tq_live, a0 = tq_allocs;
         m = to_load_dir(dirs[d], backend, &r);
@@ -307,7 +306,7 @@ TEST(cpu, out_of_memory_at_each_allocation_of_the_tokenizer) {
         bad = r != QSA_ERR_OUT_OF_MEMORY || f != NULL || tq_live != live0 || !qsa_last_error()[0];
         TO_EXPECT(!bad, k, n, "qsa_tokenizer_load");
     }
-    printf("    %ld allocations in a load of the Qwen3 tokenizer, " TO_WHICH " made to fail\n", n);
+    printf("    %ld allocations in a load of the Qwen3 tokenizer, %s made to fail\n", n, to_which(TO_STRIDE));
     CHECK_OK(qsa_tokenizer_load(path, &t));
     if (!t) return;
     /* encode a conversation and decode it back, in one piece and streamed */
@@ -350,7 +349,7 @@ TEST(cpu, out_of_memory_at_each_allocation_of_the_tokenizer) {
         TO_EXPECT(tq_live == live0, k, m, "blocks held after the texts are freed");
         bad |= tq_live != live0;
     }
-    printf("    %ld allocations in a chat prompt's template, encoding and decoding, " TO_WHICH " made to fail\n", m);
+    printf("    %ld allocations in a chat prompt's template, encoding and decoding, %s made to fail\n", m, to_which(TO_STRIDE));
     qsa_tokenizer_free(t);
 }
 
@@ -426,7 +425,7 @@ TEST(cpu, out_of_memory_at_each_allocation_of_a_capture_and_replay) {
         TO_EXPECT(tq_live == live0, k, n, "blocks held after the sequence is freed");
         bad |= tq_live != live0;
     }
-    printf("    %ld allocations in a captured chunked prefill and its replay, " TO_WHICH " made to fail\n", n);
+    printf("    %ld allocations in a captured chunked prefill and its replay, %s made to fail\n", n, to_which(TO_STRIDE));
     remove(path);
     qsa_model_free(m);
 }
@@ -478,7 +477,7 @@ TEST(cpu, out_of_memory_at_each_allocation_of_an_upload) {
         TO_EXPECT(tq_live == live0, k, n, "blocks held after the backend's tables are freed");
         bad |= tq_live != live0;
     }
-    printf("    %ld allocations in an upload of %s, " TO_WHICH " made to fail\n", n, TO_MODEL);
+    printf("    %ld allocations in an upload of %s, %s made to fail\n", n, TO_MODEL, to_which(TO_STRIDE));
     fd_remove(&saved);
     qsa_model_free(m);
 }
@@ -516,7 +515,7 @@ TEST(cpu, out_of_memory_at_each_allocation_of_a_tp_view) {
             TO_EXPECT(tq_live == live0, k, n, "blocks held after the view's own arrays are freed");
             bad |= tq_live != live0;
         }
-        printf("    rank %d: %ld allocations in its view, " TO_WHICH " made to fail\n", rank, n);
+        printf("    rank %d: %ld allocations in its view, %s made to fail\n", rank, n, to_which(TO_STRIDE));
         n = 0;
     }
     qsa_model_free(m);
