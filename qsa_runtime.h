@@ -9665,15 +9665,24 @@ QSA_PRIV qsa_result qsa__cuda_upload_all(qsa_model *m, qsa__cuda *g) {
     }
     return QSA_OK;
 }
-/* The model's weights -> the device through the stage (slots of g->upload_piece FP16 values' bytes, default
-   QSA__UPLOAD_PIECE); returns when every copy has finished, or with the first error. */
-QSA_PRIV qsa_result qsa__cuda_upload(qsa_model *m, qsa__cuda *g) {
-    QSA__TRY(qsa__stage_open(g, 2 * (g->upload_piece ? g->upload_piece : QSA__UPLOAD_PIECE)));
-    qsa_result r = qsa__cuda_upload_all(m, g);
+/* fn(ctx) with the upload's stage open (slots of `slot` bytes): every host-to-device copy (qsa__dupload,
+   qsa__stage_piece_up) goes through it.  Returns when every copy has finished, or with the first error; the
+   stage is freed either way. */
+QSA_PRIV qsa_result qsa__staged(qsa__cuda *g, size_t slot, qsa_result (*fn)(void *ctx), void *ctx) {
+    QSA__TRY(qsa__stage_open(g, slot));
+    qsa_result r = fn(ctx);
     if (r == QSA_OK) return qsa__stage_close(g);
     if (g->stage_pinned) qsa__cu.cuStreamSynchronize(g->stream); /* (the copies read the stage: their error is r's) */
     qsa__stage_free(g);
     return r;
+}
+typedef struct qsa__upload_job { qsa_model *m; qsa__cuda *g; } qsa__upload_job;
+QSA_PRIV qsa_result qsa__upload_job_run(void *c) { return qsa__cuda_upload_all(((qsa__upload_job *)c)->m, ((qsa__upload_job *)c)->g); }
+/* The model's weights -> the device through the stage (slots of g->upload_piece FP16 values' bytes, default
+   QSA__UPLOAD_PIECE). */
+QSA_PRIV qsa_result qsa__cuda_upload(qsa_model *m, qsa__cuda *g) {
+    qsa__upload_job job = {m, g};
+    return qsa__staged(g, 2 * (g->upload_piece ? g->upload_piece : QSA__UPLOAD_PIECE), qsa__upload_job_run, &job);
 }
 
 /* Scratch sized for chunks of `max_tokens`. */

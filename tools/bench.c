@@ -1417,13 +1417,14 @@ static qsa_result bench_pool(bench *b, long long tokens) {
     return QSA_OK;
 }
 
+static qsa_result bench_build_weights_job(void *b) { return bench_build_weights((bench *)b); }
 /* Build the model on the device: weights, scratch, the memory plan and the first KV pool. */
 static qsa_result bench_load(bench *b, bench_plan *pl) {
     qsa__cuda *g = b->g;
     qsa_model *m = b->m;
     double t0 = qsa__now();
     b->dry = 0;
-    QSA__TRY(bench_build_weights(b));
+    QSA__TRY(qsa__staged(g, (size_t)1 << 20, bench_build_weights_job, b)); /* (its tables' copies: the stage) */
     QSA__TRY(qsa__cuda_scratch(m, g, m->params.max_chunk));
     QSA__CU(qsa__cu.cuCtxSynchronize());
     b->load_s = qsa__now() - t0;
