@@ -22,6 +22,7 @@ static void tq_free(void *p);
 #define QSA_RUNTIME_IMPLEMENTATION
 #include "../qsa_runtime.h"
 
+#include <execinfo.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,9 +30,20 @@ static void tq_free(void *p);
 static long tq_live;          /* blocks allocated and not yet freed */
 static long tq_fail_at = -1;  /* allocations left before one fails; -1: none fails */
 static long tq_allocs;        /* allocations so far (also those that failed) */
+/* With QSA_TEST_OOM_TRACE set, each allocation made to fail prints its call stack to stderr ("oom-trace:"
+   lines of module(+offset) addresses, for addr2line -f -e tests/test_qsa): which allocation a sweep's
+   failure names. */
 static int tq_fail_now(void) {
     __atomic_fetch_add(&tq_allocs, 1, __ATOMIC_RELAXED);
-    return __atomic_load_n(&tq_fail_at, __ATOMIC_RELAXED) >= 0 && __atomic_fetch_sub(&tq_fail_at, 1, __ATOMIC_RELAXED) == 0;
+    int fail = __atomic_load_n(&tq_fail_at, __ATOMIC_RELAXED) >= 0 && __atomic_fetch_sub(&tq_fail_at, 1, __ATOMIC_RELAXED) == 0;
+    if (fail && getenv("QSA_TEST_OOM_TRACE")) {
+        void *at[24];
+        int n = backtrace(at, 24);
+        fprintf(stderr, "oom-trace: the allocation made to fail:\n");
+        fflush(stderr);
+        backtrace_symbols_fd(at, n, 2);
+    }
+    return fail;
 }
 static void *tq_malloc(size_t n) {
     if (tq_fail_now()) return NULL;
