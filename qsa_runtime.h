@@ -9329,13 +9329,15 @@ QSA_PRIV int qsa__cache_dir(char *out, size_t cap) {
 }
 
 /* Cache file layout: "QSAK" magic, u64 key, u64 image length, image, u64 FNV of the image.  A file
-   that is short, has another key or a bad checksum is a miss (*img NULL; it gets rewritten).  A hit
-   whose copy cannot be allocated is QSA_ERR_OUT_OF_MEMORY, not a miss (a miss compiles the kernels
-   again: a minute of NVRTC that would need more memory still). */
+   that is absent, unreadable, short, has another key or a bad checksum is a miss (*img NULL; it gets
+   rewritten).  Running out of host memory while mapping it or copying a hit is QSA_ERR_OUT_OF_MEMORY,
+   not a miss (a miss compiles the kernels again: a minute of NVRTC that would need more memory still). */
 QSA_PRIV qsa_result qsa__cache_read(const char *path, uint64_t key, char **img, size_t *len) {
     qsa__map m;
     *img = NULL;
-    if (qsa__map_file(path, &m) != QSA_OK) { qsa_clear_error(); return QSA_OK; }
+    qsa_result mr = qsa__map_file(path, &m);
+    if (mr == QSA_ERR_OUT_OF_MEMORY) return mr;
+    if (mr != QSA_OK) { qsa_clear_error(); return QSA_OK; }
     uint64_t k, n, sum;
     qsa_result r = QSA_OK;
     if (m.size >= 28 && !memcmp(m.data, "QSAK", 4)) {

@@ -431,6 +431,40 @@ TEST(cpu, out_of_memory_at_each_allocation_of_a_capture_and_replay) {
 }
 
 #ifndef QSA_NO_CUDA
+/* The kernel cache's read (qsa__cache_read): a hit gives the image written; each host allocation of the
+   read made to fail (the mapping's path, the image's copy) gives QSA_ERR_OUT_OF_MEMORY with a message and
+   no image, never a miss (a miss compiles every kernel again); an absent file is a miss. */
+TEST(cpu, out_of_memory_at_each_allocation_of_a_kernel_cache_read) {
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/qsa_test_oom_cache_%d.ptx", (int)getpid());
+    static const char image[] = "// a module's image";
+    const uint64_t key = 0x1234abcdull;
+    qsa__cache_write(path, key, image, sizeof image - 1);
+    char *img = NULL;
+    size_t len = 0;
+    long a0 = tq_allocs, live0 = tq_live;
+    qsa_result r = qsa__cache_read(path, key, &img, &len);
+    long n = tq_allocs - a0;
+    CHECK(r == QSA_OK && img && len == sizeof image - 1 && !memcmp(img, image, len));
+    qsa_free(img);
+    CHECKF(n >= 2, "%ld allocations in a cache read (the path's copy, the image's)", n);
+    int bad = 0;
+    for (long k = 0; k < n && !bad; k++) {
+        img = NULL;
+        tq_fail_at = k;
+        r = qsa__cache_read(path, key, &img, &len);
+        tq_fail_at = -1;
+        bad = r != QSA_ERR_OUT_OF_MEMORY || img != NULL || !qsa_last_error()[0] || tq_live != live0;
+        TO_EXPECT(!bad, k, n, "qsa__cache_read");
+        qsa_free(img);
+    }
+    remove(path);
+    img = (char *)1;
+    r = qsa__cache_read(path, key, &img, &len);
+    CHECKF(r == QSA_OK && img == NULL, "an absent cache file: %s, image %p", qsa_result_string(r), (void *)img);
+    printf("    %ld allocations in a kernel cache read, each made to fail\n", n);
+}
+
 /* The CUDA upload's host side (tests/t_tp.c's driver entries: device memory in host memory), the tiny
    model from its file through a pinned stage of 1,000-value pieces: each host allocation made to fail
    gives QSA_ERR_OUT_OF_MEMORY, with every copy it queued run before it returns (a copy still queued
