@@ -102,9 +102,10 @@ static void to_sweep_loads(qsa_backend backend, long stride, const qsa_model *de
         for (long k = 0; k < n && !bad; k += stride) {
             tq_fail_at = k;
             m = to_load_dir(dirs[d], backend, &r);
+            long left = tq_fail_at; /* (-1 once allocation k was made to fail) */
             tq_fail_at = -1;
             if (r == QSA_OK) qsa_model_free(m);
-            bad = r != QSA_ERR_OUT_OF_MEMORY || m != NULL || tq_live != live0 || !qsa_last_error()[0];
+            bad = left >= 0 || r != QSA_ERR_OUT_OF_MEMORY || m != NULL || tq_live != live0 || !qsa_last_error()[0];
             TO_EXPECT(!bad, k, n, dirs[d]);
         }
         if (free0) TO_DEV_EXPECT(dev, free0, dirs[d]);
@@ -124,14 +125,20 @@ static void to_sweep_generation(qsa_model *m, long stride) {
     CHECK_OK(qsa_chat_apply_template(tok, &msg, 1, 1, &text));
     CHECK_OK(qsa_tokenize(tok, text, strlen(text), 1, &ids, &np));
     qsa_free(text);
-    /* the oracle, and how many allocations a sequence and a generation make */
+    /* the oracle, then how many allocations a sequence and a generation make, counted on a second one (the
+       first makes what the model keeps for later ones: on CUDA the batched step's buffers and its graph) */
     qsa_seq *s = NULL;
-    qsa_generation ref;
-    long a0 = tq_allocs;
+    qsa_generation ref, second;
     CHECK_OK(qsa_seq_create(m, NULL, &s));
     CHECK_OK(to_generate(s, ids, (int)np, &ref));
+    qsa_seq_free(s);
+    s = NULL;
+    long a0 = tq_allocs;
+    CHECK_OK(qsa_seq_create(m, NULL, &s));
+    CHECK_OK(to_generate(s, ids, (int)np, &second));
     long n = tq_allocs - a0;
     qsa_seq_free(s);
+    qsa_generation_free(&second);
     long live0 = tq_live;
     long long free0 = to_dev_free(m);
     int bad = 0;
@@ -142,7 +149,10 @@ static void to_sweep_generation(qsa_model *m, long stride) {
         tq_fail_at = k;
         r = qsa_seq_create(m, NULL, &s);
         if (r == QSA_OK) r = to_generate(s, ids, (int)np, &g);
+        long left = tq_fail_at; /* (-1 once allocation k was made to fail) */
         tq_fail_at = -1;
+        TO_EXPECT(left < 0, k, n, "fewer allocations than counted");
+        if (r == QSA_OK) qsa_generation_free(&g);
         int failed = r == QSA_ERR_OUT_OF_MEMORY && qsa_last_error()[0], refused = 1, again_same = 1;
         TO_EXPECT(failed, k, n, "qsa_seq_create + qsa_generate");
         if (s) { /* the sequence that failed: refused while broken, the oracle's tokens once reset */
@@ -160,7 +170,7 @@ static void to_sweep_generation(qsa_model *m, long stride) {
             qsa_seq_free(s);
         }
         TO_EXPECT(tq_live == live0, k, n, "blocks held after the sequence is freed");
-        bad = !failed || !refused || !again_same || tq_live != live0;
+        bad = left >= 0 || !failed || !refused || !again_same || tq_live != live0;
     }
     if (free0) TO_DEV_EXPECT(m, free0, "sequences and generations that failed");
     printf("    %ld allocations in a sequence and a generation, %s made to fail\n", n, to_which(stride));
