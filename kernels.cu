@@ -6349,53 +6349,29 @@ extern "C" __global__ void __launch_bounds__(128, 2) qsa_k_sparse_attn_tc_batch(
 #endif
 }
 
-/* The merge of a split decode attention's partials, a thread per output element: query t = blockIdx.y,
- * head h = blockIdx.x (row h % G of KV head h / G), dim d = threadIdx.x.  The element's (m, l, o) of each
- * split, read where the split's block left them, merged left to right from (-inf, 0, 0) by
- * qsa_attn_merge_w's operations (those of every merge: qsa_sparse_attn_body's, k3_merge), then o / l
- * times sigmoid(gate): what a block that ran all of the query's splits computes for that element, so the
- * same bits (gpu/k3_sparse_attn_tc, gpu/k2_sparse_attn_decode_splits).  The layouts (frag):
- *   1: qsa_k_sparse_attn_tc[_batch]'s, part [T][nkv][smax][128][K3_PW(hd)] (split must be K3_SPLIT): the
- *      mma fragment of thread 32 w + 4 (row % 8) + (d % 8) / 2 of warp w = d / (hd / 4), o at n-tile
- *      (d % (hd / 4)) / 8, slot 2 (row / 8) + d % 2; m and l of its row after the n-tiles;
- *   0: qsa_k_sparse_attn_dec[_batch]'s, part [T][nh][smax][hd + 2]: m, l, o[hd] of a (head, split).
- * This launch replaced the last split block's merge of all (the tensor-core form's: 32 elements per
- * thread, 17 splits in a row, ~38k cycles of a 60k-cycle launch for one decode query on the H200).  q,
- * nsel, r, split and the position as the attention launch had them (pos NULL: pos0 + t; else pos[t]).
- * Launch: grid (nh, T), block hd (128 or 256). */
-extern "C" __global__ void __launch_bounds__(256) qsa_k_sparse_attn_merge(const float *__restrict__ q,
-                                                                          const float *__restrict__ part,
-                                                                          const int *__restrict__ nsel,
-                                                                          const int *__restrict__ pos, int pos0, float *out,
-                                                                          qsa_f16 *out16, int nh, int nkv, int hd, int r,
-                                                                          int split, int smax, int frag) {
-    QSA_PDL_ENTRY();
-    const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x, G = nh / nkv, g = h / G, row = h % G;
-    if ((hd != 128 && hd != 256) || (int)blockDim.x != hd || nh % nkv || r < 0 || split < 1 ||
-        (frag && (split != K3_SPLIT || G > 16))) /* (the fp32 layout takes any number of heads per KV head) */
-        __trap();
-    const long long p = pos ? (long long)pos[t] : (long long)pos0 + t;
-    const int nb = r > 0 ? (int)((p + 1) / r) : 0, ns = r > 0 ? nsel[t] : 0;
-    const int ntok = (int)(ns * r + (p + 1 - (long long)nb * r)), nsplit = (ntok + split - 1) / split;
-    if (nsplit > smax) __trap();
-    const float *pe; /* split s's m at pe[s ss + mo], l at pe[s ss + lo], o at pe[s ss + at] */
-    long long ss;
-    int mo, lo, at;
-    if (frag) {
-        const int pw = hd / 8 + 4, q4 = hd / 4, w = d / q4, dd = d % q4;
-        const int tid = 32 * w + 4 * (row % 8) + (dd % 8) / 2;
-        pe = part + (((long long)t * nkv + g) * smax * 128 + tid) * pw;
-        ss = 128LL * pw;
-        at = 4 * (dd / 8) + 2 * (row / 8) + (d & 1);
-        mo = pw - 4 + row / 8;
-        lo = mo + 2;
-    } else {
-        pe = part + ((long long)t * nh + h) * smax * (hd + 2);
-        ss = hd + 2;
-        mo = 0;
-        lo = 1;
-        at = 2 + d;
-    }
+/* The merge of a split decode attention's partials along its splits, left to right from (-inf, 0, 0) by
+ * qsa_attn_merge_w's operations (those of every merge: qsa_sparse_attn_body's, k3_merge), then o / l times
+ * sigmoid(gate): per output element what a block that ran all of the query's splits computes for it, so the
+ * same bits (gpu/k3_sparse_attn_tc, gpu/k2_sparse_attn_decode_splits).  q, nsel, r, split and the position as
+ * the attention launch had them (pos NULL: pos0 + t; else pos[t]).  Two layouts of the partials, a kernel each:
+ *   qsa_k_sparse_attn_merge: qsa_k_sparse_attn_dec[_batch]'s, part [T][nh][smax][hd + 2] (m, l, o[hd] of a
+ *     (head, split)), a thread per output element: query t = blockIdx.y, head h = blockIdx.x, dim d =
+ *     threadIdx.x.  Launch: grid (nh, T), block hd (128 or 256).
+ *   qsa_k_sparse_attn_merge_tc: qsa_k_sparse_attn_tc[_batch]'s, part [T][nkv][smax][128][K3_PW(hd)] (split
+ *     must be K3_SPLIT, at most 16 query heads per KV head): what fragment thread f of the split's block
+ *     left, its o fragments (value j < pw - 4 = hd / 8) then m and l of its two rows.  A thread per partial
+ *     value, so that a warp reads 32 consecutive floats of a split (a thread per element read a fragment
+ *     thread's 8 values of each 36: four rows of 144 bytes, ~4x the L2 sectors; batch 32 took 17.2 us a QSA
+ *     layer for ~10 MB): block (g, t, z) takes values v = 128 z .. 128 z + 127 of KV head g's slab, f = v / pw,
+ *     j = v % pw, which for j < hd / 8 is element (row, d) of the mma's fragments: w = f / 32, row = (f % 32)
+ *     / 4 + 8 ((j / 2) % 2), d = w hd / 4 + 8 (j / 4) + 2 (f % 4) + j % 2; its row's m and l are f's values
+ *     pw - 4 + row / 8 and pw - 2 + row / 8.  Rows past the G = nh / nkv heads of g, and m and l, idle.
+ *     Launch: grid (nkv, T, K3_PW(hd)), block 128.
+ * (This launch replaced the last split block's merge of all: the tensor-core form's 32 elements per thread,
+ * 17 splits in a row, ~38k cycles of a 60k-cycle launch for one decode query on the H200.) */
+static __device__ __forceinline__ void qsa_attn_merge_splits(const float *__restrict__ q, const float *pe, long long ss,
+                                                             int mo, int lo, int at, int nsplit, long long qi, long long oi,
+                                                             float *out, qsa_f16 *out16) {
     float Mx = QSA_NEG_INF, Ls = 0.0f, ro = 0.0f;
     enum { S = 8 }; /* splits loaded ahead of their merges */
     for (int s0 = 0; s0 < nsplit; s0 += S) {
@@ -6418,10 +6394,50 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_sparse_attn_merge(const 
             Mx = Mn;
         }
     }
-    const long long oi = ((long long)t * nh + h) * hd + d;
-    const float y = __fmul_rn(ro / Ls, qsa_sigmoid(q[((long long)t * nh + h) * 2 * hd + hd + d]));
+    const float y = __fmul_rn(ro / Ls, qsa_sigmoid(q[qi]));
     if (out) out[oi] = y;
     if (out16) out16[oi] = qsa_f32_to_f16(y);
+}
+/* query t's splits (its selection and position) */
+static __device__ __forceinline__ int qsa_attn_nsplit(const int *__restrict__ nsel, const int *__restrict__ pos, int pos0,
+                                                      int t, int r, int split, int smax) {
+    const long long p = pos ? (long long)pos[t] : (long long)pos0 + t;
+    const int nb = r > 0 ? (int)((p + 1) / r) : 0, ns = r > 0 ? nsel[t] : 0;
+    const int ntok = (int)(ns * r + (p + 1 - (long long)nb * r)), nsplit = (ntok + split - 1) / split;
+    if (nsplit > smax) __trap();
+    return nsplit;
+}
+extern "C" __global__ void __launch_bounds__(256) qsa_k_sparse_attn_merge(const float *__restrict__ q,
+                                                                          const float *__restrict__ part,
+                                                                          const int *__restrict__ nsel,
+                                                                          const int *__restrict__ pos, int pos0, float *out,
+                                                                          qsa_f16 *out16, int nh, int nkv, int hd, int r,
+                                                                          int split, int smax) {
+    QSA_PDL_ENTRY();
+    const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
+    if ((hd != 128 && hd != 256) || (int)blockDim.x != hd || nh % nkv || r < 0 || split < 1) __trap();
+    const int nsplit = qsa_attn_nsplit(nsel, pos, pos0, t, r, split, smax);
+    const long long th = (long long)t * nh + h;
+    qsa_attn_merge_splits(q, part + th * smax * (hd + 2), hd + 2, 0, 1, 2 + d, nsplit, th * 2 * hd + hd + d, th * hd + d,
+                          out, out16);
+}
+extern "C" __global__ void __launch_bounds__(128) qsa_k_sparse_attn_merge_tc(const float *__restrict__ q,
+                                                                             const float *__restrict__ part,
+                                                                             const int *__restrict__ nsel,
+                                                                             const int *__restrict__ pos, int pos0,
+                                                                             float *out, qsa_f16 *out16, int nh, int nkv,
+                                                                             int hd, int r, int split, int smax) {
+    QSA_PDL_ENTRY();
+    const int g = blockIdx.x, t = blockIdx.y, G = nh / nkv, pw = K3_PW(hd);
+    if ((hd != 128 && hd != 256) || blockDim.x != 128 || nh % nkv || G > 16 || r < 0 || split != K3_SPLIT) __trap();
+    const int v = blockIdx.z * 128 + threadIdx.x, f = v / pw, j = v - f * pw;
+    if (f >= 128 || j >= pw - 4) return; /* past the slab, or m and l */
+    const int rh = (j >> 1) & 1, row = ((f & 31) >> 2) + 8 * rh;
+    if (row >= G) return;
+    const int d = (f >> 5) * (hd / 4) + 8 * (j >> 2) + 2 * (f & 3) + (j & 1), nsplit = qsa_attn_nsplit(nsel, pos, pos0, t, r, split, smax);
+    const long long th = (long long)t * nh + g * G + row;
+    qsa_attn_merge_splits(q, part + ((long long)t * nkv + g) * smax * 128 * pw, 128LL * pw, f * pw + pw - 4 + rh,
+                          f * pw + pw - 2 + rh, v, nsplit, th * 2 * hd + hd + d, th * hd + d, out, out16);
 }
 
 /* conv state: st, advanced here (one token per sequence); the gates of sequence b: ga's rows b.

@@ -8870,7 +8870,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
     X(attn_prep_batch) X(block_scores_batch)                                                             \
     X(topk_blocks_batch) X(sparse_attn_batch) X(gdn_conv_batch) X(sparse_attn_dec) X(sparse_attn_dec_batch) \
-    X(sparse_attn_tc) X(sparse_attn_tc_batch) X(sparse_attn_merge)                                     \
+    X(sparse_attn_tc) X(sparse_attn_tc_batch) X(sparse_attn_merge) X(sparse_attn_merge_tc) \
     X(gdn_recurrent_batch) X(gdn_recurrent_f16state_batch) X(ple_conv_batch)                             \
     X(tp_sum) X(tp_ple_unshard) X(argmax) X(nvfp4_order)
 
@@ -10128,14 +10128,19 @@ QSA_PRIV int qsa__attn_tc(const qsa__cuda *g, int B, int nh, int nkv, int hd, in
     return 1;
 }
 
-/* qsa_k_sparse_attn_merge after a split decode attention (frag 1: qsa_k_sparse_attn_tc[_batch]'s
-   partials; 0: qsa_k_sparse_attn_dec[_batch]'s) of T queries, positions pos[t] (pos 0: pos0 + t),
-   smax splits per query in part: out / out16 [T][nh][hd]. */
+/* The merge after a split decode attention of T queries, positions pos[t] (pos 0: pos0 + t), smax splits
+   per query in part: out / out16 [T][nh][hd].  frag 1: qsa_k_sparse_attn_tc[_batch]'s partials, merged by
+   qsa_k_sparse_attn_merge_tc (a thread per partial value); 0: qsa_k_sparse_attn_dec[_batch]'s, by
+   qsa_k_sparse_attn_merge (a thread per output element). */
 QSA_PRIV qsa_result qsa__attn_merge(qsa__cuda *g, CUdeviceptr q, CUdeviceptr part, CUdeviceptr nsel, CUdeviceptr pos, int pos0,
                                     CUdeviceptr out, CUdeviceptr out16, int T, int nh, int nkv, int hd, int r, int split,
                                     int smax, int frag) {
-    QSA__LAUNCH(g, sparse_attn_merge, nh, T, hd, 0, &q, &part, &nsel, &pos, &pos0, &out, &out16, &nh, &nkv, &hd, &r, &split,
-                &smax, &frag);
+    if (frag)
+        QSA__LAUNCH3(g, sparse_attn_merge_tc, nkv, T, hd / 8 + 4, 128, 0, &q, &part, &nsel, &pos, &pos0, &out,
+                     &out16, &nh, &nkv, &hd, &r, &split, &smax);
+    else
+        QSA__LAUNCH(g, sparse_attn_merge, nh, T, hd, 0, &q, &part, &nsel, &pos, &pos0, &out, &out16, &nh, &nkv, &hd, &r,
+                    &split, &smax);
     return QSA_OK;
 }
 

@@ -1375,8 +1375,7 @@ static qsa_result k2t_attn_dec_gpu(const k2t_attn *c, int ps, int n_pages, const
         }
         if (res == QSA_OK) { /* positions pos0 + t (single) or pos[t] */
             CUdeviceptr pos = single ? 0 : d.pos;
-            int frag = 0;
-            void *args[] = {&d.q, &d.part, &d.ns, &pos, &d.pos0, &d.out, &d.o16, &nh, &nkv, &hd, &r, &split, &smax, &frag};
+            void *args[] = {&d.q, &d.part, &d.ns, &pos, &d.pos0, &d.out, &d.o16, &nh, &nkv, &hd, &r, &split, &smax};
             res = k2t_launch("qsa_k_sparse_attn_merge", (unsigned)nh, (unsigned)M, (unsigned)hd, 0, args);
         }
     }
@@ -1519,7 +1518,7 @@ TEST(gpu, k2_sparse_attn_determinism) {
 
 /* GPU, the tensor-core attention: queries [t0, t0+M) of the case through qsa_k_sparse_attn_tc (form
    0: grid x 1, a block per (query, KV head) running all the splits; form 1: grid x smax, a block per
-   split, its partials merged by a qsa_k_sparse_attn_merge launch) or qsa_k_sparse_attn_tc_batch (forms
+   split, its partials merged by a qsa_k_sparse_attn_merge_tc launch) or qsa_k_sparse_attn_tc_batch (forms
    2 and 3 likewise: the queries as M sequences of one token, one block table); phys: the debug visit
    order (form 0 only, qsa_k_attn_phys_order first).  Launched twice over a poisoned output.  out
    [M][nh*hd]. */
@@ -1545,9 +1544,8 @@ static qsa_result k3t_attn_tc_gpu(const k2t_attn *c, int ps, int n_pages, const 
         }
         if (res == QSA_OK && form % 2) { /* the split forms' merge: positions pos0 + t (form 1) or pos[t] (form 3) */
             CUdeviceptr pos = form == 3 ? d.pos : 0;
-            int frag = 1;
-            void *args[] = {&d.q, &d.part, &d.ns, &pos, &d.pos0, &d.out, &d.o16, &nh, &nkv, &hd, &r, &split, &smax, &frag};
-            res = k2t_launch("qsa_k_sparse_attn_merge", (unsigned)nh, (unsigned)M, (unsigned)hd, 0, args);
+            void *args[] = {&d.q, &d.part, &d.ns, &pos, &d.pos0, &d.out, &d.o16, &nh, &nkv, &hd, &r, &split, &smax};
+            res = k2t_launch3("qsa_k_sparse_attn_merge_tc", (unsigned)nkv, (unsigned)M, (unsigned)(hd / 8 + 4), 128, 0, args);
         }
     }
     return k2t_attn_dev_finish(&d, res, c, "sparse_attn_tc", out);
