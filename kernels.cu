@@ -58,6 +58,20 @@ template <> struct qsa_ct_check<true> { enum { ok = 1 }; };
 #endif
 #define QSA_PDL_LATE() ((void)0)
 
+/* The module in parts.  The host compiles this file as QSA__PARTS programs over its threads, program p
+ * with -DQSA_PART=p holding only the entry points of part p (each definition sits in #if QSA_IN_PART(p)):
+ * what is compiled once per program is the parse, and the helpers and templates are emitted only
+ * where an entry point of the part uses them, so the parts' NVRTC and driver JIT run side by side.  An
+ * entry point's code is the whole program's (tested: jit/module_parts_hold_the_whole_programs_kernels).
+ * The parts were balanced on each entry point's compile time and PTX size (session 68, nvcc -ptx for
+ * compute_90); a new entry point goes in the lightest part.  Without QSA_PART (nvrtc-check, the kernel
+ * tests' modules) the program holds every entry point. */
+#ifdef QSA_PART
+#define QSA_IN_PART(p) ((p) == QSA_PART)
+#else
+#define QSA_IN_PART(p) 1
+#endif
+
 /* ---------------------------------------------------------------------------------------------- */
 /* helpers                                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
@@ -200,6 +214,7 @@ static __device__ void qsa_block_argmax(float *v, int *i, float *sv, int *si) {
  * The hyper-connection streams start as hc copies of the embedding.  An id outside [0, V) gives a
  * zero row (the host validates ids; this only keeps a bad id from reading out of bounds).
  * Launch: grid (M, Y) with any Y (ceil(H / 256) for small M), block any multiple of 32 (256). */
+#if QSA_IN_PART(2)
 extern "C" __global__ void qsa_k_embed(const qsa_f16 *__restrict__ table, const int *__restrict__ ids,
                                        float *__restrict__ X, int H, int hc, int V) {
     QSA_PDL_ENTRY();
@@ -213,6 +228,7 @@ extern "C" __global__ void qsa_k_embed(const qsa_f16 *__restrict__ table, const 
         for (int s = 0; s < hc; s++) x[s * H + j] = v;
     }
 }
+#endif
 
 /* RMSNorm per group: for group g of row t (values x[t][g*group .. g*group+group)):
  *   y = x * (1 / sqrtf(mean(x^2) + eps)) * (one_plus ? 1 + w : w),   w indexed within the row
@@ -222,6 +238,7 @@ extern "C" __global__ void qsa_k_embed(const qsa_f16 *__restrict__ table, const 
  * depends only on `group` and the block size.  y (fp32) and/or y16 (fp16 copy) may be NULL; y may
  * equal x (in place).  dim must be a multiple of group.
  * Launch: grid (M * dim/group), block 256 (the bits depend on the block size: keep 256). */
+#if QSA_IN_PART(1)
 extern "C" __global__ void qsa_k_rmsnorm(const float *x, const float *__restrict__ w, float *y,
                                          qsa_f16 *__restrict__ y16, int dim, int group, float eps, int one_plus) {
     QSA_PDL_ENTRY();
@@ -241,6 +258,7 @@ extern "C" __global__ void qsa_k_rmsnorm(const float *x, const float *__restrict
         if (y16) y16[base + i] = qsa_f32_to_f16(v);
     }
 }
+#endif
 
 /* GatedResidual input mix of one hidden index j: (sum over s ascending of sigmoid(m[s]) * x[s * H])
  * / hc, the CPU's loop (acc += sigmoid * xn without fused multiply-add, then / hc); m: the hc mix
@@ -255,6 +273,7 @@ static __device__ __forceinline__ float qsa_gres_mix1(const float *m, const floa
  * weights mw [M][H][hc] (interleaved by stream, see qsa__dlin_up_hc) and the normed streams xn
  * [M][hc][H].  inp (fp32) and/or inp16 (fp16) may be NULL.  Launch: grid (M, Y) with any Y
  * (ceil(H / 256) for small M), block any multiple of 32 (256). */
+#if QSA_IN_PART(4)
 extern "C" __global__ void qsa_k_gres_mix(const float *__restrict__ mw, const float *__restrict__ xn,
                                           float *__restrict__ inp, qsa_f16 *__restrict__ inp16, int H, int hc) {
     QSA_PDL_ENTRY();
@@ -266,11 +285,13 @@ extern "C" __global__ void qsa_k_gres_mix(const float *__restrict__ mw, const fl
         if (inp16) inp16[t * H + j] = qsa_f32_to_f16(v);
     }
 }
+#endif
 
 /* x[i] = silu(x[i] * scale) for i < n; x16 (optional) receives the fp16 copy.
  * The CPU computes silu(x / hc); pass scale = 1/hc: identical bits when hc is a power of two
  * (the model's hc_count = 4), otherwise within 1 ulp before the silu.
  * Launch: grid (ceil(n / 256)), block 256 (any grid/block works: grid-stride loop). */
+#if QSA_IN_PART(6)
 extern "C" __global__ void qsa_k_silu_scale(float *x, qsa_f16 *__restrict__ x16, int n, float scale) {
     QSA_PDL_ENTRY();
     for (qsa_i64 i = (qsa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (qsa_i64)gridDim.x * blockDim.x) {
@@ -279,6 +300,7 @@ extern "C" __global__ void qsa_k_silu_scale(float *x, qsa_f16 *__restrict__ x16,
         if (x16) x16[i] = qsa_f32_to_f16(v);
     }
 }
+#endif
 
 /* qsa_k_inject, then qsa_k_rmsnorm of the updated streams (group H, one_plus: the hyper-connection
  * norm of the next gated residual) in one launch:
@@ -290,6 +312,7 @@ extern "C" __global__ void qsa_k_silu_scale(float *x, qsa_f16 *__restrict__ x16,
  *   (QSA_PDL_LATE; `out` after it).
  * Launch: grid (M * hc), block 256 (the bits depend on the block size: keep 256). */
 #define QSA_IRN_REGS 16 /* rows of up to 16 * blockDim values are held in registers */
+#if QSA_IN_PART(5)
 extern "C" __global__ void qsa_k_inject_rmsnorm(float *__restrict__ X, const float *__restrict__ inj,
                                                 const float *__restrict__ out, const float *__restrict__ nw,
                                                 float *__restrict__ xn, qsa_f16 *__restrict__ xn16, int H, int hc,
@@ -364,11 +387,13 @@ extern "C" __global__ void qsa_k_inject_rmsnorm(float *__restrict__ X, const flo
         xn16[row * H + j] = qsa_f32_to_f16(v);
     }
 }
+#endif
 
 /* X[t][s*H + j] += w * out[t][j] with w = 2 * sigmoid(inj[t][s] / hc), inj the raw injection
  * projection [M][hc]: the weight as the CPU computes it (qsa__inject), then one IEEE multiply and
  * one add, no fused multiply-add.  Launch: grid (M, Y) with any Y (ceil(H / 256) for small M), block
  * any multiple of 32 (256). */
+#if QSA_IN_PART(2)
 extern "C" __global__ void qsa_k_inject(float *__restrict__ X, const float *__restrict__ inj,
                                         const float *__restrict__ out, int H, int hc) {
     QSA_PDL_ENTRY();
@@ -383,12 +408,15 @@ extern "C" __global__ void qsa_k_inject(float *__restrict__ X, const float *__re
         }
     }
 }
+#endif
 
+#if QSA_IN_PART(4)
 extern "C" __global__ void qsa_k_to_f16(const float *__restrict__ x, qsa_f16 *__restrict__ y, int n) {
     QSA_PDL_ENTRY();
     for (qsa_i64 i = (qsa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (qsa_i64)gridDim.x * blockDim.x)
         y[i] = qsa_f32_to_f16(x[i]);
 }
+#endif
 
 /* out[t] = index of the largest of row t's V logits, the lowest index among equal maxima (the CPU's
  * qsa__argmax).  NaNs never win; a row with no number gives 0.  The M = gridDim.x rows are stored in
@@ -396,6 +424,7 @@ extern "C" __global__ void qsa_k_to_f16(const float *__restrict__ x, qsa_f16 *__
  * c W .. min(V, (c + 1) W) - 1 of every row, is [M][wc] at c W M floats; W >= V (or <= 0) is the plain
  * [M][V].  (The order of the comparisons does not matter: the winner is a function of the values.)
  * Launch: grid (M), block any multiple of 32 up to 1024 (1024). */
+#if QSA_IN_PART(0)
 extern "C" __global__ void qsa_k_argmax(const float *__restrict__ logits, int *__restrict__ out, int V, int W) {
     QSA_PDL_ENTRY();
     __shared__ float sv[33];
@@ -414,6 +443,7 @@ extern "C" __global__ void qsa_k_argmax(const float *__restrict__ logits, int *_
     qsa_block_argmax(&bv, &bi, sv, si);
     if (threadIdx.x == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
 }
+#endif
 
 /* ============================================================================================== */
 /* GEMM machinery: tensor cores through PTX wmma m16n16k16 (fp16 in, fp32 accumulate)             */
@@ -706,6 +736,7 @@ static __device__ __forceinline__ uint4 qsa_dq8(qsa_u32 w, qsa_u32 sp) {
  * frag (K % 32 == 0, so n % 4 == 0 and every 4 words are one block): the fragment order.  The host
  * runs it once per packed tensor after its upload (qsa__dlin_up); the tests check it against their
  * host permutation (k1_order_q).  Launch: any grid, any block. */
+#if QSA_IN_PART(5)
 extern "C" __global__ void qsa_k_nvfp4_order(qsa_u32 *q, qsa_i64 n, int frag) {
     QSA_PDL_ENTRY();
     const qsa_i64 nb = frag ? n / 4 : n; /* units: blocks of 4 words, or single words */
@@ -733,6 +764,7 @@ extern "C" __global__ void qsa_k_nvfp4_order(qsa_u32 *q, qsa_i64 n, int frag) {
         for (int t = 0; t < 4; t++) q[4 * i + t] = r[t];
     }
 }
+#endif
 /* Elements 0-3 (h = 0) or 4-7 (h = 1) of a device word as two fp16x2 (0, 1 and 2, 3 of the four) times
    the low half of sp: the same instructions for either h (h may differ between a warp's lanes) */
 static __device__ __forceinline__ uint2 qsa_dq4(qsa_u32 w, int h, qsa_u32 sp) {
@@ -1946,6 +1978,7 @@ static __device__ void qsa_gemm(const qsa_f16 *A, const qsa_wsrc &ws, const floa
  * Launch: block 256 (required; another size traps); grid: any (the kernel loops over its tiles);
  *   best: M <= 64: ceil(M/16) * ceil(N/16) blocks, else ceil(M/64) * ceil(N/64) blocks
  *   (1-D or 2-D: blocks are numbered y * gridDim.x + x).  Static shared memory 30.9 KB. */
+#if QSA_IN_PART(0)
 extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_f16(const qsa_f16 *__restrict__ A,
                                                                  const qsa_f16 *__restrict__ W,
                                                                  const float *__restrict__ bias, float *Y, int M,
@@ -1954,11 +1987,13 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_f16(const qsa_f16 *
     qsa_wsrc ws = qsa_wsrc_f16(W);
     qsa_gemm<false>(A, ws, bias, Y, M, N, K, accumulate);
 }
+#endif
 
 /* The same with NVFP4 weights (W4A16): q u8 [N][K/2] (in the device order, qsa_dq8),
  * s E4M3 [N][K/16], global scale s2; w = e2m1 * e4m3 * s2, fed as the exact fp16 e2m1 * e4m3 * 2^-14
  * with each segment's partial times s2 * 2^14 (see the GEMM machinery comment).  No bias (NVFP4
  * linears have none).  Launch: as qsa_k_gemm_f16. */
+#if QSA_IN_PART(6)
 extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16 *__restrict__ A,
                                                                    const qsa_u8 *__restrict__ q,
                                                                    const qsa_u8 *__restrict__ s, float s2, float *Y,
@@ -1967,6 +2002,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_nvfp4(const qsa_f16
     qsa_wsrc ws = qsa_wsrc_nvfp4(q, s, s2, K);
     qsa_gemm<true>(A, ws, 0, Y, M, N, K, accumulate);
 }
+#endif
 
 /* The split-K tiling spread over warps, for small M (decode): the (tile, segment) tasks of
  * Y = A W^T, task i = tile * nseg + s, go to warps, QSA_GEMV_WARPS per block (warp w of block x
@@ -2307,6 +2343,7 @@ static __device__ void qsa_gemv_xwarp(const qsa_f16 *A, const qsa_wsrc &ws, cons
     qsa_gemv_done(pt, count, tile, m0, n0, M, N, nseg, bias, Y, Y16, accumulate, act_scale, gxn, ghc);
 }
 
+#if QSA_IN_PART(6)
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16(const qsa_f16 *__restrict__ A,
                                                                              const qsa_f16 *__restrict__ W,
                                                                              const float *__restrict__ bias, float *Y,
@@ -2318,8 +2355,10 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16
     qsa_gemv_xwarp<false>(A, ws, bias, Y, M, N, K, accumulate, part, count, Y16, act_scale,
                           (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + (threadIdx.x >> 5));
 }
+#endif
 
 /* The same with NVFP4 weights (see qsa_k_gemm_nvfp4).  Launch: as qsa_k_gemv_f16. */
+#if QSA_IN_PART(4)
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_nvfp4(const qsa_f16 *__restrict__ A,
                                                                                const qsa_u8 *__restrict__ q,
                                                                                const qsa_u8 *__restrict__ s, float s2,
@@ -2332,12 +2371,14 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_nvf
     qsa_gemv_xwarp<true>(A, ws, 0, Y, M, N, K, accumulate, part, count, Y16, act_scale,
                          (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + (threadIdx.x >> 5));
 }
+#endif
 
 /* The hyper-connection up projection with the input mix in its epilogue (decode): mw = A W^T (+
  * bias) for W with interleaved rows (qsa__dlin_up_hc: N = hc * H, row j * hc + s), then inp[m][j] =
  * qsa_gres_mix1 of the completed tile's group j and xn [M][hc][H] (inp16 its fp16 copy): the bits of
  * qsa_k_gemv_f16 into mw followed by qsa_k_gres_mix (tested), one launch fewer and no mw.  hc divides
  * 16 (a tile holds whole groups).  Launch: as qsa_k_gemv_f16. */
+#if QSA_IN_PART(1)
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_gres(
     const qsa_f16 *__restrict__ A, const qsa_f16 *__restrict__ W, const float *__restrict__ bias,
     const float *__restrict__ xn, float *inp, qsa_f16 *inp16, int M, int N, int K, int hc, float *part,
@@ -2348,6 +2389,7 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_gre
     qsa_gemv_xwarp<false>(A, ws, bias, inp, M, N, K, 0, part, count, inp16, 0.0f,
                           (qsa_i64)blockIdx.x * QSA_GEMV_WARPS + (threadIdx.x >> 5), xn, hc);
 }
+#endif
 
 /* Up to QSA_GEMV_GROUP dense GEMVs of one input in one launch (the projections of a layer that
  * read the same activations): member b computes Y_b (+ bias_b; Y16_b: the silu store of
@@ -2356,6 +2398,7 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_gre
  * their tickets in `count`; each task runs exactly the body of qsa_k_gemv_f16, so every member gets
  * the bits of its own launch (tested).  Launch: grid ceil(sum_b tiles_b * nseg / QSA_GEMV_WARPS),
  * block 32 * QSA_GEMV_WARPS, M <= QSA_SPLITK_MAX_M; part and count hold the members' regions. */
+#if QSA_IN_PART(3)
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16_group(const qsa_f16 *__restrict__ A,
                                                                                    qsa_gemv_group grp, int M, int K,
                                                                                    float *part, unsigned *count) {
@@ -2381,6 +2424,7 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_f16
     const qsa_wsrc ws = qsa_wsrc_f16(mb.W);
     qsa_gemv_xwarp<false>(A, ws, mb.bias, mb.Y, M, mb.N, K, 0, part, count, mb.Y16, mb.act_scale, task);
 }
+#endif
 
 /* The block form's stage: the group's RP row tiles of A (RP 1, or 2: 32 rows, each weight fragment
    serving both) and each warp's W, 16 rows of half a segment (QSA_GBK halves apart: a quarter-warp's
@@ -2650,16 +2694,22 @@ static __device__ __forceinline__ void qsa_gemv_blk_entry(const qsa_f16 *A, cons
 #define QSA_GEMV_BLK_PARAMS                                                                                   \
     const qsa_f16 *__restrict__ A, qsa_gemv_group grp, int M, int K, int accumulate, float *part, unsigned *count, \
         const float *__restrict__ xn, int hc
+#if QSA_IN_PART(3)
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCKS) qsa_k_gemv_blk(QSA_GEMV_BLK_PARAMS) {
     QSA_GEMV_BLK_BODY(false, 1);
 }
+#endif
+#if QSA_IN_PART(2)
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCKS)
     qsa_k_gemv_blk_whole(QSA_GEMV_BLK_PARAMS) {
     QSA_GEMV_BLK_BODY(true, 1);
 }
+#endif
+#if QSA_IN_PART(4)
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 4) qsa_k_gemv_blk32(QSA_GEMV_BLK_PARAMS) {
     QSA_GEMV_BLK_BODY(false, 2);
 }
+#endif
 
 /* The folds of a qsa_k_gemv_blk launch made without tickets (count NULL; same grp, M, K, accumulate,
  * part, xn and hc): one thread per output element of every member's tiles (with xn: per group of hc
@@ -2670,6 +2720,7 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 4) qsa_k_gemv_
  * projection, 10 rounds of loads apiece, while the other SMs idle), this spreads them over a thread
  * per element, for one launch more.  Launch: grid ceil(items / 256) (items: sum over members of
  * ceil(M/16) ceil(N_b/16) prow 16, or / hc with xn; more blocks return), block 256. */
+#if QSA_IN_PART(6)
 extern "C" __global__ void __launch_bounds__(256) qsa_k_gemv_fold(qsa_gemv_group grp, int M, int K, int accumulate,
                                                                   const float *__restrict__ part,
                                                                   const float *__restrict__ xn, int hc) {
@@ -2708,6 +2759,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemv_fold(qsa_gemv_group
     qsa_sum_parts_cols<true, 4>(pe, (qsa_i64)prow * 16, nseg, hc, mwj);
     qsa_gres_put(mwj, mb.bias, xn, mb.Y, mb.Y16, m, n, mb.N, hc);
 }
+#endif
 
 /* The tiled form of qsa_k_gemv_f16_group: the 64 x 64 tiles of member 0, then member 1's, ..., each
  * through qsa_tile64 as qsa_k_gemm_f16 computes it for M > QSA_SPLITK_MAX_M — the canonical order,
@@ -2718,6 +2770,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemv_fold(qsa_gemv_group
  * row read once for up to 64 tokens instead of once per 16).  No accumulation; members' Y16 /
  * act_scale are ignored (the host applies qsa_k_silu_scale).  Launch: grid sum_b ceil(M/64) *
  * ceil(N_b/64) (or fewer: blocks loop), block 256, M >= 1, K >= 1. */
+#if QSA_IN_PART(0)
 extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_f16_group(const qsa_f16 *__restrict__ A,
                                                                    qsa_gemv_group grp, int M, int K) {
     QSA_PDL_ENTRY();
@@ -2747,6 +2800,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_f16_group(const qsa
                       smem);
     }
 }
+#endif
 
 /* The wide dense projections of a decode batch of 1 to 32 rows (sm_80+), the weights streamed through
  * a ring of cp.async stages: the same members, outputs and bits as qsa_k_gemm_f16_group (tested), for
@@ -2932,6 +2986,7 @@ static __device__ __forceinline__ void qsa_gemv_deep(const qsa_f16 *__restrict__
     }
 }
 #endif
+#if QSA_IN_PART(5)
 extern "C" __global__ void __launch_bounds__(256) qsa_k_gemv_deep(const qsa_f16 *__restrict__ A,
                                                                                  qsa_gemv_group grp, int M, int K,
                                                                                  int stages, int kh) {
@@ -2945,6 +3000,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemv_deep(const qsa_f16 
     __trap(); /* (sm_80+ only: cp.async) */
 #endif
 }
+#endif
 
 /* ============================================================================================== */
 /* MoE                                                                                             */
@@ -3183,6 +3239,7 @@ static __device__ void qsa_moe_plan_body(const int *__restrict__ topk_ids, int M
                                          int *__restrict__ tiles, int *__restrict__ ntiles, int tr,
                                          int *__restrict__ wcnt);
 
+#if QSA_IN_PART(4)
 extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, int *__restrict__ topk_ids,
                                              float *__restrict__ topk_w, int E, int K, int norm, qsa_router_extra x) {
     QSA_PDL_ENTRY();
@@ -3218,6 +3275,7 @@ extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, i
     qsa_moe_plan_body(topk_ids, (int)gridDim.x * K, E, x.pairs, x.tiles, x.ntiles, x.tr, x.wcnt);
     if (threadIdx.x == 0) *x.ticket = 0u;
 }
+#endif
 
 /* Groups the MK = M*K (token, slot) pairs by expert for the grouped expert GEMMs.
  *   pairs [MK]: pair indices p = t*K + k, grouped by ascending expert, ascending p within one;
@@ -3235,12 +3293,14 @@ extern "C" __global__ void qsa_k_router_topk(const float *__restrict__ logits, i
  * 16).  The output is a function of topk_ids alone, no atomics.  Ids outside [0, E) are skipped (their pairs are never computed).  MK <= 32: warp 0
  * alone (qsa_moe_plan_small), the same output.
  * Launch: grid (1), block 1024 (any multiple of 32 up to 1024). */
+#if QSA_IN_PART(3)
 extern "C" __global__ void qsa_k_moe_plan(const int *__restrict__ topk_ids, int MK, int E, int *__restrict__ pairs,
                                           int *__restrict__ tiles, int *__restrict__ ntiles, int tr,
                                           int *__restrict__ wcnt) {
     QSA_PDL_ENTRY();
     qsa_moe_plan_body(topk_ids, MK, E, pairs, tiles, ntiles, tr, wcnt);
 }
+#endif
 /* topk_ids are read through L2 (__ldcg): in the router's launch other blocks wrote them */
 /* The plan of MK <= 32 pairs (decode of up to 3 tokens at K = 10) by warp 0 alone, in registers:
    pair i = lane i; its position is the number of valid pairs before it in (expert, index) order,
@@ -3368,6 +3428,7 @@ static __device__ void qsa_moe_plan_body(const int *__restrict__ topk_ids, int M
  * qsa_k_moe_plan; blocks past *ntiles exit) times 16 columns of I; gate and up in the canonical
  * GEMM order (split-K core), so a pair's bits do not depend on which pairs share its tile.
  * H, I multiples of 16.  Launch: grid (max_tiles, ceil(I/16)), block 256. */
+#if QSA_IN_PART(0)
 extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_gate_up(
     const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
@@ -3402,10 +3463,12 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_gate_up(
     else qsa_tile16_splitk<2, false>(arow, avec, ws, n0, I, H, smem, T); /* mixed kinds: generic loads, same bits */
     if (r < cnt && n < I) h16[(qsa_i64)prow[r] * I + n] = qsa_f32_to_f16(qsa_act(act, T[0]) * T[1]);
 }
+#endif
 
 /* Routed experts, second half: y[p][j] = (down_e h_p)[j]   h16 fp16 [M*K][I] -> y fp32 [M*K][H]
  * (same tiles as qsa_k_moe_gate_up; canonical GEMM order).  The per-token sum over the K experts is
  * qsa_k_moe_combine.  H, I multiples of 16.  Launch: grid (max_tiles, ceil(H/16)), block 256. */
+#if QSA_IN_PART(3)
 extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down(
     const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I) {
@@ -3436,6 +3499,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down(
     else qsa_tile16_splitk<1, true>(arow, avec, &ws, n0, H, I, smem, T);
     if (r < cnt && n < H) y[(qsa_i64)prow[r] * H + n] = T[0];
 }
+#endif
 
 /* The end of a whole-form gate/up task (NB = 2) whose folded tile (matrix gate or up) is already in
    part: the tile's ticket; the second of its two warps forms fp16(act(gate) * up) of the tile's pairs
@@ -3779,6 +3843,7 @@ static __device__ void qsa_moe_xwarp(const qsa_f16 *X, int ldx, int rowdiv, cons
     }
     if (lane == 0) *tk = 0u;
 }
+#if QSA_IN_PART(7)
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 5) qsa_k_moe_gate_up_xw(
     const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
@@ -3787,9 +3852,11 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 5) qsa_k_moe_g
     if ((H | I) & 15) __trap(); /* the host validates the shapes (I padded to 16) */
     qsa_moe_xwarp<2, false>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, part, count, nrange);
 }
+#endif
 /* qsa_k_moe_gate_up_xw of one token with its router (qsa_route1_block): the plan arguments come from
    rt, which also names where the router's outputs go.  Grid as qsa_k_moe_gate_up_xw's for K tiles
    (blocks past the tasks route and exit), block 32 * QSA_GEMV_WARPS (128). */
+#if QSA_IN_PART(7)
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 5) qsa_k_moe_gate_up_xwr(
     const qsa_f16 *__restrict__ x16, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
     int act, float *part, unsigned *count, int nrange, qsa_route1 rt) {
@@ -3797,6 +3864,8 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 5) qsa_k_moe_g
     if ((H | I) & 15) __trap();
     qsa_moe_xwarp<2, false, true>(x16, H, rt.K, 0, 0, 0, experts, I, H, act, h16, 0, part, count, nrange, &rt);
 }
+#endif
+#if QSA_IN_PART(7)
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down_xw(
     const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I,
@@ -3805,7 +3874,9 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down
     if ((H | I) & 15) __trap();
     qsa_moe_xwarp<1, false>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, part, count, nrange);
 }
+#endif
 /* The whole-tile forms (own entry points: their segment loop sets their register count). */
+#if QSA_IN_PART(5)
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 5) qsa_k_moe_gate_up_xwk(
     const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
@@ -3814,6 +3885,8 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, 5) qsa_k_moe_g
     if ((H | I) & 15) __trap();
     qsa_moe_xwarp<2, true>(x16, H, K, pairs, tiles, ntiles, experts, I, H, act, h16, 0, part, count);
 }
+#endif
+#if QSA_IN_PART(6)
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down_xwk(
     const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I) {
@@ -3821,6 +3894,7 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_moe_down
     if ((H | I) & 15) __trap();
     qsa_moe_xwarp<1, true>(h16, I, 1, pairs, tiles, ntiles, experts, H, I, 0, 0, y, 0, 0);
 }
+#endif
 
 /* The whole forms for all-NVFP4 experts on sm_80+ (lean: qsa_k_moe_*_xwn), the host's choice for them
  * where H and I are multiples of 64: the same tasks (tile, column tile, matrix), the same partials and
@@ -3936,6 +4010,7 @@ static __device__ void qsa_moe_lean(const qsa_f16 *X, int ldx, int rowdiv, const
 }
 #endif
 /* (below sm_80 the host never launches them: no direct fold there) */
+#if QSA_IN_PART(5)
 extern "C" __global__ void __launch_bounds__(32 * QSA_LEAN_WARPS, 8) qsa_k_moe_gate_up_xwn(
     const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
@@ -3947,6 +4022,8 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_LEAN_WARPS, 8) qsa_k_moe_g
     __trap();
 #endif
 }
+#endif
+#if QSA_IN_PART(4)
 extern "C" __global__ void __launch_bounds__(32 * QSA_LEAN_WARPS, 8) qsa_k_moe_down_xwn(
     const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I,
@@ -3960,6 +4037,7 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_LEAN_WARPS, 8) qsa_k_moe_d
     __trap();
 #endif
 }
+#endif
 
 /* The same two GEMMs with 64-pair tiles (qsa_k_moe_plan with tr = 64), for chunks where experts
  * get many pairs (prefill): each expert's weights are read and dequantised once per 64 pairs
@@ -3971,6 +4049,7 @@ static __device__ __forceinline__ void qsa_moe_rows64(const int *pairs, const in
     if (threadIdx.x < 64) prow[threadIdx.x] = (int)threadIdx.x < tt[2] ? pairs[tt[1] + threadIdx.x] : -1;
     __syncthreads();
 }
+#if QSA_IN_PART(1)
 extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_gate_up64(
     const qsa_f16 *__restrict__ x16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, qsa_f16 *__restrict__ h16, int H, int I,
@@ -4002,6 +4081,8 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_gate_up64(
             h16[(qsa_i64)prow[r] * I + n0 + c] = qsa_f32_to_f16(qsa_act(act, os[r * QSA_OST + c]) * os[r * QSA_OST + 32 + c]);
     }
 }
+#endif
+#if QSA_IN_PART(3)
 extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down64(
     const qsa_f16 *__restrict__ h16, const int *__restrict__ pairs, const int *__restrict__ tiles,
     const int *__restrict__ ntiles, const qsa_expert_w *__restrict__ experts, float *__restrict__ y, int H, int I) {
@@ -4028,6 +4109,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down64(
         if (r < cnt && n0 + c < H) y[(qsa_i64)prow[r] * H + n0 + c] = os[r * QSA_OST + c];
     }
 }
+#endif
 
 /* out[t][j] = sum over slots k ascending (= ascending expert id) of topk_w[t][k] * y[t*K+k][j],
  * from 0, without fused multiply-add: the CPU's `out[j] += y[j] * topw[k]`; then, with sh != NULL,
@@ -4035,6 +4117,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down64(
  * N = 1 GEMM output; the CPU's expression, no fused multiply-add: the bits of the separate
  * shared-combine launch it replaces).  Launch: grid (M, Y) with any Y (ceil(H / 256) for small M),
  * block any multiple of 32 (256). */
+#if QSA_IN_PART(0)
 extern "C" __global__ void qsa_k_moe_combine(const float *__restrict__ y, const float *__restrict__ topk_w,
                                              float *__restrict__ out, int H, int K, const float *__restrict__ sh,
                                              const float *__restrict__ gate_logit) {
@@ -4048,6 +4131,7 @@ extern "C" __global__ void qsa_k_moe_combine(const float *__restrict__ y, const 
         out[t * H + j] = acc;
     }
 }
+#endif
 
 /* ============================================================================================== */
 /* PLE (per-layer n-gram embeddings)                                                               */
@@ -4062,6 +4146,7 @@ extern "C" __global__ void qsa_k_moe_combine(const float *__restrict__ y, const 
  * (the same bits for any Y).  Launch: grid (M, Y), Y = hc (a block per stream: the 4 streams of a
  * decode token one after another in one block was 70 us under ncu on the H200), block 256 (bits
  * depend on it: keep 256). */
+#if QSA_IN_PART(7)
 extern "C" __global__ void qsa_k_ple_gate(const float *__restrict__ keyp, const float *__restrict__ X,
                                           const float *__restrict__ valp, const float *__restrict__ nk,
                                           const float *__restrict__ nq, const float *__restrict__ nc,
@@ -4097,6 +4182,7 @@ extern "C" __global__ void qsa_k_ple_gate(const float *__restrict__ keyp, const 
         for (int j = threadIdx.x; j < H; j += blockDim.x) gvn[o + j] = gv[o + j] * iv * (1.0f + wc[j]);
     }
 }
+#endif
 
 /* Causal dilated depthwise conv of the normed PLE values, plus the residual add, for the M tokens
  * of ONE sequence in order.  Channel c (< hcH), history h = [state rows (L = (Kc-1)*dil, oldest
@@ -4128,12 +4214,14 @@ static __device__ __forceinline__ void qsa_ple_conv_body(float *__restrict__ X, 
         state[(qsa_i64)i * hcH + c] = src < L ? state[(qsa_i64)src * hcH + c] : gvn[(qsa_i64)(src - L) * hcH + c];
     }
 }
+#if QSA_IN_PART(4)
 extern "C" __global__ void qsa_k_ple_conv(float *__restrict__ X, const float *__restrict__ gv,
                                           const float *__restrict__ gvn, float *__restrict__ state,
                                           const float *__restrict__ w, int M, int hcH, int Kc, int dil) {
     QSA_PDL_ENTRY();
     qsa_ple_conv_body(X, gv, gvn, state, w, M, hcH, Kc, dil);
 }
+#endif
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Gated DeltaNet and QSA (sparse attention) kernels                                               */
@@ -4279,6 +4367,7 @@ static __device__ __forceinline__ void qsa_gdn_conv_body(const float *__restrict
         qsa_gdn_head_norm(x, dk, lane, hh < nk ? qscale : 0.0f);
     }
 }
+#if QSA_IN_PART(2)
 extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv(const float *__restrict__ qkv, float *state,
                                                                  const float *__restrict__ w, float *q, float *k,
                                                                  float *v, int M, int conv_dim, int key_dim, int Kc,
@@ -4288,6 +4377,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv(const float *__
     if (upd && M != 1) __trap(); /* the host advances a longer chunk's state with qsa_k_gdn_conv_state */
     qsa_gdn_conv_body(qkv, state, w, q, k, v, M, conv_dim, key_dim, Kc, act, nk, dk, ga, upd);
 }
+#endif
 
 /* Advances the conv state past the M tokens of qkv: state = the last Kc-1 rows of [state; qkv].
  * Launch after qsa_k_gdn_conv (same stream): grid (ceil(conv_dim / 256)), block 256. */
@@ -4302,11 +4392,13 @@ static __device__ __forceinline__ void qsa_gdn_conv_state_body(const float *__re
         state[(long long)i * conv_dim + ch] = x;
     }
 }
+#if QSA_IN_PART(2)
 extern "C" __global__ void qsa_k_gdn_conv_state(const float *__restrict__ qkv, float *state, int M, int conv_dim,
                                                 int Kc) {
     QSA_PDL_ENTRY();
     qsa_gdn_conv_state_body(qkv, state, M, conv_dim, Kc);
 }
+#endif
 
 #define K2_GDN_MAX_DK 512
 
@@ -4629,6 +4721,7 @@ static __device__ void k2_gdn_rec_dec(float *S, const float *__restrict__ q, con
  * Recommended: Y = ceil(dv / (B/P)) with B = 128: P lanes per column (4 for dk <= 128), so
  * nv*dv*P/128 blocks.  Any (Y, B) gives the same bits (64 <= B when dk > 256: the staging; B <= 256:
  * ~190 registers per thread). */
+#if QSA_IN_PART(2)
 extern "C" __global__ void qsa_k_gdn_recurrent(float *S, const float *__restrict__ q, const float *__restrict__ k,
                                                const float *__restrict__ v, const float *__restrict__ beta,
                                                const float *__restrict__ g, float *o, int M, int nk, int nv, int dk,
@@ -4636,8 +4729,10 @@ extern "C" __global__ void qsa_k_gdn_recurrent(float *S, const float *__restrict
     QSA_PDL_ENTRY();
     k2_gdn_recurrent<false>(S, 0, q, k, v, beta, g, o, M, nk, nv, dk, dv);
 }
+#endif
 
 /* The same with the state stored as fp16 [nv][dk][dv] (the "fp16 state" comparison option). */
+#if QSA_IN_PART(6)
 extern "C" __global__ void qsa_k_gdn_recurrent_f16state(qsa_f16 *S, const float *__restrict__ q,
                                                         const float *__restrict__ k, const float *__restrict__ v,
                                                         const float *__restrict__ beta, const float *__restrict__ g,
@@ -4645,6 +4740,7 @@ extern "C" __global__ void qsa_k_gdn_recurrent_f16state(qsa_f16 *S, const float 
     QSA_PDL_ENTRY();
     k2_gdn_recurrent<true>(0, S, q, k, v, beta, g, o, M, nk, nv, dk, dv);
 }
+#endif
 
 /* Gated RMSNorm per value head, in place: o = w * (o / sqrt(mean(o^2) + eps)) * act(z).
  *   o [M][nv*dv] fp32 (in/out); z [M][nv*dv]; w [dv] plain weight; o16 (optional)
@@ -4659,6 +4755,7 @@ typedef struct {
     const float *qkv;             /* [B][conv_dim]: the in_proj_qkv rows */
     int conv_dim, Kc, kd2;
 } qsa_gdn_shift;
+#if QSA_IN_PART(1)
 extern "C" __global__ void __launch_bounds__(128) qsa_k_gdn_norm_gate(float *o, const float *__restrict__ z,
                                                                       const float *__restrict__ w, qsa_f16 *o16,
                                                                       int nv, int dv, float eps, int act,
@@ -4701,6 +4798,7 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_gdn_norm_gate(float *o, 
         for (int jj = 0; jj + 1 < QSA_GDN_KC; jj++)
             if (jj < Kc - 1) cs[(qsa_i64)jj * cd + ch] = nr[jj];
 }
+#endif
 
 /* ============================================================================================== */
 /* QSA: projections' epilogues, block keys, scores, selection                                      */
@@ -4760,6 +4858,7 @@ static __device__ __forceinline__ void qsa_attn_qk_prep_body(
         }
     }
 }
+#if QSA_IN_PART(1)
 extern "C" __global__ void __launch_bounds__(128) qsa_k_attn_qk_prep(
     float *q, const float *__restrict__ k_in, const float *__restrict__ v_in, const float *__restrict__ qn,
     const float *__restrict__ kn, const float *__restrict__ inv_freq, const int *__restrict__ bt, qsa_f16 *Kpool,
@@ -4768,6 +4867,7 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_attn_qk_prep(
     qsa_attn_qk_prep_body(q, k_in, v_in, qn, kn, inv_freq, bt, Kpool, Vpool, pos0, M, nh, nkv, hd, rd, page_size, eps,
                           blockIdx.y, gridDim.y);
 }
+#endif
 
 /* Indexer epilogue for token t = blockIdx.x, row iq[t] = [ih query heads | 1 raw key] of ihd:
  *   y < ih : q_layernorm (1+w, qln [ihd]) then RoPE (rd dims, rd <= ihd) at pos0+t, in place
@@ -4797,6 +4897,7 @@ static __device__ __forceinline__ void qsa_indexer_prep_body(float *iq, const fl
         k2_rope_store(xs, row, ihd, rd, inv_freq, pos);
     }
 }
+#if QSA_IN_PART(7)
 extern "C" __global__ void __launch_bounds__(128) qsa_k_indexer_prep(float *iq, const float *__restrict__ qln,
                                                                      const float *__restrict__ inv_freq,
                                                                      const int *__restrict__ bt, float *Ipool,
@@ -4805,6 +4906,7 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_indexer_prep(float *iq, 
     QSA_PDL_ENTRY();
     qsa_indexer_prep_body(iq, qln, inv_freq, bt, Ipool, pos0, M, ih, ihd, rd, page_size, eps, blockIdx.y, gridDim.y);
 }
+#endif
 
 /* Keys of the complete blocks b in [b0, b1): fp32 mean of the r raw keys (ascending, then / r, as
  * the CPU), k_layernorm (1+w, kln [ihd]), RoPE at position b*r.  bkeys [max_blocks][ihd] is the
@@ -4832,6 +4934,7 @@ static __device__ __forceinline__ void qsa_block_keys_body(const float *__restri
     k2_rmsnorm_1p_smem(xs, kln, ihd, eps, scratch);
     k2_rope_store(xs, bkeys + b * ihd, ihd, rd, inv_freq, b * r);
 }
+#if QSA_IN_PART(4)
 extern "C" __global__ void __launch_bounds__(128) qsa_k_block_keys(const float *__restrict__ Ipool,
                                                                    const int *__restrict__ bt,
                                                                    const float *__restrict__ kln,
@@ -4841,6 +4944,7 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_block_keys(const float *
     QSA_PDL_ENTRY();
     qsa_block_keys_body(Ipool, bt, kln, inv_freq, bkeys, b0, b1, r, ihd, rd, page_size, eps, blockIdx.x);
 }
+#endif
 
 /* Block scores of query t = blockIdx.x (position pos0+t) against its complete blocks
  * b < (pos0+t+1)/r:  score = (sum_h relu(q_h . key_b)) / sqrt(ihd), h ascending; each dot is a
@@ -4902,6 +5006,7 @@ static __device__ __forceinline__ void qsa_block_scores_body(const float *__rest
             if (lane == 0 && b0 + u * W < nb) scores[(long long)t * ld + b0 + u * W] = s[u] / root;
     }
 }
+#if QSA_IN_PART(3)
 extern "C" __global__ void __launch_bounds__(256) qsa_k_block_scores(const float *__restrict__ iq,
                                                                      const float *__restrict__ bkeys,
                                                                      float *__restrict__ scores, int pos0, int M,
@@ -4909,6 +5014,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_block_scores(const float
     QSA_PDL_ENTRY();
     qsa_block_scores_body(iq, bkeys, scores, pos0, M, ih, ihd, r, ld);
 }
+#endif
 
 /* Exclusive prefix sum of one int per thread in thread order (block size a multiple of 32);
    `scratch` holds 33 ints of shared memory. */
@@ -5261,12 +5367,14 @@ static __device__ __forceinline__ void qsa_topk_blocks_body(const float *__restr
         }
     }
 }
+#if QSA_IN_PART(7)
 extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_topk_blocks(const float *__restrict__ scores, int *sel,
                                                                      int *nsel, int pos0, int M, int r, int topk,
                                                                      int ld) {
     QSA_PDL_ENTRY();
     qsa_topk_blocks_body(scores, sel, nsel, pos0, M, r, topk, ld);
 }
+#endif
 
 /* ============================================================================================== */
 /* QSA sparse attention                                                                            */
@@ -5280,6 +5388,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_topk_blocks(const fl
  * page_size that is (topk + 1) * 2 <= 2560 (topk <= 1279).  The kernel traps when exceeded.
  * Launch: grid (M), block 256. */
 #define K2_PHYS_MAX_UNITS 2560
+#if QSA_IN_PART(1)
 extern "C" __global__ void __launch_bounds__(256) qsa_k_attn_phys_order(const int *__restrict__ bt,
                                                                         const int *__restrict__ sel,
                                                                         const int *__restrict__ nsel, int *tokpos,
@@ -5342,6 +5451,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_attn_phys_order(const in
         for (int j = 0; j < ulen[x]; j++) outp[before + j] = ulog[x] + j;
     }
 }
+#endif
 
 #ifndef K2_ATTN_G
 #define K2_ATTN_G 4 /* tokens per group of the attention's software pipeline (one group in flight) */
@@ -5596,6 +5706,7 @@ static __device__ __forceinline__ void qsa_sparse_attn_body(
         if (out16) out16[at] = qsa_f32_to_f16(y);
     }
 }
+#if QSA_IN_PART(2)
 extern "C" __global__ void __launch_bounds__(512, 1) qsa_k_sparse_attn(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
     const int *__restrict__ bt, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
@@ -5604,6 +5715,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) qsa_k_sparse_attn(
     QSA_PDL_ENTRY();
     qsa_sparse_attn_body(q, Kpool, Vpool, bt, sel, nsel, out, out16, pos0, M, nh, nkv, hd, r, topk, page_size, split, tokpos, ld_tok);
 }
+#endif
 
 /* Decode attention spread over the splits (one query per sequence): block (s, y) computes split s
  * (visit indices s*split .. s*split+split-1, as qsa_sparse_attn_body cuts them) of the HB = nh /
@@ -5856,6 +5968,7 @@ static __device__ void k2_attn_dec_body(const float *__restrict__ q, const qsa_f
  * fp32 scratch (out: qsa_k_sparse_attn_merge's, the next launch).  Launch: grid (smax, nh / HB),
  * block 32 HB (a head per warp) or 16 HB (two; HB even) with HB dividing nh / nkv, at most 384 threads
  * (the launch bound, for 80 registers: 2 blocks of 12 warps or 4 of 6 per SM on sm_90). */
+#if QSA_IN_PART(1)
 extern "C" __global__ void __launch_bounds__(384, 2) qsa_k_sparse_attn_dec(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
     const int *__restrict__ bt, const int *__restrict__ sel, const int *__restrict__ nsel, int pos0, int nh, int nkv,
@@ -5863,6 +5976,7 @@ extern "C" __global__ void __launch_bounds__(384, 2) qsa_k_sparse_attn_dec(
     QSA_PDL_ENTRY();
     K2_DEC_CALL(q, Kpool, Vpool, bt, sel, nsel[0], (long long)pos0, nh, nkv, r, page_size, split, part, smax);
 }
+#endif
 
 /* ============================================================================================== */
 /* Batched decode: one token of each of B sequences in one launch                                  */
@@ -5893,6 +6007,7 @@ extern "C" __global__ void __launch_bounds__(384, 2) qsa_k_sparse_attn_dec(
  *     written by earlier steps).
  * This replaced three launches per QSA layer and step (the indexer's two after the q/k prep).
  * Launch: grid (1, nh + nkv (+ ih + 1 with the indexer), B), block 128. */
+#if QSA_IN_PART(0)
 extern "C" __global__ void __launch_bounds__(128) qsa_k_attn_prep_batch(
     float *q, const float *__restrict__ k_in, const float *__restrict__ v_in, const float *__restrict__ qn,
     const float *__restrict__ kn, const float *__restrict__ inv_freq, const unsigned long long *__restrict__ bts,
@@ -5918,11 +6033,13 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_attn_prep_batch(
     qsa_block_keys_body(Ipool, bt, kln, inv_freq, QSA_BPTR(float, bkeys), p / r, (p + 1) / r, r, ihd, rd, page_size, eps,
                         0);
 }
+#endif
 
 /* scores [B][ld].  Launch: grid (1, Y, B) with any Y (qsa__score_ys of max_blocks: an upper bound fixed
  * by the model, so the grid does not depend on the positions; warps past a query's blocks idle).
  * A query with at most topk blocks selects all of them (qsa_k_topk_blocks_batch reads no score):
  * its scores are not computed. */
+#if QSA_IN_PART(6)
 extern "C" __global__ void __launch_bounds__(256) qsa_k_block_scores_batch(
     const float *__restrict__ iq, const unsigned long long *__restrict__ bkeys, float *__restrict__ scores,
     const int *__restrict__ pos, int ih, int ihd, int r, int ld, int topk) {
@@ -5932,17 +6049,21 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_block_scores_batch(
     qsa_block_scores_body(iq + b * (ih + 1) * ihd, QSA_BPTR(const float, bkeys), scores + b * ld, pos[b], 1, ih, ihd, r,
                           ld);
 }
+#endif
 
 /* sel [B][topk], nsel [B].  Launch: grid (1, 1, B), block 1024. */
+#if QSA_IN_PART(1)
 extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_topk_blocks_batch(
     const float *__restrict__ scores, int *sel, int *nsel, const int *__restrict__ pos, int r, int topk, int ld) {
     QSA_PDL_ENTRY();
     const qsa_i64 b = blockIdx.z;
     qsa_topk_blocks_body(scores + b * ld, sel + b * topk, nsel + b, pos[b], 1, r, topk, ld);
 }
+#endif
 
 /* Logical visit order only (the physical-order debug switch is not batched).
  * Launch: grid (1, nh, B), block 256. */
+#if QSA_IN_PART(5)
 extern "C" __global__ void __launch_bounds__(512, 1) qsa_k_sparse_attn_batch(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
     const unsigned long long *__restrict__ bts, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
@@ -5953,9 +6074,11 @@ extern "C" __global__ void __launch_bounds__(512, 1) qsa_k_sparse_attn_batch(
                          out ? out + o : out, out16 ? out16 + o : out16, pos[b], 1, nh, nkv, hd, r, topk, page_size,
                          split, 0, 0);
 }
+#endif
 
 /* qsa_k_sparse_attn_dec for sequence b = blockIdx.z: part [B][nh][smax][hd + 2].
  * Launch: grid (smax, nh / HB, B), block 32 HB or 16 HB as qsa_k_sparse_attn_dec. */
+#if QSA_IN_PART(2)
 extern "C" __global__ void __launch_bounds__(384, 2) qsa_k_sparse_attn_dec_batch(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
     const unsigned long long *__restrict__ bts, const int *__restrict__ sel, const int *__restrict__ nsel,
@@ -5966,6 +6089,7 @@ extern "C" __global__ void __launch_bounds__(384, 2) qsa_k_sparse_attn_dec_batch
     K2_DEC_CALL(q + b * nh * 2 * hd, Kpool, Vpool, QSA_BPTR(const int, bts), sel + b * topk, nsel[b], (long long)pos[b], nh,
                 nkv, r, page_size, split, part + b * nh * smax * (hd + 2), smax);
 }
+#endif
 
 /* ============================================================================================== */
 /* Sparse attention on the tensor cores (sm_80+)                                                   */
@@ -6297,6 +6421,7 @@ static __device__ __forceinline__ void k3_attn_body(const float *__restrict__ q,
  * (gridDim.x 1: out written) or [M][nkv][smax][128][K3_PW(hd)] fp32 scratch (gridDim.x smax >= any query's
  * splits: the splits' partials written, out left to qsa_k_sparse_attn_merge).  hd 128 or 256, nh / nkv <= 16.
  * Launch: grid (1 or smax, nkv, M), block 128, K3_SMEM_BYTES of dynamic shared memory; sm_80+ (traps below). */
+#if QSA_IN_PART(4)
 extern "C" __global__ void __launch_bounds__(128, 2) qsa_k_sparse_attn_tc(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
     const int *__restrict__ bt, const int *__restrict__ sel, const int *__restrict__ nsel, float *out, qsa_f16 *out16,
@@ -6322,9 +6447,11 @@ extern "C" __global__ void __launch_bounds__(128, 2) qsa_k_sparse_attn_tc(
     __trap();
 #endif
 }
+#endif
 /* One token of each of B sequences (b = blockIdx.z; pos, bts as the other batched kernels): q [B][nh][2 hd],
  * sel [B][topk], nsel [B], out [B][nh][hd], part [B][nkv][smax][128][K3_PW(hd)] or NULL (as above).
  * Launch: grid (1 or smax, nkv, B), block 128, K3_SMEM_BYTES of dynamic shared memory; sm_80+. */
+#if QSA_IN_PART(3)
 extern "C" __global__ void __launch_bounds__(128, 2) qsa_k_sparse_attn_tc_batch(
     const float *__restrict__ q, const qsa_f16 *__restrict__ Kpool, const qsa_f16 *__restrict__ Vpool,
     const unsigned long long *__restrict__ bts, const int *__restrict__ sel, const int *__restrict__ nsel, float *out,
@@ -6348,6 +6475,7 @@ extern "C" __global__ void __launch_bounds__(128, 2) qsa_k_sparse_attn_tc_batch(
     __trap();
 #endif
 }
+#endif
 
 /* The merge of a split decode attention's partials along its splits, left to right from (-inf, 0, 0) by
  * qsa_attn_merge_w's operations (those of every merge: qsa_sparse_attn_body's, k3_merge), then o / l times
@@ -6407,6 +6535,7 @@ static __device__ __forceinline__ int qsa_attn_nsplit(const int *__restrict__ ns
     if (nsplit > smax) __trap();
     return nsplit;
 }
+#if QSA_IN_PART(7)
 extern "C" __global__ void __launch_bounds__(256) qsa_k_sparse_attn_merge(const float *__restrict__ q,
                                                                           const float *__restrict__ part,
                                                                           const int *__restrict__ nsel,
@@ -6421,6 +6550,8 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_sparse_attn_merge(const 
     qsa_attn_merge_splits(q, part + th * smax * (hd + 2), hd + 2, 0, 1, 2 + d, nsplit, th * 2 * hd + hd + d, th * hd + d,
                           out, out16);
 }
+#endif
+#if QSA_IN_PART(5)
 extern "C" __global__ void __launch_bounds__(128) qsa_k_sparse_attn_merge_tc(const float *__restrict__ q,
                                                                              const float *__restrict__ part,
                                                                              const int *__restrict__ nsel,
@@ -6439,9 +6570,11 @@ extern "C" __global__ void __launch_bounds__(128) qsa_k_sparse_attn_merge_tc(con
     qsa_attn_merge_splits(q, part + ((long long)t * nkv + g) * smax * 128 * pw, 128LL * pw, f * pw + pw - 4 + rh,
                           f * pw + pw - 2 + rh, v, nsplit, th * 2 * hd + hd + d, th * hd + d, out, out16);
 }
+#endif
 
 /* conv state: st, advanced here (one token per sequence); the gates of sequence b: ga's rows b.
    Launch: grid (1, Y, B) with Y as qsa_k_gdn_conv, block 256. */
+#if QSA_IN_PART(6)
 extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv_batch(
     const float *__restrict__ qkv, const unsigned long long *__restrict__ st, const float *__restrict__ w, float *q,
     float *k, float *v, int conv_dim, int key_dim, int Kc, int act, int nk, int dk, qsa_gdn_gate_args ga) {
@@ -6457,12 +6590,14 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gdn_conv_batch(
     qsa_gdn_conv_body(qkv + b * conv_dim, QSA_BPTR(float, st), w, q + b * key_dim, k + b * key_dim,
                       v + b * (conv_dim - 2 * key_dim), 1, conv_dim, key_dim, Kc, act, nk, dk, gb, 1);
 }
+#endif
 
 /* S: st.  Launch: grid (nv, Y, B), block 128, no dynamic shared memory.  K2_GDN_SMEM: k2_gdn_rec_dec, 10
    blocks per SM on sm_90 (batch 32 +0.6% on the H200 against the register form below).  Else the register form,
    bound to six blocks per SM (80 registers, a few spilled, against 128-138 unbounded and three or four
    blocks — batch 32 at the real shape 83.3 -> 66.7 us per layer, batch 8 25.8 -> 21.6 on the H200; five
    blocks: 68.7 and 23.2). */
+#if QSA_IN_PART(7)
 extern "C" __global__ void __launch_bounds__(128, K2_GDN_SMEM ? 10 : 6)
     qsa_k_gdn_recurrent_batch(const unsigned long long *__restrict__ st, const float *__restrict__ q,
                               const float *__restrict__ k, const float *__restrict__ v, const float *__restrict__ beta,
@@ -6486,7 +6621,9 @@ extern "C" __global__ void __launch_bounds__(128, K2_GDN_SMEM ? 10 : 6)
                                               beta + b * nv, g + b * nv, o + b * vd, 1, nk, nv, dk, dv);
 #endif
 }
+#endif
 
+#if QSA_IN_PART(5)
 extern "C" __global__ void __launch_bounds__(128, 6)
     qsa_k_gdn_recurrent_f16state_batch(const unsigned long long *__restrict__ st, const float *__restrict__ q,
                                        const float *__restrict__ k, const float *__restrict__ v,
@@ -6497,8 +6634,10 @@ extern "C" __global__ void __launch_bounds__(128, 6)
     k2_gdn_recurrent<true, K2_GDN_PF1>(0, QSA_BPTR(qsa_f16, st), q + b * kd, k + b * kd, v + b * vd, beta + b * nv,
                                        g + b * nv, o + b * vd, 1, nk, nv, dk, dv);
 }
+#endif
 
 /* PLE conv state: st.  Launch: grid (ceil(hcH / 256), 1, B), block 256. */
+#if QSA_IN_PART(2)
 extern "C" __global__ void qsa_k_ple_conv_batch(float *__restrict__ X, const float *__restrict__ gv,
                                                 const float *__restrict__ gvn,
                                                 const unsigned long long *__restrict__ st,
@@ -6507,6 +6646,7 @@ extern "C" __global__ void qsa_k_ple_conv_batch(float *__restrict__ X, const flo
     const qsa_i64 o = (qsa_i64)blockIdx.z * hcH;
     qsa_ple_conv_body(X + o, gv + o, gvn + o, QSA_BPTR(float, st), w, 1, hcH, Kc, dil);
 }
+#endif
 
 #undef QSA_BPTR
 
@@ -6518,6 +6658,7 @@ extern "C" __global__ void qsa_k_ple_conv_batch(float *__restrict__ X, const flo
  * sums at parts + r * n, as ncclAllGather leaves them), out[i] = ((p0 + p1) + p2) + ... in rank
  * order, unfused adds.  Every rank runs it on the same bytes, so every rank gets the same bits,
  * whatever algorithm NCCL used to move them.  Launch: grid any (ceil(n / 256)), block any (256). */
+#if QSA_IN_PART(3)
 extern "C" __global__ void qsa_k_tp_sum(const float *__restrict__ parts, float *__restrict__ out, int n, int tp) {
     QSA_PDL_ENTRY();
     for (qsa_i64 i = (qsa_i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (qsa_i64)gridDim.x * blockDim.x) {
@@ -6526,10 +6667,12 @@ extern "C" __global__ void qsa_k_tp_sum(const float *__restrict__ parts, float *
         out[i] = s;
     }
 }
+#endif
 
 /* PLE rows: rank r gathered columns [r * dl, (r + 1) * dl) of every head's row, parts [tp][M][nh][dl];
  * e [M][nh * tp * dl] is the full concatenated row (head h, column c = r * dl + j at h * tp * dl + c).
  * A copy.  Launch: grid any (ceil(M * nh * tp * dl / 256)), block any (256). */
+#if QSA_IN_PART(0)
 extern "C" __global__ void qsa_k_tp_ple_unshard(const float *__restrict__ parts, float *__restrict__ e, int M, int nh,
                                                 int dl, int tp) {
     QSA_PDL_ENTRY();
@@ -6539,3 +6682,4 @@ extern "C" __global__ void qsa_k_tp_ple_unshard(const float *__restrict__ parts,
         e[i] = parts[((r * M + t) * nh + h) * dl + j];
     }
 }
+#endif

@@ -8886,6 +8886,7 @@ static const char *const qsa__kernel_names[] = {
     QSA__KERNEL_LIST(QSA__KNAME)
 #undef QSA__KNAME
 };
+#define QSA__PARTS 8 /* the programs the kernels are compiled as (kernels.cu: QSA_IN_PART) */
 
 /* A linear map on the device: FP16 [out][in] or NVFP4 (q [out][in/2], s [out][in/16], s2). */
 typedef struct qsa__dlin {
@@ -9024,12 +9025,12 @@ typedef struct qsa__cuda {
     CUstream stream;
     CUstream side;               /* work beside the stream's chain, forked and joined by events (qsa__cuda_moe) */
     CUevent side_fork, side_join;
-    CUmodule mod;
+    CUmodule mods[QSA__PARTS];  /* the kernels' modules, one per part (qsa__cuda_module) */
     CUfunction k[QSA__K_COUNT];
     char arch[32];
     int arch_num;               /* the module's target as a number (compute_90: 90; qsa__cuda_module) */
-    double jit_seconds;         /* compile (or cache load) time of the module */
-    int jit_from_cache;
+    double jit_seconds;         /* compile (or cache load) time of the modules */
+    int jit_from_cache;         /* every part came from the disk cache */
     int pdl;                    /* launch kernels as programmatic dependents (qsa__cu_launch_ex; qsa__cuda_module) */
     int host_threads;           /* the upload's host conversions (the model's n_threads; 0 or 1: this thread) */
     size_t upload_piece;        /* FP16 values narrowed per host-to-device copy (0: QSA__UPLOAD_PIECE) */
@@ -9380,6 +9381,57 @@ QSA_PRIV int qsa__pdl_on(const qsa__cuda *g) {
     return g->cc >= 90 && g->arch_num >= 90 && qsa__cu.cuLaunchKernelEx != NULL && !(e && !strcmp(e, "0"));
 }
 
+/* One part of the kernels (kernels.cu's QSA_IN_PART): from the disk cache or NVRTC (with -DQSA_PART=part;
+   a compile is written to the cache), then loaded as a module in the backend's context.  Runs on a thread
+   of qsa__cuda_module's: its error is kept in msg for the caller's thread. */
+typedef struct qsa__part_job {
+    qsa__cuda *g;
+    const char *src, *arch, *dir;
+    const char *const *opts;
+    int nopts, part, from_cache;
+    uint64_t key;
+    CUmodule mod;
+    qsa_result r;
+    char msg[1024];
+} qsa__part_job;
+QSA_PRIV qsa_result qsa__part_build(qsa__part_job *j) {
+    char def[32], path[1100];
+    const char *opts[8];
+    if (j->nopts > 7) return qsa__fail(QSA_ERR_INTERNAL, "kernels: too many NVRTC options");
+    for (int i = 0; i < j->nopts; i++) opts[i] = j->opts[i];
+    snprintf(def, sizeof def, "-DQSA_PART=%d", j->part);
+    opts[j->nopts] = def;
+    uint64_t key = qsa__fnv(j->key, &j->part, sizeof j->part);
+    if (j->dir) snprintf(path, sizeof path, "%s/kernels-%016llx.%s", j->dir, (unsigned long long)key, strncmp(j->arch, "sm_", 3) ? "ptx" : "cubin");
+    size_t len = 0;
+    char *img = NULL;
+    if (j->dir) QSA__TRY(qsa__cache_read(path, key, &img, &len));
+    j->from_cache = img != NULL;
+    if (!img) {
+        QSA__TRY(qsa__nvrtc_compile(j->src, "kernels.cu", opts, j->nopts + 1, j->arch, &img, &len, NULL));
+        if (j->dir) qsa__cache_write(path, key, img, len);
+    }
+    qsa_result r = QSA__CU_R(qsa__cu.cuCtxSetCurrent(j->g->ctx));
+    if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuModuleLoadData(&j->mod, img));
+    qsa__free(img);
+    return r;
+}
+QSA_PRIV void qsa__part_jobs(void *c, int t, size_t i0, size_t i1) {
+    qsa__part_job *j = (qsa__part_job *)c;
+    (void)t;
+    for (size_t i = i0; i < i1; i++) {
+        j[i].r = qsa__part_build(&j[i]);
+        if (j[i].r != QSA_OK) snprintf(j[i].msg, sizeof j[i].msg, "%s", qsa_last_error());
+    }
+}
+QSA_PRIV void qsa__cuda_module_unload(qsa__cuda *g) {
+    for (int p = 0; p < QSA__PARTS; p++)
+        if (g->mods[p]) qsa__cu.cuModuleUnload(g->mods[p]);
+    memset(g->mods, 0, sizeof g->mods);
+}
+
+/* The kernels for the device: QSA__PARTS programs of kernels.cu (its QSA_IN_PART), each from the disk cache
+   or compiled, and loaded, over up to host_threads threads; every entry point from the part that holds it. */
 QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
     QSA__TRY(qsa__nvrtc_load());
     char *src = qsa__kernels_source();
@@ -9393,35 +9445,49 @@ QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
     g->arch_num = atoi(an);
     static const char *const opts[] = {"--std=c++14", "-default-device", "--use_fast_math=false"};
     int nopts = 2;
-    /* key: source, options, NVRTC version, arch, driver version, library version */
+    /* key: source, options, NVRTC version, arch, driver version, library version (and each part's number) */
     uint64_t key = qsa__fnv(0xcbf29ce484222325ull, src, strlen(src));
     for (int i = 0; i < nopts; i++) key = qsa__fnv(key, opts[i], strlen(opts[i]) + 1);
     int ver[3] = {qsa__nvrtc.major * 100 + qsa__nvrtc.minor, qsa__cu.driver_version, QSA_VERSION_MAJOR * 10000 + QSA_VERSION_MINOR * 100 + QSA_VERSION_PATCH};
     key = qsa__fnv(key, ver, sizeof ver);
     key = qsa__fnv(key, arch, strlen(arch) + 1);
-    char dir[1024], path[1100];
+    char dir[1024];
     int use_cache = qsa__cache_dir(dir, sizeof dir);
-    if (use_cache) snprintf(path, sizeof path, "%s/kernels-%016llx.%s", dir, (unsigned long long)key, strncmp(arch, "sm_", 3) ? "ptx" : "cubin");
     double t0 = qsa__now();
-    size_t len = 0;
-    char *img = NULL;
-    if (use_cache) r = qsa__cache_read(path, key, &img, &len);
-    g->jit_from_cache = img != NULL;
-    if (r == QSA_OK && !img) {
-        r = qsa__nvrtc_compile(src, "kernels.cu", opts, nopts, arch, &img, &len, NULL);
-        if (r == QSA_OK && use_cache) qsa__cache_write(path, key, img, len);
+    qsa__cuda_module_unload(g);
+    qsa__part_job jobs[QSA__PARTS];
+    memset(jobs, 0, sizeof jobs);
+    for (int p = 0; p < QSA__PARTS; p++) {
+        jobs[p].g = g;
+        jobs[p].src = src;
+        jobs[p].arch = arch;
+        jobs[p].dir = use_cache ? dir : NULL;
+        jobs[p].opts = opts;
+        jobs[p].nopts = nopts;
+        jobs[p].part = p;
+        jobs[p].key = key;
     }
+    int nt = g->host_threads < 1 ? 1 : g->host_threads > QSA__PARTS ? QSA__PARTS : g->host_threads;
+    qsa__par_ranges(QSA__PARTS, nt, qsa__part_jobs, jobs);
     qsa__free(src);
-    if (r != QSA_OK) return r;
-    r = QSA__CU_R(qsa__cu.cuModuleLoadData(&g->mod, img));
-    qsa__free(img);
-    if (r != QSA_OK) return r;
+    int cached = 0;
+    for (int p = 0; p < QSA__PARTS; p++) {
+        g->mods[p] = jobs[p].mod;
+        cached += jobs[p].from_cache;
+        if (r == QSA_OK && jobs[p].r != QSA_OK) r = qsa__fail(jobs[p].r, "%s", jobs[p].msg);
+    }
+    if (r != QSA_OK) { qsa__cuda_module_unload(g); return r; }
+    qsa__cu.cuCtxSetCurrent(g->ctx);
+    g->jit_from_cache = cached == QSA__PARTS;
     g->jit_seconds = qsa__now() - t0;
-    qsa__log(QSA_LOG_INFO, "kernels: %s for %s in %.3f s (%s)", g->jit_from_cache ? "loaded from the disk cache" : "compiled",
-             arch, g->jit_seconds, use_cache ? path : "cache off");
+    qsa__log(QSA_LOG_INFO, "kernels: %s for %s in %.3f s (%d parts, %d from the disk cache; %s)",
+             g->jit_from_cache ? "loaded from the disk cache" : "compiled", arch, g->jit_seconds, QSA__PARTS, cached,
+             use_cache ? dir : "cache off");
     for (int i = 0; i < QSA__K_COUNT; i++) {
-        CUresult cr = qsa__cu.cuModuleGetFunction(&g->k[i], g->mod, qsa__kernel_names[i]);
-        if (cr != 0) return qsa__fail(QSA_ERR_CUDA, "kernels: entry point %s not found in the module", qsa__kernel_names[i]);
+        g->k[i] = NULL;
+        for (int p = 0; p < QSA__PARTS && !g->k[i]; p++)
+            if (qsa__cu.cuModuleGetFunction(&g->k[i], g->mods[p], qsa__kernel_names[i]) != 0) g->k[i] = NULL;
+        if (!g->k[i]) return qsa__fail(QSA_ERR_CUDA, "kernels: entry point %s not found in the modules", qsa__kernel_names[i]);
     }
     g->pdl = qsa__pdl_on(g);
     /* qsa_k_gemv_deep's ring: dynamic shared memory past the default 48 KB needs the function's limit
@@ -9779,7 +9845,7 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
     qsa__free(g->layers);
     qsa__free(g->sc.host_e);
     qsa__cuda_batch_free(g);
-    if (g->mod) qsa__cu.cuModuleUnload(g->mod);
+    qsa__cuda_module_unload(g);
     if (g->side_fork) qsa__cu.cuEventDestroy_v2(g->side_fork);
     if (g->side_join) qsa__cu.cuEventDestroy_v2(g->side_join);
     if (g->side) qsa__cu.cuStreamDestroy_v2(g->side);

@@ -252,6 +252,125 @@ TEST(jit, compile_native) {
     qsa_free(log);
 }
 
+/* Entry point `name`'s text in a PTX module (from ".entry name(" to its closing brace) without what depends
+   on which other functions the module holds: the numbers of its place ($L__BB<f>_ labels, __local_depot<f>,
+   the "// callseq <n>" comments of its calls),
+   the compilation's hash in internal names (_INTERNAL_<n>_kernels_cu_<hash>), the shared variables NVVM
+   declares inside the one entry that uses them ("// demoted variable" and the line after) and empty lines.
+   A copy (qsa_free), or NULL when the module does not hold it. */
+static char *jit_ptx_entry(const char *ptx, const char *name) {
+    char key[96];
+    snprintf(key, sizeof key, ".entry %s(", name);
+    const char *a = strstr(ptx, key), *e = a ? strstr(a, "\n}\n") : NULL;
+    if (!a || !e) return NULL;
+    e += 3;
+    char *t = QSA__ALLOC(char, (size_t)(e - a) + 1);
+    if (!t) return NULL;
+    size_t o = 0;
+    for (const char *l = a; l < e;) {
+        const char *nl = memchr(l, '\n', (size_t)(e - l)), *end = nl ? nl + 1 : e;
+        if (!strncmp(l, "\t// demoted variable", 20)) { /* it and its declaration */
+            l = end;
+            nl = memchr(l, '\n', (size_t)(e - l));
+            l = nl ? nl + 1 : e;
+            continue;
+        }
+        if (*l == '\n') { l = end; continue; }
+        for (const char *c = l; c < end;) {
+            static const char *const num[3] = {"$L__BB", "__local_depot", "// callseq "};
+            int hit = 0;
+            for (int k = 0; k < 3 && !hit; k++) {
+                size_t pl = strlen(num[k]);
+                if (!strncmp(c, num[k], pl)) {
+                    memcpy(t + o, num[k], pl);
+                    o += pl;
+                    c += pl;
+                    while (*c >= '0' && *c <= '9') c++;
+                    hit = 1;
+                }
+            }
+            const char *kc = !hit && !strncmp(c, "_INTERNAL_", 10) ? strstr(c, "_kernels_cu_") : NULL;
+            if (kc && kc < end && kc + 20 <= end) { /* _INTERNAL_<n>_kernels_cu_<8 hex> */
+                memcpy(t + o, "_INTERNAL_kernels_cu_", 21);
+                o += 21;
+                c = kc + 20;
+                hit = 1;
+            }
+            if (!hit) t[o++] = *c++;
+        }
+        l = end;
+    }
+    t[o] = 0;
+    return t;
+}
+
+/* a and b hold the same lines, in any order (NVRTC 11.8 may order independent instructions differently from
+   one compile of the same program to the next; 13.0 has not been seen to) */
+static int jit_line_cmp(const void *x, const void *y) { return strcmp(*(char *const *)x, *(char *const *)y); }
+static int jit_same_lines(char *a, char *b) {
+    char *t[2] = {a, b}, **l[2] = {NULL, NULL};
+    size_t n[2] = {0, 0};
+    int same = 1;
+    for (int k = 0; k < 2; k++) {
+        for (char *c = t[k]; *c; c++) n[k] += *c == '\n';
+        l[k] = QSA__ALLOC(char *, n[k] + 1);
+        if (!l[k]) { same = 0; continue; }
+        size_t i = 0;
+        for (char *c = strtok(t[k], "\n"); c; c = strtok(NULL, "\n")) l[k][i++] = c;
+        n[k] = i;
+        qsort(l[k], n[k], sizeof(char *), jit_line_cmp);
+    }
+    same = same && n[0] == n[1];
+    for (size_t i = 0; same && i < n[0]; i++) same = !strcmp(l[0][i], l[1][i]);
+    qsa_free(l[0]);
+    qsa_free(l[1]);
+    return same;
+}
+
+/* The module in parts (kernels.cu's QSA_IN_PART, qsa__cuda_module's QSA__PARTS programs): every entry point
+   of the source in exactly one part, with the whole program's PTX (the same instructions, whichever program
+   compiles it), and no part empty. */
+TEST(jit, module_parts_hold_the_whole_programs_kernels) {
+    JIT_NEED_NVRTC();
+    int native = jit_native_cc(90);
+    if (!native) SKIP("NVRTC %d.%d knows no target up to compute 90", qsa__nvrtc.major, qsa__nvrtc.minor);
+    char arch[32], def[32], names[KERNEL_ENTRIES_MAX][64];
+    snprintf(arch, sizeof arch, "compute_%d", native);
+    const char *opts[3] = {"--std=c++14", "-default-device", def};
+    int n = kernel_entry_names(names, KERNEL_ENTRIES_MAX), found[KERNEL_ENTRIES_MAX] = {0};
+    char *whole = NULL, *log = NULL;
+    size_t len = 0;
+    double t0 = qsa__now(), tw;
+    CHECK_OK(qsa__kernels_compile(arch, 0, opts, 2, &whole, &len, &log, NULL, 0));
+    tw = qsa__now() - t0;
+    qsa_free(log);
+    if (!whole) return;
+    t0 = qsa__now();
+    for (int p = 0; p < QSA__PARTS; p++) {
+        char *img = NULL;
+        log = NULL;
+        snprintf(def, sizeof def, "-DQSA_PART=%d", p);
+        CHECK_OK(qsa__kernels_compile(arch, 0, opts, 3, &img, &len, &log, NULL, 0));
+        qsa_free(log);
+        int here = 0;
+        for (int i = 0; img && i < n; i++) {
+            char *a = jit_ptx_entry(img, names[i]), *b = a ? jit_ptx_entry(whole, names[i]) : NULL;
+            if (!a) continue;
+            found[i]++;
+            here++;
+            CHECKF(b && jit_same_lines(a, b), "%s: part %d's PTX differs from the whole program's", names[i], p);
+            qsa_free(a);
+            qsa_free(b);
+        }
+        CHECKF(!img || here > 0, "part %d holds no entry point", p);
+        qsa_free(img);
+    }
+    for (int i = 0; i < n; i++) CHECKF(found[i] == 1, "%s is in %d parts", names[i], found[i]);
+    printf("    %d entry points in %d parts (%s): the whole program %.1f s, the parts one after another %.1f s\n", n,
+           QSA__PARTS, arch, tw, qsa__now() - t0);
+    qsa_free(whole);
+}
+
 TEST(jit, pick_arch) {
     JIT_NEED_NVRTC();
     jit_env_saved saved;

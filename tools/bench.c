@@ -945,6 +945,8 @@ static qsa_result bench_device_init(bench *b) {
     qsa__cuda *g = QSA__CALLOC(qsa__cuda, 1);
     if (!g) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "bench: out of host memory");
     b->g = g;
+    long nc = sysconf(_SC_NPROCESSORS_ONLN); /* (the kernels' parts compile over the threads, as a model's load) */
+    g->host_threads = nc < 1 ? 1 : nc > 16 ? 16 : (int)nc;
     QSA__TRY(qsa__cuda_open(g, b->o.device, &b->info)); /* (the runtime's bring-up: its streams, the side stream too) */
     QSA__CU(qsa__cu.cuEventCreate(&b->ev0, 0));
     QSA__CU(qsa__cu.cuEventCreate(&b->ev1, 0));
@@ -966,7 +968,7 @@ static void bench_jit(bench *b) {
     qsa__cuda *g = b->g;
     for (int pass = 0; pass < 2; pass++) {
         const char *name = pass ? "JIT warm" : "JIT cold";
-        if (g->mod) { qsa__cu.cuModuleUnload(g->mod); g->mod = NULL; }
+        qsa__cuda_module_unload(g);
         double t0 = qsa__now();
         qsa_result r = qsa__cuda_module(g, b->o.arch);
         double wall = qsa__now() - t0;
@@ -1938,7 +1940,7 @@ int main(int argc, char **argv) {
     printf("\n== measurements ==\n");
     if (!b->o.no_ceilings) bench_jit(b);
     else if ((r = qsa__cuda_module(b->g, b->o.arch)) != QSA_OK) row_fail(b, "kernel module", "", r);
-    if (!b->g->mod) goto report;
+    if (!b->g->mods[0]) goto report;
     if ((r = fill_module(b)) != QSA_OK) { row_fail(b, "fill kernels", "bench_fill.cu", r); goto report; }
     if (!b->o.no_ceilings && may_run(b, "copy bandwidth", "") && (r = bench_copy(b)) != QSA_OK) row_fail(b, "copy bandwidth", "", r);
     if (may_run(b, "logits to host", "") && (r = bench_host_copy(b)) != QSA_OK) /* (~0.1 s: also without the ceilings) */
