@@ -165,7 +165,9 @@ QSA_API void qsa_clear_error(void);
 
 typedef enum qsa_log_level { QSA_LOG_ERROR = 0, QSA_LOG_WARN, QSA_LOG_INFO, QSA_LOG_DEBUG } qsa_log_level;
 typedef void (*qsa_logger)(void *user, qsa_log_level level, const char *message);
-/* Install a logger (NULL: silent).  max_level filters: QSA_LOG_INFO shows errors, warnings, info. */
+/* Install a logger (NULL: silent).  max_level filters: QSA_LOG_INFO shows errors, warnings, info.  The
+   library's worker threads log too (the kernels' parts compiling, tensor-parallel ranks): fn must be
+   thread-safe. */
 QSA_API void qsa_set_logger(qsa_logger fn, void *user, qsa_log_level max_level);
 QSA_API void qsa_log_stderr(void *user, qsa_log_level level, const char *message);
 
