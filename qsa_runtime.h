@@ -9383,20 +9383,22 @@ QSA_PRIV int qsa__pdl_on(const qsa__cuda *g) {
     return g->cc >= 90 && g->arch_num >= 90 && qsa__cu.cuLaunchKernelEx != NULL && !(e && !strcmp(e, "0"));
 }
 
-/* One part of the kernels (kernels.cu's QSA_IN_PART): from the disk cache or NVRTC (with -DQSA_PART=part;
-   a compile is written to the cache), then loaded as a module in the backend's context.  Runs on a thread
-   of qsa__cuda_module's: its error is kept in msg for the caller's thread. */
+/* One part of the kernels (kernels.cu's QSA_IN_PART): its image from the disk cache (dir not NULL) or NVRTC
+   (with -DQSA_PART=part; a compile is written to the cache), then (qsa__part_loads) its module in g's
+   context.  Jobs run on the threads of qsa__par_ranges: an error is kept in msg for the caller's thread. */
 typedef struct qsa__part_job {
     qsa__cuda *g;
     const char *src, *arch, *dir;
     const char *const *opts;
     int nopts, part, from_cache;
     uint64_t key;
+    char *img;
+    size_t len;
     CUmodule mod;
     qsa_result r;
     char msg[1024];
 } qsa__part_job;
-QSA_PRIV qsa_result qsa__part_build(qsa__part_job *j) {
+QSA_PRIV qsa_result qsa__part_image(qsa__part_job *j) {
     char def[32], path[1100];
     const char *opts[8];
     if (j->nopts > 7) return qsa__fail(QSA_ERR_INTERNAL, "kernels: too many NVRTC options");
@@ -9405,26 +9407,36 @@ QSA_PRIV qsa_result qsa__part_build(qsa__part_job *j) {
     opts[j->nopts] = def;
     uint64_t key = qsa__fnv(j->key, &j->part, sizeof j->part);
     if (j->dir) snprintf(path, sizeof path, "%s/kernels-%016llx.%s", j->dir, (unsigned long long)key, strncmp(j->arch, "sm_", 3) ? "ptx" : "cubin");
-    size_t len = 0;
-    char *img = NULL;
-    if (j->dir) QSA__TRY(qsa__cache_read(path, key, &img, &len));
-    j->from_cache = img != NULL;
-    if (!img) {
-        QSA__TRY(qsa__nvrtc_compile(j->src, "kernels.cu", opts, j->nopts + 1, j->arch, &img, &len, NULL));
-        if (j->dir) qsa__cache_write(path, key, img, len);
+    if (j->dir) QSA__TRY(qsa__cache_read(path, key, &j->img, &j->len));
+    j->from_cache = j->img != NULL;
+    if (!j->img) {
+        QSA__TRY(qsa__nvrtc_compile(j->src, "kernels.cu", opts, j->nopts + 1, j->arch, &j->img, &j->len, NULL));
+        if (j->dir) qsa__cache_write(path, key, j->img, j->len);
     }
-    qsa_result r = QSA__CU_R(qsa__cu.cuCtxSetCurrent(j->g->ctx));
-    if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuModuleLoadData(&j->mod, img));
-    qsa__free(img);
-    return r;
+    return QSA_OK;
 }
-QSA_PRIV void qsa__part_jobs(void *c, int t, size_t i0, size_t i1) {
+QSA_PRIV qsa_result qsa__part_load(qsa__part_job *j) {
+    QSA__TRY(QSA__CU_R(qsa__cu.cuCtxSetCurrent(j->g->ctx)));
+    return QSA__CU_R(qsa__cu.cuModuleLoadData(&j->mod, j->img));
+}
+QSA_PRIV void qsa__part_images(void *c, int t, size_t i0, size_t i1) {
     qsa__part_job *j = (qsa__part_job *)c;
     (void)t;
-    for (size_t i = i0; i < i1; i++) {
-        j[i].r = qsa__part_build(&j[i]);
-        if (j[i].r != QSA_OK) snprintf(j[i].msg, sizeof j[i].msg, "%s", qsa_last_error());
-    }
+    for (size_t i = i0; i < i1; i++)
+        if ((j[i].r = qsa__part_image(&j[i])) != QSA_OK) snprintf(j[i].msg, sizeof j[i].msg, "%s", qsa_last_error());
+}
+QSA_PRIV void qsa__part_loads(void *c, int t, size_t i0, size_t i1) {
+    qsa__part_job *j = (qsa__part_job *)c;
+    (void)t;
+    for (size_t i = i0; i < i1; i++)
+        if ((j[i].r = qsa__part_load(&j[i])) != QSA_OK) snprintf(j[i].msg, sizeof j[i].msg, "%s", qsa_last_error());
+}
+/* fn over the QSA__PARTS jobs on up to nt threads; the first job's error, raised in this thread */
+QSA_PRIV qsa_result qsa__parts_run(qsa__part_job *jobs, int nt, qsa__range_fn fn) {
+    qsa__par_ranges(QSA__PARTS, nt < 1 ? 1 : nt > QSA__PARTS ? QSA__PARTS : nt, fn, jobs);
+    for (int p = 0; p < QSA__PARTS; p++)
+        if (jobs[p].r != QSA_OK) return qsa__fail(jobs[p].r, "%s", jobs[p].msg);
+    return QSA_OK;
 }
 QSA_PRIV void qsa__cuda_module_unload(qsa__cuda *g) {
     for (int p = 0; p < QSA__PARTS; p++)
@@ -9469,17 +9481,18 @@ QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
         jobs[p].part = p;
         jobs[p].key = key;
     }
-    int nt = g->host_threads < 1 ? 1 : g->host_threads > QSA__PARTS ? QSA__PARTS : g->host_threads;
-    qsa__par_ranges(QSA__PARTS, nt, qsa__part_jobs, jobs);
+    /* the images, then the modules (the driver's JIT of each part's PTX), each over the threads */
+    r = qsa__parts_run(jobs, g->host_threads, qsa__part_images);
+    if (r == QSA_OK) r = qsa__parts_run(jobs, g->host_threads, qsa__part_loads);
     qsa__free(src);
     int cached = 0;
     for (int p = 0; p < QSA__PARTS; p++) {
         g->mods[p] = jobs[p].mod;
         cached += jobs[p].from_cache;
-        if (r == QSA_OK && jobs[p].r != QSA_OK) r = qsa__fail(jobs[p].r, "%s", jobs[p].msg);
+        qsa__free(jobs[p].img);
     }
-    if (r != QSA_OK) { qsa__cuda_module_unload(g); return r; }
     qsa__cu.cuCtxSetCurrent(g->ctx);
+    if (r != QSA_OK) { qsa__cuda_module_unload(g); return r; }
     g->jit_from_cache = cached == QSA__PARTS;
     g->jit_seconds = qsa__now() - t0;
     qsa__log(QSA_LOG_INFO, "kernels: %s for %s in %.3f s (%d parts, %d from the disk cache; %s)",
