@@ -415,7 +415,7 @@ typedef struct qsa_model_params {
     int debug_physical_order;/* 1: order attention plans by physical page (breaks allocation invariance; tests only) */
     int device;              /* CUDA device ordinal */
     const char *arch;        /* NVRTC target ("compute_70", "sm_90", ...; NULL: $QSA_ARCH, else compute_70 when the
-                                NVRTC supports it, else the device's own) */
+                                NVRTC supports it, else the device's own: sm_NN, a CUBIN, where the NVRTC makes one) */
     int max_chunk;           /* most tokens per forward call on the GPU; longer feeds are split (0: 512) */
     int gdn_state_f16;       /* 1: keep the GDN recurrent state in FP16 on the GPU (comparison option; default FP32) */
     int max_batch;           /* most sequences per batched decode step on the GPU (qsa_seq_feed_batch; larger
@@ -1831,9 +1831,10 @@ QSA_PRIV int qsa__nvrtc_parse_arch(const char *s, char *out, size_t cap) {
 }
 
 /* Chooses the NVRTC target.  In order: `want` (a parameter), $QSA_ARCH, compute_70 when the loaded
-   NVRTC supports it (the sm_70 path of SPEC section 6), else PTX for the device's own arch
-   `device_cc` (major*10+minor; the newest the NVRTC supports that does not exceed it), else
-   compute_90 when there is no device (compile checks).  The choice and the reason are logged. */
+   NVRTC supports it (the sm_70 path of SPEC section 6), else the device's own arch `device_cc`
+   (major*10+minor): sm_NN (a CUBIN) when the NVRTC targets exactly that arch and makes CUBINs, else PTX
+   for the newest arch it supports that does not exceed it; else compute_90 when there is no device
+   (compile checks).  The choice and the reason are logged. */
 QSA_PRIV qsa_result qsa__nvrtc_pick_arch(const char *want, int device_cc, char *arch, size_t cap) {
     QSA__TRY(qsa__nvrtc_load());
     const char *why;
@@ -1857,8 +1858,12 @@ QSA_PRIV qsa_result qsa__nvrtc_pick_arch(const char *want, int device_cc, char *
                                  "at an NVRTC 11.8-12.x",
                                  qsa__nvrtc.major, qsa__nvrtc.minor, qsa__nvrtc.path, device_cc / 10, device_cc % 10);
         }
-        snprintf(arch, cap, "compute_%d", best);
-        why = "this NVRTC cannot target compute_70: the device's own arch";
+        /* the device's own arch as a CUBIN where NVRTC makes one for it: the machine code comes out of the
+           compile threads, and a load (cold or from the disk cache) runs no driver JIT; else PTX */
+        int cubin = best == device_cc && qsa__nvrtc.nvrtcGetCUBINSize && qsa__nvrtc.nvrtcGetCUBIN;
+        snprintf(arch, cap, "%s_%d", cubin ? "sm" : "compute", best);
+        why = cubin ? "this NVRTC cannot target compute_70: the device's own arch, machine code"
+                    : "this NVRTC cannot target compute_70: the newest PTX the device runs";
     } else {
         snprintf(arch, cap, "compute_90");
         why = "this NVRTC cannot target compute_70 and there is no device";
@@ -9483,6 +9488,7 @@ QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
     }
     /* the images, then the modules (the driver's JIT of each part's PTX), each over the threads */
     r = qsa__parts_run(jobs, g->host_threads, qsa__part_images);
+    double t1 = qsa__now();
     if (r == QSA_OK) r = qsa__parts_run(jobs, g->host_threads, qsa__part_loads);
     qsa__free(src);
     int cached = 0;
@@ -9495,8 +9501,10 @@ QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
     if (r != QSA_OK) { qsa__cuda_module_unload(g); return r; }
     g->jit_from_cache = cached == QSA__PARTS;
     g->jit_seconds = qsa__now() - t0;
-    qsa__log(QSA_LOG_INFO, "kernels: %s for %s in %.3f s (%d parts, %d from the disk cache; %s)",
-             g->jit_from_cache ? "loaded from the disk cache" : "compiled", arch, g->jit_seconds, QSA__PARTS, cached,
+    qsa__log(QSA_LOG_INFO, "kernels: %s for %s in %.3f s (images %.3f s, modules %.3f s; %d parts, %d from the disk cache, "
+             "%d threads; %s)", g->jit_from_cache ? "loaded from the disk cache" : "compiled", arch, g->jit_seconds,
+             t1 - t0, g->jit_seconds - (t1 - t0), QSA__PARTS, cached,
+             g->host_threads < 1 ? 1 : g->host_threads > QSA__PARTS ? QSA__PARTS : g->host_threads,
              use_cache ? dir : "cache off");
     for (int i = 0; i < QSA__K_COUNT; i++) {
         g->k[i] = NULL;

@@ -1560,7 +1560,7 @@ static qsa_result k3t_attn_tc_gpu(const k2t_attn *c, int ps, int n_pages, const 
    tokens), no indexer (r = 0: every token, the block-per-query forms only). */
 TEST(gpu, k3_sparse_attn_tc) {
     K2_NEED_GPU();
-    if (atoi(K2G_.arch + 8) < 80) SKIP("needs an sm_80+ module (this one is %s)", K2G_.arch);
+    if (atoi(strchr(K2G_.arch, '_') + 1) < 80) SKIP("needs an sm_80+ module (this one is %s)", K2G_.arch);
     static const k2t_attn_case cases[] = {
         {4, 2, 128, 4, 512, 9, 4963, 91, "hd 128, 17 splits"},
         {24, 2, 256, 4, 512, 3, 2500, 92, "hd 256, 12 query heads per KV head"},

@@ -403,7 +403,11 @@ TEST(jit, pick_arch) {
     CHECK(!strcmp(arch, qsa__nvrtc_supports(70) ? "compute_70" : "compute_90"));
     CHECK_OK(qsa__nvrtc_pick_arch(NULL, 86, arch, sizeof arch));
     if (qsa__nvrtc_supports(70)) CHECK(!strcmp(arch, "compute_70"));
-    else if (qsa__nvrtc_supports(86)) CHECK(!strcmp(arch, "compute_86"));
+    else if (qsa__nvrtc_supports(86)) CHECK(!strcmp(arch, qsa__nvrtc.nvrtcGetCUBIN ? "sm_86" : "compute_86"));
+    if (!qsa__nvrtc_supports(70) && qsa__nvrtc_supports(86) && !qsa__nvrtc_supports(85)) {
+        CHECK_OK(qsa__nvrtc_pick_arch(NULL, 85, arch, sizeof arch)); /* no exact target: the newest PTX below */
+        CHECK(!strcmp(arch, "compute_80"));
+    }
     CHECK_OK(qsa__nvrtc_pick_arch("sm_80", 0, arch, sizeof arch));
     CHECK(!strcmp(arch, "sm_80"));
     CHECK_OK(qsa__nvrtc_pick_arch("75", 0, arch, sizeof arch));
