@@ -9436,9 +9436,9 @@ QSA_PRIV void qsa__part_loads(void *c, int t, size_t i0, size_t i1) {
     for (size_t i = i0; i < i1; i++)
         if ((j[i].r = qsa__part_load(&j[i])) != QSA_OK) snprintf(j[i].msg, sizeof j[i].msg, "%s", qsa_last_error());
 }
-/* fn over the QSA__PARTS jobs on up to nt threads; the first job's error, raised in this thread */
+/* fn over the QSA__PARTS jobs on nt threads (1 .. QSA__PARTS); the first job's error, raised in this thread */
 QSA_PRIV qsa_result qsa__parts_run(qsa__part_job *jobs, int nt, qsa__range_fn fn) {
-    qsa__par_ranges(QSA__PARTS, nt < 1 ? 1 : nt > QSA__PARTS ? QSA__PARTS : nt, fn, jobs);
+    qsa__par_ranges(QSA__PARTS, nt, fn, jobs);
     for (int p = 0; p < QSA__PARTS; p++)
         if (jobs[p].r != QSA_OK) return qsa__fail(jobs[p].r, "%s", jobs[p].msg);
     return QSA_OK;
@@ -9486,10 +9486,11 @@ QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
         jobs[p].part = p;
         jobs[p].key = key;
     }
-    /* the images, then the modules (the driver's JIT of each part's PTX), each over the threads */
-    r = qsa__parts_run(jobs, g->host_threads, qsa__part_images);
+    /* the images, then the modules (for a PTX target the driver's JIT of each part), each over the threads */
+    const int nt = g->host_threads < 1 ? 1 : g->host_threads > QSA__PARTS ? QSA__PARTS : g->host_threads;
+    r = qsa__parts_run(jobs, nt, qsa__part_images);
     double t1 = qsa__now();
-    if (r == QSA_OK) r = qsa__parts_run(jobs, g->host_threads, qsa__part_loads);
+    if (r == QSA_OK) r = qsa__parts_run(jobs, nt, qsa__part_loads);
     qsa__free(src);
     int cached = 0;
     for (int p = 0; p < QSA__PARTS; p++) {
@@ -9503,9 +9504,7 @@ QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
     g->jit_seconds = qsa__now() - t0;
     qsa__log(QSA_LOG_INFO, "kernels: %s for %s in %.3f s (images %.3f s, modules %.3f s; %d parts, %d from the disk cache, "
              "%d threads; %s)", g->jit_from_cache ? "loaded from the disk cache" : "compiled", arch, g->jit_seconds,
-             t1 - t0, g->jit_seconds - (t1 - t0), QSA__PARTS, cached,
-             g->host_threads < 1 ? 1 : g->host_threads > QSA__PARTS ? QSA__PARTS : g->host_threads,
-             use_cache ? dir : "cache off");
+             t1 - t0, g->jit_seconds - (t1 - t0), QSA__PARTS, cached, nt, use_cache ? dir : "cache off");
     for (int i = 0; i < QSA__K_COUNT; i++) {
         g->k[i] = NULL;
         for (int p = 0; p < QSA__PARTS && !g->k[i]; p++)

@@ -404,7 +404,7 @@ TEST(jit, pick_arch) {
     CHECK_OK(qsa__nvrtc_pick_arch(NULL, 86, arch, sizeof arch));
     if (qsa__nvrtc_supports(70)) CHECK(!strcmp(arch, "compute_70"));
     else if (qsa__nvrtc_supports(86)) CHECK(!strcmp(arch, qsa__nvrtc.nvrtcGetCUBIN ? "sm_86" : "compute_86"));
-    if (!qsa__nvrtc_supports(70) && qsa__nvrtc_supports(86) && !qsa__nvrtc_supports(85)) {
+    if (!qsa__nvrtc_supports(70) && qsa__nvrtc_supports(80) && qsa__nvrtc_supports(86) && !qsa__nvrtc_supports(85)) {
         CHECK_OK(qsa__nvrtc_pick_arch(NULL, 85, arch, sizeof arch)); /* no exact target: the newest PTX below */
         CHECK(!strcmp(arch, "compute_80"));
     }
