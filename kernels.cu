@@ -64,7 +64,8 @@ template <> struct qsa_ct_check<true> { enum { ok = 1 }; };
  * where an entry point of the part uses them, so the parts' NVRTC and driver JIT run side by side.  An
  * entry point's code is the whole program's (tested: jit/module_parts_hold_the_whole_programs_kernels).
  * The parts were balanced on each entry point's compile time and PTX size (session 68, nvcc -ptx for
- * compute_90); a new entry point goes in the lightest part.  Without QSA_PART (nvrtc-check, the kernel
+ * compute_90), then on NVRTC 13.0's sm_90 CUBIN time (session 69: qsa_k_moe_gate_up alone takes ~5.2 s of the
+ * ~48 s, so part 0 holds little else); a new entry point goes in the lightest part.  Without QSA_PART (nvrtc-check, the kernel
  * tests' modules) the program holds every entry point. */
 #ifdef QSA_PART
 #define QSA_IN_PART(p) ((p) == QSA_PART)
@@ -424,7 +425,7 @@ extern "C" __global__ void qsa_k_to_f16(const float *__restrict__ x, qsa_f16 *__
  * c W .. min(V, (c + 1) W) - 1 of every row, is [M][wc] at c W M floats; W >= V (or <= 0) is the plain
  * [M][V].  (The order of the comparisons does not matter: the winner is a function of the values.)
  * Launch: grid (M), block any multiple of 32 up to 1024 (1024). */
-#if QSA_IN_PART(0)
+#if QSA_IN_PART(5)
 extern "C" __global__ void qsa_k_argmax(const float *__restrict__ logits, int *__restrict__ out, int V, int W) {
     QSA_PDL_ENTRY();
     __shared__ float sv[33];
@@ -2770,7 +2771,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemv_fold(qsa_gemv_group
  * row read once for up to 64 tokens instead of once per 16).  No accumulation; members' Y16 /
  * act_scale are ignored (the host applies qsa_k_silu_scale).  Launch: grid sum_b ceil(M/64) *
  * ceil(N_b/64) (or fewer: blocks loop), block 256, M >= 1, K >= 1. */
-#if QSA_IN_PART(0)
+#if QSA_IN_PART(4)
 extern "C" __global__ void __launch_bounds__(256) qsa_k_gemm_f16_group(const qsa_f16 *__restrict__ A,
                                                                    qsa_gemv_group grp, int M, int K) {
     QSA_PDL_ENTRY();
@@ -4117,7 +4118,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_down64(
  * N = 1 GEMM output; the CPU's expression, no fused multiply-add: the bits of the separate
  * shared-combine launch it replaces).  Launch: grid (M, Y) with any Y (ceil(H / 256) for small M),
  * block any multiple of 32 (256). */
-#if QSA_IN_PART(0)
+#if QSA_IN_PART(5)
 extern "C" __global__ void qsa_k_moe_combine(const float *__restrict__ y, const float *__restrict__ topk_w,
                                              float *__restrict__ out, int H, int K, const float *__restrict__ sh,
                                              const float *__restrict__ gate_logit) {
@@ -6007,7 +6008,7 @@ extern "C" __global__ void __launch_bounds__(384, 2) qsa_k_sparse_attn_dec(
  *     written by earlier steps).
  * This replaced three launches per QSA layer and step (the indexer's two after the q/k prep).
  * Launch: grid (1, nh + nkv (+ ih + 1 with the indexer), B), block 128. */
-#if QSA_IN_PART(0)
+#if QSA_IN_PART(5)
 extern "C" __global__ void __launch_bounds__(128) qsa_k_attn_prep_batch(
     float *q, const float *__restrict__ k_in, const float *__restrict__ v_in, const float *__restrict__ qn,
     const float *__restrict__ kn, const float *__restrict__ inv_freq, const unsigned long long *__restrict__ bts,
@@ -6672,7 +6673,7 @@ extern "C" __global__ void qsa_k_tp_sum(const float *__restrict__ parts, float *
 /* PLE rows: rank r gathered columns [r * dl, (r + 1) * dl) of every head's row, parts [tp][M][nh][dl];
  * e [M][nh * tp * dl] is the full concatenated row (head h, column c = r * dl + j at h * tp * dl + c).
  * A copy.  Launch: grid any (ceil(M * nh * tp * dl / 256)), block any (256). */
-#if QSA_IN_PART(0)
+#if QSA_IN_PART(5)
 extern "C" __global__ void qsa_k_tp_ple_unshard(const float *__restrict__ parts, float *__restrict__ e, int M, int nh,
                                                 int dl, int tp) {
     QSA_PDL_ENTRY();
