@@ -2700,7 +2700,7 @@ extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCK
     QSA_GEMV_BLK_BODY(false, 1);
 }
 #endif
-#if QSA_IN_PART(2)
+#if QSA_IN_PART(0)
 extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS, QSA_GEMV_BLOCKS)
     qsa_k_gemv_blk_whole(QSA_GEMV_BLK_PARAMS) {
     QSA_GEMV_BLK_BODY(true, 1);
@@ -3460,8 +3460,7 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_moe_gate_up(
     const int avec = (((qsa_u64)x16) & 15u) == 0 && (H & 7) == 0;
     float T[2];
     if (!ws[0].w16 && !ws[1].w16) qsa_tile16_splitk<2, true>(arow, avec, ws, n0, I, H, smem, T);
-    else if (ws[0].w16 && ws[1].w16) qsa_tile16_splitk<2, false>(arow, avec, ws, n0, I, H, smem, T);
-    else qsa_tile16_splitk<2, false>(arow, avec, ws, n0, I, H, smem, T); /* mixed kinds: generic loads, same bits */
+    else qsa_tile16_splitk<2, false>(arow, avec, ws, n0, I, H, smem, T); /* fp16 or mixed kinds: generic loads, same bits */
     if (r < cnt && n < I) h16[(qsa_i64)prow[r] * I + n] = qsa_f32_to_f16(qsa_act(act, T[0]) * T[1]);
 }
 #endif
