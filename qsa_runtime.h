@@ -9462,8 +9462,8 @@ QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
     const char *an = arch;
     while (*an && (*an < '0' || *an > '9')) an++;
     g->arch_num = atoi(an);
-    static const char *const opts[] = {"--std=c++14", "-default-device", "--use_fast_math=false"};
-    int nopts = 2;
+    static const char *const opts[] = {"--std=c++14", "-default-device"};
+    const int nopts = (int)(sizeof opts / sizeof *opts);
     /* key: source, options, NVRTC version, arch, driver version, library version (and each part's number) */
     uint64_t key = qsa__fnv(0xcbf29ce484222325ull, src, strlen(src));
     for (int i = 0; i < nopts; i++) key = qsa__fnv(key, opts[i], strlen(opts[i]) + 1);
