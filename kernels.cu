@@ -4583,9 +4583,9 @@ static __device__ __forceinline__ void k2_cpa(qsa_u32 dst, const float *src, int
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
 }
 /* Where column cc (0 .. cpb - 1) of row i of the slice sits in k2_gdn_rec_dec's tile (floats): the row's
-   columns XOR-swizzled by swm * ((i / sh) % 4) */
-static __device__ __forceinline__ int k2_gdn_at(int i, int cc, int cpb, int sh, int swm) {
-    return i * cpb + (cc ^ (swm * ((i / sh) & 3)));
+   columns XOR-swizzled by swm * ((i / sh) % 4), sh = 1 << lsh */
+static __device__ __forceinline__ int k2_gdn_at(int i, int cc, int cpb, int lsh, int swm) {
+    return i * cpb + (cc ^ (swm * ((i >> lsh) & 3)));
 }
 /* fz.qkv not NULL: the fused conv (above), fz's arrays already at sequence b (st: its state) */
 static __device__ void k2_gdn_rec_dec(float *S, const float *__restrict__ q, const float *__restrict__ k,
@@ -4607,6 +4607,10 @@ static __device__ void k2_gdn_rec_dec(float *S, const float *__restrict__ q, con
     const int w = dv % wmax == 0 && ((qsa_u64)S & (4u * wmax - 1u)) == 0 ? wmax : 1, pr = cpb / w;
     const int sh = 32 / cpb, swm = cpb / 4; /* the swizzle of row i: swm * ((i / sh) % 4) */
     const int pos = jc ^ (swm * ((p / sh) & 3)); /* (i = u P + p: i / sh % 4 = p / sh % 4, P a multiple of 4 sh) */
+    /* this thread's pieces of a column pass: piece column cc of the rows r0, r0 + dr, ... < dk (pr, sh and so dr
+       powers of two: shifts, not divisions, in the copy loops, which bound the launch's issue at batch 32) */
+    const int lpr = __ffs(pr) - 1, lsh = __ffs(sh) - 1;
+    const int r0 = threadIdx.x >> lpr, dr = 128 >> lpr, cc = (threadIdx.x & (pr - 1)) * w;
     const qsa_u32 t0 = qsa_smem_u32(tile);
     /* the fused conv before the wait: this thread's q / k channels tid, tid + 128 (< 2 dk): their conv chains over
        the state rows (the first Kc - 1 of its Kc links: the input's comes last) and the last weight; the head's
@@ -4630,11 +4634,10 @@ static __device__ void k2_gdn_rec_dec(float *S, const float *__restrict__ q, con
     for (int c = 0; c < ncols; c++) {
         const int jb = (blockIdx.y + c * gridDim.y) * cpb, j = jb + jc;
         const bool live = j < dv;
-        for (int x = threadIdx.x; x < dk * pr; x += 128) {
-            const int i = x / pr, cc = (x - i * pr) * w, jj = jb + cc;
-            const bool ok = jj < dv;
-            k2_cpa(t0 + 4u * k2_gdn_at(i, cc, cpb, sh, swm), S + hbase + (qsa_i64)i * dv + (ok ? jj : 0), w, ok);
-        }
+        const int jp = jb + cc; /* this thread's piece column */
+        const bool ok = jp < dv;
+        for (int i = r0; i < dk; i += dr)
+            k2_cpa(t0 + 4u * k2_gdn_at(i, cc, cpb, lsh, swm), S + hbase + (qsa_i64)i * dv + (ok ? jp : 0), w, ok);
         asm volatile("cp.async.commit_group;" ::: "memory");
         /* (fused) the pass's v channel, by its column's lane p = 0 alone (it reads and writes the channel's state):
            its chain over the state rows before the wait, the rows that move up kept for after it (no store before) */
@@ -4701,15 +4704,14 @@ static __device__ void k2_gdn_rec_dec(float *S, const float *__restrict__ q, con
         for (int m = 1; m < P; m <<= 1) oj += __shfl_xor_sync(QSA_FULL_MASK, oj, m);
         if (live && p == 0) o[(qsa_i64)h * dv + j] = oj;
         __syncthreads(); /* the slice updated */
-        for (int x = threadIdx.x; x < dk * pr; x += 128) {
-            const int i = x / pr, cc = (x - i * pr) * w, jj = jb + cc;
-            if (jj >= dv) continue;
-            const float *src = tile + k2_gdn_at(i, cc, cpb, sh, swm);
-            float *dst = S + hbase + (qsa_i64)i * dv + jj;
-            if (w == 4) *(float4 *)dst = *(const float4 *)src;
-            else if (w == 2) *(float2 *)dst = *(const float2 *)src;
-            else *dst = *src;
-        }
+        if (ok)
+            for (int i = r0; i < dk; i += dr) {
+                const float *src = tile + k2_gdn_at(i, cc, cpb, lsh, swm);
+                float *dst = S + hbase + (qsa_i64)i * dv + jp;
+                if (w == 4) *(float4 *)dst = *(const float4 *)src;
+                else if (w == 2) *(float2 *)dst = *(const float2 *)src;
+                else *dst = *src;
+            }
         if (c + 1 < ncols) __syncthreads(); /* the next column pass copies over the slice */
     }
 }
