@@ -4582,11 +4582,6 @@ static __device__ __forceinline__ void k2_cpa(qsa_u32 dst, const float *src, int
     else
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
 }
-/* Where column cc (0 .. cpb - 1) of row i of the slice sits in k2_gdn_rec_dec's tile (floats): the row's
-   columns XOR-swizzled by swm * ((i / sh) % 4), sh = 1 << lsh */
-static __device__ __forceinline__ int k2_gdn_at(int i, int cc, int cpb, int lsh, int swm) {
-    return i * cpb + (cc ^ (swm * ((i >> lsh) & 3)));
-}
 /* fz.qkv not NULL: the fused conv (above), fz's arrays already at sequence b (st: its state) */
 static __device__ void k2_gdn_rec_dec(float *S, const float *__restrict__ q, const float *__restrict__ k,
                                       const float *__restrict__ v, const float *__restrict__ beta,
@@ -4607,11 +4602,13 @@ static __device__ void k2_gdn_rec_dec(float *S, const float *__restrict__ q, con
     const int w = dv % wmax == 0 && ((qsa_u64)S & (4u * wmax - 1u)) == 0 ? wmax : 1, pr = cpb / w;
     const int sh = 32 / cpb, swm = cpb / 4; /* the swizzle of row i: swm * ((i / sh) % 4) */
     const int pos = jc ^ (swm * ((p / sh) & 3)); /* (i = u P + p: i / sh % 4 = p / sh % 4, P a multiple of 4 sh) */
-    /* this thread's pieces of a column pass: piece column cc of the rows r0, r0 + dr, ... < dk (pr, sh and so dr
-       powers of two: shifts, not divisions, in the copy loops, which bound the launch's issue at batch 32) */
-    const int lpr = __ffs(pr) - 1, lsh = __ffs(sh) - 1;
-    const int r0 = threadIdx.x >> lpr, dr = 128 >> lpr, cc = (threadIdx.x & (pr - 1)) * w;
-    const qsa_u32 t0 = qsa_smem_u32(tile);
+    /* this thread's pieces of a column pass: piece column cc of the rows r0, r0 + dr, ... < dk, at tile position
+       i cpb + sc: the swizzle is the same for all of them (dr / sh = 4 w, a multiple of 4).  pr, sh and dr are
+       powers of two; the copy loops step addresses (divisions there bound the launch's issue at batch 32). */
+    const int lpr = __ffs(pr) - 1, r0 = threadIdx.x >> lpr, dr = 128 >> lpr, cc = (threadIdx.x & (pr - 1)) * w;
+    const int sc = cc ^ (swm * ((r0 / sh) & 3));
+    const qsa_u32 t0 = qsa_smem_u32(tile) + 4u * (r0 * cpb + sc), tstep = 4u * dr * cpb;
+    const qsa_i64 gstep = (qsa_i64)dr * dv;
     /* the fused conv before the wait: this thread's q / k channels tid, tid + 128 (< 2 dk): their conv chains over
        the state rows (the first Kc - 1 of its Kc links: the input's comes last) and the last weight; the head's
        A_log and dt_bias */
@@ -4636,8 +4633,12 @@ static __device__ void k2_gdn_rec_dec(float *S, const float *__restrict__ q, con
         const bool live = j < dv;
         const int jp = jb + cc; /* this thread's piece column */
         const bool ok = jp < dv;
-        for (int i = r0; i < dk; i += dr)
-            k2_cpa(t0 + 4u * k2_gdn_at(i, cc, cpb, lsh, swm), S + hbase + (qsa_i64)i * dv + (ok ? jp : 0), w, ok);
+        float *const s0 = S + hbase + (qsa_i64)r0 * dv + (ok ? jp : 0);
+        {
+            const float *src = s0;
+            qsa_u32 dst = t0;
+            for (int i = r0; i < dk; i += dr, src += gstep, dst += tstep) k2_cpa(dst, src, w, ok);
+        }
         asm volatile("cp.async.commit_group;" ::: "memory");
         /* (fused) the pass's v channel, by its column's lane p = 0 alone (it reads and writes the channel's state):
            its chain over the state rows before the wait, the rows that move up kept for after it (no store before) */
@@ -4704,14 +4705,15 @@ static __device__ void k2_gdn_rec_dec(float *S, const float *__restrict__ q, con
         for (int m = 1; m < P; m <<= 1) oj += __shfl_xor_sync(QSA_FULL_MASK, oj, m);
         if (live && p == 0) o[(qsa_i64)h * dv + j] = oj;
         __syncthreads(); /* the slice updated */
-        if (ok)
-            for (int i = r0; i < dk; i += dr) {
-                const float *src = tile + k2_gdn_at(i, cc, cpb, lsh, swm);
-                float *dst = S + hbase + (qsa_i64)i * dv + jp;
+        if (ok) {
+            const float *src = tile + r0 * cpb + sc;
+            float *dst = s0;
+            for (int i = r0; i < dk; i += dr, src += dr * cpb, dst += gstep) {
                 if (w == 4) *(float4 *)dst = *(const float4 *)src;
                 else if (w == 2) *(float2 *)dst = *(const float2 *)src;
                 else *dst = *src;
             }
+        }
         if (c + 1 < ncols) __syncthreads(); /* the next column pass copies over the slice */
     }
 }
