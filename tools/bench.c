@@ -98,6 +98,7 @@ int main(void) {
 typedef struct bench_opt {
     int quick, no_long, graphs, verbose, keep_driver_cache, no_ceilings, device, page_size, profile, marginal;
     int pageable_logits; /* --pageable-logits: the decode rows' logits into malloc's memory */
+    int layers;          /* --layers: the built-in shape with this many layers (0: its own, 48 or 8) */
     int steps, warmup, prefill, ctx, prefill_reps, chunk, settle_ms;
     int batches[BENCH_MAX_BATCHES], n_batches;
     long long ple_base;
@@ -115,6 +116,8 @@ static void usage(FILE *f) {
             "the GPU, against ceilings measured in the same run (docs/PERFORMANCE.md).\n"
             "  --quick              a small model with the same layer pattern (smoke run, ~1 minute)\n"
             "  --config FILE        the model shape from a config.json (file, or a directory holding one)\n"
+            "  --layers N           the built-in shape (real or --quick) with N layers in its pattern (3 GDN +\n"
+            "                       1 QSA, repeated): e.g. batch 32 of the real shape's kernels on an 80 GB GPU\n"
             "  --batches LIST       decode batch sizes (default 1,8,32,128)\n"
             "  --ctx N              the short decode context (default 8192; --quick 2048)\n"
             "  --no-long            skip decode at the long context (max_position_embeddings)\n"
@@ -215,6 +218,7 @@ static int parse_args(int argc, char **argv, bench_opt *o) {
         i++;
         if (!strcmp(a, "--config")) o->config = v;
         else if (!strcmp(a, "--out")) o->out = v;
+        else if (!strcmp(a, "--layers")) o->layers = atoi(v);
         else if (!strcmp(a, "--arch")) o->arch = v;
         else if (!strcmp(a, "--profiler-row")) o->profiler_row = v;
         else if (!strcmp(a, "--gemv-shapes")) {
@@ -255,14 +259,19 @@ static int parse_args(int argc, char **argv, bench_opt *o) {
                         "--chunk >= 1, --page-size 0 or >= 16\n");
         return -1;
     }
+    if (o->layers && (o->config || o->layers < 1 || o->layers > QSA_MAX_LAYERS)) {
+        fprintf(stderr, "bench: --layers 1..%d, and not with --config (the file gives its layers)\n", QSA_MAX_LAYERS);
+        return -1;
+    }
     return 0;
 }
 
 /* ---- the model shape ---- */
 
-/* The real shape (issue 9).  Fields not given take the reference config's defaults. */
+/* The real shape (issue 9), a printf format of its layer count (48).  Fields not given take the reference
+   config's defaults. */
 static const char *const bench_real_json =
-    "{\"model_type\": \"qwen4_exp_text\", \"vocab_size\": 248320, \"hidden_size\": 2560, \"num_hidden_layers\": 48,"
+    "{\"model_type\": \"qwen4_exp_text\", \"vocab_size\": 248320, \"hidden_size\": 2560, \"num_hidden_layers\": %d,"
     " \"num_attention_heads\": 24, \"num_key_value_heads\": 2, \"head_dim\": 256, \"max_position_embeddings\": 262144,"
     " \"rms_norm_eps\": 1e-6, \"hidden_act\": \"silu\","
     " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000000, \"partial_rotary_factor\": 0.25},"
@@ -276,9 +285,9 @@ static const char *const bench_real_json =
     " \"indexer_compress_ratio\": 4,"
     " \"quantization_config\": {\"quant_method\": \"modelopt\", \"quant_algo\": \"NVFP4\", \"group_size\": 16}}";
 
-/* --quick: the same layer pattern (3 GDN + 1 QSA, repeated; PLE on layer 1), small sizes. */
+/* --quick: the same layer pattern (3 GDN + 1 QSA, repeated; PLE on layer 1), small sizes; 8 layers. */
 static const char *const bench_quick_json =
-    "{\"model_type\": \"qwen4_exp_text\", \"vocab_size\": 32768, \"hidden_size\": 512, \"num_hidden_layers\": 8,"
+    "{\"model_type\": \"qwen4_exp_text\", \"vocab_size\": 32768, \"hidden_size\": 512, \"num_hidden_layers\": %d,"
     " \"num_attention_heads\": 8, \"num_key_value_heads\": 2, \"head_dim\": 128, \"max_position_embeddings\": 32768,"
     " \"rms_norm_eps\": 1e-6, \"hidden_act\": \"silu\","
     " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000000, \"partial_rotary_factor\": 0.25},"
@@ -305,7 +314,8 @@ static qsa_result bench_config(const bench_opt *o, qsa_model_config *c) {
             qsa__free(text);
         }
     } else {
-        const char *j = o->quick ? bench_quick_json : bench_real_json;
+        char j[2048]; /* (either text is about 1,100 characters) */
+        snprintf(j, sizeof j, o->quick ? bench_quick_json : bench_real_json, o->layers ? o->layers : o->quick ? 8 : 48);
         r = qsa_config_parse(j, strlen(j), NULL, 0, o->quick ? "bench --quick shape" : "bench real shape", c);
     }
     QSA__TRY(r);
