@@ -6,6 +6,8 @@ expert kernels at batch 32).
     python3 tools/sass_loops.py qsa_k_moe_gate_up_xwn qsa_k_moe_down_xwn
     python3 tools/sass_loops.py --arch sm_80 --cubin build/k80.cubin qsa_k_gemv_nvfp4
     python3 tools/sass_loops.py --fetch            # cuobjdump and nvdisasm from PyPI into .dev/cuobjdump (once)
+    make build/nvrtc_check && build/nvrtc_check sm_90 build/k90.cubin   # the runtime's own sm_90 image (NVRTC)
+    python3 tools/sass_loops.py --no-build --cubin build/k90.cubin --divisions qsa_k_gdn_recurrent_batch
 
 Compiles kernels.cu with nvcc (-cubin -O3, the --arch given, default sm_90) into the --cubin path
 (default build/kernels-<arch>.cubin) unless --no-build, then disassembles each kernel with cuobjdump
@@ -15,7 +17,14 @@ tensor-core instruction (HMMA) its addresses and length with the instruction mix
 (shared loads), STS, LDG, LDGSTS (cp.async), and the warp syncs (WARPSYNC, BRA.DIV).  A loop is a
 backward branch (not a BRA.DIV) whose body holds no EXIT (the divergence paths that branch back from a
 kernel's tail are not loops) and no other such loop.  nvcc's SASS is what the driver builds from
-NVRTC's PTX only approximately (another ptxas), so compare trees with the same tool, not with `ncu`.
+NVRTC's PTX only approximately (another ptxas), so compare trees with the same tool, not with `ncu`; where
+the runtime loads NVRTC's own machine code (sm_90 with NVRTC 13: docs/CUDA.md), build/nvrtc_check writes that
+image, the SASS that runs.
+
+--divisions: also each kernel's integer divisions by numbers known only at run time, counted by the reciprocal
+each divisor's sequence starts with (I2F.RP then MUFU.RCP; each quotient or remainder taken with it adds ~8
+instructions, and ptxas may share one reciprocal among them), and every innermost loop that holds any, with its
+length: such divisions in each trip of two copy loops made the batch-32 GDN recurrence issue-bound (s70).
 """
 import argparse
 import glob
@@ -112,12 +121,19 @@ def mix(body):
     }
 
 
+def divisions(ins):
+    """indices of the integer divisions' reciprocals (I2F.RP or I2F.U32.RP, before the MUFU.RCP)"""
+    return [i for i, (_, x) in enumerate(ins) if re.search(r'\bI2F(?:\.U32)?\.RP\b', x)]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('kernels', nargs='*')
     ap.add_argument('--arch', default='sm_90')
     ap.add_argument('--cubin')
     ap.add_argument('--no-build', action='store_true', help='use the cubin as it is')
+    ap.add_argument('--divisions', action='store_true',
+                    help='also the integer divisions by run-time numbers, and the innermost loops that hold any')
     ap.add_argument('--fetch', action='store_true',
                     help='download cuobjdump and nvdisasm from PyPI into .dev/cuobjdump')
     a = ap.parse_args()
@@ -142,6 +158,13 @@ def main():
             continue
         reg, smem = registers(cuobjdump, cubin, name)
         print('%s: %d instructions, %s registers, %s bytes of static shared memory' % (name, len(ins), reg, smem))
+        if a.divisions:
+            d = divisions(ins)
+            inl = [(j, i, sum(1 for x in d if j <= x <= i)) for j, i in loops(ins)]
+            inl = [t for t in inl if t[2]]
+            print('  integer division reciprocals: %d, %d of them in %d innermost loops' % (len(d), sum(t[2] for t in inl), len(inl)))
+            for j, i, n in inl:
+                print('  loop %#06x-%#06x: %4d instructions  divisions %d' % (ins[j][0], ins[i][0], i - j + 1, n))
         for j, i in loops(ins):
             body = ins[j:i + 1]
             c = mix(body)
