@@ -3335,6 +3335,24 @@ static __device__ void qsa_moe_plan_small(int id, int MK, int E, int *__restrict
     if (lane == 0) *ntiles = total;
 }
 
+/* A warp's step of the plan's pass 1 over 32 of its pairs (lane: expert id, or -1 past the warp's pairs): the
+   expert counts of wc (lanes with the same id found by a warp match, the group's lowest lane adds its size) */
+static __device__ __forceinline__ void qsa_plan_count(int id, int E, int *wc) {
+    const int ok = id >= 0 && id < E;
+    const qsa_u32 grp = __match_any_sync(QSA_FULL_MASK, ok ? id : -1), below = (1u << (threadIdx.x & 31)) - 1u;
+    if (ok && (grp & below) == 0) wc[id] += __popc(grp);
+    __syncwarp();
+}
+/* ... and of pass 2: pair i placed at its expert's next position (wc: the positions) */
+static __device__ __forceinline__ void qsa_plan_place(int id, int i, int E, int *wc, int *__restrict__ pairs) {
+    const int ok = id >= 0 && id < E;
+    const qsa_u32 grp = __match_any_sync(QSA_FULL_MASK, ok ? id : -1), below = (1u << (threadIdx.x & 31)) - 1u;
+    if (ok) pairs[wc[id] + __popc(grp & below)] = i;
+    __syncwarp();
+    if (ok && (grp & below) == 0) wc[id] += __popc(grp);
+    __syncwarp();
+}
+#define QSA_PLAN_REG 4 /* a warp's first QSA_PLAN_REG x 32 pair ids, loaded at once and kept for both passes */
 static __device__ void qsa_moe_plan_body(const int *__restrict__ topk_ids, int MK, int E, int *__restrict__ pairs,
                                          int *__restrict__ tiles, int *__restrict__ ntiles, int tr,
                                          int *__restrict__ wcnt) {
@@ -3350,16 +3368,23 @@ static __device__ void qsa_moe_plan_body(const int *__restrict__ topk_ids, int M
     __shared__ int wsum[2][2];    /* ... and the chunk's totals */
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
     const int S = (MK + nw - 1) / nw, sbeg = min(MK, warp * S), send = min(MK, sbeg + S);
-    const qsa_u32 below = (1u << lane) - 1u;
+    /* the ids in one round trip to L2 (the passes' loads one after the other took four at batch 32) */
+    int rid[QSA_PLAN_REG];
+#pragma unroll
+    for (int r = 0; r < QSA_PLAN_REG; r++) {
+        const int i = sbeg + 32 * r + lane;
+        rid[r] = i < send ? __ldcg(topk_ids + i) : -1;
+    }
     int *const wcb = nw * E <= QSA_PLAN_SMEM ? wsm : wcnt;
     int *wc = wcb + (qsa_i64)warp * E;
     for (int e = lane; e < E; e += 32) wc[e] = 0;
     __syncwarp();
-    for (int i0 = sbeg; i0 < send; i0 += 32) { /* pass 1: this warp's counts */
-        const int i = i0 + lane, id = i < send ? __ldcg(topk_ids + i) : -1, ok = id >= 0 && id < E;
-        const qsa_u32 grp = __match_any_sync(QSA_FULL_MASK, ok ? id : -1);
-        if (ok && (grp & below) == 0) wc[id] += __popc(grp);
-        __syncwarp();
+#pragma unroll
+    for (int r = 0; r < QSA_PLAN_REG; r++) /* pass 1: this warp's counts */
+        if (sbeg + 32 * r < send) qsa_plan_count(rid[r], E, wc);
+    for (int i0 = sbeg + 32 * QSA_PLAN_REG; i0 < send; i0 += 32) {
+        const int i = i0 + lane;
+        qsa_plan_count(i < send ? __ldcg(topk_ids + i) : -1, E, wc);
     }
     __syncthreads();
     int carry0 = 0, carry1 = 0;
@@ -3412,13 +3437,12 @@ static __device__ void qsa_moe_plan_body(const int *__restrict__ topk_ids, int M
         }
     }
     __syncthreads();
-    for (int i0 = sbeg; i0 < send; i0 += 32) { /* pass 2: place this warp's pairs */
-        const int i = i0 + lane, id = i < send ? __ldcg(topk_ids + i) : -1, ok = id >= 0 && id < E;
-        const qsa_u32 grp = __match_any_sync(QSA_FULL_MASK, ok ? id : -1);
-        if (ok) pairs[wc[id] + __popc(grp & below)] = i;
-        __syncwarp();
-        if (ok && (grp & below) == 0) wc[id] += __popc(grp);
-        __syncwarp();
+#pragma unroll
+    for (int r = 0; r < QSA_PLAN_REG; r++) /* pass 2: place this warp's pairs */
+        if (sbeg + 32 * r < send) qsa_plan_place(rid[r], sbeg + 32 * r + lane, E, wc, pairs);
+    for (int i0 = sbeg + 32 * QSA_PLAN_REG; i0 < send; i0 += 32) {
+        const int i = i0 + lane;
+        qsa_plan_place(i < send ? __ldcg(topk_ids + i) : -1, i, E, wc, pairs);
     }
     if (tid == 0) *ntiles = carry1;
 }
