@@ -10118,7 +10118,11 @@ QSA_PRIV qsa_result qsa__cuda_seq_create(qsa_model *m, qsa_seq *s) {
     (void)off;
     g->bytes_state += total;
     s->cuda = cs;
-    return qsa__cuda_seq_reset(m, s);
+    /* a failed zeroing takes the state back (a tensor-parallel rank's job, qsa__tp_seq_create_job, keeps
+       only a state that succeeded: the sequence's free would not find this one) */
+    r = qsa__cuda_seq_reset(m, s);
+    if (r != QSA_OK) qsa__cuda_seq_destroy(m, s);
+    return r;
 }
 
 QSA_PRIV qsa_result qsa__cuda_seq_reset(qsa_model *m, qsa_seq *s) {

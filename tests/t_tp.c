@@ -1498,6 +1498,54 @@ TEST(cpu, upload_from_the_file_writes_the_same_device_bytes) {
     fd_remove(&saved);
     if (have_fused) tp_remove_model(fused);
 }
+
+/* A sequence's device state whose zeroing fails is taken back at once: the memory freed, the backend's
+   count of state bytes as it was, nothing held on the host, the sequence without it.  (A tensor-parallel
+   rank's job keeps only what succeeded, so before this the state outlived a failed sequence there.)
+   The driver entries of the upload's tests, with a refusing cuMemsetD8Async. */
+static int fd_frees;
+static CUresult fd_ctx_set(CUcontext ctx) { (void)ctx; return 0; }
+static CUresult fd_memset_refused(CUdeviceptr d, unsigned char v, size_t n, CUstream st) {
+    (void)d; (void)v; (void)n; (void)st;
+    return 999; /* CUDA_ERROR_UNKNOWN */
+}
+static CUresult fd_free_counted(CUdeviceptr p) { (void)p; fd_frees++; return 0; }
+TEST(cpu, sequence_state_whose_zeroing_fails_is_taken_back) {
+    qsa__cuda_api saved;
+    if (!fd_install(&saved)) { CHECK(0); return; }
+    qsa__cu.cuCtxSetCurrent = fd_ctx_set;
+    qsa__cu.cuMemAlloc_v2 = fd_alloc;
+    qsa__cu.cuMemFree_v2 = fd_free_counted;
+    qsa__cu.cuMemsetD8Async = fd_memset_refused;
+    qsa__cu.cuStreamSynchronize = fd_stream_sync;
+    fd_used = fd_queued = fd_ran = 0;
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
+    qsa_model *m = tp_host_model(dir, 0);
+    if (m) CHECK_OK(qsa__pool_create(m, 0)); /* (the page size the state's block table is counted in) */
+    if (m && !T_.failed) {
+        qsa__cuda g;
+        memset(&g, 0, sizeof g);
+        g.bytes_state = 12345;
+        m->cuda = &g;
+        qsa_seq s;
+        memset(&s, 0, sizeof s);
+        s.m = m;
+        s.n_ctx = 256;
+        fd_frees = 0;
+        long live0 = tq_live;
+        qsa_result r = qsa__cuda_seq_create(m, &s);
+        CHECKF(r == QSA_ERR_CUDA && strstr(qsa_last_error(), "cuMemsetD8Async"), "create: %s (%s)", qsa_result_string(r),
+               qsa_last_error());
+        CHECKF(s.cuda == NULL && fd_used > 0 && fd_frees == 1 && g.bytes_state == 12345 && tq_live == live0,
+               "after the failed zeroing: state %p, %zu device bytes allocated, %d freed, state count %zu (was 12345), "
+               "%ld host blocks held", (void *)s.cuda, fd_used, fd_frees, g.bytes_state, tq_live - live0);
+        m->cuda = NULL;
+    }
+    qsa_clear_error();
+    qsa_model_free(m);
+    fd_remove(&saved);
+}
 #endif
 
 /* qsa__lin_f16_pieces (the CUDA upload's loop: narrow a piece, copy it) hands over the whole image in order
