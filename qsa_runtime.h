@@ -870,6 +870,16 @@ QSA_PRIV qsa_result qsa__fail(qsa_result r, const char *fmt, ...) {
     qsa__log(QSA_LOG_DEBUG, "error (%s): %s", qsa_result_string(r), qsa__err_buf);
     return r;
 }
+/* For clang's static analyzer (`make analyze`): qsa__fail returns its code (the analyzer does not follow a
+   variadic call, and took error paths for successes); QSA__INVARIANT(c), an invariant the code relies on
+   that the analyzer cannot derive (a bound the config's checks established, a pointer every successful
+   path sets), is its premise.  Nothing in a build. */
+#ifdef __clang_analyzer__
+#define qsa__fail(r, ...) (qsa__fail((r), __VA_ARGS__), (r))
+#define QSA__INVARIANT(c) do { if (!(c)) __builtin_unreachable(); } while (0)
+#else
+#define QSA__INVARIANT(c) ((void)0)
+#endif
 #define QSA__TRY(expr) do { qsa_result qsa__r_ = (expr); if (qsa__r_ != QSA_OK) return qsa__r_; } while (0)
 
 QSA_IMPL void qsa_set_logger(qsa_logger fn, void *user, qsa_log_level max_level) {
@@ -3083,7 +3093,8 @@ QSA_IMPL qsa_result qsa_generation_config_parse(const char *json, size_t len, co
         int present;
 #define QSA__GEN_NUM(field) \
         if (r == QSA_OK && qsa__cfg_node(&rd, #field)) { \
-            r = qsa__cfg_num(&rd, #field, 0, &v); out->field = (float)v; out->has_##field = 1; }
+            r = qsa__cfg_num(&rd, #field, 0, &v); \
+            if (r == QSA_OK) { out->field = (float)v; out->has_##field = 1; } }
         QSA__GEN_NUM(temperature)
         QSA__GEN_NUM(top_p)
         QSA__GEN_NUM(min_p)
@@ -5756,6 +5767,7 @@ QSA_IMPL qsa_result qsa_detok_stream_push(qsa_detok_stream *s, int32_t id, const
     size_t np = (size_t)s->n_pending, tot = np + pl;
     if (!qsa__detok_reserve(s, 4 * tot + 8))
         return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_detok_stream_push: out of memory");
+    QSA__INVARIANT(s->buf != NULL); /* (at least 8 bytes reserved) */
     /* input = pending bytes + piece, placed after the output area of the buffer */
     uint8_t *in = (uint8_t *)s->buf + 3 * tot + 4;
     memcpy(in, s->pending, np);
@@ -6358,6 +6370,7 @@ QSA_PRIV qsa_result qsa__load_ple(qsa_model *m, int L, int ple_index, qsa__ple_w
     const qsa_model_config *c = &m->cfg;
     int H = c->hidden_size, hcH = c->hc_count * H, D = c->ple_embed_dim;
     int n_heads = (c->ngram_size - 1) * c->heads_per_ngram;
+    QSA__INVARIANT(n_heads > 0); /* (qsa__cfg_text) */
     char b[256], name[512];
     snprintf(b, sizeof b, "layers.%d.ple", L);
     p->ple_index = ple_index;
@@ -6731,9 +6744,11 @@ QSA_PRIV const float *qsa__lin_row(const qsa__lin *l, int r, float *tmp) {
         qsa__tensor_to_f32_range(l->src, l->src_off + (size_t)r * (size_t)l->in, (size_t)l->in, tmp);
         return tmp;
     }
+    const int ng = l->in / 16; /* (its groups of 16: qsa__st_get_nvfp4 takes rows of a positive multiple of 16) */
+    QSA__INVARIANT(ng > 0);
     const uint8_t *q = l->q + (size_t)r * (size_t)(l->in / 2);
-    const uint8_t *s = l->qscale + (size_t)r * (size_t)(l->in / 16);
-    for (int g = 0; g < l->in / 16; g++) {
+    const uint8_t *s = l->qscale + (size_t)r * (size_t)ng;
+    for (int g = 0; g < ng; g++) {
         float scale = qsa__e4m3_to_f32(s[g]) * l->qscale2;
         for (int j = 0; j < 8; j++) {
             uint8_t b = q[g * 8 + j];
@@ -7123,6 +7138,7 @@ QSA_PRIV void qsa__ple_embed_cols(const qsa_model_config *c, const qsa__ple_w *p
             int64_t mod = mv % p->head_vocab[head];
             if (mod < 0) mod += p->head_vocab[head];
             const uint8_t *src = qsa__rows_view_row(&p->table, mod + p->head_offset[head]);
+            QSA__INVARIANT(src != NULL); /* (the heads' offsets and vocabularies tile the table's rows: qsa__load_ple) */
             float *dst = e + (size_t)head * ncols;
             src += (size_t)col0 * (p->table.dtype == QSA__F32 ? 4 : 2);
             for (int i = 0; i < ncols; i++) {
@@ -7144,6 +7160,7 @@ QSA_PRIV qsa_result qsa__ple_fwd(qsa_seq *sq, int l, const int32_t *ids, int n, 
     const qsa__ple_w *p = m->layers[l].ple;
     qsa__seq_layer *sl = &sq->L[l];
     int H = c->hidden_size, hcH = c->hc_count * H, D = c->ple_embed_dim;
+    QSA__INVARIANT(H > 0 && c->hc_count > 0 && n > 0);
     int ctx = c->ngram_size - 1;
     int K = c->ple_conv_kernel_size, dil = c->ngram_size, state_len = (K - 1) * dil;
     float *e = QSA__ALLOC(float, D), *key = QSA__ALLOC(float, hcH), *val = QSA__ALLOC(float, H);
@@ -7631,6 +7648,7 @@ QSA_PRIV qsa_result qsa__moe_chunk(const qsa_model *m, const qsa__moe_w *w, cons
     const qsa_model_config *c = &m->cfg;
     int H = c->hidden_size, E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size,
         Is = c->shared_expert_intermediate_size;
+    QSA__INVARIANT(n > 0);
     float *logits = QSA__ALLOC(float, (size_t)n * E), *a = QSA__ALLOC(float, (size_t)n * I), *b = QSA__ALLOC(float, (size_t)n * I);
     float *xe = QSA__ALLOC(float, (size_t)n * H), *y = QSA__ALLOC(float, (size_t)n * H);
     float *sa = QSA__ALLOC(float, (size_t)n * Is), *sb = QSA__ALLOC(float, (size_t)n * Is), *sy = QSA__ALLOC(float, (size_t)n * H);
@@ -10668,6 +10686,7 @@ QSA_PRIV qsa_result qsa__cuda_gres(qsa_model *m, const qsa__dgres *w, CUdevicept
    qsa__cuda_gres is then called with normed = 1.  Same bits either way. */
 QSA_PRIV qsa_result qsa__cuda_inject(qsa_model *m, CUdeviceptr X, int M, const qsa__dgres *next) {
     qsa__cuda *g = m->cuda;
+    QSA__INVARIANT(g != NULL);
     qsa__dscratch *s = &g->sc;
     int H = m->cfg.hidden_size, hc = m->cfg.hc_count;
     if (next) {
@@ -12992,6 +13011,7 @@ QSA_PRIV qsa_result qsa__tp_init_(qsa_model *m) {
     }
     qsa__free(devs);
     if (r != QSA_OK) return r;
+    QSA__INVARIANT(t->n_local >= 1);
     m->cuda = t->ranks[0].view.cuda;
     qsa__log(QSA_LOG_INFO, "tp: %d ranks (%s), this process drives ranks %d..%d; NCCL %d", tp,
              multi ? "one per process, ncclCommInitRank" : "one process, ncclCommInitAll", t->first_rank,
@@ -13264,6 +13284,7 @@ QSA_PRIV qsa_result qsa__sched_tokenize(qsa_sched *s, const qsa_request_params *
     *n = 0;
     if (p->prompt) {
         if (p->n_prompt <= 0) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: n_prompt %d: expected > 0", p->n_prompt);
+        QSA__INVARIANT(sizeof(int32_t) * (size_t)p->n_prompt > 0); /* (the product does not wrap) */
         *ids = QSA__ALLOC(int32_t, p->n_prompt);
         if (!*ids) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sched_submit: out of memory");
         memcpy(*ids, p->prompt, sizeof(int32_t) * (size_t)p->n_prompt);
@@ -13589,6 +13610,7 @@ QSA_PRIV void qsa__sched_admit(qsa_sched *s) {
                 continue;
             }
         }
+        QSA__INVARIANT(q->seq != NULL); /* (a queued request that brought no sequence has its own by now) */
         q->pages_held = q->seq->n_pages;
         q->reserved = need;
         s->reserved += need;

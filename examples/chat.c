@@ -90,6 +90,11 @@ static int answer(qsa_sched *sched, qsa_seq *seq, int n_ctx, const qsa_tokenizer
         return 1;
     }
     int32_t *prompt = (int32_t *)malloc(sizeof(int32_t) * (n + 1));
+    if (!prompt) {
+        fprintf(stderr, "error: out of memory\n");
+        qsa_free(ids);
+        return 1;
+    }
     int np = 0;
     if (*pending >= 0) prompt[np++] = *pending;
     memcpy(prompt + np, ids, sizeof(int32_t) * n);
