@@ -12676,8 +12676,12 @@ QSA_PRIV qsa_result qsa__tp_seq_create(qsa_model *m, qsa_seq *s) {
         for (int l = 0; ok && l < L; l++)
             if (m->layers[l].ple) ts->L[i][l].ple_ids = ts->ids + ((size_t)i * L + l) * ng;
     }
-    qsa_result r = ok ? qsa__tp_exec(t, QSA__TP_ALL(t), qsa__tp_seq_create_job, s)
-                      : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "sequence: out of host memory");
+    if (!ok) { /* (nothing on a device yet: the ranks' destroy jobs would read the arrays that are missing) */
+        qsa__tp_seq_free(t, ts);
+        s->tp = NULL;
+        return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "sequence: out of host memory");
+    }
+    qsa_result r = qsa__tp_exec(t, QSA__TP_ALL(t), qsa__tp_seq_create_job, s);
     if (r != QSA_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", qsa_last_error());
@@ -12731,16 +12735,24 @@ QSA_PRIV qsa_result qsa__tp_grow(float **p, size_t *cap, size_t n) {
     return QSA_OK;
 }
 
+/* The result buffers of the local ranks but the first (rows logit rows and hid hidden rows of each rank's
+   view), had on the calling thread before any rank runs the step: a rank that failed to have its own
+   would fail alone and leave the others waiting in a collective. */
+QSA_PRIV qsa_result qsa__tp_grow_results(qsa__tp *t, size_t rows, size_t hid) {
+    for (int i = 1; i < t->n_local; i++) {
+        qsa__tp_rank *rk = &t->ranks[i];
+        QSA__TRY(qsa__tp_grow(&rk->logits, &rk->logits_cap, rows * (size_t)rk->view.cfg.vocab_size));
+        QSA__TRY(qsa__tp_grow(&rk->hidden, &rk->hidden_cap, hid * (size_t)rk->view.cfg.hidden_size));
+    }
+    return QSA_OK;
+}
+
 QSA_PRIV qsa_result qsa__tp_chunk_job(qsa__tp_rank *rk, void *arg) {
     qsa__tp_chunk_arg *a = (qsa__tp_chunk_arg *)arg;
-    const qsa_model_config *c = &rk->view.cfg;
     qsa_seq v;
     qsa__tp_seq_pull(rk, a->sq, &v);
     float *lg = a->logits;
     if (rk->local) { /* only the first local rank reports to the caller; the others keep their results */
-        size_t nl = a->logits ? (size_t)(a->all_logits ? a->M : 1) * c->vocab_size : 0, nh = a->sq->hidden_out ? (size_t)a->M * c->hidden_size : 0;
-        QSA__TRY(qsa__tp_grow(&rk->logits, &rk->logits_cap, nl));
-        QSA__TRY(qsa__tp_grow(&rk->hidden, &rk->hidden_cap, nh));
         lg = a->logits ? rk->logits : NULL;
         v.hidden_out = a->sq->hidden_out ? rk->hidden : NULL;
         v.sel_hook = NULL;
@@ -12757,6 +12769,7 @@ QSA_PRIV qsa_result qsa__tp_chunk(qsa_seq *sq, const int32_t *ids, int M, float 
     a.M = M;
     a.logits = logits;
     a.all_logits = all_logits;
+    QSA__TRY(qsa__tp_grow_results(m->tp, logits ? (size_t)(all_logits ? M : 1) : 0, sq->hidden_out ? (size_t)M : 0));
     QSA__TRY(qsa__tp_exec(m->tp, QSA__TP_ALL(m->tp), qsa__tp_chunk_job, &a));
     qsa__tp_seq_push(m, sq);
     return QSA_OK;
@@ -12769,30 +12782,27 @@ typedef struct qsa__tp_batch_arg {
     const int32_t *tokens;
     int B;
     float *logits;
+    qsa_seq *v;   /* [n_local][B]: each rank's views of the sequences */
+    qsa_seq **pv; /* [n_local][B]: pointers to them */
 } qsa__tp_batch_arg;
 
 /* The rank runs qsa__cuda_decode_batch on its views of the B sequences (its device state, its copies
    of their layer state), with its own step buffers and graphs. */
 QSA_PRIV qsa_result qsa__tp_decode_batch_job(qsa__tp_rank *rk, void *arg) {
     qsa__tp_batch_arg *a = (qsa__tp_batch_arg *)arg;
-    qsa_seq *v = QSA__ALLOC(qsa_seq, a->B), **pv = QSA__ALLOC(qsa_seq *, a->B);
-    float *lg = a->logits;
-    qsa_result r = v && pv ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp: out of host memory");
-    if (r == QSA_OK && rk->local && a->logits) { /* the first local rank reports to the caller; the others keep theirs */
-        r = qsa__tp_grow(&rk->logits, &rk->logits_cap, (size_t)a->B * rk->view.cfg.vocab_size);
-        lg = rk->logits;
-    }
-    for (int i = 0; r == QSA_OK && i < a->B; i++) {
+    qsa_seq *v = a->v + (size_t)rk->local * a->B, **pv = a->pv + (size_t)rk->local * a->B;
+    /* the first local rank reports to the caller; the others keep theirs */
+    float *lg = rk->local && a->logits ? rk->logits : a->logits;
+    for (int i = 0; i < a->B; i++) {
         qsa__tp_seq_pull(rk, a->seqs[i], &v[i]);
         pv[i] = &v[i];
     }
-    if (r == QSA_OK) r = qsa__cuda_decode_batch(&rk->view, pv, a->tokens, a->B, lg, NULL);
-    qsa__free(v);
-    qsa__free(pv);
-    return r;
+    return qsa__cuda_decode_batch(&rk->view, pv, a->tokens, a->B, lg, NULL);
 }
 
+/* Before the step, on every rank: its step buffers (whether graphs are on or off) and B's graph */
 QSA_PRIV qsa_result qsa__tp_capture_job(qsa__tp_rank *rk, void *arg) {
+    QSA__TRY(qsa__cuda_batch_alloc(&rk->view));
     return qsa__cuda_batch_capture(&rk->view, ((qsa__tp_batch_arg *)arg)->B);
 }
 
@@ -12802,10 +12812,19 @@ QSA_PRIV qsa_result qsa__tp_decode_batch(qsa_model *m, qsa_seq **seqs, const int
     a.tokens = tokens;
     a.B = B;
     a.logits = logits;
-    /* every rank captures B's graph (after B's first, eager step) before any rank runs the step: a
-       failed capture fails the step with nothing changed and no rank waiting in a collective */
-    QSA__TRY(qsa__tp_exec(m->tp, QSA__TP_ALL(m->tp), qsa__tp_capture_job, &a));
-    QSA__TRY(qsa__tp_exec(m->tp, QSA__TP_ALL(m->tp), qsa__tp_decode_batch_job, &a));
+    /* what the step needs, had before any rank runs it: the ranks' views of the sequences and result rows
+       (here), their step buffers and B's graph (after B's first, eager step) on every rank; a failure
+       there fails the step with nothing changed and no rank waiting in a collective */
+    size_t nv = (size_t)m->tp->n_local * (size_t)B;
+    a.v = QSA__ALLOC(qsa_seq, nv);
+    a.pv = QSA__ALLOC(qsa_seq *, nv);
+    qsa_result r = a.v && a.pv ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp: out of host memory");
+    if (r == QSA_OK) r = qsa__tp_grow_results(m->tp, logits ? (size_t)B : 0, 0);
+    if (r == QSA_OK) r = qsa__tp_exec(m->tp, QSA__TP_ALL(m->tp), qsa__tp_capture_job, &a);
+    if (r == QSA_OK) r = qsa__tp_exec(m->tp, QSA__TP_ALL(m->tp), qsa__tp_decode_batch_job, &a);
+    qsa__free(a.v);
+    qsa__free(a.pv);
+    QSA__TRY(r);
     for (int i = 0; i < B; i++) qsa__tp_seq_push(m, seqs[i]);
     return QSA_OK;
 }

@@ -1546,6 +1546,94 @@ TEST(cpu, sequence_state_whose_zeroing_fails_is_taken_back) {
     qsa_model_free(m);
     fd_remove(&saved);
 }
+
+/* A tensor-parallel sequence whose host arrays cannot all be had fails cleanly before any rank runs: every
+   allocation of that part made to fail in turn (a hand-built two-rank group; before, the ranks' destroy
+   jobs read the missing arrays). */
+TEST(cpu, tp_sequence_out_of_host_memory) {
+    static qsa__layer_w lw[2];
+    static qsa_model m;
+    memset(&m, 0, sizeof m);
+    m.cfg.num_hidden_layers = 2;
+    m.layers = lw;
+    qsa__tp t;
+    qsa__tp_rank rk[2];
+    memset(&t, 0, sizeof t);
+    memset(rk, 0, sizeof rk);
+    t.tp = t.n_local = 2;
+    t.ranks = rk;
+    for (int i = 0; i < 2; i++) {
+        rk[i].t = &t;
+        rk[i].local = rk[i].rank = i;
+    }
+    m.tp = &t;
+    /* the group's own part: the state, its three arrays, a layer-state array per rank */
+    for (long k = 0; k < 6; k++) {
+        qsa_seq s;
+        memset(&s, 0, sizeof s);
+        s.m = &m;
+        long live0 = tq_live;
+        tq_fail_at = k;
+        qsa_result r = qsa__cuda_seq_create(&m, &s);
+        long left = tq_fail_at;
+        tq_fail_at = -1;
+        CHECKF(left < 0 && r == QSA_ERR_OUT_OF_MEMORY && s.tp == NULL && tq_live == live0, "allocation %ld made to fail "
+               "(reached: %d): %s (%s), sequence state %p, %ld blocks held", k, left < 0, qsa_result_string(r),
+               qsa_last_error(), (void *)s.tp, tq_live - live0);
+        qsa_clear_error();
+    }
+}
+
+/* A tensor-parallel step has its host buffers (the ranks' views of the sequences, the result rows of the
+   ranks but the first) before any rank runs: each of those allocations made to fail in turn fails the
+   chunk or the batched decode with no rank's job started (a hand-built two-rank group; a rank failing
+   alone would leave the other waiting in a collective). */
+TEST(cpu, tp_step_host_buffers_before_any_rank_runs) {
+    static qsa__layer_w lw[2];
+    static qsa_model m;
+    memset(&m, 0, sizeof m);
+    m.cfg.num_hidden_layers = 2;
+    m.layers = lw;
+    qsa__tp t;
+    qsa__tp_rank rk[2];
+    memset(&t, 0, sizeof t);
+    memset(rk, 0, sizeof rk);
+    t.tp = t.n_local = 2;
+    t.ranks = rk;
+    for (int i = 0; i < 2; i++) {
+        rk[i].t = &t;
+        rk[i].local = rk[i].rank = i;
+        rk[i].view.cfg.vocab_size = 100;
+        rk[i].view.cfg.hidden_size = 8;
+    }
+    m.tp = &t;
+    qsa_seq s, *ss = &s;
+    memset(&s, 0, sizeof s);
+    s.m = &m;
+    int32_t ids[3] = {1, 2, 3};
+    float logits[3 * 100], hidden[3 * 8];
+    s.hidden_out = hidden;
+    for (int path = 0; path < 2; path++)
+        for (long k = 0; k < (path ? 3 : 2); k++) { /* chunk: rank 1's logits, hidden; decode: views, pointers, logits */
+            for (int i = 0; i < 2; i++) rk[i].r = QSA_ERR_INTERNAL; /* (a rank's job sets it first) */
+            long live0 = tq_live;
+            tq_fail_at = k;
+            qsa_result r = path ? qsa__tp_decode_batch(&m, &ss, ids, 3, logits) : qsa__tp_chunk(&s, ids, 3, logits, 1);
+            long left = tq_fail_at;
+            tq_fail_at = -1;
+            for (int i = 0; i < 2; i++) { /* (the buffers a later step would reuse: the model's free frees them) */
+                qsa__free(rk[i].logits);
+                qsa__free(rk[i].hidden);
+                rk[i].logits = rk[i].hidden = NULL;
+                rk[i].logits_cap = rk[i].hidden_cap = 0;
+            }
+            CHECKF(left < 0 && r == QSA_ERR_OUT_OF_MEMORY && rk[0].r == QSA_ERR_INTERNAL && rk[1].r == QSA_ERR_INTERNAL &&
+                   tq_live == live0, "%s, allocation %ld made to fail (reached: %d): %s (%s); a rank's job ran: %d, %d; %ld "
+                   "blocks held", path ? "decode" : "chunk", k, left < 0, qsa_result_string(r), qsa_last_error(),
+                   rk[0].r != QSA_ERR_INTERNAL, rk[1].r != QSA_ERR_INTERNAL, tq_live - live0);
+            qsa_clear_error();
+        }
+}
 #endif
 
 /* qsa__lin_f16_pieces (the CUDA upload's loop: narrow a piece, copy it) hands over the whole image in order
