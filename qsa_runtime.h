@@ -488,7 +488,8 @@ typedef struct qsa_seq_params {
 
 QSA_API qsa_result qsa_seq_create(qsa_model *model, const qsa_seq_params *params, qsa_seq **out);
 QSA_API void qsa_seq_free(qsa_seq *seq);
-/* Forget everything fed so far (keeps the allocation). */
+/* Forget everything fed so far (keeps the allocation).  Should the device state's zeroing fail (a
+   device error), the sequence refuses feeds, as after a failed feed, until a reset succeeds. */
 QSA_API void qsa_seq_reset(qsa_seq *seq);
 QSA_API int qsa_seq_pos(const qsa_seq *seq); /* tokens fed so far */
 /* Feed n tokens.  logits (may be NULL): receives vocab_size floats for the last token, or
@@ -6926,8 +6927,9 @@ struct qsa_seq {
     struct qsa__cuda_seq *cuda; /* device state on the CUDA backend (under TP: local rank 0's) */
     struct qsa__tp_seq *tp;     /* under TP: every local rank's device state and host-side layer state */
     qsa__capture *cap;          /* debug capture, NULL when off */
-    int broken;                 /* a feed failed part-way through its forward pass: the states no longer
-                                   match pos, so feeds are refused until qsa_seq_reset */
+    int broken;                 /* a feed failed part-way through its forward pass (or the device state's
+                                   zeroing failed): the states no longer match pos, so feeds are refused
+                                   until qsa_seq_reset */
 };
 
 /* Make sure the sequence holds the pages for `need` tokens; all or nothing. */
@@ -6969,7 +6971,9 @@ QSA_IMPL void qsa_seq_reset(qsa_seq *s) {
     s->pos = 0;
     s->broken = 0;
 #ifndef QSA_NO_CUDA
-    if (s->cuda) qsa__cuda_seq_reset(s->m, s); /* a memset of device memory we own: cannot fail in practice */
+    /* the device state's zeroing (a driver call: it fails only with the context, e.g. after a kernel
+       fault): the states would not match pos, so feeds are refused until a reset succeeds */
+    if (s->cuda && qsa__cuda_seq_reset(s->m, s) != QSA_OK) s->broken = 1;
 #endif
 }
 
@@ -7739,7 +7743,7 @@ QSA_PRIV qsa_result qsa__seq_feed_check(const qsa_seq *sq, const int32_t *ids, i
     int V = sq->m->cfg.vocab_size;
     if (sq->broken)
         return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed: an earlier feed of this sequence failed part-way through "
-                         "its forward pass; qsa_seq_reset it first");
+                         "its forward pass, or its last reset failed on the device; qsa_seq_reset it first");
     if (sq->pos + n > sq->n_ctx)
         return qsa__fail(QSA_ERR_CONTEXT_FULL, "qsa_seq_feed: %d + %d tokens exceed the context of %d", sq->pos, n, sq->n_ctx);
     for (int t = 0; t < n; t++)
@@ -10146,11 +10150,11 @@ QSA_PRIV qsa_result qsa__cuda_seq_create(qsa_model *m, qsa_seq *s) {
 QSA_PRIV qsa_result qsa__cuda_seq_reset(qsa_model *m, qsa_seq *s) {
     if (m->tp) return qsa__tp_seq_reset(m, s);
     qsa__cuda_seq *cs = s->cuda;
+    cs->bt_synced = 0; /* (the pages are the pool's again: the next feed copies the block table whole) */
     QSA__CU(qsa__cu.cuCtxSetCurrent(m->cuda->ctx));
     /* on the backend's stream: a plain cuMemset runs on the legacy stream, which a non-blocking
        stream does not wait for, so the first kernels could race with the zeroing */
     QSA__CU(qsa__cu.cuMemsetD8Async(cs->mem, 0, cs->mem_bytes, m->cuda->stream));
-    cs->bt_synced = 0;
     return QSA_OK;
 }
 

@@ -1547,6 +1547,58 @@ TEST(cpu, sequence_state_whose_zeroing_fails_is_taken_back) {
     fd_remove(&saved);
 }
 
+/* A reset whose device zeroing fails leaves the sequence refusing feeds (its device states would not match
+   position 0), with its block table marked unsent (its pages went back to the pool); a reset that succeeds
+   lifts the refusal.  A host model with the driver entries in host memory. */
+static int fd_memset_fails;
+static CUresult fd_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream st) {
+    (void)st;
+    if (fd_memset_fails) return 999;
+    memset((void *)(uintptr_t)d, v, n);
+    return 0;
+}
+TEST(cpu, sequence_whose_device_reset_fails_refuses_feeds) {
+    qsa__cuda_api saved;
+    if (!fd_install(&saved)) { CHECK(0); return; }
+    qsa__cu.cuCtxSetCurrent = fd_ctx_set;
+    qsa__cu.cuMemAlloc_v2 = fd_alloc;
+    qsa__cu.cuMemFree_v2 = fd_free_counted;
+    qsa__cu.cuMemsetD8Async = fd_memset;
+    qsa__cu.cuStreamSynchronize = fd_stream_sync;
+    fd_used = fd_queued = fd_ran = 0;
+    fd_memset_fails = 0;
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
+    qsa_model *m = tp_host_model(dir, 0);
+    if (m) CHECK_OK(qsa__pool_create(m, 0));
+    qsa__cuda g;
+    memset(&g, 0, sizeof g);
+    qsa_seq *s = NULL;
+    if (m && !T_.failed) {
+        m->cuda = &g;
+        CHECK_OK(qsa_seq_create(m, NULL, &s));
+    }
+    if (s) {
+        s->cuda->bt_synced = 3; /* (as after feeds that sent three pages) */
+        fd_memset_fails = 1;
+        qsa_seq_reset(s);
+        int32_t id = 1;
+        qsa_result r = qsa__seq_feed_check(s, &id, 1);
+        CHECKF(s->broken && s->cuda->bt_synced == 0 && r == QSA_ERR_INVALID_ARGUMENT && strstr(qsa_last_error(), "reset"),
+               "after a failed device reset: broken %d, block-table pages counted as sent %d, a feed: %s (%s)", s->broken,
+               s->cuda->bt_synced, qsa_result_string(r), qsa_last_error());
+        fd_memset_fails = 0;
+        qsa_seq_reset(s);
+        CHECKF(!s->broken && qsa__seq_feed_check(s, &id, 1) == QSA_OK, "a reset that succeeds still leaves the sequence refusing "
+               "feeds: %s", qsa_last_error());
+        qsa_seq_free(s);
+    }
+    qsa_clear_error();
+    if (m) m->cuda = NULL;
+    qsa_model_free(m);
+    fd_remove(&saved);
+}
+
 /* A tensor-parallel sequence whose host arrays cannot all be had fails cleanly before any rank runs: every
    allocation of that part made to fail in turn (a hand-built two-rank group; before, the ranks' destroy
    jobs read the missing arrays). */
