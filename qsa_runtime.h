@@ -9006,7 +9006,9 @@ typedef struct qsa__dscratch {
     CUdeviceptr gemv_part, gemv_count; /* cross-warp GEMV partial tiles and tile tickets (qsa__dgemm) */
     size_t gemv_limit;                 /* partial-tile bytes a dense cross-warp GEMV may use (QSA__GEMV_PART_BYTES;
                                           tests lower it to make qsa__dgemm_ex slice) */
-    CUdeviceptr gemv_slice;            /* a column slice's output (QSA__GEMV_PART_BYTES), made at the first slice */
+    CUdeviceptr gemv_slice;            /* a column slice's output (QSA__GEMV_PART_BYTES), made at the first slice
+                                          or with the batched step's buffers */
+    long long n_sliced;                /* GEMVs issued on column slices (a captured step's count once) */
     float *host_e;              /* PLE rows gathered on the host [max_tokens][ple_embed_dim] */
 } qsa__dscratch;
 
@@ -10513,6 +10515,7 @@ QSA_PRIV qsa_result qsa__dgemm_ex(qsa__cuda *g, CUdeviceptr A16, int M, const qs
         if (ct >= 1 && cols < N) { /* (a slice's output, M * cols floats, is at most gemv_limit bytes) */
             if (!g->sc.gemv_slice)
                 QSA__TRY(qsa__dalloc(g, &g->sc.gemv_slice, QSA__GEMV_PART_BYTES, &g->bytes_scratch, "GEMV slices"));
+            g->sc.n_sliced++;
             for (int n0 = 0; n0 < N; n0 += cols) {
                 qsa__dlin ws = qsa__dlin_rows(w, n0, N - n0 < cols ? N - n0 : cols);
                 QSA__TRY(qsa__dgemm_ex(g, A16, M, &ws, g->sc.gemv_slice, 0, 0, 0.0f));
@@ -11233,6 +11236,10 @@ QSA_PRIV qsa_result qsa__cuda_batch_alloc_(qsa_model *m) {
     QSA__TRY(qsa__dalloc(g, &b->scores, (size_t)mb * g->sc.max_blocks * 4, cnt, "batched decode"));
     QSA__TRY(qsa__dalloc(g, &b->logits, (size_t)mb * c->vocab_size * 4, cnt, "batched decode"));
     QSA__TRY(qsa__dalloc(g, &b->next, (size_t)mb * 4, cnt, "batched decode"));
+    /* a column slice's output (qsa__dgemm_ex makes it at its first slice): made here, since the first
+       sliced GEMV of a batch (the real shape's lm_head at B = 4-8 and 14-16) may come in a step's
+       capture, where the driver refuses an allocation and the graph is lost */
+    if (!g->sc.gemv_slice) QSA__TRY(qsa__dalloc(g, &g->sc.gemv_slice, QSA__GEMV_PART_BYTES, cnt, "GEMV slices"));
     QSA__TRY(QSA__CU_R(qsa__cu.cuStreamCreate(&b->copy, QSA__CU_STREAM_NON_BLOCKING)));
     for (int i = 0; i < QSA__LOGIT_SLICES; i++)
         QSA__TRY(QSA__CU_R(qsa__cu.cuEventCreate(&b->lg_ev[i], QSA__CU_EVENT_DISABLE_TIMING)));
@@ -11257,9 +11264,20 @@ QSA_PRIV int qsa__logit_slice_w(int V, int ns) { return ns <= 1 ? V : ((V + ns -
 
 /* All or nothing: a half-made set is dropped (its device buffers are freed at unload, with g->allocs). */
 QSA_PRIV qsa_result qsa__cuda_batch_alloc(qsa_model *m) {
-    if (m->cuda->batch) return QSA_OK;
+    qsa__cuda *g = m->cuda;
+    if (g->batch) return QSA_OK;
+    /* a failure gives back all it took, the device buffers too (unused yet): each step asks again */
+    int n0 = g->n_allocs;
+    size_t bytes0 = g->bytes_scratch;
+    CUdeviceptr slice0 = g->sc.gemv_slice;
     qsa_result r = qsa__cuda_batch_alloc_(m);
-    if (r != QSA_OK) qsa__cuda_batch_free(m->cuda);
+    if (r != QSA_OK) {
+        qsa__cuda_batch_free(g);
+        for (int i = n0; i < g->n_allocs; i++) qsa__cu.cuMemFree_v2(g->allocs[i]);
+        g->n_allocs = n0;
+        g->bytes_scratch = bytes0;
+        g->sc.gemv_slice = slice0;
+    }
     return r;
 }
 

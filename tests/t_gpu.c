@@ -480,16 +480,51 @@ TEST(gpu, gemv_column_slices_equal_whole) {
     int reqs[8] = {6, 1, 4, 7, 0, 3, 2, 5};
     if (p) {
         bd_run(m, reqs, 8, 1, 0, p->ref, p->rtok);
-        CHECKF(m->cuda->sc.gemv_slice == 0, "the default run sliced a GEMV of the tiny model");
+        CHECKF(m->cuda->sc.n_sliced == 0, "the default run sliced a GEMV of the tiny model");
         size_t keep = m->cuda->sc.gemv_limit;
         m->cuda->sc.gemv_limit = 4096;
         qsa__cuda_batch_drop_graphs(m->cuda);
         bd_run(m, reqs, 8, 1, 0, p->lg, p->tok);
         m->cuda->sc.gemv_limit = keep;
-        CHECKF(m->cuda->sc.gemv_slice != 0, "no GEMV was sliced under the lowered limit");
+        CHECKF(m->cuda->sc.n_sliced != 0, "no GEMV was sliced under the lowered limit");
         CHECKF(bd_pair_same(m, reqs, 8, p), "column-sliced GEMVs give other bits than whole ones");
     }
     bd_pair_free(p);
+    qsa_model_free(m);
+}
+
+/* (b''-bis) The first sliced GEMV inside a step's capture: the prefills at the default limit (nothing sliced), then
+   the limit lowered and the first batched step of 4 captured as a graph.  The driver refuses allocations in a
+   capture, so the slices' output must exist before it: the step succeeds, and its logits are those of the same
+   step run eagerly. */
+TEST(gpu, first_sliced_gemv_inside_a_capture) {
+    qsa_model *m = NULL;
+    SHARDED_OR_SKIP(1, 1, &m);
+    if (!qsa__cuda_graphs_on(m)) { qsa_model_free(m); return; }
+    int V = m->cfg.vocab_size;
+    qsa_seq *s[4] = {NULL, NULL, NULL, NULL};
+    float *lg = (float *)malloc(sizeof(float) * 4 * (size_t)V), *ref = (float *)malloc(sizeof(float) * 4 * (size_t)V);
+    int32_t p[3] = {5, 9, 2}, t[4] = {3, 4, 5, 6};
+    size_t keep = m->cuda->sc.gemv_limit;
+    for (int run = 0; run < 2 && lg && ref && !T_.failed; run++) { /* run 0: graphs; 1: eager */
+        m->params.cuda_graphs = run ? 0 : 1;
+        for (int i = 0; i < 4; i++) {
+            if (!s[i]) CHECK_OK(qsa_seq_create(m, NULL, &s[i]));
+            else qsa_seq_reset(s[i]);
+            if (!T_.failed) CHECK_OK(qsa_seq_feed(s[i], p, 1 + i % 3, NULL, 0));
+        }
+        long long sliced = m->cuda->sc.n_sliced;
+        if (run == 0) CHECKF(sliced == 0, "a prefill at the default limit sliced a GEMV");
+        m->cuda->sc.gemv_limit = 4096;
+        if (!T_.failed) CHECKF(qsa_seq_feed_batch(s, t, 4, run ? ref : lg) == QSA_OK, "%s step of 4 with sliced GEMVs: %s",
+                               run ? "eager" : "the first captured", qsa_last_error());
+        if (!T_.failed) CHECKF(m->cuda->sc.n_sliced > sliced, "the %s step sliced no GEMV", run ? "eager" : "captured");
+        m->cuda->sc.gemv_limit = keep;
+    }
+    if (!T_.failed) CHECKF(!memcmp(lg, ref, sizeof(float) * 4 * (size_t)V), "the captured step's logits differ from the eager step's");
+    for (int i = 0; i < 4; i++) qsa_seq_free(s[i]);
+    free(lg);
+    free(ref);
     qsa_model_free(m);
 }
 

@@ -1599,6 +1599,58 @@ TEST(cpu, sequence_whose_device_reset_fails_refuses_feeds) {
     fd_remove(&saved);
 }
 
+/* The batched step's buffers, refused part-way (a refusing cuStreamCreate, after the device buffers):
+   every buffer the attempt took is given back and counted off, so that the steps asking again do not pile
+   them up.  A host model with the driver entries in host memory. */
+static CUresult fd_stream_refused(CUstream *st, unsigned flags) {
+    (void)st; (void)flags;
+    return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+}
+static int fd_allocs;
+static CUresult fd_alloc_counted(CUdeviceptr *p, size_t n) {
+    CUresult r = fd_alloc(p, n);
+    fd_allocs += r == 0;
+    return r;
+}
+TEST(cpu, batch_buffers_refused_are_given_back) {
+    qsa__cuda_api saved;
+    if (!fd_install(&saved)) { CHECK(0); return; }
+    qsa__cu.cuMemAlloc_v2 = fd_alloc_counted;
+    qsa__cu.cuMemFree_v2 = fd_free_counted;
+    qsa__cu.cuMemGetInfo_v2 = fd_info;
+    qsa__cu.cuStreamCreate = fd_stream_refused;
+    fd_used = 0;
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
+    qsa_model *m = tp_host_model(dir, 0);
+    if (m) {
+        qsa__cuda g;
+        memset(&g, 0, sizeof g);
+        g.sc.max_blocks = 64;
+        g.bytes_scratch = 777;
+        m->params.max_batch = 4;
+        m->cuda = &g;
+        long live0 = tq_live;
+        for (int attempt = 0; attempt < 3; attempt++) {
+            fd_frees = fd_allocs = 0;
+            qsa_result r = qsa__cuda_batch_alloc(m);
+            CHECKF(r == QSA_ERR_OUT_OF_MEMORY && strstr(qsa_last_error(), "cuStreamCreate"), "attempt %d: %s (%s)", attempt,
+                   qsa_result_string(r), qsa_last_error());
+            /* (the step's five buffers and the column slices' output) */
+            CHECKF(fd_allocs == 6 && fd_frees == fd_allocs && g.n_allocs == 0 && g.bytes_scratch == 777 && g.batch == NULL &&
+                   g.sc.gemv_slice == 0 && tq_live == live0 + (g.allocs != NULL), "attempt %d: %d device buffers taken, %d "
+                   "freed, %d still listed, scratch bytes %zu (were 777), batch %p, slice buffer %llx, %ld host blocks held "
+                   "(the list of allocations aside)", attempt, fd_allocs, fd_frees, g.n_allocs, g.bytes_scratch, (void *)g.batch,
+                   (unsigned long long)g.sc.gemv_slice, tq_live - live0 - (g.allocs != NULL));
+        }
+        qsa__free(g.allocs);
+        m->cuda = NULL;
+    }
+    qsa_clear_error();
+    qsa_model_free(m);
+    fd_remove(&saved);
+}
+
 /* A tensor-parallel sequence whose host arrays cannot all be had fails cleanly before any rank runs: every
    allocation of that part made to fail in turn (a hand-built two-rank group; before, the ranks' destroy
    jobs read the missing arrays). */
