@@ -1502,27 +1502,37 @@ TEST(cpu, upload_from_the_file_writes_the_same_device_bytes) {
 /* A sequence's device state whose zeroing fails is taken back at once: the memory freed, the backend's
    count of state bytes as it was, nothing held on the host, the sequence without it.  (A tensor-parallel
    rank's job keeps only what succeeded, so before this the state outlived a failed sequence there.)
-   The driver entries of the upload's tests, with a refusing cuMemsetD8Async. */
-static int fd_frees;
+   The driver entries of the upload's tests (fd_seq_model), with a refusing cuMemsetD8Async. */
+static int fd_frees, fd_memset_fails;
 static CUresult fd_ctx_set(CUcontext ctx) { (void)ctx; return 0; }
-static CUresult fd_memset_refused(CUdeviceptr d, unsigned char v, size_t n, CUstream st) {
-    (void)d; (void)v; (void)n; (void)st;
-    return 999; /* CUDA_ERROR_UNKNOWN */
+static CUresult fd_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream st) {
+    (void)st;
+    if (fd_memset_fails) return 999; /* CUDA_ERROR_UNKNOWN */
+    memset((void *)(uintptr_t)d, v, n);
+    return 0;
 }
 static CUresult fd_free_counted(CUdeviceptr p) { (void)p; fd_frees++; return 0; }
-TEST(cpu, sequence_state_whose_zeroing_fails_is_taken_back) {
-    qsa__cuda_api saved;
-    if (!fd_install(&saved)) { CHECK(0); return; }
+/* The entries a sequence's device state calls (after fd_install), and a host model of qsa_hc2_ple_bf16 with
+   its page size (the state's block table is counted in it) */
+static qsa_model *fd_seq_model(void) {
     qsa__cu.cuCtxSetCurrent = fd_ctx_set;
     qsa__cu.cuMemAlloc_v2 = fd_alloc;
     qsa__cu.cuMemFree_v2 = fd_free_counted;
-    qsa__cu.cuMemsetD8Async = fd_memset_refused;
+    qsa__cu.cuMemsetD8Async = fd_memset;
     qsa__cu.cuStreamSynchronize = fd_stream_sync;
     fd_used = fd_queued = fd_ran = 0;
+    fd_memset_fails = 0;
     char dir[600];
     snprintf(dir, sizeof dir, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
     qsa_model *m = tp_host_model(dir, 0);
-    if (m) CHECK_OK(qsa__pool_create(m, 0)); /* (the page size the state's block table is counted in) */
+    if (m) CHECK_OK(qsa__pool_create(m, 0));
+    return m;
+}
+TEST(cpu, sequence_state_whose_zeroing_fails_is_taken_back) {
+    qsa__cuda_api saved;
+    if (!fd_install(&saved)) { CHECK(0); return; }
+    qsa_model *m = fd_seq_model();
+    fd_memset_fails = 1;
     if (m && !T_.failed) {
         qsa__cuda g;
         memset(&g, 0, sizeof g);
@@ -1550,27 +1560,10 @@ TEST(cpu, sequence_state_whose_zeroing_fails_is_taken_back) {
 /* A reset whose device zeroing fails leaves the sequence refusing feeds (its device states would not match
    position 0), with its block table marked unsent (its pages went back to the pool); a reset that succeeds
    lifts the refusal.  A host model with the driver entries in host memory. */
-static int fd_memset_fails;
-static CUresult fd_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream st) {
-    (void)st;
-    if (fd_memset_fails) return 999;
-    memset((void *)(uintptr_t)d, v, n);
-    return 0;
-}
 TEST(cpu, sequence_whose_device_reset_fails_refuses_feeds) {
     qsa__cuda_api saved;
     if (!fd_install(&saved)) { CHECK(0); return; }
-    qsa__cu.cuCtxSetCurrent = fd_ctx_set;
-    qsa__cu.cuMemAlloc_v2 = fd_alloc;
-    qsa__cu.cuMemFree_v2 = fd_free_counted;
-    qsa__cu.cuMemsetD8Async = fd_memset;
-    qsa__cu.cuStreamSynchronize = fd_stream_sync;
-    fd_used = fd_queued = fd_ran = 0;
-    fd_memset_fails = 0;
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/qsa_hc2_ple_bf16", test_path("tests/fixtures"));
-    qsa_model *m = tp_host_model(dir, 0);
-    if (m) CHECK_OK(qsa__pool_create(m, 0));
+    qsa_model *m = fd_seq_model();
     qsa__cuda g;
     memset(&g, 0, sizeof g);
     qsa_seq *s = NULL;
@@ -1651,26 +1644,34 @@ TEST(cpu, batch_buffers_refused_are_given_back) {
     fd_remove(&saved);
 }
 
+/* A hand-built group of two local ranks without threads over a model of two layers (no weights, no device):
+   rank views with a vocabulary of 100 and a hidden size of 8. */
+static void tp_hand_group(qsa_model *m, qsa__layer_w *lw, qsa__tp *t, qsa__tp_rank *rk) {
+    memset(m, 0, sizeof *m);
+    memset(lw, 0, 2 * sizeof *lw);
+    memset(t, 0, sizeof *t);
+    memset(rk, 0, 2 * sizeof *rk);
+    m->cfg.num_hidden_layers = 2;
+    m->layers = lw;
+    t->tp = t->n_local = 2;
+    t->ranks = rk;
+    for (int i = 0; i < 2; i++) {
+        rk[i].t = t;
+        rk[i].local = rk[i].rank = i;
+        rk[i].view.cfg.vocab_size = 100;
+        rk[i].view.cfg.hidden_size = 8;
+    }
+    m->tp = t;
+}
+
 /* A tensor-parallel sequence whose host arrays cannot all be had fails cleanly before any rank runs: every
-   allocation of that part made to fail in turn (a hand-built two-rank group; before, the ranks' destroy
-   jobs read the missing arrays). */
+   allocation of that part made to fail in turn (before, the ranks' destroy jobs read the missing arrays). */
 TEST(cpu, tp_sequence_out_of_host_memory) {
     static qsa__layer_w lw[2];
     static qsa_model m;
-    memset(&m, 0, sizeof m);
-    m.cfg.num_hidden_layers = 2;
-    m.layers = lw;
-    qsa__tp t;
-    qsa__tp_rank rk[2];
-    memset(&t, 0, sizeof t);
-    memset(rk, 0, sizeof rk);
-    t.tp = t.n_local = 2;
-    t.ranks = rk;
-    for (int i = 0; i < 2; i++) {
-        rk[i].t = &t;
-        rk[i].local = rk[i].rank = i;
-    }
-    m.tp = &t;
+    static qsa__tp t;
+    static qsa__tp_rank rk[2];
+    tp_hand_group(&m, lw, &t, rk);
     /* the group's own part: the state, its three arrays, a layer-state array per rank */
     for (long k = 0; k < 6; k++) {
         qsa_seq s;
@@ -1695,22 +1696,9 @@ TEST(cpu, tp_sequence_out_of_host_memory) {
 TEST(cpu, tp_step_host_buffers_before_any_rank_runs) {
     static qsa__layer_w lw[2];
     static qsa_model m;
-    memset(&m, 0, sizeof m);
-    m.cfg.num_hidden_layers = 2;
-    m.layers = lw;
-    qsa__tp t;
-    qsa__tp_rank rk[2];
-    memset(&t, 0, sizeof t);
-    memset(rk, 0, sizeof rk);
-    t.tp = t.n_local = 2;
-    t.ranks = rk;
-    for (int i = 0; i < 2; i++) {
-        rk[i].t = &t;
-        rk[i].local = rk[i].rank = i;
-        rk[i].view.cfg.vocab_size = 100;
-        rk[i].view.cfg.hidden_size = 8;
-    }
-    m.tp = &t;
+    static qsa__tp t;
+    static qsa__tp_rank rk[2];
+    tp_hand_group(&m, lw, &t, rk);
     qsa_seq s, *ss = &s;
     memset(&s, 0, sizeof s);
     s.m = &m;
