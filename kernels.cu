@@ -5080,7 +5080,8 @@ static __device__ __forceinline__ unsigned k2_order_key(float f) {
  *      rounded operations monotone in s, so a higher bin holds only larger scores; the bin holding
  *      the k-th largest key is found by a block scan, and its keys become the candidates;
  *   3. a radix select (8-bit digits from the candidates' first differing bit) over the candidates:
- *      from shared memory when they fit (K2_TOPK_CAP keys), else over the scores in the bin's key range.
+ *      from shared memory when they fit (K2_TOPK_CAP keys), else over the scores in the bin's key range;
+ *      up to 32 candidates, a warp's counts instead (k2_small_select).
  * Scores that spread over the bins (the indexer's) cost three passes over the scores with few
  * shared-atomic conflicts, where a radix select from the top bit (the exponent: 2-3 live bins)
  * serialised ~65,000 atomics on a few counters.  All-equal scores, ranges that overflow and ties
@@ -5174,6 +5175,32 @@ static __device__ unsigned k2_radix_select(const float *__restrict__ sc, const u
     return prefix;
 }
 
+/* The need-th largest key (1 <= need <= n <= 32) among cand[0..n), as k2_radix_select returns it (and *need
+ * likewise becomes the number of keys equal to it that complete the selection): warp 0 holds a key a lane and
+ * counts, for each, the keys above and equal to it (32 shuffles); the lane whose key's rank spans need names it
+ * (lanes of equal keys name the same).  For the threshold bin of the indexer's scores, which spread over the
+ * linear histogram (a few keys a bin at 2,048 blocks), where the radix select took two or three rounds of
+ * four block barriers each.  The whole block calls it. */
+static __device__ unsigned k2_small_select(const unsigned *cand, int n, int *need_io, k2_topk_smem *sm) {
+    const int lane = threadIdx.x & 31;
+    if (threadIdx.x < 32) {
+        const unsigned key = lane < n ? cand[lane] : 0u;
+        int gt = 0, eq = 0;
+        for (int j = 0; j < n; j++) {
+            const unsigned kj = __shfl_sync(QSA_FULL_MASK, key, j);
+            gt += kj > key;
+            eq += kj == key;
+        }
+        if (lane < n && gt < *need_io && *need_io <= gt + eq) {
+            sm->pick_prefix = key;
+            sm->pick_need = *need_io - gt;
+        }
+    }
+    __syncthreads();
+    *need_io = sm->pick_need;
+    return sm->pick_prefix;
+}
+
 /* This thread's 8 scores of the span [base, base + 8 blockDim.x) of sc, s[u] at position b[u] (past nb:
    `fill`): two 16-byte loads (vec: sc 16-byte aligned) or 8 strided 4-byte ones.  For the passes that
    need every score once in any order (the range, the histogram, the bin's candidates): the wide loads
@@ -5206,6 +5233,21 @@ static __device__ __forceinline__ void k2_ld8(const float *__restrict__ sc, int 
     }
 }
 
+/* k2_ld8's 8 scores of the span at base: from s1 / b1 (one: every score in one span, loaded once for the passes,
+   with a fill that each pass accepts: a real score, and the passes that need more test b < nb) or loaded. */
+static __device__ __forceinline__ void k2_ld8k(bool one, const float *s1, const int *b1, const float *__restrict__ sc,
+                                               int nb, int base, bool vec, float fill, float *s, int *b) {
+    if (one) {
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            s[u] = s1[u];
+            b[u] = b1[u];
+        }
+    } else {
+        k2_ld8(sc, nb, base, vec, fill, s, b);
+    }
+}
+
 /* Top-k blocks of query t = blockIdx.x: k = min(topk, nb) blocks with nb = (pos0+t+1)/r, by score
  * descending, ties to the lower block index (as the CPU qsa__select_blocks), written in ascending
  * block order to sel[t][0..k) (sel[t][k..topk) = -1), nsel[t] = k.
@@ -5231,13 +5273,16 @@ static __device__ __forceinline__ void qsa_topk_blocks_body(const float *__restr
         return;
     }
     if (k <= 0) return;
-    /* 1. lo, hi */
-    const bool vec = (((unsigned long long)sc) & 15u) == 0;
-    float lo = QSA_INF, hi = -QSA_INF;
+    /* 1. lo, hi (up to 8 blockDim.x blocks, 32,768 tokens at r = 4: the scores loaded once for the three passes,
+       the fill sc[0]) */
+    const bool vec = (((unsigned long long)sc) & 15u) == 0, one = nb <= 8 * (int)blockDim.x;
+    float lo = QSA_INF, hi = -QSA_INF, s1[8];
+    int b1[8];
+    if (one) k2_ld8(sc, nb, 0, vec, sc[0], s1, b1);
     for (int base = 0; base < nb; base += 8 * blockDim.x) {
         float s[8];
         int bi[8];
-        k2_ld8(sc, nb, base, vec, sc[0], s, bi);
+        k2_ld8k(one, s1, b1, sc, nb, base, vec, sc[0], s, bi);
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             lo = fminf(lo, s[u]);
@@ -5285,7 +5330,7 @@ static __device__ __forceinline__ void qsa_topk_blocks_body(const float *__restr
         for (int base = 0; base < nb; base += 8 * blockDim.x) {
             float s[8];
             int bi[8];
-            k2_ld8(sc, nb, base, vec, lo, s, bi);
+            k2_ld8k(one, s1, b1, sc, nb, base, vec, lo, s, bi);
 #pragma unroll
             for (int u = 0; u < 8; u++)
                 if (bi[u] < nb) atomicAdd(&hcopy[k2_lin_bin(s[u], lo, scale)], 1);
@@ -5307,7 +5352,7 @@ static __device__ __forceinline__ void qsa_topk_blocks_body(const float *__restr
         for (int base = 0; base < nb; base += 8 * blockDim.x) {
             float s[8];
             int bi[8];
-            k2_ld8(sc, nb, base, vec, lo, s, bi);
+            k2_ld8k(one, s1, b1, sc, nb, base, vec, lo, s, bi);
 #pragma unroll
             for (int u = 0; u < 8; u++) {
                 bool in = bi[u] < nb && k2_lin_bin(s[u], lo, scale) == bin;
@@ -5337,6 +5382,7 @@ static __device__ __forceinline__ void qsa_topk_blocks_body(const float *__restr
         int n = sm.ncand;
         /* 3. */
         if (kmin == kmax) T = kmin;
+        else if (n <= 32) T = k2_small_select(sm.cand, n, &need, &sm);
         else if (n <= K2_TOPK_CAP) T = k2_radix_select(sc, sm.cand, n, kmin, kmax, &need, &sm);
         else T = k2_radix_select(sc, NULL, nb, kmin, kmax, &need, &sm);
     } else {
