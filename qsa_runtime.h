@@ -11262,11 +11262,11 @@ QSA_PRIV int qsa__logit_slices(const qsa_model *m, int B) {
 }
 QSA_PRIV int qsa__logit_slice_w(int V, int ns) { return ns <= 1 ? V : ((V + ns - 1) / ns + 63) / 64 * 64; }
 
-/* All or nothing: a half-made set is dropped (its device buffers are freed at unload, with g->allocs). */
+/* All or nothing: a half-made set is dropped, its device buffers freed at once. */
 QSA_PRIV qsa_result qsa__cuda_batch_alloc(qsa_model *m) {
     qsa__cuda *g = m->cuda;
     if (g->batch) return QSA_OK;
-    /* a failure gives back all it took, the device buffers too (unused yet): each step asks again */
+    /* (unused yet, and each step asks again: they would pile up) */
     int n0 = g->n_allocs;
     size_t bytes0 = g->bytes_scratch;
     CUdeviceptr slice0 = g->sc.gemv_slice;
