@@ -10124,8 +10124,11 @@ QSA_PRIV qsa_result qsa__cuda_seq_create(qsa_model *m, qsa_seq *s) {
     }
     qsa_result r = QSA_OK;
     CUdeviceptr base = 0;
-    if ((r = QSA__CU_R(qsa__cu.cuCtxSetCurrent(g->ctx))) == QSA_OK && qsa__cu.cuMemAlloc_v2(&base, total) != 0)
-        r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "sequence: %zu bytes of GPU state (n_ctx %d) do not fit", total, s->n_ctx);
+    CUresult ra = 0;
+    if ((r = QSA__CU_R(qsa__cu.cuCtxSetCurrent(g->ctx))) == QSA_OK && (ra = qsa__cu.cuMemAlloc_v2(&base, total)) != 0)
+        r = ra == QSA__CUDA_ERROR_OUT_OF_MEMORY
+                ? qsa__fail(QSA_ERR_OUT_OF_MEMORY, "sequence: %zu bytes of GPU state (n_ctx %d) do not fit", total, s->n_ctx)
+                : qsa__cu_check(ra, "cuMemAlloc (a sequence's GPU state)", __LINE__);
     if (r != QSA_OK) { qsa__cuda_seq_free(cs); return r; }
     cs->mem = base;
     cs->mem_bytes = total;
@@ -12497,12 +12500,16 @@ typedef struct qsa__tp_seq {
     int32_t *ids;               /* storage of the copies' ple_ids */
 } qsa__tp_seq;
 
+/* One rank's job, its result and message kept in the rank.  On the caller's own thread (a process of one
+   rank, or a group without threads) a job that succeeds leaves the caller's last error as it was. */
 QSA_PRIV void qsa__tp_do(qsa__tp_rank *rk, qsa__tp_job job, void *arg) {
+    snprintf(rk->msg, sizeof rk->msg, "%s", qsa_last_error());
     qsa_clear_error();
     rk->r = QSA_OK;
     if (rk->view.cuda) rk->r = QSA__CU_R(qsa__cu.cuCtxSetCurrent(rk->view.cuda->ctx));
     if (rk->r == QSA_OK) rk->r = job(rk, arg);
     if (rk->r != QSA_OK) snprintf(rk->msg, sizeof rk->msg, "%s", qsa_last_error());
+    else snprintf(qsa__err_buf, sizeof qsa__err_buf, "%s", rk->msg);
 }
 
 QSA_PRIV void *qsa__tp_worker(void *p) {
@@ -12918,9 +12925,10 @@ QSA_PRIV qsa_result qsa__tp_comm_rank_job(qsa__tp_rank *rk, void *arg) {
     } else {
         QSA__TRY(qsa__tp_id_wait(a->rendezvous, &id, sizeof id, a->timeout_s));
     }
-    QSA__NCCL(qsa__nccl.ncclCommInitRank(&rk->comm, rk->t->tp, id, rk->rank));
-    if (rk->rank == 0 && !tcp) remove(a->rendezvous); /* everyone has joined: the id is spent */
-    return QSA_OK;
+    qsa_result r = QSA__NCCL_R(qsa__nccl.ncclCommInitRank(&rk->comm, rk->t->tp, id, rk->rank));
+    /* everyone has joined, or rank 0 cannot: either way the id is spent, and a later run must not find it */
+    if (rk->rank == 0 && !tcp) remove(a->rendezvous);
+    return r;
 }
 
 /* ncclCommDestroy may wait for the other ranks of the node: every rank destroys its own at once.  It

@@ -1557,6 +1557,46 @@ TEST(cpu, sequence_state_whose_zeroing_fails_is_taken_back) {
     fd_remove(&saved);
 }
 
+/* A sequence whose device state the driver refuses: out of memory is reported as such, with the bytes
+   asked; any other refusal (here CUDA_ERROR_UNKNOWN) as the driver's error, not as running out of memory.
+   Nothing is held after either. */
+static CUresult fd_alloc_result;
+static CUresult fd_alloc_refused(CUdeviceptr *p, size_t n) {
+    (void)p; (void)n;
+    return fd_alloc_result;
+}
+TEST(cpu, sequence_state_refused_reports_the_drivers_error) {
+    qsa__cuda_api saved;
+    if (!fd_install(&saved)) { CHECK(0); return; }
+    qsa_model *m = fd_seq_model();
+    qsa__cu.cuMemAlloc_v2 = fd_alloc_refused;
+    if (m && !T_.failed) {
+        qsa__cuda g;
+        memset(&g, 0, sizeof g);
+        m->cuda = &g;
+        static const CUresult refusals[2] = {2 /* CUDA_ERROR_OUT_OF_MEMORY */, 999 /* CUDA_ERROR_UNKNOWN */};
+        for (int i = 0; i < 2; i++) {
+            fd_alloc_result = refusals[i];
+            qsa_seq s;
+            memset(&s, 0, sizeof s);
+            s.m = m;
+            s.n_ctx = 256;
+            long live0 = tq_live;
+            qsa_result r = qsa__cuda_seq_create(m, &s);
+            const char *e = qsa_last_error();
+            int ok = i == 0 ? r == QSA_ERR_OUT_OF_MEMORY && strstr(e, "do not fit") != NULL
+                            : r == QSA_ERR_CUDA && strstr(e, "cuMemAlloc") && strstr(e, "999") && !strstr(e, "do not fit");
+            CHECKF(ok && s.cuda == NULL && g.bytes_state == 0 && tq_live == live0, "driver result %d: %s (%s); state %p, "
+                   "state count %zu, %ld host blocks held", (int)refusals[i], qsa_result_string(r), e, (void *)s.cuda,
+                   g.bytes_state, tq_live - live0);
+            qsa_clear_error();
+        }
+        m->cuda = NULL;
+    }
+    qsa_model_free(m);
+    fd_remove(&saved);
+}
+
 /* A reset whose device zeroing fails leaves the sequence refusing feeds (its device states would not match
    position 0), with its block table marked unsent (its pages went back to the pool); a reset that succeeds
    lifts the refusal.  A host model with the driver entries in host memory. */
@@ -1687,6 +1727,71 @@ TEST(cpu, tp_sequence_out_of_host_memory) {
                qsa_last_error(), (void *)s.tp, tq_live - live0);
         qsa_clear_error();
     }
+}
+
+/* The ranks' jobs run on the caller's thread (a group without threads, as in a process of one rank): a job
+   that succeeds leaves the caller's last error as it was; one that fails reports its rank and message. */
+static qsa_result tp_job_ok(qsa__tp_rank *rk, void *arg) { (void)rk; (void)arg; return QSA_OK; }
+static qsa_result tp_job_fails_on_1(qsa__tp_rank *rk, void *arg) {
+    (void)arg;
+    return rk->rank == 1 ? qsa__fail(QSA_ERR_CUDA, "rank one's trouble") : QSA_OK;
+}
+TEST(cpu, tp_jobs_on_the_callers_thread_keep_its_last_error) {
+    static qsa__layer_w lw[2];
+    static qsa_model m;
+    static qsa__tp t;
+    static qsa__tp_rank rk[2];
+    tp_hand_group(&m, lw, &t, rk);
+    qsa__fail(QSA_ERR_INVALID_ARGUMENT, "the caller's own error");
+    qsa_result r = qsa__tp_exec(&t, QSA__TP_ALL(&t), tp_job_ok, NULL);
+    CHECKF(r == QSA_OK && !strcmp(qsa_last_error(), "the caller's own error"), "after jobs that succeed: %s, last error \"%s\"",
+           qsa_result_string(r), qsa_last_error());
+    r = qsa__tp_exec(&t, QSA__TP_ALL(&t), tp_job_fails_on_1, NULL);
+    CHECKF(r == QSA_ERR_CUDA && strstr(qsa_last_error(), "tp rank 1") && strstr(qsa_last_error(), "rank one's trouble"),
+           "after a job failing on rank 1: %s (%s)", qsa_result_string(r), qsa_last_error());
+    qsa_clear_error();
+}
+
+/* Rank 0 of a multi-process group removes the rendezvous file it published once ncclCommInitRank returns,
+   whether the join succeeded or failed (a stale id would be read by the next run's ranks).  NCCL's entries
+   here are stand-ins: a fixed id, and a join that succeeds or fails as told. */
+static ncclResult_t fn_init_result;
+static ncclResult_t fn_unique_id(ncclUniqueId *id) {
+    memset(id, 0x5a, sizeof *id);
+    return 0;
+}
+static ncclResult_t fn_init_rank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
+    (void)nranks; (void)id; (void)rank;
+    *comm = NULL;
+    return fn_init_result;
+}
+TEST(cpu, tp_rendezvous_file_removed_after_the_join) {
+    static qsa__layer_w lw[2];
+    static qsa_model m;
+    static qsa__tp t;
+    static qsa__tp_rank rk[2];
+    tp_hand_group(&m, lw, &t, rk);
+    char dir[] = "/tmp/qsa_tp_join_XXXXXX", path[64];
+    if (!mkdtemp(dir)) { CHECK(0); return; }
+    snprintf(path, sizeof path, "%s/id", dir);
+    qsa__nccl_api saved = qsa__nccl;
+    qsa__nccl.ncclGetUniqueId = fn_unique_id;
+    qsa__nccl.ncclCommInitRank = fn_init_rank;
+    static const ncclResult_t joins[2] = {0, 2 /* ncclSystemError */};
+    for (int i = 0; i < 2; i++) {
+        fn_init_result = joins[i];
+        qsa__tp_id_arg a = {path, 5.0};
+        qsa_result r = qsa__tp_comm_rank_job(&rk[0], &a);
+        struct stat st;
+        int left = stat(path, &st) == 0;
+        CHECKF((i == 0 ? r == QSA_OK : r == QSA_ERR_NCCL && strstr(qsa_last_error(), "ncclCommInitRank")) && !left,
+               "join with NCCL result %d: %s (%s); the rendezvous file %s", (int)joins[i], qsa_result_string(r), qsa_last_error(),
+               left ? "was left" : "is gone");
+        remove(path);
+        qsa_clear_error();
+    }
+    qsa__nccl = saved;
+    rmdir(dir);
 }
 
 /* A tensor-parallel step has its host buffers (the ranks' views of the sequences, the result rows of the
