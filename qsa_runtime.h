@@ -426,8 +426,9 @@ typedef struct qsa_model_params {
                                 cuda_graphs, a graph replay); -1: sequences are fed one at a time through the
                                 chunked forward */
     int cuda_graphs;         /* 0 or 1 (default: on, with cuda_batch_decode): replay batched decode steps as CUDA
-                                graphs (one per batch size, captured at first use; same bits as eager); -1: eager.
-                                Ignored with QSA_DEBUG */
+                                graphs (one per batch size, captured at first use; same bits as eager; on one GPU a
+                                size whose capture fails runs eagerly, with a warning); -1: eager.  Ignored with
+                                QSA_DEBUG */
     /* Tensor parallelism over NCCL (docs/TP.md; CUDA backend).  tp ranks split the model; every rank ends
        each step with bitwise-identical hidden states and logits.  Two ways to form the group:
          one process:   tp GPUs of this process (tp_devices, else device, device+1, ...), one host thread
@@ -11166,7 +11167,8 @@ QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, floa
 typedef struct qsa__dgraph {
     CUgraphExec exec;
     long long n_coll, bytes_coll;
-    int warm; /* a step of this B has run eagerly (TP captures only then) */
+    int warm;  /* a step of this B has run eagerly (TP captures only then) */
+    int eager; /* its capture failed: steps of this B run without a graph (one GPU; until the graphs are dropped) */
 } qsa__dgraph;
 
 typedef struct qsa__dbatch {
@@ -11558,8 +11560,18 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
     if (bb->n_ple) QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(bb->ple_e, bb->host_e, (size_t)bb->n_ple * mb * D * 4, g->stream));
     int graphs = qsa__cuda_graphs_on(m);
     qsa__dgraph *gr = &bb->graphs[B];
-    /* TP: qsa__tp_decode_batch has captured it (qsa__cuda_batch_capture) if B has run before */
-    if (graphs && !gr->exec && !m->tpr) QSA__TRY(qsa__cuda_batch_graph(m, B, gr));
+    /* TP: qsa__tp_decode_batch has captured it (qsa__cuda_batch_capture) if B has run before.  On one GPU a
+       step that cannot be captured runs eagerly (the same launches, the same bits), and B is not captured
+       again: the failure is logged, not returned, so that serving goes on at the eager step's speed. */
+    if (graphs && !gr->exec && !gr->eager && !m->tpr) {
+        char keep[sizeof qsa__err_buf]; /* (the caller's last error, as a step that succeeds leaves it) */
+        snprintf(keep, sizeof keep, "%s", qsa__err_buf);
+        if (qsa__cuda_batch_graph(m, B, gr) != QSA_OK) {
+            qsa__log(QSA_LOG_WARN, "cuda: %s; steps of %d sequences run without a graph", qsa_last_error(), B);
+            snprintf(qsa__err_buf, sizeof qsa__err_buf, "%s", keep);
+            gr->eager = 1;
+        }
+    }
     if (graphs && gr->exec) {
         QSA__CU(qsa__cu.cuGraphLaunch(gr->exec, g->stream));
         g->n_coll += gr->n_coll;

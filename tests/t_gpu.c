@@ -528,6 +528,82 @@ TEST(gpu, first_sliced_gemv_inside_a_capture) {
     qsa_model_free(m);
 }
 
+/* (b''-ter) A batched step that cannot be captured runs eagerly on one GPU, with a warning, and its size is not
+   captured again: the driver's entries wrapped so that the capture ends refused (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+   or so that the first, or the middle, launch inside the capture is refused; each time the steps of 4 requests
+   succeed with the bits of steps run without graphs, and one capture was tried.  (Before, the step failed,
+   and every later step of that size tried again and failed.) */
+static qsa__cuda_api gc_real;
+static int gc_mode, gc_fail_at, gc_in_capture, gc_launches, gc_begins, gc_warned;
+static CUresult gc_begin(CUstream s, int mode) {
+    gc_begins++;
+    gc_in_capture = 1;
+    gc_launches = 0;
+    return gc_real.cuStreamBeginCapture_v2(s, mode);
+}
+static CUresult gc_end(CUstream s, CUgraph *graph) {
+    gc_in_capture = 0;
+    CUresult r = gc_real.cuStreamEndCapture(s, graph);
+    if (r == 0 && gc_mode == 1) {
+        gc_real.cuGraphDestroy(*graph);
+        *graph = NULL;
+        return 901; /* CUDA_ERROR_STREAM_CAPTURE_INVALIDATED */
+    }
+    return r;
+}
+static int gc_refuse(void) { return gc_in_capture && ++gc_launches == gc_fail_at && gc_mode == 2; }
+static CUresult gc_launch(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                          unsigned sh, CUstream s, void **args, void **extra) {
+    return gc_refuse() ? 1 /* CUDA_ERROR_INVALID_VALUE */ : gc_real.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, sh, s, args, extra);
+}
+static CUresult gc_launch_ex(const qsa__cu_launch_cfg *cfg, CUfunction fn, void **params, void **extra) {
+    return gc_refuse() ? 1 : gc_real.cuLaunchKernelEx(cfg, fn, params, extra);
+}
+static void gc_logger(void *user, qsa_log_level level, const char *msg) {
+    (void)user;
+    gc_warned += level == QSA_LOG_WARN && strstr(msg, "capturing the batched decode graph") && strstr(msg, "without a graph");
+}
+TEST(gpu, step_that_cannot_be_captured_runs_eagerly) {
+    qsa_model *m = NULL;
+    SHARDED_OR_SKIP(1, 1, &m);
+    if (!qsa__cuda_graphs_on(m)) { qsa_model_free(m); return; }
+    bd_pair *p = bd_pair_new(m);
+    int reqs[4] = {2, 5, 0, 7}, counted = 0;
+    if (p) { /* the reference: the same steps without graphs */
+        m->params.cuda_graphs = 0;
+        bd_run(m, reqs, 4, 1, 0, p->ref, p->rtok);
+        m->params.cuda_graphs = 1;
+    }
+    gc_real = qsa__cu;
+    qsa__cu.cuStreamBeginCapture_v2 = gc_begin;
+    qsa__cu.cuStreamEndCapture = gc_end;
+    qsa__cu.cuLaunchKernel = gc_launch;
+    if (gc_real.cuLaunchKernelEx) qsa__cu.cuLaunchKernelEx = gc_launch_ex;
+    qsa_set_logger(gc_logger, NULL, QSA_LOG_WARN);
+    /* case 0 captures as usual (and counts the capture's launches); 1: the capture's end refused; 2, 3: its first,
+       its middle launch refused */
+    for (int c = 0; c < 4 && p && !T_.failed; c++) {
+        gc_mode = c == 0 ? 0 : c == 1 ? 1 : 2;
+        gc_fail_at = c == 2 ? 1 : counted / 2;
+        gc_begins = gc_warned = 0;
+        qsa__cuda_batch_drop_graphs(m->cuda);
+        bd_run(m, reqs, 4, 1, 0, p->lg, p->tok);
+        if (c == 0) counted = gc_launches;
+        const qsa__dgraph *gr = m->cuda->batch ? &m->cuda->batch->graphs[4] : NULL;
+        CHECKF(gr && gc_begins == 1 && (c == 0 ? gr->exec && !gr->eager && !gc_warned : !gr->exec && gr->eager && gc_warned == 1),
+               "case %d: %d capture(s) begun, graph %s, eager %d, %d warning(s)", c, gc_begins,
+               gr && gr->exec ? "made" : "none", gr ? gr->eager : -1, gc_warned);
+        CHECKF(bd_pair_same(m, reqs, 4, p), "case %d: the steps' bits differ from those run without graphs", c);
+        if (T_.verbose) printf("    case %d: %d launches in the capture, refused at %d\n", c, counted, gc_mode == 2 ? gc_fail_at : 0);
+    }
+    CHECKF(counted > 4, "the capture counted %d launches", counted);
+    qsa_set_logger(T_.verbose ? qsa_log_stderr : NULL, NULL, QSA_LOG_DEBUG);
+    qsa__cu = gc_real;
+    if (m->cuda) qsa__cuda_batch_drop_graphs(m->cuda);
+    bd_pair_free(p);
+    qsa_model_free(m);
+}
+
 /* Batched steps of the n requests reqs (graphs captured anew) with the launch-shape switches knob[i]
    (fields of qsa__cuda) at ref[i], then at alt[i] (each restored after): whether they give the same
    bits (p: the two runs' logits and tokens). */
