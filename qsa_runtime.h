@@ -13129,7 +13129,7 @@ QSA_IMPL void qsa_model_tp_reset_counters(qsa_model *m) {
      1. admit queued requests in id order (first come, first served: the first one that does not
         fit stops admission, so a large request is never overtaken forever);
      2. decode: feed every decoding request its last sampled token in one batch
-        (qsa__sched_decode_batch), sample the next one with the request's sampler, apply stops;
+        (qsa__sched_decode), sample the next one with the request's sampler, apply stops;
      3. prefill: feed every prefilling request its next prompt chunk (at most prefill_chunk
         tokens); after the last chunk sample the first token.
    Everything runs in ascending id order, so a run is deterministic; each sequence is fed on its
@@ -13196,7 +13196,7 @@ struct qsa_sched {
     qsa_seq **b_seq;           /* decode batch [max_batch] */
     int32_t *b_tok;
     int32_t *b_next;           /* the greedy tokens of a step whose requests are all greedy */
-    qsa_result *b_res;
+    int *b_pos;                /* the sequences' positions before the step */
     qsa__sched_req **b_req;
     long long n_steps, n_prefill_tokens, n_decode_tokens;
     long long n_greedy_steps;  /* decode steps that took the greedy ids, not the logits */
@@ -13246,6 +13246,9 @@ QSA_IMPL qsa_result qsa_sched_create(qsa_model *m, const qsa_sched_params *param
         return qsa__fail(QSA_ERR_INVALID_ARGUMENT,
                          "qsa_sched_create: max_batch %d, prefill_chunk %d, max_queued %d, n_ctx_default %d: expected >= 0 "
                          "(0: default)", p.max_batch, p.prefill_chunk, p.max_queued, p.n_ctx_default);
+    if (p.n_ctx_default > m->cfg.max_position_embeddings)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_create: n_ctx_default %d exceeds the model's context of %d tokens",
+                         p.n_ctx_default, m->cfg.max_position_embeddings);
     qsa__sched_fill_params(&p, m);
     qsa_sched *s = QSA__CALLOC(qsa_sched, 1);
     if (!s) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sched_create: out of memory");
@@ -13256,9 +13259,9 @@ QSA_IMPL qsa_result qsa_sched_create(qsa_model *m, const qsa_sched_params *param
     s->b_seq = QSA__ALLOC(qsa_seq *, p.max_batch);
     s->b_tok = QSA__ALLOC(int32_t, p.max_batch);
     s->b_next = QSA__ALLOC(int32_t, p.max_batch);
-    s->b_res = QSA__ALLOC(qsa_result, p.max_batch);
+    s->b_pos = QSA__ALLOC(int, p.max_batch);
     s->b_req = QSA__ALLOC(qsa__sched_req *, p.max_batch);
-    if (!s->logits || !s->b_seq || !s->b_tok || !s->b_next || !s->b_res || !s->b_req) {
+    if (!s->logits || !s->b_seq || !s->b_tok || !s->b_next || !s->b_pos || !s->b_req) {
         qsa_sched_free(s);
         return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sched_create: out of memory for a batch of %d x %d logits",
                          p.max_batch, m->cfg.vocab_size);
@@ -13585,62 +13588,6 @@ QSA_PRIV void qsa__sched_accept(qsa_sched *s, qsa__sched_req *q, int32_t t) {
     if (q->n_tokens >= q->max_new) { qsa__sched_finish(s, q, QSA_STOP_MAX_TOKENS); return; }
 }
 
-/* One decode step for n sequences: feed tokens[i] to seqs[i]; the logits of that token go to
-   logits_out + i * vocab, or with next_out (logits_out NULL) its greedy token to next_out[i]
-   (qsa_seq_feed_batch_greedy); res[i] is sequence i's result and the return value the first failure.
-   Each sequence is checked and given its pages first, in order (a refusal is that request's alone,
-   with qsa_seq_feed's status and message); the others go through qsa_seq_feed_batch together (on
-   CUDA one forward pass; on the CPU a loop over qsa_seq_feed: the same pages in the same order and
-   the same bits as feeding them one by one).  The batch is compacted in place (b_seq/b_tok of the
-   caller) and its logits rows moved back to their slots. */
-QSA_PRIV qsa_result qsa__sched_decode_batch(qsa_sched *s, qsa_seq *const *seqs, const int32_t *tokens, int n, float *logits_out,
-                                            int32_t *next_out, qsa_result *res) {
-    size_t V = (size_t)s->m->cfg.vocab_size;
-    qsa_result first = QSA_OK;
-    char msg[1024];
-    msg[0] = 0;
-    qsa_seq **ok_seq = QSA__ALLOC(qsa_seq *, n > 0 ? n : 1);
-    int32_t *ok_tok = QSA__ALLOC(int32_t, n > 0 ? n : 1);
-    int *ok_at = QSA__ALLOC(int, n > 0 ? n : 1), nok = 0;
-    if (!ok_seq || !ok_tok || !ok_at) {
-        qsa__free(ok_seq); qsa__free(ok_tok); qsa__free(ok_at);
-        for (int i = 0; i < n; i++) res[i] = QSA_ERR_OUT_OF_MEMORY;
-        return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "scheduler: out of memory");
-    }
-    for (int i = 0; i < n; i++) {
-        res[i] = qsa__seq_feed_check(seqs[i], &tokens[i], 1);
-        if (res[i] == QSA_OK) res[i] = qsa__seq_reserve(seqs[i], seqs[i]->pos + 1);
-        if (res[i] == QSA_OK) {
-            ok_seq[nok] = seqs[i];
-            ok_tok[nok] = tokens[i];
-            ok_at[nok++] = i;
-        } else if (first == QSA_OK) {
-            first = res[i];
-            snprintf(msg, sizeof msg, "%s", qsa_last_error());
-        }
-    }
-    int32_t *before = QSA__ALLOC(int32_t, nok > 0 ? nok : 1);
-    qsa_result r = before ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "scheduler: out of memory");
-    for (int k = 0; r == QSA_OK && k < nok; k++) before[k] = ok_seq[k]->pos;
-    if (r == QSA_OK)
-        r = next_out ? qsa_seq_feed_batch_greedy(ok_seq, ok_tok, nok, next_out) : qsa_seq_feed_batch(ok_seq, ok_tok, nok, logits_out);
-    if (r != QSA_OK && first == QSA_OK) {
-        first = r;
-        snprintf(msg, sizeof msg, "%s", qsa_last_error());
-    }
-    /* rows k -> slots ok_at[k] >= k, moved from the last so that no row is overwritten before it moves */
-    for (int k = nok - 1; k >= 0; k--) {
-        int i = ok_at[k];
-        if (r != QSA_OK && (!before || ok_seq[k]->pos == before[k])) res[i] = r; /* not advanced */
-        if (i != k && next_out) next_out[i] = next_out[k];
-        else if (i != k) memmove(logits_out + (size_t)i * V, logits_out + (size_t)k * V, V * sizeof(float));
-    }
-    qsa__free(before);
-    qsa__free(ok_seq); qsa__free(ok_tok); qsa__free(ok_at);
-    if (first != QSA_OK) qsa__fail(first, "%s", msg); /* the first failure's message, not a later one's */
-    return first;
-}
-
 /* Admit queued requests in id order while a batch slot and their pages are free. */
 QSA_PRIV void qsa__sched_admit(qsa_sched *s) {
     const qsa__pool *pl = &s->m->pool;
@@ -13688,32 +13635,53 @@ QSA_PRIV int qsa__sampler_greedy(const qsa_sampler *smp) {
     return p->temperature <= 0.0f && !(p->repetition_penalty > 0 && p->repetition_penalty != 1.0f);
 }
 
-/* One token for every request that was decoding when the step began.  When every one of them is
-   greedy and no logits hook is set, the step returns their tokens (the arg-max on the device)
-   instead of their logits: the same tokens, without the batch's logits crossing to the host. */
+/* One token for every request that was decoding when the step began.  Each request's sequence is
+   checked and given its page first, in id order: a refusal ends that request alone (its own message).
+   The others go through qsa_seq_feed_batch together (on CUDA one forward pass per group of max_batch;
+   on the CPU a loop over qsa_seq_feed: the same pages in the same order and the same bits as feeding
+   them one by one).  When every one of them is greedy and no logits hook is set, the step returns their
+   tokens (the arg-max on the device) instead of their logits: the same tokens, without the batch's
+   logits crossing to the host.
+   A failure inside the batch ends only the requests it reached: the first one not advanced (the CPU
+   loop stops there) and those whose sequences it left broken (a failed CUDA group); the ones after it
+   that were not fed keep decoding and are fed at the next step.  The step needs no memory of its own. */
 QSA_PRIV void qsa__sched_decode(qsa_sched *s) {
     int n = 0, greedy = !s->logits_hook;
     for (int i = 0; i < s->n_reqs && n < s->p.max_batch; i++) {
         qsa__sched_req *q = s->reqs[i];
         if (q->status != QSA_REQ_DECODE) continue;
+        int32_t t = q->tokens[q->n_tokens - 1];
+        qsa_result r = qsa__seq_feed_check(q->seq, &t, 1);
+        if (r == QSA_OK) r = qsa__seq_reserve(q->seq, q->seq->pos + 1);
+        if (r != QSA_OK) {
+            qsa__sched_account(s, q);
+            qsa__sched_end_failed(s, q, QSA_REQ_ERROR, r, qsa_last_error());
+            continue;
+        }
         s->b_req[n] = q;
         s->b_seq[n] = q->seq;
-        s->b_tok[n] = q->tokens[q->n_tokens - 1];
+        s->b_tok[n] = t;
+        s->b_pos[n] = q->seq->pos;
         greedy &= qsa__sampler_greedy(q->smp);
         n++;
     }
     if (!n) return;
-    qsa_result first = qsa__sched_decode_batch(s, s->b_seq, s->b_tok, n, greedy ? NULL : s->logits, greedy ? s->b_next : NULL,
-                                               s->b_res);
+    qsa_result r = greedy ? qsa_seq_feed_batch_greedy(s->b_seq, s->b_tok, n, s->b_next)
+                          : qsa_seq_feed_batch(s->b_seq, s->b_tok, n, s->logits);
     s->n_greedy_steps += greedy;
     char msg[1024];
-    snprintf(msg, sizeof msg, "%s", first != QSA_OK ? qsa_last_error() : "");
+    snprintf(msg, sizeof msg, "%s", r != QSA_OK ? qsa_last_error() : "");
     for (int i = 0; i < n; i++) qsa__sched_account(s, s->b_req[i]);
     size_t V = (size_t)s->m->cfg.vocab_size;
+    int blamed = 0;
     for (int i = 0; i < n; i++) {
         qsa__sched_req *q = s->b_req[i];
         if (q->status != QSA_REQ_DECODE) continue; /* cancelled by an earlier request's callback */
-        if (s->b_res[i] != QSA_OK) { qsa__sched_end_failed(s, q, QSA_REQ_ERROR, s->b_res[i], msg); continue; }
+        if (s->b_seq[i]->pos == s->b_pos[i]) { /* not fed (only after a failure) */
+            if (!blamed || s->b_seq[i]->broken) qsa__sched_end_failed(s, q, QSA_REQ_ERROR, r, msg);
+            blamed = 1;
+            continue;
+        }
         s->n_decode_tokens++;
         qsa__sched_accept(s, q, greedy ? s->b_next[i] : qsa__sched_sample(s, q, s->logits + (size_t)i * V));
     }
@@ -13850,7 +13818,7 @@ QSA_IMPL void qsa_sched_free(qsa_sched *s) {
     qsa__free(s->b_seq);
     qsa__free(s->b_tok);
     qsa__free(s->b_next);
-    qsa__free(s->b_res);
+    qsa__free(s->b_pos);
     qsa__free(s->b_req);
     qsa__free(s);
 }

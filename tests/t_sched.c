@@ -206,6 +206,11 @@ static void ts_refusals(qsa_backend be) {
     rp.max_tokens = -1;
     CHECK_ERR(qsa_sched_submit(s, &rp, &id), QSA_ERR_INVALID_ARGUMENT, "max_tokens -1");
     CHECK(qsa_sched_active(s) == 0);
+    /* a default context past the model's is refused at create (not at each request that would use it) */
+    qsa_sched *s2 = NULL;
+    sp.n_ctx_default = qsa_model_get_config(m)->max_position_embeddings + 1;
+    CHECK_ERR(qsa_sched_create(m, &sp, &s2), QSA_ERR_INVALID_ARGUMENT, "exceeds the model's context");
+    CHECK(s2 == NULL);
     /* a sequence outside the scheduler holds 8 of the 10 pages */
     qsa_seq *outside = NULL;
     CHECK_OK(qsa_seq_create(m, NULL, &outside));
@@ -821,3 +826,81 @@ static void ts_greedy_steps(qsa_backend be) {
     qsa_model_free(m);
 }
 TS_BOTH(greedy_steps)
+
+/* An allocation failure inside a decode step of three requests ends at most one of them: the one whose
+   feed it hit.  The others, not fed that step (the CPU loop stops at a failure) or fed before it, go on
+   and give the tokens of a run without the failure; the pool is whole after each.  Every allocation of
+   one such step is made to fail in turn, on the CPU backend.  (Before, the scheduler's own arrays and
+   any failure in the loop ended all three.) */
+static qsa_sched *ts_three_decoding(qsa_model *m, int64_t id[3]) {
+    static int32_t p[3][16];
+    qsa_sched *s = NULL;
+    if (qsa_sched_create(m, NULL, &s) != QSA_OK) return NULL;
+    for (int i = 0; i < 3; i++) {
+        ts_prompt(p[i], 16, 40 + i, qsa_model_get_config(m)->vocab_size);
+        qsa_request_params rp;
+        memset(&rp, 0, sizeof rp);
+        rp.prompt = p[i];
+        rp.n_prompt = 8 + i;
+        rp.max_tokens = 6;
+        rp.ignore_eos = 1;
+        if (i == 2) rp.sampling.temperature = 0.8f, rp.sampling.seed = 7; /* (a sampled one: the step takes logits) */
+        if (qsa_sched_submit(s, &rp, &id[i]) != QSA_OK) { qsa_sched_free(s); return NULL; }
+    }
+    if (qsa_sched_step(s) != QSA_OK) { qsa_sched_free(s); return NULL; } /* prompts and first tokens: all three decoding */
+    return s;
+}
+TEST(cpu, sched_decode_failure_ends_only_its_request) {
+    qsa_model *m = ts_load(QSA_BACKEND_CPU, TS_FIXTURE, 16, 0);
+    if (!m) SKIP("fixture %s: %s", TS_FIXTURE, qsa_last_error());
+    int64_t id[3];
+    int32_t want[3][6];
+    qsa_sched *s = ts_three_decoding(m, id);
+    CHECK(s != NULL);
+    if (!s) { qsa_model_free(m); return; }
+    long a0 = tq_allocs;
+    CHECK_OK(qsa_sched_step(s));
+    long n = tq_allocs - a0; /* the allocations of one decode step of the three */
+    CHECK_OK(qsa_sched_run(s));
+    for (int i = 0; i < 3; i++) {
+        qsa_request_result r;
+        CHECK_OK(qsa_sched_poll(s, id[i], &r));
+        CHECK(r.status == QSA_REQ_DONE && r.n_tokens == 6);
+        memcpy(want[i], r.tokens, sizeof want[i]);
+    }
+    qsa_sched_free(s);
+    int spared = 0; /* failures after which a request not fed that step went on */
+    for (long k = 0; k < n && !T_.failed; k++) {
+        s = ts_three_decoding(m, id);
+        if (!s) { CHECK(0); break; }
+        tq_fail_at = k;
+        CHECK_OK(qsa_sched_step(s));
+        tq_fail_at = -1;
+        CHECK_OK(qsa_sched_run(s));
+        int n_err = 0, first_err = -1;
+        for (int i = 0; i < 3; i++) {
+            qsa_request_result r;
+            CHECK_OK(qsa_sched_poll(s, id[i], &r));
+            if (r.status == QSA_REQ_ERROR) {
+                n_err++;
+                if (first_err < 0) first_err = i;
+                CHECKF(r.error == QSA_ERR_OUT_OF_MEMORY, "allocation %ld: request %d ended in %s (%s)", k, i,
+                       qsa_result_string(r.error), r.message);
+                continue;
+            }
+            CHECKF(r.status == QSA_REQ_DONE && r.n_tokens == 6 && !memcmp(r.tokens, want[i], sizeof want[i]),
+                   "allocation %ld of the step: request %d %s with %d tokens, or not those of the run without failures", k, i,
+                   qsa_request_status_string(r.status), r.n_tokens);
+        }
+        CHECKF(n_err <= 1, "allocation %ld of %ld in a decode step: %d of 3 requests ended in ERROR", k, n, n_err);
+        spared += n_err == 1 && first_err < 2;
+        qsa_sched_info in;
+        qsa_sched_get_info(s, &in);
+        CHECKF(in.pages_free == in.pages_total && in.pages_reserved == 0, "allocation %ld: %d of %d pages free, %d reserved", k,
+               in.pages_free, in.pages_total, in.pages_reserved);
+        qsa_sched_free(s);
+    }
+    CHECKF(spared > 0, "no failure ended a request before the last of the batch (%ld allocations in the step)", n);
+    if (T_.verbose) printf("    %ld allocations in a decode step of three, each made to fail; %d spared a later request\n", n, spared);
+    qsa_model_free(m);
+}
