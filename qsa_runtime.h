@@ -693,7 +693,8 @@ typedef struct qsa_sched_info {
 } qsa_sched_info;
 
 QSA_API qsa_result qsa_sched_create(qsa_model *model, const qsa_sched_params *params, qsa_sched **out);
-/* Cancels every live request (caller-owned sequences keep what was fed), frees all records. */
+/* Cancels every live request (caller-owned sequences keep what was fed), frees all records.  Not
+   from inside a step (a callback): there it frees nothing and says so (log and qsa_last_error). */
 QSA_API void qsa_sched_free(qsa_sched *s);
 /* Queue a request.  *id (> 0) names it.  Refused at once, with no record: bad arguments
    (QSA_ERR_INVALID_ARGUMENT), a prompt that does not tokenize, and a request that can never fit
@@ -13811,6 +13812,11 @@ QSA_IMPL void qsa_sched_get_info(const qsa_sched *s, qsa_sched_info *info) {
 
 QSA_IMPL void qsa_sched_free(qsa_sched *s) {
     if (!s) return;
+    if (s->in_step) { /* (the step would go on with freed records) */
+        qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_free: called from inside a step (a callback): nothing freed");
+        qsa__log(QSA_LOG_ERROR, "%s", qsa_last_error());
+        return;
+    }
     for (int i = 0; i < s->n_reqs; i++) qsa_sched_cancel(s, s->reqs[i]->id);
     for (int i = 0; i < s->n_reqs; i++) qsa__sched_req_free(s->reqs[i]);
     qsa__free(s->reqs);

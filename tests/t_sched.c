@@ -255,7 +255,7 @@ TS_BOTH(refusals)
 typedef struct ts_cb {
     qsa_sched *s;
     int64_t cancel_id;   /* cancel this request when called the cancel_at-th time */
-    int cancel_at, calls, stop_at;
+    int cancel_at, calls, stop_at, free_at; /* free_at: call qsa_sched_free (refused inside a step) */
     qsa__buf text;
 } ts_cb;
 
@@ -265,6 +265,10 @@ static int ts_on_token(void *user, int32_t token, const char *text, size_t len) 
     c->calls++;
     qsa__buf_put(&c->text, text, len);
     if (c->cancel_id && c->calls == c->cancel_at) qsa_sched_cancel(c->s, c->cancel_id);
+    if (c->free_at && c->calls == c->free_at) {
+        qsa_sched_free(c->s);
+        CHECKF(strstr(qsa_last_error(), "inside a step") != NULL, "qsa_sched_free inside a step: '%s'", qsa_last_error());
+    }
     return c->stop_at && c->calls == c->stop_at;
 }
 
@@ -335,6 +339,7 @@ static void ts_cancel_frees_pages(qsa_backend be) {
     ce.cancel_id = f; ce.cancel_at = 4;
     rp.n_prompt = 11; rp.user = &cg; rp.on_token = ts_on_token; CHECK_OK(qsa_sched_submit(s, &rp, &g));
     cg.stop_at = 5;
+    cg.free_at = 2; /* (refused: the steps go on) */
     rp.n_prompt = 13; rp.user = NULL; rp.on_token = NULL; CHECK_OK(qsa_sched_submit(s, &rp, &h));
     CHECK_OK(qsa_sched_run(s));
     qsa_request_result r;
