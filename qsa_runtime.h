@@ -625,7 +625,8 @@ typedef struct qsa_sched_params {
     int prefill_chunk; /* most prompt tokens fed to one request in one step (0: 8192) */
     int max_queued;    /* most requests waiting for admission; beyond, submit refuses (0: 1024) */
     int n_ctx_default; /* context of a request that sets neither n_ctx nor max_tokens
-                          (0: min(4096, max_position_embeddings)) */
+                          (0: min(4096, max_position_embeddings); more than max_position_embeddings
+                          is refused) */
 } qsa_sched_params;
 
 typedef enum qsa_request_status {
@@ -11169,7 +11170,7 @@ typedef struct qsa__dgraph {
     CUgraphExec exec;
     long long n_coll, bytes_coll;
     int warm;  /* a step of this B has run eagerly (TP captures only then) */
-    int eager; /* its capture failed: steps of this B run without a graph (one GPU; until the graphs are dropped) */
+    int eager; /* its capture failed: steps of this B run without a graph (one GPU; while the step's buffers live) */
 } qsa__dgraph;
 
 typedef struct qsa__dbatch {
@@ -11469,15 +11470,15 @@ QSA_PRIV qsa_result qsa__cuda_batch_graph(qsa_model *m, int B, qsa__dgraph *out)
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", r != QSA_OK ? qsa_last_error() : "");
     CUresult ce = qsa__cu.cuStreamEndCapture(g->stream, &graph); /* always leave capture mode */
+    if (r == QSA_OK && ce != 0) r = QSA__CU_R(ce);
+    if (r == QSA_OK) r = QSA__CU_R(qsa__cu.cuGraphInstantiateWithFlags(&out->exec, graph, 0));
+    if (graph) qsa__cu.cuGraphDestroy(graph);
     if (r != QSA_OK) {
-        if (graph) qsa__cu.cuGraphDestroy(graph);
+        if (!msg[0]) snprintf(msg, sizeof msg, "%s", qsa_last_error());
         return qsa__fail(r, "capturing the batched decode graph (B = %d): %s", B, msg);
     }
-    if (ce != 0) return QSA__CU_R(ce);
-    r = QSA__CU_R(qsa__cu.cuGraphInstantiateWithFlags(&out->exec, graph, 0));
-    qsa__cu.cuGraphDestroy(graph);
-    if (r == QSA_OK) qsa__log(QSA_LOG_INFO, "cuda: captured the batched decode step for %d sequences as a graph", B);
-    return r;
+    qsa__log(QSA_LOG_INFO, "cuda: captured the batched decode step for %d sequences as a graph", B);
+    return QSA_OK;
 }
 
 QSA_PRIV int qsa__cuda_graphs_on(const qsa_model *m) {
@@ -11563,7 +11564,8 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
     qsa__dgraph *gr = &bb->graphs[B];
     /* TP: qsa__tp_decode_batch has captured it (qsa__cuda_batch_capture) if B has run before.  On one GPU a
        step that cannot be captured runs eagerly (the same launches, the same bits), and B is not captured
-       again: the failure is logged, not returned, so that serving goes on at the eager step's speed. */
+       again while the step's buffers live: the failure is logged, not returned, so that serving goes on at the
+       eager step's speed. */
     if (graphs && !gr->exec && !gr->eager && !m->tpr) {
         char keep[sizeof qsa__err_buf]; /* (the caller's last error, as a step that succeeds leaves it) */
         snprintf(keep, sizeof keep, "%s", qsa__err_buf);
@@ -13674,13 +13676,14 @@ QSA_PRIV void qsa__sched_decode(qsa_sched *s) {
     snprintf(msg, sizeof msg, "%s", r != QSA_OK ? qsa_last_error() : "");
     for (int i = 0; i < n; i++) qsa__sched_account(s, s->b_req[i]);
     size_t V = (size_t)s->m->cfg.vocab_size;
-    int blamed = 0;
+    int blame = -1; /* the first request not advanced, found before a callback can cancel it */
+    for (int i = 0; r != QSA_OK && blame < 0 && i < n; i++)
+        if (s->b_seq[i]->pos == s->b_pos[i]) blame = i;
     for (int i = 0; i < n; i++) {
         qsa__sched_req *q = s->b_req[i];
         if (q->status != QSA_REQ_DECODE) continue; /* cancelled by an earlier request's callback */
         if (s->b_seq[i]->pos == s->b_pos[i]) { /* not fed (only after a failure) */
-            if (!blamed || s->b_seq[i]->broken) qsa__sched_end_failed(s, q, QSA_REQ_ERROR, r, msg);
-            blamed = 1;
+            if (i == blame || s->b_seq[i]->broken) qsa__sched_end_failed(s, q, QSA_REQ_ERROR, r, msg);
             continue;
         }
         s->n_decode_tokens++;

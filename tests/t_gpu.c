@@ -530,15 +530,18 @@ TEST(gpu, first_sliced_gemv_inside_a_capture) {
 
 /* (b''-ter) A batched step that cannot be captured runs eagerly on one GPU, with a warning, and its size is not
    captured again: the driver's entries wrapped so that the capture ends refused (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
-   or so that the first, or the middle, launch inside the capture is refused; each time the steps of 4 requests
-   succeed with the bits of steps run without graphs, and one capture was tried.  (Before, the step failed,
-   and every later step of that size tried again and failed.) */
+   or so that the first, the middle, or the first side-stream launch inside the capture is refused (the last
+   leaves a fork unjoined: the side stream must leave capture mode with the origin); each time the steps of 4
+   requests succeed with the bits of steps run without graphs, and one capture was tried.  (Before, the step
+   failed, and every later step of that size tried again and failed.) */
 static qsa__cuda_api gc_real;
-static int gc_mode, gc_fail_at, gc_in_capture, gc_launches, gc_begins, gc_warned;
+static CUstream gc_origin;
+static int gc_mode, gc_fail_at, gc_in_capture, gc_launches, gc_side, gc_begins, gc_warned, gc_refused;
 static CUresult gc_begin(CUstream s, int mode) {
     gc_begins++;
     gc_in_capture = 1;
-    gc_launches = 0;
+    gc_launches = gc_side = 0;
+    gc_origin = s;
     return gc_real.cuStreamBeginCapture_v2(s, mode);
 }
 static CUresult gc_end(CUstream s, CUgraph *graph) {
@@ -547,17 +550,24 @@ static CUresult gc_end(CUstream s, CUgraph *graph) {
     if (r == 0 && gc_mode == 1) {
         gc_real.cuGraphDestroy(*graph);
         *graph = NULL;
+        gc_refused++;
         return 901; /* CUDA_ERROR_STREAM_CAPTURE_INVALIDATED */
     }
     return r;
 }
-static int gc_refuse(void) { return gc_in_capture && ++gc_launches == gc_fail_at && gc_mode == 2; }
+/* mode 2: refuse the gc_fail_at-th launch of the capture; 3: its first launch on another stream than the origin */
+static int gc_refuse(CUstream s) {
+    if (!gc_in_capture) return 0;
+    int side = s != gc_origin && ++gc_side == 1, refuse = (++gc_launches == gc_fail_at && gc_mode == 2) || (side && gc_mode == 3);
+    gc_refused += refuse;
+    return refuse;
+}
 static CUresult gc_launch(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                           unsigned sh, CUstream s, void **args, void **extra) {
-    return gc_refuse() ? 1 /* CUDA_ERROR_INVALID_VALUE */ : gc_real.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, sh, s, args, extra);
+    return gc_refuse(s) ? 1 /* CUDA_ERROR_INVALID_VALUE */ : gc_real.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, sh, s, args, extra);
 }
 static CUresult gc_launch_ex(const qsa__cu_launch_cfg *cfg, CUfunction fn, void **params, void **extra) {
-    return gc_refuse() ? 1 : gc_real.cuLaunchKernelEx(cfg, fn, params, extra);
+    return gc_refuse(cfg->stream) ? 1 : gc_real.cuLaunchKernelEx(cfg, fn, params, extra);
 }
 static void gc_logger(void *user, qsa_log_level level, const char *msg) {
     (void)user;
@@ -566,9 +576,9 @@ static void gc_logger(void *user, qsa_log_level level, const char *msg) {
 TEST(gpu, step_that_cannot_be_captured_runs_eagerly) {
     qsa_model *m = NULL;
     SHARDED_OR_SKIP(1, 1, &m);
-    if (!qsa__cuda_graphs_on(m)) { qsa_model_free(m); return; }
+    if (!qsa__cuda_graphs_on(m)) { qsa_model_free(m); SKIP("CUDA graphs are off in this build"); }
     bd_pair *p = bd_pair_new(m);
-    int reqs[4] = {2, 5, 0, 7}, counted = 0;
+    int reqs[4] = {2, 5, 0, 7}, counted = 0, side = 0;
     if (p) { /* the reference: the same steps without graphs */
         m->params.cuda_graphs = 0;
         bd_run(m, reqs, 4, 1, 0, p->ref, p->rtok);
@@ -581,20 +591,23 @@ TEST(gpu, step_that_cannot_be_captured_runs_eagerly) {
     if (gc_real.cuLaunchKernelEx) qsa__cu.cuLaunchKernelEx = gc_launch_ex;
     qsa_set_logger(gc_logger, NULL, QSA_LOG_WARN);
     /* case 0 captures as usual (and counts the capture's launches); 1: the capture's end refused; 2, 3: its first,
-       its middle launch refused */
-    for (int c = 0; c < 4 && p && !T_.failed; c++) {
-        gc_mode = c == 0 ? 0 : c == 1 ? 1 : 2;
+       its middle launch refused; 4: its first launch on the side stream (when the step has one) */
+    for (int c = 0; c < 5 && p && !T_.failed; c++) {
+        if (c == 4 && !side) break;
+        gc_mode = c == 0 ? 0 : c == 1 ? 1 : c < 4 ? 2 : 3;
         gc_fail_at = c == 2 ? 1 : counted / 2;
-        gc_begins = gc_warned = 0;
+        gc_begins = gc_warned = gc_refused = 0;
         qsa__cuda_batch_drop_graphs(m->cuda);
         bd_run(m, reqs, 4, 1, 0, p->lg, p->tok);
-        if (c == 0) counted = gc_launches;
+        if (c == 0) counted = gc_launches, side = gc_side;
         const qsa__dgraph *gr = m->cuda->batch ? &m->cuda->batch->graphs[4] : NULL;
-        CHECKF(gr && gc_begins == 1 && (c == 0 ? gr->exec && !gr->eager && !gc_warned : !gr->exec && gr->eager && gc_warned == 1),
-               "case %d: %d capture(s) begun, graph %s, eager %d, %d warning(s)", c, gc_begins,
+        CHECKF(gr && gc_begins == 1 && (c == 0 ? gr->exec && !gr->eager && !gc_warned && !gc_refused
+                                               : !gr->exec && gr->eager && gc_warned == 1 && gc_refused == 1),
+               "case %d: %d capture(s) begun, %d refusal(s), graph %s, eager %d, %d warning(s)", c, gc_begins, gc_refused,
                gr && gr->exec ? "made" : "none", gr ? gr->eager : -1, gc_warned);
         CHECKF(bd_pair_same(m, reqs, 4, p), "case %d: the steps' bits differ from those run without graphs", c);
-        if (T_.verbose) printf("    case %d: %d launches in the capture, refused at %d\n", c, counted, gc_mode == 2 ? gc_fail_at : 0);
+        if (T_.verbose) printf("    case %d: %d launches in the capture (%d on the side stream); refused: %d\n", c, counted, side,
+                               gc_refused);
     }
     CHECKF(counted > 4, "the capture counted %d launches", counted);
     qsa_set_logger(T_.verbose ? qsa_log_stderr : NULL, NULL, QSA_LOG_DEBUG);

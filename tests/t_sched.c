@@ -835,9 +835,10 @@ TS_BOTH(greedy_steps)
 /* An allocation failure inside a decode step of three requests ends at most one of them: the one whose
    feed it hit.  The others, not fed that step (the CPU loop stops at a failure) or fed before it, go on
    and give the tokens of a run without the failure; the pool is whole after each.  Every allocation of
-   one such step is made to fail in turn, on the CPU backend.  (Before, the scheduler's own arrays and
-   any failure in the loop ended all three.) */
-static qsa_sched *ts_three_decoding(qsa_model *m, int64_t id[3]) {
+   one such step is made to fail in turn, on the CPU backend; then again with request 0's callback
+   cancelling request 1 in that step, when request 2 must not take the blame for a failure in request 1's
+   feed (nor end in error where it did not without the cancel).  (Before, the scheduler's own arrays and any failure in the loop ended all three.) */
+static qsa_sched *ts_three_decoding(qsa_model *m, int64_t id[3], ts_cb *cb) {
     static int32_t p[3][16];
     qsa_sched *s = NULL;
     if (qsa_sched_create(m, NULL, &s) != QSA_OK) return NULL;
@@ -850,7 +851,14 @@ static qsa_sched *ts_three_decoding(qsa_model *m, int64_t id[3]) {
         rp.max_tokens = 6;
         rp.ignore_eos = 1;
         if (i == 2) rp.sampling.temperature = 0.8f, rp.sampling.seed = 7; /* (a sampled one: the step takes logits) */
+        if (i == 0 && cb) rp.on_token = ts_on_token, rp.user = cb;
         if (qsa_sched_submit(s, &rp, &id[i]) != QSA_OK) { qsa_sched_free(s); return NULL; }
+    }
+    if (cb) { /* (its first call is for the first token, after the prompt: the second in the decode step) */
+        memset(cb, 0, sizeof *cb);
+        cb->s = s;
+        cb->cancel_id = id[1];
+        cb->cancel_at = 2;
     }
     if (qsa_sched_step(s) != QSA_OK) { qsa_sched_free(s); return NULL; } /* prompts and first tokens: all three decoding */
     return s;
@@ -860,7 +868,7 @@ TEST(cpu, sched_decode_failure_ends_only_its_request) {
     if (!m) SKIP("fixture %s: %s", TS_FIXTURE, qsa_last_error());
     int64_t id[3];
     int32_t want[3][6];
-    qsa_sched *s = ts_three_decoding(m, id);
+    qsa_sched *s = ts_three_decoding(m, id, NULL);
     CHECK(s != NULL);
     if (!s) { qsa_model_free(m); return; }
     long a0 = tq_allocs;
@@ -874,38 +882,51 @@ TEST(cpu, sched_decode_failure_ends_only_its_request) {
         memcpy(want[i], r.tokens, sizeof want[i]);
     }
     qsa_sched_free(s);
-    int spared = 0; /* failures after which a request not fed that step went on */
-    for (long k = 0; k < n && !T_.failed; k++) {
-        s = ts_three_decoding(m, id);
-        if (!s) { CHECK(0); break; }
-        tq_fail_at = k;
-        CHECK_OK(qsa_sched_step(s));
-        tq_fail_at = -1;
-        CHECK_OK(qsa_sched_run(s));
-        int n_err = 0, first_err = -1;
-        for (int i = 0; i < 3; i++) {
-            qsa_request_result r;
-            CHECK_OK(qsa_sched_poll(s, id[i], &r));
-            if (r.status == QSA_REQ_ERROR) {
-                n_err++;
-                if (first_err < 0) first_err = i;
-                CHECKF(r.error == QSA_ERR_OUT_OF_MEMORY, "allocation %ld: request %d ended in %s (%s)", k, i,
-                       qsa_result_string(r.error), r.message);
-                continue;
+    char *own = (char *)calloc((size_t)n + 1, 1); /* did failure k end request 2 without the cancel? */
+    int spared = 0, spared_cancel = 0; /* failures after which a request not fed that step went on */
+    for (int pass = 0; pass < 2 && own; pass++)
+        for (long k = 0; k < n && !T_.failed; k++) {
+            ts_cb cb;
+            s = ts_three_decoding(m, id, pass ? &cb : NULL);
+            if (!s) { CHECK(0); break; }
+            tq_fail_at = k;
+            CHECK_OK(qsa_sched_step(s));
+            tq_fail_at = -1;
+            CHECK_OK(qsa_sched_run(s));
+            int n_err = 0, first_err = -1;
+            for (int i = 0; i < 3; i++) {
+                qsa_request_result r;
+                CHECK_OK(qsa_sched_poll(s, id[i], &r));
+                if (pass && i == 1 && r.status == QSA_REQ_CANCELLED) continue; /* (when request 0's step went well) */
+                if (r.status == QSA_REQ_ERROR) {
+                    n_err++;
+                    if (first_err < 0) first_err = i;
+                    CHECKF(r.error == QSA_ERR_OUT_OF_MEMORY, "allocation %ld: request %d ended in %s (%s)", k, i,
+                           qsa_result_string(r.error), r.message);
+                    if (!pass) own[k] |= (char)(1 << i);
+                    CHECKF(i != 2 || !pass || (own[k] & 4), "allocation %ld: with request 1 cancelled by a callback, request 2 "
+                           "took the blame for another's failure (%s)", k, r.message);
+                    continue;
+                }
+                CHECKF(r.status == QSA_REQ_DONE && r.n_tokens == 6 && !memcmp(r.tokens, want[i], sizeof want[i]),
+                       "allocation %ld of the step: request %d %s with %d tokens, or not those of the run without failures", k,
+                       i, qsa_request_status_string(r.status), r.n_tokens);
             }
-            CHECKF(r.status == QSA_REQ_DONE && r.n_tokens == 6 && !memcmp(r.tokens, want[i], sizeof want[i]),
-                   "allocation %ld of the step: request %d %s with %d tokens, or not those of the run without failures", k, i,
-                   qsa_request_status_string(r.status), r.n_tokens);
+            CHECKF(n_err <= 1, "allocation %ld of %ld in a decode step: %d of 3 requests ended in ERROR", k, n, n_err);
+            if (pass) spared_cancel += (own[k] & 2) && first_err < 0; /* request 1's failure, request 2 fed the step after */
+            else spared += n_err == 1 && first_err < 2;
+            qsa_sched_info in;
+            qsa_sched_get_info(s, &in);
+            CHECKF(in.pages_free == in.pages_total && in.pages_reserved == 0, "allocation %ld: %d of %d pages free, %d reserved",
+                   k, in.pages_free, in.pages_total, in.pages_reserved);
+            qsa_sched_free(s);
+            if (pass) qsa__buf_free(&cb.text);
         }
-        CHECKF(n_err <= 1, "allocation %ld of %ld in a decode step: %d of 3 requests ended in ERROR", k, n, n_err);
-        spared += n_err == 1 && first_err < 2;
-        qsa_sched_info in;
-        qsa_sched_get_info(s, &in);
-        CHECKF(in.pages_free == in.pages_total && in.pages_reserved == 0, "allocation %ld: %d of %d pages free, %d reserved", k,
-               in.pages_free, in.pages_total, in.pages_reserved);
-        qsa_sched_free(s);
-    }
-    CHECKF(spared > 0, "no failure ended a request before the last of the batch (%ld allocations in the step)", n);
-    if (T_.verbose) printf("    %ld allocations in a decode step of three, each made to fail; %d spared a later request\n", n, spared);
+    free(own);
+    CHECKF(spared > 0 && spared_cancel > 0, "no failure ended a request before the last of the batch (%ld allocations in the "
+           "step), or none of request 1's with it cancelled left request 2 going on (%d)", n, spared_cancel);
+    if (T_.verbose)
+        printf("    %ld allocations in a decode step of three, each made to fail; %d spared a later request; with request 1 "
+               "cancelled, %d of its failures left request 2 going on\n", n, spared, spared_cancel);
     qsa_model_free(m);
 }
