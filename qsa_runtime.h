@@ -13432,8 +13432,9 @@ QSA_PRIV qsa_result qsa__sched_budget(qsa_sched *s, qsa__sched_req *q, const qsa
     int pages = qsa__sched_pages(s, q->budget);
     if (pages > pl->n_pages)
         return qsa__fail(QSA_ERR_CONTEXT_FULL, "qsa_sched_submit: the request needs %d tokens = %d KV pages of %d tokens, the "
-                         "whole pool has %d pages (%d tokens: raise kv_pool_tokens or lower max_tokens)", q->budget, pages,
-                         pl->page_size, pl->n_pages, pl->n_pages * pl->page_size);
+                         "whole pool has %d pages (%d tokens: raise kv_pool_tokens or lower %s)", q->budget, pages,
+                         pl->page_size, pl->n_pages, pl->n_pages * pl->page_size,
+                         p->max_tokens > 0 ? "max_tokens" : "n_ctx (with max_tokens 0 the request keeps its whole context)");
     *n_ctx_out = n_ctx;
     return QSA_OK;
 }

@@ -191,6 +191,10 @@ static void ts_refusals(qsa_backend be) {
     CHECK_ERR(qsa_sched_submit(s, &rp, &id), QSA_ERR_CONTEXT_FULL, "max_position_embeddings");
     rp.n_ctx = 30; rp.max_tokens = 0;
     CHECK_ERR(qsa_sched_submit(s, &rp, &id), QSA_ERR_CONTEXT_FULL, "leaves no room");
+    rp.n_ctx = 0; /* max_tokens 0 keeps the default context (4,096 tokens) whole: past the pool, and n_ctx is the remedy */
+    CHECK_ERR(qsa_sched_submit(s, &rp, &id), QSA_ERR_CONTEXT_FULL, "lower n_ctx (with max_tokens 0");
+    rp.max_tokens = 600;
+    CHECK_ERR(qsa_sched_submit(s, &rp, &id), QSA_ERR_CONTEXT_FULL, "or lower max_tokens)");
     rp.n_ctx = 0; rp.max_tokens = 4;
     rp.sampling.top_p = 3.0f;
     CHECK_ERR(qsa_sched_submit(s, &rp, &id), QSA_ERR_INVALID_ARGUMENT, "top_p");
