@@ -209,6 +209,57 @@ TEST(cpu, tok_nfc_tricky) {
     CHECK(qsa__uni_ccc_of(0x1df6) == 0); /* Unicode 10: unassigned in the 9.0 data the library uses */
 }
 
+/* Canonical ordering of long runs of marks (qsa__nfc_order: a counting sort from 33 marks on) against a
+   stable insertion sort, then a run of 200,000 marks of alternating classes through qsa__nfc (the insertion
+   sort alone took 36 s on 400 KB of them; the bound is there to catch a quadratic sort coming back). */
+TEST(cpu, tok_nfc_long_mark_runs) {
+    static const uint32_t marks[] = {0x301, 0x323, 0x334, 0x345, 0x5b0, 0x5b1, 0x316, 0x300, 0x327, 0x328, 0x1dce, 0x302};
+    static const int lens[] = {1, 2, 5, 31, 32, 33, 34, 100, 1000, 5000};
+    uint32_t *x = (uint32_t *)malloc(5000 * sizeof *x), *y = (uint32_t *)malloc(5000 * sizeof *y);
+    if (!x || !y) { free(x); free(y); CHECK(0); return; }
+    uint64_t r = 12345;
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+        for (int rep = 0; rep < 4; rep++) {
+            int n = lens[li];
+            for (int i = 0; i < n; i++) {
+                r = r * 6364136223846793005ull + 1442695040888963407ull;
+                x[i] = y[i] = marks[(r >> 33) % (rep < 2 ? 2 : sizeof marks / sizeof marks[0])];
+            }
+            for (int i = 1; i < n; i++) { /* the reference: stable insertion by class */
+                uint32_t v = y[i];
+                int j = i;
+                for (; j > 0 && qsa__uni_ccc_of(y[j - 1]) > qsa__uni_ccc_of(v); j--) y[j] = y[j - 1];
+                y[j] = v;
+            }
+            CHECK(qsa__nfc_order(x, (size_t)n));
+            CHECKF(memcmp(x, y, (size_t)n * sizeof *x) == 0, "run of %d marks, repeat %d", n, rep);
+        }
+    free(x);
+    free(y);
+    /* 'a' + (U+0301 U+0323) x N: the U+0323 first (class 220 < 230); the first composes with the a (U+1EA1),
+       the rest are blocked */
+    enum { N = 100000 };
+    char *in = (char *)malloc(1 + 4 * (size_t)N), *want = (char *)malloc(3 + 4 * (size_t)N);
+    if (!in || !want) { free(in); free(want); CHECK(0); return; }
+    size_t n = 0, w = 0;
+    in[n++] = 'a';
+    for (int i = 0; i < N; i++) { memcpy(in + n, "\xcc\x81\xcc\xa3", 4); n += 4; }
+    memcpy(want, "\xe1\xba\xa1", 3);
+    w = 3;
+    for (int i = 1; i < N; i++) { memcpy(want + w, "\xcc\xa3", 2); w += 2; }
+    for (int i = 0; i < N; i++) { memcpy(want + w, "\xcc\x81", 2); w += 2; }
+    qsa__buf b = {NULL, 0, 0};
+    double t0 = qsa__now();
+    CHECK(qsa__nfc(in, n, &b));
+    double ms = 1e3 * (qsa__now() - t0);
+    printf("    NFC of %zu bytes of alternating marks: %.1f ms\n", n, ms);
+    CHECK(b.len == w && b.data && memcmp(b.data, want, w) == 0);
+    CHECKF(ms < 10000.0, "NFC of %zu bytes took %.0f ms", n, ms);
+    qsa__buf_free(&b);
+    free(in);
+    free(want);
+}
+
 /* ---- regex splitter ------------------------------------------------------------------------- */
 
 TEST(cpu, tok_regex_split) {
