@@ -59,21 +59,21 @@ check-kernels:
 tests/test_qsa: $(TEST_SRCS) $(HDRS)
 	$(CC) $(STD) $(WARN) $(CFLAGS) $(LDFLAGS) -o $@ tests/test_qsa.c $(LDLIBS)
 
-test: tests/test_qsa $(TINY)
+test: tests/test_qsa $(TINY) $(EXAMPLES) $(TOOLS)
 	./tests/test_qsa
 
 ASAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 tests/test_qsa_asan: $(TEST_SRCS) $(HDRS)
 	$(CC) $(STD) $(WARN) $(ASAN_FLAGS) $(LDFLAGS) -o $@ tests/test_qsa.c $(LDLIBS)
 
-test-asan: tests/test_qsa_asan $(TINY)
+test-asan: tests/test_qsa_asan $(TINY) $(EXAMPLES) $(TOOLS)
 	ASAN_OPTIONS=abort_on_error=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ./tests/test_qsa_asan --group cpu
 
 # ---- tools, examples, the built-in tiny model ----
 $(TOOLS): tools/%: tools/%.c $(HDRS)
 	$(CC) $(STD) $(WARN) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LDLIBS)
 
-$(EXAMPLES): examples/%: examples/%.c $(HDRS)
+$(EXAMPLES): examples/%: examples/%.c examples/cli.h $(HDRS)
 	$(CC) $(STD) $(WARN) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LDLIBS)
 
 # the CUPTI injection library of tools/kernel_trace.c (not part of `all`: it needs the toolkit's CUPTI)

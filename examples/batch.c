@@ -17,6 +17,10 @@
 #define QSA_RUNTIME_IMPLEMENTATION
 #include "../qsa_runtime.h"
 
+#include "cli.h"
+
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,13 +44,6 @@ static void usage(const char *argv0) {
             "      --backend B         cpu, cuda or auto (default auto)\n"
             "  -v, --verbose           log details to stderr\n",
             argv0);
-}
-
-static int is_opt(const char *a, const char *s1, const char *s2) { return !strcmp(a, s1) || (s2 && !strcmp(a, s2)); }
-static int need_value(const char *a, const char *v) {
-    if (v) return 1;
-    fprintf(stderr, "%s needs a value\n", a);
-    exit(2);
 }
 
 /* One input line and what became of it. */
@@ -120,6 +117,18 @@ static int get_num(const qsa__json *o, const char *key, double dflt, double *out
     return 1;
 }
 
+/* A whole-number member in [lo, hi], or dflt */
+static int get_int(const qsa__json *o, const char *key, int dflt, int lo, int hi, int *out, char *err, size_t errn) {
+    double v;
+    if (!get_num(o, key, dflt, &v, err, errn)) return 0;
+    if (!(v >= lo && v <= hi) || v != floor(v)) {
+        snprintf(err, errn, "\"%s\": expected a whole number from %d to %d", key, lo, hi);
+        return 0;
+    }
+    *out = (int)v;
+    return 1;
+}
+
 /* Build and submit the request of one parsed line. */
 static qsa_result submit_line(qsa_sched *s, const qsa__json *o, const qsa_request_params *defaults, int chat, int64_t *id,
                               char *err, size_t errn) {
@@ -150,14 +159,12 @@ static qsa_result submit_line(qsa_sched *s, const qsa__json *o, const qsa_reques
         return QSA_ERR_FORMAT;
     }
     double v;
-    if (!get_num(o, "max_tokens", rp.max_tokens, &v, err, errn)) return QSA_ERR_FORMAT;
-    rp.max_tokens = (int)v;
+    if (!get_int(o, "max_tokens", rp.max_tokens, 0, INT_MAX, &rp.max_tokens, err, errn)) return QSA_ERR_FORMAT;
     if (!get_num(o, "temperature", rp.sampling.temperature, &v, err, errn)) return QSA_ERR_FORMAT;
     rp.sampling.temperature = (float)v;
     if (!get_num(o, "top_p", rp.sampling.top_p, &v, err, errn)) return QSA_ERR_FORMAT;
     rp.sampling.top_p = (float)v;
-    if (!get_num(o, "top_k", rp.sampling.top_k, &v, err, errn)) return QSA_ERR_FORMAT;
-    rp.sampling.top_k = (int)v;
+    if (!get_int(o, "top_k", rp.sampling.top_k, 0, INT_MAX, &rp.sampling.top_k, err, errn)) return QSA_ERR_FORMAT;
     if (!get_num(o, "min_p", rp.sampling.min_p, &v, err, errn)) return QSA_ERR_FORMAT;
     rp.sampling.min_p = (float)v;
     if (!get_num(o, "repetition_penalty", rp.sampling.repetition_penalty, &v, err, errn)) return QSA_ERR_FORMAT;
@@ -206,17 +213,17 @@ int main(int argc, char **argv) {
         if (ARG("-m", "--model")) model_dir = v;
         else if (ARG("-f", "--file")) in_path = v;
         else if (ARG("-o", "--out")) out_path = v;
-        else if (ARG("-n", "--n-predict")) n_predict = atoi(v);
-        else if (ARG("--max-batch", NULL)) spar.max_batch = atoi(v);
-        else if (ARG("--chunk", NULL)) spar.prefill_chunk = atoi(v);
-        else if (ARG("-c", "--ctx-size")) spar.n_ctx_default = atoi(v);
-        else if (ARG("--kv-tokens", NULL)) kv_tokens = atoi(v);
-        else if (ARG("--temp", NULL)) sp.temperature = (float)atof(v);
-        else if (ARG("--top-k", NULL)) sp.top_k = atoi(v);
-        else if (ARG("--top-p", NULL)) sp.top_p = (float)atof(v);
-        else if (ARG("--min-p", NULL)) sp.min_p = (float)atof(v);
-        else if (ARG("-s", "--seed")) sp.seed = strtoull(v, NULL, 10);
-        else if (ARG("-t", "--threads")) threads = atoi(v);
+        else if (ARG("-n", "--n-predict")) n_predict = (int)cli_int(a, v, 0, INT_MAX);
+        else if (ARG("--max-batch", NULL)) spar.max_batch = (int)cli_int(a, v, 0, INT_MAX);
+        else if (ARG("--chunk", NULL)) spar.prefill_chunk = (int)cli_int(a, v, 0, INT_MAX);
+        else if (ARG("-c", "--ctx-size")) spar.n_ctx_default = (int)cli_int(a, v, 0, INT_MAX);
+        else if (ARG("--kv-tokens", NULL)) kv_tokens = (int)cli_int(a, v, 0, INT_MAX);
+        else if (ARG("--temp", NULL)) sp.temperature = cli_float(a, v);
+        else if (ARG("--top-k", NULL)) sp.top_k = (int)cli_int(a, v, 0, INT_MAX);
+        else if (ARG("--top-p", NULL)) sp.top_p = cli_float(a, v);
+        else if (ARG("--min-p", NULL)) sp.min_p = cli_float(a, v);
+        else if (ARG("-s", "--seed")) sp.seed = cli_u64(a, v);
+        else if (ARG("-t", "--threads")) threads = (int)cli_int(a, v, 0, 4096);
         else if (ARG("--backend", NULL)) {
             if (!strcmp(v, "cpu")) backend = QSA_BACKEND_CPU;
             else if (!strcmp(v, "cuda")) backend = QSA_BACKEND_CUDA;
@@ -231,10 +238,6 @@ int main(int argc, char **argv) {
 #undef ARG
     }
     if (!in_path) { usage(argv[0]); return 2; }
-    if (n_predict < 0 || spar.max_batch < 0 || spar.prefill_chunk < 0 || spar.n_ctx_default < 0) {
-        fprintf(stderr, "error: -n, --max-batch, --chunk and -c take values >= 0\n");
-        return 2;
-    }
     qsa_set_logger(qsa_log_stderr, NULL, verbose ? QSA_LOG_DEBUG : QSA_LOG_WARN);
     char *text = NULL;
     size_t text_len = 0;

@@ -10,6 +10,9 @@
 #define QSA_RUNTIME_IMPLEMENTATION
 #include "../qsa_runtime.h"
 
+#include "cli.h"
+
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +25,8 @@ static void usage(const char *argv0) {
             "  -f, --file FILE         one-shot mode with the prompt read from FILE\n"
             "      --raw               one-shot prompt is raw text (no chat template)\n"
             "  -sys, --system TEXT     system message\n"
-            "  -n, --n-predict N       max tokens per answer (default: 256; -1: until EOS / context)\n"
-            "  -c, --ctx-size N        context length in tokens (default: 4096, at most the model's)\n"
+            "  -n, --n-predict N       max tokens per answer, N >= 1 (default: 256; -1: until EOS / context)\n"
+            "  -c, --ctx-size N        context length in tokens, N >= 1 (default: 4096, at most the model's)\n"
             "      --temp F            temperature (default: generation_config.json, else 0.7; 0 = greedy)\n"
             "      --top-k N           top-k (default: generation_config.json, else 0 = off)\n"
             "      --top-p F           top-p (default: generation_config.json, else 1 = off)\n"
@@ -35,13 +38,6 @@ static void usage(const char *argv0) {
             "      --no-stats          do not print the statistics line\n"
             "  -v, --verbose           log loading details to stderr\n",
             argv0);
-}
-
-static int is_opt(const char *a, const char *s1, const char *s2) { return !strcmp(a, s1) || (s2 && !strcmp(a, s2)); }
-static int need_value(const char *a, const char *v) {
-    if (v) return 1;
-    fprintf(stderr, "%s needs a value\n", a);
-    exit(2);
 }
 
 typedef struct chat_opts {
@@ -64,16 +60,24 @@ static void print_stats(const qsa_stats *st) {
             st->n_prompt, st->prefill_s, st->prefill_tok_s, st->n_generated, st->decode_s, st->decode_tok_s, st->ttft_s);
 }
 
-static char *read_all(FILE *f, size_t *len) {
+/* The whole of f, NUL-terminated; NULL (and a message) when it cannot be read or holds a NUL byte (the
+   prompt would end there). */
+static char *read_all(FILE *f, const char *name, size_t *len) {
     size_t cap = 4096, n = 0;
     char *b = (char *)malloc(cap);
-    for (;;) {
-        if (n + 4096 > cap) b = (char *)realloc(b, cap *= 2);
-        size_t k = fread(b + n, 1, 4096, f);
+    for (size_t k = 1; b && k;) {
+        if (n + 4097 > cap) {
+            char *nb = (char *)realloc(b, cap *= 2);
+            if (!nb) { free(b); b = NULL; break; }
+            b = nb;
+        }
+        k = fread(b + n, 1, 4096, f);
         n += k;
-        if (k == 0) break;
     }
+    if (!b) { fprintf(stderr, "error: '%s': out of memory\n", name); return NULL; }
+    if (ferror(f)) { fprintf(stderr, "error: cannot read '%s'\n", name); free(b); return NULL; }
     b[n] = 0;
+    if (strlen(b) != n) { fprintf(stderr, "error: '%s' holds a NUL byte\n", name); free(b); return NULL; }
     *len = n;
     return b;
 }
@@ -82,7 +86,7 @@ static char *read_all(FILE *f, size_t *len) {
    parsed) after `pending` (the last token of the previous answer, not yet fed; -1 if none); its
    tokens are streamed by on_token. */
 static int answer(qsa_sched *sched, qsa_seq *seq, int n_ctx, const qsa_tokenizer *tok, int32_t *pending, const char *text,
-                  const chat_opts *o) {
+                  const chat_opts *o, int32_t im_end) {
     int32_t *ids = NULL;
     size_t n = 0;
     if (qsa_tokenize(tok, text, strlen(text), 1, &ids, &n) != QSA_OK) {
@@ -131,12 +135,16 @@ static int answer(qsa_sched *sched, qsa_seq *seq, int n_ctx, const qsa_tokenizer
     }
     printf("\n");
     fflush(stdout);
-    *pending = res.n_tokens ? res.tokens[res.n_tokens - 1] : -1;
-    /* the next turn must close this one: after an EOS (<|im_end|>) a newline, else the end marker */
+    /* the next turn must close this one: after <|im_end|> (pending, fed with it) a newline, else the end
+       marker; another EOS (<|endoftext|>) is not fed, so the history reads as the template writes it */
+    int32_t last = res.n_tokens ? res.tokens[res.n_tokens - 1] : -1;
+    int closed = res.stop == QSA_STOP_EOS && last == im_end;
+    *pending = res.stop == QSA_STOP_EOS && !closed ? -1 : last;
+    if (res.stop == QSA_STOP_MAX_TOKENS && qsa_seq_pos(seq) + 1 >= n_ctx)
+        fprintf(stderr, "(the answer filled the context of %d tokens: /reset to start over)\n", n_ctx);
     if (o->stats) print_stats(&res.stats);
-    int stopped_on_eos = res.stop == QSA_STOP_EOS;
     qsa_sched_release(sched, id);
-    return stopped_on_eos ? 0 : 2;
+    return closed ? 0 : 2;
 }
 
 int main(int argc, char **argv) {
@@ -154,15 +162,18 @@ int main(int argc, char **argv) {
         else if (ARG("-p", "--prompt")) o.prompt = v;
         else if (ARG("-f", "--file")) o.prompt_file = v;
         else if (ARG("-sys", "--system")) o.system = v;
-        else if (ARG("-n", "--n-predict")) o.n_predict = atoi(v);
-        else if (ARG("-c", "--ctx-size")) o.n_ctx = atoi(v);
-        else if (ARG("--temp", NULL)) { o.sp.temperature = (float)atof(v); o.set_temp = 1; }
-        else if (ARG("--top-k", NULL)) { o.sp.top_k = atoi(v); o.set_top_k = 1; }
-        else if (ARG("--top-p", NULL)) { o.sp.top_p = (float)atof(v); o.set_top_p = 1; }
-        else if (ARG("--min-p", NULL)) o.sp.min_p = (float)atof(v);
-        else if (ARG("--repeat-penalty", NULL)) o.sp.repetition_penalty = (float)atof(v);
-        else if (ARG("-s", "--seed")) o.sp.seed = strtoull(v, NULL, 10);
-        else if (ARG("-t", "--threads")) o.threads = atoi(v);
+        else if (ARG("-n", "--n-predict")) {
+            o.n_predict = (int)cli_int(a, v, -1, INT_MAX);
+            if (!o.n_predict) { fprintf(stderr, "%s 0 would answer nothing: give N >= 1, or -1 for no limit\n", a); return 2; }
+        }
+        else if (ARG("-c", "--ctx-size")) o.n_ctx = (int)cli_int(a, v, 1, INT_MAX);
+        else if (ARG("--temp", NULL)) { o.sp.temperature = cli_float(a, v); o.set_temp = 1; }
+        else if (ARG("--top-k", NULL)) { o.sp.top_k = (int)cli_int(a, v, 0, INT_MAX); o.set_top_k = 1; }
+        else if (ARG("--top-p", NULL)) { o.sp.top_p = cli_float(a, v); o.set_top_p = 1; }
+        else if (ARG("--min-p", NULL)) o.sp.min_p = cli_float(a, v);
+        else if (ARG("--repeat-penalty", NULL)) o.sp.repetition_penalty = cli_float(a, v);
+        else if (ARG("-s", "--seed")) o.sp.seed = cli_u64(a, v);
+        else if (ARG("-t", "--threads")) o.threads = (int)cli_int(a, v, 0, 4096);
         else if (ARG("--backend", NULL)) {
             if (!strcmp(v, "cpu")) o.backend = QSA_BACKEND_CPU;
             else if (!strcmp(v, "cuda")) o.backend = QSA_BACKEND_CUDA;
@@ -181,6 +192,12 @@ int main(int argc, char **argv) {
     memset(&mp, 0, sizeof mp);
     mp.backend = o.backend;
     mp.n_threads = o.threads;
+    /* a KV pool for the one sequence's context (the library's default holds at most 32,768 tokens) */
+    static qsa_model_config mc;
+    mp.kv_pool_tokens = o.n_ctx;
+    if (qsa_config_load_dir(o.model, &mc) == QSA_OK && mc.max_position_embeddings < o.n_ctx)
+        mp.kv_pool_tokens = mc.max_position_embeddings;
+    qsa_clear_error(); /* (a config that does not load is reported by the model's load) */
     qsa_model *model = NULL;
     if (qsa_model_load(o.model, &mp, &model) != QSA_OK) {
         fprintf(stderr, "error: cannot load model '%s': %s\n", o.model, qsa_last_error());
@@ -200,7 +217,7 @@ int main(int argc, char **argv) {
     const qsa_model_config *cfg = qsa_model_get_config(model);
     qsa_seq_params sp;
     memset(&sp, 0, sizeof sp);
-    sp.n_ctx = o.n_ctx > 0 && o.n_ctx < cfg->max_position_embeddings ? o.n_ctx : cfg->max_position_embeddings;
+    sp.n_ctx = o.n_ctx < cfg->max_position_embeddings ? o.n_ctx : cfg->max_position_embeddings;
     qsa_seq *seq = NULL;
     if (qsa_seq_create(model, &sp, &seq) != QSA_OK) {
         fprintf(stderr, "error: %s\n", qsa_last_error());
@@ -220,9 +237,11 @@ int main(int argc, char **argv) {
     }
     int rc = 0;
     int32_t pending = -1;
+    int32_t im_end = qsa_tokenizer_find(tok, "<|im_end|>");
     int last_eos = 1; /* whether the previous answer ended with <|im_end|> */
     int first = 1;    /* no answer yet since the start or /reset */
-    static char line[65536];
+    char *line = NULL;
+    size_t line_cap = 0;
     qsa_chat_message msgs[2];
     if (o.prompt || o.prompt_file) {
         char *text = NULL;
@@ -230,8 +249,9 @@ int main(int argc, char **argv) {
         if (o.prompt_file) {
             FILE *f = fopen(o.prompt_file, "rb");
             if (!f) { fprintf(stderr, "error: cannot open '%s'\n", o.prompt_file); rc = 1; goto out; }
-            text = read_all(f, &len);
+            text = read_all(f, o.prompt_file, &len);
             fclose(f);
+            if (!text) { rc = 1; goto out; }
         } else text = strdup(o.prompt);
         char *chat = NULL;
         int nm = 0;
@@ -243,7 +263,7 @@ int main(int argc, char **argv) {
             rc = 1;
             goto out;
         }
-        int r = answer(sched, seq, sp.n_ctx, tok, &pending, o.raw ? text : chat, &o);
+        int r = answer(sched, seq, sp.n_ctx, tok, &pending, o.raw ? text : chat, &o, im_end);
         rc = r == 1;
         qsa_free(chat);
         free(text);
@@ -254,9 +274,11 @@ int main(int argc, char **argv) {
     for (;;) {
         fprintf(stderr, "> ");
         fflush(stderr);
-        if (!fgets(line, sizeof line, stdin)) break;
-        size_t len = strlen(line);
+        ssize_t got = getline(&line, &line_cap, stdin); /* (a line of any length is one message) */
+        if (got < 0) break;
+        size_t len = (size_t)got;
         while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
+        if (strlen(line) != len) { fprintf(stderr, "error: the line holds a NUL byte: not sent\n"); rc = 1; continue; }
         if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
         if (!strcmp(line, "/reset")) { qsa_seq_reset(seq); pending = -1; first = 1; fprintf(stderr, "(history cleared)\n"); continue; }
         if (!len) continue;
@@ -267,20 +289,32 @@ int main(int argc, char **argv) {
         if (qsa_chat_apply_template(tok, msgs, (size_t)nm, 1, &turn) != QSA_OK) {
             fprintf(stderr, "error: %s\n", qsa_last_error());
             rc = 1;
-            break;
+            continue;
         }
         /* close the previous answer: after its <|im_end|> (pending) a newline, else the marker too */
         size_t tl = strlen(turn) + 32;
         char *text = (char *)malloc(tl);
+        if (!text) { fprintf(stderr, "error: out of memory\n"); qsa_free(turn); rc = 1; continue; }
         snprintf(text, tl, "%s%s", first ? "" : last_eos ? "\n" : "<|im_end|>\n", turn);
         qsa_free(turn);
-        int r = answer(sched, seq, sp.n_ctx, tok, &pending, text, &o);
+        int pos0 = qsa_seq_pos(seq);
+        int r = answer(sched, seq, sp.n_ctx, tok, &pending, text, &o, im_end);
         free(text);
-        if (r == 1) { rc = 1; if (qsa_seq_pos(seq) == 0) break; continue; }
+        if (r == 1) { /* the conversation goes on; one the failure cut into starts over */
+            rc = 1;
+            if (qsa_seq_pos(seq) != pos0) {
+                qsa_seq_reset(seq);
+                pending = -1;
+                first = 1;
+                fprintf(stderr, "(the turn was cut short part-way: history cleared)\n");
+            }
+            continue;
+        }
         last_eos = r == 0;
         first = 0;
     }
 out:
+    free(line);
     qsa_sched_free(sched);
     qsa_seq_free(seq);
     qsa_model_free(model);

@@ -133,6 +133,7 @@ static QSA__UNUSED qsa__tensor test_tensor(const char *name, qsa__dtype dtype, c
 #include "t_tp.c"
 #include "t_tp_rdv.c"
 #include "t_sched.c"
+#include "t_cli.c"
 #include "t_oom.c"
 
 int main(int argc, char **argv) {

@@ -1,0 +1,60 @@
+/* cli.h - the command-line values of the example programs (chat.c, batch.c), read strictly: a whole
+ * number must be all digits and in range, a real number finite; anything else ends the program with a
+ * usage error (exit status 2) that names the flag.  (atoi and atof read "abc" as 0 and "1e12" past
+ * INT_MAX as anything.)
+ */
+#ifndef QSA_EXAMPLES_CLI_H
+#define QSA_EXAMPLES_CLI_H
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int is_opt(const char *a, const char *s1, const char *s2) { return !strcmp(a, s1) || (s2 && !strcmp(a, s2)); }
+
+static int need_value(const char *a, const char *v) {
+    if (v) return 1;
+    fprintf(stderr, "%s needs a value\n", a);
+    exit(2);
+}
+
+/* v as a whole number in [lo, hi] */
+static long cli_int(const char *flag, const char *v, long lo, long hi) {
+    char *end = NULL;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "%s: '%s' is not a whole number from %ld to %ld\n", flag, v, lo, hi);
+        exit(2);
+    }
+    return x;
+}
+
+/* v as a finite number that fits a float */
+static float cli_float(const char *flag, const char *v) {
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !isfinite(x) || fabs(x) > 3.0e38) {
+        fprintf(stderr, "%s: '%s' is not a finite number\n", flag, v);
+        exit(2);
+    }
+    return (float)x;
+}
+
+/* v as an unsigned 64-bit whole number (no sign) */
+static uint64_t cli_u64(const char *flag, const char *v) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = v[0] >= '0' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
+    if (errno || !end || end == v || *end) {
+        fprintf(stderr, "%s: '%s' is not a whole number from 0 to 18446744073709551615\n", flag, v);
+        exit(2);
+    }
+    return (uint64_t)x;
+}
+
+#endif

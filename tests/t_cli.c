@@ -1,0 +1,167 @@
+/* t_cli.c - the example programs run as users run them: chat's flags, a conversation fed on stdin, long
+ * lines and long contexts; batch's request fields.  Group cpu; skipped where the examples are not built
+ * (make test builds them). */
+
+/* Runs `examples/PROG --backend cpu ARGS` (ARGS a shell fragment) with stdin from in[0..n).  Returns the
+   exit status (-1 when it did not exit), its stdout and stderr in *out / *err (free them). */
+static int cli_run(const char *prog, const char *args, const char *in, size_t n, char **out, char **err) {
+    char dir[] = "/tmp/qsa_cli_XXXXXX", cmd[8192], pin[64], pout[64], perr[64];
+    *out = *err = NULL;
+    if (!mkdtemp(dir)) return -1;
+    snprintf(pin, sizeof pin, "%s/in", dir);
+    snprintf(pout, sizeof pout, "%s/out", dir);
+    snprintf(perr, sizeof perr, "%s/err", dir);
+    FILE *f = fopen(pin, "wb");
+    if (f) {
+        if (n) fwrite(in, 1, n, f);
+        fclose(f);
+    }
+    snprintf(cmd, sizeof cmd, "cd '%s' && examples/%s --backend cpu %s < %s > %s 2> %s", test_path(""), prog, args, pin, pout, perr);
+    int st = system(cmd);
+    size_t len = 0;
+    if (qsa__read_file(pout, out, &len) != QSA_OK) *out = NULL;
+    if (qsa__read_file(perr, err, &len) != QSA_OK) *err = NULL;
+    remove(pin);
+    remove(pout);
+    remove(perr);
+    rmdir(dir);
+    return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+static int cli_chat(const char *args, const char *in, size_t n, char **out, char **err) {
+    return cli_run("chat", args, in, n, out, err);
+}
+
+/* how many times s occurs in t */
+static int cli_count(const char *t, const char *s) {
+    int c = 0;
+    for (const char *p = t ? strstr(t, s) : NULL; p; p = strstr(p + 1, s)) c++;
+    return c;
+}
+
+#define CLI_SKIP_UNBUILT()                                                                                           \
+    do {                                                                                                             \
+        if (!qsa__file_exists(test_path("examples/chat"))) SKIP("examples/chat is not built (make examples/chat)"); \
+    } while (0)
+
+/* Flags with values that are not numbers of their range are usage errors (status 2) naming the flag
+   (atoi read "abc" as 0: "-n abc" generated until the context was full). */
+TEST(cpu, chat_cli_refuses_bad_flag_values) {
+    CLI_SKIP_UNBUILT();
+    static const struct { const char *args, *msg; } cases[] = {
+        {"-n abc -p hi", "-n: 'abc' is not a whole number"},
+        {"-n 0 -p hi", "-n 0 would answer nothing"},
+        {"-n -5 -p hi", "-n: '-5' is not a whole number from -1"},
+        {"-n 99999999999 -p hi", "-n: '99999999999'"},
+        {"-c 0 -p hi", "-c: '0' is not a whole number from 1"},
+        {"-c 12x -p hi", "-c: '12x'"},
+        {"--temp nan -p hi", "--temp: 'nan' is not a finite number"},
+        {"--top-p 1e99 -p hi", "--top-p: '1e99'"},
+        {"--top-k -1 -p hi", "--top-k: '-1'"},
+        {"-s -1 -p hi", "-s: '-1'"},
+        {"-t many -p hi", "-t: 'many'"},
+        {"-n", "-n needs a value"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out, *err;
+        int rc = cli_chat(cases[i].args, "", 0, &out, &err);
+        CHECKF(rc == 2 && err && strstr(err, cases[i].msg), "'%s': status %d, stderr '%.200s'", cases[i].args, rc,
+               err ? err : "");
+        qsa_free(out);
+        qsa_free(err);
+    }
+}
+
+/* A turn that fails leaves the conversation going, on the first turn too (the tree before exited there:
+   "hello" was never answered); a line holding a NUL byte is refused, not cut at it; -f of what cannot be
+   read is an error, not an empty prompt.  The exit status says that a turn failed. */
+TEST(cpu, chat_cli_failed_turns_do_not_end_the_chat) {
+    CLI_SKIP_UNBUILT();
+    char *out, *err;
+    static const char bad[] = "\xff bad\nhello\n";
+    int rc = cli_chat("-n 3 --temp 0", bad, sizeof bad - 1, &out, &err);
+    CHECKF(rc == 1 && cli_count(err, "invalid UTF-8") == 1 && cli_count(err, "[prefill") == 1, "status %d, stderr '%.300s'",
+           rc, err ? err : "");
+    qsa_free(out);
+    qsa_free(err);
+    static const char nul[] = "abc\0def\nhi\n";
+    rc = cli_chat("-n 3 --temp 0", nul, sizeof nul - 1, &out, &err);
+    CHECKF(rc == 1 && cli_count(err, "NUL byte") == 1 && cli_count(err, "[prefill") == 1, "status %d, stderr '%.300s'", rc,
+           err ? err : "");
+    qsa_free(out);
+    qsa_free(err);
+    rc = cli_chat("-f /tmp -n 3", "", 0, &out, &err);
+    CHECKF(rc == 1 && err && strstr(err, "cannot read '/tmp'"), "status %d, stderr '%.300s'", rc, err ? err : "");
+    qsa_free(out);
+    qsa_free(err);
+    /* a conversation that outgrows -c: the answer that fills it says so, the next turn is refused with
+       the way out, and /reset starts over */
+    static const char conv[] = "hello there\nand again\n/reset\nhi\n";
+    rc = cli_chat("-c 40 -n -1 --temp 0 --no-stats", conv, sizeof conv - 1, &out, &err);
+    CHECKF(rc == 1 && cli_count(err, "filled the context of 40 tokens") == 2 && cli_count(err, "leaves no room") == 1 &&
+               cli_count(err, "history cleared") == 1,
+           "status %d, stderr '%.600s'", rc, err ? err : "");
+    qsa_free(out);
+    qsa_free(err);
+}
+
+/* A message longer than 64 KB is one turn (fgets into 64 KB split it into two, answered apart), and
+   a context past 32,768 tokens gets a KV pool that holds it (the library's default pool is at most
+   32,768 tokens: "-c 40000 -n -1" was refused).  The built-in tiny model with a 262,144-token config. */
+TEST(cpu, chat_cli_long_lines_and_contexts) {
+    CLI_SKIP_UNBUILT();
+    if (!qsa__file_exists(test_path("tools/make_tiny_model"))) SKIP("tools/make_tiny_model is not built");
+    char dir[] = "/tmp/qsa_cli_model_XXXXXX", cmd[4200];
+    if (!mkdtemp(dir)) { CHECK(0); return; }
+    snprintf(cmd, sizeof cmd, "'%s' '%s' --max-position-embeddings 262144 > /dev/null", test_path("tools/make_tiny_model"), dir);
+    CHECK(system(cmd) == 0);
+    size_t n = 0;
+    char *line = (char *)malloc(70010);
+    if (!line) { CHECK(0); return; }
+    while (n + 7 < 70000) { memcpy(line + n, " return", 7); n += 7; }
+    line[n++] = '\n';
+    char args[4200], *out, *err;
+    snprintf(args, sizeof args, "-m '%s' -c 30000 -n 2 --temp 0", dir);
+    int rc = cli_chat(args, line, n, &out, &err);
+    int tokens = 0;
+    const char *p = err ? strstr(err, "[prefill ") : NULL;
+    if (p) tokens = atoi(p + 9);
+    CHECKF(rc == 0 && cli_count(err, "[prefill") == 1 && tokens >= 9000, "status %d, %d answers, first prefill %d tokens",
+           rc, cli_count(err, "[prefill"), tokens);
+    qsa_free(out);
+    qsa_free(err);
+    free(line);
+    snprintf(args, sizeof args, "-m '%s' -c 40000 -n -1 --temp 0 -p hi", dir);
+    rc = cli_chat(args, "", 0, &out, &err);
+    CHECKF(rc == 0 && cli_count(err, "[prefill") == 1, "status %d, stderr '%.300s'", rc, err ? err : "");
+    qsa_free(out);
+    qsa_free(err);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+}
+
+/* batch: a request's whole-number fields out of range or with a fraction are that request's error (the
+   tree before cast 1e12 to int: undefined, the error then named -2147483648), the other requests run. */
+TEST(cpu, batch_cli_refuses_bad_numbers) {
+    if (!qsa__file_exists(test_path("examples/batch"))) SKIP("examples/batch is not built (make examples/batch)");
+    char path[] = "/tmp/qsa_cli_batch_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) { CHECK(0); return; }
+    static const char lines[] = "{\"prompt\": \"hi\", \"max_tokens\": 1e12}\n{\"prompt\": \"hi\", \"top_k\": 2.5}\n"
+                                "{\"prompt\": \"hi\", \"max_tokens\": 3}\n";
+    CHECK(write(fd, lines, sizeof lines - 1) == (ssize_t)(sizeof lines - 1));
+    close(fd);
+    char args[256], *out, *err;
+    snprintf(args, sizeof args, "--temp 0 %s", path);
+    int rc = cli_run("batch", args, "", 0, &out, &err);
+    CHECKF(rc == 3 && cli_count(out, "max_tokens\\\": expected a whole number from 0 to 2147483647") == 1 &&
+               cli_count(out, "top_k\\\": expected a whole number") == 1 && cli_count(out, "\"tokens\": 3") == 1,
+           "status %d, stdout '%.400s'", rc, out ? out : "");
+    qsa_free(out);
+    qsa_free(err);
+    snprintf(args, sizeof args, "-n abc %s", path);
+    rc = cli_run("batch", args, "", 0, &out, &err);
+    CHECKF(rc == 2 && err && strstr(err, "-n: 'abc'"), "status %d, stderr '%.200s'", rc, err ? err : "");
+    qsa_free(out);
+    qsa_free(err);
+    remove(path);
+}
