@@ -484,7 +484,8 @@ QSA_API void qsa_model_tp_reset_counters(qsa_model *model);
    any split into chunks gives the same result as feeding them at once. */
 typedef struct qsa_seq qsa_seq;
 typedef struct qsa_seq_params {
-    int n_ctx;               /* maximum tokens (prompt + generated); 0: max_position_embeddings */
+    int n_ctx;               /* maximum tokens (prompt + generated), at most max_position_embeddings (more is
+                                refused); 0: max_position_embeddings */
 } qsa_seq_params;
 
 QSA_API qsa_result qsa_seq_create(qsa_model *model, const qsa_seq_params *params, qsa_seq **out);
@@ -529,9 +530,11 @@ typedef struct qsa_sampler qsa_sampler;
 QSA_API qsa_result qsa_sampler_create(const qsa_sampling_params *params, qsa_sampler **out);
 QSA_API void qsa_sampler_free(qsa_sampler *s);
 /* Pick a token from logits[vocab] given the history (for the repetition penalty).  logits are
-   modified in place.  -1 when it cannot allocate its work buffers (a first sampling call at temperature
-   > 0 with this vocabulary size: QSA_ERR_OUT_OF_MEMORY, in qsa_last_error()); the logits are then as
-   they came. */
+   modified in place.  A NaN logit is never picked; where a logit is infinite, or the temperature (or the
+   penalty) so small that a logit over it overflows, the pick is the arg-max, the limit of a vanishing
+   temperature.  -1 on a NULL sampler or logits or vocab < 1 (QSA_ERR_INVALID_ARGUMENT), or when it cannot
+   allocate its work buffers (a first sampling call at temperature > 0 with this vocabulary size:
+   QSA_ERR_OUT_OF_MEMORY, in qsa_last_error()); the logits are then as they came. */
 QSA_API int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, const int32_t *history, int n_history);
 
 /* Generation. */
@@ -574,14 +577,20 @@ typedef struct qsa_generation {
 } qsa_generation;
 
 /* Feed the prompt, then sample and feed tokens until a stop condition.  The last generated
-   token is not fed to the sequence (the caller feeds it, e.g. as the start of the next turn). */
+   token is not fed to the sequence (the caller feeds it, e.g. as the start of the next turn).
+   A failure part-way through the generation (the KV page pool runs out: it is shared and taken a page
+   at a time; the device) returns its error with out holding the tokens generated so far, their text
+   and statistics (stop QSA_STOP_NONE), and the sequence holding everything fed; otherwise a failure
+   leaves out empty.  Free out with qsa_generation_free whatever the result. */
 QSA_API qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prompt, const qsa_generate_params *params,
                                 qsa_generation *out);
 QSA_API void qsa_generation_free(qsa_generation *g);
 
 /* Capture/replay (debugging the determinism contract; see docs/DETERMINISM.md).  Record QSA layer
    `layer` of a sequence from now on: each query's q|gate, block selection, attention plan and gated
-   output.  _end writes them with the layer's K/V pages and block table to a safetensors file. */
+   output.  _end writes them with the layer's K/V pages and block table to a safetensors file and ends
+   the capture; when it fails (a path it cannot write, out of memory) the capture goes on and _end can
+   be called again.  A _begin that fails leaves a capture in progress as it was. */
 QSA_API qsa_result qsa_seq_capture_begin(qsa_seq *seq, int layer);
 QSA_API qsa_result qsa_seq_capture_end(qsa_seq *seq, const char *path);
 
@@ -6958,13 +6967,19 @@ struct qsa_seq {
 QSA_PRIV qsa_result qsa__seq_reserve(qsa_seq *s, int need) {
     qsa__pool *pl = &s->m->pool;
     if (!pl->n_qsa) return QSA_OK;
-    int want = (need + pl->page_size - 1) / pl->page_size;
+    int want = (int)(((int64_t)need + pl->page_size - 1) / pl->page_size);
     if (want <= s->n_pages) return QSA_OK;
     if (want - s->n_pages > pl->n_free)
         return qsa__fail(QSA_ERR_CONTEXT_FULL, "KV page pool: %d more pages of %d tokens needed, %d free of %d",
                          want - s->n_pages, pl->page_size, pl->n_free, pl->n_pages);
     while (s->n_pages < want) s->bt[s->n_pages++] = pl->free_pages[--pl->n_free];
     return QSA_OK;
+}
+
+/* Give back the pages taken since n_pages was `had` (reverse order: the free list is restored exactly). */
+QSA_PRIV void qsa__seq_unreserve(qsa_seq *s, int had) {
+    qsa__pool *pl = &s->m->pool;
+    while (s->n_pages > had) pl->free_pages[pl->n_free++] = s->bt[--s->n_pages];
 }
 
 QSA_PRIV void qsa__seq_release(qsa_seq *s) {
@@ -7034,9 +7049,10 @@ QSA_IMPL void qsa_seq_free(qsa_seq *s) {
 QSA_IMPL qsa_result qsa_seq_create(qsa_model *m, const qsa_seq_params *params, qsa_seq **out) {
     if (!m || !out) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_create: NULL argument");
     *out = NULL;
-    if (params && params->n_ctx < 0)
-        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_create: n_ctx %d: expected >= 0 (0: max_position_embeddings)", params->n_ctx);
     const qsa_model_config *c = &m->cfg;
+    if (params && (params->n_ctx < 0 || params->n_ctx > c->max_position_embeddings))
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_create: n_ctx %d: expected 0 (max_position_embeddings) to %d",
+                         params->n_ctx, c->max_position_embeddings);
     qsa_seq *s = QSA__CALLOC(qsa_seq, 1);
     if (!s) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_seq_create: out of memory");
     s->m = m;
@@ -7760,17 +7776,20 @@ QSA_PRIV qsa_result qsa__moe_fwd(const qsa_model *m, const qsa__moe_w *w, const 
     return qsa__moe_chunk(m, w, x, 1, out, margin);
 }
 
-/* What qsa_seq_feed checks before anything changes: context room and token ids. */
-QSA_PRIV qsa_result qsa__seq_feed_check(const qsa_seq *sq, const int32_t *ids, int n) {
+/* What qsa_seq_feed checks before anything changes: context room and token ids.  `who` starts the
+   messages ("qsa_seq_feed", or a batch's "qsa_seq_feed_batch: sequence 3"). */
+QSA_PRIV qsa_result qsa__seq_feed_check(const qsa_seq *sq, const int32_t *ids, int n, const char *who) {
     int V = sq->m->cfg.vocab_size;
     if (sq->broken)
-        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed: an earlier feed of this sequence failed part-way through "
-                         "its forward pass, or its last reset failed on the device; qsa_seq_reset it first");
-    if (sq->pos + n > sq->n_ctx)
-        return qsa__fail(QSA_ERR_CONTEXT_FULL, "qsa_seq_feed: %d + %d tokens exceed the context of %d", sq->pos, n, sq->n_ctx);
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "%s: an earlier feed of this sequence failed part-way through "
+                         "its forward pass, or its last reset failed on the device; qsa_seq_reset it first", who);
+    if (n > sq->n_ctx - sq->pos)
+        return qsa__fail(QSA_ERR_CONTEXT_FULL, "%s: %d + %d tokens exceed the context of %d", who, sq->pos, n, sq->n_ctx);
     for (int t = 0; t < n; t++)
-        if (ids[t] < 0 || ids[t] >= V)
-            return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed: token %d at index %d is outside the vocabulary [0, %d)", ids[t], t, V);
+        if (ids[t] < 0 || ids[t] >= V) {
+            if (n == 1) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "%s: token %d is outside the vocabulary [0, %d)", who, ids[t], V);
+            return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "%s: token %d at index %d is outside the vocabulary [0, %d)", who, ids[t], t, V);
+        }
     return QSA_OK;
 }
 
@@ -7790,7 +7809,8 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
     const qsa_model_config *c = &m->cfg;
     int H = c->hidden_size, hc = c->hc_count, hcH = hc * H, V = c->vocab_size;
     if (n <= 0) return QSA_OK;
-    QSA__TRY(qsa__seq_feed_check(sq, ids, n));
+    QSA__TRY(qsa__seq_feed_check(sq, ids, n, "qsa_seq_feed"));
+    int had = sq->n_pages; /* a failure before the layers gives back the pages this feed took */
     QSA__TRY(qsa__seq_reserve(sq, sq->pos + n));
 #ifndef QSA_NO_CUDA
     /* one token (decode) on one GPU: the batched step for a batch of one, replayed as a CUDA graph
@@ -7860,6 +7880,7 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
 done:
     qsa__free(X); qsa__free(sc.xn); qsa__free(sc.mw); qsa__free(sc.low); qsa__free(sc.inj); qsa__free(sc.inp); qsa__free(sc.out);
     qsa__free(margins);
+    if (r != QSA_OK && !sq->broken) qsa__seq_unreserve(sq, had);
     return r;
 }
 
@@ -7868,11 +7889,6 @@ QSA_IMPL qsa_result qsa_seq_feed(qsa_seq *seq, const int32_t *ids, int n, float 
     return qsa__seq_feed(seq, ids, n, logits, all_logits);
 }
 
-/* Give back the pages taken since n_pages was `had` (reverse order: the free list is restored exactly). */
-QSA_PRIV void qsa__seq_unreserve(qsa_seq *s, int had) {
-    qsa__pool *pl = &s->m->pool;
-    while (s->n_pages > had) pl->free_pages[pl->n_free++] = s->bt[--s->n_pages];
-}
 
 QSA_PRIV int32_t qsa__argmax(const float *x, int n);
 /* qsa_seq_feed_batch (next NULL) and qsa_seq_feed_batch_greedy (logits NULL) */
@@ -7886,7 +7902,9 @@ QSA_PRIV qsa_result qsa__feed_batch(qsa_seq **seqs, const int32_t *tokens, int n
             return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "%s: sequence %d is NULL or of another model", fn, i);
         for (int j = 0; j < i; j++)
             if (seqs[j] == seqs[i]) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "%s: sequences %d and %d are the same", fn, j, i);
-        QSA__TRY(qsa__seq_feed_check(seqs[i], &tokens[i], 1));
+        char who[64];
+        snprintf(who, sizeof who, "%s: sequence %d", fn, i);
+        QSA__TRY(qsa__seq_feed_check(seqs[i], &tokens[i], 1, who));
     }
     /* one forward pass for the batch on CUDA, else qsa_seq_feed per sequence (greedy: into a row) */
     int batched = 0;
@@ -7918,27 +7936,32 @@ QSA_PRIV qsa_result qsa__feed_batch(qsa_seq **seqs, const int32_t *tokens, int n
         qsa__free(row);
         return qsa__fail(r, "%s: sequence %d: %s", fn, bad, msg);
     }
-    qsa__free(had);
+    int fed = 0; /* the sequences fed, in order, before a failure */
 #ifndef QSA_NO_CUDA
     if (batched) {
         int group = m->params.max_batch < m->params.max_chunk ? m->params.max_batch : m->params.max_chunk;
-        for (int t0 = 0; t0 < n; t0 += group) {
-            int B = n - t0 < group ? n - t0 : group;
-            r = qsa__cuda_decode_batch(m, seqs + t0, tokens + t0, B, logits ? logits + (size_t)t0 * V : NULL,
-                                       next ? next + t0 : NULL);
+        for (; fed < n; fed += group) {
+            int B = n - fed < group ? n - fed : group;
+            r = qsa__cuda_decode_batch(m, seqs + fed, tokens + fed, B, logits ? logits + (size_t)fed * V : NULL,
+                                       next ? next + fed : NULL);
             if (r != QSA_OK) {
-                for (int k = t0; k < t0 + B; k++) seqs[k]->broken = 1;
+                for (int k = fed; k < fed + B; k++) seqs[k]->broken = 1;
                 break;
             }
-            for (int k = t0; k < t0 + B; k++) seqs[k]->tokens[seqs[k]->pos++] = tokens[k];
+            for (int k = fed; k < fed + B; k++) seqs[k]->tokens[seqs[k]->pos++] = tokens[k];
         }
-        return r;
     }
 #endif
-    for (int k = 0; r == QSA_OK && k < n; k++) {
-        r = qsa__seq_feed(seqs[k], &tokens[k], 1, next ? row : logits ? logits + (size_t)k * V : NULL, 0);
-        if (r == QSA_OK && next) next[k] = qsa__argmax(row, (int)V);
+    for (; !batched && fed < n; fed++) {
+        r = qsa__seq_feed(seqs[fed], &tokens[fed], 1, next ? row : logits ? logits + (size_t)fed * V : NULL, 0);
+        if (r != QSA_OK) break;
+        if (next) next[fed] = qsa__argmax(row, (int)V);
     }
+    /* after a failure the sequences not fed give back the pages taken above (those it left broken keep
+       them until their reset) */
+    for (int j = fed; r != QSA_OK && j < n; j++)
+        if (!seqs[j]->broken) qsa__seq_unreserve(seqs[j], had[j]);
+    qsa__free(had);
     qsa__free(row);
     return r;
 }
@@ -8032,6 +8055,10 @@ QSA_PRIV void qsa__cand_sort(const float *l, int32_t *v, int n) {
 }
 
 QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, const int32_t *hist, int n_hist) {
+    if (!s || !logits || vocab < 1) {
+        qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sampler_sample: %s", vocab < 1 ? "vocab < 1" : "NULL sampler or logits");
+        return -1;
+    }
     const qsa_sampling_params *p = &s->p;
     if (p->temperature > 0.0f && s->cap < vocab) {
         int32_t *idx = (int32_t *)qsa__realloc(s->idx, sizeof(int32_t) * (size_t)vocab);
@@ -8055,6 +8082,15 @@ QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, co
         }
     }
     if (p->temperature <= 0.0f) return qsa__argmax(logits, vocab);
+    /* NaN never wins (as at temperature 0: it weighs nothing); where the largest logit over the temperature
+       is infinite (an infinite logit, or a temperature or penalty so small that it overflows) the draw is
+       the limit of a vanishing temperature, the arg-max; where every logit is -inf, the arg-max too */
+    float lmax = -INFINITY;
+    for (int i = 0; i < vocab; i++) {
+        if (logits[i] != logits[i]) logits[i] = -INFINITY;
+        lmax = logits[i] > lmax ? logits[i] : lmax;
+    }
+    if (lmax == -INFINITY || isinf(lmax / p->temperature)) return qsa__argmax(logits, vocab);
     for (int i = 0; i < vocab; i++) logits[i] /= p->temperature;
     int n = vocab;
     for (int i = 0; i < vocab; i++) s->idx[i] = i;
@@ -8159,6 +8195,7 @@ QSA_IMPL qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prom
     if (tok) qsa_detok_stream_init(&ds, tok, QSA_DETOK_SKIP_SPECIAL | QSA_DETOK_SKIP_UNKNOWN);
     size_t emitted = 0;
     qsa_result r = QSA_OK;
+    char emsg[1024]; /* a failure part-way: its message, kept over the text's completion */
     if (!logits || !out->tokens || !qsa__buf_reserve(&text, 64)) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_generate: out of memory"); goto done; }
     double t0, t_first;
     t0 = t_first = qsa__now();
@@ -8169,7 +8206,7 @@ QSA_IMPL qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prom
     out->stats.prefill_s = qsa__now() - t0;
     for (;;) {
         int32_t t = qsa_sampler_sample(smp, logits, V, seq->tokens, seq->pos);
-        if (t < 0) { r = QSA_ERR_OUT_OF_MEMORY; goto done; }
+        if (t < 0) { r = QSA_ERR_OUT_OF_MEMORY; break; }
         out->tokens[out->n_tokens++] = t;
         double now = qsa__now();
         if (out->n_tokens == 1) { t_first = now; out->stats.ttft_s = now - t0; }
@@ -8181,8 +8218,8 @@ QSA_IMPL qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prom
         if (tok) {
             const char *piece;
             size_t plen;
-            if ((r = qsa_detok_stream_push(&ds, t, &piece, &plen)) != QSA_OK) goto done;
-            if (!qsa__buf_put(&text, piece, plen)) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_generate: out of memory"); goto done; }
+            if ((r = qsa_detok_stream_push(&ds, t, &piece, &plen)) != QSA_OK) break;
+            if (!qsa__buf_put(&text, piece, plen)) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_generate: out of memory"); break; }
         }
         /* stop strings: cut the text at the earliest match */
         int64_t at = qsa__stop_find(text.data, text.len, old, p.stop_strings, p.n_stop_strings);
@@ -8196,8 +8233,10 @@ QSA_IMPL qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prom
         }
         if (stopped) { out->stop = QSA_STOP_STRING; break; }
         if (out->n_tokens >= max_new) { out->stop = QSA_STOP_MAX_TOKENS; break; }
-        if ((r = qsa_seq_feed(seq, &t, 1, logits, 0)) != QSA_OK) goto done;
+        if ((r = qsa_seq_feed(seq, &t, 1, logits, 0)) != QSA_OK) break; /* (the pool or the device, part-way) */
     }
+    /* (after a failure part-way, out keeps what was generated: its tokens, text and statistics, stop NONE) */
+    if (r != QSA_OK) snprintf(emsg, sizeof emsg, "%s", qsa_last_error());
     if (tok && out->stop != QSA_STOP_STRING && out->stop != QSA_STOP_CALLBACK) {
         /* text held back for a stop string that never came, then any incomplete UTF-8 tail */
         const char *piece;
@@ -8211,12 +8250,13 @@ QSA_IMPL qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prom
     out->text = text.data ? text.data : qsa__strdup("");
     out->text_len = text.len;
     text.data = NULL;
+    if (r != QSA_OK) qsa__fail(r, "%s", emsg);
 done:
     if (tok) qsa_detok_stream_free(&ds);
     qsa__buf_free(&text);
     qsa_host_free(logits);
     qsa_sampler_free(smp);
-    if (r != QSA_OK) qsa_generation_free(out);
+    if (r != QSA_OK && !out->n_tokens) qsa_generation_free(out);
     return r;
 }
 
@@ -8285,18 +8325,21 @@ QSA_PRIV qsa_result qsa__st_write(const char *path, const qsa__st_out *t, int n)
 /* ============================================================================================== */
 
 QSA_IMPL qsa_result qsa_seq_capture_begin(qsa_seq *s, int layer) {
-    if (!s || layer < 0 || layer >= s->m->cfg.num_hidden_layers || s->m->cfg.layer_types[layer] != QSA_LAYER_QSA)
+    if (!s) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_capture_begin: NULL sequence");
+    if (layer < 0 || layer >= s->m->cfg.num_hidden_layers || s->m->cfg.layer_types[layer] != QSA_LAYER_QSA)
         return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_capture_begin: layer %d is not a QSA layer", layer);
     if (s->cuda) return qsa__fail(QSA_ERR_UNSUPPORTED, "qsa_seq_capture_begin: capture runs on the CPU backend");
+    qsa__capture *cap = QSA__CALLOC(qsa__capture, 1); /* (a capture in progress stays when this fails) */
+    if (!cap) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "capture: out of memory");
     qsa__capture_free(s);
-    s->cap = QSA__CALLOC(qsa__capture, 1);
-    if (!s->cap) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "capture: out of memory");
+    s->cap = cap;
     s->cap->layer = layer;
     return QSA_OK;
 }
 
 QSA_IMPL qsa_result qsa_seq_capture_end(qsa_seq *s, const char *path) {
-    if (!s || !s->cap || !path) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_capture_end: no capture in progress");
+    if (!s || !path) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_capture_end: NULL %s", s ? "path" : "sequence");
+    if (!s->cap) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_capture_end: no capture in progress");
     const qsa_model_config *c = &s->m->cfg;
     const qsa__pool *pl = &s->m->pool;
     qsa__capture *cp = s->cap;
@@ -8308,6 +8351,7 @@ QSA_IMPL qsa_result qsa_seq_capture_end(qsa_seq *s, const char *path) {
     size_t page_vals = (size_t)ps * pl->kvd;
     float *k = QSA__ALLOC(float, (size_t)np * page_vals + 1), *v = QSA__ALLOC(float, (size_t)np * page_vals + 1);
     int32_t end = (int32_t)(cp->seg.len / sizeof(qsa__seg));
+    size_t off_len = cp->seg_off.len; /* (the entry added here goes again when the write fails) */
     qsa_result r = QSA_OK;
     if (!k || !v || !qsa__buf_put(&cp->seg_off, &end, 4)) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "capture: out of memory");
     if (r == QSA_OK) {
@@ -8335,7 +8379,8 @@ QSA_IMPL qsa_result qsa_seq_capture_end(qsa_seq *s, const char *path) {
     }
     qsa__free(k);
     qsa__free(v);
-    qsa__capture_free(s);
+    if (r == QSA_OK) qsa__capture_free(s);
+    else cp->seg_off.len = off_len; /* the capture goes on: end it again, with another path */
     return r;
 }
 
@@ -13674,7 +13719,7 @@ QSA_PRIV void qsa__sched_decode(qsa_sched *s) {
         qsa__sched_req *q = s->reqs[i];
         if (q->status != QSA_REQ_DECODE) continue;
         int32_t t = q->tokens[q->n_tokens - 1];
-        qsa_result r = qsa__seq_feed_check(q->seq, &t, 1);
+        qsa_result r = qsa__seq_feed_check(q->seq, &t, 1, "qsa_seq_feed");
         if (r == QSA_OK) r = qsa__seq_reserve(q->seq, q->seq->pos + 1);
         if (r != QSA_OK) {
             qsa__sched_account(s, q);

@@ -504,7 +504,7 @@ TEST(cpu, model_params_refused_by_name) {
     if (!m) return;
     qsa_seq_params sp = {-5};
     qsa_seq *s = (qsa_seq *)1;
-    CHECK_ERR(qsa_seq_create(m, &sp, &s), QSA_ERR_INVALID_ARGUMENT, "n_ctx -5: expected >= 0");
+    CHECK_ERR(qsa_seq_create(m, &sp, &s), QSA_ERR_INVALID_ARGUMENT, "n_ctx -5: expected 0 (max_position_embeddings) to");
     CHECK(s == NULL);
     qsa_model_free(m);
 }

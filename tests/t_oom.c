@@ -152,7 +152,7 @@ static void to_sweep_generation(qsa_model *m, long stride) {
         long left = tq_fail_at; /* (-1 once allocation k was made to fail) */
         tq_fail_at = -1;
         TO_EXPECT(left < 0, k, n, "fewer allocations than counted");
-        if (r == QSA_OK) qsa_generation_free(&g);
+        qsa_generation_free(&g); /* (a failure part-way leaves the tokens generated) */
         int failed = r == QSA_ERR_OUT_OF_MEMORY && qsa_last_error()[0], refused = 1, again_same = 1;
         TO_EXPECT(failed, k, n, "qsa_seq_create + qsa_generate");
         if (s) { /* the sequence that failed: refused while broken, the oracle's tokens once reset */

@@ -1616,13 +1616,13 @@ TEST(cpu, sequence_whose_device_reset_fails_refuses_feeds) {
         fd_memset_fails = 1;
         qsa_seq_reset(s);
         int32_t id = 1;
-        qsa_result r = qsa__seq_feed_check(s, &id, 1);
+        qsa_result r = qsa__seq_feed_check(s, &id, 1, "qsa_seq_feed");
         CHECKF(s->broken && s->cuda->bt_synced == 0 && r == QSA_ERR_INVALID_ARGUMENT && strstr(qsa_last_error(), "reset"),
                "after a failed device reset: broken %d, block-table pages counted as sent %d, a feed: %s (%s)", s->broken,
                s->cuda->bt_synced, qsa_result_string(r), qsa_last_error());
         fd_memset_fails = 0;
         qsa_seq_reset(s);
-        CHECKF(!s->broken && qsa__seq_feed_check(s, &id, 1) == QSA_OK, "a reset that succeeds still leaves the sequence refusing "
+        CHECKF(!s->broken && qsa__seq_feed_check(s, &id, 1, "qsa_seq_feed") == QSA_OK, "a reset that succeeds still leaves the sequence refusing "
                "feeds: %s", qsa_last_error());
         qsa_seq_free(s);
     }
@@ -2579,6 +2579,7 @@ TEST(nccl, tp2_scheduler_matches_alone_and_tp1) {
             /* the oracle: the same request alone through qsa_generate on the TP = 2 model */
             qsa_seq *sq = NULL;
             qsa_generation g;
+            memset(&g, 0, sizeof g);
             qsa_generate_params gp;
             memset(&gp, 0, sizeof gp);
             gp.max_tokens = NT;
@@ -2588,8 +2589,8 @@ TEST(nccl, tp2_scheduler_matches_alone_and_tp1) {
             if (sq && qsa_generate(sq, prompt[q], n[q], &gp, &g) == QSA_OK) {
                 CHECKF(g.n_tokens == NT && !memcmp(g.tokens, got[1][q], sizeof got[1][q]),
                        "TP 2 request %d: the scheduler's tokens differ from the request alone", q);
-                qsa_generation_free(&g);
             } else CHECKF(0, "TP 2 request %d alone: %s", q, qsa_last_error());
+            qsa_generation_free(&g);
             qsa_seq_free(sq);
         }
         qsa_sched_free(s);

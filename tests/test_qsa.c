@@ -23,6 +23,7 @@ static void tq_free(void *p);
 #include "../qsa_runtime.h"
 
 #include <execinfo.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,6 +135,7 @@ static QSA__UNUSED qsa__tensor test_tensor(const char *name, qsa__dtype dtype, c
 #include "t_tp_rdv.c"
 #include "t_sched.c"
 #include "t_cli.c"
+#include "t_api.c"
 #include "t_oom.c"
 
 int main(int argc, char **argv) {
