@@ -497,8 +497,8 @@ QSA_API int qsa_seq_pos(const qsa_seq *seq); /* tokens fed so far */
 /* Feed n tokens.  logits (may be NULL): receives vocab_size floats for the last token, or
    n * vocab_size floats (row i for token i) when all_logits is non-zero.  A refusal (bad ids, a full
    context, no KV pages) changes nothing.  A failure part-way through the forward pass (out of memory,
-   a device error) leaves some layers' states advanced: the sequence then refuses every feed, saying
-   so, until qsa_seq_reset. */
+   a device error) leaves some layers' states advanced: the sequence then refuses every feed (of 0
+   tokens too), saying so, until qsa_seq_reset. */
 QSA_API qsa_result qsa_seq_feed(qsa_seq *seq, const int32_t *ids, int n, float *logits, int all_logits);
 /* One decode step for n sequences of one model: tokens[i] is fed to seqs[i] (distinct sequences);
    logits (may be NULL) receives n * vocab_size floats, row i for sequence i.  Bitwise the same as
@@ -522,7 +522,7 @@ typedef struct qsa_sampling_params {
     float top_p;              /* 0 or 1: off */
     float min_p;              /* 0: off */
     float repetition_penalty; /* 0 or 1: off (CTRL-style: logit/p if > 0 else logit*p) */
-    int penalty_last_n;       /* tokens looked back for the penalty (0: 64, -1: whole history) */
+    int penalty_last_n;       /* tokens looked back for the penalty (0: 64, -1: whole history; < -1 refused) */
     uint64_t seed;            /* RNG seed (same seed + same logits = same tokens) */
 } qsa_sampling_params;
 
@@ -556,7 +556,7 @@ typedef int (*qsa_token_callback)(void *user, int32_t token, const char *text, s
 
 typedef struct qsa_generate_params {
     qsa_sampling_params sampling;
-    int max_tokens;                   /* 0: until EOS or the context is full */
+    int max_tokens;                   /* 0: until EOS or the context is full (negative: refused) */
     const char *const *stop_strings;  /* generation stops when the text ends with one of these */
     int n_stop_strings;
     const int32_t *eos_ids;           /* NULL: the model's EOS ids (generation_config, else config) */
@@ -590,7 +590,8 @@ QSA_API void qsa_generation_free(qsa_generation *g);
    `layer` of a sequence from now on: each query's q|gate, block selection, attention plan and gated
    output.  _end writes them with the layer's K/V pages and block table to a safetensors file and ends
    the capture; when it fails (a path it cannot write, out of memory) the capture goes on and _end can
-   be called again.  A _begin that fails leaves a capture in progress as it was. */
+   be called again.  A _begin that fails leaves a capture in progress as it was; qsa_seq_reset drops
+   the queries recorded so far (their KV pages are given back) and the capture goes on. */
 QSA_API qsa_result qsa_seq_capture_begin(qsa_seq *seq, int layer);
 QSA_API qsa_result qsa_seq_capture_end(qsa_seq *seq, const char *path);
 
@@ -6987,6 +6988,11 @@ QSA_PRIV void qsa__seq_release(qsa_seq *s) {
     while (s->n_pages > 0) pl->free_pages[pl->n_free++] = s->bt[--s->n_pages];
 }
 
+QSA_PRIV void qsa__capture_clear(qsa__capture *c) {
+    c->n = 0;
+    c->pos.len = c->q.len = c->sel.len = c->nsel.len = c->out.len = c->seg.len = c->seg_off.len = 0;
+}
+
 QSA_IMPL void qsa_seq_reset(qsa_seq *s) {
     const qsa_model_config *c = &s->m->cfg;
     int key_dim = c->linear_num_key_heads * c->linear_key_head_dim;
@@ -7005,6 +7011,7 @@ QSA_IMPL void qsa_seq_reset(qsa_seq *s) {
             memset(sl->ple_conv, 0, sizeof(float) * (size_t)(c->ple_conv_kernel_size - 1) * (size_t)c->ngram_size * (size_t)hcH);
     }
     qsa__seq_release(s);
+    if (s->cap) qsa__capture_clear(s->cap); /* its queries attended to the KV pages just given back */
     s->pos = 0;
     s->broken = 0;
 #ifndef QSA_NO_CUDA
@@ -7808,8 +7815,8 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
     qsa_model *m = sq->m;
     const qsa_model_config *c = &m->cfg;
     int H = c->hidden_size, hc = c->hc_count, hcH = hc * H, V = c->vocab_size;
+    QSA__TRY(qsa__seq_feed_check(sq, ids, n, "qsa_seq_feed")); /* (a broken sequence refuses 0 tokens too) */
     if (n <= 0) return QSA_OK;
-    QSA__TRY(qsa__seq_feed_check(sq, ids, n, "qsa_seq_feed"));
     int had = sq->n_pages; /* a failure before the layers gives back the pages this feed took */
     QSA__TRY(qsa__seq_reserve(sq, sq->pos + n));
 #ifndef QSA_NO_CUDA
@@ -8004,12 +8011,13 @@ QSA_IMPL qsa_result qsa_sampler_create(const qsa_sampling_params *params, qsa_sa
     qsa_sampling_params p = s->p;
     /* written so that NaN fails every test */
     if (!(p.temperature >= 0 && p.temperature < INFINITY) || !(p.top_p >= 0 && p.top_p <= 1) || !(p.min_p >= 0 && p.min_p <= 1) ||
-        !(p.repetition_penalty >= 0 && p.repetition_penalty < INFINITY) || p.top_k < 0) {
+        !(p.repetition_penalty >= 0 && p.repetition_penalty < INFINITY) || p.top_k < 0 || p.penalty_last_n < -1) {
         qsa__free(s);
         return qsa__fail(QSA_ERR_INVALID_ARGUMENT,
-                         "qsa_sampler_create: temperature %g, top_k %d, top_p %g, min_p %g, repetition_penalty %g: "
-                         "expected a finite temperature >= 0, top_k >= 0, top_p and min_p in [0, 1], a finite penalty >= 0",
-                         p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty);
+                         "qsa_sampler_create: temperature %g, top_k %d, top_p %g, min_p %g, repetition_penalty %g, penalty_last_n %d: "
+                         "expected a finite temperature >= 0, top_k >= 0, top_p and min_p in [0, 1], a finite penalty >= 0, "
+                         "penalty_last_n >= -1",
+                         p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, p.penalty_last_n);
     }
     QSA__DEF(s->p.penalty_last_n, 64);
     uint64_t x = s->p.seed;
@@ -8164,6 +8172,9 @@ QSA_IMPL qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prom
     qsa_generate_params p;
     memset(&p, 0, sizeof p);
     if (gp) p = *gp;
+    if (p.max_tokens < 0 || p.n_stop_strings < 0 || (p.eos_ids && p.n_eos_ids < 0))
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_generate: max_tokens %d, n_stop_strings %d, n_eos_ids %d: expected >= 0",
+                         p.max_tokens, p.n_stop_strings, p.n_eos_ids);
     if (p.n_stop_strings > 0 && !p.stop_strings)
         return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_generate: n_stop_strings %d with NULL stop_strings", p.n_stop_strings);
     for (int i = 0; i < p.n_stop_strings; i++)

@@ -206,3 +206,86 @@ out:
     qsa_seq_free(b);
     qsa_model_free(m);
 }
+
+/* A sequence a failed feed left broken refuses a feed of 0 tokens too (it returned OK, as if the
+   sequence could go on); negative counts in the generation and sampling parameters are refused (a
+   negative max_tokens meant no limit, penalty_last_n -5 looked back over the whole history). */
+TEST(cpu, broken_sequences_and_negative_counts_are_refused) {
+    qsa_model *m = cpu_fixture("qsa_hc4_ple_sharded");
+    if (!m) return;
+    int32_t ids[40];
+    for (int i = 0; i < 40; i++) ids[i] = (int32_t)((i * 37 + 11) % m->cfg.vocab_size);
+    qsa_seq *s = NULL;
+    int broke = 0;
+    for (long k = 0; !broke; k++) { /* fail each allocation of a feed in turn until one breaks the sequence */
+        qsa_seq_free(s);
+        s = NULL;
+        CHECK_OK(qsa_seq_create(m, NULL, &s));
+        if (!s) break;
+        tq_fail_at = k;
+        qsa_result r = qsa_seq_feed(s, ids, 40, NULL, 0);
+        tq_fail_at = -1;
+        if (r == QSA_OK) break;
+        broke = s->broken;
+    }
+    CHECK(broke);
+    if (broke) {
+        CHECK_ERR(qsa_seq_feed(s, ids, 0, NULL, 0), QSA_ERR_INVALID_ARGUMENT, "qsa_seq_reset it first");
+        qsa_seq_reset(s);
+        CHECK_OK(qsa_seq_feed(s, ids, 0, NULL, 0));
+        CHECK_OK(qsa_seq_feed(s, ids, 4, NULL, 0));
+    }
+    qsa_generate_params gp;
+    memset(&gp, 0, sizeof gp);
+    qsa_generation g;
+    gp.max_tokens = -1;
+    if (s) CHECK_ERR(qsa_generate(s, ids, 4, &gp, &g), QSA_ERR_INVALID_ARGUMENT, "max_tokens -1");
+    gp.max_tokens = 2;
+    gp.n_stop_strings = -1;
+    if (s) CHECK_ERR(qsa_generate(s, ids, 4, &gp, &g), QSA_ERR_INVALID_ARGUMENT, "n_stop_strings -1");
+    gp.n_stop_strings = 0;
+    gp.eos_ids = ids;
+    gp.n_eos_ids = -2;
+    if (s) CHECK_ERR(qsa_generate(s, ids, 4, &gp, &g), QSA_ERR_INVALID_ARGUMENT, "n_eos_ids -2");
+    gp.n_eos_ids = 0;
+    gp.sampling.penalty_last_n = -5;
+    if (s) CHECK_ERR(qsa_generate(s, ids, 4, &gp, &g), QSA_ERR_INVALID_ARGUMENT, "penalty_last_n -5");
+    if (s) CHECK(qsa_seq_pos(s) == 4);
+    gp.sampling.penalty_last_n = -1; /* the whole history: allowed */
+    if (s) {
+        CHECK_OK(qsa_generate(s, ids, 4, &gp, &g));
+        CHECK(g.n_tokens == 2);
+        qsa_generation_free(&g);
+    }
+    qsa_seq_free(s);
+    qsa_model_free(m);
+}
+
+/* qsa_seq_reset during a capture drops the queries recorded before it: they attended to KV pages the
+   reset gave back, and the capture file held them beside the new sequence's pages (its replay then
+   disagreed with the capture).  The capture goes on over the sequence fed after the reset. */
+TEST(cpu, reset_during_a_capture_drops_the_queries_before_it) {
+    qsa_model *m = cpu_fixture("qsa_hc4_ple_sharded");
+    if (!m) return;
+    qsa_seq *s = NULL;
+    CHECK_OK(qsa_seq_create(m, NULL, &s));
+    if (!s) { qsa_model_free(m); return; }
+    int32_t a[40], b[24];
+    for (int i = 0; i < 40; i++) a[i] = (int32_t)((i * 37 + 11) % m->cfg.vocab_size);
+    for (int i = 0; i < 24; i++) b[i] = (int32_t)((i * 53 + 5) % m->cfg.vocab_size);
+    CHECK_OK(qsa_seq_capture_begin(s, 1));
+    CHECK_OK(qsa_seq_feed(s, a, 40, NULL, 0));
+    qsa_seq_reset(s);
+    CHECK(s->cap && s->cap->n == 0);
+    CHECK_OK(qsa_seq_feed(s, b, 24, NULL, 0));
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/qsa_test_capture_reset_%d.safetensors", (int)getpid());
+    CHECK_OK(qsa_seq_capture_end(s, path));
+    qsa_replay_report rep;
+    memset(&rep, 0, sizeof rep);
+    CHECK_OK(qsa_replay_capture(path, QSA_REPLAY_FROZEN_PLAN, &rep));
+    CHECKF(rep.n_queries == 24 && rep.n_differ == 0, "%lld queries, %lld differ", (long long)rep.n_queries, (long long)rep.n_differ);
+    remove(path);
+    qsa_seq_free(s);
+    qsa_model_free(m);
+}
