@@ -389,8 +389,9 @@ QSA_API void qsa_detok_stream_free(qsa_detok_stream *s);
 
 /* ChatML: "<|im_start|>ROLE\nCONTENT<|im_end|>\n" per message, then "<|im_start|>assistant\n" when
    add_generation_prompt.  The marker strings are the tokenizer's own added tokens (QSA_ERR_NOT_FOUND
-   when it has none).  *out is allocated and NUL-terminated (free with qsa_free); tokenize it with
-   parse_special = 1. */
+   when it has none).  A role or content that is not well-formed UTF-8 is refused, the error naming
+   the message and the byte offset in it.  *out is allocated and NUL-terminated (free with qsa_free);
+   tokenize it with parse_special = 1. */
 typedef struct qsa_chat_message {
     const char *role;
     const char *content;
@@ -5857,6 +5858,12 @@ QSA_IMPL qsa_result qsa_chat_apply_template(const qsa_tokenizer *t, const qsa_ch
             qsa__buf_free(&b);
             return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_chat_apply_template: message %zu has a NULL %s", i,
                              msgs[i].role ? "content" : "role");
+        }
+        char what[96]; /* (offsets in the role or the content, not in the templated text) */
+        for (int k = 0; k < 2; k++) {
+            const char *f = k ? msgs[i].content : msgs[i].role;
+            snprintf(what, sizeof what, "qsa_chat_apply_template: message %zu's %s", i, k ? "content" : "role");
+            if (qsa__u8_validate(f, strlen(f), what) != QSA_OK) { qsa__buf_free(&b); return QSA_ERR_INVALID_ARGUMENT; }
         }
         ok = qsa__buf_puts(&b, marks[0]) && qsa__buf_puts(&b, msgs[i].role) && qsa__buf_puts(&b, "\n") &&
              qsa__buf_puts(&b, msgs[i].content) && qsa__buf_puts(&b, marks[1]) && qsa__buf_puts(&b, "\n");

@@ -79,8 +79,8 @@ TEST(cpu, chat_cli_failed_turns_do_not_end_the_chat) {
     char *out, *err;
     static const char bad[] = "\xff bad\nhello\n";
     int rc = cli_chat("-n 3 --temp 0", bad, sizeof bad - 1, &out, &err);
-    CHECKF(rc == 1 && cli_count(err, "invalid UTF-8") == 1 && cli_count(err, "[prefill") == 1, "status %d, stderr '%.300s'",
-           rc, err ? err : "");
+    CHECKF(rc == 1 && cli_count(err, "invalid UTF-8 at byte offset 0 ") == 1 && cli_count(err, "[prefill") == 1,
+           "status %d, stderr '%.300s'", rc, err ? err : "");
     qsa_free(out);
     qsa_free(err);
     static const char nul[] = "abc\0def\nhi\n";

@@ -592,6 +592,16 @@ TEST(cpu, tok_chat_template_chatml) {
     qsa_free(s);
     msgs[0].content = NULL;
     CHECK_ERR(qsa_chat_apply_template(t, msgs, 1, 0, &s), QSA_ERR_INVALID_ARGUMENT, "message 0 has a NULL content");
+    /* ill-formed UTF-8 is refused with the offset in the message (it was found by qsa_tokenize, at an
+       offset in the templated text) */
+    msgs[0].content = "ok";
+    msgs[1].content = "ab\xc3(";
+    CHECK_ERR(qsa_chat_apply_template(t, msgs, 2, 1, &s), QSA_ERR_INVALID_ARGUMENT,
+              "message 1's content: invalid UTF-8 at byte offset 3");
+    CHECK(s == NULL);
+    msgs[1].content = "Hello!";
+    msgs[1].role = "us\xff";
+    CHECK_ERR(qsa_chat_apply_template(t, msgs, 2, 1, &s), QSA_ERR_INVALID_ARGUMENT, "message 1's role: invalid UTF-8 at byte offset 2");
     const int32_t *eos = NULL;
     CHECK(qsa_tokenizer_eos(t, &eos) == 2 && eos[0] == 267 && eos[1] == 268);
     qsa_tokenizer_free(t);
