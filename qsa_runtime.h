@@ -223,6 +223,8 @@ typedef struct qsa_model_config {
     /* QSA indexer (has_qsa = 0 when the indexer fields are absent) */
     int has_qsa;
     int indexer_n_heads, indexer_kv_heads, indexer_head_dim, indexer_budget, indexer_compress_ratio;
+    /* (an indexer_budget past max_position_embeddings is lowered to the whole context's blocks at
+       parse: every block is selected either way) */
     /* layers */
     uint8_t layer_types[QSA_MAX_LAYERS]; /* qsa_layer_type */
     /* special tokens (-1 when absent) */
@@ -2939,6 +2941,7 @@ QSA_PRIV qsa_result qsa__cfg_text(const qsa__cfgr *r, qsa_model_config *c) {
                          src, pfx, L, lt->count);
 
     /* ---- bounds the runtime relies on ---- */
+#define QSA__MAX_HASH_HEADS (1 << 20)
 #define QSA__CFG_POS(field, hi) do { if (c->field < 1 || c->field > (hi)) \
         return qsa__fail(QSA_ERR_FORMAT, "%s: %s" #field ": expected 1..%d, found %d", src, pfx, (int)(hi), c->field); } while (0)
     QSA__CFG_POS(vocab_size, INT32_MAX);
@@ -2985,6 +2988,10 @@ QSA_PRIV qsa_result qsa__cfg_text(const qsa__cfgr *r, qsa_model_config *c) {
         QSA__CFG_POS(indexer_head_dim, 1 << 14);
         QSA__CFG_POS(indexer_compress_ratio, 1 << 20);
         QSA__CFG_POS(indexer_budget, INT32_MAX);
+        /* A budget past the context selects every block, as this one does: the selection buffers are
+           sized by it (an INT32_MAX budget asked for 8 GiB per query). */
+        int64_t all_blocks = ((int64_t)c->max_position_embeddings / c->indexer_compress_ratio + 1) * c->indexer_compress_ratio;
+        if (c->indexer_budget > all_blocks) c->indexer_budget = (int)all_blocks;
         if (c->indexer_head_dim % 2)
             return qsa__fail(QSA_ERR_FORMAT, "%s: %sindexer_head_dim: expected an even number (RoPE), found %d", src, pfx, c->indexer_head_dim);
     }
@@ -3000,6 +3007,11 @@ QSA_PRIV qsa_result qsa__cfg_text(const qsa__cfgr *r, qsa_model_config *c) {
         if (c->ngram_vocab_size_base < 2 || c->ngram_vocab_size_base > ((int64_t)1 << 40))
             return qsa__fail(QSA_ERR_FORMAT, "%s: %sngram_vocab_size_base: expected 2..2^40, found %lld", src, pfx,
                              (long long)c->ngram_vocab_size_base);
+        /* every hashing head of every PLE layer has a prime vocabulary found at load (qsa__load_ple) */
+        int64_t hash_heads = (int64_t)c->n_ple_layers * (c->ngram_size - 1) * c->heads_per_ngram;
+        if (hash_heads > QSA__MAX_HASH_HEADS)
+            return qsa__fail(QSA_ERR_FORMAT, "%s: %sPLE: %d layers x (ngram_size - 1) x heads_per_ngram = %lld hashing heads, "
+                             "expected at most %d", src, pfx, c->n_ple_layers, (long long)hash_heads, QSA__MAX_HASH_HEADS);
     }
 #undef QSA__CFG_POS
     return QSA_OK;
@@ -3614,15 +3626,15 @@ QSA_PRIV qsa_result qsa__st_get(const qsa__st_set *set, const char *name, qsa__d
         return qsa__fail(QSA_ERR_NOT_FOUND, "tensor '%s%s' not found in the checkpoint (%d tensors)", set && set->prefix ? set->prefix : "",
                          name, set ? set->ntensors : 0);
     if ((int)dtype_or_minus1 >= 0 && t->dtype != dtype_or_minus1)
-        return qsa__fail(QSA_ERR_SHAPE, "tensor '%s': expected dtype %s, found %s", t->name, qsa__dtype_name(dtype_or_minus1),
-                         qsa__dtype_name(t->dtype));
+        return qsa__fail(QSA_ERR_SHAPE, "tensor '%s' (%s): expected dtype %s, found %s", t->name, set->files[t->file].path,
+                         qsa__dtype_name(dtype_or_minus1), qsa__dtype_name(t->dtype));
     int ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++)
         if (shape && shape[i] >= 0 && shape[i] != t->shape[i]) ok = 0;
     if (!ok) {
         int64_t want[8];
         for (int i = 0; i < ndim && i < 8; i++) want[i] = shape ? shape[i] : -1;
-        return qsa__fail(QSA_ERR_SHAPE, "tensor '%s': expected shape %s (-1 = any), found %s", t->name,
+        return qsa__fail(QSA_ERR_SHAPE, "tensor '%s' (%s): expected shape %s (-1 = any), found %s", t->name, set->files[t->file].path,
                          qsa__shape_str(ndim < 8 ? ndim : 8, want, a, sizeof a), qsa__shape_str(t->ndim, t->shape, b, sizeof b));
     }
     if (out) *out = t;
@@ -5992,12 +6004,14 @@ QSA_PRIV void qsa__pool_shuffle(qsa__pool *p, uint64_t seed) {
 }
 
 /* Default page size (the hybrid rule): a page of one layer holds about as many bytes of attention
-   state as one GDN layer's recurrent state, rounded up to a multiple of 16 tokens. */
+   state as one GDN layer's recurrent state, rounded up to a multiple of 16 tokens, at most
+   QSA__MAX_AUTO_PAGE tokens (the real shape: 1,232). */
+#define QSA__MAX_AUTO_PAGE 65536
 QSA_PRIV int qsa__default_page_size(const qsa_model_config *c) {
     double gdn = 4.0 * c->linear_num_value_heads * c->linear_key_head_dim * c->linear_value_head_dim;
     double attn = 2.0 * 2.0 * c->num_key_value_heads * c->head_dim + (c->has_qsa ? 4.0 * c->indexer_head_dim : 0.0);
-    int pages = (int)ceil(gdn / (16.0 * attn));
-    return 16 * (pages < 1 ? 1 : pages);
+    double pages = ceil(gdn / (16.0 * attn)); /* (in double: a hostile config's ratio passes INT_MAX) */
+    return 16 * (pages < 1 ? 1 : pages > QSA__MAX_AUTO_PAGE / 16 ? QSA__MAX_AUTO_PAGE / 16 : (int)pages);
 }
 
 /* ============================================================================================== */
@@ -6380,21 +6394,50 @@ QSA_PRIV void qsa__ple_multipliers(int64_t vocab, int ngram, int ple_index, int6
     }
 }
 
+#if defined(__SIZEOF_INT128__)
+QSA_PRIV uint64_t qsa__mulmod(uint64_t a, uint64_t b, uint64_t m) { return (uint64_t)((unsigned __int128)a * b % m); }
+QSA_PRIV uint64_t qsa__powmod(uint64_t a, uint64_t e, uint64_t m) {
+    uint64_t r = 1;
+    for (a %= m; e; e >>= 1, a = qsa__mulmod(a, a, m))
+        if (e & 1) r = qsa__mulmod(r, a, m);
+    return r;
+}
+#endif
+/* Exact for every int64: trial division by the small primes, then (where 128-bit products exist)
+   Miller-Rabin with the first 12 prime bases, deterministic below 3.3e24; else trial division up to
+   the square root (2^19 divisions near the 2^40 a config may ask for: a load of seconds per head). */
 QSA_PRIV int qsa__is_prime(int64_t v) {
+    static const int small[12] = {2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37};
     if (v < 2) return 0;
-    if (v % 2 == 0) return v == 2;
-    for (int64_t d = 3; d * d <= v; d += 2)
+    for (int i = 0; i < 12; i++)
+        if (v % small[i] == 0) return v == small[i];
+#if defined(__SIZEOF_INT128__)
+    uint64_t n = (uint64_t)v, d = n - 1;
+    int sq = 0;
+    for (; !(d & 1); d >>= 1) sq++;
+    for (int i = 0; i < 12; i++) {
+        uint64_t x = qsa__powmod((uint64_t)small[i], d, n);
+        if (x == 1 || x == n - 1) continue;
+        int j = 1;
+        for (; j < sq; j++)
+            if ((x = qsa__mulmod(x, x, n)) == n - 1) break;
+        if (j == sq) return 0;
+    }
+    return 1;
+#else
+    for (int64_t d = 41; d <= v / d; d += 2)
         if (v % d == 0) return 0;
     return 1;
+#endif
 }
 
 /* Per-head prime vocabularies: head h of PLE layer k uses the (k*n_heads + h + 1)-th prime after
-   base - 1; offsets are the running sums. */
-QSA_PRIV void qsa__ple_head_vocabs(int64_t base, int ple_index, int n_heads, int64_t *vocab, int64_t *offset,
+   base - 1; offsets are the running sums.  Called with start = base and skip = k*n_heads, or with
+   start = one past PLE layer k-1's last prime and skip = 0 (the same primes). */
+QSA_PRIV void qsa__ple_head_vocabs(int64_t start, int64_t skip, int n_heads, int64_t *vocab, int64_t *offset,
                                    int64_t *total) {
-    int64_t p = base - 1, sum = 0;
-    int skip = ple_index * n_heads;
-    for (int i = 0; i < skip + n_heads; i++) {
+    int64_t p = start - 1, sum = 0;
+    for (int64_t i = 0; i < skip + n_heads; i++) {
         p++;
         while (!qsa__is_prime(p)) p++;
         if (i >= skip) {
@@ -6406,7 +6449,8 @@ QSA_PRIV void qsa__ple_head_vocabs(int64_t base, int ple_index, int n_heads, int
     *total = sum;
 }
 
-QSA_PRIV qsa_result qsa__load_ple(qsa_model *m, int L, int ple_index, qsa__ple_w *p) {
+/* PLE layer ple_index of layer L; prev: PLE layer ple_index - 1 (its primes continue), NULL for the first */
+QSA_PRIV qsa_result qsa__load_ple(qsa_model *m, int L, int ple_index, const qsa__ple_w *prev, qsa__ple_w *p) {
     const qsa_model_config *c = &m->cfg;
     int H = c->hidden_size, hcH = c->hc_count * H, D = c->ple_embed_dim;
     int n_heads = (c->ngram_size - 1) * c->heads_per_ngram;
@@ -6419,15 +6463,21 @@ QSA_PRIV qsa_result qsa__load_ple(qsa_model *m, int L, int ple_index, qsa__ple_w
     if (!p->head_vocab || !p->head_offset) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "model load: out of memory");
     if (c->ngram_size > 16) return qsa__fail(QSA_ERR_UNSUPPORTED, "config: ngram_size %d > 16", c->ngram_size);
     qsa__ple_multipliers(c->vocab_size, c->ngram_size, ple_index, c->seed, p->mult);
-    int64_t total;
-    qsa__ple_head_vocabs(c->ngram_vocab_size_base, ple_index, n_heads, p->head_vocab, p->head_offset, &total);
-    int64_t div = c->make_ngram_vocab_size_divisible_by > 0 ? c->make_ngram_vocab_size_divisible_by : 1;
-    int64_t padded = (total + div - 1) / div * div;
     snprintf(name, sizeof name, "%s.ple_embedding.ngram_embedding", b);
     QSA__TRY(qsa__st_rows_view(&m->st, name, &p->table));
+    /* the heads' primes are all at least start: a table with fewer rows than n_heads x start is refused
+       before they are searched (the search's time then follows the file's size) */
+    int64_t start = prev ? prev->head_vocab[n_heads - 1] + 1 : c->ngram_vocab_size_base;
+    if (p->table.rows / n_heads < start)
+        return qsa__fail(QSA_ERR_SHAPE, "tensor '%s%s': %lld rows, but the config's %d hashing heads of at least %lld rows each "
+                         "need more", m->st.prefix ? m->st.prefix : "", name, (long long)p->table.rows, n_heads, (long long)start);
+    int64_t total;
+    qsa__ple_head_vocabs(start, prev ? 0 : (int64_t)ple_index * n_heads, n_heads, p->head_vocab, p->head_offset, &total);
+    int64_t div = c->make_ngram_vocab_size_divisible_by > 0 ? c->make_ngram_vocab_size_divisible_by : 1;
+    int64_t padded = (total + div - 1) / div * div;
     if (p->table.rows != padded || p->table.cols != D / n_heads)
-        return qsa__fail(QSA_ERR_SHAPE, "tensor '%s': shape [%lld, %lld], expected [%lld, %d] from the config", name,
-                         (long long)p->table.rows, (long long)p->table.cols, (long long)padded, D / n_heads);
+        return qsa__fail(QSA_ERR_SHAPE, "tensor '%s%s': shape [%lld, %lld], expected [%lld, %d] from the config",
+                         m->st.prefix ? m->st.prefix : "", name, (long long)p->table.rows, (long long)p->table.cols, (long long)padded, D / n_heads);
     if (p->table.dtype != QSA__F32 && p->table.dtype != QSA__F16 && p->table.dtype != QSA__BF16)
         return qsa__fail(QSA_ERR_SHAPE, "tensor '%s': dtype %s, expected F32, F16 or BF16", name,
                          qsa__dtype_name(p->table.dtype));
@@ -6443,6 +6493,20 @@ QSA_PRIV qsa_result qsa__load_ple(qsa_model *m, int L, int ple_index, qsa__ple_w
             if (v != p->mult[j])
                 return qsa__fail(QSA_ERR_FORMAT, "tensor '%s'[%d] = %lld, but the config (seed %lld) gives %lld", name, j,
                                  (long long)v, (long long)c->seed, (long long)p->mult[j]);
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        snprintf(name, sizeof name, "%s.ple_embedding.%s", b, k ? "ngram_heads_offsets" : "ngram_heads_vocab_sizes");
+        const int64_t *want = k ? p->head_offset : p->head_vocab;
+        if (!(t = qsa__st_find(&m->st, name))) continue;
+        if (t->dtype != QSA__I64 || t->ndim != 1 || t->shape[0] != n_heads)
+            return qsa__fail(QSA_ERR_SHAPE, "tensor '%s': expected I64 [%d]", name, n_heads);
+        for (int j = 0; j < n_heads; j++) {
+            int64_t v;
+            memcpy(&v, t->data + 8 * (size_t)j, 8);
+            if (v != want[j])
+                return qsa__fail(QSA_ERR_FORMAT, "tensor '%s'[%d] = %lld, but the config (ngram_vocab_size_base %lld) gives %lld",
+                                 name, j, (long long)v, (long long)c->ngram_vocab_size_base, (long long)want[j]);
         }
     }
     snprintf(name, sizeof name, "%s.key_proj", b);
@@ -6486,13 +6550,15 @@ QSA_PRIV qsa_result qsa__model_bind(qsa_model *m) {
         if (lw->type == QSA_LAYER_LINEAR) QSA__TRY(qsa__load_gdn(m, L, &lw->gdn));
         else QSA__TRY(qsa__load_attn(m, L, &lw->attn));
         QSA__TRY(qsa__load_moe(m, L, &lw->moe));
-        for (int k = 0; k < c->n_ple_layers; k++) {
-            if (c->ple_layer_ids[k] != L + 1) continue;
-            lw->ple = QSA__CALLOC(qsa__ple_w, 1);
-            if (!lw->ple) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "model load: out of memory");
-            QSA__TRY(qsa__load_ple(m, L, k, lw->ple));
-        }
         if (L % 8 == 7) qsa__log(QSA_LOG_DEBUG, "loaded layer %d/%d", L + 1, c->num_hidden_layers);
+    }
+    /* PLE layers in the order of their indices, each one's primes continuing the one before's (the ids
+       are sorted and distinct, as the reference's sorted(set(ple_layer_ids))) */
+    for (int k = 0; k < c->n_ple_layers; k++) {
+        qsa__layer_w *lw = &m->layers[c->ple_layer_ids[k] - 1];
+        lw->ple = QSA__CALLOC(qsa__ple_w, 1);
+        if (!lw->ple) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "model load: out of memory");
+        QSA__TRY(qsa__load_ple(m, c->ple_layer_ids[k] - 1, k, k ? m->layers[c->ple_layer_ids[k - 1] - 1].ple : NULL, lw->ple));
     }
     /* RoPE inverse frequencies in fp32, as the reference computes them */
     int rd = c->rotary_dim;
@@ -8882,7 +8948,7 @@ QSA_PRIV qsa_result qsa__tp_ple(const qsa__tp_ctx *x, const char *p, int ple_ind
         /* rows: the padded n-gram vocabulary (>>weights), in split_ngram_parts shards as torch.chunk cuts it */
         int64_t *vocab = QSA__ALLOC(int64_t, 2 * (size_t)n_heads), total;
         if (!vocab) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_tp_slice_for: out of memory");
-        qsa__ple_head_vocabs(c->ngram_vocab_size_base, ple_index, n_heads, vocab, vocab + n_heads, &total);
+        qsa__ple_head_vocabs(c->ngram_vocab_size_base, (int64_t)ple_index * n_heads, n_heads, vocab, vocab + n_heads, &total);
         qsa__free(vocab);
         int64_t div = c->make_ngram_vocab_size_divisible_by > 0 ? c->make_ngram_vocab_size_divisible_by : 1;
         int64_t rows = (total + div - 1) / div * div;

@@ -599,10 +599,10 @@ TEST(cpu, safetensors_valid_file) {
     CHECK(g == w);
     CHECK_OK(qsa__st_get(&s, "layers.0.w", QSA__DTYPE_ANY, 2, any2, &g));
     CHECK_OK(qsa__st_get(&s, "layers.0.w", QSA__DTYPE_ANY, 2, NULL, &g));
-    CHECK_ERR(qsa__st_get(&s, "layers.0.w", QSA__BF16, 2, sh22, &g), QSA_ERR_SHAPE, "tensor 'model.layers.0.w': expected dtype BF16, found F32");
+    CHECK_ERR(qsa__st_get(&s, "layers.0.w", QSA__BF16, 2, sh22, &g), QSA_ERR_SHAPE, "model.safetensors): expected dtype BF16, found F32");
     CHECK(g == NULL);
     CHECK_ERR(qsa__st_get(&s, "layers.0.w", QSA__F32, 2, sh2x, &g), QSA_ERR_SHAPE,
-              "tensor 'model.layers.0.w': expected shape [-1, 3] (-1 = any), found [2, 2]");
+              "tensor 'model.layers.0.w' (/tmp/qsa_t_loader_");
     CHECK_ERR(qsa__st_get(&s, "layers.0.w", QSA__F32, 1, sh22, &g), QSA_ERR_SHAPE, "expected shape [2] (-1 = any), found [2, 2]");
     CHECK_ERR(qsa__st_get(&s, "layers.9.w", QSA__F32, 1, NULL, &g), QSA_ERR_NOT_FOUND, "tensor 'model.layers.9.w' not found");
     CHECK(!strcmp(qsa__dtype_name(QSA__F8_E4M3), "F8_E4M3") && qsa__dtype_size(QSA__I64) == 8 && qsa__dtype_size(QSA__BF16) == 2);
@@ -862,12 +862,12 @@ TEST(cpu, safetensors_nvfp4) {
     CHECK_OK(qsa__st_get_nvfp4(&s, "layers.0.mlp.experts.0.up_proj", 4, 16, &q));
     CHECK(q.out == 4 && q.in == 16 && q.global_scale == 0.5f && q.weight && q.scale && q.scale2 && q.input_scale);
     CHECK_ERR(qsa__st_get_nvfp4(&s, "layers.0.mlp.experts.0.up_proj", 4, 32, &q), QSA_ERR_SHAPE,
-              "tensor 'model.layers.0.mlp.experts.0.up_proj.weight': expected shape [4, 16] (-1 = any), found [4, 8]");
+              "tensor 'model.layers.0.mlp.experts.0.up_proj.weight' (fp4.safetensors): expected shape [4, 16] (-1 = any), found [4, 8]");
     CHECK_ERR(qsa__st_get_nvfp4(&s, "layers.0.mlp.experts.0.up_proj", 4, 20, &q), QSA_ERR_SHAPE, "in_features 20 must be a positive multiple of 16");
     CHECK_ERR(qsa__st_get_nvfp4(&s, "layers.0.mlp.experts.1.up_proj", 4, 16, &q), QSA_ERR_SHAPE,
-              "experts.1.up_proj.weight_scale': expected shape [4, 1] (-1 = any), found [4, 2]");
+              "experts.1.up_proj.weight_scale' (fp4.safetensors): expected shape [4, 1] (-1 = any), found [4, 2]");
     CHECK_ERR(qsa__st_get_nvfp4(&s, "layers.0.mlp.experts.7.up_proj", 4, 16, &q), QSA_ERR_NOT_FOUND, "experts.7.up_proj.weight' not found");
-    CHECK_ERR(qsa__st_get_nvfp4(&s, "layers.0.mlp.gate", 2, 16, &q), QSA_ERR_SHAPE, "gate.weight': expected dtype U8, found BF16");
+    CHECK_ERR(qsa__st_get_nvfp4(&s, "layers.0.mlp.gate", 2, 16, &q), QSA_ERR_SHAPE, "gate.weight' (fp4.safetensors): expected dtype U8, found BF16");
     qsa__st_close(&s);
     /* scale_2 checks and the compressed-tensors naming */
     h = "{\"m.weight_packed\":{\"dtype\":\"U8\",\"shape\":[1,8],\"data_offsets\":[0,8]},"
@@ -987,4 +987,175 @@ TEST(cpu, loader_golden_fixtures) {
     tl_check_fixture("qsa_hc2_ple_bf16");
     tl_check_fixture("qsa_hc4_ple_sharded");
     tl_check_fixture("nvfp4_experts");
+}
+
+/* ---- hostile model directories (found by a review) ---- */
+
+/* models/tiny copied to a temp dir with `extra` members appended to its config.json (the last of a
+   repeated name wins); 0 when models/tiny is not built */
+static int tl_tiny_copy(tl_tmp *t, const char *extra) {
+    static const char *const files[] = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                                        "tokenizer_config.json"};
+    if (!qsa__file_exists(test_path("models/tiny/config.json")) || !tl_mkdtemp(t)) return 0;
+    for (int i = 0; i < 5; i++) {
+        char src[600];
+        snprintf(src, sizeof src, "%s/%s", test_path("models/tiny"), files[i]);
+        size_t n = 0;
+        char *d = NULL;
+        if (qsa__read_file(src, &d, &n) != QSA_OK) return 0;
+        if (i == 0 && extra[0]) { /* "...}" -> "..., extra}" */
+            char *e = strrchr(d, '}');
+            char *c = (char *)malloc(n + strlen(extra) + 8);
+            if (!e || !c) { qsa_free(d); free(c); return 0; }
+            int k = (int)(e - d);
+            n = (size_t)sprintf(c, "%.*s, %s}\n", k, d, extra);
+            tl_write(t, files[i], c, n);
+            free(c);
+        } else {
+            tl_write(t, files[i], d, n);
+        }
+        qsa_free(d);
+    }
+    return 1;
+}
+
+static qsa_result tl_load_cpu(const char *dir, qsa_model **m) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.backend = QSA_BACKEND_CPU;
+    *m = NULL;
+    return qsa_model_load(dir, &mp, m);
+}
+
+/* PLE: the checkpoint's per-head vocabularies and offsets must agree with the config (they were not
+   read: a model whose buffers disagree ran with the config's); a table too small for the config's
+   heads is refused before their primes are searched (heads_per_ngram 4096 near 2^40 searched for
+   37 s before its shape check); more than 2^20 hashing heads over the PLE layers are refused at parse. */
+TEST(cpu, loader_ple_hashing_buffers_and_hostile_heads) {
+    tl_tmp t;
+    qsa_model *m = NULL;
+    if (!tl_tiny_copy(&t, "")) SKIP("models/tiny is not built");
+    CHECK_OK(tl_load_cpu(t.dir, &m)); /* the copy as it is: two PLE layers, primes continued from one to the next */
+    qsa_model_free(m);
+    /* layer 4's second vocabulary size, then its offsets' last entry, changed in the file */
+    qsa__st_set st;
+    memset(&st, 0, sizeof st);
+    char path[320];
+    snprintf(path, sizeof path, "%s/model.safetensors", t.dir);
+    CHECK_OK(qsa__st_open_file(path, &st));
+    const qsa__tensor *vs = qsa__st_find(&st, "layers.4.ple.ple_embedding.ngram_heads_vocab_sizes");
+    const qsa__tensor *of = qsa__st_find(&st, "layers.4.ple.ple_embedding.ngram_heads_offsets");
+    CHECK(vs && of && vs->dtype == QSA__I64 && of->dtype == QSA__I64);
+    size_t vs_at = vs ? (size_t)(vs->data - st.files[vs->file].data) : 0, of_at = of ? (size_t)(of->data - st.files[of->file].data) : 0;
+    qsa__st_close(&st);
+    char *img = NULL;
+    size_t n = 0;
+    CHECK_OK(qsa__read_file(path, &img, &n));
+    if (img && vs_at && of_at) {
+        int64_t v;
+        memcpy(&v, img + vs_at + 8, 8);
+        v -= 2;
+        memcpy(img + vs_at + 8, &v, 8);
+        tl_write(&t, "model.safetensors", img, n);
+        CHECK_ERR(tl_load_cpu(t.dir, &m), QSA_ERR_FORMAT, "ngram_heads_vocab_sizes'[1] = ");
+        CHECK(m == NULL);
+        v += 2;
+        memcpy(img + vs_at + 8, &v, 8);
+        memcpy(&v, img + of_at + 24, 8);
+        v += 1;
+        memcpy(img + of_at + 24, &v, 8);
+        tl_write(&t, "model.safetensors", img, n);
+        CHECK_ERR(tl_load_cpu(t.dir, &m), QSA_ERR_FORMAT, "ngram_heads_offsets'[3] = ");
+        v -= 1;
+        memcpy(img + of_at + 24, &v, 8);
+        tl_write(&t, "model.safetensors", img, n);
+    }
+    qsa_free(img);
+    tl_rmdtemp(&t);
+    /* 8,192 heads near 2^40 against a table of 2,048 rows */
+    if (!tl_tiny_copy(&t, "\"heads_per_ngram\": 4096, \"ple_embed_dim\": 32768, \"ngram_vocab_size_base\": 1099511627776")) SKIP("copy");
+    double t0 = qsa__now();
+    CHECK_ERR(tl_load_cpu(t.dir, &m), QSA_ERR_SHAPE, "ple_embedding.ngram_embedding': 4096 rows, but the config's 8192 hashing heads");
+    double dt = qsa__now() - t0;
+    CHECKF(dt < 5.0, "the refusal took %.1f s", dt);
+    tl_rmdtemp(&t);
+    qsa_model_config c;
+    CHECK_ERR(tl_cfg("\"num_hidden_layers\":8,\"full_attention_interval\":8,\"ple_layer_ids\":[1,2,3,4,5],\"heads_per_ngram\":4096,"
+                     "\"ngram_size\":64,\"ple_embed_dim\":258048", &c),
+              QSA_ERR_FORMAT, "5 layers x (ngram_size - 1) x heads_per_ngram = 1290240 hashing heads, expected at most 1048576");
+    CHECK_OK(tl_cfg("\"num_hidden_layers\":8,\"full_attention_interval\":8,\"ple_layer_ids\":[1,2,3,4],\"heads_per_ngram\":4096,"
+                    "\"ngram_size\":64,\"ple_embed_dim\":258048", &c));
+}
+
+/* The n-gram vocabularies' primality test against a sieve below 2^20, trial division near 2^40 (the
+   largest base a config may give) and strong pseudoprimes to the first bases. */
+TEST(cpu, loader_prime_test_is_exact) {
+    enum { N = 1 << 20 };
+    uint8_t *comp = (uint8_t *)calloc(N, 1);
+    if (!comp) SKIP("out of memory");
+    comp[0] = comp[1] = 1;
+    for (int i = 2; (int64_t)i * i < N; i++)
+        if (!comp[i])
+            for (int j = i * i; j < N; j += i) comp[j] = 1;
+    int bad = 0;
+    for (int v = -3; v < N; v++)
+        if (qsa__is_prime(v) != (v >= 0 && !comp[v]) && bad++ < 5) printf("    %d: got %d\n", v, qsa__is_prime(v));
+    free(comp);
+    CHECK(bad == 0);
+    int found = 0;
+    for (int64_t v = ((int64_t)1 << 40) - 600; v < ((int64_t)1 << 40) + 200; v++) { /* trial division: ~2^19 steps each */
+        int td = v > 1;
+        for (int64_t d = 2; td && d <= v / d; d++) td = v % d != 0;
+        found += td;
+        CHECKF(qsa__is_prime(v) == td, "%lld: expected %d", (long long)v, td);
+    }
+    CHECK(found > 10);
+    CHECK(qsa__is_prime(((int64_t)1 << 40) - 87) && !qsa__is_prime(((int64_t)1 << 40) - 85));
+    CHECK(!qsa__is_prime(3215031751LL) && !qsa__is_prime(3825123056546413051LL) && !qsa__is_prime(2152302898747LL));
+    CHECK(qsa__is_prime(9223372036854775783LL)); /* the largest prime below 2^63 */
+}
+
+/* Config values at their edges that loaded and then failed or crashed: the automatic KV page size of a
+   config whose GDN state dwarfs its attention rows overflowed (then divided by zero at load), and an
+   indexer_budget of INT32_MAX asked for 8 GiB per query and failed every feed. */
+TEST(cpu, loader_config_edges) {
+    qsa_model_config c;
+    CHECK_OK(tl_cfg("\"linear_num_key_heads\":1,\"linear_key_head_dim\":16384,"
+                    "\"linear_value_head_dim\":16384,\"head_dim\":4,\"num_key_value_heads\":1,\"linear_num_value_heads\":1024", &c));
+    int ps = qsa__default_page_size(&c);
+    CHECKF(ps == QSA__MAX_AUTO_PAGE, "page size %d", ps);
+    CHECK_OK(tl_cfg("", &c));
+    CHECK(qsa__default_page_size(&c) % 16 == 0 && qsa__default_page_size(&c) >= 16);
+    CHECK_OK(tl_cfg("\"indexer_budget\":2147483644", &c));
+    CHECKF(c.indexer_budget == (1024 / 4 + 1) * 4, "indexer_budget %d", c.indexer_budget);
+    CHECK_OK(tl_cfg("\"indexer_budget\":1028", &c));
+    CHECK(c.indexer_budget == 1028);
+    /* the same tokens with the budget at the whole context and past it */
+    tl_tmp a, b;
+    if (!tl_tiny_copy(&a, "\"indexer_budget\": 4100") || !tl_tiny_copy(&b, "\"indexer_budget\": 2147483644")) SKIP("models/tiny is not built");
+    qsa_model *ma = NULL, *mb = NULL;
+    CHECK_OK(tl_load_cpu(a.dir, &ma));
+    CHECK_OK(tl_load_cpu(b.dir, &mb));
+    if (ma && mb) {
+        qsa_seq *sa = NULL, *sb = NULL;
+        CHECK_OK(qsa_seq_create(ma, NULL, &sa));
+        CHECK_OK(qsa_seq_create(mb, NULL, &sb));
+        int32_t ids[48];
+        for (int i = 0; i < 48; i++) ids[i] = (int32_t)((i * 37 + 11) % ma->cfg.vocab_size);
+        int V = ma->cfg.vocab_size;
+        float *la = (float *)malloc(sizeof(float) * V), *lb = (float *)malloc(sizeof(float) * V);
+        if (sa && sb && la && lb) {
+            CHECK_OK(qsa_seq_feed(sa, ids, 48, la, 0));
+            CHECK_OK(qsa_seq_feed(sb, ids, 48, lb, 0));
+            CHECK(memcmp(la, lb, sizeof(float) * V) == 0);
+        }
+        free(la);
+        free(lb);
+        qsa_seq_free(sa);
+        qsa_seq_free(sb);
+    }
+    qsa_model_free(ma);
+    qsa_model_free(mb);
+    tl_rmdtemp(&a);
+    tl_rmdtemp(&b);
 }
