@@ -660,7 +660,7 @@ typedef struct qsa_request_params {
     int chat;                          /* 1: text is one user message, wrapped in the ChatML template */
     int parse_special;                 /* plain text: 1 matches special tokens (<|im_start|>, ...) */
     const qsa_chat_message *messages;  /* used when prompt and text are NULL: ChatML template */
-    int n_messages;                    /* (with the assistant generation prompt appended) */
+    int n_messages;                    /* > 0 (with the assistant generation prompt appended) */
     /* Generation, as qsa_generate_params. */
     qsa_sampling_params sampling;      /* with its own seed */
     int max_tokens;                    /* 0: until EOS or the context is full */
@@ -674,7 +674,8 @@ typedef struct qsa_request_params {
     qsa_token_callback on_token;       /* streamed text, as in qsa_generate (called inside qsa_sched_step) */
     void *user;
     /* Continue a caller-owned sequence (multi-turn chat without recomputing history): the prompt
-       is fed after what the sequence holds, within its n_ctx.  NULL: a new sequence, owned and
+       is fed after what the sequence holds, within its n_ctx (n_ctx above is not used).  A sequence
+       that refuses feeds (below) is refused at submit.  NULL: a new sequence, owned and
        freed by the scheduler.  The caller must not use the sequence while the request is live;
        afterwards it holds everything fed (as with qsa_generate, not the last generated token), or,
        after a failure part-way through a feed, refuses feeds until qsa_seq_reset. */
@@ -13508,6 +13509,8 @@ QSA_PRIV qsa_result qsa__sched_tokenize(qsa_sched *s, const qsa_request_params *
     }
     if (!p->text && !p->messages)
         return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: no prompt (set prompt, text or messages)");
+    if (!p->text && p->n_messages <= 0)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: messages with n_messages %d: expected > 0", p->n_messages);
     if (!tok)
         return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: a %s prompt needs a tokenizer and the model has none: "
                          "pass token ids", p->text ? "text" : "messages");
@@ -13518,8 +13521,7 @@ QSA_PRIV qsa_result qsa__sched_tokenize(qsa_sched *s, const qsa_request_params *
         qsa_chat_message one;
         one.role = "user";
         one.content = p->text;
-        QSA__TRY(qsa_chat_apply_template(tok, p->text ? &one : p->messages, p->text ? 1 : (size_t)(p->n_messages > 0 ? p->n_messages : 0),
-                                         1, &chat));
+        QSA__TRY(qsa_chat_apply_template(tok, p->text ? &one : p->messages, p->text ? 1 : (size_t)p->n_messages, 1, &chat));
         text = chat;
         special = 1;
     }
@@ -13537,7 +13539,8 @@ QSA_PRIV qsa_result qsa__sched_tokenize(qsa_sched *s, const qsa_request_params *
 }
 
 QSA_PRIV qsa_result qsa__sched_copy_stops(qsa__sched_req *q, const qsa_request_params *p) {
-    if (p->n_stop_strings <= 0) return QSA_OK;
+    if (p->n_stop_strings < 0) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: n_stop_strings %d: expected >= 0", p->n_stop_strings);
+    if (p->n_stop_strings == 0) return QSA_OK;
     if (!p->stop_strings) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: n_stop_strings %d with NULL stop_strings", p->n_stop_strings);
     q->stops = QSA__CALLOC(char *, p->n_stop_strings);
     if (!q->stops) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sched_submit: out of memory");
@@ -13580,9 +13583,11 @@ QSA_PRIV qsa_result qsa__sched_budget(qsa_sched *s, qsa__sched_req *q, const qsa
     int pages = qsa__sched_pages(s, q->budget);
     if (pages > pl->n_pages)
         return qsa__fail(QSA_ERR_CONTEXT_FULL, "qsa_sched_submit: the request needs %d tokens = %d KV pages of %d tokens, the "
-                         "whole pool has %d pages (%d tokens: raise kv_pool_tokens or lower %s)", q->budget, pages,
+                         "whole pool has %d pages (%d tokens: raise kv_pool_tokens or %s)", q->budget, pages,
                          pl->page_size, pl->n_pages, pl->n_pages * pl->page_size,
-                         p->max_tokens > 0 ? "max_tokens" : "n_ctx (with max_tokens 0 the request keeps its whole context)");
+                         p->max_tokens > 0 ? "lower max_tokens"
+                         : p->seq ? "set max_tokens (with max_tokens 0 the request keeps its sequence's whole context, its n_ctx)"
+                                  : "lower n_ctx (with max_tokens 0 the request keeps its whole context)");
     *n_ctx_out = n_ctx;
     return QSA_OK;
 }
@@ -13597,6 +13602,9 @@ QSA_PRIV qsa_result qsa__sched_prepare(qsa_sched *s, qsa__sched_req *q, const qs
     if (p->seq) {
         if (p->seq->m != s->m)
             return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: the sequence belongs to another model");
+        if (p->seq->broken) /* (it would take a slot and pages, then fail its first feed) */
+            return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: an earlier feed of the sequence failed part-way, or "
+                             "its last reset failed on the device; qsa_seq_reset it first");
         for (int i = 0; i < s->n_reqs; i++) /* a record points to a caller's sequence only while live */
             if (s->reqs[i]->seq == p->seq)
                 return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: the sequence is already used by live request %lld",

@@ -209,6 +209,30 @@ static void ts_refusals(qsa_backend be) {
     rp.text = NULL;
     rp.max_tokens = -1;
     CHECK_ERR(qsa_sched_submit(s, &rp, &id), QSA_ERR_INVALID_ARGUMENT, "max_tokens -1");
+    /* negative counts (they meant none), messages without a count (it ran the empty conversation), a
+       caller's sequence that refuses feeds (it took a slot and pages, then failed) */
+    rp.prompt = p; rp.n_prompt = 4; rp.max_tokens = 2;
+    const char *stops[1] = {"x"};
+    rp.stop_strings = stops; rp.n_stop_strings = -1;
+    CHECK_ERR(qsa_sched_submit(s, &rp, &id), QSA_ERR_INVALID_ARGUMENT, "n_stop_strings -1");
+    rp.stop_strings = NULL; rp.n_stop_strings = 0;
+    qsa_chat_message msg = {"user", "hi"};
+    rp.prompt = NULL; rp.messages = &msg; rp.n_messages = -7;
+    CHECK_ERR(qsa_sched_submit(s, &rp, &id), QSA_ERR_INVALID_ARGUMENT, "messages with n_messages -7");
+    rp.messages = NULL; rp.n_messages = 0; rp.prompt = p;
+    qsa_seq *own = NULL;
+    CHECK_OK(qsa_seq_create(m, NULL, &own));
+    if (own) {
+        own->broken = 1; /* (what a feed that failed part-way leaves) */
+        rp.seq = own;
+        CHECK_ERR(qsa_sched_submit(s, &rp, &id), QSA_ERR_INVALID_ARGUMENT, "qsa_seq_reset it first");
+        qsa_seq_reset(own);
+        rp.max_tokens = 0; /* keeps the sequence's 4,096 tokens: past the pool; its n_ctx is not the request's */
+        CHECK_ERR(qsa_sched_submit(s, &rp, &id), QSA_ERR_CONTEXT_FULL, "set max_tokens (with max_tokens 0 the request keeps its sequence's");
+        rp.seq = NULL;
+        qsa_seq_free(own);
+    }
+    rp.max_tokens = -1;
     CHECK(qsa_sched_active(s) == 0);
     /* a default context past the model's is refused at create (not at each request that would use it) */
     qsa_sched *s2 = NULL;
