@@ -6396,7 +6396,8 @@ QSA_PRIV void qsa__ple_multipliers(int64_t vocab, int ngram, int ple_index, int6
 }
 
 #if defined(__SIZEOF_INT128__)
-QSA_PRIV uint64_t qsa__mulmod(uint64_t a, uint64_t b, uint64_t m) { return (uint64_t)((unsigned __int128)a * b % m); }
+__extension__ typedef unsigned __int128 qsa__u128; /* (a GCC/Clang extension: -pedantic accepts it marked so) */
+QSA_PRIV uint64_t qsa__mulmod(uint64_t a, uint64_t b, uint64_t m) { return (uint64_t)((qsa__u128)a * b % m); }
 QSA_PRIV uint64_t qsa__powmod(uint64_t a, uint64_t e, uint64_t m) {
     uint64_t r = 1;
     for (a %= m; e; e >>= 1, a = qsa__mulmod(a, a, m))
