@@ -12179,39 +12179,66 @@ QSA_PRIV qsa_result qsa__tp_ple_cols(const qsa_model_config *c, int tp, int rank
 
 /* Write `n` bytes of id to `path` atomically (a temporary name, then rename). */
 QSA_PRIV qsa_result qsa__tp_id_publish(const char *path, const void *id, size_t n) {
-    char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%.1000s.%ld.tmp", path, (long)getpid());
+    size_t cap = strlen(path) + 32; /* (the temporary name beside the file, whatever the path's length) */
+    char *tmp = QSA__ALLOC(char, cap);
+    if (!tmp) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp rendezvous: out of memory");
+    snprintf(tmp, cap, "%s.%ld.tmp", path, (long)getpid());
     FILE *f = fopen(tmp, "wb");
-    if (!f) return qsa__fail(QSA_ERR_IO, "tp rendezvous: cannot create %s: %s", tmp, strerror(errno));
-    int ok = fwrite("QSATPID1", 1, 8, f) == 8 && fwrite(id, 1, n, f) == n;
-    if (fclose(f) != 0) ok = 0;
-    if (!ok || rename(tmp, path) != 0) {
-        remove(tmp);
-        return qsa__fail(QSA_ERR_IO, "tp rendezvous: cannot write %s: %s", path, strerror(errno));
+    qsa_result r = QSA_OK;
+    if (!f) r = qsa__fail(QSA_ERR_IO, "tp rendezvous: cannot create %s: %s", tmp, strerror(errno));
+    else {
+        int ok = fwrite("QSATPID1", 1, 8, f) == 8 && fwrite(id, 1, n, f) == n;
+        if (fclose(f) != 0) ok = 0;
+        if (!ok || rename(tmp, path) != 0) {
+            r = qsa__fail(QSA_ERR_IO, "tp rendezvous: cannot write %s: %s", path, strerror(errno));
+            remove(tmp);
+        }
     }
-    return QSA_OK;
+    qsa__free(tmp);
+    return r;
 }
 
-/* Wait up to timeout_s for `path` to hold an id of `n` bytes, then read it. */
+/* Wait up to timeout_s for `path` to hold an id of `n` bytes, then read it.  The file is opened
+   without blocking and must be a regular file (a FIFO there blocked fopen past the timeout); a path
+   that can never become one fails at once, and the timeout names what was last seen there. */
 QSA_PRIV qsa_result qsa__tp_id_wait(const char *path, void *id, size_t n, double timeout_s) {
     double t0 = qsa__now();
-    char buf[8 + 256];
+    char buf[8 + 256 + 1];
     if (n > 256) return qsa__fail(QSA_ERR_INTERNAL, "tp rendezvous: id of %zu bytes", n);
+    char seen[160] = "no such file";
     for (;;) {
-        FILE *f = fopen(path, "rb");
-        if (f) {
-            size_t got = fread(buf, 1, 8 + n + 1, f);
-            fclose(f);
-            if (got == 8 + n && !memcmp(buf, "QSATPID1", 8)) {
+        int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) {
+            int e = errno;
+            if (e == ENOTDIR || e == EACCES || e == ELOOP || e == ENAMETOOLONG)
+                return qsa__fail(QSA_ERR_IO, "tp rendezvous: cannot read %s: %s", path, strerror(e));
+            if (e != ENOENT) snprintf(seen, sizeof seen, "open: %s", strerror(e));
+        } else {
+            struct stat st;
+            int reg = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+            ssize_t got = 0; /* up to one byte past the id (a longer file is not ours); -1: a read error */
+            while (reg && (size_t)got < 8 + n + 1) {
+                ssize_t k = read(fd, buf + got, 8 + n + 1 - (size_t)got);
+                if (k < 0 && errno == EINTR) continue;
+                if (k <= 0) { got = k < 0 ? -1 : got; break; }
+                got += k;
+            }
+            int read_errno = errno;
+            close(fd);
+            if (!reg) return qsa__fail(QSA_ERR_IO, "tp rendezvous: %s is not a regular file", path);
+            if (got == (ssize_t)(8 + n) && !memcmp(buf, "QSATPID1", 8)) {
                 memcpy(id, buf + 8, n);
                 return QSA_OK;
             }
             if (got >= 8 && memcmp(buf, "QSATPID1", 8))
                 return qsa__fail(QSA_ERR_FORMAT, "tp rendezvous: %s is not a rendezvous file", path);
+            if (got < 0) snprintf(seen, sizeof seen, "read: %s", strerror(read_errno));
+            else if ((size_t)got > 8 + n) snprintf(seen, sizeof seen, "a file of more than %zu bytes, expected %zu", 8 + n, 8 + n);
+            else snprintf(seen, sizeof seen, "a file of %zd bytes, expected %zu", got, 8 + n);
         }
         if (qsa__now() - t0 > timeout_s)
-            return qsa__fail(QSA_ERR_IO, "tp rendezvous: no id in %s after %.0f s (is rank 0 running, with the same path?)",
-                             path, timeout_s);
+            return qsa__fail(QSA_ERR_IO, "tp rendezvous: no id in %s after %.0f s (last seen there: %s; is rank 0 running, with the "
+                             "same path?)", path, timeout_s, seen);
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
@@ -12223,8 +12250,9 @@ QSA_PRIV qsa_result qsa__tp_id_wait(const char *path, void *id, size_t n, double
    rank r -> rank 0:  "QSATPACK"                          8 bytes: rank r holds the id
    Rank 0 moves every connection along at once (poll), counts each rank once, and returns only when
    ranks 1..tp-1 have all acknowledged, so no rank is left connecting to a closed port.  A connection
-   that sends anything else, or nothing, is dropped without touching the others.  Sockets are
-   non-blocking and close-on-exec; sends never raise SIGPIPE. */
+   that sends anything else, or nothing, is dropped without touching the others; out of descriptors,
+   rank 0 pauses accepting for a tick.  Sockets are non-blocking and close-on-exec; sends never raise
+   SIGPIPE. */
 
 #define QSA__RDV_ID 128
 #define QSA__RDV_HELLO 16
@@ -12475,7 +12503,7 @@ QSA_PRIV qsa_result qsa__tp_rdv_serve(const char *spec, int tp, const unsigned c
     struct pollfd pfd[1 + QSA__RDV_CONNS];
     int nc = 0;
     qsa_result r = s.acked && cs ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "tp rendezvous: out of host memory");
-    double t0 = qsa__now(), deadline = t0 + timeout_s;
+    double t0 = qsa__now(), deadline = t0 + timeout_s, accept_after = 0; /* (accepting paused until then) */
     while (r == QSA_OK && s.served < tp - 1) {
         double now = qsa__now();
         if (now >= deadline) {
@@ -12493,7 +12521,7 @@ QSA_PRIV qsa_result qsa__tp_rdv_serve(const char *spec, int tp, const unsigned c
                 cs[i] = cs[--nc];
             }
         pfd[0].fd = lfd;
-        pfd[0].events = nc < QSA__RDV_CONNS ? POLLIN : 0;
+        pfd[0].events = nc < QSA__RDV_CONNS && now >= accept_after ? POLLIN : 0;
         pfd[0].revents = 0;
         for (int i = 0; i < nc; i++) {
             pfd[1 + i].fd = cs[i].fd;
@@ -12514,8 +12542,19 @@ QSA_PRIV qsa_result qsa__tp_rdv_serve(const char *spec, int tp, const unsigned c
             socklen_t sn = sizeof sa;
             int fd = accept(lfd, (struct sockaddr *)&sa, &sn);
             if (fd < 0) {
-                if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED)
-                    r = qsa__fail(QSA_ERR_IO, "tp rendezvous %.300s: accept on %s: %s", spec, where, strerror(errno));
+                int e = errno;
+                /* out of descriptors or buffers (idle connections can cause it): pause accepting for a
+                   tick, while stale connections are dropped; a connection's own network error
+                   (accept(2): treat like EAGAIN): drop it and go on; anything else ends the wait */
+                if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+                    qsa__log(QSA_LOG_DEBUG, "tp rendezvous: accept on %s: %s; paused for 0.5 s", where, strerror(e));
+                    accept_after = qsa__now() + 0.5;
+                } else if (e == ENETDOWN || e == EPROTO || e == ENOPROTOOPT || e == EHOSTDOWN || e == EHOSTUNREACH ||
+                           e == EOPNOTSUPP || e == ENETUNREACH || e == ECONNABORTED || e == ETIMEDOUT) {
+                    s.dropped++;
+                    continue;
+                } else if (e != EINTR && e != EAGAIN && e != EWOULDBLOCK)
+                    r = qsa__fail(QSA_ERR_IO, "tp rendezvous %.300s: accept on %s: %s", spec, where, strerror(e));
                 break;
             }
             if (qsa__sock_setup(fd) < 0) continue;

@@ -1957,6 +1957,46 @@ TEST(cpu, tp_rendezvous_file) {
     fclose(f);
     CHECK_ERR(qsa__tp_id_wait(path, got, sizeof got, 1.0), QSA_ERR_FORMAT, "not a rendezvous file");
     remove(path);
+    /* what the timeout saw (it said "no id"), and paths that can never hold the file (they waited) */
+    f = fopen(path, "wb");
+    fputs("QSAT", f);
+    fclose(f);
+    CHECK_ERR(qsa__tp_id_wait(path, got, sizeof got, 0.05), QSA_ERR_IO, "last seen there: a file of 4 bytes, expected 136");
+    remove(path);
+    char under[96];
+    snprintf(under, sizeof under, "%s/id", path); /* under a regular file */
+    f = fopen(path, "wb");
+    fclose(f);
+    double t0 = qsa__now();
+    CHECK_ERR(qsa__tp_id_wait(under, got, sizeof got, 5.0), QSA_ERR_IO, "Not a directory");
+    remove(path);
+    CHECK(mkdir(path, 0700) == 0);
+    CHECK_ERR(qsa__tp_id_wait(path, got, sizeof got, 5.0), QSA_ERR_IO, "is not a regular file");
+    rmdir(path);
+    /* a FIFO: fopen blocked until a writer came, past the timeout */
+    CHECK(mkfifo(path, 0600) == 0);
+    CHECK_ERR(qsa__tp_id_wait(path, got, sizeof got, 5.0), QSA_ERR_IO, "is not a regular file");
+    CHECKF(qsa__now() - t0 < 2.0, "%.1f s", qsa__now() - t0);
+    remove(path);
+    /* a path past 1,000 bytes: the temporary file beside it (it was cut short and landed elsewhere) */
+    char deep[1200];
+    int len = snprintf(deep, sizeof deep, "%s", dir);
+    for (int d = 0; d < 5; d++) {
+        len += snprintf(deep + len, sizeof deep - (size_t)len, "/");
+        for (int i = 0; i < 200; i++) deep[len++] = (char)('a' + d);
+        deep[len] = 0;
+        CHECK(mkdir(deep, 0700) == 0);
+    }
+    snprintf(deep + len, sizeof deep - (size_t)len, "/id");
+    CHECK_OK(qsa__tp_id_publish(deep, id, sizeof id));
+    CHECK_OK(qsa__tp_id_wait(deep, got, sizeof got, 1.0));
+    CHECK(!memcmp(got, id, sizeof id));
+    remove(deep);
+    for (int d = 5; d > 0; d--) { /* each level empty once the one below is gone: nothing strayed */
+        deep[len] = 0;
+        CHECKF(rmdir(deep) == 0, "level %d: %s", d, strerror(errno));
+        len -= 201;
+    }
     rmdir(dir);
 }
 

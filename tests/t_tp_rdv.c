@@ -4,6 +4,7 @@
  * out; the ids are test bytes, no NCCL is involved.
  */
 #include <arpa/inet.h>
+#include <sys/resource.h>
 #include <dirent.h>
 
 /* Open file descriptors of this process (Linux /proc; -1 elsewhere): each test ends with as many as
@@ -227,4 +228,41 @@ TEST(cpu, tp_rendezvous_tcp_survives_bad_clients) {
     if (junk >= 0) close(junk);
     if (stall >= 0) close(stall);
     CHECK(rdv_open_fds() == fds);
+}
+
+/* Rank 0 out of file descriptors (idle connections fill its limit): accept fails with EMFILE, and
+   rank 0 pauses accepting instead of failing the group (it ended the rendezvous at once); once the
+   idle clients close, it accepts again and serves rank 1.  Rank 0 runs in a child process with a low
+   RLIMIT_NOFILE. */
+TEST(cpu, tp_rendezvous_tcp_out_of_descriptors) {
+    int port = rdv_free_port();
+    char spec[64];
+    snprintf(spec, sizeof spec, "tcp://127.0.0.1:%d", port);
+    unsigned char id[128];
+    for (int i = 0; i < 128; i++) id[i] = (unsigned char)(i * 13 + 5);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct rlimit rl;
+        int lim = 0;
+        for (int free_below = 0; free_below < 4; lim++) /* 4 free numbers: the listening socket and 3 connections */
+            free_below += fcntl(lim, F_GETFD) == -1 && errno == EBADF;
+        if (getrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(3);
+        rl.rlim_cur = (rlim_t)lim;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(3);
+        _exit(qsa__tp_rdv_serve(spec, 2, id, 20.0) == QSA_OK ? 0 : 1);
+    }
+    int idle[4];
+    for (int i = 0; i < 4; i++) idle[i] = rdv_connect(port);
+    rdv_rank k1;
+    rdv_start(&k1, port, 2, 1, 20.0);
+    struct timespec ts = {1, 0};
+    nanosleep(&ts, NULL);
+    for (int i = 0; i < 4; i++)
+        if (idle[i] >= 0) close(idle[i]);
+    rdv_join(&k1);
+    int st = -1;
+    waitpid(pid, &st, 0);
+    CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank 0 exited with %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    CHECK(k1.r == QSA_OK && !memcmp(k1.id, id, 128));
 }
