@@ -13685,11 +13685,6 @@ QSA_IMPL qsa_result qsa_sched_submit(qsa_sched *s, const qsa_request_params *p, 
     if (!s || !p || !id) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: NULL argument");
     if (p->max_tokens < 0 || p->n_ctx < 0)
         return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: max_tokens %d, n_ctx %d: expected >= 0", p->max_tokens, p->n_ctx);
-    int queued = 0;
-    for (int i = 0; i < s->n_reqs; i++) queued += s->reqs[i]->status == QSA_REQ_QUEUED;
-    if (queued >= s->p.max_queued)
-        return qsa__fail(QSA_ERR_CONTEXT_FULL, "qsa_sched_submit: the queue is full (%d requests waiting, max_queued %d)", queued,
-                         s->p.max_queued);
     if (s->n_reqs == s->cap_reqs) {
         int cap = s->cap_reqs ? 2 * s->cap_reqs : 16;
         qsa__sched_req **r = (qsa__sched_req **)qsa__realloc(s->reqs, sizeof(qsa__sched_req *) * (size_t)cap);
@@ -13700,6 +13695,11 @@ QSA_IMPL qsa_result qsa_sched_submit(qsa_sched *s, const qsa_request_params *p, 
     qsa__sched_req *q = QSA__CALLOC(qsa__sched_req, 1);
     if (!q) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sched_submit: out of memory");
     qsa_result r = qsa__sched_prepare(s, q, p);
+    int queued = 0; /* (after the request's checks: a bad request is told so, not to come back later) */
+    for (int i = 0; r == QSA_OK && i < s->n_reqs; i++) queued += s->reqs[i]->status == QSA_REQ_QUEUED;
+    if (r == QSA_OK && queued >= s->p.max_queued)
+        r = qsa__fail(QSA_ERR_CONTEXT_FULL, "qsa_sched_submit: the queue is full (%d requests waiting, max_queued %d)", queued,
+                      s->p.max_queued);
     if (r != QSA_OK) {
         q->seq = NULL; /* never the caller's to free */
         qsa__sched_req_free(q);

@@ -252,6 +252,9 @@ static void ts_refusals(qsa_backend be) {
     rp.n_prompt = 10;
     CHECK_OK(qsa_sched_submit(s, &rp, &after));
     CHECK_ERR(qsa_sched_submit(s, &rp, &id), QSA_ERR_CONTEXT_FULL, "queue is full");
+    rp.max_tokens = 0; rp.n_ctx = 0; /* a bad request to a full queue is told it is bad (it was told the queue is full) */
+    CHECK_ERR(qsa_sched_submit(s, &rp, &id), QSA_ERR_CONTEXT_FULL, "lower n_ctx (with max_tokens 0");
+    rp.max_tokens = 4;
     CHECK_OK(qsa_sched_run(s));
     qsa_request_result res;
     CHECK_OK(qsa_sched_poll(s, big, &res));
