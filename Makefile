@@ -70,7 +70,7 @@ test-asan: tests/test_qsa_asan $(TINY) $(EXAMPLES) $(TOOLS)
 	ASAN_OPTIONS=abort_on_error=0:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ./tests/test_qsa_asan --group cpu
 
 # ---- tools, examples, the built-in tiny model ----
-$(TOOLS): tools/%: tools/%.c $(HDRS)
+$(TOOLS): tools/%: tools/%.c examples/cli.h $(HDRS)
 	$(CC) $(STD) $(WARN) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LDLIBS)
 
 $(EXAMPLES): examples/%: examples/%.c examples/cli.h $(HDRS)

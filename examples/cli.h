@@ -13,16 +13,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int is_opt(const char *a, const char *s1, const char *s2) { return !strcmp(a, s1) || (s2 && !strcmp(a, s2)); }
+static inline int is_opt(const char *a, const char *s1, const char *s2) { return !strcmp(a, s1) || (s2 && !strcmp(a, s2)); }
 
-static int need_value(const char *a, const char *v) {
+static inline int need_value(const char *a, const char *v) {
     if (v) return 1;
     fprintf(stderr, "%s needs a value\n", a);
     exit(2);
 }
 
 /* v as a whole number in [lo, hi] */
-static long cli_int(const char *flag, const char *v, long lo, long hi) {
+static inline long cli_int(const char *flag, const char *v, long lo, long hi) {
     char *end = NULL;
     errno = 0;
     long x = strtol(v, &end, 10);
@@ -34,7 +34,7 @@ static long cli_int(const char *flag, const char *v, long lo, long hi) {
 }
 
 /* v as a finite number that fits a float */
-static float cli_float(const char *flag, const char *v) {
+static inline float cli_float(const char *flag, const char *v) {
     char *end = NULL;
     errno = 0;
     double x = strtod(v, &end);
@@ -46,7 +46,7 @@ static float cli_float(const char *flag, const char *v) {
 }
 
 /* v as an unsigned 64-bit whole number (no sign) */
-static uint64_t cli_u64(const char *flag, const char *v) {
+static inline uint64_t cli_u64(const char *flag, const char *v) {
     char *end = NULL;
     errno = 0;
     unsigned long long x = v[0] >= '0' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;

@@ -21,14 +21,17 @@
  */
 #define QSA_RUNTIME_IMPLEMENTATION
 #include "../qsa_runtime.h"
+#include "cli.h"
+
+#include <signal.h>
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 
-static void usage(const char *argv0) {
-    fprintf(stderr,
+static void usage(FILE *f, const char *argv0) {
+    fprintf(f,
             "usage: %s [options]\n"
             "  -n, --nproc N          launcher: start N ranks, one process per GPU 0..N-1 (default 2)\n"
             "      --one-process      one process drives the N GPUs (ncclCommInitAll) instead\n"
@@ -102,6 +105,21 @@ static int run_rank(const opts *o) {
     return rc;
 }
 
+/* The launcher's ranks, for its signal handler: pids[0..n) (0 once waited for) */
+static pid_t *g_pids;
+static volatile int g_n;
+static volatile sig_atomic_t g_signal;
+
+static void stop_ranks(int sig) {
+    for (int r = 0; r < g_n; r++)
+        if (g_pids[r] > 0) kill(g_pids[r], sig);
+}
+
+static void on_signal(int sig) {
+    g_signal = sig;
+    stop_ranks(sig);
+}
+
 int main(int argc, char **argv) {
     opts o;
     memset(&o, 0, sizeof o);
@@ -113,25 +131,31 @@ int main(int argc, char **argv) {
     o.prompt = "Tell me a story";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if ((!strcmp(a, "-n") || !strcmp(a, "--nproc")) && v) o.nproc = atoi(argv[++i]);
-        else if (!strcmp(a, "--one-process")) o.one_process = 1;
-        else if (!strcmp(a, "--rank") && v) o.rank = atoi(argv[++i]);
-        else if (!strcmp(a, "--world") && v) o.world = atoi(argv[++i]);
-        else if (!strcmp(a, "--rendezvous") && v) o.rdv = argv[++i];
-        else if (!strcmp(a, "--device") && v) o.device = atoi(argv[++i]);
-        else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) o.model = argv[++i];
-        else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && v) o.prompt = argv[++i];
-        else if ((!strcmp(a, "-t") || !strcmp(a, "--tokens")) && v) o.tokens = atoi(argv[++i]);
-        else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o.verbose = 1;
-        else { usage(argv[0]); return 2; }
+        if (is_opt(a, "--one-process", NULL)) { o.one_process = 1; continue; }
+        if (is_opt(a, "-v", "--verbose")) { o.verbose = 1; continue; }
+        if (is_opt(a, "-h", "--help")) { usage(stdout, argv[0]); return 0; }
+        int known = is_opt(a, "-n", "--nproc") || is_opt(a, "--rank", NULL) || is_opt(a, "--world", NULL) ||
+                    is_opt(a, "--rendezvous", NULL) || is_opt(a, "--device", NULL) || is_opt(a, "-m", "--model") ||
+                    is_opt(a, "-p", "--prompt") || is_opt(a, "-t", "--tokens");
+        if (!known) { fprintf(stderr, "tp_launch: unknown option '%s'\n", a); usage(stderr, argv[0]); return 2; }
+        need_value(a, v);
+        i++;
+        if (is_opt(a, "-n", "--nproc")) o.nproc = (int)cli_int(a, v, 1, 1024);
+        else if (is_opt(a, "--rank", NULL)) o.rank = (int)cli_int(a, v, 0, 1023);
+        else if (is_opt(a, "--world", NULL)) o.world = (int)cli_int(a, v, 1, 1024);
+        else if (is_opt(a, "--rendezvous", NULL)) o.rdv = v;
+        else if (is_opt(a, "--device", NULL)) o.device = (int)cli_int(a, v, 0, 1023);
+        else if (is_opt(a, "-m", "--model")) o.model = v;
+        else if (is_opt(a, "-p", "--prompt")) o.prompt = v;
+        else o.tokens = (int)cli_int(a, v, 0, 1 << 30);
     }
     if (o.verbose) qsa_set_logger(qsa_log_stderr, NULL, QSA_LOG_INFO);
     if (o.rank >= 0) { /* one rank of a group */
-        if (o.world < 1 || !o.rdv || o.rank >= o.world) { usage(argv[0]); return 2; }
+        if (o.world < 1 || !o.rdv || o.rank >= o.world) { usage(stderr, argv[0]); return 2; }
         if (o.device < 0) o.device = o.rank;
         return run_rank(&o);
     }
-    if (o.nproc < 1) { usage(argv[0]); return 2; }
+    if (o.nproc < 1) { usage(stderr, argv[0]); return 2; }
     o.world = o.nproc;
     if (o.one_process) { o.rank = 0; return run_rank(&o); }
     /* the launcher: the tcp:// address given, else a fresh rendezvous path; one process per GPU, wait for all */
@@ -145,9 +169,24 @@ int main(int argc, char **argv) {
     const char *rdv = o.rdv ? o.rdv : path;
     snprintf(ws, sizeof ws, "%d", o.nproc);
     pid_t *pids = (pid_t *)calloc((size_t)o.nproc, sizeof(pid_t));
-    for (int r = 0; r < o.nproc; r++) {
+    if (!pids) { fprintf(stderr, "tp_launch: out of memory\n"); return 1; }
+    g_pids = pids;
+    g_n = 0;
+    struct sigaction sa; /* a signal to the launcher goes to every rank, then the launcher cleans up and dies of it */
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    static const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
+    for (int k = 0; k < 3; k++) sigaction(sigs[k], &sa, NULL);
+    int failed = 0;
+    for (int r = 0; r < o.nproc && !g_signal; r++) {
         snprintf(rs, sizeof rs, "%d", r);
         pids[r] = fork();
+        if (pids[r] < 0) {
+            perror("tp_launch: fork");
+            failed = o.nproc - r;
+            break;
+        }
         if (pids[r] == 0) {
             char *args[20];
             int k = 0;
@@ -166,17 +205,39 @@ int main(int argc, char **argv) {
             perror("execv");
             _exit(127);
         }
+        g_n = r + 1;
     }
-    int failed = 0;
-    for (int r = 0; r < o.nproc; r++) {
+    /* a rank that fails (or a fork that did) leaves the others waiting for it in the rendezvous or a
+       collective: they are stopped */
+    if (failed || g_signal) stop_ranks(g_signal ? (int)g_signal : SIGTERM);
+    for (int left = g_n; left > 0;) {
         int st = 0;
-        if (pids[r] <= 0 || waitpid(pids[r], &st, 0) != pids[r] || !WIFEXITED(st) || WEXITSTATUS(st) != 0) failed++;
+        pid_t p = waitpid(-1, &st, 0);
+        if (p < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        int r = 0;
+        while (r < g_n && pids[r] != p) r++;
+        if (r == g_n) continue;
+        pids[r] = 0;
+        left--;
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            if (!failed++ && !g_signal && left) {
+                fprintf(stderr, "tp_launch: rank %d failed; stopping the others\n", r);
+                stop_ranks(SIGTERM);
+            }
+        }
     }
     if (!o.rdv) {
         remove(path);
         rmdir(dir);
     }
     free(pids);
+    if (g_signal) { /* die of the signal, as the shell expects */
+        signal((int)g_signal, SIG_DFL);
+        raise((int)g_signal);
+    }
     if (failed) fprintf(stderr, "tp_launch: %d of %d ranks failed\n", failed, o.nproc);
     return failed ? 1 : 0;
 }

@@ -1,3 +1,7 @@
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+
 /* t_cli.c - the example programs run as users run them: chat's flags, a conversation fed on stdin, long
  * lines and long contexts; batch's request fields.  Group cpu; skipped where the examples are not built
  * (make test builds them). */
@@ -164,4 +168,131 @@ TEST(cpu, batch_cli_refuses_bad_numbers) {
     qsa_free(out);
     qsa_free(err);
     remove(path);
+}
+
+/* Runs the shell command `cmd` in the repository root; returns its exit status (-1 when it did not exit)
+   and its stderr in *err (free it). */
+static int cli_shell(const char *cmd, char **err) {
+    char dir[] = "/tmp/qsa_cli_XXXXXX", full[8192], perr[64];
+    *err = NULL;
+    if (!mkdtemp(dir)) return -1;
+    snprintf(perr, sizeof perr, "%s/err", dir);
+    snprintf(full, sizeof full, "cd '%s' && ( %s ) > /dev/null 2> %s", test_path(""), cmd, perr);
+    int st = system(full);
+    size_t len = 0;
+    if (qsa__read_file(perr, err, &len) != QSA_OK) *err = NULL;
+    remove(perr);
+    rmdir(dir);
+    return st != -1 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The tools' flags read strictly (atoi took "abc" as 0; replay crashed on a flag without its value),
+   tokenize --decode of a file of ids (it read past the end of its buffer and refused the last id of a
+   440-id file), and logits on a prompt that fills the model's context (it asked for one position more). */
+TEST(cpu, tool_flags_and_inputs) {
+    if (!qsa__file_exists(test_path("tools/replay")) || !qsa__file_exists(test_path("tools/tokenize")) ||
+        !qsa__file_exists(test_path("tools/logits")) || !qsa__file_exists(test_path("models/tiny/config.json")))
+        SKIP("the tools or models/tiny are not built (make)");
+    char *err = NULL;
+    int rc = cli_shell("tools/replay capture --model models/tiny --ids x --out y --layer", &err);
+    CHECKF(rc == 2 && cli_count(err, "--layer needs a value"), "status %d, stderr '%.300s'", rc, err ? err : "");
+    qsa_free(err);
+    rc = cli_shell("tools/replay capture --model models/tiny --ids x --out y --layer 4294967299", &err);
+    CHECKF(rc == 2 && cli_count(err, "'4294967299' is not a whole number"), "status %d, stderr '%.300s'", rc, err ? err : "");
+    qsa_free(err);
+    rc = cli_shell("tools/logits --model models/tiny --ids x --out y --decode abc", &err);
+    CHECKF(rc == 2 && cli_count(err, "--decode: 'abc'"), "status %d, stderr '%.300s'", rc, err ? err : "");
+    qsa_free(err);
+    rc = cli_shell("tools/logits --model models/tiny --ids x --out y --backend foo", &err);
+    CHECKF(rc == 2 && cli_count(err, "'foo' is not auto, cpu or cuda"), "status %d, stderr '%.300s'", rc, err ? err : "");
+    qsa_free(err);
+    char dir[] = "/tmp/qsa_tools_XXXXXX", cmd[1024], p1[96], p2[96];
+    if (!mkdtemp(dir)) SKIP("mkdtemp");
+    snprintf(p1, sizeof p1, "%s/ids.txt", dir);
+    FILE *f = fopen(p1, "wb");
+    for (int i = 0; f && i < 440; i++) fprintf(f, "%s%d", i ? " " : "", i == 439 ? 11 : 5);
+    if (f) fclose(f);
+    snprintf(cmd, sizeof cmd, "tools/tokenize --model models/tiny --decode --text-file '%s'", p1);
+    rc = cli_shell(cmd, &err);
+    CHECKF(rc == 0, "status %d, stderr '%.300s'", rc, err ? err : "");
+    qsa_free(err);
+    /* a prompt of max_position_embeddings ids (models/tiny: 4,096) */
+    int maxpos = 0;
+    qsa_model_config c;
+    if (qsa_config_load_dir(test_path("models/tiny"), &c) == QSA_OK) maxpos = c.max_position_embeddings;
+    snprintf(p2, sizeof p2, "%s/ids.json", dir);
+    f = fopen(p2, "wb");
+    for (int i = 0; f && i < maxpos; i++) fprintf(f, "%s%d", i ? "," : "[", (i * 37 + 11) % 200);
+    if (f) { fputs("]", f); fclose(f); }
+    snprintf(cmd, sizeof cmd, "tools/logits --backend cpu --model models/tiny --ids '%s' --out '%s/l.safetensors'", p2, dir);
+    rc = maxpos > 0 ? cli_shell(cmd, &err) : -1;
+    CHECKF(rc == 0, "status %d, stderr '%.300s'", rc, err ? err : "");
+    qsa_free(err);
+    char p3[128];
+    snprintf(p3, sizeof p3, "%s/l.safetensors", dir);
+    remove(p1);
+    remove(p2);
+    remove(p3);
+    rmdir(dir);
+}
+
+/* Processes whose command line contains s (Linux /proc) */
+static int tp_cmdline_count(const char *s) {
+    DIR *d = opendir("/proc");
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        char path[300], buf[4096];
+        snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
+        FILE *f = fopen(path, "rb");
+        if (!f) continue;
+        size_t k = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        for (size_t i = 0; i < k; i++)
+            if (!buf[i]) buf[i] = ' ';
+        buf[k] = 0;
+        n += strstr(buf, s) != NULL;
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+/* A signal to tp_launch reaches its ranks, and the launcher removes its rendezvous directory and dies of
+   it (the ranks went on running and the directory stayed).  The ranks are held in their model load by a
+   FIFO as config.json. */
+TEST(cpu, tp_launch_passes_signals_to_its_ranks) {
+    if (!qsa__file_exists(test_path("examples/tp_launch"))) SKIP("examples/tp_launch is not built");
+    char dir[] = "/tmp/qsa_tpl_XXXXXX", fifo[64];
+    if (!mkdtemp(dir)) SKIP("mkdtemp");
+    snprintf(fifo, sizeof fifo, "%s/config.json", dir);
+    if (mkfifo(fifo, 0600) != 0) { rmdir(dir); SKIP("mkfifo"); }
+    char exe[600];
+    snprintf(exe, sizeof exe, "%s", test_path("examples/tp_launch"));
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int dn = open("/dev/null", O_WRONLY);
+        if (dn >= 0) { dup2(dn, 1); dup2(dn, 2); }
+        execl(exe, exe, "-n", "2", "-m", dir, (char *)NULL);
+        _exit(127);
+    }
+    int ranks = 0; /* processes whose command line names the FIFO's directory, the launcher's own included */
+    for (int t = 0; t < 200 && ranks < 3; t++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        ranks = tp_cmdline_count(dir);
+    }
+    CHECKF(ranks == 3, "%d processes", ranks);
+    kill(pid, SIGTERM);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECKF(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM, "launcher status %d", st);
+    int left = 0;
+    for (int t = 0; t < 200 && (left = tp_cmdline_count(dir)) > 0; t++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    CHECKF(left == 0, "%d rank processes left running", left);
+    remove(fifo);
+    rmdir(dir);
 }

@@ -11,6 +11,7 @@
  */
 #define QSA_RUNTIME_IMPLEMENTATION
 #include "../qsa_runtime.h"
+#include "../examples/cli.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,22 +28,24 @@ int main(int argc, char **argv) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
     mp.no_tokenizer = 1;
+    static const char usage[] = "usage: %s --model DIR --ids FILE [--decode N] [--chunk C] [--backend auto|cpu|cuda] [--threads T] --out FILE\n";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v && strcmp(a, "-h") && strcmp(a, "--help")) { fprintf(stderr, "logits: %s needs a value\n", a); return 2; }
-        if (!strcmp(a, "--model")) model_dir = argv[++i];
-        else if (!strcmp(a, "--ids")) ids_path = argv[++i];
-        else if (!strcmp(a, "--out")) out_path = argv[++i];
-        else if (!strcmp(a, "--decode")) n_decode = atoi(argv[++i]);
-        else if (!strcmp(a, "--chunk")) chunk = atoi(argv[++i]);
-        else if (!strcmp(a, "--threads")) mp.n_threads = atoi(argv[++i]);
-        else if (!strcmp(a, "--backend")) {
-            const char *b = argv[++i];
-            mp.backend = !strcmp(b, "cpu") ? QSA_BACKEND_CPU : !strcmp(b, "cuda") ? QSA_BACKEND_CUDA : QSA_BACKEND_AUTO;
-        } else {
-            fprintf(stderr, "usage: %s --model DIR --ids FILE [--decode N] [--chunk C] [--backend cpu|cuda] [--threads T] --out FILE\n", argv[0]);
-            return 2;
-        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { printf(usage, argv[0]); return 0; }
+        int known = !strcmp(a, "--model") || !strcmp(a, "--ids") || !strcmp(a, "--out") || !strcmp(a, "--decode") ||
+                    !strcmp(a, "--chunk") || !strcmp(a, "--threads") || !strcmp(a, "--backend");
+        if (!known) { fprintf(stderr, "logits: unknown option '%s'\n", a); fprintf(stderr, usage, argv[0]); return 2; }
+        need_value(a, v);
+        i++;
+        if (!strcmp(a, "--model")) model_dir = v;
+        else if (!strcmp(a, "--ids")) ids_path = v;
+        else if (!strcmp(a, "--out")) out_path = v;
+        else if (!strcmp(a, "--decode")) n_decode = (int)cli_int(a, v, 0, 1 << 30);
+        else if (!strcmp(a, "--chunk")) chunk = (int)cli_int(a, v, 0, 1 << 30);
+        else if (!strcmp(a, "--threads")) mp.n_threads = (int)cli_int(a, v, 0, 4096);
+        else if (!strcmp(v, "cpu") || !strcmp(v, "cuda") || !strcmp(v, "auto"))
+            mp.backend = !strcmp(v, "cpu") ? QSA_BACKEND_CPU : !strcmp(v, "cuda") ? QSA_BACKEND_CUDA : QSA_BACKEND_AUTO;
+        else { fprintf(stderr, "logits: --backend: '%s' is not auto, cpu or cuda\n", v); return 2; }
     }
     if (!model_dir || !ids_path || !out_path || n_decode < 0) {
         fprintf(stderr, "logits: --model, --ids and --out are required (see --help)\n");
@@ -76,7 +79,12 @@ int main(int argc, char **argv) {
     int V = qsa_model_get_config(m)->vocab_size;
     qsa_seq_params sp;
     memset(&sp, 0, sizeof sp);
-    sp.n_ctx = n + n_decode + 1;
+    if ((int64_t)n + n_decode > qsa_model_get_config(m)->max_position_embeddings) {
+        fprintf(stderr, "logits: %d prompt ids + %d decoded exceed the model's context of %d\n", n, n_decode,
+                qsa_model_get_config(m)->max_position_embeddings);
+        return 1;
+    }
+    sp.n_ctx = n + n_decode; /* what is fed: the prompt and the decoded tokens */
     qsa_seq *s;
     if (qsa_seq_create(m, &sp, &s) != QSA_OK) return die("creating a sequence");
     float *pre = (float *)malloc(sizeof(float) * (size_t)n * V);

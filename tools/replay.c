@@ -13,6 +13,7 @@
  */
 #define QSA_RUNTIME_IMPLEMENTATION
 #include "../qsa_runtime.h"
+#include "../examples/cli.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,22 +27,25 @@ static int die(const char *what) {
 static int capture(int argc, char **argv) {
     const char *model = NULL, *ids_path = NULL, *out = NULL;
     int layer = -1;
-    long long shuffle = -1;
+    long long shuffle = -1; /* (off) */
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
     mp.backend = QSA_BACKEND_CPU;
     mp.no_tokenizer = 1;
     for (int i = 2; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
-        if (!strcmp(a, "--model")) model = argv[++i];
-        else if (!strcmp(a, "--ids")) ids_path = argv[++i];
-        else if (!strcmp(a, "--out")) out = argv[++i];
-        else if (!strcmp(a, "--layer")) layer = atoi(argv[++i]);
-        else if (!strcmp(a, "--page-size")) mp.kv_page_size = atoi(argv[++i]);
-        else if (!strcmp(a, "--shuffle")) shuffle = atoll(argv[++i]);
-        else if (!strcmp(a, "--physical-order")) mp.debug_physical_order = 1;
-        else { fprintf(stderr, "replay capture: unknown option '%s' (%s)\n", a, v); return 2; }
-        if (i >= argc) { fprintf(stderr, "replay capture: %s needs a value\n", a); return 2; }
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--physical-order")) { mp.debug_physical_order = 1; continue; }
+        int known = !strcmp(a, "--model") || !strcmp(a, "--ids") || !strcmp(a, "--out") || !strcmp(a, "--layer") ||
+                    !strcmp(a, "--page-size") || !strcmp(a, "--shuffle");
+        if (!known) { fprintf(stderr, "replay capture: unknown option '%s'\n", a); return 2; }
+        need_value(a, v);
+        i++;
+        if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--ids")) ids_path = v;
+        else if (!strcmp(a, "--out")) out = v;
+        else if (!strcmp(a, "--layer")) layer = (int)cli_int(a, v, 0, QSA_MAX_LAYERS - 1);
+        else if (!strcmp(a, "--page-size")) mp.kv_page_size = (int)cli_int(a, v, 0, 1 << 20);
+        else shuffle = (long long)(cli_u64(a, v) & 0x7fffffffffffffffull);
     }
     if (!model || !ids_path || !out || layer < 0) {
         fprintf(stderr, "replay capture: --model, --ids, --layer and --out are required\n");

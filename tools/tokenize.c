@@ -36,16 +36,17 @@ static int read_stream(FILE *f, char **out, size_t *len) {
     char *buf = (char *)malloc(cap);
     if (!buf) return 0;
     for (;;) {
-        if (n == cap) {
+        if (n + 1 >= cap) { /* (one byte kept for the terminating 0: the id parser's strtol stops there) */
             char *nb = (char *)realloc(buf, cap *= 2);
             if (!nb) { free(buf); return 0; }
             buf = nb;
         }
-        size_t k = fread(buf + n, 1, cap - n, f);
+        size_t k = fread(buf + n, 1, cap - n - 1, f);
         n += k;
         if (k == 0) break;
     }
     if (ferror(f)) { free(buf); return 0; }
+    buf[n] = 0;
     *out = buf;
     *len = n;
     return 1;
