@@ -206,6 +206,13 @@ TEST(cpu, tool_flags_and_inputs) {
     rc = cli_shell("tools/logits --model models/tiny --ids x --out y --backend foo", &err);
     CHECKF(rc == 2 && cli_count(err, "'foo' is not auto, cpu or cuda"), "status %d, stderr '%.300s'", rc, err ? err : "");
     qsa_free(err);
+    rc = cli_shell("tools/make_tiny_model /tmp/qsa_never_written --seed -1", &err);
+    CHECKF(rc == 2 && cli_count(err, "--seed: '-1'"), "status %d, stderr '%.300s'", rc, err ? err : "");
+    qsa_free(err);
+    rc = cli_shell("tools/long_context --backend cpu --tokens 10 --gen 2 --pool-tokens 2147483648", &err);
+    CHECKF(rc == 2 && cli_count(err, "--pool-tokens expects an integer in 1 .. 2147483647"), "status %d, stderr '%.300s'", rc,
+           err ? err : "");
+    qsa_free(err);
     char dir[] = "/tmp/qsa_tools_XXXXXX", cmd[1024], p1[96], p2[96];
     if (!mkdtemp(dir)) SKIP("mkdtemp");
     snprintf(p1, sizeof p1, "%s/ids.txt", dir);

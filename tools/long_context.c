@@ -81,6 +81,7 @@ static size_t lc_size(const void *q) {
 #define QSA_RUNTIME_IMPLEMENTATION
 #include "../qsa_runtime.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 
 typedef struct lc_opt {
@@ -98,7 +99,7 @@ static void usage(FILE *f) {
             "sequence state against the memory formula of docs/SERVING.md (exit 1 when they differ).\n"
             "  --tokens N        prompt tokens (default 262144)\n"
             "  --chunk N         the scheduler's prefill chunk (default 8192)\n"
-            "  --gen N           tokens generated, greedy, EOS ignored (default 32)\n"
+            "  --gen N           tokens generated, greedy, EOS ignored (default 32; at least 2: the request is measured between steps)\n"
             "  --backend B       cuda or cpu (default cuda)\n"
             "  --model DIR       a model directory (default: the tiny random model written by tools/make_tiny_model\n"
             "                    with max_position_embeddings = tokens + gen, in a temporary directory)\n"
@@ -141,9 +142,9 @@ static int parse_args(int argc, char **argv, lc_opt *o) {
     }
         LC_INT("--tokens", 1, 1LL << 30, o->tokens)
         LC_INT("--chunk", 1, 1LL << 30, o->chunk)
-        LC_INT("--gen", 1, 1 << 20, o->gen)
+        LC_INT("--gen", 2, 1 << 20, o->gen) /* (a request of one token ends in its prefill step, before it is measured) */
         LC_INT("--page-size", 16, 1 << 20, o->page_size)
-        LC_INT("--pool-tokens", 1, 1LL << 31, o->pool_tokens)
+        LC_INT("--pool-tokens", 1, 0x7fffffffLL, o->pool_tokens)
         LC_INT("--max-chunk", 1, 1 << 20, o->max_chunk)
         LC_INT("--threads", 1, 1024, o->threads)
         LC_INT("--device", 0, 64, o->device)
@@ -337,6 +338,16 @@ static void lc_cleanup(void) {
     if (system(cmd) != 0) fprintf(stderr, "long_context: could not remove %s\n", g_tmpdir);
 }
 
+/* On SIGINT / SIGTERM / SIGHUP (atexit does not run): the generated model's files, unlinked by their
+   names (async-signal-safe), then the directory; the signal is raised again to end the program. */
+static char g_tmpfiles[5][320];
+static void lc_on_signal(int sig) {
+    for (int i = 0; i < 5; i++) unlink(g_tmpfiles[i]);
+    rmdir(g_tmpdir);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 static const char *lc_stop_name(qsa_stop_reason r) {
     static const char *const names[] = {"none", "eos", "stop string", "max_tokens", "callback"};
     return (unsigned)r < 5 ? names[r] : "?";
@@ -363,8 +374,15 @@ int main(int argc, char **argv) {
         if (!o.keep_model) {
             snprintf(g_tmpdir, sizeof g_tmpdir, "%s", tmpdir);
             atexit(lc_cleanup);
+            static const char *const names[5] = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                                                 "tokenizer_config.json"};
+            for (int i = 0; i < 5; i++) snprintf(g_tmpfiles[i], sizeof g_tmpfiles[i], "%s/%s", tmpdir, names[i]);
+            signal(SIGINT, lc_on_signal);
+            signal(SIGTERM, lc_on_signal);
+            signal(SIGHUP, lc_on_signal);
         }
-        if (!lc_write_model(argv[0], dir, o.tokens + o.gen)) return 2;
+        /* (make_tiny_model's context is at least 16 tokens) */
+        if (!lc_write_model(argv[0], dir, o.tokens + o.gen < 16 ? 16 : o.tokens + o.gen)) return 2;
     }
     qsa_model_config cfg;
     if (qsa_config_load_dir(dir, &cfg) != QSA_OK) { fprintf(stderr, "long_context: %s\n", qsa_last_error()); return 2; }

@@ -33,6 +33,8 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
+#include "../examples/cli.h"
+
 /* ------------------------------------------------------------------------------------------------ */
 /* errors                                                                                            */
 
@@ -578,7 +580,7 @@ static FILE *tm_open(const char *dir, const char *name, char *path, size_t path_
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "wb");
-    if (!f) die("cannot open for writing", tmp);
+    if (!f) die(strerror(errno), tmp);
     return f;
 }
 
@@ -586,8 +588,14 @@ static void tm_close(FILE *f, const char *path)
 {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    if (ferror(f) || fclose(f) != 0) die("write failed", tmp);
-    if (rename(tmp, path) != 0) die("cannot rename into place", path);
+    int ok = !ferror(f), e = errno;
+    if (fclose(f) != 0 && ok) { ok = 0; e = errno; }
+    if (ok && rename(tmp, path) != 0) { ok = 0; e = errno; }
+    if (!ok) { /* (no half-written file is left behind) */
+        remove(tmp);
+        fprintf(stderr, "make_tiny_model: writing %s: %s\n", path, strerror(e));
+        exit(1);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -1249,9 +1257,8 @@ int main(int argc, char **argv)
     long max_pos = 0, real_layers = 0, ple_base = 100000;
     for (int i = 1; i < argc; ++i) {
         if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
-            char *end = NULL;
-            seed = strtoull(argv[++i], &end, 0);
-            if (!end || *end) die("--seed expects an integer", argv[i]);
+            ++i;
+            seed = cli_u64("--seed", argv[i]);
         } else if (strcmp(argv[i], "--max-position-embeddings") == 0 && i + 1 < argc) {
             char *end = NULL;
             max_pos = strtol(argv[++i], &end, 10);
