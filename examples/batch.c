@@ -199,6 +199,7 @@ static qsa_result submit_line(qsa_sched *s, const qsa__json *o, const qsa_reques
 }
 
 int main(int argc, char **argv) {
+    cli_check_stdout("batch");
     const char *model_dir = "models/tiny", *in_path = NULL, *out_path = NULL;
     int n_predict = 128, chat = 0, threads = 0, verbose = 0, kv_tokens = 0;
     qsa_backend backend = QSA_BACKEND_AUTO;

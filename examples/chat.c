@@ -148,6 +148,7 @@ static int answer(qsa_sched *sched, qsa_seq *seq, int n_ctx, const qsa_tokenizer
 }
 
 int main(int argc, char **argv) {
+    cli_check_stdout("chat");
     chat_opts o;
     memset(&o, 0, sizeof o);
     o.model = "models/tiny";

@@ -1,7 +1,7 @@
-/* cli.h - the command-line values of the example programs (chat.c, batch.c), read strictly: a whole
- * number must be all digits and in range, a real number finite; anything else ends the program with a
- * usage error (exit status 2) that names the flag.  (atoi and atof read "abc" as 0 and "1e12" past
- * INT_MAX as anything.)
+/* cli.h - the command-line values of the example programs and tools, read strictly: a whole number
+ * must be all digits and in range, a real number finite; anything else ends the program with a usage
+ * error (exit status 2) that names the flag.  (atoi and atof read "abc" as 0 and "1e12" past INT_MAX
+ * as anything.)  And cli_check_stdout: a program whose output could not be written fails.
  */
 #ifndef QSA_EXAMPLES_CLI_H
 #define QSA_EXAMPLES_CLI_H
@@ -55,6 +55,27 @@ static inline uint64_t cli_u64(const char *flag, const char *v) {
         exit(2);
     }
     return (uint64_t)x;
+}
+
+/* At exit, flush stdout and fail (exit status 1, a message naming `prog`) if any of it could not be
+   written: a full disk, a closed pipe with SIGPIPE ignored.  (stdio keeps such errors to itself, and
+   `tokenize > /dev/full` used to exit 0.)  Call once, first thing in main. */
+static const char *cli_stdout_prog;
+
+static inline void cli_stdout_at_exit(void) {
+    errno = 0;
+    int bad = ferror(stdout);
+    if (fclose(stdout) != 0 || bad) {
+        int e = errno;
+        fprintf(stderr, "%s: writing the output failed%s%s\n", cli_stdout_prog, e ? ": " : "", e ? strerror(e) : "");
+        fflush(stderr);
+        _Exit(1);
+    }
+}
+
+static inline void cli_check_stdout(const char *prog) {
+    cli_stdout_prog = prog;
+    atexit(cli_stdout_at_exit);
 }
 
 #endif

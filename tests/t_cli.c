@@ -188,7 +188,8 @@ static int cli_shell(const char *cmd, char **err) {
 
 /* The tools' flags read strictly (atoi took "abc" as 0; replay crashed on a flag without its value),
    tokenize --decode of a file of ids (it read past the end of its buffer and refused the last id of a
-   440-id file), and logits on a prompt that fills the model's context (it asked for one position more). */
+   440-id file), logits on a prompt that fills the model's context (it asked for one position more), and output
+   that cannot be written. */
 TEST(cpu, tool_flags_and_inputs) {
     if (!qsa__file_exists(test_path("tools/replay")) || !qsa__file_exists(test_path("tools/tokenize")) ||
         !qsa__file_exists(test_path("tools/logits")) || !qsa__file_exists(test_path("models/tiny/config.json")))
@@ -215,6 +216,19 @@ TEST(cpu, tool_flags_and_inputs) {
     qsa_free(err);
     char dir[] = "/tmp/qsa_tools_XXXXXX", cmd[1024], p1[96], p2[96];
     if (!mkdtemp(dir)) SKIP("mkdtemp");
+    /* output that cannot be written fails the program (tokenize --help and replay's report exited 0) */
+    rc = cli_shell("tools/tokenize --model models/tiny --text hello > /dev/full", &err);
+    CHECKF(rc == 1 && cli_count(err, "tokenize: writing the output failed: No space left on device"), "status %d, stderr '%.300s'", rc,
+           err ? err : "");
+    qsa_free(err);
+    rc = cli_shell("tools/tokenize --help > /dev/full", &err);
+    CHECKF(rc == 1 && cli_count(err, "writing the output failed"), "status %d, stderr '%.300s'", rc, err ? err : "");
+    qsa_free(err);
+    snprintf(cmd, sizeof cmd, "echo '[1,2,3,4,5,6,7,8]' > %s/c.json && tools/replay capture --model models/tiny --ids %s/c.json --out %s/c.qsacap "
+             "--layer 3 && tools/replay replay %s/c.qsacap > /dev/full", dir, dir, dir, dir);
+    rc = cli_shell(cmd, &err);
+    CHECKF(rc == 1 && cli_count(err, "replay: writing the output failed"), "status %d, stderr '%.300s'", rc, err ? err : "");
+    qsa_free(err);
     snprintf(p1, sizeof p1, "%s/ids.txt", dir);
     FILE *f = fopen(p1, "wb");
     for (int i = 0; f && i < 440; i++) fprintf(f, "%s%d", i ? " " : "", i == 439 ? 11 : 5);
@@ -239,6 +253,10 @@ TEST(cpu, tool_flags_and_inputs) {
     snprintf(p3, sizeof p3, "%s/l.safetensors", dir);
     remove(p1);
     remove(p2);
+    remove(p3);
+    snprintf(p3, sizeof p3, "%s/c.json", dir);
+    remove(p3);
+    snprintf(p3, sizeof p3, "%s/c.qsacap", dir);
     remove(p3);
     rmdir(dir);
 }

@@ -84,6 +84,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "../examples/cli.h"
+
 #ifdef QSA_NO_CUDA
 int main(void) {
     fprintf(stderr, "bench: built with QSA_NO_CUDA: nothing to measure\n");
@@ -1908,6 +1910,7 @@ static qsa_result bench_decode(bench *b, bench_plan *pl, float *logits) {
 }
 
 int main(int argc, char **argv) {
+    cli_check_stdout("bench");
     static bench bb;
     bench *b = &bb;
     int pr = parse_args(argc, argv, &b->o);

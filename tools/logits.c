@@ -23,6 +23,7 @@ static int die(const char *what) {
 }
 
 int main(int argc, char **argv) {
+    cli_check_stdout("logits");
     const char *model_dir = NULL, *ids_path = NULL, *out_path = NULL;
     int n_decode = 0, chunk = 0;
     qsa_model_params mp;

@@ -84,6 +84,8 @@ static size_t lc_size(const void *q) {
 #include <signal.h>
 #include <sys/stat.h>
 
+#include "../examples/cli.h"
+
 typedef struct lc_opt {
     long long tokens, pool_tokens;
     int chunk, gen, page_size, threads, device, max_chunk, eager, keep_model, verbose;
@@ -354,6 +356,7 @@ static const char *lc_stop_name(qsa_stop_reason r) {
 }
 
 int main(int argc, char **argv) {
+    cli_check_stdout("long_context");
     lc_opt o;
     if (!parse_args(argc, argv, &o)) return 2;
     if (o.verbose) qsa_set_logger(qsa_log_stderr, NULL, QSA_LOG_INFO);

@@ -1252,6 +1252,7 @@ static void tm_usage(void)
 
 int main(int argc, char **argv)
 {
+    cli_check_stdout("make_tiny_model");
     const char *out_dir = NULL;
     unsigned long long seed = 1;
     long max_pos = 0, real_layers = 0, ple_base = 100000;

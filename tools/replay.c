@@ -106,6 +106,7 @@ static int replay(const char *path) {
 }
 
 int main(int argc, char **argv) {
+    cli_check_stdout("replay");
     if (argc >= 2 && !strcmp(argv[1], "capture")) return capture(argc, argv);
     if (argc == 3 && !strcmp(argv[1], "replay")) return replay(argv[2]);
     fprintf(stderr, "usage: %s capture --model DIR --ids FILE --layer L --out FILE [--page-size P] [--shuffle SEED] [--physical-order]\n"

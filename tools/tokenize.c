@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../examples/cli.h"
+
 static void usage(FILE *f) {
     fprintf(f, "usage: tokenize (--model DIR | --tokenizer FILE) [--text STRING | --text-file FILE] [--no-special]\n"
                "       tokenize (--model DIR | --tokenizer FILE) --decode [--skip-special] [--text JSON | --text-file FILE]\n"
@@ -53,6 +55,7 @@ static int read_stream(FILE *f, char **out, size_t *len) {
 }
 
 int main(int argc, char **argv) {
+    cli_check_stdout("tokenize");
     const char *model = NULL, *tokfile = NULL, *text = NULL, *text_file = NULL;
     int parse_special = 1, decode = 0, skip_special = 0;
     for (int i = 1; i < argc; i++) {
@@ -163,6 +166,5 @@ int main(int argc, char **argv) {
     }
     free(buf);
     qsa_tokenizer_free(tok);
-    if (fflush(stdout) != 0) return die("write error on stdout");
     return status;
 }
