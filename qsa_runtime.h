@@ -8445,6 +8445,18 @@ QSA_IMPL qsa_result qsa_seq_capture_end(qsa_seq *s, const char *path) {
             memcpy(k + i * page_vals, qsa__pool_k(pl, slot, s->bt[i], 0), sizeof(float) * page_vals);
             memcpy(v + i * page_vals, qsa__pool_v(pl, slot, s->bt[i], 0), sizeof(float) * page_vals);
         }
+        /* the slots past the last token written hold what the page's previous user left there (or
+           uninitialised memory): no query reads them, and they stay out of the file */
+        int64_t used = s->pos;
+        if (n > 0) {
+            int64_t last;
+            memcpy(&last, cp->pos.data + cp->pos.len - 8, 8); /* (after a failed feed, past s->pos) */
+            if (last + 1 > used) used = last + 1;
+        }
+        if ((size_t)used < (size_t)np * ps) {
+            memset(k + (size_t)used * pl->kvd, 0, sizeof(float) * ((size_t)np * page_vals - (size_t)used * pl->kvd));
+            memset(v + (size_t)used * pl->kvd, 0, sizeof(float) * ((size_t)np * page_vals - (size_t)used * pl->kvd));
+        }
         qsa__st_out t[11];
         memset(t, 0, sizeof t);
 #define QSA__T(i, nm, dt, nd, s0, s1, s2, ptr) \
@@ -8470,8 +8482,26 @@ QSA_IMPL qsa_result qsa_seq_capture_end(qsa_seq *s, const char *path) {
     return r;
 }
 
+static int qsa__cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The index of v in the ascending a[0..n-1], -1 when it is not there */
+QSA_PRIV int qsa__rank_i32(const int32_t *a, int n, int32_t v) {
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (a[mid] < v) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < n && a[lo] == v ? lo : -1;
+}
+
 QSA_IMPL qsa_result qsa_replay_capture(const char *path, qsa_replay_mode mode, qsa_replay_report *rep) {
     if (!path || !rep) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_replay_capture: NULL argument");
+    if (mode != QSA_REPLAY_FROZEN_PLAN && mode != QSA_REPLAY_PLANNER && mode != QSA_REPLAY_PHYSICAL_ORDER)
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_replay_capture: unknown mode %d", (int)mode);
     memset(rep, 0, sizeof *rep);
     rep->first_query = rep->first_index = -1;
     qsa__st_set st;
@@ -8486,25 +8516,41 @@ QSA_IMPL qsa_result qsa_replay_capture(const char *path, qsa_replay_mode mode, q
         r = qsa__fail(QSA_ERR_FORMAT, "%s: 'meta' must be I64 [12]", path);
     if (r != QSA_OK) { qsa__st_close(&st); return r; }
     memcpy(meta, T[0]->data, sizeof meta);
+    for (int i = 1; i <= 10; i++) /* (each read as an int below) */
+        if (meta[i] < 0 || meta[i] > INT32_MAX) {
+            qsa__st_close(&st);
+            return qsa__fail(QSA_ERR_FORMAT, "%s: meta[%d] = %lld out of range", path, i, (long long)meta[i]);
+        }
     int ps = (int)meta[1], nh = (int)meta[2], nkv = (int)meta[3], hd = (int)meta[4], rr = (int)meta[5], topk = (int)meta[6];
     int n = (int)meta[7], np = (int)meta[8], kvd = (int)meta[9];
     /* every tensor must have the size the meta data implies */
-    size_t want[11] = {sizeof meta, (size_t)n * 8, (size_t)n * 2 * nh * hd * 4, (size_t)n * topk * 4, (size_t)n * 4,
-                       (size_t)n * nh * hd * 4, 0, (size_t)(n + 1) * 4, (size_t)np * 4, (size_t)np * ps * kvd * 4,
-                       (size_t)np * ps * kvd * 4};
-    if (ps < 1 || nh < 1 || nkv < 1 || hd < 1 || rr < 1 || topk < 0 || n < 0 || np < 0 || kvd != nkv * hd || nh % nkv)
+    /* (products saturate at SIZE_MAX, which no tensor has: a hostile meta wrapped them to 0) */
+#define QSA__MULZ(a, b) ((a) && (size_t)(b) > SIZE_MAX / (a) ? SIZE_MAX : (a) * (size_t)(b))
+    size_t nqh = QSA__MULZ(QSA__MULZ((size_t)n, nh), hd), kvb = QSA__MULZ(QSA__MULZ(QSA__MULZ((size_t)np, ps), kvd), 4);
+    size_t want[11] = {sizeof meta, (size_t)n * 8, QSA__MULZ(nqh, 8), QSA__MULZ(QSA__MULZ((size_t)n, topk), 4), (size_t)n * 4,
+                       QSA__MULZ(nqh, 4), 0, (size_t)(n + 1) * 4, (size_t)np * 4, kvb, kvb};
+#undef QSA__MULZ
+    static const qsa__dtype dts[11] = {QSA__I64, QSA__I64, QSA__F32, QSA__I32, QSA__I32, QSA__F32,
+                                       QSA__I32, QSA__I32, QSA__I32, QSA__F32, QSA__F32};
+    for (int i = 1; i < 11 && r == QSA_OK; i++)
+        if (T[i]->dtype != dts[i])
+            r = qsa__fail(QSA_ERR_FORMAT, "%s: tensor '%s' is %s, expected %s", path, names[i], qsa__dtype_name(T[i]->dtype),
+                          qsa__dtype_name(dts[i]));
+    if (r == QSA_OK && (ps < 1 || nh < 1 || nkv < 1 || hd < 1 || rr < 1 || topk < 0 || n < 0 || np < 0 ||
+                        (int64_t)kvd != (int64_t)nkv * hd || nh % nkv))
         r = qsa__fail(QSA_ERR_FORMAT, "%s: inconsistent meta data", path);
     for (int i = 0; i < 11 && r == QSA_OK; i++)
         if (i != 6 && T[i]->nbytes != want[i])
             r = qsa__fail(QSA_ERR_SHAPE, "%s: tensor '%s' has %zu bytes, expected %zu", path, names[i], T[i]->nbytes, want[i]);
     qsa__pool pool;
     memset(&pool, 0, sizeof pool);
-    int32_t *bt = NULL, *offs = NULL, *sel = NULL, *nsel = NULL;
+    int32_t *bt = NULL, *ids = NULL, *offs = NULL, *sel = NULL, *nsel = NULL;
     float *acc = NULL, *o = NULL, *qh = NULL, *want_out = NULL;
     qsa__plan plan;
     memset(&plan, 0, sizeof plan);
     if (r == QSA_OK) {
         bt = QSA__ALLOC(int32_t, np + 1);
+        ids = QSA__ALLOC(int32_t, np + 1);
         offs = QSA__ALLOC(int32_t, n + 1);
         sel = QSA__ALLOC(int32_t, (size_t)n * topk + 1);
         nsel = QSA__ALLOC(int32_t, n + 1);
@@ -8512,18 +8558,23 @@ QSA_IMPL qsa_result qsa_replay_capture(const char *path, qsa_replay_mode mode, q
         o = QSA__ALLOC(float, hd);
         qh = QSA__ALLOC(float, 2 * hd);
         want_out = QSA__ALLOC(float, hd);
-        if (!bt || !offs || !sel || !nsel || !acc || !o || !qh || !want_out) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "replay: out of memory");
+        if (!bt || !ids || !offs || !sel || !nsel || !acc || !o || !qh || !want_out) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "replay: out of memory");
     }
     if (r == QSA_OK) {
         memcpy(bt, T[8]->data, (size_t)np * 4);
         memcpy(offs, T[7]->data, (size_t)(n + 1) * 4);
         memcpy(sel, T[3]->data, (size_t)n * topk * 4);
         memcpy(nsel, T[4]->data, (size_t)n * 4);
-        /* a pool holding the captured pages at their captured physical places */
-        for (int i = 0; i < np; i++) {
-            if (bt[i] < 0 || bt[i] > (1 << 24)) { r = qsa__fail(QSA_ERR_FORMAT, "%s: bad page id %d", path, bt[i]); break; }
-            if (bt[i] + 1 > pool.n_pages) pool.n_pages = bt[i] + 1;
-        }
+        /* a pool holding the captured pages in their captured physical order: page ids renumbered
+           0..np-1 by rank (the physical-order planner compares ids only; a captured id of 2^30 must
+           not ask for 2^30 pages), each id once */
+        memcpy(ids, bt, (size_t)np * 4);
+        if (np > 1) qsort(ids, (size_t)np, 4, qsa__cmp_i32);
+        for (int i = 0; i < np && r == QSA_OK; i++)
+            if (ids[i] < 0 || (i && ids[i] == ids[i - 1]))
+                r = qsa__fail(QSA_ERR_FORMAT, "%s: page id %d %s", path, ids[i], ids[i] < 0 ? "is negative" : "is in the block table twice");
+        for (int i = 0; i < np && r == QSA_OK; i++) bt[i] = qsa__rank_i32(ids, np, bt[i]);
+        pool.n_pages = np;
     }
     if (r == QSA_OK) {
         pool.page_size = ps;
@@ -8547,15 +8598,22 @@ QSA_IMPL qsa_result qsa_replay_capture(const char *path, qsa_replay_mode mode, q
             for (int i = offs[t]; i < offs[t + 1]; i++) {
                 qsa__seg sg;
                 memcpy(&sg, T[6]->data + (size_t)i * sizeof sg, sizeof sg);
-                if (sg.page < 0 || sg.page >= pool.n_pages || sg.offset < 0 || sg.len < 0 || sg.offset + sg.len > ps) {
+                sg.page = qsa__rank_i32(ids, np, sg.page); /* (-1: not a page of the capture) */
+                if (sg.page < 0 || sg.offset < 0 || sg.len < 0 || sg.offset > ps || sg.len > ps - sg.offset) {
                     r = qsa__fail(QSA_ERR_FORMAT, "%s: plan segment %d out of range", path, i);
                     break;
                 }
                 if (!qsa__plan_push(&plan, sg.page, sg.offset, sg.len, sg.logical)) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "replay: out of memory");
             }
         } else {
+            if (pos < 0 || pos / ps >= np || nsel[t] < 0 || nsel[t] > topk) { r = qsa__fail(QSA_ERR_FORMAT, "%s: query %d does not fit the capture", path, t); break; }
             int nb = (int)((pos + 1) / rr), ns = nsel[t];
-            if (ns < 0 || ns > topk || (pos + 1 + ps - 1) / ps > np) { r = qsa__fail(QSA_ERR_FORMAT, "%s: query %d does not fit the capture", path, t); break; }
+            const int32_t *qs = sel + (size_t)t * topk; /* the planner's blocks: complete, ascending */
+            for (int i = 0; i < ns && r == QSA_OK; i++)
+                if (qs[i] < 0 || qs[i] >= nb || (i && qs[i] <= qs[i - 1]))
+                    r = qsa__fail(QSA_ERR_FORMAT, "%s: query %d (position %lld): selected block %d is not one of its %d complete "
+                                  "blocks in ascending order", path, t, (long long)pos, qs[i], nb);
+            if (r != QSA_OK) break;
             r = qsa__plan_build(&plan, sel + (size_t)t * topk, ns, nb, rr, pos, ps, bt, mode == QSA_REPLAY_PHYSICAL_ORDER);
         }
         for (int h = 0; r == QSA_OK && h < nh; h++) {
@@ -8582,7 +8640,7 @@ QSA_IMPL qsa_result qsa_replay_capture(const char *path, qsa_replay_mode mode, q
     qsa__free(plan.seg);
     qsa__free(pool.k);
     qsa__free(pool.v);
-    qsa__free(bt); qsa__free(offs); qsa__free(sel); qsa__free(nsel); qsa__free(acc); qsa__free(o);
+    qsa__free(bt); qsa__free(ids); qsa__free(offs); qsa__free(sel); qsa__free(nsel); qsa__free(acc); qsa__free(o);
     qsa__free(qh); qsa__free(want_out);
     qsa__st_close(&st);
     return r;

@@ -338,3 +338,110 @@ TEST(cpu, select_blocks_matches_brute_force) {
                     CHECKF(topk_ref_better(scores, worst, best_out), "nb %d k %d mode %d: a better block was left out", nb, k, mode);
             }
 }
+
+/* A copy of the capture at `src` with one change: tensor `name`'s dtype (if dt >= 0) or the int32/int64
+   element `idx` set to `val` (meta: the values that make every size wrap to 0 when `wrap`). */
+static int capture_mutant(const char *src, const char *dst, const char *name, int dt, size_t idx, int64_t val, int wrap) {
+    static const char *names[11] = {"meta", "pos", "q", "sel", "nsel", "out", "plan", "plan_off", "bt", "k", "v"};
+    qsa__st_set st;
+    if (qsa__st_open_file(src, &st) != QSA_OK) return 0;
+    qsa__st_out t[11];
+    void *copy[11];
+    int ok = 1;
+    memset(t, 0, sizeof t);
+    for (int i = 0; i < 11; i++) {
+        const qsa__tensor *T = qsa__st_find(&st, names[i]);
+        copy[i] = malloc(T->nbytes + 8);
+        memcpy(copy[i], T->data, T->nbytes);
+        t[i].name = names[i]; t[i].dtype = T->dtype; t[i].ndim = T->ndim; t[i].data = copy[i];
+        for (int d = 0; d < T->ndim; d++) t[i].shape[d] = T->shape[d];
+        if (strcmp(names[i], name)) continue;
+        if (dt >= 0) t[i].dtype = (qsa__dtype)dt;
+        else if (T->dtype == QSA__I64) ((int64_t *)copy[i])[idx] = val;
+        else ((int32_t *)copy[i])[idx] = (int32_t)val;
+    }
+    if (wrap) { /* n 256, nh 2^30, hd 2^24: q and out have 2^65 and 2^64 bytes, i.e. none; no pages */
+        int64_t n = 256, meta[12] = {1, 1, 1 << 30, 1, 1 << 24, 1, 0, n, 0, 1 << 24, 128, 0};
+        static int64_t pos[256];
+        static int32_t zeros[257];
+        for (int i = 0; i < n; i++) pos[i] = i;
+        memcpy(copy[0], meta, sizeof meta);
+        for (int i = 1; i < 11; i++) { t[i].ndim = 1; t[i].shape[0] = 0; t[i].data = zeros; }
+        t[1].shape[0] = n; t[1].data = pos;
+        t[4].shape[0] = n;
+        t[7].shape[0] = n + 1;
+        t[6].ndim = 2; t[6].shape[1] = 4;
+    }
+    ok = qsa__st_write(dst, t, 11) == QSA_OK;
+    for (int i = 0; i < 11; i++) free(copy[i]);
+    qsa__st_close(&st);
+    return ok;
+}
+
+/* Hostile captures are refused with a clear error (each one crashed the replay: a selected block past
+   the block table, a plan segment whose offset + len wraps, sizes that wrap to 0 in the meta check;
+   a wrong dtype was read as raw bytes; a page id of 2^24 asked for 2^24 pages, a repeated one replaced
+   the page before); and a capture's pages hold nothing past the sequence's last token (they held the
+   KV of the page's previous user). */
+TEST(cpu, replay_refuses_hostile_captures) {
+    char dir[600], path[700], bad[720];
+    snprintf(dir, sizeof dir, "%s/qsa_hc4_ple_sharded", test_path("tests/fixtures"));
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.backend = QSA_BACKEND_CPU;
+    mp.kv_page_size = 16;
+    qsa_model *m = NULL;
+    CHECK_OK(qsa_model_load(dir, &mp, &m));
+    if (!m) return;
+    qsa_seq *a = NULL, *s = NULL;
+    CHECK_OK(qsa_seq_create(m, NULL, &a));
+    CHECK_OK(qsa_seq_create(m, NULL, &s));
+    int32_t ids[40];
+    for (int i = 0; i < 40; i++) ids[i] = (int32_t)((i * 37 + 11) % m->cfg.vocab_size);
+    CHECK_OK(qsa_seq_feed(a, ids, 16, NULL, 0)); /* a fills a page, then gives it back */
+    float akey[32];
+    memcpy(akey, qsa__pool_k(&m->pool, m->pool.slot[1], a->bt[0], 10), sizeof akey);
+    qsa_seq_free(a);
+    CHECK_OK(qsa_seq_capture_begin(s, 1));
+    CHECK_OK(qsa_seq_feed(s, ids, 3, NULL, 0)); /* s gets that page, writes 3 slots */
+    snprintf(path, sizeof path, "/tmp/qsa_test_capture_leak_%d.safetensors", (int)getpid());
+    CHECK_OK(qsa_seq_capture_end(s, path));
+    qsa__st_set st;
+    CHECK_OK(qsa__st_open_file(path, &st));
+    const qsa__tensor *k = qsa__st_find(&st, "k");
+    CHECKF(k && memcmp(k->data + (size_t)10 * m->pool.kvd * 4, akey, sizeof akey) != 0, "the capture holds the page's previous user's keys");
+    qsa__st_close(&st);
+    CHECK_OK(qsa_seq_capture_begin(s, 1));
+    CHECK_OK(qsa_seq_feed(s, ids + 3, 37, NULL, 0));
+    CHECK_OK(qsa_seq_capture_end(s, path));
+    qsa_replay_report rep;
+    CHECK_OK(qsa_replay_capture(path, QSA_REPLAY_PLANNER, &rep));
+    CHECK(rep.n_queries == 37 && rep.n_differ == 0);
+    snprintf(bad, sizeof bad, "%s.bad", path);
+    CHECK(capture_mutant(path, bad, "sel", -1, 36 * 4, 50000000, 0));
+    CHECK_ERR(qsa_replay_capture(bad, QSA_REPLAY_PLANNER, &rep), QSA_ERR_FORMAT, "selected block 50000000");
+    CHECK(capture_mutant(path, bad, "sel", -1, 36 * 4, -3, 0));
+    CHECK_ERR(qsa_replay_capture(bad, QSA_REPLAY_PLANNER, &rep), QSA_ERR_FORMAT, "selected block -3");
+    CHECK(capture_mutant(path, bad, "pos", -1, 5, -7, 0));
+    CHECK_ERR(qsa_replay_capture(bad, QSA_REPLAY_PLANNER, &rep), QSA_ERR_FORMAT, "query 5 does not fit");
+    CHECK(capture_mutant(path, bad, "plan", -1, 1, 1, 0) && capture_mutant(bad, bad, "plan", -1, 2, INT32_MAX, 0));
+    CHECK_ERR(qsa_replay_capture(bad, QSA_REPLAY_FROZEN_PLAN, &rep), QSA_ERR_FORMAT, "plan segment 0 out of range");
+    CHECK(capture_mutant(path, bad, "sel", QSA__F32, 0, 0, 0));
+    CHECK_ERR(qsa_replay_capture(bad, QSA_REPLAY_PLANNER, &rep), QSA_ERR_FORMAT, "'sel' is F32");
+    CHECK(capture_mutant(path, bad, "meta", -1, 7, ((int64_t)1 << 32) + 37, 0));
+    CHECK_ERR(qsa_replay_capture(bad, QSA_REPLAY_PLANNER, &rep), QSA_ERR_FORMAT, "meta[7]");
+    CHECK(capture_mutant(path, bad, "bt", -1, 0, (int64_t)1 << 30, 0)); /* a far page id: replayed as it was */
+    CHECK_OK(qsa_replay_capture(bad, QSA_REPLAY_PLANNER, &rep));
+    CHECK(rep.n_queries == 37 && rep.n_differ == 0);
+    CHECK_ERR(qsa_replay_capture(bad, QSA_REPLAY_FROZEN_PLAN, &rep), QSA_ERR_FORMAT, "out of range"); /* its plan names the old id */
+    int32_t bt1 = s->bt[1];
+    CHECK(capture_mutant(path, bad, "bt", -1, 0, bt1, 0));
+    CHECK_ERR(qsa_replay_capture(bad, QSA_REPLAY_PLANNER, &rep), QSA_ERR_FORMAT, "is in the block table twice");
+    CHECK_ERR(qsa_replay_capture(path, (qsa_replay_mode)7, &rep), QSA_ERR_INVALID_ARGUMENT, "unknown mode 7");
+    CHECK(capture_mutant(path, bad, "meta", -1, 0, 1, 1));
+    CHECK_ERR(qsa_replay_capture(bad, QSA_REPLAY_FROZEN_PLAN, &rep), QSA_ERR_SHAPE, "tensor 'q'");
+    remove(bad);
+    remove(path);
+    qsa_seq_free(s);
+    qsa_model_free(m);
+}
