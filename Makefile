@@ -33,7 +33,7 @@ TEST_SRCS := $(wildcard tests/*.c tests/*.h)
 TOOLS := $(patsubst %.c,%,$(wildcard tools/tokenize.c tools/logits.c tools/replay.c tools/make_tiny_model.c tools/bench.c tools/long_context.c))
 EXAMPLES := $(patsubst %.c,%,$(wildcard examples/chat.c examples/batch.c examples/tp_launch.c))
 TINY := $(if $(wildcard tools/make_tiny_model.c),models/tiny/config.json)
-FUZZERS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_json.c tests/fuzz/fuzz_safetensors.c tests/fuzz/fuzz_tokenizer.c tests/fuzz/fuzz_model.c tests/fuzz/fuzz_sched.c))
+FUZZERS := $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_json.c tests/fuzz/fuzz_safetensors.c tests/fuzz/fuzz_tokenizer.c tests/fuzz/fuzz_model.c tests/fuzz/fuzz_sched.c tests/fuzz/fuzz_replay.c))
 
 .PHONY: all test test-asan compile-check check-kernels nvrtc-check fuzz analyze clean bench
 .DELETE_ON_ERROR:
@@ -156,7 +156,7 @@ analyze: kernels.cu.inc
 FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 fuzz: $(TINY)
 	@mkdir -p build/fuzz
-	@if [ -z "$(FUZZERS)" ]; then echo "fuzz: no harness in tests/fuzz/ (fuzz_json.c, fuzz_safetensors.c, fuzz_tokenizer.c, fuzz_model.c, fuzz_sched.c)"; fi
+	@if [ -z "$(FUZZERS)" ]; then echo "fuzz: no harness in tests/fuzz/ (fuzz_json.c, fuzz_safetensors.c, fuzz_tokenizer.c, fuzz_model.c, fuzz_sched.c, fuzz_replay.c)"; fi
 	@set -e; for f in $(FUZZERS); do \
 	  echo "== $$f ($(FUZZ_SECONDS) s)"; \
 	  $(CLANG) $(STD) $(WARN) $(FUZZ_FLAGS) -o build/fuzz/$$f tests/fuzz/$$f.c $(LDLIBS); \
