@@ -536,8 +536,8 @@ QSA_API void qsa_sampler_free(qsa_sampler *s);
    modified in place.  A NaN logit is never picked; where a logit is infinite, or the temperature (or the
    penalty) so small that a logit over it overflows, the pick is the arg-max, the limit of a vanishing
    temperature.  -1 on a NULL sampler or logits or vocab < 1 (QSA_ERR_INVALID_ARGUMENT), or when it cannot
-   allocate its work buffers (a first sampling call at temperature > 0 with this vocabulary size:
-   QSA_ERR_OUT_OF_MEMORY, in qsa_last_error()); the logits are then as they came. */
+   allocate its work buffers (a first sampling call at temperature > 0 or with a repetition penalty, at
+   this vocabulary size: QSA_ERR_OUT_OF_MEMORY, in qsa_last_error()); the logits are then as they came. */
 QSA_API int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, const int32_t *history, int n_history);
 
 /* Generation. */
@@ -8136,6 +8136,18 @@ QSA_PRIV void qsa__cand_sort(const float *l, int32_t *v, int n) {
         qsa__cand_sift(l, v, 0, e);
     }
 }
+/* the first k (0 < k < n) of qsa__cand_sort's order of ids 0..n-1, in that order, in v[0, k): a heap of the
+   k best with the worst at its root, O(n log k) instead of sorting the whole vocabulary */
+QSA_PRIV void qsa__cand_topk(const float *l, int32_t *v, int n, int k) {
+    for (int i = 0; i < k; i++) v[i] = i;
+    for (int i = k / 2 - 1; i >= 0; i--) qsa__cand_sift(l, v, i, k);
+    for (int i = k; i < n; i++)
+        if (qsa__cand_before(l, i, v[0])) { v[0] = i; qsa__cand_sift(l, v, 0, k); }
+    for (int e = k - 1; e > 0; e--) {
+        int32_t t = v[0]; v[0] = v[e]; v[e] = t;
+        qsa__cand_sift(l, v, 0, e);
+    }
+}
 
 QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, const int32_t *hist, int n_hist) {
     if (!s || !logits || vocab < 1) {
@@ -8143,7 +8155,8 @@ QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, co
         return -1;
     }
     const qsa_sampling_params *p = &s->p;
-    if (p->temperature > 0.0f && s->cap < vocab) {
+    int penalty = p->repetition_penalty > 0 && p->repetition_penalty != 1.0f && hist && n_hist > 0;
+    if ((p->temperature > 0.0f || penalty) && s->cap < vocab) {
         int32_t *idx = (int32_t *)qsa__realloc(s->idx, sizeof(int32_t) * (size_t)vocab);
         if (idx) s->idx = idx;
         float *prob = (float *)qsa__realloc(s->prob, sizeof(float) * (size_t)vocab);
@@ -8154,13 +8167,16 @@ QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, co
         }
         s->cap = vocab;
     }
-    if (p->repetition_penalty > 0 && p->repetition_penalty != 1.0f && hist) {
+    if (penalty) {
+        /* once per distinct id of the window, in O(window): idx (rewritten below) marks the ids done */
         int from = p->penalty_last_n < 0 || p->penalty_last_n > n_hist ? 0 : n_hist - p->penalty_last_n;
+        int32_t *done = s->idx;
+        for (int i = from; i < n_hist; i++)
+            if (hist[i] >= 0 && hist[i] < vocab) done[hist[i]] = 0;
         for (int i = from; i < n_hist; i++) {
             int32_t t = hist[i];
-            int seen = 0;
-            for (int j = from; j < i; j++) seen |= hist[j] == t;
-            if (seen || t < 0 || t >= vocab) continue;
+            if (t < 0 || t >= vocab || done[t]) continue;
+            done[t] = 1;
             logits[t] = logits[t] > 0 ? logits[t] / p->repetition_penalty : logits[t] * p->repetition_penalty;
         }
     }
@@ -8176,9 +8192,13 @@ QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, co
     if (lmax == -INFINITY || isinf(lmax / p->temperature)) return qsa__argmax(logits, vocab);
     for (int i = 0; i < vocab; i++) logits[i] /= p->temperature;
     int n = vocab;
-    for (int i = 0; i < vocab; i++) s->idx[i] = i;
-    qsa__cand_sort(logits, s->idx, n);
-    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+    if (p->top_k > 0 && p->top_k < vocab) {
+        n = p->top_k;
+        qsa__cand_topk(logits, s->idx, vocab, n);
+    } else {
+        for (int i = 0; i < vocab; i++) s->idx[i] = i;
+        qsa__cand_sort(logits, s->idx, n);
+    }
     double sum = 0.0, mx = logits[s->idx[0]];
     for (int i = 0; i < n; i++) { s->prob[i] = (float)exp(logits[s->idx[i]] - mx); sum += s->prob[i]; }
     for (int i = 0; i < n; i++) s->prob[i] = (float)(s->prob[i] / sum);
@@ -8252,8 +8272,11 @@ QSA_IMPL qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prom
                          p.max_tokens, p.n_stop_strings, p.n_eos_ids);
     if (p.n_stop_strings > 0 && !p.stop_strings)
         return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_generate: n_stop_strings %d with NULL stop_strings", p.n_stop_strings);
-    for (int i = 0; i < p.n_stop_strings; i++)
+    for (int i = 0; i < p.n_stop_strings; i++) {
         if (!p.stop_strings[i]) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_generate: stop string %d is NULL", i);
+        /* (the text is well-formed UTF-8: a stop string that is not would cut it inside a character) */
+        QSA__TRY(qsa__u8_validate(p.stop_strings[i], strlen(p.stop_strings[i]), "qsa_generate: stop string"));
+    }
     qsa_model *m = seq->m;
     const qsa_tokenizer *tok = m->tok;
     int V = m->cfg.vocab_size;
@@ -13645,6 +13668,7 @@ QSA_PRIV qsa_result qsa__sched_copy_stops(qsa__sched_req *q, const qsa_request_p
     for (int i = 0; i < p->n_stop_strings; i++) {
         if (!p->stop_strings[i]) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sched_submit: stop string %d is NULL", i);
         if (!p->stop_strings[i][0]) continue; /* an empty stop string never matches (as in qsa_generate) */
+        QSA__TRY(qsa__u8_validate(p->stop_strings[i], strlen(p->stop_strings[i]), "qsa_sched_submit: stop string"));
         char *d = qsa__strdup(p->stop_strings[i]);
         if (!d) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sched_submit: out of memory");
         q->stops[q->n_stops++] = d;

@@ -27,11 +27,12 @@ static void usage(const char *argv0) {
             "  -sys, --system TEXT     system message\n"
             "  -n, --n-predict N       max tokens per answer, N >= 1 (default: 256; -1: until EOS / context)\n"
             "  -c, --ctx-size N        context length in tokens, N >= 1 (default: 4096, at most the model's)\n"
-            "      --temp F            temperature (default: generation_config.json, else 0.7; 0 = greedy)\n"
+            "      --temp F            temperature (default: generation_config.json, 0 if its do_sample is\n"
+            "                          false, else 0.7; 0 = greedy)\n"
             "      --top-k N           top-k (default: generation_config.json, else 0 = off)\n"
             "      --top-p F           top-p (default: generation_config.json, else 1 = off)\n"
-            "      --min-p F           min-p (default 0 = off)\n"
-            "      --repeat-penalty F  repetition penalty (default 1 = off)\n"
+            "      --min-p F           min-p (default: generation_config.json, else 0 = off)\n"
+            "      --repeat-penalty F  repetition penalty (default: generation_config.json, else 1 = off)\n"
             "  -s, --seed N            sampling seed (default 0)\n"
             "  -t, --threads N         CPU threads (default: all, at most 16)\n"
             "      --backend B         cpu, cuda or auto (default auto)\n"
@@ -45,7 +46,7 @@ typedef struct chat_opts {
     int raw, n_predict, n_ctx, threads, stats, verbose;
     qsa_backend backend;
     qsa_sampling_params sp;
-    int set_temp, set_top_k, set_top_p;
+    int set_temp, set_top_k, set_top_p, set_min_p, set_penalty;
 } chat_opts;
 
 static int on_token(void *user, int32_t token, const char *text, size_t len) {
@@ -171,8 +172,8 @@ int main(int argc, char **argv) {
         else if (ARG("--temp", NULL)) { o.sp.temperature = cli_float(a, v); o.set_temp = 1; }
         else if (ARG("--top-k", NULL)) { o.sp.top_k = (int)cli_int(a, v, 0, INT_MAX); o.set_top_k = 1; }
         else if (ARG("--top-p", NULL)) { o.sp.top_p = cli_float(a, v); o.set_top_p = 1; }
-        else if (ARG("--min-p", NULL)) o.sp.min_p = cli_float(a, v);
-        else if (ARG("--repeat-penalty", NULL)) o.sp.repetition_penalty = cli_float(a, v);
+        else if (ARG("--min-p", NULL)) { o.sp.min_p = cli_float(a, v); o.set_min_p = 1; }
+        else if (ARG("--repeat-penalty", NULL)) { o.sp.repetition_penalty = cli_float(a, v); o.set_penalty = 1; }
         else if (ARG("-s", "--seed")) o.sp.seed = cli_u64(a, v);
         else if (ARG("-t", "--threads")) o.threads = (int)cli_int(a, v, 0, 4096);
         else if (ARG("--backend", NULL)) {
@@ -212,9 +213,12 @@ int main(int argc, char **argv) {
     }
     /* sampling defaults from generation_config.json where the user gave none */
     const qsa_generation_config *gc = qsa_model_get_generation_config(model);
-    if (!o.set_temp) o.sp.temperature = gc->has_temperature ? (gc->has_do_sample && !gc->do_sample ? 0.0f : gc->temperature) : 0.7f;
+    /* (do_sample false is greedy whatever the temperature, as in transformers) */
+    if (!o.set_temp) o.sp.temperature = gc->has_do_sample && !gc->do_sample ? 0.0f : gc->has_temperature ? gc->temperature : 0.7f;
     if (!o.set_top_k && gc->has_top_k) o.sp.top_k = gc->top_k;
     if (!o.set_top_p && gc->has_top_p) o.sp.top_p = gc->top_p;
+    if (!o.set_min_p && gc->has_min_p) o.sp.min_p = gc->min_p;
+    if (!o.set_penalty && gc->has_repetition_penalty) o.sp.repetition_penalty = gc->repetition_penalty;
     const qsa_model_config *cfg = qsa_model_get_config(model);
     qsa_seq_params sp;
     memset(&sp, 0, sizeof sp);

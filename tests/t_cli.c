@@ -321,3 +321,59 @@ TEST(cpu, tp_launch_passes_signals_to_its_ranks) {
     remove(fifo);
     rmdir(dir);
 }
+
+/* chat takes its sampling defaults from generation_config.json: do_sample false alone is greedy (it
+   sampled at 0.7), and min_p and repetition_penalty apply (they were read and dropped). */
+TEST(cpu, chat_sampling_defaults_from_generation_config) {
+    if (!qsa__file_exists(test_path("examples/chat")) || !qsa__file_exists(test_path("models/tiny/config.json")))
+        SKIP("examples/chat or models/tiny is not built (make)");
+    char dir[] = "/tmp/qsa_gencfg_XXXXXX", cmd[PATH_MAX + 64], args[1024];
+    if (!mkdtemp(dir)) SKIP("mkdtemp");
+    const char *files[] = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"};
+    for (int i = 0; i < 4; i++) {
+        char src[PATH_MAX], dst[1024];
+        if (!realpath(test_path("models/tiny"), src)) SKIP("realpath");
+        snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
+        snprintf(cmd, sizeof cmd, "%s/%s", src, files[i]);
+        CHECK(symlink(cmd, dst) == 0);
+    }
+    char gc[1100];
+    snprintf(gc, sizeof gc, "%s/generation_config.json", dir);
+    FILE *f = fopen(gc, "wb");
+    if (f) { fputs("{\"do_sample\": false, \"eos_token_id\": [1023, 1021]}", f); fclose(f); }
+    char *out[4] = {0}, *err = NULL;
+    const char *extra[4] = {"-s 1", "-s 2", "--temp 0", "-s 1 --temp 0.7"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(args, sizeof args, "-m %s -p 'Hello there' -n 16 --no-stats %s", dir, extra[i]);
+        int rc = cli_chat(args, "", 0, &out[i], &err);
+        CHECKF(rc == 0 && out[i], "status %d, stderr '%.300s'", rc, err ? err : "");
+        qsa_free(err);
+    }
+    CHECK(out[0] && out[1] && out[2] && !strcmp(out[0], out[1]) && !strcmp(out[0], out[2])); /* greedy whatever the seed */
+    CHECK(out[0] && out[3] && strcmp(out[0], out[3]) != 0); /* --temp still samples */
+    /* min_p and repetition_penalty: the config's values equal the same flags */
+    f = fopen(gc, "wb");
+    if (f) {
+        fputs("{\"do_sample\": true, \"temperature\": 0.9, \"min_p\": 0.3, \"repetition_penalty\": 3.0, \"eos_token_id\": [1023]}", f);
+        fclose(f);
+    }
+    char *cfg = NULL, *flags = NULL, *plain = NULL;
+    snprintf(args, sizeof args, "-m %s -p 'Hello there' -n 24 --no-stats -s 3", dir);
+    CHECK(cli_chat(args, "", 0, &cfg, &err) == 0);
+    qsa_free(err);
+    snprintf(args, sizeof args, "-m %s -p 'Hello there' -n 24 --no-stats -s 3 --min-p 0.3 --repeat-penalty 3", dir);
+    CHECK(cli_chat(args, "", 0, &flags, &err) == 0);
+    qsa_free(err);
+    snprintf(args, sizeof args, "-m %s -p 'Hello there' -n 24 --no-stats -s 3 --min-p 0 --repeat-penalty 1", dir);
+    CHECK(cli_chat(args, "", 0, &plain, &err) == 0);
+    qsa_free(err);
+    CHECK(cfg && flags && plain && !strcmp(cfg, flags) && strcmp(cfg, plain) != 0);
+    for (int i = 0; i < 4; i++) qsa_free(out[i]);
+    qsa_free(cfg); qsa_free(flags); qsa_free(plain);
+    remove(gc);
+    for (int i = 0; i < 4; i++) {
+        snprintf(cmd, sizeof cmd, "%s/%s", dir, files[i]);
+        remove(cmd);
+    }
+    rmdir(dir);
+}

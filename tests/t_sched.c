@@ -215,6 +215,10 @@ static void ts_refusals(qsa_backend be) {
     const char *stops[1] = {"x"};
     rp.stop_strings = stops; rp.n_stop_strings = -1;
     CHECK_ERR(qsa_sched_submit(s, &rp, &id), QSA_ERR_INVALID_ARGUMENT, "n_stop_strings -1");
+    /* a stop string that is not UTF-8 (it cut "\xc3\xa9" after its first byte and streamed half a character) */
+    const char *half[2] = {"x", "\xa9"};
+    rp.stop_strings = half; rp.n_stop_strings = 2;
+    CHECK_ERR(qsa_sched_submit(s, &rp, &id), QSA_ERR_INVALID_ARGUMENT, "stop string: invalid UTF-8");
     rp.stop_strings = NULL; rp.n_stop_strings = 0;
     qsa_chat_message msg = {"user", "hi"};
     rp.prompt = NULL; rp.messages = &msg; rp.n_messages = -7;
@@ -564,6 +568,10 @@ TEST(cpu, generate_stop_strings) {
     qsa_seq_reset(s);
     gp.n_stop_strings = 2;
     CHECK_ERR(qsa_generate(s, p, 6, &gp, &g), QSA_ERR_INVALID_ARGUMENT, "stop string 1 is NULL");
+    const char *half[1] = {"\xc3"}; /* not UTF-8: refused */
+    gp.stop_strings = half; gp.n_stop_strings = 1;
+    CHECK_ERR(qsa_generate(s, p, 6, &gp, &g), QSA_ERR_INVALID_ARGUMENT, "stop string: invalid UTF-8");
+    gp.stop_strings = stops; gp.n_stop_strings = 2;
     gp.stop_strings = NULL;
     CHECK_ERR(qsa_generate(s, p, 6, &gp, &g), QSA_ERR_INVALID_ARGUMENT, "n_stop_strings 2 with NULL stop_strings");
     CHECK(qsa_seq_pos(s) == 0);
