@@ -8065,9 +8065,10 @@ QSA_IMPL qsa_result qsa_seq_feed_batch_greedy(qsa_seq **seqs, const int32_t *tok
 struct qsa_sampler {
     qsa_sampling_params p;
     uint64_t s[4];
-    int cap;
+    int cap, rcap;
     int32_t *idx;
     float *prob;
+    uint64_t *rad; /* [2 rcap]: the radix sort's (key, id) pairs and their copy */
 };
 
 QSA_PRIV uint64_t qsa__rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
@@ -8105,6 +8106,7 @@ QSA_IMPL void qsa_sampler_free(qsa_sampler *s) {
     if (!s) return;
     qsa__free(s->idx);
     qsa__free(s->prob);
+    qsa__free(s->rad);
     qsa__free(s);
 }
 
@@ -8128,13 +8130,27 @@ QSA_PRIV void qsa__cand_sift(const float *l, int32_t *v, int i, int n) {
         i = c;
     }
 }
-QSA_PRIV void qsa__cand_sort(const float *l, int32_t *v, int n) {
-    /* max-heap on "after" ordering, so popping gives descending order at the front */
-    for (int i = n / 2 - 1; i >= 0; i--) qsa__cand_sift(l, v, i, n);
-    for (int e = n - 1; e > 0; e--) {
-        int32_t t = v[0]; v[0] = v[e]; v[e] = t;
-        qsa__cand_sift(l, v, 0, e);
+/* all ids 0..n-1 in qsa__cand_before's order into v, by a stable LSD radix sort of (key, id) pairs
+   (4 passes of 8 bits over a key that orders the floats descending, -0 as +0; O(n): a heap sort of the
+   real vocabulary took 58 ms).  The logits hold no NaN.  tmp: 2 n pairs. */
+QSA_PRIV void qsa__cand_sort(const float *l, int32_t *v, int n, uint64_t *tmp) {
+    uint64_t *a = tmp, *b = tmp + n;
+    for (int i = 0; i < n; i++) {
+        float f = l[i] == 0.0f ? 0.0f : l[i];
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        u = u & 0x80000000u ? ~u : u | 0x80000000u; /* ascending */
+        a[i] = (uint64_t)~u << 32 | (uint32_t)i;      /* descending, ids ascending within a key */
     }
+    for (int sh = 32; sh < 64; sh += 8) {
+        size_t cnt[257] = {0};
+        for (int i = 0; i < n; i++) cnt[((a[i] >> sh) & 255) + 1]++;
+        if (cnt[((a[0] >> sh) & 255) + 1] == (size_t)n) continue; /* one bucket: the order stands */
+        for (int d = 0; d < 256; d++) cnt[d + 1] += cnt[d];
+        for (int i = 0; i < n; i++) b[cnt[(a[i] >> sh) & 255]++] = a[i];
+        uint64_t *t = a; a = b; b = t;
+    }
+    for (int i = 0; i < n; i++) v[i] = (int32_t)(uint32_t)a[i];
 }
 /* the first k (0 < k < n) of qsa__cand_sort's order of ids 0..n-1, in that order, in v[0, k): a heap of the
    k best with the worst at its root, O(n log k) instead of sorting the whole vocabulary */
@@ -8156,6 +8172,16 @@ QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, co
     }
     const qsa_sampling_params *p = &s->p;
     int penalty = p->repetition_penalty > 0 && p->repetition_penalty != 1.0f && hist && n_hist > 0;
+    int all = p->temperature > 0.0f && (p->top_k <= 0 || p->top_k >= vocab); /* every id sorted */
+    if (all && s->rcap < vocab) {
+        uint64_t *rad = (uint64_t *)qsa__realloc(s->rad, sizeof(uint64_t) * 2 * (size_t)vocab);
+        if (!rad) {
+            qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sampler_sample: out of memory for %d candidates", vocab);
+            return -1;
+        }
+        s->rad = rad;
+        s->rcap = vocab;
+    }
     if ((p->temperature > 0.0f || penalty) && s->cap < vocab) {
         int32_t *idx = (int32_t *)qsa__realloc(s->idx, sizeof(int32_t) * (size_t)vocab);
         if (idx) s->idx = idx;
@@ -8196,8 +8222,7 @@ QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, co
         n = p->top_k;
         qsa__cand_topk(logits, s->idx, vocab, n);
     } else {
-        for (int i = 0; i < vocab; i++) s->idx[i] = i;
-        qsa__cand_sort(logits, s->idx, n);
+        qsa__cand_sort(logits, s->idx, n, s->rad);
     }
     double sum = 0.0, mx = logits[s->idx[0]];
     for (int i = 0; i < n; i++) { s->prob[i] = (float)exp(logits[s->idx[i]] - mx); sum += s->prob[i]; }

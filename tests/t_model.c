@@ -509,6 +509,18 @@ TEST(cpu, model_params_refused_by_name) {
     qsa_model_free(m);
 }
 
+/* The candidates' order by definition (logit descending, lower id first on ties; qsa__cand_before), by qsort */
+static const float *cand_ref_l;
+static int cand_ref_cmp(const void *x, const void *y) {
+    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
+    return qsa__cand_before(cand_ref_l, a, b) ? -1 : qsa__cand_before(cand_ref_l, b, a) ? 1 : 0;
+}
+static void cand_sort_ref(const float *l, int32_t *v, int n) {
+    for (int i = 0; i < n; i++) v[i] = i;
+    cand_ref_l = l;
+    qsort(v, (size_t)n, sizeof *v, cand_ref_cmp);
+}
+
 /* qsa_host_alloc on the CPU backend: ordinary memory behind the same header (16-byte aligned, as
    large as asked, writable), the refusals, and qsa_host_free of NULL.  (The page-locked form on a
    GPU: gpu/host_alloc_logits_equal_pageable.) */
@@ -585,8 +597,7 @@ TEST(cpu, sampler_greedy_seeded_and_filters) {
     /* top_k 3: only the three best ever appear */
     p.top_k = 3; p.top_p = 0;
     int32_t order[V];
-    for (int i = 0; i < V; i++) order[i] = i;
-    qsa__cand_sort(base, order, V);
+    cand_sort_ref(base, order, V);
     CHECK_OK(qsa_sampler_create(&p, &s));
     int hits[V] = {0};
     for (int i = 0; i < 2000; i++) { memcpy(l, base, sizeof l); hits[qsa_sampler_sample(s, l, V, NULL, 0)]++; }
@@ -627,8 +638,9 @@ TEST(cpu, sampler_greedy_seeded_and_filters) {
     }
 }
 
-/* top-k selects the first k of the full sort's order (ties: lower id first) without sorting the whole
-   vocabulary (86 ms a token at 248,320 ids); the repetition penalty touches each distinct id of its
+/* top-k selects the first k of the candidates' order (ties: lower id first) without sorting the whole
+   vocabulary (86 ms a token at 248,320 ids); the whole order comes from a radix sort (a heap sort took
+   58 ms a token there: top_p alone sorts every id); the repetition penalty touches each distinct id of its
    window once, in time linear in the window (penalty_last_n -1 over a long history was quadratic:
    2.1 s a token at 65,536 tokens). */
 TEST(cpu, sampler_top_k_selection_and_long_penalty_window) {
@@ -642,10 +654,21 @@ TEST(cpu, sampler_top_k_selection_and_long_penalty_window) {
             l[i] = (x >> 60) == 0 ? -INFINITY : (float)((x >> 40) % 13);
             all[i] = i;
         }
-        qsa__cand_sort(l, all, V);
+        cand_sort_ref(l, all, V);
         int k = 1 + it * 19 % (V - 1);
         qsa__cand_topk(l, top, V, k);
         CHECKF(memcmp(all, top, sizeof(int32_t) * (size_t)k) == 0, "top-%d differs from the sort's first %d", k, k);
+        /* the whole order, by the radix sort: logits of every sign and exponent, -0 beside +0, -inf, ties */
+        for (int i = 0; i < V; i++) {
+            x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+            int kind = (int)(x >> 61);
+            l[i] = kind == 0 ? -INFINITY : kind == 1 ? (x & 1 ? -0.0f : 0.0f) : kind == 2 ? (float)((x >> 40) % 5) - 2.0f
+                 : ldexpf((float)((x >> 40) & 0xffffff) / 16777216.0f, (int)((x >> 20) % 200) - 100) * ((x >> 19) & 1 ? -1.0f : 1.0f);
+        }
+        cand_sort_ref(l, all, V);
+        static uint64_t tmp[2 * V];
+        qsa__cand_sort(l, top, V, tmp);
+        CHECKF(memcmp(all, top, sizeof all) == 0, "round %d: the radix order differs from the definition", it);
     }
     enum { H = 200000 };
     int32_t *hist = (int32_t *)malloc(sizeof(int32_t) * H);
