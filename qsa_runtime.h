@@ -69,8 +69,8 @@
  *   Host allocations go through QSA_MALLOC/QSA_REALLOC/QSA_FREE.
  *
  * KERNEL CACHE
- *   Compiled kernel modules are cached in $QSA_CACHE_DIR (default ~/.cache/qsa_runtime; "off"
- *   disables it), keyed by the kernel source, compile options, NVRTC version, target arch, driver
+ *   Compiled kernel modules are cached in $QSA_CACHE_DIR (default ~/.cache/qsa_runtime; "off" or
+ *   "0" disables it), keyed by the kernel source, compile options, NVRTC version, target arch, driver
  *   version and library version.  Files are written to a temporary name and renamed; a corrupt or
  *   stale entry is a miss.
  *
@@ -930,7 +930,9 @@ typedef struct qsa__map {
 
 QSA_PRIV qsa_result qsa__map_file(const char *path, qsa__map *m) {
     memset(m, 0, sizeof *m);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO in the file's place opens at once and fails the S_ISREG check below instead of
+       blocking open() until some writer appears (no effect on a regular file or its mapping) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return qsa__fail(QSA_ERR_IO, "open '%s': %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -973,6 +975,23 @@ QSA_PRIV qsa_result qsa__read_file(const char *path, char **out, size_t *len) {
     qsa__unmap(&m);
     return QSA_OK;
 }
+
+/* Environment switches read strictly (the CUDA backend's tuning, QSA_PDL): a value that is not a whole
+   number in [lo, hi] (for a switch: "0" or "1") is named in a warning and the default stands (atoi read
+   "8M" as 8, "auto" as 0, 99999999999 as 1215752191, and "off" did not turn a switch off). */
+QSA_PRIV long long qsa__env_int(const char *name, long long lo, long long hi, long long def) {
+    const char *e = getenv(name);
+    if (!e || !e[0]) return def;
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(e, &end, 10);
+    if (errno || end == e || *end || v < lo || v > hi) {
+        qsa__log(QSA_LOG_WARN, "%s=%.40s is not a whole number from %lld to %lld: using %lld", name, e, lo, hi, def);
+        return def;
+    }
+    return v;
+}
+QSA_PRIV int qsa__env_flag(const char *name, int def) { return (int)qsa__env_int(name, 0, 1, def); }
 
 QSA_PRIV int qsa__file_exists(const char *path) {
     struct stat st;
@@ -1936,8 +1955,20 @@ QSA_PRIV qsa_result qsa__nvrtc_compile(const char *src, const char *name, const 
             logbuf[loglen] = 0;
         }
         if (cr != 0) {
+            /* the error lines first: the message keeps about 1 KB, and warnings above an error would push it out */
+            qsa__buf eb = {NULL, 0, 0};
+            for (int pass = 0; logbuf && pass < 2; pass++)
+                for (const char *p = logbuf; *p;) {
+                    const char *e = strchr(p, '\n');
+                    size_t n = e ? (size_t)(e - p) + 1 : strlen(p), k = 0;
+                    while (k + 5 <= n && strncmp(p + k, "error", 5)) k++;
+                    if ((k + 5 <= n) == !pass) qsa__buf_put(&eb, p, n);
+                    p += n;
+                }
             r = qsa__fail(QSA_ERR_NVRTC, "NVRTC %d.%d: compiling %s for %s failed (%s):\n%s", qsa__nvrtc.major,
-                          qsa__nvrtc.minor, name, arch, qsa__nvrtc.nvrtcGetErrorString(cr), logbuf ? logbuf : "");
+                          qsa__nvrtc.minor, name, arch, qsa__nvrtc.nvrtcGetErrorString(cr),
+                          eb.data ? eb.data : logbuf ? logbuf : "");
+            qsa__buf_free(&eb);
             goto done;
         }
     }
@@ -9603,19 +9634,34 @@ QSA_PRIV uint64_t qsa__fnv(uint64_t h, const void *p, size_t n) {
     return h;
 }
 
-/* Cache directory: $QSA_CACHE_DIR, else $XDG_CACHE_HOME/qsa_runtime, else ~/.cache/qsa_runtime. */
+/* Cache directory: $QSA_CACHE_DIR ("off", "OFF" or "0": no cache), else $XDG_CACHE_HOME/qsa_runtime, else
+   ~/.cache/qsa_runtime.  A directory that cannot be made turns the cache off, with a warning. */
 QSA_PRIV int qsa__cache_dir(char *out, size_t cap) {
     const char *d = getenv("QSA_CACHE_DIR");
-    if (d && !strcmp(d, "off")) return 0;
-    if (d && d[0]) snprintf(out, cap, "%s", d);
-    else if ((d = getenv("XDG_CACHE_HOME")) && d[0]) snprintf(out, cap, "%s/qsa_runtime", d);
-    else if ((d = getenv("HOME")) && d[0]) snprintf(out, cap, "%s/.cache/qsa_runtime", d);
+    if (d && (!strcmp(d, "off") || !strcmp(d, "OFF") || !strcmp(d, "0"))) return 0; /* ("0" made a directory ./0) */
+    int n;
+    if (d && d[0]) n = snprintf(out, cap, "%s", d);
+    else if ((d = getenv("XDG_CACHE_HOME")) && d[0]) n = snprintf(out, cap, "%s/qsa_runtime", d);
+    else if ((d = getenv("HOME")) && d[0]) n = snprintf(out, cap, "%s/.cache/qsa_runtime", d);
     else return 0;
+    if (n < 0 || (size_t)n >= cap || (size_t)n >= 1024) {
+        qsa__log(QSA_LOG_WARN, "kernels: cache directory path too long (%d bytes): the disk cache is off", n);
+        return 0;
+    }
     char tmp[1024];
     snprintf(tmp, sizeof tmp, "%s", out);
     for (char *p = tmp + 1; *p; p++)
         if (*p == '/') { *p = 0; mkdir(tmp, 0755); *p = '/'; }
-    mkdir(tmp, 0755);
+    int mk = mkdir(tmp, 0755) == 0 || errno == EEXIST ? 0 : errno;
+    struct stat st;
+    if (stat(out, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        qsa__log(QSA_LOG_WARN, "kernels: cache directory %s cannot be created (%s): the disk cache is off", out,
+                 strerror(mk ? mk : ENOTDIR));
+        return 0;
+    }
+    if (access(out, W_OK | X_OK) != 0) /* a read-only cache still serves its entries */
+        qsa__log(QSA_LOG_WARN, "kernels: cache directory %s is not writable (%s): new modules will not be cached", out,
+                 strerror(errno));
     return 1;
 }
 
@@ -9653,22 +9699,35 @@ QSA_PRIV qsa_result qsa__cache_read(const char *path, uint64_t key, char **img, 
 
 QSA_PRIV void qsa__cache_write(const char *path, uint64_t key, const char *img, size_t len) {
     char tmp[1200];
-    snprintf(tmp, sizeof tmp, "%.1100s.%ld.tmp", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return;
+    /* mkstemp: a name of this writer's own (O_EXCL: two threads, or two processes of one PID in separate PID
+       namespaces, never share it, and a link planted under it is not followed) */
+    snprintf(tmp, sizeof tmp, "%.1100s.XXXXXX", path);
+    int fd = mkstemp(tmp), err = 0;
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (!f) {
+        err = errno;
+        if (fd >= 0) { close(fd); remove(tmp); }
+        qsa__log(QSA_LOG_WARN, "kernels: cannot write the cache file %s: %s", path, strerror(err));
+        return;
+    }
+    (void)fchmod(fd, 0644);
     uint64_t n = len, sum = qsa__fnv(0xcbf29ce484222325ull, img, len);
     int ok = fwrite("QSAK", 1, 4, f) == 4 && fwrite(&key, 8, 1, f) == 1 && fwrite(&n, 8, 1, f) == 1 &&
              fwrite(img, 1, len, f) == len && fwrite(&sum, 8, 1, f) == 1;
-    if (fclose(f) != 0) ok = 0;
-    if (!ok || rename(tmp, path) != 0) remove(tmp); /* rename: readers see the old file or the new, never half */
+    if (!ok) err = errno;
+    if (fclose(f) != 0 && ok) { ok = 0; err = errno; }
+    if (ok && rename(tmp, path) != 0) { ok = 0; err = errno; } /* rename: readers see the old file or the new, never half */
+    if (!ok) {
+        remove(tmp);
+        qsa__log(QSA_LOG_WARN, "kernels: cannot write the cache file %s: %s", path, strerror(err ? err : EIO));
+    }
 }
 
 /* Programmatic dependent launch (qsa__cu_launch_ex): on sm_90+ devices running a module built for
    compute_90/sm_90 or newer (the kernels' QSA_PDL_ENTRY waits are compiled in only there), with a
    driver that has cuLaunchKernelEx, unless $QSA_PDL is "0". */
 QSA_PRIV int qsa__pdl_on(const qsa__cuda *g) {
-    const char *e = getenv("QSA_PDL");
-    return g->cc >= 90 && g->arch_num >= 90 && qsa__cu.cuLaunchKernelEx != NULL && !(e && !strcmp(e, "0"));
+    return g->cc >= 90 && g->arch_num >= 90 && qsa__cu.cuLaunchKernelEx != NULL && qsa__env_flag("QSA_PDL", 1);
 }
 
 /* One part of the kernels (kernels.cu's QSA_IN_PART): its image from the disk cache (dir not NULL) or NVRTC
@@ -10215,63 +10274,48 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    replaces QSA__LOGIT_SLICE_BYTES (qsa__logit_slices); $QSA_DEEP "0" keeps decode batches' wide projections
    on the tiled group kernel (no qsa_k_gemv_deep), $QSA_DEEP_WARPS (4 or 8) fixes its blocks' warps and
    $QSA_DEEP_KH "1" keeps its blocks whole in K. */
+
 QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
-    const char *e = getenv("QSA_GEMV_BLOCKS_PER_SM");
-    g->gemv_blocks_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__GEMV_BLOCKS;
-    e = getenv("QSA_GEMV_BLK_MIN_M");
-    g->gemv_blk_min_m = e && atoi(e) > 0 ? atoi(e) : QSA__GEMV_BLK_MIN_M;
-    e = getenv("QSA_GEMV_WHOLE_SEGS");
-    g->gemv_whole_segs = e && atoi(e) >= 0 ? atoi(e) : QSA__GEMV_WHOLE_SEGS;
-    e = getenv("QSA_GEMV_FOLD_MIN_M");
-    g->gemv_fold_min_m = e && atoi(e) > 0 ? atoi(e) : QSA__GEMV_FOLD_MIN_M;
-    e = getenv("QSA_GEMV_WHOLE_MIN_GROUPS");
-    g->gemv_whole_min_groups = e && atoi(e) >= 0 ? atoi(e) : (g->sm_count > 0 ? g->sm_count : 1);
-    e = getenv("QSA_SHARED_SIDE");
-    g->shared_side = !(e && !strcmp(e, "0"));
-    e = getenv("QSA_MOE_ROUTE1");
-    g->moe_route1 = !(e && !strcmp(e, "0"));
-    e = getenv("QSA_GDN_FUSE");
-    g->gdn_fuse = !(e && !strcmp(e, "0"));
-    e = getenv("QSA_XW_WHOLE_PER_SM");
-    g->xw_whole_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__XW_WHOLE_PER_SM;
-    e = getenv("QSA_XW_RANGE_PER_SM");
-    g->xw_range_per_sm = e && atoi(e) > 0 ? atoi(e) : QSA__XW_RANGE_PER_SM;
-    e = getenv("QSA_MOE64_PAIRS");
-    g->moe64_pairs = e && atoi(e) > 0 ? atoi(e) : QSA__MOE64_PAIRS;
-    e = getenv("QSA_MOE_LEAN");
-    g->moe_lean = !(e && !strcmp(e, "0"));
+    g->gemv_blocks_per_sm = (int)qsa__env_int("QSA_GEMV_BLOCKS_PER_SM", 1, 64, QSA__GEMV_BLOCKS);
+    g->gemv_blk_min_m = (int)qsa__env_int("QSA_GEMV_BLK_MIN_M", 1, 1 << 20, QSA__GEMV_BLK_MIN_M);
+    g->gemv_whole_segs = (int)qsa__env_int("QSA_GEMV_WHOLE_SEGS", 0, 1 << 20, QSA__GEMV_WHOLE_SEGS);
+    g->gemv_fold_min_m = (int)qsa__env_int("QSA_GEMV_FOLD_MIN_M", 1, 1 << 20, QSA__GEMV_FOLD_MIN_M);
+    g->gemv_whole_min_groups = (int)qsa__env_int("QSA_GEMV_WHOLE_MIN_GROUPS", 0, 1 << 30, g->sm_count > 0 ? g->sm_count : 1);
+    g->shared_side = qsa__env_flag("QSA_SHARED_SIDE", 1);
+    g->moe_route1 = qsa__env_flag("QSA_MOE_ROUTE1", 1);
+    g->gdn_fuse = qsa__env_flag("QSA_GDN_FUSE", 1);
+    g->xw_whole_per_sm = (int)qsa__env_int("QSA_XW_WHOLE_PER_SM", 1, 1 << 20, QSA__XW_WHOLE_PER_SM);
+    g->xw_range_per_sm = (int)qsa__env_int("QSA_XW_RANGE_PER_SM", 1, 1 << 20, QSA__XW_RANGE_PER_SM);
+    g->moe64_pairs = (int)qsa__env_int("QSA_MOE64_PAIRS", 1, 1 << 20, QSA__MOE64_PAIRS);
+    g->moe_lean = qsa__env_flag("QSA_MOE_LEAN", 1);
     g->lean_tasks[0] = QSA__LEAN_GU_TASKS;
     g->lean_tasks[1] = QSA__LEAN_DN_TASKS;
-    e = getenv("QSA_LEAN_TASKS");
-    if (e) {
-        int gu = 0, dn = 0;
-        if (sscanf(e, "%d,%d", &gu, &dn) == 2 && (gu == 1 || gu == 2 || gu == 4) && (dn == 1 || dn == 2 || dn == 4)) {
+    const char *e = getenv("QSA_LEAN_TASKS");
+    if (e && e[0]) {
+        int gu = 0, dn = 0, n = 0;
+        if (sscanf(e, "%d,%d%n", &gu, &dn, &n) == 2 && !e[n] && (gu == 1 || gu == 2 || gu == 4) && (dn == 1 || dn == 2 || dn == 4)) {
             g->lean_tasks[0] = gu;
             g->lean_tasks[1] = dn;
+        } else {
+            qsa__log(QSA_LOG_WARN, "QSA_LEAN_TASKS=%.40s is not GU,DN with each 1, 2 or 4: using %d,%d", e, g->lean_tasks[0],
+                     g->lean_tasks[1]);
         }
     }
-    e = getenv("QSA_ATTN_DEC");
-    g->attn_dec_off = e && !strcmp(e, "0");
-    e = getenv("QSA_ATTN_TC");
-    g->attn_tc = !(e && !strcmp(e, "0"));
-    e = getenv("QSA_ATTN_DEC_HEADS");
-    g->attn_dec_heads = e && atoi(e) > 0 ? atoi(e) : 0;
-    e = getenv("QSA_ATTN_DEC_WARP");
-    g->attn_dec_warp = e && (!strcmp(e, "1") || !strcmp(e, "2")) ? atoi(e) : 0;
-    e = getenv("QSA_SCORE_KEYS");
-    g->score_keys = e && atoi(e) >= 8 ? atoi(e) : QSA__SCORE_KEYS;
-    e = getenv("QSA_TILED_M");
-    g->tiled_min_m = e && atoi(e) > 0 ? atoi(e) : QSA__TILED_M;
-    e = getenv("QSA_TILED_TILES");
-    g->tiled_min_tiles = e && atoi(e) > 0 ? atoi(e) : 0;
-    e = getenv("QSA_DEEP");
-    g->deep_off = e && !strcmp(e, "0");
-    e = getenv("QSA_DEEP_KH");
-    g->deep_kh_off = e && !strcmp(e, "1");
-    e = getenv("QSA_DEEP_WARPS");
-    g->deep_warps = e && (atoi(e) == 4 || atoi(e) == 8) ? atoi(e) : 0;
-    e = getenv("QSA_LOGIT_SLICE_BYTES");
-    g->logit_slice_bytes = e && atoll(e) >= 0 ? (size_t)atoll(e) : QSA__LOGIT_SLICE_BYTES;
+    g->attn_dec_off = !qsa__env_flag("QSA_ATTN_DEC", 1);
+    g->attn_tc = qsa__env_flag("QSA_ATTN_TC", 1);
+    g->attn_dec_heads = (int)qsa__env_int("QSA_ATTN_DEC_HEADS", 0, 1 << 20, 0);
+    g->attn_dec_warp = (int)qsa__env_int("QSA_ATTN_DEC_WARP", 0, 2, 0);
+    g->score_keys = (int)qsa__env_int("QSA_SCORE_KEYS", 8, 1 << 20, QSA__SCORE_KEYS);
+    g->tiled_min_m = (int)qsa__env_int("QSA_TILED_M", 1, 1 << 20, QSA__TILED_M);
+    g->tiled_min_tiles = (int)qsa__env_int("QSA_TILED_TILES", 0, 1 << 20, 0);
+    g->deep_off = !qsa__env_flag("QSA_DEEP", 1);
+    g->deep_kh_off = qsa__env_flag("QSA_DEEP_KH", 0);
+    g->deep_warps = (int)qsa__env_int("QSA_DEEP_WARPS", 0, 8, 0);
+    if (g->deep_warps != 0 && g->deep_warps != 4 && g->deep_warps != 8) {
+        qsa__log(QSA_LOG_WARN, "QSA_DEEP_WARPS=%d is not 4 or 8: the runtime's choice", g->deep_warps);
+        g->deep_warps = 0;
+    }
+    g->logit_slice_bytes = (size_t)qsa__env_int("QSA_LOGIT_SLICE_BYTES", 0, (long long)1 << 40, QSA__LOGIT_SLICE_BYTES);
 }
 
 /* The backend's device bring-up on a zeroed g for device `ordinal`: its compute capability, SM count

@@ -283,22 +283,26 @@ static int tp_cmdline_count(const char *s) {
 }
 
 /* A signal to tp_launch reaches its ranks, and the launcher removes its rendezvous directory and dies of
-   it (the ranks went on running and the directory stayed).  The ranks are held in their model load by a
-   FIFO as config.json. */
+   it (the ranks went on running and the directory stayed).  The ranks are held by a FIFO as the driver
+   library (QSA_CUDA_LIB: dlopen's open blocks until a writer comes), and are found by their prompt, the
+   FIFO's directory. */
 TEST(cpu, tp_launch_passes_signals_to_its_ranks) {
-    if (!qsa__file_exists(test_path("examples/tp_launch"))) SKIP("examples/tp_launch is not built");
+    if (!qsa__file_exists(test_path("examples/tp_launch")) || !qsa__file_exists(test_path("models/tiny/config.json")))
+        SKIP("examples/tp_launch or models/tiny is not built");
     char dir[] = "/tmp/qsa_tpl_XXXXXX", fifo[64];
     if (!mkdtemp(dir)) SKIP("mkdtemp");
-    snprintf(fifo, sizeof fifo, "%s/config.json", dir);
+    snprintf(fifo, sizeof fifo, "%s/libcuda.so.1", dir);
     if (mkfifo(fifo, 0600) != 0) { rmdir(dir); SKIP("mkfifo"); }
-    char exe[600];
+    char exe[600], model[600];
     snprintf(exe, sizeof exe, "%s", test_path("examples/tp_launch"));
+    snprintf(model, sizeof model, "%s", test_path("models/tiny"));
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
         int dn = open("/dev/null", O_WRONLY);
         if (dn >= 0) { dup2(dn, 1); dup2(dn, 2); }
-        execl(exe, exe, "-n", "2", "-m", dir, (char *)NULL);
+        setenv("QSA_CUDA_LIB", fifo, 1);
+        execl(exe, exe, "-n", "2", "-m", model, "-p", dir, (char *)NULL);
         _exit(127);
     }
     int ranks = 0; /* processes whose command line names the FIFO's directory, the launcher's own included */

@@ -12,6 +12,9 @@
  */
 #ifndef QSA_NO_CUDA
 
+#include <signal.h>
+#include <sys/wait.h>
+
 /* ---------------------------------------------------------------------------------------------- */
 /* helpers                                                                                         */
 /* ---------------------------------------------------------------------------------------------- */
@@ -155,6 +158,65 @@ TEST(cpu, dynload_check_macro_messages) {
     CHECK_ERR(qsa__nccl_check(5, "qsa__nccl.ncclGroupEnd()", 9), QSA_ERR_NCCL, "ncclGroupEnd() failed: ncclInvalidUsage");
     CHECK_ERR(qsa__nvrtc_check(6, "qsa__nvrtc.nvrtcCompileProgram(p, 1, o)", 11), QSA_ERR_NVRTC,
               "nvrtcCompileProgram(p, 1, o) failed");
+}
+
+/* The kernel cache: a FIFO, a directory or a truncated file in an entry's place is a miss (never a hang, never
+   trusted), and a cache directory that cannot be made turns the cache off instead of failing every write silently. */
+TEST(cpu, kernel_cache_odd_entries_are_misses) {
+    char dir[64], path[128];
+    snprintf(dir, sizeof dir, "/tmp/qsa_cache_odd_%d", (int)getpid());
+    mkdir(dir, 0700);
+    snprintf(path, sizeof path, "%s/kernels-0000000000001234.ptx", dir);
+    const uint64_t key = 0x1234;
+    char *img = NULL;
+    size_t len = 0;
+    /* a FIFO: the read runs in a child so that a regression is a failure, not a hung suite */
+    CHECK(mkfifo(path, 0600) == 0);
+    pid_t pid = fork();
+    if (pid == 0) _exit(qsa__cache_read(path, key, &img, &len) == QSA_OK && !img ? 0 : 1);
+    int st = -1, waited = 0;
+    for (int i = 0; i < 500 && !(waited = waitpid(pid, &st, WNOHANG) == pid); i++) usleep(10000);
+    if (!waited) { kill(pid, SIGKILL); waitpid(pid, &st, 0); }
+    CHECKF(waited && WIFEXITED(st) && WEXITSTATUS(st) == 0, "a FIFO in the cache entry's place: %s",
+           waited ? "not a miss" : "the read blocked (5 s)");
+    remove(path);
+    /* a directory */
+    CHECK(mkdir(path, 0700) == 0);
+    CHECK(qsa__cache_read(path, key, &img, &len) == QSA_OK && !img);
+    rmdir(path);
+    /* every truncation of a good entry */
+    static const char image[] = "// ptx";
+    qsa__cache_write(path, key, image, sizeof image - 1);
+    char *file = NULL;
+    size_t flen = 0, trusted = 0;
+    CHECK_OK(qsa__read_file(path, &file, &flen));
+    CHECK(qsa__cache_read(path, key, &img, &len) == QSA_OK && img && len == sizeof image - 1);
+    qsa_free(img);
+    for (size_t t = 0; file && t < flen; t++) {
+        FILE *f = fopen(path, "wb");
+        if (f) { fwrite(file, 1, t, f); fclose(f); }
+        img = NULL;
+        CHECK(qsa__cache_read(path, key, &img, &len) == QSA_OK);
+        trusted += img != NULL;
+        qsa_free(img);
+    }
+    CHECKF(trusted == 0, "%zu truncations of a cache entry were trusted", trusted);
+    qsa_free(file);
+    remove(path);
+    /* a cache directory under a regular file cannot be made: the cache is off */
+    jit_env_saved saved;
+    jit_env_unset(&saved, "QSA_CACHE_DIR");
+    char under[128], out[1024];
+    snprintf(under, sizeof under, "%s/file", dir);
+    FILE *f = fopen(under, "wb");
+    if (f) fclose(f);
+    snprintf(under, sizeof under, "%s/file/cache", dir);
+    setenv("QSA_CACHE_DIR", under, 1);
+    CHECKF(!qsa__cache_dir(out, sizeof out), "QSA_CACHE_DIR=%s (under a file) was taken as a cache", under);
+    jit_env_restore(&saved);
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0);
 }
 
 TEST(cpu, kernels_source_matches_kernels_cu) {
@@ -392,6 +454,25 @@ TEST(jit, module_parts_hold_the_whole_programs_kernels) {
     char cmd[96];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);
+}
+
+/* A compile error after many warnings: the message (about 1 KB) still names the error, not only the warnings. */
+TEST(jit, error_after_warnings_is_in_the_message) {
+    JIT_NEED_NVRTC();
+    qsa__buf b = {NULL, 0, 0};
+    for (int i = 0; i < 30; i++) {
+        char l[128];
+        snprintf(l, sizeof l, "__device__ void f%d() { int unused_variable_number_%d; }\n", i, i);
+        qsa__buf_puts(&b, l);
+    }
+    qsa__buf_puts(&b, "extern \"C\" __global__ void qsa_k_t(float *x) { x[0] = QSA_PLANTED_ERROR; }\n");
+    char arch[32], *img = NULL;
+    size_t len = 0;
+    snprintf(arch, sizeof arch, "compute_%d", jit_native_cc(90));
+    CHECK(qsa__nvrtc_compile(b.data, "kernels.cu", NULL, 0, arch, &img, &len, NULL) == QSA_ERR_NVRTC);
+    CHECKF(strstr(qsa_last_error(), "QSA_PLANTED_ERROR") != NULL, "the message lost the error: %.300s", qsa_last_error());
+    qsa_free(img);
+    qsa__buf_free(&b);
 }
 
 TEST(jit, pick_arch) {

@@ -70,3 +70,37 @@ TEST(cpu, fp16_narrowing_fast_path_bits) {
     CHECKF(!memcmp(got, want, nf * 2) && o == over, "F32 tensor: other bits (or %zu overflows, not %zu)", o, over);
     free(bf); free(got); free(want); free(f);
 }
+
+/* Environment switches are read strictly: anything but a whole number in range (a switch: 0 or 1) keeps the
+   default, with a warning that names the variable (atoi read "8M" as 8 and 99999999999 as 1215752191). */
+static int env_warns;
+static char env_last[256];
+static void env_logger(void *user, qsa_log_level level, const char *msg) {
+    (void)user;
+    if (level == QSA_LOG_WARN) { env_warns++; snprintf(env_last, sizeof env_last, "%s", msg); }
+}
+TEST(cpu, env_switches_are_read_strictly) {
+    const char *name = "QSA_TEST_ENV_SWITCH";
+    static const struct { const char *v; long long want; int warns; } cases[] = {
+        {NULL, 7, 0}, {"", 7, 0}, {"12", 12, 0}, {"-3", -3, 0}, {"8M", 7, 1}, {"auto", 7, 1}, {"99999999999", 7, 1},
+        {"64 keys", 7, 1}, {"101", 7, 1}, {"-11", 7, 1}, {" 5", 5, 0}, {"0x10", 7, 1},
+    };
+    qsa_set_logger(env_logger, NULL, QSA_LOG_WARN);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].v) setenv(name, cases[i].v, 1);
+        else unsetenv(name);
+        env_warns = 0;
+        long long got = qsa__env_int(name, -10, 100, 7);
+        CHECKF(got == cases[i].want && env_warns == cases[i].warns, "'%s': %lld with %d warnings", cases[i].v ? cases[i].v : "(unset)",
+               got, env_warns);
+        if (cases[i].warns) CHECKF(strstr(env_last, name) && strstr(env_last, "using 7"), "warning '%s'", env_last);
+    }
+    static const struct { const char *v; int want; } flags[] = {{"0", 0}, {"1", 1}, {"off", 1}, {"2", 1}, {NULL, 1}};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        if (flags[i].v) setenv(name, flags[i].v, 1);
+        else unsetenv(name);
+        CHECKF(qsa__env_flag(name, 1) == flags[i].want, "switch '%s'", flags[i].v ? flags[i].v : "(unset)");
+    }
+    unsetenv(name);
+    qsa_set_logger(T_.verbose ? qsa_log_stderr : NULL, NULL, QSA_LOG_DEBUG);
+}
