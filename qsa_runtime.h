@@ -881,10 +881,12 @@ QSA_PRIV void qsa__log(qsa_log_level level, const char *fmt, ...) {
    callers can write `return qsa__fail(QSA_ERR_IO, "open %s: %s", path, strerror(errno));`. */
 QSA_PRIV qsa_result qsa__fail(qsa_result r, const char *fmt, ...) QSA__PRINTF(2, 3);
 QSA_PRIV qsa_result qsa__fail(qsa_result r, const char *fmt, ...) {
+    char msg[sizeof qsa__err_buf]; /* (an argument may be the message before: qsa_last_error()) */
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(qsa__err_buf, sizeof qsa__err_buf, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(qsa__err_buf, msg, sizeof msg);
     qsa__log(QSA_LOG_DEBUG, "error (%s): %s", qsa_result_string(r), qsa__err_buf);
     return r;
 }
@@ -9764,7 +9766,16 @@ QSA_PRIV qsa_result qsa__part_image(qsa__part_job *j) {
 }
 QSA_PRIV qsa_result qsa__part_load(qsa__part_job *j) {
     QSA__TRY(QSA__CU_R(qsa__cu.cuCtxSetCurrent(j->g->ctx)));
-    return QSA__CU_R(qsa__cu.cuModuleLoadData(&j->mod, j->img));
+    CUresult cr = qsa__cu.cuModuleLoadData(&j->mod, j->img);
+    if (cr == 0) return QSA_OK;
+    /* the usual cause: an NVRTC newer than the driver (its PTX ISA, or its CUBIN, is past what the driver
+       reads) */
+    qsa_result r = QSA__CU_R(cr);
+    int drv = qsa__cu.driver_version, nv = qsa__nvrtc.major * 1000 + qsa__nvrtc.minor * 10;
+    return qsa__fail(r, "kernels: loading part %d (%s%s, from NVRTC %d.%d) into the driver (CUDA %d.%d) failed: %s%s", j->part,
+                     j->arch, j->from_cache ? ", from the disk cache" : "", qsa__nvrtc.major, qsa__nvrtc.minor, drv / 1000,
+                     drv % 1000 / 10, qsa_last_error(),
+                     nv > drv ? "; that NVRTC is newer than the driver: set QSA_NVRTC_LIB to an NVRTC no newer than it" : "");
 }
 QSA_PRIV void qsa__part_images(void *c, int t, size_t i0, size_t i1) {
     qsa__part_job *j = (qsa__part_job *)c;

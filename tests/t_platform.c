@@ -6,6 +6,11 @@ TEST(cpu, result_strings_and_errors) {
     CHECK_ERR(qsa__map_file("/nonexistent/qsa/file", &m), QSA_ERR_IO, "/nonexistent/qsa/file");
     qsa_clear_error();
     CHECK(qsa_last_error()[0] == 0);
+    /* a message that wraps the one before (vsnprintf read its argument from the buffer it wrote) */
+    qsa__fail(QSA_ERR_IO, "inner %d", 7);
+    qsa__fail(QSA_ERR_IO, "outer: %s", qsa_last_error());
+    CHECKF(!strcmp(qsa_last_error(), "outer: inner 7"), "'%s'", qsa_last_error());
+    qsa_clear_error();
 }
 
 TEST(cpu, fp16_roundtrip_exhaustive) {
