@@ -6565,9 +6565,14 @@ QSA_PRIV qsa_result qsa__model_bind(qsa_model *m) {
     int H = c->hidden_size;
     int64_t eshape[2] = {c->vocab_size, H};
     QSA__TRY(qsa__load_mat(m, "embed_tokens.weight", 2, eshape, &m->embed, &m->embed_t));
-    if (qsa__st_find(&m->st, "lm_head.weight") || qsa__st_is_nvfp4(&m->st, "lm_head"))
+    /* a stored head wins over tie_word_embeddings, as in transformers 5 (which ties the two only when they
+       are equal, and otherwise keeps both with a warning) */
+    if (qsa__st_find(&m->st, "lm_head.weight") || qsa__st_is_nvfp4(&m->st, "lm_head")) {
         QSA__TRY(qsa__load_lin(m, "lm_head", c->vocab_size, H, &m->lm_head));
-    else if (c->tie_word_embeddings)
+        if (c->tie_word_embeddings)
+            qsa__log(QSA_LOG_INFO, "model: the checkpoint holds lm_head.weight although tie_word_embeddings is true: "
+                                   "the stored head is used");
+    } else if (c->tie_word_embeddings)
         m->lm_head = qsa__lin_rows(m->embed, m->embed_t, 0, c->vocab_size, H);
     else
         return qsa__fail(QSA_ERR_NOT_FOUND, "tensor 'lm_head.weight' not found and tie_word_embeddings is false");
