@@ -75,8 +75,18 @@
  *   stale entry is a miss.
  *
  * THREAD SAFETY
- *   A model is read-only after load and may be shared between threads; a sequence or a scheduler
- *   must be used by one thread at a time.  The error message is per thread.
+ *   A model may be shared between threads, each with its own sequences: its weights are read-only
+ *   after load, and its KV page pool, which its sequences share, has a mutex.  On the CPU backend
+ *   such threads run their forward passes at the same time; on the CUDA backend a model has one
+ *   stream and one set of scratch buffers, so the calls that use the device (qsa_seq_create, _free,
+ *   _reset, _feed*, qsa_generate, and the scheduler's through them) hold a lock of the model and take
+ *   turns (a streaming callback that waits for another thread's call on the same model deadlocks).
+ *   A sequence or a scheduler must be used by one thread at a time.  The error message is per thread.
+ *
+ * LIFETIMES
+ *   Free a model's sequences and schedulers (qsa_seq_free, qsa_sched_free) before the model: they
+ *   give their KV pages back to its pool.  The tokenizer of qsa_model_get_tokenizer lives as long as
+ *   the model.  Samplers and qsa_host_alloc blocks are independent of it.
  *
  * LIMITATIONS
  *   Text model only.  Tensor parallelism over NCCL (qsa_model_params.tp, docs/TP.md): one process
@@ -456,6 +466,7 @@ typedef struct qsa_model qsa_model;
 
 QSA_API qsa_result qsa_model_load(const char *model_dir, const qsa_model_params *params, qsa_model **out);
 QSA_API void qsa_model_free(qsa_model *model);
+/* NULL for a NULL model. */
 QSA_API const qsa_model_config *qsa_model_get_config(const qsa_model *model);
 /* The tokenizer loaded from the model directory, or NULL when the directory has none. */
 QSA_API const qsa_tokenizer *qsa_model_get_tokenizer(const qsa_model *model);
@@ -496,7 +507,7 @@ QSA_API void qsa_seq_free(qsa_seq *seq);
 /* Forget everything fed so far (keeps the allocation).  Should the device state's zeroing fail (a
    device error), the sequence refuses feeds, as after a failed feed, until a reset succeeds. */
 QSA_API void qsa_seq_reset(qsa_seq *seq);
-QSA_API int qsa_seq_pos(const qsa_seq *seq); /* tokens fed so far */
+QSA_API int qsa_seq_pos(const qsa_seq *seq); /* tokens fed so far (0 for NULL) */
 /* Feed n tokens.  logits (may be NULL): receives vocab_size floats for the last token, or
    n * vocab_size floats (row i for token i) when all_logits is non-zero.  A refusal (bad ids, a full
    context, no KV pages) changes nothing.  A failure part-way through the forward pass (out of memory,
@@ -6013,6 +6024,8 @@ typedef struct qsa__pool {
     float *k, *v, *ik;      /* CPU storage [n_qsa][n_pages][page_size][kvd | ihd] */
     int32_t *free_pages;    /* stack of free physical pages (popped from the end) */
     int n_free;
+    pthread_mutex_t mu;     /* guards free_pages / n_free: sequences of one model may be fed from several threads */
+    int mu_init;
 } qsa__pool;
 
 QSA_PRIV float *qsa__pool_k(const qsa__pool *p, int slot, int32_t page, int off) {
@@ -6162,7 +6175,20 @@ struct qsa_model {
                               them to FP16 from there; the vectors (norms, biases, conv taps) are fp32 copies */
     /* thread pool for the CPU matmuls */
     int n_threads;
+    /* CUDA models: one stream and one set of scratch buffers serve every sequence, so the public calls that
+       use the device (sequence create / free / reset / feed, qsa_generate) hold this recursive lock: threads
+       sharing the model take turns.  (CPU models need none: their sequences share only the pool, which
+       has its own.) */
+    pthread_mutex_t lock;
+    int lock_on;
 };
+
+QSA_PRIV void qsa__model_enter(qsa_model *m) {
+    if (m && m->lock_on) pthread_mutex_lock(&m->lock);
+}
+QSA_PRIV void qsa__model_leave(qsa_model *m) {
+    if (m && m->lock_on) pthread_mutex_unlock(&m->lock);
+}
 
 QSA_PRIV qsa_result qsa__own(qsa_model *m, float *p) {
     if (m->n_owned == m->cap_owned) {
@@ -6636,6 +6662,7 @@ QSA_PRIV void qsa__pool_destroy(qsa__pool *p) {
     qsa__free(p->ik);
     qsa__free(p->slot);
     qsa__free(p->free_pages);
+    if (p->mu_init) pthread_mutex_destroy(&p->mu);
     memset(p, 0, sizeof *p);
 }
 
@@ -6655,6 +6682,8 @@ QSA_PRIV qsa_result qsa__pool_create(qsa_model *m, int host_storage) {
     p->ihd = c->has_qsa ? c->indexer_head_dim : 0;
     p->slot = QSA__ALLOC(int, c->num_hidden_layers);
     p->free_pages = QSA__ALLOC(int32_t, p->n_pages);
+    if (pthread_mutex_init(&p->mu, NULL) == 0) p->mu_init = 1;
+    else return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "KV pool: cannot create its mutex");
     if (!p->slot || !p->free_pages) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "KV pool: out of memory");
     for (int l = 0; l < c->num_hidden_layers; l++) p->slot[l] = c->layer_types[l] == QSA_LAYER_QSA ? p->n_qsa++ : -1;
     size_t slots = (size_t)p->n_qsa * p->n_pages * p->page_size;
@@ -6743,6 +6772,7 @@ QSA_IMPL void qsa_model_free(qsa_model *m) {
     qsa__pool_destroy(&m->pool);
     if (m->tok) qsa_tokenizer_free(m->tok);
     qsa__st_close(&m->st);
+    if (m->lock_on) pthread_mutex_destroy(&m->lock);
     qsa__free(m);
 }
 
@@ -6846,6 +6876,16 @@ QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *para
 #endif
     }
     if (r == QSA_OK && !m->cuda) r = qsa__pool_create(m, 1);
+    if (r == QSA_OK && m->cuda) {
+        pthread_mutexattr_t a;
+        int ok = pthread_mutexattr_init(&a) == 0;
+        if (ok) {
+            ok = pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE) == 0 && pthread_mutex_init(&m->lock, &a) == 0;
+            pthread_mutexattr_destroy(&a);
+        }
+        if (ok) m->lock_on = 1;
+        else r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_model_load: cannot create the model's lock");
+    }
     if (r == QSA_OK && !m->params.no_tokenizer) {
         char *tpath = qsa__path_join(dir, "tokenizer.json");
         if (!tpath) r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_model_load: out of memory");
@@ -6865,9 +6905,9 @@ QSA_IMPL qsa_result qsa_model_load(const char *dir, const qsa_model_params *para
     return QSA_OK;
 }
 
-QSA_IMPL const qsa_model_config *qsa_model_get_config(const qsa_model *m) { return &m->cfg; }
-QSA_IMPL const qsa_tokenizer *qsa_model_get_tokenizer(const qsa_model *m) { return m->tok; }
-QSA_IMPL const qsa_generation_config *qsa_model_get_generation_config(const qsa_model *m) { return &m->gen; }
+QSA_IMPL const qsa_model_config *qsa_model_get_config(const qsa_model *m) { return m ? &m->cfg : NULL; }
+QSA_IMPL const qsa_tokenizer *qsa_model_get_tokenizer(const qsa_model *m) { return m ? m->tok : NULL; }
+QSA_IMPL const qsa_generation_config *qsa_model_get_generation_config(const qsa_model *m) { return m ? &m->gen : NULL; }
 
 /* ============================================================================================== */
 /* >>cpu-forward  the CPU reference forward pass (fp32, plain loops)                              */
@@ -7083,30 +7123,35 @@ QSA_PRIV qsa_result qsa__seq_reserve(qsa_seq *s, int need) {
     if (!pl->n_qsa) return QSA_OK;
     int want = (int)(((int64_t)need + pl->page_size - 1) / pl->page_size);
     if (want <= s->n_pages) return QSA_OK;
-    if (want - s->n_pages > pl->n_free)
+    pthread_mutex_lock(&pl->mu);
+    int n_free = pl->n_free;
+    if (want - s->n_pages > n_free) {
+        pthread_mutex_unlock(&pl->mu);
         return qsa__fail(QSA_ERR_CONTEXT_FULL, "KV page pool: %d more pages of %d tokens needed, %d free of %d",
-                         want - s->n_pages, pl->page_size, pl->n_free, pl->n_pages);
+                         want - s->n_pages, pl->page_size, n_free, pl->n_pages);
+    }
     while (s->n_pages < want) s->bt[s->n_pages++] = pl->free_pages[--pl->n_free];
+    pthread_mutex_unlock(&pl->mu);
     return QSA_OK;
 }
 
 /* Give back the pages taken since n_pages was `had` (reverse order: the free list is restored exactly). */
 QSA_PRIV void qsa__seq_unreserve(qsa_seq *s, int had) {
     qsa__pool *pl = &s->m->pool;
+    if (s->n_pages <= had) return;
+    pthread_mutex_lock(&pl->mu);
     while (s->n_pages > had) pl->free_pages[pl->n_free++] = s->bt[--s->n_pages];
+    pthread_mutex_unlock(&pl->mu);
 }
 
-QSA_PRIV void qsa__seq_release(qsa_seq *s) {
-    qsa__pool *pl = &s->m->pool;
-    while (s->n_pages > 0) pl->free_pages[pl->n_free++] = s->bt[--s->n_pages];
-}
+QSA_PRIV void qsa__seq_release(qsa_seq *s) { qsa__seq_unreserve(s, 0); }
 
 QSA_PRIV void qsa__capture_clear(qsa__capture *c) {
     c->n = 0;
     c->pos.len = c->q.len = c->sel.len = c->nsel.len = c->out.len = c->seg.len = c->seg_off.len = 0;
 }
 
-QSA_IMPL void qsa_seq_reset(qsa_seq *s) {
+QSA_PRIV void qsa__seq_reset(qsa_seq *s) {
     const qsa_model_config *c = &s->m->cfg;
     int key_dim = c->linear_num_key_heads * c->linear_key_head_dim;
     int conv_dim = 2 * key_dim + c->linear_num_value_heads * c->linear_value_head_dim;
@@ -7133,6 +7178,13 @@ QSA_IMPL void qsa_seq_reset(qsa_seq *s) {
     if (s->cuda && qsa__cuda_seq_reset(s->m, s) != QSA_OK) s->broken = 1;
 #endif
 }
+QSA_IMPL void qsa_seq_reset(qsa_seq *s) {
+    if (!s) return;
+    qsa_model *m = s->m;
+    qsa__model_enter(m);
+    qsa__seq_reset(s);
+    qsa__model_leave(m);
+}
 
 QSA_PRIV void qsa__capture_free(qsa_seq *s) {
     qsa__capture *c = s->cap;
@@ -7143,7 +7195,7 @@ QSA_PRIV void qsa__capture_free(qsa_seq *s) {
     s->cap = NULL;
 }
 
-QSA_IMPL void qsa_seq_free(qsa_seq *s) {
+QSA_PRIV void qsa__seq_free(qsa_seq *s) {
     if (!s) return;
     if (s->L) {
         for (int l = 0; l < s->m->cfg.num_hidden_layers; l++) {
@@ -7165,8 +7217,15 @@ QSA_IMPL void qsa_seq_free(qsa_seq *s) {
     qsa__free(s->tokens);
     qsa__free(s);
 }
+QSA_IMPL void qsa_seq_free(qsa_seq *s) {
+    if (!s) return;
+    qsa_model *m = s->m;
+    qsa__model_enter(m);
+    qsa__seq_free(s);
+    qsa__model_leave(m);
+}
 
-QSA_IMPL qsa_result qsa_seq_create(qsa_model *m, const qsa_seq_params *params, qsa_seq **out) {
+QSA_PRIV qsa_result qsa__seq_create(qsa_model *m, const qsa_seq_params *params, qsa_seq **out) {
     if (!m || !out) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_create: NULL argument");
     *out = NULL;
     const qsa_model_config *c = &m->cfg;
@@ -7217,8 +7276,14 @@ QSA_IMPL qsa_result qsa_seq_create(qsa_model *m, const qsa_seq_params *params, q
     *out = s;
     return QSA_OK;
 }
+QSA_IMPL qsa_result qsa_seq_create(qsa_model *m, const qsa_seq_params *params, qsa_seq **out) {
+    qsa__model_enter(m);
+    qsa_result r = qsa__seq_create(m, params, out);
+    qsa__model_leave(m);
+    return r;
+}
 
-QSA_IMPL int qsa_seq_pos(const qsa_seq *s) { return s->pos; }
+QSA_IMPL int qsa_seq_pos(const qsa_seq *s) { return s ? s->pos : 0; }
 
 /* ---- layer math ---- */
 
@@ -7573,13 +7638,13 @@ done:
 QSA_PRIV void qsa__block_key(const qsa_model *m, const qsa__attn_w *a, const float *keys, int b, float *out) {
     const qsa_model_config *c = &m->cfg;
     int ihd = c->indexer_head_dim, r = c->indexer_compress_ratio;
-    float mean[1024];
+    /* the mean in out itself (indexer_head_dim may be up to 1 << 14: no fixed stack array); the norm runs in place */
     for (int d = 0; d < ihd; d++) {
         float s = 0.0f;
         for (int t = 0; t < r; t++) s += keys[(size_t)t * ihd + d];
-        mean[d] = s / (float)r;
+        out[d] = s / (float)r;
     }
-    qsa__rmsnorm_1p(mean, a->idx_k_norm, out, ihd, ihd, c->rms_norm_eps);
+    qsa__rmsnorm_1p(out, a->idx_k_norm, out, ihd, ihd, c->rms_norm_eps);
     qsa__rope(m, out, (int64_t)b * r);
 }
 
@@ -8004,9 +8069,16 @@ done:
     return r;
 }
 
-QSA_IMPL qsa_result qsa_seq_feed(qsa_seq *seq, const int32_t *ids, int n, float *logits, int all_logits) {
+QSA_PRIV qsa_result qsa__seq_feed_public(qsa_seq *seq, const int32_t *ids, int n, float *logits, int all_logits) {
     if (!seq || (!ids && n > 0) || n < 0) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed: bad arguments");
     return qsa__seq_feed(seq, ids, n, logits, all_logits);
+}
+QSA_IMPL qsa_result qsa_seq_feed(qsa_seq *seq, const int32_t *ids, int n, float *logits, int all_logits) {
+    qsa_model *m = seq ? seq->m : NULL;
+    qsa__model_enter(m);
+    qsa_result r = qsa__seq_feed_public(seq, ids, n, logits, all_logits);
+    qsa__model_leave(m);
+    return r;
 }
 
 
@@ -8085,12 +8157,20 @@ QSA_PRIV qsa_result qsa__feed_batch(qsa_seq **seqs, const int32_t *tokens, int n
     qsa__free(row);
     return r;
 }
+/* (the lock of the first sequence's model: qsa__feed_batch refuses sequences of another) */
+QSA_PRIV qsa_result qsa__feed_batch_locked(qsa_seq **seqs, const int32_t *tokens, int n, float *logits, int32_t *next) {
+    qsa_model *m = n > 0 && seqs && seqs[0] ? seqs[0]->m : NULL;
+    qsa__model_enter(m);
+    qsa_result r = qsa__feed_batch(seqs, tokens, n, logits, next);
+    qsa__model_leave(m);
+    return r;
+}
 QSA_IMPL qsa_result qsa_seq_feed_batch(qsa_seq **seqs, const int32_t *tokens, int n, float *logits) {
-    return qsa__feed_batch(seqs, tokens, n, logits, NULL);
+    return qsa__feed_batch_locked(seqs, tokens, n, logits, NULL);
 }
 QSA_IMPL qsa_result qsa_seq_feed_batch_greedy(qsa_seq **seqs, const int32_t *tokens, int n, int32_t *next) {
     if (!next && n > 0) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed_batch_greedy: next is NULL");
-    return qsa__feed_batch(seqs, tokens, n, NULL, next);
+    return qsa__feed_batch_locked(seqs, tokens, n, NULL, next);
 }
 
 /* ============================================================================================== */
@@ -8119,6 +8199,7 @@ QSA_PRIV double qsa__rng_uniform(uint64_t *s) {
 
 QSA_IMPL qsa_result qsa_sampler_create(const qsa_sampling_params *params, qsa_sampler **out) {
     if (!out) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sampler_create: NULL out");
+    *out = NULL;
     qsa_sampler *s = QSA__CALLOC(qsa_sampler, 1);
     if (!s) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sampler_create: out of memory");
     if (params) s->p = *params;
@@ -8322,11 +8403,11 @@ QSA_PRIV size_t qsa__stop_holdback(const char *text, size_t len, const char *con
     return best;
 }
 
-QSA_IMPL qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prompt, const qsa_generate_params *gp,
-                                 qsa_generation *out) {
+QSA_PRIV qsa_result qsa__generate(qsa_seq *seq, const int32_t *prompt, int n_prompt, const qsa_generate_params *gp,
+                                  qsa_generation *out) {
+    if (out) memset(out, 0, sizeof *out); /* (freed with qsa_generation_free whatever the result) */
     if (!seq || !out || (n_prompt > 0 && !prompt) || n_prompt < 0)
         return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_generate: NULL or negative argument");
-    memset(out, 0, sizeof *out);
     qsa_generate_params p;
     memset(&p, 0, sizeof p);
     if (gp) p = *gp;
@@ -8429,6 +8510,14 @@ done:
     qsa_host_free(logits);
     qsa_sampler_free(smp);
     if (r != QSA_OK && !out->n_tokens) qsa_generation_free(out);
+    return r;
+}
+QSA_IMPL qsa_result qsa_generate(qsa_seq *seq, const int32_t *prompt, int n_prompt, const qsa_generate_params *gp,
+                                 qsa_generation *out) {
+    qsa_model *m = seq ? seq->m : NULL;
+    qsa__model_enter(m);
+    qsa_result r = qsa__generate(seq, prompt, n_prompt, gp, out);
+    qsa__model_leave(m);
     return r;
 }
 
@@ -8975,7 +9064,8 @@ QSA_PRIV qsa_result qsa__tp_linear(const qsa__tp_ctx *x, const char *sfx, int64_
         !strcmp(sfx, "input_global_scale"))
         return qsa__tp_repl_tensor(x, 0, 1, 1, 1);
     if (!strcmp(sfx, "bias")) {
-        /* a column-split linear's bias is added once, after the reduction */
+        /* a column-split linear's bias is whole on every rank here; the view keeps it on rank 0 only, which
+           adds it to its partial sum before the reduction (so once) */
         if (sp->kind == QSA_TP_ROWS) return qsa__tp_make(x, 1, out, 1, 1, 0, sp, 1);
         return qsa__tp_repl_tensor(x, 1, out, 1, 1);
     }
@@ -13453,6 +13543,7 @@ QSA_PRIV qsa_result qsa__tp_init(qsa_model *m) {
 #endif /* QSA_NO_CUDA */
 
 QSA_IMPL void qsa_model_tp_info(const qsa_model *m, qsa_tp_info *out) {
+    if (!out) return;
     memset(out, 0, sizeof *out);
     out->tp = 1;
     out->n_local = 1;

@@ -289,3 +289,93 @@ TEST(cpu, reset_during_a_capture_drops_the_queries_before_it) {
     qsa_seq_free(s);
     qsa_model_free(m);
 }
+
+/* The KV page pool is the model's, shared by its sequences: sequences of one model fed from several
+   threads (the header allows it on the CPU backend) took and gave back pages without a lock (a free
+   list of 2043 entries for 2048 pages after this test, or one page listed twice; ThreadSanitizer
+   reported the race).  Four threads create, feed one token to and free 4000 sequences each (a page
+   taken and given back every time); each gets the single-threaded logits and the free list ends whole. */
+typedef struct api_thr { qsa_model *m; const float *want; int rounds, bad; } api_thr;
+static void api_thr_run(qsa_model *m, float *lg) {
+    qsa_seq_params sp;
+    memset(&sp, 0, sizeof sp);
+    sp.n_ctx = 16;
+    qsa_seq *s = NULL;
+    memset(lg, 0, sizeof(float) * (size_t)m->cfg.vocab_size);
+    if (qsa_seq_create(m, &sp, &s) != QSA_OK) return;
+    for (int t = 0; t < 1; t++) {
+        int32_t id = (int32_t)((t * 37 + 11) % m->cfg.vocab_size);
+        if (qsa_seq_feed(s, &id, 1, lg, 0) != QSA_OK) break;
+    }
+    qsa_seq_free(s);
+}
+static void *api_thr_main(void *arg) {
+    api_thr *a = (api_thr *)arg;
+    float *lg = (float *)malloc(sizeof(float) * (size_t)a->m->cfg.vocab_size);
+    for (int r = 0; lg && r < a->rounds; r++) {
+        api_thr_run(a->m, lg);
+        a->bad += memcmp(lg, a->want, sizeof(float) * (size_t)a->m->cfg.vocab_size) != 0;
+    }
+    free(lg);
+    return NULL;
+}
+TEST(cpu, sequences_of_one_model_on_several_threads) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.backend = QSA_BACKEND_CPU;
+    mp.n_threads = 1;
+    mp.kv_page_size = 16;
+    qsa_model *m = NULL;
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/qsa_hc4_ple_sharded", test_path("tests/fixtures"));
+    CHECK_OK(qsa_model_load(dir, &mp, &m));
+    if (!m) return;
+    float *want = (float *)malloc(sizeof(float) * (size_t)m->cfg.vocab_size);
+    if (!want) { qsa_model_free(m); return; }
+    api_thr_run(m, want);
+    enum { NT = 4 };
+    api_thr a[NT];
+    pthread_t th[NT];
+    int started[NT];
+    for (int i = 0; i < NT; i++) {
+        a[i].m = m; a[i].want = want; a[i].rounds = 4000; a[i].bad = 0;
+        started[i] = pthread_create(&th[i], NULL, api_thr_main, &a[i]) == 0;
+    }
+    int bad = 0;
+    for (int i = 0; i < NT; i++) {
+        if (started[i]) pthread_join(th[i], NULL);
+        bad += a[i].bad;
+    }
+    CHECKF(bad == 0, "%d runs gave other logits than the single-threaded one", bad);
+    const qsa__pool *pl = &m->pool;
+    int dup = 0, *seen = (int *)calloc((size_t)pl->n_pages, sizeof(int));
+    for (int i = 0; seen && i < pl->n_free && i < pl->n_pages; i++) dup += seen[pl->free_pages[i]]++ > 0;
+    CHECKF(pl->n_free == pl->n_pages && dup == 0, "free list: %d entries for %d pages, %d repeated", pl->n_free, pl->n_pages, dup);
+    free(seen);
+    free(want);
+    qsa_model_free(m);
+}
+
+/* NULL handles are refused or ignored, never dereferenced (qsa_seq_reset, qsa_seq_pos, the model getters
+   and qsa_model_tp_info's out crashed), and a refused qsa_generate or qsa_sampler_create leaves its output
+   empty: "free out with qsa_generation_free whatever the result" freed the caller's uninitialised
+   pointers when the arguments were refused. */
+TEST(cpu, null_handles_and_outputs_of_refused_calls) {
+    qsa_seq_reset(NULL);
+    CHECK(qsa_seq_pos(NULL) == 0);
+    CHECK(qsa_model_get_config(NULL) == NULL && qsa_model_get_tokenizer(NULL) == NULL &&
+          qsa_model_get_generation_config(NULL) == NULL);
+    qsa_model_tp_info(NULL, NULL);
+    qsa_generation g;
+    memset(&g, 0xAB, sizeof g);
+    int32_t p = 1;
+    CHECK_ERR(qsa_generate(NULL, &p, 1, NULL, &g), QSA_ERR_INVALID_ARGUMENT, "qsa_generate");
+    CHECK(g.tokens == NULL && g.text == NULL && g.n_tokens == 0);
+    qsa_generation_free(&g);
+    qsa_sampler *smp = (qsa_sampler *)&g;
+    qsa_sampling_params sp;
+    memset(&sp, 0, sizeof sp);
+    sp.top_k = -1;
+    CHECK_ERR(qsa_sampler_create(&sp, &smp), QSA_ERR_INVALID_ARGUMENT, "top_k");
+    CHECK(smp == NULL);
+}

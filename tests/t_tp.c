@@ -2647,3 +2647,188 @@ TEST(nccl, tp2_scheduler_matches_alone_and_tp1) {
     qsa_model_free(m[0]);
     qsa_model_free(m[1]);
 }
+
+static void tp_remove_random_model(const char *dir) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    remove(p);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    remove(p);
+    rmdir(dir);
+}
+
+/* Writes DIR/config.json (js) and DIR/model.safetensors: random fp32 weights of the shapes the TP plan gives at
+   tp 1, for a model of three layers (GDN with PLE, QSA, GDN with PLE), four experts and a shared expert.
+   Returns 1 when both were written. */
+static int tp_write_random_model(const char *dir, const char *js) {
+    int ok = 1;
+    char p[700];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    FILE *f = fopen(p, "wb");
+    int wrote = f && fputs(js, f) >= 0;
+    if (f && fclose(f)) wrote = 0;
+    ok = wrote;
+    qsa_model_config c;
+    if (!ok || qsa_config_parse(js, strlen(js), NULL, 0, "tp_write_random_model", &c) != QSA_OK) return 0;
+    tp_names nm;
+    memset(&nm, 0, sizeof nm);
+    static const char *const hcl[4] = {"hc_norm.weight", "input_mix_weight_down.weight", "input_mix_weight_up.weight",
+                                       "block_inject_weight.weight"};
+    static const char *const gdn[9] = {"in_proj_qkv.weight", "in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight",
+                                       "out_proj.weight", "conv1d.weight", "A_log", "dt_bias", "norm.weight"};
+    static const char *const ple[7] = {"ple_embedding.ngram_embedding.weight", "key_proj.weight", "value_proj.weight",
+                                       "norm_key.weight", "norm_query.weight", "norm_conv.weight", "conv1d.weight"};
+    static const char *const att[9] = {"q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "q_norm.weight",
+                                       "k_norm.weight", "indexer.index_qk_proj.weight", "indexer.q_layernorm.weight",
+                                       "indexer.k_layernorm.weight"};
+    static const char *const mlp[3] = {"gate_proj", "up_proj", "down_proj"};
+    tp_add(&nm, "model.embed_tokens.weight");
+    tp_add(&nm, "lm_head.weight");
+    for (int i = 0; i < 3; i++) tp_add(&nm, "model.hyper_connection_mixer.%s", hcl[i]);
+    for (int L = 0; L < 3; L++) {
+        for (int i = 0; i < 4; i++) tp_add(&nm, "model.layers.%d.attn_hyper_connection.%s", L, hcl[i]);
+        for (int i = 0; i < 4; i++) tp_add(&nm, "model.layers.%d.mlp_hyper_connection.%s", L, hcl[i]);
+        if (L != 1) {
+            for (int i = 0; i < 9; i++) tp_add(&nm, "model.layers.%d.linear_attn.%s", L, gdn[i]);
+            for (int i = 0; i < 7; i++) tp_add(&nm, "model.layers.%d.ple.%s", L, ple[i]);
+        } else {
+            for (int i = 0; i < 9; i++) tp_add(&nm, "model.layers.%d.self_attn.%s", L, att[i]);
+        }
+        tp_add(&nm, "model.layers.%d.mlp.gate.weight", L);
+        tp_add(&nm, "model.layers.%d.mlp.shared_expert_gate.weight", L);
+        for (int i = 0; i < 3; i++) tp_add(&nm, "model.layers.%d.mlp.shared_expert.%s.weight", L, mlp[i]);
+        for (int e = 0; e < 4; e++)
+            for (int i = 0; i < 3; i++) tp_add(&nm, "model.layers.%d.mlp.experts.%d.%s.weight", L, e, mlp[i]);
+    }
+    qsa__st_out *outs = (qsa__st_out *)calloc((size_t)nm.n, sizeof *outs);
+    if (!outs) ok = 0;
+    uint64_t seed = 7;
+    for (int i = 0; i < nm.n && ok; i++) {
+        qsa_tp_slice s;
+        if (qsa_tp_slice_for(&c, 1, 0, nm.v[i], &s) != QSA_OK) { ok = 0; break; } /* (tp 1: the whole tensor's shape) */
+        size_t n = (size_t)s.global[0] * (size_t)s.global[1] * (size_t)s.global[2];
+        float *d = (float *)malloc(n * 4);
+        if (!d) { ok = 0; break; }
+        float amp = strstr(nm.v[i], "norm") && !strstr(nm.v[i], "conv1d") ? 0.1f : 0.4f;
+        for (size_t j = 0; j < n; j++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            d[j] = amp * ((float)((seed >> 40) & 0xffffff) / 16777216.0f - 0.5f);
+        }
+        outs[i].name = nm.v[i];
+        outs[i].dtype = QSA__F32;
+        outs[i].ndim = s.ndim;
+        for (int k = 0; k < s.ndim; k++) outs[i].shape[k] = s.global[k];
+        outs[i].data = d;
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    if (ok && qsa__st_write(p, outs, nm.n) != QSA_OK) ok = 0;
+    for (int i = 0; outs && i < nm.n; i++) free((void *)outs[i].data);
+    free(outs);
+    free(nm.v);
+    return ok;
+}
+
+/* The rank views at every tp a model splits over, not only 2: a random fp32 model of 24 query heads on one
+   KV head (shared by all ranks), 24 GDN key heads, experts and shared expert of width 48 (24, 16, 12, 8, 6
+   columns a rank: padded to 16 where not a multiple), PLE heads of 24 columns, vocabulary 301 (a remainder
+   at every tp), written from the plan's global shapes; TP 2, 3, 4, 6 and 8 emulated on the CPU against the
+   CPU forward (40 tokens, an EOS and the last id inside, several QSA blocks). */
+TEST(cpu, tp_views_reproduce_the_model_at_every_split) {
+    char dir[] = "/tmp/qsa_tpodd_XXXXXX";
+    if (!mkdtemp(dir)) { CHECK(0); return; }
+    const char *js =
+        "{\"model_type\": \"qwen4_exp_text\", \"vocab_size\": 301, \"hidden_size\": 32, \"num_hidden_layers\": 3,"
+        " \"num_attention_heads\": 24, \"num_key_value_heads\": 1, \"head_dim\": 16, \"max_position_embeddings\": 4096,"
+        " \"rms_norm_eps\": 1e-6, \"hidden_act\": \"silu\", \"tie_word_embeddings\": false,"
+        " \"rope_parameters\": {\"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.5},"
+        " \"linear_conv_kernel_dim\": 4, \"linear_key_head_dim\": 8, \"linear_value_head_dim\": 8,"
+        " \"linear_num_key_heads\": 24, \"linear_num_value_heads\": 24, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
+        " \"moe_intermediate_size\": 48, \"shared_expert_intermediate_size\": 48, \"hc_count\": 2, \"hc_lowrank\": 8,"
+        " \"ple_layer_ids\": [1, 3], \"ple_embed_dim\": 96, \"ple_conv_kernel_size\": 3, \"ngram_size\": 3, \"heads_per_ngram\": 2,"
+        " \"ngram_vocab_size_base\": 1000, \"make_ngram_vocab_size_divisible_by\": 128, \"split_ngram_parts\": 1,"
+        " \"indexer_n_heads\": 2, \"indexer_kv_heads\": 1, \"indexer_head_dim\": 8, \"indexer_budget\": 8, \"indexer_compress_ratio\": 4,"
+        " \"eos_token_id\": 1, \"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\"]}";
+    CHECK(tp_write_random_model(dir, js));
+    qsa_model *m = NULL;
+    if (!T_.failed) {
+        qsa_model_params mp;
+        memset(&mp, 0, sizeof mp);
+        mp.backend = QSA_BACKEND_CPU;
+        CHECK_OK(qsa_model_load(dir, &mp, &m));
+    }
+    if (m) {
+        int n = 40, V = m->cfg.vocab_size, split = 0;
+        int32_t ids[40];
+        for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 29 + 5) % V);
+        ids[13] = m->cfg.eos_token_ids[0];
+        ids[20] = V - 1;
+        float *ref = (float *)malloc(sizeof(float) * (size_t)n * V), *lg = (float *)malloc(sizeof(float) * (size_t)n * V);
+        qsa_seq *s = NULL;
+        CHECK_OK(qsa_seq_create(m, NULL, &s));
+        CHECK_OK(qsa_seq_feed(s, ids, n, ref, 1));
+        qsa_seq_free(s);
+        float scale = 1.0f;
+        for (size_t i = 0; i < (size_t)n * V; i++) scale = fabsf(ref[i]) > scale ? fabsf(ref[i]) : scale;
+        static const int tps[5] = {2, 3, 4, 6, 8};
+        for (int k = 0; k < 5 && !T_.failed; k++) {
+            int tp = tps[k];
+            CHECK_OK(qsa_tp_check(&m->cfg, tp));
+            memset(lg, 0, sizeof(float) * (size_t)n * V);
+            tp_emulate_prefill(m, tp, ids, n, lg);
+            float d = 0.0f;
+            for (size_t i = 0; i < (size_t)n * V; i++) d = fabsf(lg[i] - ref[i]) > d ? fabsf(lg[i] - ref[i]) : d;
+            CHECKF(d <= 1e-5f + 1e-4f * scale, "tp %d: emulated logits max |d| %g (scale %g)", tp, d, scale);
+            if (T_.verbose) printf("    tp %d: emulated TP vs CPU logits max |d| %.3g (scale %.3g)\n", tp, d, scale);
+            split++;
+        }
+        CHECKF(split == 5, "only %d of 5 tp split", split);
+        free(ref);
+        free(lg);
+        qsa_model_free(m);
+    }
+    tp_remove_random_model(dir);
+}
+
+/* An indexer head dim past 1,024 (the config allows 16,384): the block keys' mean took a stack array of 1,024
+   floats (a stack overflow at 4,096, found by a review).  The same random model with indexer heads of 2,048,
+   40 tokens: ten complete blocks and their keys, fed at once and token by token (the same bits). */
+TEST(cpu, indexer_head_dim_past_1024) {
+    char dir[] = "/tmp/qsa_ihd_XXXXXX";
+    if (!mkdtemp(dir)) { CHECK(0); return; }
+    const char *js =
+        "{\"model_type\": \"qwen4_exp_text\", \"vocab_size\": 301, \"hidden_size\": 32, \"num_hidden_layers\": 3,"
+        " \"num_attention_heads\": 4, \"num_key_value_heads\": 1, \"head_dim\": 16, \"max_position_embeddings\": 4096,"
+        " \"rms_norm_eps\": 1e-6, \"hidden_act\": \"silu\", \"tie_word_embeddings\": false,"
+        " \"rope_parameters\": {\"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.5},"
+        " \"linear_conv_kernel_dim\": 4, \"linear_key_head_dim\": 8, \"linear_value_head_dim\": 8,"
+        " \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 2, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
+        " \"moe_intermediate_size\": 16, \"shared_expert_intermediate_size\": 16, \"hc_count\": 2, \"hc_lowrank\": 8,"
+        " \"ple_layer_ids\": [1, 3], \"ple_embed_dim\": 96, \"ple_conv_kernel_size\": 3, \"ngram_size\": 3, \"heads_per_ngram\": 2,"
+        " \"ngram_vocab_size_base\": 1000, \"make_ngram_vocab_size_divisible_by\": 128, \"split_ngram_parts\": 1,"
+        " \"indexer_n_heads\": 2, \"indexer_kv_heads\": 1, \"indexer_head_dim\": 2048, \"indexer_budget\": 8, \"indexer_compress_ratio\": 4,"
+        " \"eos_token_id\": 1, \"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\"]}";
+    CHECK(tp_write_random_model(dir, js));
+    qsa_model *m = NULL;
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.backend = QSA_BACKEND_CPU;
+    if (!T_.failed) CHECK_OK(qsa_model_load(dir, &mp, &m));
+    if (m) {
+        int32_t ids[40];
+        for (int i = 0; i < 40; i++) ids[i] = (int32_t)((i * 29 + 5) % 301);
+        float *a = (float *)malloc(sizeof(float) * 301), *b = (float *)malloc(sizeof(float) * 301);
+        qsa_seq *s = NULL;
+        CHECK_OK(qsa_seq_create(m, NULL, &s));
+        CHECK_OK(qsa_seq_feed(s, ids, 40, a, 0)); /* one chunk */
+        qsa_seq_reset(s);
+        for (int i = 0; i < 40 && !T_.failed; i++) CHECK_OK(qsa_seq_feed(s, ids + i, 1, b, 0)); /* token by token */
+        int finite = 1;
+        for (int i = 0; a && i < 301; i++) finite &= isfinite(a[i]);
+        CHECK(a && b && finite && !memcmp(a, b, sizeof(float) * 301));
+        qsa_seq_free(s);
+        free(a);
+        free(b);
+        qsa_model_free(m);
+    }
+    tp_remove_random_model(dir);
+}
