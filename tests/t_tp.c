@@ -2648,6 +2648,25 @@ TEST(nccl, tp2_scheduler_matches_alone_and_tp1) {
     qsa_model_free(m[1]);
 }
 
+/* The config of tp_write_random_model's model: heads that split over 2, 3, 4, 6 and 8 ranks (24 query heads
+   on one KV head, 24 GDN key heads), expert width 48, PLE on layers 1 and 3, vocabulary 301, indexer heads of
+   ihd. */
+static void tp_random_config(char *js, size_t cap, int ihd) {
+    snprintf(js, cap,
+        "{\"model_type\": \"qwen4_exp_text\", \"vocab_size\": 301, \"hidden_size\": 32, \"num_hidden_layers\": 3,"
+        " \"num_attention_heads\": 24, \"num_key_value_heads\": 1, \"head_dim\": 16, \"max_position_embeddings\": 4096,"
+        " \"rms_norm_eps\": 1e-6, \"hidden_act\": \"silu\", \"tie_word_embeddings\": false,"
+        " \"rope_parameters\": {\"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.5},"
+        " \"linear_conv_kernel_dim\": 4, \"linear_key_head_dim\": 8, \"linear_value_head_dim\": 8,"
+        " \"linear_num_key_heads\": 24, \"linear_num_value_heads\": 24, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
+        " \"moe_intermediate_size\": 48, \"shared_expert_intermediate_size\": 48, \"hc_count\": 2, \"hc_lowrank\": 8,"
+        " \"ple_layer_ids\": [1, 3], \"ple_embed_dim\": 96, \"ple_conv_kernel_size\": 3, \"ngram_size\": 3, \"heads_per_ngram\": 2,"
+        " \"ngram_vocab_size_base\": 1000, \"make_ngram_vocab_size_divisible_by\": 128, \"split_ngram_parts\": 1,"
+        " \"indexer_n_heads\": 2, \"indexer_kv_heads\": 1, \"indexer_head_dim\": %d, \"indexer_budget\": 8, \"indexer_compress_ratio\": 4,"
+        " \"eos_token_id\": 1, \"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\"]}",
+             ihd);
+}
+
 static void tp_remove_random_model(const char *dir) {
     char p[700];
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
@@ -2736,18 +2755,8 @@ static int tp_write_random_model(const char *dir, const char *js) {
 TEST(cpu, tp_views_reproduce_the_model_at_every_split) {
     char dir[] = "/tmp/qsa_tpodd_XXXXXX";
     if (!mkdtemp(dir)) { CHECK(0); return; }
-    const char *js =
-        "{\"model_type\": \"qwen4_exp_text\", \"vocab_size\": 301, \"hidden_size\": 32, \"num_hidden_layers\": 3,"
-        " \"num_attention_heads\": 24, \"num_key_value_heads\": 1, \"head_dim\": 16, \"max_position_embeddings\": 4096,"
-        " \"rms_norm_eps\": 1e-6, \"hidden_act\": \"silu\", \"tie_word_embeddings\": false,"
-        " \"rope_parameters\": {\"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.5},"
-        " \"linear_conv_kernel_dim\": 4, \"linear_key_head_dim\": 8, \"linear_value_head_dim\": 8,"
-        " \"linear_num_key_heads\": 24, \"linear_num_value_heads\": 24, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
-        " \"moe_intermediate_size\": 48, \"shared_expert_intermediate_size\": 48, \"hc_count\": 2, \"hc_lowrank\": 8,"
-        " \"ple_layer_ids\": [1, 3], \"ple_embed_dim\": 96, \"ple_conv_kernel_size\": 3, \"ngram_size\": 3, \"heads_per_ngram\": 2,"
-        " \"ngram_vocab_size_base\": 1000, \"make_ngram_vocab_size_divisible_by\": 128, \"split_ngram_parts\": 1,"
-        " \"indexer_n_heads\": 2, \"indexer_kv_heads\": 1, \"indexer_head_dim\": 8, \"indexer_budget\": 8, \"indexer_compress_ratio\": 4,"
-        " \"eos_token_id\": 1, \"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\"]}";
+    char js[2048];
+    tp_random_config(js, sizeof js, 8);
     CHECK(tp_write_random_model(dir, js));
     qsa_model *m = NULL;
     if (!T_.failed) {
@@ -2795,18 +2804,8 @@ TEST(cpu, tp_views_reproduce_the_model_at_every_split) {
 TEST(cpu, indexer_head_dim_past_1024) {
     char dir[] = "/tmp/qsa_ihd_XXXXXX";
     if (!mkdtemp(dir)) { CHECK(0); return; }
-    const char *js =
-        "{\"model_type\": \"qwen4_exp_text\", \"vocab_size\": 301, \"hidden_size\": 32, \"num_hidden_layers\": 3,"
-        " \"num_attention_heads\": 4, \"num_key_value_heads\": 1, \"head_dim\": 16, \"max_position_embeddings\": 4096,"
-        " \"rms_norm_eps\": 1e-6, \"hidden_act\": \"silu\", \"tie_word_embeddings\": false,"
-        " \"rope_parameters\": {\"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.5},"
-        " \"linear_conv_kernel_dim\": 4, \"linear_key_head_dim\": 8, \"linear_value_head_dim\": 8,"
-        " \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 2, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
-        " \"moe_intermediate_size\": 16, \"shared_expert_intermediate_size\": 16, \"hc_count\": 2, \"hc_lowrank\": 8,"
-        " \"ple_layer_ids\": [1, 3], \"ple_embed_dim\": 96, \"ple_conv_kernel_size\": 3, \"ngram_size\": 3, \"heads_per_ngram\": 2,"
-        " \"ngram_vocab_size_base\": 1000, \"make_ngram_vocab_size_divisible_by\": 128, \"split_ngram_parts\": 1,"
-        " \"indexer_n_heads\": 2, \"indexer_kv_heads\": 1, \"indexer_head_dim\": 2048, \"indexer_budget\": 8, \"indexer_compress_ratio\": 4,"
-        " \"eos_token_id\": 1, \"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\"]}";
+    char js[2048];
+    tp_random_config(js, sizeof js, 2048);
     CHECK(tp_write_random_model(dir, js));
     qsa_model *m = NULL;
     qsa_model_params mp;
