@@ -8103,6 +8103,10 @@ QSA_PRIV qsa_result qsa__feed_batch(qsa_seq **seqs, const int32_t *tokens, int n
 #ifndef QSA_NO_CUDA
     batched = 1;
     for (int k = 0; batched && k < n; k++) batched = qsa__seq_batchable(seqs[k]);
+    /* the batched step's buffers, made before anything changes: when the device cannot hold them the
+       sequences are fed one at a time (the chunked forward), as qsa_seq_feed feeds one token then, instead
+       of failing a step that never ran and leaving its sequences broken */
+    if (batched && !m->tp && !qsa__cuda_batch_ready(m)) batched = 0;
 #endif
     /* pages for every sequence, in order, all or nothing */
     size_t V = (size_t)m->cfg.vocab_size;
@@ -10302,6 +10306,10 @@ QSA_PRIV qsa_result qsa__cuda_scratch(qsa_model *m, qsa__cuda *g, int T) {
     /* cross-warp GEMV (qsa__dgemm): partial tiles and one ticket per tile, zeroed once (every
        launch leaves its tickets at zero) */
     QSA__TRY(qsa__cuda_gemv_scratch(g));
+    /* a column slice's output (qsa__dgemm_ex), made here rather than at the first sliced GEMV: that can be a
+       chunk's lm_head, after its layers have run, where running out of device memory would leave the
+       sequence broken (its context lost) for want of a buffer the model keeps anyway */
+    if (!s->gemv_slice) QSA__TRY(qsa__dalloc(g, &s->gemv_slice, QSA__GEMV_PART_BYTES, cnt, "GEMV slices"));
     s->host_e = QSA__ALLOC(float, (size_t)T * (c->ple_embed_dim ? c->ple_embed_dim : 1));
     if (!s->host_e) return qsa__fail(QSA_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
     return QSA_OK;
@@ -10580,6 +10588,7 @@ QSA_PRIV void qsa__cuda_seq_destroy(qsa_model *m, qsa_seq *s) {
     qsa__cu.cuStreamSynchronize(m->cuda->stream); /* no kernel may still use the memory */
     qsa__cu.cuMemFree_v2(cs->mem);
     m->cuda->bytes_state -= cs->mem_bytes;
+    m->cuda->batch_refused = 0; /* (device memory given back: the next single-token feed asks for the batched step's buffers again) */
     qsa__cuda_seq_free(cs);
     s->cuda = NULL;
 }

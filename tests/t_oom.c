@@ -384,6 +384,145 @@ TEST(gpu, out_of_memory_at_each_host_allocation_of_a_cuda_generation) {
 }
 #endif
 
+#ifndef QSA_NO_CUDA
+/* Device memory, not host memory, running out at the first batched step: two sequences hold their prompts,
+   then the test takes what cuMemAlloc still gives but TO_ROOM, less than the batched step's buffers need
+   (their column-slice output alone is QSA__GEMV_PART_BYTES), and qsa_seq_feed_batch feeds both a token.  The
+   step must not cost the sequences their contexts: it is served (one at a time: the chunked forward) or refused
+   with QSA_ERR_OUT_OF_MEMORY, both sequences unbroken either way and where the step left them.  Once the memory
+   is back, two more steps give the logits of sequences that never met the failure, bit for bit.  (Before the
+   fix every sequence of the group was left broken, and the next step was refused.) */
+#define TO_ROOM ((size_t)12 << 20)
+TEST(gpu, device_out_of_memory_at_the_first_batched_step) {
+    qsa_model *m;
+    TO_MODEL_OR_SKIP(QSA_BACKEND_CUDA, m);
+    int V = m->cfg.vocab_size, H = m->cfg.hidden_size;
+    int32_t prompt[2][6], tok[3][2];
+    for (int i = 0; i < 2; i++) {
+        for (int k = 0; k < 6; k++) prompt[i][k] = (int32_t)((k * 37 + 11 + 5 * i) % V);
+        for (int k = 0; k < 3; k++) tok[k][i] = (int32_t)((k * 53 + 7 + 3 * i) % V);
+    }
+    float *lg = (float *)malloc(sizeof(float) * 2 * (size_t)V * 3), *ref = (float *)malloc(sizeof(float) * 2 * (size_t)V * 3),
+          *hid = (float *)malloc(sizeof(float) * (size_t)H);
+    qsa_seq *s[2] = {NULL, NULL}, *o[2] = {NULL, NULL}, *warm = NULL;
+    CUdeviceptr hog[4096];
+    int nh = 0;
+    if (!lg || !ref || !hid) { CHECK(0); goto out; }
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(qsa_seq_create(m, NULL, &s[i]));
+        if (s[i]) CHECK_OK(qsa_seq_feed(s[i], prompt[i], 6, NULL, 0));
+    }
+    /* the chunked forward of one token once (the kernels a decode launches loaded), without the batched
+       step: a sequence with hidden_out set is not batchable */
+    CHECK_OK(qsa_seq_create(m, NULL, &warm));
+    if (warm) {
+        warm->hidden_out = hid;
+        CHECK_OK(qsa_seq_feed(warm, prompt[0], 1, lg, 0));
+        warm->hidden_out = NULL;
+    }
+    if (T_.failed) goto out;
+    if (m->cuda->batch || m->cuda->sc.gemv_slice) {
+        T_.skipped = 1;
+        printf("  SKIP the batched step's buffers were made before the step\n");
+        goto out;
+    }
+    /* fill the device but TO_ROOM */
+    qsa__cu.cuCtxSetCurrent(m->cuda->ctx);
+    for (size_t sz = (size_t)1 << 36; sz >= ((size_t)1 << 20) && nh < 4096;)
+        if (qsa__cu.cuMemAlloc_v2(&hog[nh], sz) == 0) nh++;
+        else sz /= 2;
+    while (nh > 0 && to_dev_free(m) < (long long)TO_ROOM) qsa__cu.cuMemFree_v2(hog[--nh]);
+    int pos0[2] = {qsa_seq_pos(s[0]), qsa_seq_pos(s[1])};
+    qsa_result r = qsa_seq_feed_batch(s, tok[0], 2, lg);
+    int made = m->cuda->batch != NULL;
+    while (nh > 0) qsa__cu.cuMemFree_v2(hog[--nh]);
+    if (made) {
+        T_.skipped = 1;
+        printf("  SKIP the batched step's buffers fitted in %zu MiB\n", TO_ROOM >> 20);
+        goto out;
+    }
+    for (int i = 0; i < 2; i++)
+        CHECKF(!s[i]->broken && qsa_seq_pos(s[i]) == pos0[i] + (r == QSA_OK), "sequence %d after the step (%s: %s): broken %d, at "
+               "%d (was %d)", i, qsa_result_string(r), qsa_last_error(), s[i]->broken, qsa_seq_pos(s[i]), pos0[i]);
+    CHECKF(r == QSA_OK || (r == QSA_ERR_OUT_OF_MEMORY && qsa_last_error()[0]), "the step: %s (%s)", qsa_result_string(r),
+           qsa_last_error());
+    if (T_.failed) goto out;
+    int from = r == QSA_OK; /* the steps still to feed (the first, if it was refused) */
+    for (int k = from; k < 3; k++) CHECK_OK(qsa_seq_feed_batch(s, tok[k], 2, lg + (size_t)k * 2 * V));
+    /* the oracle: two sequences that never met the failure */
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(qsa_seq_create(m, NULL, &o[i]));
+        if (o[i]) CHECK_OK(qsa_seq_feed(o[i], prompt[i], 6, NULL, 0));
+    }
+    for (int k = 0; k < 3 && !T_.failed; k++) CHECK_OK(qsa_seq_feed_batch(o, tok[k], 2, ref + (size_t)k * 2 * V));
+    CHECKF(!T_.failed && !memcmp(lg, ref, sizeof(float) * 2 * (size_t)V * 3), "the steps' logits differ from the oracle's");
+out:
+    while (nh > 0) qsa__cu.cuMemFree_v2(hog[--nh]);
+    for (int i = 0; i < 2; i++) { qsa_seq_free(s[i]); qsa_seq_free(o[i]); }
+    qsa_seq_free(warm);
+    free(lg);
+    free(ref);
+    free(hid);
+    qsa_model_free(m);
+}
+#endif
+
+#ifndef QSA_NO_CUDA
+/* Device memory running out at a chunk's first column-sliced GEMV (the real shape's lm_head for 2-16 rows of
+   logits; here every dense GEMV of the tiny model, its scratch limit lowered as gpu/gemv_column_slices_equal_whole
+   does): a sequence holding a prompt is fed 6 more tokens with every token's logits while the device holds but
+   TO_ROOM free.  The slices' output must not be made there (before the fix: at the first slice, after the chunk's
+   earlier launches, its failure leaving the sequence broken): the feed succeeds with the logits of the
+   default limit, or fails with QSA_ERR_OUT_OF_MEMORY and the sequence unbroken where it was. */
+TEST(gpu, device_out_of_memory_at_a_chunks_first_sliced_gemv) {
+    qsa_model *m;
+    TO_MODEL_OR_SKIP(QSA_BACKEND_CUDA, m);
+    int V = m->cfg.vocab_size;
+    int32_t p[8], q[6];
+    for (int k = 0; k < 8; k++) p[k] = (int32_t)((k * 37 + 11) % V);
+    for (int k = 0; k < 6; k++) q[k] = (int32_t)((k * 53 + 7) % V);
+    float *lg = (float *)malloc(sizeof(float) * 6 * (size_t)V), *ref = (float *)malloc(sizeof(float) * 6 * (size_t)V);
+    qsa_seq *s = NULL, *o = NULL;
+    CUdeviceptr hog[4096];
+    int nh = 0;
+    size_t keep = m->cuda->sc.gemv_limit;
+    if (!lg || !ref) { CHECK(0); goto out; }
+    CHECK_OK(qsa_seq_create(m, NULL, &s));
+    CHECK_OK(qsa_seq_create(m, NULL, &o));
+    if (T_.failed) goto out;
+    CHECK_OK(qsa_seq_feed(s, p, 8, NULL, 0));
+    CHECK_OK(qsa_seq_feed(o, p, 8, NULL, 0));
+    CHECK_OK(qsa_seq_feed(o, q, 6, ref, 1)); /* the oracle at the default limit (the same bits: column slices) */
+    if (T_.failed) goto out;
+    long long sliced = m->cuda->sc.n_sliced;
+    m->cuda->sc.gemv_limit = 4096;
+    qsa__cu.cuCtxSetCurrent(m->cuda->ctx);
+    for (size_t sz = (size_t)1 << 36; sz >= ((size_t)1 << 20) && nh < 4096;)
+        if (qsa__cu.cuMemAlloc_v2(&hog[nh], sz) == 0) nh++;
+        else sz /= 2;
+    while (nh > 0 && to_dev_free(m) < (long long)TO_ROOM) qsa__cu.cuMemFree_v2(hog[--nh]);
+    qsa_result r = qsa_seq_feed(s, q, 6, lg, 1);
+    while (nh > 0) qsa__cu.cuMemFree_v2(hog[--nh]);
+    m->cuda->sc.gemv_limit = keep;
+    CHECKF(!s->broken && qsa_seq_pos(s) == 8 + (r == QSA_OK ? 6 : 0), "after the feed (%s: %s): broken %d, at %d",
+           qsa_result_string(r), qsa_last_error(), s->broken, qsa_seq_pos(s));
+    CHECKF(r == QSA_OK || (r == QSA_ERR_OUT_OF_MEMORY && qsa_last_error()[0]), "the feed: %s (%s)", qsa_result_string(r),
+           qsa_last_error());
+    if (r == QSA_OK) {
+        CHECKF(m->cuda->sc.n_sliced > sliced, "no GEMV was sliced under the lowered limit");
+        CHECKF(!memcmp(lg, ref, sizeof(float) * 6 * (size_t)V), "the sliced feed's logits differ from the default limit's");
+    }
+out:
+    while (nh > 0) qsa__cu.cuMemFree_v2(hog[--nh]);
+    m->cuda->sc.gemv_limit = keep;
+    qsa_seq_free(s);
+    qsa_seq_free(o);
+    free(lg);
+    free(ref);
+    qsa_model_free(m);
+}
+#endif
+
 /* Capture and replay of a QSA layer (tests/t_planner.c has the same flow without failures), and a
    prefill through the chunked GDN form: each allocation made to fail gives QSA_ERR_OUT_OF_MEMORY,
    no file is left half-written under the capture's name, and nothing is held after. */

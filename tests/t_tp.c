@@ -1684,6 +1684,55 @@ TEST(cpu, batch_buffers_refused_are_given_back) {
     fd_remove(&saved);
 }
 
+/* qsa_seq_feed_batch when the batched step's buffers cannot be made (the device full at the first batched
+   step): nothing has run yet, so the step must not cost the sequences their contexts.  Before, every sequence
+   of the group was left broken (refusing feeds until reset) with QSA_ERR_OUT_OF_MEMORY, and each later step
+   asked for the buffers again and failed the same way; now the sequences are fed one at a time, as
+   qsa_seq_feed feeds a single token then.  Here that chunked forward's first driver call is refused too (a host
+   model has no kernels), so the first sequence fails on its own; the second must be untouched: not broken, at
+   its position, its page given back. */
+static CUresult fd_copy_refused(CUdeviceptr d, const void *src, size_t n, CUstream st) {
+    (void)d; (void)src; (void)n; (void)st;
+    return 999; /* CUDA_ERROR_UNKNOWN */
+}
+TEST(cpu, batch_buffers_refused_leave_the_sequences_whole) {
+    qsa__cuda_api saved;
+    if (!fd_install(&saved)) { CHECK(0); return; }
+    qsa_model *m = fd_seq_model();
+    qsa__cuda g;
+    memset(&g, 0, sizeof g);
+    qsa_seq *s[2] = {NULL, NULL};
+    if (m && !T_.failed) {
+        g.sc.max_tokens = 4;
+        g.sc.max_blocks = 64;
+        m->params.max_batch = m->params.max_chunk = 4;
+        m->params.cuda_batch_decode = 1;
+        m->cuda = &g;
+        for (int i = 0; i < 2; i++) CHECK_OK(qsa_seq_create(m, NULL, &s[i]));
+    }
+    if (s[0] && s[1]) {
+        qsa__cu.cuMemAlloc_v2 = fd_alloc_refused; /* the batched step's buffers: out of device memory */
+        fd_alloc_result = 2;                      /* CUDA_ERROR_OUT_OF_MEMORY */
+        qsa__cu.cuMemGetInfo_v2 = fd_info;
+        qsa__cu.cuMemcpyHtoDAsync_v2 = fd_copy_refused;
+        const int32_t tok[2] = {1, 2};
+        int pages1 = s[1]->n_pages;
+        qsa_result r = qsa_seq_feed_batch(s, tok, 2, NULL);
+        CHECKF(r != QSA_OK && g.batch == NULL, "the step: %s (%s), buffers %p", qsa_result_string(r), qsa_last_error(), (void *)g.batch);
+        CHECKF(!s[1]->broken && qsa_seq_pos(s[1]) == 0 && s[1]->n_pages == pages1,
+               "a sequence the failed step never fed: broken %d, at %d, %d pages (had %d); the step: %s (%s)", s[1]->broken,
+               qsa_seq_pos(s[1]), s[1]->n_pages, pages1, qsa_result_string(r), qsa_last_error());
+        CHECKF(g.batch_refused, "the buffers refused are not remembered: every later step asks the full device again");
+    }
+    for (int i = 0; i < 2; i++) qsa_seq_free(s[i]);
+    CHECKF(!g.batch_refused, "device memory given back (two sequences' states), and the batched step stays refused for good");
+    qsa_clear_error();
+    qsa__free(g.allocs);
+    if (m) m->cuda = NULL;
+    qsa_model_free(m);
+    fd_remove(&saved);
+}
+
 /* A hand-built group of two local ranks without threads over a model of two layers (no weights, no device):
    rank views with a vocabulary of 100 and a hidden size of 8. */
 static void tp_hand_group(qsa_model *m, qsa__layer_w *lw, qsa__tp *t, qsa__tp_rank *rk) {
