@@ -987,7 +987,7 @@ static int tp_write_model(const char *src, const char *dst, const qsa__st_out *t
     return ok;
 }
 
-/* Removes a directory that tp_write_model wrote */
+/* Removes a directory that tp_write_model or tp_write_random_model wrote */
 static void tp_remove_model(const char *dir) {
     char p[700];
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
@@ -2716,15 +2716,6 @@ static void tp_random_config(char *js, size_t cap, int ihd) {
              ihd);
 }
 
-static void tp_remove_random_model(const char *dir) {
-    char p[700];
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    remove(p);
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    remove(p);
-    rmdir(dir);
-}
-
 /* Writes DIR/config.json (js) and DIR/model.safetensors: random fp32 weights of the shapes the TP plan gives at
    tp 1, for a model of three layers (GDN with PLE, QSA, GDN with PLE), four experts and a shared expert.
    Returns 1 when both were written. */
@@ -2844,7 +2835,7 @@ TEST(cpu, tp_views_reproduce_the_model_at_every_split) {
         free(lg);
         qsa_model_free(m);
     }
-    tp_remove_random_model(dir);
+    tp_remove_model(dir);
 }
 
 /* An indexer head dim past 1,024 (the config allows 16,384): the block keys' mean took a stack array of 1,024
@@ -2878,5 +2869,5 @@ TEST(cpu, indexer_head_dim_past_1024) {
         free(b);
         qsa_model_free(m);
     }
-    tp_remove_random_model(dir);
+    tp_remove_model(dir);
 }
