@@ -1655,7 +1655,7 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     /* (median sorted t: its first and last steps are the fastest and the slowest) */
     char clk[160];
     nvml_note(clk, sizeof clk, clk_lo, clk_hi, clk_why);
-    snprintf(w->note, sizeof w->note, "host wall %.3f ms; steps %.3f-%.3f ms; %.0f experts/layer; last step %s fnv %016llx%s%s",
+    snprintf(w->note, sizeof w->note, "host wall %.3f ms; steps %.3f-%.3f ms; %.0f experts/layer (expected, uniform routing); last step %s fnv %016llx%s%s",
              median(wall, n), t[0], t[n - 1], d.unique_experts, mode == 4 ? "ids" : "logits", fp, clk,
              bad ? "; NON-FINITE LOGITS" : bad_ids ? "; IDS OUTSIDE THE VOCABULARY" : "");
     if (bad || bad_ids) b->failed = 1;
