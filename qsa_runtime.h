@@ -8254,8 +8254,8 @@ QSA_PRIV void qsa__cand_sift(const float *l, int32_t *v, int i, int n) {
     }
 }
 /* all ids 0..n-1 in qsa__cand_before's order into v, by a stable LSD radix sort of (key, id) pairs
-   (4 passes of 8 bits over a key that orders the floats descending, -0 as +0; O(n): a heap sort of the
-   real vocabulary took 58 ms).  The logits hold no NaN.  tmp: 2 n pairs. */
+   (3 passes of 11, 11 and 10 bits over a key that orders the floats descending, -0 as +0; O(n): a heap
+   sort of the real vocabulary took 58 ms).  The logits hold no NaN.  tmp: 2 n pairs. */
 QSA_PRIV void qsa__cand_sort(const float *l, int32_t *v, int n, uint64_t *tmp) {
     uint64_t *a = tmp, *b = tmp + n;
     for (int i = 0; i < n; i++) {
@@ -8265,12 +8265,15 @@ QSA_PRIV void qsa__cand_sort(const float *l, int32_t *v, int n, uint64_t *tmp) {
         u = u & 0x80000000u ? ~u : u | 0x80000000u; /* ascending */
         a[i] = (uint64_t)~u << 32 | (uint32_t)i;      /* descending, ids ascending within a key */
     }
-    for (int sh = 32; sh < 64; sh += 8) {
-        size_t cnt[257] = {0};
-        for (int i = 0; i < n; i++) cnt[((a[i] >> sh) & 255) + 1]++;
-        if (cnt[((a[0] >> sh) & 255) + 1] == (size_t)n) continue; /* one bucket: the order stands */
-        for (int d = 0; d < 256; d++) cnt[d + 1] += cnt[d];
-        for (int i = 0; i < n; i++) b[cnt[(a[i] >> sh) & 255]++] = a[i];
+    static const int shift[3] = {32, 43, 54};
+    for (int p = 0; p < 3; p++) {
+        const int sh = shift[p];
+        const uint64_t mask = p < 2 ? 2047 : 1023;
+        uint32_t cnt[2049] = {0}; /* (n < 2^31) */
+        for (int i = 0; i < n; i++) cnt[((a[i] >> sh) & mask) + 1]++;
+        if (cnt[((a[0] >> sh) & mask) + 1] == (uint32_t)n) continue; /* one bucket: the order stands */
+        for (int d = 0; d < 2048; d++) cnt[d + 1] += cnt[d];
+        for (int i = 0; i < n; i++) b[cnt[(a[i] >> sh) & mask]++] = a[i];
         uint64_t *t = a; a = b; b = t;
     }
     for (int i = 0; i < n; i++) v[i] = (int32_t)(uint32_t)a[i];
