@@ -8069,15 +8069,11 @@ done:
     return r;
 }
 
-QSA_PRIV qsa_result qsa__seq_feed_public(qsa_seq *seq, const int32_t *ids, int n, float *logits, int all_logits) {
-    if (!seq || (!ids && n > 0) || n < 0) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed: bad arguments");
-    return qsa__seq_feed(seq, ids, n, logits, all_logits);
-}
 QSA_IMPL qsa_result qsa_seq_feed(qsa_seq *seq, const int32_t *ids, int n, float *logits, int all_logits) {
-    qsa_model *m = seq ? seq->m : NULL;
-    qsa__model_enter(m);
-    qsa_result r = qsa__seq_feed_public(seq, ids, n, logits, all_logits);
-    qsa__model_leave(m);
+    if (!seq || (!ids && n > 0) || n < 0) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed: bad arguments");
+    qsa__model_enter(seq->m);
+    qsa_result r = qsa__seq_feed(seq, ids, n, logits, all_logits);
+    qsa__model_leave(seq->m);
     return r;
 }
 
