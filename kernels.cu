@@ -5255,6 +5255,7 @@ static __device__ __forceinline__ void k2_ld8k(bool one, const float *s1, const 
  * chunks per warp, two block-wide exclusive scans) taking every block above T and the
  * lowest-index blocks equal to it.  Scores must not be NaN.
  * Launch: grid (M), block 1024 (= K2_TOPK_BINS). */
+static __device__ __forceinline__ void qsa_topk_select(const float *__restrict__ sc, int nb, int k, int *out, k2_topk_smem &sm);
 static __device__ __forceinline__ void qsa_topk_blocks_body(const float *__restrict__ scores, int *sel,
                                                                      int *nsel, int pos0, int M, int r, int topk,
                                                                      int ld) {
@@ -5265,7 +5266,7 @@ static __device__ __forceinline__ void qsa_topk_blocks_body(const float *__restr
     int k = topk < nb ? topk : nb;
     const float *sc = scores + (long long)t * ld;
     int *out = sel + (long long)t * topk;
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int tid = threadIdx.x;
     for (int i = k + tid; i < topk; i += blockDim.x) out[i] = -1;
     if (tid == 0) nsel[t] = k;
     if (k == nb) { /* everything is selected */
@@ -5273,6 +5274,13 @@ static __device__ __forceinline__ void qsa_topk_blocks_body(const float *__restr
         return;
     }
     if (k <= 0) return;
+    qsa_topk_select(sc, nb, k, out, sm);
+}
+
+/* The k (1 <= k < nb) largest of sc[0..nb) (no NaN), ties to the lower index, their indices written to out[0..k)
+ * in ascending order: qsa_topk_blocks_body's selection (above), by the whole block (1024 threads). */
+static __device__ __forceinline__ void qsa_topk_select(const float *__restrict__ sc, int nb, int k, int *out, k2_topk_smem &sm) {
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     /* 1. lo, hi (up to 8 blockDim.x blocks, 32,768 tokens at r = 4: the scores loaded once for the three passes,
        the fill sc[0]) */
     const bool vec = (((unsigned long long)sc) & 15u) == 0, one = nb <= 8 * (int)blockDim.x;
@@ -5447,6 +5455,151 @@ extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_topk_blocks(const fl
                                                                      int ld) {
     QSA_PDL_ENTRY();
     qsa_topk_blocks_body(scores, sel, nsel, pos0, M, r, topk, ld);
+}
+#endif
+
+/* ============================================================================================== */
+/* sampling candidates                                                                             */
+/* ============================================================================================== */
+
+/* A row's sampling parameters (the host's qsa__cand_row, the same layout) */
+struct qsa_cand_row {
+    float temp, pen; /* temperature (<= 0: greedy, the arg-max alone); the repetition penalty (where pen_n > 0) */
+    int k;           /* top-k at temperature > 0: 1 <= k < V, k <= kmax */
+    int pen_off, pen_n; /* the row's distinct penalised ids: pid[pen_off .. pen_off + pen_n) */
+};
+#define QSA_CAND_CHUNK 8192 /* ids of a row per block of qsa_k_sample_cand1 (= qsa_topk_select's one-load span) */
+
+/* The device half of qsa_sampler_sample's draw for a greedy or top-k sampler, in two launches (the host's
+ * qsa__sampler_from_cand does the rest, on k candidates instead of V logits).  Row b = b0 + blockIdx.y of the M
+ * logits rows, stored in vocabulary slices of W columns as qsa_k_argmax reads them, with the row's parameters rp[b],
+ * in chunks c = blockIdx.x of QSA_CAND_CHUNK ids (P = gridDim.x of them; part row r = blockIdx.y):
+ *   1. the repetition penalty, in place, on each listed id of the chunk: l > 0 ? l / pen : l * pen;
+ *   2. NaN -> -inf (not for a greedy row: temperature <= 0); the chunk's largest logit and arg-max (the lowest id
+ *      among the largest, NaN never winning: qsa__argmax) into am[r][c];
+ *   3. (temperature > 0) the tempered logits l / T into v's row r ([G][V]), and the chunk's top min(k, n) of them,
+ *      ties to the lower id (qsa_topk_select: every id of the row's top k is among its chunk's), into cv / ci
+ *      [r][c k ..], ids ascending (the chunks in order: the row's candidates in ascending id order).
+ * Every step is one IEEE operation of the host's (divisions __fdiv_rn).  Launch: grid (P, rows), block 1024. */
+#if QSA_IN_PART(1)
+extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_sample_cand1(float *logits, int V, int W, int M, int b0,
+                                                                         const qsa_cand_row *__restrict__ rp,
+                                                                         const int *__restrict__ pid, float *v, float *am,
+                                                                         float *cv, int *ci, int kmax) {
+    QSA_PDL_ENTRY();
+    __shared__ k2_topk_smem sm;
+    __shared__ float sv[33];
+    __shared__ int si[33];
+    const int r = blockIdx.y, b = b0 + r, tid = threadIdx.x, P = gridDim.x, c0 = (int)blockIdx.x * QSA_CAND_CHUNK,
+              n = min(QSA_CAND_CHUNK, V - c0);
+    if (W <= 0 || W > V) W = V;
+    const qsa_cand_row q = rp[b];
+    const bool greedy = !(q.temp > 0.0f);
+    if (blockDim.x != 1024 || n <= 0 || (!greedy && (q.k < 1 || q.k >= V || q.k > kmax))) __trap(); /* the host checks them */
+    /* 1. (the ids are distinct: no two threads write one logit) */
+    for (int j = tid; j < q.pen_n; j += blockDim.x) {
+        const int id = pid[q.pen_off + j];
+        if (id < c0 || id >= c0 + n) continue;
+        const int s0 = id / W * W, wc = min(W, V - s0);
+        float *l = logits + (qsa_i64)s0 * M + (qsa_i64)b * wc + (id - s0);
+        const float x = *l;
+        *l = x > 0.0f ? __fdiv_rn(x, q.pen) : __fmul_rn(x, q.pen);
+    }
+    __syncthreads(); /* (the block's global writes are visible to the block after it) */
+    /* 2. */
+    float *vr = v + (qsa_i64)r * V + c0;
+    float bv = QSA_NEG_INF;
+    int bi = 0x7fffffff;
+    for (int i = tid; i < n; i += blockDim.x) {
+        const int id = c0 + i, s0 = id / W * W, wc = min(W, V - s0);
+        float x = logits[(qsa_i64)s0 * M + (qsa_i64)b * wc + (id - s0)];
+        if (!greedy) x = x != x ? QSA_NEG_INF : x;
+        if (qsa_better(x, id, bv, bi)) {
+            bv = x;
+            bi = id;
+        }
+        if (!greedy) vr[i] = __fdiv_rn(x, q.temp);
+    }
+    qsa_block_argmax(&bv, &bi, sv, si); /* (its barriers also make vr visible to the block) */
+    if (tid == 0) {
+        am[((qsa_i64)r * P + blockIdx.x) * 2] = bv;
+        am[((qsa_i64)r * P + blockIdx.x) * 2 + 1] = __int_as_float(bi);
+    }
+    if (greedy) return;
+    /* 3. */
+    float *cvr = cv + (qsa_i64)r * P * kmax + (qsa_i64)blockIdx.x * q.k;
+    int *cir = ci + (qsa_i64)r * P * kmax + (qsa_i64)blockIdx.x * q.k;
+    if (q.k >= n) {
+        for (int i = tid; i < n; i += blockDim.x) cir[i] = i;
+    } else {
+        qsa_topk_select(vr, n, q.k, cir, sm);
+    }
+    __syncthreads();
+    for (int j = tid; j < min(q.k, n); j += blockDim.x) {
+        const int i = cir[j];
+        cvr[j] = vr[i];
+        cir[j] = c0 + i;
+    }
+}
+#endif
+
+/* The rows' candidates from qsa_k_sample_cand1's chunks (row b = b0 + blockIdx.x, part row r = blockIdx.x, P chunks):
+ * the arg-max and the largest logit lmax of the row from am[r] (exact in any order); a greedy row, or where lmax is
+ * -inf or lmax / T infinite (the limit of a vanishing temperature): out[b] = {arg-max, 0}; else the top k of the
+ * chunks' candidates (ascending ids, so ties go to the lower id as before), out[b] = {arg-max, k, the k ids
+ * ascending, their tempered logits' bits}: a row of 2 + 2 kmax words.  Launch: grid (rows), block 1024. */
+#if QSA_IN_PART(1)
+extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_sample_cand2(int V, int b0, int P,
+                                                                         const qsa_cand_row *__restrict__ rp,
+                                                                         const float *__restrict__ am, const float *cv,
+                                                                         const int *__restrict__ ci, int *out, int kmax) {
+    QSA_PDL_ENTRY();
+    __shared__ k2_topk_smem sm;
+    __shared__ float sv[33];
+    __shared__ int si[33];
+    const int r = blockIdx.x, b = b0 + r, tid = threadIdx.x;
+    const qsa_cand_row q = rp[b];
+    const bool greedy = !(q.temp > 0.0f);
+    if (blockDim.x != 1024) __trap();
+    int *o = out + (qsa_i64)b * (2 + 2 * kmax);
+    float bv = QSA_NEG_INF;
+    int bi = 0x7fffffff;
+    for (int c = tid; c < P; c += blockDim.x) {
+        const float x = am[((qsa_i64)r * P + c) * 2];
+        const int id = __float_as_int(am[((qsa_i64)r * P + c) * 2 + 1]);
+        if (qsa_better(x, id, bv, bi)) {
+            bv = x;
+            bi = id;
+        }
+    }
+    qsa_block_argmax(&bv, &bi, sv, si);
+    const int amx = bi == 0x7fffffff ? 0 : bi;
+    if (greedy || bv == QSA_NEG_INF || fabsf(__fdiv_rn(bv, q.temp)) == QSA_INF) {
+        if (tid == 0) {
+            o[0] = amx;
+            o[1] = 0;
+        }
+        return;
+    }
+    /* the chunks' candidates: k each, the last min(k, its ids) */
+    const int nc = (P - 1) * q.k + min(q.k, V - (P - 1) * QSA_CAND_CHUNK);
+    const float *cvr = cv + (qsa_i64)r * P * kmax;
+    const int *cir = ci + (qsa_i64)r * P * kmax;
+    if (nc == q.k) {
+        for (int j = tid; j < nc; j += blockDim.x) o[2 + j] = j;
+    } else {
+        qsa_topk_select(cvr, nc, q.k, o + 2, sm);
+    }
+    __syncthreads();
+    for (int j = tid; j < q.k; j += blockDim.x) {
+        const int i = o[2 + j];
+        o[2 + kmax + j] = __float_as_int(cvr[i]);
+        o[2 + j] = cir[i];
+    }
+    if (tid == 0) {
+        o[0] = amx;
+        o[1] = q.k;
+    }
 }
 #endif
 

@@ -845,6 +845,120 @@ TEST(gpu, shared_side_stream_equals_chain) {
     qsa_model_free(m0);
 }
 
+/* Sampling on the device (qsa__cand_req: a batched step reduces each row to its sampler's candidates, the host draws
+   from those) gives the tokens of the host's draws over the logits ($QSA_SAMPLE_DEVICE=0): scheduler batches of top-k
+   draws with top-p, min-p and repetition penalties above and below 1, a greedy row with a penalty beside them, and
+   k = vocab - 1; in vocabulary slices too ($QSA_LOGIT_SLICE_BYTES=1); a batch with a top-p-only request (its steps take
+   the logits); and qsa_generate's decode steps.  Every decode token of the first batch came from candidates. */
+enum { SD_N = 7, SD_T = 10 };
+static void sd_params(int i, int V, qsa_sampling_params *sp) {
+    memset(sp, 0, sizeof *sp);
+    sp->seed = 1 + (uint64_t)i;
+    switch (i) {
+    case 0: sp->temperature = 0.8f; sp->top_k = 20; sp->top_p = 0.9f; break;
+    case 1: sp->temperature = 1.3f; sp->top_k = 5; break;
+    case 2: sp->temperature = 0.6f; sp->top_k = 40; sp->top_p = 0.95f; sp->min_p = 0.05f; sp->repetition_penalty = 1.3f;
+            sp->penalty_last_n = 8; break;
+    case 3: sp->repetition_penalty = 1.2f; break;
+    case 4: sp->temperature = 1.0f; sp->top_k = V - 1; break;
+    case 5: sp->temperature = 0.7f; sp->top_k = 20; sp->repetition_penalty = 0.9f; sp->penalty_last_n = -1; break;
+    default: sp->temperature = 1.0f; sp->top_p = 0.9f; break;
+    }
+}
+static void sd_prompt(int i, int V, int32_t *p, int n) {
+    for (int j = 0; j < n; j++) p[j] = (int32_t)((7 + 31 * i + 13 * j) % V);
+}
+/* n requests of sd_params through a scheduler: their tokens, and the decode tokens drawn from candidates */
+static int sd_sched(qsa_model *m, int n, int32_t tok[SD_N][SD_T], long long *ncand, long long *ndecode) {
+    int V = qsa_model_get_config(m)->vocab_size, ok = 1;
+    qsa_sched *s = NULL;
+    CHECK_OK(qsa_sched_create(m, NULL, &s));
+    if (!s) return 0;
+    int32_t prompt[SD_N][16];
+    int64_t id[SD_N];
+    for (int i = 0; i < n; i++) {
+        qsa_request_params rp;
+        memset(&rp, 0, sizeof rp);
+        sd_prompt(i, V, prompt[i], 16);
+        rp.prompt = prompt[i];
+        rp.n_prompt = 6 + i;
+        rp.max_tokens = SD_T;
+        rp.ignore_eos = 1;
+        sd_params(i, V, &rp.sampling);
+        CHECK_OK(qsa_sched_submit(s, &rp, &id[i]));
+    }
+    CHECK_OK(qsa_sched_run(s));
+    for (int i = 0; i < n; i++) {
+        qsa_request_result r;
+        memset(tok[i], 0, sizeof tok[i]);
+        CHECK_OK(qsa_sched_poll(s, id[i], &r));
+        ok &= r.status == QSA_REQ_DONE && r.n_tokens == SD_T;
+        if (r.tokens && r.n_tokens == SD_T) memcpy(tok[i], r.tokens, sizeof tok[i]);
+    }
+    CHECK(ok);
+    *ncand = s->n_cand_tokens;
+    *ndecode = s->n_decode_tokens;
+    qsa_sched_free(s);
+    return ok;
+}
+TEST(gpu, sampling_on_the_device_draws_as_the_host) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.cuda_batch_decode = 1;
+    qsa_model *m = NULL, *m0 = NULL, *ms = NULL;
+    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    if (!gpu_model_switched_off("qsa_hc4_ple_sharded", &mp, "QSA_SAMPLE_DEVICE", &m0) ||
+        !gpu_model_env("qsa_hc4_ple_sharded", &mp, "QSA_LOGIT_SLICE_BYTES", "1", &ms)) {
+        qsa_model_free(m);
+        qsa_model_free(m0);
+        return;
+    }
+    CHECK(m->cuda->sample_dev == 1 && m0->cuda->sample_dev == 0 && ms->cuda->sample_dev == 1);
+    int V = m->cfg.vocab_size;
+    int32_t t[3][SD_N][SD_T];
+    long long nc[3], nd[3];
+    qsa_model *ms3[3] = {m0, m, ms};
+    for (int k = 0; k < 3; k++)
+        if (!sd_sched(ms3[k], SD_N - 1, t[k], &nc[k], &nd[k])) goto done;
+    CHECKF(nc[0] == 0 && nd[1] == (SD_N - 1) * (SD_T - 1) && nc[1] == nd[1] && nc[2] == nd[2],
+           "decode tokens from candidates: %lld of %lld off, %lld of %lld on, %lld of %lld in slices", nc[0], nd[0], nc[1], nd[1],
+           nc[2], nd[2]);
+    for (int i = 0; i < SD_N - 1; i++) {
+        CHECKF(!memcmp(t[0][i], t[1][i], sizeof t[0][i]), "request %d: the device's candidates drew other tokens", i);
+        CHECKF(!memcmp(t[0][i], t[2][i], sizeof t[0][i]), "request %d: the device's candidates (logits in slices) drew other tokens", i);
+    }
+    /* with a top-p-only request beside them */
+    for (int k = 0; k < 2; k++)
+        if (!sd_sched(ms3[k], SD_N, t[k], &nc[k], &nd[k])) goto done;
+    for (int i = 0; i < SD_N; i++) CHECKF(!memcmp(t[0][i], t[1][i], sizeof t[0][i]), "request %d beside a top-p request: other tokens", i);
+    /* qsa_generate */
+    for (int i = 0; i < SD_N; i++) {
+        qsa_generation g[2];
+        for (int k = 0; k < 2; k++) {
+            qsa_seq *sq = NULL;
+            qsa_generate_params gp;
+            memset(&gp, 0, sizeof gp);
+            memset(&g[k], 0, sizeof g[k]);
+            sd_params(i, V, &gp.sampling);
+            gp.max_tokens = SD_T;
+            gp.ignore_eos = 1;
+            int32_t p[16];
+            sd_prompt(i, V, p, 16);
+            CHECK_OK(qsa_seq_create(ms3[k], NULL, &sq));
+            if (sq) CHECK_OK(qsa_generate(sq, p, 6 + i, &gp, &g[k]));
+            qsa_seq_free(sq);
+        }
+        CHECKF(g[0].n_tokens == SD_T && g[1].n_tokens == SD_T && !memcmp(g[0].tokens, g[1].tokens, sizeof(int32_t) * SD_T),
+               "qsa_generate, sampler %d: the device's candidates drew other tokens", i);
+        qsa_generation_free(&g[0]);
+        qsa_generation_free(&g[1]);
+    }
+done:
+    qsa_model_free(m);
+    qsa_model_free(m0);
+    qsa_model_free(ms);
+}
+
 /* One token's router inside its gate/up launch (qsa__moe_route1, the default) gives the bits of the
    router's own launch ($QSA_MOE_ROUTE1=0): one-token feeds through the chunked forward (the
    reference's path, and the route's), batched decode eager and through graphs (its batches of one

@@ -573,6 +573,139 @@ done:
     k1_free(&mem);
 }
 
+/* qsa_k_sample_cand1 and 2 reduce a row to the candidates of its sampler's draw and qsa__sampler_from_cand finishes it: the
+   draws of qsa_sampler_sample on the whole row, at the real vocabulary, in the plain layout and in vocabulary slices,
+   over repeated draws (each sampler's RNG advancing as its twin's).  The rows: a repetition penalty above and below 1
+   (over a window, and the whole history) on the top ids, NaNs, ties at the threshold, k = QSA__CAND_MAX, a greedy row
+   with a penalty and a NaN at id 0, an infinite logit, a row of -inf and NaN, a temperature so small that the largest
+   logit over it overflows, a row of equal logits, zeros of both signs at the top.  Where the draw is not the arg-max,
+   the candidates are qsa__cand_topk's ids of the host's tempered row with their bits. */
+typedef struct {
+    float temp, top_p, min_p, pen;
+    int top_k, last_n;
+} k1_sc_case;
+TEST(gpu, k1_sample_cand_draws_as_the_host) {
+    K1_NEED_GPU();
+    enum { M = 10, V = 248320, DRAWS = 6, NH = 200 };
+    static const k1_sc_case cs[M] = {
+        {0.7f, 0.8f, 0.0f, 1.3f, 20, 64}, {1.0f, 0.95f, 0.05f, 1.0f, 50, 0}, {0.5f, 0.0f, 0.0f, 1.0f, QSA__CAND_MAX, 0},
+        {0.0f, 0.0f, 0.0f, 1.2f, 0, 64},  {0.6f, 0.0f, 0.0f, 1.0f, 20, 0},   {0.9f, 0.0f, 0.0f, 1.0f, 20, 0},
+        {2e-38f, 0.0f, 0.0f, 1.0f, 20, 0}, {0.8f, 0.5f, 0.0f, 1.0f, 20, 0},  {1.0f, 0.0f, 0.0f, 1.0f, 8, 0},
+        {1.1f, 0.9f, 0.0f, 0.8f, 30, -1},
+    };
+    k1_mem mem = {{0}, 0, {0}, 0};
+    qsa_sampler *a[M] = {0}, *b[M] = {0};
+    float *l, *sl, *row;
+    int32_t *hist, *pid, *out, *idx;
+    qsa__cand_row rows[M];
+    int v = V, Mv = M, b0 = 0, kmax = QSA__CAND_MAX, stride = QSA__CAND_STRIDE(QSA__CAND_MAX), npid = 0, ncand = 0;
+    int P = QSA__CAND_CHUNKS(V);
+    CUdeviceptr dl, drows, dpid, dv, dout, dam, dcv, dci;
+    K1_ALLOC(l, float, (size_t)M * V);
+    K1_ALLOC(sl, float, (size_t)M * V);
+    K1_ALLOC(row, float, V);
+    K1_ALLOC(idx, int32_t, V);
+    K1_ALLOC(hist, int32_t, NH);
+    K1_ALLOC(pid, int32_t, (size_t)M * NH);
+    K1_ALLOC(out, int32_t, (size_t)M * stride);
+    k1_seed(11);
+    k1_fill(l, (size_t)M * V, -12, 12);
+    for (int i = 0; i < NH; i++) hist[i] = (int32_t)k1_u(0, V); /* the penalised ids: some of the top ones below */
+    for (int i = 0; i < 40; i++) { /* rows 0, 3, 9: top logits (of both signs of effect), some in the history */
+        int id = 1000 + 37 * i;
+        l[0 * V + id] = 14.0f + 0.25f * (float)(i % 8);
+        l[3 * V + id] = 14.0f + 0.25f * (float)(i % 8);
+        l[9 * V + id] = (i & 1 ? -0.5f : 13.0f) + 0.125f * (float)(i % 4);
+        if (i % 3 == 0) hist[NH - 1 - i] = id;
+    }
+    for (int i = 0; i < V; i += 97) l[1 * V + i] = NAN; /* row 1: NaNs, and 60 equal logits at the threshold */
+    for (int i = 0; i < 60; i++) l[1 * V + 5000 + 13 * i] = 15.0f;
+    l[3 * V + 0] = NAN;
+    l[4 * V + 777] = INFINITY;
+    for (int i = 0; i < V; i++) l[5 * V + i] = i % 5 ? -INFINITY : NAN;
+    for (int i = 0; i < V; i++) l[7 * V + i] = 1.5f;
+    for (int i = 0; i < V; i++) l[8 * V + i] = l[8 * V + i] > 0 ? -l[8 * V + i] : l[8 * V + i];
+    for (int i = 0; i < 12; i++) l[8 * V + 3000 + 1000 * i] = i & 1 ? -0.0f : 0.0f;
+    for (int r = 0; r < M; r++) {
+        qsa_sampling_params sp;
+        memset(&sp, 0, sizeof sp);
+        sp.temperature = cs[r].temp;
+        sp.top_p = cs[r].top_p;
+        sp.min_p = cs[r].min_p;
+        sp.repetition_penalty = cs[r].pen;
+        sp.top_k = cs[r].top_k;
+        sp.penalty_last_n = cs[r].last_n;
+        sp.seed = 100 + (uint64_t)r;
+        CHECK_OK(qsa_sampler_create(&sp, &a[r]));
+        CHECK_OK(qsa_sampler_create(&sp, &b[r]));
+        if (!a[r] || !b[r]) goto done;
+        int k = qsa__sampler_cand_k(b[r], V);
+        CHECKF(k == (cs[r].temp > 0 ? cs[r].top_k : 0), "row %d: candidates %d", r, k);
+        int np = qsa__sampler_pen_ids(b[r], hist, NH, V, pid + npid, M * NH - npid);
+        CHECKF(np >= 0 && (np > 0) == (cs[r].pen != 1.0f), "row %d: %d penalised ids", r, np);
+        if (np < 0) goto done;
+        rows[r].temp = cs[r].temp;
+        rows[r].pen = cs[r].pen;
+        rows[r].k = k;
+        rows[r].pen_off = npid;
+        rows[r].pen_n = np;
+        npid += np;
+    }
+    K1_TRY(k1_dev(&mem, &dl, NULL, sizeof(float) * (size_t)M * V));
+    K1_TRY(k1_dev(&mem, &dv, NULL, sizeof(float) * (size_t)M * V));
+    K1_TRY(k1_dev(&mem, &drows, rows, sizeof rows));
+    K1_TRY(k1_dev(&mem, &dpid, pid, sizeof(int32_t) * (size_t)(npid ? npid : 1)));
+    K1_TRY(k1_dev(&mem, &dout, NULL, sizeof(int32_t) * (size_t)M * stride));
+    K1_TRY(k1_dev(&mem, &dam, NULL, sizeof(float) * 2 * (size_t)M * P));
+    K1_TRY(k1_dev(&mem, &dcv, NULL, sizeof(float) * (size_t)M * P * QSA__CAND_MAX));
+    K1_TRY(k1_dev(&mem, &dci, NULL, sizeof(int32_t) * (size_t)M * P * QSA__CAND_MAX));
+    static const int widths[] = {0, 4096};
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        int w = widths[wi], W = w > 0 ? w : V;
+        for (int c0 = 0; c0 < V; c0 += W) {
+            int wc = V - c0 < W ? V - c0 : W;
+            for (int t = 0; t < M; t++) memcpy(sl + (size_t)c0 * M + (size_t)t * wc, l + (size_t)t * V + c0, sizeof(float) * wc);
+        }
+        for (int d = 0; d < DRAWS; d++) {
+            K1_TRY(k1_put(dl, sl, sizeof(float) * (size_t)M * V)); /* (the penalty changes them in place) */
+            void *a1[] = {&dl, &v, &w, &Mv, &b0, &drows, &dpid, &dv, &dam, &dcv, &dci, &kmax};
+            K1_TRY(k1_launch("qsa_k_sample_cand1", P, M, 1024, a1));
+            void *a2[] = {&v, &b0, &P, &drows, &dam, &dcv, &dci, &dout, &kmax};
+            K1_TRY(k1_launch("qsa_k_sample_cand2", M, 1, 1024, a2));
+            K1_TRY(k1_get(out, dout, sizeof(int32_t) * (size_t)M * stride));
+            for (int r = 0; r < M; r++) {
+                const int32_t *o = out + (size_t)r * stride;
+                memcpy(row, l + (size_t)r * V, sizeof(float) * V);
+                int32_t want = qsa_sampler_sample(a[r], row, V, hist, NH), got = qsa__sampler_from_cand(b[r], o, kmax);
+                CHECKF(got == want, "W %d draw %d row %d: device candidates draw %d, the host %d", w, d, r, got, want);
+                if (d || o[1] == 0) continue;
+                /* the candidates: row holds the host's tempered logits now */
+                ncand++;
+                qsa__cand_topk(row, idx, V, o[1]);
+                for (int i = 1; i < o[1]; i++) /* ascending ids */
+                    for (int j = i; j > 0 && idx[j] < idx[j - 1]; j--) { int32_t t = idx[j]; idx[j] = idx[j - 1]; idx[j - 1] = t; }
+                int same = o[1] == cs[r].top_k;
+                for (int i = 0; same && i < o[1]; i++) {
+                    float f;
+                    memcpy(&f, &o[2 + kmax + i], 4);
+                    same = o[2 + i] == idx[i] && !memcmp(&f, &row[idx[i]], 4);
+                }
+                CHECKF(same, "W %d row %d: the %d candidates are not the host's top-k", w, r, o[1]);
+            }
+        }
+    }
+    /* the rows that must reduce to their arg-max did, and the others to candidates */
+    CHECKF(ncand == 2 * 6, "%d rows of candidates (expected 6 in each layout)", ncand);
+    CHECK(out[3 * stride + 1] == 0 && out[4 * stride + 1] == 0 && out[4 * stride] == 777 && out[5 * stride + 1] == 0 &&
+          out[6 * stride + 1] == 0 && out[2 * stride + 1] == QSA__CAND_MAX);
+done:
+    for (int r = 0; r < M; r++) {
+        qsa_sampler_free(a[r]);
+        qsa_sampler_free(b[r]);
+    }
+    k1_free(&mem);
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* GEMM                                                                                            */
 /* ---------------------------------------------------------------------------------------------- */

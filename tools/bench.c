@@ -26,7 +26,9 @@
  *      (qsa_seq_feed_batch with cuda_batch_decode = 1); larger batches run the batched path
  *      (--graphs adds rows with CUDA graphs, and rows with CUDA graphs and the greedy pick on the
  *      device, qsa_seq_feed_batch_greedy: "batched+graphs, greedy ids", B ids to the host instead
- *      of B x vocabulary logits); batch 1 then runs "single" once more ("single, again": the two
+ *      of B x vocabulary logits, and two rows of top-k draws, T 0.6, top-k 20, top-p 0.95, timed with
+ *      the draws on the host's clock: "top-k 20 drawn on the host" from B rows of logits, "top-k 20
+ *      from device candidates" from B rows of 20 candidates, as the scheduler draws); batch 1 then runs "single" once more ("single, again": the two
  *      should agree).  Each row's note gives its fastest and slowest step and an FNV-1a of its last
  *      step's logits (ids): the same tokens each run, so two runs of one tree under different launch
  *      switches ($QSA_MOE_HANDOFF=0, ...) must print the same.  The
@@ -1358,10 +1360,10 @@ static void plan_decode(bench *b, bench_plan *pl, int page_size, double avail) {
     const qsa_model_config *c = &b->cfg;
     memset(pl, 0, sizeof *pl);
     int per_mode = b->o.warmup + b->o.steps;
-    /* at most 6 modes per row (single, chunked forward, batched, graphs, graphs with greedy ids,
-       single again) + 2 profiles; --marginal profiles 3 steps more (its timed steps take fresh
-       sequences) */
-    pl->steps_per_seq = per_mode * 6 + 8 + (b->o.marginal ? 4 : 0);
+    /* at most 8 modes per row (single, chunked forward, batched, graphs, graphs with greedy ids, top-k
+       draws on the host and from the device's candidates, single again) + 2 profiles; --marginal profiles
+       3 steps more (its timed steps take fresh sequences) */
+    pl->steps_per_seq = per_mode * 8 + 8 + (b->o.marginal ? 4 : 0);
     int ctxs[2], nctx = 0;
     ctxs[nctx++] = b->o.ctx;
     long long lng = (long long)c->max_position_embeddings - pl->steps_per_seq - 1;
@@ -1564,7 +1566,10 @@ static void nvml_note(char *out, size_t n, unsigned lo, unsigned hi, unsigned lo
    step and graphs on), 1 batched, 2 batched + CUDA graphs, 3 qsa_seq_feed (B = 1) through the
    chunked forward (cuda_batch_decode off), 4 as 2 through qsa_seq_feed_batch_greedy (the arg-max on
    the device: B ids cross to the host instead of B logits rows; the ids are checked to be in the
-   vocabulary).  The per-launch profile: modes 1 and 3 (eager). */
+   vocabulary), 5 as 2 with each row's token drawn on the host (qsa_sampler_sample: temperature 0.6, top-k
+   20, top-p 0.95, the Qwen3 defaults), 6 as 5 with the rows reduced to their candidates on the device
+   (struct qsa__cand_req, as the scheduler's steps).  Modes 5 and 6 time the step with its draws on the
+   host's clock.  The per-launch profile: modes 1 and 3 (eager). */
 static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, int mode, float *logits, const char *tag) {
     qsa_model *m = b->m;
     int V = m->cfg.vocab_size;
@@ -1572,14 +1577,27 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     snprintf(cfg, sizeof cfg, "B=%d ctx=%d %s", B, ctx, tag);
     if (!may_run(b, "decode", cfg)) return QSA_OK;
     const int single = mode == 0 || mode == 3;
-    m->params.cuda_batch_decode = mode <= 2 || mode == 4;
-    m->params.cuda_graphs = mode == 0 || mode == 2 || mode == 4;
+    const int sampled = mode == 5 || mode == 6, kc = 20;
+    m->params.cuda_batch_decode = mode <= 2 || mode >= 4;
+    m->params.cuda_graphs = mode == 0 || mode == 2 || mode >= 4;
     int32_t *tok = QSA__ALLOC(int32_t, 2 * B), *next = tok ? tok + B : NULL;
-    long bad_ids = 0;
+    long bad_ids = 0, not_reduced = 0;
+    qsa_sampler **smp = sampled ? QSA__CALLOC(qsa_sampler *, B) : NULL;
+    int32_t *cand = sampled ? QSA__ALLOC(int32_t, (size_t)B * QSA__CAND_STRIDE(kc)) : NULL;
+    qsa__cand_req cq = {smp, cand, kc};
     double t[256], wall[256];
     int n = 0, total = b->o.warmup + b->o.steps;
     if (total > 256) total = 256;
-    qsa_result r = tok ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "bench: out of host memory");
+    qsa_result r = tok && (!sampled || (smp && cand)) ? QSA_OK : qsa__fail(QSA_ERR_OUT_OF_MEMORY, "bench: out of host memory");
+    for (int k = 0; r == QSA_OK && sampled && k < B; k++) {
+        qsa_sampling_params sp;
+        memset(&sp, 0, sizeof sp);
+        sp.temperature = 0.6f;
+        sp.top_k = kc;
+        sp.top_p = 0.95f;
+        sp.seed = 1 + (uint64_t)k;
+        r = qsa_sampler_create(&sp, &smp[k]);
+    }
     /* --profiler-row: the profiler's range around this row's steps (the first row that matches) */
     CUresult (*prof_stop)(void) = NULL;
     void *cu = NULL; /* (the loaded driver, referenced while the range is open) */
@@ -1607,12 +1625,20 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
         if (r == QSA_OK)
             r = single      ? qsa_seq_feed(seqs[0], tok, 1, logits, 0)
                 : mode == 4 ? qsa_seq_feed_batch_greedy(seqs, tok, B, next)
+                : mode == 6 ? qsa__feed_batch_locked(seqs, tok, B, logits, NULL, &cq)
                             : qsa_seq_feed_batch(seqs, tok, B, logits);
         if (r == QSA_OK) r = ev_end(b, &ms);
-        for (int k = 0; r == QSA_OK && mode == 4 && k < B; k++) bad_ids += next[k] < 0 || next[k] >= V;
+        for (int k = 0; r == QSA_OK && sampled && k < B; k++) { /* (the draws see the history the step left) */
+            const int32_t *row = cand + (size_t)k * QSA__CAND_STRIDE(kc);
+            not_reduced += mode == 6 && row[1] < 0;
+            next[k] = mode == 6 && row[1] >= 0 ? qsa__sampler_from_cand(smp[k], row, kc)
+                                               : qsa_sampler_sample(smp[k], logits + (size_t)k * V, V, seqs[k]->tokens, seqs[k]->pos);
+        }
+        for (int k = 0; r == QSA_OK && (mode == 4 || sampled) && k < B; k++) bad_ids += next[k] < 0 || next[k] >= V;
         if (r == QSA_OK && i >= b->o.warmup) {
             wall[n] = 1e3 * (qsa__now() - h0);
-            t[n++] = ms;
+            t[n] = sampled ? wall[n] : ms;
+            n++;
             nvml_sample(b, &clk_lo, &clk_hi, &clk_why); /* after the step's events: not timed */
         }
         if (r == QSA_OK && n >= 3 && qsa__now() - t0 > 4.0) break; /* enough for a median */
@@ -1637,10 +1663,14 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     /* FNV-1a of the last step's logits (or ids): two runs of one tree under different launch switches
        draw the same tokens from the seeded generator, so they must show the same bits */
     const uint64_t fnv0 = 0xcbf29ce484222325ull; /* (the offset basis, as the kernel cache's sums) */
+    const int ids = mode == 4 || sampled;
     unsigned long long fp = r != QSA_OK ? 0
-                            : mode == 4 ? qsa__fnv(fnv0, next, sizeof(int32_t) * (size_t)B)
-                                        : qsa__fnv(fnv0, logits, sizeof(float) * (size_t)(single ? 1 : B) * V);
+                            : ids ? qsa__fnv(fnv0, next, sizeof(int32_t) * (size_t)B)
+                                  : qsa__fnv(fnv0, logits, sizeof(float) * (size_t)(single ? 1 : B) * V);
     qsa__free(tok);
+    for (int k = 0; smp && k < B; k++) qsa_sampler_free(smp[k]);
+    qsa__free(smp);
+    qsa__free(cand);
     if (r != QSA_OK) { row_fail(b, "decode", cfg, r); return r; }
     bench_row *w = row_add(b, "decode", cfg);
     w->ms = median(t, n);
@@ -1651,14 +1681,15 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     w->per_tok = d.total / B;
     w->achieved = d.total / (w->ms * 1e-3) / 1e9;
     w->frac = b->copy_gbs > 0 ? w->achieved / b->copy_gbs : -1;
-    long bad = mode == 4 ? 0 : count_nonfinite(logits, (size_t)B * V);
+    long bad = mode == 4 || mode == 6 ? 0 : count_nonfinite(logits, (size_t)B * V);
     /* (median sorted t: its first and last steps are the fastest and the slowest) */
     char clk[160];
     nvml_note(clk, sizeof clk, clk_lo, clk_hi, clk_why);
-    snprintf(w->note, sizeof w->note, "host wall %.3f ms; steps %.3f-%.3f ms; %.0f experts/layer (expected, uniform routing); last step %s fnv %016llx%s%s",
-             median(wall, n), t[0], t[n - 1], d.unique_experts, mode == 4 ? "ids" : "logits", fp, clk,
-             bad ? "; NON-FINITE LOGITS" : bad_ids ? "; IDS OUTSIDE THE VOCABULARY" : "");
-    if (bad || bad_ids) b->failed = 1;
+    snprintf(w->note, sizeof w->note, "%shost wall %.3f ms; steps %.3f-%.3f ms; %.0f experts/layer (expected, uniform routing); last step %s fnv %016llx%s%s",
+             sampled ? "timed on the host's clock with the draws; " : "", median(wall, n), t[0], t[n - 1], d.unique_experts,
+             ids ? "ids" : "logits", fp, clk,
+             bad ? "; NON-FINITE LOGITS" : bad_ids ? "; IDS OUTSIDE THE VOCABULARY" : not_reduced ? "; ROWS NOT REDUCED ON THE DEVICE" : "");
+    if (bad || bad_ids || not_reduced) b->failed = 1;
     row_print(w);
     return QSA_OK;
 }
@@ -1898,6 +1929,8 @@ static qsa_result bench_decode(bench *b, bench_plan *pl, float *logits) {
             if (!b->broken) bench_decode_mode(b, seqs, B, ctx, 1, logits, "batched");
             if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 2, logits, "batched+graphs");
             if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 4, logits, "batched+graphs, greedy ids");
+            if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 5, logits, "batched+graphs, top-k 20 drawn on the host");
+            if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 6, logits, "batched+graphs, top-k 20 from device candidates");
             /* the first row again, after the others: the two should agree (a difference is a warm-up or
                ordering effect of the context's first steps, not of the path) */
             if (B == 1 && !b->broken) bench_decode_mode(b, seqs, 1, ctx, 0, logits, "single, again");
