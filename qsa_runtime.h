@@ -9549,6 +9549,7 @@ typedef struct qsa__cuda {
                                     $QSA_GEMV_WHOLE_MIN_GROUPS: a positive count, or 0: never) */
     int shared_side;             /* the shared expert's down projection on the side stream (qsa__cuda_moe; $QSA_SHARED_SIDE "0": never) */
     int sample_dev;              /* batched steps reduce sampled rows to their candidates (qsa__cuda_cand_rows; $QSA_SAMPLE_DEVICE "0": never) */
+    long long n_cand_rows;       /* rows reduced so */
     int moe_route1;              /* one token's router inside its gate/up launch (qsa__moe_route1; $QSA_MOE_ROUTE1 "0": never) */
     int gdn_fuse;                /* a decode step's GDN conv inside the recurrence's launch (qsa__gdn_fused; $QSA_GDN_FUSE "0": never) */
     long long side_launches;     /* ... how many times it went there (tests) */
@@ -12080,9 +12081,11 @@ QSA_PRIV int qsa__cuda_cand_rows(qsa_model *m, qsa_seq **seqs, const int32_t *to
         if (k < 0 || k > cq->kmax) return 0;
         qsa_seq *sq = seqs[i];
         sq->tokens[sq->pos] = tokens[i];
+        char keep[sizeof qsa__err_buf]; /* (the caller's last error, as a step that succeeds leaves it) */
+        snprintf(keep, sizeof keep, "%s", qsa__err_buf);
         int np = qsa__sampler_pen_ids(smp, sq->tokens, sq->pos + 1, V, pid + off, QSA__CAND_PEN - off);
-        if (np < 0) {
-            qsa_clear_error(); /* (out of memory: the host's draw reports it) */
+        if (np < 0) { /* (more ids than fit, or out of memory: the host's draw reports that) */
+            snprintf(qsa__err_buf, sizeof qsa__err_buf, "%s", keep);
             return 0;
         }
         rows[i].temp = smp->p.temperature;
@@ -12112,7 +12115,18 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
     int mb = bb->max_batch;
     /* sampled rows reduced to their candidates on the device where every row of the step can be: no logits cross */
     int cand = cq && g->sample_dev && !m->tpr && qsa__cuda_cand_rows(m, seqs, tokens, B, cq);
-    if (cand) logits = NULL;
+    CUdeviceptr cand_rows = bb->cand, cand_pid = cand_rows + (size_t)mb * sizeof(qsa__cand_row);
+    if (cand) { /* the rows' parameters and penalised ids, queued before the step (a copy from pageable memory
+                   waits for the stream: here it has nothing to wait for) */
+        const qsa__cand_row *hr = (const qsa__cand_row *)bb->cand_host;
+        int npid = 0;
+        for (int i = 0; i < B; i++) npid = hr[i].pen_off + hr[i].pen_n > npid ? hr[i].pen_off + hr[i].pen_n : npid;
+        QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(cand_rows, hr, (size_t)B * sizeof(qsa__cand_row), g->stream));
+        if (npid)
+            QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(cand_pid, bb->cand_host + (size_t)mb * sizeof(qsa__cand_row), (size_t)npid * 4,
+                                                 g->stream));
+        logits = NULL;
+    }
     int32_t *hids = (int32_t *)bb->host, *hpos = hids + mb;
     unsigned long long *hbt = (unsigned long long *)(bb->host + (size_t)mb * 8), *hconv = hbt + mb, *hS = hconv + (size_t)L * mb,
                        *hple = hS + (size_t)L * mb, *hbk = hple + (size_t)L * mb;
@@ -12201,23 +12215,19 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
         QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(next, bb->next, (size_t)B * 4, g->stream));
     }
     if (cand) { /* B rows of candidates; the tempered logits of a launch's rows in sc.logits (logit_rows of them) */
-        CUdeviceptr rows = bb->cand, pid = rows + (size_t)mb * sizeof(qsa__cand_row), out = bb->cand + QSA__CAND_HOST_BYTES(mb);
-        const qsa__cand_row *hr = (const qsa__cand_row *)bb->cand_host;
-        int npid = 0, kmax = cq->kmax;
-        for (int i = 0; i < B; i++) npid = hr[i].pen_off + hr[i].pen_n > npid ? hr[i].pen_off + hr[i].pen_n : npid;
-        QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(rows, hr, (size_t)B * sizeof(qsa__cand_row), g->stream));
-        if (npid)
-            QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(pid, bb->cand_host + (size_t)mb * sizeof(qsa__cand_row), (size_t)npid * 4, g->stream));
+        CUdeviceptr out = bb->cand + QSA__CAND_HOST_BYTES(mb);
+        int kmax = cq->kmax;
         /* rows in groups of QSA__CAND_GROUP (and of sc.logits' rows): their chunks' candidates, then theirs */
         int P = QSA__CAND_CHUNKS(V), G = g->sc.logit_rows < QSA__CAND_GROUP ? g->sc.logit_rows : QSA__CAND_GROUP;
         CUdeviceptr am = bb->cand_part, cv = am + (size_t)G * P * 8, ci = cv + (size_t)G * P * QSA__CAND_MAX * 4;
         for (int b0 = 0; b0 < B; b0 += G) {
             int nb = B - b0 < G ? B - b0 : G;
-            QSA__LAUNCH(g, sample_cand1, P, nb, 1024, 0, &bb->logits, &V, &W, &B, &b0, &rows, &pid, &g->sc.logits, &am, &cv, &ci,
-                        &kmax);
-            QSA__LAUNCH(g, sample_cand2, nb, 1, 1024, 0, &V, &b0, &P, &rows, &am, &cv, &ci, &out, &kmax);
+            QSA__LAUNCH(g, sample_cand1, P, nb, 1024, 0, &bb->logits, &V, &W, &B, &b0, &cand_rows, &cand_pid, &g->sc.logits, &am,
+                        &cv, &ci, &kmax);
+            QSA__LAUNCH(g, sample_cand2, nb, 1, 1024, 0, &V, &b0, &P, &cand_rows, &am, &cv, &ci, &out, &kmax);
         }
         QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(cq->out, out, (size_t)B * QSA__CAND_STRIDE(kmax) * 4, g->stream));
+        g->n_cand_rows += B;
     }
     QSA__CU(qsa__cu.cuStreamSynchronize(g->stream));
     if (logits && ns > 1) QSA__CU(qsa__cu.cuStreamSynchronize(bb->copy));

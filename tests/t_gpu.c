@@ -927,13 +927,15 @@ TEST(gpu, sampling_on_the_device_draws_as_the_host) {
         CHECKF(!memcmp(t[0][i], t[1][i], sizeof t[0][i]), "request %d: the device's candidates drew other tokens", i);
         CHECKF(!memcmp(t[0][i], t[2][i], sizeof t[0][i]), "request %d: the device's candidates (logits in slices) drew other tokens", i);
     }
-    /* with a top-p-only request beside them */
+    /* with a top-p-only request beside them (decoding in every step: the steps take the logits) */
     for (int k = 0; k < 2; k++)
         if (!sd_sched(ms3[k], SD_N, t[k], &nc[k], &nd[k])) goto done;
+    CHECKF(nc[1] == 0 && nd[1] == SD_N * (SD_T - 1), "beside a top-p request: %lld of %lld decode tokens from candidates", nc[1], nd[1]);
     for (int i = 0; i < SD_N; i++) CHECKF(!memcmp(t[0][i], t[1][i], sizeof t[0][i]), "request %d beside a top-p request: other tokens", i);
-    /* qsa_generate */
+    /* qsa_generate: its decode steps reduce the rows of every sampler but the top-p-only one */
     for (int i = 0; i < SD_N; i++) {
         qsa_generation g[2];
+        long long c0[2] = {m0->cuda->n_cand_rows, m->cuda->n_cand_rows};
         for (int k = 0; k < 2; k++) {
             qsa_seq *sq = NULL;
             qsa_generate_params gp;
@@ -950,6 +952,8 @@ TEST(gpu, sampling_on_the_device_draws_as_the_host) {
         }
         CHECKF(g[0].n_tokens == SD_T && g[1].n_tokens == SD_T && !memcmp(g[0].tokens, g[1].tokens, sizeof(int32_t) * SD_T),
                "qsa_generate, sampler %d: the device's candidates drew other tokens", i);
+        long long d0 = m0->cuda->n_cand_rows - c0[0], d1 = m->cuda->n_cand_rows - c0[1];
+        CHECKF(d0 == 0 && d1 == (i < SD_N - 1 ? SD_T - 1 : 0), "qsa_generate, sampler %d: %lld / %lld rows reduced (off / on)", i, d0, d1);
         qsa_generation_free(&g[0]);
         qsa_generation_free(&g[1]);
     }
@@ -957,6 +961,71 @@ done:
     qsa_model_free(m);
     qsa_model_free(m0);
     qsa_model_free(ms);
+}
+
+/* qsa_seq_feed_batch's steps with the rows' samplers (struct qsa__cand_req) over 20 sequences: in one group of 20
+   (launches of 16 rows, then the rows from 16) and, on a model of max_batch 8, in groups of 8, 8 and 4; the tokens of
+   the host's draws from the logits ($QSA_SAMPLE_DEVICE=0), every row reduced on the device. */
+enum { SDD_N = 20, SDD_STEPS = 4 };
+static int sdd_run(qsa_model *m, int32_t out[SDD_STEPS][SDD_N]) {
+    int V = m->cfg.vocab_size, ok = 1;
+    qsa_seq *seqs[SDD_N] = {0};
+    qsa_sampler *smp[SDD_N] = {0};
+    float *logits = (float *)malloc(sizeof(float) * (size_t)SDD_N * V);
+    int32_t *cand = (int32_t *)malloc(sizeof(int32_t) * (size_t)SDD_N * QSA__CAND_STRIDE(QSA__CAND_MAX)), tok[SDD_N];
+    ok = logits && cand;
+    for (int i = 0; ok && i < SDD_N; i++) {
+        int32_t p[16];
+        qsa_sampling_params sp;
+        sd_params(i % (SD_N - 1), V, &sp); /* (every one that reduces: no top-p-only sampler) */
+        sp.seed = 50 + (uint64_t)i;
+        sd_prompt(i, V, p, 16);
+        CHECK_OK(qsa_seq_create(m, NULL, &seqs[i]));
+        CHECK_OK(qsa_sampler_create(&sp, &smp[i]));
+        ok = seqs[i] && smp[i];
+        if (ok) CHECK_OK(qsa_seq_feed(seqs[i], p, 3 + i % 5, logits, 0));
+        if (ok) tok[i] = qsa_sampler_sample(smp[i], logits, V, seqs[i]->tokens, seqs[i]->pos);
+    }
+    qsa__cand_req cq = {smp, cand, QSA__CAND_MAX};
+    for (int st = 0; ok && st < SDD_STEPS; st++) {
+        CHECK_OK(qsa__feed_batch_locked(seqs, tok, SDD_N, logits, NULL, &cq));
+        for (int i = 0; i < SDD_N; i++) {
+            const int32_t *row = cand + (size_t)i * QSA__CAND_STRIDE(QSA__CAND_MAX);
+            tok[i] = out[st][i] = row[1] >= 0 ? qsa__sampler_from_cand(smp[i], row, QSA__CAND_MAX)
+                                              : qsa_sampler_sample(smp[i], logits + (size_t)i * V, V, seqs[i]->tokens, seqs[i]->pos);
+        }
+    }
+    for (int i = 0; i < SDD_N; i++) {
+        qsa_seq_free(seqs[i]);
+        qsa_sampler_free(smp[i]);
+    }
+    free(logits);
+    free(cand);
+    return ok;
+}
+TEST(gpu, sampling_on_the_device_in_groups_of_rows) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.cuda_batch_decode = 1;
+    mp.max_batch = 32;
+    qsa_model *m = NULL, *m0 = NULL, *m8 = NULL;
+    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    int ok = gpu_model_switched_off("qsa_hc4_ple_sharded", &mp, "QSA_SAMPLE_DEVICE", &m0);
+    mp.max_batch = 8;
+    ok = ok && gpu_model("qsa_hc4_ple_sharded", &mp, &m8);
+    int32_t t[3][SDD_STEPS][SDD_N];
+    qsa_model *ms3[3] = {m0, m, m8};
+    for (int k = 0; ok && k < 3; k++) ok = sdd_run(ms3[k], t[k]);
+    if (ok) {
+        CHECKF(m0->cuda->n_cand_rows == 0 && m->cuda->n_cand_rows == SDD_N * SDD_STEPS && m8->cuda->n_cand_rows == SDD_N * SDD_STEPS,
+               "rows reduced: %lld off, %lld in one group, %lld in groups of 8", m0->cuda->n_cand_rows, m->cuda->n_cand_rows,
+               m8->cuda->n_cand_rows);
+        CHECK(qsa__cuda_batch_ready(m) && m->cuda->batch->max_batch == 32 && m8->cuda->batch->max_batch == 8);
+        CHECK(!memcmp(t[0], t[1], sizeof t[0]) && !memcmp(t[0], t[2], sizeof t[0]));
+    }
+    qsa_model_free(m);
+    qsa_model_free(m0);
+    qsa_model_free(m8);
 }
 
 /* One token's router inside its gate/up launch (qsa__moe_route1, the default) gives the bits of the

@@ -579,14 +579,15 @@ done:
    (over a window, and the whole history) on the top ids, NaNs, ties at the threshold, k = QSA__CAND_MAX, a greedy row
    with a penalty and a NaN at id 0, an infinite logit, a row of -inf and NaN, a temperature so small that the largest
    logit over it overflows, a row of equal logits, zeros of both signs at the top.  Where the draw is not the arg-max,
-   the candidates are qsa__cand_topk's ids of the host's tempered row with their bits. */
+   the candidates are qsa__cand_topk's ids of the host's tempered row with their bits.  The rows go in launches of G
+   (a row of the batch at b0 + its row in the launch); a vocabulary of 8,792 ids has a last chunk of 600, shorter
+   than k = 1,024. */
 typedef struct {
     float temp, top_p, min_p, pen;
     int top_k, last_n;
 } k1_sc_case;
-TEST(gpu, k1_sample_cand_draws_as_the_host) {
-    K1_NEED_GPU();
-    enum { M = 10, V = 248320, DRAWS = 6, NH = 200 };
+static void k1_sample_cand_case(int V, int G) {
+    enum { M = 10, DRAWS = 6, NH = 200 };
     static const k1_sc_case cs[M] = {
         {0.7f, 0.8f, 0.0f, 1.3f, 20, 64}, {1.0f, 0.95f, 0.05f, 1.0f, 50, 0}, {0.5f, 0.0f, 0.0f, 1.0f, QSA__CAND_MAX, 0},
         {0.0f, 0.0f, 0.0f, 1.2f, 0, 64},  {0.6f, 0.0f, 0.0f, 1.0f, 20, 0},   {0.9f, 0.0f, 0.0f, 1.0f, 20, 0},
@@ -625,7 +626,7 @@ TEST(gpu, k1_sample_cand_draws_as_the_host) {
     for (int i = 0; i < V; i++) l[5 * V + i] = i % 5 ? -INFINITY : NAN;
     for (int i = 0; i < V; i++) l[7 * V + i] = 1.5f;
     for (int i = 0; i < V; i++) l[8 * V + i] = l[8 * V + i] > 0 ? -l[8 * V + i] : l[8 * V + i];
-    for (int i = 0; i < 12; i++) l[8 * V + 3000 + 1000 * i] = i & 1 ? -0.0f : 0.0f;
+    for (int i = 0; i < 12; i++) l[8 * V + (3000 + 1000 * i) % V] = i & 1 ? -0.0f : 0.0f;
     for (int r = 0; r < M; r++) {
         qsa_sampling_params sp;
         memset(&sp, 0, sizeof sp);
@@ -652,13 +653,13 @@ TEST(gpu, k1_sample_cand_draws_as_the_host) {
         npid += np;
     }
     K1_TRY(k1_dev(&mem, &dl, NULL, sizeof(float) * (size_t)M * V));
-    K1_TRY(k1_dev(&mem, &dv, NULL, sizeof(float) * (size_t)M * V));
+    K1_TRY(k1_dev(&mem, &dv, NULL, sizeof(float) * (size_t)G * V));
     K1_TRY(k1_dev(&mem, &drows, rows, sizeof rows));
     K1_TRY(k1_dev(&mem, &dpid, pid, sizeof(int32_t) * (size_t)(npid ? npid : 1)));
     K1_TRY(k1_dev(&mem, &dout, NULL, sizeof(int32_t) * (size_t)M * stride));
-    K1_TRY(k1_dev(&mem, &dam, NULL, sizeof(float) * 2 * (size_t)M * P));
-    K1_TRY(k1_dev(&mem, &dcv, NULL, sizeof(float) * (size_t)M * P * QSA__CAND_MAX));
-    K1_TRY(k1_dev(&mem, &dci, NULL, sizeof(int32_t) * (size_t)M * P * QSA__CAND_MAX));
+    K1_TRY(k1_dev(&mem, &dam, NULL, sizeof(float) * 2 * (size_t)G * P));
+    K1_TRY(k1_dev(&mem, &dcv, NULL, sizeof(float) * (size_t)G * P * QSA__CAND_MAX));
+    K1_TRY(k1_dev(&mem, &dci, NULL, sizeof(int32_t) * (size_t)G * P * QSA__CAND_MAX));
     static const int widths[] = {0, 4096};
     for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
         int w = widths[wi], W = w > 0 ? w : V;
@@ -668,10 +669,13 @@ TEST(gpu, k1_sample_cand_draws_as_the_host) {
         }
         for (int d = 0; d < DRAWS; d++) {
             K1_TRY(k1_put(dl, sl, sizeof(float) * (size_t)M * V)); /* (the penalty changes them in place) */
-            void *a1[] = {&dl, &v, &w, &Mv, &b0, &drows, &dpid, &dv, &dam, &dcv, &dci, &kmax};
-            K1_TRY(k1_launch("qsa_k_sample_cand1", P, M, 1024, a1));
-            void *a2[] = {&v, &b0, &P, &drows, &dam, &dcv, &dci, &dout, &kmax};
-            K1_TRY(k1_launch("qsa_k_sample_cand2", M, 1, 1024, a2));
+            for (b0 = 0; b0 < M; b0 += G) {
+                unsigned nb = (unsigned)(M - b0 < G ? M - b0 : G);
+                void *a1[] = {&dl, &v, &w, &Mv, &b0, &drows, &dpid, &dv, &dam, &dcv, &dci, &kmax};
+                K1_TRY(k1_launch("qsa_k_sample_cand1", P, nb, 1024, a1));
+                void *a2[] = {&v, &b0, &P, &drows, &dam, &dcv, &dci, &dout, &kmax};
+                K1_TRY(k1_launch("qsa_k_sample_cand2", nb, 1, 1024, a2));
+            }
             K1_TRY(k1_get(out, dout, sizeof(int32_t) * (size_t)M * stride));
             for (int r = 0; r < M; r++) {
                 const int32_t *o = out + (size_t)r * stride;
@@ -704,6 +708,12 @@ done:
         qsa_sampler_free(b[r]);
     }
     k1_free(&mem);
+}
+TEST(gpu, k1_sample_cand_draws_as_the_host) {
+    K1_NEED_GPU();
+    k1_sample_cand_case(248320, 16);
+    k1_sample_cand_case(248320, 4); /* rows at b0 4 and 8 */
+    k1_sample_cand_case(8792, 3);
 }
 
 /* ---------------------------------------------------------------------------------------------- */

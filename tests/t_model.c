@@ -689,3 +689,105 @@ TEST(cpu, sampler_top_k_selection_and_long_penalty_window) {
     qsa_sampler_free(s);
     free(hist);
 }
+
+/* The host half of sampling on the device: the rows the kernels would leave (emulated here from their definition:
+   the penalty on the listed distinct ids, NaN -> -inf, the arg-max, the vanishing-temperature test, the top k of the
+   tempered logits with their ids ascending) give qsa__sampler_from_cand the picks of qsa_sampler_sample on the whole
+   row, and the same RNG state after; greedy and degenerate rows draw nothing.  Also the samplers that can start from
+   candidates (qsa__sampler_cand_k) and the penalised ids' cap (qsa__sampler_pen_ids). */
+TEST(cpu, sampler_draws_from_candidates_as_from_the_row) {
+    enum { V = 1500, NH = 300, K = 64 };
+    static float l[V], a[V], t[V];
+    static int32_t hist[NH], pid[NH], idx[V], row[QSA__CAND_STRIDE(K)];
+    uint64_t x = 77;
+    int draws = 0, degenerate = 0, pens = 0;
+    for (int it = 0; it < 400; it++) {
+        qsa_sampling_params p;
+        memset(&p, 0, sizeof p);
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        static const float temps[] = {0.0f, 0.3f, 0.7f, 1.0f, 1.6f, 1e-38f};
+        p.temperature = temps[(x >> 33) % 6];
+        p.top_k = 1 + (int)((x >> 40) % K);
+        p.top_p = (x >> 50) & 1 ? 0.9f : 0.0f;
+        p.min_p = (x >> 51) & 1 ? 0.05f : 0.0f;
+        p.repetition_penalty = (x >> 52) % 3 == 0 ? 1.0f : (x >> 52) % 3 == 1 ? 1.3f : 0.8f;
+        p.penalty_last_n = (x >> 55) & 1 ? -1 : (int)((x >> 56) % 40);
+        p.seed = (uint64_t)it;
+        for (int i = 0; i < V; i++) {
+            x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+            int kind = (int)(x >> 59);
+            l[i] = kind == 0 ? NAN : kind == 1 ? -INFINITY : kind == 2 ? (x & 1 ? -0.0f : 0.0f) : kind < 6 ? (float)((x >> 40) % 9) - 4.0f
+                 : (float)((double)(x >> 11) / 9007199254740992.0 * 16.0 - 8.0);
+        }
+        if (it % 50 == 7) l[(it * 13) % V] = INFINITY;
+        if (it % 50 == 9) for (int i = 0; i < V; i++) l[i] = i % 3 ? -INFINITY : NAN;
+        for (int i = 0; i < NH; i++) {
+            x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+            hist[i] = (x >> 61) == 0 ? -1 : (int32_t)((x >> 30) % (V + 20)); /* some outside the vocabulary */
+        }
+        qsa_sampler *sa = NULL, *sb = NULL;
+        CHECK_OK(qsa_sampler_create(&p, &sa));
+        CHECK_OK(qsa_sampler_create(&p, &sb));
+        if (!sa || !sb) { qsa_sampler_free(sa); qsa_sampler_free(sb); return; }
+        int k = qsa__sampler_cand_k(sb, V);
+        CHECK(k == (p.temperature > 0 ? p.top_k : 0));
+        for (int d = 0; d < 3; d++) {
+            /* the kernels' row, from their definition */
+            memcpy(t, l, sizeof l);
+            int np = qsa__sampler_pen_ids(sb, hist, NH, V, pid, NH);
+            CHECK(np >= 0 && (p.repetition_penalty != 1.0f || np == 0)); /* (a short window may hold no id of the vocabulary) */
+            pens += np > 0;
+            for (int j = 0; j < np; j++) t[pid[j]] = t[pid[j]] > 0 ? t[pid[j]] / p.repetition_penalty : t[pid[j]] * p.repetition_penalty;
+            int greedy = !(p.temperature > 0), am = 0;
+            for (int i = 0; i < V; i++) {
+                if (!greedy && t[i] != t[i]) t[i] = -INFINITY;
+                if (t[i] == t[i] && (t[i] > t[am] || t[am] != t[am])) am = i;
+            }
+            row[0] = am;
+            row[1] = 0;
+            if (!greedy && !(t[am] == -INFINITY || isinf(t[am] / p.temperature))) {
+                for (int i = 0; i < V; i++) t[i] /= p.temperature;
+                qsa__cand_topk(t, idx, V, k);
+                for (int i = 1; i < k; i++)
+                    for (int j = i; j > 0 && idx[j] < idx[j - 1]; j--) { int32_t s = idx[j]; idx[j] = idx[j - 1]; idx[j - 1] = s; }
+                row[1] = k;
+                for (int j = 0; j < k; j++) {
+                    row[2 + j] = idx[j];
+                    memcpy(&row[2 + K + j], &t[idx[j]], 4);
+                }
+            }
+            degenerate += row[1] == 0 && !greedy;
+            memcpy(a, l, sizeof l);
+            int32_t want = qsa_sampler_sample(sa, a, V, hist, NH), got = qsa__sampler_from_cand(sb, row, K);
+            CHECKF(got == want, "round %d draw %d (T %g, k %d, p %g, min_p %g, penalty %g over %d): from candidates %d, from the row %d",
+                   it, d, p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, p.penalty_last_n, got, want);
+            CHECK(!memcmp(sa->s, sb->s, sizeof sa->s)); /* the same draws of the generator */
+            draws++;
+        }
+        qsa_sampler_free(sa);
+        qsa_sampler_free(sb);
+    }
+    CHECKF(draws == 1200 && degenerate >= 30 && pens >= 500, "%d draws, %d degenerate, %d penalised", draws, degenerate, pens);
+    /* which samplers start from candidates; the cap on the penalised ids */
+    qsa_sampling_params p;
+    memset(&p, 0, sizeof p);
+    qsa_sampler *s = NULL;
+    p.temperature = 0.7f;
+    p.repetition_penalty = 1.2f;
+    p.penalty_last_n = 8;
+    CHECK_OK(qsa_sampler_create(&p, &s));
+    if (!s) return;
+    CHECK(qsa__sampler_cand_k(s, V) == -1); /* top-p / min-p alone: the whole row */
+    s->p.top_k = V;
+    CHECK(qsa__sampler_cand_k(s, V) == -1);
+    s->p.top_k = QSA__CAND_MAX + 1;
+    CHECK(qsa__sampler_cand_k(s, 4 * QSA__CAND_MAX) == -1);
+    s->p.top_k = QSA__CAND_MAX;
+    CHECK(qsa__sampler_cand_k(s, 4 * QSA__CAND_MAX) == QSA__CAND_MAX);
+    static const int32_t h[] = {5, 7, 5, -1, 999999, 9, 7, 3, 3, 11};
+    CHECK(qsa__sampler_pen_ids(s, h, 10, V, pid, 5) == 5 && pid[0] == 5 && pid[1] == 9 && pid[2] == 7 && pid[3] == 3 && pid[4] == 11);
+    CHECK(qsa__sampler_pen_ids(s, h, 10, V, pid, 4) == -1);
+    s->p.repetition_penalty = 1.0f;
+    CHECK(qsa__sampler_pen_ids(s, h, 10, V, pid, 4) == 0);
+    qsa_sampler_free(s);
+}
