@@ -419,32 +419,6 @@ extern "C" __global__ void qsa_k_to_f16(const float *__restrict__ x, qsa_f16 *__
 }
 #endif
 
-/* out[t] = index of the largest of row t's V logits, the lowest index among equal maxima (the CPU's
- * qsa__argmax).  NaNs never win; a row with no number gives 0.  The M = gridDim.x rows are stored in
- * vocabulary slices of W columns (the batched step's lm_head, qsa__logit_slices): slice c, columns
- * c W .. min(V, (c + 1) W) - 1 of every row, is [M][wc] at c W M floats; W >= V (or <= 0) is the plain
- * [M][V].  (The order of the comparisons does not matter: the winner is a function of the values.)
- * Launch: grid (M), block any multiple of 32 up to 1024 (1024). */
-#if QSA_IN_PART(5)
-extern "C" __global__ void qsa_k_argmax(const float *__restrict__ logits, int *__restrict__ out, int V, int W) {
-    QSA_PDL_ENTRY();
-    __shared__ float sv[33];
-    __shared__ int si[33];
-    if (W <= 0 || W > V) W = V;
-    float bv = QSA_NEG_INF;
-    int bi = 0x7fffffff;
-    for (int c0 = 0; c0 < V; c0 += W) {
-        const int wc = min(W, V - c0);
-        const float *l = logits + (qsa_i64)c0 * gridDim.x + (qsa_i64)blockIdx.x * wc;
-        for (int i = threadIdx.x; i < wc; i += blockDim.x) {
-            const float v = l[i];
-            if (qsa_better(v, c0 + i, bv, bi)) { bv = v; bi = c0 + i; }
-        }
-    }
-    qsa_block_argmax(&bv, &bi, sv, si);
-    if (threadIdx.x == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
-}
-#endif
 
 /* ============================================================================================== */
 /* GEMM machinery: tensor cores through PTX wmma m16n16k16 (fp16 in, fp32 accumulate)             */
@@ -5472,7 +5446,8 @@ struct qsa_cand_row {
 
 /* The device half of qsa_sampler_sample's draw for a greedy or top-k sampler, in two launches (the host's
  * qsa__sampler_from_cand does the rest, on k candidates instead of V logits).  Row b = b0 + blockIdx.y of the M
- * logits rows, stored in vocabulary slices of W columns as qsa_k_argmax reads them, with the row's parameters rp[b],
+ * logits rows, stored in vocabulary slices of W columns (the batched step's lm_head: slice c, columns c W ..
+ * min(V, (c + 1) W) - 1 of every row, is [M][wc] at c W M floats; W >= V or <= 0: the plain [M][V]), with the row's parameters rp[b],
  * in chunks c = blockIdx.x of QSA_CAND_CHUNK ids (P = gridDim.x of them; part row r = blockIdx.y):
  *   1. the repetition penalty, in place, on each listed id of the chunk: l > 0 ? l / pen : l * pen;
  *   2. NaN -> -inf (not for a greedy row: temperature <= 0); the chunk's largest logit and arg-max (the lowest id

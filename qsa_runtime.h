@@ -8211,6 +8211,8 @@ struct qsa_sampler {
     int32_t *idx;
     float *prob;
     uint64_t *rad; /* [2 rcap]: the radix sort's (key, id) pairs and their copy */
+    int32_t *pen;  /* [pcap]: the penalty window's distinct ids */
+    int pcap;
 };
 
 QSA_PRIV uint64_t qsa__rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
@@ -8250,10 +8252,11 @@ QSA_IMPL void qsa_sampler_free(qsa_sampler *s) {
     qsa__free(s->idx);
     qsa__free(s->prob);
     qsa__free(s->rad);
+    qsa__free(s->pen);
     qsa__free(s);
 }
 
-/* the lowest id among the largest logits; NaN never wins (a row of NaN gives 0): qsa_k_argmax's rule */
+/* the lowest id among the largest logits; NaN never wins (a row of NaN gives 0): a greedy row's of qsa_k_sample_cand1, 2 */
 QSA_PRIV int32_t qsa__argmax(const float *x, int n) {
     int32_t best = -1;
     for (int i = 0; i < n; i++)
@@ -8360,6 +8363,25 @@ QSA_PRIV int32_t qsa__sample_draw(qsa_sampler *s, int n) {
     return s->idx[n - 1];
 }
 
+/* The distinct ids of the penalty window (the ids qsa_sampler_sample penalises), at most cap of them, into ids:
+   their number; -1 when there are more; -2 out of memory (reported) */
+QSA_PRIV int qsa__sampler_pen_ids(qsa_sampler *s, const int32_t *hist, int n_hist, int vocab, int32_t *ids, int cap) {
+    int from = qsa__sampler_window(s, hist, n_hist), n = 0;
+    if (from < 0) return 0;
+    if (!qsa__sampler_reserve(s, vocab)) return -2;
+    int32_t *done = s->idx;
+    for (int i = from; i < n_hist; i++)
+        if (hist[i] >= 0 && hist[i] < vocab) done[hist[i]] = 0;
+    for (int i = from; i < n_hist; i++) {
+        int32_t t = hist[i];
+        if (t < 0 || t >= vocab || done[t]) continue;
+        done[t] = 1;
+        if (n == cap) return -1;
+        ids[n++] = t;
+    }
+    return n;
+}
+
 QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, const int32_t *hist, int n_hist) {
     if (!s || !logits || vocab < 1) {
         qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sampler_sample: %s", vocab < 1 ? "vocab < 1" : "NULL sampler or logits");
@@ -8378,17 +8400,20 @@ QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, co
         s->rcap = vocab;
     }
     if ((p->temperature > 0.0f || penalty) && !qsa__sampler_reserve(s, vocab)) return -1;
-    if (penalty) {
-        /* once per distinct id of the window, in O(window): idx (rewritten below) marks the ids done */
-        int32_t *done = s->idx;
-        for (int i = from; i < n_hist; i++)
-            if (hist[i] >= 0 && hist[i] < vocab) done[hist[i]] = 0;
-        for (int i = from; i < n_hist; i++) {
-            int32_t t = hist[i];
-            if (t < 0 || t >= vocab || done[t]) continue;
-            done[t] = 1;
-            logits[t] = logits[t] > 0 ? logits[t] / p->repetition_penalty : logits[t] * p->repetition_penalty;
+    if (penalty && s->pcap < n_hist - from) {
+        int32_t *pen = (int32_t *)qsa__realloc(s->pen, sizeof(int32_t) * (size_t)(n_hist - from));
+        if (!pen) {
+            qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sampler_sample: out of memory for a penalty window of %d tokens", n_hist - from);
+            return -1;
         }
+        s->pen = pen;
+        s->pcap = n_hist - from;
+    }
+    /* once per distinct id of the window, in O(window) */
+    int np = penalty ? qsa__sampler_pen_ids(s, hist, n_hist, vocab, s->pen, s->pcap) : 0;
+    for (int j = 0; j < np; j++) {
+        int32_t t = s->pen[j];
+        logits[t] = logits[t] > 0 ? logits[t] / p->repetition_penalty : logits[t] * p->repetition_penalty;
     }
     if (p->temperature <= 0.0f) return qsa__argmax(logits, vocab);
     /* NaN never wins (as at temperature 0: it weighs nothing); where the largest logit over the temperature
@@ -8423,24 +8448,6 @@ QSA_PRIV int qsa__sampler_cand_k(const qsa_sampler *s, int vocab) {
     const qsa_sampling_params *p = &s->p;
     if (p->temperature <= 0.0f) return 0;
     return p->top_k >= 1 && p->top_k < vocab && p->top_k <= QSA__CAND_MAX ? p->top_k : -1;
-}
-/* The distinct ids of the penalty window (the ids qsa_sampler_sample penalises), at most cap of them, into ids:
-   their number; -1 when there are more; -2 out of memory (reported) */
-QSA_PRIV int qsa__sampler_pen_ids(qsa_sampler *s, const int32_t *hist, int n_hist, int vocab, int32_t *ids, int cap) {
-    int from = qsa__sampler_window(s, hist, n_hist), n = 0;
-    if (from < 0) return 0;
-    if (!qsa__sampler_reserve(s, vocab)) return -2;
-    int32_t *done = s->idx;
-    for (int i = from; i < n_hist; i++)
-        if (hist[i] >= 0 && hist[i] < vocab) done[hist[i]] = 0;
-    for (int i = from; i < n_hist; i++) {
-        int32_t t = hist[i];
-        if (t < 0 || t >= vocab || done[t]) continue;
-        done[t] = 1;
-        if (n == cap) return -1;
-        ids[n++] = t;
-    }
-    return n;
 }
 QSA_PRIV int qsa__u64_cmp(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -9414,7 +9421,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
     X(topk_blocks_batch) X(sparse_attn_batch) X(gdn_conv_batch) X(sparse_attn_dec) X(sparse_attn_dec_batch) \
     X(sparse_attn_tc) X(sparse_attn_tc_batch) X(sparse_attn_merge) X(sparse_attn_merge_tc) \
     X(gdn_recurrent_batch) X(gdn_recurrent_f16state_batch) X(ple_conv_batch)                             \
-    X(tp_sum) X(tp_ple_unshard) X(argmax) X(sample_cand1) X(sample_cand2) X(nvfp4_order)
+    X(tp_sum) X(tp_ple_unshard) X(sample_cand1) X(sample_cand2) X(nvfp4_order)
 
 typedef enum qsa__kid {
 #define QSA__KID(n) QSA__K_##n,
@@ -11731,7 +11738,6 @@ typedef struct qsa__dbatch {
     CUdeviceptr ple_e;          /* [n_ple][mb][ple_embed_dim] fp32 */
     CUdeviceptr scores;         /* [mb][max_blocks] */
     CUdeviceptr logits;         /* [mb][V], or in vocabulary slices (qsa__logit_slices) */
-    CUdeviceptr next;           /* [mb] int: the greedy ids (qsa_seq_feed_batch_greedy) */
     CUdeviceptr cand;           /* sampling on the device (qsa__cuda_cand_rows): qsa__cand_row [mb], the penalised ids
                                    [QSA__CAND_PEN], the rows' candidates [mb][2 + 2 QSA__CAND_MAX] */
     CUdeviceptr cand_part;      /* the chunks' (qsa_k_sample_cand1) of QSA__CAND_GROUP rows: arg-max [G][P][2], candidates'
@@ -11800,7 +11806,6 @@ QSA_PRIV qsa_result qsa__cuda_batch_alloc_(qsa_model *m) {
     QSA__TRY(qsa__dalloc(g, &b->ple_e, (size_t)(b->n_ple ? b->n_ple : 1) * mb * D * 4, cnt, "batched decode"));
     QSA__TRY(qsa__dalloc(g, &b->scores, (size_t)mb * g->sc.max_blocks * 4, cnt, "batched decode"));
     QSA__TRY(qsa__dalloc(g, &b->logits, (size_t)mb * c->vocab_size * 4, cnt, "batched decode"));
-    QSA__TRY(qsa__dalloc(g, &b->next, (size_t)mb * 4, cnt, "batched decode"));
     size_t cand_rows = QSA__CAND_HOST_BYTES(mb) + (size_t)mb * QSA__CAND_STRIDE(QSA__CAND_MAX) * 4;
     QSA__TRY(qsa__dalloc(g, &b->cand,
                          cand_rows + (size_t)QSA__CAND_GROUP * QSA__CAND_CHUNKS(c->vocab_size) * (2 + 2 * QSA__CAND_MAX) * 4, cnt,
@@ -11818,7 +11823,7 @@ QSA_PRIV qsa_result qsa__cuda_batch_alloc_(qsa_model *m) {
 
 /* The batched step's lm_head in vocabulary slices, so that its logits cross to the host while the
    rest is computed: slice c covers columns c W .. min(V, (c + 1) W) - 1 (W = qsa__logit_slice_w), all
-   B rows of it stored together, [B][wc] at c W B floats of bb->logits (qsa_k_argmax reads that
+   B rows of it stored together, [B][wc] at c W B floats of bb->logits (qsa_k_sample_cand1 reads that
    layout); its GEMM is followed by an event that the copy stream waits on (an external event record
    node in the graph).  Each logit is the same GEMM element as in one launch: the same bits.  The
    number of slices (1: one GEMM into [B][V]) for B rows: QSA__LOGIT_SLICES once the batch's logits
@@ -12115,17 +12120,24 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
     int mb = bb->max_batch;
     /* sampled rows reduced to their candidates on the device where every row of the step can be: no logits cross */
     int cand = cq && g->sample_dev && !m->tpr && qsa__cuda_cand_rows(m, seqs, tokens, B, cq);
+    /* greedy ids: every row a greedy row of the same kernels (its arg-max alone) */
+    int argmax = next && !m->tpr && !cand;
     CUdeviceptr cand_rows = bb->cand, cand_pid = cand_rows + (size_t)mb * sizeof(qsa__cand_row);
-    if (cand) { /* the rows' parameters and penalised ids, queued before the step (a copy from pageable memory
-                   waits for the stream: here it has nothing to wait for) */
-        const qsa__cand_row *hr = (const qsa__cand_row *)bb->cand_host;
+    qsa__cand_row *hr = (qsa__cand_row *)bb->cand_host;
+    int32_t *hout = cand ? cq->out : (int32_t *)(bb->cand_host + (size_t)mb * sizeof(qsa__cand_row)); /* (argmax: the ids' room) */
+    if (argmax) {
+        memset(hr, 0, (size_t)B * sizeof *hr);
+        for (int i = 0; i < B; i++) hr[i].pen = 1.0f;
+    }
+    if (cand || argmax) { /* the rows' parameters and penalised ids, queued before the step (a copy from pageable
+                             memory waits for the stream: here it has nothing to wait for) */
         int npid = 0;
         for (int i = 0; i < B; i++) npid = hr[i].pen_off + hr[i].pen_n > npid ? hr[i].pen_off + hr[i].pen_n : npid;
         QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(cand_rows, hr, (size_t)B * sizeof(qsa__cand_row), g->stream));
         if (npid)
             QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(cand_pid, bb->cand_host + (size_t)mb * sizeof(qsa__cand_row), (size_t)npid * 4,
                                                  g->stream));
-        logits = NULL;
+        if (cand) logits = NULL;
     }
     int32_t *hids = (int32_t *)bb->host, *hpos = hids + mb;
     unsigned long long *hbt = (unsigned long long *)(bb->host + (size_t)mb * 8), *hconv = hbt + mb, *hS = hconv + (size_t)L * mb,
@@ -12210,13 +12222,10 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
         QSA__CU(qsa__cu.cuStreamWaitEvent(bb->copy, bb->lg_ev[c], 0));
         QSA__CU(qsa__cu.cuMemcpy2DAsync_v2(&cp, bb->copy));
     }
-    if (next && !m->tpr) { /* greedy: B ids instead of B rows */
-        QSA__LAUNCH(g, argmax, B, 1, 1024, 0, &bb->logits, &bb->next, &V, &W);
-        QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(next, bb->next, (size_t)B * 4, g->stream));
-    }
-    if (cand) { /* B rows of candidates; the tempered logits of a launch's rows in sc.logits (logit_rows of them) */
+    int kmax = cand ? cq->kmax : 1;
+    if (cand || argmax) { /* B rows of candidates (greedy: B ids instead of B rows of logits); the tempered logits of a
+                             launch's rows in sc.logits (logit_rows of them) */
         CUdeviceptr out = bb->cand + QSA__CAND_HOST_BYTES(mb);
-        int kmax = cq->kmax;
         /* rows in groups of QSA__CAND_GROUP (and of sc.logits' rows): their chunks' candidates, then theirs */
         int P = QSA__CAND_CHUNKS(V), G = g->sc.logit_rows < QSA__CAND_GROUP ? g->sc.logit_rows : QSA__CAND_GROUP;
         CUdeviceptr am = bb->cand_part, cv = am + (size_t)G * P * 8, ci = cv + (size_t)G * P * QSA__CAND_MAX * 4;
@@ -12226,10 +12235,11 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
                         &cv, &ci, &kmax);
             QSA__LAUNCH(g, sample_cand2, nb, 1, 1024, 0, &V, &b0, &P, &cand_rows, &am, &cv, &ci, &out, &kmax);
         }
-        QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(cq->out, out, (size_t)B * QSA__CAND_STRIDE(kmax) * 4, g->stream));
-        g->n_cand_rows += B;
+        QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(hout, out, (size_t)B * QSA__CAND_STRIDE(kmax) * 4, g->stream));
+        g->n_cand_rows += cand ? B : 0;
     }
     QSA__CU(qsa__cu.cuStreamSynchronize(g->stream));
+    for (int i = 0; argmax && i < B; i++) next[i] = hout[(size_t)i * QSA__CAND_STRIDE(1)];
     if (logits && ns > 1) QSA__CU(qsa__cu.cuStreamSynchronize(bb->copy));
     /* the sequences' host-side layer state, as qsa_seq_feed leaves it */
     int r = c->has_qsa ? c->indexer_compress_ratio : 0;

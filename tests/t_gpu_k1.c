@@ -525,22 +525,28 @@ TEST(gpu, k1_inject_rmsnorm_equals_two_kernels) {
     k1_inject_norm_case(2, 5000); /* past the 16 * 256 values held in registers: the loop form */
 }
 
+/* The greedy ids of the batched step: greedy rows of qsa_k_sample_cand1 and 2 (temperature 0: the arg-max alone) give
+   qsa__argmax of each row (the lowest index among the maxima; NaN never wins; a row without a number gives 0), in the
+   plain layout and in vocabulary slices of W columns (as the batched step's lm_head writes them: 1280, 64, 5000, the
+   last slice narrower), over three chunks of ids. */
 TEST(gpu, k1_argmax) {
     K1_NEED_GPU();
-    enum { M = 5, V = 5003 };
+    enum { M = 5, V = 20003 };
     k1_mem mem = {{0}, 0, {0}, 0};
     float *l, *sl;
-    int got[M], want[M], v = V;
-    CUdeviceptr dl, dout;
+    int32_t out[M * QSA__CAND_STRIDE(1)];
+    int want[M], v = V, Mv = M, b0 = 0, kmax = 1, P = QSA__CAND_CHUNKS(V), zero = 0;
+    qsa__cand_row rows[M];
+    CUdeviceptr dl, dout, drows, dpid, dv, dam, dcv, dci;
     K1_ALLOC(l, float, M * V);
     k1_seed(5);
     k1_fill(l, (size_t)M * V, -10, 10);
-    l[0 * V + 4000] = 20.0f; /* row 0: a tie between 1234 and 4000: the lower index wins */
+    l[0 * V + 16000] = 20.0f; /* row 0: a tie between 1234 and 16000 (another chunk): the lower index wins */
     l[0 * V + 1234] = 20.0f;
     for (int i = 0; i < V; i++) l[1 * V + i] = 1.5f; /* row 1: all equal: 0 */
-    for (int i = 0; i < V; i++) l[2 * V + i] = -INFINITY; /* row 2: all -inf: 0 */
-    l[2 * V + 77] = -1e30f;
-    l[3 * V + 5002] = 50.0f; /* row 3: the last element */
+    for (int i = 0; i < V; i++) l[2 * V + i] = -INFINITY; /* row 2: all -inf but one: 8777 */
+    l[2 * V + 8777] = -1e30f;
+    l[3 * V + V - 1] = 50.0f; /* row 3: the last element */
     for (int t = 0; t < M; t++) want[t] = qsa__argmax(l + (size_t)t * V, V);
     l[4 * V + 10] = NAN; /* row 4: NaNs never win (the CPU would keep index 0 if l[0] were NaN) */
     l[4 * V + 0] = NAN;
@@ -549,12 +555,17 @@ TEST(gpu, k1_argmax) {
         for (int i = 2; i < V; i++) if (l[4 * V + i] > l[4 * V + b]) b = i;
         want[4] = b;
     }
-    /* the plain [M][V] (W = V, and W = 0), then vocabulary slices of W columns ([M][wc] per slice, as the
-       batched step's lm_head writes them): 1280 (4 slices, the last narrower), 64, 5000 (a last slice
-       of 3) */
+    memset(rows, 0, sizeof rows);
+    for (int t = 0; t < M; t++) rows[t].pen = 1.0f;
     K1_ALLOC(sl, float, M * V);
-    K1_TRY(k1_dev(&mem, &dout, NULL, sizeof got));
+    K1_TRY(k1_dev(&mem, &dout, NULL, sizeof out));
     K1_TRY(k1_dev(&mem, &dl, NULL, sizeof(float) * M * V));
+    K1_TRY(k1_dev(&mem, &drows, rows, sizeof rows));
+    K1_TRY(k1_dev(&mem, &dpid, NULL, 4));
+    K1_TRY(k1_dev(&mem, &dv, NULL, sizeof(float) * M * V));
+    K1_TRY(k1_dev(&mem, &dam, NULL, sizeof(float) * 2 * M * P));
+    K1_TRY(k1_dev(&mem, &dcv, NULL, sizeof(float) * M * P));
+    K1_TRY(k1_dev(&mem, &dci, NULL, sizeof(int32_t) * M * P));
     static const int widths[] = {V, 0, 1280, 64, 5000};
     for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
         int w = widths[wi], W = w > 0 && w < V ? w : V;
@@ -563,12 +574,17 @@ TEST(gpu, k1_argmax) {
             for (int t = 0; t < M; t++) memcpy(sl + (size_t)c0 * M + (size_t)t * wc, l + (size_t)t * V + c0, sizeof(float) * wc);
         }
         K1_TRY(k1_put(dl, sl, sizeof(float) * M * V));
-        void *args[] = {&dl, &dout, &v, &w};
-        K1_TRY(k1_launch("qsa_k_argmax", M, 1, 1024, args));
-        K1_TRY(k1_get(got, dout, sizeof got));
-        for (int t = 0; t < M; t++) CHECKF(got[t] == want[t], "argmax W %d row %d: gpu %d, reference %d", w, t, got[t], want[t]);
+        void *a1[] = {&dl, &v, &w, &Mv, &b0, &drows, &dpid, &dv, &dam, &dcv, &dci, &kmax};
+        K1_TRY(k1_launch("qsa_k_sample_cand1", P, M, 1024, a1));
+        void *a2[] = {&v, &b0, &P, &drows, &dam, &dcv, &dci, &dout, &kmax};
+        K1_TRY(k1_launch("qsa_k_sample_cand2", M, 1, 1024, a2));
+        K1_TRY(k1_get(out, dout, sizeof out));
+        for (int t = 0; t < M; t++)
+            CHECKF(out[t * QSA__CAND_STRIDE(1)] == want[t] && out[t * QSA__CAND_STRIDE(1) + 1] == zero,
+                   "argmax W %d row %d: gpu %d (%d candidates), reference %d", w, t, out[t * QSA__CAND_STRIDE(1)],
+                   out[t * QSA__CAND_STRIDE(1) + 1], want[t]);
     }
-    CHECK(want[0] == 1234 && want[1] == 0 && want[2] == 77 && want[3] == 5002);
+    CHECK(want[0] == 1234 && want[1] == 0 && want[2] == 8777 && want[3] == V - 1);
 done:
     k1_free(&mem);
 }

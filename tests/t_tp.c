@@ -1669,8 +1669,8 @@ TEST(cpu, batch_buffers_refused_are_given_back) {
             qsa_result r = qsa__cuda_batch_alloc(m);
             CHECKF(r == QSA_ERR_OUT_OF_MEMORY && strstr(qsa_last_error(), "cuStreamCreate"), "attempt %d: %s (%s)", attempt,
                    qsa_result_string(r), qsa_last_error());
-            /* (the step's six buffers and the column slices' output) */
-            CHECKF(fd_allocs == 7 && fd_frees == fd_allocs && g.n_allocs == 0 && g.bytes_scratch == 777 && g.batch == NULL &&
+            /* (the step's five buffers and the column slices' output) */
+            CHECKF(fd_allocs == 6 && fd_frees == fd_allocs && g.n_allocs == 0 && g.bytes_scratch == 777 && g.batch == NULL &&
                    g.sc.gemv_slice == 0 && tq_live == live0 + (g.allocs != NULL), "attempt %d: %d device buffers taken, %d "
                    "freed, %d still listed, scratch bytes %zu (were 777), batch %p, slice buffer %llx, %ld host blocks held "
                    "(the list of allocations aside)", attempt, fd_allocs, fd_frees, g.n_allocs, g.bytes_scratch, (void *)g.batch,
