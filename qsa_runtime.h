@@ -526,7 +526,7 @@ QSA_API qsa_result qsa_seq_feed_batch(qsa_seq **seqs, const int32_t *tokens, int
 /* The same step, returning each sequence's greedy next token instead of its logits: next[i] = the
    id of the largest logit of row i (the lowest id among equal maxima; NaN never wins), the token
    qsa_sampler_sample picks at temperature 0.  On CUDA the arg-max runs on the device and n ids cross
-   to the host instead of n * vocab_size floats. */
+   to the host instead of n * vocab_size floats.  next may be tokens itself (a greedy loop's one array). */
 QSA_API qsa_result qsa_seq_feed_batch_greedy(qsa_seq **seqs, const int32_t *tokens, int n, int32_t *next);
 
 /* Sampling.  Zero-initialised = greedy.  temperature 0 = greedy (argmax, lowest id on ties). */
@@ -592,6 +592,8 @@ typedef struct qsa_generation {
 
 /* Feed the prompt, then sample and feed tokens until a stop condition.  The last generated
    token is not fed to the sequence (the caller feeds it, e.g. as the start of the next turn).
+   On one GPU a decode step of a greedy or top-k (<= 1,024) sampler reduces the logits to the draw's
+   candidates on the device (qsa_sched_step's steps do the same; $QSA_SAMPLE_DEVICE=0: off): the same tokens.
    A failure part-way through the generation (the KV page pool runs out: it is shared and taken a page
    at a time; the device) returns its error with out holding the tokens generated so far, their text
    and statistics (stop QSA_STOP_NONE), and the sequence holding everything fed; otherwise a failure
@@ -8157,13 +8159,15 @@ QSA_PRIV qsa_result qsa__feed_batch(qsa_seq **seqs, const int32_t *tokens, int n
                 sub.out = cq->out + (size_t)fed * QSA__CAND_STRIDE(cq->kmax);
                 sub.kmax = cq->kmax;
             }
+            /* each token recorded past pos before the step (the step may write next over tokens), counted after it */
+            for (int k = fed; k < fed + B; k++) seqs[k]->tokens[seqs[k]->pos] = tokens[k];
             r = qsa__cuda_decode_batch(m, seqs + fed, tokens + fed, B, logits ? logits + (size_t)fed * V : NULL,
                                        next ? next + fed : NULL, cq && logits && !next ? &sub : NULL);
             if (r != QSA_OK) {
                 for (int k = fed; k < fed + B; k++) seqs[k]->broken = 1;
                 break;
             }
-            for (int k = fed; k < fed + B; k++) seqs[k]->tokens[seqs[k]->pos++] = tokens[k];
+            for (int k = fed; k < fed + B; k++) seqs[k]->pos++;
         }
     }
 #endif
@@ -8211,8 +8215,6 @@ struct qsa_sampler {
     int32_t *idx;
     float *prob;
     uint64_t *rad; /* [2 rcap]: the radix sort's (key, id) pairs and their copy */
-    int32_t *pen;  /* [pcap]: the penalty window's distinct ids */
-    int pcap;
 };
 
 QSA_PRIV uint64_t qsa__rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
@@ -8252,7 +8254,6 @@ QSA_IMPL void qsa_sampler_free(qsa_sampler *s) {
     qsa__free(s->idx);
     qsa__free(s->prob);
     qsa__free(s->rad);
-    qsa__free(s->pen);
     qsa__free(s);
 }
 
@@ -8400,19 +8401,11 @@ QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, co
         s->rcap = vocab;
     }
     if ((p->temperature > 0.0f || penalty) && !qsa__sampler_reserve(s, vocab)) return -1;
-    if (penalty && s->pcap < n_hist - from) {
-        int32_t *pen = (int32_t *)qsa__realloc(s->pen, sizeof(int32_t) * (size_t)(n_hist - from));
-        if (!pen) {
-            qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sampler_sample: out of memory for a penalty window of %d tokens", n_hist - from);
-            return -1;
-        }
-        s->pen = pen;
-        s->pcap = n_hist - from;
-    }
-    /* once per distinct id of the window, in O(window) */
-    int np = penalty ? qsa__sampler_pen_ids(s, hist, n_hist, vocab, s->pen, s->pcap) : 0;
+    /* once per distinct id of the window, in O(window): the ids (at most vocab) in prob's room, unused until the draw */
+    int32_t *pen = (int32_t *)s->prob;
+    int np = penalty ? qsa__sampler_pen_ids(s, hist, n_hist, vocab, pen, vocab) : 0;
     for (int j = 0; j < np; j++) {
-        int32_t t = s->pen[j];
+        int32_t t = pen[j];
         logits[t] = logits[t] > 0 ? logits[t] / p->repetition_penalty : logits[t] * p->repetition_penalty;
     }
     if (p->temperature <= 0.0f) return qsa__argmax(logits, vocab);
@@ -12109,6 +12102,7 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
     qsa__cuda *g = m->cuda;
     int L = c->num_hidden_layers, V = c->vocab_size, D = c->ple_embed_dim;
     if (B <= 0) return QSA_OK;
+    QSA__INVARIANT(!cq || !next); /* (a step returns candidates or greedy ids, not both) */
     if (m->tp && next) return qsa__tp_decode_greedy(m, seqs, tokens, B, logits, next);
     if (m->tp) return qsa__tp_decode_batch(m, seqs, tokens, B, logits); /* every local rank runs this function on its view */
     if (B > m->params.max_batch || B > g->sc.max_tokens)
@@ -12124,7 +12118,6 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
     int argmax = next && !m->tpr && !cand;
     CUdeviceptr cand_rows = bb->cand, cand_pid = cand_rows + (size_t)mb * sizeof(qsa__cand_row);
     qsa__cand_row *hr = (qsa__cand_row *)bb->cand_host;
-    int32_t *hout = cand ? cq->out : (int32_t *)(bb->cand_host + (size_t)mb * sizeof(qsa__cand_row)); /* (argmax: the ids' room) */
     if (argmax) {
         memset(hr, 0, (size_t)B * sizeof *hr);
         for (int i = 0; i < B; i++) hr[i].pen = 1.0f;
@@ -12235,11 +12228,24 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
                         &cv, &ci, &kmax);
             QSA__LAUNCH(g, sample_cand2, nb, 1, 1024, 0, &V, &b0, &P, &cand_rows, &am, &cv, &ci, &out, &kmax);
         }
-        QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(hout, out, (size_t)B * QSA__CAND_STRIDE(kmax) * 4, g->stream));
-        g->n_cand_rows += cand ? B : 0;
+        if (cand) {
+            QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(cq->out, out, (size_t)B * QSA__CAND_STRIDE(kmax) * 4, g->stream));
+            g->n_cand_rows += B;
+        } else { /* word 0 of each row: the ids */
+            qsa__cu_memcpy2d cp;
+            memset(&cp, 0, sizeof cp);
+            cp.src_type = 2;
+            cp.src_dev = out;
+            cp.src_pitch = (size_t)QSA__CAND_STRIDE(1) * 4;
+            cp.dst_type = 1;
+            cp.dst_host = next;
+            cp.dst_pitch = 4;
+            cp.width = 4;
+            cp.height = (size_t)B;
+            QSA__CU(qsa__cu.cuMemcpy2DAsync_v2(&cp, g->stream));
+        }
     }
     QSA__CU(qsa__cu.cuStreamSynchronize(g->stream));
-    for (int i = 0; argmax && i < B; i++) next[i] = hout[(size_t)i * QSA__CAND_STRIDE(1)];
     if (logits && ns > 1) QSA__CU(qsa__cu.cuStreamSynchronize(bb->copy));
     /* the sequences' host-side layer state, as qsa_seq_feed leaves it */
     int r = c->has_qsa ? c->indexer_compress_ratio : 0;

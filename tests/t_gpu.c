@@ -1003,6 +1003,43 @@ static int sdd_run(qsa_model *m, int32_t out[SDD_STEPS][SDD_N]) {
     free(cand);
     return ok;
 }
+/* qsa_seq_feed_batch_greedy with next the tokens array itself (a greedy loop's one array): each sequence records the
+   token it was fed, not the id that the step wrote over it, and the ids are those of separate arrays. */
+TEST(gpu, batch_greedy_next_may_be_the_tokens) {
+    enum { N = 5, STEPS = 4 };
+    qsa_model *m = NULL;
+    SHARDED_OR_SKIP(1, 0, &m);
+    int V = m->cfg.vocab_size, ok = 1;
+    qsa_seq *sa[N] = {0}, *sb[N] = {0};
+    int32_t ta[N], tb[N], na[N];
+    float *logits = (float *)malloc(sizeof(float) * (size_t)V);
+    for (int i = 0; ok && i < N; i++) {
+        int32_t p[16];
+        sd_prompt(i, V, p, 16);
+        CHECK_OK(qsa_seq_create(m, NULL, &sa[i]));
+        CHECK_OK(qsa_seq_create(m, NULL, &sb[i]));
+        ok = sa[i] && sb[i] && logits;
+        if (ok) CHECK_OK(qsa_seq_feed(sa[i], p, 4 + i, logits, 0));
+        if (ok) CHECK_OK(qsa_seq_feed(sb[i], p, 4 + i, NULL, 0));
+        if (ok) ta[i] = tb[i] = qsa__argmax(logits, V);
+    }
+    for (int st = 0; ok && st < STEPS; st++) {
+        CHECK_OK(qsa_seq_feed_batch_greedy(sa, ta, N, na));
+        CHECK_OK(qsa_seq_feed_batch_greedy(sb, tb, N, tb));
+        ok = !memcmp(na, tb, sizeof na);
+        CHECKF(ok, "step %d: the ids written over their tokens differ", st);
+        memcpy(ta, na, sizeof ta);
+    }
+    for (int i = 0; ok && i < N; i++)
+        CHECKF(sa[i]->pos == sb[i]->pos && !memcmp(sa[i]->tokens, sb[i]->tokens, sizeof(int32_t) * (size_t)sa[i]->pos),
+               "sequence %d: its history differs (positions %d, %d)", i, sa[i]->pos, sb[i]->pos);
+    for (int i = 0; i < N; i++) {
+        qsa_seq_free(sa[i]);
+        qsa_seq_free(sb[i]);
+    }
+    free(logits);
+    qsa_model_free(m);
+}
 TEST(gpu, sampling_on_the_device_in_groups_of_rows) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);

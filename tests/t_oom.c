@@ -266,33 +266,60 @@ TEST(cpu, out_of_memory_at_each_allocation_of_the_scheduler) {
     qsa_model_free(m);
 }
 
-/* The sampler's first call at temperature > 0 allocates its candidates: when it cannot, -1 and the
-   logits as they came (the repetition penalty not yet applied); the next call samples as a fresh
-   sampler of the same seed does. */
+/* The sampler's first call at temperature > 0 allocates its work buffers: each allocation made to fail in turn, with
+   top-k (a heap) and without (every id sorted), the call gives -1 and the logits as they came (the repetition penalty
+   not yet applied); the next call samples as a fresh sampler of the same seed does.  Later calls allocate nothing,
+   however long the history grows (the penalty's ids live in the first call's buffers). */
 TEST(cpu, out_of_memory_in_the_sampler) {
-    enum { V = 64 };
+    enum { V = 64, NH = 300 };
     float base[V], l[V], l2[V];
     for (int i = 0; i < V; i++) base[i] = (float)((i * 37) % V) / 8.0f;
-    const int32_t hist[3] = {5, 9, 5};
-    qsa_sampling_params p;
-    memset(&p, 0, sizeof p);
-    p.temperature = 0.8f;
-    p.top_k = 20;
-    p.repetition_penalty = 1.5f;
-    p.seed = 3;
-    qsa_sampler *a = NULL, *b = NULL;
-    CHECK_OK(qsa_sampler_create(&p, &a));
-    CHECK_OK(qsa_sampler_create(&p, &b));
-    if (!a || !b) { qsa_sampler_free(a); qsa_sampler_free(b); return; }
-    memcpy(l, base, sizeof l);
-    tq_fail_at = 0;
-    int32_t t = qsa_sampler_sample(a, l, V, hist, 3);
-    tq_fail_at = -1;
-    CHECK(t == -1 && strstr(qsa_last_error(), "out of memory") && !memcmp(l, base, sizeof l));
-    memcpy(l2, base, sizeof l2);
-    CHECK(qsa_sampler_sample(a, l, V, hist, 3) == qsa_sampler_sample(b, l2, V, hist, 3));
-    qsa_sampler_free(a);
-    qsa_sampler_free(b);
+    int32_t hist[NH];
+    for (int i = 0; i < NH; i++) hist[i] = (i * 7) % (V + 3); /* (some past the vocabulary) */
+    for (int topk = 0; topk <= 20; topk += 20) {
+        int fails = 0;
+        for (int at = 0; at < 8; at++) {
+            qsa_sampling_params p;
+            memset(&p, 0, sizeof p);
+            p.temperature = 0.8f;
+            p.top_k = topk;
+            p.top_p = 0.9f;
+            p.repetition_penalty = 1.5f;
+            p.penalty_last_n = -1;
+            p.seed = 3;
+            qsa_sampler *a = NULL, *b = NULL;
+            CHECK_OK(qsa_sampler_create(&p, &a));
+            CHECK_OK(qsa_sampler_create(&p, &b));
+            if (!a || !b) { qsa_sampler_free(a); qsa_sampler_free(b); return; }
+            memcpy(l, base, sizeof l);
+            tq_fail_at = at;
+            int32_t t = qsa_sampler_sample(a, l, V, hist, 3);
+            int failed = tq_fail_at < 0; /* (the allocation `at` came and failed) */
+            tq_fail_at = -1;
+            memcpy(l2, base, sizeof l2);
+            if (failed) {
+                fails++;
+                CHECKF(t == -1 && strstr(qsa_last_error(), "out of memory") && !memcmp(l, base, sizeof l),
+                       "top-k %d, allocation %d refused: %d (%s)", topk, at, t, qsa_last_error());
+                memcpy(l, base, sizeof l);
+                CHECK(qsa_sampler_sample(a, l, V, hist, 3) == qsa_sampler_sample(b, l2, V, hist, 3));
+            } else {
+                CHECK(t == qsa_sampler_sample(b, l2, V, hist, 3));
+            }
+            /* the history grows: nothing more to allocate */
+            long before = tq_allocs;
+            for (int n = 4; n <= NH; n += 37) {
+                memcpy(l, base, sizeof l);
+                memcpy(l2, base, sizeof l2);
+                CHECK(qsa_sampler_sample(a, l, V, hist, n) == qsa_sampler_sample(b, l2, V, hist, n));
+            }
+            CHECKF(tq_allocs == before, "top-k %d: %ld allocations as the history grew", topk, tq_allocs - before);
+            qsa_sampler_free(a);
+            qsa_sampler_free(b);
+            if (!failed) break;
+        }
+        CHECKF(fails == (topk ? 2 : 3), "top-k %d: %d allocations of a first call", topk, fails);
+    }
 }
 
 /* The real Qwen3 tokenizer (151,669 ids; skipped without it): its load, then encoding and decoding a
