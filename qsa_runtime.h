@@ -8277,18 +8277,21 @@ QSA_PRIV void qsa__cand_sift(const float *l, int32_t *v, int i, int n) {
         i = c;
     }
 }
+/* The radix key of a logit f at position i: ascending keys order the logits descending (-0 as +0), positions
+   ascending within a value */
+QSA_PRIV uint64_t qsa__cand_key(float f, uint32_t i) {
+    f = f == 0.0f ? 0.0f : f;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = u & 0x80000000u ? ~u : u | 0x80000000u; /* ascending in f */
+    return (uint64_t)~u << 32 | i;
+}
 /* all ids 0..n-1 in qsa__cand_before's order into v, by a stable LSD radix sort of (key, id) pairs
    (3 passes of 11, 11 and 10 bits over a key that orders the floats descending, -0 as +0; O(n): a heap
    sort of the real vocabulary took 58 ms).  The logits hold no NaN.  tmp: 2 n pairs. */
 QSA_PRIV void qsa__cand_sort(const float *l, int32_t *v, int n, uint64_t *tmp) {
     uint64_t *a = tmp, *b = tmp + n;
-    for (int i = 0; i < n; i++) {
-        float f = l[i] == 0.0f ? 0.0f : l[i];
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        u = u & 0x80000000u ? ~u : u | 0x80000000u; /* ascending */
-        a[i] = (uint64_t)~u << 32 | (uint32_t)i;      /* descending, ids ascending within a key */
-    }
+    for (int i = 0; i < n; i++) a[i] = qsa__cand_key(l[i], (uint32_t)i);
     static const int shift[3] = {32, 43, 54};
     for (int p = 0; p < 3; p++) {
         const int sh = shift[p];
@@ -8327,6 +8330,19 @@ QSA_PRIV int qsa__sampler_reserve(qsa_sampler *s, int n) {
         return 0;
     }
     s->cap = n;
+    return 1;
+}
+
+/* rad for n ids (0: out of memory, reported) */
+QSA_PRIV int qsa__sampler_reserve_rad(qsa_sampler *s, int n) {
+    if (s->rcap >= n) return 1;
+    uint64_t *rad = (uint64_t *)qsa__realloc(s->rad, sizeof(uint64_t) * 2 * (size_t)n);
+    if (!rad) {
+        qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sampler_sample: out of memory for %d candidates", n);
+        return 0;
+    }
+    s->rad = rad;
+    s->rcap = n;
     return 1;
 }
 
@@ -8391,15 +8407,7 @@ QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, co
     const qsa_sampling_params *p = &s->p;
     int from = qsa__sampler_window(s, hist, n_hist), penalty = from >= 0;
     int all = p->temperature > 0.0f && (p->top_k <= 0 || p->top_k >= vocab); /* every id sorted */
-    if (all && s->rcap < vocab) {
-        uint64_t *rad = (uint64_t *)qsa__realloc(s->rad, sizeof(uint64_t) * 2 * (size_t)vocab);
-        if (!rad) {
-            qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sampler_sample: out of memory for %d candidates", vocab);
-            return -1;
-        }
-        s->rad = rad;
-        s->rcap = vocab;
-    }
+    if (all && !qsa__sampler_reserve_rad(s, vocab)) return -1;
     if ((p->temperature > 0.0f || penalty) && !qsa__sampler_reserve(s, vocab)) return -1;
     /* once per distinct id of the window, in O(window): the ids (at most vocab) in prob's room, unused until the draw */
     int32_t *pen = (int32_t *)s->prob;
@@ -8452,25 +8460,10 @@ QSA_PRIV int qsa__u64_cmp(const void *a, const void *b) {
 QSA_PRIV int32_t qsa__sampler_from_cand(qsa_sampler *s, const int32_t *row, int kmax) {
     int k = row[1];
     if (k <= 0) return row[0];
-    if (!qsa__sampler_reserve(s, k)) return -1;
-    if (s->rcap < k) {
-        uint64_t *rad = (uint64_t *)qsa__realloc(s->rad, sizeof(uint64_t) * 2 * (size_t)k);
-        if (!rad) {
-            qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_sampler_sample: out of memory for %d candidates", k);
-            return -1;
-        }
-        s->rad = rad;
-        s->rcap = k;
-    }
-    /* qsa__cand_sort's key (descending values, -0 as +0) over the position j, which orders as the id */
+    if (!qsa__sampler_reserve(s, k) || !qsa__sampler_reserve_rad(s, k)) return -1;
+    /* qsa__cand_sort's key over the position j, which orders as the id */
     const float *val = (const float *)(row + 2 + kmax);
-    for (int j = 0; j < k; j++) {
-        float f = val[j] == 0.0f ? 0.0f : val[j];
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        u = u & 0x80000000u ? ~u : u | 0x80000000u;
-        s->rad[j] = (uint64_t)~u << 32 | (uint32_t)j;
-    }
+    for (int j = 0; j < k; j++) s->rad[j] = qsa__cand_key(val[j], (uint32_t)j);
     qsort(s->rad, (size_t)k, sizeof(uint64_t), qsa__u64_cmp);
     for (int i = 0; i < k; i++) {
         int j = (int)(uint32_t)s->rad[i];
