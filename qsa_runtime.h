@@ -3015,7 +3015,7 @@ QSA_PRIV qsa_result qsa__cfg_text(const qsa__cfgr *r, qsa_model_config *c) {
                          pfx, c->linear_num_value_heads, c->linear_num_key_heads);
     if (!(c->rms_norm_eps > 0) || !(c->rms_norm_eps < 1))
         return qsa__fail(QSA_ERR_FORMAT, "%s: %srms_norm_eps: expected a value in (0, 1), found %g", src, pfx, (double)c->rms_norm_eps);
-    if (!(c->rope_theta > 0) || c->rope_theta > 1e30)
+    if (!((float)c->rope_theta >= 1.17549435e-38f) || c->rope_theta > 1e30) /* (RoPE runs in fp32: a normal float, FLT_MIN, keeps 1 / theta^e finite) */
         return qsa__fail(QSA_ERR_FORMAT, "%s: %srope_parameters.rope_theta: expected a positive number, found %g", src, pfx, c->rope_theta);
     if (!(prf > 0) || prf > 1)
         return qsa__fail(QSA_ERR_FORMAT, "%s: %srope_parameters.partial_rotary_factor: expected a value in (0, 1], found %g", src, pfx, prf);
@@ -3911,6 +3911,11 @@ QSA_PRIV qsa_result qsa__st_rows_view(const qsa__st_set *set, const char *base, 
         else if (t->shape[1] != out->cols || t->dtype != out->dtype) {
             r = qsa__fail(QSA_ERR_SHAPE, "tensor '%s': expected [*, %lld] %s like shard 0, found %s %s", t->name, (long long)out->cols,
                           qsa__dtype_name(out->dtype), qsa__shape_str(t->ndim, t->shape, sb, sizeof sb), qsa__dtype_name(t->dtype));
+            break;
+        }
+        if (t->shape[0] > INT64_MAX - out->row_start[i]) { /* (zero-width shards hold any row count in no bytes) */
+            r = qsa__fail(QSA_ERR_SHAPE, "tensor '%s': shape %s: the shards' row count overflows", t->name,
+                          qsa__shape_str(t->ndim, t->shape, sb, sizeof sb));
             break;
         }
         out->parts[i] = t;

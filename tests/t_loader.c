@@ -325,6 +325,9 @@ TEST(cpu, config_validation_rules) {
     CHECK_ERR(tl_cfg("\"linear_num_key_heads\":0", &c), QSA_ERR_FORMAT, "linear_num_key_heads: expected 1..");
     CHECK_ERR(tl_cfg("\"rms_norm_eps\":0", &c), QSA_ERR_FORMAT, "rms_norm_eps");
     CHECK_ERR(tl_cfg("\"rope_parameters\":{\"rope_theta\":-1}", &c), QSA_ERR_FORMAT, "rope_theta: expected a positive number");
+    /* positive as a double but 0 (or subnormal) as the float RoPE uses: inverse frequencies of inf, NaN logits */
+    CHECK_ERR(tl_cfg("\"rope_parameters\":{\"rope_theta\":1e-46}", &c), QSA_ERR_FORMAT, "rope_theta: expected a positive number");
+    CHECK_ERR(tl_cfg("\"rope_parameters\":{\"rope_theta\":1e-40}", &c), QSA_ERR_FORMAT, "rope_theta: expected a positive number");
     CHECK_ERR(tl_cfg("\"indexer_head_dim\":32,\"rope_parameters\":{\"partial_rotary_factor\":1.5}", &c), QSA_ERR_FORMAT, "partial_rotary_factor: expected a value in (0, 1]");
     CHECK_ERR(tl_cfg("\"rope_parameters\":{\"partial_rotary_factor\":0.1}", &c), QSA_ERR_FORMAT, "rotary_dim = int(head_dim 16 * partial_rotary_factor 0.1) = 1");
     CHECK_ERR(tl_cfg("\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":4}", &c), QSA_ERR_UNSUPPORTED, "rope_type: only \"default\" RoPE");
@@ -829,6 +832,13 @@ TEST(cpu, safetensors_rows_view) {
     n = tl_st_image(h, vals, 16, buf, sizeof buf);
     CHECK_OK(qsa__st_open_memory(buf, n, "cols.safetensors", &s));
     CHECK_ERR(qsa__st_rows_view(&s, "e", &v), QSA_ERR_SHAPE, "tensor 'e.shard_1.weight': expected [*, 2] F32 like shard 0, found [2, 1] F32");
+    qsa__st_close(&s);
+    /* zero-width shards: any row count in no bytes; their sum must not overflow */
+    h = "{\"e.shard_0.weight\":{\"dtype\":\"F32\",\"shape\":[9223372036854775807,0],\"data_offsets\":[0,0]},"
+        "\"e.shard_1.weight\":{\"dtype\":\"F32\",\"shape\":[9223372036854775807,0],\"data_offsets\":[0,0]}}";
+    n = tl_st_image(h, vals, 0, buf, sizeof buf);
+    CHECK_OK(qsa__st_open_memory(buf, n, "wide.safetensors", &s));
+    CHECK_ERR(qsa__st_rows_view(&s, "e", &v), QSA_ERR_SHAPE, "tensor 'e.shard_1.weight': shape [9223372036854775807, 0]: the shards' row count overflows");
     qsa__st_close(&s);
     h = "{\"e.shard_0.weight\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}";
     n = tl_st_image(h, vals, 16, buf, sizeof buf);
