@@ -4429,22 +4429,40 @@ extern "C" __global__ void qsa_k_gdn_conv_state(const float *__restrict__ qkv, f
 #define K2_GDN_PF1 9
 #define K2_GDN_STG 4096 /* floats of shared staging (16 KB: with 32 KB of dynamic memory, 48 KB) */
 #define K2_GDN_TMAX 16
-template <bool F16, int PF = K2_GDN_PF, bool late = false>
-static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *__restrict__ q,
+/* PC = 4: the form for dk = 4 * K2_GDN_ROWS = 128 alone (the lanes per column and every lane's row count known
+ * at compile time), with q and k staged lane-major: a token's row i = u * 4 + p at p * K2_GDN_QKS + u, so that a
+ * lane's 32 rows are 8 float4 loads (the 4 lanes of a column 36 floats apart: no bank conflicts) instead of 32
+ * loads with an address computation each, and no row predicates.  The same operations in the same order as the
+ * general form (PC = 0): the same bits. */
+#define K2_GDN_QKS (K2_GDN_ROWS + 4)
+/* 16 aligned bytes of shared memory as one load (an asm: the compiler's own vector loads of these rows came out
+   split and masked differently in the whole program and in its part, which the parts test forbids) */
+static __device__ __forceinline__ float4 k2_lds4(const float *p) {
+    float4 r;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w) : "r"(qsa_smem_u32(p)));
+    return r;
+}
+/* (stg: the entry point's K2_GDN_STG floats of shared memory, 16-byte aligned: one array for both forms) */
+#define K2_GDN_STAGING __shared__ __align__(16) float stg[K2_GDN_STG]
+template <bool F16, int PF = K2_GDN_PF, bool late = false, int PC = 0>
+static __device__ void k2_gdn_recurrent(float *stg, float *S32, qsa_f16 *S16, const float *__restrict__ q,
                                         const float *__restrict__ k, const float *__restrict__ v,
                                         const float *__restrict__ beta, const float *__restrict__ g, float *o, int M,
                                         int nk, int nv, int dk, int dv) {
-    __shared__ float stg[K2_GDN_STG];
-    const int P = dk <= 128 ? 4 : dk <= 256 ? 8 : 16, B = blockDim.x, cpb = B / P;
+    const int P = PC ? PC : dk <= 128 ? 4 : dk <= 256 ? 8 : 16, B = blockDim.x, cpb = B / P;
     const int per = 2 * dk + cpb + 2, cap = min(PF * B, K2_GDN_STG);
-    if (dk > K2_GDN_MAX_DK || (B & 31) || per > cap) __trap(); /* the host validates dk and the block */
-    const int T = max(1, min(min(K2_GDN_TMAX, cap / per), M)), L = T * per;
+    if (dk > K2_GDN_MAX_DK || (B & 31) || per > cap || (PC && dk != PC * K2_GDN_ROWS)) __trap(); /* the host validates dk and the block */
+    const int qks = PC ? PC * K2_GDN_QKS : dk; /* a token's q (and k) in the staging */
+    int T = max(1, min(min(K2_GDN_TMAX, cap / per), M));
+    while (T > 1 && 2 * T * qks + T * (cpb + 2) > K2_GDN_STG) T--;
+    if (2 * T * qks + T * (cpb + 2) > K2_GDN_STG) __trap();
+    const int L = T * per;
     const int h = blockIdx.x, p = threadIdx.x % P, jc = threadIdx.x / P, kh = h / (nv / nk);
-    const int nu = (dk - p + P - 1) / P; /* this lane's rows i = u*P + p < dk: u < nu */
+    const int nu = PC ? K2_GDN_ROWS : (dk - p + P - 1) / P; /* this lane's rows i = u*P + p < dk: u < nu */
     const int ncols = (dv + gridDim.y * cpb - 1) / (gridDim.y * cpb);
     const long long hbase = (long long)h * dk * dv;
-    /* the staging: qs [T][dk], ks [T][dk], vs [T][cpb], gs [T], bs [T] */
-    const float *qs = stg, *ks = stg + T * dk, *vs = stg + 2 * T * dk, *gs = vs + T * cpb, *bs = gs + T;
+    /* the staging: qs [T][qks], ks [T][qks], vs [T][cpb], gs [T], bs [T] */
+    const float *qs = stg, *ks = stg + T * qks, *vs = stg + 2 * T * qks, *gs = vs + T * cpb, *bs = gs + T;
     for (int c = 0; c < ncols; c++) {
         const int jb = (blockIdx.y + c * gridDim.y) * cpb, j = jb + jc;
         const bool live = j < dv;
@@ -4485,32 +4503,52 @@ static __device__ void k2_gdn_recurrent(float *S32, qsa_f16 *S16, const float *_
             __syncthreads(); /* the previous chunk is no longer read */
 #pragma unroll
             for (int r = 0; r < PF; r++) {
-                const int e = threadIdx.x + r * B;
-                if (e < L) stg[e] = pf[r];
+                int e = threadIdx.x + r * B;
+                if (PC) { /* (q and k lane-major; the rest after them) */
+                    const int pc = PC ? PC : 1, qk = e >= T * dk, e2 = qk ? e - T * dk : e, tt = e2 / (pc * K2_GDN_ROWS),
+                              i = e2 - tt * (pc * K2_GDN_ROWS);
+                    e = e < 2 * T * dk ? (qk * T + tt) * qks + (i % pc) * K2_GDN_QKS + i / pc : e - 2 * T * dk + 2 * T * qks;
+                }
+                if (threadIdx.x + r * B < L) stg[e] = pf[r];
             }
             __syncthreads();
             if (t0 + T < M) K2_GDN_FETCH(t0 + T);
             const int nt = min(T, M - t0);
             for (int tt = 0; tt < nt; tt++) {
-                const float *qt = qs + tt * dk + p, *kt = ks + tt * dk + p; /* this lane's row u: [u * P] */
+                /* this lane's row u: [u * P] (PC: [u]) */
+                const float *qt = qs + tt * qks + (PC ? p * K2_GDN_QKS : p), *kt = ks + tt * qks + (PC ? p * K2_GDN_QKS : p);
                 const float decay = expf(gs[tt]), bt = bs[tt], vj = vs[tt * cpb + jc];
+                float kr[PC ? K2_GDN_ROWS : 1], qr[PC ? K2_GDN_ROWS : 1];
+                if (PC)
+#pragma unroll
+                    for (int c = 0; c < K2_GDN_ROWS / 4; c++) {
+                        const float4 x = k2_lds4(kt + 4 * c), y = k2_lds4(qt + 4 * c);
+                        kr[4 * c] = x.x, kr[4 * c + 1] = x.y, kr[4 * c + 2] = x.z, kr[4 * c + 3] = x.w;
+                        qr[4 * c] = y.x, qr[4 * c + 1] = y.y, qr[4 * c + 2] = y.z, qr[4 * c + 3] = y.w;
+                    }
+#define K2_GDN_K(u) (PC ? kr[PC ? (u) : 0] : kt[(u) * P])
+#define K2_GDN_Q(u) (PC ? qr[PC ? (u) : 0] : qt[(u) * P])
                 float kv = 0.0f;
 #pragma unroll
                 for (int u = 0; u < K2_GDN_ROWS; u++)
                     if (u < nu) {
                         st[u] = __fmul_rn(st[u], decay); /* s_i = S[i][j] exp(g), kept for the update */
-                        kv = fmaf(st[u], kt[u * P], kv);
+                        kv = fmaf(st[u], K2_GDN_K(u), kv);
                     }
+#pragma unroll
                 for (int m = 1; m < P; m <<= 1) kv += __shfl_xor_sync(QSA_FULL_MASK, kv, m);
                 const float d = __fmul_rn(vj - kv, bt);
                 float oj = 0.0f;
 #pragma unroll
                 for (int u = 0; u < K2_GDN_ROWS; u++)
                     if (u < nu) {
-                        const float sn = fmaf(kt[u * P], d, st[u]);
+                        const float sn = fmaf(K2_GDN_K(u), d, st[u]);
                         st[u] = F16 ? qsa_f16_to_f32(qsa_f32_to_f16(sn)) : sn;
-                        oj = fmaf(sn, qt[u * P], oj);
+                        oj = fmaf(sn, K2_GDN_Q(u), oj);
                     }
+#undef K2_GDN_K
+#undef K2_GDN_Q
+#pragma unroll
                 for (int m = 1; m < P; m <<= 1) oj += __shfl_xor_sync(QSA_FULL_MASK, oj, m);
                 if (live && p == 0) o[((long long)(t0 + tt) * nv + h) * dv + j] = oj;
             }
@@ -4729,7 +4767,9 @@ extern "C" __global__ void qsa_k_gdn_recurrent(float *S, const float *__restrict
                                                const float *__restrict__ g, float *o, int M, int nk, int nv, int dk,
                                                int dv) {
     QSA_PDL_ENTRY();
-    k2_gdn_recurrent<false>(S, 0, q, k, v, beta, g, o, M, nk, nv, dk, dv);
+    K2_GDN_STAGING;
+    if (dk == 4 * K2_GDN_ROWS) k2_gdn_recurrent<false, K2_GDN_PF, false, 4>(stg, S, 0, q, k, v, beta, g, o, M, nk, nv, dk, dv);
+    else k2_gdn_recurrent<false>(stg, S, 0, q, k, v, beta, g, o, M, nk, nv, dk, dv);
 }
 #endif
 
@@ -4740,7 +4780,9 @@ extern "C" __global__ void qsa_k_gdn_recurrent_f16state(qsa_f16 *S, const float 
                                                         const float *__restrict__ beta, const float *__restrict__ g,
                                                         float *o, int M, int nk, int nv, int dk, int dv) {
     QSA_PDL_ENTRY();
-    k2_gdn_recurrent<true>(0, S, q, k, v, beta, g, o, M, nk, nv, dk, dv);
+    K2_GDN_STAGING;
+    if (dk == 4 * K2_GDN_ROWS) k2_gdn_recurrent<true, K2_GDN_PF, false, 4>(stg, 0, S, q, k, v, beta, g, o, M, nk, nv, dk, dv);
+    else k2_gdn_recurrent<true>(stg, 0, S, q, k, v, beta, g, o, M, nk, nv, dk, dv);
 }
 #endif
 
@@ -6819,7 +6861,8 @@ extern "C" __global__ void __launch_bounds__(128, K2_GDN_SMEM ? 10 : 6)
                    dk, dv, fz, cst);
 #else
     if (fz.qkv) __trap(); /* (the host fuses the conv on K2_GDN_SMEM modules only: qsa__gdn_fused) */
-    k2_gdn_recurrent<false, K2_GDN_PF1, true>(QSA_BPTR(float, st), 0, q + b * kd, k + b * kd, v + b * vd,
+    K2_GDN_STAGING;
+    k2_gdn_recurrent<false, K2_GDN_PF1, true>(stg, QSA_BPTR(float, st), 0, q + b * kd, k + b * kd, v + b * vd,
                                               beta + b * nv, g + b * nv, o + b * vd, 1, nk, nv, dk, dv);
 #endif
 }
@@ -6833,7 +6876,8 @@ extern "C" __global__ void __launch_bounds__(128, 6)
                                        int nv, int dk, int dv) {
     QSA_PDL_ENTRY();
     const qsa_i64 b = blockIdx.z, kd = (qsa_i64)nk * dk, vd = (qsa_i64)nv * dv;
-    k2_gdn_recurrent<true, K2_GDN_PF1>(0, QSA_BPTR(qsa_f16, st), q + b * kd, k + b * kd, v + b * vd, beta + b * nv,
+    K2_GDN_STAGING;
+    k2_gdn_recurrent<true, K2_GDN_PF1>(stg, 0, QSA_BPTR(qsa_f16, st), q + b * kd, k + b * kd, v + b * vd, beta + b * nv,
                                        g + b * nv, o + b * vd, 1, nk, nv, dk, dv);
 }
 #endif
