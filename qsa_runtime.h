@@ -12929,7 +12929,9 @@ QSA_PRIV int qsa__tp_rdv_step(qsa__tp_rdv_server *s, qsa__tp_rdv_conn *c, qsa_re
     c->have = 0;
     if (c->phase == 0) {
         uint32_t tp = qsa__be32_get(c->buf + 8), rank = qsa__be32_get(c->buf + 12);
-        if (memcmp(c->buf, "QSATPID1", 8) || (tp == (uint32_t)s->tp && (rank < 1 || rank >= tp))) {
+        /* a hello no rank could send (tp outside 2..QSA_TP_MAX, rank outside 1..tp-1) is malformed: dropped;
+           only a well-formed hello of another tp fails the group */
+        if (memcmp(c->buf, "QSATPID1", 8) || tp < 2 || tp > QSA_TP_MAX || rank < 1 || rank >= tp) {
             qsa__log(QSA_LOG_DEBUG, "tp rendezvous: %s sent a malformed hello, dropped", c->peer);
             s->dropped++;
             return 0;

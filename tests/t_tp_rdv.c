@@ -230,6 +230,33 @@ TEST(cpu, tp_rendezvous_tcp_survives_bad_clients) {
     CHECK(rdv_open_fds() == fds);
 }
 
+/* Hellos that no rank can send (tp 0, or a rank outside 0..tp-1 of its own tp) are malformed: rank 0
+   drops them and goes on, as for junk; they used to fail the group as "started with tp = 0". */
+TEST(cpu, tp_rendezvous_tcp_drops_impossible_hellos) {
+    int fds = rdv_open_fds(), port = rdv_free_port();
+    rdv_rank k0, k1;
+    rdv_start(&k0, port, 2, 0, 10.0);
+    static const uint32_t bad[4][2] = {{0, 0}, {3, 7}, {1, 0}, {0xFFFFFFFFu, 5}};
+    for (int i = 0; i < 4; i++) {
+        int fd = rdv_connect(port);
+        CHECK(fd >= 0);
+        if (fd < 0) continue;
+        unsigned char hello[16], reply[140];
+        memcpy(hello, "QSATPID1", 8);
+        qsa__be32_put(hello + 8, bad[i][0]);
+        qsa__be32_put(hello + 12, bad[i][1]);
+        CHECK(send(fd, hello, sizeof hello, MSG_NOSIGNAL) == 16);
+        CHECKF(recv(fd, reply, sizeof reply, MSG_WAITALL) == 0, "hello tp %u rank %u got an answer", bad[i][0], bad[i][1]);
+        close(fd);
+    }
+    CHECK(!__atomic_load_n(&k0.done, __ATOMIC_ACQUIRE));
+    rdv_start(&k1, port, 2, 1, 10.0);
+    rdv_join(&k1);
+    rdv_join(&k0);
+    CHECK(k0.r == QSA_OK && k1.r == QSA_OK && !memcmp(k1.id, k0.id, 128));
+    CHECK(rdv_open_fds() == fds);
+}
+
 /* Rank 0 out of file descriptors (idle connections fill its limit): accept fails with EMFILE, and
    rank 0 pauses accepting instead of failing the group (it ended the rendezvous at once); once the
    idle clients close, it accepts again and serves rank 1.  Rank 0 runs in a child process with a low
