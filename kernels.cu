@@ -4431,9 +4431,9 @@ extern "C" __global__ void qsa_k_gdn_conv_state(const float *__restrict__ qkv, f
 #define K2_GDN_TMAX 16
 /* PC = 4: the form for dk = 4 * K2_GDN_ROWS = 128 alone (the lanes per column and every lane's row count known
  * at compile time), with q and k staged lane-major: a token's row i = u * 4 + p at p * K2_GDN_QKS + u, so that a
- * lane's 32 rows are 8 float4 loads (the 4 lanes of a column 36 floats apart: no bank conflicts) instead of 32
- * loads with an address computation each, and no row predicates.  The same operations in the same order as the
- * general form (PC = 0): the same bits. */
+ * lane's 32 rows of k and of q are 8 16-byte loads each (the 4 lanes of a column 36 floats apart: no bank
+ * conflicts) instead of 32 loads with an address computation each, and no row predicates.  The same operations in
+ * the same order as the general form (PC = 0): the same bits. */
 #define K2_GDN_QKS (K2_GDN_ROWS + 4)
 /* 16 aligned bytes of shared memory as one load (an asm: the compiler's own vector loads of these rows came out
    split and masked differently in the whole program and in its part, which the parts test forbids) */
@@ -4454,7 +4454,7 @@ static __device__ void k2_gdn_recurrent(float *stg, float *S32, qsa_f16 *S16, co
     if (dk > K2_GDN_MAX_DK || (B & 31) || per > cap || (PC && dk != PC * K2_GDN_ROWS)) __trap(); /* the host validates dk and the block */
     const int qks = PC ? PC * K2_GDN_QKS : dk; /* a token's q (and k) in the staging */
     int T = max(1, min(min(K2_GDN_TMAX, cap / per), M));
-    while (T > 1 && 2 * T * qks + T * (cpb + 2) > K2_GDN_STG) T--;
+    while (T > 1 && 2 * T * qks + T * (cpb + 2) > K2_GDN_STG) T--; /* (PC's padding) */
     if (2 * T * qks + T * (cpb + 2) > K2_GDN_STG) __trap();
     const int L = T * per;
     const int h = blockIdx.x, p = threadIdx.x % P, jc = threadIdx.x / P, kh = h / (nv / nk);
@@ -4505,7 +4505,7 @@ static __device__ void k2_gdn_recurrent(float *stg, float *S32, qsa_f16 *S16, co
             for (int r = 0; r < PF; r++) {
                 int e = threadIdx.x + r * B;
                 if (PC) { /* (q and k lane-major; the rest after them) */
-                    const int pc = PC ? PC : 1, qk = e >= T * dk, e2 = qk ? e - T * dk : e, tt = e2 / (pc * K2_GDN_ROWS),
+                    const int pc = PC ? PC : 1 /* (PC = 0 never comes here) */, qk = e >= T * dk, e2 = qk ? e - T * dk : e, tt = e2 / (pc * K2_GDN_ROWS),
                               i = e2 - tt * (pc * K2_GDN_ROWS);
                     e = e < 2 * T * dk ? (qk * T + tt) * qks + (i % pc) * K2_GDN_QKS + i / pc : e - 2 * T * dk + 2 * T * qks;
                 }
