@@ -55,12 +55,21 @@ typedef struct batch_item {
     const char *status;
 } batch_item;
 
-/* s[0..n) as a JSON string literal (UTF-8 passes through: the library only produces valid UTF-8) */
+/* s[0..n) as a JSON string literal.  Valid UTF-8 passes through; bytes that are not (an error message
+   that names a file path of other bytes, or one cut inside a character where a message buffer ends) are
+   written as U+FFFD, one per maximal subpart, so that every line is valid JSON (RFC 8259 wants UTF-8). */
 static void json_escape(qsa__buf *b, const char *s, size_t n) {
     char u[8];
     qsa__buf_put(b, "\"", 1);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
+        if (c >= 0x80) {
+            uint32_t cp;
+            int sub = 1, k = qsa__u8_next((const uint8_t *)s + i, n - i, &cp, &sub);
+            if (k > 0) { qsa__buf_put(b, s + i, (size_t)k); i += (size_t)k - 1; }
+            else { qsa__buf_puts(b, "\\ufffd"); i += (size_t)(sub > 0 ? sub : 1) - 1; }
+            continue;
+        }
         if (c == '"') qsa__buf_puts(b, "\\\"");
         else if (c == '\\') qsa__buf_puts(b, "\\\\");
         else if (c == '\n') qsa__buf_puts(b, "\\n");
@@ -129,6 +138,13 @@ static int get_int(const qsa__json *o, const char *key, int dflt, int lo, int hi
     return 1;
 }
 
+/* 1 when the string value holds no NUL (\u0000): the library takes C strings, which would end there */
+static int no_nul(const qsa__json *v, const char *what, char *err, size_t errn) {
+    if (strlen(v->str) == v->len) return 1;
+    snprintf(err, errn, "%s: a NUL character (\\u0000) is not allowed (the text would end there)", what);
+    return 0;
+}
+
 /* Build and submit the request of one parsed line. */
 static qsa_result submit_line(qsa_sched *s, const qsa__json *o, const qsa_request_params *defaults, int chat, int64_t *id,
                               char *err, size_t errn) {
@@ -138,6 +154,7 @@ static qsa_result submit_line(qsa_sched *s, const qsa__json *o, const qsa_reques
     if (!o || o->type != QSA__JSON_OBJECT) { snprintf(err, errn, "expected a JSON object"); return QSA_ERR_FORMAT; }
     const qsa__json *prompt = qsa__json_get(o, "prompt"), *messages = qsa__json_get(o, "messages");
     if (prompt && prompt->type == QSA__JSON_STRING) {
+        if (!no_nul(prompt, "\"prompt\"", err, errn)) return QSA_ERR_FORMAT;
         rp.text = prompt->str;
         rp.chat = chat;
         rp.parse_special = 1;
@@ -149,6 +166,9 @@ static qsa_result submit_line(qsa_sched *s, const qsa__json *o, const qsa_reques
                 snprintf(err, errn, "messages[%d]: expected {\"role\": string, \"content\": string}", n);
                 return QSA_ERR_FORMAT;
             }
+            char what[64];
+            snprintf(what, sizeof what, "messages[%d]", n);
+            if (!no_nul(role, what, err, errn) || !no_nul(content, what, err, errn)) return QSA_ERR_FORMAT;
             msgs[n].role = role->str;
             msgs[n].content = content->str;
         }
@@ -180,10 +200,13 @@ static qsa_result submit_line(qsa_sched *s, const qsa__json *o, const qsa_reques
     const qsa__json *stop = qsa__json_get(o, "stop");
     if (stop) {
         int n = 0;
-        if (stop->type == QSA__JSON_STRING) stops[n++] = stop->str;
-        else if (stop->type == QSA__JSON_ARRAY && stop->count <= 16) {
+        if (stop->type == QSA__JSON_STRING) {
+            if (!no_nul(stop, "\"stop\"", err, errn)) return QSA_ERR_FORMAT;
+            stops[n++] = stop->str;
+        } else if (stop->type == QSA__JSON_ARRAY && stop->count <= 16) {
             for (const qsa__json *e = stop->child; e; e = e->next) {
                 if (e->type != QSA__JSON_STRING) { snprintf(err, errn, "\"stop\": expected strings"); return QSA_ERR_FORMAT; }
+                if (!no_nul(e, "\"stop\"", err, errn)) return QSA_ERR_FORMAT;
                 stops[n++] = e->str;
             }
         } else {

@@ -102,7 +102,7 @@ static int answer(qsa_sched *sched, qsa_seq *seq, int n_ctx, const qsa_tokenizer
     }
     int np = 0;
     if (*pending >= 0) prompt[np++] = *pending;
-    memcpy(prompt + np, ids, sizeof(int32_t) * n);
+    if (n) memcpy(prompt + np, ids, sizeof(int32_t) * n); /* (ids is NULL for text of no tokens) */
     np += (int)n;
     qsa_free(ids);
     qsa_request_params rp;

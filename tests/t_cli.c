@@ -170,6 +170,32 @@ TEST(cpu, batch_cli_refuses_bad_numbers) {
     remove(path);
 }
 
+/* Every output line of batch is valid JSON, which is UTF-8: an error message naming a file whose path is
+   not UTF-8 (or a long one cut inside a character by a message buffer) wrote those bytes as they were; and a
+   string with \u0000 is refused, not cut there (a prompt "a\u0000b" was answered as "a", a stop string
+   "\u0000" was dropped). */
+TEST(cpu, batch_cli_json_output_is_utf8_and_nul_is_refused) {
+    if (!qsa__file_exists(test_path("examples/batch"))) SKIP("examples/batch is not built (make examples/batch)");
+    char dir[] = "/tmp/qsa_cli_json_XXXXXX", path[128], args[256], *out = NULL, *err = NULL;
+    if (!mkdtemp(dir)) { CHECK(0); return; }
+    snprintf(path, sizeof path, "%s/in\xff.jsonl", dir);
+    FILE *f = fopen(path, "wb");
+    if (!f) { CHECK(0); rmdir(dir); return; }
+    fputs("{\"prompt\": 5}\n{\"prompt\": \"a\\u0000b\"}\n{\"prompt\": \"hi\", \"stop\": [\"\\u0000\"]}\n"
+          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\\u0000\"}]}\n{\"prompt\": \"hi\", \"max_tokens\": 2}\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "--temp 0 '%s'", path);
+    int rc = cli_run("batch", args, "", 0, &out, &err);
+    size_t n = out ? strlen(out) : 0;
+    CHECKF(rc == 3 && out && qsa__u8_validate(out, n, "batch output") == QSA_OK && cli_count(out, "\\ufffd.jsonl:1:") == 1,
+           "status %d, stdout '%.300s'", rc, out ? out : "");
+    CHECKF(cli_count(out, "a NUL character") == 3 && cli_count(out, "\"tokens\": 2") == 1, "stdout '%.600s'", out ? out : "");
+    qsa_free(out);
+    qsa_free(err);
+    remove(path);
+    rmdir(dir);
+}
+
 /* Runs the shell command `cmd` in the repository root; returns its exit status (-1 when it did not exit)
    and its stderr in *err (free it). */
 static int cli_shell(const char *cmd, char **err) {
