@@ -8542,12 +8542,12 @@ QSA_PRIV qsa_result qsa__generate(qsa_seq *seq, const int32_t *prompt, int n_pro
         if (m->gen.n_eos) { eos = m->gen.eos_token_ids; n_eos = m->gen.n_eos; }
         else { eos = m->cfg.eos_token_ids; n_eos = m->cfg.n_eos; }
     }
+    if (n_prompt == 0) /* (whatever the sequence holds: the first draw is from the logits of the prompt's last token) */
+        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_generate: n_prompt 0: a prompt of at least one token is needed");
     int room = seq->n_ctx - seq->pos - n_prompt;
     if (room < 1)
         return qsa__fail(QSA_ERR_CONTEXT_FULL, "qsa_generate: prompt of %d tokens at position %d leaves no room in the context of %d",
                          n_prompt, seq->pos, seq->n_ctx);
-    if (n_prompt == 0 && seq->pos == 0)
-        return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_generate: empty prompt on an empty sequence");
     int max_new = p.max_tokens > 0 && p.max_tokens < room + 1 ? p.max_tokens : room + 1;
     qsa_sampler *smp = NULL;
     QSA__TRY(qsa_sampler_create(&p.sampling, &smp));
@@ -8569,9 +8569,7 @@ QSA_PRIV qsa_result qsa__generate(qsa_seq *seq, const int32_t *prompt, int n_pro
     if (!logits || !out->tokens || !qsa__buf_reserve(&text, 64)) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_generate: out of memory"); goto done; }
     double t0, t_first;
     t0 = t_first = qsa__now();
-    if (n_prompt > 0) r = qsa_seq_feed(seq, prompt, n_prompt, logits, 0);
-    else r = qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_generate: a prompt of at least one token is needed for logits");
-    if (r != QSA_OK) goto done;
+    if ((r = qsa_seq_feed(seq, prompt, n_prompt, logits, 0)) != QSA_OK) goto done;
     out->stats.n_prompt = n_prompt;
     out->stats.prefill_s = qsa__now() - t0;
     for (;;) {

@@ -252,6 +252,10 @@ TEST(cpu, broken_sequences_and_negative_counts_are_refused) {
     if (s) CHECK_ERR(qsa_generate(s, ids, 4, &gp, &g), QSA_ERR_INVALID_ARGUMENT, "penalty_last_n -5");
     if (s) CHECK(qsa_seq_pos(s) == 4);
     gp.sampling.penalty_last_n = -1; /* the whole history: allowed */
+    /* an empty prompt is refused on a sequence that holds tokens too (the first draw needs the prompt's logits),
+       with one message, before anything is fed or allocated */
+    if (s) CHECK_ERR(qsa_generate(s, ids, 0, &gp, &g), QSA_ERR_INVALID_ARGUMENT, "qsa_generate: n_prompt 0: a prompt of at least one token");
+    if (s) CHECK(qsa_seq_pos(s) == 4 && g.n_tokens == 0 && !g.tokens);
     if (s) {
         CHECK_OK(qsa_generate(s, ids, 4, &gp, &g));
         CHECK(g.n_tokens == 2);
