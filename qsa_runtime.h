@@ -5359,8 +5359,11 @@ QSA_PRIV qsa_result qsa__tok_build(qsa_tokenizer *t, const qsa__json *root, cons
             qsa__added_tok *a = NULL;
             for (size_t k = 0; k < t->n_added && !a; k++)
                 if (t->added[k].raw_len == c->len && memcmp(t->added[k].raw, c->str, c->len) == 0) a = &t->added[k];
-            if (a) { /* same content again: the later flags win */
+            uint8_t was_special = 0;
+            if (a) { /* same content again: the later flags win, but special once is special (as the tokenizers
+                        library's set of special tokens: skipped in decoding, text where specials are not parsed) */
                 id = a->id;
+                was_special = a->special;
                 qsa__free(a->content);
                 qsa__free(a->raw);
                 a->content = a->raw = NULL;
@@ -5374,7 +5377,7 @@ QSA_PRIV qsa_result qsa__tok_build(qsa_tokenizer *t, const qsa__json *root, cons
                 qsa__log(QSA_LOG_WARN, "%s: added token '%.40s' has id %d in the file but gets id %d (as in the tokenizers "
                          "library)", src, c->str, file_id, id);
             a->id = id;
-            a->special = (uint8_t)qsa__json_flag(e, "special");
+            a->special = (uint8_t)(was_special | qsa__json_flag(e, "special"));
             a->lstrip = (uint8_t)qsa__json_flag(e, "lstrip");
             a->rstrip = (uint8_t)qsa__json_flag(e, "rstrip");
             a->single_word = (uint8_t)qsa__json_flag(e, "single_word");

@@ -21,6 +21,7 @@ typedef struct tiny_opts {
     const char *normalizer;  /* NULL: {"type":"NFC"} */
     const char *model_type;  /* NULL: "BPE" */
     int omit_model, omit_vocab, bad_merge, bad_merge_result, drop_byte, merge_three_parts;
+    int dup_added;           /* list <think> again (special, rstrip) and <|endoftext|> again (not special) */
 } tiny_opts;
 
 /* the tiny tokenizer as written: every byte token, no options */
@@ -61,6 +62,10 @@ static char *tiny_tokenizer_json(const tiny_opts *o) {
                  tf[added[i].f[0]], tf[added[i].f[1]], tf[added[i].f[2]], tf[added[i].f[3]], tf[added[i].f[4]]);
         qsa__buf_puts(&b, e);
     }
+    if (o->dup_added)
+        qsa__buf_puts(&b, ",{\"id\":274,\"content\":\"<think>\",\"special\":true,\"lstrip\":false,\"rstrip\":true,"
+                          "\"single_word\":false,\"normalized\":false},{\"id\":268,\"content\":\"<|endoftext|>\","
+                          "\"special\":false,\"lstrip\":false,\"rstrip\":false,\"single_word\":false,\"normalized\":false}");
     qsa__buf_puts(&b, "],\"normalizer\":");
     qsa__buf_puts(&b, o->normalizer ? o->normalizer : "{\"type\":\"NFC\"}");
     qsa__buf_puts(&b, ",\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":");
@@ -397,6 +402,42 @@ TEST(cpu, tok_tiny_bpe_and_added_tokens) {
         if (!ok) { print_ids("got", ids, n); print_ids("want", cases[c].ids, want); }
         qsa_free(ids);
     }
+    qsa_tokenizer_free(t);
+}
+
+/* An added token listed twice: the later entry's flags win, but a token special in either entry is special
+   (the tokenizers library's set of special tokens: skipped when decoding, text where specials are not parsed).
+   Expected ids: tokenizers 0.23.3 on this JSON (QSA_DUMP_TINY_TOKENIZER with dup_added; its merges as arrays). */
+TEST(cpu, tok_added_token_listed_twice) {
+    qsa_tokenizer *t = NULL;
+    tiny_opts o = tiny_defaults();
+    o.dup_added = 1;
+    CHECK_OK(tiny_load(&o, &t));
+    if (!t) return;
+    CHECK(qsa_tokenizer_vocab_size(t) == 274);
+    CHECK(qsa_tokenizer_is_special(t, 273) && qsa_tokenizer_is_special(t, 268));
+    static const struct { const char *text; int special; int32_t ids[24]; } cases[] = {
+        {"<think>  b", 1, {273, 98, -1}},
+        {"<think>b", 0, {60, 116, 104, 105, 110, 107, 62, 98, -1}},
+        {"<|endoftext|>x", 0, {60, 124, 101, 110, 100, 111, 102, 116, 101, 120, 116, 124, 62, 120, -1}},
+        {"<|endoftext|>x", 1, {268, 120, -1}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int32_t *ids = NULL;
+        size_t n = 0, want = 0;
+        while (cases[c].ids[want] >= 0) want++;
+        CHECK_OK(qsa_tokenize(t, cases[c].text, strlen(cases[c].text), cases[c].special, &ids, &n));
+        int ok = ids_equal(ids, n, cases[c].ids, want);
+        CHECKF(ok, "case %zu ('%s', parse_special=%d)", c, cases[c].text, cases[c].special);
+        if (!ok) { print_ids("got", ids, n); print_ids("want", cases[c].ids, want); }
+        qsa_free(ids);
+    }
+    const int32_t seq[] = {97, 273, 268, 98};
+    char *s = NULL;
+    size_t n = 0;
+    CHECK_OK(qsa_detokenize(t, seq, 4, QSA_DETOK_SKIP_SPECIAL, &s, &n));
+    CHECK(s && n == 2 && memcmp(s, "ab", 2) == 0);
+    qsa_free(s);
     qsa_tokenizer_free(t);
 }
 
