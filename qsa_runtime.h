@@ -2068,8 +2068,9 @@ struct qsa__json {
     const char *str;     /* decoded string value (NUL-terminated; may contain NULs from \u0000) */
     size_t len;
     double num;          /* number value (also set for integers) */
-    int64_t i64;         /* exact integer value when is_int */
+    int64_t i64;         /* exact integer value when is_int; with is_u64 alone, the bits of the uint64 value */
     int is_int;          /* integral and exactly representable in int64 */
+    int is_u64;          /* integral, not negative and exactly representable in uint64: qsa__json_u64 */
     qsa__json *child;    /* first element / member */
     qsa__json *next;     /* next sibling */
     size_t count;        /* number of children */
@@ -2339,6 +2340,12 @@ QSA_PRIV qsa_result qsa__json_number(qsa__json_parser *ps, qsa__json *n) {
             if (v > (UINT64_MAX - dg) / 10) { ok = 0; break; }
             v = v * 10 + dg;
         }
+        if (ok && (!neg || v == 0)) {
+            n->is_u64 = 1;
+            n->i64 = (int64_t)v; /* two's complement: the conversion keeps the bits (C11 6.3.1.3, as every
+                                    compiler this header supports defines it) */
+            n->num = (double)v;
+        }
         if (ok && (neg ? v <= (uint64_t)INT64_MAX + 1 : v <= (uint64_t)INT64_MAX)) {
             n->is_int = 1;
             n->i64 = neg ? (v == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)v) : (int64_t)v;
@@ -2364,6 +2371,7 @@ QSA_PRIV qsa_result qsa__json_number(qsa__json_parser *ps, qsa__json *n) {
     if (!n->is_int && (frac || expo) && n->num == floor(n->num) && fabs(n->num) <= 9007199254740992.0) {
         n->is_int = 1; /* e.g. 1.0 or 1e3: integral and exact */
         n->i64 = (int64_t)n->num;
+        n->is_u64 = n->i64 >= 0;
     }
     return QSA_OK;
 }
@@ -2473,6 +2481,13 @@ QSA_PRIV const qsa__json *qsa__json_get(const qsa__json *obj, const char *key) {
     for (const qsa__json *c = obj->child; c; c = c->next)
         if (c->key_len == kl && memcmp(c->key, key, kl) == 0) found = c;
     return found;
+}
+
+/* A JSON number that is an integer in 0 .. UINT64_MAX (a seed, say): 1 and *out, else 0. */
+QSA_PRIV int qsa__json_u64(const qsa__json *v, uint64_t *out) {
+    if (!v || v->type != QSA__JSON_NUMBER || !v->is_u64) return 0;
+    *out = (uint64_t)v->i64;
+    return 1;
 }
 
 /* Small typed accessors used by the config and safetensors readers. */
@@ -3085,7 +3100,7 @@ QSA_IMPL qsa_result qsa_config_parse(const char *json, size_t len, const char *q
         if (mt && mt->type == QSA__JSON_NULL) mt = NULL;
         if (qsa__json_is_str(mt, "qwen4_exp")) {
             const qsa__json *tc = qsa__json_get(root, "text_config");
-            static const qsa__json empty_obj = {QSA__JSON_OBJECT, NULL, 0, NULL, 0, 0, 0, 0, NULL, NULL, 0};
+            static const qsa__json empty_obj = {QSA__JSON_OBJECT, NULL, 0, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0};
             if (!tc || tc->type == QSA__JSON_NULL) text = &empty_obj; /* Qwen4ExpConfig: default text config */
             else if (tc->type != QSA__JSON_OBJECT) {
                 r = qsa__fail(QSA_ERR_FORMAT, "%s: text_config: expected an object, found %s", src, qsa__json_type_name(tc));

@@ -191,11 +191,10 @@ static qsa_result submit_line(qsa_sched *s, const qsa__json *o, const qsa_reques
     rp.sampling.repetition_penalty = (float)v;
     const qsa__json *seed = qsa__json_get(o, "seed");
     if (seed) {
-        if (seed->type != QSA__JSON_NUMBER || !seed->is_int || seed->i64 < 0) {
-            snprintf(err, errn, "\"seed\": expected a non-negative integer");
+        if (!qsa__json_u64(seed, &rp.sampling.seed)) {
+            snprintf(err, errn, "\"seed\": expected an integer from 0 to 18446744073709551615");
             return QSA_ERR_FORMAT;
         }
-        rp.sampling.seed = (uint64_t)seed->i64;
     }
     const qsa__json *stop = qsa__json_get(o, "stop");
     if (stop) {

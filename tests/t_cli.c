@@ -151,14 +151,18 @@ TEST(cpu, batch_cli_refuses_bad_numbers) {
     int fd = mkstemp(path);
     if (fd < 0) { CHECK(0); return; }
     static const char lines[] = "{\"prompt\": \"hi\", \"max_tokens\": 1e12}\n{\"prompt\": \"hi\", \"top_k\": 2.5}\n"
-                                "{\"prompt\": \"hi\", \"max_tokens\": 3}\n";
+                                "{\"prompt\": \"hi\", \"max_tokens\": 3}\n"
+                                "{\"prompt\": \"hi\", \"max_tokens\": 2, \"seed\": 18446744073709551615}\n"
+                                "{\"prompt\": \"hi\", \"seed\": -1}\n{\"prompt\": \"hi\", \"seed\": 18446744073709551616}\n";
     CHECK(write(fd, lines, sizeof lines - 1) == (ssize_t)(sizeof lines - 1));
     close(fd);
     char args[256], *out, *err;
     snprintf(args, sizeof args, "--temp 0 %s", path);
     int rc = cli_run("batch", args, "", 0, &out, &err);
     CHECKF(rc == 3 && cli_count(out, "max_tokens\\\": expected a whole number from 0 to 2147483647") == 1 &&
-               cli_count(out, "top_k\\\": expected a whole number") == 1 && cli_count(out, "\"tokens\": 3") == 1,
+               cli_count(out, "top_k\\\": expected a whole number") == 1 && cli_count(out, "\"tokens\": 3") == 1 &&
+               cli_count(out, "\"tokens\": 2") == 1 &&
+               cli_count(out, "seed\\\": expected an integer from 0 to 18446744073709551615") == 2,
            "status %d, stdout '%.400s'", rc, out ? out : "");
     qsa_free(out);
     qsa_free(err);

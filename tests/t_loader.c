@@ -36,6 +36,12 @@ TEST(cpu, json_values) {
     v = qsa__json_get(d.root, "big"); CHECK(v && !v->is_int && v->num == 18446744073709551616.0);
     v = qsa__json_get(d.root, "max"); CHECK(v && v->is_int && v->i64 == INT64_MAX);
     v = qsa__json_get(d.root, "min"); CHECK(v && v->is_int && v->i64 == INT64_MIN);
+    uint64_t u = 1;
+    CHECK(!qsa__json_u64(qsa__json_get(d.root, "big"), &u) && !qsa__json_u64(qsa__json_get(d.root, "min"), &u) && u == 1);
+    CHECK(qsa__json_u64(qsa__json_get(d.root, "max"), &u) && u == INT64_MAX);
+    CHECK(qsa__json_u64(a->child->next->next->next, &u) && u == 1000);       /* 1e3 */
+    CHECK(qsa__json_u64(a->child->next->next->next->next, &u) && u == 0);    /* -0 */
+    CHECK(!qsa__json_u64(a->child->next, &u) && !qsa__json_u64(a->child->next->next, &u)); /* -2, 3.5 */
     v = qsa__json_get(d.root, "u");
     CHECK(v && v->len == 8 && !memcmp(v->str, "\xc3\xa9\xf0\x9f\x98\x80\0z", 9));
     CHECK(qsa__json_get(d.root, "zz") == NULL);
@@ -43,6 +49,13 @@ TEST(cpu, json_values) {
     qsa__json_free(&d);
     CHECK_OK(tl_json("\"\xe2\x82\xac \xf4\x8f\xbf\xbf\"", &d)); /* euro sign, U+10FFFF */
     if (d.root) CHECK(d.root->len == 8);
+    qsa__json_free(&d);
+    CHECK_OK(tl_json("[18446744073709551615, 9223372036854775808]", &d)); /* past int64, within uint64 */
+    if (d.root) {
+        CHECK(!d.root->child->is_int && qsa__json_u64(d.root->child, &u) && u == UINT64_MAX);
+        CHECK(qsa__json_u64(d.root->child->next, &u) && u == (uint64_t)INT64_MAX + 1);
+        CHECK(d.root->child->num == 18446744073709551616.0);
+    }
     qsa__json_free(&d);
     CHECK_OK(tl_json("0.1", &d));
     if (d.root) CHECK(d.root->num == 0.1 && !d.root->is_int);
