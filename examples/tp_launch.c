@@ -178,13 +178,13 @@ int main(int argc, char **argv) {
     sigemptyset(&sa.sa_mask);
     static const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
     for (int k = 0; k < 3; k++) sigaction(sigs[k], &sa, NULL);
-    int failed = 0;
+    int failed = 0, stopped = 0, unstarted = 0, stopping = 0; /* stopped: ended by the launcher's SIGTERM */
     for (int r = 0; r < o.nproc && !g_signal; r++) {
         snprintf(rs, sizeof rs, "%d", r);
         pids[r] = fork();
         if (pids[r] < 0) {
             perror("tp_launch: fork");
-            failed = o.nproc - r;
+            unstarted = o.nproc - r;
             break;
         }
         if (pids[r] == 0) {
@@ -209,7 +209,10 @@ int main(int argc, char **argv) {
     }
     /* a rank that fails (or a fork that did) leaves the others waiting for it in the rendezvous or a
        collective: they are stopped */
-    if (failed || g_signal) stop_ranks(g_signal ? (int)g_signal : SIGTERM);
+    if (unstarted || g_signal) {
+        stop_ranks(g_signal ? (int)g_signal : SIGTERM);
+        stopping = 1;
+    }
     for (int left = g_n; left > 0;) {
         int st = 0;
         pid_t p = waitpid(-1, &st, 0);
@@ -222,11 +225,16 @@ int main(int argc, char **argv) {
         if (r == g_n) continue;
         pids[r] = 0;
         left--;
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-            if (!failed++ && !g_signal && left) {
-                fprintf(stderr, "tp_launch: rank %d failed; stopping the others\n", r);
-                stop_ranks(SIGTERM);
-            }
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 0) continue;
+        if (stopping && WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM) {
+            stopped++;
+            continue;
+        }
+        failed++;
+        if (!stopping && !g_signal && left) {
+            fprintf(stderr, "tp_launch: rank %d failed; stopping the others\n", r);
+            stop_ranks(SIGTERM);
+            stopping = 1;
         }
     }
     if (!o.rdv) {
@@ -238,6 +246,8 @@ int main(int argc, char **argv) {
         signal((int)g_signal, SIG_DFL);
         raise((int)g_signal);
     }
-    if (failed) fprintf(stderr, "tp_launch: %d of %d ranks failed\n", failed, o.nproc);
-    return failed ? 1 : 0;
+    if (unstarted) fprintf(stderr, "tp_launch: %d of %d ranks could not be started\n", unstarted, o.nproc);
+    if (failed || unstarted)
+        fprintf(stderr, "tp_launch: %d of %d ranks failed, %d stopped by the launcher\n", failed, o.nproc, stopped);
+    return failed || unstarted ? 1 : 0;
 }

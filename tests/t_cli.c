@@ -291,8 +291,8 @@ TEST(cpu, tool_flags_and_inputs) {
     rmdir(dir);
 }
 
-/* Processes whose command line contains s (Linux /proc) */
-static int tp_cmdline_count(const char *s) {
+/* Processes whose command line contains s and, unless NULL, s2 (Linux /proc); *pid (unless NULL) the last */
+static int tp_cmdline_find(const char *s, const char *s2, pid_t *pid) {
     DIR *d = opendir("/proc");
     int n = 0;
     for (struct dirent *e; d && (e = readdir(d));) {
@@ -306,31 +306,32 @@ static int tp_cmdline_count(const char *s) {
         for (size_t i = 0; i < k; i++)
             if (!buf[i]) buf[i] = ' ';
         buf[k] = 0;
-        n += strstr(buf, s) != NULL;
+        if (!strstr(buf, s) || (s2 && !strstr(buf, s2))) continue;
+        n++;
+        if (pid) *pid = (pid_t)atoi(e->d_name);
     }
     if (d) closedir(d);
     return n;
 }
+static int tp_cmdline_count(const char *s) { return tp_cmdline_find(s, NULL, NULL); }
 
-/* A signal to tp_launch reaches its ranks, and the launcher removes its rendezvous directory and dies of
-   it (the ranks went on running and the directory stayed).  The ranks are held by a FIFO as the driver
-   library (QSA_CUDA_LIB: dlopen's open blocks until a writer comes), and are found by their prompt, the
-   FIFO's directory. */
-TEST(cpu, tp_launch_passes_signals_to_its_ranks) {
-    if (!qsa__file_exists(test_path("examples/tp_launch")) || !qsa__file_exists(test_path("models/tiny/config.json")))
-        SKIP("examples/tp_launch or models/tiny is not built");
-    char dir[] = "/tmp/qsa_tpl_XXXXXX", fifo[64];
-    if (!mkdtemp(dir)) SKIP("mkdtemp");
+/* tp_launch -n 2 with its ranks held by a FIFO as the driver library (QSA_CUDA_LIB: dlopen's open blocks until a
+   writer comes); the ranks are found by their prompt, the FIFO's directory dir (mkdtemp'd by the caller).  The
+   launcher's stderr goes to errpath (NULL: /dev/null).  0 if it could not be set up; else the launcher's pid, once its
+   two ranks run. */
+static pid_t tp_launch_held(const char *dir, const char *errpath) {
+    char fifo[64];
     snprintf(fifo, sizeof fifo, "%s/libcuda.so.1", dir);
-    if (mkfifo(fifo, 0600) != 0) { rmdir(dir); SKIP("mkfifo"); }
+    if (mkfifo(fifo, 0600) != 0) return 0;
     char exe[600], model[600];
     snprintf(exe, sizeof exe, "%s", test_path("examples/tp_launch"));
     snprintf(model, sizeof model, "%s", test_path("models/tiny"));
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
-        int dn = open("/dev/null", O_WRONLY);
-        if (dn >= 0) { dup2(dn, 1); dup2(dn, 2); }
+        int dn = open("/dev/null", O_WRONLY), ef = errpath ? open(errpath, O_WRONLY | O_CREAT | O_TRUNC, 0600) : dn;
+        if (dn >= 0) dup2(dn, 1);
+        if (ef >= 0) dup2(ef, 2);
         setenv("QSA_CUDA_LIB", fifo, 1);
         execl(exe, exe, "-n", "2", "-m", model, "-p", dir, (char *)NULL);
         _exit(127);
@@ -342,18 +343,70 @@ TEST(cpu, tp_launch_passes_signals_to_its_ranks) {
         ranks = tp_cmdline_count(dir);
     }
     CHECKF(ranks == 3, "%d processes", ranks);
-    kill(pid, SIGTERM);
-    int st = 0;
-    waitpid(pid, &st, 0);
-    CHECKF(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM, "launcher status %d", st);
+    return pid;
+}
+
+/* Waits until no process names dir; removes the FIFO and dir.  The processes left. */
+static int tp_launch_reap(const char *dir) {
     int left = 0;
     for (int t = 0; t < 200 && (left = tp_cmdline_count(dir)) > 0; t++) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    CHECKF(left == 0, "%d rank processes left running", left);
+    char fifo[64];
+    snprintf(fifo, sizeof fifo, "%s/libcuda.so.1", dir);
     remove(fifo);
     rmdir(dir);
+    return left;
+}
+
+/* A signal to tp_launch reaches its ranks, and the launcher removes its rendezvous directory and dies of
+   it (the ranks went on running and the directory stayed). */
+TEST(cpu, tp_launch_passes_signals_to_its_ranks) {
+    if (!qsa__file_exists(test_path("examples/tp_launch")) || !qsa__file_exists(test_path("models/tiny/config.json")))
+        SKIP("examples/tp_launch or models/tiny is not built");
+    char dir[] = "/tmp/qsa_tpl_XXXXXX";
+    if (!mkdtemp(dir)) SKIP("mkdtemp");
+    pid_t pid = tp_launch_held(dir, NULL);
+    if (!pid) { rmdir(dir); SKIP("mkfifo"); }
+    kill(pid, SIGTERM);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECKF(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM, "launcher status %d", st);
+    int left = tp_launch_reap(dir);
+    CHECKF(left == 0, "%d rank processes left running", left);
+}
+
+/* A rank that dies makes the launcher stop the other, which it counts as stopped, not failed ("2 of 2 ranks
+   failed" when one failed). */
+TEST(cpu, tp_launch_counts_the_ranks_it_stopped_apart) {
+    if (!qsa__file_exists(test_path("examples/tp_launch")) || !qsa__file_exists(test_path("models/tiny/config.json")))
+        SKIP("examples/tp_launch or models/tiny is not built");
+    char dir[] = "/tmp/qsa_tpl_XXXXXX", errpath[64];
+    if (!mkdtemp(dir)) SKIP("mkdtemp");
+    snprintf(errpath, sizeof errpath, "%s.err", dir);
+    pid_t pid = tp_launch_held(dir, errpath);
+    if (!pid) { rmdir(dir); SKIP("mkfifo"); }
+    pid_t r1 = 0; /* (a rank between its fork and its exec still has the launcher's command line) */
+    for (int t = 0; t < 200 && tp_cmdline_find(dir, "--rank 1 ", &r1) == 0; t++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    CHECK(r1 > 0);
+    if (r1 > 0) kill(r1, SIGKILL);
+    else kill(pid, SIGTERM);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 1, "launcher status %d", st);
+    int left = tp_launch_reap(dir);
+    CHECKF(left == 0, "%d rank processes left running", left);
+    char *err = NULL;
+    size_t n = 0;
+    CHECK_OK(qsa__read_file(errpath, &err, &n));
+    CHECKF(err && strstr(err, "tp_launch: rank 1 failed; stopping the others") &&
+               strstr(err, "tp_launch: 1 of 2 ranks failed, 1 stopped by the launcher"), "stderr '%.400s'", err ? err : "");
+    qsa_free(err);
+    remove(errpath);
 }
 
 /* chat takes its sampling defaults from generation_config.json: do_sample false alone is greedy (it
