@@ -13079,6 +13079,11 @@ QSA_PRIV qsa_result qsa__tp_rdv_serve(const char *spec, int tp, const unsigned c
     return r;
 }
 
+/* The longest one connection attempt waits for rank 0's host to answer before the next address (or the next
+   round) is tried: an address that drops connection attempts silently (a firewall, a full accept queue) took
+   the whole timeout.  Seconds; tests shorten it. */
+static double qsa__tp_rdv_connect_s = 5.0;
+
 /* One attempt of rank `rank` on one address of rank 0.  1: the id is in `id`; 0: try again (`last`
    says why); -1: an answer that trying again cannot change (*r says what). */
 QSA_PRIV int qsa__tp_rdv_try(const char *spec, const struct addrinfo *ai, int tp, int rank, unsigned char *id, double deadline,
@@ -13094,7 +13099,8 @@ QSA_PRIV int qsa__tp_rdv_try(const char *spec, const struct addrinfo *ai, int tp
     if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
         e = errno;
         if (e == EINPROGRESS || e == EINTR) { /* the connection goes on in the background */
-            int w = qsa__sock_wait(fd, POLLOUT, deadline), so = 0;
+            double cdl = qsa__now() + qsa__tp_rdv_connect_s;
+            int w = qsa__sock_wait(fd, POLLOUT, cdl < deadline ? cdl : deadline), so = 0;
             socklen_t n = sizeof so;
             if (w == 0) e = ETIMEDOUT;
             else if (w < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &n) != 0) e = errno;
@@ -13127,6 +13133,16 @@ QSA_PRIV int qsa__tp_rdv_try(const char *spec, const struct addrinfo *ai, int tp
     return st;
 }
 
+/* One round over rank 0's addresses, in order, until one gives the id (1) or an answer that ends the fetch (-1;
+   *r says what); 0: none did (`last` says why). */
+QSA_PRIV int qsa__tp_rdv_round(const char *spec, const struct addrinfo *res, int tp, int rank, unsigned char *id,
+                               double deadline, char *last, size_t cap, qsa_result *r) {
+    int st = 0;
+    for (const struct addrinfo *ai = res; ai && !st; ai = ai->ai_next)
+        st = qsa__tp_rdv_try(spec, ai, tp, rank, id, deadline, last, cap, r);
+    return st;
+}
+
 /* Rank `rank` (1..tp-1): connect to rank 0 at `spec`, retrying until timeout_s, and read the id. */
 QSA_PRIV qsa_result qsa__tp_rdv_fetch(const char *spec, int tp, int rank, unsigned char id[QSA__RDV_ID], double timeout_s) {
     qsa__tp_rdv_addr a;
@@ -13144,10 +13160,8 @@ QSA_PRIV qsa_result qsa__tp_rdv_fetch(const char *spec, int tp, int rank, unsign
             return qsa__fail(QSA_ERR_IO, "tp rendezvous %.300s: cannot resolve %s: %s", spec, a.host,
                              e == EAI_SYSTEM ? strerror(errno) : gai_strerror(e));
         if (e) snprintf(last, sizeof last, "cannot resolve %s: %s", a.host, gai_strerror(e));
-        int st = 0;
         qsa_result r = QSA_OK;
-        for (const struct addrinfo *ai = res; ai && !st; ai = ai->ai_next)
-            st = qsa__tp_rdv_try(spec, ai, tp, rank, id, deadline, last, sizeof last, &r);
+        int st = qsa__tp_rdv_round(spec, res, tp, rank, id, deadline, last, sizeof last, &r);
         if (res) freeaddrinfo(res);
         attempts++;
         if (st) return r;

@@ -188,6 +188,62 @@ TEST(cpu, tp_rendezvous_tcp_failures) {
     CHECK(rdv_open_fds() == fds);
 }
 
+/* Rank 0's host resolves to two addresses and the first drops connection attempts silently (here a listener on
+   127.0.0.2 whose accept queue is full): the rank moves on to the second within qsa__tp_rdv_connect_s and gets
+   the id there (it spent its whole timeout on the first address). */
+TEST(cpu, tp_rendezvous_tcp_moves_past_an_address_that_drops) {
+    int fds = rdv_open_fds(), port = rdv_free_port();
+    struct sockaddr_in hole, live;
+    memset(&hole, 0, sizeof hole);
+    hole.sin_family = AF_INET;
+    hole.sin_addr.s_addr = htonl(0x7f000002u);
+    hole.sin_port = htons((uint16_t)port);
+    live = hole;
+    live.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int lfd = socket(AF_INET, SOCK_STREAM, 0), filler[4];
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&hole, sizeof hole) != 0 || listen(lfd, 0) != 0) {
+        if (lfd >= 0) close(lfd);
+        SKIP("cannot listen on 127.0.0.2");
+    }
+    for (int i = 0; i < 4; i++) { /* fill the accept queue: later attempts get no answer */
+        filler[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        if (filler[i] >= 0) (void)!connect(filler[i], (struct sockaddr *)&hole, sizeof hole);
+    }
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    rdv_rank k0;
+    rdv_start(&k0, port, 2, 0, 10.0);
+    struct addrinfo a1, a0;
+    memset(&a1, 0, sizeof a1);
+    a1.ai_family = AF_INET;
+    a1.ai_socktype = SOCK_STREAM;
+    a1.ai_addr = (struct sockaddr *)&live;
+    a1.ai_addrlen = sizeof live;
+    a0 = a1;
+    a0.ai_addr = (struct sockaddr *)&hole;
+    a0.ai_next = &a1;
+    double saved = qsa__tp_rdv_connect_s;
+    qsa__tp_rdv_connect_s = 0.3;
+    unsigned char id[128] = {0};
+    char last[400] = "";
+    qsa_result r = QSA_OK;
+    double t0 = qsa__now();
+    int st = 0;
+    for (int round = 0; round < 40 && st == 0 && qsa__now() - t0 < 4.0; round++) { /* until rank 0 listens */
+        st = qsa__tp_rdv_round("test", &a0, 2, 1, id, t0 + 4.0, last, sizeof last, &r);
+        if (!st) nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    }
+    double dt = qsa__now() - t0;
+    qsa__tp_rdv_connect_s = saved;
+    CHECKF(st == 1 && r == QSA_OK && dt < 2.0, "round %d after %.2f s (last: %s)", st, dt, last);
+    rdv_join(&k0);
+    CHECK(k0.r == QSA_OK && !memcmp(id, k0.id, 128));
+    for (int i = 0; i < 4; i++)
+        if (filler[i] >= 0) close(filler[i]);
+    close(lfd);
+    CHECK(rdv_open_fds() == fds);
+}
+
 /* Clients that close at once, send junk, stall half-way or leave before acknowledging, and a rank
    that fetches twice: rank 0 counts only whole exchanges, each rank once, and every real rank gets
    the id. */
