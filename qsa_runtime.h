@@ -10597,6 +10597,15 @@ QSA_PRIV qsa_result qsa__cuda_open(qsa__cuda *g, int ordinal, qsa__gpu_info *inf
 
 QSA_PRIV qsa_result qsa__cuda_init(qsa_model *m, qsa__cuda **out) {
     *out = NULL;
+    const qsa_model_config *c = &m->cfg;
+    /* the GDN gates' [tokens][nv] temporaries live in scratch of [tokens][hidden_size] (out) and
+       [tokens][hc_lowrank] (low): qsa__cuda_gdn, qsa__cuda_gdn_batch */
+    int gdn = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) gdn |= c->layer_types[l] == QSA_LAYER_LINEAR;
+    if (gdn && (c->linear_num_value_heads > c->hidden_size || c->linear_num_value_heads > c->hc_lowrank))
+        return qsa__fail(QSA_ERR_UNSUPPORTED, "cuda: %d GDN value heads exceed hidden_size %d or hc_lowrank %d: the CUDA backend "
+                         "keeps each token's gates in rows of that size (the CPU backend runs this model)",
+                         c->linear_num_value_heads, c->hidden_size, c->hc_lowrank);
     QSA__TRY(qsa__cuda_load());
     if (qsa__cu.device_count <= 0) return qsa__fail(QSA_ERR_NO_DEVICE, "cuda: no CUDA device");
     qsa__cuda *g = QSA__CALLOC(qsa__cuda, 1);
@@ -11358,9 +11367,7 @@ QSA_PRIV qsa_result qsa__cuda_gdn(qsa_seq *sq, int l, int M) {
     int act = c->hidden_act == QSA_ACT_SIGMOID, gact = c->output_gate_act == QSA_ACT_SIGMOID;
     float eps = c->rms_norm_eps;
     CUdeviceptr qkv = s->big[0], z = s->big[1], q = s->big[2], k = s->big[3], v = s->big[4], o = s->big[5];
-    CUdeviceptr b = s->out, a = s->mw, beta = s->low, gg = s->xn; /* small [M][nv] temporaries */
-    if ((size_t)M * nv * 4 > (size_t)M * c->hc_lowrank * 4)
-        return qsa__fail(QSA_ERR_UNSUPPORTED, "GDN: %d value heads exceed the scratch sized by hc_lowrank %d", nv, c->hc_lowrank);
+    CUdeviceptr b = s->out, a = s->mw, beta = s->low, gg = s->xn; /* small [M][nv] temporaries (qsa__cuda_init) */
     const qsa__dlin *ws[4] = {&d->in_qkv, &d->in_z, &d->in_b, &d->in_a};
     CUdeviceptr ys[4] = {qkv, z, b, a};
     QSA__TRY(qsa__dgemm_group(g, s->inp16, M, 4, ws, ys, NULL, NULL));
@@ -11913,8 +11920,6 @@ QSA_PRIV qsa_result qsa__cuda_gdn_batch(qsa_model *m, int l, int B) {
     float eps = c->rms_norm_eps;
     CUdeviceptr qkv = s->big[0], z = s->big[1], q = s->big[2], k = s->big[3], v = s->big[4], o = s->big[5];
     CUdeviceptr b = s->out, a = s->mw, beta = s->low, gg = s->xn;
-    if ((size_t)B * nv * 4 > (size_t)B * c->hc_lowrank * 4)
-        return qsa__fail(QSA_ERR_UNSUPPORTED, "GDN: %d value heads exceed the scratch sized by hc_lowrank %d", nv, c->hc_lowrank);
     const qsa__dlin *ws[4] = {&d->in_qkv, &d->in_z, &d->in_b, &d->in_a};
     CUdeviceptr ys[4] = {qkv, z, b, a};
     QSA__TRY(qsa__dgemm_group(g, s->inp16, B, 4, ws, ys, NULL, NULL));

@@ -2838,6 +2838,26 @@ TEST(cpu, tp_views_reproduce_the_model_at_every_split) {
     tp_remove_model(dir);
 }
 
+/* More GDN value heads than hc_lowrank (or hidden_size): the CUDA backend keeps each token's gates in scratch rows
+   of those sizes, so it refuses such a model at load with a message, on any machine (it loaded, and every forward
+   failed; past hidden_size a long chunk wrote past its scratch).  tp_random_config has 24 value heads, hc_lowrank 8. */
+TEST(cpu, cuda_refuses_more_gdn_value_heads_than_its_gate_rows) {
+    char dir[] = "/tmp/qsa_nvrows_XXXXXX";
+    if (!mkdtemp(dir)) { CHECK(0); return; }
+    char js[2048];
+    tp_random_config(js, sizeof js, 8);
+    CHECK(tp_write_random_model(dir, js));
+    qsa_model *m = NULL;
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.backend = QSA_BACKEND_CUDA;
+    if (!T_.failed)
+        CHECK_ERR(qsa_model_load(dir, &mp, &m), QSA_ERR_UNSUPPORTED, "24 GDN value heads exceed hidden_size 32 or hc_lowrank 8");
+    CHECK(m == NULL);
+    qsa_model_free(m);
+    tp_remove_model(dir);
+}
+
 /* An indexer head dim past 1,024 (the config allows 16,384): the block keys' mean took a stack array of 1,024
    floats (a stack overflow at 4,096, found by a review).  The same random model with indexer heads of 2,048,
    40 tokens: ten complete blocks and their keys, fed at once and token by token (the same bits). */
