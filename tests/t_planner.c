@@ -165,17 +165,19 @@ static int inv_same(const inv_result *a, const inv_result *b, int n, int V, int 
            !memcmp(a->hidden, b->hidden, sizeof(float) * (size_t)n * H) && !memcmp(a->tokens, b->tokens, sizeof(int32_t) * INV_STEPS);
 }
 
-/* One request, >= 20 allocations per page size, page sizes 16, 400 and 784: bitwise identical. */
-static int inv_allocations(const char *fixture, qsa_backend backend, int physical_order, int tp, int *n_differ) {
+/* One request of n_tokens prompt tokens (0: 8x the QSA budget + 13) + INV_STEPS greedy steps under the
+   allocation scenarios 0, stride, 2*stride, ... of 0..20 (below) for each page size; the first page size's
+   scenario 0 (a fresh pool, pages in ascending order) is the reference. */
+static int inv_allocations_ex(const char *fixture, qsa_backend backend, int physical_order, int tp, const int *page_sizes,
+                              int n_ps, int n_tokens, int stride, int *n_differ) {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures"), fixture);
-    static const int page_sizes[] = {16, 400, 784};
     inv_result ref, cur;
     memset(&ref, 0, sizeof ref);
     int n = 0, V = 0, H = 0, runs = 0;
     int32_t *ids = NULL;
     *n_differ = 0;
-    for (int pi = 0; pi < 3; pi++) {
+    for (int pi = 0; pi < n_ps; pi++) {
         qsa_model_params mp;
         memset(&mp, 0, sizeof mp);
         mp.backend = backend;
@@ -188,7 +190,7 @@ static int inv_allocations(const char *fixture, qsa_backend backend, int physica
         if (!m) return runs;
         if (!ids) {
             V = m->cfg.vocab_size; H = m->cfg.hidden_size;
-            n = 8 * m->cfg.indexer_budget + 13; /* >= 8x the QSA budget, not a multiple of anything */
+            n = n_tokens > 0 ? n_tokens : 8 * m->cfg.indexer_budget + 13; /* >= 8x the QSA budget, not a multiple of anything */
             ids = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
             uint64_t sd = 99;
             for (int i = 0; i < n; i++) ids[i] = (int32_t)(lcg(&sd) % (uint64_t)V);
@@ -197,7 +199,7 @@ static int inv_allocations(const char *fixture, qsa_backend backend, int physica
         }
         cur.logits = (float *)malloc(sizeof(float) * (size_t)(n + INV_STEPS) * V);
         cur.hidden = (float *)malloc(sizeof(float) * (size_t)n * H);
-        for (int a = 0; a < 21; a++) {
+        for (int a = 0; a < 21; a += stride) {
             inv_crowd crowd;
             memset(&crowd, 0, sizeof crowd);
             crowd.seed = 1000 + (uint64_t)a;
@@ -238,9 +240,31 @@ static int inv_allocations(const char *fixture, qsa_backend backend, int physica
     return runs;
 }
 
+/* One request, >= 20 allocations per page size, page sizes 16, 400 and 784: bitwise identical.  (The
+   request, 8 x 16 + 13 prompt tokens and 8 steps, fits one page of 400 or 784: there these runs check
+   page-size invariance; allocation_invariance_across_page_boundaries below puts a request on several
+   pages of every size.) */
+static int inv_allocations(const char *fixture, qsa_backend backend, int physical_order, int tp, int *n_differ) {
+    static const int page_sizes[] = {16, 400, 784};
+    return inv_allocations_ex(fixture, backend, physical_order, tp, page_sizes, 3, 0, 1, n_differ);
+}
+
 TEST(cpu, allocation_and_page_size_invariance) {
     int differ, runs = inv_allocations("qsa_hc4_ple_sharded", QSA_BACKEND_CPU, 0, 0, &differ);
     CHECKF(runs >= 60, "only %d runs", runs);
+    CHECKF(differ == 0, "%d of %d allocations/page sizes changed the bits", differ, runs);
+}
+
+/* Allocation invariance where a request sits on several pages of every size (the test above places its
+   request on one page of 400 or 784 tokens, so any allocation gives the same bits there) and where QSA
+   blocks (4 tokens in the fixture) straddle pages: 17 and 19 are no multiples of 4, so a block's raw
+   indexer keys, and a selected block's K and V, are read from two pages.  The request: a page of 784
+   + 29 prompt tokens and 8 steps; scenarios 0, 5, 10, 15, 20 (fresh, shuffled, interleaved,
+   fragmented, scattered while growing) per page size. */
+TEST(cpu, allocation_invariance_across_page_boundaries) {
+    static const int page_sizes[] = {16, 17, 19, 400, 784};
+    int differ, runs = inv_allocations_ex("qsa_hc4_ple_sharded", QSA_BACKEND_CPU, 0, 0, page_sizes, 5, 784 + 29, 5, &differ);
+    CHECKF(runs >= 24, "only %d runs", runs);
     CHECKF(differ == 0, "%d of %d allocations/page sizes changed the bits", differ, runs);
 }
 
@@ -259,6 +283,11 @@ TEST(cpu, physical_order_plan_breaks_invariance) {
     int differ, runs = inv_allocations("qsa_hc4_ple_sharded", QSA_BACKEND_CPU, 1, 0, &differ);
     printf("    physical-order plans: %d of %d allocations/page sizes changed the bits\n", differ, runs);
     CHECKF(differ > 0, "the physical-order plan changed nothing in %d runs", runs);
+    /* and at the large page sizes, with a request over several pages of each */
+    static const int large[] = {400, 784};
+    runs = inv_allocations_ex("qsa_hc4_ple_sharded", QSA_BACKEND_CPU, 1, 0, large, 2, 784 + 29, 5, &differ);
+    printf("    at pages of 400 and 784: %d of %d changed the bits\n", differ, runs);
+    CHECKF(differ > 0, "the physical-order plan changed nothing in %d runs at pages of 400 and 784", runs);
 }
 
 /* Capture a QSA layer on scattered pages, replay it: the frozen plan and today's planner reproduce
