@@ -163,6 +163,20 @@ TEST(gpu, allocation_and_page_size_invariance) {
     printf("    GPU: %d allocations/page sizes, %d differ\n", runs, differ);
 }
 
+/* cpu/allocation_invariance_across_page_boundaries on the GPU: a request over several pages of every size */
+TEST(gpu, allocation_invariance_across_page_boundaries) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    qsa_model *m = NULL;
+    GPU_OR_SKIP("qsa_first_no_ple", &mp, &m);
+    qsa_model_free(m);
+    static const int page_sizes[] = {16, 17, 19, 400, 784};
+    int differ, runs = inv_allocations_ex("qsa_hc4_ple_sharded", QSA_BACKEND_CUDA, 0, 0, page_sizes, 5, 784 + 29, 5, &differ);
+    CHECKF(runs >= 24, "only %d runs", runs);
+    CHECKF(differ == 0, "GPU: %d of %d allocations/page sizes changed the bits", differ, runs);
+    printf("    GPU: %d allocations/page sizes over several pages each, %d differ\n", runs, differ);
+}
+
 TEST(gpu, physical_order_plan_breaks_invariance) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
