@@ -5483,7 +5483,32 @@ struct qsa_cand_row {
     float temp, pen; /* temperature (<= 0: greedy, the arg-max alone); the repetition penalty (where pen_n > 0) */
     int k;           /* top-k at temperature > 0: 1 <= k < V, k <= kmax */
     int pen_off, pen_n; /* the row's distinct penalised ids: pid[pen_off .. pen_off + pen_n) */
+    int z;           /* a top-p or min-p draw over the whole row: its k candidates and the row's sum
+                        (qsa_k_sample_z), which the host's draw normalises by */
 };
+
+/* One term of a whole row's sum (the host's qsa__zterm, the same integer function): about 2^44 e^d, d = t - tmax
+ * (t, tmax tempered logits; d <= 0), from -d log2(e) = I + F / 2^32 in 32.32 fixed point (two IEEE operations, then
+ * integers): 2^(-F / 2^32) by a table of 16 (F's top 4 bits) and a degree-5 series in 31-bit fixed point, shifted
+ * by I. */
+static __device__ __forceinline__ qsa_u64 qsa_zterm(float t, float tmax) {
+    const float d = __fsub_rn(t, tmax);
+    if (!(d > -64.0f)) return 0ull;
+    const qsa_i64 y = (qsa_i64)__fmul_rn(__fmul_rn(d, 1.44269504088896341f), 4294967296.0f); /* (truncated) */
+    const qsa_u64 zf = (qsa_u64)(-y), I = zf >> 32;
+    if (I >= 44) return 0ull;
+    const unsigned T[16] = {0x80000000u, 0x7a92be8bu, 0x75606374u, 0x70666f76u, 0x6ba27e65u, 0x6712460bu,
+                            0x62b39509u, 0x5e8451d0u, 0x5a82799au, 0x56ac1f75u, 0x52ff6b55u, 0x4f7a9930u,
+                            0x4c1bf829u, 0x48e1e9bau, 0x45cae0f2u, 0x42d561b4u};
+    const unsigned b[6] = {0x80000000u, 0x58b90bfcu, 0x1ebfbe00u, 0x71ac236u, 0x13b2ab7u, 0x2bb100u};
+    const unsigned F = (unsigned)zf, f = F & 0x0fffffffu;
+    unsigned acc = b[5];
+#pragma unroll
+    for (int k = 4; k >= 0; k--) acc = b[k] - __umulhi(acc, f);
+    const qsa_u64 R = ((qsa_u64)T[F >> 28] * acc) >> 31;
+    return I <= 13 ? R << (13 - I) : R >> (I - 13);
+}
+
 #define QSA_CAND_CHUNK 8192 /* ids of a row per block of qsa_k_sample_cand1 (= qsa_topk_select's one-load span) */
 
 /* The device half of qsa_sampler_sample's draw for a greedy or top-k sampler, in two launches (the host's
@@ -5560,16 +5585,52 @@ extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_sample_cand1(float *
 }
 #endif
 
+/* The whole-row sum of a top-p or min-p row (rp[b].z, temperature > 0), chunk c = blockIdx.x of QSA_CAND_CHUNK ids of
+ * part row r = blockIdx.y (b = b0 + r): sum of qsa_zterm(t, tmax) over the chunk's tempered logits t (qsa_k_sample_cand1's
+ * v), tmax the row's largest (from am[r], its chunks' largest raw logits: T > 0 keeps the order), into zp[r][c] (an
+ * integer sum: the same in any order).  Other rows: nothing.  Launch: grid (P, rows), block 1024. */
+#if QSA_IN_PART(1)
+extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_sample_z(int V, int b0, const qsa_cand_row *__restrict__ rp,
+                                                                      const float *__restrict__ v,
+                                                                      const float *__restrict__ am, qsa_u64 *zp) {
+    QSA_PDL_ENTRY();
+    __shared__ qsa_u64 sw[32];
+    const int r = blockIdx.y, tid = threadIdx.x, P = gridDim.x, c0 = (int)blockIdx.x * QSA_CAND_CHUNK,
+              n = min(QSA_CAND_CHUNK, V - c0);
+    const qsa_cand_row q = rp[b0 + r];
+    if (!q.z || !(q.temp > 0.0f)) return;
+    float bv = QSA_NEG_INF;
+    for (int c = 0; c < P; c++) bv = fmaxf(bv, am[((qsa_i64)r * P + c) * 2]); /* (NaN is -inf by now) */
+    const float tmax = __fdiv_rn(bv, q.temp);
+    if (!(fabsf(tmax) < QSA_INF)) return; /* (a degenerate row: the arg-max alone, qsa_k_sample_cand2) */
+    const float *vr = v + (qsa_i64)r * V + c0;
+    qsa_u64 s = 0ull;
+    for (int i = tid; i < n; i += blockDim.x) s += qsa_zterm(vr[i], tmax);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(QSA_FULL_MASK, s, o);
+    if ((tid & 31) == 0) sw[tid >> 5] = s;
+    __syncthreads();
+    if (tid < 32) {
+        s = tid < (int)(blockDim.x >> 5) ? sw[tid] : 0ull;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(QSA_FULL_MASK, s, o);
+        if (tid == 0) zp[(qsa_i64)r * P + blockIdx.x] = s;
+    }
+}
+#endif
+
 /* The rows' candidates from qsa_k_sample_cand1's chunks (row b = b0 + blockIdx.x, part row r = blockIdx.x, P chunks):
  * the arg-max and the largest logit lmax of the row from am[r] (exact in any order); a greedy row, or where lmax is
  * -inf or lmax / T infinite (the limit of a vanishing temperature): out[b] = {arg-max, 0}; else the top k of the
  * chunks' candidates (ascending ids, so ties go to the lower id as before), out[b] = {arg-max, k, the k ids
- * ascending, their tempered logits' bits}: a row of 2 + 2 kmax words.  Launch: grid (rows), block 1024. */
+ * ascending, their tempered logits' bits, then the row's sum (qsa_k_sample_z: zp[r], P chunks added in order) as
+ * two words, low first, 0 unless rp[b].z}: a row of 4 + 2 kmax words.  Launch: grid (rows), block 1024. */
 #if QSA_IN_PART(1)
 extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_sample_cand2(int V, int b0, int P,
                                                                          const qsa_cand_row *__restrict__ rp,
                                                                          const float *__restrict__ am, const float *cv,
-                                                                         const int *__restrict__ ci, int *out, int kmax) {
+                                                                         const int *__restrict__ ci,
+                                                                         const qsa_u64 *__restrict__ zp, int *out, int kmax) {
     QSA_PDL_ENTRY();
     __shared__ k2_topk_smem sm;
     __shared__ float sv[33];
@@ -5578,7 +5639,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_sample_cand2(int V, 
     const qsa_cand_row q = rp[b];
     const bool greedy = !(q.temp > 0.0f);
     if (blockDim.x != 1024) __trap();
-    int *o = out + (qsa_i64)b * (2 + 2 * kmax);
+    int *o = out + (qsa_i64)b * (4 + 2 * kmax);
     float bv = QSA_NEG_INF;
     int bi = 0x7fffffff;
     for (int c = tid; c < P; c += blockDim.x) {
@@ -5595,8 +5656,15 @@ extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_sample_cand2(int V, 
         if (tid == 0) {
             o[0] = amx;
             o[1] = 0;
+            o[2 + 2 * kmax] = o[3 + 2 * kmax] = 0;
         }
         return;
+    }
+    if (tid == 0) { /* (qsa_k_sample_z's chunks, in order) */
+        qsa_u64 z = 0ull;
+        for (int c = 0; q.z && c < P; c++) z += zp[(qsa_i64)r * P + c];
+        o[2 + 2 * kmax] = (int)(unsigned)z;
+        o[3 + 2 * kmax] = (int)(unsigned)(z >> 32);
     }
     /* the chunks' candidates: k each, the last min(k, its ids) */
     const int nc = (P - 1) * q.k + min(q.k, V - (P - 1) * QSA_CAND_CHUNK);

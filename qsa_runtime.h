@@ -548,7 +548,12 @@ QSA_API void qsa_sampler_free(qsa_sampler *s);
    penalty) so small that a logit over it overflows, the pick is the arg-max, the limit of a vanishing
    temperature.  -1 on a NULL sampler or logits or vocab < 1 (QSA_ERR_INVALID_ARGUMENT), or when it cannot
    allocate its work buffers (a first sampling call at temperature > 0 or with a repetition penalty, at
-   this vocabulary size: QSA_ERR_OUT_OF_MEMORY, in qsa_last_error()); the logits are then as they came. */
+   this vocabulary size: QSA_ERR_OUT_OF_MEMORY, in qsa_last_error()); the logits are then as they came.
+   The draw: repetition penalty, temperature, the ids ordered by logit (lower id first on ties) and cut to the top-k,
+   probabilities exp(l - max) over their sum (in order; a top-p or min-p draw without a top-k below the vocabulary:
+   over the whole row's sum of integers ~2^44 e^(l - max) (qsa__zterm's definition, in units of 2^-44), which a GPU
+   adds in any order),
+   then top-p, then min-p, then one uniform draw from the seeded generator. */
 QSA_API int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, const int32_t *history, int n_history);
 
 /* Generation. */
@@ -6664,12 +6669,16 @@ QSA_PRIV qsa_result qsa__model_bind(qsa_model *m) {
 }
 
 /* Sampling on the device: a sampler whose draw reads the top-k of a row (1 <= top_k <= QSA__CAND_MAX), or its
-   arg-max alone, lets a batched step reduce the row to those candidates (qsa__sampler_cand_k) */
+   arg-max alone, or a top-p or min-p draw over the whole row (its QSA__CAND_Z best and the row's sum), lets a batched
+   step reduce the row to those candidates (qsa__sampler_cand_k) */
 #define QSA__CAND_MAX 1024
-#define QSA__CAND_STRIDE(kmax) (2 + 2 * (kmax)) /* the words of a row of candidates */
+#define QSA__CAND_Z 256 /* the candidates of a whole-row top-p or min-p draw */
+#define QSA__CAND_STRIDE(kmax) (4 + 2 * (kmax)) /* the words of a row of candidates (qsa_k_sample_cand2) */
 /* A batched step's sampling on the device (qsa__feed_batch, qsa__cuda_decode_batch): the rows' samplers, and where
    their candidates go: out + i QSA__CAND_STRIDE(kmax) is row i's for qsa__sampler_from_cand, its word 1 left at -1
-   where the row's logits came instead (a step that could not reduce its rows: qsa__cuda_cand_rows) */
+   where the row's logits came instead (a step that could not reduce its rows: qsa__cuda_cand_rows), -2 where they came
+   with the repetition penalty applied (a whole-row draw that its candidates could not decide: qsa__sampler_cand_cut;
+   drawn by qsa__sampler_sample_z with no history and the row's sum, qsa__cand_z) */
 struct qsa__cand_req {
     qsa_sampler *const *smp;
     int32_t *out;
@@ -8376,24 +8385,66 @@ QSA_PRIV int qsa__sampler_window(const qsa_sampler *s, const int32_t *hist, int 
     return p->penalty_last_n < 0 || p->penalty_last_n > n_hist ? 0 : n_hist - p->penalty_last_n;
 }
 
-/* The draw from n (>= 1) candidates in order: s->idx[0, n) with their tempered logits in s->prob[0, n)
-   (qsa_sampler_sample's steps after the order; prob is overwritten) */
-QSA_PRIV int32_t qsa__sample_draw(qsa_sampler *s, int n) {
+/* A whole-row top-p or min-p draw (temperature > 0, no top-k below the vocabulary) normalises by the row's sum in
+   units of 2^-44: the sum over every id of qsa__zterm(t, tmax), t its tempered logit, tmax the largest.  Integers,
+   so the sum is the same in any order (kernels.cu's qsa_k_sample_z adds it on the device, in parallel).  A term is
+   about 2^44 e^d, d = t - tmax <= 0 (within ~1e-9), from d's 32.32 fixed-point form after two IEEE operations:
+   -d log2(e) = I + F / 2^32, then 2^(-F / 2^32) = 2^(-j / 16) 2^(-f / 2^32) (F's top 4 bits j, a table of 16; f < 2^28:
+   a degree-5 series) in 31-bit fixed point, shifted by I: only 32 x 32-bit products (kernels.cu's qsa_zterm: the
+   same integers).  At 248,320 ids the sum stays below 2^62. */
+QSA_PRIV uint64_t qsa__zterm(float t, float tmax) {
+    float d = t - tmax;
+    if (!(d > -64.0f)) return 0;
+    float y = d * 1.44269504088896341f;
+    uint64_t zf = (uint64_t)(-(int64_t)(y * 4294967296.0f)), I = zf >> 32; /* (truncated) */
+    if (I >= 44) return 0;
+    static const uint32_t T[16] = {0x80000000u, 0x7a92be8bu, 0x75606374u, 0x70666f76u, 0x6ba27e65u, 0x6712460bu,
+                                   0x62b39509u, 0x5e8451d0u, 0x5a82799au, 0x56ac1f75u, 0x52ff6b55u, 0x4f7a9930u,
+                                   0x4c1bf829u, 0x48e1e9bau, 0x45cae0f2u, 0x42d561b4u};
+    static const uint32_t b[6] = {0x80000000u, 0x58b90bfcu, 0x1ebfbe00u, 0x71ac236u, 0x13b2ab7u, 0x2bb100u};
+    uint32_t F = (uint32_t)zf, f = F & 0x0fffffffu, acc = b[5];
+    for (int k = 4; k >= 0; k--) acc = b[k] - (uint32_t)(((uint64_t)acc * f) >> 32);
+    uint64_t R = ((uint64_t)T[F >> 28] * acc) >> 31; /* (2^30, 2^31] */
+    return I <= 13 ? R << (13 - I) : R >> (I - 13);
+}
+QSA_PRIV uint64_t qsa__zsum(const float *t, int n, float tmax) {
+    uint64_t z = 0;
+    for (int i = 0; i < n; i++) z += qsa__zterm(t[i], tmax);
+    return z;
+}
+/* 1 for a sampler whose draw is a top-p or min-p one over the whole row (normalised by qsa__zsum) */
+QSA_PRIV int qsa__sampler_whole_z(const qsa_sampler *s, int vocab) {
+    const qsa_sampling_params *p = &s->p;
+    return p->temperature > 0.0f && (p->top_k <= 0 || p->top_k >= vocab) && ((p->top_p > 0.0f && p->top_p < 1.0f) || p->min_p > 0.0f);
+}
+
+/* The candidates that a draw keeps of n (>= 1) in order, s->idx[0, n) with their tempered logits in s->prob[0, n)
+   (qsa_sampler_sample's steps after the order; prob becomes their probabilities): normalised by their own sum, or
+   where z > 0 by z 2^-44 (a whole-row draw: qsa__zterm), then top-p, then min-p.  -2 where they are not every id of
+   the row (complete 0) and top-p or min-p would keep more than them: the draw cannot be decided from them. */
+QSA_PRIV int qsa__sample_cut(qsa_sampler *s, int n, uint64_t z, int complete) {
     const qsa_sampling_params *p = &s->p;
     double sum = 0.0, mx = s->prob[0];
     for (int i = 0; i < n; i++) { s->prob[i] = (float)exp(s->prob[i] - mx); sum += s->prob[i]; }
+    if (z) sum = ldexp((double)z, -44);
     for (int i = 0; i < n; i++) s->prob[i] = (float)(s->prob[i] / sum);
+    int cut = 0;
     if (p->top_p > 0.0f && p->top_p < 1.0f) {
         double c = 0.0;
-        for (int i = 0; i < n; i++) { c += s->prob[i]; if (c >= p->top_p) { n = i + 1; break; } }
+        for (int i = 0; i < n; i++) { c += s->prob[i]; if (c >= p->top_p) { n = i + 1; cut = 1; break; } }
     }
     if (p->min_p > 0.0f) {
         float lim = p->min_p * s->prob[0];
         int k = 1;
         while (k < n && s->prob[k] >= lim) k++;
+        cut |= k < n;
         n = k;
     }
-    sum = 0.0;
+    return cut || complete ? n : -2;
+}
+/* The draw from the first n candidates of qsa__sample_cut's probabilities */
+QSA_PRIV int32_t qsa__sample_pick(qsa_sampler *s, int n) {
+    double sum = 0.0;
     for (int i = 0; i < n; i++) sum += s->prob[i];
     double u = qsa__rng_uniform(s->s) * sum, c = 0.0;
     for (int i = 0; i < n; i++) {
@@ -8402,6 +8453,8 @@ QSA_PRIV int32_t qsa__sample_draw(qsa_sampler *s, int n) {
     }
     return s->idx[n - 1];
 }
+/* The draw from n (>= 1) candidates in order, every id of the row or a top-k of it (as qsa__sample_cut) */
+QSA_PRIV int32_t qsa__sample_draw(qsa_sampler *s, int n, uint64_t z) { return qsa__sample_pick(s, qsa__sample_cut(s, n, z, 1)); }
 
 /* The distinct ids of the penalty window (the ids qsa_sampler_sample penalises), at most cap of them, into ids:
    their number; -1 when there are more; -2 out of memory (reported) */
@@ -8422,7 +8475,9 @@ QSA_PRIV int qsa__sampler_pen_ids(qsa_sampler *s, const int32_t *hist, int n_his
     return n;
 }
 
-QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, const int32_t *hist, int n_hist) {
+/* qsa_sampler_sample; z: a whole-row draw's sum (qsa__zsum) where the caller has it, whose best QSA__CAND_Z do not
+   decide it (the logits of such a row from the device, penalised: hist NULL), else 0 */
+QSA_PRIV int32_t qsa__sampler_sample_z(qsa_sampler *s, float *logits, int vocab, const int32_t *hist, int n_hist, uint64_t z) {
     if (!s || !logits || vocab < 1) {
         qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sampler_sample: %s", vocab < 1 ? "vocab < 1" : "NULL sampler or logits");
         return -1;
@@ -8454,11 +8509,29 @@ QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, co
     if (p->top_k > 0 && p->top_k < vocab) {
         n = p->top_k;
         qsa__cand_topk(logits, s->idx, vocab, n);
+        z = 0;
+    } else if (!qsa__sampler_whole_z(s, vocab)) {
+        qsa__cand_sort(logits, s->idx, n, s->rad);
+        z = 0;
     } else {
+        /* the row's sum, then its best QSA__CAND_Z (qsa__cand_sort's first): where they decide the draw, no sort of
+           every id (as the device's candidates) */
+        int k = vocab > QSA__CAND_Z ? QSA__CAND_Z : vocab;
+        if (!z) {
+            z = qsa__zsum(logits, vocab, lmax / p->temperature); /* (the largest tempered logit) */
+            if (k < vocab) qsa__cand_topk(logits, s->idx, vocab, k);
+            else qsa__cand_sort(logits, s->idx, n, s->rad);
+            for (int i = 0; i < k; i++) s->prob[i] = logits[s->idx[i]];
+            int c = qsa__sample_cut(s, k, z, k == vocab);
+            if (c >= 0) return qsa__sample_pick(s, c);
+        }
         qsa__cand_sort(logits, s->idx, n, s->rad);
     }
     for (int i = 0; i < n; i++) s->prob[i] = logits[s->idx[i]];
-    return qsa__sample_draw(s, n);
+    return qsa__sample_draw(s, n, z);
+}
+QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, const int32_t *hist, int n_hist) {
+    return qsa__sampler_sample_z(s, logits, vocab, hist, n_hist, 0);
 }
 
 /* ---- the draw from the device's candidates (qsa_k_sample_cand1, 2) ---- */
@@ -8466,23 +8539,33 @@ QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, co
 /* The top-k of a row's tempered logits are all that a draw with 1 <= top_k < vocab reads, and a greedy pick
    needs the arg-max alone: such a sampler's row can be reduced on the device to its candidates (kernels.cu,
    qsa_k_sample_cand1, 2), up to QSA__CAND_MAX of them, and the host finishes the draw with the same bits
-   (qsa__sampler_from_cand).  Samplers with top-p or min-p but no top-k take every logit of the row. */
-/* the candidates a row of this sampler needs: 0 for the arg-max alone, k for a top-k draw, -1 for the whole row */
+   (qsa__sampler_from_cand).  A top-p or min-p draw over the whole row (qsa__sampler_whole_z) reads the row's sum
+   (qsa_k_sample_z) and its best ids up to where top-p or min-p stops: its QSA__CAND_Z best decide it where they reach
+   that point (qsa__sampler_cand_cut), and otherwise the row's logits come to the host (with the penalty applied).
+   Samplers with neither top-k, top-p nor min-p take every logit of the row. */
+/* the candidates a row of this sampler needs: 0 for the arg-max alone, k for a top-k draw, QSA__CAND_Z for a
+   whole-row top-p or min-p draw, -1 for the whole row */
 QSA_PRIV int qsa__sampler_cand_k(const qsa_sampler *s, int vocab) {
     const qsa_sampling_params *p = &s->p;
     if (p->temperature <= 0.0f) return 0;
-    return p->top_k >= 1 && p->top_k < vocab && p->top_k <= QSA__CAND_MAX ? p->top_k : -1;
+    if (p->top_k >= 1 && p->top_k < vocab && p->top_k <= QSA__CAND_MAX) return p->top_k;
+    return qsa__sampler_whole_z(s, vocab) && vocab > QSA__CAND_Z ? QSA__CAND_Z : -1;
 }
 QSA_PRIV int qsa__u64_cmp(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
 }
-/* The pick of qsa_sampler_sample from a row's candidates: row[0] the arg-max, row[1] the number k of candidates
-   (0: the pick is the arg-max), row[2, 2 + k) their ids ascending, row[2 + kmax, 2 + kmax + k) their tempered
-   logits' bits.  -1 when it cannot allocate (QSA_ERR_OUT_OF_MEMORY). */
-QSA_PRIV int32_t qsa__sampler_from_cand(qsa_sampler *s, const int32_t *row, int kmax) {
+/* The whole row's sum of a row of candidates (below) */
+QSA_PRIV uint64_t qsa__cand_z(const int32_t *row, int kmax) {
+    return (uint64_t)(uint32_t)row[2 + 2 * kmax] | (uint64_t)(uint32_t)row[3 + 2 * kmax] << 32;
+}
+/* A row of candidates (qsa_k_sample_cand2): row[0] the arg-max, row[1] the number k of candidates (0: the pick is the
+   arg-max), row[2, 2 + k) their ids ascending, row[2 + kmax, 2 + kmax + k) their tempered logits' bits, then the
+   whole row's sum (qsa__zterm) as two words, low first (0 but for a whole-row draw).  Into s->idx and s->prob in
+   qsa_sampler_sample's order, then qsa__sample_cut: the candidates kept, -2 where they cannot decide the draw, -1 when
+   it cannot allocate (QSA_ERR_OUT_OF_MEMORY). */
+QSA_PRIV int qsa__sampler_cand_cut(qsa_sampler *s, const int32_t *row, int kmax) {
     int k = row[1];
-    if (k <= 0) return row[0];
     if (!qsa__sampler_reserve(s, k) || !qsa__sampler_reserve_rad(s, k)) return -1;
     /* qsa__cand_sort's key over the position j, which orders as the id */
     const float *val = (const float *)(row + 2 + kmax);
@@ -8493,7 +8576,19 @@ QSA_PRIV int32_t qsa__sampler_from_cand(qsa_sampler *s, const int32_t *row, int 
         s->idx[i] = row[2 + j];
         s->prob[i] = val[j];
     }
-    return qsa__sample_draw(s, k);
+    uint64_t z = qsa__cand_z(row, kmax);
+    return qsa__sample_cut(s, k, z, !z);
+}
+/* The pick of qsa_sampler_sample from a row's candidates that decide it (qsa__sampler_cand_cut).  -1 when it cannot
+   allocate (QSA_ERR_OUT_OF_MEMORY). */
+QSA_PRIV int32_t qsa__sampler_from_cand(qsa_sampler *s, const int32_t *row, int kmax) {
+    if (row[1] <= 0) return row[0];
+    int n = qsa__sampler_cand_cut(s, row, kmax);
+    if (n == -2) { /* (qsa__cuda_decode_batch sends the logits of such a row instead) */
+        qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sampler: a whole-row draw's candidates do not decide it");
+        return -1;
+    }
+    return n < 0 ? -1 : qsa__sample_pick(s, n);
 }
 
 /* ============================================================================================== */
@@ -8572,7 +8667,7 @@ QSA_PRIV qsa_result qsa__generate(qsa_seq *seq, const int32_t *prompt, int n_pro
     float *logits = (float *)qsa_host_alloc(m, (size_t)V * sizeof(float)); /* page-locked on CUDA */
     /* a decode step on one GPU reduces a top-k (or greedy) draw's logits to its candidates on the device (as the
        scheduler's steps: struct qsa__cand_req); the same tokens */
-    int ck = m->cuda && !m->tp ? qsa__sampler_cand_k(smp, V) : -1, from_cand = 0;
+    int ck = m->cuda && !m->tp ? qsa__sampler_cand_k(smp, V) : -1, from_cand = 0, penalised = 0;
     qsa__cand_req cq = {&smp, NULL, ck > 1 ? ck : 1};
     if (ck >= 0 && !(cq.out = (int32_t *)qsa_host_alloc(m, QSA__CAND_STRIDE(cq.kmax) * sizeof(int32_t)))) ck = -1;
     out->tokens = QSA__ALLOC(int32_t, max_new);
@@ -8591,7 +8686,10 @@ QSA_PRIV qsa_result qsa__generate(qsa_seq *seq, const int32_t *prompt, int n_pro
     out->stats.n_prompt = n_prompt;
     out->stats.prefill_s = qsa__now() - t0;
     for (;;) {
-        int32_t t = from_cand ? qsa__sampler_from_cand(smp, cq.out, cq.kmax) : qsa_sampler_sample(smp, logits, V, seq->tokens, seq->pos);
+        /* (logits that a step sent with the penalty applied: qsa__cand_req) */
+        int32_t t = from_cand  ? qsa__sampler_from_cand(smp, cq.out, cq.kmax)
+                    : penalised ? qsa__sampler_sample_z(smp, logits, V, NULL, 0, qsa__cand_z(cq.out, cq.kmax))
+                                : qsa_sampler_sample(smp, logits, V, seq->tokens, seq->pos);
         if (t < 0) { r = QSA_ERR_OUT_OF_MEMORY; break; }
         out->tokens[out->n_tokens++] = t;
         double now = qsa__now();
@@ -8623,6 +8721,7 @@ QSA_PRIV qsa_result qsa__generate(qsa_seq *seq, const int32_t *prompt, int n_pro
         if (ck >= 0) {
             if ((r = qsa__feed_batch(&seq, &t, 1, logits, NULL, &cq)) != QSA_OK) break;
             from_cand = cq.out[1] >= 0;
+            penalised = cq.out[1] == -2;
         } else if ((r = qsa_seq_feed(seq, &t, 1, logits, 0)) != QSA_OK) {
             break;
         }
@@ -9428,7 +9527,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
     X(topk_blocks_batch) X(sparse_attn_batch) X(gdn_conv_batch) X(sparse_attn_dec) X(sparse_attn_dec_batch) \
     X(sparse_attn_tc) X(sparse_attn_tc_batch) X(sparse_attn_merge) X(sparse_attn_merge_tc) \
     X(gdn_recurrent_batch) X(gdn_recurrent_f16state_batch) X(ple_conv_batch)                             \
-    X(tp_sum) X(tp_ple_unshard) X(sample_cand1) X(sample_cand2) X(nvfp4_order)
+    X(tp_sum) X(tp_ple_unshard) X(sample_cand1) X(sample_cand2) X(sample_z) X(nvfp4_order)
 
 typedef enum qsa__kid {
 #define QSA__KID(n) QSA__K_##n,
@@ -9564,6 +9663,7 @@ typedef struct qsa__cuda {
     int shared_side;             /* the shared expert's down projection on the side stream (qsa__cuda_moe; $QSA_SHARED_SIDE "0": never) */
     int sample_dev;              /* batched steps reduce sampled rows to their candidates (qsa__cuda_cand_rows; $QSA_SAMPLE_DEVICE "0": never) */
     long long n_cand_rows;       /* rows reduced so */
+    long long n_cand_whole;      /* ... of which whole-row draws whose logits came after all (qsa__sampler_cand_cut) */
     int moe_route1;              /* one token's router inside its gate/up launch (qsa__moe_route1; $QSA_MOE_ROUTE1 "0": never) */
     int gdn_fuse;                /* a decode step's GDN conv inside the recurrence's launch (qsa__gdn_fused; $QSA_GDN_FUSE "0": never) */
     long long side_launches;     /* ... how many times it went there (tests) */
@@ -11737,7 +11837,7 @@ typedef struct qsa__dgraph {
 /* kernels.cu's qsa_cand_row (the same layout): a row's sampling on the device */
 typedef struct qsa__cand_row {
     float temp, pen;
-    int k, pen_off, pen_n;
+    int k, pen_off, pen_n, z;
 } qsa__cand_row;
 #define QSA__CAND_PEN (1 << 16) /* penalised ids of one batched step on the device (more: its logits come to the host) */
 #define QSA__CAND_GROUP 16       /* rows per pair of launches (the chunks' candidates of 16 rows: 4 MB at 248,320 ids) */
@@ -11753,9 +11853,9 @@ typedef struct qsa__dbatch {
     CUdeviceptr scores;         /* [mb][max_blocks] */
     CUdeviceptr logits;         /* [mb][V], or in vocabulary slices (qsa__logit_slices) */
     CUdeviceptr cand;           /* sampling on the device (qsa__cuda_cand_rows): qsa__cand_row [mb], the penalised ids
-                                   [QSA__CAND_PEN], the rows' candidates [mb][2 + 2 QSA__CAND_MAX] */
-    CUdeviceptr cand_part;      /* the chunks' (qsa_k_sample_cand1) of QSA__CAND_GROUP rows: arg-max [G][P][2], candidates'
-                                   values and ids [G][P QSA__CAND_MAX] each */
+                                   [QSA__CAND_PEN], the rows' candidates [mb][QSA__CAND_STRIDE(QSA__CAND_MAX)] */
+    CUdeviceptr cand_part;      /* the chunks' (qsa_k_sample_cand1, qsa_k_sample_z) of QSA__CAND_GROUP rows: arg-max
+                                   [G][P][2], candidates' values and ids [G][P QSA__CAND_MAX] each, sums u64 [G][P] */
     unsigned char *cand_host;   /* host image of the rows and the ids */
     unsigned char *host;        /* host image of step */
     float *host_e;              /* host image of ple_e */
@@ -11822,7 +11922,7 @@ QSA_PRIV qsa_result qsa__cuda_batch_alloc_(qsa_model *m) {
     QSA__TRY(qsa__dalloc(g, &b->logits, (size_t)mb * c->vocab_size * 4, cnt, "batched decode"));
     size_t cand_rows = QSA__CAND_HOST_BYTES(mb) + (size_t)mb * QSA__CAND_STRIDE(QSA__CAND_MAX) * 4;
     QSA__TRY(qsa__dalloc(g, &b->cand,
-                         cand_rows + (size_t)QSA__CAND_GROUP * QSA__CAND_CHUNKS(c->vocab_size) * (2 + 2 * QSA__CAND_MAX) * 4, cnt,
+                         cand_rows + (size_t)QSA__CAND_GROUP * QSA__CAND_CHUNKS(c->vocab_size) * (4 + 2 * QSA__CAND_MAX) * 4, cnt,
                          "batched decode"));
     b->cand_part = b->cand + cand_rows;
     /* a column slice's output (qsa__dgemm_ex makes it at its first slice): made here, since the first
@@ -12110,6 +12210,7 @@ QSA_PRIV int qsa__cuda_cand_rows(qsa_model *m, qsa_seq **seqs, const int32_t *to
         rows[i].k = k;
         rows[i].pen_off = off;
         rows[i].pen_n = np;
+        rows[i].z = qsa__sampler_whole_z(smp, V);
         off += np;
     }
     return 1;
@@ -12133,6 +12234,7 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
     int mb = bb->max_batch;
     /* sampled rows reduced to their candidates on the device where every row of the step can be: no logits cross */
     int cand = cq && g->sample_dev && !m->tpr && qsa__cuda_cand_rows(m, seqs, tokens, B, cq);
+    float *lg_out = logits;
     /* greedy ids: every row a greedy row of the same kernels (its arg-max alone) */
     int argmax = next && !m->tpr && !cand;
     CUdeviceptr cand_rows = bb->cand, cand_pid = cand_rows + (size_t)mb * sizeof(qsa__cand_row);
@@ -12151,6 +12253,7 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
                                                  g->stream));
         if (cand) logits = NULL;
     }
+    float *lg_rows = cand ? lg_out : NULL; /* (whole-row draws that their candidates could not decide: their logits) */
     int32_t *hids = (int32_t *)bb->host, *hpos = hids + mb;
     unsigned long long *hbt = (unsigned long long *)(bb->host + (size_t)mb * 8), *hconv = hbt + mb, *hS = hconv + (size_t)L * mb,
                        *hple = hS + (size_t)L * mb, *hbk = hple + (size_t)L * mb;
@@ -12240,12 +12343,16 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
         CUdeviceptr out = bb->cand + QSA__CAND_HOST_BYTES(mb);
         /* rows in groups of QSA__CAND_GROUP (and of sc.logits' rows): their chunks' candidates, then theirs */
         int P = QSA__CAND_CHUNKS(V), G = g->sc.logit_rows < QSA__CAND_GROUP ? g->sc.logit_rows : QSA__CAND_GROUP;
-        CUdeviceptr am = bb->cand_part, cv = am + (size_t)G * P * 8, ci = cv + (size_t)G * P * QSA__CAND_MAX * 4;
+        CUdeviceptr am = bb->cand_part, cv = am + (size_t)G * P * 8, ci = cv + (size_t)G * P * QSA__CAND_MAX * 4,
+                    zp = ci + (size_t)G * P * QSA__CAND_MAX * 4;
+        int anyz = 0;
+        for (int i = 0; cand && i < B; i++) anyz |= hr[i].z;
         for (int b0 = 0; b0 < B; b0 += G) {
             int nb = B - b0 < G ? B - b0 : G;
             QSA__LAUNCH(g, sample_cand1, P, nb, 1024, 0, &bb->logits, &V, &W, &B, &b0, &cand_rows, &cand_pid, &g->sc.logits, &am,
                         &cv, &ci, &kmax);
-            QSA__LAUNCH(g, sample_cand2, nb, 1, 1024, 0, &V, &b0, &P, &cand_rows, &am, &cv, &ci, &out, &kmax);
+            if (anyz) QSA__LAUNCH(g, sample_z, P, nb, 1024, 0, &V, &b0, &cand_rows, &g->sc.logits, &am, &zp);
+            QSA__LAUNCH(g, sample_cand2, nb, 1, 1024, 0, &V, &b0, &P, &cand_rows, &am, &cv, &ci, &zp, &out, &kmax);
         }
         if (cand) {
             QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(cq->out, out, (size_t)B * QSA__CAND_STRIDE(kmax) * 4, g->stream));
@@ -12266,6 +12373,26 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
     }
     QSA__CU(qsa__cu.cuStreamSynchronize(g->stream));
     if (logits && ns > 1) QSA__CU(qsa__cu.cuStreamSynchronize(bb->copy));
+    /* whole-row draws whose candidates do not decide them: their logits (the penalty applied by qsa_k_sample_cand1),
+       word 1 of the row -2 */
+    int sent = 0;
+    for (int i = 0; lg_rows && i < B; i++) {
+        int32_t *row = cq->out + (size_t)i * QSA__CAND_STRIDE(kmax);
+        if (!hr[i].z || row[1] <= 0) continue;
+        char keep[sizeof qsa__err_buf]; /* (an allocation the check could not make: the host's draw reports it) */
+        snprintf(keep, sizeof keep, "%s", qsa__err_buf);
+        if (qsa__sampler_cand_cut(cq->smp[i], row, kmax) >= 0) continue;
+        snprintf(qsa__err_buf, sizeof qsa__err_buf, "%s", keep);
+        for (int c = 0; c * W < V; c++) {
+            int wc = V - c * W < W ? V - c * W : W;
+            QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(lg_rows + (size_t)i * V + (size_t)c * W, bb->logits + ((size_t)c * W * B + (size_t)i * wc) * 4,
+                                                 (size_t)wc * 4, g->stream));
+        }
+        row[1] = -2;
+        g->n_cand_whole++;
+        sent = 1;
+    }
+    if (sent) QSA__CU(qsa__cu.cuStreamSynchronize(g->stream));
     /* the sequences' host-side layer state, as qsa_seq_feed leaves it */
     int r = c->has_qsa ? c->indexer_compress_ratio : 0;
     for (int i = 0; r && i < B; i++)
@@ -14430,6 +14557,8 @@ QSA_PRIV void qsa__sched_decode(qsa_sched *s) {
         else if (cand && row[1] >= 0) {
             t = qsa__sampler_from_cand(q->smp, row, kmax);
             s->n_cand_tokens++;
+        } else if (cand && row[1] == -2) { /* (the logits, the penalty applied: qsa__cand_req) */
+            t = qsa__sampler_sample_z(q->smp, s->logits + (size_t)i * V, V, NULL, 0, qsa__cand_z(row, kmax));
         } else {
             t = qsa__sched_sample(s, q, s->logits + (size_t)i * V);
         }

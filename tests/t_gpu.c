@@ -862,8 +862,10 @@ TEST(gpu, shared_side_stream_equals_chain) {
 /* Sampling on the device (qsa__cand_req: a batched step reduces each row to its sampler's candidates, the host draws
    from those) gives the tokens of the host's draws over the logits ($QSA_SAMPLE_DEVICE=0): scheduler batches of top-k
    draws with top-p, min-p and repetition penalties above and below 1, a greedy row with a penalty beside them, and
-   k = vocab - 1; in vocabulary slices too ($QSA_LOGIT_SLICE_BYTES=1); a batch with a top-p-only request (its steps take
-   the logits); and qsa_generate's decode steps.  Every decode token of the first batch came from candidates. */
+   k = vocab - 1; in vocabulary slices too ($QSA_LOGIT_SLICE_BYTES=1); a batch with a top-p-only request (a whole-row
+   draw: its QSA__CAND_Z best of the fixture's 320 ids and the row's sum, or its penalised logits where those do not
+   decide it); and qsa_generate's decode steps.  Every decode token of the first batch came from candidates, and every
+   row of the second was reduced. */
 enum { SD_N = 7, SD_T = 10 };
 static void sd_params(int i, int V, qsa_sampling_params *sp) {
     memset(sp, 0, sizeof *sp);
@@ -941,12 +943,16 @@ TEST(gpu, sampling_on_the_device_draws_as_the_host) {
         CHECKF(!memcmp(t[0][i], t[1][i], sizeof t[0][i]), "request %d: the device's candidates drew other tokens", i);
         CHECKF(!memcmp(t[0][i], t[2][i], sizeof t[0][i]), "request %d: the device's candidates (logits in slices) drew other tokens", i);
     }
-    /* with a top-p-only request beside them (decoding in every step: the steps take the logits) */
+    /* with a top-p-only request beside them (a whole-row draw: from candidates where they decide it) */
+    long long w0 = m->cuda->n_cand_whole, r0 = m->cuda->n_cand_rows;
     for (int k = 0; k < 2; k++)
         if (!sd_sched(ms3[k], SD_N, t[k], &nc[k], &nd[k])) goto done;
-    CHECKF(nc[1] == 0 && nd[1] == SD_N * (SD_T - 1), "beside a top-p request: %lld of %lld decode tokens from candidates", nc[1], nd[1]);
+    long long whole = m->cuda->n_cand_whole - w0;
+    CHECKF(nc[1] + whole == nd[1] && nd[1] == SD_N * (SD_T - 1) && m->cuda->n_cand_rows - r0 == nd[1],
+           "beside a top-p request: %lld of %lld decode tokens from candidates, %lld from the penalised row", nc[1], nd[1], whole);
+    printf("    beside a top-p request: %lld of %lld decode tokens from candidates, %lld from the penalised row\n", nc[1], nd[1], whole);
     for (int i = 0; i < SD_N; i++) CHECKF(!memcmp(t[0][i], t[1][i], sizeof t[0][i]), "request %d beside a top-p request: other tokens", i);
-    /* qsa_generate: its decode steps reduce the rows of every sampler but the top-p-only one */
+    /* qsa_generate: its decode steps reduce the rows of every sampler */
     for (int i = 0; i < SD_N; i++) {
         qsa_generation g[2];
         long long c0[2] = {m0->cuda->n_cand_rows, m->cuda->n_cand_rows};
@@ -967,7 +973,7 @@ TEST(gpu, sampling_on_the_device_draws_as_the_host) {
         CHECKF(g[0].n_tokens == SD_T && g[1].n_tokens == SD_T && !memcmp(g[0].tokens, g[1].tokens, sizeof(int32_t) * SD_T),
                "qsa_generate, sampler %d: the device's candidates drew other tokens", i);
         long long d0 = m0->cuda->n_cand_rows - c0[0], d1 = m->cuda->n_cand_rows - c0[1];
-        CHECKF(d0 == 0 && d1 == (i < SD_N - 1 ? SD_T - 1 : 0), "qsa_generate, sampler %d: %lld / %lld rows reduced (off / on)", i, d0, d1);
+        CHECKF(d0 == 0 && d1 == SD_T - 1, "qsa_generate, sampler %d: %lld / %lld rows reduced (off / on)", i, d0, d1);
         qsa_generation_free(&g[0]);
         qsa_generation_free(&g[1]);
     }
@@ -991,7 +997,7 @@ static int sdd_run(qsa_model *m, int32_t out[SDD_STEPS][SDD_N]) {
     for (int i = 0; ok && i < SDD_N; i++) {
         int32_t p[16];
         qsa_sampling_params sp;
-        sd_params(i % (SD_N - 1), V, &sp); /* (every one that reduces: no top-p-only sampler) */
+        sd_params(i % SD_N, V, &sp);
         sp.seed = 50 + (uint64_t)i;
         sd_prompt(i, V, p, 16);
         CHECK_OK(qsa_seq_create(m, NULL, &seqs[i]));
@@ -1005,8 +1011,10 @@ static int sdd_run(qsa_model *m, int32_t out[SDD_STEPS][SDD_N]) {
         CHECK_OK(qsa__feed_batch_locked(seqs, tok, SDD_N, logits, NULL, &cq));
         for (int i = 0; i < SDD_N; i++) {
             const int32_t *row = cand + (size_t)i * QSA__CAND_STRIDE(QSA__CAND_MAX);
+            int pen = row[1] == -2; /* (the penalised logits of a whole-row draw) */
             tok[i] = out[st][i] = row[1] >= 0 ? qsa__sampler_from_cand(smp[i], row, QSA__CAND_MAX)
-                                              : qsa_sampler_sample(smp[i], logits + (size_t)i * V, V, seqs[i]->tokens, seqs[i]->pos);
+                                              : qsa__sampler_sample_z(smp[i], logits + (size_t)i * V, V, pen ? NULL : seqs[i]->tokens,
+                                                                      pen ? 0 : seqs[i]->pos, pen ? qsa__cand_z(row, QSA__CAND_MAX) : 0);
         }
     }
     for (int i = 0; i < SDD_N; i++) {

@@ -537,7 +537,7 @@ TEST(gpu, k1_argmax) {
     int32_t out[M * QSA__CAND_STRIDE(1)];
     int want[M], v = V, Mv = M, b0 = 0, kmax = 1, P = QSA__CAND_CHUNKS(V), zero = 0;
     qsa__cand_row rows[M];
-    CUdeviceptr dl, dout, drows, dpid, dv, dam, dcv, dci;
+    CUdeviceptr dl, dout, drows, dpid, dv, dam, dcv, dci, dzp;
     K1_ALLOC(l, float, M * V);
     k1_seed(5);
     k1_fill(l, (size_t)M * V, -10, 10);
@@ -566,6 +566,7 @@ TEST(gpu, k1_argmax) {
     K1_TRY(k1_dev(&mem, &dam, NULL, sizeof(float) * 2 * M * P));
     K1_TRY(k1_dev(&mem, &dcv, NULL, sizeof(float) * M * P));
     K1_TRY(k1_dev(&mem, &dci, NULL, sizeof(int32_t) * M * P));
+    K1_TRY(k1_dev(&mem, &dzp, NULL, sizeof(uint64_t) * M * P));
     static const int widths[] = {V, 0, 1280, 64, 5000};
     for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
         int w = widths[wi], W = w > 0 && w < V ? w : V;
@@ -576,7 +577,7 @@ TEST(gpu, k1_argmax) {
         K1_TRY(k1_put(dl, sl, sizeof(float) * M * V));
         void *a1[] = {&dl, &v, &w, &Mv, &b0, &drows, &dpid, &dv, &dam, &dcv, &dci, &kmax};
         K1_TRY(k1_launch("qsa_k_sample_cand1", P, M, 1024, a1));
-        void *a2[] = {&v, &b0, &P, &drows, &dam, &dcv, &dci, &dout, &kmax};
+        void *a2[] = {&v, &b0, &P, &drows, &dam, &dcv, &dci, &dzp, &dout, &kmax};
         K1_TRY(k1_launch("qsa_k_sample_cand2", M, 1, 1024, a2));
         K1_TRY(k1_get(out, dout, sizeof out));
         for (int t = 0; t < M; t++)
@@ -594,8 +595,11 @@ done:
    over repeated draws (each sampler's RNG advancing as its twin's).  The rows: a repetition penalty above and below 1
    (over a window, and the whole history) on the top ids, NaNs, ties at the threshold, k = QSA__CAND_MAX, a greedy row
    with a penalty and a NaN at id 0, an infinite logit, a row of -inf and NaN, a temperature so small that the largest
-   logit over it overflows, a row of equal logits, zeros of both signs at the top.  Where the draw is not the arg-max,
-   the candidates are qsa__cand_topk's ids of the host's tempered row with their bits.  The rows go in launches of G
+   logit over it overflows, a row of equal logits, zeros of both signs at the top; and whole-row draws (no top-k): top-p
+   and min-p (with a penalty) over rows whose best ids decide them, and top-p over a flat row that its QSA__CAND_Z best
+   cannot decide, drawn from the penalised logits the kernels leave (as qsa__cuda_decode_batch sends them).  Where the
+   draw is not the arg-max, the candidates are qsa__cand_topk's ids of the host's tempered row with their bits, and a
+   whole-row draw's sum (qsa_k_sample_z) is the host's qsa__zsum of that row.  The rows go in launches of G
    (a row of the batch at b0 + its row in the launch); a vocabulary of 8,792 ids has a last chunk of 600, shorter
    than k = 1,024. */
 typedef struct {
@@ -603,23 +607,26 @@ typedef struct {
     int top_k, last_n;
 } k1_sc_case;
 static void k1_sample_cand_case(int V, int G) {
-    enum { M = 10, DRAWS = 6, NH = 200 };
+    enum { M = 13, DRAWS = 6, NH = 200 };
     static const k1_sc_case cs[M] = {
         {0.7f, 0.8f, 0.0f, 1.3f, 20, 64}, {1.0f, 0.95f, 0.05f, 1.0f, 50, 0}, {0.5f, 0.0f, 0.0f, 1.0f, QSA__CAND_MAX, 0},
         {0.0f, 0.0f, 0.0f, 1.2f, 0, 64},  {0.6f, 0.0f, 0.0f, 1.0f, 20, 0},   {0.9f, 0.0f, 0.0f, 1.0f, 20, 0},
         {2e-38f, 0.0f, 0.0f, 1.0f, 20, 0}, {0.8f, 0.5f, 0.0f, 1.0f, 20, 0},  {1.0f, 0.0f, 0.0f, 1.0f, 8, 0},
-        {1.1f, 0.9f, 0.0f, 0.8f, 30, -1},
+        {1.1f, 0.9f, 0.0f, 0.8f, 30, -1}, {1.0f, 0.9f, 0.0f, 1.0f, 0, 0},  {1.0f, 0.0f, 0.1f, 1.2f, 0, 64},
+        {1.0f, 0.95f, 0.0f, 1.0f, 0, 0},
     };
     k1_mem mem = {{0}, 0, {0}, 0};
     qsa_sampler *a[M] = {0}, *b[M] = {0};
-    float *l, *sl, *row;
+    float *l, *sl, *row, *dlh, *prow;
     int32_t *hist, *pid, *out, *idx;
     qsa__cand_row rows[M];
     int v = V, Mv = M, b0 = 0, kmax = QSA__CAND_MAX, stride = QSA__CAND_STRIDE(QSA__CAND_MAX), npid = 0, ncand = 0;
-    int P = QSA__CAND_CHUNKS(V);
-    CUdeviceptr dl, drows, dpid, dv, dout, dam, dcv, dci;
+    int P = QSA__CAND_CHUNKS(V), zdecided = 0, zrow = 0;
+    CUdeviceptr dl, drows, dpid, dv, dout, dam, dcv, dci, dzp;
     K1_ALLOC(l, float, (size_t)M * V);
     K1_ALLOC(sl, float, (size_t)M * V);
+    K1_ALLOC(dlh, float, (size_t)M * V);
+    K1_ALLOC(prow, float, V);
     K1_ALLOC(row, float, V);
     K1_ALLOC(idx, int32_t, V);
     K1_ALLOC(hist, int32_t, NH);
@@ -633,6 +640,7 @@ static void k1_sample_cand_case(int V, int G) {
         l[0 * V + id] = 14.0f + 0.25f * (float)(i % 8);
         l[3 * V + id] = 14.0f + 0.25f * (float)(i % 8);
         l[9 * V + id] = (i & 1 ? -0.5f : 13.0f) + 0.125f * (float)(i % 4);
+        l[10 * V + id] = l[11 * V + id] = 20.0f + 0.25f * (float)(i % 8); /* rows 10, 11: their best decide them */
         if (i % 3 == 0) hist[NH - 1 - i] = id;
     }
     for (int i = 0; i < V; i += 97) l[1 * V + i] = NAN; /* row 1: NaNs, and 60 equal logits at the threshold */
@@ -657,7 +665,7 @@ static void k1_sample_cand_case(int V, int G) {
         CHECK_OK(qsa_sampler_create(&sp, &b[r]));
         if (!a[r] || !b[r]) goto done;
         int k = qsa__sampler_cand_k(b[r], V);
-        CHECKF(k == (cs[r].temp > 0 ? cs[r].top_k : 0), "row %d: candidates %d", r, k);
+        CHECKF(k == (cs[r].temp > 0 ? (cs[r].top_k ? cs[r].top_k : QSA__CAND_Z) : 0), "row %d: candidates %d", r, k);
         int np = qsa__sampler_pen_ids(b[r], hist, NH, V, pid + npid, M * NH - npid);
         CHECKF(np >= 0 && (np > 0) == (cs[r].pen != 1.0f), "row %d: %d penalised ids", r, np);
         if (np < 0) goto done;
@@ -666,6 +674,8 @@ static void k1_sample_cand_case(int V, int G) {
         rows[r].k = k;
         rows[r].pen_off = npid;
         rows[r].pen_n = np;
+        rows[r].z = qsa__sampler_whole_z(b[r], V);
+        CHECK(rows[r].z == (r >= 10));
         npid += np;
     }
     K1_TRY(k1_dev(&mem, &dl, NULL, sizeof(float) * (size_t)M * V));
@@ -676,6 +686,7 @@ static void k1_sample_cand_case(int V, int G) {
     K1_TRY(k1_dev(&mem, &dam, NULL, sizeof(float) * 2 * (size_t)G * P));
     K1_TRY(k1_dev(&mem, &dcv, NULL, sizeof(float) * (size_t)G * P * QSA__CAND_MAX));
     K1_TRY(k1_dev(&mem, &dci, NULL, sizeof(int32_t) * (size_t)G * P * QSA__CAND_MAX));
+    K1_TRY(k1_dev(&mem, &dzp, NULL, sizeof(uint64_t) * (size_t)G * P));
     static const int widths[] = {0, 4096};
     for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
         int w = widths[wi], W = w > 0 ? w : V;
@@ -689,22 +700,45 @@ static void k1_sample_cand_case(int V, int G) {
                 unsigned nb = (unsigned)(M - b0 < G ? M - b0 : G);
                 void *a1[] = {&dl, &v, &w, &Mv, &b0, &drows, &dpid, &dv, &dam, &dcv, &dci, &kmax};
                 K1_TRY(k1_launch("qsa_k_sample_cand1", P, nb, 1024, a1));
-                void *a2[] = {&v, &b0, &P, &drows, &dam, &dcv, &dci, &dout, &kmax};
+                void *az[] = {&v, &b0, &drows, &dv, &dam, &dzp};
+                K1_TRY(k1_launch("qsa_k_sample_z", P, nb, 1024, az));
+                void *a2[] = {&v, &b0, &P, &drows, &dam, &dcv, &dci, &dzp, &dout, &kmax};
                 K1_TRY(k1_launch("qsa_k_sample_cand2", nb, 1, 1024, a2));
             }
             K1_TRY(k1_get(out, dout, sizeof(int32_t) * (size_t)M * stride));
+            K1_TRY(k1_get(dlh, dl, sizeof(float) * (size_t)M * V)); /* (the penalised logits) */
             for (int r = 0; r < M; r++) {
                 const int32_t *o = out + (size_t)r * stride;
                 memcpy(row, l + (size_t)r * V, sizeof(float) * V);
-                int32_t want = qsa_sampler_sample(a[r], row, V, hist, NH), got = qsa__sampler_from_cand(b[r], o, kmax);
+                int32_t want = qsa_sampler_sample(a[r], row, V, hist, NH), got;
+                int cut = o[1] > 0 ? qsa__sampler_cand_cut(b[r], o, kmax) : 0;
+                CHECKF(cut != -1 && (cut != -2 || r == 12), "W %d draw %d row %d: cut %d", w, d, r, cut);
+                if (cut == -2) { /* the row as the step sends it: the penalised logits, out of their slices */
+                    for (int c0 = 0; c0 < V; c0 += W) {
+                        int wc = V - c0 < W ? V - c0 : W;
+                        memcpy(prow + c0, dlh + (size_t)c0 * M + (size_t)r * wc, sizeof(float) * wc);
+                    }
+                    got = qsa__sampler_sample_z(b[r], prow, V, NULL, 0, qsa__cand_z(o, kmax));
+                } else {
+                    got = qsa__sampler_from_cand(b[r], o, kmax);
+                }
+                zdecided += r >= 10 && cut > 0;
                 CHECKF(got == want, "W %d draw %d row %d: device candidates draw %d, the host %d", w, d, r, got, want);
                 if (d || o[1] == 0) continue;
+                if (rows[r].z) { /* row holds the host's tempered logits now */
+                    float tmax = -INFINITY;
+                    for (int i = 0; i < V; i++) tmax = row[i] > tmax ? row[i] : tmax;
+                    uint64_t zh = qsa__zsum(row, V, tmax), zd = (uint64_t)(uint32_t)o[2 + 2 * kmax] | (uint64_t)(uint32_t)o[3 + 2 * kmax] << 32;
+                    CHECKF(zh == zd && zd > 0, "W %d row %d: the row's sum %llu on the device, %llu on the host", w, r,
+                           (unsigned long long)zd, (unsigned long long)zh);
+                    zrow++;
+                }
                 /* the candidates: row holds the host's tempered logits now */
                 ncand++;
                 qsa__cand_topk(row, idx, V, o[1]);
                 for (int i = 1; i < o[1]; i++) /* ascending ids */
                     for (int j = i; j > 0 && idx[j] < idx[j - 1]; j--) { int32_t t = idx[j]; idx[j] = idx[j - 1]; idx[j - 1] = t; }
-                int same = o[1] == cs[r].top_k;
+                int same = o[1] == (cs[r].top_k ? cs[r].top_k : QSA__CAND_Z);
                 for (int i = 0; same && i < o[1]; i++) {
                     float f;
                     memcpy(&f, &o[2 + kmax + i], 4);
@@ -715,7 +749,9 @@ static void k1_sample_cand_case(int V, int G) {
         }
     }
     /* the rows that must reduce to their arg-max did, and the others to candidates */
-    CHECKF(ncand == 2 * 6, "%d rows of candidates (expected 6 in each layout)", ncand);
+    CHECKF(ncand == 2 * 9, "%d rows of candidates (expected 9 in each layout)", ncand);
+    CHECKF(zrow == 2 * 3 && zdecided == 2 * 2 * DRAWS, "%d whole-row sums compared, %d whole-row draws decided by their candidates",
+           zrow, zdecided);
     CHECK(out[3 * stride + 1] == 0 && out[4 * stride + 1] == 0 && out[4 * stride] == 777 && out[5 * stride + 1] == 0 &&
           out[6 * stride + 1] == 0 && out[2 * stride + 1] == QSA__CAND_MAX);
 done:

@@ -690,24 +690,51 @@ TEST(cpu, sampler_top_k_selection_and_long_penalty_window) {
     free(hist);
 }
 
+/* The whole-row sum's term qsa__zterm(t, tmax) ~ 2^44 e^(t - tmax) by integers (kernels.cu's qsa_zterm, the same
+   function): exact at d = 0; within 1e-9 (relative) plus one unit of 2^44 2^-y, y the 32.32 fixed-point form of the
+   fp32 product -d log2(e) that it starts from, and so within 3e-6 of e^d (that product's rounding); never increasing as
+   d falls; 0 where the term is below a unit (d < -30.5) or d is -inf or NaN; and its sum over the real vocabulary fits. */
+TEST(cpu, sampler_whole_row_sum_terms) {
+    CHECK(qsa__zterm(0.0f, 0.0f) == (1ull << 44) && qsa__zterm(3.5f, 3.5f) == (1ull << 44));
+    CHECK(qsa__zterm(-INFINITY, 0.0f) == 0 && qsa__zterm(NAN, 0.0f) == 0 && qsa__zterm(-31.0f, 0.0f) == 0);
+    uint64_t prev = qsa__zterm(0.0f, 0.0f);
+    double worst = 0.0;
+    int ok = 1;
+    for (int i = 1; i <= 400000 && ok; i++) {
+        float d = -(float)i * 8e-5f; /* (-32, 0): every 2^-I band and its fraction */
+        uint64_t q = qsa__zterm(d, 0.0f);
+        float y = d * 1.44269504088896341f;
+        double yf = (double)(-(int64_t)(y * 4294967296.0f)) / 4294967296.0;
+        double want = ldexp(exp2(-yf), 44), err = fabs((double)q - want), e = ldexp(exp((double)d), 44);
+        if (want > 1e12) worst = fmax(worst, err / want);
+        ok = q <= prev && err <= want * 1e-9 + 1.0 && fabs((double)q - e) <= e * 3e-6 + 1.0;
+        if (!ok) printf("      d %.9g: term %llu, exp %.3f, previous %llu\n", d, (unsigned long long)q, want, (unsigned long long)prev);
+        prev = q;
+    }
+    CHECKF(ok && worst < 1e-9, "largest relative error %.3g", worst);
+    CHECK(248320ull * (1ull << 44) < (1ull << 62)); /* (a row's sum in 64 bits) */
+}
+
 /* The host half of sampling on the device: the rows the kernels would leave (emulated here from their definition:
    the penalty on the listed distinct ids, NaN -> -inf, the arg-max, the vanishing-temperature test, the top k of the
-   tempered logits with their ids ascending) give qsa__sampler_from_cand the picks of qsa_sampler_sample on the whole
-   row, and the same RNG state after; greedy and degenerate rows draw nothing.  Also the samplers that can start from
-   candidates (qsa__sampler_cand_k) and the penalised ids' cap (qsa__sampler_pen_ids). */
+   tempered logits with their ids ascending, and for a whole-row top-p or min-p draw its QSA__CAND_Z best and the row's
+   sum of qsa__zterm) give qsa__sampler_from_cand the picks of qsa_sampler_sample on the whole row, and the same RNG
+   state after; greedy and degenerate rows draw nothing.  A whole-row draw that its candidates cannot decide
+   (qsa__sampler_cand_cut -2) draws from the penalised row, as the step sends it.  Also the samplers that can start
+   from candidates (qsa__sampler_cand_k) and the penalised ids' cap (qsa__sampler_pen_ids). */
 TEST(cpu, sampler_draws_from_candidates_as_from_the_row) {
-    enum { V = 1500, NH = 300, K = 64 };
-    static float l[V], a[V], t[V];
-    static int32_t hist[NH], pid[NH], idx[V], row[QSA__CAND_STRIDE(K)];
+    enum { V = 1500, NH = 300, K = 64, KM = QSA__CAND_Z };
+    static float l[V], a[V], t[V], pen_row[V];
+    static int32_t hist[NH], pid[NH], idx[V], row[QSA__CAND_STRIDE(KM)];
     uint64_t x = 77;
-    int draws = 0, degenerate = 0, pens = 0;
+    int draws = 0, degenerate = 0, pens = 0, whole = 0, undecided = 0;
     for (int it = 0; it < 400; it++) {
         qsa_sampling_params p;
         memset(&p, 0, sizeof p);
         x = x * 6364136223846793005ULL + 1442695040888963407ULL;
         static const float temps[] = {0.0f, 0.3f, 0.7f, 1.0f, 1.6f, 1e-38f};
         p.temperature = temps[(x >> 33) % 6];
-        p.top_k = 1 + (int)((x >> 40) % K);
+        p.top_k = (x >> 57) % 3 == 0 ? 0 : 1 + (int)((x >> 40) % K); /* 0: a whole-row draw with top-p or min-p */
         p.top_p = (x >> 50) & 1 ? 0.9f : 0.0f;
         p.min_p = (x >> 51) & 1 ? 0.05f : 0.0f;
         p.repetition_penalty = (x >> 52) % 3 == 0 ? 1.0f : (x >> 52) % 3 == 1 ? 1.3f : 0.8f;
@@ -725,12 +752,19 @@ TEST(cpu, sampler_draws_from_candidates_as_from_the_row) {
             x = x * 6364136223846793005ULL + 1442695040888963407ULL;
             hist[i] = (x >> 61) == 0 ? -1 : (int32_t)((x >> 30) % (V + 20)); /* some outside the vocabulary */
         }
-        qsa_sampler *sa = NULL, *sb = NULL;
+        qsa_sampler *sa = NULL, *sb = NULL, *sc = NULL;
         CHECK_OK(qsa_sampler_create(&p, &sa));
         CHECK_OK(qsa_sampler_create(&p, &sb));
-        if (!sa || !sb) { qsa_sampler_free(sa); qsa_sampler_free(sb); return; }
-        int k = qsa__sampler_cand_k(sb, V);
-        CHECK(k == (p.temperature > 0 ? p.top_k : 0));
+        CHECK_OK(qsa_sampler_create(&p, &sc));
+        if (!sa || !sb || !sc) { qsa_sampler_free(sa); qsa_sampler_free(sb); qsa_sampler_free(sc); return; }
+        int k = qsa__sampler_cand_k(sb, V), wz = p.top_k == 0 && (p.top_p > 0 || p.min_p > 0);
+        CHECK(k == (p.temperature > 0 ? (p.top_k ? p.top_k : wz ? KM : -1) : 0) && qsa__sampler_whole_z(sb, V) == (wz && p.temperature > 0));
+        if (k < 0) { /* (the whole row: a host draw) */
+            qsa_sampler_free(sa);
+            qsa_sampler_free(sb);
+            qsa_sampler_free(sc);
+            continue;
+        }
         for (int d = 0; d < 3; d++) {
             /* the kernels' row, from their definition */
             memcpy(t, l, sizeof l);
@@ -738,6 +772,7 @@ TEST(cpu, sampler_draws_from_candidates_as_from_the_row) {
             CHECK(np >= 0 && (p.repetition_penalty != 1.0f || np == 0)); /* (a short window may hold no id of the vocabulary) */
             pens += np > 0;
             for (int j = 0; j < np; j++) t[pid[j]] = t[pid[j]] > 0 ? t[pid[j]] / p.repetition_penalty : t[pid[j]] * p.repetition_penalty;
+            memcpy(pen_row, t, sizeof t); /* (what a step sends of a row its candidates cannot decide) */
             int greedy = !(p.temperature > 0), am = 0;
             for (int i = 0; i < V; i++) {
                 if (!greedy && t[i] != t[i]) t[i] = -INFINITY;
@@ -745,6 +780,7 @@ TEST(cpu, sampler_draws_from_candidates_as_from_the_row) {
             }
             row[0] = am;
             row[1] = 0;
+            row[2 + 2 * KM] = row[3 + 2 * KM] = 0;
             if (!greedy && !(t[am] == -INFINITY || isinf(t[am] / p.temperature))) {
                 for (int i = 0; i < V; i++) t[i] /= p.temperature;
                 qsa__cand_topk(t, idx, V, k);
@@ -753,12 +789,28 @@ TEST(cpu, sampler_draws_from_candidates_as_from_the_row) {
                 row[1] = k;
                 for (int j = 0; j < k; j++) {
                     row[2 + j] = idx[j];
-                    memcpy(&row[2 + K + j], &t[idx[j]], 4);
+                    memcpy(&row[2 + KM + j], &t[idx[j]], 4);
+                }
+                if (wz) {
+                    uint64_t z = qsa__zsum(t, V, t[am]);
+                    row[2 + 2 * KM] = (int32_t)(uint32_t)z;
+                    row[3 + 2 * KM] = (int32_t)(uint32_t)(z >> 32);
                 }
             }
             degenerate += row[1] == 0 && !greedy;
             memcpy(a, l, sizeof l);
-            int32_t want = qsa_sampler_sample(sa, a, V, hist, NH), got = qsa__sampler_from_cand(sb, row, K);
+            int32_t want = qsa_sampler_sample(sa, a, V, hist, NH), got;
+            int cut = row[1] > 0 ? qsa__sampler_cand_cut(sb, row, KM) : 0;
+            whole += wz && row[1] > 0;
+            undecided += cut == -2;
+            CHECK(cut != -1 && (cut != -2 || wz));
+            if (cut == -2) got = qsa__sampler_sample_z(sb, pen_row, V, NULL, 0, qsa__cand_z(row, KM)); /* (the step sends the penalised row) */
+            else got = qsa__sampler_from_cand(sb, row, KM);
+            if (wz && row[1] > 0) { /* the host's draw without its shortcut (the best QSA__CAND_Z first): every id sorted */
+                memcpy(a, l, sizeof l);
+                int32_t full = qsa__sampler_sample_z(sc, a, V, hist, NH, qsa__cand_z(row, KM));
+                CHECKF(full == want, "round %d draw %d: %d with every id sorted, %d from the best %d", it, d, full, want, KM);
+            }
             CHECKF(got == want, "round %d draw %d (T %g, k %d, p %g, min_p %g, penalty %g over %d): from candidates %d, from the row %d",
                    it, d, p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, p.penalty_last_n, got, want);
             CHECK(!memcmp(sa->s, sb->s, sizeof sa->s)); /* the same draws of the generator */
@@ -766,8 +818,13 @@ TEST(cpu, sampler_draws_from_candidates_as_from_the_row) {
         }
         qsa_sampler_free(sa);
         qsa_sampler_free(sb);
+        qsa_sampler_free(sc);
     }
-    CHECKF(draws == 1200 && degenerate >= 30 && pens >= 500, "%d draws, %d degenerate, %d penalised", draws, degenerate, pens);
+    CHECKF(draws >= 900 && degenerate >= 20 && pens >= 400 && whole >= 100 && undecided >= 10 && undecided < whole,
+           "%d draws, %d degenerate, %d penalised, %d whole-row draws of which %d undecided", draws, degenerate, pens, whole,
+           undecided);
+    printf("    %d draws, %d degenerate, %d penalised, %d whole-row draws from candidates, %d of them from the row\n", draws,
+           degenerate, pens, whole, undecided);
     /* which samplers start from candidates; the cap on the penalised ids */
     qsa_sampling_params p;
     memset(&p, 0, sizeof p);
@@ -777,9 +834,17 @@ TEST(cpu, sampler_draws_from_candidates_as_from_the_row) {
     p.penalty_last_n = 8;
     CHECK_OK(qsa_sampler_create(&p, &s));
     if (!s) return;
-    CHECK(qsa__sampler_cand_k(s, V) == -1); /* top-p / min-p alone: the whole row */
+    CHECK(qsa__sampler_cand_k(s, V) == -1); /* no top-k, top-p or min-p: the whole row */
     s->p.top_k = V;
     CHECK(qsa__sampler_cand_k(s, V) == -1);
+    s->p.top_p = 0.9f; /* top-p over the whole row: its best and the row's sum, where the vocabulary is larger */
+    CHECK(qsa__sampler_cand_k(s, V) == QSA__CAND_Z && qsa__sampler_cand_k(s, QSA__CAND_Z) == -1);
+    s->p.top_p = 1.0f;
+    s->p.min_p = 0.05f;
+    CHECK(qsa__sampler_cand_k(s, V) == QSA__CAND_Z);
+    s->p.top_k = QSA__CAND_MAX + 1; /* a top-k draw on the host */
+    CHECK(qsa__sampler_cand_k(s, 4 * QSA__CAND_MAX) == -1);
+    s->p.min_p = 0.0f;
     s->p.top_k = QSA__CAND_MAX + 1;
     CHECK(qsa__sampler_cand_k(s, 4 * QSA__CAND_MAX) == -1);
     s->p.top_k = QSA__CAND_MAX;

@@ -28,7 +28,10 @@
  *      device, qsa_seq_feed_batch_greedy: "batched+graphs, greedy ids", B ids to the host instead
  *      of B x vocabulary logits, and two rows of top-k draws, T 0.6, top-k 20, top-p 0.95, timed with
  *      the draws on the host's clock: "top-k 20 drawn on the host" from B rows of logits, "top-k 20
- *      from device candidates" from B rows of 20 candidates, as the scheduler draws); batch 1 then runs "single" once more ("single, again": the two
+ *      from device candidates" from B rows of 20 candidates, as the scheduler draws, and the same two with
+ *      top-p 0.95 alone, "top-p 0.95 drawn on the host" / "from device candidates": a whole-row draw, from its
+ *      256 best and the row's sum where those decide it, else from its logits, each row's note counting
+ *      those); batch 1 then runs "single" once more ("single, again": the two
  *      should agree).  Each row's note gives its fastest and slowest step and an FNV-1a of its last
  *      step's logits (ids): the same tokens each run, so two runs of one tree under different launch
  *      switches ($QSA_MOE_HANDOFF=0, ...) must print the same.  The
@@ -111,6 +114,7 @@ typedef struct bench_opt {
     int gemv_m[BENCH_MAX_BATCHES], n_gemv_m;                         /* --gemv-m (default 1) */
     unsigned long long seed;
     double max_seconds;
+    float sample_temp; /* --sample-temp: the temperature of the sampled rows (default 0.6) */
 } bench_opt;
 
 static void usage(FILE *f) {
@@ -145,6 +149,8 @@ static void usage(FILE *f) {
             "  --device N           CUDA device ordinal (default 0)\n"
             "  --arch A             NVRTC target (default: the runtime's choice, see README)\n"
             "  --max-seconds S      stop starting new measurements after S seconds (default 480)\n"
+            "  --sample-temp T      the temperature of the rows with draws (default 0.6: Qwen3's; a random model's\n"
+            "                       logits are flat there, so its top-p rows take the logits; a low T decides them)\n"
             "  --keep-driver-cache  leave CUDA_CACHE_PATH alone (the cold JIT may then hit the driver's cache)\n"
             "  --gemv-shapes LIST   FP16 GEMVs of these N x K shapes (e.g. 2560x6144,320x10240), each launch timed\n"
             "                       alone with L2 flushed before it and without, and 20 launches back to back\n"
@@ -201,6 +207,7 @@ static int parse_args(int argc, char **argv, bench_opt *o) {
     o->ple_base = -1;
     o->seed = 1;
     o->max_seconds = 480;
+    o->sample_temp = 0.6f;
     o->prefill = -1;
     o->ctx = -1;
     int dflt[4] = {1, 8, 32, 128};
@@ -252,15 +259,16 @@ static int parse_args(int argc, char **argv, bench_opt *o) {
         else if (!strcmp(a, "--seed")) o->seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--device")) o->device = atoi(v);
         else if (!strcmp(a, "--max-seconds")) o->max_seconds = atof(v);
+        else if (!strcmp(a, "--sample-temp")) o->sample_temp = (float)atof(v);
         else { fprintf(stderr, "bench: unknown option %s (see --help)\n", a); return -1; }
     }
     if (o->prefill < 0) o->prefill = o->quick ? 2048 : 8192;
     if (o->ple_base < 0) o->ple_base = o->quick ? 10000 : 100000;
     if (o->ctx < 0) o->ctx = o->quick ? 2048 : 8192;
     if (o->steps < 3 || o->warmup < 1 || o->prefill < 1 || o->ctx < 1 || o->prefill_reps < 1 || o->ple_base < 2 ||
-        o->chunk < 1 || o->max_seconds <= 0 || (o->page_size && o->page_size < 16)) {
+        o->chunk < 1 || o->max_seconds <= 0 || (o->page_size && o->page_size < 16) || !(o->sample_temp > 0 && o->sample_temp < 1e30f)) {
         fprintf(stderr, "bench: --steps >= 3, --warmup >= 1, --prefill/--ctx/--prefill-reps >= 1, --ple-vocab-base >= 2, "
-                        "--chunk >= 1, --page-size 0 or >= 16\n");
+                        "--chunk >= 1, --page-size 0 or >= 16, --sample-temp > 0\n");
         return -1;
     }
     if (o->layers && (o->config || o->layers < 1 || o->layers > QSA_MAX_LAYERS)) {
@@ -1360,10 +1368,10 @@ static void plan_decode(bench *b, bench_plan *pl, int page_size, double avail) {
     const qsa_model_config *c = &b->cfg;
     memset(pl, 0, sizeof *pl);
     int per_mode = b->o.warmup + b->o.steps;
-    /* at most 8 modes per row (single, chunked forward, batched, graphs, graphs with greedy ids, top-k
-       draws on the host and from the device's candidates, single again) + 2 profiles; --marginal profiles
+    /* at most 10 modes per row (single, chunked forward, batched, graphs, graphs with greedy ids, top-k and
+       top-p draws on the host and from the device's candidates, single again) + 2 profiles; --marginal profiles
        3 steps more (its timed steps take fresh sequences) */
-    pl->steps_per_seq = per_mode * 8 + 8 + (b->o.marginal ? 4 : 0);
+    pl->steps_per_seq = per_mode * 10 + 8 + (b->o.marginal ? 4 : 0);
     int ctxs[2], nctx = 0;
     ctxs[nctx++] = b->o.ctx;
     long long lng = (long long)c->max_position_embeddings - pl->steps_per_seq - 1;
@@ -1568,8 +1576,9 @@ static void nvml_note(char *out, size_t n, unsigned lo, unsigned hi, unsigned lo
    the device: B ids cross to the host instead of B logits rows; the ids are checked to be in the
    vocabulary), 5 as 2 with each row's token drawn on the host (qsa_sampler_sample: temperature 0.6, top-k
    20, top-p 0.95, the Qwen3 defaults), 6 as 5 with the rows reduced to their candidates on the device
-   (struct qsa__cand_req, as the scheduler's steps).  Modes 5 and 6 time the step with its draws on the
-   host's clock.  The per-launch profile: modes 1 and 3 (eager). */
+   (struct qsa__cand_req, as the scheduler's steps), 7 and 8 as 5 and 6 with top-p 0.95 alone (a whole-row draw: on
+   the device its QSA__CAND_Z best and the row's sum, or its logits where those do not decide it).  Modes 5 to 8 time
+   the step with its draws on the host's clock.  The per-launch profile: modes 1 and 3 (eager). */
 static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, int mode, float *logits, const char *tag) {
     qsa_model *m = b->m;
     int V = m->cfg.vocab_size;
@@ -1577,11 +1586,11 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     snprintf(cfg, sizeof cfg, "B=%d ctx=%d %s", B, ctx, tag);
     if (!may_run(b, "decode", cfg)) return QSA_OK;
     const int single = mode == 0 || mode == 3;
-    const int sampled = mode == 5 || mode == 6, kc = 20;
+    const int sampled = mode >= 5 && mode <= 8, topp = mode >= 7, dev = mode == 6 || mode == 8, kc = topp ? QSA__CAND_Z : 20;
     m->params.cuda_batch_decode = mode <= 2 || mode >= 4;
     m->params.cuda_graphs = mode == 0 || mode == 2 || mode >= 4;
     int32_t *tok = QSA__ALLOC(int32_t, 2 * B), *next = tok ? tok + B : NULL;
-    long bad_ids = 0, not_reduced = 0;
+    long bad_ids = 0, not_reduced = 0, from_row = 0;
     qsa_sampler **smp = sampled ? QSA__CALLOC(qsa_sampler *, B) : NULL;
     int32_t *cand = sampled ? QSA__ALLOC(int32_t, (size_t)B * QSA__CAND_STRIDE(kc)) : NULL;
     qsa__cand_req cq = {smp, cand, kc};
@@ -1592,8 +1601,8 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     for (int k = 0; r == QSA_OK && sampled && k < B; k++) {
         qsa_sampling_params sp;
         memset(&sp, 0, sizeof sp);
-        sp.temperature = 0.6f;
-        sp.top_k = kc;
+        sp.temperature = b->o.sample_temp;
+        sp.top_k = topp ? 0 : kc;
         sp.top_p = 0.95f;
         sp.seed = 1 + (uint64_t)k;
         r = qsa_sampler_create(&sp, &smp[k]);
@@ -1625,14 +1634,17 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
         if (r == QSA_OK)
             r = single      ? qsa_seq_feed(seqs[0], tok, 1, logits, 0)
                 : mode == 4 ? qsa_seq_feed_batch_greedy(seqs, tok, B, next)
-                : mode == 6 ? qsa__feed_batch_locked(seqs, tok, B, logits, NULL, &cq)
+                : dev       ? qsa__feed_batch_locked(seqs, tok, B, logits, NULL, &cq)
                             : qsa_seq_feed_batch(seqs, tok, B, logits);
         if (r == QSA_OK) r = ev_end(b, &ms);
         for (int k = 0; r == QSA_OK && sampled && k < B; k++) { /* (the draws see the history the step left) */
             const int32_t *row = cand + (size_t)k * QSA__CAND_STRIDE(kc);
-            not_reduced += mode == 6 && row[1] < 0;
-            next[k] = mode == 6 && row[1] >= 0 ? qsa__sampler_from_cand(smp[k], row, kc)
-                                               : qsa_sampler_sample(smp[k], logits + (size_t)k * V, V, seqs[k]->tokens, seqs[k]->pos);
+            int pen = dev && row[1] == -2; /* (the penalised logits of a whole-row draw its candidates did not decide) */
+            not_reduced += dev && row[1] == -1;
+            from_row += pen;
+            next[k] = dev && row[1] >= 0 ? qsa__sampler_from_cand(smp[k], row, kc)
+                                         : qsa__sampler_sample_z(smp[k], logits + (size_t)k * V, V, pen ? NULL : seqs[k]->tokens,
+                                                                 pen ? 0 : seqs[k]->pos, pen ? qsa__cand_z(row, kc) : 0);
         }
         for (int k = 0; r == QSA_OK && (mode == 4 || sampled) && k < B; k++) bad_ids += next[k] < 0 || next[k] >= V;
         if (r == QSA_OK && i >= b->o.warmup) {
@@ -1681,12 +1693,13 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     w->per_tok = d.total / B;
     w->achieved = d.total / (w->ms * 1e-3) / 1e9;
     w->frac = b->copy_gbs > 0 ? w->achieved / b->copy_gbs : -1;
-    long bad = mode == 4 || mode == 6 ? 0 : count_nonfinite(logits, (size_t)B * V);
+    long bad = mode == 4 || dev ? 0 : count_nonfinite(logits, (size_t)B * V);
     /* (median sorted t: its first and last steps are the fastest and the slowest) */
     char clk[160];
     nvml_note(clk, sizeof clk, clk_lo, clk_hi, clk_why);
-    char nr[64] = ""; /* (QSA_SAMPLE_DEVICE=0, or a TP model: the rows' logits came instead) */
+    char nr[128] = ""; /* (QSA_SAMPLE_DEVICE=0, or a TP model: the rows' logits came instead) */
     if (not_reduced) snprintf(nr, sizeof nr, "; %ld rows drawn from their logits", not_reduced);
+    if (from_row) snprintf(nr + strlen(nr), sizeof nr - strlen(nr), "; %ld whole-row draws from their logits", from_row);
     snprintf(w->note, sizeof w->note, "%shost wall %.3f ms; steps %.3f-%.3f ms; %.0f experts/layer (expected, uniform routing); last step %s fnv %016llx%s%s%s",
              sampled ? "timed on the host's clock with the draws; " : "", median(wall, n), t[0], t[n - 1], d.unique_experts,
              ids ? "ids" : "logits", fp, nr, clk, bad ? "; NON-FINITE LOGITS" : bad_ids ? "; IDS OUTSIDE THE VOCABULARY" : "");
@@ -1932,6 +1945,8 @@ static qsa_result bench_decode(bench *b, bench_plan *pl, float *logits) {
             if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 4, logits, "batched+graphs, greedy ids");
             if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 5, logits, "batched+graphs, top-k 20 drawn on the host");
             if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 6, logits, "batched+graphs, top-k 20 from device candidates");
+            if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 7, logits, "batched+graphs, top-p 0.95 drawn on the host");
+            if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 8, logits, "batched+graphs, top-p 0.95 from device candidates");
             /* the first row again, after the others: the two should agree (a difference is a warm-up or
                ordering effect of the context's first steps, not of the path) */
             if (B == 1 && !b->broken) bench_decode_mode(b, seqs, 1, ctx, 0, logits, "single, again");
