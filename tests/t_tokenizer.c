@@ -340,6 +340,21 @@ TEST(cpu, tok_regex_split) {
     CHECK(qsa__cls_of(0x0301) == QSA__UNI_M && qsa__cls_of(0x0663) == QSA__UNI_N && qsa__cls_of(0x4e2d) == QSA__UNI_L);
 }
 
+/* A text, whether special tokens are parsed, and its expected ids (ended by -1) */
+typedef struct tok_case { const char *text; int special; int32_t ids[24]; } tok_case;
+static void tok_check_cases(const qsa_tokenizer *t, const char *what, const tok_case *cases, size_t n_cases) {
+    for (size_t c = 0; c < n_cases; c++) {
+        int32_t *ids = NULL;
+        size_t n = 0, want = 0;
+        while (cases[c].ids[want] >= 0) want++;
+        CHECK_OK(qsa_tokenize(t, cases[c].text, strlen(cases[c].text), cases[c].special, &ids, &n));
+        int ok = ids_equal(ids, n, cases[c].ids, want);
+        CHECKF(ok, "%s case %zu ('%s', parse_special=%d)", what, c, cases[c].text, cases[c].special);
+        if (!ok) { print_ids("got", ids, n); print_ids("want", cases[c].ids, want); }
+        qsa_free(ids);
+    }
+}
+
 /* ---- tiny tokenizer: BPE, merges in both forms, added-token flags --------------------------- */
 
 TEST(cpu, tok_tiny_bpe_and_added_tokens) {
@@ -356,7 +371,7 @@ TEST(cpu, tok_tiny_bpe_and_added_tokens) {
     CHECK(qsa_tokenizer_find(t, " world") == 264 && qsa_tokenizer_find(t, "nope") == -1);
     CHECK(qsa_tokenizer_is_special(t, 266) && !qsa_tokenizer_is_special(t, 273) && !qsa_tokenizer_is_special(t, 259));
     /* expected ids: tokenizers 0.23.3 on this very JSON (QSA_DUMP_TINY_TOKENIZER=file writes it) */
-    static const struct { const char *text; int special; int32_t ids[24]; } cases[] = {
+    static const tok_case cases[] = {
         {"hello world", 1, {259, 264, -1}},
         {"hello  world", 1, {259, 32, 264, -1}},
         {"a<lx>b", 1, {97, 269, 98, -1}},
@@ -392,16 +407,7 @@ TEST(cpu, tok_tiny_bpe_and_added_tokens) {
         {"a\xc2\xa0<lx>", 1, {97, 269, -1}},
         {"<rx>\xe3\x80\x80z", 1, {270, 122, -1}},
     };
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        int32_t *ids = NULL;
-        size_t n = 0, want = 0;
-        while (cases[c].ids[want] >= 0) want++;
-        CHECK_OK(qsa_tokenize(t, cases[c].text, strlen(cases[c].text), cases[c].special, &ids, &n));
-        int ok = ids_equal(ids, n, cases[c].ids, want);
-        CHECKF(ok, "tiny case %zu ('%s', parse_special=%d)", c, cases[c].text, cases[c].special);
-        if (!ok) { print_ids("got", ids, n); print_ids("want", cases[c].ids, want); }
-        qsa_free(ids);
-    }
+    tok_check_cases(t, "tiny", cases, sizeof cases / sizeof cases[0]);
     qsa_tokenizer_free(t);
 }
 
@@ -416,22 +422,13 @@ TEST(cpu, tok_added_token_listed_twice) {
     if (!t) return;
     CHECK(qsa_tokenizer_vocab_size(t) == 274);
     CHECK(qsa_tokenizer_is_special(t, 273) && qsa_tokenizer_is_special(t, 268));
-    static const struct { const char *text; int special; int32_t ids[24]; } cases[] = {
+    static const tok_case cases[] = {
         {"<think>  b", 1, {273, 98, -1}},
         {"<think>b", 0, {60, 116, 104, 105, 110, 107, 62, 98, -1}},
         {"<|endoftext|>x", 0, {60, 124, 101, 110, 100, 111, 102, 116, 101, 120, 116, 124, 62, 120, -1}},
         {"<|endoftext|>x", 1, {268, 120, -1}},
     };
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        int32_t *ids = NULL;
-        size_t n = 0, want = 0;
-        while (cases[c].ids[want] >= 0) want++;
-        CHECK_OK(qsa_tokenize(t, cases[c].text, strlen(cases[c].text), cases[c].special, &ids, &n));
-        int ok = ids_equal(ids, n, cases[c].ids, want);
-        CHECKF(ok, "case %zu ('%s', parse_special=%d)", c, cases[c].text, cases[c].special);
-        if (!ok) { print_ids("got", ids, n); print_ids("want", cases[c].ids, want); }
-        qsa_free(ids);
-    }
+    tok_check_cases(t, "listed twice", cases, sizeof cases / sizeof cases[0]);
     const int32_t seq[] = {97, 273, 268, 98};
     char *s = NULL;
     size_t n = 0;
