@@ -12234,7 +12234,7 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
     int mb = bb->max_batch;
     /* sampled rows reduced to their candidates on the device where every row of the step can be: no logits cross */
     int cand = cq && g->sample_dev && !m->tpr && qsa__cuda_cand_rows(m, seqs, tokens, B, cq);
-    float *lg_out = logits;
+    float *lg_rows = cand ? logits : NULL; /* (whole-row draws that their candidates could not decide: their logits) */
     /* greedy ids: every row a greedy row of the same kernels (its arg-max alone) */
     int argmax = next && !m->tpr && !cand;
     CUdeviceptr cand_rows = bb->cand, cand_pid = cand_rows + (size_t)mb * sizeof(qsa__cand_row);
@@ -12253,7 +12253,6 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
                                                  g->stream));
         if (cand) logits = NULL;
     }
-    float *lg_rows = cand ? lg_out : NULL; /* (whole-row draws that their candidates could not decide: their logits) */
     int32_t *hids = (int32_t *)bb->host, *hpos = hids + mb;
     unsigned long long *hbt = (unsigned long long *)(bb->host + (size_t)mb * 8), *hconv = hbt + mb, *hS = hconv + (size_t)L * mb,
                        *hple = hS + (size_t)L * mb, *hbk = hple + (size_t)L * mb;
