@@ -5483,7 +5483,7 @@ struct qsa_cand_row {
     float temp, pen; /* temperature (<= 0: greedy, the arg-max alone); the repetition penalty (where pen_n > 0) */
     int k;           /* top-k at temperature > 0: 1 <= k < V, k <= kmax */
     int pen_off, pen_n; /* the row's distinct penalised ids: pid[pen_off .. pen_off + pen_n) */
-    int z;           /* a top-p or min-p draw over the whole row: its k candidates and the row's sum
+    int z;           /* a draw over the whole row (no top-k): its k candidates and the row's sum
                         (qsa_k_sample_z), which the host's draw normalises by */
 };
 
@@ -5585,7 +5585,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_sample_cand1(float *
 }
 #endif
 
-/* The whole-row sum of a top-p or min-p row (rp[b].z, temperature > 0), chunk c = blockIdx.x of QSA_CAND_CHUNK ids of
+/* The whole-row sum of a whole-row draw's row (rp[b].z, temperature > 0), chunk c = blockIdx.x of QSA_CAND_CHUNK ids of
  * part row r = blockIdx.y (b = b0 + r): sum of qsa_zterm(t, tmax) over the chunk's tempered logits t (qsa_k_sample_cand1's
  * v), tmax the row's largest (from am[r], its chunks' largest raw logits: T > 0 keeps the order), into zp[r][c] (an
  * integer sum: the same in any order).  Other rows: nothing.  Launch: grid (P, rows), block 1024. */

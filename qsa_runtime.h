@@ -553,7 +553,9 @@ QSA_API void qsa_sampler_free(qsa_sampler *s);
    probabilities exp(l - max) over their sum (in order; a top-p or min-p draw without a top-k below the vocabulary:
    over the whole row's sum of integers ~2^44 e^(l - max) (qsa__zterm's definition, in units of 2^-44), which a GPU
    adds in any order),
-   then top-p, then min-p, then one uniform draw from the seeded generator. */
+   then top-p, then min-p, then one uniform draw from the seeded generator.  A draw with neither a top-k below the
+   vocabulary nor top-p nor min-p (the temperature alone) is made in those integers: the uniform draw u times the row's
+   sum, rounded down, taken against the running sum of the ids' integers in order (the first id that passes it). */
 QSA_API int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, const int32_t *history, int n_history);
 
 /* Generation. */
@@ -6669,10 +6671,10 @@ QSA_PRIV qsa_result qsa__model_bind(qsa_model *m) {
 }
 
 /* Sampling on the device: a sampler whose draw reads the top-k of a row (1 <= top_k <= QSA__CAND_MAX), or its
-   arg-max alone, or a top-p or min-p draw over the whole row (its QSA__CAND_Z best and the row's sum), lets a batched
+   arg-max alone, or a draw over the whole row (its QSA__CAND_Z best and the row's sum), lets a batched
    step reduce the row to those candidates (qsa__sampler_cand_k) */
 #define QSA__CAND_MAX 1024
-#define QSA__CAND_Z 256 /* the candidates of a whole-row top-p or min-p draw */
+#define QSA__CAND_Z 256 /* the candidates of a whole-row draw */
 #define QSA__CAND_STRIDE(kmax) (4 + 2 * (kmax)) /* the words of a row of candidates (qsa_k_sample_cand2) */
 /* A batched step's sampling on the device (qsa__feed_batch, qsa__cuda_decode_batch): the rows' samplers, and where
    their candidates go: out + i QSA__CAND_STRIDE(kmax) is row i's for qsa__sampler_from_cand, its word 1 left at -1
@@ -8385,7 +8387,7 @@ QSA_PRIV int qsa__sampler_window(const qsa_sampler *s, const int32_t *hist, int 
     return p->penalty_last_n < 0 || p->penalty_last_n > n_hist ? 0 : n_hist - p->penalty_last_n;
 }
 
-/* A whole-row top-p or min-p draw (temperature > 0, no top-k below the vocabulary) normalises by the row's sum in
+/* A whole-row draw (temperature > 0, no top-k below the vocabulary) normalises by the row's sum in
    units of 2^-44: the sum over every id of qsa__zterm(t, tmax), t its tempered logit, tmax the largest.  Integers,
    so the sum is the same in any order (kernels.cu's qsa_k_sample_z adds it on the device, in parallel).  A term is
    about 2^44 e^d, d = t - tmax <= 0 (within ~1e-9), from d's 32.32 fixed-point form after two IEEE operations:
@@ -8412,10 +8414,16 @@ QSA_PRIV uint64_t qsa__zsum(const float *t, int n, float tmax) {
     for (int i = 0; i < n; i++) z += qsa__zterm(t[i], tmax);
     return z;
 }
-/* 1 for a sampler whose draw is a top-p or min-p one over the whole row (normalised by qsa__zsum) */
+/* 1 for a sampler whose draw is one over the whole row (temperature > 0, no top-k below the vocabulary), normalised by
+   qsa__zsum: with top-p or min-p (qsa__sample_cut), or with neither (qsa__sample_pure) */
 QSA_PRIV int qsa__sampler_whole_z(const qsa_sampler *s, int vocab) {
     const qsa_sampling_params *p = &s->p;
-    return p->temperature > 0.0f && (p->top_k <= 0 || p->top_k >= vocab) && ((p->top_p > 0.0f && p->top_p < 1.0f) || p->min_p > 0.0f);
+    return p->temperature > 0.0f && (p->top_k <= 0 || p->top_k >= vocab);
+}
+/* 1 for a sampler with top-p or min-p; a whole-row draw with neither is by the temperature alone (qsa__sample_pure) */
+QSA_PRIV int qsa__sampler_cuts(const qsa_sampler *s) {
+    const qsa_sampling_params *p = &s->p;
+    return (p->top_p > 0.0f && p->top_p < 1.0f) || p->min_p > 0.0f;
 }
 
 /* The candidates that a draw keeps of n (>= 1) in order, s->idx[0, n) with their tempered logits in s->prob[0, n)
@@ -8452,6 +8460,23 @@ QSA_PRIV int32_t qsa__sample_pick(qsa_sampler *s, int n) {
         if (u < c) return s->idx[i];
     }
     return s->idx[n - 1];
+}
+/* The draw of a whole-row sampler with neither top-p nor min-p (qsa__sampler_cuts 0), over n (>= 1) ids in order with
+   their tempered logits, s->idx[0, n) and s->prob[0, n), the largest first; z the whole row's sum (qsa__zsum).  In
+   integers: r = u z rounded down (u the generator's uniform; at most z - 1), the pick the first id in order at which
+   the running sum of the terms qsa__zterm(t, t_0) passes r.  Id i is drawn with probability term_i / z, and the first
+   n decide the draw wherever their terms pass r, whatever the rest of the row.  The id; -2 where they do not (complete
+   0), the generator then left as it was (as it is with draw 0, a test of the candidates alone). */
+QSA_PRIV int32_t qsa__sample_pure(qsa_sampler *s, int n, uint64_t z, int complete, int draw) {
+    uint64_t st[4];
+    memcpy(st, s->s, sizeof st);
+    uint64_t r = (uint64_t)(qsa__rng_uniform(st) * (double)z), c = 0;
+    r = r < z ? r : z - 1;
+    int i = 0;
+    while (i < n && (c += qsa__zterm(s->prob[i], s->prob[0])) <= r) i++;
+    if (i == n && !complete) return -2;
+    if (draw) memcpy(s->s, st, sizeof st);
+    return s->idx[i < n ? i : n - 1]; /* (past the end: a sum that is not these ids') */
 }
 /* The draw from n (>= 1) candidates in order, every id of the row or a top-k of it (as qsa__sample_cut) */
 QSA_PRIV int32_t qsa__sample_draw(qsa_sampler *s, int n, uint64_t z) { return qsa__sample_pick(s, qsa__sample_cut(s, n, z, 1)); }
@@ -8505,30 +8530,32 @@ QSA_PRIV int32_t qsa__sampler_sample_z(qsa_sampler *s, float *logits, int vocab,
     }
     if (lmax == -INFINITY || isinf(lmax / p->temperature)) return qsa__argmax(logits, vocab);
     for (int i = 0; i < vocab; i++) logits[i] /= p->temperature;
-    int n = vocab;
+    int n = vocab, pure = qsa__sampler_whole_z(s, vocab) && !qsa__sampler_cuts(s);
     if (p->top_k > 0 && p->top_k < vocab) {
         n = p->top_k;
         qsa__cand_topk(logits, s->idx, vocab, n);
         z = 0;
-    } else if (!qsa__sampler_whole_z(s, vocab)) {
-        qsa__cand_sort(logits, s->idx, n, s->rad);
-        z = 0;
     } else {
-        /* the row's sum, then its best QSA__CAND_Z (qsa__cand_sort's first): where they decide the draw, no sort of
-           every id (as the device's candidates) */
+        /* a whole-row draw: the row's sum, then its best QSA__CAND_Z (qsa__cand_sort's first): where they decide the
+           draw, no sort of every id (as the device's candidates) */
         int k = vocab > QSA__CAND_Z ? QSA__CAND_Z : vocab;
         if (!z) {
             z = qsa__zsum(logits, vocab, lmax / p->temperature); /* (the largest tempered logit) */
             if (k < vocab) qsa__cand_topk(logits, s->idx, vocab, k);
             else qsa__cand_sort(logits, s->idx, n, s->rad);
             for (int i = 0; i < k; i++) s->prob[i] = logits[s->idx[i]];
-            int c = qsa__sample_cut(s, k, z, k == vocab);
-            if (c >= 0) return qsa__sample_pick(s, c);
+            if (pure) {
+                int32_t t = qsa__sample_pure(s, k, z, k == vocab, 1);
+                if (t >= 0) return t;
+            } else {
+                int c = qsa__sample_cut(s, k, z, k == vocab);
+                if (c >= 0) return qsa__sample_pick(s, c);
+            }
         }
         qsa__cand_sort(logits, s->idx, n, s->rad);
     }
     for (int i = 0; i < n; i++) s->prob[i] = logits[s->idx[i]];
-    return qsa__sample_draw(s, n, z);
+    return pure ? qsa__sample_pure(s, n, z, 1, 1) : qsa__sample_draw(s, n, z);
 }
 QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, const int32_t *hist, int n_hist) {
     return qsa__sampler_sample_z(s, logits, vocab, hist, n_hist, 0);
@@ -8539,12 +8566,12 @@ QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, co
 /* The top-k of a row's tempered logits are all that a draw with 1 <= top_k < vocab reads, and a greedy pick
    needs the arg-max alone: such a sampler's row can be reduced on the device to its candidates (kernels.cu,
    qsa_k_sample_cand1, 2), up to QSA__CAND_MAX of them, and the host finishes the draw with the same bits
-   (qsa__sampler_from_cand).  A top-p or min-p draw over the whole row (qsa__sampler_whole_z) reads the row's sum
-   (qsa_k_sample_z) and its best ids up to where top-p or min-p stops: its QSA__CAND_Z best decide it where they reach
-   that point (qsa__sampler_cand_cut), and otherwise the row's logits come to the host (with the penalty applied).
-   Samplers with neither top-k, top-p nor min-p take every logit of the row. */
+   (qsa__sampler_from_cand).  A draw over the whole row (qsa__sampler_whole_z) reads the row's sum (qsa_k_sample_z) and
+   its best ids up to where top-p or min-p stops, or (the temperature alone) up to the one its uniform draw picks: its
+   QSA__CAND_Z best decide it where they reach that point (qsa__sampler_cand_cut), and otherwise the row's logits come
+   to the host (with the penalty applied). */
 /* the candidates a row of this sampler needs: 0 for the arg-max alone, k for a top-k draw, QSA__CAND_Z for a
-   whole-row top-p or min-p draw, -1 for the whole row */
+   whole-row draw, -1 for the whole row (a top-k above QSA__CAND_MAX, or a vocabulary of at most QSA__CAND_Z ids) */
 QSA_PRIV int qsa__sampler_cand_k(const qsa_sampler *s, int vocab) {
     const qsa_sampling_params *p = &s->p;
     if (p->temperature <= 0.0f) return 0;
@@ -8562,8 +8589,9 @@ QSA_PRIV uint64_t qsa__cand_z(const int32_t *row, int kmax) {
 /* A row of candidates (qsa_k_sample_cand2): row[0] the arg-max, row[1] the number k of candidates (0: the pick is the
    arg-max), row[2, 2 + k) their ids ascending, row[2 + kmax, 2 + kmax + k) their tempered logits' bits, then the
    whole row's sum (qsa__zterm) as two words, low first (0 but for a whole-row draw).  Into s->idx and s->prob in
-   qsa_sampler_sample's order, then qsa__sample_cut: the candidates kept, -2 where they cannot decide the draw, -1 when
-   it cannot allocate (QSA_ERR_OUT_OF_MEMORY). */
+   qsa_sampler_sample's order, then qsa__sample_cut: the candidates kept (a draw by the temperature alone: k where
+   qsa__sample_pure's draw falls among them), -2 where they cannot decide the draw, -1 when it cannot allocate
+   (QSA_ERR_OUT_OF_MEMORY). */
 QSA_PRIV int qsa__sampler_cand_cut(qsa_sampler *s, const int32_t *row, int kmax) {
     int k = row[1];
     if (!qsa__sampler_reserve(s, k) || !qsa__sampler_reserve_rad(s, k)) return -1;
@@ -8577,6 +8605,7 @@ QSA_PRIV int qsa__sampler_cand_cut(qsa_sampler *s, const int32_t *row, int kmax)
         s->prob[i] = val[j];
     }
     uint64_t z = qsa__cand_z(row, kmax);
+    if (z && !qsa__sampler_cuts(s)) return qsa__sample_pure(s, k, z, 0, 0) >= 0 ? k : -2;
     return qsa__sample_cut(s, k, z, !z);
 }
 /* The pick of qsa_sampler_sample from a row's candidates that decide it (qsa__sampler_cand_cut).  -1 when it cannot
@@ -8588,6 +8617,8 @@ QSA_PRIV int32_t qsa__sampler_from_cand(qsa_sampler *s, const int32_t *row, int 
         qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sampler: a whole-row draw's candidates do not decide it");
         return -1;
     }
+    uint64_t z = qsa__cand_z(row, kmax);
+    if (n >= 0 && z && !qsa__sampler_cuts(s)) return qsa__sample_pure(s, n, z, 0, 1);
     return n < 0 ? -1 : qsa__sample_pick(s, n);
 }
 

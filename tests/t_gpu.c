@@ -862,11 +862,11 @@ TEST(gpu, shared_side_stream_equals_chain) {
 /* Sampling on the device (qsa__cand_req: a batched step reduces each row to its sampler's candidates, the host draws
    from those) gives the tokens of the host's draws over the logits ($QSA_SAMPLE_DEVICE=0): scheduler batches of top-k
    draws with top-p, min-p and repetition penalties above and below 1, a greedy row with a penalty beside them, and
-   k = vocab - 1; in vocabulary slices too ($QSA_LOGIT_SLICE_BYTES=1); a batch with a top-p-only request (a whole-row
-   draw: its QSA__CAND_Z best of the fixture's 320 ids and the row's sum, or its penalised logits where those do not
-   decide it); and qsa_generate's decode steps.  Every decode token of the first batch came from candidates, and every
-   row of the second was reduced. */
-enum { SD_N = 7, SD_T = 10 };
+   k = vocab - 1; in vocabulary slices too ($QSA_LOGIT_SLICE_BYTES=1); a batch with a top-p-only request and one by the
+   temperature alone with a penalty (whole-row draws: their QSA__CAND_Z best of the fixture's 320 ids and the row's sum,
+   or their penalised logits where those do not decide them); and qsa_generate's decode steps.  Every decode token of the
+   first batch came from candidates, and every row of the second was reduced. */
+enum { SD_N = 8, SD_T = 10, SD_WHOLE = 2 /* (the last SD_WHOLE of sd_params: whole-row draws) */ };
 static void sd_params(int i, int V, qsa_sampling_params *sp) {
     memset(sp, 0, sizeof *sp);
     sp->seed = 1 + (uint64_t)i;
@@ -878,6 +878,7 @@ static void sd_params(int i, int V, qsa_sampling_params *sp) {
     case 3: sp->repetition_penalty = 1.2f; break;
     case 4: sp->temperature = 1.0f; sp->top_k = V - 1; break;
     case 5: sp->temperature = 0.7f; sp->top_k = 20; sp->repetition_penalty = 0.9f; sp->penalty_last_n = -1; break;
+    case 6: sp->temperature = 0.8f; sp->repetition_penalty = 1.2f; sp->penalty_last_n = 16; break;
     default: sp->temperature = 1.0f; sp->top_p = 0.9f; break;
     }
 }
@@ -935,23 +936,23 @@ TEST(gpu, sampling_on_the_device_draws_as_the_host) {
     long long nc[3], nd[3];
     qsa_model *ms3[3] = {m0, m, ms};
     for (int k = 0; k < 3; k++)
-        if (!sd_sched(ms3[k], SD_N - 1, t[k], &nc[k], &nd[k])) goto done;
-    CHECKF(nc[0] == 0 && nd[1] == (SD_N - 1) * (SD_T - 1) && nc[1] == nd[1] && nc[2] == nd[2],
+        if (!sd_sched(ms3[k], SD_N - SD_WHOLE, t[k], &nc[k], &nd[k])) goto done;
+    CHECKF(nc[0] == 0 && nd[1] == (SD_N - SD_WHOLE) * (SD_T - 1) && nc[1] == nd[1] && nc[2] == nd[2],
            "decode tokens from candidates: %lld of %lld off, %lld of %lld on, %lld of %lld in slices", nc[0], nd[0], nc[1], nd[1],
            nc[2], nd[2]);
-    for (int i = 0; i < SD_N - 1; i++) {
+    for (int i = 0; i < SD_N - SD_WHOLE; i++) {
         CHECKF(!memcmp(t[0][i], t[1][i], sizeof t[0][i]), "request %d: the device's candidates drew other tokens", i);
         CHECKF(!memcmp(t[0][i], t[2][i], sizeof t[0][i]), "request %d: the device's candidates (logits in slices) drew other tokens", i);
     }
-    /* with a top-p-only request beside them (a whole-row draw: from candidates where they decide it) */
+    /* with whole-row draws beside them (top-p alone, the temperature alone: from candidates where they decide them) */
     long long w0 = m->cuda->n_cand_whole, r0 = m->cuda->n_cand_rows;
     for (int k = 0; k < 2; k++)
         if (!sd_sched(ms3[k], SD_N, t[k], &nc[k], &nd[k])) goto done;
     long long whole = m->cuda->n_cand_whole - w0;
     CHECKF(nc[1] + whole == nd[1] && nd[1] == SD_N * (SD_T - 1) && m->cuda->n_cand_rows - r0 == nd[1],
-           "beside a top-p request: %lld of %lld decode tokens from candidates, %lld from the penalised row", nc[1], nd[1], whole);
-    printf("    beside a top-p request: %lld of %lld decode tokens from candidates, %lld from the penalised row\n", nc[1], nd[1], whole);
-    for (int i = 0; i < SD_N; i++) CHECKF(!memcmp(t[0][i], t[1][i], sizeof t[0][i]), "request %d beside a top-p request: other tokens", i);
+           "beside whole-row draws: %lld of %lld decode tokens from candidates, %lld from the penalised row", nc[1], nd[1], whole);
+    printf("    beside whole-row draws: %lld of %lld decode tokens from candidates, %lld from the penalised row\n", nc[1], nd[1], whole);
+    for (int i = 0; i < SD_N; i++) CHECKF(!memcmp(t[0][i], t[1][i], sizeof t[0][i]), "request %d beside whole-row draws: other tokens", i);
     /* qsa_generate: its decode steps reduce the rows of every sampler */
     for (int i = 0; i < SD_N; i++) {
         qsa_generation g[2];

@@ -690,6 +690,53 @@ TEST(cpu, sampler_top_k_selection_and_long_penalty_window) {
     free(hist);
 }
 
+/* A draw by the temperature alone (no top-k, top-p or min-p) picks each id with its probability, term / row's sum in
+   qsa__zterm's integers (qsa__sample_pure), from the best QSA__CAND_Z or, where they do not decide it, from every id in
+   order; NaN and -inf never.  Counts of 45,000 draws within 5 standard deviations of the expected. */
+TEST(cpu, sampler_temperature_alone_draws_by_the_probabilities) {
+    enum { N = 45000, V = 700 };
+    static float base[V], l[V];
+    for (int i = 0; i < V; i++) base[i] = i % 2 ? -INFINITY : NAN; /* never drawn */
+    /* ids 10, 20, 30, 40 weigh 1 : 2 : 4 : 2 at T 1; 300 more ids at 1 / 64 each: the best 256 decide ~97% of draws */
+    base[10] = 0.0f; base[20] = logf(2.0f); base[30] = logf(4.0f); base[40] = logf(2.0f);
+    for (int i = 0; i < 300; i++) base[100 + 2 * i] = logf(1.0f / 64.0f);
+    for (int round = 0; round < 2; round++) {
+        qsa_sampling_params p;
+        memset(&p, 0, sizeof p);
+        p.temperature = round ? 0.5f : 1.0f; /* (0.5: the weights squared) */
+        p.seed = 5 + (uint64_t)round;
+        qsa_sampler *s = NULL;
+        CHECK_OK(qsa_sampler_create(&p, &s));
+        if (!s) return;
+        static int hits[V];
+        memset(hits, 0, sizeof hits);
+        int bad = 0;
+        for (int i = 0; i < N; i++) {
+            memcpy(l, base, sizeof l);
+            int32_t t = qsa_sampler_sample(s, l, V, NULL, 0);
+            if (t < 0 || t >= V) bad++;
+            else hits[t]++;
+        }
+        double w[4] = {1, 2, 4, 2}, rest = 300.0 / 64.0, tot = 0.0;
+        if (round) { for (int j = 0; j < 4; j++) w[j] *= w[j]; rest = 300.0 / 4096.0; }
+        for (int j = 0; j < 4; j++) tot += w[j];
+        tot += rest;
+        int far = 0, tail = 0;
+        for (int j = 0; j < 4; j++) {
+            double e = N * w[j] / tot, sd = sqrt(e * (1.0 - w[j] / tot));
+            if (fabs(hits[10 * (j + 1)] - e) > 5.0 * sd) far++;
+            printf("      T %.1f: id %d drawn %d times, expected %.0f\n", p.temperature, 10 * (j + 1), hits[10 * (j + 1)], e);
+        }
+        for (int i = 100; i < V; i++) tail += hits[i];
+        double e = N * rest / tot, sd = sqrt(e);
+        int elsewhere = N - tail - hits[10] - hits[20] - hits[30] - hits[40];
+        CHECKF(!bad && !far && elsewhere == 0 && fabs(tail - e) <= 5.0 * sd + 1.0,
+               "T %g: %d out of range, %d of the four far from their share, %d drawn elsewhere, the tail %d against %.0f",
+               p.temperature, bad, far, elsewhere, tail, e);
+        qsa_sampler_free(s);
+    }
+}
+
 /* The whole-row sum's term qsa__zterm(t, tmax) ~ 2^44 e^(t - tmax) by integers (kernels.cu's qsa_zterm, the same
    function): exact at d = 0; within 1e-9 (relative) plus one unit of 2^44 2^-y, y the 32.32 fixed-point form of the
    fp32 product -d log2(e) that it starts from, and so within 3e-6 of e^d (that product's rounding); never increasing as
@@ -717,8 +764,8 @@ TEST(cpu, sampler_whole_row_sum_terms) {
 
 /* The host half of sampling on the device: the rows the kernels would leave (emulated here from their definition:
    the penalty on the listed distinct ids, NaN -> -inf, the arg-max, the vanishing-temperature test, the top k of the
-   tempered logits with their ids ascending, and for a whole-row top-p or min-p draw its QSA__CAND_Z best and the row's
-   sum of qsa__zterm) give qsa__sampler_from_cand the picks of qsa_sampler_sample on the whole row, and the same RNG
+   tempered logits with their ids ascending, and for a whole-row draw (no top-k: with top-p, min-p or the temperature
+   alone) its QSA__CAND_Z best and the row's sum of qsa__zterm) give qsa__sampler_from_cand the picks of qsa_sampler_sample on the whole row, and the same RNG
    state after; greedy and degenerate rows draw nothing.  A whole-row draw that its candidates cannot decide
    (qsa__sampler_cand_cut -2) draws from the penalised row, as the step sends it.  Also the samplers that can start
    from candidates (qsa__sampler_cand_k) and the penalised ids' cap (qsa__sampler_pen_ids). */
@@ -727,14 +774,14 @@ TEST(cpu, sampler_draws_from_candidates_as_from_the_row) {
     static float l[V], a[V], t[V], pen_row[V];
     static int32_t hist[NH], pid[NH], idx[V], row[QSA__CAND_STRIDE(KM)];
     uint64_t x = 77;
-    int draws = 0, degenerate = 0, pens = 0, whole = 0, undecided = 0;
+    int draws = 0, degenerate = 0, pens = 0, whole = 0, undecided = 0, pures = 0, pure_undecided = 0;
     for (int it = 0; it < 400; it++) {
         qsa_sampling_params p;
         memset(&p, 0, sizeof p);
         x = x * 6364136223846793005ULL + 1442695040888963407ULL;
         static const float temps[] = {0.0f, 0.3f, 0.7f, 1.0f, 1.6f, 1e-38f};
         p.temperature = temps[(x >> 33) % 6];
-        p.top_k = (x >> 57) % 3 == 0 ? 0 : 1 + (int)((x >> 40) % K); /* 0: a whole-row draw with top-p or min-p */
+        p.top_k = (x >> 57) % 3 == 0 ? 0 : 1 + (int)((x >> 40) % K); /* 0: a whole-row draw */
         p.top_p = (x >> 50) & 1 ? 0.9f : 0.0f;
         p.min_p = (x >> 51) & 1 ? 0.05f : 0.0f;
         p.repetition_penalty = (x >> 52) % 3 == 0 ? 1.0f : (x >> 52) % 3 == 1 ? 1.3f : 0.8f;
@@ -757,14 +804,8 @@ TEST(cpu, sampler_draws_from_candidates_as_from_the_row) {
         CHECK_OK(qsa_sampler_create(&p, &sb));
         CHECK_OK(qsa_sampler_create(&p, &sc));
         if (!sa || !sb || !sc) { qsa_sampler_free(sa); qsa_sampler_free(sb); qsa_sampler_free(sc); return; }
-        int k = qsa__sampler_cand_k(sb, V), wz = p.top_k == 0 && (p.top_p > 0 || p.min_p > 0);
-        CHECK(k == (p.temperature > 0 ? (p.top_k ? p.top_k : wz ? KM : -1) : 0) && qsa__sampler_whole_z(sb, V) == (wz && p.temperature > 0));
-        if (k < 0) { /* (the whole row: a host draw) */
-            qsa_sampler_free(sa);
-            qsa_sampler_free(sb);
-            qsa_sampler_free(sc);
-            continue;
-        }
+        int k = qsa__sampler_cand_k(sb, V), wz = p.top_k == 0, pure = wz && !(p.top_p > 0 || p.min_p > 0);
+        CHECK(k == (p.temperature > 0 ? (p.top_k ? p.top_k : KM) : 0) && qsa__sampler_whole_z(sb, V) == (wz && p.temperature > 0));
         for (int d = 0; d < 3; d++) {
             /* the kernels' row, from their definition */
             memcpy(t, l, sizeof l);
@@ -802,7 +843,9 @@ TEST(cpu, sampler_draws_from_candidates_as_from_the_row) {
             int32_t want = qsa_sampler_sample(sa, a, V, hist, NH), got;
             int cut = row[1] > 0 ? qsa__sampler_cand_cut(sb, row, KM) : 0;
             whole += wz && row[1] > 0;
+            pures += pure && row[1] > 0;
             undecided += cut == -2;
+            pure_undecided += pure && cut == -2;
             CHECK(cut != -1 && (cut != -2 || wz));
             if (cut == -2) got = qsa__sampler_sample_z(sb, pen_row, V, NULL, 0, qsa__cand_z(row, KM)); /* (the step sends the penalised row) */
             else got = qsa__sampler_from_cand(sb, row, KM);
@@ -820,11 +863,12 @@ TEST(cpu, sampler_draws_from_candidates_as_from_the_row) {
         qsa_sampler_free(sb);
         qsa_sampler_free(sc);
     }
-    CHECKF(draws >= 900 && degenerate >= 20 && pens >= 400 && whole >= 100 && undecided >= 10 && undecided < whole,
-           "%d draws, %d degenerate, %d penalised, %d whole-row draws of which %d undecided", draws, degenerate, pens, whole,
-           undecided);
-    printf("    %d draws, %d degenerate, %d penalised, %d whole-row draws from candidates, %d of them from the row\n", draws,
-           degenerate, pens, whole, undecided);
+    CHECKF(draws >= 900 && degenerate >= 20 && pens >= 400 && whole >= 100 && undecided >= 10 && undecided < whole &&
+           pures >= 30 && pure_undecided >= 3 && pure_undecided < pures,
+           "%d draws, %d degenerate, %d penalised, %d whole-row draws of which %d undecided, %d by the temperature alone of "
+           "which %d undecided", draws, degenerate, pens, whole, undecided, pures, pure_undecided);
+    printf("    %d draws, %d degenerate, %d penalised, %d whole-row draws from candidates, %d of them from the row; %d by the "
+           "temperature alone, %d of them from the row\n", draws, degenerate, pens, whole, undecided, pures, pure_undecided);
     /* which samplers start from candidates; the cap on the penalised ids */
     qsa_sampling_params p;
     memset(&p, 0, sizeof p);
@@ -834,9 +878,9 @@ TEST(cpu, sampler_draws_from_candidates_as_from_the_row) {
     p.penalty_last_n = 8;
     CHECK_OK(qsa_sampler_create(&p, &s));
     if (!s) return;
-    CHECK(qsa__sampler_cand_k(s, V) == -1); /* no top-k, top-p or min-p: the whole row */
+    CHECK(qsa__sampler_cand_k(s, V) == QSA__CAND_Z); /* the temperature alone: a whole-row draw */
     s->p.top_k = V;
-    CHECK(qsa__sampler_cand_k(s, V) == -1);
+    CHECK(qsa__sampler_cand_k(s, V) == QSA__CAND_Z && qsa__sampler_cand_k(s, QSA__CAND_Z) == -1);
     s->p.top_p = 0.9f; /* top-p over the whole row: its best and the row's sum, where the vocabulary is larger */
     CHECK(qsa__sampler_cand_k(s, V) == QSA__CAND_Z && qsa__sampler_cand_k(s, QSA__CAND_Z) == -1);
     s->p.top_p = 1.0f;

@@ -31,7 +31,8 @@
  *      from device candidates" from B rows of 20 candidates, as the scheduler draws, and the same two with
  *      top-p 0.95 alone, "top-p 0.95 drawn on the host" / "from device candidates": a whole-row draw, from its
  *      256 best and the row's sum where those decide it, else from its logits, each row's note counting
- *      those); batch 1 then runs "single" once more ("single, again": the two
+ *      those, and the same two with the temperature alone, "temperature alone drawn on the host" / "from
+ *      device candidates"); batch 1 then runs "single" once more ("single, again": the two
  *      should agree).  Each row's note gives its fastest and slowest step and an FNV-1a of its last
  *      step's logits (ids): the same tokens each run, so two runs of one tree under different launch
  *      switches ($QSA_MOE_HANDOFF=0, ...) must print the same.  The
@@ -103,7 +104,7 @@ int main(void) {
 #define BENCH_MAX_SHAPES 16
 
 typedef struct bench_opt {
-    int quick, no_long, graphs, verbose, keep_driver_cache, no_ceilings, device, page_size, profile, marginal;
+    int quick, no_long, no_sampled, graphs, verbose, keep_driver_cache, no_ceilings, device, page_size, profile, marginal;
     int pageable_logits; /* --pageable-logits: the decode rows' logits into malloc's memory */
     int layers;          /* --layers: the built-in shape with this many layers (0: its own, 48 or 8) */
     int steps, warmup, prefill, ctx, prefill_reps, chunk, settle_ms;
@@ -135,7 +136,8 @@ static void usage(FILE *f) {
             "  --steps N            timed decode steps per row (default 10; fewer when a row passes 4 s)\n"
             "  --settle-ms N        idle the GPU N ms before each decode row (default 0)\n"
             "  --warmup N           untimed decode steps before them (default 2)\n"
-            "  --graphs             also measure batched decode replayed as CUDA graphs\n"
+            "  --graphs             also measure batched decode replayed as CUDA graphs (with the rows of draws)\n"
+            "  --no-sampled         with --graphs, leave out the rows of draws (top-k, top-p, the temperature alone)\n"
             "  --profile            after each eager decode row and the prefill, time every kernel launch\n"
             "                       (CUDA events; untimed extra steps) and print where the time goes\n"
             "  --marginal           after each batch's rows at the short context: what each of the costliest\n"
@@ -218,6 +220,7 @@ static int parse_args(int argc, char **argv, bench_opt *o) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return 1;
         if (!strcmp(a, "--quick")) { o->quick = 1; continue; }
         if (!strcmp(a, "--no-long")) { o->no_long = 1; continue; }
+        if (!strcmp(a, "--no-sampled")) { o->no_sampled = 1; continue; }
         if (!strcmp(a, "--graphs")) { o->graphs = 1; continue; }
         if (!strcmp(a, "--profile")) { o->profile = 1; continue; }
         if (!strcmp(a, "--marginal")) { o->marginal = 1; continue; }
@@ -1577,8 +1580,8 @@ static void nvml_note(char *out, size_t n, unsigned lo, unsigned hi, unsigned lo
    vocabulary), 5 as 2 with each row's token drawn on the host (qsa_sampler_sample: temperature 0.6, top-k
    20, top-p 0.95, the Qwen3 defaults), 6 as 5 with the rows reduced to their candidates on the device
    (struct qsa__cand_req, as the scheduler's steps), 7 and 8 as 5 and 6 with top-p 0.95 alone (a whole-row draw: on
-   the device its QSA__CAND_Z best and the row's sum, or its logits where those do not decide it).  Modes 5 to 8 time
-   the step with its draws on the host's clock.  The per-launch profile: modes 1 and 3 (eager). */
+   the device its QSA__CAND_Z best and the row's sum, or its logits where those do not decide it), 9 and 10 as 7 and 8
+   with the temperature alone (a whole-row draw too).  Modes 5 to 10 time the step with its draws on the host's clock.  The per-launch profile: modes 1 and 3 (eager). */
 static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, int mode, float *logits, const char *tag) {
     qsa_model *m = b->m;
     int V = m->cfg.vocab_size;
@@ -1586,7 +1589,7 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
     snprintf(cfg, sizeof cfg, "B=%d ctx=%d %s", B, ctx, tag);
     if (!may_run(b, "decode", cfg)) return QSA_OK;
     const int single = mode == 0 || mode == 3;
-    const int sampled = mode >= 5 && mode <= 8, topp = mode >= 7, dev = mode == 6 || mode == 8, kc = topp ? QSA__CAND_Z : 20;
+    const int sampled = mode >= 5 && mode <= 10, whole = mode >= 7, dev = sampled && mode % 2 == 0, kc = whole ? QSA__CAND_Z : 20;
     m->params.cuda_batch_decode = mode <= 2 || mode >= 4;
     m->params.cuda_graphs = mode == 0 || mode == 2 || mode >= 4;
     int32_t *tok = QSA__ALLOC(int32_t, 2 * B), *next = tok ? tok + B : NULL;
@@ -1602,8 +1605,8 @@ static qsa_result bench_decode_mode(bench *b, qsa_seq **seqs, int B, int ctx, in
         qsa_sampling_params sp;
         memset(&sp, 0, sizeof sp);
         sp.temperature = b->o.sample_temp;
-        sp.top_k = topp ? 0 : kc;
-        sp.top_p = 0.95f;
+        sp.top_k = whole ? 0 : kc;
+        sp.top_p = mode >= 9 ? 0.0f : 0.95f;
         sp.seed = 1 + (uint64_t)k;
         r = qsa_sampler_create(&sp, &smp[k]);
     }
@@ -1943,10 +1946,15 @@ static qsa_result bench_decode(bench *b, bench_plan *pl, float *logits) {
             if (!b->broken) bench_decode_mode(b, seqs, B, ctx, 1, logits, "batched");
             if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 2, logits, "batched+graphs");
             if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 4, logits, "batched+graphs, greedy ids");
-            if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 5, logits, "batched+graphs, top-k 20 drawn on the host");
-            if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 6, logits, "batched+graphs, top-k 20 from device candidates");
-            if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 7, logits, "batched+graphs, top-p 0.95 drawn on the host");
-            if (b->o.graphs && !b->broken) bench_decode_mode(b, seqs, B, ctx, 8, logits, "batched+graphs, top-p 0.95 from device candidates");
+            static const char *const drawn[] = {"top-k 20 drawn on the host", "top-k 20 from device candidates",
+                                                "top-p 0.95 drawn on the host", "top-p 0.95 from device candidates",
+                                                "temperature alone drawn on the host",
+                                                "temperature alone from device candidates"}; /* (modes 5 .. 10) */
+            for (int d = 0; b->o.graphs && !b->o.no_sampled && d < 6 && !b->broken; d++) {
+                char tag[96];
+                snprintf(tag, sizeof tag, "batched+graphs, %s", drawn[d]);
+                bench_decode_mode(b, seqs, B, ctx, 5 + d, logits, tag);
+            }
             /* the first row again, after the others: the two should agree (a difference is a warm-up or
                ordering effect of the context's first steps, not of the path) */
             if (B == 1 && !b->broken) bench_decode_mode(b, seqs, 1, ctx, 0, logits, "single, again");
