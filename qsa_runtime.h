@@ -550,12 +550,13 @@ QSA_API void qsa_sampler_free(qsa_sampler *s);
    allocate its work buffers (a first sampling call at temperature > 0 or with a repetition penalty, at
    this vocabulary size: QSA_ERR_OUT_OF_MEMORY, in qsa_last_error()); the logits are then as they came.
    The draw: repetition penalty, temperature, the ids ordered by logit (lower id first on ties) and cut to the top-k,
-   probabilities exp(l - max) over their sum (in order; a top-p or min-p draw without a top-k below the vocabulary:
-   over the whole row's sum of integers ~2^44 e^(l - max) (qsa__zterm's definition, in units of 2^-44), which a GPU
-   adds in any order),
+   probabilities exp(l - max) over their sum (in order; a top-p or min-p draw without a top-k below the vocabulary, at
+   fewer than 2^20 ids: over the whole row's sum of integers ~2^44 e^(l - max) (qsa__zterm's definition, in units of
+   2^-44), which a GPU adds in any order),
    then top-p, then min-p, then one uniform draw from the seeded generator.  A draw with neither a top-k below the
-   vocabulary nor top-p nor min-p (the temperature alone) is made in those integers: the uniform draw u times the row's
-   sum, rounded down, taken against the running sum of the ids' integers in order (the first id that passes it). */
+   vocabulary nor top-p nor min-p (the temperature alone), at fewer than 2^20 ids, is made in those integers: the
+   uniform draw u times the row's sum, rounded down, taken against the running sum of the ids' integers in order (the
+   first id that passes it). */
 QSA_API int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, const int32_t *history, int n_history);
 
 /* Generation. */
@@ -6679,7 +6680,7 @@ QSA_PRIV qsa_result qsa__model_bind(qsa_model *m) {
 /* A batched step's sampling on the device (qsa__feed_batch, qsa__cuda_decode_batch): the rows' samplers, and where
    their candidates go: out + i QSA__CAND_STRIDE(kmax) is row i's for qsa__sampler_from_cand, its word 1 left at -1
    where the row's logits came instead (a step that could not reduce its rows: qsa__cuda_cand_rows), -2 where they came
-   with the repetition penalty applied (a whole-row draw that its candidates could not decide: qsa__sampler_cand_cut;
+   with the repetition penalty applied (a whole-row draw that its candidates could not decide: qsa__sampler_cand_draw;
    drawn by qsa__sampler_sample_z with no history and the row's sum, qsa__cand_z) */
 struct qsa__cand_req {
     qsa_sampler *const *smp;
@@ -8393,7 +8394,7 @@ QSA_PRIV int qsa__sampler_window(const qsa_sampler *s, const int32_t *hist, int 
    about 2^44 e^d, d = t - tmax <= 0 (within ~1e-9), from d's 32.32 fixed-point form after two IEEE operations:
    -d log2(e) = I + F / 2^32, then 2^(-F / 2^32) = 2^(-j / 16) 2^(-f / 2^32) (F's top 4 bits j, a table of 16; f < 2^28:
    a degree-5 series) in 31-bit fixed point, shifted by I: only 32 x 32-bit products (kernels.cu's qsa_zterm: the
-   same integers).  At 248,320 ids the sum stays below 2^62. */
+   same integers).  At 248,320 ids the sum stays below 2^62; below QSA__Z_VOCAB (2^20) ids, below 2^64. */
 QSA_PRIV uint64_t qsa__zterm(float t, float tmax) {
     float d = t - tmax;
     if (!(d > -64.0f)) return 0;
@@ -8414,11 +8415,14 @@ QSA_PRIV uint64_t qsa__zsum(const float *t, int n, float tmax) {
     for (int i = 0; i < n; i++) z += qsa__zterm(t[i], tmax);
     return z;
 }
+/* the vocabularies whose whole-row sum (at most 2^44 an id) fits 64 bits: below 2^20 ids */
+#define QSA__Z_VOCAB (1 << 20)
 /* 1 for a sampler whose draw is one over the whole row (temperature > 0, no top-k below the vocabulary), normalised by
-   qsa__zsum: with top-p or min-p (qsa__sample_cut), or with neither (qsa__sample_pure) */
+   qsa__zsum: with top-p or min-p (qsa__sample_cut), or with neither (qsa__sample_pure).  0 at QSA__Z_VOCAB ids or more
+   (the sum would wrap): every id sorted, normalised by their own sum, as a top-k draw. */
 QSA_PRIV int qsa__sampler_whole_z(const qsa_sampler *s, int vocab) {
     const qsa_sampling_params *p = &s->p;
-    return p->temperature > 0.0f && (p->top_k <= 0 || p->top_k >= vocab);
+    return p->temperature > 0.0f && (p->top_k <= 0 || p->top_k >= vocab) && vocab < QSA__Z_VOCAB;
 }
 /* 1 for a sampler with top-p or min-p; a whole-row draw with neither is by the temperature alone (qsa__sample_pure) */
 QSA_PRIV int qsa__sampler_cuts(const qsa_sampler *s) {
@@ -8478,8 +8482,40 @@ QSA_PRIV int32_t qsa__sample_pure(qsa_sampler *s, int n, uint64_t z, int complet
     if (draw) memcpy(s->s, st, sizeof st);
     return s->idx[i < n ? i : n - 1]; /* (past the end: a sum that is not these ids') */
 }
-/* The draw from n (>= 1) candidates in order, every id of the row or a top-k of it (as qsa__sample_cut) */
-QSA_PRIV int32_t qsa__sample_draw(qsa_sampler *s, int n, uint64_t z) { return qsa__sample_pick(s, qsa__sample_cut(s, n, z, 1)); }
+/* A whole-row top-p draw that its n candidates cannot cut (qsa__sample_cut -2; s->prob[0, n) their probabilities).
+   qsa__sample_pick over the whole cut scales its uniform draw U by the cut's sum, the running sum at the first id where
+   it reaches top_p.  That sum is at least top_p (with min-p beside it, at least the n's own sum) and at most top_p + the
+   n-th probability as a double sum rounds it (the sum before that id is below top_p, and every later probability is at
+   most the n-th).  The pick is the first id whose running sum passes U times the sum: where both ends of that interval
+   pick the same one of the n, that one is the draw, whatever the rest of the row.  The id, or -2; the generator
+   advanced either way. */
+QSA_PRIV int32_t qsa__sample_bounded(qsa_sampler *s, int n) {
+    const qsa_sampling_params *p = &s->p;
+    if (!(p->top_p > 0.0f && p->top_p < 1.0f)) return -2;
+    double c = 0.0;
+    for (int i = 0; i < n; i++) c += s->prob[i];
+    double u = qsa__rng_uniform(s->s), lo = u * (p->min_p > 0.0f ? c : (double)p->top_p);
+    double hi = u * ((double)p->top_p + (double)s->prob[n - 1]);
+    c = 0.0;
+    for (int i = 0; i < n; i++) {
+        c += s->prob[i];
+        if (lo < c) return hi < c ? s->idx[i] : -2;
+    }
+    return -2;
+}
+/* The draw from n (>= 1) ids in qsa_sampler_sample's order, s->idx[0, n) with their tempered logits in s->prob[0, n): a
+   top-k draw's k (z 0), or a whole-row draw's n best (z the row's sum; complete where they are the whole row).  The
+   id; -2 where they cannot decide a whole-row draw, the generator then as it was (as always with draw 0: the test
+   alone). */
+QSA_PRIV int32_t qsa__sample_finish(qsa_sampler *s, int n, uint64_t z, int complete, int draw) {
+    if (z && !qsa__sampler_cuts(s)) return qsa__sample_pure(s, n, z, complete, draw);
+    uint64_t st[4];
+    memcpy(st, s->s, sizeof st);
+    int c = qsa__sample_cut(s, n, z, complete);
+    int32_t t = c >= 0 ? qsa__sample_pick(s, c) : qsa__sample_bounded(s, n);
+    if (!draw || t < 0) memcpy(s->s, st, sizeof st);
+    return t;
+}
 
 /* The distinct ids of the penalty window (the ids qsa_sampler_sample penalises), at most cap of them, into ids:
    their number; -1 when there are more; -2 out of memory (reported) */
@@ -8530,10 +8566,13 @@ QSA_PRIV int32_t qsa__sampler_sample_z(qsa_sampler *s, float *logits, int vocab,
     }
     if (lmax == -INFINITY || isinf(lmax / p->temperature)) return qsa__argmax(logits, vocab);
     for (int i = 0; i < vocab; i++) logits[i] /= p->temperature;
-    int n = vocab, pure = qsa__sampler_whole_z(s, vocab) && !qsa__sampler_cuts(s);
+    int n = vocab;
     if (p->top_k > 0 && p->top_k < vocab) {
         n = p->top_k;
         qsa__cand_topk(logits, s->idx, vocab, n);
+        z = 0;
+    } else if (!qsa__sampler_whole_z(s, vocab)) {
+        qsa__cand_sort(logits, s->idx, n, s->rad); /* (a vocabulary too large for the row's sum) */
         z = 0;
     } else {
         /* a whole-row draw: the row's sum, then its best QSA__CAND_Z (qsa__cand_sort's first): where they decide the
@@ -8544,18 +8583,13 @@ QSA_PRIV int32_t qsa__sampler_sample_z(qsa_sampler *s, float *logits, int vocab,
             if (k < vocab) qsa__cand_topk(logits, s->idx, vocab, k);
             else qsa__cand_sort(logits, s->idx, n, s->rad);
             for (int i = 0; i < k; i++) s->prob[i] = logits[s->idx[i]];
-            if (pure) {
-                int32_t t = qsa__sample_pure(s, k, z, k == vocab, 1);
-                if (t >= 0) return t;
-            } else {
-                int c = qsa__sample_cut(s, k, z, k == vocab);
-                if (c >= 0) return qsa__sample_pick(s, c);
-            }
+            int32_t t = qsa__sample_finish(s, k, z, k == vocab, 1);
+            if (t >= 0) return t;
         }
         qsa__cand_sort(logits, s->idx, n, s->rad);
     }
     for (int i = 0; i < n; i++) s->prob[i] = logits[s->idx[i]];
-    return pure ? qsa__sample_pure(s, n, z, 1, 1) : qsa__sample_draw(s, n, z);
+    return qsa__sample_finish(s, n, z, 1, 1);
 }
 QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, const int32_t *hist, int n_hist) {
     return qsa__sampler_sample_z(s, logits, vocab, hist, n_hist, 0);
@@ -8568,7 +8602,7 @@ QSA_IMPL int32_t qsa_sampler_sample(qsa_sampler *s, float *logits, int vocab, co
    qsa_k_sample_cand1, 2), up to QSA__CAND_MAX of them, and the host finishes the draw with the same bits
    (qsa__sampler_from_cand).  A draw over the whole row (qsa__sampler_whole_z) reads the row's sum (qsa_k_sample_z) and
    its best ids up to where top-p or min-p stops, or (the temperature alone) up to the one its uniform draw picks: its
-   QSA__CAND_Z best decide it where they reach that point (qsa__sampler_cand_cut), and otherwise the row's logits come
+   QSA__CAND_Z best decide it where they reach that point (qsa__sampler_cand_draw), and otherwise the row's logits come
    to the host (with the penalty applied). */
 /* the candidates a row of this sampler needs: 0 for the arg-max alone, k for a top-k draw, QSA__CAND_Z for a
    whole-row draw, -1 for the whole row (a top-k above QSA__CAND_MAX, or a vocabulary of at most QSA__CAND_Z ids) */
@@ -8589,11 +8623,12 @@ QSA_PRIV uint64_t qsa__cand_z(const int32_t *row, int kmax) {
 /* A row of candidates (qsa_k_sample_cand2): row[0] the arg-max, row[1] the number k of candidates (0: the pick is the
    arg-max), row[2, 2 + k) their ids ascending, row[2 + kmax, 2 + kmax + k) their tempered logits' bits, then the
    whole row's sum (qsa__zterm) as two words, low first (0 but for a whole-row draw).  Into s->idx and s->prob in
-   qsa_sampler_sample's order, then qsa__sample_cut: the candidates kept (a draw by the temperature alone: k where
-   qsa__sample_pure's draw falls among them), -2 where they cannot decide the draw, -1 when it cannot allocate
+   qsa_sampler_sample's order, then qsa__sample_finish: the draw (draw 1) or the id it would be (draw 0: the generator
+   untouched), -2 where the candidates cannot decide a whole-row draw, -1 when it cannot allocate
    (QSA_ERR_OUT_OF_MEMORY). */
-QSA_PRIV int qsa__sampler_cand_cut(qsa_sampler *s, const int32_t *row, int kmax) {
+QSA_PRIV int32_t qsa__sampler_cand_draw(qsa_sampler *s, const int32_t *row, int kmax, int draw) {
     int k = row[1];
+    if (k <= 0) return row[0];
     if (!qsa__sampler_reserve(s, k) || !qsa__sampler_reserve_rad(s, k)) return -1;
     /* qsa__cand_sort's key over the position j, which orders as the id */
     const float *val = (const float *)(row + 2 + kmax);
@@ -8605,21 +8640,15 @@ QSA_PRIV int qsa__sampler_cand_cut(qsa_sampler *s, const int32_t *row, int kmax)
         s->prob[i] = val[j];
     }
     uint64_t z = qsa__cand_z(row, kmax);
-    if (z && !qsa__sampler_cuts(s)) return qsa__sample_pure(s, k, z, 0, 0) >= 0 ? k : -2;
-    return qsa__sample_cut(s, k, z, !z);
+    return qsa__sample_finish(s, k, z, !z, draw);
 }
-/* The pick of qsa_sampler_sample from a row's candidates that decide it (qsa__sampler_cand_cut).  -1 when it cannot
+/* The pick of qsa_sampler_sample from a row's candidates that decide it (qsa__sampler_cand_draw).  -1 when it cannot
    allocate (QSA_ERR_OUT_OF_MEMORY). */
 QSA_PRIV int32_t qsa__sampler_from_cand(qsa_sampler *s, const int32_t *row, int kmax) {
-    if (row[1] <= 0) return row[0];
-    int n = qsa__sampler_cand_cut(s, row, kmax);
-    if (n == -2) { /* (qsa__cuda_decode_batch sends the logits of such a row instead) */
+    int32_t t = qsa__sampler_cand_draw(s, row, kmax, 1);
+    if (t == -2) /* (qsa__cuda_decode_batch sends the logits of such a row instead) */
         qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_sampler: a whole-row draw's candidates do not decide it");
-        return -1;
-    }
-    uint64_t z = qsa__cand_z(row, kmax);
-    if (n >= 0 && z && !qsa__sampler_cuts(s)) return qsa__sample_pure(s, n, z, 0, 1);
-    return n < 0 ? -1 : qsa__sample_pick(s, n);
+    return t < 0 ? -1 : t;
 }
 
 /* ============================================================================================== */
@@ -9694,7 +9723,7 @@ typedef struct qsa__cuda {
     int shared_side;             /* the shared expert's down projection on the side stream (qsa__cuda_moe; $QSA_SHARED_SIDE "0": never) */
     int sample_dev;              /* batched steps reduce sampled rows to their candidates (qsa__cuda_cand_rows; $QSA_SAMPLE_DEVICE "0": never) */
     long long n_cand_rows;       /* rows reduced so */
-    long long n_cand_whole;      /* ... of which whole-row draws whose logits came after all (qsa__sampler_cand_cut) */
+    long long n_cand_whole;      /* ... of which whole-row draws whose logits came after all (qsa__sampler_cand_draw) */
     int moe_route1;              /* one token's router inside its gate/up launch (qsa__moe_route1; $QSA_MOE_ROUTE1 "0": never) */
     int gdn_fuse;                /* a decode step's GDN conv inside the recurrence's launch (qsa__gdn_fused; $QSA_GDN_FUSE "0": never) */
     long long side_launches;     /* ... how many times it went there (tests) */
@@ -12411,7 +12440,7 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
         if (!hr[i].z || row[1] <= 0) continue;
         char keep[sizeof qsa__err_buf]; /* (an allocation the check could not make: the host's draw reports it) */
         snprintf(keep, sizeof keep, "%s", qsa__err_buf);
-        if (qsa__sampler_cand_cut(cq->smp[i], row, kmax) >= 0) continue;
+        if (qsa__sampler_cand_draw(cq->smp[i], row, kmax, 0) >= 0) continue;
         snprintf(qsa__err_buf, sizeof qsa__err_buf, "%s", keep);
         for (int c = 0; c * W < V; c++) {
             int wc = V - c * W < W ? V - c * W : W;

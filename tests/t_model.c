@@ -737,6 +737,156 @@ TEST(cpu, sampler_temperature_alone_draws_by_the_probabilities) {
     }
 }
 
+/* The row of candidates that qsa_k_sample_cand1, qsa_k_sample_z and qsa_k_sample_cand2 leave for sampler s over the
+   logits l[V] and the history hist[nh], from their definition: the penalty on the window's distinct ids, NaN -> -inf,
+   the arg-max, the vanishing-temperature test, the top qsa__sampler_cand_k of the tempered logits with their ids
+   ascending, and a whole-row draw's sum of qsa__zterm.  pen_row: the penalised logits (what a step sends of a row its
+   candidates cannot decide); t, idx: scratch of V; pid: nh.  The number of penalised ids. */
+static int cand_row_emulate(qsa_sampler *s, const float *l, int V, const int32_t *hist, int nh, int kmax, int32_t *row,
+                            float *t, float *pen_row, int32_t *pid, int32_t *idx) {
+    const qsa_sampling_params *p = &s->p;
+    int k = qsa__sampler_cand_k(s, V);
+    memcpy(t, l, sizeof(float) * (size_t)V);
+    int np = qsa__sampler_pen_ids(s, hist, nh, V, pid, nh);
+    for (int j = 0; j < np; j++) t[pid[j]] = t[pid[j]] > 0 ? t[pid[j]] / p->repetition_penalty : t[pid[j]] * p->repetition_penalty;
+    memcpy(pen_row, t, sizeof(float) * (size_t)V);
+    int greedy = !(p->temperature > 0), am = 0;
+    for (int i = 0; i < V; i++) {
+        if (!greedy && t[i] != t[i]) t[i] = -INFINITY;
+        if (t[i] == t[i] && (t[i] > t[am] || t[am] != t[am])) am = i;
+    }
+    row[0] = am;
+    row[1] = 0;
+    row[2 + 2 * kmax] = row[3 + 2 * kmax] = 0;
+    if (k > 0 && !greedy && !(t[am] == -INFINITY || isinf(t[am] / p->temperature))) {
+        for (int i = 0; i < V; i++) t[i] /= p->temperature;
+        qsa__cand_topk(t, idx, V, k);
+        for (int i = 1; i < k; i++)
+            for (int j = i; j > 0 && idx[j] < idx[j - 1]; j--) { int32_t x = idx[j]; idx[j] = idx[j - 1]; idx[j - 1] = x; }
+        row[1] = k;
+        for (int j = 0; j < k; j++) {
+            row[2 + j] = idx[j];
+            memcpy(&row[2 + kmax + j], &t[idx[j]], 4);
+        }
+        if (qsa__sampler_whole_z(s, V)) {
+            uint64_t z = qsa__zsum(t, V, t[am]);
+            row[2 + 2 * kmax] = (int32_t)(uint32_t)z;
+            row[3 + 2 * kmax] = (int32_t)(uint32_t)(z >> 32);
+        }
+    }
+    return np;
+}
+
+/* The candidates' draws against the whole row's on adversarial rows (a helper's review): vocabularies of 2 to 3,000 ids
+   (256, 257 and 258 among them), temperatures from 1e-45 to 3e38, top-k 0, V, V - 1, V + 5, 256, 257 and random, top-p
+   from 1e-7 to 1 (0.25, 0.5, 0.75: on a running sum), min-p 0 to 1, penalties 1e-45 to 1e30 (logits to +-inf), rows of
+   ties, of +-0 / NaN / -inf, of +-3e38 with subnormals, and a flat head of 300 ids: the step's test (draw 0), the draw
+   from the candidates, or from the penalised row where they do not decide it, and the host's shortcut against every id
+   sorted, all the same token and generator state. */
+TEST(cpu, sampler_candidates_on_adversarial_rows) {
+    enum { VMAX = 3000, NH = 64, KM = QSA__CAND_MAX };
+    static float l[VMAX], a[VMAX], t[VMAX], pen_row[VMAX];
+    static int32_t hist[NH], pid[NH], idx[VMAX], row[QSA__CAND_STRIDE(KM)];
+    uint64_t x = 12345;
+#define RNX() (x = x * 6364136223846793005ULL + 1442695040888963407ULL, x >> 11)
+    int draws = 0, bad = 0, undecided = 0;
+    for (int it = 0; it < 4000 && bad < 10; it++) {
+        static const int Vs[] = {257, 258, 300, 511, 700, 1025, 3000, 2, 100, 256};
+        int V = Vs[RNX() % 10];
+        qsa_sampling_params p;
+        memset(&p, 0, sizeof p);
+        static const float temps[] = {0.3f, 1.0f, 1e-38f, 1e-30f, 1e30f, 3e38f, 1e-45f, 0.01f, 2.0f, 1e-6f, 0.0f};
+        p.temperature = temps[RNX() % 11];
+        int tk = (int)(RNX() % 8);
+        p.top_k = tk == 0 ? 0 : tk == 1 ? V : tk == 2 ? V - 1 : tk == 3 ? 256 : tk == 4 ? 257 : tk == 5 ? V + 5 : 1 + (int)(RNX() % 300);
+        if (p.top_k > KM && p.top_k < V) p.top_k = KM;
+        static const float tps[] = {0.0f, 0.5f, 0.9f, 0.999f, 1e-7f, 0.25f, 0.75f, 1.0f};
+        p.top_p = tps[RNX() % 8];
+        static const float mps[] = {0.0f, 0.0f, 0.05f, 1.0f, 1e-30f, 0.5f};
+        p.min_p = mps[RNX() % 6];
+        static const float pens[] = {1.0f, 1.3f, 0.8f, 1e-30f, 1e30f, 1e-45f};
+        p.repetition_penalty = pens[RNX() % 6];
+        p.penalty_last_n = -1;
+        p.seed = (uint64_t)it;
+        int style = (int)(RNX() % 6);
+        for (int i = 0; i < V; i++) {
+            uint64_t y = RNX();
+            int kind = (int)(y % 16);
+            if (style == 0) l[i] = (float)(y % 3); /* ties */
+            else if (style == 1) l[i] = kind == 0 ? NAN : kind == 1 ? -INFINITY : (kind & 1 ? -0.0f : 0.0f);
+            else if (style == 2) l[i] = (float)((double)(y >> 8) / 35184372088832.0 * 80.0 - 40.0);
+            else if (style == 3) l[i] = kind < 2 ? 3e38f : kind < 4 ? -3e38f : (float)(y % 5) * 1e-39f;
+            else if (style == 4) l[i] = i < 300 ? 0.0f : -1.0f; /* a flat head past 256 */
+            else l[i] = kind == 0 ? NAN : kind == 1 ? -INFINITY : (float)((y >> 4) % 9) - 4.0f;
+        }
+        for (int i = 0; i < NH; i++) hist[i] = (int32_t)(RNX() % (uint64_t)V);
+        qsa_sampler *sa = NULL, *sb = NULL, *sc = NULL;
+        CHECK_OK(qsa_sampler_create(&p, &sa));
+        CHECK_OK(qsa_sampler_create(&p, &sb));
+        CHECK_OK(qsa_sampler_create(&p, &sc));
+        for (int d = 0; sa && sb && sc && qsa__sampler_cand_k(sb, V) > 0 && d < 3; d++) {
+            cand_row_emulate(sb, l, V, hist, NH, KM, row, t, pen_row, pid, idx);
+            memcpy(a, l, sizeof(float) * V);
+            int32_t want = qsa_sampler_sample(sa, a, V, hist, NH), got;
+            int32_t test = qsa__sampler_cand_draw(sb, row, KM, 0);
+            undecided += test == -2;
+            got = test == -2 ? qsa__sampler_sample_z(sb, pen_row, V, NULL, 0, qsa__cand_z(row, KM)) : qsa__sampler_from_cand(sb, row, KM);
+            if (qsa__sampler_whole_z(sb, V) && row[1] > 0) { /* every id sorted with the device's sum */
+                memcpy(a, l, sizeof(float) * V);
+                int32_t full = qsa__sampler_sample_z(sc, a, V, hist, NH, qsa__cand_z(row, KM));
+                if (full != want || memcmp(sa->s, sc->s, sizeof sa->s)) {
+                    bad++;
+                    printf("      round %d: every id sorted %d, the shortcut %d\n", it, full, want);
+                }
+            }
+            if (got != want || (test != -2 && test != got) || memcmp(sa->s, sb->s, sizeof sa->s)) {
+                bad++;
+                printf("      round %d V %d T %g k %d p %g min_p %g penalty %g style %d: candidates %d (test %d), the row %d%s\n", it, V,
+                       p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, style, got, test, want,
+                       memcmp(sa->s, sb->s, sizeof sa->s) ? ", the generators differ" : "");
+            }
+            draws++;
+        }
+        qsa_sampler_free(sa);
+        qsa_sampler_free(sb);
+        qsa_sampler_free(sc);
+    }
+#undef RNX
+    printf("    %d draws, %d from the penalised row\n", draws, undecided);
+    CHECKF(!bad && draws > 3000 && undecided > 0, "%d of %d draws differ (%d from the penalised row)", bad, draws, undecided);
+}
+
+/* A vocabulary of 2^20 ids or more draws without the whole row's sum (2^44 an id at the largest logit would wrap 64 bits;
+   a helper's review): 2^20 equal logits at T 1 give each id 2^-20, so 16 draws are neither all the last id (the
+   temperature alone over a sum wrapped to 0) nor all within the first 4,096 (top-p over a sum wrapped to 0, normalised by
+   the best 256 alone); such a sampler's rows come to the host. */
+TEST(cpu, sampler_without_the_row_sum_past_2_20_ids) {
+    enum { V = 1 << 20, N = 16 };
+    float *l = (float *)malloc(sizeof(float) * V);
+    if (!l) return;
+    for (int cuts = 0; cuts < 2; cuts++) {
+        qsa_sampling_params p;
+        memset(&p, 0, sizeof p);
+        p.temperature = 1.0f;
+        p.top_p = cuts ? 0.5f : 0.0f; /* (half the ids) */
+        p.seed = 11;
+        qsa_sampler *s = NULL;
+        CHECK_OK(qsa_sampler_create(&p, &s));
+        if (!s) break;
+        int last = 0, low = 0;
+        for (int i = 0; i < N; i++) {
+            for (int j = 0; j < V; j++) l[j] = 0.0f;
+            int32_t t = qsa_sampler_sample(s, l, V, NULL, 0);
+            last += t == V - 1;
+            low += t >= 0 && t < 4096;
+        }
+        CHECKF(last <= 1 && low <= 2, "top-p %g: of %d draws %d the last id, %d among the first 4096", p.top_p, N, last, low);
+        CHECK(qsa__sampler_cand_k(s, V) == -1 && qsa__sampler_cand_k(s, V - 1) == QSA__CAND_Z);
+        qsa_sampler_free(s);
+    }
+    free(l);
+}
+
 /* The whole-row sum's term qsa__zterm(t, tmax) ~ 2^44 e^(t - tmax) by integers (kernels.cu's qsa_zterm, the same
    function): exact at d = 0; within 1e-9 (relative) plus one unit of 2^44 2^-y, y the 32.32 fixed-point form of the
    fp32 product -d log2(e) that it starts from, and so within 3e-6 of e^d (that product's rounding); never increasing as
@@ -767,14 +917,15 @@ TEST(cpu, sampler_whole_row_sum_terms) {
    tempered logits with their ids ascending, and for a whole-row draw (no top-k: with top-p, min-p or the temperature
    alone) its QSA__CAND_Z best and the row's sum of qsa__zterm) give qsa__sampler_from_cand the picks of qsa_sampler_sample on the whole row, and the same RNG
    state after; greedy and degenerate rows draw nothing.  A whole-row draw that its candidates cannot decide
-   (qsa__sampler_cand_cut -2) draws from the penalised row, as the step sends it.  Also the samplers that can start
+   (qsa__sampler_cand_draw -2) draws from the penalised row, as the step sends it; one they decide (a top-p draw
+   whose cut passes them too, where either end of its sum's bounds picks the same id) is drawn as the test said.  Also the samplers that can start
    from candidates (qsa__sampler_cand_k) and the penalised ids' cap (qsa__sampler_pen_ids). */
 TEST(cpu, sampler_draws_from_candidates_as_from_the_row) {
     enum { V = 1500, NH = 300, K = 64, KM = QSA__CAND_Z };
     static float l[V], a[V], t[V], pen_row[V];
     static int32_t hist[NH], pid[NH], idx[V], row[QSA__CAND_STRIDE(KM)];
     uint64_t x = 77;
-    int draws = 0, degenerate = 0, pens = 0, whole = 0, undecided = 0, pures = 0, pure_undecided = 0;
+    int draws = 0, degenerate = 0, pens = 0, whole = 0, undecided = 0, pures = 0, pure_undecided = 0, bounded = 0;
     for (int it = 0; it < 400; it++) {
         qsa_sampling_params p;
         memset(&p, 0, sizeof p);
@@ -782,7 +933,7 @@ TEST(cpu, sampler_draws_from_candidates_as_from_the_row) {
         static const float temps[] = {0.0f, 0.3f, 0.7f, 1.0f, 1.6f, 1e-38f};
         p.temperature = temps[(x >> 33) % 6];
         p.top_k = (x >> 57) % 3 == 0 ? 0 : 1 + (int)((x >> 40) % K); /* 0: a whole-row draw */
-        p.top_p = (x >> 50) & 1 ? 0.9f : 0.0f;
+        p.top_p = (x >> 50) & 1 ? (x >> 44) % 3 == 0 ? 0.5f : (x >> 44) % 3 == 1 ? 0.9f : 0.99f : 0.0f;
         p.min_p = (x >> 51) & 1 ? 0.05f : 0.0f;
         p.repetition_penalty = (x >> 52) % 3 == 0 ? 1.0f : (x >> 52) % 3 == 1 ? 1.3f : 0.8f;
         p.penalty_last_n = (x >> 55) & 1 ? -1 : (int)((x >> 56) % 40);
@@ -807,52 +958,31 @@ TEST(cpu, sampler_draws_from_candidates_as_from_the_row) {
         int k = qsa__sampler_cand_k(sb, V), wz = p.top_k == 0, pure = wz && !(p.top_p > 0 || p.min_p > 0);
         CHECK(k == (p.temperature > 0 ? (p.top_k ? p.top_k : KM) : 0) && qsa__sampler_whole_z(sb, V) == (wz && p.temperature > 0));
         for (int d = 0; d < 3; d++) {
-            /* the kernels' row, from their definition */
-            memcpy(t, l, sizeof l);
-            int np = qsa__sampler_pen_ids(sb, hist, NH, V, pid, NH);
+            int np = cand_row_emulate(sb, l, V, hist, NH, KM, row, t, pen_row, pid, idx), greedy = !(p.temperature > 0);
             CHECK(np >= 0 && (p.repetition_penalty != 1.0f || np == 0)); /* (a short window may hold no id of the vocabulary) */
             pens += np > 0;
-            for (int j = 0; j < np; j++) t[pid[j]] = t[pid[j]] > 0 ? t[pid[j]] / p.repetition_penalty : t[pid[j]] * p.repetition_penalty;
-            memcpy(pen_row, t, sizeof t); /* (what a step sends of a row its candidates cannot decide) */
-            int greedy = !(p.temperature > 0), am = 0;
-            for (int i = 0; i < V; i++) {
-                if (!greedy && t[i] != t[i]) t[i] = -INFINITY;
-                if (t[i] == t[i] && (t[i] > t[am] || t[am] != t[am])) am = i;
-            }
-            row[0] = am;
-            row[1] = 0;
-            row[2 + 2 * KM] = row[3 + 2 * KM] = 0;
-            if (!greedy && !(t[am] == -INFINITY || isinf(t[am] / p.temperature))) {
-                for (int i = 0; i < V; i++) t[i] /= p.temperature;
-                qsa__cand_topk(t, idx, V, k);
-                for (int i = 1; i < k; i++)
-                    for (int j = i; j > 0 && idx[j] < idx[j - 1]; j--) { int32_t s = idx[j]; idx[j] = idx[j - 1]; idx[j - 1] = s; }
-                row[1] = k;
-                for (int j = 0; j < k; j++) {
-                    row[2 + j] = idx[j];
-                    memcpy(&row[2 + KM + j], &t[idx[j]], 4);
-                }
-                if (wz) {
-                    uint64_t z = qsa__zsum(t, V, t[am]);
-                    row[2 + 2 * KM] = (int32_t)(uint32_t)z;
-                    row[3 + 2 * KM] = (int32_t)(uint32_t)(z >> 32);
-                }
-            }
             degenerate += row[1] == 0 && !greedy;
             memcpy(a, l, sizeof l);
             int32_t want = qsa_sampler_sample(sa, a, V, hist, NH), got;
-            int cut = row[1] > 0 ? qsa__sampler_cand_cut(sb, row, KM) : 0;
+            int32_t test = qsa__sampler_cand_draw(sb, row, KM, 0); /* (the step's test: the generator untouched) */
             whole += wz && row[1] > 0;
             pures += pure && row[1] > 0;
-            undecided += cut == -2;
-            pure_undecided += pure && cut == -2;
-            CHECK(cut != -1 && (cut != -2 || wz));
-            if (cut == -2) got = qsa__sampler_sample_z(sb, pen_row, V, NULL, 0, qsa__cand_z(row, KM)); /* (the step sends the penalised row) */
+            undecided += test == -2;
+            pure_undecided += pure && test == -2;
+            CHECK(test != -1 && (test != -2 || wz));
+            if (test == -2) got = qsa__sampler_sample_z(sb, pen_row, V, NULL, 0, qsa__cand_z(row, KM)); /* (the step sends the penalised row) */
             else got = qsa__sampler_from_cand(sb, row, KM);
+            CHECKF(test == -2 || test == got, "round %d draw %d: the test's id %d, the draw %d", it, d, test, got);
             if (wz && row[1] > 0) { /* the host's draw without its shortcut (the best QSA__CAND_Z first): every id sorted */
                 memcpy(a, l, sizeof l);
                 int32_t full = qsa__sampler_sample_z(sc, a, V, hist, NH, qsa__cand_z(row, KM));
                 CHECKF(full == want, "round %d draw %d: %d with every id sorted, %d from the best %d", it, d, full, want, KM);
+                /* a top-p draw decided by its best though its cut passes them (qsa__sample_bounded): sc->prob holds the
+                   whole row's probabilities in order */
+                double c = 0.0;
+                int kept = 0;
+                while (!pure && p.top_p > 0 && kept < V && c < p.top_p) c += sc->prob[kept++];
+                bounded += test >= 0 && kept > KM;
             }
             CHECKF(got == want, "round %d draw %d (T %g, k %d, p %g, min_p %g, penalty %g over %d): from candidates %d, from the row %d",
                    it, d, p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, p.penalty_last_n, got, want);
@@ -864,11 +994,13 @@ TEST(cpu, sampler_draws_from_candidates_as_from_the_row) {
         qsa_sampler_free(sc);
     }
     CHECKF(draws >= 900 && degenerate >= 20 && pens >= 400 && whole >= 100 && undecided >= 10 && undecided < whole &&
-           pures >= 30 && pure_undecided >= 3 && pure_undecided < pures,
+           pures >= 30 && pure_undecided >= 3 && pure_undecided < pures && bounded >= 10,
            "%d draws, %d degenerate, %d penalised, %d whole-row draws of which %d undecided, %d by the temperature alone of "
-           "which %d undecided", draws, degenerate, pens, whole, undecided, pures, pure_undecided);
+           "which %d undecided, %d top-p draws decided past their cut", draws, degenerate, pens, whole, undecided, pures,
+           pure_undecided, bounded);
     printf("    %d draws, %d degenerate, %d penalised, %d whole-row draws from candidates, %d of them from the row; %d by the "
-           "temperature alone, %d of them from the row\n", draws, degenerate, pens, whole, undecided, pures, pure_undecided);
+           "temperature alone, %d of them from the row; %d top-p draws whose cut passes the best %d decided by them\n", draws,
+           degenerate, pens, whole, undecided, pures, pure_undecided, bounded, KM);
     /* which samplers start from candidates; the cap on the penalised ids */
     qsa_sampling_params p;
     memset(&p, 0, sizeof p);
