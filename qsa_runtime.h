@@ -573,7 +573,8 @@ typedef enum qsa_stop_reason { QSA_STOP_NONE = 0, QSA_STOP_EOS, QSA_STOP_STRING,
 
 /* Called for every generated token except an EOS with its decoded text (complete UTF-8 only; may
    be empty; text that could be the start of a stop string is held back), and once more with
-   token -1 for text still held at the end.  Return non-zero to stop. */
+   token -1 for text still held at the end.  Return non-zero to stop: no call follows, and text held
+   back by then is not passed (it is in the generation's text). */
 typedef int (*qsa_token_callback)(void *user, int32_t token, const char *text, size_t len);
 
 typedef struct qsa_generate_params {

@@ -1371,10 +1371,10 @@ static void plan_decode(bench *b, bench_plan *pl, int page_size, double avail) {
     const qsa_model_config *c = &b->cfg;
     memset(pl, 0, sizeof *pl);
     int per_mode = b->o.warmup + b->o.steps;
-    /* at most 10 modes per row (single, chunked forward, batched, graphs, graphs with greedy ids, top-k and
-       top-p draws on the host and from the device's candidates, single again) + 2 profiles; --marginal profiles
-       3 steps more (its timed steps take fresh sequences) */
-    pl->steps_per_seq = per_mode * 10 + 8 + (b->o.marginal ? 4 : 0);
+    /* at most 12 modes per row (single, chunked forward, batched, graphs, graphs with greedy ids, top-k, top-p and
+       temperature-alone draws on the host and from the device's candidates, single again) + 2 profiles; --marginal
+       profiles 3 steps more (its timed steps take fresh sequences) */
+    pl->steps_per_seq = per_mode * 12 + 8 + (b->o.marginal ? 4 : 0);
     int ctxs[2], nctx = 0;
     ctxs[nctx++] = b->o.ctx;
     long long lng = (long long)c->max_position_embeddings - pl->steps_per_seq - 1;
