@@ -8471,12 +8471,16 @@ QSA_PRIV int32_t qsa__sample_pick(qsa_sampler *s, int n) {
    integers: r = u z rounded down (u the generator's uniform; at most z - 1), the pick the first id in order at which
    the running sum of the terms qsa__zterm(t, t_0) passes r.  Id i is drawn with probability term_i / z, and the first
    n decide the draw wherever their terms pass r, whatever the rest of the row.  The id; -2 where they do not (complete
-   0), the generator then left as it was (as it is with draw 0, a test of the candidates alone). */
+   0), the generator then left as it was (as it is with draw 0, a test of the candidates alone).  qsa__pure_r: r from
+   the generator's state st (advanced). */
+QSA_PRIV uint64_t qsa__pure_r(uint64_t *st, uint64_t z) {
+    uint64_t r = (uint64_t)(qsa__rng_uniform(st) * (double)z);
+    return r < z ? r : z - 1;
+}
 QSA_PRIV int32_t qsa__sample_pure(qsa_sampler *s, int n, uint64_t z, int complete, int draw) {
     uint64_t st[4];
     memcpy(st, s->s, sizeof st);
-    uint64_t r = (uint64_t)(qsa__rng_uniform(st) * (double)z), c = 0;
-    r = r < z ? r : z - 1;
+    uint64_t r = qsa__pure_r(st, z), c = 0;
     int i = 0;
     while (i < n && (c += qsa__zterm(s->prob[i], s->prob[0])) <= r) i++;
     if (i == n && !complete) return -2;
@@ -8613,10 +8617,6 @@ QSA_PRIV int qsa__sampler_cand_k(const qsa_sampler *s, int vocab) {
     if (p->top_k >= 1 && p->top_k < vocab && p->top_k <= QSA__CAND_MAX) return p->top_k;
     return qsa__sampler_whole_z(s, vocab) && vocab > QSA__CAND_Z ? QSA__CAND_Z : -1;
 }
-QSA_PRIV int qsa__u64_cmp(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
 /* The whole row's sum of a row of candidates (below) */
 QSA_PRIV uint64_t qsa__cand_z(const int32_t *row, int kmax) {
     return (uint64_t)(uint32_t)row[2 + 2 * kmax] | (uint64_t)(uint32_t)row[3 + 2 * kmax] << 32;
@@ -8631,17 +8631,34 @@ QSA_PRIV int32_t qsa__sampler_cand_draw(qsa_sampler *s, const int32_t *row, int 
     int k = row[1];
     if (k <= 0) return row[0];
     if (!qsa__sampler_reserve(s, k) || !qsa__sampler_reserve_rad(s, k)) return -1;
-    /* qsa__cand_sort's key over the position j, which orders as the id */
+    /* qsa__cand_sort's order of the positions j, which orders as the ids (ascending in the row) */
     const float *val = (const float *)(row + 2 + kmax);
-    for (int j = 0; j < k; j++) s->rad[j] = qsa__cand_key(val[j], (uint32_t)j);
-    qsort(s->rad, (size_t)k, sizeof(uint64_t), qsa__u64_cmp);
+    qsa__cand_sort(val, s->idx, k, s->rad);
     for (int i = 0; i < k; i++) {
-        int j = (int)(uint32_t)s->rad[i];
+        int j = s->idx[i];
         s->idx[i] = row[2 + j];
         s->prob[i] = val[j];
     }
     uint64_t z = qsa__cand_z(row, kmax);
     return qsa__sample_finish(s, k, z, !z, draw);
+}
+/* 1 where a row of candidates decides its sampler's draw (qsa__sampler_cand_draw gives no -2), 0 where not, -1 when it
+   cannot allocate.  A draw by the temperature alone needs no order for it: its candidates decide it where the sum of
+   all their terms passes r (qsa__sample_pure's running sums only grow). */
+QSA_PRIV int qsa__sampler_cand_decides(qsa_sampler *s, const int32_t *row, int kmax) {
+    int k = row[1];
+    uint64_t z = qsa__cand_z(row, kmax);
+    if (k > 0 && z && !qsa__sampler_cuts(s)) {
+        const float *val = (const float *)(row + 2 + kmax);
+        float tmax = val[0];
+        for (int j = 1; j < k; j++) tmax = val[j] > tmax ? val[j] : tmax;
+        uint64_t c = 0, st[4];
+        for (int j = 0; j < k; j++) c += qsa__zterm(val[j], tmax);
+        memcpy(st, s->s, sizeof st);
+        return c > qsa__pure_r(st, z);
+    }
+    int32_t t = qsa__sampler_cand_draw(s, row, kmax, 0);
+    return t == -1 ? -1 : t >= 0;
 }
 /* The pick of qsa_sampler_sample from a row's candidates that decide it (qsa__sampler_cand_draw).  -1 when it cannot
    allocate (QSA_ERR_OUT_OF_MEMORY). */
@@ -12441,7 +12458,7 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
         if (!hr[i].z || row[1] <= 0) continue;
         char keep[sizeof qsa__err_buf]; /* (an allocation the check could not make: the host's draw reports it) */
         snprintf(keep, sizeof keep, "%s", qsa__err_buf);
-        if (qsa__sampler_cand_draw(cq->smp[i], row, kmax, 0) >= 0) continue;
+        if (qsa__sampler_cand_decides(cq->smp[i], row, kmax) > 0) continue;
         snprintf(qsa__err_buf, sizeof qsa__err_buf, "%s", keep);
         for (int c = 0; c * W < V; c++) {
             int wc = V - c * W < W ? V - c * W : W;

@@ -716,6 +716,8 @@ static void k1_sample_cand_case(int V, int G) {
                 int32_t want = qsa_sampler_sample(a[r], row, V, hist, NH), got;
                 int32_t cut = qsa__sampler_cand_draw(b[r], o, kmax, 0); /* (the step's test) */
                 CHECKF(cut != -1 && (cut != -2 || r == 12 || r == 14), "W %d draw %d row %d: cut %d", w, d, r, cut);
+                CHECKF(o[1] <= 0 || qsa__sampler_cand_decides(b[r], o, kmax) == (cut >= 0), "W %d draw %d row %d: the step's test "
+                       "differs from the draw's (%d)", w, d, r, cut);
                 if (cut == -2) { /* the row as the step sends it: the penalised logits, out of their slices */
                     for (int c0 = 0; c0 < V; c0 += W) {
                         int wc = V - c0 < W ? V - c0 : W;

@@ -828,8 +828,12 @@ TEST(cpu, sampler_candidates_on_adversarial_rows) {
             cand_row_emulate(sb, l, V, hist, NH, KM, row, t, pen_row, pid, idx);
             memcpy(a, l, sizeof(float) * V);
             int32_t want = qsa_sampler_sample(sa, a, V, hist, NH), got;
-            int32_t test = qsa__sampler_cand_draw(sb, row, KM, 0);
+            int32_t test = qsa__sampler_cand_draw(sb, row, KM, 0), decides = qsa__sampler_cand_decides(sb, row, KM);
             undecided += test == -2;
+            if (decides != (test >= 0)) {
+                bad++;
+                printf("      round %d: the step's test says %d, the draw %d\n", it, decides, test);
+            }
             got = test == -2 ? qsa__sampler_sample_z(sb, pen_row, V, NULL, 0, qsa__cand_z(row, KM)) : qsa__sampler_from_cand(sb, row, KM);
             if (qsa__sampler_whole_z(sb, V) && row[1] > 0) { /* every id sorted with the device's sum */
                 memcpy(a, l, sizeof(float) * V);
@@ -964,7 +968,8 @@ TEST(cpu, sampler_draws_from_candidates_as_from_the_row) {
             degenerate += row[1] == 0 && !greedy;
             memcpy(a, l, sizeof l);
             int32_t want = qsa_sampler_sample(sa, a, V, hist, NH), got;
-            int32_t test = qsa__sampler_cand_draw(sb, row, KM, 0); /* (the step's test: the generator untouched) */
+            int32_t test = qsa__sampler_cand_draw(sb, row, KM, 0); /* (the id: the generator untouched) */
+            int decides = qsa__sampler_cand_decides(sb, row, KM); /* (the step's test) */
             whole += wz && row[1] > 0;
             pures += pure && row[1] > 0;
             undecided += test == -2;
@@ -973,6 +978,7 @@ TEST(cpu, sampler_draws_from_candidates_as_from_the_row) {
             if (test == -2) got = qsa__sampler_sample_z(sb, pen_row, V, NULL, 0, qsa__cand_z(row, KM)); /* (the step sends the penalised row) */
             else got = qsa__sampler_from_cand(sb, row, KM);
             CHECKF(test == -2 || test == got, "round %d draw %d: the test's id %d, the draw %d", it, d, test, got);
+            CHECKF(decides == (test >= 0), "round %d draw %d: the step's test says %d, the draw %d", it, d, decides, test);
             if (wz && row[1] > 0) { /* the host's draw without its shortcut (the best QSA__CAND_Z first): every id sorted */
                 memcpy(a, l, sizeof l);
                 int32_t full = qsa__sampler_sample_z(sc, a, V, hist, NH, qsa__cand_z(row, KM));
