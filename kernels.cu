@@ -5622,9 +5622,19 @@ extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_sample_z(int V, int 
 /* The rows' candidates from qsa_k_sample_cand1's chunks (row b = b0 + blockIdx.x, part row r = blockIdx.x, P chunks):
  * the arg-max and the largest logit lmax of the row from am[r] (exact in any order); a greedy row, or where lmax is
  * -inf or lmax / T infinite (the limit of a vanishing temperature): out[b] = {arg-max, 0}; else the top k of the
- * chunks' candidates (ascending ids, so ties go to the lower id as before), out[b] = {arg-max, k, the k ids
- * ascending, their tempered logits' bits, then the row's sum (qsa_k_sample_z: zp[r], P chunks added in order) as
- * two words, low first, 0 unless rp[b].z}: a row of 4 + 2 kmax words.  Launch: grid (rows), block 1024. */
+ * chunks' candidates (ascending ids, so ties go to the lower id as before), out[b] = {arg-max, k, the k ids in
+ * the draw's order, their tempered logits' bits, then the row's sum (qsa_k_sample_z: zp[r], P chunks added in order)
+ * as two words, low first, 0 unless rp[b].z}: a row of 4 + 2 kmax words.  The draw's order is the host's
+ * qsa__cand_sort's: tempered logit descending (-0 as +0), the lower id first among equals; each thread ranks one
+ * candidate against all k (qsa_cand_key: distinct keys, so the ranks are a permutation), and the host draws from the
+ * row as it comes.  k <= QSA_CAND_MAX.  Launch: grid (rows), block 1024. */
+#define QSA_CAND_MAX 1024 /* the host's QSA__CAND_MAX: at most one candidate per thread of qsa_k_sample_cand2 */
+/* the host's qsa__cand_key: ascending keys order the logits descending (-0 as +0), positions i ascending among equals */
+static __device__ __forceinline__ qsa_u64 qsa_cand_key(float f, unsigned i) {
+    unsigned u = __float_as_uint(f == 0.0f ? 0.0f : f);
+    u = u & 0x80000000u ? ~u : u | 0x80000000u;
+    return (qsa_u64)~u << 32 | i;
+}
 #if QSA_IN_PART(1)
 extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_sample_cand2(int V, int b0, int P,
                                                                          const qsa_cand_row *__restrict__ rp,
@@ -5632,13 +5642,16 @@ extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_sample_cand2(int V, 
                                                                          const int *__restrict__ ci,
                                                                          const qsa_u64 *__restrict__ zp, int *out, int kmax) {
     QSA_PDL_ENTRY();
-    __shared__ k2_topk_smem sm;
+    __shared__ union {
+        k2_topk_smem t;            /* the selection's */
+        qsa_u64 key[QSA_CAND_MAX]; /* then the candidates' keys */
+    } sm;
     __shared__ float sv[33];
     __shared__ int si[33];
     const int r = blockIdx.x, b = b0 + r, tid = threadIdx.x;
     const qsa_cand_row q = rp[b];
     const bool greedy = !(q.temp > 0.0f);
-    if (blockDim.x != 1024) __trap();
+    if (blockDim.x != 1024 || (!greedy && q.k > QSA_CAND_MAX)) __trap(); /* (the host checks it) */
     int *o = out + (qsa_i64)b * (4 + 2 * kmax);
     float bv = QSA_NEG_INF;
     int bi = 0x7fffffff;
@@ -5670,16 +5683,17 @@ extern "C" __global__ void __launch_bounds__(1024, 1) qsa_k_sample_cand2(int V, 
     const int nc = (P - 1) * q.k + min(q.k, V - (P - 1) * QSA_CAND_CHUNK);
     const float *cvr = cv + (qsa_i64)r * P * kmax;
     const int *cir = ci + (qsa_i64)r * P * kmax;
-    if (nc == q.k) {
-        for (int j = tid; j < nc; j += blockDim.x) o[2 + j] = j;
-    } else {
-        qsa_topk_select(cvr, nc, q.k, o + 2, sm);
-    }
+    if (nc != q.k) qsa_topk_select(cvr, nc, q.k, o + 2, sm.t); /* (positions ascending; all nc where nc == k) */
     __syncthreads();
-    for (int j = tid; j < q.k; j += blockDim.x) {
-        const int i = o[2 + j];
-        o[2 + kmax + j] = __float_as_int(cvr[i]);
-        o[2 + j] = cir[i];
+    const int i = tid < q.k ? (nc == q.k ? tid : o[2 + tid]) : 0; /* thread j < k: the j-th by id */
+    const qsa_u64 key = qsa_cand_key(cvr[i], (unsigned)tid);
+    if (tid < q.k) sm.key[tid] = key;
+    __syncthreads(); /* (every thread has read its position) */
+    if (tid < q.k) {
+        int rank = 0;
+        for (int j = 0; j < q.k; j++) rank += sm.key[j] < key;
+        o[2 + kmax + rank] = __float_as_int(cvr[i]);
+        o[2 + rank] = cir[i];
     }
     if (tid == 0) {
         o[0] = amx;

@@ -6698,10 +6698,14 @@ QSA_PRIV void qsa__cuda_free(struct qsa__cuda *g);
 QSA_PRIV qsa_result qsa__cuda_seq_create(qsa_model *m, qsa_seq *s);
 QSA_PRIV qsa_result qsa__cuda_seq_reset(qsa_model *m, qsa_seq *s);
 QSA_PRIV void qsa__cuda_seq_destroy(qsa_model *m, qsa_seq *s);
-QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, float *logits, int all_logits);
+QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, float *logits, int all_logits,
+                                    const qsa__cand_req *cq);
 QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int B, float *logits,
                                            int32_t *next, const qsa__cand_req *cq);
 QSA_PRIV int qsa__cuda_batch_ready(qsa_model *m);
+QSA_PRIV int qsa__cuda_cand_rows(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int n, int B, const qsa__cand_req *cq);
+QSA_PRIV qsa_result qsa__cuda_cand_put(qsa_model *m, int B);
+QSA_PRIV qsa_result qsa__cuda_cand_one(qsa_model *m, CUdeviceptr lg, const qsa__cand_req *cq, float *lg_row);
 struct qsa__tp;
 QSA_PRIV qsa_result qsa__tp_init(qsa_model *m);
 QSA_PRIV void qsa__tp_free(qsa_model *m);
@@ -8041,12 +8045,15 @@ QSA_PRIV int qsa__seq_batchable(const qsa_seq *sq) {
 }
 #endif
 
-QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float *logits, int all_logits) {
+QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float *logits, int all_logits,
+                                  const qsa__cand_req *cq) {
     qsa_model *m = sq->m;
     const qsa_model_config *c = &m->cfg;
     int H = c->hidden_size, hc = c->hc_count, hcH = hc * H, V = c->vocab_size;
     QSA__TRY(qsa__seq_feed_check(sq, ids, n, "qsa_seq_feed")); /* (a broken sequence refuses 0 tokens too) */
     if (n <= 0) return QSA_OK;
+    if (cq && (!logits || all_logits)) cq = NULL;
+    if (cq) cq->out[1] = -1; /* (the logits, until the device reduces the row) */
     int had = sq->n_pages; /* a failure before the layers gives back the pages this feed took */
     QSA__TRY(qsa__seq_reserve(sq, sq->pos + n));
 #ifndef QSA_NO_CUDA
@@ -8055,7 +8062,7 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
        replay); the same bits (tests/t_gpu.c).  Its per-step buffers are made at the first such
        feed; if they cannot be, the chunked forward serves. */
     if (n == 1 && !m->tp && qsa__seq_batchable(sq) && qsa__cuda_batch_ready(m)) {
-        qsa_result r = qsa__cuda_decode_batch(m, &sq, ids, 1, logits, NULL, NULL);
+        qsa_result r = qsa__cuda_decode_batch(m, &sq, ids, 1, logits, NULL, cq);
         if (r != QSA_OK) { sq->broken = 1; return r; }
         sq->tokens[sq->pos++] = ids[0];
         return QSA_OK;
@@ -8066,7 +8073,7 @@ QSA_PRIV qsa_result qsa__seq_feed(qsa_seq *sq, const int32_t *ids, int n, float 
             float *lg = !logits ? NULL : all_logits ? logits + (size_t)t0 * V : (t0 + k == n ? logits : NULL);
             float *hid = sq->hidden_out;
             if (hid) sq->hidden_out = hid + (size_t)t0 * H;
-            qsa_result r = qsa__cuda_chunk(sq, ids + t0, k, lg, all_logits);
+            qsa_result r = qsa__cuda_chunk(sq, ids + t0, k, lg, all_logits, m->tp || t0 + k < n ? NULL : cq);
             sq->hidden_out = hid;
             if (r != QSA_OK) { sq->broken = 1; return r; }
             memcpy(sq->tokens + sq->pos, ids + t0, sizeof(int32_t) * (size_t)k);
@@ -8124,7 +8131,7 @@ done:
 QSA_IMPL qsa_result qsa_seq_feed(qsa_seq *seq, const int32_t *ids, int n, float *logits, int all_logits) {
     if (!seq || (!ids && n > 0) || n < 0) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "qsa_seq_feed: bad arguments");
     qsa__model_enter(seq->m);
-    qsa_result r = qsa__seq_feed(seq, ids, n, logits, all_logits);
+    qsa_result r = qsa__seq_feed(seq, ids, n, logits, all_logits, NULL);
     qsa__model_leave(seq->m);
     return r;
 }
@@ -8208,7 +8215,7 @@ QSA_PRIV qsa_result qsa__feed_batch(qsa_seq **seqs, const int32_t *tokens, int n
     }
 #endif
     for (; !batched && fed < n; fed++) {
-        r = qsa__seq_feed(seqs[fed], &tokens[fed], 1, next ? row : logits ? logits + (size_t)fed * V : NULL, 0);
+        r = qsa__seq_feed(seqs[fed], &tokens[fed], 1, next ? row : logits ? logits + (size_t)fed * V : NULL, 0, NULL);
         if (r != QSA_OK) break;
         if (next) next[fed] = qsa__argmax(row, (int)V);
     }
@@ -8622,23 +8629,17 @@ QSA_PRIV uint64_t qsa__cand_z(const int32_t *row, int kmax) {
     return (uint64_t)(uint32_t)row[2 + 2 * kmax] | (uint64_t)(uint32_t)row[3 + 2 * kmax] << 32;
 }
 /* A row of candidates (qsa_k_sample_cand2): row[0] the arg-max, row[1] the number k of candidates (0: the pick is the
-   arg-max), row[2, 2 + k) their ids ascending, row[2 + kmax, 2 + kmax + k) their tempered logits' bits, then the
-   whole row's sum (qsa__zterm) as two words, low first (0 but for a whole-row draw).  Into s->idx and s->prob in
-   qsa_sampler_sample's order, then qsa__sample_finish: the draw (draw 1) or the id it would be (draw 0: the generator
-   untouched), -2 where the candidates cannot decide a whole-row draw, -1 when it cannot allocate
-   (QSA_ERR_OUT_OF_MEMORY). */
+   arg-max), row[2, 2 + k) their ids in qsa_sampler_sample's order (qsa__cand_sort's: tempered logit descending, the
+   lower id first among equals; the kernel ranks them), row[2 + kmax, 2 + kmax + k) their tempered logits' bits, then
+   the whole row's sum (qsa__zterm) as two words, low first (0 but for a whole-row draw).  Into s->idx and s->prob as
+   they come, then qsa__sample_finish: the draw (draw 1) or the id it would be (draw 0: the generator untouched), -2
+   where the candidates cannot decide a whole-row draw, -1 when it cannot allocate (QSA_ERR_OUT_OF_MEMORY). */
 QSA_PRIV int32_t qsa__sampler_cand_draw(qsa_sampler *s, const int32_t *row, int kmax, int draw) {
     int k = row[1];
     if (k <= 0) return row[0];
-    if (!qsa__sampler_reserve(s, k) || !qsa__sampler_reserve_rad(s, k)) return -1;
-    /* qsa__cand_sort's order of the positions j, which orders as the ids (ascending in the row) */
-    const float *val = (const float *)(row + 2 + kmax);
-    qsa__cand_sort(val, s->idx, k, s->rad);
-    for (int i = 0; i < k; i++) {
-        int j = s->idx[i];
-        s->idx[i] = row[2 + j];
-        s->prob[i] = val[j];
-    }
+    if (!qsa__sampler_reserve(s, k)) return -1;
+    memcpy(s->idx, row + 2, sizeof(int32_t) * (size_t)k);
+    memcpy(s->prob, row + 2 + kmax, sizeof(float) * (size_t)k);
     uint64_t z = qsa__cand_z(row, kmax);
     return qsa__sample_finish(s, k, z, !z, draw);
 }
@@ -8743,8 +8744,8 @@ QSA_PRIV qsa_result qsa__generate(qsa_seq *seq, const int32_t *prompt, int n_pro
     qsa_sampler *smp = NULL;
     QSA__TRY(qsa_sampler_create(&p.sampling, &smp));
     float *logits = (float *)qsa_host_alloc(m, (size_t)V * sizeof(float)); /* page-locked on CUDA */
-    /* a decode step on one GPU reduces a top-k (or greedy) draw's logits to its candidates on the device (as the
-       scheduler's steps: struct qsa__cand_req); the same tokens */
+    /* on one GPU the prompt's last row and each decode step's reduce the draw's logits to its candidates on the
+       device (as the scheduler's steps: struct qsa__cand_req); the same tokens */
     int ck = m->cuda && !m->tp ? qsa__sampler_cand_k(smp, V) : -1, from_cand = 0, penalised = 0;
     qsa__cand_req cq = {&smp, NULL, ck > 1 ? ck : 1};
     if (ck >= 0 && !(cq.out = (int32_t *)qsa_host_alloc(m, QSA__CAND_STRIDE(cq.kmax) * sizeof(int32_t)))) ck = -1;
@@ -8760,7 +8761,10 @@ QSA_PRIV qsa_result qsa__generate(qsa_seq *seq, const int32_t *prompt, int n_pro
     if (!logits || !out->tokens || !qsa__buf_reserve(&text, 64)) { r = qsa__fail(QSA_ERR_OUT_OF_MEMORY, "qsa_generate: out of memory"); goto done; }
     double t0, t_first;
     t0 = t_first = qsa__now();
-    if ((r = qsa_seq_feed(seq, prompt, n_prompt, logits, 0)) != QSA_OK) goto done;
+    /* (the prompt's draw starts on the device too: its last token's row) */
+    if ((r = qsa__seq_feed(seq, prompt, n_prompt, logits, 0, ck >= 0 ? &cq : NULL)) != QSA_OK) goto done;
+    from_cand = ck >= 0 && cq.out[1] >= 0;
+    penalised = ck >= 0 && cq.out[1] == -2;
     out->stats.n_prompt = n_prompt;
     out->stats.prefill_s = qsa__now() - t0;
     for (;;) {
@@ -11826,13 +11830,19 @@ QSA_PRIV qsa_result qsa__cuda_layer_mlp(qsa_model *m, int l, int M, int *normed)
     return QSA_OK;
 }
 
-QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, float *logits, int all_logits) {
+QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, float *logits, int all_logits,
+                                    const qsa__cand_req *cq) {
     if (sq->m->tp) return qsa__tp_chunk(sq, ids, M, logits, all_logits); /* every local rank runs this function */
     qsa_model *m = sq->m;
     const qsa_model_config *c = &m->cfg;
     qsa__cuda *g = m->cuda;
     qsa__dscratch *s = &g->sc;
     int H = c->hidden_size, hc = c->hc_count, V = c->vocab_size;
+    /* the last token's draw started on the device (struct qsa__cand_req, one row: as a decode step's), its parameters
+       queued before the forward; cq->out[1] stays -1 where its logits come instead */
+    int cand = cq && logits && !all_logits && !m->tpr && g->sample_dev && qsa__cuda_batch_ready(m) &&
+               qsa__cuda_cand_rows(m, &sq, ids, M, 1, cq);
+    if (cand) QSA__TRY(qsa__cuda_cand_put(m, 1));
     /* block table: pages acquired since the last chunk */
     if (sq->n_pages > sq->cuda->bt_synced) {
         QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(sq->cuda->bt + (size_t)sq->cuda->bt_synced * 4, sq->bt + sq->cuda->bt_synced,
@@ -11859,6 +11869,7 @@ QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, floa
             QSA__TRY(qsa__dgemm(g, s->inp16 + (size_t)t0 * H * 2, rows, &g->lm_head, s->logits, 0));
             float *dst = logits + (all_logits ? (size_t)t0 * V : 0);
             if (m->tpr) { QSA__TRY(qsa__tp_logits(m, s->logits, rows, dst)); continue; } /* TP: gather the vocab */
+            if (cand) { QSA__TRY(qsa__cuda_cand_one(m, s->logits, cq, logits)); continue; } /* (rows 1: the last's) */
             QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(dst, s->logits, (size_t)rows * V * 4, g->stream));
             QSA__CU(qsa__cu.cuStreamSynchronize(g->stream)); /* the logits buffer is reused */
         }
@@ -12263,9 +12274,9 @@ QSA_PRIV qsa_result qsa__cuda_batch_capture(qsa_model *m, int B) {
    context and vocabulary and reserved the pages, and advances pos and tokens afterwards). */
 /* The rows of a batched step's sampling on the device (qsa_k_sample_cand1, 2) into the batch's host image: 1 when every
    row's sampler can start from candidates (qsa__sampler_cand_k) and the penalised ids fit, 0 when the step's logits
-   must come to the host instead.  A row's history is its sequence's tokens with this step's token (written past
-   pos, where the step puts it). */
-QSA_PRIV int qsa__cuda_cand_rows(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int B, const qsa__cand_req *cq) {
+   must come to the host instead.  A row's history is its sequence's tokens with this step's n tokens (tokens + i n,
+   written past pos, where the step puts them: one a sequence in a decode step, a prompt chunk's in qsa__cuda_chunk). */
+QSA_PRIV int qsa__cuda_cand_rows(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int n, int B, const qsa__cand_req *cq) {
     qsa__dbatch *bb = m->cuda->batch;
     int V = m->cfg.vocab_size, off = 0;
     qsa__cand_row *rows = (qsa__cand_row *)bb->cand_host;
@@ -12275,10 +12286,10 @@ QSA_PRIV int qsa__cuda_cand_rows(qsa_model *m, qsa_seq **seqs, const int32_t *to
         int k = smp ? qsa__sampler_cand_k(smp, V) : -1;
         if (k < 0 || k > cq->kmax) return 0;
         qsa_seq *sq = seqs[i];
-        sq->tokens[sq->pos] = tokens[i];
+        memcpy(sq->tokens + sq->pos, tokens + (size_t)i * n, sizeof(int32_t) * (size_t)n);
         char keep[sizeof qsa__err_buf]; /* (the caller's last error, as a step that succeeds leaves it) */
         snprintf(keep, sizeof keep, "%s", qsa__err_buf);
-        int np = qsa__sampler_pen_ids(smp, sq->tokens, sq->pos + 1, V, pid + off, QSA__CAND_PEN - off);
+        int np = qsa__sampler_pen_ids(smp, sq->tokens, sq->pos + n, V, pid + off, QSA__CAND_PEN - off);
         if (np < 0) { /* (more ids than fit, or out of memory: the host's draw reports that) */
             snprintf(qsa__err_buf, sizeof qsa__err_buf, "%s", keep);
             return 0;
@@ -12292,6 +12303,86 @@ QSA_PRIV int qsa__cuda_cand_rows(qsa_model *m, qsa_seq **seqs, const int32_t *to
         off += np;
     }
     return 1;
+}
+
+/* The sampling kernels (qsa_k_sample_cand1, qsa_k_sample_z, qsa_k_sample_cand2) on the stream for B rows of logits at lg
+   (vocabulary slices of W columns), the rows' parameters and penalised ids in the batch's buffers (queued by the
+   caller): the rows of candidates (B rows of QSA__CAND_STRIDE(kmax) words) after the rows' parameters in bb->cand; the
+   tempered logits in v, rows of V, vr of them (launches of at most that many rows). */
+QSA_PRIV qsa_result qsa__cuda_cand_launch(qsa_model *m, CUdeviceptr lg, int W, int B, int kmax, CUdeviceptr v, int vr) {
+    qsa__cuda *g = m->cuda;
+    qsa__dbatch *bb = g->batch;
+    int V = m->cfg.vocab_size;
+    const qsa__cand_row *hr = (const qsa__cand_row *)bb->cand_host;
+    CUdeviceptr rows = bb->cand, pid = rows + (size_t)bb->max_batch * sizeof(qsa__cand_row),
+                out = bb->cand + QSA__CAND_HOST_BYTES(bb->max_batch);
+    /* rows in groups of QSA__CAND_GROUP (and of v's rows): their chunks' candidates, then theirs */
+    int P = QSA__CAND_CHUNKS(V), G = vr < QSA__CAND_GROUP ? vr : QSA__CAND_GROUP, anyz = 0;
+    CUdeviceptr am = bb->cand_part, cv = am + (size_t)G * P * 8, ci = cv + (size_t)G * P * QSA__CAND_MAX * 4,
+                zp = ci + (size_t)G * P * QSA__CAND_MAX * 4;
+    for (int i = 0; i < B; i++) anyz |= hr[i].z;
+    for (int b0 = 0; b0 < B; b0 += G) {
+        int nb = B - b0 < G ? B - b0 : G;
+        QSA__LAUNCH(g, sample_cand1, P, nb, 1024, 0, &lg, &V, &W, &B, &b0, &rows, &pid, &v, &am, &cv, &ci, &kmax);
+        if (anyz) QSA__LAUNCH(g, sample_z, P, nb, 1024, 0, &V, &b0, &rows, &v, &am, &zp);
+        QSA__LAUNCH(g, sample_cand2, nb, 1, 1024, 0, &V, &b0, &P, &rows, &am, &cv, &ci, &zp, &out, &kmax);
+    }
+    return QSA_OK;
+}
+/* After the candidates of B rows have come to cq->out (the stream synchronised): whole-row draws whose candidates do
+   not decide them get their logits (the penalty applied by qsa_k_sample_cand1) from lg (vocabulary slices of W
+   columns) into lg_rows + i V, word 1 of the row -2. */
+QSA_PRIV qsa_result qsa__cuda_cand_undecided(qsa_model *m, const qsa__cand_req *cq, CUdeviceptr lg, int W, int B,
+                                             float *lg_rows) {
+    qsa__cuda *g = m->cuda;
+    const qsa__cand_row *hr = (const qsa__cand_row *)g->batch->cand_host;
+    int V = m->cfg.vocab_size, sent = 0;
+    for (int i = 0; i < B; i++) {
+        int32_t *row = cq->out + (size_t)i * QSA__CAND_STRIDE(cq->kmax);
+        if (!hr[i].z || row[1] <= 0) continue;
+        char keep[sizeof qsa__err_buf]; /* (an allocation the check could not make: the host's draw reports it) */
+        snprintf(keep, sizeof keep, "%s", qsa__err_buf);
+        if (qsa__sampler_cand_decides(cq->smp[i], row, cq->kmax) > 0) continue;
+        snprintf(qsa__err_buf, sizeof qsa__err_buf, "%s", keep);
+        for (int c = 0; c * W < V; c++) {
+            int wc = V - c * W < W ? V - c * W : W;
+            QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(lg_rows + (size_t)i * V + (size_t)c * W, lg + ((size_t)c * W * B + (size_t)i * wc) * 4,
+                                                 (size_t)wc * 4, g->stream));
+        }
+        row[1] = -2;
+        g->n_cand_whole++;
+        sent = 1;
+    }
+    if (sent) QSA__CU(qsa__cu.cuStreamSynchronize(g->stream));
+    return QSA_OK;
+}
+/* One row of logits at lg (the chunked forward's last) reduced to cq->out's first row of candidates (its parameters
+   queued by qsa__cuda_cand_put; the batch's logits buffer holds its tempered logits), and its logits into lg_row where
+   the candidates do not decide a whole-row draw (qsa__cuda_cand_undecided) */
+QSA_PRIV qsa_result qsa__cuda_cand_one(qsa_model *m, CUdeviceptr lg, const qsa__cand_req *cq, float *lg_row) {
+    qsa__cuda *g = m->cuda;
+    qsa__dbatch *bb = g->batch;
+    int V = m->cfg.vocab_size;
+    QSA__TRY(qsa__cuda_cand_launch(m, lg, V, 1, cq->kmax, bb->logits, bb->max_batch));
+    QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(cq->out, bb->cand + QSA__CAND_HOST_BYTES(bb->max_batch),
+                                         (size_t)QSA__CAND_STRIDE(cq->kmax) * 4, g->stream));
+    QSA__CU(qsa__cu.cuStreamSynchronize(g->stream));
+    g->n_cand_rows++;
+    return qsa__cuda_cand_undecided(m, cq, lg, V, 1, lg_row);
+}
+/* The rows' parameters and penalised ids (qsa__cuda_cand_rows' host image, B rows) queued to the device */
+QSA_PRIV qsa_result qsa__cuda_cand_put(qsa_model *m, int B) {
+    qsa__cuda *g = m->cuda;
+    qsa__dbatch *bb = g->batch;
+    const qsa__cand_row *hr = (const qsa__cand_row *)bb->cand_host;
+    size_t mb = (size_t)bb->max_batch;
+    int npid = 0;
+    for (int i = 0; i < B; i++) npid = hr[i].pen_off + hr[i].pen_n > npid ? hr[i].pen_off + hr[i].pen_n : npid;
+    QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(bb->cand, hr, (size_t)B * sizeof(qsa__cand_row), g->stream));
+    if (npid)
+        QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(bb->cand + mb * sizeof(qsa__cand_row), bb->cand_host + mb * sizeof(qsa__cand_row),
+                                             (size_t)npid * 4, g->stream));
+    return QSA_OK;
 }
 
 QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const int32_t *tokens, int B, float *logits,
@@ -12311,11 +12402,10 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
     qsa__dbatch *bb = g->batch;
     int mb = bb->max_batch;
     /* sampled rows reduced to their candidates on the device where every row of the step can be: no logits cross */
-    int cand = cq && g->sample_dev && !m->tpr && qsa__cuda_cand_rows(m, seqs, tokens, B, cq);
+    int cand = cq && g->sample_dev && !m->tpr && qsa__cuda_cand_rows(m, seqs, tokens, 1, B, cq);
     float *lg_rows = cand ? logits : NULL; /* (whole-row draws that their candidates could not decide: their logits) */
     /* greedy ids: every row a greedy row of the same kernels (its arg-max alone) */
     int argmax = next && !m->tpr && !cand;
-    CUdeviceptr cand_rows = bb->cand, cand_pid = cand_rows + (size_t)mb * sizeof(qsa__cand_row);
     qsa__cand_row *hr = (qsa__cand_row *)bb->cand_host;
     if (argmax) {
         memset(hr, 0, (size_t)B * sizeof *hr);
@@ -12323,12 +12413,7 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
     }
     if (cand || argmax) { /* the rows' parameters and penalised ids, queued before the step (a copy from pageable
                              memory waits for the stream: here it has nothing to wait for) */
-        int npid = 0;
-        for (int i = 0; i < B; i++) npid = hr[i].pen_off + hr[i].pen_n > npid ? hr[i].pen_off + hr[i].pen_n : npid;
-        QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(cand_rows, hr, (size_t)B * sizeof(qsa__cand_row), g->stream));
-        if (npid)
-            QSA__CU(qsa__cu.cuMemcpyHtoDAsync_v2(cand_pid, bb->cand_host + (size_t)mb * sizeof(qsa__cand_row), (size_t)npid * 4,
-                                                 g->stream));
+        QSA__TRY(qsa__cuda_cand_put(m, B));
         if (cand) logits = NULL;
     }
     int32_t *hids = (int32_t *)bb->host, *hpos = hids + mb;
@@ -12418,19 +12503,7 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
     if (cand || argmax) { /* B rows of candidates (greedy: B ids instead of B rows of logits); the tempered logits of a
                              launch's rows in sc.logits (logit_rows of them) */
         CUdeviceptr out = bb->cand + QSA__CAND_HOST_BYTES(mb);
-        /* rows in groups of QSA__CAND_GROUP (and of sc.logits' rows): their chunks' candidates, then theirs */
-        int P = QSA__CAND_CHUNKS(V), G = g->sc.logit_rows < QSA__CAND_GROUP ? g->sc.logit_rows : QSA__CAND_GROUP;
-        CUdeviceptr am = bb->cand_part, cv = am + (size_t)G * P * 8, ci = cv + (size_t)G * P * QSA__CAND_MAX * 4,
-                    zp = ci + (size_t)G * P * QSA__CAND_MAX * 4;
-        int anyz = 0;
-        for (int i = 0; cand && i < B; i++) anyz |= hr[i].z;
-        for (int b0 = 0; b0 < B; b0 += G) {
-            int nb = B - b0 < G ? B - b0 : G;
-            QSA__LAUNCH(g, sample_cand1, P, nb, 1024, 0, &bb->logits, &V, &W, &B, &b0, &cand_rows, &cand_pid, &g->sc.logits, &am,
-                        &cv, &ci, &kmax);
-            if (anyz) QSA__LAUNCH(g, sample_z, P, nb, 1024, 0, &V, &b0, &cand_rows, &g->sc.logits, &am, &zp);
-            QSA__LAUNCH(g, sample_cand2, nb, 1, 1024, 0, &V, &b0, &P, &cand_rows, &am, &cv, &ci, &zp, &out, &kmax);
-        }
+        QSA__TRY(qsa__cuda_cand_launch(m, bb->logits, W, B, kmax, g->sc.logits, g->sc.logit_rows));
         if (cand) {
             QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(cq->out, out, (size_t)B * QSA__CAND_STRIDE(kmax) * 4, g->stream));
             g->n_cand_rows += B;
@@ -12450,26 +12523,7 @@ QSA_PRIV qsa_result qsa__cuda_decode_batch(qsa_model *m, qsa_seq **seqs, const i
     }
     QSA__CU(qsa__cu.cuStreamSynchronize(g->stream));
     if (logits && ns > 1) QSA__CU(qsa__cu.cuStreamSynchronize(bb->copy));
-    /* whole-row draws whose candidates do not decide them: their logits (the penalty applied by qsa_k_sample_cand1),
-       word 1 of the row -2 */
-    int sent = 0;
-    for (int i = 0; lg_rows && i < B; i++) {
-        int32_t *row = cq->out + (size_t)i * QSA__CAND_STRIDE(kmax);
-        if (!hr[i].z || row[1] <= 0) continue;
-        char keep[sizeof qsa__err_buf]; /* (an allocation the check could not make: the host's draw reports it) */
-        snprintf(keep, sizeof keep, "%s", qsa__err_buf);
-        if (qsa__sampler_cand_decides(cq->smp[i], row, kmax) > 0) continue;
-        snprintf(qsa__err_buf, sizeof qsa__err_buf, "%s", keep);
-        for (int c = 0; c * W < V; c++) {
-            int wc = V - c * W < W ? V - c * W : W;
-            QSA__CU(qsa__cu.cuMemcpyDtoHAsync_v2(lg_rows + (size_t)i * V + (size_t)c * W, bb->logits + ((size_t)c * W * B + (size_t)i * wc) * 4,
-                                                 (size_t)wc * 4, g->stream));
-        }
-        row[1] = -2;
-        g->n_cand_whole++;
-        sent = 1;
-    }
-    if (sent) QSA__CU(qsa__cu.cuStreamSynchronize(g->stream));
+    if (lg_rows) QSA__TRY(qsa__cuda_cand_undecided(m, cq, bb->logits, W, B, lg_rows));
     /* the sequences' host-side layer state, as qsa_seq_feed leaves it */
     int r = c->has_qsa ? c->indexer_compress_ratio : 0;
     for (int i = 0; r && i < B; i++)
@@ -13720,7 +13774,7 @@ QSA_PRIV qsa_result qsa__tp_chunk_job(qsa__tp_rank *rk, void *arg) {
         v.sel_hook = NULL;
         v.route_hook = NULL;
     }
-    return qsa__cuda_chunk(&v, a->ids, a->M, lg, a->all_logits);
+    return qsa__cuda_chunk(&v, a->ids, a->M, lg, a->all_logits, NULL);
 }
 
 QSA_PRIV qsa_result qsa__tp_chunk(qsa_seq *sq, const int32_t *ids, int M, float *logits, int all_logits) {
@@ -14124,7 +14178,8 @@ struct qsa_sched {
     int32_t *cand;             /* [max_batch][QSA__CAND_STRIDE(QSA__CAND_MAX)]: the rows' candidates (struct qsa__cand_req) */
     long long n_steps, n_prefill_tokens, n_decode_tokens;
     long long n_greedy_steps;  /* decode steps that took the greedy ids, not the logits */
-    long long n_cand_tokens;   /* decode tokens drawn from the device's candidates, not from their logits */
+    long long n_cand_tokens;   /* tokens drawn from the device's candidates, not from their logits (decode steps' and
+                                  prompts' first) */
     qsa__sched_logits_hook logits_hook;
     void *hook_user;
 };
@@ -14459,6 +14514,20 @@ QSA_PRIV int32_t qsa__sched_sample(qsa_sched *s, qsa__sched_req *q, float *logit
     return qsa_sampler_sample(q->smp, logits, V, q->seq->tokens, q->seq->pos);
 }
 
+/* Request q's draw from row i of a step: from its candidates (cq: row i of cq->out) where the device reduced the row,
+   from its logits (row i of s->logits) where it did not, with the penalty applied where they came after the
+   candidates could not decide it (qsa__cand_req). */
+QSA_PRIV int32_t qsa__sched_draw(qsa_sched *s, qsa__sched_req *q, const qsa__cand_req *cq, int i) {
+    int V = s->m->cfg.vocab_size;
+    const int32_t *row = cq ? cq->out + (size_t)i * QSA__CAND_STRIDE(cq->kmax) : NULL;
+    if (row && row[1] >= 0) {
+        s->n_cand_tokens++;
+        return qsa__sampler_from_cand(q->smp, row, cq->kmax);
+    }
+    if (row && row[1] == -2) return qsa__sampler_sample_z(q->smp, s->logits + (size_t)i * V, V, NULL, 0, qsa__cand_z(row, cq->kmax));
+    return qsa__sched_sample(s, q, s->logits + (size_t)i * V);
+}
+
 /* Finish normally: text held back for a stop string that never came and an incomplete UTF-8
    tail are flushed to the text and the callback (not after a stop string or a callback stop). */
 QSA_PRIV void qsa__sched_finish(qsa_sched *s, qsa__sched_req *q, qsa_stop_reason stop) {
@@ -14628,18 +14697,7 @@ QSA_PRIV void qsa__sched_decode(qsa_sched *s) {
             continue;
         }
         s->n_decode_tokens++;
-        const int32_t *row = s->cand + (size_t)i * QSA__CAND_STRIDE(kmax);
-        int32_t t;
-        if (greedy) t = s->b_next[i];
-        else if (cand && row[1] >= 0) {
-            t = qsa__sampler_from_cand(q->smp, row, kmax);
-            s->n_cand_tokens++;
-        } else if (cand && row[1] == -2) { /* (the logits, the penalty applied: qsa__cand_req) */
-            t = qsa__sampler_sample_z(q->smp, s->logits + (size_t)i * V, V, NULL, 0, qsa__cand_z(row, kmax));
-        } else {
-            t = qsa__sched_sample(s, q, s->logits + (size_t)i * V);
-        }
-        qsa__sched_accept(s, q, t);
+        qsa__sched_accept(s, q, greedy ? s->b_next[i] : qsa__sched_draw(s, q, cand ? &cq : NULL, i));
     }
 }
 
@@ -14650,14 +14708,19 @@ QSA_PRIV void qsa__sched_prefill(qsa_sched *s) {
         if (q->status != QSA_REQ_PREFILL) continue;
         int k = q->n_prompt - q->n_fed < s->p.prefill_chunk ? q->n_prompt - q->n_fed : s->p.prefill_chunk;
         int last = q->n_fed + k == q->n_prompt;
-        qsa_result r = qsa_seq_feed(q->seq, q->prompt + q->n_fed, k, last ? s->logits : NULL, 0);
+        /* the last chunk's draw starts on the device as a decode step's (its row in s->cand's first) */
+        int ck = last && !s->logits_hook ? qsa__sampler_cand_k(q->smp, s->m->cfg.vocab_size) : -1;
+        qsa__cand_req cq = {&q->smp, s->cand, ck > 1 ? ck : 1};
+        qsa__model_enter(s->m);
+        qsa_result r = qsa__seq_feed(q->seq, q->prompt + q->n_fed, k, last ? s->logits : NULL, 0, ck >= 0 ? &cq : NULL);
+        qsa__model_leave(s->m);
         qsa__sched_account(s, q);
         if (r != QSA_OK) { qsa__sched_end_failed(s, q, QSA_REQ_ERROR, r, qsa_last_error()); continue; }
         q->n_fed += k;
         s->n_prefill_tokens += k;
         if (!last) continue;
         q->status = QSA_REQ_DECODE;
-        qsa__sched_accept(s, q, qsa__sched_sample(s, q, s->logits));
+        qsa__sched_accept(s, q, qsa__sched_draw(s, q, ck >= 0 ? &cq : NULL, 0));
     }
 }
 

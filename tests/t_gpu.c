@@ -864,8 +864,9 @@ TEST(gpu, shared_side_stream_equals_chain) {
    draws with top-p, min-p and repetition penalties above and below 1, a greedy row with a penalty beside them, and
    k = vocab - 1; in vocabulary slices too ($QSA_LOGIT_SLICE_BYTES=1); a batch with a top-p-only request and one by the
    temperature alone with a penalty (whole-row draws: their QSA__CAND_Z best of the fixture's 320 ids and the row's sum,
-   or their penalised logits where those do not decide them); and qsa_generate's decode steps.  Every decode token of the
-   first batch came from candidates, and every row of the second was reduced. */
+   or their penalised logits where those do not decide them); and qsa_generate.  The prompt's last row is reduced as a
+   decode step's (the first token's draw: after a chunk of several tokens, or of one, a decode step's): every token of
+   the first batch came from candidates, and every row of the second was reduced. */
 enum { SD_N = 8, SD_T = 10, SD_WHOLE = 2 /* (the last SD_WHOLE of sd_params: whole-row draws) */ };
 static void sd_params(int i, int V, qsa_sampling_params *sp) {
     memset(sp, 0, sizeof *sp);
@@ -889,7 +890,10 @@ static void sd_prompt(int i, int V, int32_t *p, int n) {
 static int sd_sched(qsa_model *m, int n, int32_t tok[SD_N][SD_T], long long *ncand, long long *ndecode) {
     int V = qsa_model_get_config(m)->vocab_size, ok = 1;
     qsa_sched *s = NULL;
-    CHECK_OK(qsa_sched_create(m, NULL, &s));
+    qsa_sched_params sp;
+    memset(&sp, 0, sizeof sp);
+    sp.prefill_chunk = 4; /* (prompts of 6 to 13 tokens: last chunks of 1 token, a decode step's, and of 2 to 4) */
+    CHECK_OK(qsa_sched_create(m, &sp, &s));
     if (!s) return 0;
     int32_t prompt[SD_N][16];
     int64_t id[SD_N];
@@ -937,8 +941,10 @@ TEST(gpu, sampling_on_the_device_draws_as_the_host) {
     qsa_model *ms3[3] = {m0, m, ms};
     for (int k = 0; k < 3; k++)
         if (!sd_sched(ms3[k], SD_N - SD_WHOLE, t[k], &nc[k], &nd[k])) goto done;
-    CHECKF(nc[0] == 0 && nd[1] == (SD_N - SD_WHOLE) * (SD_T - 1) && nc[1] == nd[1] && nc[2] == nd[2],
-           "decode tokens from candidates: %lld of %lld off, %lld of %lld on, %lld of %lld in slices", nc[0], nd[0], nc[1], nd[1],
+    /* (every decode token and each prompt's first from candidates: the prompt's last row is reduced too) */
+    CHECKF(nc[0] == 0 && nd[1] == (SD_N - SD_WHOLE) * (SD_T - 1) && nc[1] == nd[1] + SD_N - SD_WHOLE &&
+           nc[2] == nd[2] + SD_N - SD_WHOLE,
+           "tokens from candidates: %lld (%lld decode) off, %lld (%lld) on, %lld (%lld) in slices", nc[0], nd[0], nc[1], nd[1],
            nc[2], nd[2]);
     for (int i = 0; i < SD_N - SD_WHOLE; i++) {
         CHECKF(!memcmp(t[0][i], t[1][i], sizeof t[0][i]), "request %d: the device's candidates drew other tokens", i);
@@ -949,11 +955,11 @@ TEST(gpu, sampling_on_the_device_draws_as_the_host) {
     for (int k = 0; k < 2; k++)
         if (!sd_sched(ms3[k], SD_N, t[k], &nc[k], &nd[k])) goto done;
     long long whole = m->cuda->n_cand_whole - w0;
-    CHECKF(nc[1] + whole == nd[1] && nd[1] == SD_N * (SD_T - 1) && m->cuda->n_cand_rows - r0 == nd[1],
-           "beside whole-row draws: %lld of %lld decode tokens from candidates, %lld from the penalised row", nc[1], nd[1], whole);
-    printf("    beside whole-row draws: %lld of %lld decode tokens from candidates, %lld from the penalised row\n", nc[1], nd[1], whole);
+    CHECKF(nc[1] + whole == nd[1] + SD_N && nd[1] == SD_N * (SD_T - 1) && m->cuda->n_cand_rows - r0 == nd[1] + SD_N,
+           "beside whole-row draws: %lld of %lld tokens from candidates, %lld from the penalised row", nc[1], nd[1] + SD_N, whole);
+    printf("    beside whole-row draws: %lld of %lld tokens from candidates, %lld from the penalised row\n", nc[1], nd[1] + SD_N, whole);
     for (int i = 0; i < SD_N; i++) CHECKF(!memcmp(t[0][i], t[1][i], sizeof t[0][i]), "request %d beside whole-row draws: other tokens", i);
-    /* qsa_generate: its decode steps reduce the rows of every sampler */
+    /* qsa_generate: its prompt's last row and its decode steps reduce the rows of every sampler */
     for (int i = 0; i < SD_N; i++) {
         qsa_generation g[2];
         long long c0[2] = {m0->cuda->n_cand_rows, m->cuda->n_cand_rows};
@@ -974,7 +980,7 @@ TEST(gpu, sampling_on_the_device_draws_as_the_host) {
         CHECKF(g[0].n_tokens == SD_T && g[1].n_tokens == SD_T && !memcmp(g[0].tokens, g[1].tokens, sizeof(int32_t) * SD_T),
                "qsa_generate, sampler %d: the device's candidates drew other tokens", i);
         long long d0 = m0->cuda->n_cand_rows - c0[0], d1 = m->cuda->n_cand_rows - c0[1];
-        CHECKF(d0 == 0 && d1 == SD_T - 1, "qsa_generate, sampler %d: %lld / %lld rows reduced (off / on)", i, d0, d1);
+        CHECKF(d0 == 0 && d1 == SD_T, "qsa_generate, sampler %d: %lld / %lld rows reduced (off / on)", i, d0, d1);
         qsa_generation_free(&g[0]);
         qsa_generation_free(&g[1]);
     }

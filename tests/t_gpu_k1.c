@@ -601,7 +601,8 @@ done:
    drawn from the penalised logits the kernels leave (as qsa__cuda_decode_batch sends them); the
    temperature alone over a row whose best decide it (with a penalty) and over a flat row (at the real vocabulary, its
    best decide ~3% of the draws).  Where the
-   draw is not the arg-max, the candidates are qsa__cand_topk's ids of the host's tempered row with their bits, and a
+   draw is not the arg-max, the candidates are qsa__cand_topk's ids of the host's tempered row in its order (the draw's) with their
+   bits, and a
    whole-row draw's sum (qsa_k_sample_z) is the host's qsa__zsum of that row.  The rows go in launches of G
    (a row of the batch at b0 + its row in the launch); a vocabulary of 8,792 ids has a last chunk of 600, shorter
    than k = 1,024. */
@@ -743,9 +744,7 @@ static void k1_sample_cand_case(int V, int G) {
                 }
                 /* the candidates: row holds the host's tempered logits now */
                 ncand++;
-                qsa__cand_topk(row, idx, V, o[1]);
-                for (int i = 1; i < o[1]; i++) /* ascending ids */
-                    for (int j = i; j > 0 && idx[j] < idx[j - 1]; j--) { int32_t t = idx[j]; idx[j] = idx[j - 1]; idx[j - 1] = t; }
+                qsa__cand_topk(row, idx, V, o[1]); /* (in the draw's order, as the kernel ranks them) */
                 int same = o[1] == (cs[r].top_k ? cs[r].top_k : QSA__CAND_Z);
                 for (int i = 0; same && i < o[1]; i++) {
                     float f;

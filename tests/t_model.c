@@ -740,7 +740,7 @@ TEST(cpu, sampler_temperature_alone_draws_by_the_probabilities) {
 /* The row of candidates that qsa_k_sample_cand1, qsa_k_sample_z and qsa_k_sample_cand2 leave for sampler s over the
    logits l[V] and the history hist[nh], from their definition: the penalty on the window's distinct ids, NaN -> -inf,
    the arg-max, the vanishing-temperature test, the top qsa__sampler_cand_k of the tempered logits with their ids
-   ascending, and a whole-row draw's sum of qsa__zterm.  pen_row: the penalised logits (what a step sends of a row its
+   in the draw's order (qsa__cand_topk's), and a whole-row draw's sum of qsa__zterm.  pen_row: the penalised logits (what a step sends of a row its
    candidates cannot decide); t, idx: scratch of V; pid: nh.  The number of penalised ids. */
 static int cand_row_emulate(qsa_sampler *s, const float *l, int V, const int32_t *hist, int nh, int kmax, int32_t *row,
                             float *t, float *pen_row, int32_t *pid, int32_t *idx) {
@@ -761,8 +761,6 @@ static int cand_row_emulate(qsa_sampler *s, const float *l, int V, const int32_t
     if (k > 0 && !greedy && !(t[am] == -INFINITY || isinf(t[am] / p->temperature))) {
         for (int i = 0; i < V; i++) t[i] /= p->temperature;
         qsa__cand_topk(t, idx, V, k);
-        for (int i = 1; i < k; i++)
-            for (int j = i; j > 0 && idx[j] < idx[j - 1]; j--) { int32_t x = idx[j]; idx[j] = idx[j - 1]; idx[j - 1] = x; }
         row[1] = k;
         for (int j = 0; j < k; j++) {
             row[2 + j] = idx[j];
@@ -918,7 +916,7 @@ TEST(cpu, sampler_whole_row_sum_terms) {
 
 /* The host half of sampling on the device: the rows the kernels would leave (emulated here from their definition:
    the penalty on the listed distinct ids, NaN -> -inf, the arg-max, the vanishing-temperature test, the top k of the
-   tempered logits with their ids ascending, and for a whole-row draw (no top-k: with top-p, min-p or the temperature
+   tempered logits with their ids in the draw's order, and for a whole-row draw (no top-k: with top-p, min-p or the temperature
    alone) its QSA__CAND_Z best and the row's sum of qsa__zterm) give qsa__sampler_from_cand the picks of qsa_sampler_sample on the whole row, and the same RNG
    state after; greedy and degenerate rows draw nothing.  A whole-row draw that its candidates cannot decide
    (qsa__sampler_cand_draw -2) draws from the penalised row, as the step sends it; one they decide (a top-p draw
