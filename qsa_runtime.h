@@ -11840,8 +11840,13 @@ QSA_PRIV qsa_result qsa__cuda_chunk(qsa_seq *sq, const int32_t *ids, int M, floa
     int H = c->hidden_size, hc = c->hc_count, V = c->vocab_size;
     /* the last token's draw started on the device (struct qsa__cand_req, one row: as a decode step's), its parameters
        queued before the forward; cq->out[1] stays -1 where its logits come instead */
-    int cand = cq && logits && !all_logits && !m->tpr && g->sample_dev && qsa__cuda_batch_ready(m) &&
-               qsa__cuda_cand_rows(m, &sq, ids, M, 1, cq);
+    int cand = cq && logits && !all_logits && !m->tpr && g->sample_dev && m->params.cuda_batch_decode;
+    if (cand) { /* (the batch's buffers refused: the caller's last error, as a feed that succeeds leaves it) */
+        char keep[sizeof qsa__err_buf];
+        snprintf(keep, sizeof keep, "%s", qsa__err_buf);
+        cand = qsa__cuda_batch_ready(m) && qsa__cuda_cand_rows(m, &sq, ids, M, 1, cq);
+        snprintf(qsa__err_buf, sizeof qsa__err_buf, "%s", keep);
+    }
     if (cand) QSA__TRY(qsa__cuda_cand_put(m, 1));
     /* block table: pages acquired since the last chunk */
     if (sq->n_pages > sq->cuda->bt_synced) {
@@ -14178,8 +14183,8 @@ struct qsa_sched {
     int32_t *cand;             /* [max_batch][QSA__CAND_STRIDE(QSA__CAND_MAX)]: the rows' candidates (struct qsa__cand_req) */
     long long n_steps, n_prefill_tokens, n_decode_tokens;
     long long n_greedy_steps;  /* decode steps that took the greedy ids, not the logits */
-    long long n_cand_tokens;   /* tokens drawn from the device's candidates, not from their logits (decode steps' and
-                                  prompts' first) */
+    long long n_cand_tokens;   /* tokens drawn from the device's candidates, not from their logits: sampled decode
+                                  steps' (a step of greedy requests takes their ids instead) and prompts' first */
     qsa__sched_logits_hook logits_hook;
     void *hook_user;
 };
