@@ -9024,7 +9024,7 @@ QSA_IMPL qsa_result qsa_replay_capture(const char *path, qsa_replay_mode mode, q
 #define QSA__MULZ(a, b) ((a) && (size_t)(b) > SIZE_MAX / (a) ? SIZE_MAX : (a) * (size_t)(b))
     size_t nqh = QSA__MULZ(QSA__MULZ((size_t)n, nh), hd), kvb = QSA__MULZ(QSA__MULZ(QSA__MULZ((size_t)np, ps), kvd), 4);
     size_t want[11] = {sizeof meta, (size_t)n * 8, QSA__MULZ(nqh, 8), QSA__MULZ(QSA__MULZ((size_t)n, topk), 4), (size_t)n * 4,
-                       QSA__MULZ(nqh, 4), 0, (size_t)(n + 1) * 4, (size_t)np * 4, kvb, kvb};
+                       QSA__MULZ(nqh, 4), 0, ((size_t)n + 1) * 4, (size_t)np * 4, kvb, kvb};
 #undef QSA__MULZ
     static const qsa__dtype dts[11] = {QSA__I64, QSA__I64, QSA__F32, QSA__I32, QSA__I32, QSA__F32,
                                        QSA__I32, QSA__I32, QSA__I32, QSA__F32, QSA__F32};

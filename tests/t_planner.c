@@ -459,6 +459,8 @@ TEST(cpu, replay_refuses_hostile_captures) {
     CHECK_ERR(qsa_replay_capture(bad, QSA_REPLAY_PLANNER, &rep), QSA_ERR_FORMAT, "'sel' is F32");
     CHECK(capture_mutant(path, bad, "meta", -1, 7, ((int64_t)1 << 32) + 37, 0));
     CHECK_ERR(qsa_replay_capture(bad, QSA_REPLAY_PLANNER, &rep), QSA_ERR_FORMAT, "meta[7]");
+    CHECK(capture_mutant(path, bad, "meta", -1, 7, INT32_MAX, 0)); /* (n + 1 overflowed int: the fuzzer's, s82) */
+    CHECK_ERR(qsa_replay_capture(bad, QSA_REPLAY_PLANNER, &rep), QSA_ERR_SHAPE, "tensor 'pos' has 296 bytes, expected 17179869176");
     CHECK(capture_mutant(path, bad, "bt", -1, 0, (int64_t)1 << 30, 0)); /* a far page id: replayed as it was */
     CHECK_OK(qsa_replay_capture(bad, QSA_REPLAY_PLANNER, &rep));
     CHECK(rep.n_queries == 37 && rep.n_differ == 0);
