@@ -922,6 +922,22 @@ static int sd_sched(qsa_model *m, int n, int32_t tok[SD_N][SD_T], long long *nca
     qsa_sched_free(s);
     return ok;
 }
+/* qsa_generate of SD_T tokens with sampler i of sd_params on a new sequence of m, from the prompt p[n] into g (freed by
+   the caller whatever happens): the rows m's device reduced meanwhile */
+static long long sd_generate(qsa_model *m, int i, const int32_t *p, int n, qsa_generation *g) {
+    long long c0 = m->cuda->n_cand_rows;
+    qsa_seq *sq = NULL;
+    qsa_generate_params gp;
+    memset(&gp, 0, sizeof gp);
+    memset(g, 0, sizeof *g);
+    sd_params(i, m->cfg.vocab_size, &gp.sampling);
+    gp.max_tokens = SD_T;
+    gp.ignore_eos = 1;
+    CHECK_OK(qsa_seq_create(m, NULL, &sq));
+    if (sq) CHECK_OK(qsa_generate(sq, p, n, &gp, g));
+    qsa_seq_free(sq);
+    return m->cuda->n_cand_rows - c0;
+}
 TEST(gpu, sampling_on_the_device_draws_as_the_host) {
     qsa_model_params mp;
     memset(&mp, 0, sizeof mp);
@@ -962,24 +978,11 @@ TEST(gpu, sampling_on_the_device_draws_as_the_host) {
     /* qsa_generate: its prompt's last row and its decode steps reduce the rows of every sampler */
     for (int i = 0; i < SD_N; i++) {
         qsa_generation g[2];
-        long long c0[2] = {m0->cuda->n_cand_rows, m->cuda->n_cand_rows};
-        for (int k = 0; k < 2; k++) {
-            qsa_seq *sq = NULL;
-            qsa_generate_params gp;
-            memset(&gp, 0, sizeof gp);
-            memset(&g[k], 0, sizeof g[k]);
-            sd_params(i, V, &gp.sampling);
-            gp.max_tokens = SD_T;
-            gp.ignore_eos = 1;
-            int32_t p[16];
-            sd_prompt(i, V, p, 16);
-            CHECK_OK(qsa_seq_create(ms3[k], NULL, &sq));
-            if (sq) CHECK_OK(qsa_generate(sq, p, 6 + i, &gp, &g[k]));
-            qsa_seq_free(sq);
-        }
+        int32_t p[16];
+        sd_prompt(i, V, p, 16);
+        long long d0 = sd_generate(m0, i, p, 6 + i, &g[0]), d1 = sd_generate(m, i, p, 6 + i, &g[1]);
         CHECKF(g[0].n_tokens == SD_T && g[1].n_tokens == SD_T && !memcmp(g[0].tokens, g[1].tokens, sizeof(int32_t) * SD_T),
                "qsa_generate, sampler %d: the device's candidates drew other tokens", i);
-        long long d0 = m0->cuda->n_cand_rows - c0[0], d1 = m->cuda->n_cand_rows - c0[1];
         CHECKF(d0 == 0 && d1 == SD_T, "qsa_generate, sampler %d: %lld / %lld rows reduced (off / on)", i, d0, d1);
         qsa_generation_free(&g[0]);
         qsa_generation_free(&g[1]);
@@ -988,6 +991,50 @@ done:
     qsa_model_free(m);
     qsa_model_free(m0);
     qsa_model_free(ms);
+}
+
+/* qsa_generate's first token from the prompt's last row reduced on the device (qsa__seq_feed with its qsa__cand_req:
+   the row after the last chunk of the feed's split, max_chunk 64 here) for prompts of 1, 2, 63, 64, 65 (a last chunk of
+   one token: a decode step's) and 130 tokens, each sampler of sd_params: the tokens of the host's draws
+   ($QSA_SAMPLE_DEVICE=0), and those of a model with batched decode off (cuda_batch_decode -1: no batch buffers, so the
+   logits come); the rows reduced: every token's with the device on (prompt and decode steps), none otherwise. */
+TEST(gpu, sampling_on_the_device_from_the_prompt) {
+    qsa_model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.max_chunk = 64;
+    qsa_model *m = NULL, *m0 = NULL, *mb = NULL;
+    GPU_OR_SKIP("qsa_hc4_ple_sharded", &mp, &m);
+    qsa_model_params mpb = mp;
+    mpb.cuda_batch_decode = -1;
+    if (!gpu_model_switched_off("qsa_hc4_ple_sharded", &mp, "QSA_SAMPLE_DEVICE", &m0) ||
+        !gpu_model("qsa_hc4_ple_sharded", &mpb, &mb)) {
+        qsa_model_free(m);
+        qsa_model_free(m0);
+        return;
+    }
+    qsa_model *ms[3] = {m0, m, mb};
+    int V = m->cfg.vocab_size;
+    static const int lens[] = {1, 2, 63, 64, 65, 130};
+    int32_t p[130];
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+        for (int i = 0; i < SD_N; i++) {
+            int n = lens[li];
+            qsa_generation g[3];
+            long long c0[3];
+            sd_prompt(i + (int)li, V, p, n);
+            for (int k = 0; k < 3; k++) c0[k] = sd_generate(ms[k], i, p, n, &g[k]);
+            CHECKF(g[0].n_tokens == SD_T && g[1].n_tokens == SD_T && g[2].n_tokens == SD_T &&
+                       !memcmp(g[0].tokens, g[1].tokens, sizeof(int32_t) * SD_T) &&
+                       !memcmp(g[0].tokens, g[2].tokens, sizeof(int32_t) * SD_T),
+                   "prompt of %d, sampler %d: other tokens from the device's candidates or with batched decode off", n, i);
+            CHECKF(c0[0] == 0 && c0[1] == SD_T && c0[2] == 0, "prompt of %d, sampler %d: %lld / %lld / %lld rows reduced (off / "
+                   "on / batched decode off)", n, i, c0[0], c0[1], c0[2]);
+            for (int k = 0; k < 3; k++) qsa_generation_free(&g[k]);
+        }
+    CHECKF(mb->cuda->batch == NULL, "batched decode off: the batch's buffers were made");
+    qsa_model_free(m);
+    qsa_model_free(m0);
+    qsa_model_free(mb);
 }
 
 /* qsa_seq_feed_batch's steps with the rows' samplers (struct qsa__cand_req) over 20 sequences: in one group of 20
