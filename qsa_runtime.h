@@ -8651,8 +8651,7 @@ QSA_PRIV int qsa__sampler_cand_decides(qsa_sampler *s, const int32_t *row, int k
     uint64_t z = qsa__cand_z(row, kmax);
     if (k > 0 && z && !qsa__sampler_cuts(s)) {
         const float *val = (const float *)(row + 2 + kmax);
-        float tmax = val[0];
-        for (int j = 1; j < k; j++) tmax = val[j] > tmax ? val[j] : tmax;
+        float tmax = val[0]; /* (the row is ranked: its first is the largest) */
         uint64_t c = 0, st[4];
         for (int j = 0; j < k; j++) c += qsa__zterm(val[j], tmax);
         memcpy(st, s->s, sizeof st);
