@@ -5,6 +5,7 @@
 #   make bench            build tools/bench and print how to run it (docs/PERFORMANCE.md; needs a GPU)
 #   make tools/libkernel_trace.so   the kernel timeline tracer (CUPTI; CUDA_HOME, default /usr/local/cuda)
 #   make tools/copy_patterns        the expert copies' microbenchmark (nvcc, sm_90; docs/PERFORMANCE.md)
+#   make tools/decode_chain         batch 1's projection chain as launches and as one persistent kernel (nvcc, sm_90)
 #   make test-asan        the cpu group under AddressSanitizer + UBSan
 #   make compile-check    the header as C99/C11 (gcc, clang) and C++17 (g++, clang++), -pedantic;
 #                         QSA_STATIC in two TUs; QSA_NO_CUDA; with poisoned CUDA headers
@@ -84,6 +85,10 @@ tools/libkernel_trace.so: tools/kernel_trace.c
 # the expert copies' microbenchmark (not part of `all`: it needs nvcc and an sm_90 device to run)
 tools/copy_patterns: tools/copy_patterns.cu
 	$(CUDA_HOME)/bin/nvcc -O3 -std=c++17 -arch=sm_90 -o $@ $< -lcuda
+
+# batch 1's chain of dependent projections, launches against one persistent kernel (not part of `all`: nvcc, sm_90)
+tools/decode_chain: tools/decode_chain.cu
+	$(CUDA_HOME)/bin/nvcc -O3 -std=c++17 -arch=sm_90 -o $@ $<
 
 bench: tools/bench
 	@echo "tools/bench built.  On a GPU machine (one call, < 10 minutes on an H200; docs/PERFORMANCE.md):"
@@ -167,7 +172,7 @@ fuzz: $(TINY)
 	done
 
 clean:
-	rm -rf build models/tiny tests/test_qsa tests/test_qsa_asan $(TOOLS) $(EXAMPLES) kernels.cu.inc.tmp tools/libkernel_trace.so tools/copy_patterns
+	rm -rf build models/tiny tests/test_qsa tests/test_qsa_asan $(TOOLS) $(EXAMPLES) kernels.cu.inc.tmp tools/libkernel_trace.so tools/copy_patterns tools/decode_chain
 
 # ---- an NVRTC 11.8 archive small enough to carry to a GPU machine (tools/gpu_tests.sh) ----
 .PHONY: nvrtc118-archive

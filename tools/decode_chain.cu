@@ -1,0 +1,411 @@
+// decode_chain.cu - what batch-1 decode's chain of dependent projections costs as one launch each and as one
+// persistent kernel whose warps wait on counters instead of kernel boundaries.
+//
+//   make tools/decode_chain && tools/decode_chain [--layers L] [--reps N] [--no-lm-head]
+//        (nvcc, sm_90: an H100 / H200; not part of `all`)
+//
+// docs/PERFORMANCE.md reads batch 1's step as a chain of ~770 dependent launches that no faster small kernel can
+// bring to 70% of the copy rate, and calls for a persistent decode kernel.  Before building one into the runtime,
+// this measures what the idea gives on the part of the step that dominates its bytes: the dense projections of the
+// real shape in the step's order, each one's input the whole output of the one before (as HC down -> HC up ->
+// the mixer's input group -> out projection -> ... -> lm_head), FP16 weights, FP32 accumulation.  Per layer:
+//
+//   HC down 320 x 10240, HC up 10240 x 320, input group (GDN 16480 x 2560, QSA q/k/v + indexer 14080 x 2560),
+//   out projection 2560 x 6144, HC down, HC up, router + shared gate/up 1792 x 2560, routed gate/up 3600 x 2560
+//   (the ten experts' 18.4 MB of NVFP4 as FP16 rows of the same bytes), routed + shared down 2560 x 2432 (12.5 MB);
+//   then lm_head 248320 x 2560.  48 layers (every fourth QSA): 9.85 GB a step, against the bench's 10.26 GB
+//   counted (which adds the GDN states, the KV reads and the NVFP4 scales).  Not modelled: the attention, the
+//   recurrence, the routing's top-k, the norms: each would add a dependency point and a little time to both forms.
+//
+// Every projection is cut into tasks of 8 rows x 512 columns, a warp each (its 8 KB of weights in registers by
+// 16-byte loads, the input from L2); a row group's partial sums are folded in column order by the warp that
+// arrives last at its ticket (as the runtime's split GEMVs), so both forms give the same bits (checked).
+//
+//   launches        a kernel per projection in a CUDA graph, with programmatic dependent launch: each warp loads
+//                   its first task's weights, then waits for the kernel before (griddepcontrol.wait)
+//   launches, no PDL  the same graph without the attribute
+//   persistent      one kernel of one wave; warp w takes tasks w, w + W, ... of each projection in turn (w counted
+//                   from a block that moves on by 61 a projection), loads a task's weights, and waits (first task
+//                   of a projection) until every row group of the projection before has been folded (a counter
+//                   per projection, acquire loads)
+//   persistent, no waits  the same kernel without the waits (reads inputs being written): what its loads and
+//                   arithmetic cost without the dependencies
+//
+// Then the same number of projections of one task each (8 x 512): what a dependency alone costs in each form.
+// Ceiling measured in the same run: cudaMemcpy device to device of 4 GiB, bytes read + written (tools/bench's
+// copy row).  Median of --reps steps after 3.  Exit status 1 where the two forms' last outputs differ.
+#include <cuda.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <algorithm>
+#include <vector>
+
+#define CK(x)                                                                                                  \
+    do {                                                                                                       \
+        cudaError_t e_ = (x);                                                                                  \
+        if (e_ != cudaSuccess) {                                                                               \
+            fprintf(stderr, "decode_chain: %s: %s\n", #x, cudaGetErrorString(e_));                             \
+            exit(1);                                                                                           \
+        }                                                                                                      \
+    } while (0)
+
+enum { ROWS = 8, COLS = 512, PIECES = COLS / 8 / 32, WARPS = 4 }; /* a task: 8 rows x 512 columns; 2 pieces a lane */
+
+struct Phase {
+    int N, K;          /* rows, columns (multiples of 8) */
+    int C, G;          /* column chunks ceil(K / 512), row groups N / 8 */
+    long long tasks;   /* G * C */
+    size_t w;          /* first weight (halves) */
+    size_t tick;       /* first ticket (ints): G of them */
+    int in, out, nin;  /* y buffers (ring of 3; in = -1: the step's input), the input's length */
+};
+
+struct Chain {
+    const Phase *ph;
+    int n;
+    const __half *W;
+    float *y[3];
+    const float *x0;
+    float *part;       /* [G][C][8] of a projection: the largest */
+    unsigned *tick;    /* all projections' tickets, left zero */
+    unsigned *done;    /* [n]: row groups folded, cumulative over steps */
+};
+
+static __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+static __device__ __forceinline__ uint4 ld_stream(const __half *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// A task's weights: lane l holds pieces l and l + 32 (8 columns each) of its 8 rows
+struct TaskW {
+    uint4 w[ROWS][PIECES];
+};
+static __device__ __forceinline__ void task_load(const Chain &c, const Phase &p, long long t, TaskW &tw) {
+    const int lane = threadIdx.x & 31, g = (int)(t / p.C), ch = (int)(t % p.C);
+#pragma unroll
+    for (int j = 0; j < PIECES; j++) {
+        const int col = ch * COLS + (lane + 32 * j) * 8;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+            tw.w[r][j] = col < p.K ? ld_stream(c.W + p.w + (size_t)(g * ROWS + r) * p.K + col) : make_uint4(0, 0, 0, 0);
+    }
+}
+// The task's partial sums, its row group folded by the last of its C warps; returns whether this warp folded
+static __device__ __forceinline__ bool task_run(const Chain &c, const Phase &p, long long t, const TaskW &tw) {
+    const int lane = threadIdx.x & 31, g = (int)(t / p.C), ch = (int)(t % p.C);
+    const float *in = p.in < 0 ? c.x0 : p.in == 0 ? c.y[0] : p.in == 1 ? c.y[1] : c.y[2]; /* (no local copy of c.y) */
+    float acc[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PIECES; j++) {
+        const int col = ch * COLS + (lane + 32 * j) * 8;
+        if (col >= p.K) continue;
+        const int src = col % p.nin; /* (the input's length is a multiple of 8: a piece never wraps) */
+        const float4 a = __ldcg((const float4 *)(in + src)), b = __ldcg((const float4 *)(in + src + 4));
+        const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            const __half2 *h = (const __half2 *)&tw.w[r][j];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float2 f = __half22float2(h[i]);
+                acc[r] = fmaf(f.x, x[2 * i], acc[r]);
+                acc[r] = fmaf(f.y, x[2 * i + 1], acc[r]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; r++)
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    float mine = 0.0f;
+#pragma unroll
+    for (int r = 0; r < ROWS; r++)
+        if (lane == r) mine = acc[r];
+    float *y = p.out == 0 ? c.y[0] : p.out == 1 ? c.y[1] : c.y[2];
+    if (p.C == 1) {
+        if (lane < ROWS) y[g * ROWS + lane] = mine;
+        return true;
+    }
+    if (lane < ROWS) c.part[((size_t)g * p.C + ch) * ROWS + lane] = mine;
+    __threadfence();
+    __syncwarp();
+    unsigned last = 0;
+    if (lane == 0) last = atomicAdd(c.tick + p.tick + g, 1u) == (unsigned)p.C - 1;
+    if (!__shfl_sync(0xffffffffu, last, 0)) return false;
+    __threadfence();
+    if (lane < ROWS) {
+        float s = 0.0f;
+        for (int k = 0; k < p.C; k++) s += __ldcg(c.part + ((size_t)g * p.C + k) * ROWS + lane);
+        y[g * ROWS + lane] = s;
+    }
+    if (lane == 0) c.tick[p.tick + g] = 0u;
+    return true;
+}
+
+// One projection per launch: grid-strided tasks, the first one's weights before the wait on the kernel before
+__global__ void __launch_bounds__(32 * WARPS) chain_phase(Chain c, int i) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    const Phase &p = c.ph[i];
+    const long long W = (long long)gridDim.x * WARPS;
+    long long t = (long long)blockIdx.x * WARPS + (threadIdx.x >> 5);
+    TaskW tw;
+    if (t < p.tasks) task_load(c, p, t, tw);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    for (; t < p.tasks; t += W) {
+        if (t != (long long)blockIdx.x * WARPS + (threadIdx.x >> 5)) task_load(c, p, t, tw);
+        task_run(c, p, t, tw);
+    }
+}
+
+// All projections in one launch of one wave: a projection's first task waits for the one before to be folded
+template <bool WAIT>
+__global__ void __launch_bounds__(32 * WARPS) chain_persistent(Chain c, unsigned gen) {
+    const int lane = threadIdx.x & 31;
+    const long long W = (long long)gridDim.x * WARPS, w0 = (long long)blockIdx.x * WARPS + (threadIdx.x >> 5);
+    for (int i = 0; i < c.n; i++) {
+        const Phase &p = c.ph[i];
+        /* each projection's tasks start 61 blocks further on: a projection of a few tasks lands on other SMs than
+           the one before (no warp runs all of a chain of one-task projections) */
+        const long long first = (w0 + W - (long long)i * 61 * WARPS % W) % W;
+        for (long long t = first; t < p.tasks; t += W) {
+            TaskW tw;
+            task_load(c, p, t, tw);
+            if (WAIT && t == first && i > 0) {
+                if (lane == 0) {
+                    const unsigned want = gen * (unsigned)c.ph[i - 1].G;
+                    while ((int)(ld_acquire(c.done + i - 1) - want) < 0) {
+                    }
+                }
+                __syncwarp();
+            }
+            if (task_run(c, p, t, tw)) { /* (warp-uniform) the row group is folded: count it */
+                __threadfence();
+                __syncwarp();
+                if (lane == 0) atomicAdd(c.done + i, 1u);
+            }
+        }
+    }
+}
+
+// Uniform weights of variance 1 / K: a projection keeps its input's scale, so 400 of them neither vanish nor overflow
+__global__ void fill_halves(__half *w, size_t n, float a, unsigned seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        unsigned h = (unsigned)i * 2654435761u ^ seed;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        w[i] = __float2half(((float)(h & 0xffff) / 32768.0f - 1.0f) * a);
+    }
+}
+
+static void usage(void) {
+    fprintf(stderr, "usage: decode_chain [--layers L (1-48)] [--reps N] [--no-lm-head]\n");
+    exit(2);
+}
+
+static cudaStream_t st;
+static cudaEvent_t e0, e1;
+static int reps = 20;
+template <class F>
+static double median_ms(F fn) {
+    std::vector<float> ts;
+    for (int r = 0; r < 3 + reps; r++) {
+        CK(cudaEventRecord(e0, st));
+        fn();
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaGetLastError());
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 3) ts.push_back(ms);
+    }
+    std::sort(ts.begin(), ts.end());
+    return (double)ts[ts.size() / 2];
+}
+
+// The four forms of the chain of projections shape[i] = (N, K), each row its time a step, the weights' rate and
+// its fraction of copy_gbs (0: the time a projection instead); returns whether launches and persistent agree
+static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char *what, double copy_gbs, int wave, int sms) {
+    std::vector<Phase> ph;
+    size_t nw = 0, nt = 0, maxpart = 0;
+    int maxn = shape[0].second;
+    for (const auto &sk : shape) {
+        Phase p;
+        memset(&p, 0, sizeof p);
+        p.N = sk.first;
+        p.K = sk.second;
+        p.C = (p.K + COLS - 1) / COLS;
+        p.G = p.N / ROWS;
+        p.tasks = (long long)p.G * p.C;
+        p.w = nw;
+        p.tick = nt;
+        p.in = ph.empty() ? -1 : ph.back().out;
+        p.out = ph.empty() ? 0 : (ph.back().out + 1) % 3;
+        p.nin = ph.empty() ? p.K : ph.back().N;
+        nw += (size_t)p.N * p.K;
+        nt += p.G;
+        maxpart = std::max(maxpart, (size_t)p.G * p.C * ROWS);
+        maxn = std::max(maxn, p.N);
+        ph.push_back(p);
+    }
+    const double bytes = 2.0 * (double)nw;
+    const int n = (int)ph.size(), nlast = ph.back().N;
+    Chain c;
+    memset(&c, 0, sizeof c);
+    Phase *dph;
+    __half *W;
+    float *x0, *part;
+    unsigned *tick, *done;
+    CK(cudaMalloc(&dph, sizeof(Phase) * n));
+    CK(cudaMemcpy(dph, ph.data(), sizeof(Phase) * n, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&W, sizeof(__half) * nw));
+    for (int i = 0; i < n; i++)
+        fill_halves<<<4 * sms, 256>>>(W + ph[i].w, (size_t)ph[i].N * ph[i].K, sqrtf(3.0f / ph[i].K), 12345u + (unsigned)i);
+    CK(cudaGetLastError());
+    for (int b = 0; b < 3; b++) {
+        CK(cudaMalloc(&c.y[b], sizeof(float) * maxn));
+        CK(cudaMemset(c.y[b], 0, sizeof(float) * maxn));
+    }
+    std::vector<float> hx(ph[0].K);
+    for (int i = 0; i < ph[0].K; i++) hx[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+    CK(cudaMalloc(&x0, sizeof(float) * ph[0].K));
+    CK(cudaMemcpy(x0, hx.data(), sizeof(float) * ph[0].K, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&part, sizeof(float) * maxpart));
+    CK(cudaMalloc(&tick, sizeof(unsigned) * nt));
+    CK(cudaMemset(tick, 0, sizeof(unsigned) * nt));
+    CK(cudaMalloc(&done, sizeof(unsigned) * n));
+    CK(cudaMemset(done, 0, sizeof(unsigned) * n));
+    CK(cudaDeviceSynchronize());
+    c.ph = dph;
+    c.n = n;
+    c.W = W;
+    c.x0 = x0;
+    c.part = part;
+    c.tick = tick;
+    c.done = done;
+
+    printf("\n%s: %d projections, %.3f GB of FP16 weights a step\n", what, n, bytes / 1e9);
+    if (copy_gbs > 0) printf("%-24s %12s %12s %10s\n", "", "us a step", "GB/s", "of copy");
+    else printf("%-24s %12s %16s\n", "", "us a step", "us a projection");
+    auto row = [&](const char *name, double ms) {
+        if (copy_gbs > 0)
+            printf("%-24s %12.1f %12.1f %9.1f%%\n", name, ms * 1e3, bytes / (ms * 1e6), 100.0 * bytes / (ms * 1e6) / copy_gbs);
+        else printf("%-24s %12.1f %16.2f\n", name, ms * 1e3, ms * 1e3 / n);
+        fflush(stdout);
+    };
+
+    /* launches: a graph of one kernel per projection, with and without programmatic dependent launch */
+    std::vector<float> out_launch(nlast), out_persist(nlast);
+    for (int pdl = 1; pdl >= 0; pdl--) {
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < n; i++) {
+            cudaLaunchConfig_t cfg;
+            memset(&cfg, 0, sizeof cfg);
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            at[0].val.programmaticStreamSerializationAllowed = 1;
+            const long long blocks = (ph[i].tasks + WARPS - 1) / WARPS;
+            cfg.gridDim = dim3((unsigned)std::min<long long>(blocks, (long long)wave));
+            cfg.blockDim = dim3(32 * WARPS);
+            cfg.stream = st;
+            cfg.attrs = pdl ? at : NULL;
+            cfg.numAttrs = pdl ? 1 : 0;
+            CK(cudaLaunchKernelEx(&cfg, chain_phase, c, i));
+        }
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        row(pdl ? "launches" : "launches, no PDL", median_ms([&] { CK(cudaGraphLaunch(ge, st)); }));
+        CK(cudaStreamSynchronize(st));
+        CK(cudaMemcpy(out_launch.data(), c.y[ph.back().out], sizeof(float) * nlast, cudaMemcpyDeviceToHost));
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+    }
+
+    /* persistent: one wave; the counters' generation is the step's number */
+    unsigned gen = 0;
+    row("persistent", median_ms([&] { chain_persistent<true><<<wave, 32 * WARPS, 0, st>>>(c, ++gen); }));
+    CK(cudaStreamSynchronize(st));
+    CK(cudaMemcpy(out_persist.data(), c.y[ph.back().out], sizeof(float) * nlast, cudaMemcpyDeviceToHost));
+    const bool same = !memcmp(out_launch.data(), out_persist.data(), sizeof(float) * nlast);
+    row("persistent, no waits", median_ms([&] { chain_persistent<false><<<wave, 32 * WARPS, 0, st>>>(c, 0); }));
+    printf("the last projection's %d outputs, launches against persistent: %s\n", nlast, same ? "the same bits" : "DIFFERENT");
+    CK(cudaFree(dph));
+    CK(cudaFree(W));
+    for (int b = 0; b < 3; b++) CK(cudaFree(c.y[b]));
+    CK(cudaFree(x0));
+    CK(cudaFree(part));
+    CK(cudaFree(tick));
+    CK(cudaFree(done));
+    return same;
+}
+
+int main(int argc, char **argv) {
+    int layers = 48, lm_head = 1;
+    for (int a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "--layers") && a + 1 < argc) layers = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--reps") && a + 1 < argc) reps = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--no-lm-head")) lm_head = 0;
+        else usage();
+    }
+    if (layers < 1 || layers > 48 || reps < 1) usage();
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    if (prop.major < 9) {
+        fprintf(stderr, "decode_chain: needs sm_90 (griddepcontrol); device 0 is sm_%d%d\n", prop.major, prop.minor);
+        return 1;
+    }
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+
+    /* the ceiling: 4 GiB device to device, read + written */
+    const size_t cb = (size_t)4 << 30;
+    void *big, *big2;
+    CK(cudaMalloc(&big, cb));
+    CK(cudaMalloc(&big2, cb));
+    CK(cudaMemset(big, 1, cb));
+    const double copy_ms = median_ms([&] { CK(cudaMemcpyAsync(big2, big, cb, cudaMemcpyDeviceToDevice, st)); });
+    const double copy_gbs = 2.0 * cb / (copy_ms * 1e6);
+    CK(cudaFree(big));
+    CK(cudaFree(big2));
+    int per_sm = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, chain_persistent<true>, 32 * WARPS, 0));
+    const int wave = per_sm * prop.multiProcessorCount;
+    printf("decode_chain: %s, %d SMs; copy %.1f GB/s (4 GiB, read + written); tasks of %d x %d; persistent grid %d "
+           "blocks of %d warps (%d a SM); median of %d steps\n",
+           prop.name, prop.multiProcessorCount, copy_gbs, ROWS, COLS, wave, WARPS, per_sm, reps);
+
+    /* the step's projections */
+    std::vector<std::pair<int, int>> shape, tiny;
+    for (int l = 0; l < layers; l++) {
+        const int mixer = l % 4 == 3 ? 14080 : 16480; /* QSA q/k/v + indexer, GDN input group */
+        const int ly[9][2] = {{320, 10240}, {10240, 320}, {mixer, 2560}, {2560, 6144}, {320, 10240},
+                              {10240, 320}, {1792, 2560}, {3600, 2560}, {2560, 2432}};
+        for (const auto &p : ly) shape.push_back({p[0], p[1]});
+    }
+    if (lm_head) shape.push_back({248320, 2560});
+    char what[128];
+    snprintf(what, sizeof what, "%d layers%s of the real shape", layers, lm_head ? " + lm_head" : "");
+    bool ok = run_chain(shape, what, copy_gbs, wave, prop.multiProcessorCount);
+    /* what a dependency costs: as many projections of one task each (8 x 512) */
+    tiny.assign(shape.size(), {ROWS, COLS});
+    ok &= run_chain(tiny, "the same number of one-task projections (8 x 512): what a dependency costs", 0.0, wave,
+                    prop.multiProcessorCount);
+    return ok ? 0 : 1;
+}
