@@ -19,21 +19,26 @@
 //
 // Every projection is cut into tasks of 8 rows x 512 columns, a warp each (its 8 KB of weights in registers by
 // 16-byte loads, the input from L2); a row group's partial sums are folded in column order by the warp that
-// arrives last at its ticket (as the runtime's split GEMVs), so both forms give the same bits (checked).
+// arrives last at its ticket (as the runtime's split GEMVs), so every form gives the same bits (checked, with the
+// outputs filled with NaN before each form).  Both kernels at 5 blocks of 4 warps a SM (the launch kernel spills 4
+// bytes at that bound); the chain's table in constant memory.
 //
 //   launches        a kernel per projection in a CUDA graph, with programmatic dependent launch: each warp loads
 //                   its first task's weights, then waits for the kernel before (griddepcontrol.wait)
 //   launches, no PDL  the same graph without the attribute
-//   persistent      one kernel of one wave; warp w takes tasks w, w + W, ... of each projection in turn (w counted
+//   persistent      one kernel of one wave, launched cooperatively (refused rather than hung where its blocks
+//                   cannot all be resident); warp w takes tasks w, w + W, ... of each projection in turn (w counted
 //                   from a block that moves on by 61 a projection), loads a task's weights, and waits (first task
 //                   of a projection) until every row group of the projection before has been folded (a counter
-//                   per projection, acquire loads)
+//                   per projection on its own 128-byte line: relaxed polls, then an acquire fence; a wait past
+//                   ~10 s traps)
 //   persistent, no waits  the same kernel without the waits (reads inputs being written): what its loads and
 //                   arithmetic cost without the dependencies
 //
 // Then the same number of projections of one task each (8 x 512): what a dependency alone costs in each form.
 // Ceiling measured in the same run: cudaMemcpy device to device of 4 GiB, bytes read + written (tools/bench's
-// copy row).  Median of --reps steps after 3.  Exit status 1 where the two forms' last outputs differ.
+// copy row).  Median of --reps steps after 3, each timed from the host's submission (a graph's or a kernel's).
+// Exit status 1 where the forms' last outputs differ or are not finite.
 #include <cuda.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -64,20 +69,22 @@ struct Phase {
     int in, out, nin;  /* y buffers (ring of 3; in = -1: the step's input), the input's length */
 };
 
+enum { MAXPH = 512, DSTRIDE = 32 }; /* projections at most; a done counter every 128 bytes */
+__constant__ Phase kph[MAXPH];      /* the chain (constant memory: a field costs no L2 trip after a fence) */
 struct Chain {
-    const Phase *ph;
     int n;
     const __half *W;
     float *y[3];
     const float *x0;
     float *part;       /* [G][C][8] of a projection: the largest */
     unsigned *tick;    /* all projections' tickets, left zero */
-    unsigned *done;    /* [n]: row groups folded, cumulative over steps */
+    unsigned *done;    /* [n][DSTRIDE]: row groups folded, cumulative over steps */
+    int *err;          /* a persistent wait that gave up (the kernel then traps) */
 };
 
-static __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+static __device__ __forceinline__ unsigned ld_relaxed(const unsigned *p) {
     unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 static __device__ __forceinline__ uint4 ld_stream(const __half *p) {
@@ -141,15 +148,26 @@ static __device__ __forceinline__ bool task_run(const Chain &c, const Phase &p, 
         return true;
     }
     if (lane < ROWS) c.part[((size_t)g * p.C + ch) * ROWS + lane] = mine;
-    __threadfence();
-    __syncwarp();
+    __syncwarp(); /* the lanes' partials, then the release by the lane that takes the ticket */
     unsigned last = 0;
-    if (lane == 0) last = atomicAdd(c.tick + p.tick + g, 1u) == (unsigned)p.C - 1;
+    if (lane == 0) {
+        __threadfence();
+        last = atomicAdd(c.tick + p.tick + g, 1u) == (unsigned)p.C - 1;
+        if (last) __threadfence();
+    }
     if (!__shfl_sync(0xffffffffu, last, 0)) return false;
-    __threadfence();
+    __syncwarp(); /* (the acquire of lane 0 orders the other lanes' reads) */
     if (lane < ROWS) {
+        const float *pp = c.part + (size_t)g * p.C * ROWS + lane;
         float s = 0.0f;
-        for (int k = 0; k < p.C; k++) s += __ldcg(c.part + ((size_t)g * p.C + k) * ROWS + lane);
+        for (int k0 = 0; k0 < p.C; k0 += 8) { /* eight loads in flight, added in column order */
+            float v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) v[u] = k0 + u < p.C ? __ldcg(pp + (size_t)(k0 + u) * ROWS) : 0.0f;
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (k0 + u < p.C) s += v[u];
+        }
         y[g * ROWS + lane] = s;
     }
     if (lane == 0) c.tick[p.tick + g] = 0u;
@@ -157,9 +175,9 @@ static __device__ __forceinline__ bool task_run(const Chain &c, const Phase &p, 
 }
 
 // One projection per launch: grid-strided tasks, the first one's weights before the wait on the kernel before
-__global__ void __launch_bounds__(32 * WARPS) chain_phase(Chain c, int i) {
+__global__ void __launch_bounds__(32 * WARPS, 5) chain_phase(Chain c, int i) {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    const Phase &p = c.ph[i];
+    const Phase &p = kph[i];
     const long long W = (long long)gridDim.x * WARPS;
     long long t = (long long)blockIdx.x * WARPS + (threadIdx.x >> 5);
     TaskW tw;
@@ -173,11 +191,11 @@ __global__ void __launch_bounds__(32 * WARPS) chain_phase(Chain c, int i) {
 
 // All projections in one launch of one wave: a projection's first task waits for the one before to be folded
 template <bool WAIT>
-__global__ void __launch_bounds__(32 * WARPS) chain_persistent(Chain c, unsigned gen) {
+__global__ void __launch_bounds__(32 * WARPS, 5) chain_persistent(Chain c, unsigned gen) {
     const int lane = threadIdx.x & 31;
     const long long W = (long long)gridDim.x * WARPS, w0 = (long long)blockIdx.x * WARPS + (threadIdx.x >> 5);
     for (int i = 0; i < c.n; i++) {
-        const Phase &p = c.ph[i];
+        const Phase &p = kph[i];
         /* each projection's tasks start 61 blocks further on: a projection of a few tasks lands on other SMs than
            the one before (no warp runs all of a chain of one-task projections) */
         const long long first = (w0 + W - (long long)i * 61 * WARPS % W) % W;
@@ -185,17 +203,25 @@ __global__ void __launch_bounds__(32 * WARPS) chain_persistent(Chain c, unsigned
             TaskW tw;
             task_load(c, p, t, tw);
             if (WAIT && t == first && i > 0) {
-                if (lane == 0) {
-                    const unsigned want = gen * (unsigned)c.ph[i - 1].G;
-                    while ((int)(ld_acquire(c.done + i - 1) - want) < 0) {
-                    }
+                if (lane == 0) { /* relaxed polls (no L1 invalidation each), one acquire fence after; a wait past
+                                    ~10 s at 2 GHz is a bug: flag it and stop rather than hang the device */
+                    const unsigned want = gen * (unsigned)kph[i - 1].G;
+                    const long long t0 = clock64();
+                    while ((int)(ld_relaxed(c.done + (size_t)(i - 1) * DSTRIDE) - want) < 0)
+                        if (clock64() - t0 > 20000000000LL) {
+                            atomicExch(c.err, i);
+                            __trap();
+                        }
+                    asm volatile("fence.acq_rel.gpu;" ::: "memory");
                 }
                 __syncwarp();
             }
             if (task_run(c, p, t, tw)) { /* (warp-uniform) the row group is folded: count it */
-                __threadfence();
                 __syncwarp();
-                if (lane == 0) atomicAdd(c.done + i, 1u);
+                if (lane == 0) {
+                    __threadfence();
+                    atomicAdd(c.done + (size_t)i * DSTRIDE, 1u);
+                }
             }
         }
     }
@@ -239,7 +265,7 @@ static double median_ms(F fn) {
 
 // The four forms of the chain of projections shape[i] = (N, K), each row its time a step, the weights' rate and
 // its fraction of copy_gbs (0: the time a projection instead); returns whether launches and persistent agree
-static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char *what, double copy_gbs, int wave, int sms) {
+static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char *what, double copy_gbs, int sms) {
     std::vector<Phase> ph;
     size_t nw = 0, nt = 0, maxpart = 0;
     int maxn = shape[0].second;
@@ -264,14 +290,17 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
     }
     const double bytes = 2.0 * (double)nw;
     const int n = (int)ph.size(), nlast = ph.back().N;
+    if (n > MAXPH) {
+        fprintf(stderr, "decode_chain: %d projections, at most %d\n", n, MAXPH);
+        exit(2);
+    }
     Chain c;
     memset(&c, 0, sizeof c);
-    Phase *dph;
     __half *W;
     float *x0, *part;
     unsigned *tick, *done;
-    CK(cudaMalloc(&dph, sizeof(Phase) * n));
-    CK(cudaMemcpy(dph, ph.data(), sizeof(Phase) * n, cudaMemcpyHostToDevice));
+    int *err;
+    CK(cudaMemcpyToSymbol(kph, ph.data(), sizeof(Phase) * n));
     CK(cudaMalloc(&W, sizeof(__half) * nw));
     for (int i = 0; i < n; i++)
         fill_halves<<<4 * sms, 256>>>(W + ph[i].w, (size_t)ph[i].N * ph[i].K, sqrtf(3.0f / ph[i].K), 12345u + (unsigned)i);
@@ -287,11 +316,13 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
     CK(cudaMalloc(&part, sizeof(float) * maxpart));
     CK(cudaMalloc(&tick, sizeof(unsigned) * nt));
     CK(cudaMemset(tick, 0, sizeof(unsigned) * nt));
-    CK(cudaMalloc(&done, sizeof(unsigned) * n));
-    CK(cudaMemset(done, 0, sizeof(unsigned) * n));
+    CK(cudaMalloc(&done, sizeof(unsigned) * n * DSTRIDE));
+    CK(cudaMemset(done, 0, sizeof(unsigned) * n * DSTRIDE));
+    CK(cudaMalloc(&err, sizeof(int)));
+    CK(cudaMemset(err, 0, sizeof(int)));
     CK(cudaDeviceSynchronize());
-    c.ph = dph;
     c.n = n;
+    c.err = err;
     c.W = W;
     c.x0 = x0;
     c.part = part;
@@ -308,8 +339,24 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
         fflush(stdout);
     };
 
+    /* each form's grid: one wave of its own kernel */
+    int ps = 0, pp = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, chain_phase, 32 * WARPS, 0));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&pp, chain_persistent<true>, 32 * WARPS, 0));
+    const int wave = ps * sms, pwave = pp * sms;
+    /* each form's last outputs (the y buffers filled with NaN before it: a row group it missed shows) */
+    std::vector<std::vector<float>> outs;
+    auto poison = [&] {
+        for (int b = 0; b < 3; b++) CK(cudaMemset(c.y[b], 0xff, sizeof(float) * maxn));
+        CK(cudaDeviceSynchronize());
+    };
+    auto keep = [&] {
+        CK(cudaStreamSynchronize(st));
+        outs.emplace_back(nlast);
+        CK(cudaMemcpy(outs.back().data(), c.y[ph.back().out], sizeof(float) * nlast, cudaMemcpyDeviceToHost));
+    };
+
     /* launches: a graph of one kernel per projection, with and without programmatic dependent launch */
-    std::vector<float> out_launch(nlast), out_persist(nlast);
     for (int pdl = 1; pdl >= 0; pdl--) {
         cudaGraph_t g;
         cudaGraphExec_t ge;
@@ -330,22 +377,37 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
         }
         CK(cudaStreamEndCapture(st, &g));
         CK(cudaGraphInstantiate(&ge, g, 0));
+        poison();
         row(pdl ? "launches" : "launches, no PDL", median_ms([&] { CK(cudaGraphLaunch(ge, st)); }));
-        CK(cudaStreamSynchronize(st));
-        CK(cudaMemcpy(out_launch.data(), c.y[ph.back().out], sizeof(float) * nlast, cudaMemcpyDeviceToHost));
+        keep();
         CK(cudaGraphExecDestroy(ge));
         CK(cudaGraphDestroy(g));
     }
 
-    /* persistent: one wave; the counters' generation is the step's number */
+    /* persistent: one wave, launched cooperatively (refused, not hung, where its blocks cannot all be resident); the
+       counters' generation is the step's number */
     unsigned gen = 0;
-    row("persistent", median_ms([&] { chain_persistent<true><<<wave, 32 * WARPS, 0, st>>>(c, ++gen); }));
-    CK(cudaStreamSynchronize(st));
-    CK(cudaMemcpy(out_persist.data(), c.y[ph.back().out], sizeof(float) * nlast, cudaMemcpyDeviceToHost));
-    const bool same = !memcmp(out_launch.data(), out_persist.data(), sizeof(float) * nlast);
-    row("persistent, no waits", median_ms([&] { chain_persistent<false><<<wave, 32 * WARPS, 0, st>>>(c, 0); }));
-    printf("the last projection's %d outputs, launches against persistent: %s\n", nlast, same ? "the same bits" : "DIFFERENT");
-    CK(cudaFree(dph));
+    auto persistent = [&](bool wait) {
+        void *args[2] = {&c, &gen};
+        CK(cudaLaunchCooperativeKernel(wait ? (const void *)chain_persistent<true> : (const void *)chain_persistent<false>,
+                                       dim3(pwave), dim3(32 * WARPS), args, 0, st));
+    };
+    poison();
+    row("persistent", median_ms([&] {
+            ++gen;
+            persistent(true);
+        }));
+    keep();
+    row("persistent, no waits", median_ms([&] { persistent(false); }));
+    int bad = 0;
+    for (size_t f = 0; f < outs.size(); f++)
+        for (int j = 0; j < nlast; j++) bad += !isfinite(outs[f][j]);
+    const bool same = !bad && !memcmp(outs[0].data(), outs[1].data(), sizeof(float) * nlast) &&
+                      !memcmp(outs[0].data(), outs[2].data(), sizeof(float) * nlast);
+    printf("grids: launches up to %d blocks (%d a SM), persistent %d (%d a SM); the last projection's %d outputs of the "
+           "three forms with waits: %s (%d not finite)\n",
+           wave, ps, pwave, pp, nlast, same ? "the same bits" : "DIFFERENT", bad);
+    CK(cudaFree(err));
     CK(cudaFree(W));
     for (int b = 0; b < 3; b++) CK(cudaFree(c.y[b]));
     CK(cudaFree(x0));
@@ -384,12 +446,9 @@ int main(int argc, char **argv) {
     const double copy_gbs = 2.0 * cb / (copy_ms * 1e6);
     CK(cudaFree(big));
     CK(cudaFree(big2));
-    int per_sm = 0;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, chain_persistent<true>, 32 * WARPS, 0));
-    const int wave = per_sm * prop.multiProcessorCount;
-    printf("decode_chain: %s, %d SMs; copy %.1f GB/s (4 GiB, read + written); tasks of %d x %d; persistent grid %d "
-           "blocks of %d warps (%d a SM); median of %d steps\n",
-           prop.name, prop.multiProcessorCount, copy_gbs, ROWS, COLS, wave, WARPS, per_sm, reps);
+    printf("decode_chain: %s, %d SMs; copy %.1f GB/s (4 GiB, read + written); tasks of %d x %d, blocks of %d warps; "
+           "median of %d steps\n",
+           prop.name, prop.multiProcessorCount, copy_gbs, ROWS, COLS, WARPS, reps);
 
     /* the step's projections */
     std::vector<std::pair<int, int>> shape, tiny;
@@ -402,10 +461,10 @@ int main(int argc, char **argv) {
     if (lm_head) shape.push_back({248320, 2560});
     char what[128];
     snprintf(what, sizeof what, "%d layers%s of the real shape", layers, lm_head ? " + lm_head" : "");
-    bool ok = run_chain(shape, what, copy_gbs, wave, prop.multiProcessorCount);
+    bool ok = run_chain(shape, what, copy_gbs, prop.multiProcessorCount);
     /* what a dependency costs: as many projections of one task each (8 x 512) */
     tiny.assign(shape.size(), {ROWS, COLS});
-    ok &= run_chain(tiny, "the same number of one-task projections (8 x 512): what a dependency costs", 0.0, wave,
+    ok &= run_chain(tiny, "the same number of one-task projections (8 x 512): what a dependency costs", 0.0,
                     prop.multiProcessorCount);
     return ok ? 0 : 1;
 }
