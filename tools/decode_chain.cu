@@ -39,7 +39,6 @@
 // Ceiling measured in the same run: cudaMemcpy device to device of 4 GiB, bytes read + written (tools/bench's
 // copy row).  Median of --reps steps after 3, each timed from the host's submission (a graph's or a kernel's).
 // Exit status 1 where the forms' last outputs differ or are not finite.
-#include <cuda.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
