@@ -32,8 +32,14 @@
 //                   of a projection) until every row group of the projection before has been folded (a counter
 //                   per projection on its own 128-byte line: relaxed polls, then an acquire fence; a wait past
 //                   ~10 s traps)
+//   persistent, by chunk  the same kernel, every task waiting instead for the 512-output chunks of the projection
+//                   before that its 512 columns read (a counter per chunk, bumped at each row group's fold): a task
+//                   starts as soon as its own inputs are there, while the rest of the projection before runs
 //   persistent, no waits  the same kernel without the waits (reads inputs being written): what its loads and
 //                   arithmetic cost without the dependencies
+//
+// Every projection writes its own output and partial sums (none shared), so no task overwrites what a task of an
+// earlier projection may still read, however far the by-chunk form lets the projections overlap.
 //
 // Then the same number of projections of one task each (8 x 512): what a dependency alone costs in each form.
 // Ceiling measured in the same run: cudaMemcpy device to device of 4 GiB, bytes read + written (tools/bench's
@@ -65,7 +71,10 @@ struct Phase {
     long long tasks;   /* G * C */
     size_t w;          /* first weight (halves) */
     size_t tick;       /* first ticket (ints): G of them */
-    int in, out, nin;  /* y buffers (ring of 3; in = -1: the step's input), the input's length */
+    size_t part;       /* first partial sum (floats): G * C * 8 of them */
+    long long in, out; /* its input's and its output's offsets in y (in = -1: the step's input) */
+    int nin;           /* the input's length */
+    int chunk;         /* first of its ceil(N / 512) output-chunk counters */
 };
 
 enum { MAXPH = 512, DSTRIDE = 32 }; /* projections at most; a done counter every 128 bytes */
@@ -73,11 +82,12 @@ __constant__ Phase kph[MAXPH];      /* the chain (constant memory: a field costs
 struct Chain {
     int n;
     const __half *W;
-    float *y[3];
+    float *y;          /* every projection's output (each its own: no form overwrites what another task reads) */
     const float *x0;
-    float *part;       /* [G][C][8] of a projection: the largest */
+    float *part;       /* every projection's [G][C][8] partial sums (each its own, as y) */
     unsigned *tick;    /* all projections' tickets, left zero */
     unsigned *done;    /* [n][DSTRIDE]: row groups folded, cumulative over steps */
+    unsigned *cdone;   /* [output chunks of all projections][DSTRIDE]: the same per 512 outputs (64 row groups) */
 };
 
 static __device__ __forceinline__ unsigned ld_relaxed(const unsigned *p) {
@@ -110,7 +120,7 @@ static __device__ __forceinline__ void task_load(const Chain &c, const Phase &p,
 // The task's partial sums, its row group folded by the last of its C warps; returns whether this warp folded
 static __device__ __forceinline__ bool task_run(const Chain &c, const Phase &p, long long t, const TaskW &tw) {
     const int lane = threadIdx.x & 31, g = (int)(t / p.C), ch = (int)(t % p.C);
-    const float *in = p.in < 0 ? c.x0 : p.in == 0 ? c.y[0] : p.in == 1 ? c.y[1] : c.y[2]; /* (no local copy of c.y) */
+    const float *in = p.in < 0 ? c.x0 : c.y + p.in;
     float acc[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
@@ -140,12 +150,12 @@ static __device__ __forceinline__ bool task_run(const Chain &c, const Phase &p, 
 #pragma unroll
     for (int r = 0; r < ROWS; r++)
         if (lane == r) mine = acc[r];
-    float *y = p.out == 0 ? c.y[0] : p.out == 1 ? c.y[1] : c.y[2];
+    float *y = c.y + p.out;
     if (p.C == 1) {
         if (lane < ROWS) y[g * ROWS + lane] = mine;
         return true;
     }
-    if (lane < ROWS) c.part[((size_t)g * p.C + ch) * ROWS + lane] = mine;
+    if (lane < ROWS) c.part[p.part + ((size_t)g * p.C + ch) * ROWS + lane] = mine;
     __syncwarp(); /* the lanes' partials, then the release by the lane that takes the ticket */
     unsigned last = 0;
     if (lane == 0) {
@@ -156,7 +166,7 @@ static __device__ __forceinline__ bool task_run(const Chain &c, const Phase &p, 
     if (!__shfl_sync(0xffffffffu, last, 0)) return false;
     __syncwarp(); /* (the acquire of lane 0 orders the other lanes' reads) */
     if (lane < ROWS) {
-        const float *pp = c.part + (size_t)g * p.C * ROWS + lane;
+        const float *pp = c.part + p.part + (size_t)g * p.C * ROWS + lane;
         float s = 0.0f;
         for (int k0 = 0; k0 < p.C; k0 += 8) { /* eight loads in flight, added in column order */
             float v[8];
@@ -187,8 +197,39 @@ __global__ void __launch_bounds__(32 * WARPS, 5) chain_phase(Chain c, int i) {
     }
 }
 
-// All projections in one launch of one wave: a projection's first task waits for the one before to be folded
-template <bool WAIT>
+// Until the counter at p (cumulative over steps) reaches want: relaxed polls, then an acquire fence (lane 0); a
+// wait past ~10 s at 2 GHz is a bug: stop (the host's next call fails) rather than hang
+static __device__ __forceinline__ void wait_count(const unsigned *p, unsigned want) {
+    const long long t0 = clock64();
+    while ((int)(ld_relaxed(p) - want) < 0)
+        if (clock64() - t0 > 20000000000LL) __trap();
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+// By chunk: until the row groups of projection i - 1 that make the input columns [lo, lo + len) of projection i
+// (the input wraps at its length nin) are folded: the output chunks of 512 that hold them, each at its row groups
+static __device__ __forceinline__ void wait_chunks(const Chain &c, int i, int lo, int len, unsigned gen) {
+    const Phase &q = kph[i - 1];
+    const int nin = kph[i].nin;
+    int a0 = lo, b0 = lo + len, a1 = 0, b1 = 0; /* [a0, b0) and the wrapped [a1, b1) */
+    if (len >= nin) {
+        a0 = 0;
+        b0 = nin;
+    } else if (b0 > nin) {
+        b1 = b0 - nin;
+        b0 = nin;
+    }
+    for (int r = 0; r < 2; r++) {
+        const int a = r ? a1 : a0, b = r ? b1 : b0;
+        for (int k = a / COLS; k * COLS < b; k++) {
+            const unsigned groups = (unsigned)(min(q.N, (k + 1) * COLS) - k * COLS) / ROWS;
+            wait_count(c.cdone + (size_t)(q.chunk + k) * DSTRIDE, gen * groups);
+        }
+    }
+}
+
+// All projections in one launch of one wave.  WAIT 0: no waits; 1: a projection's first task waits for the one
+// before to be folded; 2: every task waits for the output chunks of the projection before that its columns read
+template <int WAIT>
 __global__ void __launch_bounds__(32 * WARPS, 5) chain_persistent(Chain c, unsigned gen) {
     const int lane = threadIdx.x & 31;
     const long long W = (long long)gridDim.x * WARPS, w0 = (long long)blockIdx.x * WARPS + (threadIdx.x >> 5);
@@ -200,22 +241,21 @@ __global__ void __launch_bounds__(32 * WARPS, 5) chain_persistent(Chain c, unsig
         for (long long t = first; t < p.tasks; t += W) {
             TaskW tw;
             task_load(c, p, t, tw);
-            if (WAIT && t == first && i > 0) {
-                if (lane == 0) { /* relaxed polls (no L1 invalidation each), one acquire fence after; a wait past
-                                    ~10 s at 2 GHz is a bug: stop (the host's next call fails) rather than hang */
-                    const unsigned want = gen * (unsigned)kph[i - 1].G;
-                    const long long t0 = clock64();
-                    while ((int)(ld_relaxed(c.done + (size_t)(i - 1) * DSTRIDE) - want) < 0)
-                        if (clock64() - t0 > 20000000000LL) __trap();
-                    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-                }
+            if (WAIT == 1 && t == first && i > 0) {
+                if (lane == 0) wait_count(c.done + (size_t)(i - 1) * DSTRIDE, gen * (unsigned)kph[i - 1].G);
+                __syncwarp();
+            }
+            if (WAIT == 2 && i > 0) {
+                const int col = (int)(t % p.C) * COLS;
+                if (lane == 0) wait_chunks(c, i, col % p.nin, min(COLS, p.K - col), gen);
                 __syncwarp();
             }
             if (task_run(c, p, t, tw)) { /* (warp-uniform) the row group is folded: count it */
                 __syncwarp();
-                if (lane == 0) {
+                if (lane == 0 && WAIT) {
                     __threadfence();
-                    atomicAdd(c.done + (size_t)i * DSTRIDE, 1u);
+                    if (WAIT == 1) atomicAdd(c.done + (size_t)i * DSTRIDE, 1u);
+                    else atomicAdd(c.cdone + (size_t)(p.chunk + (int)(t / p.C) * ROWS / COLS) * DSTRIDE, 1u);
                 }
             }
         }
@@ -258,12 +298,12 @@ static double median_ms(F fn) {
     return (double)ts[ts.size() / 2];
 }
 
-// The four forms of the chain of projections shape[i] = (N, K), each row its time a step, the weights' rate and
+// The five forms of the chain of projections shape[i] = (N, K), each row its time a step, the weights' rate and
 // its fraction of copy_gbs (0: the time a projection instead); returns whether launches and persistent agree
 static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char *what, double copy_gbs, int sms) {
     std::vector<Phase> ph;
-    size_t nw = 0, nt = 0, maxpart = 0;
-    int maxn = shape[0].second;
+    size_t nw = 0, nt = 0, npart = 0, ny = 0;
+    int nchunk = 0;
     for (const auto &sk : shape) {
         Phase p;
         memset(&p, 0, sizeof p);
@@ -275,12 +315,15 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
         p.w = nw;
         p.tick = nt;
         p.in = ph.empty() ? -1 : ph.back().out;
-        p.out = ph.empty() ? 0 : (ph.back().out + 1) % 3;
+        p.out = (long long)ny;
+        ny += (size_t)p.N;
+        p.part = npart;
+        npart += (size_t)p.G * p.C * ROWS;
         p.nin = ph.empty() ? p.K : ph.back().N;
+        p.chunk = nchunk;
+        nchunk += (p.N + COLS - 1) / COLS;
         nw += (size_t)p.N * p.K;
         nt += p.G;
-        maxpart = std::max(maxpart, (size_t)p.G * p.C * ROWS);
-        maxn = std::max(maxn, p.N);
         ph.push_back(p);
     }
     const double bytes = 2.0 * (double)nw;
@@ -293,25 +336,24 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
     memset(&c, 0, sizeof c);
     __half *W;
     float *x0, *part;
-    unsigned *tick, *done;
+    unsigned *tick, *done, *cdone;
     CK(cudaMemcpyToSymbol(kph, ph.data(), sizeof(Phase) * n));
     CK(cudaMalloc(&W, sizeof(__half) * nw));
     for (int i = 0; i < n; i++)
         fill_halves<<<4 * sms, 256>>>(W + ph[i].w, (size_t)ph[i].N * ph[i].K, sqrtf(3.0f / ph[i].K), 12345u + (unsigned)i);
     CK(cudaGetLastError());
-    for (int b = 0; b < 3; b++) {
-        CK(cudaMalloc(&c.y[b], sizeof(float) * maxn));
-        CK(cudaMemset(c.y[b], 0, sizeof(float) * maxn));
-    }
+    CK(cudaMalloc(&c.y, sizeof(float) * ny));
     std::vector<float> hx(ph[0].K);
     for (int i = 0; i < ph[0].K; i++) hx[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
     CK(cudaMalloc(&x0, sizeof(float) * ph[0].K));
     CK(cudaMemcpy(x0, hx.data(), sizeof(float) * ph[0].K, cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&part, sizeof(float) * maxpart));
+    CK(cudaMalloc(&part, sizeof(float) * npart));
     CK(cudaMalloc(&tick, sizeof(unsigned) * nt));
     CK(cudaMemset(tick, 0, sizeof(unsigned) * nt));
     CK(cudaMalloc(&done, sizeof(unsigned) * n * DSTRIDE));
     CK(cudaMemset(done, 0, sizeof(unsigned) * n * DSTRIDE));
+    CK(cudaMalloc(&cdone, sizeof(unsigned) * nchunk * DSTRIDE));
+    CK(cudaMemset(cdone, 0, sizeof(unsigned) * nchunk * DSTRIDE));
     CK(cudaDeviceSynchronize());
     c.n = n;
     c.W = W;
@@ -319,6 +361,7 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
     c.part = part;
     c.tick = tick;
     c.done = done;
+    c.cdone = cdone;
 
     printf("\n%s: %d projections, %.3f GB of FP16 weights a step\n", what, n, bytes / 1e9);
     if (copy_gbs > 0) printf("%-24s %12s %12s %10s\n", "", "us a step", "GB/s", "of copy");
@@ -333,18 +376,22 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
     /* each form's grid: one wave of its own kernel */
     int ps = 0, pp = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, chain_phase, 32 * WARPS, 0));
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&pp, chain_persistent<true>, 32 * WARPS, 0));
+    int pp1 = 0, pp2 = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&pp, chain_persistent<0>, 32 * WARPS, 0));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&pp1, chain_persistent<1>, 32 * WARPS, 0));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&pp2, chain_persistent<2>, 32 * WARPS, 0));
+    pp = std::min(pp, std::min(pp1, pp2)); /* one grid for the three */
     const int wave = ps * sms, pwave = pp * sms;
     /* each form's last outputs (the y buffers filled with NaN before it: a row group it missed shows) */
     std::vector<std::vector<float>> outs;
     auto poison = [&] {
-        for (int b = 0; b < 3; b++) CK(cudaMemset(c.y[b], 0xff, sizeof(float) * maxn));
+        CK(cudaMemset(c.y, 0xff, sizeof(float) * ny));
         CK(cudaDeviceSynchronize());
     };
     auto keep = [&] {
         CK(cudaStreamSynchronize(st));
         outs.emplace_back(nlast);
-        CK(cudaMemcpy(outs.back().data(), c.y[ph.back().out], sizeof(float) * nlast, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(outs.back().data(), c.y + ph.back().out, sizeof(float) * nlast, cudaMemcpyDeviceToHost));
     };
 
     /* launches: a graph of one kernel per projection, with and without programmatic dependent launch */
@@ -378,32 +425,40 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
     /* persistent: one wave, launched cooperatively (refused, not hung, where its blocks cannot all be resident); the
        counters' generation is the step's number */
     unsigned gen = 0;
-    auto persistent = [&](bool wait) {
+    auto persistent = [&](int wait) {
         void *args[2] = {&c, &gen};
-        CK(cudaLaunchCooperativeKernel(wait ? (const void *)chain_persistent<true> : (const void *)chain_persistent<false>,
-                                       dim3(pwave), dim3(32 * WARPS), args, 0, st));
+        const void *k = wait == 0   ? (const void *)chain_persistent<0>
+                        : wait == 1 ? (const void *)chain_persistent<1>
+                                    : (const void *)chain_persistent<2>;
+        CK(cudaLaunchCooperativeKernel(k, dim3(pwave), dim3(32 * WARPS), args, 0, st));
     };
-    poison();
-    row("persistent", median_ms([&] {
-            ++gen;
-            persistent(true);
-        }));
-    keep();
-    row("persistent, no waits", median_ms([&] { persistent(false); }));
+    for (int wait = 1; wait <= 2; wait++) { /* (each form's counters advance by one generation a step) */
+        poison();
+        gen = 0;
+        row(wait == 1 ? "persistent" : "persistent, by chunk", median_ms([&] {
+                ++gen;
+                persistent(wait);
+            }));
+        keep();
+        CK(cudaMemset(done, 0, sizeof(unsigned) * n * DSTRIDE));
+        CK(cudaMemset(cdone, 0, sizeof(unsigned) * nchunk * DSTRIDE));
+    }
+    row("persistent, no waits", median_ms([&] { persistent(0); }));
     int bad = 0;
     for (size_t f = 0; f < outs.size(); f++)
         for (int j = 0; j < nlast; j++) bad += !isfinite(outs[f][j]);
-    const bool same = !bad && !memcmp(outs[0].data(), outs[1].data(), sizeof(float) * nlast) &&
-                      !memcmp(outs[0].data(), outs[2].data(), sizeof(float) * nlast);
+    bool same = !bad;
+    for (size_t f = 1; f < outs.size(); f++) same &= !memcmp(outs[0].data(), outs[f].data(), sizeof(float) * nlast);
     printf("grids: launches up to %d blocks (%d a SM), persistent %d (%d a SM); the last projection's %d outputs of the "
-           "three forms with waits: %s (%d not finite)\n",
-           wave, ps, pwave, pp, nlast, same ? "the same bits" : "DIFFERENT", bad);
+           "%d forms with waits: %s (%d not finite)\n",
+           wave, ps, pwave, pp, nlast, (int)outs.size(), same ? "the same bits" : "DIFFERENT", bad);
     CK(cudaFree(W));
-    for (int b = 0; b < 3; b++) CK(cudaFree(c.y[b]));
+    CK(cudaFree(c.y));
     CK(cudaFree(x0));
     CK(cudaFree(part));
     CK(cudaFree(tick));
     CK(cudaFree(done));
+    CK(cudaFree(cdone));
     return same;
 }
 
