@@ -35,6 +35,10 @@
 //   persistent, by chunk  the same kernel, every task waiting instead for the 512-output chunks of the projection
 //                   before that its 512 columns read (a counter per chunk, bumped at each row group's fold): a task
 //                   starts as soon as its own inputs are there, while the rest of the projection before runs
+//   persistent, flags  as persistent, but a warp polls its own SM's copy of the counter's flag (each on its own 32
+//                   bytes), which the warp whose count completes the counter sets for every SM: the counter's line is
+//                   no longer polled by every waiting warp of the grid while the folds' atomics queue behind the polls
+//   persistent, chunk, flags  the by-chunk form with such flags
 //   persistent, no waits  the same kernel without the waits (reads inputs being written): what its loads and
 //                   arithmetic cost without the dependencies
 //
@@ -78,6 +82,7 @@ struct Phase {
 };
 
 enum { MAXPH = 512, DSTRIDE = 32 }; /* projections at most; a done counter every 128 bytes */
+enum { MAXSM = 256, FSTRIDE = 8 };  /* the flags' rows: a flag per SM (%smid < MAXSM) every 32 bytes */
 __constant__ Phase kph[MAXPH];      /* the chain (constant memory: a field costs no L2 trip after a fence) */
 struct Chain {
     int n;
@@ -88,6 +93,7 @@ struct Chain {
     unsigned *tick;    /* all projections' tickets, left zero */
     unsigned *done;    /* [n][DSTRIDE]: row groups folded, cumulative over steps */
     unsigned *cdone;   /* [output chunks of all projections][DSTRIDE]: the same per 512 outputs (64 row groups) */
+    unsigned *flag;    /* [counters][MAXSM][FSTRIDE]: a counter's generation once complete, a copy per SM */
 };
 
 static __device__ __forceinline__ unsigned ld_relaxed(const unsigned *p) {
@@ -197,16 +203,57 @@ __global__ void __launch_bounds__(32 * WARPS, 5) chain_phase(Chain c, int i) {
     }
 }
 
+static __device__ __forceinline__ unsigned sm_id(void) {
+    unsigned v;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(v));
+    return v;
+}
+static __device__ __forceinline__ unsigned sm_count(void) {
+    unsigned v;
+    asm volatile("mov.u32 %0, %%nsmid;" : "=r"(v));
+    return v;
+}
 // Until the counter at p (cumulative over steps) reaches want: relaxed polls, then an acquire fence (lane 0); a
-// wait past ~10 s at 2 GHz is a bug: stop (the host's next call fails) rather than hang
-static __device__ __forceinline__ void wait_count(const unsigned *p, unsigned want) {
+// wait past ~10 s at 2 GHz is a bug: stop (the host's next call fails) rather than hang.  FLAGS: the poll reads
+// instead this SM's copy of the counter's flag (k: the counter's index), which the warp that completes the
+// counter sets to the step's generation: each line is polled by the warps of one SM, not by every warp of the grid
+template <bool FLAGS>
+static __device__ __forceinline__ void wait_count(const Chain &c, const unsigned *p, size_t k, unsigned want,
+                                                  unsigned gen) {
     const long long t0 = clock64();
-    while ((int)(ld_relaxed(p) - want) < 0)
-        if (clock64() - t0 > 20000000000LL) __trap();
+    if (FLAGS) {
+        const unsigned *f = c.flag + (k * MAXSM + sm_id()) * FSTRIDE;
+        while ((int)(ld_relaxed(f) - gen) < 0)
+            if (clock64() - t0 > 20000000000LL) __trap();
+    } else {
+        while ((int)(ld_relaxed(p) - want) < 0)
+            if (clock64() - t0 > 20000000000LL) __trap();
+    }
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+// A folded row group counted (lane 0, after the warp's __syncwarp) in the counter k of c.done (ck = 0) or c.cdone;
+// FLAGS: the warp whose count completes it (want, cumulative) writes the generation to every SM's flag
+template <bool FLAGS>
+static __device__ __forceinline__ void signal_count(const Chain &c, int ck, size_t k, unsigned want, unsigned gen) {
+    const int lane = threadIdx.x & 31;
+    unsigned *p = (ck ? c.cdone : c.done) + k * DSTRIDE;
+    unsigned old = 0;
+    if (lane == 0) {
+        __threadfence();
+        old = atomicAdd(p, 1u);
+    }
+    if (!FLAGS) return;
+    if (__shfl_sync(0xffffffffu, old, 0) + 1u != want) return; /* (warp-uniform) */
+    __threadfence(); /* (every lane: each orders its flag stores after the counts that lane 0's atomic saw) */
+    const unsigned n = sm_count();
+    if (n > MAXSM) __trap();
+    const size_t f = (ck ? (size_t)c.n : 0) + k; /* the flag row: the projections' counters, then the chunks' */
+    for (unsigned s = lane; s < n; s += 32)
+        asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(c.flag + (f * MAXSM + s) * FSTRIDE), "r"(gen) : "memory");
 }
 // By chunk: until the row groups of projection i - 1 that make the input columns [lo, lo + len) of projection i
 // (the input wraps at its length nin) are folded: the output chunks of 512 that hold them, each at its row groups
+template <bool FLAGS>
 static __device__ __forceinline__ void wait_chunks(const Chain &c, int i, int lo, int len, unsigned gen) {
     const Phase &q = kph[i - 1];
     const int nin = kph[i].nin;
@@ -222,14 +269,16 @@ static __device__ __forceinline__ void wait_chunks(const Chain &c, int i, int lo
         const int a = r ? a1 : a0, b = r ? b1 : b0;
         for (int k = a / COLS; k * COLS < b; k++) {
             const unsigned groups = (unsigned)(min(q.N, (k + 1) * COLS) - k * COLS) / ROWS;
-            wait_count(c.cdone + (size_t)(q.chunk + k) * DSTRIDE, gen * groups);
+            const size_t ck = (size_t)(q.chunk + k);
+            wait_count<FLAGS>(c, c.cdone + ck * DSTRIDE, c.n + ck, gen * groups, gen);
         }
     }
 }
 
 // All projections in one launch of one wave.  WAIT 0: no waits; 1: a projection's first task waits for the one
-// before to be folded; 2: every task waits for the output chunks of the projection before that its columns read
-template <int WAIT>
+// before to be folded; 2: every task waits for the output chunks of the projection before that its columns read.
+// FLAGS: the waits poll per-SM flags (wait_count)
+template <int WAIT, bool FLAGS>
 __global__ void __launch_bounds__(32 * WARPS, 5) chain_persistent(Chain c, unsigned gen) {
     const int lane = threadIdx.x & 31;
     const long long W = (long long)gridDim.x * WARPS, w0 = (long long)blockIdx.x * WARPS + (threadIdx.x >> 5);
@@ -242,20 +291,20 @@ __global__ void __launch_bounds__(32 * WARPS, 5) chain_persistent(Chain c, unsig
             TaskW tw;
             task_load(c, p, t, tw);
             if (WAIT == 1 && t == first && i > 0) {
-                if (lane == 0) wait_count(c.done + (size_t)(i - 1) * DSTRIDE, gen * (unsigned)kph[i - 1].G);
+                if (lane == 0) wait_count<FLAGS>(c, c.done + (size_t)(i - 1) * DSTRIDE, i - 1, gen * (unsigned)kph[i - 1].G, gen);
                 __syncwarp();
             }
             if (WAIT == 2 && i > 0) {
                 const int col = (int)(t % p.C) * COLS;
-                if (lane == 0) wait_chunks(c, i, col % p.nin, min(COLS, p.K - col), gen);
+                if (lane == 0) wait_chunks<FLAGS>(c, i, col % p.nin, min(COLS, p.K - col), gen);
                 __syncwarp();
             }
             if (task_run(c, p, t, tw)) { /* (warp-uniform) the row group is folded: count it */
                 __syncwarp();
-                if (lane == 0 && WAIT) {
-                    __threadfence();
-                    if (WAIT == 1) atomicAdd(c.done + (size_t)i * DSTRIDE, 1u);
-                    else atomicAdd(c.cdone + (size_t)(p.chunk + (int)(t / p.C) * ROWS / COLS) * DSTRIDE, 1u);
+                if (WAIT == 1) signal_count<FLAGS>(c, 0, i, gen * (unsigned)p.G, gen);
+                if (WAIT == 2) {
+                    const int k = (int)(t / p.C) * ROWS / COLS;
+                    signal_count<FLAGS>(c, 1, p.chunk + k, gen * (unsigned)((min(p.N, (k + 1) * COLS) - k * COLS) / ROWS), gen);
                 }
             }
         }
@@ -298,7 +347,7 @@ static double median_ms(F fn) {
     return (double)ts[ts.size() / 2];
 }
 
-// The five forms of the chain of projections shape[i] = (N, K), each row its time a step, the weights' rate and
+// The seven forms of the chain of projections shape[i] = (N, K), each row its time a step, the weights' rate and
 // its fraction of copy_gbs (0: the time a projection instead); returns whether launches and persistent agree
 static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char *what, double copy_gbs, int sms) {
     std::vector<Phase> ph;
@@ -336,7 +385,7 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
     memset(&c, 0, sizeof c);
     __half *W;
     float *x0, *part;
-    unsigned *tick, *done, *cdone;
+    unsigned *tick, *done, *cdone, *flag;
     CK(cudaMemcpyToSymbol(kph, ph.data(), sizeof(Phase) * n));
     CK(cudaMalloc(&W, sizeof(__half) * nw));
     for (int i = 0; i < n; i++)
@@ -354,6 +403,9 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
     CK(cudaMemset(done, 0, sizeof(unsigned) * n * DSTRIDE));
     CK(cudaMalloc(&cdone, sizeof(unsigned) * nchunk * DSTRIDE));
     CK(cudaMemset(cdone, 0, sizeof(unsigned) * nchunk * DSTRIDE));
+    const size_t nflag = (size_t)(n + nchunk) * MAXSM * FSTRIDE; /* the projections' counters, then the chunks' */
+    CK(cudaMalloc(&flag, sizeof(unsigned) * nflag));
+    CK(cudaMemset(flag, 0, sizeof(unsigned) * nflag));
     CK(cudaDeviceSynchronize());
     c.n = n;
     c.W = W;
@@ -362,6 +414,7 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
     c.tick = tick;
     c.done = done;
     c.cdone = cdone;
+    c.flag = flag;
 
     printf("\n%s: %d projections, %.3f GB of FP16 weights a step\n", what, n, bytes / 1e9);
     if (copy_gbs > 0) printf("%-24s %12s %12s %10s\n", "", "us a step", "GB/s", "of copy");
@@ -376,11 +429,15 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
     /* each form's grid: one wave of its own kernel */
     int ps = 0, pp = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, chain_phase, 32 * WARPS, 0));
-    int pp1 = 0, pp2 = 0;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&pp, chain_persistent<0>, 32 * WARPS, 0));
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&pp1, chain_persistent<1>, 32 * WARPS, 0));
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&pp2, chain_persistent<2>, 32 * WARPS, 0));
-    pp = std::min(pp, std::min(pp1, pp2)); /* one grid for the three */
+    const void *pk[5] = {(const void *)chain_persistent<0, false>, (const void *)chain_persistent<1, false>,
+                         (const void *)chain_persistent<2, false>, (const void *)chain_persistent<1, true>,
+                         (const void *)chain_persistent<2, true>};
+    pp = 1 << 30;
+    for (int f = 0; f < 5; f++) { /* one grid for them all */
+        int b = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, pk[f], 32 * WARPS, 0));
+        pp = std::min(pp, b);
+    }
     const int wave = ps * sms, pwave = pp * sms;
     /* each form's last outputs (the y buffers filled with NaN before it: a row group it missed shows) */
     std::vector<std::vector<float>> outs;
@@ -425,23 +482,22 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
     /* persistent: one wave, launched cooperatively (refused, not hung, where its blocks cannot all be resident); the
        counters' generation is the step's number */
     unsigned gen = 0;
-    auto persistent = [&](int wait) {
+    auto persistent = [&](int f) {
         void *args[2] = {&c, &gen};
-        const void *k = wait == 0   ? (const void *)chain_persistent<0>
-                        : wait == 1 ? (const void *)chain_persistent<1>
-                                    : (const void *)chain_persistent<2>;
-        CK(cudaLaunchCooperativeKernel(k, dim3(pwave), dim3(32 * WARPS), args, 0, st));
+        CK(cudaLaunchCooperativeKernel(pk[f], dim3(pwave), dim3(32 * WARPS), args, 0, st));
     };
-    for (int wait = 1; wait <= 2; wait++) { /* (each form's counters advance by one generation a step) */
+    const char *pname[5] = {"", "persistent", "persistent, by chunk", "persistent, flags", "persistent, chunk, flags"};
+    for (int f = 1; f < 5; f++) { /* (each form's counters and flags advance by one generation a step) */
         poison();
         gen = 0;
-        row(wait == 1 ? "persistent" : "persistent, by chunk", median_ms([&] {
+        row(pname[f], median_ms([&] {
                 ++gen;
-                persistent(wait);
+                persistent(f);
             }));
         keep();
         CK(cudaMemset(done, 0, sizeof(unsigned) * n * DSTRIDE));
         CK(cudaMemset(cdone, 0, sizeof(unsigned) * nchunk * DSTRIDE));
+        CK(cudaMemset(flag, 0, sizeof(unsigned) * nflag));
     }
     row("persistent, no waits", median_ms([&] { persistent(0); }));
     int bad = 0;
@@ -459,6 +515,7 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
     CK(cudaFree(tick));
     CK(cudaFree(done));
     CK(cudaFree(cdone));
+    CK(cudaFree(flag));
     return same;
 }
 
