@@ -244,6 +244,7 @@ static __device__ __forceinline__ void signal_count(const Chain &c, int ck, size
     }
     if (!FLAGS) return;
     if (__shfl_sync(0xffffffffu, old, 0) + 1u != want) return; /* (warp-uniform) */
+    __syncwarp();    /* (orders lane 0's atomic before the other lanes' fences and stores) */
     __threadfence(); /* (every lane: each orders its flag stores after the counts that lane 0's atomic saw) */
     const unsigned n = sm_count();
     if (n > MAXSM) __trap();
