@@ -349,7 +349,7 @@ static double median_ms(F fn) {
 }
 
 // The seven forms of the chain of projections shape[i] = (N, K), each row its time a step, the weights' rate and
-// its fraction of copy_gbs (0: the time a projection instead); returns whether launches and persistent agree
+// its fraction of copy_gbs (0: the time a projection instead); returns whether the forms with waits agree
 static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char *what, double copy_gbs, int sms) {
     std::vector<Phase> ph;
     size_t nw = 0, nt = 0, npart = 0, ny = 0;
@@ -427,7 +427,7 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
         fflush(stdout);
     };
 
-    /* each form's grid: one wave of its own kernel */
+    /* the grids: one wave of the launch kernel; one wave of the persistent kernel that fits fewest blocks a SM */
     int ps = 0, pp = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, chain_phase, 32 * WARPS, 0));
     const void *pk[5] = {(const void *)chain_persistent<0, false>, (const void *)chain_persistent<1, false>,
