@@ -10092,6 +10092,8 @@ QSA_PRIV int qsa__cache_dir(char *out, size_t cap) {
 QSA_PRIV qsa_result qsa__cache_read(const char *path, uint64_t key, char **img, size_t *len) {
     qsa__map m;
     *img = NULL;
+    /* a miss is the usual first run: no file, nothing to report (qsa__fail would echo it at debug level) */
+    if (!qsa__file_exists(path)) return QSA_OK;
     qsa_result mr = qsa__map_file(path, &m);
     if (mr == QSA_ERR_OUT_OF_MEMORY) return mr;
     if (mr != QSA_OK) { qsa_clear_error(); return QSA_OK; }

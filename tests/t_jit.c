@@ -160,8 +160,14 @@ TEST(cpu, dynload_check_macro_messages) {
               "nvrtcCompileProgram(p, 1, o) failed");
 }
 
-/* The kernel cache: a FIFO, a directory or a truncated file in an entry's place is a miss (never a hang, never
-   trusted), and a cache directory that cannot be made turns the cache off instead of failing every write silently. */
+/* The kernel cache: no file, a FIFO, a directory or a truncated file in an entry's place is a miss (never a hang,
+   never trusted; no file, the first run's case, logs nothing even at debug level), and a cache directory that
+   cannot be made turns the cache off instead of failing every write silently. */
+static int cache_logs;
+static void cache_logger(void *user, qsa_log_level level, const char *msg) {
+    (void)user, (void)level, (void)msg;
+    cache_logs++;
+}
 TEST(cpu, kernel_cache_odd_entries_are_misses) {
     char dir[64], path[128];
     snprintf(dir, sizeof dir, "/tmp/qsa_cache_odd_%d", (int)getpid());
@@ -170,6 +176,14 @@ TEST(cpu, kernel_cache_odd_entries_are_misses) {
     const uint64_t key = 0x1234;
     char *img = NULL;
     size_t len = 0;
+    /* no file: a quiet miss */
+    remove(path);
+    cache_logs = 0;
+    qsa_set_logger(cache_logger, NULL, QSA_LOG_DEBUG);
+    CHECK(qsa__cache_read(path, key, &img, &len) == QSA_OK && !img);
+    qsa_set_logger(T_.verbose ? qsa_log_stderr : NULL, NULL, QSA_LOG_DEBUG);
+    CHECKF(cache_logs == 0, "a missing cache entry logged %d lines", cache_logs);
+    CHECK(qsa_last_error()[0] == 0);
     /* a FIFO: the read runs in a child so that a regression is a failure, not a hung suite */
     CHECK(mkfifo(path, 0600) == 0);
     pid_t pid = fork();
