@@ -1215,7 +1215,6 @@ typedef struct _nvrtcProgram *nvrtcProgram;
 
 typedef int ncclResult_t; /* ncclSuccess = 0 */
 typedef int ncclDataType_t;
-typedef int ncclRedOp_t;
 typedef struct ncclComm *ncclComm_t;
 typedef struct { char internal[128]; } ncclUniqueId;
 
@@ -1274,42 +1273,28 @@ typedef struct { char internal[128]; } ncclUniqueId;
     X(CUresult, cuDeviceGetName, (char *name, int len, CUdevice dev)) \
     X(CUresult, cuDeviceGetAttribute, (int *value, int attrib, CUdevice dev)) \
     X(CUresult, cuDeviceTotalMem_v2, (size_t *bytes, CUdevice dev)) \
-    X(CUresult, cuDeviceCanAccessPeer, (int *can_access, CUdevice dev, CUdevice peer)) \
     X(CUresult, cuDevicePrimaryCtxRetain, (CUcontext *ctx, CUdevice dev)) \
     X(CUresult, cuDevicePrimaryCtxRelease_v2, (CUdevice dev)) \
-    X(CUresult, cuCtxCreate_v2, (CUcontext *ctx, unsigned int flags, CUdevice dev)) \
-    X(CUresult, cuCtxDestroy_v2, (CUcontext ctx)) \
     X(CUresult, cuCtxSetCurrent, (CUcontext ctx)) \
     X(CUresult, cuCtxGetCurrent, (CUcontext *ctx)) \
     X(CUresult, cuCtxSynchronize, (void)) \
-    X(CUresult, cuCtxEnablePeerAccess, (CUcontext peer, unsigned int flags)) \
     X(CUresult, cuMemGetInfo_v2, (size_t *free_bytes, size_t *total_bytes)) \
     X(CUresult, cuMemAlloc_v2, (CUdeviceptr *dptr, size_t bytes)) \
     X(CUresult, cuMemFree_v2, (CUdeviceptr dptr)) \
     X(CUresult, cuMemHostAlloc, (void **pp, size_t bytes, unsigned int flags)) \
     X(CUresult, cuMemFreeHost, (void *p)) \
-    X(CUresult, cuMemHostGetDevicePointer_v2, (CUdeviceptr *dptr, void *p, unsigned int flags)) \
-    X(CUresult, cuMemHostRegister_v2, (void *p, size_t bytes, unsigned int flags)) \
-    X(CUresult, cuMemHostUnregister, (void *p)) \
     X(CUresult, cuMemcpyHtoD_v2, (CUdeviceptr dst, const void *src, size_t bytes)) \
     X(CUresult, cuMemcpyDtoH_v2, (void *dst, CUdeviceptr src, size_t bytes)) \
-    X(CUresult, cuMemcpyDtoD_v2, (CUdeviceptr dst, CUdeviceptr src, size_t bytes)) \
     X(CUresult, cuMemcpyHtoDAsync_v2, (CUdeviceptr dst, const void *src, size_t bytes, CUstream s)) \
     X(CUresult, cuMemcpyDtoHAsync_v2, (void *dst, CUdeviceptr src, size_t bytes, CUstream s)) \
     X(CUresult, cuMemcpyDtoDAsync_v2, (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream s)) \
     X(CUresult, cuMemcpy2DAsync_v2, (const qsa__cu_memcpy2d *copy, CUstream s)) \
-    X(CUresult, cuMemcpyPeerAsync, (CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, CUcontext src_ctx, \
-                                    size_t bytes, CUstream s)) \
     X(CUresult, cuMemsetD8_v2, (CUdeviceptr dst, unsigned char value, size_t n)) \
-    X(CUresult, cuMemsetD32_v2, (CUdeviceptr dst, unsigned int value, size_t n)) \
     X(CUresult, cuMemsetD8Async, (CUdeviceptr dst, unsigned char value, size_t n, CUstream s)) \
-    X(CUresult, cuMemsetD32Async, (CUdeviceptr dst, unsigned int value, size_t n, CUstream s)) \
     X(CUresult, cuModuleLoadData, (CUmodule *mod, const void *image)) \
-    X(CUresult, cuModuleLoadDataEx, (CUmodule *mod, const void *image, unsigned int nopts, int *opts, void **values)) \
     X(CUresult, cuModuleUnload, (CUmodule mod)) \
     X(CUresult, cuModuleGetFunction, (CUfunction *fn, CUmodule mod, const char *name)) \
     X(CUresult, cuFuncSetAttribute, (CUfunction fn, int attrib, int value)) \
-    X(CUresult, cuFuncGetAttribute, (int *value, int attrib, CUfunction fn)) \
     X(CUresult, cuLaunchKernel, (CUfunction fn, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, \
                                  unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params, \
                                  void **extra)) \
@@ -1353,6 +1338,8 @@ typedef struct { char internal[128]; } ncclUniqueId;
     X(nvrtcResult, nvrtcGetCUBINSize, (nvrtcProgram prog, size_t *size)) \
     X(nvrtcResult, nvrtcGetCUBIN, (nvrtcProgram prog, char *cubin))
 
+/* what the tensor-parallel code calls (its sums are all-gathers folded in rank order by qsa_k_tp_sum, never
+   NCCL's reductions, whose order is NCCL's) */
 #define QSA__NCCL_FUNCS(X) \
     X(ncclResult_t, ncclGetVersion, (int *version)) \
     X(const char *, ncclGetErrorString, (ncclResult_t result)) \
@@ -1360,25 +1347,8 @@ typedef struct { char internal[128]; } ncclUniqueId;
     X(ncclResult_t, ncclCommInitRank, (ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)) \
     X(ncclResult_t, ncclCommInitAll, (ncclComm_t *comms, int ndev, const int *devlist)) \
     X(ncclResult_t, ncclCommDestroy, (ncclComm_t comm)) \
-    X(ncclResult_t, ncclCommAbort, (ncclComm_t comm)) \
-    X(ncclResult_t, ncclCommCount, (const ncclComm_t comm, int *count)) \
-    X(ncclResult_t, ncclCommUserRank, (const ncclComm_t comm, int *rank)) \
-    X(ncclResult_t, ncclCommGetAsyncError, (ncclComm_t comm, ncclResult_t *async_error)) \
-    X(ncclResult_t, ncclAllReduce, (const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op, \
-                                    ncclComm_t comm, CUstream s)) \
     X(ncclResult_t, ncclAllGather, (const void *send, void *recv, size_t send_count, ncclDataType_t type, \
-                                    ncclComm_t comm, CUstream s)) \
-    X(ncclResult_t, ncclBroadcast, (const void *send, void *recv, size_t count, ncclDataType_t type, int root, \
-                                    ncclComm_t comm, CUstream s)) \
-    X(ncclResult_t, ncclReduceScatter, (const void *send, void *recv, size_t recv_count, ncclDataType_t type, \
-                                        ncclRedOp_t op, ncclComm_t comm, CUstream s)) \
-    X(ncclResult_t, ncclGroupStart, (void)) \
-    X(ncclResult_t, ncclGroupEnd, (void))
-#define QSA__NCCL_FUNCS_OPT(X) \
-    X(ncclResult_t, ncclSend, (const void *send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, \
-                               CUstream s)) \
-    X(ncclResult_t, ncclRecv, (void *recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, CUstream s)) \
-    X(const char *, ncclGetLastError, (ncclComm_t comm))
+                                    ncclComm_t comm, CUstream s))
 
 /* ---- expansion: typedefs, tables ---- */
 #define QSA__DL_TYPEDEF(ret, name, args) typedef ret(*qsa__pfn_##name) args;
@@ -1388,7 +1358,6 @@ QSA__CU_FUNCS_OPT(QSA__DL_TYPEDEF)
 QSA__NVRTC_FUNCS(QSA__DL_TYPEDEF)
 QSA__NVRTC_FUNCS_OPT(QSA__DL_TYPEDEF)
 QSA__NCCL_FUNCS(QSA__DL_TYPEDEF)
-QSA__NCCL_FUNCS_OPT(QSA__DL_TYPEDEF)
 
 typedef struct qsa__cuda_api {
     void *lib;
@@ -1414,7 +1383,6 @@ typedef struct qsa__nccl_api {
     char path[512];
     int version; /* e.g. 22105 for 2.21.5 */
     QSA__NCCL_FUNCS(QSA__DL_MEMBER)
-    QSA__NCCL_FUNCS_OPT(QSA__DL_MEMBER)
 } qsa__nccl_api;
 
 /* One symbol to bind: its name and where its pointer goes in the table. */
@@ -1429,12 +1397,10 @@ typedef struct qsa__dl_entry {
 #define QSA__NVRTC_ENTRY(ret, name, args) {#name, offsetof(qsa__nvrtc_api, name), 1},
 #define QSA__NVRTC_ENTRY_OPT(ret, name, args) {#name, offsetof(qsa__nvrtc_api, name), 0},
 #define QSA__NCCL_ENTRY(ret, name, args) {#name, offsetof(qsa__nccl_api, name), 1},
-#define QSA__NCCL_ENTRY_OPT(ret, name, args) {#name, offsetof(qsa__nccl_api, name), 0},
 static const qsa__dl_entry qsa__cu_entries[] = {QSA__CU_FUNCS(QSA__CU_ENTRY) QSA__CU_FUNCS_OPT(QSA__CU_ENTRY_OPT)};
 static const qsa__dl_entry qsa__nvrtc_entries[] = {QSA__NVRTC_FUNCS(QSA__NVRTC_ENTRY)
                                                        QSA__NVRTC_FUNCS_OPT(QSA__NVRTC_ENTRY_OPT)};
-static const qsa__dl_entry qsa__nccl_entries[] = {QSA__NCCL_FUNCS(QSA__NCCL_ENTRY)
-                                                      QSA__NCCL_FUNCS_OPT(QSA__NCCL_ENTRY_OPT)};
+static const qsa__dl_entry qsa__nccl_entries[] = {QSA__NCCL_FUNCS(QSA__NCCL_ENTRY)};
 
 /* The process-wide tables, filled once by qsa__cuda_load / qsa__nvrtc_load / qsa__nccl_load. */
 static qsa__cuda_api qsa__cu;

@@ -565,7 +565,7 @@ TEST(nccl, library_loads) {
     if (qsa__nccl_load() != QSA_OK) SKIP("no NCCL: %s", qsa_last_error());
     printf("    NCCL %d from %s\n", qsa__nccl.version, qsa__nccl.path);
     CHECK(qsa__nccl.version >= 2000);
-    CHECK(qsa__nccl.ncclAllReduce != NULL && qsa__nccl.ncclCommInitAll != NULL);
+    CHECK(qsa__nccl.ncclAllGather != NULL && qsa__nccl.ncclCommInitAll != NULL);
 }
 
 #endif /* QSA_NO_CUDA */
