@@ -24,7 +24,11 @@
 // bytes at that bound); the chain's table in constant memory.
 //
 //   launches        a kernel per projection in a CUDA graph, with programmatic dependent launch: each warp loads
-//                   its first task's weights, then waits for the kernel before (griddepcontrol.wait)
+//                   its first task's weights, then waits for the kernel before (griddepcontrol.wait); a kernel lets
+//                   the next be scheduled from its start (griddepcontrol.launch_dependents first)
+//   launches, late trigger  the same, but a kernel lets the next be scheduled only once it has passed its wait, as
+//                   the runtime's kernels do (QSA_PDL_ENTRY), so that a kernel may load before its wait what the
+//                   launch before its predecessor wrote
 //   launches, no PDL  the same graph without the attribute
 //   persistent      one kernel of one wave, launched cooperatively (refused rather than hung where its blocks
 //                   cannot all be resident); warp w takes tasks w, w + W, ... of each projection in turn (w counted
@@ -188,15 +192,19 @@ static __device__ __forceinline__ bool task_run(const Chain &c, const Phase &p, 
     return true;
 }
 
-// One projection per launch: grid-strided tasks, the first one's weights before the wait on the kernel before
+// One projection per launch: grid-strided tasks, the first one's weights before the wait on the kernel before.
+// EARLY: the next launch may be scheduled from this one's start (griddepcontrol.launch_dependents first); else
+// only once this one has passed its wait, as the runtime's kernels (QSA_PDL_ENTRY: wait, then launch_dependents)
+template <bool EARLY>
 __global__ void __launch_bounds__(32 * WARPS, 5) chain_phase(Chain c, int i) {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (EARLY) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const Phase &p = kph[i];
     const long long W = (long long)gridDim.x * WARPS;
     long long t = (long long)blockIdx.x * WARPS + (threadIdx.x >> 5);
     TaskW tw;
     if (t < p.tasks) task_load(c, p, t, tw);
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (!EARLY) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     for (; t < p.tasks; t += W) {
         if (t != (long long)blockIdx.x * WARPS + (threadIdx.x >> 5)) task_load(c, p, t, tw);
         task_run(c, p, t, tw);
@@ -348,7 +356,7 @@ static double median_ms(F fn) {
     return (double)ts[ts.size() / 2];
 }
 
-// The seven forms of the chain of projections shape[i] = (N, K), each row its time a step, the weights' rate and
+// The eight forms of the chain of projections shape[i] = (N, K), each row its time a step, the weights' rate and
 // its fraction of copy_gbs (0: the time a projection instead); returns whether the forms with waits agree
 static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char *what, double copy_gbs, int sms) {
     std::vector<Phase> ph;
@@ -429,7 +437,7 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
 
     /* the grids: one wave of the launch kernel; one wave of the persistent kernel that fits fewest blocks a SM */
     int ps = 0, pp = 0;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, chain_phase, 32 * WARPS, 0));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, chain_phase<true>, 32 * WARPS, 0));
     const void *pk[5] = {(const void *)chain_persistent<0, false>, (const void *)chain_persistent<1, false>,
                          (const void *)chain_persistent<2, false>, (const void *)chain_persistent<1, true>,
                          (const void *)chain_persistent<2, true>};
@@ -452,8 +460,10 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
         CK(cudaMemcpy(outs.back().data(), c.y + ph.back().out, sizeof(float) * nlast, cudaMemcpyDeviceToHost));
     };
 
-    /* launches: a graph of one kernel per projection, with and without programmatic dependent launch */
-    for (int pdl = 1; pdl >= 0; pdl--) {
+    /* launches: a graph of one kernel per projection, with programmatic dependent launch (the next launch scheduled
+       from a launch's start, or once it has passed its wait) and without */
+    for (int form = 0; form < 3; form++) {
+        const int pdl = form < 2, early = form == 0;
         cudaGraph_t g;
         cudaGraphExec_t ge;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
@@ -469,12 +479,14 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
             cfg.stream = st;
             cfg.attrs = pdl ? at : NULL;
             cfg.numAttrs = pdl ? 1 : 0;
-            CK(cudaLaunchKernelEx(&cfg, chain_phase, c, i));
+            if (early) CK(cudaLaunchKernelEx(&cfg, chain_phase<true>, c, i));
+            else CK(cudaLaunchKernelEx(&cfg, chain_phase<false>, c, i));
         }
         CK(cudaStreamEndCapture(st, &g));
         CK(cudaGraphInstantiate(&ge, g, 0));
         poison();
-        row(pdl ? "launches" : "launches, no PDL", median_ms([&] { CK(cudaGraphLaunch(ge, st)); }));
+        row(form == 0 ? "launches" : form == 1 ? "launches, late trigger" : "launches, no PDL",
+            median_ms([&] { CK(cudaGraphLaunch(ge, st)); }));
         keep();
         CK(cudaGraphExecDestroy(ge));
         CK(cudaGraphDestroy(g));
