@@ -49,7 +49,8 @@
 // Every projection writes its own output and partial sums (none shared), so no task overwrites what a task of an
 // earlier projection may still read, however far the by-chunk form lets the projections overlap.
 //
-// Then the same number of projections of one task each (8 x 512): what a dependency alone costs in each form.
+// Then the same number of projections of one task each (8 x 512): what a dependency alone costs in each form; and
+// as many empty launches (wait and trigger only) in the three launch forms: what a launch costs with no data.
 // Ceiling measured in the same run: cudaMemcpy device to device of 4 GiB, bytes read + written (tools/bench's
 // copy row).  Median of --reps steps after 3, each timed from the host's submission (a graph's or a kernel's).
 // Exit status 1 where the forms' last outputs differ or are not finite.
@@ -209,6 +210,15 @@ __global__ void __launch_bounds__(32 * WARPS, 5) chain_phase(Chain c, int i) {
         if (t != (long long)blockIdx.x * WARPS + (threadIdx.x >> 5)) task_load(c, p, t, tw);
         task_run(c, p, t, tw);
     }
+}
+
+// Nothing but the launch: the wait on the kernel before and the trigger for the next (EARLY: as chain_phase's);
+// a chain of them is what a dependent launch costs without a load, a store or a fold
+template <bool EARLY>
+__global__ void chain_empty(void) {
+    if (EARLY) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (!EARLY) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
 static __device__ __forceinline__ unsigned sm_id(void) {
@@ -581,5 +591,38 @@ int main(int argc, char **argv) {
     tiny.assign(shape.size(), {ROWS, COLS});
     ok &= run_chain(tiny, "the same number of one-task projections (8 x 512): what a dependency costs", 0.0,
                     prop.multiProcessorCount);
+    /* and as many launches that do nothing but wait and trigger (one block of 128 threads, or a wave of them) */
+    printf("\nthe same number of empty launches (wait and trigger only): us a launch\n%-24s %12s %12s\n", "", "1 block",
+           "a wave");
+    for (int form = 0; form < 3; form++) {
+        const int pdl = form < 2, early = form == 0, n = (int)tiny.size();
+        double us[2];
+        for (int wv = 0; wv < 2; wv++) {
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+            for (int i = 0; i < n; i++) {
+                cudaLaunchConfig_t cfg;
+                memset(&cfg, 0, sizeof cfg);
+                cudaLaunchAttribute at[1];
+                at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                at[0].val.programmaticStreamSerializationAllowed = 1;
+                cfg.gridDim = dim3(wv ? (unsigned)prop.multiProcessorCount : 1u);
+                cfg.blockDim = dim3(32 * WARPS);
+                cfg.stream = st;
+                cfg.attrs = pdl ? at : NULL;
+                cfg.numAttrs = pdl ? 1 : 0;
+                if (early) CK(cudaLaunchKernelEx(&cfg, chain_empty<true>));
+                else CK(cudaLaunchKernelEx(&cfg, chain_empty<false>));
+            }
+            CK(cudaStreamEndCapture(st, &g));
+            CK(cudaGraphInstantiate(&ge, g, 0));
+            us[wv] = median_ms([&] { CK(cudaGraphLaunch(ge, st)); }) * 1e3 / n;
+            CK(cudaGraphExecDestroy(ge));
+            CK(cudaGraphDestroy(g));
+        }
+        printf("%-24s %12.2f %12.2f\n", form == 0 ? "launches" : form == 1 ? "launches, late trigger" : "launches, no PDL",
+               us[0], us[1]);
+    }
     return ok ? 0 : 1;
 }
