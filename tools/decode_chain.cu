@@ -366,6 +366,33 @@ static double median_ms(F fn) {
     return (double)ts[ts.size() / 2];
 }
 
+// A graph of n launches on st: launch i of grid(i) blocks of 32 * WARPS threads, made by go(cfg, i); with pdl each a
+// programmatic dependent of the one before
+static const char *const lname[3] = {"launches", "launches, late trigger", "launches, no PDL"}; /* the three forms */
+template <class G, class F>
+static cudaGraphExec_t launch_graph(int n, bool pdl, G grid, F go) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < n; i++) {
+        cudaLaunchConfig_t cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.gridDim = dim3(grid(i));
+        cfg.blockDim = dim3(32 * WARPS);
+        cfg.stream = st;
+        cfg.attrs = pdl ? at : NULL;
+        cfg.numAttrs = pdl ? 1 : 0;
+        go(cfg, i);
+    }
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphDestroy(g));
+    return ge;
+}
+
 // The eight forms of the chain of projections shape[i] = (N, K), each row its time a step, the weights' rate and
 // its fraction of copy_gbs (0: the time a projection instead); returns whether the forms with waits agree
 static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char *what, double copy_gbs, int sms) {
@@ -473,33 +500,18 @@ static bool run_chain(const std::vector<std::pair<int, int>> &shape, const char 
     /* launches: a graph of one kernel per projection, with programmatic dependent launch (the next launch scheduled
        from a launch's start, or once it has passed its wait) and without */
     for (int form = 0; form < 3; form++) {
-        const int pdl = form < 2, early = form == 0;
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        for (int i = 0; i < n; i++) {
-            cudaLaunchConfig_t cfg;
-            memset(&cfg, 0, sizeof cfg);
-            cudaLaunchAttribute at[1];
-            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            at[0].val.programmaticStreamSerializationAllowed = 1;
-            const long long blocks = (ph[i].tasks + WARPS - 1) / WARPS;
-            cfg.gridDim = dim3((unsigned)std::min<long long>(blocks, (long long)wave));
-            cfg.blockDim = dim3(32 * WARPS);
-            cfg.stream = st;
-            cfg.attrs = pdl ? at : NULL;
-            cfg.numAttrs = pdl ? 1 : 0;
-            if (early) CK(cudaLaunchKernelEx(&cfg, chain_phase<true>, c, i));
-            else CK(cudaLaunchKernelEx(&cfg, chain_phase<false>, c, i));
-        }
-        CK(cudaStreamEndCapture(st, &g));
-        CK(cudaGraphInstantiate(&ge, g, 0));
+        const bool early = form == 0;
+        cudaGraphExec_t ge = launch_graph(
+            n, form < 2,
+            [&](int i) { return (unsigned)std::min<long long>((ph[i].tasks + WARPS - 1) / WARPS, (long long)wave); },
+            [&](cudaLaunchConfig_t &cfg, int i) {
+                if (early) CK(cudaLaunchKernelEx(&cfg, chain_phase<true>, c, i));
+                else CK(cudaLaunchKernelEx(&cfg, chain_phase<false>, c, i));
+            });
         poison();
-        row(form == 0 ? "launches" : form == 1 ? "launches, late trigger" : "launches, no PDL",
-            median_ms([&] { CK(cudaGraphLaunch(ge, st)); }));
+        row(lname[form], median_ms([&] { CK(cudaGraphLaunch(ge, st)); }));
         keep();
         CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(g));
     }
 
     /* persistent: one wave, launched cooperatively (refused, not hung, where its blocks cannot all be resident); the
@@ -595,34 +607,20 @@ int main(int argc, char **argv) {
     printf("\nthe same number of empty launches (wait and trigger only): us a launch\n%-24s %12s %12s\n", "", "1 block",
            "a wave");
     for (int form = 0; form < 3; form++) {
-        const int pdl = form < 2, early = form == 0, n = (int)tiny.size();
+        const bool early = form == 0;
+        const int n = (int)tiny.size();
         double us[2];
         for (int wv = 0; wv < 2; wv++) {
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-            for (int i = 0; i < n; i++) {
-                cudaLaunchConfig_t cfg;
-                memset(&cfg, 0, sizeof cfg);
-                cudaLaunchAttribute at[1];
-                at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-                at[0].val.programmaticStreamSerializationAllowed = 1;
-                cfg.gridDim = dim3(wv ? (unsigned)prop.multiProcessorCount : 1u);
-                cfg.blockDim = dim3(32 * WARPS);
-                cfg.stream = st;
-                cfg.attrs = pdl ? at : NULL;
-                cfg.numAttrs = pdl ? 1 : 0;
-                if (early) CK(cudaLaunchKernelEx(&cfg, chain_empty<true>));
-                else CK(cudaLaunchKernelEx(&cfg, chain_empty<false>));
-            }
-            CK(cudaStreamEndCapture(st, &g));
-            CK(cudaGraphInstantiate(&ge, g, 0));
+            cudaGraphExec_t ge = launch_graph(
+                n, form < 2, [&](int) { return wv ? (unsigned)prop.multiProcessorCount : 1u; },
+                [&](cudaLaunchConfig_t &cfg, int) {
+                    if (early) CK(cudaLaunchKernelEx(&cfg, chain_empty<true>));
+                    else CK(cudaLaunchKernelEx(&cfg, chain_empty<false>));
+                });
             us[wv] = median_ms([&] { CK(cudaGraphLaunch(ge, st)); }) * 1e3 / n;
             CK(cudaGraphExecDestroy(ge));
-            CK(cudaGraphDestroy(g));
         }
-        printf("%-24s %12.2f %12.2f\n", form == 0 ? "launches" : form == 1 ? "launches, late trigger" : "launches, no PDL",
-               us[0], us[1]);
+        printf("%-24s %12.2f %12.2f\n", lname[form], us[0], us[1]);
     }
     return ok ? 0 : 1;
 }
