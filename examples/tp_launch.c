@@ -177,17 +177,28 @@ int main(int argc, char **argv) {
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     static const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
-    for (int k = 0; k < 3; k++) sigaction(sigs[k], &sa, NULL);
+    sigset_t held, mask; /* the signals wait while a rank is forked, until its pid is in g_pids */
+    sigemptyset(&held);
+    for (int k = 0; k < 3; k++) {
+        sigaction(sigs[k], &sa, NULL);
+        sigaddset(&held, sigs[k]);
+    }
     int failed = 0, stopped = 0, unstarted = 0, stopping = 0; /* stopped: ended by the launcher's SIGTERM */
     for (int r = 0; r < o.nproc && !g_signal; r++) {
         snprintf(rs, sizeof rs, "%d", r);
+        sigprocmask(SIG_BLOCK, &held, &mask);
         pids[r] = fork();
         if (pids[r] < 0) {
             perror("tp_launch: fork");
+            sigprocmask(SIG_SETMASK, &mask, NULL);
             unstarted = o.nproc - r;
             break;
         }
         if (pids[r] == 0) {
+            /* the launcher's handler would take a signal sent before the exec and drop it (the rank then ran
+               on): the rank dies of one held since the fork, or of one sent before it execs */
+            for (int k = 0; k < 3; k++) signal(sigs[k], SIG_DFL);
+            sigprocmask(SIG_SETMASK, &mask, NULL);
             char *args[20];
             int k = 0;
             args[k++] = argv[0];
@@ -206,6 +217,7 @@ int main(int argc, char **argv) {
             _exit(127);
         }
         g_n = r + 1;
+        sigprocmask(SIG_SETMASK, &mask, NULL);
     }
     /* a rank that fails (or a fork that did) leaves the others waiting for it in the rendezvous or a
        collective: they are stopped */

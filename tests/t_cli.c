@@ -346,10 +346,31 @@ static pid_t tp_launch_held(const char *dir, const char *errpath) {
     return pid;
 }
 
-/* Waits until no process names dir; removes the FIFO and dir.  The processes left. */
+/* The launcher's status, waited for up to 30 s; 0 if it did not end (it is then killed, and the test fails
+   where it hung CI before: a rank that took the launcher's SIGTERM between its fork and its exec ran on,
+   held by the FIFO, and the launcher waited for it) */
+static int tp_launch_wait(pid_t pid, int *st) {
+    for (int t = 0; t < 3000; t++) {
+        if (waitpid(pid, st, WNOHANG) == pid) return 1;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, st, 0);
+    return 0;
+}
+
+/* Waits until no process names dir, and kills those still there after 2 s; removes the FIFO and dir.  The
+   processes that were left. */
 static int tp_launch_reap(const char *dir) {
     int left = 0;
     for (int t = 0; t < 200 && (left = tp_cmdline_count(dir)) > 0; t++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    pid_t p = 0;
+    for (int t = 0; t < 100 && tp_cmdline_find(dir, NULL, &p) > 0; t++) {
+        kill(p, SIGKILL);
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
@@ -371,7 +392,7 @@ TEST(cpu, tp_launch_passes_signals_to_its_ranks) {
     if (!pid) { rmdir(dir); SKIP("mkfifo"); }
     kill(pid, SIGTERM);
     int st = 0;
-    waitpid(pid, &st, 0);
+    CHECKF(tp_launch_wait(pid, &st), "the launcher did not end within 30 s of its SIGTERM");
     CHECKF(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM, "launcher status %d", st);
     int left = tp_launch_reap(dir);
     CHECKF(left == 0, "%d rank processes left running", left);
@@ -396,7 +417,7 @@ TEST(cpu, tp_launch_counts_the_ranks_it_stopped_apart) {
     if (r1 > 0) kill(r1, SIGKILL);
     else kill(pid, SIGTERM);
     int st = 0;
-    waitpid(pid, &st, 0);
+    CHECKF(tp_launch_wait(pid, &st), "the launcher did not end within 30 s of its rank's death");
     CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 1, "launcher status %d", st);
     int left = tp_launch_reap(dir);
     CHECKF(left == 0, "%d rank processes left running", left);

@@ -6,6 +6,7 @@
  * and libnccl).  A test whose library or device is missing prints a SKIP line with the reason.
  * The last line is always "N passed, M failed" (plus ", K skipped"); the exit status is non-zero
  * when anything failed.  Fixture paths are relative to the repository root unless QSA_TEST_ROOT is set.
+ * A test still running after QSA_TEST_TIMEOUT seconds (default 900, 0 for none) fails and ends the run.
  */
 #include <stddef.h>
 
@@ -138,6 +139,33 @@ static QSA__UNUSED qsa__tensor test_tensor(const char *name, qsa__dtype dtype, c
 #include "t_api.c"
 #include "t_oom.c"
 
+/* The watchdog: a test still running after QSA_TEST_TIMEOUT seconds (default 900; 0: none) is a hang.  It
+   is named as failed, the summary line is printed, and the run ends there, with status 1 (a hung test held
+   CI until its time limit, which printed nothing). */
+static const test_case *volatile g_current; /* the test that runs, NULL between tests */
+static volatile long g_current_start;        /* its start, on CLOCK_MONOTONIC, in seconds */
+static int g_passed, g_failed, g_skipped;
+static long test_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long)ts.tv_sec;
+}
+static void *test_watchdog(void *arg) {
+    long limit = (long)(intptr_t)arg;
+    for (;;) {
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL);
+        const test_case *t = __atomic_load_n(&g_current, __ATOMIC_ACQUIRE);
+        if (!t || test_now_s() - __atomic_load_n(&g_current_start, __ATOMIC_RELAXED) < limit) continue;
+        printf("\n  FAIL %s/%s: still running after %ld s (QSA_TEST_TIMEOUT); the run stops here\n", t->group, t->name, limit);
+        if (g_skipped) printf("%d passed, %d failed, %d skipped\n", g_passed, g_failed + 1, g_skipped);
+        else printf("%d passed, %d failed\n", g_passed, g_failed + 1);
+        fflush(stdout);
+        _exit(1);
+    }
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     if (getenv("QSA_TEST_TP_CHILD")) return tp_child_main(getenv("QSA_TEST_TP_CHILD")); /* a rank of nccl/tp2_two_processes */
     const char *groups[8];
@@ -153,7 +181,10 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "usage: %s [--group G]... [--filter S] [--from S] [--list] [-v]\n", argv[0]); return 2; }
     }
     if (T_.verbose) qsa_set_logger(qsa_log_stderr, NULL, QSA_LOG_DEBUG);
-    int passed = 0, failed = 0, skipped = 0;
+    const char *tl = getenv("QSA_TEST_TIMEOUT");
+    long limit = tl ? atol(tl) : 900;
+    pthread_t dog;
+    if (limit > 0 && !list && pthread_create(&dog, NULL, test_watchdog, (void *)(intptr_t)limit) == 0) pthread_detach(dog);
     for (int i = 0; i < g_ntests; i++) {
         test_case *t = &g_tests[i];
         int want = ngroups == 0;
@@ -166,14 +197,17 @@ int main(int argc, char **argv) {
         fflush(stdout);
         T_.failed = 0; T_.skipped = 0;
         qsa_clear_error();
+        __atomic_store_n(&g_current_start, test_now_s(), __ATOMIC_RELAXED);
+        __atomic_store_n(&g_current, t, __ATOMIC_RELEASE);
         t->fn();
-        if (T_.failed) { failed++; printf("  FAIL %s/%s (%d checks)\n", t->group, t->name, T_.failed); }
-        else if (T_.skipped) skipped++;
-        else passed++;
+        __atomic_store_n(&g_current, NULL, __ATOMIC_RELEASE);
+        if (T_.failed) { g_failed++; printf("  FAIL %s/%s (%d checks)\n", t->group, t->name, T_.failed); }
+        else if (T_.skipped) g_skipped++;
+        else g_passed++;
         fflush(stdout);
     }
     if (list) return 0;
-    if (skipped) printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
-    else printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    if (g_skipped) printf("%d passed, %d failed, %d skipped\n", g_passed, g_failed, g_skipped);
+    else printf("%d passed, %d failed\n", g_passed, g_failed);
+    return g_failed ? 1 : 0;
 }
