@@ -337,7 +337,7 @@ static pid_t tp_launch_held(const char *dir, const char *errpath) {
         _exit(127);
     }
     int ranks = 0; /* processes whose command line names the FIFO's directory, the launcher's own included */
-    for (int t = 0; t < 200 && ranks < 3; t++) {
+    for (int t = 0; t < 1000 && ranks < 3; t++) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
         ranks = tp_cmdline_count(dir);
@@ -360,11 +360,11 @@ static int tp_launch_wait(pid_t pid, int *st) {
     return 0;
 }
 
-/* Waits until no process names dir, and kills those still there after 2 s; removes the FIFO and dir.  The
+/* Waits until no process names dir, and kills those still there after 10 s; removes the FIFO and dir.  The
    processes that were left. */
 static int tp_launch_reap(const char *dir) {
     int left = 0;
-    for (int t = 0; t < 200 && (left = tp_cmdline_count(dir)) > 0; t++) {
+    for (int t = 0; t < 1000 && (left = tp_cmdline_count(dir)) > 0; t++) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
@@ -409,7 +409,7 @@ TEST(cpu, tp_launch_counts_the_ranks_it_stopped_apart) {
     pid_t pid = tp_launch_held(dir, errpath);
     if (!pid) { rmdir(dir); SKIP("mkfifo"); }
     pid_t r1 = 0; /* (a rank between its fork and its exec still has the launcher's command line) */
-    for (int t = 0; t < 200 && tp_cmdline_find(dir, "--rank 1 ", &r1) == 0; t++) {
+    for (int t = 0; t < 1000 && tp_cmdline_find(dir, "--rank 1 ", &r1) == 0; t++) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
