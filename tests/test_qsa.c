@@ -142,8 +142,8 @@ static QSA__UNUSED qsa__tensor test_tensor(const char *name, qsa__dtype dtype, c
 /* The watchdog: a test still running after QSA_TEST_TIMEOUT seconds (default 900; 0: none) is a hang.  It
    is named as failed, the summary line is printed, and the run ends there, with status 1 (a hung test held
    CI until its time limit, which printed nothing). */
-static const test_case *volatile g_current; /* the test that runs, NULL between tests */
-static volatile long g_current_start;        /* its start, on CLOCK_MONOTONIC, in seconds */
+static const test_case *g_current; /* the test that runs, NULL between tests (atomic loads and stores) */
+static long g_current_start;       /* its start, on CLOCK_MONOTONIC, in seconds */
 static int g_passed, g_failed, g_skipped;
 static long test_now_s(void) {
     struct timespec ts;
@@ -164,6 +164,47 @@ static void *test_watchdog(void *arg) {
         _exit(1);
     }
     return NULL;
+}
+
+/* selftest/hangs runs only where its group is named: the hung test of the next one. */
+TEST(selftest, hangs) {
+    for (int i = 0; i < 30; i++) {
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL);
+    }
+    CHECKF(0, "the watchdog let this test run for 30 s");
+}
+
+/* A hung test ends the run about QSA_TEST_TIMEOUT seconds in, named as failed, with the summary line last and
+   status 1 (the binary run again on selftest/hangs with a limit of 1 s). */
+TEST(cpu, test_watchdog_ends_a_hung_test) {
+    char path[] = "/tmp/qsa_dog_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) SKIP("mkstemp");
+    fflush(stdout);
+    double t0 = qsa__now();
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fd, 1);
+        setenv("QSA_TEST_TIMEOUT", "1", 1);
+        execl("/proc/self/exe", "test_qsa", "--group", "selftest", (char *)NULL);
+        _exit(127);
+    }
+    close(fd);
+    int st = 0;
+    if (pid > 0) waitpid(pid, &st, 0); /* (bounded: the hung test ends itself after 30 s) */
+    double dt = qsa__now() - t0;
+    char *text = NULL;
+    size_t n = 0;
+    CHECK_OK(qsa__read_file(path, &text, &n));
+    remove(path);
+    CHECKF(pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %d", st);
+    CHECKF(dt < 10.0, "the run ended after %.1f s", dt);
+    CHECKF(text && strstr(text, "FAIL selftest/hangs: still running after 1 s"), "output '%.300s'", text ? text : "");
+    const char *last = text && n > 1 ? text + n - 1 : NULL; /* the last line */
+    while (last && last > text && last[-1] != '\n') last--;
+    CHECKF(last && !strcmp(last, "0 passed, 1 failed\n"), "last line '%s'", last ? last : "");
+    qsa_free(text);
 }
 
 int main(int argc, char **argv) {
@@ -187,7 +228,7 @@ int main(int argc, char **argv) {
     if (limit > 0 && !list && pthread_create(&dog, NULL, test_watchdog, (void *)(intptr_t)limit) == 0) pthread_detach(dog);
     for (int i = 0; i < g_ntests; i++) {
         test_case *t = &g_tests[i];
-        int want = ngroups == 0;
+        int want = ngroups == 0 && strcmp(t->group, "selftest") != 0; /* (selftest only where named) */
         for (int g = 0; g < ngroups; g++) if (!strcmp(groups[g], t->group)) want = 1;
         if (!want || (filter && !strstr(t->name, filter) && !strstr(t->group, filter))) continue;
         if (from && !strstr(t->name, from)) continue;
