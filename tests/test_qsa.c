@@ -6,7 +6,8 @@
  * and libnccl).  A test whose library or device is missing prints a SKIP line with the reason.
  * The last line is always "N passed, M failed" (plus ", K skipped"); the exit status is non-zero
  * when anything failed.  Fixture paths are relative to the repository root unless QSA_TEST_ROOT is set.
- * A test still running after QSA_TEST_TIMEOUT seconds (default 900, 0 for none) fails and ends the run.
+ * A test still running after QSA_TEST_TIMEOUT seconds (default 900, 0 for none) fails and ends the run
+ * (group selftest holds a hung test for the watchdog's own test; it runs only where it is named).
  */
 #include <stddef.h>
 
