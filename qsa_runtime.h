@@ -12150,7 +12150,9 @@ QSA_PRIV qsa_result qsa__cuda_attn_batch(qsa_model *m, int l, int B) {
            (s91; kernel timelines of 4 layers, the real shape's rows): as dependents, the attention took 24.8 us
            after the indexer's top-k at ctx 16 (a 20-token query: one working block per KV head) against 9.2 us
            plainly and 10.5 at ctx 8,192; the merge as a dependent of a plain attention 5.7 us against 3.0
-           plainly.  Real shape, two rounds: ctx 16 147.2 -> 151.0 tok/s, the ctx 8,192 rows within 0.3%. */
+           plainly.  Real shape, two rounds, through a build that launched these two plainly by name: ctx 16
+           147.2 -> 151.0 tok/s, the ctx 8,192 rows within 0.3%; batches above 1 not measured.  (qsa__cuda_attn's
+           one-token split, TP decode, still launches both as dependents: not measured at a short context.) */
         int pdl = g->pdl;
         void *args[] = {&qg, &Kp, &Vp, &bts, &s->sel, &s->nsel, &att, &att16, &pos,
                         &nh, &nkv, &hd, &r, &topk, &ps, &part, &tx};
