@@ -10978,6 +10978,32 @@ QSA_PRIV qsa_result qsa__attn_merge(qsa__cuda *g, CUdeviceptr q, CUdeviceptr par
     return QSA_OK;
 }
 
+/* The tensor-core attention of T queries (batch 0: qsa_k_sparse_attn_tc, one sequence's chunk; 1:
+   qsa_k_sparse_attn_tc_batch, a query per sequence) with its arguments, grid tx x nkv x T, and when split
+   (part: tx splits per query) its merge (qsa__attn_merge, frag 1).  The split form and its merge launch
+   plainly, not as programmatic dependents.  Batch 1 on an H100 (s91; kernel timelines of 4 layers, the
+   real shape's rows): as dependents, the attention took 24.8 us after the indexer's top-k at ctx 16 (a
+   20-token query: one working block per KV head) against 9.2 us plainly and 10.5 at ctx 8,192; the merge as
+   a dependent of a plain attention 5.7 us against 3.0 plainly.  Real shape, two rounds, through a build
+   that launched these two plainly by name: ctx 16 147.2 -> 151.0 tok/s, the ctx 8,192 rows within 0.3%.  s92
+   (H100, real shape, two rounds against 28fd14f, which launched both as dependents; the same bits): batch 1 at
+   ctx 16 +1.9 to +3.2%, the chunked forward's one-token split (TP decode; cuda_batch_decode off) 128.8 ->
+   129.8 tok/s there; batch 4 at ctx 16 +0.8 to +1.7%; at ctx 8,192 batches 1 and 4 within about 1%; batch 32
+   on 12 layers -0.6 to +2.9% (a round in each of two calls). */
+QSA_PRIV qsa_result qsa__attn_tc_run(qsa__cuda *g, int batch, void **args, int tx, int T, CUdeviceptr part, CUdeviceptr q,
+                                     CUdeviceptr nsel, CUdeviceptr pos, int pos0, CUdeviceptr out, CUdeviceptr out16,
+                                     int nh, int nkv, int hd, int r, int split) {
+    int pdl = g->pdl;
+    g->pdl = part ? 0 : pdl;
+    qsa_result rr = qsa__cu_launch_ex(g->k[batch ? QSA__K_sparse_attn_tc_batch : QSA__K_sparse_attn_tc],
+                                      batch ? "qsa_k_sparse_attn_tc_batch" : "qsa_k_sparse_attn_tc", (unsigned)tx,
+                                      (unsigned)nkv, (unsigned)T, 128, 1, 1, QSA__ATTN_TC_SMEM, g->stream, args, g->pdl);
+    if (rr == QSA_OK && part)
+        rr = qsa__attn_merge(g, q, part, nsel, pos, pos0, out, out16, T, nh, nkv, hd, r, split, tx, 1);
+    g->pdl = pdl;
+    return rr;
+}
+
 /* The grid's y of qsa_k_block_scores[_batch] for `rows` decode queries of up to maxb block keys: a
    block of 256 threads per $QSA_SCORE_KEYS (default QSA__SCORE_KEYS) keys, but no more blocks than
    about one wave in all (8 per SM: the warps loop over the blocks; the scores are the same).  On the
@@ -11613,9 +11639,9 @@ QSA_PRIV qsa_result qsa__cuda_attn(qsa_seq *sq, int l, int M) {
     unsigned nt = 0;
     if (qsa__attn_tc(g, M == 1 && !tokpos ? 1 : 0, nh, nkv, hd, r, topk, split, &tx)) {
         CUdeviceptr part = tx > 1 ? s->gemv_part : 0;
-        QSA__LAUNCH3(g, sparse_attn_tc, tx, nkv, M, 128, QSA__ATTN_TC_SMEM, &qg, &Kp, &Vp, &bt, &s->sel, &s->nsel, &att,
-                     &att16, &pos0, &nh, &nkv, &hd, &r, &topk, &ps, &tokpos, &ld_tok, &part, &tx);
-        if (part) QSA__TRY(qsa__attn_merge(g, qg, part, s->nsel, 0, pos0, att, att16, M, nh, nkv, hd, r, split, tx, 1));
+        void *args[] = {&qg, &Kp, &Vp, &bt, &s->sel, &s->nsel, &att, &att16, &pos0,
+                        &nh, &nkv, &hd, &r, &topk, &ps, &tokpos, &ld_tok, &part, &tx};
+        QSA__TRY(qsa__attn_tc_run(g, 0, args, tx, M, part, qg, s->nsel, 0, pos0, att, att16, nh, nkv, hd, r, split));
         return qsa__dgemm(g, att16, M, &d->o, s->out, 0);
     }
     int smax = M == 1 && !tokpos ? qsa__attn_dec_splits(g, 1, nh, nkv, hd, r, topk, split, &hb, &nt) : 0;
@@ -12146,24 +12172,9 @@ QSA_PRIV qsa_result qsa__cuda_attn_batch(qsa_model *m, int l, int B) {
     unsigned nt = 0;
     if (qsa__attn_tc(g, B, nh, nkv, hd, r, topk, split, &tx)) {
         CUdeviceptr part = tx > 1 ? s->gemv_part : 0;
-        /* The split form and its merge launch plainly, not as programmatic dependents.  Batch 1 on an H100
-           (s91; kernel timelines of 4 layers, the real shape's rows): as dependents, the attention took 24.8 us
-           after the indexer's top-k at ctx 16 (a 20-token query: one working block per KV head) against 9.2 us
-           plainly and 10.5 at ctx 8,192; the merge as a dependent of a plain attention 5.7 us against 3.0
-           plainly.  Real shape, two rounds, through a build that launched these two plainly by name: ctx 16
-           147.2 -> 151.0 tok/s, the ctx 8,192 rows within 0.3%; batches above 1 not measured.  (qsa__cuda_attn's
-           one-token split, TP decode, still launches both as dependents: not measured at a short context.) */
-        int pdl = g->pdl;
         void *args[] = {&qg, &Kp, &Vp, &bts, &s->sel, &s->nsel, &att, &att16, &pos,
                         &nh, &nkv, &hd, &r, &topk, &ps, &part, &tx};
-        g->pdl = part ? 0 : pdl;
-        qsa_result rr = qsa__cu_launch_ex(g->k[QSA__K_sparse_attn_tc_batch], "qsa_k_sparse_attn_tc_batch",
-                                          (unsigned)tx, (unsigned)nkv, (unsigned)B, 128, 1, 1, QSA__ATTN_TC_SMEM,
-                                          g->stream, args, g->pdl);
-        if (rr == QSA_OK && part)
-            rr = qsa__attn_merge(g, qg, part, s->nsel, pos, 0, att, att16, B, nh, nkv, hd, r, split, tx, 1);
-        g->pdl = pdl;
-        QSA__TRY(rr);
+        QSA__TRY(qsa__attn_tc_run(g, 1, args, tx, B, part, qg, s->nsel, pos, 0, att, att16, nh, nkv, hd, r, split));
         return qsa__dgemm(g, att16, B, &d->o, s->out, 0);
     }
     int smax = qsa__attn_dec_splits(g, B, nh, nkv, hd, r, topk, split, &hb, &nt);
