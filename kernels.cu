@@ -2736,6 +2736,149 @@ extern "C" __global__ void __launch_bounds__(256) qsa_k_gemv_fold(qsa_gemv_group
 }
 #endif
 
+/* The cluster form of the block GEMV's split groups (sm_90: thread-block clusters and their distributed
+ * shared memory), for the decode batches whose split groups qsa_k_gemv_blk + qsa_k_gemv_fold take: the
+ * fold without the partial tiles' round trip through global memory and without the fold's launch.  A
+ * cluster of C blocks takes one output group (member, RP row tiles, QSA_GEMV_WARPS column tiles: the
+ * block form's group with its segments left out; cluster c takes group c in qsa_gb_locate's order) and
+ * its block of rank k the segments k, k + C, ...: the block form's stages and mma for each (the same
+ * partial tiles, bit for bit), each kept in the block's shared memory past the stages.  After a cluster
+ * barrier, the cluster's blocks share out the group's output elements (rank k takes elements k * 128 +
+ * thread, + C * 128, ...) and each sums an element's nseg partials in ascending segment order from the
+ * shared memory of the block that made each (ld.shared::cluster), ((0 + P_0) + P_1) + ...: the operations
+ * of qsa_k_gemv_fold, then its epilogue (qsa_gemv_put, or with gxn qsa_gres_put over its hc columns): the
+ * same bits (tested against it).  A second cluster barrier keeps every block's shared memory until the
+ * others have read it.  Launch: grid (groups x C) with cluster dimension (C, 1, 1), C <= nseg, block 32 *
+ * QSA_GEMV_WARPS, dynamic shared memory QSA_GCL_SMEM(RP, ceil(nseg / C)) bytes (the host's
+ * QSA__GCL_SMEM).  Compiled for sm_90 and up only; elsewhere it traps (the host takes it on sm_90
+ * modules only). */
+#define QSA_GCL_SMEM(rp, nloc) (QSA_GB_SMEM(rp) + (nloc) * QSA_GEMV_WARPS * (rp) * 16 * 16 * 4)
+#if QSA_CPA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+template <int RP>
+static __device__ void qsa_gemv_cl(const qsa_f16 *A, const qsa_gemv_group &grp, int M, int K, int accumulate,
+                                   const float *gxn, int ghc) {
+    extern __shared__ __align__(128) unsigned char qsa_dyn[];
+    qsa_f16 *const st = (qsa_f16 *)qsa_dyn;
+    float *const pl = (float *)(qsa_dyn + QSA_GB_SMEM(RP)); /* [nloc][QSA_GEMV_WARPS][RP][16 x 16] */
+    unsigned C, rank, cid;
+    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(C));
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    asm("mov.u32 %0, %%clusterid.x;" : "=r"(cid));
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, prow = M < 16 ? M : 16;
+    const int nseg = (K + QSA_SEG - 1) / QSA_SEG, nloc = (nseg + (int)C - 1) / (int)C;
+    if ((int)C > nseg || qsa_dyn_smem_bytes() < QSA_GCL_SMEM(RP, nloc)) __trap(); /* the host's choices */
+    const qsa_gb_job base = qsa_gb_locate(grp, M, 1, (int)cid, RP);
+    if (base.b < 0) __trap(); /* (the host launches a cluster per group) */
+    const int mine = (nseg - (int)rank + (int)C - 1) / (int)C, nq = 2 * mine;
+    const qsa_u32 ab = qsa_smem_u32(st) + 2 * ((lane & 15) * QSA_GBK + (lane >> 4) * 8),
+                  wb = qsa_smem_u32(st + (RP + warp) * QSA_GB_TILE) +
+                       2 * (((lane >> 4) * 8 + (lane & 7)) * QSA_GBK + ((lane >> 3) & 1) * 8);
+    qsa_gb_job cur = base, nxt;
+    cur.seg = (int)rank;
+    nxt = cur;
+    qsa_gb_copy<RP>(A, grp, M, K, cur, 0, st, true); /* (the PDL wait inside: every block has a segment) */
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    float d[8 * RP];
+    for (int q = 0; q < nq; q++) {
+        const int h = q & 1;
+        if (q + 1 < nq) {
+            if (h) nxt.seg = cur.seg + (int)C;
+            qsa_gb_copy<RP>(A, grp, M, K, nxt, h ^ 1, st + ((q + 1) & 1) * QSA_GB_STAGE(RP), false);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
+        __syncthreads();
+        if (!h) {
+#pragma unroll
+            for (int i = 0; i < 8 * RP; i++) d[i] = 0.0f;
+        }
+        const int k0 = cur.seg * QSA_SEG + h * (QSA_SEG / 2), kend = min(K, (cur.seg + 1) * QSA_SEG);
+        const qsa_u32 so = 2 * (q & 1) * QSA_GB_STAGE(RP);
+#pragma unroll
+        for (int c = 0; c < QSA_SEG / 32; c++) {
+            if (k0 + 16 * c >= kend) break;
+            qsa_u32 fa[4], fw[4];
+            qsa_ldsm4(wb + so + 32 * c, fw);
+#pragma unroll
+            for (int r = 0; r < RP; r++) {
+                qsa_ldsm4(ab + so + 2 * r * QSA_GB_TILE + 32 * c, fa);
+                qsa_mma16816(d + 8 * r, fa, fw[0], fw[1]);
+                qsa_mma16816(d + 8 * r + 4, fa, fw[2], fw[3]);
+            }
+        }
+        if (h) {
+#pragma unroll
+            for (int r = 0; r < RP; r++)
+                qsa_gb_put_tile(pl + (((qsa_i64)(q >> 1) * QSA_GEMV_WARPS + warp) * RP + r) * 256, d + 8 * r, prow);
+            cur = nxt;
+        }
+        __syncthreads();
+    }
+    asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+    /* the fold: element e of the group is (row tile r, row i, column j of 64), or with gxn the hc columns
+       from j = per-group index * hc */
+    const qsa_gemv_member mb = qsa_gemv_pick(grp, base.b);
+    const int cols = gxn ? 64 / ghc : 64, items = RP * prow * cols;
+    const qsa_u32 pl0 = qsa_smem_u32(pl);
+    for (int e = (int)rank * (int)blockDim.x + (int)threadIdx.x; e < items; e += (int)(C * blockDim.x)) {
+        const int r = e / (prow * cols), i = (e / cols) % prow, j = (e % cols) * (gxn ? ghc : 1);
+        const int m = base.m0 + 16 * r + i, n = base.nt0 * 16 + j;
+        if (m >= M || n >= mb.N) continue;
+        /* part s of column j + c: block s % C, its segment s / C, warp j / 16's tile r */
+        const qsa_u32 off = 4u * (qsa_u32)(((j >> 4) * RP + r) * 256 + i * 16 + (j & 15));
+        float t[16];
+        const int nc = gxn ? ghc : 1;
+        for (int c = 0; c < nc; c++) { /* 8 parts in flight, then added in order */
+            float a = 0.0f;
+            for (int s0 = 0; s0 < nseg; s0 += 8) {
+                float v[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int s = s0 + u;
+                    v[u] = 0.0f;
+                    if (s < nseg) {
+                        const qsa_u32 la = pl0 + off + 4u * (qsa_u32)(c + (s / (int)C) * QSA_GEMV_WARPS * RP * 256);
+                        qsa_u32 ra;
+                        asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(la), "r"((unsigned)(s % (int)C)));
+                        asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v[u]) : "r"(ra) : "memory");
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    if (s0 + u < nseg) a = a + v[u];
+            }
+            t[c] = a;
+        }
+        if (gxn) qsa_gres_put(t, mb.bias, gxn, mb.Y, mb.Y16, m, n, mb.N, ghc);
+        else
+            qsa_gemv_put(t[0], mb.bias, mb.Y + (qsa_i64)m * mb.N, mb.Y16 ? mb.Y16 + (qsa_i64)m * mb.N : mb.Y16, accumulate,
+                         mb.act_scale, n);
+    }
+    __syncwarp(); /* (the barrier's .aligned: the warp converged) */
+    asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+}
+#define QSA_GEMV_CL_BODY(rp)                                                                                  \
+    QSA_PDL_LATE();                                                                                           \
+    if (blockDim.x != 32 * QSA_GEMV_WARPS || !qsa_gemv_blockwise(A, grp, M, K) ||                             \
+        (xn && (grp.n != 1 || hc < 1 || 16 % hc || grp.m[0].N % hc)))                                         \
+        __trap(); /* the host checks these */                                                                 \
+    qsa_gemv_cl<rp>(A, grp, M, K, accumulate, xn, hc)
+#else
+#define QSA_GEMV_CL_BODY(rp)                                                                                  \
+    (void)A, (void)grp, (void)M, (void)K, (void)accumulate, (void)xn, (void)hc;                              \
+    __trap() /* (sm_90+ only: clusters) */
+#endif
+#define QSA_GEMV_CL_PARAMS                                                                                    \
+    const qsa_f16 *__restrict__ A, qsa_gemv_group grp, int M, int K, int accumulate, const float *__restrict__ xn, int hc
+#if QSA_IN_PART(6)
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_cl(QSA_GEMV_CL_PARAMS) {
+    QSA_GEMV_CL_BODY(1);
+}
+extern "C" __global__ void __launch_bounds__(32 * QSA_GEMV_WARPS) qsa_k_gemv_cl32(QSA_GEMV_CL_PARAMS) {
+    QSA_GEMV_CL_BODY(2);
+}
+#endif
+
 /* The tiled form of qsa_k_gemv_f16_group: the 64 x 64 tiles of member 0, then member 1's, ..., each
  * through qsa_tile64 as qsa_k_gemm_f16 computes it for M > QSA_SPLITK_MAX_M — the canonical order,
  * so every member gets the bits of its own launch whatever M (tested against the split-K tiles of
