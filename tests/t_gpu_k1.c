@@ -1181,15 +1181,15 @@ static qsa_result k1_blk_fold(CUdeviceptr A, qsa__gemv_group *grp, int M, int K,
 
 /* The cluster form of the split groups (qsa_k_gemv_cl[32]; sm_90 modules: clusters) over M rows: clusters
    of C blocks (fewer where K has fewer segments, more where a block would hold over QSA__GCL_LOC of them,
-   as the host), a cluster per output group, its kernel k1_blk_rp(M)'s; *grid its blocks (0: not launched,
-   a cluster of more than 8 blocks) */
+   as the host; a K that would need more than 8 is refused), a cluster per output group, its kernel
+   k1_blk_rp(M)'s; *grid its blocks */
 #define K1_CLUSTER_FORM(K) (k1_arch_num() >= 90 && (K) % 8 == 0 && (K) > 256)
 static qsa_result k1_launch_cl(int C, CUdeviceptr A, qsa__gemv_group *grp, int M, int K, int acc, CUdeviceptr xn, int hc,
                                unsigned *grid) {
     int nseg = (K + 255) / 256, rp = k1_blk_rp(M), c = C < nseg ? C : nseg;
     if ((nseg + c - 1) / c > QSA__GCL_LOC) c = (nseg + QSA__GCL_LOC - 1) / QSA__GCL_LOC;
     *grid = 0;
-    if (c > 8) return QSA_OK;
+    if (c > 8) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "k1_launch_cl: K %d would need clusters of %d blocks", K, c);
     unsigned groups = 0, sh = QSA__GCL_SMEM(rp, (nseg + c - 1) / c);
     for (int b = 0; b < grp->n; b++) groups += k1_gemv_groups(0, M, grp->m[b].N, K) / (unsigned)nseg;
     const char *name = rp == 2 ? "qsa_k_gemv_cl32" : "qsa_k_gemv_cl";
