@@ -1234,7 +1234,6 @@ typedef struct { char internal[128]; } ncclUniqueId;
 #define QSA__CU_FUNC_ATTRIBUTE_NUM_REGS 4
 #define QSA__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
 #define QSA__CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT 9
-#define QSA__CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION 4
 #define QSA__CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION 6
 #define QSA__CU_STREAM_NON_BLOCKING 0x1
 #define QSA__CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
@@ -1728,10 +1727,10 @@ QSA_PRIV double qsa__prof_report(FILE *f, int steps, int max_rows) {
    it may start as soon as every block of that kernel has begun, and waits in QSA_PDL_ENTRY (at the
    top of every kernel of kernels.cu; after the weight loads in the QSA_PDL_LATE GEMVs) until that
    kernel has completed and its writes are visible — so it hides the launch latency and changes
-   nothing else.  cluster > 1 launches thread-block clusters of that many blocks along x (sm_90+). */
-QSA_PRIV qsa_result qsa__cu_launch_cl(CUfunction fn, const char *name, unsigned gx, unsigned gy, unsigned gz,
+   nothing else. */
+QSA_PRIV qsa_result qsa__cu_launch_ex(CUfunction fn, const char *name, unsigned gx, unsigned gy, unsigned gz,
                                       unsigned bx, unsigned by, unsigned bz, unsigned shmem, CUstream s, void **args,
-                                      int pdl, unsigned cluster) {
+                                      int pdl) {
     const qsa__prof_key *skip = qsa__prof_skip;
     if (skip && skip->name == name && skip->gx == gx && skip->gy == gy && skip->gz == gz && skip->bx == bx) return QSA_OK;
     qsa__prof_state *p = qsa__prof_capturing ? NULL : qsa__prof;
@@ -1759,23 +1758,13 @@ QSA_PRIV qsa_result qsa__cu_launch_cl(CUfunction fn, const char *name, unsigned 
         }
     }
     CUresult r;
-    if ((pdl || cluster > 1) && qsa__cu.cuLaunchKernelEx) {
-        qsa__cu_launch_attr at[2];
-        unsigned na = 0;
-        memset(at, 0, sizeof at);
-        if (pdl) {
-            at[na].id = QSA__CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            at[na++].value.i = 1;
-        }
-        if (cluster > 1) { /* (CUlaunchAttributeValue's clusterDim: three unsigned) */
-            const unsigned dim[3] = {cluster, 1, 1};
-            at[na].id = QSA__CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-            memcpy(at[na++].value.pad, dim, sizeof dim);
-        }
-        qsa__cu_launch_cfg cfg = {gx, gy, gz, bx, by, bz, shmem, s, at, na};
+    if (pdl && qsa__cu.cuLaunchKernelEx) {
+        qsa__cu_launch_attr at;
+        memset(&at, 0, sizeof at);
+        at.id = QSA__CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        at.value.i = 1;
+        qsa__cu_launch_cfg cfg = {gx, gy, gz, bx, by, bz, shmem, s, &at, 1};
         r = qsa__cu.cuLaunchKernelEx(&cfg, fn, args, NULL);
-    } else if (cluster > 1) {
-        r = 1; /* CUDA_ERROR_INVALID_VALUE: a cluster needs cuLaunchKernelEx */
     } else {
         r = qsa__cu.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, shmem, s, args, NULL);
     }
@@ -1788,12 +1777,6 @@ QSA_PRIV qsa_result qsa__cu_launch_cl(CUfunction fn, const char *name, unsigned 
     snprintf(what, sizeof what, "launch %s grid (%u,%u,%u) block (%u,%u,%u) smem %u", name, gx, gy, gz, bx, by, bz,
              shmem);
     return qsa__cu_check(r, what, __LINE__);
-}
-
-QSA_PRIV qsa_result qsa__cu_launch_ex(CUfunction fn, const char *name, unsigned gx, unsigned gy, unsigned gz,
-                                      unsigned bx, unsigned by, unsigned bz, unsigned shmem, CUstream s, void **args,
-                                      int pdl) {
-    return qsa__cu_launch_cl(fn, name, gx, gy, gz, bx, by, bz, shmem, s, args, pdl, 0);
 }
 
 QSA_PRIV qsa_result qsa__cu_launch(CUfunction fn, const char *name, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -9583,7 +9566,7 @@ QSA_IMPL qsa_result qsa_tp_comm_per_token(const qsa_model_config *c, int tp, int
 
 #define QSA__KERNEL_LIST(X)                                                                             \
     X(embed) X(rmsnorm) X(gres_mix) X(silu_scale) X(inject) X(inject_rmsnorm) X(to_f16)                     \
-    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(gemv_deep) X(gemv_gres) X(gemv_blk) X(gemv_blk_whole) X(gemv_blk32) X(gemv_fold) X(gemv_cl) X(gemv_cl32) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_gate_up_xwr) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_gate_up_xwn) X(moe_down_xwn) X(moe_combine)       \
+    X(gemm_f16) X(gemm_nvfp4) X(gemv_f16) X(gemv_nvfp4) X(gemv_f16_group) X(gemm_f16_group) X(gemv_deep) X(gemv_gres) X(gemv_blk) X(gemv_blk_whole) X(gemv_blk32) X(gemv_fold) X(router_topk) X(moe_plan) X(moe_gate_up) X(moe_down) X(moe_gate_up64) X(moe_down64) X(moe_gate_up_xw) X(moe_gate_up_xwr) X(moe_down_xw) X(moe_gate_up_xwk) X(moe_down_xwk) X(moe_gate_up_xwn) X(moe_down_xwn) X(moe_combine)       \
     X(ple_gate) X(ple_conv) X(gdn_conv) X(gdn_conv_state) X(gdn_recurrent)                  \
     X(gdn_recurrent_f16state) X(gdn_norm_gate) X(attn_qk_prep) X(indexer_prep) X(block_keys)             \
     X(block_scores) X(topk_blocks) X(attn_phys_order) X(sparse_attn)                                     \
@@ -9680,11 +9663,6 @@ typedef struct qsa__dlayer {
 #define QSA__GEMV_BLK_MIN_M 1                     /* ... and from how many rows (fewer: the per-warp kernels, qsa_seg16_tr up to 4) */
 #define QSA__GEMV_WHOLE_SEGS 2                    /* ... whole-K groups (no tickets) for K of up to this many segments */
 #define QSA__GEMV_FOLD_MIN_M 2                    /* ... the split groups' folds in a launch of their own from this many rows */
-/* ... or, on sm_90 with $QSA_GEMV_CLUSTER set, folded inside clusters of up to that many blocks (qsa_k_gemv_cl[32]),
-   each block's segments' partial tiles kept in its shared memory past the stages: at most QSA__GCL_LOC segments a
-   block (kernels.cu: QSA_GCL_SMEM) */
-#define QSA__GCL_LOC 8
-#define QSA__GCL_SMEM(rp, nloc) (QSA__GB_SMEM(rp) + (nloc) * QSA__GEMV_WARPS * (rp) * 16 * 16 * 4)
 #define QSA__MOE_PLAN_THREADS 1024                /* largest block of qsa_k_moe_plan; its scratch holds E counts per warp */
 
 typedef struct qsa__dscratch {
@@ -9726,10 +9704,6 @@ typedef struct qsa__cuda {
     int gemv_blk_min_m;          /* rows from which qsa__gemv_groups takes the block form (QSA__GEMV_BLK_MIN_M; $QSA_GEMV_BLK_MIN_M) */
     int gemv_whole_segs;         /* K segments up to which qsa__gemv_blk takes whole-K groups (QSA__GEMV_WHOLE_SEGS; $QSA_GEMV_WHOLE_SEGS) */
     int gemv_fold_min_m;         /* rows from which qsa__gemv_blk folds split groups in qsa_k_gemv_fold (QSA__GEMV_FOLD_MIN_M; $QSA_GEMV_FOLD_MIN_M) */
-    int gemv_cl;                 /* ... or in clusters of up to this many blocks, qsa_k_gemv_cl[32] ($QSA_GEMV_CLUSTER, 1 to 8; 0:
-                                    never) */
-    int gemv_cl_ok;              /* ... where this module has them (sm_90 modules on sm_90+ devices; QSA__GCL_SMEM granted) */
-    long long n_gemv_cl;         /* ... launches of them made (or captured) */
     int gemv_force_whole;        /* qsa__gemv_blk takes whole-K groups whatever K (set around the side stream's launches) */
     int gemv_whole_min_groups;   /* ... and wherever its whole-K groups number at least this many (the SM count;
                                     $QSA_GEMV_WHOLE_MIN_GROUPS: a positive count, or 0: never) */
@@ -10307,13 +10281,6 @@ QSA_PRIV qsa_result qsa__cuda_module(qsa__cuda *g, const char *want_arch) {
         }
         g->gemv_blk_fit[i] = ok ? (g->smem_per_sm > 0 ? g->smem_per_sm / (sh + 1024) : 1) : 0;
     }
-    /* the cluster form of the split groups (sm_90 modules on sm_90+ devices: clusters and their shared memory) */
-    g->gemv_cl_ok = g->arch_num >= 90 && g->cc >= 90 && qsa__cu.cuLaunchKernelEx != NULL;
-    for (int rp = 1; rp <= 2 && g->gemv_cl_ok; rp++)
-        if (QSA__GCL_SMEM(rp, QSA__GCL_LOC) > optin ||
-            qsa__cu.cuFuncSetAttribute(g->k[rp == 2 ? QSA__K_gemv_cl32 : QSA__K_gemv_cl],
-                                       QSA__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, QSA__GCL_SMEM(rp, QSA__GCL_LOC)) != 0)
-            g->gemv_cl_ok = 0;
     /* the tensor-core attention: cp.async, ldmatrix and mma (sm_80+) and QSA__ATTN_TC_SMEM of dynamic shared memory */
     if (g->arch_num < 80 || optin < QSA__ATTN_TC_SMEM) g->attn_tc = 0;
     for (int i = 0; i < 2 && g->attn_tc; i++) {
@@ -10698,8 +10665,7 @@ QSA_PRIV void qsa__cuda_free(qsa__cuda *g) {
    and $QSA_TILED_TILES replace qsa__tiled_small's thresholds (QSA__TILED_M tokens, the SM count of
    tiles); $QSA_GEMV_BLOCKS_PER_SM replaces QSA__GEMV_BLOCKS (qsa__gemv_blk_grid), $QSA_GEMV_BLK_MIN_M
    QSA__GEMV_BLK_MIN_M (qsa__gemv_groups), $QSA_GEMV_WHOLE_SEGS (0 or more) QSA__GEMV_WHOLE_SEGS,
-   $QSA_GEMV_FOLD_MIN_M (65: never) QSA__GEMV_FOLD_MIN_M (qsa__gemv_blk), $QSA_GEMV_CLUSTER (1 to 8) folds those
-   groups in clusters of up to that many blocks instead (sm_90; qsa__gemv_blk)
+   $QSA_GEMV_FOLD_MIN_M (65: never) QSA__GEMV_FOLD_MIN_M (qsa__gemv_blk)
    and $QSA_GEMV_WHOLE_MIN_GROUPS (0: never) the SM count (qsa__gemv_blk); $QSA_SHARED_SIDE "0" keeps
    the shared expert's down projection in the chain (qsa__cuda_moe); $QSA_MOE_ROUTE1 "0" gives one
    token's router its own launch (qsa__moe_route1); $QSA_GDN_FUSE "0" gives a decode step's GDN conv its
@@ -10715,7 +10681,6 @@ QSA_PRIV void qsa__cuda_tuning(qsa__cuda *g) {
     g->gemv_blk_min_m = (int)qsa__env_int("QSA_GEMV_BLK_MIN_M", 1, 1 << 20, QSA__GEMV_BLK_MIN_M);
     g->gemv_whole_segs = (int)qsa__env_int("QSA_GEMV_WHOLE_SEGS", 0, 1 << 20, QSA__GEMV_WHOLE_SEGS);
     g->gemv_fold_min_m = (int)qsa__env_int("QSA_GEMV_FOLD_MIN_M", 1, 1 << 20, QSA__GEMV_FOLD_MIN_M);
-    g->gemv_cl = (int)qsa__env_int("QSA_GEMV_CLUSTER", 0, 8, 0);
     g->gemv_whole_min_groups = (int)qsa__env_int("QSA_GEMV_WHOLE_MIN_GROUPS", 0, 1 << 30, g->sm_count > 0 ? g->sm_count : 1);
     g->shared_side = qsa__env_flag("QSA_SHARED_SIDE", 1);
     g->sample_dev = qsa__env_flag("QSA_SAMPLE_DEVICE", 1);
@@ -11155,9 +11120,7 @@ QSA_PRIV long long qsa__gemv_fold_items(const qsa__gemv_group *grp, int M, CUdev
    H200, real shape, the GDN input group's 258 groups and attention q/k/v's 208 at K = 2,560 and the
    lm_head's; B=1 134.8 / 134.1 -> 136.6 / 137.3 tok/s, B=8 +graphs 501.4 / 497.9 -> 508.5 / 507.8;
    the lm_head alone: no change.)  Split groups of gemv_fold_min_m rows or more take no tickets: the
-   partial tiles, then qsa_k_gemv_fold (a thread per output element; the same bits); or with gemv_cl
-   (sm_90) clusters of up to gemv_cl blocks, qsa_k_gemv_cl[32], each cluster a group's segments and their
-   fold (the same bits). */
+   partial tiles, then qsa_k_gemv_fold (a thread per output element; the same bits). */
 QSA_PRIV qsa_result qsa__gemv_blk(qsa__cuda *g, CUdeviceptr A16, int M, int K, qsa__gemv_group *grp, int acc,
                                   CUdeviceptr xn, int hc, int *launched) {
     int Ns[QSA__GEMV_GROUP];
@@ -11181,15 +11144,6 @@ QSA_PRIV qsa_result qsa__gemv_blk(qsa__cuda *g, CUdeviceptr A16, int M, int K, q
        tiles, then their folds in a launch of their own) */
     int rp = qsa__gemv_rp(g, M);
     long long rgroups = rp == 2 ? groups / ((M + 15) / 16) * ((M + 31) / 32) : groups;
-    int C = !g->gemv_cl_ok ? 0 : g->gemv_cl < nseg ? g->gemv_cl : nseg;
-    if (C > 0 && M >= g->gemv_fold_min_m && (nseg + C - 1) / C <= QSA__GCL_LOC) {
-        /* a cluster of C blocks per output group (its segments shared out), folded in the clusters' shared memory */
-        void *cargs[] = {&A16, grp, &M, &K, &acc, &xn, &hc};
-        g->n_gemv_cl++;
-        return qsa__cu_launch_cl(g->k[rp == 2 ? QSA__K_gemv_cl32 : QSA__K_gemv_cl], rp == 2 ? "qsa_k_gemv_cl32" : "qsa_k_gemv_cl",
-                                 (unsigned)(rgroups / nseg * C), 1, 1, 32 * QSA__GEMV_WARPS, 1, 1,
-                                 QSA__GCL_SMEM(rp, (nseg + C - 1) / C), g->stream, cargs, g->pdl, (unsigned)C);
-    }
     CUdeviceptr tickets = M < g->gemv_fold_min_m ? cnt : 0;
     void *args[] = {&A16, grp, &M, &K, &acc, &part, &tickets, &xn, &hc};
     QSA__TRY(qsa__cu_launch_ex(g->k[rp == 2 ? QSA__K_gemv_blk32 : QSA__K_gemv_blk],

@@ -689,32 +689,6 @@ TEST(gpu, gemv_fold_launch_equals_ticket_fold) {
     qsa_model_free(m);
 }
 
-/* (b5) The cluster form of the split groups (qsa_k_gemv_cl[32], sm_90 modules): with gemv_cl set and
-   gemv_fold_min_m at 1 every split block-form launch of batches 1 and 8 folds inside clusters (of one block
-   here: the tiny model's K are one segment; the kernel tests take clusters of 2, 3 and 8) — the bits of the
-   completing warps' folds, 8 requests, graphs captured anew for each. */
-TEST(gpu, gemv_cluster_fold_equals_ticket_fold) {
-    qsa_model *m = NULL;
-    SHARDED_OR_SKIP(1, 1, &m);
-    qsa__cuda *g = m->cuda;
-    if (!g->gemv_cl_ok) {
-        qsa_model_free(m);
-        SKIP("no cluster form in this module (arch %d on a device of cc %d)", g->arch_num, g->cc);
-    }
-    bd_pair *p = bd_pair_new(m);
-    int reqs[8] = {4, 1, 6, 3, 0, 7, 2, 5};
-    int *const knob[3] = {&g->gemv_fold_min_m, &g->gemv_whole_segs, &g->gemv_cl};
-    const int ref[3] = {65, 0, 0}, alt[3] = {1, 0, 8};
-    for (int B = 1; B <= 8 && p && !T_.failed; B += 7) {
-        long long n0 = g->n_gemv_cl;
-        CHECKF(bd_knobs_same(m, reqs, B, p, knob, ref, alt, 3), "B %d: the cluster folds give other bits than the completing warps",
-               B);
-        CHECKF(g->n_gemv_cl > n0, "B %d: no cluster-form launch", B);
-    }
-    bd_pair_free(p);
-    qsa_model_free(m);
-}
-
 /* (c) CUDA-graph decode gives the bits of eager decode (graphs captured at B's first step, then
    replayed while positions, pages, selections and slots change; more than max_batch requests run
    in groups). */

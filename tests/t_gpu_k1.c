@@ -1179,32 +1179,6 @@ static qsa_result k1_blk_fold(CUdeviceptr A, qsa__gemv_group *grp, int M, int K,
     return k1_launch("qsa_k_gemv_fold", (unsigned)((items + 255) / 256), 1, 256, a2);
 }
 
-/* The cluster form of the split groups (qsa_k_gemv_cl[32]; sm_90 modules: clusters) over M rows: clusters
-   of C blocks (fewer where K has fewer segments, more where a block would hold over QSA__GCL_LOC of them,
-   as the host; a K that would need more than 8 is refused), a cluster per output group, its kernel
-   k1_blk_rp(M)'s; *grid its blocks */
-#define K1_CLUSTER_FORM(K) (k1_arch_num() >= 90 && (K) % 8 == 0 && (K) > 256)
-static qsa_result k1_launch_cl(int C, CUdeviceptr A, qsa__gemv_group *grp, int M, int K, int acc, CUdeviceptr xn, int hc,
-                               unsigned *grid) {
-    int nseg = (K + 255) / 256, rp = k1_blk_rp(M), c = C < nseg ? C : nseg;
-    if ((nseg + c - 1) / c > QSA__GCL_LOC) c = (nseg + QSA__GCL_LOC - 1) / QSA__GCL_LOC;
-    *grid = 0;
-    if (c > 8) return qsa__fail(QSA_ERR_INVALID_ARGUMENT, "k1_launch_cl: K %d would need clusters of %d blocks", K, c);
-    unsigned groups = 0, sh = QSA__GCL_SMEM(rp, (nseg + c - 1) / c);
-    for (int b = 0; b < grp->n; b++) groups += k1_gemv_groups(0, M, grp->m[b].N, K) / (unsigned)nseg;
-    const char *name = rp == 2 ? "qsa_k_gemv_cl32" : "qsa_k_gemv_cl";
-    CUfunction fn;
-    if (qsa__cu.cuModuleGetFunction(&fn, K1_.mod, name) != 0)
-        return qsa__fail(QSA_ERR_NOT_FOUND, "kernel %s is not in the k1 module", name);
-    QSA__CU(qsa__cu.cuFuncSetAttribute(fn, QSA__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)sh));
-    void *args[] = {&A, grp, &M, &K, &acc, &xn, &hc};
-    *grid = groups * (unsigned)c;
-    QSA__TRY(qsa__cu_launch_cl(fn, name, *grid, 1, 1, 128, 1, 1, sh, NULL, args, 0, (unsigned)c));
-    QSA__CU(qsa__cu.cuCtxSynchronize());
-    return QSA_OK;
-}
-static const int k1_cl_sizes[3] = {8, 3, 2}; /* the cluster sizes the tests take */
-
 static void k1_gemv_case(int M, int N, int K, int nvfp4) {
     k1_mem mem = {{0}, 0, {0}, 0};
     uint16_t *a16, *w16 = NULL;
@@ -1274,9 +1248,7 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
             grp.m[0].Y16 = *(CUdeviceptr *)(y16p);                                                      \
             grp.m[0].act_scale = *(float *)(actp);                                                      \
             void *a_[] = {&dA, &grp, &M, &K, (accp), &dpart, &dcnt, &xn0, &hc0};                        \
-            if (form >= 7)                                                                              \
-                K1_TRY(k1_launch_cl(k1_cl_sizes[form - 7], dA, &grp, M, K, *(int *)(accp), xn0, hc0, &gx)); \
-            else if (form >= 5)                                                                         \
+            if (form >= 5)                                                                              \
                 K1_TRY(k1_blk_fold(dA, &grp, M, K, *(int *)(accp), dpart, xn0, hc0, gx));               \
             else                                                                                        \
                 K1_TRY(k1_launch_blk(form >= 3, gx, M, a_));                                              \
@@ -1291,13 +1263,13 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
     /* form 0: the per-warp kernel, twice (the tickets must be back at zero); where the block form
        applies (qsa_k_gemv_blk) forms 1 and 2: it on its full grid and on K1_GEMV_LOOP_GRID blocks,
        3 and 4: the same with whole-K groups (no tickets), 5 and 6: as 1 and 2 without tickets, folded by
-       qsa_k_gemv_fold; where the cluster form applies, 7 to 9: it in clusters of k1_cl_sizes blocks */
-    int forms = !nvfp4 && K1_BLOCK_FORM(K) ? (K1_CLUSTER_FORM(K) ? 10 : 7) : 1;
+       qsa_k_gemv_fold */
+    int forms = !nvfp4 && K1_BLOCK_FORM(K) ? 7 : 1;
     qsa__gemv_group grp = k1_gemv_one(dW, dB, dY, 0, N);
     for (int form = 0; form < forms; form++)
         for (int rep = 0; rep < (form ? 1 : 2); rep++) {
             char what[160];
-            const char *kn = form >= 7 ? "cl" : form >= 5 ? "blk + fold" : form >= 3 ? "blk whole" : form ? "blk" : nvfp4 ? "nvfp4" : "f16";
+            const char *kn = form >= 5 ? "blk + fold" : form >= 3 ? "blk whole" : form ? "blk" : nvfp4 ? "nvfp4" : "f16";
             K1_TRY(k1_poison(dY, sizeof(float) * M * N));
             K1_GEMV(&acc0, &dnull, &noact);
             K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
@@ -1324,7 +1296,7 @@ static void k1_gemv_case(int M, int N, int K, int nvfp4) {
         K1_TRY(k1_get(Y1, dY, sizeof(float) * M * N));
         K1_TRY(k1_get(Y16, dY16, sizeof(uint16_t) * M * N));
         snprintf(what, sizeof what, "gemv_%s M=%d N=%d K=%d grid %u rp %d silu epilogue vs gemm + silu_scale",
-                 form >= 7 ? "cl" : form >= 5 ? "blk + fold" : form >= 3 ? "blk whole" : form ? "blk" : nvfp4 ? "nvfp4" : "f16", M, N, K, gx,
+                 form >= 5 ? "blk + fold" : form >= 3 ? "blk whole" : form ? "blk" : nvfp4 ? "nvfp4" : "f16", M, N, K, gx,
                  k1_blk_rp_of(form == 3 || form == 4, M));
         CHECK(!k1_same(what, Yacc, Y1, (size_t)M * N, 4));
         CHECK(!k1_same(what, Z16, Y16, (size_t)M * N, 2));
@@ -1381,9 +1353,8 @@ static void k1_gemv_group_case(int M, int K, int n) {
     }
     /* reps 0 and 1: the per-warp kernel (the tickets must be back at zero); where the block form
        applies, 2 and 3: qsa_k_gemv_blk on its full grid and on K1_GEMV_LOOP_GRID blocks, 4 and 5:
-       the same with whole-K groups, 6 and 7: as 2 and 3 without tickets, folded by qsa_k_gemv_fold; where
-       the cluster form applies, 8 to 10: it in clusters of k1_cl_sizes blocks */
-    for (int rep = 0; rep < (K1_BLOCK_FORM(K) ? (K1_CLUSTER_FORM(K) ? 11 : 8) : 2); rep++) {
+       the same with whole-K groups, 6 and 7: as 2 and 3 without tickets, folded by qsa_k_gemv_fold */
+    for (int rep = 0; rep < (K1_BLOCK_FORM(K) ? 8 : 2); rep++) {
         for (int b = 0; b < n; b++) {
             K1_TRY(k1_poison(dY[b], sizeof(float) * M * Ns[b]));
             K1_TRY(k1_poison(dY16[b], sizeof(uint16_t) * M * Ns[b]));
@@ -1399,8 +1370,7 @@ static void k1_gemv_group_case(int M, int K, int n) {
             if (rep == 2 || rep == 4 || rep == 6)
                 for (int b = gx = 0; b < n; b++) gx += k1_gemv_groups(whole, M, Ns[b], K) / (whole ? nseg : 1);
             void *args[] = {&dA, &grp, &M, &K, &acc0, &dpart, &dcnt, &xn0, &hc0};
-            if (rep >= 8) K1_TRY(k1_launch_cl(k1_cl_sizes[rep - 8], dA, &grp, M, K, acc0, xn0, hc0, &gx));
-            else if (rep >= 6) K1_TRY(k1_blk_fold(dA, &grp, M, K, acc0, dpart, xn0, hc0, gx));
+            if (rep >= 6) K1_TRY(k1_blk_fold(dA, &grp, M, K, acc0, dpart, xn0, hc0, gx));
             else K1_TRY(k1_launch_blk(whole, gx, M, args));
         }
         for (int b = 0; b < n; b++) {
@@ -1417,8 +1387,7 @@ static void k1_gemv_group_case(int M, int K, int n) {
             K1_TRY(k1_get(ref, dY[b], sizeof(float) * M * N));
             if (y16) K1_TRY(k1_get(r16, y16, sizeof(uint16_t) * M * N));
             snprintf(what, sizeof what, "gemv_%s M=%d K=%d member %d of %d (N=%d) launch %d grid %u rp %d",
-                     rep < 2 ? "f16_group" : rep < 4 ? "blk" : rep < 6 ? "blk whole" : rep < 8 ? "blk + fold" : "cl", M, K, b,
-                     n, N, rep + 1,
+                     rep < 2 ? "f16_group" : rep < 4 ? "blk" : rep < 6 ? "blk whole" : "blk + fold", M, K, b, n, N, rep + 1,
                      gx, k1_blk_rp_of(rep == 4 || rep == 5, M));
             CHECK(!k1_same(what, ref, got, (size_t)M * N, 4));
             if (y16) CHECK(!k1_same(what, r16, g16, (size_t)M * N, 2));
@@ -1557,9 +1526,8 @@ static void k1_gemv_gres_case(int M, int H, int hc, int K, int with_bias) {
     }
     /* reps 0 and 1: qsa_k_gemv_gres (the tickets must be back at zero); where the block form applies,
        2 and 3: qsa_k_gemv_blk with the mix, on its full grid and on K1_GEMV_LOOP_GRID blocks, 4 and
-       5: the same with whole-K groups, 6 and 7: as 2 and 3 without tickets, folded by qsa_k_gemv_fold;
-       where the cluster form applies, 8 to 10: it in clusters of k1_cl_sizes blocks */
-    for (int rep = 0; rep < (K1_BLOCK_FORM(K) ? (K1_CLUSTER_FORM(K) ? 11 : 8) : 2); rep++) {
+       5: the same with whole-K groups, 6 and 7: as 2 and 3 without tickets, folded by qsa_k_gemv_fold */
+    for (int rep = 0; rep < (K1_BLOCK_FORM(K) ? 8 : 2); rep++) {
         char what[160];
         unsigned grid = gx;
         K1_TRY(k1_poison(dinp, sizeof(float) * M * H));
@@ -1573,14 +1541,13 @@ static void k1_gemv_gres_case(int M, int H, int hc, int K, int with_bias) {
             grid = rep == 2 || rep == 6 ? k1_gemv_groups(0, M, N, K) : rep == 4 ? k1_gemv_groups(1, M, N, K) / nseg
                                                                                : K1_GEMV_LOOP_GRID;
             void *args[] = {&dA, &grp, &M, &K, &acc0, &dpart, &dcnt, &dxn, &hc};
-            if (rep >= 8) K1_TRY(k1_launch_cl(k1_cl_sizes[rep - 8], dA, &grp, M, K, acc0, dxn, hc, &grid));
-            else if (rep >= 6) K1_TRY(k1_blk_fold(dA, &grp, M, K, acc0, dpart, dxn, hc, grid));
+            if (rep >= 6) K1_TRY(k1_blk_fold(dA, &grp, M, K, acc0, dpart, dxn, hc, grid));
             else K1_TRY(k1_launch_blk(whole, grid, M, args));
         }
         K1_TRY(k1_get(got, dinp, sizeof(float) * M * H));
         K1_TRY(k1_get(g16, dinp16, sizeof(uint16_t) * M * H));
         snprintf(what, sizeof what, "gemv_%s M=%d H=%d hc=%d K=%d bias %d launch %d grid %u rp %d",
-                 rep < 2 ? "gres" : rep < 4 ? "blk" : rep < 6 ? "blk whole" : rep < 8 ? "blk + fold" : "cl", M,
+                 rep < 2 ? "gres" : rep < 4 ? "blk" : rep < 6 ? "blk whole" : "blk + fold", M,
                  H, hc, K, with_bias, rep + 1, grid, k1_blk_rp_of(rep == 4 || rep == 5, M));
         CHECK(!k1_same(what, ref, got, (size_t)M * H, 4));
         CHECK(!k1_same(what, r16, g16, (size_t)M * H, 2));
