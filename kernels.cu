@@ -2526,31 +2526,6 @@ static __device__ __forceinline__ void qsa_gb_put_tile(float *p, const float *d,
             if (g + 8 * i < prow)
                 *(float2 *)(p + (g + 8 * i) * 16 + 8 * hh + c) = make_float2(d[4 * hh + 2 * i], d[4 * hh + 2 * i + 1]);
 }
-/* Stage q's mma (half q % 2 of segment seg, in stage buffer q % 2) into the accumulators d, zeroed at the
-   segment's first half: per chunk of 16, an ldmatrix of W and per row tile one of A and two m16n8k16, chunk
-   after chunk (ab, wb: the lane's ldmatrix addresses in stage 0) */
-template <int RP>
-static __device__ __forceinline__ void qsa_gb_stage_mma(float *d, qsa_u32 ab, qsa_u32 wb, int q, int seg, int K) {
-    const int h = q & 1;
-    if (!h) {
-#pragma unroll
-        for (int i = 0; i < 8 * RP; i++) d[i] = 0.0f;
-    }
-    const int k0 = seg * QSA_SEG + h * (QSA_SEG / 2), kend = min(K, (seg + 1) * QSA_SEG);
-    const qsa_u32 so = 2 * h * QSA_GB_STAGE(RP);
-#pragma unroll
-    for (int c = 0; c < QSA_SEG / 32; c++) {
-        if (k0 + 16 * c >= kend) break;
-        qsa_u32 fa[4], fw[4];
-        qsa_ldsm4(wb + so + 32 * c, fw);
-#pragma unroll
-        for (int r = 0; r < RP; r++) {
-            qsa_ldsm4(ab + so + 2 * r * QSA_GB_TILE + 32 * c, fa);
-            qsa_mma16816(d + 8 * r, fa, fw[0], fw[1]);
-            qsa_mma16816(d + 8 * r + 4, fa, fw[2], fw[3]);
-        }
-    }
-}
 /* the dynamic shared memory of this launch, bytes */
 static __device__ __forceinline__ unsigned qsa_dyn_smem_bytes(void) {
     unsigned r;
@@ -2599,7 +2574,24 @@ static __device__ void qsa_gemv_blocks(const qsa_f16 *A, const qsa_gemv_group &g
         asm volatile("cp.async.commit_group;" ::: "memory"); /* (possibly empty: one group per stage) */
         asm volatile("cp.async.wait_group 1;" ::: "memory");  /* this stage's copies have landed */
         __syncthreads(); /* ... every thread's */
-        qsa_gb_stage_mma<RP>(d, ab, wb, q, cur.seg, K);
+        if (!h) {
+#pragma unroll
+            for (int i = 0; i < 8 * RP; i++) d[i] = 0.0f;
+        }
+        const int k0 = cur.seg * QSA_SEG + h * (QSA_SEG / 2), kend = min(K, (cur.seg + 1) * QSA_SEG);
+        const qsa_u32 so = 2 * (q & 1) * QSA_GB_STAGE(RP);
+#pragma unroll
+        for (int c = 0; c < QSA_SEG / 32; c++) {
+            if (k0 + 16 * c >= kend) break;
+            qsa_u32 fa[4], fw[4];
+            qsa_ldsm4(wb + so + 32 * c, fw);
+#pragma unroll
+            for (int r = 0; r < RP; r++) {
+                qsa_ldsm4(ab + so + 2 * r * QSA_GB_TILE + 32 * c, fa);
+                qsa_mma16816(d + 8 * r, fa, fw[0], fw[1]);
+                qsa_mma16816(d + 8 * r + 4, fa, fw[2], fw[3]);
+            }
+        }
         const qsa_gemv_member mb = qsa_gemv_pick(grp, cur.b);
         const int ntile = cur.nt0 + warp;
         if (h && whole) {
