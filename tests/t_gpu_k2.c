@@ -968,8 +968,48 @@ TEST(gpu, k2_block_scores) {
         res = k2t_launch("qsa_k_block_scores", 1, 1, 256, 0, args);
     }
     if (res == QSA_OK) res = k2t_get(got1, dsc, (size_t)ld * 4);
+    /* the batched kernel (qsa_k_block_scores_batch), bitwise against the M-query launch: queries 3 (position
+       1,003: its token completes block 250), 20 and 35 (block 258) as sequences of their own, and one whose
+       blocks all fit the top-k (position 10, topk 8: no score written), each with its keys' pointer, in two
+       grids */
+    enum { NBS = 4 };
+    const int bt[NBS] = {3, 20, 35, -1};
+    int bpos[NBS], topk8 = 8, mism_b = 0, unwritten = 0;
+    float *iqb = QSA__ALLOC(float, (size_t)NBS * (IH + 1) * IHD), *gotb = QSA__ALLOC(float, (size_t)NBS * ld);
+    unsigned long long bptr[NBS];
+    CUdeviceptr diqb = 0, dptr = 0, dpos = 0, dscb = 0;
+    for (int i = 0; i < NBS; i++) {
+        bpos[i] = bt[i] >= 0 ? POS0 + bt[i] : 10;
+        memcpy(iqb + (size_t)i * (IH + 1) * IHD, iq + (size_t)(bt[i] >= 0 ? bt[i] : 0) * (IH + 1) * IHD,
+               (size_t)(IH + 1) * IHD * 4);
+        bptr[i] = (unsigned long long)dbk;
+    }
+    if (res == QSA_OK) res = k2t_dev(&a, &diqb, iqb, (size_t)NBS * (IH + 1) * IHD * 4);
+    if (res == QSA_OK) res = k2t_dev(&a, &dptr, bptr, sizeof bptr);
+    if (res == QSA_OK) res = k2t_dev(&a, &dpos, bpos, sizeof bpos);
+    if (res == QSA_OK) res = k2t_dev(&a, &dscb, NULL, (size_t)NBS * ld * 4);
+    for (int gy = 0; gy < 2 && res == QSA_OK; gy++) {
+        void *args[] = {&diqb, &dptr, &dscb, &dpos, &ih, &ihd, &r, &ld, &topk8};
+        res = k2t_poison(dscb, (size_t)NBS * ld * 4);
+        if (res == QSA_OK) res = k2t_launch3("qsa_k_block_scores_batch", 1, gy ? 13 : 2, NBS, 256, 0, args);
+        if (res == QSA_OK) res = k2t_get(gotb, dscb, (size_t)NBS * ld * 4);
+        for (int i = 0; i < NBS && res == QSA_OK; i++) {
+            int nb = (bpos[i] + 1) / R;
+            for (int b = 0; b < nb; b++) {
+                const float *g = gotb + (size_t)i * ld + b;
+                if (bt[i] >= 0) mism_b += memcmp(g, got + (size_t)bt[i] * ld + b, 4) != 0;
+                else unwritten += *g != *g; /* (poison: NaN) */
+            }
+        }
+    }
     k2t_free(&a);
     CHECK_OK(res);
+    if (res == QSA_OK) {
+        CHECKF(mism_b == 0, "%d scores of the batched kernel differ from the M=%d launch's", mism_b, M);
+        CHECKF(unwritten == (10 + 1) / R * 2, "a sequence with no more blocks than the top-k: %d of %d scores unwritten",
+               unwritten, (10 + 1) / R * 2);
+    }
+    qsa_free(iqb); qsa_free(gotb);
     if (res == QSA_OK) {
         int mism = 0, mism1 = 0;
         for (int t = 0; t < M; t++) {
