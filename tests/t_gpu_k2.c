@@ -970,8 +970,8 @@ TEST(gpu, k2_block_scores) {
     if (res == QSA_OK) res = k2t_get(got1, dsc, (size_t)ld * 4);
     /* the batched kernel (qsa_k_block_scores_batch), bitwise against the M-query launch: queries 3 (position
        1,003: its token completes block 250), 20 and 35 (block 258) as sequences of their own, and one whose
-       blocks all fit the top-k (position 10, topk 8: no score written), each with its keys' pointer, in two
-       grids */
+       blocks all fit the top-k (position 10, topk 8: no score written), every sequence's keys pointer at the
+       same keys, in two grids */
     enum { NBS = 4 };
     const int bt[NBS] = {3, 20, 35, -1};
     int bpos[NBS], topk8 = 8, mism_b = 0, unwritten = 0;
